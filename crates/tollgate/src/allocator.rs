@@ -1,0 +1,193 @@
+//! The allocator API: one async trait that every store implements.
+
+use async_trait::async_trait;
+use jiff::{SignedDuration, Timestamp};
+
+use crate::audit::{AuditReport, Auditor};
+use crate::capability::Capability;
+use crate::error::StorageError;
+use crate::model::{
+    AcquireRequest, Account, AccountId, Grant, Lease, LeaseId, LedgerEntry, NewAccount,
+    ReclaimReport, Renewal, Settlement,
+};
+use crate::timing::GrantPolicy;
+
+/// Page size the default [`Allocator::audit`] reads the ledger and accounts
+/// with: bounds memory per round trip.
+pub const AUDIT_PAGE_MAX: usize = 1_000;
+
+/// The lease and credit allocator. Every method is one all-or-nothing
+/// operation: an `Err` means nothing changed. Time is always *supplied*
+/// (`now`); a store never reads a clock.
+///
+/// Implemented by [`crate::MemoryStore`] and by the PostgreSQL store; both
+/// pass the same conformance suite (`testkit` feature).
+#[async_trait]
+pub trait Allocator: Send + Sync {
+    /// The policy this store applies.
+    fn policy(&self) -> GrantPolicy;
+
+    /// Creates an account with zero balances.
+    ///
+    /// # Errors
+    /// [`StorageError::InvalidAccountName`]; backend errors.
+    async fn create_account(&self, new: NewAccount) -> Result<Account, StorageError>;
+
+    /// Reads an account.
+    ///
+    /// # Errors
+    /// [`StorageError::AccountNotFound`]; backend errors.
+    async fn account(&self, account_id: AccountId) -> Result<Account, StorageError>;
+
+    /// The SHA-256 digest of the account's API key, if it has one.
+    ///
+    /// # Errors
+    /// [`StorageError::AccountNotFound`]; backend errors.
+    async fn account_key_digest(
+        &self,
+        account_id: AccountId,
+    ) -> Result<Option<[u8; 32]>, StorageError>;
+
+    /// Accounts with id greater than `after`, ascending, at most `limit`
+    /// (`1..=`[`AUDIT_PAGE_MAX`]).
+    ///
+    /// # Errors
+    /// [`StorageError::InvalidLimit`]; backend errors.
+    async fn accounts(
+        &self,
+        after: Option<AccountId>,
+        limit: usize,
+    ) -> Result<Vec<Account>, StorageError>;
+
+    /// Deposits `units` (`1..=i64::MAX`) at supplied time `now`.
+    ///
+    /// # Errors
+    /// [`StorageError::InvalidUnits`], [`StorageError::AccountNotFound`],
+    /// [`StorageError::UnitsOverflow`]; backend errors.
+    async fn deposit(
+        &self,
+        account_id: AccountId,
+        units: i64,
+        now: Timestamp,
+    ) -> Result<Account, StorageError>;
+
+    /// Grants a lease: debits `units` from `available` into `held` until
+    /// `now + clamp(ttl)`. With an idempotency key, a retry of the same
+    /// request returns the original grant unchanged.
+    ///
+    /// # Errors
+    /// [`StorageError::InvalidUnits`], [`StorageError::InvalidTtl`],
+    /// [`StorageError::InvalidIdempotencyKey`],
+    /// [`StorageError::UnrepresentableExpiry`] (before any debit),
+    /// [`StorageError::AccountNotFound`], [`StorageError::IdempotencyConflict`],
+    /// [`StorageError::InsufficientBalance`]; backend errors.
+    async fn acquire(&self, req: AcquireRequest, now: Timestamp) -> Result<Grant, StorageError>;
+
+    /// Reads a lease.
+    ///
+    /// # Errors
+    /// [`StorageError::CapabilityMismatch`] (also for an unknown lease id
+    /// with a forged capability), [`StorageError::LeaseNotFound`]; backend
+    /// errors.
+    async fn lease(&self, lease_id: LeaseId, capability: &Capability)
+    -> Result<Lease, StorageError>;
+
+    /// Extends an active, not yet reclaimable lease to
+    /// `max(expiry, now + clamp(ttl))` and issues a new fence.
+    ///
+    /// # Errors
+    /// [`StorageError::CapabilityMismatch`], [`StorageError::LeaseNotFound`],
+    /// [`StorageError::InvalidTtl`], [`StorageError::UnrepresentableExpiry`],
+    /// [`StorageError::LeaseNotActive`], [`StorageError::LeaseReclaimable`];
+    /// backend errors.
+    async fn renew(
+        &self,
+        lease_id: LeaseId,
+        capability: &Capability,
+        ttl: SignedDuration,
+        now: Timestamp,
+    ) -> Result<Renewal, StorageError>;
+
+    /// Settles an active lease before its reclaim boundary
+    /// (`now < expiry + grace`), charging `consumed` (default: all units) and
+    /// returning the rest.
+    ///
+    /// # Errors
+    /// [`StorageError::CapabilityMismatch`], [`StorageError::LeaseNotFound`],
+    /// [`StorageError::LeaseNotActive`], [`StorageError::LeaseReclaimable`],
+    /// [`StorageError::InvalidConsumed`]; backend errors.
+    async fn release(
+        &self,
+        lease_id: LeaseId,
+        capability: &Capability,
+        now: Timestamp,
+        consumed: Option<i64>,
+    ) -> Result<Settlement, StorageError>;
+
+    /// Settles the named leases as consolidated and grants one new lease of
+    /// their summed units until `now + clamp(ttl)`.
+    ///
+    /// # Errors
+    /// [`StorageError::InvalidLeaseCount`], [`StorageError::DuplicateLease`],
+    /// [`StorageError::InvalidTtl`], [`StorageError::UnrepresentableExpiry`]
+    /// (before anything settles), [`StorageError::AccountNotFound`],
+    /// [`StorageError::CapabilityMismatch`], [`StorageError::LeaseNotFound`],
+    /// [`StorageError::LeaseAccountMismatch`], [`StorageError::LeaseNotActive`],
+    /// [`StorageError::LeaseReclaimable`], [`StorageError::UnitsOverflow`];
+    /// backend errors.
+    async fn consolidate(
+        &self,
+        account_id: AccountId,
+        leases: &[(LeaseId, Capability)],
+        ttl: SignedDuration,
+        now: Timestamp,
+    ) -> Result<Grant, StorageError>;
+
+    /// Settles up to `limit` (`1..=`[`crate::RECLAIM_BATCH_MAX`]) active
+    /// leases reclaimable at `now`, in (account, lease) order, charging all
+    /// of their units. Idempotent; safe to run from several workers.
+    ///
+    /// # Errors
+    /// [`StorageError::InvalidLimit`]; backend errors.
+    async fn reclaim(&self, now: Timestamp, limit: usize) -> Result<ReclaimReport, StorageError>;
+
+    /// Ledger entries with `seq > after_seq`, ascending, at most `limit`
+    /// (`1..=`[`AUDIT_PAGE_MAX`]).
+    ///
+    /// # Errors
+    /// [`StorageError::InvalidLimit`]; backend errors.
+    async fn ledger(&self, after_seq: i64, limit: usize) -> Result<Vec<LedgerEntry>, StorageError>;
+
+    /// Recomputes every account from the ledger and checks conservation
+    /// ([`crate::audit`]). Pages through the ledger with [`AUDIT_PAGE_MAX`].
+    /// Concurrent writes may show as violations; audit a quiet store.
+    ///
+    /// # Errors
+    /// Backend errors.
+    async fn audit(&self) -> Result<AuditReport, StorageError> {
+        let mut auditor = Auditor::new();
+        let mut after_seq = 0;
+        loop {
+            let page = self.ledger(after_seq, AUDIT_PAGE_MAX).await?;
+            for e in &page {
+                auditor.observe(e);
+                after_seq = e.seq;
+            }
+            if page.len() < AUDIT_PAGE_MAX {
+                break;
+            }
+        }
+        let mut after = None;
+        loop {
+            let page = self.accounts(after, AUDIT_PAGE_MAX).await?;
+            for a in &page {
+                auditor.check_account(a);
+                after = Some(a.account_id);
+            }
+            if page.len() < AUDIT_PAGE_MAX {
+                break;
+            }
+        }
+        Ok(auditor.finish())
+    }
+}

@@ -1,0 +1,128 @@
+//! The instant pair: the exact PostgreSQL encoding of a [`Timestamp`].
+//!
+//! An instant of `ns` nanoseconds since the Unix epoch is stored as
+//! `(floor_us, submicro_ns)` with `floor_us = floor(ns / 1000)` (floor, also
+//! before the epoch) and `submicro_ns = ns - 1000 * floor_us` in `0..=999`.
+//! Lexicographic order on pairs equals instant order, so PostgreSQL can index
+//! and compare `(expiry_floor_us, expiry_submicro_ns)` tuples directly (seed
+//! 000, "PostgreSQL stores new lease instants in two columns"; proved in
+//! `formal/Tollgate/LeaseTiming.v`, theorems `pair_order_iff` and the round
+//! trips).
+//!
+//! The legacy bound of migration 0017 lives here too: writers before 0017
+//! stored microseconds truncated toward zero, and the migration records the
+//! latest instant consistent with such a value ([`InstantPair::legacy_bound`]).
+
+use jiff::Timestamp;
+
+use crate::timing::{TIMESTAMP_MAX_NS, TIMESTAMP_MIN_NS};
+
+/// An instant as `(floor_us, submicro_ns)`; see the module docs.
+///
+/// The derived `Ord` is lexicographic and equals instant order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct InstantPair {
+    /// `floor(ns / 1000)`: whole microseconds since the epoch, rounded down.
+    pub floor_us: i64,
+    /// The remaining nanoseconds, `0..=999`.
+    pub submicro_ns: i16,
+}
+
+/// A pair that does not denote an instant of the timestamp domain.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PairError {
+    /// `submicro_ns` was outside `0..=999`.
+    #[error("submicro_ns must be in 0..=999, got {submicro_ns}")]
+    SubmicroOutOfRange {
+        /// The rejected remainder.
+        submicro_ns: i16,
+    },
+    /// The pair denotes an instant outside `Timestamp::MIN..=Timestamp::MAX`.
+    #[error("instant pair ({floor_us}, {submicro_ns}) is outside the timestamp domain")]
+    OutOfDomain {
+        /// The rejected microseconds.
+        floor_us: i64,
+        /// The rejected remainder.
+        submicro_ns: i16,
+    },
+}
+
+impl PairError {
+    /// The stable machine-readable code: `invalid_instant_pair`.
+    pub fn code(&self) -> &'static str {
+        "invalid_instant_pair"
+    }
+}
+
+impl InstantPair {
+    /// The encoding of [`Timestamp::MIN`].
+    pub const MIN: InstantPair = InstantPair::from_nanos_unchecked(TIMESTAMP_MIN_NS);
+    /// The encoding of [`Timestamp::MAX`].
+    pub const MAX: InstantPair = InstantPair::from_nanos_unchecked(TIMESTAMP_MAX_NS);
+
+    const fn from_nanos_unchecked(ns: i128) -> InstantPair {
+        // Within the domain |ns / 1000| < 2^59, so the casts are lossless.
+        InstantPair {
+            floor_us: ns.div_euclid(1000) as i64,
+            submicro_ns: ns.rem_euclid(1000) as i16,
+        }
+    }
+
+    /// Encodes an instant exactly. Never fails: every timestamp has a pair.
+    ///
+    /// ```
+    /// use jiff::Timestamp;
+    /// use tollgate::InstantPair;
+    /// let t = Timestamp::from_nanosecond(-1).unwrap();
+    /// assert_eq!(InstantPair::encode(t), InstantPair { floor_us: -1, submicro_ns: 999 });
+    /// ```
+    pub fn encode(t: Timestamp) -> InstantPair {
+        InstantPair::from_nanos_unchecked(t.as_nanosecond())
+    }
+
+    /// `1000 * floor_us + submicro_ns`: nanoseconds since the epoch.
+    pub fn as_nanos(self) -> i128 {
+        i128::from(self.floor_us) * 1000 + i128::from(self.submicro_ns)
+    }
+
+    /// Decodes a pair back to its instant.
+    ///
+    /// # Errors
+    /// [`PairError::SubmicroOutOfRange`] unless `0 <= submicro_ns <= 999`;
+    /// [`PairError::OutOfDomain`] if the instant is outside the timestamp
+    /// domain.
+    pub fn decode(self) -> Result<Timestamp, PairError> {
+        if !(0..=999).contains(&self.submicro_ns) {
+            return Err(PairError::SubmicroOutOfRange {
+                submicro_ns: self.submicro_ns,
+            });
+        }
+        let ns = self.as_nanos();
+        if !(TIMESTAMP_MIN_NS..=TIMESTAMP_MAX_NS).contains(&ns) {
+            return Err(PairError::OutOfDomain {
+                floor_us: self.floor_us,
+                submicro_ns: self.submicro_ns,
+            });
+        }
+        Timestamp::from_nanosecond(ns).map_err(|_| PairError::OutOfDomain {
+            floor_us: self.floor_us,
+            submicro_ns: self.submicro_ns,
+        })
+    }
+
+    /// The conservative bound migration 0017 records for a legacy expiry of
+    /// `legacy_us` microseconds truncated toward zero: `(u, 999)` for
+    /// `u >= 0`, `(u, 0)` for `u < 0`. It is the latest instant whose
+    /// truncation is `u`, so it never makes an advertised expiry earlier and
+    /// delays settlement by at most 999 ns (1,998 ns in the zero bucket).
+    /// Proved as `legacy_bound_*` in the Coq model.
+    ///
+    /// The result may lie outside the timestamp domain; [`InstantPair::decode`]
+    /// rejects such a bound (the migration refuses such rows).
+    pub fn legacy_bound(legacy_us: i64) -> InstantPair {
+        InstantPair {
+            floor_us: legacy_us,
+            submicro_ns: if legacy_us >= 0 { 999 } else { 0 },
+        }
+    }
+}
