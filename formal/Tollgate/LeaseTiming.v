@@ -56,7 +56,7 @@ Open Scope Z_scope.
 (* Domain constants: jiff 1.0 Timestamp range, in nanoseconds since epoch.    *)
 (* ------------------------------------------------------------------------- *)
 
-Definition ts_min_ns : Z := -377705116800000000000.
+Definition ts_min_ns : Z := -377705023201000000000.
 Definition ts_max_ns : Z := 253402207200999999999.
 
 Definition in_domain (t : Z) : Prop := ts_min_ns <= t <= ts_max_ns.

@@ -7,7 +7,7 @@ use crate::audit::{AuditReport, Auditor};
 use crate::capability::Capability;
 use crate::error::StorageError;
 use crate::model::{
-    AcquireRequest, Account, AccountId, Grant, Lease, LeaseId, LedgerEntry, NewAccount,
+    Account, AccountId, AcquireRequest, Grant, Lease, LeaseId, LedgerEntry, NewAccount,
     ReclaimReport, Renewal, Settlement,
 };
 use crate::timing::GrantPolicy;
@@ -89,8 +89,11 @@ pub trait Allocator: Send + Sync {
     /// [`StorageError::CapabilityMismatch`] (also for an unknown lease id
     /// with a forged capability), [`StorageError::LeaseNotFound`]; backend
     /// errors.
-    async fn lease(&self, lease_id: LeaseId, capability: &Capability)
-    -> Result<Lease, StorageError>;
+    async fn lease(
+        &self,
+        lease_id: LeaseId,
+        capability: &Capability,
+    ) -> Result<Lease, StorageError>;
 
     /// Extends an active, not yet reclaimable lease to
     /// `max(expiry, now + clamp(ttl))` and issues a new fence.

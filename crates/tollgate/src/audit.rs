@@ -115,10 +115,18 @@ impl Auditor {
         if let Some(last) = self.last_seq
             && e.seq <= last
         {
-            self.violation(e.account_id, seq, format!("sequence {} after {last}", e.seq));
+            self.violation(
+                e.account_id,
+                seq,
+                format!("sequence {} after {last}", e.seq),
+            );
         }
         self.last_seq = Some(e.seq);
-        let replayed = self.replayed.get(&e.account_id).copied().unwrap_or_default();
+        let replayed = self
+            .replayed
+            .get(&e.account_id)
+            .copied()
+            .unwrap_or_default();
         if e.before != replayed {
             self.violation(
                 e.account_id,

@@ -61,7 +61,7 @@ pub use error::StorageError;
 pub use instant_pair::{InstantPair, PairError};
 pub use memory::MemoryStore;
 pub use model::{
-    AcquireRequest, Account, AccountId, Actor, Balances, Fence, Grant, Lease, LeaseId, LeaseState,
+    Account, AccountId, AcquireRequest, Actor, Balances, Fence, Grant, Lease, LeaseId, LeaseState,
     LedgerEntry, LedgerKind, NewAccount, ReclaimReport, Renewal, Settlement,
 };
 pub use rules::{

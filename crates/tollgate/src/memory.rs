@@ -21,8 +21,8 @@ use crate::allocator::{AUDIT_PAGE_MAX, Allocator};
 use crate::capability::{Capability, CapabilityKey, StoreId};
 use crate::error::StorageError;
 use crate::model::{
-    AcquireRequest, Account, AccountId, Actor, Balances, Fence, Grant, Lease, LeaseId,
-    LeaseState, LedgerEntry, LedgerKind, NewAccount, ReclaimReport, Renewal, Settlement,
+    Account, AccountId, AcquireRequest, Actor, Balances, Fence, Grant, Lease, LeaseId, LeaseState,
+    LedgerEntry, LedgerKind, NewAccount, ReclaimReport, Renewal, Settlement,
 };
 use crate::rules;
 use crate::timing::GrantPolicy;
@@ -345,8 +345,14 @@ impl Allocator for MemoryStore {
             }
             return Ok(self.grant(r.lease_id, r.fence, r.units, r.expiry, r.granted_ttl));
         }
-        let plan =
-            rules::plan_acquire(&self.policy, req.account_id, before, req.units, req.ttl, now)?;
+        let plan = rules::plan_acquire(
+            &self.policy,
+            req.account_id,
+            before,
+            req.units,
+            req.ttl,
+            now,
+        )?;
         let (lease_id, fence) = st.insert_lease(req.account_id, req.units, plan.expiry);
         st.set_balances(req.account_id, plan.after);
         st.record(Entry {

@@ -100,7 +100,10 @@ pub fn deposit(
     let units = check_units(units)?;
     let overflow = StorageError::UnitsOverflow { account_id };
     Ok(Balances {
-        deposited: before.deposited.checked_add(units).ok_or(overflow.clone())?,
+        deposited: before
+            .deposited
+            .checked_add(units)
+            .ok_or(overflow.clone())?,
         available: before.available.checked_add(units).ok_or(overflow)?,
         ..before
     })

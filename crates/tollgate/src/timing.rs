@@ -30,7 +30,7 @@ use jiff::{SignedDuration, Timestamp};
 /// The smallest instant of the domain, in nanoseconds since the Unix epoch
 /// (`Timestamp::MIN`, -009999-01-02T01:59:59Z). Equal to `ts_min_ns` in the
 /// Coq model.
-pub const TIMESTAMP_MIN_NS: i128 = -377_705_116_800_000_000_000;
+pub const TIMESTAMP_MIN_NS: i128 = -377_705_023_201_000_000_000;
 
 /// The largest instant of the domain, in nanoseconds since the Unix epoch
 /// (`Timestamp::MAX`, 9999-12-30T22:00:00.999999999Z). Equal to `ts_max_ns` in
