@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The project's test command (README.md "Set up a fresh machine"; .ci/run calls it).
+# Installs what the tests need when it is missing, then runs every test of the
+# workspace. Tests that need PostgreSQL start their own throwaway cluster from
+# the machine's server binaries (running it as the unprivileged `postgres`
+# user when we are root), so nothing has to be started beforehand.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+pg_bin="${TOLLGATE_PG_BIN:-/usr/lib/postgresql/15/bin}"
+if [ ! -x "$pg_bin/initdb" ] || [ ! -x "$pg_bin/postgres" ]; then
+  echo "test.sh: PostgreSQL server binaries missing under $pg_bin; installing postgresql-15" >&2
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "test.sh: need root to install postgresql-15 (or set TOLLGATE_PG_BIN)" >&2
+    exit 1
+  fi
+  apt-get update -q
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends postgresql-15
+fi
+if [ "$(id -u)" -eq 0 ] && ! id postgres >/dev/null 2>&1; then
+  echo "test.sh: creating the unprivileged postgres user the test clusters run as" >&2
+  useradd --system --home-dir /var/lib/postgresql --shell /usr/sbin/nologin postgres
+fi
+
+# Two cores: bound parallel test threads so PostgreSQL-backed tests do not
+# starve each other (each test binary shares one cluster, one database per test).
+export RUST_TEST_THREADS="${RUST_TEST_THREADS:-4}"
+exec cargo test --workspace --all-targets "$@"
