@@ -1,0 +1,91 @@
+//! Mapping database errors to [`StorageError`].
+//!
+//! Connection-level failures become [`StorageError::Unavailable`], every
+//! other database failure [`StorageError::Backend`]. Messages carry the
+//! server's error text and SQLSTATE but never the connection URL or
+//! credentials: configuration errors (which may echo the URL) are reduced
+//! to a fixed sentence.
+
+use sqlx::error::DatabaseError;
+use tollgate::StorageError;
+
+/// What a transaction body fails with: a rule or invariant error that is
+/// returned as is, or a database error that the wrapper classifies
+/// (retry, unavailable, backend).
+#[derive(Debug)]
+pub(crate) enum TxError {
+    Storage(StorageError),
+    Db(sqlx::Error),
+}
+
+impl From<StorageError> for TxError {
+    fn from(e: StorageError) -> TxError {
+        TxError::Storage(e)
+    }
+}
+
+impl From<sqlx::Error> for TxError {
+    fn from(e: sqlx::Error) -> TxError {
+        TxError::Db(e)
+    }
+}
+
+impl From<tollgate::PairError> for TxError {
+    fn from(e: tollgate::PairError) -> TxError {
+        TxError::Storage(StorageError::InvalidStoredInstant(e))
+    }
+}
+
+/// SQLSTATE `serialization_failure`.
+pub(crate) const SERIALIZATION_FAILURE: &str = "40001";
+/// SQLSTATE `deadlock_detected`.
+pub(crate) const DEADLOCK_DETECTED: &str = "40P01";
+
+fn sqlstate(e: &sqlx::Error) -> Option<String> {
+    e.as_database_error()
+        .and_then(DatabaseError::code)
+        .map(|c| c.into_owned())
+}
+
+/// Whether the transaction that failed with `e` may simply be run again.
+pub(crate) fn is_retryable(e: &sqlx::Error) -> bool {
+    matches!(
+        sqlstate(e).as_deref(),
+        Some(SERIALIZATION_FAILURE | DEADLOCK_DETECTED)
+    )
+}
+
+/// Whether `code` means the connection or the server went away (class 08
+/// connection exception; 57P01..57P03 shutdown and cannot-connect-now).
+fn is_connection_state(code: &str) -> bool {
+    code.starts_with("08") || matches!(code, "57P01" | "57P02" | "57P03")
+}
+
+/// Maps a database error that is not retried.
+pub(crate) fn map_sqlx_error(e: sqlx::Error) -> StorageError {
+    match &e {
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed
+        | sqlx::Error::Protocol(_) => StorageError::Unavailable {
+            message: e.to_string(),
+        },
+        sqlx::Error::Configuration(_) => StorageError::Backend {
+            message: "invalid database connection configuration".into(),
+        },
+        sqlx::Error::Database(db) => {
+            let code = db.code().map(|c| c.into_owned()).unwrap_or_default();
+            let message = format!("{} (SQLSTATE {code})", db.message());
+            if is_connection_state(&code) {
+                StorageError::Unavailable { message }
+            } else {
+                StorageError::Backend { message }
+            }
+        }
+        _ => StorageError::Backend {
+            message: e.to_string(),
+        },
+    }
+}

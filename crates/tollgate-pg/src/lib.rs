@@ -1,0 +1,49 @@
+//! # tollgate-pg
+//!
+//! Tollgate's PostgreSQL store: [`PostgresStore`] implements the
+//! [`tollgate::Allocator`] API with the same rules as the
+//! [`tollgate::MemoryStore`] (it calls the core's `plan_*` functions and
+//! passes the same conformance suite), durably and safely shared by many
+//! processes.
+//!
+//! * [`schema`]: the embedded migrations (0001..0016, the schema before
+//!   exact instants; 0017, the exact-instant migration) and the startup
+//!   fence that refuses a database migrated by a newer binary.
+//! * [`persistence`]: every SQL statement, the transaction wrapper with
+//!   bounded retries, and what is stored and why.
+//! * [`store`]: the allocator, policy records and operator commands.
+//!
+//! Typical startup (a service's `main`):
+//!
+//! ```no_run
+//! # async fn demo(url: &str, policy: tollgate::GrantPolicy, key: tollgate::CapabilityKey)
+//! #     -> Result<(), tollgate::StorageError> {
+//! let report = tollgate_pg::migrate(url).await?;          // dedicated connection
+//! let store = tollgate_pg::PostgresStore::connect(url, policy, key).await?; // fences
+//! # let _ = (report, store); Ok(()) }
+//! ```
+//!
+//! Invariants, stated as absences: no SQL `now()` decides anything about
+//! time (instants are bound as exact pairs computed in Rust); no grace or
+//! TTL is ever converted to microseconds; no accounting or timing rule is
+//! written in SQL; no capability or hash of one is stored.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod error;
+pub mod persistence;
+pub mod schema;
+pub mod store;
+
+pub use persistence::{
+    Op, OpStats, POLICY_CHANGES_MAX, PolicyChange, RECLAIM_CANDIDATES_SQL, TX_ATTEMPTS_MAX,
+};
+pub use schema::{
+    EXACT_INSTANTS_VERSION, MIGRATE_APPLICATION_NAME, MigrationReport, PendingMigration, Schema,
+    migrate, pending_migrations, schema_version,
+};
+pub use store::{
+    CHANGED_BY_MAX_CHARS, FIRST_START, PostgresStore, RECLAIM_BATCH_DEFAULT, StoreOptions,
+    policy_changes, recorded_policy, set_policy,
+};
