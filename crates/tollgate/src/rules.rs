@@ -112,8 +112,11 @@ pub fn deposit(
 /// Balances after moving `units` from `available` to `held`.
 ///
 /// # Errors
+/// [`StorageError::InvalidUnits`] for zero or negative `units` (which would
+/// move units from `held` back to `available`);
 /// [`StorageError::InsufficientBalance`] when `available < units`.
 pub fn hold(account_id: AccountId, before: Balances, units: i64) -> Result<Balances, StorageError> {
+    let units = check_units(units)?;
     if before.available < units {
         return Err(StorageError::InsufficientBalance {
             account_id,
@@ -360,4 +363,56 @@ pub fn plan_consolidate(
         expiry,
         granted_ttl,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ACCOUNT: AccountId = AccountId(3);
+
+    fn bal(deposited: i64, available: i64, held: i64, consumed: i64) -> Balances {
+        Balances {
+            deposited,
+            available,
+            held,
+            consumed,
+        }
+    }
+
+    fn check_hold(before: Balances, units: i64, expected: Result<Balances, StorageError>) {
+        assert_eq!(
+            hold(ACCOUNT, before, units),
+            expected,
+            "hold {units} on {before:?}"
+        );
+    }
+
+    #[test]
+    fn hold_moves_exactly_and_refuses_non_positive_units() {
+        let b = bal(10, 7, 3, 0);
+        check_hold(b, 7, Ok(bal(10, 0, 10, 0)));
+        check_hold(b, 1, Ok(bal(10, 6, 4, 0)));
+        check_hold(
+            b,
+            8,
+            Err(StorageError::InsufficientBalance {
+                account_id: ACCOUNT,
+                requested: 8,
+                available: 7,
+            }),
+        );
+        // A non-positive hold would move units from `held` back to
+        // `available` (and drive `held` negative): refused like a deposit.
+        for units in [0, -1, -3, i64::MIN] {
+            check_hold(
+                b,
+                units,
+                Err(StorageError::InvalidUnits {
+                    units,
+                    max: i64::MAX,
+                }),
+            );
+        }
+    }
 }
