@@ -2,58 +2,14 @@
 //! directory must be swept by the next harness user.
 
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use tollgate_pg_harness::{PgCluster, PgServer, sweep_stale_dirs};
+use tollgate_pg_harness::sweep_stale_dirs;
 
-const CHILD_ENV: &str = "TOLLGATE_PG_HARNESS_ORPHAN_CHILD";
 const READY_MARK: &str = "TOLLGATE_CHILD_READY";
-
-/// Run only as a child process by `killed_test_binary_leaves_no_postgres`:
-/// starts the shared cluster and a dedicated server from short-lived
-/// threads, reports their postmasters, then waits to be killed.
-#[test]
-#[ignore = "helper: spawned by killed_test_binary_leaves_no_postgres"]
-fn orphan_child_entry_point() {
-    if std::env::var_os(CHILD_ENV).is_none() {
-        return;
-    }
-    // Start both from threads that end at once: pdeathsig must be tied to
-    // the launcher thread, not to these.
-    let shared_pid = std::thread::spawn(|| postmaster_pid_of(&PgCluster::shared().log_path()))
-        .join()
-        .unwrap();
-    let dedicated = std::thread::spawn(|| PgServer::start_dedicated().unwrap())
-        .join()
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(300));
-    // Both must still be accepting connections after their threads ended.
-    for port in [PgCluster::shared().port(), dedicated.port()] {
-        std::net::TcpStream::connect(("127.0.0.1", port)).expect("server died with its thread");
-    }
-    println!(
-        "{READY_MARK} {} {} {} {}",
-        shared_pid,
-        PgCluster::shared().log_path().parent().unwrap().display(),
-        dedicated.pid().unwrap(),
-        dedicated.dir().display()
-    );
-    std::thread::sleep(Duration::from_secs(300));
-    panic!("was not killed");
-}
-
-fn postmaster_pid_of(log_path: &Path) -> u32 {
-    let pid_file = log_path
-        .parent()
-        .unwrap()
-        .join("data")
-        .join("postmaster.pid");
-    let text = std::fs::read_to_string(pid_file).unwrap();
-    text.lines().next().unwrap().trim().parse().unwrap()
-}
 
 fn alive(pid: u32) -> bool {
     // A zombie has no cmdline; a reaped process has no /proc entry.
@@ -82,14 +38,7 @@ fn processes_mentioning(needle: &str) -> Vec<String> {
 
 #[test]
 fn killed_test_binary_leaves_no_postgres() {
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "orphan_child_entry_point",
-            "--ignored",
-            "--nocapture",
-        ])
-        .env(CHILD_ENV, "1")
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate-pg-orphan-child"))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
