@@ -64,7 +64,7 @@ mod oracle {
     pub const DUR_MIN_NS: i128 = -9_223_372_036_854_775_808_999_999_999;
 
     pub fn in_domain(ns: i128) -> bool {
-        MIN_NS <= ns && ns <= MAX_NS
+        (MIN_NS..=MAX_NS).contains(&ns)
     }
 
     #[derive(Debug, Clone, Copy, PartialEq, Eq)]
