@@ -81,7 +81,7 @@ ALTER TABLE tollgate_idempotency
     DROP COLUMN granted_ttl_us;
 
 -- Validate every row against the timestamp domain
--- [(-377705116800000000, 0), (253402207200999999, 999)], the encodings of
+-- [(-377705023201000000, 0), (253402207200999999, 999)], the encodings of
 -- jiff's Timestamp::MIN and Timestamp::MAX, before adding the constraints,
 -- so that a failure names the offending rows (at most 20 per table).
 DO $$
@@ -94,33 +94,33 @@ DECLARE
     idempotency_list text;
 BEGIN
     SELECT count(*) INTO bad_leases FROM tollgate_leases
-     WHERE (expiry_floor_us, expiry_submicro_ns) < (-377705116800000000, 0)
+     WHERE (expiry_floor_us, expiry_submicro_ns) < (-377705023201000000, 0)
         OR (expiry_floor_us, expiry_submicro_ns) > (253402207200999999, 999);
     SELECT count(*) INTO bad_ledger FROM tollgate_ledger
-     WHERE (expiry_floor_us, expiry_submicro_ns) < (-377705116800000000, 0)
+     WHERE (expiry_floor_us, expiry_submicro_ns) < (-377705023201000000, 0)
         OR (expiry_floor_us, expiry_submicro_ns) > (253402207200999999, 999)
-        OR (at_floor_us, at_submicro_ns) < (-377705116800000000, 0)
+        OR (at_floor_us, at_submicro_ns) < (-377705023201000000, 0)
         OR (at_floor_us, at_submicro_ns) > (253402207200999999, 999);
     SELECT count(*) INTO bad_idempotency FROM tollgate_idempotency
-     WHERE (expiry_floor_us, expiry_submicro_ns) < (-377705116800000000, 0)
+     WHERE (expiry_floor_us, expiry_submicro_ns) < (-377705023201000000, 0)
         OR (expiry_floor_us, expiry_submicro_ns) > (253402207200999999, 999);
     IF bad_leases + bad_ledger + bad_idempotency > 0 THEN
         SELECT string_agg(lease_id::text, ', ' ORDER BY lease_id) INTO lease_list
           FROM (SELECT lease_id FROM tollgate_leases
-                 WHERE (expiry_floor_us, expiry_submicro_ns) < (-377705116800000000, 0)
+                 WHERE (expiry_floor_us, expiry_submicro_ns) < (-377705023201000000, 0)
                     OR (expiry_floor_us, expiry_submicro_ns) > (253402207200999999, 999)
                  ORDER BY lease_id LIMIT 20) bad;
         SELECT string_agg(seq::text, ', ' ORDER BY seq) INTO ledger_list
           FROM (SELECT seq FROM tollgate_ledger
-                 WHERE (expiry_floor_us, expiry_submicro_ns) < (-377705116800000000, 0)
+                 WHERE (expiry_floor_us, expiry_submicro_ns) < (-377705023201000000, 0)
                     OR (expiry_floor_us, expiry_submicro_ns) > (253402207200999999, 999)
-                    OR (at_floor_us, at_submicro_ns) < (-377705116800000000, 0)
+                    OR (at_floor_us, at_submicro_ns) < (-377705023201000000, 0)
                     OR (at_floor_us, at_submicro_ns) > (253402207200999999, 999)
                  ORDER BY seq LIMIT 20) bad;
         SELECT string_agg(account_id::text || '/' || idem_key, ', ' ORDER BY account_id, idem_key)
           INTO idempotency_list
           FROM (SELECT account_id, idem_key FROM tollgate_idempotency
-                 WHERE (expiry_floor_us, expiry_submicro_ns) < (-377705116800000000, 0)
+                 WHERE (expiry_floor_us, expiry_submicro_ns) < (-377705023201000000, 0)
                     OR (expiry_floor_us, expiry_submicro_ns) > (253402207200999999, 999)
                  ORDER BY account_id, idem_key LIMIT 20) bad;
         RAISE EXCEPTION 'migration 0017 refused: legacy instants outside the timestamp domain: % lease row(s) [lease_id: %], % ledger row(s) [seq: %], % idempotency record(s) [account_id/key: %]; nothing was changed, version 16 remains; inspect these rows and repair them only from authoritative evidence, then retry',
@@ -139,7 +139,7 @@ ALTER TABLE tollgate_leases
     ADD CONSTRAINT tollgate_leases_expiry_submicro_range
         CHECK (expiry_submicro_ns BETWEEN 0 AND 999),
     ADD CONSTRAINT tollgate_leases_expiry_domain
-        CHECK ((expiry_floor_us, expiry_submicro_ns) >= (-377705116800000000, 0)
+        CHECK ((expiry_floor_us, expiry_submicro_ns) >= (-377705023201000000, 0)
            AND (expiry_floor_us, expiry_submicro_ns) <= (253402207200999999, 999));
 
 ALTER TABLE tollgate_ledger
@@ -151,12 +151,12 @@ ALTER TABLE tollgate_ledger
     ADD CONSTRAINT tollgate_ledger_expiry_submicro_range
         CHECK (expiry_submicro_ns BETWEEN 0 AND 999),
     ADD CONSTRAINT tollgate_ledger_expiry_domain
-        CHECK ((expiry_floor_us, expiry_submicro_ns) >= (-377705116800000000, 0)
+        CHECK ((expiry_floor_us, expiry_submicro_ns) >= (-377705023201000000, 0)
            AND (expiry_floor_us, expiry_submicro_ns) <= (253402207200999999, 999)),
     ADD CONSTRAINT tollgate_ledger_at_submicro_range
         CHECK (at_submicro_ns BETWEEN 0 AND 999),
     ADD CONSTRAINT tollgate_ledger_at_domain
-        CHECK ((at_floor_us, at_submicro_ns) >= (-377705116800000000, 0)
+        CHECK ((at_floor_us, at_submicro_ns) >= (-377705023201000000, 0)
            AND (at_floor_us, at_submicro_ns) <= (253402207200999999, 999));
 
 ALTER TABLE tollgate_idempotency
@@ -170,7 +170,7 @@ ALTER TABLE tollgate_idempotency
     ADD CONSTRAINT tollgate_idempotency_expiry_submicro_range
         CHECK (expiry_submicro_ns BETWEEN 0 AND 999),
     ADD CONSTRAINT tollgate_idempotency_expiry_domain
-        CHECK ((expiry_floor_us, expiry_submicro_ns) >= (-377705116800000000, 0)
+        CHECK ((expiry_floor_us, expiry_submicro_ns) >= (-377705023201000000, 0)
            AND (expiry_floor_us, expiry_submicro_ns) <= (253402207200999999, 999)),
     -- Nonnegative only: a legacy TTL below one microsecond truncated to 0.
     ADD CONSTRAINT tollgate_idempotency_ttls_exact

@@ -47,3 +47,14 @@ pub use store::{
     CHANGED_BY_MAX_CHARS, FIRST_START, PostgresStore, RECLAIM_BATCH_DEFAULT, StoreOptions,
     policy_changes, recorded_policy, set_policy,
 };
+
+/// Boxes a future as `Send` inside this crate, where its lifetimes are
+/// known. Public `async fn`s whose futures hold the transaction wrapper's
+/// higher-ranked closures (or sqlx's migrator) return through it: rustc
+/// cannot prove such futures `Send` when another crate awaits them in a
+/// `Send` context (rust-lang/rust#64552 and relatives).
+fn boxed<'a, T>(
+    f: impl std::future::Future<Output = T> + Send + 'a,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>> {
+    Box::pin(f)
+}

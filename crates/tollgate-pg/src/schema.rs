@@ -148,6 +148,10 @@ impl Schema {
     /// rolled back entirely; the error carries its message (0017 names the
     /// offending rows).
     pub async fn migrate(&self, url: &str) -> Result<MigrationReport, StorageError> {
+        crate::boxed(self.migrate_dedicated(url)).await
+    }
+
+    async fn migrate_dedicated(&self, url: &str) -> Result<MigrationReport, StorageError> {
         let mut conn = connect_dedicated(url).await?;
         let result = self.migrate_on(&mut conn).await;
         // Closing ends the session, which releases the advisory lock a
@@ -163,8 +167,10 @@ impl Schema {
             .map_err(map_sqlx_error)?;
         self.refuse_unknown(&before)?;
         let migrator = self.migrator();
+        // `run_direct` is `run` without the generic `Acquire` parameter,
+        // whose future rustc cannot prove `Send`.
         migrator
-            .run(&mut *conn)
+            .run_direct(&mut *conn)
             .await
             .map_err(|e| self.map_migrate_error(e))?;
         let after = persistence::applied_migrations(conn)
@@ -188,6 +194,10 @@ impl Schema {
     /// # Errors
     /// As [`Schema::migrate`] for unreachable databases and unknown versions.
     pub async fn pending(&self, url: &str) -> Result<Vec<PendingMigration>, StorageError> {
+        crate::boxed(self.pending_dedicated(url)).await
+    }
+
+    async fn pending_dedicated(&self, url: &str) -> Result<Vec<PendingMigration>, StorageError> {
         let mut conn = connect_dedicated(url).await?;
         let result = persistence::applied_migrations(&mut conn)
             .await
@@ -215,6 +225,10 @@ impl Schema {
     /// the pending versions ("run the migrations first");
     /// [`StorageError::Unavailable`] if the database cannot be reached.
     pub async fn check(&self, pool: &PgPool) -> Result<(), StorageError> {
+        crate::boxed(self.check_pool(pool)).await
+    }
+
+    async fn check_pool(&self, pool: &PgPool) -> Result<(), StorageError> {
         let mut conn = pool.acquire().await.map_err(map_sqlx_error)?;
         let applied = persistence::applied_migrations(&mut conn)
             .await
@@ -336,6 +350,10 @@ pub async fn pending_migrations(url: &str) -> Result<Vec<PendingMigration>, Stor
 /// [`StorageError::Unavailable`] or [`StorageError::Backend`] on database
 /// failures.
 pub async fn schema_version(pool: &PgPool) -> Result<Option<i64>, StorageError> {
+    crate::boxed(schema_version_on(pool)).await
+}
+
+async fn schema_version_on(pool: &PgPool) -> Result<Option<i64>, StorageError> {
     let mut conn = pool.acquire().await.map_err(map_sqlx_error)?;
     let applied = persistence::applied_migrations(&mut conn)
         .await

@@ -25,6 +25,7 @@ use tollgate::{
     NewAccount, ReclaimReport, Renewal, Settlement, StorageError, StoreId, rules,
 };
 
+use crate::boxed;
 use crate::error::{TxError, map_sqlx_error};
 use crate::persistence::{
     self, IdempotencyRecord, NewEntry, Op, OpStats, PolicyChange, PolicyLock, TxFuture, TxStats,
@@ -106,6 +107,15 @@ impl PostgresStore {
         key: CapabilityKey,
         options: StoreOptions,
     ) -> Result<PostgresStore, StorageError> {
+        boxed(PostgresStore::open(url, policy, key, options)).await
+    }
+
+    async fn open(
+        url: &str,
+        policy: GrantPolicy,
+        key: CapabilityKey,
+        options: StoreOptions,
+    ) -> Result<PostgresStore, StorageError> {
         let connect = PgConnectOptions::from_str(url).map_err(|_| StorageError::Backend {
             message: "invalid database url".into(),
         })?;
@@ -115,7 +125,7 @@ impl PostgresStore {
             .connect_with(connect)
             .await
             .map_err(map_sqlx_error)?;
-        PostgresStore::from_pool(pool, policy, key).await
+        PostgresStore::start(pool, policy, key).await
     }
 
     /// Builds a store on an existing pool after the startup checks:
@@ -134,6 +144,14 @@ impl PostgresStore {
     /// [`StorageError::Unavailable`] and [`StorageError::Backend`] on
     /// database failures.
     pub async fn from_pool(
+        pool: PgPool,
+        policy: GrantPolicy,
+        key: CapabilityKey,
+    ) -> Result<PostgresStore, StorageError> {
+        boxed(PostgresStore::start(pool, policy, key)).await
+    }
+
+    async fn start(
         pool: PgPool,
         policy: GrantPolicy,
         key: CapabilityKey,
@@ -258,9 +276,13 @@ async fn record_or_check_policy(
 /// [`StorageError::Unavailable`] and [`StorageError::Backend`] on database
 /// failures.
 pub async fn recorded_policy(pool: &PgPool) -> Result<Option<GrantPolicy>, StorageError> {
-    transact(pool, &TxStats::default(), Op::Admin, &(), |c, _| {
-        Box::pin(async move { persistence::read_policy(c, PolicyLock::None).await })
-    })
+    boxed(transact(
+        pool,
+        &TxStats::default(),
+        Op::Admin,
+        &(),
+        |c, _| Box::pin(async move { persistence::read_policy(c, PolicyLock::None).await }),
+    ))
     .await
 }
 
@@ -292,13 +314,14 @@ pub async fn set_policy(
             ),
         });
     }
-    transact(
+    let args = (policy, changed_by);
+    boxed(transact(
         pool,
         &TxStats::default(),
         Op::Admin,
-        &(policy, changed_by),
+        &args,
         |c, a| Box::pin(set_policy_tx(c, a.0, a.1)),
-    )
+    ))
     .await
 }
 
@@ -325,9 +348,13 @@ async fn set_policy_tx(
 /// # Errors
 /// Database errors.
 pub async fn policy_changes(pool: &PgPool) -> Result<Vec<PolicyChange>, StorageError> {
-    transact(pool, &TxStats::default(), Op::Admin, &(), |c, _| {
-        Box::pin(async move { persistence::policy_changes(c).await })
-    })
+    boxed(transact(
+        pool,
+        &TxStats::default(),
+        Op::Admin,
+        &(),
+        |c, _| Box::pin(async move { persistence::policy_changes(c).await }),
+    ))
     .await
 }
 

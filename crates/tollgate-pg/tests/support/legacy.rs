@@ -1,0 +1,1 @@
+//! Legacy (pre-0017) SQL.
