@@ -126,3 +126,139 @@ impl InstantPair {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! Exact-value tables at the boundaries; the i128 oracle comparison and
+    //! the order property live in `tests/oracle.rs`.
+
+    use super::*;
+
+    fn pair(floor_us: i64, submicro_ns: i16) -> InstantPair {
+        InstantPair {
+            floor_us,
+            submicro_ns,
+        }
+    }
+
+    #[test]
+    fn domain_end_pairs() {
+        assert_eq!(InstantPair::MIN, pair(-377_705_023_201_000_000, 0));
+        assert_eq!(InstantPair::MAX, pair(253_402_207_200_999_999, 999));
+        assert_eq!(InstantPair::encode(Timestamp::MIN), InstantPair::MIN);
+        assert_eq!(InstantPair::encode(Timestamp::MAX), InstantPair::MAX);
+    }
+
+    #[test]
+    fn encode_table() {
+        let check = |ns: i128, want: InstantPair| {
+            let t = Timestamp::from_nanosecond(ns).unwrap();
+            assert_eq!(InstantPair::encode(t), want, "ns {ns}");
+            assert_eq!(want.as_nanos(), ns, "as_nanos {want:?}");
+            assert_eq!(want.decode(), Ok(t), "decode {want:?}");
+        };
+        check(0, pair(0, 0));
+        check(1, pair(0, 1));
+        check(999, pair(0, 999));
+        check(1_000, pair(1, 0));
+        check(1_001, pair(1, 1));
+        check(-1, pair(-1, 999));
+        check(-999, pair(-1, 1));
+        check(-1_000, pair(-1, 0));
+        check(-1_001, pair(-2, 999));
+        check(123_456_789, pair(123_456, 789));
+        check(-123_456_789, pair(-123_457, 211));
+        check(TIMESTAMP_MIN_NS, InstantPair::MIN);
+        check(TIMESTAMP_MAX_NS, InstantPair::MAX);
+        check(TIMESTAMP_MIN_NS + 1, pair(-377_705_023_201_000_000, 1));
+        check(TIMESTAMP_MAX_NS - 1, pair(253_402_207_200_999_999, 998));
+    }
+
+    #[test]
+    fn decode_rejects_bad_pairs() {
+        let check = |p: InstantPair, want: PairError| {
+            assert_eq!(p.decode(), Err(want.clone()), "{p:?}");
+            assert_eq!(want.code(), "invalid_instant_pair");
+        };
+        for submicro_ns in [-1, 1_000, i16::MIN, i16::MAX] {
+            check(
+                pair(0, submicro_ns),
+                PairError::SubmicroOutOfRange { submicro_ns },
+            );
+        }
+        let below = pair(InstantPair::MIN.floor_us - 1, 999);
+        let above = pair(InstantPair::MAX.floor_us + 1, 0);
+        for p in [below, above, pair(i64::MIN, 0), pair(i64::MAX, 999)] {
+            check(
+                p,
+                PairError::OutOfDomain {
+                    floor_us: p.floor_us,
+                    submicro_ns: p.submicro_ns,
+                },
+            );
+        }
+        // The submicro check comes first, even out of the domain.
+        check(
+            pair(i64::MAX, -1),
+            PairError::SubmicroOutOfRange { submicro_ns: -1 },
+        );
+        assert_eq!(
+            PairError::SubmicroOutOfRange { submicro_ns: -1 }.code(),
+            "invalid_instant_pair"
+        );
+    }
+
+    #[test]
+    fn as_nanos_at_i64_ends() {
+        assert_eq!(
+            pair(i64::MAX, 999).as_nanos(),
+            9_223_372_036_854_775_807_999
+        );
+        assert_eq!(pair(i64::MIN, 0).as_nanos(), -9_223_372_036_854_775_808_000);
+        assert_eq!(pair(-2, 3).as_nanos(), -1_997);
+    }
+
+    #[test]
+    fn legacy_bound_table() {
+        let check = |u: i64, want: InstantPair, want_ns: i128| {
+            let b = InstantPair::legacy_bound(u);
+            assert_eq!(b, want, "u {u}");
+            assert_eq!(b.as_nanos(), want_ns, "u {u}");
+        };
+        check(0, pair(0, 999), 999);
+        check(1, pair(1, 999), 1_999);
+        check(-1, pair(-1, 0), -1_000);
+        check(-2, pair(-2, 0), -2_000);
+        check(i64::MAX, pair(i64::MAX, 999), 9_223_372_036_854_775_807_999);
+        check(i64::MIN, pair(i64::MIN, 0), -9_223_372_036_854_775_808_000);
+        // In-domain bounds decode; a bound past MAX is refused.
+        assert_eq!(
+            InstantPair::legacy_bound(-1).decode(),
+            Ok(Timestamp::from_nanosecond(-1_000).unwrap())
+        );
+        let last_us = InstantPair::MAX.floor_us;
+        assert_eq!(
+            InstantPair::legacy_bound(last_us).decode(),
+            Ok(Timestamp::MAX)
+        );
+        assert_eq!(
+            InstantPair::legacy_bound(last_us + 1).decode(),
+            Err(PairError::OutOfDomain {
+                floor_us: last_us + 1,
+                submicro_ns: 999
+            })
+        );
+        let first_us = InstantPair::MIN.floor_us;
+        assert_eq!(
+            InstantPair::legacy_bound(first_us).decode(),
+            Ok(Timestamp::MIN)
+        );
+        assert_eq!(
+            InstantPair::legacy_bound(first_us - 1).decode(),
+            Err(PairError::OutOfDomain {
+                floor_us: first_us - 1,
+                submicro_ns: 0
+            })
+        );
+    }
+}

@@ -198,3 +198,202 @@ impl GrantPolicy {
         expiry.as_nanosecond() + self.reclaim_grace.as_nanos() <= n.as_nanosecond()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! Exact-value tables at the boundaries (MIN, MAX, ±1, zero); the i128
+    //! oracle comparison lives in `tests/oracle.rs`.
+
+    use super::*;
+
+    fn ns(v: i128) -> SignedDuration {
+        SignedDuration::from_nanos_i128(v)
+    }
+
+    fn at(v: i128) -> Timestamp {
+        Timestamp::from_nanosecond(v).unwrap()
+    }
+
+    fn policy(max_ttl_ns: i128, grace_ns: i128) -> GrantPolicy {
+        GrantPolicy::new(ns(max_ttl_ns), ns(grace_ns)).unwrap()
+    }
+
+    #[test]
+    fn new_validates_and_keeps_exact_values() {
+        let check = |max: SignedDuration, grace: SignedDuration, want: Result<(), PolicyError>| {
+            let got = GrantPolicy::new(max, grace);
+            match want {
+                Ok(()) => {
+                    let p = got.unwrap();
+                    assert_eq!((p.max_ttl(), p.reclaim_grace()), (max, grace));
+                }
+                Err(e) => assert_eq!(got, Err(e)),
+            }
+        };
+        check(ns(1), ns(0), Ok(()));
+        check(ns(1), SignedDuration::MAX, Ok(()));
+        check(SignedDuration::MAX, ns(1), Ok(()));
+        check(ns(7), ns(5), Ok(()));
+        check(
+            ns(0),
+            ns(0),
+            Err(PolicyError::NonPositiveMaxTtl { max_ttl: ns(0) }),
+        );
+        check(
+            ns(-1),
+            ns(-1),
+            Err(PolicyError::NonPositiveMaxTtl { max_ttl: ns(-1) }),
+        );
+        check(
+            SignedDuration::MIN,
+            ns(0),
+            Err(PolicyError::NonPositiveMaxTtl {
+                max_ttl: SignedDuration::MIN,
+            }),
+        );
+        check(
+            ns(1),
+            ns(-1),
+            Err(PolicyError::NegativeReclaimGrace {
+                reclaim_grace: ns(-1),
+            }),
+        );
+        check(
+            ns(1),
+            SignedDuration::MIN,
+            Err(PolicyError::NegativeReclaimGrace {
+                reclaim_grace: SignedDuration::MIN,
+            }),
+        );
+    }
+
+    #[test]
+    fn policy_error_code_is_stable() {
+        let e = PolicyError::NegativeReclaimGrace {
+            reclaim_grace: ns(-1),
+        };
+        assert_eq!(e.code(), "invalid_policy");
+        assert_eq!(
+            PolicyError::NonPositiveMaxTtl { max_ttl: ns(0) }.code(),
+            "invalid_policy"
+        );
+    }
+
+    #[test]
+    fn clamp_ttl_table() {
+        let p = policy(1_000, 0);
+        let check = |req: i128, want: Result<i128, ()>| {
+            let got = p.clamp_ttl(ns(req));
+            match want {
+                Ok(v) => assert_eq!(got, Ok(ns(v)), "req {req}"),
+                Err(()) => assert_eq!(got, Err(TimingError::InvalidTtl { ttl: ns(req) })),
+            }
+        };
+        check(1, Ok(1));
+        check(2, Ok(2));
+        check(999, Ok(999));
+        check(1_000, Ok(1_000));
+        check(1_001, Ok(1_000));
+        check(SignedDuration::MAX.as_nanos(), Ok(1_000));
+        check(0, Err(()));
+        check(-1, Err(()));
+        check(SignedDuration::MIN.as_nanos(), Err(()));
+    }
+
+    #[test]
+    fn expiry_table() {
+        let max = TIMESTAMP_MAX_NS;
+        let min = TIMESTAMP_MIN_NS;
+        let p = policy(SignedDuration::MAX.as_nanos(), 0);
+        let check = |now: i128, req: i128, want: Result<(i128, i128), TimingError>| {
+            let got = p
+                .expiry(at(now), ns(req))
+                .map(|(e, t)| (e.as_nanosecond(), t.as_nanos()));
+            assert_eq!(got, want, "now {now} req {req}");
+        };
+        check(0, 1, Ok((1, 1)));
+        check(-5, 3, Ok((-2, 3)));
+        check(min, 1, Ok((min + 1, 1)));
+        check(max - 1, 1, Ok((max, 1)));
+        check(min, max - min, Ok((max, max - min)));
+        check(
+            max,
+            1,
+            Err(TimingError::UnrepresentableExpiry {
+                now: at(max),
+                ttl: ns(1),
+            }),
+        );
+        check(
+            max - 1,
+            2,
+            Err(TimingError::UnrepresentableExpiry {
+                now: at(max - 1),
+                ttl: ns(2),
+            }),
+        );
+        check(0, 0, Err(TimingError::InvalidTtl { ttl: ns(0) }));
+        check(max, -1, Err(TimingError::InvalidTtl { ttl: ns(-1) }));
+        // The clamped TTL, not the requested one, is added and reported.
+        let short = policy(10, 0);
+        assert_eq!(
+            short.expiry(at(max - 10), SignedDuration::MAX),
+            Ok((at(max), ns(10)))
+        );
+        assert_eq!(
+            short.expiry(at(max - 9), SignedDuration::MAX),
+            Err(TimingError::UnrepresentableExpiry {
+                now: at(max - 9),
+                ttl: ns(10),
+            })
+        );
+    }
+
+    #[test]
+    fn reclaim_cutoff_table() {
+        let min = TIMESTAMP_MIN_NS;
+        let max = TIMESTAMP_MAX_NS;
+        let check = |grace: i128, n: i128, want: Option<i128>| {
+            let got = policy(1, grace).reclaim_cutoff(at(n));
+            assert_eq!(got.map(|c| c.as_nanosecond()), want, "grace {grace} n {n}");
+        };
+        check(0, 0, Some(0));
+        check(0, min, Some(min));
+        check(0, max, Some(max));
+        check(1, 0, Some(-1));
+        check(7, -3, Some(-10));
+        check(1, min + 1, Some(min));
+        check(1, min, None);
+        check(2, min + 1, None);
+        check(max - min, max, Some(min));
+        check(max - min + 1, max, None);
+        check(SignedDuration::MAX.as_nanos(), max, None);
+    }
+
+    #[test]
+    fn is_reclaimable_table() {
+        let min = TIMESTAMP_MIN_NS;
+        let max = TIMESTAMP_MAX_NS;
+        let check = |grace: i128, expiry: i128, n: i128, want: bool| {
+            let got = policy(1, grace).is_reclaimable(at(expiry), at(n));
+            assert_eq!(got, want, "grace {grace} expiry {expiry} n {n}");
+        };
+        // e + g <= n, at the boundary and one nanosecond either side.
+        check(5, 10, 14, false);
+        check(5, 10, 15, true);
+        check(5, 10, 16, true);
+        check(0, -3, -4, false);
+        check(0, -3, -3, true);
+        check(0, -3, -2, true);
+        check(3, -10, -8, false);
+        check(3, -10, -7, true);
+        // Both domain ends.
+        check(0, max, max, true);
+        check(1, max, max, false);
+        check(0, min, min, true);
+        check(max - min, min, max, true);
+        check(max - min + 1, min, max, false);
+        // A grace beyond the whole range never elapses.
+        check(SignedDuration::MAX.as_nanos(), min, max, false);
+    }
+}
