@@ -1,0 +1,581 @@
+//! The JSON shapes of the HTTP API (field names are part of the contract).
+//!
+//! * Instants are RFC 3339 strings in UTC with `Z`, exact to the nanosecond
+//!   on output (`2026-11-29T12:00:30.000000001Z`; as many fractional digits as
+//!   needed, none when whole). On input any offset and 0 to 9 fractional
+//!   digits are accepted (`2026-11-29T13:00:30.5+01:00`).
+//! * Durations are ISO 8601 strings on output (`PT30.000000001S`); on input
+//!   ISO 8601 or jiff's friendly format (`30s 1ns`, `1h`).
+//! * Units, ids and fences are JSON integers. A value outside `i64` (or a
+//!   fraction, or a string) is a 422 `invalid_body`, never wrapped or
+//!   rounded; range rules (positive units, ...) are the core's.
+//! * Request bodies reject unknown fields.
+
+use jiff::{SignedDuration, Timestamp};
+use serde::{Deserialize, Serialize};
+use tollgate::{
+    Account, AuditReport, Balances, Grant, Lease, LeaseState, ReclaimReport, Renewal, Settlement,
+};
+use utoipa::ToSchema;
+
+/// Serde for [`Timestamp`] as RFC 3339 (see the module docs).
+pub mod ts {
+    use jiff::Timestamp;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    /// Serializes as RFC 3339 UTC with `Z`, nanosecond exact.
+    pub fn serialize<S: Serializer>(t: &Timestamp, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(t)
+    }
+
+    /// Parses RFC 3339 with any offset.
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Timestamp, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse::<Timestamp>()
+            .map_err(|e| serde::de::Error::custom(format!("invalid instant {s:?}: {e}")))
+    }
+}
+
+/// Serde for `Option<Timestamp>` (`null` for `None`).
+pub mod ts_opt {
+    use jiff::Timestamp;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    /// Serializes like [`super::ts`], or `null`.
+    pub fn serialize<S: Serializer>(t: &Option<Timestamp>, s: S) -> Result<S::Ok, S::Error> {
+        match t {
+            Some(t) => s.collect_str(t),
+            None => s.serialize_none(),
+        }
+    }
+
+    /// Parses like [`super::ts`], or `null`.
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Timestamp>, D::Error> {
+        match Option::<String>::deserialize(d)? {
+            None => Ok(None),
+            Some(s) => s
+                .parse::<Timestamp>()
+                .map(Some)
+                .map_err(|e| serde::de::Error::custom(format!("invalid instant {s:?}: {e}"))),
+        }
+    }
+}
+
+/// Serde for [`SignedDuration`]: ISO 8601 out, ISO 8601 or friendly in.
+pub mod dur {
+    use jiff::SignedDuration;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    /// Serializes as ISO 8601 (`PT30.000000001S`).
+    pub fn serialize<S: Serializer>(d: &SignedDuration, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(d)
+    }
+
+    /// Parses ISO 8601 or jiff's friendly format.
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<SignedDuration, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse::<SignedDuration>()
+            .map_err(|e| serde::de::Error::custom(format!("invalid duration {s:?}: {e}")))
+    }
+}
+
+/// Schema of integers that may exceed `i64` (sums across accounts).
+fn big_integer() -> utoipa::openapi::schema::Object {
+    utoipa::openapi::schema::ObjectBuilder::new()
+        .schema_type(utoipa::openapi::schema::Type::Integer)
+        .description(Some(
+            "An exact integer; sums across accounts may exceed the 64-bit range.",
+        ))
+        .build()
+}
+
+// ---------------------------------------------------------------- requests
+
+/// `POST /v1/accounts`.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateAccountBody {
+    /// Human-readable name (1..=200 characters, no control characters).
+    pub name: String,
+}
+
+/// `POST /v1/accounts/{account_id}/deposits`.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DepositBody {
+    /// Units to deposit, `1..=9223372036854775807`.
+    pub units: i64,
+}
+
+/// `POST /v1/accounts/{account_id}/leases`.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AcquireBody {
+    /// Units to hold, `1..=9223372036854775807`.
+    pub units: i64,
+    /// Requested TTL (positive; clamped to `max_ttl`), e.g. `PT30.000000001S`.
+    #[serde(with = "dur")]
+    #[schema(value_type = String, example = "PT30.000000001S")]
+    pub ttl: SignedDuration,
+}
+
+/// `POST /v1/leases/{lease_id}/renew`.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RenewBody {
+    /// Requested TTL from now (positive; clamped to `max_ttl`). A renewal
+    /// never shortens a lease.
+    #[serde(with = "dur")]
+    #[schema(value_type = String, example = "PT30S")]
+    pub ttl: SignedDuration,
+}
+
+/// `POST /v1/leases/{lease_id}/release` (the body is optional).
+#[derive(Debug, Clone, Default, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReleaseBody {
+    /// Units to charge, `0..=units`; default: all of the lease's units.
+    #[serde(default)]
+    pub consumed: Option<i64>,
+}
+
+/// One lease named by a consolidation.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LeaseRef {
+    /// The lease.
+    pub lease_id: i64,
+    /// Its capability.
+    pub capability: String,
+}
+
+/// `POST /v1/accounts/{account_id}/consolidations`.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ConsolidateBody {
+    /// The active leases of this account to settle into one (1..=1000,
+    /// distinct).
+    pub leases: Vec<LeaseRef>,
+    /// Requested TTL of the new lease.
+    #[serde(with = "dur")]
+    #[schema(value_type = String, example = "PT60S")]
+    pub ttl: SignedDuration,
+}
+
+/// `POST /v1/admin/reclaim` (the body is optional).
+#[derive(Debug, Clone, Default, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReclaimBody {
+    /// Most leases to settle in this batch (`1..=10000`); default: the
+    /// configured `reclaim_batch`.
+    #[serde(default)]
+    pub limit: Option<usize>,
+}
+
+/// `PUT /v1/admin/test-clock`.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TestClockBody {
+    /// The instant the test clock stands at from now on.
+    #[serde(with = "ts")]
+    #[schema(value_type = String, format = DateTime, example = "2026-11-29T12:00:00.000000001Z")]
+    pub now: Timestamp,
+}
+
+// --------------------------------------------------------------- responses
+
+/// A new account and its API key (shown only here, never again).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct CreatedAccount {
+    /// The account's identity.
+    pub account_id: i64,
+    /// Its name.
+    pub name: String,
+    /// The account's API key (`tga1.` + 64 hex digits). Only its SHA-256
+    /// digest is stored.
+    pub api_key: String,
+}
+
+/// An account's balances.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct BalancesView {
+    /// Units ever deposited.
+    pub deposited: i64,
+    /// Units free to be acquired.
+    pub available: i64,
+    /// Units held by active leases.
+    pub held: i64,
+    /// Units charged by settlements.
+    pub consumed: i64,
+}
+
+impl From<Balances> for BalancesView {
+    fn from(b: Balances) -> BalancesView {
+        BalancesView {
+            deposited: b.deposited,
+            available: b.available,
+            held: b.held,
+            consumed: b.consumed,
+        }
+    }
+}
+
+/// An account.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct AccountView {
+    /// The account's identity.
+    pub account_id: i64,
+    /// Its name.
+    pub name: String,
+    /// Units ever deposited.
+    pub deposited: i64,
+    /// Units free to be acquired.
+    pub available: i64,
+    /// Units held by active leases.
+    pub held: i64,
+    /// Units charged by settlements.
+    pub consumed: i64,
+}
+
+impl From<Account> for AccountView {
+    fn from(a: Account) -> AccountView {
+        AccountView {
+            account_id: a.account_id.0,
+            name: a.name,
+            deposited: a.balances.deposited,
+            available: a.balances.available,
+            held: a.balances.held,
+            consumed: a.balances.consumed,
+        }
+    }
+}
+
+/// A new lease: everything its holder needs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct GrantView {
+    /// The lease.
+    pub lease_id: i64,
+    /// The secret that authorizes operations on the lease (`tgc1.` ...).
+    pub capability: String,
+    /// The fencing token issued with this grant.
+    pub fence: i64,
+    /// Units held.
+    pub units: i64,
+    /// Exact expiry: the supplied time plus `granted_ttl`.
+    #[serde(with = "ts")]
+    #[schema(value_type = String, format = DateTime)]
+    pub expiry: Timestamp,
+    /// The TTL after clamping to `max_ttl` (ISO 8601).
+    #[serde(with = "dur")]
+    #[schema(value_type = String)]
+    pub granted_ttl: SignedDuration,
+}
+
+impl From<Grant> for GrantView {
+    fn from(g: Grant) -> GrantView {
+        GrantView {
+            lease_id: g.lease_id.0,
+            capability: g.capability.expose().to_string(),
+            fence: g.fence.0,
+            units: g.units,
+            expiry: g.expiry,
+            granted_ttl: g.granted_ttl,
+        }
+    }
+}
+
+/// A lease's life-cycle state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum LeaseStateView {
+    /// Holding units until expiry.
+    Active,
+    /// Settled by its holder.
+    Released,
+    /// Settled by reclaim, charging all units.
+    Reclaimed,
+    /// Settled into a consolidation.
+    Consolidated,
+}
+
+impl From<LeaseState> for LeaseStateView {
+    fn from(s: LeaseState) -> LeaseStateView {
+        match s {
+            LeaseState::Active => LeaseStateView::Active,
+            LeaseState::Released => LeaseStateView::Released,
+            LeaseState::Reclaimed => LeaseStateView::Reclaimed,
+            LeaseState::Consolidated => LeaseStateView::Consolidated,
+        }
+    }
+}
+
+/// A lease.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct LeaseView {
+    /// The lease.
+    pub lease_id: i64,
+    /// The account it holds units of.
+    pub account_id: i64,
+    /// Life-cycle state.
+    pub state: LeaseStateView,
+    /// Units held.
+    pub units: i64,
+    /// The latest fence issued to this lease.
+    pub fence: i64,
+    /// The exact expiry (for a legacy lease: the latest instant consistent
+    /// with its stored microseconds).
+    #[serde(with = "ts")]
+    #[schema(value_type = String, format = DateTime)]
+    pub expiry: Timestamp,
+    /// `true` only for a lease written before the exact-instant schema, whose
+    /// expiry is a conservative upper bound.
+    pub expiry_is_upper_bound: bool,
+    /// Units charged at settlement; `null` while active.
+    pub consumed: Option<i64>,
+}
+
+impl From<Lease> for LeaseView {
+    fn from(l: Lease) -> LeaseView {
+        LeaseView {
+            lease_id: l.lease_id.0,
+            account_id: l.account_id.0,
+            state: l.state.into(),
+            units: l.units,
+            fence: l.fence.0,
+            expiry: l.expiry,
+            expiry_is_upper_bound: l.expiry_is_upper_bound,
+            consumed: l.consumed,
+        }
+    }
+}
+
+/// A renewed lease.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct RenewalView {
+    /// The lease.
+    pub lease_id: i64,
+    /// The account it holds units of.
+    pub account_id: i64,
+    /// Life-cycle state (`active`).
+    pub state: LeaseStateView,
+    /// Units held.
+    pub units: i64,
+    /// The new fence.
+    pub fence: i64,
+    /// The new expiry: the later of the old one and now plus `granted_ttl`.
+    #[serde(with = "ts")]
+    #[schema(value_type = String, format = DateTime)]
+    pub expiry: Timestamp,
+    /// See [`LeaseView::expiry_is_upper_bound`].
+    pub expiry_is_upper_bound: bool,
+    /// The requested TTL after clamping.
+    #[serde(with = "dur")]
+    #[schema(value_type = String)]
+    pub granted_ttl: SignedDuration,
+}
+
+impl From<Renewal> for RenewalView {
+    fn from(r: Renewal) -> RenewalView {
+        RenewalView {
+            lease_id: r.lease.lease_id.0,
+            account_id: r.lease.account_id.0,
+            state: r.lease.state.into(),
+            units: r.lease.units,
+            fence: r.lease.fence.0,
+            expiry: r.lease.expiry,
+            expiry_is_upper_bound: r.lease.expiry_is_upper_bound,
+            granted_ttl: r.granted_ttl,
+        }
+    }
+}
+
+/// The terminal accounting of a lease.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct SettlementView {
+    /// The settled lease.
+    pub lease_id: i64,
+    /// Its account.
+    pub account_id: i64,
+    /// How it settled.
+    pub state: LeaseStateView,
+    /// Units the lease held.
+    pub units: i64,
+    /// Units charged.
+    pub consumed: i64,
+    /// Units returned to `available`.
+    pub returned: i64,
+    /// The supplied time of the settlement.
+    #[serde(with = "ts")]
+    #[schema(value_type = String, format = DateTime)]
+    pub settled_at: Timestamp,
+    /// The account's balances afterwards.
+    pub balances: BalancesView,
+}
+
+impl From<Settlement> for SettlementView {
+    fn from(s: Settlement) -> SettlementView {
+        SettlementView {
+            lease_id: s.lease_id.0,
+            account_id: s.account_id.0,
+            state: s.state.into(),
+            units: s.units,
+            consumed: s.consumed,
+            returned: s.returned,
+            settled_at: s.settled_at,
+            balances: s.balances.into(),
+        }
+    }
+}
+
+/// What one reclaim batch settled.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ReclaimView {
+    /// Leases settled as reclaimed, in settlement order.
+    pub reclaimed: Vec<i64>,
+    /// `now - reclaim_grace`: leases with expiry at or before it were due;
+    /// `null` when that underflows (nothing can be due).
+    #[serde(with = "ts_opt")]
+    #[schema(value_type = Option<String>, format = DateTime)]
+    pub cutoff: Option<Timestamp>,
+    /// Units charged in total.
+    #[schema(schema_with = big_integer)]
+    pub units_charged: i128,
+    /// The supplied time of the batch.
+    #[serde(with = "ts")]
+    #[schema(value_type = String, format = DateTime)]
+    pub now: Timestamp,
+}
+
+impl ReclaimView {
+    /// The view of `r`, run at `now`.
+    pub fn new(r: ReclaimReport, now: Timestamp) -> ReclaimView {
+        ReclaimView {
+            reclaimed: r.reclaimed.iter().map(|l| l.0).collect(),
+            cutoff: r.cutoff,
+            units_charged: r.units_charged,
+            now,
+        }
+    }
+}
+
+/// One broken rule found by the audit.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ViolationView {
+    /// The account concerned.
+    pub account_id: i64,
+    /// The ledger entry at fault, if any.
+    pub seq: Option<i64>,
+    /// What is wrong.
+    pub detail: String,
+}
+
+/// The conservation audit.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct AuditView {
+    /// `true` when no violation was found.
+    pub clean: bool,
+    /// Accounts compared with the ledger.
+    pub accounts_checked: u64,
+    /// Ledger entries replayed.
+    pub entries_checked: u64,
+    /// Sum of `deposited` over all accounts.
+    #[schema(schema_with = big_integer)]
+    pub total_deposited: i128,
+    /// Sum of `available`.
+    #[schema(schema_with = big_integer)]
+    pub total_available: i128,
+    /// Sum of `held`.
+    #[schema(schema_with = big_integer)]
+    pub total_held: i128,
+    /// Sum of `consumed`.
+    #[schema(schema_with = big_integer)]
+    pub total_consumed: i128,
+    /// Every violation, naming its account.
+    pub violations: Vec<ViolationView>,
+}
+
+impl From<AuditReport> for AuditView {
+    fn from(r: AuditReport) -> AuditView {
+        AuditView {
+            clean: r.is_clean(),
+            accounts_checked: r.accounts_checked,
+            entries_checked: r.entries_checked,
+            total_deposited: r.total_deposited,
+            total_available: r.total_available,
+            total_held: r.total_held,
+            total_consumed: r.total_consumed,
+            violations: r
+                .violations
+                .into_iter()
+                .map(|v| ViolationView {
+                    account_id: v.account_id.0,
+                    seq: v.seq,
+                    detail: v.detail,
+                })
+                .collect(),
+        }
+    }
+}
+
+/// The test clock's instant.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ClockView {
+    /// The instant the clock stands at.
+    #[serde(with = "ts")]
+    #[schema(value_type = String, format = DateTime)]
+    pub now: Timestamp,
+    /// Which clock (`test`).
+    pub clock: String,
+}
+
+/// `GET /healthz`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct HealthView {
+    /// Always `ok`: the process is serving.
+    pub status: String,
+}
+
+/// `GET /readyz`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ReadyView {
+    /// Whether the service can take traffic.
+    pub ready: bool,
+    /// `memory` or `postgres`.
+    pub store: String,
+    /// Whether the storage answered.
+    pub storage_reachable: bool,
+    /// The schema version found (`null` for the memory store).
+    pub schema_version: Option<i64>,
+    /// The schema version this build expects (`null` for the memory store).
+    pub expected_schema_version: Option<i64>,
+    /// Whether a migration or other maintenance is in progress.
+    pub maintenance: bool,
+}
+
+/// The store's policy.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct PolicyView {
+    /// Longest granted TTL (ISO 8601).
+    #[serde(with = "dur")]
+    #[schema(value_type = String)]
+    pub max_ttl: SignedDuration,
+    /// Grace after expiry before reclaim (ISO 8601).
+    #[serde(with = "dur")]
+    #[schema(value_type = String)]
+    pub reclaim_grace: SignedDuration,
+}
+
+/// `GET /v1/admin/status`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct StatusView {
+    /// Readiness, as `/readyz` reports it.
+    pub readiness: ReadyView,
+    /// Active leases.
+    pub active_leases: u64,
+    /// Active leases whose expiry is a legacy upper bound.
+    pub active_legacy_bounds: u64,
+    /// The policy in force.
+    pub policy: PolicyView,
+    /// `system` or `test`.
+    pub clock: String,
+}

@@ -1,0 +1,42 @@
+//! # tollgate-server
+//!
+//! Tollgate's HTTP service, command line, reclaim worker, readiness and
+//! conservation audit: the binary `tollgate`.
+//!
+//! The service maps HTTP to the [`tollgate::Allocator`] API and back; it
+//! never decides an accounting or timing rule (those live in the core). The
+//! parts:
+//!
+//! * [`api`]: the axum router and handlers, and the OpenAPI document
+//!   generated from the same route registrations;
+//! * [`auth`]: credentials and the authorization rule (401/403/404 without
+//!   revealing existence);
+//! * [`error`]: the one error type and its RFC 9457 mapping;
+//! * [`dto`]: the JSON shapes (RFC 3339 instants and ISO 8601 durations,
+//!   exact to the nanosecond);
+//! * [`clock`]: the time source seam (system, test, later the safe cut);
+//! * [`worker`]: the reclaim worker, a loop around one `step()`;
+//! * [`storage`]: what the service needs beyond the allocator (readiness,
+//!   counts), with the memory implementation; [`pg`]: the PostgreSQL seam;
+//! * [`config`], [`cli`], [`client`], [`serve`]: configuration, the command
+//!   line, its HTTP client, and the process wiring with graceful shutdown;
+//! * [`metrics`]: counters in the Prometheus text format.
+//!
+//! Only this crate knows HTTP; the core does no I/O and reads no clock.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod api;
+pub mod auth;
+pub mod cli;
+pub mod client;
+pub mod clock;
+pub mod config;
+pub mod dto;
+pub mod error;
+pub mod metrics;
+pub mod pg;
+pub mod serve;
+pub mod storage;
+pub mod worker;

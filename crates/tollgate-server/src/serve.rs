@@ -1,0 +1,197 @@
+//! `tollgate serve`: the only place that wires I/O together.
+//!
+//! Start-up, in order: the validated [`Config`]; the store (PostgreSQL when
+//! a database URL is configured, which requires a stable `--secret-file` and
+//! an `--admin-token`; otherwise a fresh memory store with a random
+//! capability key and, without a configured token, a generated admin token
+//! printed once on stdout); the clock; the listener; the reclaim worker.
+//!
+//! Shutdown on SIGTERM or SIGINT: stop accepting, give in-flight requests
+//! `shutdown_timeout` to finish (then drop them), and stop the worker after
+//! its current pass (bounded by the same timeout).
+
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tollgate::{CapabilityKey, StorageError};
+
+use crate::api::{self, AppState, ServiceOptions};
+use crate::auth;
+use crate::clock::{Clock, ClockKind, SystemClock, TestClock};
+use crate::config::{self, Config, ConfigError};
+use crate::metrics::Metrics;
+use crate::pg::{self, PgError};
+use crate::storage::Backend;
+
+/// Why the service could not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// Invalid configuration.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The PostgreSQL store.
+    #[error(transparent)]
+    Pg(#[from] PgError),
+    /// The store refused.
+    #[error("storage: {0}")]
+    Storage(#[from] StorageError),
+    /// Binding or serving failed.
+    #[error("{0}")]
+    Io(String),
+}
+
+/// The store named by `cfg`.
+///
+/// # Errors
+/// Configuration errors (PostgreSQL without `--secret-file`), store errors.
+pub async fn build_backend(cfg: &Config) -> Result<Backend, ServeError> {
+    if cfg.is_postgres() {
+        let Some(path) = &cfg.secret_file else {
+            return Err(ConfigError(
+                "the PostgreSQL store needs a stable capability key: set --secret-file (at least 32 bytes)"
+                    .into(),
+            )
+            .into());
+        };
+        let key = config::read_secret_file(path)?;
+        return Ok(pg::connect(cfg, key).await?);
+    }
+    let key = match &cfg.secret_file {
+        Some(path) => config::read_secret_file(path)?,
+        None => CapabilityKey::generate().map_err(|e| ConfigError(e.to_string()))?,
+    };
+    Ok(Backend::memory(cfg.policy, key)?)
+}
+
+/// The clock named by `kind`; a test clock starts at the current system
+/// time.
+pub fn build_clock(kind: ClockKind) -> Arc<dyn Clock> {
+    match kind {
+        ClockKind::System => Arc::new(SystemClock),
+        ClockKind::Test => Arc::new(TestClock::new(jiff::Timestamp::now())),
+    }
+}
+
+/// The admin token: configured, or (memory store only) generated and
+/// printed once.
+///
+/// # Errors
+/// PostgreSQL without a configured token.
+pub fn admin_token(cfg: &Config) -> Result<String, ServeError> {
+    if let Some(t) = &cfg.admin_token {
+        return Ok(t.clone());
+    }
+    if cfg.is_postgres() {
+        return Err(ConfigError(
+            "the PostgreSQL store needs a configured --admin-token (or TOLLGATE_ADMIN_TOKEN)"
+                .into(),
+        )
+        .into());
+    }
+    let t = auth::random_token(auth::ADMIN_TOKEN_PREFIX)
+        .map_err(|e| ConfigError(format!("random source: {e}")))?;
+    // Printed once on stdout, never logged.
+    println!("admin token (generated, shown only now): {t}");
+    Ok(t)
+}
+
+/// Resolves on the first SIGTERM or SIGINT.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = ctrl_c => tracing::info!("SIGINT received: shutting down"),
+        _ = term => tracing::info!("SIGTERM received: shutting down"),
+    }
+}
+
+/// Runs the service until SIGTERM/SIGINT.
+///
+/// # Errors
+/// Start-up failures; a server that stops on its own.
+pub async fn serve(cfg: Config) -> Result<(), ServeError> {
+    let backend = build_backend(&cfg).await?;
+    let token = admin_token(&cfg)?;
+    let clock = build_clock(cfg.clock);
+    if cfg.clock == ClockKind::Test {
+        tracing::warn!("test clock enabled: time is whatever PUT /v1/admin/test-clock says");
+    }
+    let metrics = Arc::new(Metrics::new());
+    let state = AppState::new(
+        backend,
+        clock,
+        metrics,
+        ServiceOptions {
+            admin_token: token,
+            reclaim_batch: cfg.reclaim_batch,
+            request_timeout: Config::std(cfg.request_timeout),
+        },
+    );
+    let listener = TcpListener::bind(cfg.listen)
+        .await
+        .map_err(|e| ServeError::Io(format!("cannot listen on {}: {e}", cfg.listen)))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| ServeError::Io(e.to_string()))?;
+    tracing::info!(%addr, store = state.backend().ops.kind(), clock = %cfg.clock, "tollgate listening");
+    println!("tollgate listening on http://{addr}");
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let worker = cfg.reclaim_worker.then(|| {
+        let w = state.worker().clone();
+        let interval = Config::std(cfg.reclaim_interval);
+        let rx = stop_rx.clone();
+        tokio::spawn(async move { w.run(interval, rx).await })
+    });
+
+    let app = api::router(state);
+    let mut server_rx = stop_rx.clone();
+    let server = axum::serve(listener, app).with_graceful_shutdown(async move {
+        let _ = server_rx.wait_for(|stop| *stop).await;
+    });
+    let mut server_task = tokio::spawn(async move { server.await });
+
+    tokio::select! {
+        _ = shutdown_signal() => {}
+        r = &mut server_task => {
+            let _ = stop_tx.send(true);
+            return match r {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(e)) => Err(ServeError::Io(format!("server failed: {e}"))),
+                Err(e) => Err(ServeError::Io(format!("server task failed: {e}"))),
+            };
+        }
+    }
+    let _ = stop_tx.send(true);
+    let bound = Config::std(cfg.shutdown_timeout);
+    match tokio::time::timeout(bound, &mut server_task).await {
+        Ok(_) => tracing::info!("in-flight requests finished"),
+        Err(_) => {
+            tracing::warn!(
+                ?bound,
+                "in-flight requests did not finish in time; dropping them"
+            );
+            server_task.abort();
+        }
+    }
+    if let Some(mut w) = worker
+        && tokio::time::timeout(bound, &mut w).await.is_err()
+    {
+        tracing::warn!("reclaim worker did not stop in time; aborting it");
+        w.abort();
+    }
+    tracing::info!("tollgate stopped");
+    Ok(())
+}

@@ -1,0 +1,159 @@
+//! What the service needs from storage beyond the [`Allocator`] trait:
+//! readiness (reachable, schema version, maintenance) and status counts.
+//!
+//! A [`Backend`] pairs the allocator every request uses with a [`StoreOps`]
+//! for those operator questions. The memory store's [`MemoryOps`] is here;
+//! the PostgreSQL one lives in [`crate::pg`], so the rest of the service is
+//! the same for both stores.
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use tollgate::{
+    AUDIT_PAGE_MAX, Allocator, CapabilityKey, GrantPolicy, LeaseId, LedgerKind, MemoryStore,
+    StorageError,
+};
+
+/// What `/readyz` reports about storage.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Readiness {
+    /// `memory` or `postgres`.
+    pub store: &'static str,
+    /// Whether the storage answered a trivial query.
+    pub reachable: bool,
+    /// The schema version found (`None` for the memory store, or when
+    /// unreachable).
+    pub schema_version: Option<i64>,
+    /// The schema version this build expects (`None` for the memory store).
+    pub expected_schema_version: Option<i64>,
+    /// Whether a migration or other maintenance is in progress.
+    pub maintenance: bool,
+    /// Why the store is not ready, for operators (no secrets).
+    pub detail: Option<String>,
+}
+
+impl Readiness {
+    /// Reachable, at the expected schema version, and not in maintenance.
+    pub fn is_ready(&self) -> bool {
+        self.reachable && !self.maintenance && self.schema_version == self.expected_schema_version
+    }
+}
+
+/// Counts for `tollgate status`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct StatusCounts {
+    /// Active leases.
+    pub active_leases: u64,
+    /// Active leases whose expiry is a legacy upper bound.
+    pub active_legacy_bounds: u64,
+}
+
+/// Store operations only the service needs; see the module docs.
+#[async_trait]
+pub trait StoreOps: Send + Sync + fmt::Debug {
+    /// `memory` or `postgres`.
+    fn kind(&self) -> &'static str;
+
+    /// Whether the store can take traffic. Never fails: an unreachable store
+    /// is reported as such.
+    async fn readiness(&self) -> Readiness;
+
+    /// Active leases and active legacy bounds.
+    ///
+    /// # Errors
+    /// Backend errors.
+    async fn counts(&self) -> Result<StatusCounts, StorageError>;
+}
+
+/// The storage a service runs on.
+#[derive(Clone)]
+pub struct Backend {
+    /// Every allocator operation goes here.
+    pub allocator: Arc<dyn Allocator>,
+    /// Readiness and counts.
+    pub ops: Arc<dyn StoreOps>,
+}
+
+impl fmt::Debug for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Backend")
+            .field("ops", &self.ops)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Backend {
+    /// A fresh [`MemoryStore`] applying `policy`.
+    ///
+    /// # Errors
+    /// [`StorageError::Unavailable`] if the random source fails.
+    pub fn memory(policy: GrantPolicy, key: CapabilityKey) -> Result<Backend, StorageError> {
+        let store: Arc<dyn Allocator> = Arc::new(MemoryStore::new(policy, key)?);
+        Ok(Backend {
+            allocator: store.clone(),
+            ops: Arc::new(MemoryOps { store }),
+        })
+    }
+}
+
+/// [`StoreOps`] of the memory store: always at "no schema", never in
+/// maintenance; counts come from replaying the ledger (the memory store has
+/// no lease listing, and the ledger names every grant and settlement).
+pub struct MemoryOps {
+    store: Arc<dyn Allocator>,
+}
+
+impl fmt::Debug for MemoryOps {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("MemoryOps")
+    }
+}
+
+#[async_trait]
+impl StoreOps for MemoryOps {
+    fn kind(&self) -> &'static str {
+        "memory"
+    }
+
+    async fn readiness(&self) -> Readiness {
+        let probe = self.store.accounts(None, 1).await;
+        Readiness {
+            store: "memory",
+            reachable: probe.is_ok(),
+            schema_version: None,
+            expected_schema_version: None,
+            maintenance: false,
+            detail: probe.err().map(|e| e.to_string()),
+        }
+    }
+
+    async fn counts(&self) -> Result<StatusCounts, StorageError> {
+        let mut active: BTreeSet<LeaseId> = BTreeSet::new();
+        let mut after_seq = 0;
+        loop {
+            let page = self.store.ledger(after_seq, AUDIT_PAGE_MAX).await?;
+            for e in &page {
+                after_seq = e.seq;
+                let Some(lease_id) = e.lease_id else { continue };
+                match e.kind {
+                    LedgerKind::Acquire | LedgerKind::ConsolidatedGrant => {
+                        active.insert(lease_id);
+                    }
+                    LedgerKind::Release | LedgerKind::Reclaim | LedgerKind::Consolidate => {
+                        active.remove(&lease_id);
+                    }
+                    LedgerKind::Deposit | LedgerKind::Renew => {}
+                }
+            }
+            if page.len() < AUDIT_PAGE_MAX {
+                break;
+            }
+        }
+        Ok(StatusCounts {
+            active_leases: active.len() as u64,
+            active_legacy_bounds: 0,
+        })
+    }
+}
