@@ -149,6 +149,9 @@ pub struct ServeArgs {
     /// Do not run the reclaim worker inside the service.
     #[arg(long, env = "TOLLGATE_NO_RECLAIM_WORKER")]
     pub no_reclaim_worker: bool,
+    /// PostgreSQL: do not apply pending migrations at start-up.
+    #[arg(long, env = "TOLLGATE_NO_MIGRATE")]
+    pub no_migrate: bool,
     /// Admin bearer token (memory store: generated and printed when unset).
     #[arg(
         long,
@@ -413,6 +416,7 @@ impl ServeArgs {
             reclaim_interval: self.reclaim_interval.clone(),
             reclaim_batch: self.reclaim_batch,
             no_reclaim_worker: self.no_reclaim_worker,
+            no_migrate: self.no_migrate,
             admin_token: self.admin_token.clone(),
             clock: self.clock.map(Into::into),
             request_timeout: self.request_timeout.clone(),
@@ -483,6 +487,10 @@ fn target(ops: &OpsArgs) -> Result<Target, CliError> {
 /// matter for status, audit and reclaim, so a random one stands in when no
 /// `--secret-file` is given.
 async fn direct_backend(cfg: &Config) -> Result<Backend, CliError> {
+    let cfg = &Config {
+        migrate_on_start: false,
+        ..cfg.clone()
+    };
     let key = match &cfg.secret_file {
         Some(p) => config::read_secret_file(p)?,
         None => CapabilityKey::generate().map_err(|e| ConfigError(e.to_string()))?,

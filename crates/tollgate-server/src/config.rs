@@ -15,6 +15,7 @@
 //! | `--reclaim-grace` | `TOLLGATE_RECLAIM_GRACE` | `PT30S` | grace after expiry (nonnegative; `max` = the largest duration) |
 //! | `--reclaim-interval` | `TOLLGATE_RECLAIM_INTERVAL` | `PT1S` | pause between worker passes (positive) |
 //! | `--reclaim-batch` | `TOLLGATE_RECLAIM_BATCH` | `1000` | leases per reclaim batch (1..=10000) |
+//! | `--no-migrate` | `TOLLGATE_NO_MIGRATE` | migrate on | PostgreSQL: do not apply pending migrations at start-up (the store then refuses to start while any is pending) |
 //! | `--no-reclaim-worker` | `TOLLGATE_NO_RECLAIM_WORKER` | worker on | do not run the worker inside `serve` |
 //! | `--admin-token` | `TOLLGATE_ADMIN_TOKEN` | memory: generated and printed once; PostgreSQL: required | admin bearer token (at least 16 visible ASCII bytes) |
 //! | `--clock` | `TOLLGATE_CLOCK` | `system` | `system` or `test` |
@@ -93,6 +94,8 @@ pub struct FileConfig {
     pub reclaim_batch: Option<i64>,
     /// `reclaim_worker` (default true).
     pub reclaim_worker: Option<bool>,
+    /// `migrate_on_start` (default true).
+    pub migrate_on_start: Option<bool>,
     /// `admin_token`.
     pub admin_token: Option<String>,
     /// `clock`.
@@ -136,6 +139,8 @@ pub struct RawConfig {
     pub reclaim_batch: Option<i64>,
     /// `--no-reclaim-worker`.
     pub no_reclaim_worker: bool,
+    /// `--no-migrate`.
+    pub no_migrate: bool,
     /// `--admin-token`.
     pub admin_token: Option<String>,
     /// `--clock`.
@@ -163,6 +168,8 @@ pub struct Config {
     pub reclaim_batch: usize,
     /// Whether `serve` runs the worker.
     pub reclaim_worker: bool,
+    /// PostgreSQL: apply pending migrations at start-up.
+    pub migrate_on_start: bool,
     /// Admin token, if configured.
     pub admin_token: Option<String>,
     /// Which clock.
@@ -299,6 +306,7 @@ impl Config {
         let reclaim_batch = rules::check_limit(batch, RECLAIM_BATCH_MAX)
             .map_err(|e| err(format!("reclaim_batch: {e}")))?;
         let reclaim_worker = !raw.no_reclaim_worker && file.reclaim_worker.unwrap_or(true);
+        let migrate_on_start = !raw.no_migrate && file.migrate_on_start.unwrap_or(true);
         let admin_token = raw.admin_token.or(file.admin_token);
         if let Some(t) = &admin_token
             && (t.len() < ADMIN_TOKEN_MIN_BYTES || !t.bytes().all(|b| b.is_ascii_graphic()))
@@ -346,6 +354,7 @@ impl Config {
             reclaim_interval,
             reclaim_batch,
             reclaim_worker,
+            migrate_on_start,
             admin_token,
             clock,
             secret_file,
@@ -383,6 +392,7 @@ impl Config {
         let _ = writeln!(s, "reclaim_interval = \"{}\"", self.reclaim_interval);
         let _ = writeln!(s, "reclaim_batch = {}", self.reclaim_batch);
         let _ = writeln!(s, "reclaim_worker = {}", self.reclaim_worker);
+        let _ = writeln!(s, "migrate_on_start = {}", self.migrate_on_start);
         match &self.admin_token {
             Some(_) => {
                 let _ = writeln!(s, "admin_token = \"<redacted>\"");

@@ -1,24 +1,61 @@
-//! The PostgreSQL seam: connecting, migrating and inspecting the
-//! PostgreSQL store (`tollgate-pg`).
+//! The PostgreSQL seam: connecting to, migrating and inspecting the
+//! PostgreSQL store ([`tollgate_pg::PostgresStore`]).
 //!
-//! Until the PostgreSQL store crate exists, every function here refuses with
-//! [`PgError::NotBuilt`], so the service runs on the memory store only and a
-//! `--database-url` fails at start-up with a clear message instead of
-//! silently falling back.
+//! Start-up against PostgreSQL ([`connect`]): wait (bounded by
+//! [`DB_WAIT`]) for the database to accept connections; apply pending
+//! migrations unless told not to; then open the store, whose own fences
+//! refuse a schema this binary does not know, pending migrations, and a
+//! recorded policy different from the configured one
+//! (`policy_mismatch`). The capability key must come from a stable
+//! `--secret-file` (checked by [`crate::serve`]) so capabilities survive
+//! restarts.
+//!
+//! [`PgOps`] answers readiness and status. Its two read-only queries are the
+//! only SQL outside `tollgate-pg`:
+//!
+//! * maintenance: a session named [`tollgate_pg::MIGRATE_APPLICATION_NAME`]
+//!   (the migrator's dedicated connection) is connected to this database;
+//! * counts: active leases, and those whose expiry is a legacy upper bound.
+//!
+//! They read the store's tables by name; if `tollgate-pg` grows accessors for
+//! them, these move there.
 
-use tollgate::CapabilityKey;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tollgate::{Allocator, CapabilityKey, StorageError};
+use tollgate_pg::{PostgresStore, Schema};
 
 use crate::config::Config;
-use crate::storage::Backend;
+use crate::storage::{Backend, Readiness, StatusCounts, StoreOps};
+
+/// How long start-up waits for the database to accept connections: long
+/// enough for a database container started alongside the service, short
+/// enough that a wrong URL fails within a minute.
+pub const DB_WAIT: Duration = Duration::from_secs(30);
+
+/// Pause between connection attempts while waiting.
+pub const DB_RETRY_PAUSE: Duration = Duration::from_millis(500);
 
 /// Errors of the PostgreSQL seam.
 #[derive(Debug, thiserror::Error)]
 pub enum PgError {
-    /// This build has no PostgreSQL store.
-    #[error(
-        "this build has no PostgreSQL store yet (crate tollgate-pg); run without --database-url"
-    )]
-    NotBuilt,
+    /// No database URL was configured.
+    #[error("no database URL configured")]
+    NoUrl,
+    /// A store operation failed; `context` says which.
+    #[error("{context}: {source}")]
+    Storage {
+        /// What was being done.
+        context: &'static str,
+        /// The store's error.
+        source: StorageError,
+    },
+}
+
+fn ctx(context: &'static str) -> impl FnOnce(StorageError) -> PgError {
+    move |source| PgError::Storage { context, source }
 }
 
 /// One migration as `tollgate migrate` lists it.
@@ -30,19 +67,160 @@ pub struct MigrationInfo {
     pub description: String,
 }
 
-/// Connects to the store at `cfg.database_url`, verifies the schema and the
-/// recorded policy, and returns the backend.
+/// The schema version this binary expects.
+pub fn expected_schema_version() -> i64 {
+    Schema::current().latest_version()
+}
+
+/// Retries `attempt` while it fails with [`StorageError::Unavailable`], for
+/// at most [`DB_WAIT`].
+async fn with_wait<T, F, Fut>(mut attempt: F) -> Result<T, StorageError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, StorageError>>,
+{
+    let deadline = tokio::time::Instant::now() + DB_WAIT;
+    loop {
+        match attempt().await {
+            Err(StorageError::Unavailable { message })
+                if tokio::time::Instant::now() + DB_RETRY_PAUSE < deadline =>
+            {
+                tracing::warn!(%message, "database unavailable; retrying");
+                tokio::time::sleep(DB_RETRY_PAUSE).await;
+            }
+            other => return other,
+        }
+    }
+}
+
+/// Connects to the store at `cfg.database_url`: waits for the database,
+/// applies pending migrations when `cfg.migrate_on_start`, and opens the
+/// store (schema fence, policy check).
 ///
 /// # Errors
-/// [`PgError::NotBuilt`].
-pub async fn connect(_cfg: &Config, _key: CapabilityKey) -> Result<Backend, PgError> {
-    Err(PgError::NotBuilt)
+/// [`PgError::NoUrl`]; [`PgError::Storage`] with the store's error
+/// (`policy_mismatch`, unknown or pending migrations, unreachable).
+pub async fn connect(cfg: &Config, key: CapabilityKey) -> Result<Backend, PgError> {
+    let url = cfg.database_url.as_deref().ok_or(PgError::NoUrl)?;
+    if cfg.migrate_on_start {
+        let report = with_wait(|| tollgate_pg::migrate(url))
+            .await
+            .map_err(ctx("applying migrations"))?;
+        if !report.applied.is_empty() {
+            tracing::info!(applied = ?report.applied, to = ?report.to_version, "migrations applied");
+        }
+    }
+    let store = with_wait(|| PostgresStore::connect(url, cfg.policy, key.clone()))
+        .await
+        .map_err(ctx("opening the PostgreSQL store"))?;
+    Ok(backend(Arc::new(store)))
+}
+
+/// The backend over an open store.
+pub fn backend(store: Arc<PostgresStore>) -> Backend {
+    Backend {
+        allocator: store.clone() as Arc<dyn Allocator>,
+        ops: Arc::new(PgOps { store }),
+    }
 }
 
 /// Applies pending migrations (or, with `dry_run`, lists them).
 ///
 /// # Errors
-/// [`PgError::NotBuilt`].
-pub async fn migrate(_url: &str, _dry_run: bool) -> Result<Vec<MigrationInfo>, PgError> {
-    Err(PgError::NotBuilt)
+/// [`PgError::Storage`].
+pub async fn migrate(url: &str, dry_run: bool) -> Result<Vec<MigrationInfo>, PgError> {
+    let known = Schema::current().known();
+    let describe = |version: i64| MigrationInfo {
+        version,
+        description: known
+            .iter()
+            .find(|m| m.version == version)
+            .map(|m| m.description.clone())
+            .unwrap_or_default(),
+    };
+    if dry_run {
+        let pending = with_wait(|| tollgate_pg::pending_migrations(url))
+            .await
+            .map_err(ctx("listing pending migrations"))?;
+        return Ok(pending.into_iter().map(|m| describe(m.version)).collect());
+    }
+    let report = with_wait(|| tollgate_pg::migrate(url))
+        .await
+        .map_err(ctx("applying migrations"))?;
+    Ok(report.applied.into_iter().map(describe).collect())
+}
+
+/// [`StoreOps`] of the PostgreSQL store; see the module docs.
+#[derive(Debug)]
+pub struct PgOps {
+    store: Arc<PostgresStore>,
+}
+
+fn backend_error(e: sqlx::Error) -> StorageError {
+    match e {
+        sqlx::Error::PoolTimedOut | sqlx::Error::Io(_) | sqlx::Error::PoolClosed => {
+            StorageError::Unavailable {
+                message: e.to_string(),
+            }
+        }
+        other => StorageError::Backend {
+            message: other.to_string(),
+        },
+    }
+}
+
+#[async_trait]
+impl StoreOps for PgOps {
+    fn kind(&self) -> &'static str {
+        "postgres"
+    }
+
+    async fn readiness(&self) -> Readiness {
+        let expected = Some(expected_schema_version());
+        let pool = self.store.pool();
+        let version = tollgate_pg::schema_version(pool).await;
+        let maintenance: Result<bool, sqlx::Error> = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM pg_stat_activity \
+             WHERE datname = current_database() AND application_name = $1)",
+        )
+        .bind(tollgate_pg::MIGRATE_APPLICATION_NAME)
+        .fetch_one(pool)
+        .await;
+        match (version, maintenance) {
+            (Ok(v), Ok(m)) => Readiness {
+                store: "postgres",
+                reachable: true,
+                schema_version: v,
+                expected_schema_version: expected,
+                maintenance: m,
+                detail: None,
+            },
+            (v, m) => Readiness {
+                store: "postgres",
+                reachable: false,
+                schema_version: v.as_ref().ok().copied().flatten(),
+                expected_schema_version: expected,
+                maintenance: m.as_ref().ok().copied().unwrap_or(false),
+                detail: Some(match (v, m) {
+                    (Err(e), _) => e.to_string(),
+                    (_, Err(e)) => backend_error(e).to_string(),
+                    _ => String::new(),
+                }),
+            },
+        }
+    }
+
+    async fn counts(&self) -> Result<StatusCounts, StorageError> {
+        let (active, legacy): (i64, i64) = sqlx::query_as(
+            "SELECT count(*), count(*) FILTER (WHERE expiry_is_upper_bound) \
+             FROM tollgate_leases WHERE state = 'active'",
+        )
+        .fetch_one(self.store.pool())
+        .await
+        .map_err(backend_error)?;
+        Ok(StatusCounts {
+            active_leases: u64::try_from(active).unwrap_or(0),
+            active_legacy_bounds: u64::try_from(legacy).unwrap_or(0),
+        })
+    }
 }

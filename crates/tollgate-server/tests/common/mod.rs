@@ -1,0 +1,539 @@
+//! Shared HTTP test support: a harness around the real router (driven with
+//! `oneshot`, no sockets), backend factories for both stores, and stub
+//! stores and clocks for failure mapping.
+#![allow(dead_code)] // each test binary uses a different part
+
+pub mod cases;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use axum::body::Body;
+use axum::http::{HeaderMap, Method, Request, StatusCode, header};
+use http_body_util::BodyExt;
+use jiff::{SignedDuration, Timestamp};
+use serde_json::{Value, json};
+use sqlx::{Connection, PgConnection};
+use tollgate::{
+    Account, AccountId, AcquireRequest, Allocator, Capability, CapabilityKey, Grant, GrantPolicy,
+    Lease, LeaseId, LedgerEntry, NewAccount, ReclaimReport, Renewal, Settlement, StorageError,
+};
+use tollgate_server::api::{self, AppState, ServiceOptions};
+use tollgate_server::clock::{Clock, ClockError, ClockKind, SystemClock, TestClock};
+use tollgate_server::metrics::Metrics;
+use tollgate_server::storage::Backend;
+use tower::ServiceExt;
+
+/// The admin token of every harness.
+pub const ADMIN: &str = "tgadm1.test-admin-token-0123456789";
+
+/// Where the test clock starts.
+pub const T0: &str = "2026-11-29T12:00:00Z";
+
+/// Parses an instant.
+pub fn ts(s: &str) -> Timestamp {
+    s.parse()
+        .unwrap_or_else(|e| panic!("bad instant {s:?}: {e}"))
+}
+
+/// `SignedDuration::new`.
+pub fn dur(secs: i64, nanos: i32) -> SignedDuration {
+    SignedDuration::new(secs, nanos)
+}
+
+/// A policy.
+pub fn policy(max_ttl: SignedDuration, grace: SignedDuration) -> GrantPolicy {
+    GrantPolicy::new(max_ttl, grace).expect("policy")
+}
+
+/// The default test policy: max_ttl 1 minute, grace 5 seconds.
+pub fn default_policy() -> GrantPolicy {
+    policy(dur(60, 0), dur(5, 0))
+}
+
+/// Builds fresh, empty backends.
+#[async_trait(?Send)]
+pub trait BackendFactory {
+    /// A fresh backend applying `policy`.
+    async fn backend(&self, policy: GrantPolicy) -> Backend;
+    /// A valid capability for `lease_id` in the backend last built, when the
+    /// factory can derive one (the PostgreSQL store exposes its identity;
+    /// the memory store does not).
+    fn derive_capability(&self, _lease_id: i64) -> Option<String> {
+        None
+    }
+    /// `memory` or `postgres`.
+    fn kind(&self) -> &'static str;
+}
+
+/// Memory stores.
+pub struct MemoryFactory;
+
+#[async_trait(?Send)]
+impl BackendFactory for MemoryFactory {
+    async fn backend(&self, policy: GrantPolicy) -> Backend {
+        Backend::memory(policy, CapabilityKey::generate().expect("key")).expect("memory store")
+    }
+    fn kind(&self) -> &'static str {
+        "memory"
+    }
+}
+
+/// Test key of PostgreSQL stores.
+pub const PG_KEY: [u8; 32] = [42u8; 32];
+
+/// PostgreSQL stores: a fresh migrated database per backend on the shared
+/// harness cluster.
+#[derive(Default)]
+pub struct PgFactory {
+    last: std::sync::Mutex<Option<tollgate::StoreId>>,
+}
+
+static DB_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// A fresh database on the shared cluster; returns its URL.
+pub async fn fresh_pg_url() -> String {
+    let cluster = tollgate_pg_harness::shared().await;
+    let name = format!(
+        "tgsrv_{}_{}",
+        std::process::id(),
+        DB_COUNTER.fetch_add(1, Ordering::Relaxed)
+    );
+    let mut admin = PgConnection::connect(&cluster.admin_url())
+        .await
+        .expect("admin connection");
+    sqlx::query(&format!("CREATE DATABASE \"{name}\""))
+        .execute(&mut admin)
+        .await
+        .expect("create database");
+    admin.close().await.expect("close");
+    cluster.url_for(&name)
+}
+
+/// Small pools: many tests share one cluster.
+pub const PG_OPTIONS: tollgate_pg::StoreOptions = tollgate_pg::StoreOptions {
+    max_connections: 4,
+    acquire_timeout: Duration::from_secs(30),
+};
+
+#[async_trait(?Send)]
+impl BackendFactory for PgFactory {
+    async fn backend(&self, policy: GrantPolicy) -> Backend {
+        let url = fresh_pg_url().await;
+        tollgate_pg::migrate(&url).await.expect("migrate");
+        let store = tollgate_pg::PostgresStore::connect_with(
+            &url,
+            policy,
+            CapabilityKey::new(&PG_KEY).expect("key"),
+            PG_OPTIONS,
+        )
+        .await
+        .expect("store");
+        *self.last.lock().expect("lock") = Some(store.store_id());
+        tollgate_server::pg::backend(Arc::new(store))
+    }
+    fn derive_capability(&self, lease_id: i64) -> Option<String> {
+        let store_id = (*self.last.lock().expect("lock"))?;
+        let key = CapabilityKey::new(&PG_KEY).expect("key");
+        Some(key.derive(store_id, LeaseId(lease_id)).expose().to_string())
+    }
+    fn kind(&self) -> &'static str {
+        "postgres"
+    }
+}
+
+/// A response: status, headers, and the body as JSON (or as a JSON string
+/// for non-JSON bodies).
+#[derive(Debug, Clone)]
+pub struct Resp {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Value,
+    pub text: String,
+}
+
+impl Resp {
+    /// Asserts a problem response with `status` and `code`.
+    #[track_caller]
+    pub fn problem(&self, status: u16, code: &str) -> &Resp {
+        assert_eq!(
+            (self.status.as_u16(), self.body["code"].as_str()),
+            (status, Some(code)),
+            "body: {}",
+            self.text
+        );
+        assert_eq!(
+            self.headers
+                .get(header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok()),
+            Some("application/problem+json")
+        );
+        assert_eq!(self.body["status"], json!(status));
+        assert_eq!(
+            self.body["type"],
+            json!(format!("urn:tollgate:problem:{code}"))
+        );
+        assert!(self.body["title"].is_string() && self.body["detail"].is_string());
+        assert_eq!(
+            self.body.as_object().map(|o| o.len()),
+            Some(5),
+            "{}",
+            self.text
+        );
+        self
+    }
+
+    /// Asserts `status` and returns the body.
+    #[track_caller]
+    pub fn ok(&self, status: u16) -> &Value {
+        assert_eq!(self.status.as_u16(), status, "body: {}", self.text);
+        &self.body
+    }
+}
+
+/// A request to send.
+pub struct Req {
+    method: Method,
+    path: String,
+    token: Option<String>,
+    body: Option<Vec<u8>>,
+    content_type: Option<String>,
+    headers: Vec<(String, String)>,
+}
+
+impl Req {
+    pub fn new(method: Method, path: impl Into<String>) -> Req {
+        Req {
+            method,
+            path: path.into(),
+            token: None,
+            body: None,
+            content_type: None,
+            headers: Vec::new(),
+        }
+    }
+    pub fn get(path: impl Into<String>) -> Req {
+        Req::new(Method::GET, path)
+    }
+    pub fn post(path: impl Into<String>) -> Req {
+        Req::new(Method::POST, path)
+    }
+    pub fn put(path: impl Into<String>) -> Req {
+        Req::new(Method::PUT, path)
+    }
+    pub fn token(mut self, t: &str) -> Req {
+        self.token = Some(t.to_string());
+        self
+    }
+    pub fn json(mut self, v: Value) -> Req {
+        self.body = Some(serde_json::to_vec(&v).expect("json"));
+        self.content_type = Some("application/json".into());
+        self
+    }
+    pub fn raw(mut self, body: impl Into<Vec<u8>>, content_type: Option<&str>) -> Req {
+        self.body = Some(body.into());
+        self.content_type = content_type.map(str::to_string);
+        self
+    }
+    pub fn header(mut self, k: &str, v: &str) -> Req {
+        self.headers.push((k.to_string(), v.to_string()));
+        self
+    }
+}
+
+/// The real router over a backend, with a test clock at [`T0`].
+pub struct Harness {
+    pub state: AppState,
+    pub router: axum::Router,
+    pub clock: Arc<TestClock>,
+    pub backend: Backend,
+}
+
+impl Harness {
+    /// A harness over a fresh backend from `f`.
+    pub async fn new(f: &dyn BackendFactory, policy: GrantPolicy) -> Harness {
+        let backend = f.backend(policy).await;
+        Harness::over(backend)
+    }
+
+    /// A harness over `backend` with a test clock at [`T0`].
+    pub fn over(backend: Backend) -> Harness {
+        let clock = Arc::new(TestClock::new(ts(T0)));
+        let state = state(backend.clone(), clock.clone(), Duration::from_secs(30));
+        Harness {
+            router: api::router(state.clone()),
+            state,
+            clock,
+            backend,
+        }
+    }
+
+    /// Sends `req` through the router.
+    pub async fn send(&self, req: Req) -> Resp {
+        send(&self.router, req).await
+    }
+
+    /// Sets the test clock directly.
+    pub fn set_now(&self, now: &str) {
+        self.clock.set(ts(now));
+    }
+
+    /// Creates an account; returns `(account_id, api_key)`.
+    pub async fn account(&self, name: &str, deposit: i64) -> (i64, String) {
+        let r = self
+            .send(
+                Req::post("/v1/accounts")
+                    .token(ADMIN)
+                    .json(json!({ "name": name })),
+            )
+            .await;
+        let b = r.ok(201);
+        let id = b["account_id"].as_i64().expect("id");
+        let key = b["api_key"].as_str().expect("key").to_string();
+        if deposit > 0 {
+            self.send(
+                Req::post(format!("/v1/accounts/{id}/deposits"))
+                    .token(ADMIN)
+                    .json(json!({ "units": deposit })),
+            )
+            .await
+            .ok(200);
+        }
+        (id, key)
+    }
+
+    /// Acquires; returns the grant body.
+    pub async fn acquire(&self, account: i64, key: &str, units: i64, ttl: &str) -> Value {
+        self.send(
+            Req::post(format!("/v1/accounts/{account}/leases"))
+                .token(key)
+                .json(json!({ "units": units, "ttl": ttl })),
+        )
+        .await
+        .ok(201)
+        .clone()
+    }
+
+    /// Reads an account with the admin token.
+    pub async fn account_view(&self, id: i64) -> Value {
+        self.send(Req::get(format!("/v1/accounts/{id}")).token(ADMIN))
+            .await
+            .ok(200)
+            .clone()
+    }
+
+    /// Ledger length (to prove that a refused request changed nothing).
+    pub async fn ledger_len(&self) -> usize {
+        self.backend
+            .allocator
+            .ledger(0, tollgate::AUDIT_PAGE_MAX)
+            .await
+            .expect("ledger")
+            .len()
+    }
+
+    /// The audit must be clean.
+    pub async fn assert_audit_clean(&self) {
+        let r = self.send(Req::get("/v1/admin/audit").token(ADMIN)).await;
+        assert_eq!(r.ok(200)["clean"], json!(true), "{}", r.text);
+    }
+}
+
+/// State over `backend` and `clock`.
+pub fn state(backend: Backend, clock: Arc<dyn Clock>, request_timeout: Duration) -> AppState {
+    AppState::new(
+        backend,
+        clock,
+        Arc::new(Metrics::new()),
+        ServiceOptions {
+            admin_token: ADMIN.into(),
+            reclaim_batch: 100,
+            request_timeout,
+        },
+    )
+}
+
+/// Sends `req` through `router`.
+pub async fn send(router: &axum::Router, req: Req) -> Resp {
+    let mut b = Request::builder().method(req.method).uri(&req.path);
+    if let Some(t) = &req.token {
+        b = b.header(header::AUTHORIZATION, format!("Bearer {t}"));
+    }
+    if let Some(ct) = &req.content_type {
+        b = b.header(header::CONTENT_TYPE, ct);
+    }
+    for (k, v) in &req.headers {
+        b = b.header(k.as_str(), v.as_str());
+    }
+    let request = b
+        .body(req.body.map(Body::from).unwrap_or_else(Body::empty))
+        .expect("request");
+    let resp = router.clone().oneshot(request).await.expect("infallible");
+    let status = resp.status();
+    let headers = resp.headers().clone();
+    let bytes = resp.into_body().collect().await.expect("body").to_bytes();
+    let text = String::from_utf8_lossy(&bytes).into_owned();
+    let body = serde_json::from_slice(&bytes).unwrap_or(Value::String(text.clone()));
+    Resp {
+        status,
+        headers,
+        body,
+        text,
+    }
+}
+
+/// A store whose every operation fails with one error (after an optional
+/// delay): maps backend failures the healthy stores cannot produce.
+pub struct FailingStore {
+    pub error: StorageError,
+    pub delay: Duration,
+}
+
+impl FailingStore {
+    async fn fail<T>(&self) -> Result<T, StorageError> {
+        if !self.delay.is_zero() {
+            tokio::time::sleep(self.delay).await;
+        }
+        Err(self.error.clone())
+    }
+}
+
+#[async_trait]
+impl Allocator for FailingStore {
+    fn policy(&self) -> GrantPolicy {
+        default_policy()
+    }
+    async fn create_account(&self, _: NewAccount) -> Result<Account, StorageError> {
+        self.fail().await
+    }
+    async fn account(&self, _: AccountId) -> Result<Account, StorageError> {
+        self.fail().await
+    }
+    async fn account_key_digest(&self, _: AccountId) -> Result<Option<[u8; 32]>, StorageError> {
+        self.fail().await
+    }
+    async fn accounts(&self, _: Option<AccountId>, _: usize) -> Result<Vec<Account>, StorageError> {
+        self.fail().await
+    }
+    async fn deposit(&self, _: AccountId, _: i64, _: Timestamp) -> Result<Account, StorageError> {
+        self.fail().await
+    }
+    async fn acquire(&self, _: AcquireRequest, _: Timestamp) -> Result<Grant, StorageError> {
+        self.fail().await
+    }
+    async fn lease(&self, _: LeaseId, _: &Capability) -> Result<Lease, StorageError> {
+        self.fail().await
+    }
+    async fn renew(
+        &self,
+        _: LeaseId,
+        _: &Capability,
+        _: SignedDuration,
+        _: Timestamp,
+    ) -> Result<Renewal, StorageError> {
+        self.fail().await
+    }
+    async fn release(
+        &self,
+        _: LeaseId,
+        _: &Capability,
+        _: Timestamp,
+        _: Option<i64>,
+    ) -> Result<Settlement, StorageError> {
+        self.fail().await
+    }
+    async fn consolidate(
+        &self,
+        _: AccountId,
+        _: &[(LeaseId, Capability)],
+        _: SignedDuration,
+        _: Timestamp,
+    ) -> Result<Grant, StorageError> {
+        self.fail().await
+    }
+    async fn reclaim(&self, _: Timestamp, _: usize) -> Result<ReclaimReport, StorageError> {
+        self.fail().await
+    }
+    async fn ledger(&self, _: i64, _: usize) -> Result<Vec<LedgerEntry>, StorageError> {
+        self.fail().await
+    }
+}
+
+/// A backend over a [`FailingStore`] (readiness: unreachable).
+pub fn failing_backend(error: StorageError, delay: Duration) -> Backend {
+    let store: Arc<dyn Allocator> = Arc::new(FailingStore { error, delay });
+    let memory =
+        Backend::memory(default_policy(), CapabilityKey::generate().expect("key")).expect("memory");
+    Backend {
+        allocator: store,
+        ops: memory.ops,
+    }
+}
+
+/// A clock that cannot vouch for the time (the safe cut's uncertain state).
+#[derive(Debug)]
+pub struct UncertainClock;
+
+#[async_trait]
+impl Clock for UncertainClock {
+    async fn now(&self) -> Result<Timestamp, ClockError> {
+        Err(ClockError::Uncertain("sampler has no quorum".into()))
+    }
+    fn kind(&self) -> ClockKind {
+        ClockKind::System
+    }
+}
+
+/// The system clock, for harnesses where the test clock must be disabled.
+pub fn system_clock() -> Arc<dyn Clock> {
+    Arc::new(SystemClock)
+}
+
+/// Generates one `#[tokio::test]` per case for a factory.
+#[macro_export]
+macro_rules! http_cases {
+    ($factory:expr; $($name:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() {
+                let f = $factory;
+                common::cases::$name(&f).await;
+            }
+        )*
+    };
+}
+
+/// Every case of [`cases`], for one factory.
+#[macro_export]
+macro_rules! all_http_cases {
+    ($factory:expr) => {
+        $crate::http_cases!($factory;
+            create_show_and_deposit,
+            acquire_fractional_ttl_exact,
+            ttl_clamped_and_friendly_input,
+            renew_extends_and_never_shortens,
+            release_settles_exactly,
+            release_and_reclaim_boundary,
+            reclaim_worker_steps_without_sleeps,
+            consolidation,
+            idempotent_acquire,
+            audit_and_status,
+            auth_missing_and_malformed,
+            auth_admin_only_routes,
+            auth_account_isolation,
+            auth_capability_isolation,
+            store_error_codes_over_http,
+            malformed_inputs_change_nothing,
+            integer_ranges,
+            path_ids,
+            routes_and_methods,
+            timestamps_round_trip,
+            durations_round_trip,
+            unrepresentable_expiry,
+            lease_not_found_with_valid_capability,
+            readiness_and_metrics,
+        );
+    };
+}

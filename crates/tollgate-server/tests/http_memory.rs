@@ -1,0 +1,384 @@
+//! The HTTP cases against the memory store, plus failure mapping with stub
+//! stores and clocks, the test-clock switch, the request timeout, and the
+//! OpenAPI document against the router.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::http::Method;
+use common::*;
+use serde_json::json;
+use tollgate::{PairError, StorageError};
+use tollgate_server::api;
+use tollgate_server::error::{SERVICE_CODES, storage_status};
+use tollgate_server::storage::Backend;
+
+all_http_cases!(MemoryFactory);
+
+#[test]
+fn service_codes_documented() {
+    common::cases::service_codes_documented();
+}
+
+fn every_storage_error() -> Vec<StorageError> {
+    use tollgate::{AccountId, LeaseId, LeaseState};
+    let t = ts(T0);
+    let pair_error = PairError::SubmicroOutOfRange { submicro_ns: 1000 };
+    vec![
+        StorageError::InvalidUnits {
+            units: 0,
+            max: i64::MAX,
+        },
+        StorageError::InvalidTtl { ttl: dur(0, 0) },
+        StorageError::UnrepresentableExpiry {
+            now: t,
+            ttl: dur(1, 0),
+        },
+        StorageError::InsufficientBalance {
+            account_id: AccountId(1),
+            requested: 2,
+            available: 1,
+        },
+        StorageError::UnitsOverflow {
+            account_id: AccountId(1),
+        },
+        StorageError::AccountNotFound {
+            account_id: AccountId(1),
+        },
+        StorageError::LeaseNotFound {
+            lease_id: LeaseId(1),
+        },
+        StorageError::CapabilityMismatch,
+        StorageError::LeaseNotActive {
+            lease_id: LeaseId(1),
+            state: LeaseState::Released,
+        },
+        StorageError::LeaseReclaimable {
+            lease_id: LeaseId(1),
+            expiry: t,
+            now: t,
+        },
+        StorageError::InvalidConsumed {
+            consumed: 2,
+            units: 1,
+        },
+        StorageError::IdempotencyConflict,
+        StorageError::InvalidIdempotencyKey { max_len: 255 },
+        StorageError::InvalidAccountName { max_len: 200 },
+        StorageError::DuplicateLease {
+            lease_id: LeaseId(1),
+        },
+        StorageError::LeaseAccountMismatch {
+            lease_id: LeaseId(1),
+            account_id: AccountId(1),
+        },
+        StorageError::InvalidLeaseCount {
+            count: 0,
+            max: 1000,
+        },
+        StorageError::InvalidLimit {
+            limit: 0,
+            max: 10_000,
+        },
+        StorageError::InvalidStoredInstant(pair_error),
+        StorageError::PolicyMismatch("recorded PT1S, configured PT2S at db.internal".into()),
+        StorageError::Unavailable {
+            message: "connect to db.internal:5432 refused".into(),
+        },
+        StorageError::RetryExhausted { attempts: 8 },
+        StorageError::Backend {
+            message: "SELECT secret FROM x failed at db.internal".into(),
+        },
+    ]
+}
+
+/// Every allocator code maps to its status over HTTP; the only 5xx are
+/// backend failures, whose detail never leaks the backend's message.
+#[tokio::test]
+async fn failing_store_codes() {
+    let expected: &[(&str, u16)] = &[
+        ("invalid_units", 422),
+        ("invalid_ttl", 422),
+        ("unrepresentable_expiry", 422),
+        ("insufficient_balance", 409),
+        ("units_overflow", 409),
+        ("account_not_found", 404),
+        ("lease_not_found", 404),
+        ("capability_mismatch", 404),
+        ("lease_not_active", 409),
+        ("lease_reclaimable", 409),
+        ("invalid_consumed", 422),
+        ("idempotency_conflict", 409),
+        ("invalid_idempotency_key", 400),
+        ("invalid_account_name", 422),
+        ("duplicate_lease", 422),
+        ("lease_account_mismatch", 422),
+        ("invalid_lease_count", 422),
+        ("invalid_limit", 422),
+        ("invalid_stored_instant", 500),
+        ("policy_mismatch", 500),
+        ("storage_unavailable", 503),
+        ("retry_exhausted", 503),
+        ("storage_failure", 500),
+    ];
+    let errors = every_storage_error();
+    let codes: Vec<&str> = errors.iter().map(StorageError::code).collect();
+    assert_eq!(
+        codes,
+        StorageError::CODES.to_vec(),
+        "one error per code, in order"
+    );
+    assert_eq!(
+        expected.iter().map(|(c, _)| *c).collect::<Vec<_>>(),
+        StorageError::CODES.to_vec()
+    );
+    for (e, (code, status)) in errors.into_iter().zip(expected) {
+        assert_eq!(storage_status(&e).as_u16(), *status, "{code}");
+        let h = Harness::over(failing_backend(e.clone(), Duration::ZERO));
+        let r = h
+            .send(
+                Req::post("/v1/accounts/1/deposits")
+                    .token(ADMIN)
+                    .json(json!({"units": 1})),
+            )
+            .await;
+        r.problem(*status, code);
+        let detail = r.body["detail"].as_str().expect("detail");
+        if *status >= 500 {
+            assert!(
+                !detail.contains("db.internal") && !detail.contains("SELECT"),
+                "{detail}"
+            );
+        } else {
+            assert_eq!(detail, e.to_string());
+        }
+        // Readiness answers even when the allocator fails.
+        h.send(Req::get("/healthz")).await.ok(200);
+    }
+    // Through an account route the key check meets the same error first.
+    let h = Harness::over(failing_backend(
+        StorageError::Unavailable {
+            message: "down".into(),
+        },
+        Duration::ZERO,
+    ));
+    h.send(Req::get("/v1/accounts/1").token("tga1.x"))
+        .await
+        .problem(503, "storage_unavailable");
+    h.send(Req::get("/v1/admin/audit").token(ADMIN))
+        .await
+        .problem(503, "storage_unavailable");
+    h.send(Req::post("/v1/admin/reclaim").token(ADMIN))
+        .await
+        .problem(503, "storage_unavailable");
+    // The service's own 5xx codes are backend failures too.
+    for (code, status) in SERVICE_CODES {
+        if *status >= 500 {
+            assert!(
+                ["clock_unavailable", "request_timeout", "not_ready"].contains(code),
+                "{code}"
+            );
+        }
+    }
+}
+
+/// A store slower than the request bound: 503 `request_timeout`.
+#[tokio::test]
+async fn request_timeout() {
+    let backend = failing_backend(StorageError::IdempotencyConflict, Duration::from_secs(5));
+    let st = state(
+        backend,
+        Arc::new(tollgate_server::clock::TestClock::new(ts(T0))),
+        Duration::from_millis(50),
+    );
+    let router = api::router(st);
+    let r = send(
+        &router,
+        Req::post("/v1/accounts/1/deposits")
+            .token(ADMIN)
+            .json(json!({"units": 1})),
+    )
+    .await;
+    r.problem(503, "request_timeout");
+    assert_eq!(
+        r.body["detail"],
+        json!("request did not finish within 50ms")
+    );
+}
+
+/// A clock that cannot vouch for the time refuses every time-dependent
+/// operation with 503 `clock_unavailable` (the safe-cut seam).
+#[tokio::test]
+async fn uncertain_clock() {
+    let backend = Backend::memory(
+        default_policy(),
+        tollgate::CapabilityKey::generate().expect("key"),
+    )
+    .expect("memory");
+    let router = api::router(state(
+        backend,
+        Arc::new(UncertainClock),
+        Duration::from_secs(5),
+    ));
+    let created = send(
+        &router,
+        Req::post("/v1/accounts")
+            .token(ADMIN)
+            .json(json!({"name": "a"})),
+    )
+    .await;
+    let key = created.ok(201)["api_key"]
+        .as_str()
+        .expect("key")
+        .to_string();
+    send(
+        &router,
+        Req::post("/v1/accounts/1/deposits")
+            .token(ADMIN)
+            .json(json!({"units": 5})),
+    )
+    .await
+    .problem(503, "clock_unavailable");
+    send(
+        &router,
+        Req::post("/v1/accounts/1/leases")
+            .token(&key)
+            .json(json!({"units": 1, "ttl": "PT1S"})),
+    )
+    .await
+    .problem(503, "clock_unavailable");
+    send(&router, Req::post("/v1/admin/reclaim").token(ADMIN))
+        .await
+        .problem(503, "clock_unavailable");
+    send(&router, Req::get("/v1/accounts/1").token(&key))
+        .await
+        .ok(200);
+}
+
+/// Without `--clock test` the test clock cannot be set.
+#[tokio::test]
+async fn test_clock_disabled() {
+    let backend = Backend::memory(
+        default_policy(),
+        tollgate::CapabilityKey::generate().expect("key"),
+    )
+    .expect("memory");
+    let router = api::router(state(backend, system_clock(), Duration::from_secs(5)));
+    send(
+        &router,
+        Req::put("/v1/admin/test-clock")
+            .token(ADMIN)
+            .json(json!({"now": T0})),
+    )
+    .await
+    .problem(409, "test_clock_disabled");
+    send(
+        &router,
+        Req::put("/v1/admin/test-clock")
+            .token("tga1.nope")
+            .json(json!({"now": T0})),
+    )
+    .await
+    .problem(403, "forbidden");
+    let st = send(&router, Req::get("/v1/admin/status").token(ADMIN)).await;
+    assert_eq!(st.ok(200)["clock"], json!("system"));
+}
+
+const ROUTES: &[(&str, &str)] = &[
+    ("POST", "/v1/accounts"),
+    ("GET", "/v1/accounts/{account_id}"),
+    ("POST", "/v1/accounts/{account_id}/deposits"),
+    ("POST", "/v1/accounts/{account_id}/leases"),
+    ("POST", "/v1/accounts/{account_id}/consolidations"),
+    ("GET", "/v1/leases/{lease_id}"),
+    ("POST", "/v1/leases/{lease_id}/renew"),
+    ("POST", "/v1/leases/{lease_id}/release"),
+    ("POST", "/v1/admin/reclaim"),
+    ("GET", "/v1/admin/audit"),
+    ("GET", "/v1/admin/status"),
+    ("PUT", "/v1/admin/test-clock"),
+    ("GET", "/healthz"),
+    ("GET", "/readyz"),
+    ("GET", "/metrics"),
+    ("GET", "/openapi.json"),
+];
+
+/// The OpenAPI document lists exactly the routes, and the router
+/// serves exactly those (method, path) pairs: every documented pair is
+/// routed, every other method on those paths is 405.
+#[tokio::test]
+async fn openapi_matches_router() {
+    let doc = serde_json::to_value(api::openapi()).expect("json");
+    let mut documented = BTreeSet::new();
+    for (path, item) in doc["paths"].as_object().expect("paths") {
+        for (method, op) in item.as_object().expect("item") {
+            if [
+                "get", "put", "post", "delete", "patch", "head", "options", "trace",
+            ]
+            .contains(&method.as_str())
+            {
+                documented.insert((method.to_uppercase(), path.clone()));
+                let responses = op["responses"].as_object().expect("responses");
+                assert!(
+                    responses.keys().any(|s| s.starts_with('2')),
+                    "{method} {path}"
+                );
+                if path.starts_with("/v1/") {
+                    for s in [
+                        "400", "401", "403", "404", "409", "413", "415", "422", "500", "503",
+                    ] {
+                        assert_eq!(
+                            responses[s]["content"]["application/problem+json"]["schema"]["$ref"],
+                            json!("#/components/schemas/Problem"),
+                            "{method} {path} {s}"
+                        );
+                    }
+                    assert_eq!(op["security"], json!([{"bearer": []}]), "{method} {path}");
+                }
+            }
+        }
+    }
+    let expected: BTreeSet<(String, String)> = ROUTES
+        .iter()
+        .map(|(m, p)| (m.to_string(), p.to_string()))
+        .collect();
+    assert_eq!(documented, expected);
+    assert_eq!(
+        doc["components"]["securitySchemes"]["bearer"],
+        json!({"type": "http", "scheme": "bearer", "description": "The admin token, an account API key (`tga1.`...) or a lease capability (`tgc1.`...), per route."})
+    );
+
+    let h = Harness::new(&MemoryFactory, default_policy()).await;
+    let methods = [
+        Method::GET,
+        Method::POST,
+        Method::PUT,
+        Method::DELETE,
+        Method::PATCH,
+    ];
+    let paths: BTreeSet<&str> = ROUTES.iter().map(|(_, p)| *p).collect();
+    for path in paths {
+        let concrete = path.replace("{account_id}", "1").replace("{lease_id}", "1");
+        for method in &methods {
+            let r = h.send(Req::new(method.clone(), &concrete)).await;
+            let code = r.body["code"].as_str().unwrap_or("");
+            let routed = expected.contains(&(method.to_string(), path.to_string()));
+            if routed {
+                assert!(
+                    code != "not_found" && code != "method_not_allowed",
+                    "{method} {concrete}: {}",
+                    r.text
+                );
+            } else {
+                assert_eq!(
+                    code, "method_not_allowed",
+                    "{method} {concrete}: {}",
+                    r.text
+                );
+            }
+        }
+    }
+}

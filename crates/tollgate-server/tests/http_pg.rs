@@ -1,0 +1,72 @@
+//! The HTTP cases against the PostgreSQL store (a fresh migrated database
+//! per test on the shared harness cluster), plus what only a durable store
+//! shows: capabilities and grants survive a new store on the same database.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::*;
+use serde_json::json;
+use tollgate::CapabilityKey;
+
+all_http_cases!(PgFactory::default());
+
+/// A second service on the same database (a restart) honours every
+/// capability and account key issued by the first, with the exact expiry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn capabilities_survive_a_new_store() {
+    let url = fresh_pg_url().await;
+    tollgate_pg::migrate(&url).await.expect("migrate");
+    let open = || async {
+        let store = tollgate_pg::PostgresStore::connect_with(
+            &url,
+            default_policy(),
+            CapabilityKey::new(&PG_KEY).expect("key"),
+            PG_OPTIONS,
+        )
+        .await
+        .expect("store");
+        Harness::over(tollgate_server::pg::backend(Arc::new(store)))
+    };
+    let first = open().await;
+    let (a, key) = first.account("a", 100).await;
+    let g = first.acquire(a, &key, 10, "PT30.000000001S").await;
+    drop(first);
+    let second = open().await;
+    let lease = g["lease_id"].as_i64().expect("id");
+    let cap = g["capability"].as_str().expect("cap");
+    let l = second
+        .send(Req::get(format!("/v1/leases/{lease}")).token(cap))
+        .await;
+    assert_eq!(l.ok(200)["expiry"], json!("2026-11-29T12:00:30.000000001Z"));
+    let own = second
+        .send(Req::get(format!("/v1/accounts/{a}")).token(&key))
+        .await;
+    assert_eq!(own.ok(200)["held"], json!(10));
+    second
+        .send(
+            Req::post(format!("/v1/leases/{lease}/release"))
+                .token(cap)
+                .json(json!({"consumed": 2})),
+        )
+        .await
+        .ok(200);
+    second.assert_audit_clean().await;
+}
+
+/// A store started with another policy is refused at start-up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn policy_mismatch_refuses_to_start() {
+    let url = fresh_pg_url().await;
+    tollgate_pg::migrate(&url).await.expect("migrate");
+    let key = || CapabilityKey::new(&PG_KEY).expect("key");
+    tollgate_pg::PostgresStore::connect_with(&url, default_policy(), key(), PG_OPTIONS)
+        .await
+        .expect("first start records the policy");
+    let other = policy(dur(60, 0), dur(5, 1));
+    let err = tollgate_pg::PostgresStore::connect_with(&url, other, key(), PG_OPTIONS)
+        .await
+        .expect_err("policy mismatch");
+    assert_eq!(err.code(), "policy_mismatch");
+}
