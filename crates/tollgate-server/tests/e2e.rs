@@ -1,0 +1,599 @@
+//! End to end: the real `tollgate` binary serving on a loopback port, driven
+//! by its own CLI client subcommands, with the memory store and with
+//! PostgreSQL (shared harness cluster): create an account, deposit, acquire
+//! with a fractional TTL, renew, release, let a lease expire on the test
+//! clock, reclaim, audit clean, shut down on SIGTERM. The PostgreSQL run
+//! also migrates with the CLI, kills the server with SIGKILL mid-way and
+//! shows that grants and capabilities survive the restart.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+const BIN: &str = env!("CARGO_BIN_EXE_tollgate");
+const ADMIN: &str = "tgadm1.e2e-admin-token-0123456789";
+
+/// How long a server may take to start (PostgreSQL mode migrates first).
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a server may take to stop after SIGTERM.
+const STOP_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// A `tollgate` command with a clean environment (no inherited
+/// `DATABASE_URL` or `TOLLGATE_*`).
+fn tollgate() -> Command {
+    let mut c = Command::new(BIN);
+    for (k, _) in std::env::vars() {
+        if k.starts_with("TOLLGATE_") || k == "DATABASE_URL" {
+            c.env_remove(k);
+        }
+    }
+    c.env("TOLLGATE_LOG", "warn");
+    c
+}
+
+/// A running server; killed on drop.
+struct Server {
+    child: Child,
+    url: String,
+    stderr_path: PathBuf,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Server {
+    fn start(args: &[&str], dir: &Path) -> Server {
+        let stderr_path = dir.join(format!(
+            "server-{}.log",
+            Instant::now().elapsed().as_nanos()
+        ));
+        let stderr = std::fs::File::create(&stderr_path).expect("log file");
+        let mut child = tollgate()
+            .arg("serve")
+            .args(["--listen", "127.0.0.1:0", "--admin-token", ADMIN])
+            .args(args)
+            .env("TOLLGATE_LOG", "info")
+            .stdout(Stdio::piped())
+            .stderr(stderr)
+            .spawn()
+            .expect("spawn tollgate serve");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if let Some(url) = line.strip_prefix("tollgate listening on ") {
+                    let _ = tx.send(url.to_string());
+                }
+            }
+        });
+        let url = match rx.recv_timeout(START_TIMEOUT) {
+            Ok(url) => url,
+            Err(_) => panic!(
+                "server did not start: {}",
+                std::fs::read_to_string(&stderr_path).unwrap_or_default()
+            ),
+        };
+        Server {
+            child,
+            url,
+            stderr_path,
+        }
+    }
+
+    /// Runs a CLI client subcommand against this server.
+    fn cli(&self, args: &[&str], token: &str) -> Output {
+        tollgate()
+            .args(args)
+            .args(["--server", &self.url, "--token", token])
+            .output()
+            .expect("run tollgate")
+    }
+
+    /// Runs a client subcommand that must succeed; returns its JSON.
+    #[track_caller]
+    fn ok(&self, args: &[&str], token: &str) -> Value {
+        let out = self.cli(args, token);
+        assert!(
+            out.status.success(),
+            "tollgate {args:?}: {}\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            String::from_utf8_lossy(&out.stdout)
+        );
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!(
+                "tollgate {args:?} printed no JSON ({e}): {}",
+                String::from_utf8_lossy(&out.stdout)
+            )
+        })
+    }
+
+    fn signal(&self, sig: &str) {
+        let status = Command::new("kill")
+            .args([sig, &self.child.id().to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success());
+    }
+
+    /// SIGTERM, then waits for a clean exit.
+    fn stop(mut self) {
+        self.signal("-TERM");
+        let deadline = Instant::now() + STOP_TIMEOUT;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                assert!(status.success(), "exit status {status}");
+                break;
+            }
+            assert!(Instant::now() < deadline, "server did not stop on SIGTERM");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let log = std::fs::read_to_string(&self.stderr_path).unwrap_or_default();
+        assert!(log.contains("tollgate stopped"), "{log}");
+        assert!(!log.contains(ADMIN), "the admin token was logged");
+    }
+
+    /// SIGKILL: no chance to clean up.
+    fn crash(mut self) {
+        self.signal("-KILL");
+        let _ = self.child.wait();
+    }
+}
+
+fn s(v: &Value, k: &str) -> String {
+    match &v[k] {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+fn temp_dir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("tollgate-e2e-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&d).expect("temp dir");
+    d
+}
+
+/// The walk-through both stores share, up to (not including) shutdown.
+/// Returns `(account_id, api_key, released lease, its capability)`.
+fn walk_through(srv: &Server) -> (String, String, String, String) {
+    let clock = srv.ok(&["clock", "set", "2026-11-29T12:00:00.5+00:00"], ADMIN);
+    assert_eq!(
+        clock,
+        json!({"now": "2026-11-29T12:00:00.5Z", "clock": "test"})
+    );
+    let created = srv.ok(&["account", "create", "--name", "team blue"], ADMIN);
+    let account = s(&created, "account_id");
+    let key = s(&created, "api_key");
+    assert!(key.starts_with("tga1."));
+    let dep = srv.ok(&["account", "deposit", &account, "--units", "100"], ADMIN);
+    assert_eq!(dep["available"], json!(100));
+
+    // Acquire with a fractional TTL: exact expiry.
+    let g = srv.ok(
+        &[
+            "lease",
+            "acquire",
+            &account,
+            "--units",
+            "10",
+            "--ttl",
+            "PT30.000000001S",
+        ],
+        &key,
+    );
+    assert_eq!(g["expiry"], json!("2026-11-29T12:00:30.500000001Z"));
+    assert_eq!(g["granted_ttl"], json!("PT30.000000001S"));
+    let lease = s(&g, "lease_id");
+    let cap = s(&g, "capability");
+
+    // Renew, then release with a usage report.
+    srv.ok(&["clock", "set", "2026-11-29T12:00:10Z"], ADMIN);
+    let r = srv.ok(&["lease", "renew", &lease, "--ttl", "45s"], &cap);
+    assert_eq!(r["expiry"], json!("2026-11-29T12:00:55Z"));
+    assert_eq!(r["granted_ttl"], json!("PT45S"));
+    assert!(r["fence"].as_i64() > g["fence"].as_i64());
+    let rel = srv.ok(&["lease", "release", &lease, "--consumed", "4"], &cap);
+    assert_eq!(
+        rel["balances"],
+        json!({"deposited": 100, "available": 96, "held": 0, "consumed": 4})
+    );
+
+    // Another key cannot read the lease.
+    let denied = srv.cli(&["lease", "show", &lease], &key);
+    assert_eq!(denied.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&denied.stderr).contains("404 capability_mismatch"),
+        "{}",
+        String::from_utf8_lossy(&denied.stderr)
+    );
+    (account, key, lease, cap)
+}
+
+/// A lease that expires: acquired at 12:00:10 for 1 s (grace 5 s), so its
+/// holder may act until 12:00:15.999999999 and reclaim settles it at
+/// 12:00:16.
+fn expire_and_reclaim(srv: &Server, account: &str, key: &str) {
+    let g = srv.ok(
+        &[
+            "lease", "acquire", account, "--units", "20", "--ttl", "PT1S",
+        ],
+        key,
+    );
+    let lease = s(&g, "lease_id");
+    let cap = s(&g, "capability");
+    assert_eq!(g["expiry"], json!("2026-11-29T12:00:11Z"));
+    srv.ok(&["clock", "set", "2026-11-29T12:00:15.999999999Z"], ADMIN);
+    let none = srv.ok(&["reclaim", "--once"], ADMIN);
+    assert_eq!(none["reclaimed"], json!([]));
+    srv.ok(&["clock", "set", "2026-11-29T12:00:16Z"], ADMIN);
+    let refused = srv.cli(&["lease", "release", &lease], &cap);
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("409 lease_reclaimable"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    let r = srv.ok(&["reclaim", "--once"], ADMIN);
+    assert_eq!(
+        r,
+        json!({"reclaimed": [g["lease_id"]], "cutoff": "2026-11-29T12:00:11Z",
+               "units_charged": 20, "now": "2026-11-29T12:00:16Z"})
+    );
+    let shown = srv.ok(&["lease", "show", &lease], &cap);
+    assert_eq!(shown["state"], json!("reclaimed"));
+    let acct = srv.ok(&["account", "show", account], key);
+    assert_eq!(
+        acct,
+        json!({"account_id": account.parse::<i64>().expect("id"),
+               "name": "team blue", "deposited": 100, "available": 76, "held": 0, "consumed": 24})
+    );
+    let audit = srv.ok(&["audit"], ADMIN);
+    assert_eq!(audit["clean"], json!(true));
+    assert_eq!(audit["violations"], json!([]));
+    let status = srv.ok(&["status"], ADMIN);
+    assert_eq!(status["active_leases"], json!(0));
+    assert_eq!(status["readiness"]["ready"], json!(true));
+}
+
+#[test]
+fn memory_walk_through() {
+    let dir = temp_dir("memory");
+    let srv = Server::start(
+        &[
+            "--clock",
+            "test",
+            "--max-ttl",
+            "PT1M",
+            "--reclaim-grace",
+            "PT5S",
+            "--reclaim-interval",
+            "PT1H",
+        ],
+        &dir,
+    );
+    let (account, key, _, _) = walk_through(&srv);
+    expire_and_reclaim(&srv, &account, &key);
+    srv.stop();
+}
+
+/// The worker inside `serve` reclaims on its own once the clock passes the
+/// boundary (bounded polling: the worker runs every 10 ms).
+#[test]
+fn memory_worker_reclaims_inside_serve() {
+    let dir = temp_dir("worker");
+    let srv = Server::start(
+        &[
+            "--clock",
+            "test",
+            "--reclaim-grace",
+            "PT0S",
+            "--reclaim-interval",
+            "PT0.01S",
+        ],
+        &dir,
+    );
+    srv.ok(&["clock", "set", "2026-11-29T12:00:00Z"], ADMIN);
+    let created = srv.ok(&["account", "create", "--name", "w"], ADMIN);
+    let account = s(&created, "account_id");
+    let key = s(&created, "api_key");
+    srv.ok(&["account", "deposit", &account, "--units", "5"], ADMIN);
+    let g = srv.ok(
+        &[
+            "lease", "acquire", &account, "--units", "5", "--ttl", "PT1S",
+        ],
+        &key,
+    );
+    srv.ok(&["clock", "set", "2026-11-29T12:00:01Z"], ADMIN);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let shown = srv.ok(&["lease", "show", &s(&g, "lease_id")], &s(&g, "capability"));
+        if shown["state"] == json!("reclaimed") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "worker did not reclaim: {shown}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let metrics = reqwest_blocking_get(&format!("{}/metrics", srv.url));
+    assert!(
+        metrics.contains("tollgate_reclaim_leases_total 1\n"),
+        "{metrics}"
+    );
+    srv.stop();
+}
+
+/// `GET` with the CLI's own tooling unavailable: a tiny HTTP/1.0 client
+/// over a socket to the loopback server.
+fn reqwest_blocking_get(url: &str) -> String {
+    use std::io::{Read, Write};
+    let rest = url.strip_prefix("http://").expect("http url");
+    let (host, path) = rest.split_once('/').expect("path");
+    let mut sock = std::net::TcpStream::connect(host).expect("connect");
+    write!(sock, "GET /{path} HTTP/1.0\r\nHost: {host}\r\n\r\n").expect("write");
+    let mut out = String::new();
+    sock.read_to_string(&mut out).expect("read");
+    out
+}
+
+#[test]
+fn configuration_errors_exit_2() {
+    for (args, message) in [
+        (
+            vec!["serve", "--reclaim-grace", "-PT1S", "--print-config"],
+            "reclaim_grace must be nonnegative",
+        ),
+        (
+            vec!["serve", "--max-ttl", "PT0S", "--print-config"],
+            "max_ttl must be positive",
+        ),
+        (
+            vec!["serve", "--database-url", "mysql://x/y", "--print-config"],
+            "database_url must be postgres://",
+        ),
+        (
+            vec!["serve", "--database-url", "not a url", "--print-config"],
+            "database_url is not a URL",
+        ),
+        (
+            vec!["serve", "--reclaim-batch", "0", "--print-config"],
+            "reclaim_batch",
+        ),
+        (
+            vec!["serve", "--admin-token", "short", "--print-config"],
+            "admin_token must be at least 16",
+        ),
+        (
+            vec!["serve", "--listen", "localhost", "--print-config"],
+            "listen",
+        ),
+        (
+            vec![
+                "serve",
+                "--database-url",
+                "postgres://u:pw@127.0.0.1:1/db",
+                "--admin-token",
+                ADMIN,
+            ],
+            "--secret-file",
+        ),
+    ] {
+        let out = tollgate().args(&args).output().expect("run");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(message), "{args:?}: {err}");
+        assert!(!err.contains("pw@"), "password printed: {err}");
+    }
+}
+
+#[test]
+fn print_config_merges_flags_env_and_file() {
+    let dir = temp_dir("config");
+    let file = dir.join("tollgate.toml");
+    std::fs::write(
+        &file,
+        "max_ttl = \"PT2M\"\nreclaim_grace = \"PT7S\"\nreclaim_batch = 50\nlisten = \"127.0.0.1:9000\"\nadmin_token = \"file-admin-token-123456\"\n",
+    )
+    .expect("write");
+    let out = tollgate()
+        .args(["serve", "--print-config", "--config"])
+        .arg(&file)
+        .args(["--reclaim-grace", "max"])
+        .env("TOLLGATE_RECLAIM_BATCH", "75")
+        .env("DATABASE_URL", "postgres://tg:hunter2@127.0.0.1:5432/tg")
+        .output()
+        .expect("run");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "listen = \"127.0.0.1:9000\"\n\
+         database_url = \"postgres://tg:***@127.0.0.1:5432/tg\"\n\
+         max_ttl = \"PT2M\"\n\
+         reclaim_grace = \"PT2562047788015215H30M7.999999999S\"\n\
+         reclaim_interval = \"PT1S\"\n\
+         reclaim_batch = 75\n\
+         reclaim_worker = true\n\
+         migrate_on_start = true\n\
+         admin_token = \"<redacted>\"\n\
+         clock = \"system\"\n\
+         # secret_file unset: a fresh random capability key (memory store)\n\
+         request_timeout = \"PT30S\"\n\
+         shutdown_timeout = \"PT10S\"\n"
+    );
+    // Unknown keys in the file are refused.
+    std::fs::write(&file, "max_tl = \"PT1M\"\n").expect("write");
+    let out = tollgate()
+        .args(["serve", "--print-config", "--config"])
+        .arg(&file)
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown field `max_tl`"));
+}
+
+// ------------------------------------------------------------- PostgreSQL
+
+fn pg_url() -> String {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(common::fresh_pg_url())
+}
+
+fn run_ok(args: &[&str]) -> String {
+    let out = tollgate().args(args).output().expect("run");
+    assert!(
+        out.status.success(),
+        "tollgate {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn postgres_walk_through_with_crash_restart() {
+    let dir = temp_dir("pg");
+    let url = pg_url();
+    let secret = dir.join("capability.key");
+    std::fs::write(
+        &secret,
+        "0123456789abcdef0123456789abcdef0123456789abcdef\n",
+    )
+    .expect("secret");
+    let secret_s = secret.to_string_lossy().into_owned();
+
+    // The CLI migrates: 17 pending, then applied, then none.
+    let pending = run_ok(&["migrate", "--dry-run", "--database-url", &url]);
+    assert_eq!(pending.lines().count(), 17, "{pending}");
+    assert!(pending.starts_with("pending 0001 "), "{pending}");
+    let applied = run_ok(&["migrate", "--database-url", &url]);
+    assert_eq!(applied.lines().count(), 17, "{applied}");
+    assert_eq!(
+        run_ok(&["migrate", "--dry-run", "--database-url", &url]),
+        "no migrations pending\n"
+    );
+
+    let serve_args = [
+        "--database-url",
+        url.as_str(),
+        "--secret-file",
+        secret_s.as_str(),
+        "--clock",
+        "test",
+        "--max-ttl",
+        "PT1M",
+        "--reclaim-grace",
+        "PT5S",
+        "--no-reclaim-worker",
+        "--no-migrate",
+    ];
+    // No worker: after the restart the test clock starts at the system
+    // time, and a worker would (correctly) reclaim every lease before the
+    // test sets the clock back.
+    let srv = Server::start(&serve_args, &dir);
+    let (account, key, lease, cap) = walk_through(&srv);
+    let live = srv.ok(
+        &[
+            "lease",
+            "acquire",
+            &account,
+            "--units",
+            "3",
+            "--ttl",
+            "PT50.000000007S",
+        ],
+        &key,
+    );
+    assert_eq!(live["expiry"], json!("2026-11-29T12:01:00.000000007Z"));
+
+    // SIGKILL, restart: every acknowledged grant and capability survives.
+    srv.crash();
+    let srv = Server::start(&serve_args, &dir);
+    srv.ok(&["clock", "set", "2026-11-29T12:00:10Z"], ADMIN);
+    let shown = srv.ok(
+        &["lease", "show", &s(&live, "lease_id")],
+        &s(&live, "capability"),
+    );
+    assert_eq!(shown["expiry"], json!("2026-11-29T12:01:00.000000007Z"));
+    assert_eq!(shown["state"], json!("active"));
+    let old = srv.ok(&["lease", "show", &lease], &cap);
+    assert_eq!(old["state"], json!("released"));
+    srv.ok(
+        &["lease", "release", &s(&live, "lease_id"), "--consumed", "0"],
+        &s(&live, "capability"),
+    );
+    expire_and_reclaim(&srv, &account, &key);
+
+    // Direct operator commands against the database.
+    let status: Value = serde_json::from_str(&run_ok(&[
+        "status",
+        "--database-url",
+        &url,
+        "--max-ttl",
+        "PT1M",
+        "--reclaim-grace",
+        "PT5S",
+    ]))
+    .expect("status json");
+    assert_eq!(status["readiness"]["schema_version"], json!(17));
+    assert_eq!(status["readiness"]["ready"], json!(true));
+    assert_eq!(status["active_leases"], json!(0));
+    assert_eq!(status["active_legacy_bounds"], json!(0));
+    let audit: Value = serde_json::from_str(&run_ok(&[
+        "audit",
+        "--database-url",
+        &url,
+        "--max-ttl",
+        "PT1M",
+        "--reclaim-grace",
+        "PT5S",
+    ]))
+    .expect("audit json");
+    assert_eq!(audit["clean"], json!(true));
+    assert_eq!(audit["total_consumed"], json!(24));
+    let reclaim: Value = serde_json::from_str(&run_ok(&[
+        "reclaim",
+        "--once",
+        "--database-url",
+        &url,
+        "--max-ttl",
+        "PT1M",
+        "--reclaim-grace",
+        "PT5S",
+    ]))
+    .expect("reclaim json");
+    assert_eq!(reclaim["reclaimed"], json!([]));
+    // A different policy is refused at start-up, naming both.
+    let out = tollgate()
+        .args([
+            "audit",
+            "--database-url",
+            &url,
+            "--max-ttl",
+            "PT2M",
+            "--reclaim-grace",
+            "PT5S",
+        ])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("policy_mismatch")
+            || String::from_utf8_lossy(&out.stderr).contains("the database records max_ttl"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    srv.stop();
+}
