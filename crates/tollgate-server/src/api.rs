@@ -610,9 +610,11 @@ async fn readyz(State(s): State<AppState>) -> Result<Json<ReadyView>, ApiError> 
         reasons.push("storage unreachable".to_string());
     }
     if r.schema_version != r.expected_schema_version {
+        let show = |v: Option<i64>| v.map_or_else(|| "none".to_string(), |v| v.to_string());
         reasons.push(format!(
-            "schema version {:?}, expected {:?}",
-            r.schema_version, r.expected_schema_version
+            "schema version {}, expected {}",
+            show(r.schema_version),
+            show(r.expected_schema_version)
         ));
     }
     if r.maintenance {

@@ -382,3 +382,62 @@ async fn openapi_matches_router() {
         }
     }
 }
+
+#[derive(Debug)]
+struct Maintenance;
+
+#[async_trait::async_trait]
+impl tollgate_server::storage::StoreOps for Maintenance {
+    fn kind(&self) -> &'static str {
+        "postgres"
+    }
+    async fn readiness(&self) -> tollgate_server::storage::Readiness {
+        tollgate_server::storage::Readiness {
+            store: "postgres",
+            reachable: true,
+            schema_version: Some(16),
+            expected_schema_version: Some(17),
+            maintenance: true,
+            detail: None,
+        }
+    }
+    async fn counts(&self) -> Result<tollgate_server::storage::StatusCounts, StorageError> {
+        Ok(tollgate_server::storage::StatusCounts {
+            active_leases: 3,
+            active_legacy_bounds: 2,
+        })
+    }
+}
+
+/// `/readyz` refuses traffic during maintenance or at the wrong schema
+/// version; `/healthz` still answers; status reports counts.
+#[tokio::test]
+async fn not_ready_during_maintenance() {
+    let memory = Backend::memory(
+        default_policy(),
+        tollgate::CapabilityKey::generate().expect("key"),
+    )
+    .expect("memory");
+    let backend = Backend {
+        allocator: memory.allocator,
+        ops: Arc::new(Maintenance),
+    };
+    let h = Harness::over(backend);
+    let r = h.send(Req::get("/readyz")).await;
+    r.problem(503, "not_ready");
+    assert_eq!(
+        r.body["detail"],
+        json!("not ready: schema version 16, expected 17; maintenance in progress")
+    );
+    h.send(Req::get("/healthz")).await.ok(200);
+    let st = h.send(Req::get("/v1/admin/status").token(ADMIN)).await;
+    assert_eq!(
+        st.ok(200),
+        &json!({
+            "readiness": {"ready": false, "store": "postgres", "storage_reachable": true,
+                          "schema_version": 16, "expected_schema_version": 17, "maintenance": true},
+            "active_leases": 3, "active_legacy_bounds": 2,
+            "policy": {"max_ttl": "PT1M", "reclaim_grace": "PT5S"}, "clock": "test"
+        })
+    );
+}

@@ -1,0 +1,315 @@
+//! Table tests of the pure parts: bearer parsing, duration parsing, the
+//! configuration merge and its validation, secret files, URL redaction.
+
+use std::path::PathBuf;
+
+use axum::http::{HeaderMap, HeaderValue, header};
+use jiff::SignedDuration;
+use tollgate_server::auth::{self, bearer};
+use tollgate_server::clock::ClockKind;
+use tollgate_server::config::{
+    self, Config, FileConfig, RawConfig, parse_duration, read_secret_file, redact_url,
+};
+
+fn check_bearer(values: &[&str], expected: Option<&str>) {
+    let mut h = HeaderMap::new();
+    for v in values {
+        h.append(
+            header::AUTHORIZATION,
+            HeaderValue::from_str(v).expect("header"),
+        );
+    }
+    assert_eq!(bearer(&h).ok(), expected, "{values:?}");
+}
+
+#[test]
+fn bearer_parsing() {
+    check_bearer(&[], None);
+    check_bearer(&["Bearer abc"], Some("abc"));
+    check_bearer(&["bearer abc"], Some("abc"));
+    check_bearer(&["BEARER  abc"], Some("abc"));
+    check_bearer(&["Bearer"], None);
+    check_bearer(&["Bearer "], None);
+    check_bearer(&["Bearer a b"], None);
+    check_bearer(&["Basic abc"], None);
+    check_bearer(&["Bearer abc", "Bearer abc"], None);
+    check_bearer(&["Bearer tga1.0f"], Some("tga1.0f"));
+}
+
+#[test]
+fn api_keys_and_admin_tokens() {
+    let (key, digest) = auth::new_api_key().expect("random");
+    assert!(key.starts_with("tga1.") && key.len() == 69);
+    assert!(auth::key_matches(&key, &digest));
+    assert!(!auth::key_matches(&key[..68], &digest));
+    let (key2, _) = auth::new_api_key().expect("random");
+    assert_ne!(key, key2);
+    let admin = auth::AdminToken::new("tgadm1.some-admin-token");
+    assert!(admin.matches("tgadm1.some-admin-token"));
+    assert!(!admin.matches("tgadm1.some-admin-toke"));
+    assert_eq!(format!("{admin:?}"), "AdminToken(<redacted>)");
+}
+
+#[test]
+fn durations() {
+    for (input, allow_max, expected) in [
+        ("PT30.000000001S", false, Some(SignedDuration::new(30, 1))),
+        ("30s 1ns", false, Some(SignedDuration::new(30, 1))),
+        ("1h", false, Some(SignedDuration::from_hours(1))),
+        ("-PT1S", false, Some(SignedDuration::from_secs(-1))),
+        ("max", true, Some(SignedDuration::MAX)),
+        ("MAX", true, Some(SignedDuration::MAX)),
+        ("max", false, None),
+        (
+            "PT2562047788015215H30M7.999999999S",
+            false,
+            Some(SignedDuration::MAX),
+        ),
+        ("PT2562047788015215H30M8S", false, None),
+        ("forever", true, None),
+        ("", false, None),
+    ] {
+        assert_eq!(parse_duration(input, allow_max).ok(), expected, "{input}");
+    }
+}
+
+fn merge(raw: RawConfig, file: FileConfig, env: Option<&str>) -> Result<Config, String> {
+    Config::merge(raw, file, env.map(str::to_string)).map_err(|e| e.to_string())
+}
+
+#[test]
+fn defaults() {
+    let c = merge(RawConfig::default(), FileConfig::default(), None).expect("defaults");
+    assert_eq!(c.listen.to_string(), "127.0.0.1:8080");
+    assert_eq!(c.database_url, None);
+    assert_eq!(c.policy.max_ttl(), SignedDuration::from_hours(1));
+    assert_eq!(c.policy.reclaim_grace(), SignedDuration::from_secs(30));
+    assert_eq!(c.reclaim_interval, SignedDuration::from_secs(1));
+    assert_eq!(c.reclaim_batch, 1000);
+    assert!(c.reclaim_worker && c.migrate_on_start);
+    assert_eq!(c.admin_token, None);
+    assert_eq!(c.clock, ClockKind::System);
+    assert_eq!(c.secret_file, None);
+    assert_eq!(c.request_timeout, SignedDuration::from_secs(30));
+    assert_eq!(c.shutdown_timeout, SignedDuration::from_secs(10));
+}
+
+#[test]
+fn precedence_flag_env_file_default() {
+    let file = FileConfig {
+        database_url: Some("postgres://file/db".into()),
+        max_ttl: Some("PT2M".into()),
+        reclaim_grace: Some("PT1S".into()),
+        clock: Some(ClockKind::Test),
+        reclaim_worker: Some(false),
+        ..FileConfig::default()
+    };
+    let c = merge(
+        RawConfig::default(),
+        file.clone(),
+        Some("postgres://env/db"),
+    )
+    .expect("ok");
+    assert_eq!(c.database_url.as_deref(), Some("postgres://env/db"));
+    assert_eq!(c.policy.max_ttl(), SignedDuration::from_mins(2));
+    assert_eq!(c.clock, ClockKind::Test);
+    assert!(!c.reclaim_worker);
+    let raw = RawConfig {
+        database_url: Some("postgresql://flag/db".into()),
+        max_ttl: Some("PT3M".into()),
+        ..RawConfig::default()
+    };
+    let c = merge(raw, file, Some("postgres://env/db")).expect("ok");
+    assert_eq!(c.database_url.as_deref(), Some("postgresql://flag/db"));
+    assert_eq!(c.policy.max_ttl(), SignedDuration::from_mins(3));
+    assert_eq!(c.policy.reclaim_grace(), SignedDuration::from_secs(1));
+    // An empty DATABASE_URL counts as unset.
+    let c = merge(RawConfig::default(), FileConfig::default(), Some("")).expect("ok");
+    assert_eq!(c.database_url, None);
+}
+
+#[test]
+fn validation_errors() {
+    let bad = |raw: RawConfig| merge(raw, FileConfig::default(), None).expect_err("invalid");
+    let r = RawConfig::default;
+    for (raw, message) in [
+        (
+            RawConfig {
+                reclaim_grace: Some("-PT0.000000001S".into()),
+                ..r()
+            },
+            "invalid configuration: reclaim_grace must be nonnegative",
+        ),
+        (
+            RawConfig {
+                max_ttl: Some("PT0S".into()),
+                ..r()
+            },
+            "invalid configuration: max_ttl must be positive",
+        ),
+        (
+            RawConfig {
+                max_ttl: Some("-PT1S".into()),
+                ..r()
+            },
+            "invalid configuration: max_ttl must be positive",
+        ),
+        (
+            RawConfig {
+                max_ttl: Some("max".into()),
+                ..r()
+            },
+            "invalid configuration: max_ttl: \"max\" is not an ISO 8601 or friendly duration",
+        ),
+        (
+            RawConfig {
+                reclaim_interval: Some("PT0S".into()),
+                ..r()
+            },
+            "invalid configuration: reclaim_interval must be positive, got PT0S",
+        ),
+        (
+            RawConfig {
+                request_timeout: Some("-PT1S".into()),
+                ..r()
+            },
+            "invalid configuration: request_timeout must be positive, got -PT1S",
+        ),
+        (
+            RawConfig {
+                shutdown_timeout: Some("-PT1S".into()),
+                ..r()
+            },
+            "invalid configuration: shutdown_timeout must be nonnegative, got -PT1S",
+        ),
+        (
+            RawConfig {
+                reclaim_batch: Some(0),
+                ..r()
+            },
+            "invalid configuration: reclaim_batch: limit must be in 1..=10000, got 0",
+        ),
+        (
+            RawConfig {
+                reclaim_batch: Some(10_001),
+                ..r()
+            },
+            "invalid configuration: reclaim_batch: limit must be in 1..=10000, got 10001",
+        ),
+        (
+            RawConfig {
+                reclaim_batch: Some(-1),
+                ..r()
+            },
+            "invalid configuration: reclaim_batch: limit must be in 1..=10000, got 0",
+        ),
+        (
+            RawConfig {
+                database_url: Some("mysql://h/db".into()),
+                ..r()
+            },
+            "invalid configuration: database_url must be postgres:// or postgresql://, got mysql://",
+        ),
+        (
+            RawConfig {
+                database_url: Some("nope".into()),
+                ..r()
+            },
+            "invalid configuration: database_url is not a URL",
+        ),
+        (
+            RawConfig {
+                admin_token: Some("short".into()),
+                ..r()
+            },
+            "invalid configuration: admin_token must be at least 16 visible ASCII characters",
+        ),
+        (
+            RawConfig {
+                admin_token: Some("sixteen chars ok".into()),
+                ..r()
+            },
+            "invalid configuration: admin_token must be at least 16 visible ASCII characters",
+        ),
+        (
+            RawConfig {
+                listen: Some("8080".into()),
+                ..r()
+            },
+            "invalid configuration: listen: \"8080\" is not ADDR:PORT",
+        ),
+    ] {
+        let e = bad(raw);
+        assert!(e.starts_with(message), "{e}\nexpected: {message}");
+    }
+    // The largest grace is valid; so is zero.
+    for grace in ["max", "PT0S"] {
+        merge(
+            RawConfig {
+                reclaim_grace: Some(grace.into()),
+                ..r()
+            },
+            FileConfig::default(),
+            None,
+        )
+        .expect(grace);
+    }
+}
+
+#[test]
+fn redaction() {
+    assert_eq!(
+        redact_url("postgres://tg:hunter2@db:5432/tg?sslmode=disable"),
+        "postgres://tg:***@db:5432/tg?sslmode=disable"
+    );
+    assert_eq!(redact_url("postgres://db/tg"), "postgres://db/tg");
+    assert_eq!(redact_url("::"), "<unparseable>");
+    let c = merge(
+        RawConfig {
+            admin_token: Some("a-very-secret-admin-token".into()),
+            database_url: Some("postgres://u:pw@h/db".into()),
+            ..RawConfig::default()
+        },
+        FileConfig::default(),
+        None,
+    )
+    .expect("ok");
+    let text = c.render();
+    assert!(
+        !text.contains("a-very-secret") && !text.contains(":pw@"),
+        "{text}"
+    );
+    assert_eq!(format!("{c:?}"), text);
+}
+
+fn temp_file(name: &str, contents: &[u8]) -> PathBuf {
+    let p = std::env::temp_dir().join(format!("tollgate-units-{}-{name}", std::process::id()));
+    std::fs::write(&p, contents).expect("write");
+    p
+}
+
+#[test]
+fn secret_files() {
+    let ok = temp_file("ok", &[b'k'; 32]);
+    let with_newline = temp_file("nl", b"0123456789abcdef0123456789abcdef\r\n");
+    let short = temp_file("short", b"0123456789abcdef0123456789abcde\n\n");
+    read_secret_file(&ok).expect("32 bytes");
+    // The trailing newline is not part of the key: both derive the same
+    // capabilities as the bare 32 bytes.
+    let bare = temp_file("bare", b"0123456789abcdef0123456789abcdef");
+    let a = read_secret_file(&with_newline).expect("trimmed");
+    let b = read_secret_file(&bare).expect("bare");
+    let id = tollgate::StoreId([1; 16]);
+    assert_eq!(
+        a.derive(id, tollgate::LeaseId(1)),
+        b.derive(id, tollgate::LeaseId(1))
+    );
+    let e = read_secret_file(&short).expect_err("31 bytes");
+    assert!(e.to_string().contains("at least 32 bytes, got 31"), "{e}");
+    let e = read_secret_file(&PathBuf::from("/nonexistent/tollgate.key")).expect_err("missing");
+    assert!(
+        e.to_string()
+            .starts_with("invalid configuration: secret_file /nonexistent/tollgate.key")
+    );
+    let _ = config::DEFAULT_LISTEN;
+}
