@@ -315,7 +315,7 @@ pub enum LeaseCmd {
         #[arg(long, allow_negative_numbers = true)]
         units: i64,
         /// Requested TTL (ISO 8601 or friendly, e.g. PT30.000000001S).
-        #[arg(long)]
+        #[arg(long, allow_hyphen_values = true)]
         ttl: String,
         /// Idempotency key: a retry with the same key returns the same grant.
         #[arg(long)]
@@ -329,7 +329,7 @@ pub enum LeaseCmd {
         /// The lease.
         lease_id: i64,
         /// Requested TTL from now.
-        #[arg(long)]
+        #[arg(long, allow_hyphen_values = true)]
         ttl: String,
         #[command(flatten)]
         /// Server settings.
