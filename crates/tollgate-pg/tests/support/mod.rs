@@ -87,9 +87,20 @@ pub fn test_key() -> CapabilityKey {
     CapabilityKey::new(&[0x5a; 32]).expect("key")
 }
 
+/// Bound on any one statement of a test's own connections, so that a test
+/// that would wait forever on a lock fails instead of hanging CI.
+pub const TEST_STATEMENT_TIMEOUT: &str = "60s";
+
 /// A plain connection (not a pool) to `db`.
 pub async fn connect(db: &Db) -> PgConnection {
-    PgConnection::connect(db.url()).await.expect("connect")
+    let mut conn = PgConnection::connect(db.url()).await.expect("connect");
+    sqlx::query(&format!(
+        "SET statement_timeout = '{TEST_STATEMENT_TIMEOUT}'"
+    ))
+    .execute(&mut conn)
+    .await
+    .expect("set statement_timeout");
+    conn
 }
 
 /// The conformance suite's factory: fresh database, all migrations,
