@@ -134,8 +134,8 @@ impl AppState {
     }
 
     /// Rule 3 of [`crate::auth`]: the key of `account_id` (or, when
-    /// `allow_admin`, the admin token). Anything else is indistinguishable
-    /// from a missing account.
+    /// `allow_admin`, the admin token). Anything else is 403, the same for
+    /// an existing and a missing account.
     async fn authorize_account(
         &self,
         headers: &HeaderMap,
@@ -158,9 +158,7 @@ impl AppState {
             .await
         {
             Ok(Some(digest)) if auth::key_matches(token, &digest) => Ok(()),
-            Ok(_) | Err(StorageError::AccountNotFound { .. }) => {
-                Err(StorageError::AccountNotFound { account_id }.into())
-            }
+            Ok(_) | Err(StorageError::AccountNotFound { .. }) => Err(ApiError::Forbidden),
             Err(e) => Err(e.into()),
         }
     }
@@ -242,6 +240,13 @@ pub fn parse_json<T: DeserializeOwned>(
     }
     if !is_json_content_type(headers) {
         return Err(ApiError::UnsupportedMediaType);
+    }
+    // serde accepts a JSON array for a struct (fields by position); the API
+    // takes objects only.
+    if body.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[') {
+        return Err(ApiError::InvalidBody(
+            "the request body must be a JSON object, not an array".into(),
+        ));
     }
     let mut de = serde_json::Deserializer::from_slice(body);
     let value: T = serde_path_to_error::deserialize(&mut de).map_err(|e| {
@@ -488,7 +493,10 @@ async fn release(
     RawBody(body): RawBody,
 ) -> Result<Json<SettlementView>, ApiError> {
     let cap = Capability::from_presented(auth::bearer(&headers)?);
-    let req: ReleaseBody = parse_json(&headers, &body)?.unwrap_or_default();
+    // An empty body and `null` both mean "no usage report".
+    let req: ReleaseBody = parse_json::<Option<ReleaseBody>>(&headers, &body)?
+        .flatten()
+        .unwrap_or_default();
     let now = s.now().await?;
     let settlement = s
         .inner
@@ -510,7 +518,9 @@ async fn admin_reclaim(
     RawBody(body): RawBody,
 ) -> Result<Json<ReclaimView>, ApiError> {
     s.require_admin(&headers)?;
-    let req: ReclaimBody = parse_json(&headers, &body)?.unwrap_or_default();
+    let req: ReclaimBody = parse_json::<Option<ReclaimBody>>(&headers, &body)?
+        .flatten()
+        .unwrap_or_default();
     let worker = &s.inner.worker;
     let pass = worker
         .step_with_limit(req.limit.unwrap_or(worker.batch()))

@@ -17,26 +17,32 @@
 //! # The rule
 //!
 //! A credential authorizes nothing beyond its own account or lease, and a
-//! refusal never reveals whether an object exists:
+//! refusal never reveals whether an object exists. In short: 401 when no
+//! usable credential was presented, 403 when the presented credential does
+//! not authorize *this* object or operation (the same answer whether the
+//! object exists or not), 404 only to a caller entitled to know (the admin,
+//! or the holder of a lease's valid capability).
 //!
 //! 1. No `Authorization` header, or not `Bearer <visible ASCII token>`:
 //!    **401 `unauthenticated`**, on every protected route, before anything
 //!    is looked up.
 //! 2. Admin-only routes (account creation, deposits, `/v1/admin/*`): any
-//!    token but the admin token gets **403 `forbidden`**. No object is looked
-//!    up, so nothing is revealed.
+//!    token but the admin token gets **403 `forbidden`**. Nothing is looked
+//!    up.
 //! 3. Account routes (`/v1/accounts/{account_id}`, its leases and
-//!    consolidations) need the key *of that account* (reading the account
-//!    also accepts the admin token). A token that is not that account's key
-//!    gets **404 `account_not_found`**, byte for byte the response for an
-//!    account that does not exist: account A's key cannot tell whether B
-//!    exists. The admin token on acquire or consolidation (holder
-//!    operations) gets 403 `forbidden`, decided without a lookup.
-//! 4. Lease routes (`/v1/leases/{lease_id}`) need that lease's capability. A
-//!    capability of another lease, or any other token, gets **404
+//!    consolidations) need the key *of that account*; reading the account
+//!    also accepts the admin token. Any other token gets **403
+//!    `forbidden`**, byte for byte the same for an existing and a missing
+//!    account: account A's key cannot tell whether B exists. The admin
+//!    token on acquire or consolidation (holder operations) is also 403.
+//!    Only the admin, who may know, gets 404 `account_not_found` for a
+//!    missing account.
+//! 4. Lease routes (`/v1/leases/{lease_id}`) need that lease's capability.
+//!    A capability of another lease, or any other token, gets **403
 //!    `capability_mismatch`**, identical for leases that exist and leases
-//!    that do not (the store checks the capability before looking the lease
-//!    up).
+//!    that do not: the store checks the capability before looking the lease
+//!    up. A valid capability of a lease the store does not hold (possible
+//!    only after data loss) gets 404 `lease_not_found`.
 //!
 //! Known limit: checking an account key takes one digest lookup, so the time
 //! of a refusal may differ between existing and missing accounts; the body

@@ -96,6 +96,7 @@ fn big_integer() -> utoipa::openapi::schema::Object {
 #[serde(deny_unknown_fields)]
 pub struct CreateAccountBody {
     /// Human-readable name (1..=200 characters, no control characters).
+    #[schema(min_length = 1, max_length = 200)]
     pub name: String,
 }
 
@@ -104,6 +105,7 @@ pub struct CreateAccountBody {
 #[serde(deny_unknown_fields)]
 pub struct DepositBody {
     /// Units to deposit, `1..=9223372036854775807`.
+    #[schema(minimum = 1)]
     pub units: i64,
 }
 
@@ -112,10 +114,11 @@ pub struct DepositBody {
 #[serde(deny_unknown_fields)]
 pub struct AcquireBody {
     /// Units to hold, `1..=9223372036854775807`.
+    #[schema(minimum = 1)]
     pub units: i64,
     /// Requested TTL (positive; clamped to `max_ttl`), e.g. `PT30.000000001S`.
     #[serde(with = "dur")]
-    #[schema(value_type = String, example = "PT30.000000001S")]
+    #[schema(value_type = String, min_length = 1, example = "PT30.000000001S")]
     pub ttl: SignedDuration,
 }
 
@@ -126,7 +129,7 @@ pub struct RenewBody {
     /// Requested TTL from now (positive; clamped to `max_ttl`). A renewal
     /// never shortens a lease.
     #[serde(with = "dur")]
-    #[schema(value_type = String, example = "PT30S")]
+    #[schema(value_type = String, min_length = 1, example = "PT30S")]
     pub ttl: SignedDuration,
 }
 
@@ -136,6 +139,7 @@ pub struct RenewBody {
 pub struct ReleaseBody {
     /// Units to charge, `0..=units`; default: all of the lease's units.
     #[serde(default)]
+    #[schema(minimum = 0)]
     pub consumed: Option<i64>,
 }
 
@@ -149,16 +153,36 @@ pub struct LeaseRef {
     pub capability: String,
 }
 
+/// A list whose elements must be JSON objects (serde would otherwise
+/// accept `[id, capability]` arrays for a struct).
+fn objects<'de, D, T>(d: D) -> Result<Vec<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: serde::de::DeserializeOwned,
+{
+    let items = Vec::<serde_json::Map<String, serde_json::Value>>::deserialize(d)?;
+    items
+        .into_iter()
+        .enumerate()
+        .map(|(i, m)| {
+            serde_json::from_value(serde_json::Value::Object(m))
+                .map_err(|e| serde::de::Error::custom(format!("[{i}]: {e}")))
+        })
+        .collect()
+}
+
 /// `POST /v1/accounts/{account_id}/consolidations`.
 #[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ConsolidateBody {
     /// The active leases of this account to settle into one (1..=1000,
     /// distinct).
+    #[schema(min_items = 1, max_items = 1000)]
+    #[serde(deserialize_with = "objects")]
     pub leases: Vec<LeaseRef>,
     /// Requested TTL of the new lease.
     #[serde(with = "dur")]
-    #[schema(value_type = String, example = "PT60S")]
+    #[schema(value_type = String, min_length = 1, example = "PT60S")]
     pub ttl: SignedDuration,
 }
 
@@ -169,6 +193,7 @@ pub struct ReclaimBody {
     /// Most leases to settle in this batch (`1..=10000`); default: the
     /// configured `reclaim_batch`.
     #[serde(default)]
+    #[schema(minimum = 1, maximum = 10000)]
     pub limit: Option<usize>,
 }
 

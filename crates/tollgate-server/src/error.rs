@@ -20,7 +20,8 @@
 //! |---|---|
 //! | `invalid_units`, `invalid_ttl`, `unrepresentable_expiry`, `invalid_consumed`, `invalid_account_name`, `duplicate_lease`, `lease_account_mismatch`, `invalid_lease_count`, `invalid_limit` | 422 |
 //! | `invalid_idempotency_key` | 400 (it is a header) |
-//! | `account_not_found`, `lease_not_found`, `capability_mismatch` | 404 |
+//! | `account_not_found`, `lease_not_found` | 404 |
+//! | `capability_mismatch` | 403 (the presented credential does not authorize the lease; see [`crate::auth`]) |
 //! | `insufficient_balance`, `units_overflow`, `lease_not_active`, `lease_reclaimable`, `idempotency_conflict` | 409 |
 //! | `storage_unavailable`, `retry_exhausted` | 503 |
 //! | `storage_failure`, `invalid_stored_instant`, `policy_mismatch` | 500 |
@@ -136,9 +137,8 @@ pub fn storage_status(e: &StorageError) -> StatusCode {
         | E::InvalidLeaseCount { .. }
         | E::InvalidLimit { .. } => StatusCode::UNPROCESSABLE_ENTITY,
         E::InvalidIdempotencyKey { .. } => StatusCode::BAD_REQUEST,
-        E::AccountNotFound { .. } | E::LeaseNotFound { .. } | E::CapabilityMismatch => {
-            StatusCode::NOT_FOUND
-        }
+        E::AccountNotFound { .. } | E::LeaseNotFound { .. } => StatusCode::NOT_FOUND,
+        E::CapabilityMismatch => StatusCode::FORBIDDEN,
         E::InsufficientBalance { .. }
         | E::UnitsOverflow { .. }
         | E::LeaseNotActive { .. }

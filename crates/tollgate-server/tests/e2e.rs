@@ -211,7 +211,7 @@ fn walk_through(srv: &Server) -> (String, String, String, String) {
     let denied = srv.cli(&["lease", "show", &lease], &key);
     assert_eq!(denied.status.code(), Some(1));
     assert!(
-        String::from_utf8_lossy(&denied.stderr).contains("404 capability_mismatch"),
+        String::from_utf8_lossy(&denied.stderr).contains("403 capability_mismatch"),
         "{}",
         String::from_utf8_lossy(&denied.stderr)
     );

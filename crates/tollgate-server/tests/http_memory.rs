@@ -107,7 +107,7 @@ async fn failing_store_codes() {
         ("units_overflow", 409),
         ("account_not_found", 404),
         ("lease_not_found", 404),
-        ("capability_mismatch", 404),
+        ("capability_mismatch", 403),
         ("lease_not_active", 409),
         ("lease_reclaimable", 409),
         ("invalid_consumed", 422),
