@@ -1257,6 +1257,14 @@ pub async fn routes_and_methods(f: &dyn BackendFactory) {
             .await
             .problem(405, "method_not_allowed");
     }
+    let r = h
+        .send(Req::new(Method::DELETE, "/v1/accounts/1").token(ADMIN))
+        .await;
+    r.problem(405, "method_not_allowed");
+    assert_eq!(
+        r.headers.get(header::ALLOW).and_then(|v| v.to_str().ok()),
+        Some("GET,HEAD")
+    );
 }
 
 /// Instants: any offset and 0..=9 fractional digits in; UTC `Z`, exact to
