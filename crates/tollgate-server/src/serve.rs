@@ -122,8 +122,10 @@ pub async fn shutdown_signal() {
 /// # Errors
 /// Start-up failures; a server that stops on its own.
 pub async fn serve(cfg: Config) -> Result<(), ServeError> {
-    let backend = build_backend(&cfg).await?;
+    // The token first: a PostgreSQL configuration without one is refused
+    // before any connection is made.
     let token = admin_token(&cfg)?;
+    let backend = build_backend(&cfg).await?;
     let clock = build_clock(cfg.clock);
     if cfg.clock == ClockKind::Test {
         tracing::warn!("test clock enabled: time is whatever PUT /v1/admin/test-clock says");

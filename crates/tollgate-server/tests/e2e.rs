@@ -283,6 +283,7 @@ fn memory_walk_through() {
     let (account, key, _, _) = walk_through(&srv);
     expire_and_reclaim(&srv, &account, &key);
     srv.stop();
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// The worker inside `serve` reclaims on its own once the clock passes the
@@ -328,6 +329,7 @@ fn memory_worker_reclaims_inside_serve() {
         "{metrics}"
     );
     srv.stop();
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// `GET` with the CLI's own tooling unavailable: a tiny HTTP/1.0 client
@@ -384,6 +386,11 @@ fn configuration_errors_exit_2() {
             ],
             "--secret-file",
         ),
+        (
+            vec!["serve", "--database-url", "postgres://u:pw@127.0.0.1:1/db"],
+            "--admin-token",
+        ),
+        (vec!["migrate", "--dry-run"], "migrate needs --database-url"),
     ] {
         let out = tollgate().args(&args).output().expect("run");
         let err = String::from_utf8_lossy(&out.stderr);
@@ -440,6 +447,7 @@ fn print_config_merges_flags_env_and_file() {
         .expect("run");
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown field `max_tl`"));
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 // ------------------------------------------------------------- PostgreSQL
@@ -596,4 +604,5 @@ fn postgres_walk_through_with_crash_restart() {
         String::from_utf8_lossy(&out.stderr)
     );
     srv.stop();
+    let _ = std::fs::remove_dir_all(&dir);
 }

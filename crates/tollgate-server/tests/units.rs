@@ -312,4 +312,7 @@ fn secret_files() {
             .starts_with("invalid configuration: secret_file /nonexistent/tollgate.key")
     );
     let _ = config::DEFAULT_LISTEN;
+    for p in [ok, with_newline, short, bare] {
+        let _ = std::fs::remove_file(p);
+    }
 }
