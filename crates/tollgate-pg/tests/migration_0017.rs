@@ -82,6 +82,10 @@ async fn lease_indexes(conn: &mut PgConnection) -> Vec<(String, String)> {
 }
 
 type AccountRow = (i64, String, i64, i64, i64, i64);
+/// Request TTL (s, ns, truncated), granted TTL (s, ns), expiry pair, bound.
+type IdempotencyTimes = (i64, i32, bool, i64, i32, i64, i16, bool);
+/// `(floor_us, submicro_ns, expiry_is_upper_bound, expected SQLSTATE)`.
+type ConstraintCase = (i64, Option<i16>, Option<bool>, Option<&'static str>);
 type LeaseRow = (i64, i64, i64, i64, String, Option<i64>);
 /// The ledger columns migration 0017 must not change.
 #[derive(Debug, PartialEq, Eq, sqlx::FromRow)]
@@ -336,7 +340,7 @@ async fn backfill_gives_latest_consistent_instant_and_marks_it() {
     // The legacy idempotency record: TTLs exact from microseconds; a retry
     // whose TTL truncates to the same microseconds returns the original
     // grant, another TTL conflicts.
-    let ttl_rows: Vec<(i64, i32, bool, i64, i32, i64, i16, bool)> = sqlx::query_as(
+    let ttl_rows: Vec<IdempotencyTimes> = sqlx::query_as(
         "SELECT request_ttl_secs, request_ttl_nanos, request_ttl_is_truncated, \
          granted_ttl_secs, granted_ttl_nanos, expiry_floor_us, expiry_submicro_ns, \
          expiry_is_upper_bound FROM tollgate_idempotency",
@@ -1095,7 +1099,7 @@ async fn schema_constraints_enforce_the_pair_domain() {
     };
     let max = InstantPair::MAX;
     let min = InstantPair::MIN;
-    let cases: [(i64, Option<i16>, Option<bool>, Option<&str>); 9] = [
+    let cases: [ConstraintCase; 9] = [
         (max.floor_us, Some(max.submicro_ns), Some(false), None),
         (min.floor_us, Some(min.submicro_ns), Some(false), None),
         (-1, Some(999), Some(false), None),
