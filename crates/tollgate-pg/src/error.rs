@@ -89,3 +89,43 @@ pub(crate) fn map_sqlx_error(e: sqlx::Error) -> StorageError {
         },
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connection_failures_are_unavailable_and_configuration_is_redacted() {
+        let io = sqlx::Error::Io(std::io::Error::new(
+            std::io::ErrorKind::ConnectionRefused,
+            "refused",
+        ));
+        assert_eq!(map_sqlx_error(io).code(), "storage_unavailable");
+        assert_eq!(
+            map_sqlx_error(sqlx::Error::PoolTimedOut).code(),
+            "storage_unavailable"
+        );
+        assert_eq!(
+            map_sqlx_error(sqlx::Error::PoolClosed).code(),
+            "storage_unavailable"
+        );
+        let config = sqlx::Error::Configuration("postgres://u:s3cret@h/db is bad".into());
+        assert_eq!(
+            map_sqlx_error(config),
+            StorageError::Backend {
+                message: "invalid database connection configuration".into()
+            }
+        );
+        assert!(!is_retryable(&sqlx::Error::PoolTimedOut));
+    }
+
+    #[test]
+    fn connection_state_codes() {
+        for code in ["08000", "08006", "57P01", "57P02", "57P03"] {
+            assert!(is_connection_state(code), "{code}");
+        }
+        for code in ["40001", "40P01", "23514", "42703", "57014"] {
+            assert!(!is_connection_state(code), "{code}");
+        }
+    }
+}

@@ -37,7 +37,8 @@ pub mod schema;
 pub mod store;
 
 pub use persistence::{
-    Op, OpStats, POLICY_CHANGES_MAX, PolicyChange, RECLAIM_CANDIDATES_SQL, TX_ATTEMPTS_MAX,
+    LEASE_COUNTS_SQL, LeaseCount, Op, OpStats, POLICY_CHANGES_MAX, PolicyChange,
+    RECLAIM_CANDIDATES_SQL, TX_ATTEMPTS_MAX,
 };
 pub use schema::{
     EXACT_INSTANTS_VERSION, MIGRATE_APPLICATION_NAME, MigrationReport, PendingMigration, Schema,
@@ -45,7 +46,7 @@ pub use schema::{
 };
 pub use store::{
     CHANGED_BY_MAX_CHARS, FIRST_START, PostgresStore, RECLAIM_BATCH_DEFAULT, StoreOptions,
-    policy_changes, recorded_policy, set_policy,
+    lease_counts, migration_in_progress, policy_changes, recorded_policy, set_policy,
 };
 
 /// Boxes a future as `Send` inside this crate, where its lifetimes are

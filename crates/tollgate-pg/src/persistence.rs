@@ -1125,6 +1125,55 @@ pub(crate) async fn policy_changes(conn: &mut PgConnection) -> Result<Vec<Policy
 }
 
 // ---------------------------------------------------------------------------
+// Operator queries.
+
+/// One row of the operators' legacy-bound count (docs/upgrade-0017.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseCount {
+    /// The leases' state.
+    pub state: LeaseState,
+    /// Whether their expiry is a legacy upper bound (written before 0017).
+    pub expiry_is_upper_bound: bool,
+    /// How many leases.
+    pub count: i64,
+}
+
+/// The runbook's count query, verbatim. At most 8 rows (4 states x 2).
+pub const LEASE_COUNTS_SQL: &str = "SELECT state, expiry_is_upper_bound, count(*)
+FROM tollgate_leases
+GROUP BY state, expiry_is_upper_bound;";
+
+pub(crate) async fn lease_counts(conn: &mut PgConnection) -> Result<Vec<LeaseCount>, TxError> {
+    let rows: Vec<(String, bool, i64)> = sqlx::query_as(LEASE_COUNTS_SQL)
+        .fetch_all(&mut *conn)
+        .await?;
+    let mut counts = rows
+        .into_iter()
+        .map(|(state, expiry_is_upper_bound, count)| {
+            Ok(LeaseCount {
+                state: decode_state(&state)?,
+                expiry_is_upper_bound,
+                count,
+            })
+        })
+        .collect::<Result<Vec<_>, StorageError>>()?;
+    counts.sort_by_key(|c| (c.state.as_str(), c.expiry_is_upper_bound));
+    Ok(counts)
+}
+
+/// Whether a migration session (application name
+/// [`crate::MIGRATE_APPLICATION_NAME`]) is connected to this database.
+pub(crate) async fn migration_in_progress(conn: &mut PgConnection) -> Result<bool, TxError> {
+    Ok(sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM pg_stat_activity \
+          WHERE datname = current_database() AND application_name = $1)",
+    )
+    .bind(crate::MIGRATE_APPLICATION_NAME)
+    .fetch_one(&mut *conn)
+    .await?)
+}
+
+// ---------------------------------------------------------------------------
 // Migration bookkeeping (`_sqlx_migrations`).
 
 /// One row of `_sqlx_migrations`.
@@ -1162,4 +1211,82 @@ pub(crate) async fn applied_migrations(
             checksum,
         })
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_round_trip_exactly_through_their_parts() {
+        for d in [
+            SignedDuration::ZERO,
+            SignedDuration::new(0, 1),
+            SignedDuration::new(30, 1),
+            SignedDuration::new(-5, -7),
+            SignedDuration::MAX,
+            SignedDuration::MIN,
+        ] {
+            let (secs, nanos) = duration_parts(d);
+            assert_eq!(duration_from_parts("d", secs, nanos).unwrap(), d);
+        }
+    }
+
+    #[test]
+    fn malformed_duration_parts_are_errors_not_panics() {
+        for (secs, nanos) in [
+            (1, -1),
+            (-1, 1),
+            (0, 1_000_000_000),
+            (i64::MAX, 1_000_000_000),
+            (i64::MIN, -1_000_000_000),
+        ] {
+            assert_eq!(
+                duration_from_parts("max_ttl", secs, nanos).unwrap_err(),
+                StorageError::Backend {
+                    message: format!(
+                        "stored max_ttl ({secs} s, {nanos} ns) is not a valid duration"
+                    )
+                }
+            );
+        }
+    }
+
+    #[test]
+    fn row_count_mismatches_are_errors() {
+        assert!(expect_rows("x", 1, 1).is_ok());
+        match expect_rows("settling leases", 2, 3) {
+            Err(TxError::Storage(e)) => assert_eq!(
+                e,
+                StorageError::Backend {
+                    message: "settling leases changed 2 rows, expected 3".into()
+                }
+            ),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    #[test]
+    fn op_names_are_stable_and_indexes_dense() {
+        let names: Vec<&str> = Op::ALL.iter().map(Op::as_str).collect();
+        assert_eq!(
+            names,
+            [
+                "create_account",
+                "read_account",
+                "deposit",
+                "acquire",
+                "read_lease",
+                "renew",
+                "release",
+                "consolidate",
+                "reclaim",
+                "read_ledger",
+                "admin"
+            ]
+        );
+        for (i, op) in Op::ALL.iter().enumerate() {
+            assert_eq!(op.index(), i);
+        }
+    }
 }

@@ -28,8 +28,8 @@ use tollgate::{
 use crate::boxed;
 use crate::error::{TxError, map_sqlx_error};
 use crate::persistence::{
-    self, IdempotencyRecord, NewEntry, Op, OpStats, PolicyChange, PolicyLock, TxFuture, TxStats,
-    transact,
+    self, IdempotencyRecord, LeaseCount, NewEntry, Op, OpStats, PolicyChange, PolicyLock, TxFuture,
+    TxStats, transact,
 };
 use crate::schema::Schema;
 
@@ -354,6 +354,41 @@ pub async fn policy_changes(pool: &PgPool) -> Result<Vec<PolicyChange>, StorageE
         Op::Admin,
         &(),
         |c, _| Box::pin(async move { persistence::policy_changes(c).await }),
+    ))
+    .await
+}
+
+/// The operators' legacy-bound count ([`persistence::LEASE_COUNTS_SQL`],
+/// verbatim from docs/upgrade-0017.md), sorted by state name then flag.
+/// After the upgrade has drained, no row has state `active` with
+/// `expiry_is_upper_bound = true`.
+///
+/// # Errors
+/// Database errors.
+pub async fn lease_counts(pool: &PgPool) -> Result<Vec<LeaseCount>, StorageError> {
+    boxed(transact(
+        pool,
+        &TxStats::default(),
+        Op::Admin,
+        &(),
+        |c, _| Box::pin(async move { persistence::lease_counts(c).await }),
+    ))
+    .await
+}
+
+/// Whether a migration is running against this database (its dedicated
+/// connection, [`crate::MIGRATE_APPLICATION_NAME`], is connected): the
+/// maintenance part of readiness.
+///
+/// # Errors
+/// Database errors.
+pub async fn migration_in_progress(pool: &PgPool) -> Result<bool, StorageError> {
+    boxed(transact(
+        pool,
+        &TxStats::default(),
+        Op::Admin,
+        &(),
+        |c, _| Box::pin(async move { persistence::migration_in_progress(c).await }),
     ))
     .await
 }
@@ -960,5 +995,95 @@ impl Allocator for PostgresStore {
             Box::pin(persistence::read_ledger(c, a.0, a.1))
         })
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(units: i64, ttl: SignedDuration, truncated: bool) -> IdempotencyRecord {
+        IdempotencyRecord {
+            units,
+            request_ttl: ttl,
+            request_ttl_is_truncated: truncated,
+            lease_id: LeaseId(1),
+            fence: Fence(1),
+            expiry: Timestamp::UNIX_EPOCH,
+            granted_ttl: ttl,
+        }
+    }
+
+    fn request(units: i64, ttl: SignedDuration) -> AcquireRequest {
+        AcquireRequest {
+            account_id: AccountId(1),
+            units,
+            ttl,
+            idempotency_key: Some("k".into()),
+        }
+    }
+
+    #[test]
+    fn truncation_to_micros_goes_toward_zero() {
+        let check = |(s, n): (i64, i32), (es, en): (i64, i32)| {
+            assert_eq!(
+                truncate_to_micros(SignedDuration::new(s, n)),
+                SignedDuration::new(es, en),
+                "{s} s {n} ns"
+            );
+        };
+        check((30, 1_999), (30, 1_000));
+        check((0, 999), (0, 0));
+        check((0, 1_000), (0, 1_000));
+        check((-1, -1_999), (-1, -1_000));
+        check((i64::MAX, 999_999_999), (i64::MAX, 999_999_000));
+    }
+
+    #[test]
+    fn idempotent_retries_match_exactly_or_after_legacy_truncation() {
+        let exact = record(5, SignedDuration::new(30, 1_999), false);
+        assert!(same_request(
+            &exact,
+            &request(5, SignedDuration::new(30, 1_999))
+        ));
+        assert!(!same_request(
+            &exact,
+            &request(5, SignedDuration::new(30, 1_998))
+        ));
+        assert!(!same_request(
+            &exact,
+            &request(6, SignedDuration::new(30, 1_999))
+        ));
+        let legacy = record(5, SignedDuration::new(30, 1_000), true);
+        assert!(same_request(
+            &legacy,
+            &request(5, SignedDuration::new(30, 1_000))
+        ));
+        assert!(same_request(
+            &legacy,
+            &request(5, SignedDuration::new(30, 1_999))
+        ));
+        assert!(!same_request(
+            &legacy,
+            &request(5, SignedDuration::new(30, 2_000))
+        ));
+        assert!(!same_request(
+            &legacy,
+            &request(5, SignedDuration::new(30, 999))
+        ));
+    }
+
+    #[test]
+    fn policy_mismatch_names_both_policies_exactly() {
+        let recorded =
+            GrantPolicy::new(SignedDuration::from_secs(60), SignedDuration::MAX).unwrap();
+        let configured = GrantPolicy::new(SignedDuration::new(0, 1), SignedDuration::ZERO).unwrap();
+        assert_eq!(
+            policy_mismatch(recorded, configured).to_string(),
+            "the database records max_ttl 60s and reclaim_grace 9223372036854775807s \
+             999999999ns, but this process is configured with max_ttl 1ns and reclaim_grace \
+             0s; every process sharing these grants must apply the same policy: change the \
+             recorded one only with the explicit policy command"
+        );
     }
 }

@@ -767,6 +767,8 @@ async fn old_transaction_makes_the_migration_wait_for_its_lock() {
             .contains(&"expires_at_us".into())
     );
     assert!(!migration.is_finished());
+    let pool = PgPool::connect(db.url()).await.unwrap();
+    assert!(tollgate_pg::migration_in_progress(&pool).await.unwrap());
 
     tx.commit().await.unwrap();
     let report = tokio::time::timeout(WAIT_MAX, migration)
@@ -785,6 +787,17 @@ async fn old_transaction_makes_the_migration_wait_for_its_lock() {
     .await
     .unwrap();
     assert_eq!(row, (POSITIVE_US, 999, true, 10));
+    // Maintenance ends when the migration connection is gone (the server
+    // ends the session asynchronously).
+    let deadline = tokio::time::Instant::now() + WAIT_MAX;
+    while tollgate_pg::migration_in_progress(&pool).await.unwrap() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "maintenance never ended"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    pool.close().await;
 }
 
 #[tokio::test]
@@ -1057,6 +1070,22 @@ async fn new_store_settles_and_drains_legacy_grants_issued_before_0017() {
             ("released".into(), true, 1),
         ]
     );
+    let pool = PgPool::connect(db.url()).await.unwrap();
+    let count = |state, expiry_is_upper_bound, count| tollgate_pg::LeaseCount {
+        state,
+        expiry_is_upper_bound,
+        count,
+    };
+    assert_eq!(
+        tollgate_pg::lease_counts(&pool).await.unwrap(),
+        vec![
+            count(LeaseState::Consolidated, true, 2),
+            count(LeaseState::Reclaimed, true, 1),
+            count(LeaseState::Released, false, 2),
+            count(LeaseState::Released, true, 1),
+        ]
+    );
+    pool.close().await;
     let active_legacy: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM tollgate_leases WHERE state = 'active' AND expiry_is_upper_bound",
     )
