@@ -25,8 +25,13 @@
 //!
 //! Invariants, stated as absences: no SQL `now()` decides anything about
 //! time (instants are bound as exact pairs computed in Rust); no grace or
-//! TTL is ever converted to microseconds; no accounting or timing rule is
-//! written in SQL; no capability or hash of one is stored.
+//! TTL is ever converted to microseconds (the one truncation, in
+//! [`store`], only compares a retried request with a pre-0017 idempotency
+//! record that was itself truncated); no accounting or timing rule is
+//! written in SQL (every plan comes from `tollgate::rules`); no capability
+//! or hash of one is stored; nothing panics on bad input or bad stored
+//! data: every failure is a [`tollgate::StorageError`] with a stable code,
+//! and its message never contains the database URL or credentials.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]

@@ -37,7 +37,7 @@
 //!
 //! # Transactions
 //!
-//! Every store operation is one transaction run by [`transact`], at READ
+//! Every store operation is one transaction run by `transact`, at READ
 //! COMMITTED with explicit row locks taken in one fixed order: accounts by
 //! ascending id, then leases by ascending id. A lease is only ever locked
 //! while its account is locked, so operations on one account serialize on
@@ -76,7 +76,7 @@ pub const TX_ATTEMPTS_MAX: u32 = 8;
 /// commit, short against request timeouts.
 const TX_BACKOFF_MAX_MS: u64 = 64;
 
-/// How many policy change rows [`policy_changes`] returns at most.
+/// How many policy change rows [`crate::policy_changes`] returns at most.
 pub const POLICY_CHANGES_MAX: i64 = 1_000;
 
 /// A store operation, the label of its transaction statistics.
@@ -107,7 +107,7 @@ pub enum Op {
 }
 
 impl Op {
-    /// Every operation, in [`Op::index`] order.
+    /// Every operation, in declaration order.
     pub const ALL: [Op; 11] = [
         Op::CreateAccount,
         Op::ReadAccount,
