@@ -10,21 +10,21 @@
 //! `--secret-file` (checked by [`crate::serve`]) so capabilities survive
 //! restarts.
 //!
-//! [`PgOps`] answers readiness and status. Its two read-only queries are the
-//! only SQL outside `tollgate-pg`:
+//! [`PgOps`] answers readiness and status through `tollgate-pg`'s operator
+//! accessors: [`tollgate_pg::schema_version`],
+//! [`tollgate_pg::migration_in_progress`] (maintenance: the migrator's
+//! dedicated session, [`tollgate_pg::MIGRATE_APPLICATION_NAME`], is
+//! connected) and [`tollgate_pg::lease_counts`] (active leases, and those
+//! whose expiry is a legacy upper bound).
 //!
-//! * maintenance: a session named [`tollgate_pg::MIGRATE_APPLICATION_NAME`]
-//!   (the migrator's dedicated connection) is connected to this database;
-//! * counts: active leases, and those whose expiry is a legacy upper bound.
-//!
-//! They read the store's tables by name; if `tollgate-pg` grows accessors for
-//! them, these move there.
+//! No SQL is written in this crate's `src`: every statement lives in
+//! `tollgate-pg`.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use tollgate::{Allocator, CapabilityKey, StorageError};
+use tollgate::{Allocator, CapabilityKey, LeaseState, StorageError};
 use tollgate_pg::{PostgresStore, Schema};
 
 use crate::config::Config;
@@ -156,19 +156,6 @@ pub struct PgOps {
     store: Arc<PostgresStore>,
 }
 
-fn backend_error(e: sqlx::Error) -> StorageError {
-    match e {
-        sqlx::Error::PoolTimedOut | sqlx::Error::Io(_) | sqlx::Error::PoolClosed => {
-            StorageError::Unavailable {
-                message: e.to_string(),
-            }
-        }
-        other => StorageError::Backend {
-            message: other.to_string(),
-        },
-    }
-}
-
 #[async_trait]
 impl StoreOps for PgOps {
     fn kind(&self) -> &'static str {
@@ -179,13 +166,7 @@ impl StoreOps for PgOps {
         let expected = Some(expected_schema_version());
         let pool = self.store.pool();
         let version = tollgate_pg::schema_version(pool).await;
-        let maintenance: Result<bool, sqlx::Error> = sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM pg_stat_activity \
-             WHERE datname = current_database() AND application_name = $1)",
-        )
-        .bind(tollgate_pg::MIGRATE_APPLICATION_NAME)
-        .fetch_one(pool)
-        .await;
+        let maintenance = tollgate_pg::migration_in_progress(pool).await;
         match (version, maintenance) {
             (Ok(v), Ok(m)) => Readiness {
                 store: "postgres",
@@ -203,7 +184,7 @@ impl StoreOps for PgOps {
                 maintenance: m.as_ref().ok().copied().unwrap_or(false),
                 detail: Some(match (v, m) {
                     (Err(e), _) => e.to_string(),
-                    (_, Err(e)) => backend_error(e).to_string(),
+                    (_, Err(e)) => e.to_string(),
                     _ => String::new(),
                 }),
             },
@@ -211,16 +192,15 @@ impl StoreOps for PgOps {
     }
 
     async fn counts(&self) -> Result<StatusCounts, StorageError> {
-        let (active, legacy): (i64, i64) = sqlx::query_as(
-            "SELECT count(*), count(*) FILTER (WHERE expiry_is_upper_bound) \
-             FROM tollgate_leases WHERE state = 'active'",
-        )
-        .fetch_one(self.store.pool())
-        .await
-        .map_err(backend_error)?;
-        Ok(StatusCounts {
-            active_leases: u64::try_from(active).unwrap_or(0),
-            active_legacy_bounds: u64::try_from(legacy).unwrap_or(0),
-        })
+        let rows = tollgate_pg::lease_counts(self.store.pool()).await?;
+        let mut counts = StatusCounts::default();
+        for row in rows.iter().filter(|r| r.state == LeaseState::Active) {
+            let n = u64::try_from(row.count).unwrap_or(0);
+            counts.active_leases = counts.active_leases.saturating_add(n);
+            if row.expiry_is_upper_bound {
+                counts.active_legacy_bounds = counts.active_legacy_bounds.saturating_add(n);
+            }
+        }
+        Ok(counts)
     }
 }

@@ -70,3 +70,84 @@ async fn policy_mismatch_refuses_to_start() {
         .expect_err("policy mismatch");
     assert_eq!(err.code(), "policy_mismatch");
 }
+
+/// Readiness and the status counts come from `tollgate-pg`'s accessors: a
+/// session named like the migrator's means maintenance (not ready), and
+/// only active leases count, those whose expiry is a legacy upper bound
+/// also apart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_counts_and_maintenance_from_the_store() {
+    use sqlx::{ConnectOptions, Connection};
+    use std::str::FromStr;
+    use tollgate_server::storage::{Readiness, StatusCounts};
+
+    let url = fresh_pg_url().await;
+    tollgate_pg::migrate(&url).await.expect("migrate");
+    let store = tollgate_pg::PostgresStore::connect_with(
+        &url,
+        default_policy(),
+        CapabilityKey::new(&PG_KEY).expect("key"),
+        PG_OPTIONS,
+    )
+    .await
+    .expect("store");
+    let h = Harness::over(tollgate_server::pg::backend(Arc::new(store)));
+    let (a, key) = h.account("a", 100).await;
+    let id = |g: &serde_json::Value| g["lease_id"].as_i64().expect("id");
+    let g1 = h.acquire(a, &key, 10, "PT30S").await;
+    let g2 = h.acquire(a, &key, 5, "PT30S").await;
+    let g3 = h.acquire(a, &key, 1, "PT30S").await;
+    assert_eq!((id(&g1), id(&g2), id(&g3)), (1, 2, 3));
+    h.send(
+        Req::post(format!("/v1/leases/{}/release", id(&g3)))
+            .token(g3["capability"].as_str().expect("cap"))
+            .json(json!({"consumed": 1})),
+    )
+    .await
+    .ok(200);
+    // Rows as migration 0017 leaves pre-0017 leases: the expiry is an upper
+    // bound. The released one is not counted.
+    let mut conn = sqlx::PgConnection::connect(&url).await.expect("connect");
+    let marked = sqlx::query(
+        "UPDATE tollgate_leases SET expiry_is_upper_bound = true WHERE lease_id = ANY($1)",
+    )
+    .bind(vec![id(&g2), id(&g3)])
+    .execute(&mut conn)
+    .await
+    .expect("mark legacy bounds");
+    assert_eq!(marked.rows_affected(), 2);
+    assert_eq!(
+        h.backend.ops.counts().await.expect("counts"),
+        StatusCounts {
+            active_leases: 2,
+            active_legacy_bounds: 1,
+        }
+    );
+
+    let ready = Readiness {
+        store: "postgres",
+        reachable: true,
+        schema_version: Some(17),
+        expected_schema_version: Some(17),
+        maintenance: false,
+        detail: None,
+    };
+    assert_eq!(h.backend.ops.readiness().await, ready);
+    let migrator = sqlx::postgres::PgConnectOptions::from_str(&url)
+        .expect("url")
+        .application_name(tollgate_pg::MIGRATE_APPLICATION_NAME)
+        .connect()
+        .await
+        .expect("migrator session");
+    let during = h.backend.ops.readiness().await;
+    assert_eq!(
+        during,
+        Readiness {
+            maintenance: true,
+            ..ready.clone()
+        }
+    );
+    assert!(!during.is_ready());
+    migrator.close().await.expect("close");
+    conn.close().await.expect("close");
+}
