@@ -757,8 +757,9 @@ async fn reclaim(args: ReclaimArgs) -> Result<ExitCode, CliError> {
     let limit = args.limit.unwrap_or(config::DEFAULT_RECLAIM_BATCH);
     let (stop_tx, mut stop_rx) = watch::channel(false);
     if args.run_loop {
+        let signal = serve::listen_for_shutdown();
         tokio::spawn(async move {
-            serve::shutdown_signal().await;
+            signal.await;
             let _ = stop_tx.send(true);
         });
     }

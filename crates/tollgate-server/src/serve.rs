@@ -96,24 +96,33 @@ pub fn admin_token(cfg: &Config) -> Result<String, ServeError> {
     Ok(t)
 }
 
-/// Resolves on the first SIGTERM or SIGINT.
+/// Resolves on the first SIGTERM or SIGINT received after this call.
 pub async fn shutdown_signal() {
-    let ctrl_c = async {
-        if tokio::signal::ctrl_c().await.is_err() {
-            std::future::pending::<()>().await;
-        }
-    };
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
+    listen_for_shutdown().await
+}
+
+/// Starts listening for SIGTERM and SIGINT at once (not on first poll, as
+/// an `async fn` would) and resolves on the first received. `serve` calls
+/// it before announcing that it listens, so a supervisor's SIGTERM sent
+/// right after that line still shuts it down gracefully instead of killing
+/// it with the default action.
+pub fn listen_for_shutdown() -> impl std::future::Future<Output = ()> + Send + 'static {
+    use tokio::signal::unix::{SignalKind, signal};
+    let term = signal(SignalKind::terminate()).ok();
+    let int = signal(SignalKind::interrupt()).ok();
+    async move {
+        let recv = |s: Option<tokio::signal::unix::Signal>| async move {
+            match s {
+                Some(mut s) => {
+                    s.recv().await;
+                }
+                None => std::future::pending::<()>().await,
             }
-            Err(_) => std::future::pending::<()>().await,
+        };
+        tokio::select! {
+            _ = recv(int) => tracing::info!("SIGINT received: shutting down"),
+            _ = recv(term) => tracing::info!("SIGTERM received: shutting down"),
         }
-    };
-    tokio::select! {
-        _ = ctrl_c => tracing::info!("SIGINT received: shutting down"),
-        _ = term => tracing::info!("SIGTERM received: shutting down"),
     }
 }
 
@@ -147,6 +156,7 @@ pub async fn serve(cfg: Config) -> Result<(), ServeError> {
     let addr = listener
         .local_addr()
         .map_err(|e| ServeError::Io(e.to_string()))?;
+    let shutdown = listen_for_shutdown();
     tracing::info!(%addr, store = state.backend().ops.kind(), clock = %cfg.clock, "tollgate listening");
     println!("tollgate listening on http://{addr}");
 
@@ -166,7 +176,7 @@ pub async fn serve(cfg: Config) -> Result<(), ServeError> {
     let mut server_task = tokio::spawn(async move { server.await });
 
     tokio::select! {
-        _ = shutdown_signal() => {}
+        _ = shutdown => {}
         r = &mut server_task => {
             let _ = stop_tx.send(true);
             return match r {

@@ -333,6 +333,18 @@ fn memory_worker_reclaims_inside_serve() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// SIGTERM right after the "listening" line (as a supervisor may send it)
+/// is a graceful stop, not death by the default action: the handlers are
+/// installed before the line is printed.
+#[test]
+fn sigterm_right_after_start_is_graceful() {
+    let dir = temp_dir("early-term");
+    for _ in 0..5 {
+        Server::start(&["--no-reclaim-worker"], &dir).stop();
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// `GET` with the CLI's own tooling unavailable: a tiny HTTP/1.0 client
 /// over a socket to the loopback server.
 fn reqwest_blocking_get(url: &str) -> String {
