@@ -6,6 +6,8 @@
 //!   `--server URL` (or when no database URL is configured) they call the
 //!   HTTP API with the admin `--token`; with a database URL they open the
 //!   PostgreSQL store directly.
+//! * `policy show|set`: the grant policy recorded in a PostgreSQL database,
+//!   its change history, and the explicit, recorded command that changes it.
 //! * `account create|deposit|show`, `lease acquire|renew|release|show`,
 //!   `clock set`: HTTP clients of the API (`--server`, default
 //!   `http://127.0.0.1:8080`; `--token`: the admin token, an account key or
@@ -28,7 +30,7 @@ use tollgate::CapabilityKey;
 use crate::client::{Client, ClientError};
 use crate::clock::{ClockKind, SystemClock};
 use crate::config::{self, Config, ConfigError, RawConfig};
-use crate::dto::{AuditView, ReclaimView, StatusView};
+use crate::dto::{AuditView, PolicyChangeView, PolicyRecordView, ReclaimView, StatusView};
 use crate::metrics::Metrics;
 use crate::pg;
 use crate::serve::{self, ServeError};
@@ -79,6 +81,9 @@ pub enum Command {
     Audit(OpsArgs),
     /// Settle reclaimable leases.
     Reclaim(ReclaimArgs),
+    /// The grant policy recorded in a PostgreSQL database.
+    #[command(subcommand)]
+    Policy(PolicyCmd),
     /// Accounts (HTTP client).
     #[command(subcommand)]
     Account(AccountCmd),
@@ -269,6 +274,43 @@ pub struct ReclaimArgs {
     /// Pause between batches with `--loop` [default: PT1S].
     #[arg(long, value_name = "DURATION", allow_hyphen_values = true)]
     pub interval: Option<String>,
+}
+
+/// The database of a `policy` subcommand.
+#[derive(Debug, Clone, Args)]
+pub struct PolicyDbArgs {
+    /// PostgreSQL URL (also DATABASE_URL).
+    #[arg(long, env = "TOLLGATE_DATABASE_URL", value_name = "URL")]
+    pub database_url: Option<String>,
+}
+
+/// `tollgate policy ...`.
+#[derive(Debug, Subcommand)]
+pub enum PolicyCmd {
+    /// Print the recorded policy and its change history.
+    Show {
+        #[command(flatten)]
+        /// The database.
+        db: PolicyDbArgs,
+    },
+    /// Record a new policy, with who changed it. Restart every process
+    /// sharing the database with the new values afterwards.
+    Set {
+        #[command(flatten)]
+        /// The database.
+        db: PolicyDbArgs,
+        /// The new longest granted TTL (positive).
+        #[arg(long, value_name = "DURATION", allow_hyphen_values = true)]
+        max_ttl: String,
+        /// The new grace after expiry (nonnegative; `max` for the largest
+        /// duration).
+        #[arg(long, value_name = "DURATION", allow_hyphen_values = true)]
+        reclaim_grace: String,
+        /// Who makes the change (recorded; 1..=200 characters, no control
+        /// characters).
+        #[arg(long, value_name = "NAME")]
+        changed_by: String,
+    },
 }
 
 /// `tollgate account ...`.
@@ -562,10 +604,7 @@ pub async fn run(command: Command) -> Result<ExitCode, CliError> {
                         },
                         active_leases: counts.active_leases,
                         active_legacy_bounds: counts.active_legacy_bounds,
-                        policy: crate::dto::PolicyView {
-                            max_ttl: p.max_ttl(),
-                            reclaim_grace: p.reclaim_grace(),
-                        },
+                        policy: p.into(),
                         clock: ClockKind::System.to_string(),
                     }
                 }
@@ -620,6 +659,7 @@ pub async fn run(command: Command) -> Result<ExitCode, CliError> {
             Ok(ExitCode::from(1))
         }
         Command::Reclaim(args) => reclaim(args).await,
+        Command::Policy(cmd) => policy(cmd).await,
         Command::Account(cmd) => {
             let v = match cmd {
                 AccountCmd::Create { name, client } => {
@@ -739,6 +779,83 @@ pub async fn run(command: Command) -> Result<ExitCode, CliError> {
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+/// The database URL of a `policy` subcommand, validated like `serve`'s.
+fn policy_url(cfg: &Config) -> Result<&str, CliError> {
+    cfg.database_url.as_deref().ok_or_else(|| {
+        ConfigError(
+            "policy needs --database-url (or DATABASE_URL): only PostgreSQL records a policy"
+                .into(),
+        )
+        .into()
+    })
+}
+
+/// The rule `tollgate_pg::set_policy` applies to `changed_by`, checked
+/// first so that a bad name is a usage error (exit 2).
+fn check_changed_by(name: &str) -> Result<(), ConfigError> {
+    let max = tollgate_pg::CHANGED_BY_MAX_CHARS;
+    if name.trim().is_empty() || name.chars().count() > max || name.chars().any(char::is_control) {
+        return Err(ConfigError(format!(
+            "changed_by must be 1..={max} characters without control characters"
+        )));
+    }
+    Ok(())
+}
+
+fn change_view(c: tollgate_pg::PolicyChange) -> PolicyChangeView {
+    PolicyChangeView {
+        change_id: c.change_id,
+        changed_by: c.changed_by,
+        recorded_at: c.recorded_at,
+        old: c.old.map(Into::into),
+        new: c.new.into(),
+    }
+}
+
+async fn policy(cmd: PolicyCmd) -> Result<ExitCode, CliError> {
+    match cmd {
+        PolicyCmd::Show { db } => {
+            let cfg = Config::resolve(RawConfig {
+                database_url: db.database_url,
+                ..RawConfig::default()
+            })?;
+            let (policy, changes) = pg::show_policy(policy_url(&cfg)?)
+                .await
+                .map_err(ServeError::from)?;
+            print_json(&PolicyRecordView {
+                policy: policy.map(Into::into),
+                changes: changes.into_iter().map(change_view).collect(),
+            });
+        }
+        PolicyCmd::Set {
+            db,
+            max_ttl,
+            reclaim_grace,
+            changed_by,
+        } => {
+            // The same parsing and validation as `serve` (`max` for grace).
+            let cfg = Config::resolve(RawConfig {
+                database_url: db.database_url,
+                max_ttl: Some(max_ttl),
+                reclaim_grace: Some(reclaim_grace),
+                ..RawConfig::default()
+            })?;
+            check_changed_by(&changed_by)?;
+            let change = pg::set_policy(policy_url(&cfg)?, cfg.policy, &changed_by)
+                .await
+                .map_err(ServeError::from)?;
+            print_json(&change_view(change));
+            eprintln!(
+                "policy recorded; restart every process sharing this database with \
+                 --max-ttl {} --reclaim-grace {}",
+                cfg.policy.max_ttl(),
+                cfg.policy.reclaim_grace()
+            );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 fn from_value<T: serde::de::DeserializeOwned>(v: Value) -> Result<T, CliError> {

@@ -14,7 +14,8 @@
 use jiff::{SignedDuration, Timestamp};
 use serde::{Deserialize, Serialize};
 use tollgate::{
-    Account, AuditReport, Balances, Grant, Lease, LeaseState, ReclaimReport, Renewal, Settlement,
+    Account, AuditReport, Balances, Grant, GrantPolicy, Lease, LeaseState, ReclaimReport, Renewal,
+    Settlement,
 };
 use utoipa::ToSchema;
 
@@ -588,6 +589,43 @@ pub struct PolicyView {
     #[serde(with = "dur")]
     #[schema(value_type = String)]
     pub reclaim_grace: SignedDuration,
+}
+
+impl From<GrantPolicy> for PolicyView {
+    fn from(p: GrantPolicy) -> PolicyView {
+        PolicyView {
+            max_ttl: p.max_ttl(),
+            reclaim_grace: p.reclaim_grace(),
+        }
+    }
+}
+
+/// One recorded change of a database's policy (`tollgate policy set`
+/// prints it; `tollgate policy show` lists them). Not an HTTP shape.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PolicyChangeView {
+    /// Database-assigned, increasing.
+    pub change_id: i64,
+    /// The operator's name, or `first start` for the process that found no
+    /// recorded policy.
+    pub changed_by: String,
+    /// The database's transaction time of the change (RFC 3339).
+    #[serde(with = "ts")]
+    pub recorded_at: Timestamp,
+    /// The policy before (`null` for the first record).
+    pub old: Option<PolicyView>,
+    /// The policy after.
+    pub new: PolicyView,
+}
+
+/// `tollgate policy show`: the recorded policy (`null` before any process
+/// started against the database) and its changes, oldest first.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PolicyRecordView {
+    /// The recorded policy.
+    pub policy: Option<PolicyView>,
+    /// The most recent changes (at most 1000), oldest first.
+    pub changes: Vec<PolicyChangeView>,
 }
 
 /// `GET /v1/admin/status`.

@@ -17,15 +17,22 @@
 //! connected) and [`tollgate_pg::lease_counts`] (active leases, and those
 //! whose expiry is a legacy upper bound).
 //!
+//! The policy commands ([`show_policy`], [`set_policy`]) work on a plain
+//! connection pool ([`open_pool`]) rather than a store, because opening a
+//! store checks the recorded policy against the configured one, and
+//! changing the recorded policy is exactly when they differ.
+//!
 //! No SQL is written in this crate's `src`: every statement lives in
 //! `tollgate-pg`.
 
+use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use tollgate::{Allocator, CapabilityKey, LeaseState, StorageError};
-use tollgate_pg::{PostgresStore, Schema};
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use tollgate::{Allocator, CapabilityKey, GrantPolicy, LeaseState, StorageError};
+use tollgate_pg::{PolicyChange, PostgresStore, Schema};
 
 use crate::config::Config;
 use crate::storage::{Backend, Readiness, StatusCounts, StoreOps};
@@ -148,6 +155,83 @@ pub async fn migrate(url: &str, dry_run: bool) -> Result<Vec<MigrationInfo>, PgE
         .await
         .map_err(ctx("applying migrations"))?;
     Ok(report.applied.into_iter().map(describe).collect())
+}
+
+/// Connections of the operator commands' pool: they run one statement at
+/// a time.
+const OPERATOR_POOL_CONNECTIONS: u32 = 2;
+
+/// How long one attempt of an operator command waits for a connection
+/// ([`with_wait`] retries an unavailable database for up to [`DB_WAIT`]).
+const OPERATOR_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A small pool on `url` for the operator commands, once the schema fence
+/// passes (the database has applied exactly this binary's migrations). It
+/// checks no policy: see the module docs. Waits for the database like
+/// [`connect`].
+///
+/// # Errors
+/// [`PgError::Storage`]: an unparsable URL (not repeated in the message),
+/// an unreachable database, an unknown or pending migration.
+pub async fn open_pool(url: &str) -> Result<PgPool, PgError> {
+    let options = PgConnectOptions::from_str(url).map_err(|_| PgError::Storage {
+        context: "opening the database",
+        source: StorageError::Backend {
+            message: "invalid database url".into(),
+        },
+    })?;
+    // Lazy: the first statement connects, and `tollgate-pg` maps its errors.
+    let pool = PgPoolOptions::new()
+        .max_connections(OPERATOR_POOL_CONNECTIONS)
+        .acquire_timeout(OPERATOR_ACQUIRE_TIMEOUT)
+        .connect_lazy_with(options);
+    let schema = Schema::current();
+    if let Err(e) = with_wait(|| schema.check(&pool)).await {
+        pool.close().await;
+        return Err(ctx("checking the schema")(e));
+    }
+    Ok(pool)
+}
+
+/// The recorded policy (`None` before any process has started against
+/// the database) and the most recent changes, oldest first (at most
+/// [`tollgate_pg::POLICY_CHANGES_MAX`]).
+///
+/// # Errors
+/// As [`open_pool`]; database errors.
+pub async fn show_policy(url: &str) -> Result<(Option<GrantPolicy>, Vec<PolicyChange>), PgError> {
+    let pool = open_pool(url).await?;
+    let shown = async {
+        let policy = tollgate_pg::recorded_policy(&pool)
+            .await
+            .map_err(ctx("reading the recorded policy"))?;
+        let changes = tollgate_pg::policy_changes(&pool)
+            .await
+            .map_err(ctx("reading the policy changes"))?;
+        Ok((policy, changes))
+    }
+    .await;
+    pool.close().await;
+    shown
+}
+
+/// Records `policy` as the database's policy, by `changed_by`: the
+/// operator command [`tollgate_pg::set_policy`]. Running processes keep
+/// theirs; see the README's "Changing the grant policy".
+///
+/// # Errors
+/// As [`open_pool`]; an invalid `changed_by`; database errors.
+pub async fn set_policy(
+    url: &str,
+    policy: GrantPolicy,
+    changed_by: &str,
+) -> Result<PolicyChange, PgError> {
+    let pool = open_pool(url).await?;
+    let change = tollgate_pg::set_policy(&pool, policy, changed_by)
+        .await
+        .map_err(ctx("recording the policy"));
+    pool.close().await;
+    change
 }
 
 /// [`StoreOps`] of the PostgreSQL store; see the module docs.

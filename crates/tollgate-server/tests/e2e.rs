@@ -803,3 +803,265 @@ fn postgres_crash_under_load() {
     srv.stop();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+// ------------------------------------------------------ policy commands
+
+/// Runs `cmd`, which must exit within [`START_TIMEOUT`] (it is killed and
+/// the test fails otherwise): for a `serve` that must refuse to start.
+fn output_within_start_timeout(cmd: &mut Command) -> Output {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let deadline = Instant::now() + START_TIMEOUT;
+    while child.try_wait().expect("wait").is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let out = child.wait_with_output().expect("output");
+            panic!(
+                "did not exit: {}",
+                String::from_utf8_lossy(&out.stderr).into_owned()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child.wait_with_output().expect("output")
+}
+
+/// Runs a `policy` subcommand that must succeed; returns its JSON and its
+/// stderr.
+#[track_caller]
+fn policy_ok(args: &[&str]) -> (Value, String) {
+    let out = tollgate().arg("policy").args(args).output().expect("run");
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(0), "policy {args:?}: {err}");
+    let v = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "policy {args:?} printed no JSON ({e}): {}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    });
+    (v, err)
+}
+
+/// `recorded_at` of a change, which must lie within `[from, to]` (the
+/// database's transaction time; same machine, same clock).
+#[track_caller]
+fn recorded_between(change: &Value, from: jiff::Timestamp, to: jiff::Timestamp) -> String {
+    let at = s(change, "recorded_at");
+    let t: jiff::Timestamp = at.parse().expect("recorded_at is RFC 3339");
+    assert!(from <= t && t <= to, "{at} not within {from}..{to}");
+    at
+}
+
+/// The explicit, recorded policy change: `policy show` before and after a
+/// first start, `policy set` adding exactly one change row with the old and
+/// new values, a running server with the old grace refusing to reclaim, and
+/// a restart with the old grace refused naming both policies.
+#[test]
+fn postgres_policy_show_and_set() {
+    let dir = temp_dir("policy");
+    let url = pg_url();
+    let secret = dir.join("capability.key");
+    std::fs::write(&secret, "policy-test-capability-key-0123456789\n").expect("secret");
+    let secret_s = secret.to_string_lossy().into_owned();
+
+    // An unmigrated database: refused (exit 1), naming the pending ones.
+    let out = tollgate()
+        .args(["policy", "show", "--database-url", &url])
+        .output()
+        .expect("run");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.starts_with("error: checking the schema: "), "{err}");
+    assert!(err.contains("pending"), "{err}");
+
+    run_ok(&["migrate", "--database-url", &url]);
+    let (shown, _) = policy_ok(&["show", "--database-url", &url]);
+    assert_eq!(shown, json!({"policy": null, "changes": []}));
+
+    // The first start records the policy.
+    let serve_args = |grace: &'static str| {
+        [
+            "--database-url",
+            url.as_str(),
+            "--secret-file",
+            secret_s.as_str(),
+            "--clock",
+            "test",
+            "--max-ttl",
+            "PT1M",
+            "--reclaim-grace",
+            grace,
+            "--no-reclaim-worker",
+        ]
+        .map(str::to_string)
+    };
+    let old_args = serve_args("PT5S");
+    let old_args: Vec<&str> = old_args.iter().map(String::as_str).collect();
+    let before_start = jiff::Timestamp::now();
+    let srv = Server::start(&old_args, &dir);
+    let after_start = jiff::Timestamp::now();
+    let (shown, _) = policy_ok(&["show", "--database-url", &url]);
+    let first_at = recorded_between(&shown["changes"][0], before_start, after_start);
+    let first = json!({"change_id": 1, "changed_by": "first start", "recorded_at": first_at,
+                       "old": null, "new": {"max_ttl": "PT1M", "reclaim_grace": "PT5S"}});
+    assert_eq!(
+        shown,
+        json!({"policy": {"max_ttl": "PT1M", "reclaim_grace": "PT5S"}, "changes": [first]})
+    );
+
+    // Invalid values are usage errors (exit 2) and record nothing.
+    for (args, message) in [
+        (
+            vec!["--max-ttl", "PT1M", "--reclaim-grace", "-PT1S"],
+            "invalid configuration: reclaim_grace must be nonnegative",
+        ),
+        (
+            vec!["--max-ttl", "PT0S", "--reclaim-grace", "PT5S"],
+            "invalid configuration: max_ttl must be positive",
+        ),
+        (
+            vec!["--max-ttl", "soon", "--reclaim-grace", "PT5S"],
+            "invalid configuration: max_ttl: \"soon\" is not an ISO 8601 or friendly duration",
+        ),
+        (
+            vec![
+                "--max-ttl",
+                "PT1M",
+                "--reclaim-grace",
+                "PT5S",
+                "--changed-by",
+                " ",
+            ],
+            "invalid configuration: changed_by must be 1..=200 characters without control characters",
+        ),
+    ] {
+        let mut all = vec!["policy", "set", "--database-url", &url];
+        all.extend(&args);
+        if !args.contains(&"--changed-by") {
+            all.extend(["--changed-by", "ops: alice"]);
+        }
+        let out = tollgate().args(&all).output().expect("run");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{all:?}: {err}");
+        assert!(
+            err.starts_with(&format!("error: {message}")),
+            "{all:?}: {err}"
+        );
+        assert_eq!(out.stdout, b"", "{all:?}");
+    }
+    let out = tollgate()
+        .args([
+            "policy",
+            "set",
+            "--max-ttl",
+            "PT1M",
+            "--reclaim-grace",
+            "PT5S",
+        ])
+        .args(["--changed-by", "ops: alice"])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .starts_with("error: invalid configuration: policy needs --database-url"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (unchanged, _) = policy_ok(&["show", "--database-url", &url]);
+    assert_eq!(unchanged, shown);
+
+    // The change: one new row with the old and new values and who did it.
+    let before_set = jiff::Timestamp::now();
+    let (change, note) = policy_ok(&[
+        "set",
+        "--database-url",
+        &url,
+        "--max-ttl",
+        "PT1M",
+        "--reclaim-grace",
+        "PT7.5S",
+        "--changed-by",
+        "ops: alice",
+    ]);
+    let second_at = recorded_between(&change, before_set, jiff::Timestamp::now());
+    let second = json!({"change_id": 2, "changed_by": "ops: alice", "recorded_at": second_at,
+                        "old": {"max_ttl": "PT1M", "reclaim_grace": "PT5S"},
+                        "new": {"max_ttl": "PT1M", "reclaim_grace": "PT7.5S"}});
+    assert_eq!(change, second);
+    assert_eq!(
+        note,
+        "policy recorded; restart every process sharing this database with \
+         --max-ttl PT1M --reclaim-grace PT7.5S\n"
+    );
+    let (shown, _) = policy_ok(&["show", "--database-url", &url]);
+    assert_eq!(
+        shown,
+        json!({"policy": {"max_ttl": "PT1M", "reclaim_grace": "PT7.5S"},
+               "changes": [first, second]})
+    );
+
+    // The server still running with the old grace refuses to reclaim (the
+    // store's check; the detail stays in its log).
+    let refused = srv.cli(&["reclaim", "--once"], ADMIN);
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(1), "{err}");
+    assert_eq!(
+        err,
+        "error: 500 policy_mismatch: the storage backend failed; the operation changed nothing\n"
+    );
+    let mismatch = "the database records max_ttl 60s and reclaim_grace 7s 500000000ns, but this \
+                    process is configured with max_ttl 60s and reclaim_grace 5s";
+    let log = std::fs::read_to_string(&srv.stderr_path).expect("server log");
+    assert!(log.contains(mismatch), "{log}");
+    srv.stop();
+
+    // A restart with the old grace is refused at start-up, naming both.
+    let out = output_within_start_timeout(
+        tollgate()
+            .arg("serve")
+            .args(["--listen", "127.0.0.1:0", "--admin-token", ADMIN])
+            .args(&old_args),
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!(
+            "error: opening the PostgreSQL store: {mismatch}; every process sharing these \
+             grants must apply the same policy"
+        )),
+        "{err}"
+    );
+    assert_eq!(out.stdout, b"");
+
+    // With the new values it starts; `max` is accepted for the grace.
+    let new_args = serve_args("PT7.5S");
+    let new_args: Vec<&str> = new_args.iter().map(String::as_str).collect();
+    Server::start(&new_args, &dir).stop();
+    let (third, _) = policy_ok(&[
+        "set",
+        "--database-url",
+        &url,
+        "--max-ttl",
+        "PT2M",
+        "--reclaim-grace",
+        "max",
+        "--changed-by",
+        "ops: bob",
+    ]);
+    assert_eq!(third["change_id"], json!(3));
+    assert_eq!(
+        (&third["old"], &third["new"]),
+        (
+            &json!({"max_ttl": "PT1M", "reclaim_grace": "PT7.5S"}),
+            &json!({"max_ttl": "PT2M", "reclaim_grace": "PT2562047788015215H30M7.999999999S"})
+        )
+    );
+    let (shown, _) = policy_ok(&["show", "--database-url", &url]);
+    assert_eq!(shown["changes"], json!([first, second, third]));
+    assert_eq!(shown["policy"], third["new"]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
