@@ -21,8 +21,9 @@ use sqlx::{PgConnection, PgPool};
 use tollgate::model::{Actor, LedgerKind};
 use tollgate::{
     AUDIT_PAGE_MAX, Account, AccountId, AcquireRequest, Allocator, Balances, Capability,
-    CapabilityKey, Fence, Grant, GrantPolicy, InstantPair, Lease, LeaseId, LeaseState, LedgerEntry,
-    NewAccount, ReclaimReport, Renewal, Settlement, StorageError, StoreId, rules,
+    CapabilityKey, Fence, Grant, GrantPolicy, InstantPair, Lease, LeaseCapabilities, LeaseId,
+    LeaseState, LedgerEntry, NewAccount, ReclaimReport, Renewal, Settlement, StorageError, StoreId,
+    rules,
 };
 
 use crate::boxed;
@@ -75,8 +76,7 @@ impl Default for StoreOptions {
 pub struct PostgresStore {
     pool: PgPool,
     policy: GrantPolicy,
-    key: CapabilityKey,
-    store_id: StoreId,
+    caps: LeaseCapabilities,
     stats: TxStats,
 }
 
@@ -169,8 +169,7 @@ impl PostgresStore {
         Ok(PostgresStore {
             pool,
             policy,
-            key,
-            store_id,
+            caps: LeaseCapabilities::new(key, store_id),
             stats,
         })
     }
@@ -182,7 +181,7 @@ impl PostgresStore {
 
     /// The store's identity, mixed into every capability.
     pub fn store_id(&self) -> StoreId {
-        self.store_id
+        self.caps.store_id()
     }
 
     /// Transaction counters of `op` since this store was built.
@@ -193,36 +192,6 @@ impl PostgresStore {
     /// Closes the pool, waiting for connections in use to be returned.
     pub async fn close(&self) {
         self.pool.close().await;
-    }
-
-    fn check_capability(
-        &self,
-        lease_id: LeaseId,
-        capability: &Capability,
-    ) -> Result<(), StorageError> {
-        if self.key.verify(self.store_id, lease_id, capability) {
-            Ok(())
-        } else {
-            Err(StorageError::CapabilityMismatch)
-        }
-    }
-
-    fn grant(
-        &self,
-        lease_id: LeaseId,
-        fence: Fence,
-        units: i64,
-        expiry: Timestamp,
-        granted_ttl: SignedDuration,
-    ) -> Grant {
-        Grant {
-            lease_id,
-            capability: self.key.derive(self.store_id, lease_id),
-            fence,
-            units,
-            expiry,
-            granted_ttl,
-        }
     }
 
     async fn run<A, T, F>(&self, op: Op, args: &A, body: F) -> Result<T, StorageError>
@@ -878,14 +847,17 @@ impl Allocator for PostgresStore {
             .await?;
         Ok(match acquired {
             Acquired::Replayed(r) => {
-                self.grant(r.lease_id, r.fence, r.units, r.expiry, r.granted_ttl)
+                self.caps
+                    .grant(r.lease_id, r.fence, r.units, r.expiry, r.granted_ttl)
             }
             Acquired::New {
                 lease_id,
                 fence,
                 expiry,
                 granted_ttl,
-            } => self.grant(lease_id, fence, args.0.units, expiry, granted_ttl),
+            } => self
+                .caps
+                .grant(lease_id, fence, args.0.units, expiry, granted_ttl),
         })
     }
 
@@ -894,7 +866,7 @@ impl Allocator for PostgresStore {
         lease_id: LeaseId,
         capability: &Capability,
     ) -> Result<Lease, StorageError> {
-        self.check_capability(lease_id, capability)?;
+        self.caps.check(lease_id, capability)?;
         self.run(Op::ReadLease, &lease_id, |c, id| {
             Box::pin(async move {
                 Ok(persistence::read_lease(c, *id)
@@ -912,7 +884,7 @@ impl Allocator for PostgresStore {
         ttl: SignedDuration,
         now: Timestamp,
     ) -> Result<Renewal, StorageError> {
-        self.check_capability(lease_id, capability)?;
+        self.caps.check(lease_id, capability)?;
         self.run(Op::Renew, &(lease_id, ttl, self.policy, now), |c, a| {
             Box::pin(renew_tx(c, a.0, a.1, a.2, a.3))
         })
@@ -926,7 +898,7 @@ impl Allocator for PostgresStore {
         now: Timestamp,
         consumed: Option<i64>,
     ) -> Result<Settlement, StorageError> {
-        self.check_capability(lease_id, capability)?;
+        self.caps.check(lease_id, capability)?;
         self.run(
             Op::Release,
             &(lease_id, consumed, self.policy, now),
@@ -946,7 +918,7 @@ impl Allocator for PostgresStore {
         rules::check_consolidation_ids(&ids)?;
         self.policy.expiry(now, ttl)?;
         for (id, cap) in leases {
-            self.check_capability(*id, cap)?;
+            self.caps.check(*id, cap)?;
         }
         let args = ConsolidateArgs {
             account_id,
@@ -960,7 +932,9 @@ impl Allocator for PostgresStore {
                 Box::pin(consolidate_tx(c, a))
             })
             .await?;
-        Ok(self.grant(lease_id, fence, plan.units, plan.expiry, plan.granted_ttl))
+        Ok(self
+            .caps
+            .grant(lease_id, fence, plan.units, plan.expiry, plan.granted_ttl))
     }
 
     async fn reclaim(&self, now: Timestamp, limit: usize) -> Result<ReclaimReport, StorageError> {

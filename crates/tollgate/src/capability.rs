@@ -148,3 +148,60 @@ impl CapabilityKey {
         bool::from(expected.0.as_bytes().ct_eq(presented.0.as_bytes()))
     }
 }
+
+/// The capabilities of one store: its key and identity together. Both stores
+/// check and issue capabilities through it, so the rule "verify before any
+/// lookup, never reveal existence" lives in one place.
+#[derive(Debug, Clone)]
+pub struct LeaseCapabilities {
+    key: CapabilityKey,
+    store_id: StoreId,
+}
+
+impl LeaseCapabilities {
+    /// Capabilities of store `store_id` derived with `key`.
+    pub fn new(key: CapabilityKey, store_id: StoreId) -> LeaseCapabilities {
+        LeaseCapabilities { key, store_id }
+    }
+
+    /// The store identity.
+    pub fn store_id(&self) -> StoreId {
+        self.store_id
+    }
+
+    /// Checks `presented` for `lease_id` (constant time, no lookup).
+    ///
+    /// # Errors
+    /// [`crate::StorageError::CapabilityMismatch`] when it does not verify,
+    /// whether or not the lease exists.
+    pub fn check(
+        &self,
+        lease_id: LeaseId,
+        presented: &Capability,
+    ) -> Result<(), crate::StorageError> {
+        if self.key.verify(self.store_id, lease_id, presented) {
+            Ok(())
+        } else {
+            Err(crate::StorageError::CapabilityMismatch)
+        }
+    }
+
+    /// The grant handed to a holder: the lease's fields plus its capability.
+    pub fn grant(
+        &self,
+        lease_id: LeaseId,
+        fence: crate::Fence,
+        units: i64,
+        expiry: jiff::Timestamp,
+        granted_ttl: jiff::SignedDuration,
+    ) -> crate::Grant {
+        crate::Grant {
+            lease_id,
+            capability: self.key.derive(self.store_id, lease_id),
+            fence,
+            units,
+            expiry,
+            granted_ttl,
+        }
+    }
+}

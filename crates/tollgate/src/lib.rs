@@ -56,7 +56,7 @@ pub mod testkit;
 
 pub use allocator::{AUDIT_PAGE_MAX, Allocator};
 pub use audit::{AuditReport, AuditViolation, Auditor};
-pub use capability::{Capability, CapabilityKey, KeyError, StoreId};
+pub use capability::{Capability, CapabilityKey, KeyError, LeaseCapabilities, StoreId};
 pub use error::StorageError;
 pub use instant_pair::{InstantPair, PairError};
 pub use memory::MemoryStore;

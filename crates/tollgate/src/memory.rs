@@ -18,7 +18,7 @@ use async_trait::async_trait;
 use jiff::{SignedDuration, Timestamp};
 
 use crate::allocator::{AUDIT_PAGE_MAX, Allocator};
-use crate::capability::{Capability, CapabilityKey, StoreId};
+use crate::capability::{Capability, CapabilityKey, LeaseCapabilities, StoreId};
 use crate::error::StorageError;
 use crate::model::{
     Account, AccountId, AcquireRequest, Actor, Balances, Fence, Grant, Lease, LeaseId, LeaseState,
@@ -186,8 +186,7 @@ impl State {
 #[derive(Debug)]
 pub struct MemoryStore {
     policy: GrantPolicy,
-    key: CapabilityKey,
-    store_id: StoreId,
+    caps: LeaseCapabilities,
     state: Mutex<State>,
 }
 
@@ -204,8 +203,7 @@ impl MemoryStore {
         })?;
         Ok(MemoryStore {
             policy,
-            key,
-            store_id,
+            caps: LeaseCapabilities::new(key, store_id),
             state: Mutex::new(State::default()),
         })
     }
@@ -217,36 +215,6 @@ impl MemoryStore {
         self.state.lock().map_err(|_| StorageError::Backend {
             message: "memory store lock poisoned".into(),
         })
-    }
-
-    fn check_capability(
-        &self,
-        lease_id: LeaseId,
-        capability: &Capability,
-    ) -> Result<(), StorageError> {
-        if self.key.verify(self.store_id, lease_id, capability) {
-            Ok(())
-        } else {
-            Err(StorageError::CapabilityMismatch)
-        }
-    }
-
-    fn grant(
-        &self,
-        lease_id: LeaseId,
-        fence: Fence,
-        units: i64,
-        expiry: Timestamp,
-        granted_ttl: SignedDuration,
-    ) -> Grant {
-        Grant {
-            lease_id,
-            capability: self.key.derive(self.store_id, lease_id),
-            fence,
-            units,
-            expiry,
-            granted_ttl,
-        }
     }
 }
 
@@ -343,7 +311,9 @@ impl Allocator for MemoryStore {
             if r.units != req.units || r.ttl != req.ttl {
                 return Err(StorageError::IdempotencyConflict);
             }
-            return Ok(self.grant(r.lease_id, r.fence, r.units, r.expiry, r.granted_ttl));
+            return Ok(self
+                .caps
+                .grant(r.lease_id, r.fence, r.units, r.expiry, r.granted_ttl));
         }
         let plan = rules::plan_acquire(
             &self.policy,
@@ -381,7 +351,9 @@ impl Allocator for MemoryStore {
                 },
             );
         }
-        Ok(self.grant(lease_id, fence, req.units, plan.expiry, plan.granted_ttl))
+        Ok(self
+            .caps
+            .grant(lease_id, fence, req.units, plan.expiry, plan.granted_ttl))
     }
 
     async fn lease(
@@ -389,7 +361,7 @@ impl Allocator for MemoryStore {
         lease_id: LeaseId,
         capability: &Capability,
     ) -> Result<Lease, StorageError> {
-        self.check_capability(lease_id, capability)?;
+        self.caps.check(lease_id, capability)?;
         self.lock()?.lease(lease_id).cloned()
     }
 
@@ -400,7 +372,7 @@ impl Allocator for MemoryStore {
         ttl: SignedDuration,
         now: Timestamp,
     ) -> Result<Renewal, StorageError> {
-        self.check_capability(lease_id, capability)?;
+        self.caps.check(lease_id, capability)?;
         let mut st = self.lock()?;
         let lease = st.lease(lease_id)?.clone();
         let (expiry, granted_ttl) = rules::plan_renew(&self.policy, &lease, ttl, now)?;
@@ -438,7 +410,7 @@ impl Allocator for MemoryStore {
         now: Timestamp,
         consumed: Option<i64>,
     ) -> Result<Settlement, StorageError> {
-        self.check_capability(lease_id, capability)?;
+        self.caps.check(lease_id, capability)?;
         let mut st = self.lock()?;
         let lease = st.lease(lease_id)?.clone();
         let before = st.account(lease.account_id)?.balances;
@@ -458,7 +430,7 @@ impl Allocator for MemoryStore {
         rules::check_consolidation_ids(&ids)?;
         self.policy.expiry(now, ttl)?;
         for (id, cap) in leases {
-            self.check_capability(*id, cap)?;
+            self.caps.check(*id, cap)?;
         }
         let mut st = self.lock()?;
         let balances = st.account(account_id)?.balances;
@@ -503,7 +475,9 @@ impl Allocator for MemoryStore {
             expiry: Some(plan.expiry),
             at: now,
         });
-        Ok(self.grant(lease_id, fence, plan.units, plan.expiry, plan.granted_ttl))
+        Ok(self
+            .caps
+            .grant(lease_id, fence, plan.units, plan.expiry, plan.granted_ttl))
     }
 
     async fn reclaim(&self, now: Timestamp, limit: usize) -> Result<ReclaimReport, StorageError> {
