@@ -6,6 +6,8 @@
 //! Benchmarks measure and print; they never assert on speed. BENCHMARKS.md
 //! at the repository root records the figures and the commands.
 
+#![warn(missing_docs)]
+
 use std::time::Duration;
 
 use sqlx::{Connection, PgConnection};
@@ -71,7 +73,8 @@ pub fn micros(d: Duration) -> u64 {
 pub struct Rng(u64);
 
 impl Rng {
-    /// A generator seeded from `seed` (0 is replaced by a fixed odd value).
+    /// A generator seeded from `seed` (any value: the state is scrambled and
+    /// forced odd, so it is never the fixed point 0).
     pub fn new(seed: u64) -> Rng {
         Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
     }
