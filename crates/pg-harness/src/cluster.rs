@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-use crate::{HarnessError, PgServer, TestDb};
+use crate::{DbFuture, HarnessError, PgServer, TestDb};
 
 /// The PostgreSQL server shared by all tests of one test binary.
 ///
@@ -82,16 +82,16 @@ impl PgCluster {
     ///
     /// # Panics
     /// If the database cannot be created, with the reason.
-    pub async fn fresh_database(&self) -> TestDb {
-        self.server.fresh_database().await
+    pub fn fresh_database(&self) -> DbFuture<TestDb> {
+        self.server.fresh_database()
     }
 
     /// Fallible [`fresh_database`](Self::fresh_database).
     ///
     /// # Errors
     /// [`HarnessError::Sql`] if connecting or `CREATE DATABASE` fails.
-    pub async fn try_fresh_database(&self) -> Result<TestDb, HarnessError> {
-        self.server.try_fresh_database().await
+    pub fn try_fresh_database(&self) -> DbFuture<Result<TestDb, HarnessError>> {
+        self.server.try_fresh_database()
     }
 }
 

@@ -1,8 +1,10 @@
 //! Test databases.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use sqlx::{Connection, PgConnection};
+use sqlx::{Connection, Executor, PgConnection};
 
 use crate::HarnessError;
 use crate::server::{LISTEN_HOST, SUPERUSER};
@@ -33,6 +35,20 @@ impl TestDb {
     }
 }
 
+/// The future of [`PgCluster::fresh_database`](crate::PgCluster::fresh_database)
+/// and its relatives: boxed, `Send` and `'static` (it owns what it needs and
+/// borrows nothing from the server), so other crates can await it inside
+/// `Send` futures (an `async_trait` method, a spawned task).
+///
+/// The `Send` bound is part of the signature on purpose. An `async fn`'s
+/// future leaks its auto traits, and one that held sqlx's generic executor
+/// across an await (`raw_sql(..).execute(&mut conn)`) could not be proved
+/// `Send` from another crate ("implementation of `Executor` is not general
+/// enough", rust-lang/rust#64552 and relatives) although nothing in it was
+/// ever used across threads unsafely. With the bound in the type, such a
+/// regression fails to compile here, not in a caller.
+pub type DbFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+
 /// `postgres://postgres@127.0.0.1:<port>/<db>`.
 pub(crate) fn url(port: u16, db: &str) -> String {
     format!("postgres://{SUPERUSER}@{LISTEN_HOST}:{port}/{db}")
@@ -51,7 +67,11 @@ fn next_name() -> String {
 /// Creates a fresh database on the server at `port` through a short-lived
 /// admin connection (no pool: each `#[tokio::test]` has its own runtime, and
 /// a connection must not outlive the runtime it was made on).
-pub(crate) async fn create_database(port: u16) -> Result<TestDb, HarnessError> {
+pub(crate) fn create_database(port: u16) -> DbFuture<Result<TestDb, HarnessError>> {
+    Box::pin(create_database_at(port))
+}
+
+async fn create_database_at(port: u16) -> Result<TestDb, HarnessError> {
     let name = next_name();
     let admin = url(port, "postgres");
     let mut conn = PgConnection::connect(&admin)
@@ -61,7 +81,10 @@ pub(crate) async fn create_database(port: u16) -> Result<TestDb, HarnessError> {
             source,
         })?;
     let sql = format!("CREATE DATABASE \"{name}\"");
-    let created = sqlx::raw_sql(&sql).execute(&mut conn).await;
+    // `Executor::execute` on the connection returns sqlx's boxed `Send`
+    // future; `raw_sql(..).execute(&mut conn)` would keep its generic
+    // executor in this future's state, which defeats the `Send` proof.
+    let created = conn.execute(sql.as_str()).await;
     let _ = conn.close().await;
     created.map_err(|source| HarnessError::Sql {
         context: format!("{sql} on {admin}"),

@@ -87,7 +87,10 @@
 //! **Runtimes.** Each `#[tokio::test]` has its own runtime and sqlx
 //! connections must not outlive theirs, so the shared cluster holds no
 //! connection pool: [`PgCluster::fresh_database`] makes a short-lived admin
-//! connection on the caller's runtime. Process management is synchronous.
+//! connection on the caller's runtime. Its future is a [`DbFuture`]: `Send`
+//! and `'static` by signature, so it can be awaited inside an
+//! `async_trait` method or a spawned task. Process management is
+//! synchronous.
 #![warn(missing_docs)]
 
 mod binaries;
@@ -102,7 +105,7 @@ mod sys;
 pub use binaries::{DEFAULT_PG_BIN, PG_BIN_ENV, PG_LIB_ROOT, PREFERRED_MAJOR, PgBinaries};
 pub use cleanup::{DIR_PREFIX, TMPDIR_ENV, base_dir, sweep_stale_dirs};
 pub use cluster::{PgCluster, shared};
-pub use db::TestDb;
+pub use db::{DbFuture, TestDb};
 pub use error::HarnessError;
 pub use launcher::{DEFAULT_PG_USER, PG_USER_ENV};
 pub use server::{

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use crate::launcher::{self, RunAs};
 use crate::sys::{self, PostmasterPid};
-use crate::{HarnessError, PgBinaries, TestDb, cleanup, db};
+use crate::{DbFuture, HarnessError, PgBinaries, TestDb, cleanup, db};
 
 /// How long a start (or restart) waits for the server to accept connections
 /// before giving up, killing it and reporting the log tail.
@@ -343,20 +343,26 @@ impl PgServer {
     /// Creates a new, uniquely named database; see
     /// [`PgCluster::fresh_database`](crate::PgCluster::fresh_database).
     ///
+    /// The future ([`DbFuture`]) takes the server's port at the call and
+    /// borrows nothing (a restart keeps the port).
+    ///
     /// # Panics
     /// If the server is not running or `CREATE DATABASE` fails.
-    pub async fn fresh_database(&self) -> TestDb {
-        self.try_fresh_database()
-            .await
-            .unwrap_or_else(|e| panic!("tollgate-pg-harness: {e}"))
+    pub fn fresh_database(&self) -> DbFuture<TestDb> {
+        let created = self.try_fresh_database();
+        Box::pin(async move {
+            created
+                .await
+                .unwrap_or_else(|e| panic!("tollgate-pg-harness: {e}"))
+        })
     }
 
     /// Fallible [`fresh_database`](Self::fresh_database).
     ///
     /// # Errors
     /// [`HarnessError::Sql`] if connecting or `CREATE DATABASE` fails.
-    pub async fn try_fresh_database(&self) -> Result<TestDb, HarnessError> {
-        db::create_database(self.port).await
+    pub fn try_fresh_database(&self) -> DbFuture<Result<TestDb, HarnessError>> {
+        db::create_database(self.port)
     }
 
     fn initdb(&mut self) -> Result<(), HarnessError> {

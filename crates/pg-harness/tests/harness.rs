@@ -268,3 +268,56 @@ fn start_waits_out_a_briefly_taken_port() {
     let log = server.log_tail(400);
     assert!(log.contains("Address already in use"), "{log}");
 }
+
+/// The `fresh_database` futures are `Send` as seen from another crate, so
+/// they can be awaited inside `Send` futures (an `async_trait` method, a
+/// `tokio::spawn`ed task). This is a compile-time test first: it does not
+/// build if any of the four futures stops being provably `Send`.
+#[tokio::test]
+async fn fresh_database_futures_are_send() {
+    fn assert_send<T: Send>(_: &T) {}
+
+    let cluster = shared().await;
+    let f = cluster.fresh_database();
+    assert_send(&f);
+    let a = f.await;
+    let f = cluster.try_fresh_database();
+    assert_send(&f);
+    let b = f.await.expect("try_fresh_database");
+
+    let server = PgServer::start_dedicated().expect("start dedicated server");
+    let f = server.fresh_database();
+    assert_send(&f);
+    let c = f.await;
+    let f = server.try_fresh_database();
+    assert_send(&f);
+    let d = f.await.expect("try_fresh_database");
+
+    // Awaited inside a spawned task, which must be `Send + 'static`: the
+    // futures borrow nothing from the server either.
+    let e = tokio::spawn(server.fresh_database()).await.expect("task");
+
+    let names = [&a, &b, &c, &d, &e].map(|db| db.name().to_string());
+    for (i, x) in names.iter().enumerate() {
+        assert_eq!(
+            names.iter().filter(|y| *y == x).count(),
+            1,
+            "{i}: {names:?}"
+        );
+    }
+    for db in [&a, &b] {
+        assert_eq!(db.url(), cluster.url_for(db.name()));
+    }
+    for db in [&c, &d, &e] {
+        assert_eq!(db.url(), server.url_for(db.name()));
+    }
+    for db in [&a, &e] {
+        let mut conn = connect(db.url()).await;
+        let current: String = sqlx::query_scalar("SELECT current_database()")
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(current, db.name());
+        conn.close().await.unwrap();
+    }
+}
