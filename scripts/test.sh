@@ -25,4 +25,7 @@ fi
 # Two cores: bound parallel test threads so PostgreSQL-backed tests do not
 # starve each other (each test binary shares one cluster, one database per test).
 export RUST_TEST_THREADS="${RUST_TEST_THREADS:-4}"
-exec cargo test --workspace --all-targets "$@"
+# `--all-targets` builds and runs unit, integration, example and bench
+# targets but not doc-tests, so those run in a second pass.
+cargo test --workspace --all-targets "$@"
+cargo test --workspace --doc "$@"

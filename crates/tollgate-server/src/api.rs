@@ -812,9 +812,29 @@ async fn track(State(s): State<AppState>, req: Request, next: Next) -> Response 
     resp
 }
 
-/// Bounds each request's handling time ([`ApiError::Timeout`]).
+/// Bounds each request's time: first the client's part, receiving the body
+/// (at most `request_timeout`, else 408 [`ApiError::BodyTimeout`]: a slow or
+/// truncated body is the client's fault, never a 5xx), then the service's
+/// part, handling it (at most `request_timeout` again, else 503
+/// [`ApiError::Timeout`]). The body is buffered here, within
+/// [`BODY_LIMIT_BYTES`], and handed on whole.
 async fn timeout(State(s): State<AppState>, req: Request, next: Next) -> Response {
     let bound = s.inner.request_timeout;
+    let (parts, body) = req.into_parts();
+    let bytes =
+        match tokio::time::timeout(bound, axum::body::to_bytes(body, BODY_LIMIT_BYTES)).await {
+            Err(_) => return ApiError::BodyTimeout(bound).into_response(),
+            Ok(Err(_)) => {
+                // `to_bytes` fails on a body over the limit or a broken stream;
+                // both are the client's.
+                return ApiError::PayloadTooLarge {
+                    limit: BODY_LIMIT_BYTES,
+                }
+                .into_response();
+            }
+            Ok(Ok(bytes)) => bytes,
+        };
+    let req = Request::from_parts(parts, axum::body::Body::from(bytes));
     match tokio::time::timeout(bound, next.run(req)).await {
         Ok(resp) => resp,
         Err(_) => ApiError::Timeout(bound).into_response(),

@@ -17,6 +17,15 @@
 //! 0 success, 1 a refused or failed operation (or an audit with
 //! violations), 2 invalid usage or configuration.
 
+/// Prints a line on stdout like `println!`, but a closed pipe (`tollgate
+/// audit | head -1`) ends the output quietly instead of panicking.
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout().lock(), $($arg)*);
+    }};
+}
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -470,7 +479,7 @@ impl ServeArgs {
 
 fn print_json(v: &impl serde::Serialize) {
     match serde_json::to_string_pretty(v) {
-        Ok(s) => println!("{s}"),
+        Ok(s) => out!("{s}"),
         Err(e) => eprintln!("error: cannot print result: {e}"),
     }
 }
@@ -572,10 +581,10 @@ pub async fn run(command: Command) -> Result<ExitCode, CliError> {
                 .map_err(ServeError::from)?;
             let verb = if args.dry_run { "pending" } else { "applied" };
             if list.is_empty() {
-                println!("no migrations {verb}");
+                out!("no migrations {verb}");
             }
             for m in list {
-                println!("{verb} {:04} {}", m.version, m.description);
+                out!("{verb} {:04} {}", m.version, m.description);
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -891,7 +900,7 @@ async fn reclaim(args: ReclaimArgs) -> Result<ExitCode, CliError> {
                 )
                 .await?,
             )?;
-            println!(
+            out!(
                 "{}",
                 serde_json::to_string(&v).map_err(|e| CliError::Failed(e.to_string()))?
             );
@@ -922,7 +931,7 @@ async fn reclaim(args: ReclaimArgs) -> Result<ExitCode, CliError> {
                 .step()
                 .await
                 .map_err(|e| CliError::Failed(format!("reclaim: {e}")))?;
-            println!(
+            out!(
                 "{}",
                 serde_json::to_string(&ReclaimView::new(pass.report, pass.now))
                     .map_err(|e| CliError::Failed(e.to_string()))?

@@ -32,7 +32,8 @@
 //! wrong types, integers out of range, unparseable instants or durations),
 //! `unsupported_media_type` 415, `payload_too_large` 413, `invalid_path` 400,
 //! `invalid_header` 400, `not_found` 404 (no such route),
-//! `method_not_allowed` 405, `test_clock_disabled` 409, `not_ready` 503
+//! `method_not_allowed` 405, `test_clock_disabled` 409, `body_timeout` 408
+//! (the client did not send its announced body in time), `not_ready` 503
 //! (only `/readyz`), `clock_unavailable` 503 and `request_timeout` 503.
 //!
 //! The only 5xx responses are failures of the backend (storage, the time
@@ -99,6 +100,9 @@ pub enum ApiError {
     /// The request did not finish within its time bound.
     #[error("request did not finish within {0:?}")]
     Timeout(std::time::Duration),
+    /// The client did not send its announced body within the time bound.
+    #[error("the request body did not arrive within {0:?}")]
+    BodyTimeout(std::time::Duration),
     /// `/readyz`: the service is not ready.
     #[error("{0}")]
     NotReady(String),
@@ -120,6 +124,7 @@ pub const SERVICE_CODES: &[(&str, u16)] = &[
     ("test_clock_disabled", 409),
     ("clock_unavailable", 503),
     ("request_timeout", 503),
+    ("body_timeout", 408),
     ("not_ready", 503),
 ];
 
@@ -169,6 +174,7 @@ impl ApiError {
             ApiError::TestClockDisabled => "test_clock_disabled",
             ApiError::Clock(_) => "clock_unavailable",
             ApiError::Timeout(_) => "request_timeout",
+            ApiError::BodyTimeout(_) => "body_timeout",
             ApiError::NotReady(_) => "not_ready",
         }
     }
@@ -188,6 +194,7 @@ impl ApiError {
             ApiError::NotFound => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::TestClockDisabled => StatusCode::CONFLICT,
+            ApiError::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             ApiError::Clock(_) | ApiError::Timeout(_) | ApiError::NotReady(_) => {
                 StatusCode::SERVICE_UNAVAILABLE
             }

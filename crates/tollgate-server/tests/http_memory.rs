@@ -185,6 +185,44 @@ async fn failing_store_codes() {
     }
 }
 
+/// A client that announces a body and does not send it: 408 `body_timeout`
+/// (bad input is never a 5xx), and nothing changes.
+#[tokio::test]
+async fn body_not_sent_in_time_is_408() {
+    use axum::body::Body;
+    use futures_util::StreamExt;
+    use tower::ServiceExt;
+    let backend = failing_backend(StorageError::IdempotencyConflict, Duration::from_secs(5));
+    let st = state(
+        backend,
+        Arc::new(tollgate_server::clock::TestClock::new(ts(T0))),
+        Duration::from_millis(50),
+    );
+    let router = api::router(st);
+    // A body stream that yields a prefix and then never ends.
+    let stream = futures_util::stream::iter(vec![Ok::<_, std::io::Error>(
+        axum::body::Bytes::from_static(b"{\"name\":"),
+    )])
+    .chain(futures_util::stream::pending());
+    let req = axum::http::Request::post("/v1/accounts")
+        .header("authorization", format!("Bearer {ADMIN}"))
+        .header("content-type", "application/json")
+        .body(Body::from_stream(stream))
+        .expect("request");
+    let resp = router.oneshot(req).await.expect("infallible");
+    assert_eq!(resp.status().as_u16(), 408);
+    let body = axum::body::to_bytes(resp.into_body(), 1 << 16)
+        .await
+        .expect("body");
+    let v: serde_json::Value = serde_json::from_slice(&body).expect("problem json");
+    assert_eq!(v["code"], json!("body_timeout"));
+    assert_eq!(v["status"], json!(408));
+    assert_eq!(
+        v["detail"],
+        json!("the request body did not arrive within 50ms")
+    );
+}
+
 /// A store slower than the request bound: 503 `request_timeout`.
 #[tokio::test]
 async fn request_timeout() {
