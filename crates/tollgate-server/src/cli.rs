@@ -561,7 +561,9 @@ pub async fn run(command: Command) -> Result<ExitCode, CliError> {
         Command::Serve(args) => {
             let cfg = Config::resolve(args.raw())?;
             if args.print_config {
-                print!("{}", cfg.render());
+                use std::io::Write as _;
+                // A closed pipe ends the output quietly (see `out!`).
+                let _ = write!(std::io::stdout().lock(), "{}", cfg.render());
                 return Ok(ExitCode::SUCCESS);
             }
             serve::serve(cfg).await?;
