@@ -914,12 +914,9 @@ impl Allocator for PostgresStore {
         ttl: SignedDuration,
         now: Timestamp,
     ) -> Result<Grant, StorageError> {
-        let ids: Vec<LeaseId> = leases.iter().map(|(id, _)| *id).collect();
-        rules::check_consolidation_ids(&ids)?;
-        self.policy.expiry(now, ttl)?;
-        for (id, cap) in leases {
-            self.caps.check(*id, cap)?;
-        }
+        let ids = self
+            .caps
+            .check_consolidation(&self.policy, leases, ttl, now)?;
         let args = ConsolidateArgs {
             account_id,
             ids,

@@ -186,6 +186,34 @@ impl LeaseCapabilities {
         }
     }
 
+    /// The checks every store makes on a consolidation request before it
+    /// touches storage, in the contract's order: the lease set's shape
+    /// ([`crate::rules::check_consolidation_ids`]), the TTL and the
+    /// representability of the new expiry, then each capability. Returns the
+    /// lease ids in request order.
+    ///
+    /// # Errors
+    /// [`crate::StorageError::InvalidLeaseCount`],
+    /// [`crate::StorageError::DuplicateLease`],
+    /// [`crate::StorageError::InvalidTtl`],
+    /// [`crate::StorageError::UnrepresentableExpiry`],
+    /// [`crate::StorageError::CapabilityMismatch`].
+    pub fn check_consolidation(
+        &self,
+        policy: &crate::GrantPolicy,
+        leases: &[(LeaseId, Capability)],
+        ttl: jiff::SignedDuration,
+        now: jiff::Timestamp,
+    ) -> Result<Vec<LeaseId>, crate::StorageError> {
+        let ids: Vec<LeaseId> = leases.iter().map(|(id, _)| *id).collect();
+        crate::rules::check_consolidation_ids(&ids)?;
+        policy.expiry(now, ttl)?;
+        for (id, cap) in leases {
+            self.check(*id, cap)?;
+        }
+        Ok(ids)
+    }
+
     /// The grant handed to a holder: the lease's fields plus its capability.
     pub fn grant(
         &self,

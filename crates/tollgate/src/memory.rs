@@ -426,12 +426,9 @@ impl Allocator for MemoryStore {
         ttl: SignedDuration,
         now: Timestamp,
     ) -> Result<Grant, StorageError> {
-        let ids: Vec<LeaseId> = leases.iter().map(|(id, _)| *id).collect();
-        rules::check_consolidation_ids(&ids)?;
-        self.policy.expiry(now, ttl)?;
-        for (id, cap) in leases {
-            self.caps.check(*id, cap)?;
-        }
+        let ids = self
+            .caps
+            .check_consolidation(&self.policy, leases, ttl, now)?;
         let mut st = self.lock()?;
         let balances = st.account(account_id)?.balances;
         let mut loaded = Vec::with_capacity(ids.len());
