@@ -49,6 +49,7 @@ pub mod instant_pair;
 pub mod memory;
 pub mod model;
 pub mod rules;
+pub mod safe_time;
 pub mod timing;
 
 #[cfg(feature = "testkit")]

@@ -1,0 +1,779 @@
+//! Safe time: the rules of the *safe expiry cut* (DESIGN.md, "safe expiry
+//! cut"; seed 003, "Recovery and safe time").
+//!
+//! The cut is the persisted instant before which no authority may be
+//! treated as expired. A single leader (the sampler) proposes it from
+//! [`Observation`]s: database time and topology read in one query,
+//! bracketed by the sampler host's monotonic clock. This module is the pure
+//! decision procedure ([`CutTracker`]); the database functions of migration
+//! 0018 apply the same caps again (never backward, never past database
+//! time, only from the current epoch) so a faulty proposal cannot move the
+//! cut past what PostgreSQL observes.
+//!
+//! # How the cut moves
+//!
+//! Between two consecutive observations `p` and `o` of one epoch:
+//!
+//! * `lo = o.mono_before - p.mono_after` and `hi = o.mono_after -
+//!   p.mono_before` bound the host monotonic time that passed between the
+//!   two database reads (each read happened somewhere inside its own round
+//!   trip).
+//! * The observation is *consistent* when the database's elapsed time
+//!   `db = o.db_now - p.db_now` lies in `[lo - slack, hi + slack]` with
+//!   `slack = hi * drift_ppm / 10^6`: the drift allowance plus the round
+//!   trip. Above that range is a forward clock step, below it a backward one.
+//! * Consistent: the cut advances by `min(db, hi * (1 - drift))`, so it never
+//!   gains on database time and never outruns the monotonic window less the
+//!   drift allowance. Anything else (a step, a gap, a topology change, an
+//!   implausible round trip): it advances by only `max(lo, 0) * (1 - drift)`,
+//!   the elapsed time the monotonic clock vouches for.
+//! * The proposal is capped at the observed database time and never goes
+//!   below the current cut.
+//!
+//! Consequently a forward step of the database clock is never caught up:
+//! the cut keeps advancing at the monotonic rate and stays behind database
+//! time by the step (the *cut lag*). Availability may be late; acknowledged
+//! authority never expires early. A backward step freezes the cut until
+//! database time passes it again.
+//!
+//! # Certainty
+//!
+//! The cut is *uncertain* from the start of every epoch (a sampler restart
+//! or leader change) and after any anomaly ([`UncertainReason`]). It becomes
+//! certain again after [`SafeTimeConfig::stable_observations_min`]
+//! consecutive consistent observations *and* at least
+//! [`SafeTimeConfig::recovery_grace`] of monotonic time since the last
+//! anomaly (seed: "Recovery requires stable observations plus a grace
+//! period").
+//!
+//! # Initial quarantine
+//!
+//! An installation that may already hold deadline-bearing authority starts
+//! its cut at the Unix epoch, *quarantined* (uncertain, reason
+//! [`UncertainReason::InitialQuarantine`]). Only an uninterrupted run of at
+//! least the sealed horizon of trusted monotonic time (less the drift
+//! allowance) within one epoch clears it; any anomaly, restart or takeover
+//! restarts that proof from zero. At clearing the cut moves to database
+//! time: every authority issued before the quarantine has a deadline within
+//! one horizon of its issue, so it has expired by then, and while
+//! quarantined nothing new was admitted and no renewal could extend past
+//! its current expiry (the cut was far behind).
+
+use std::fmt;
+
+use jiff::{SignedDuration, Timestamp};
+
+use crate::timing::{TIMESTAMP_MAX_NS, TIMESTAMP_MIN_NS};
+
+/// Default drift allowance between the database and the sampler host's
+/// monotonic clock, in parts per million (issue 6: 50 ppm).
+pub const DEFAULT_DRIFT_PPM: u32 = 50;
+
+/// Largest accepted drift allowance, in parts per million (10%): a larger
+/// allowance would make the step detector meaningless.
+pub const DRIFT_PPM_MAX: u32 = 100_000;
+
+/// Default maximum-deadline horizon: 3,650 days = 315,360,000,000 ms
+/// (seed 003, "Lease hibernation and resume").
+pub const DEFAULT_HORIZON_MS: i64 = 315_360_000_000;
+
+/// Default interval between samples.
+pub const DEFAULT_SAMPLE_INTERVAL: SignedDuration = SignedDuration::from_secs(1);
+
+/// Default sampling-gap bound: a longer gap between samples makes the cut
+/// uncertain, and a published cut older than this is read as uncertain.
+pub const DEFAULT_GAP_MAX: SignedDuration = SignedDuration::from_secs(5);
+
+/// Default longest plausible round trip of one observation query.
+pub const DEFAULT_ROUND_TRIP_MAX: SignedDuration = SignedDuration::from_secs(1);
+
+/// Default number of consecutive consistent observations before recovery.
+pub const DEFAULT_STABLE_OBSERVATIONS_MIN: u32 = 3;
+
+/// Default grace period of monotonic time after the last anomaly before
+/// recovery.
+pub const DEFAULT_RECOVERY_GRACE: SignedDuration = SignedDuration::from_secs(5);
+
+/// Why the cut is uncertain. The string forms ([`UncertainReason::code`])
+/// are stable: they are persisted, exported as metric labels and shown by
+/// `tollgate status`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum UncertainReason {
+    /// A new epoch began (sampler restart or leader change); no elapsed
+    /// time can be vouched for across it.
+    NewEpoch,
+    /// The database's system identifier, timeline, recovery state or
+    /// postmaster start time changed (failover, restart, promotion).
+    PrimaryChange,
+    /// The sampler is connected to a server in recovery (a standby).
+    InRecovery,
+    /// Database time advanced more than monotonic time plus the allowance.
+    ClockStepForward,
+    /// Database time advanced less than monotonic time less the allowance
+    /// (or went back).
+    ClockStepBackward,
+    /// An observation that cannot be trusted: a round trip longer than the
+    /// bound, or a monotonic reading that went backwards.
+    ImplausibleObservation,
+    /// More than the sampling-gap bound passed between samples.
+    SamplingGap,
+    /// Anomalies have stopped; waiting for enough stable observations and
+    /// the grace period.
+    Recovering,
+    /// The installation started quarantined at the Unix epoch and the
+    /// full-horizon proof has not finished.
+    InitialQuarantine,
+    /// (Readers only.) The newest published cut is older than the
+    /// sampling-gap bound: the sampler is stopped, paused or cut off.
+    Stale,
+    /// (Readers only.) No sampler has ever published a cut.
+    NoCut,
+}
+
+impl UncertainReason {
+    /// Every reason, in declaration order.
+    pub const ALL: [UncertainReason; 11] = [
+        UncertainReason::NewEpoch,
+        UncertainReason::PrimaryChange,
+        UncertainReason::InRecovery,
+        UncertainReason::ClockStepForward,
+        UncertainReason::ClockStepBackward,
+        UncertainReason::ImplausibleObservation,
+        UncertainReason::SamplingGap,
+        UncertainReason::Recovering,
+        UncertainReason::InitialQuarantine,
+        UncertainReason::Stale,
+        UncertainReason::NoCut,
+    ];
+
+    /// The stable snake_case code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            UncertainReason::NewEpoch => "new_epoch",
+            UncertainReason::PrimaryChange => "primary_change",
+            UncertainReason::InRecovery => "in_recovery",
+            UncertainReason::ClockStepForward => "clock_step_forward",
+            UncertainReason::ClockStepBackward => "clock_step_backward",
+            UncertainReason::ImplausibleObservation => "implausible_observation",
+            UncertainReason::SamplingGap => "sampling_gap",
+            UncertainReason::Recovering => "recovering",
+            UncertainReason::InitialQuarantine => "initial_quarantine",
+            UncertainReason::Stale => "stale",
+            UncertainReason::NoCut => "no_cut",
+        }
+    }
+
+    /// Parses a [`code`](UncertainReason::code); `None` for anything else.
+    pub fn from_code(code: &str) -> Option<UncertainReason> {
+        UncertainReason::ALL.into_iter().find(|r| r.code() == code)
+    }
+
+    /// Whether this reason is an anomaly: it resets the recovery count and
+    /// restarts any quarantine proof. `Recovering` and `InitialQuarantine`
+    /// describe waiting, not a new anomaly.
+    pub fn is_anomaly(&self) -> bool {
+        !matches!(
+            self,
+            UncertainReason::Recovering | UncertainReason::InitialQuarantine
+        )
+    }
+}
+
+impl fmt::Display for UncertainReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.code())
+    }
+}
+
+/// A rejected [`SafeTimeConfig`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SafeTimeConfigError {
+    /// The drift allowance is above [`DRIFT_PPM_MAX`].
+    #[error("drift allowance must be at most {max} ppm, got {got}")]
+    DriftTooLarge {
+        /// The value given.
+        got: u32,
+        /// [`DRIFT_PPM_MAX`].
+        max: u32,
+    },
+    /// A duration that must be positive was zero or negative.
+    #[error("{name} must be positive, got {got}")]
+    NonPositive {
+        /// Which setting.
+        name: &'static str,
+        /// The value given.
+        got: SignedDuration,
+    },
+    /// The round-trip bound is not below the sampling-gap bound.
+    #[error("round_trip_max ({round_trip_max}) must be below gap_max ({gap_max})")]
+    RoundTripNotBelowGap {
+        /// The round-trip bound.
+        round_trip_max: SignedDuration,
+        /// The sampling-gap bound.
+        gap_max: SignedDuration,
+    },
+    /// The sample interval is not below the sampling-gap bound, so every
+    /// sample would be a gap.
+    #[error("sample interval ({interval}) must be below gap_max ({gap_max})")]
+    IntervalNotBelowGap {
+        /// The sample interval.
+        interval: SignedDuration,
+        /// The sampling-gap bound.
+        gap_max: SignedDuration,
+    },
+    /// Zero stable observations would make recovery instant.
+    #[error("stable_observations_min must be at least 1")]
+    NoStableObservations,
+}
+
+/// The sampler's tuning. Build with [`SafeTimeConfig::new`]; every field is
+/// validated there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SafeTimeConfig {
+    drift_ppm: u32,
+    interval: SignedDuration,
+    gap_max: SignedDuration,
+    round_trip_max: SignedDuration,
+    stable_observations_min: u32,
+    recovery_grace: SignedDuration,
+}
+
+impl Default for SafeTimeConfig {
+    fn default() -> Self {
+        SafeTimeConfig {
+            drift_ppm: DEFAULT_DRIFT_PPM,
+            interval: DEFAULT_SAMPLE_INTERVAL,
+            gap_max: DEFAULT_GAP_MAX,
+            round_trip_max: DEFAULT_ROUND_TRIP_MAX,
+            stable_observations_min: DEFAULT_STABLE_OBSERVATIONS_MIN,
+            recovery_grace: DEFAULT_RECOVERY_GRACE,
+        }
+    }
+}
+
+impl SafeTimeConfig {
+    /// A validated configuration.
+    ///
+    /// # Errors
+    /// [`SafeTimeConfigError`]: drift above [`DRIFT_PPM_MAX`], a
+    /// non-positive duration (`recovery_grace` may be zero), a round-trip
+    /// bound or interval not below the gap bound, or zero stable
+    /// observations.
+    pub fn new(
+        drift_ppm: u32,
+        interval: SignedDuration,
+        gap_max: SignedDuration,
+        round_trip_max: SignedDuration,
+        stable_observations_min: u32,
+        recovery_grace: SignedDuration,
+    ) -> Result<SafeTimeConfig, SafeTimeConfigError> {
+        if drift_ppm > DRIFT_PPM_MAX {
+            return Err(SafeTimeConfigError::DriftTooLarge {
+                got: drift_ppm,
+                max: DRIFT_PPM_MAX,
+            });
+        }
+        for (name, got) in [
+            ("interval", interval),
+            ("gap_max", gap_max),
+            ("round_trip_max", round_trip_max),
+        ] {
+            if !got.is_positive() {
+                return Err(SafeTimeConfigError::NonPositive { name, got });
+            }
+        }
+        if recovery_grace.is_negative() {
+            return Err(SafeTimeConfigError::NonPositive {
+                name: "recovery_grace",
+                got: recovery_grace,
+            });
+        }
+        if round_trip_max >= gap_max {
+            return Err(SafeTimeConfigError::RoundTripNotBelowGap {
+                round_trip_max,
+                gap_max,
+            });
+        }
+        if interval >= gap_max {
+            return Err(SafeTimeConfigError::IntervalNotBelowGap { interval, gap_max });
+        }
+        if stable_observations_min == 0 {
+            return Err(SafeTimeConfigError::NoStableObservations);
+        }
+        Ok(SafeTimeConfig {
+            drift_ppm,
+            interval,
+            gap_max,
+            round_trip_max,
+            stable_observations_min,
+            recovery_grace,
+        })
+    }
+
+    /// Drift allowance, parts per million.
+    pub fn drift_ppm(&self) -> u32 {
+        self.drift_ppm
+    }
+    /// Interval between samples.
+    pub fn interval(&self) -> SignedDuration {
+        self.interval
+    }
+    /// Sampling-gap bound.
+    pub fn gap_max(&self) -> SignedDuration {
+        self.gap_max
+    }
+    /// Longest plausible observation round trip.
+    pub fn round_trip_max(&self) -> SignedDuration {
+        self.round_trip_max
+    }
+    /// Consecutive consistent observations needed to recover.
+    pub fn stable_observations_min(&self) -> u32 {
+        self.stable_observations_min
+    }
+    /// Monotonic time after the last anomaly needed to recover.
+    pub fn recovery_grace(&self) -> SignedDuration {
+        self.recovery_grace
+    }
+
+    /// `elapsed_ns * (1 - drift)`, rounded down; never negative.
+    fn trusted(&self, elapsed_ns: i128) -> i128 {
+        let e = elapsed_ns.max(0);
+        e * i128::from(1_000_000 - self.drift_ppm) / 1_000_000
+    }
+
+    /// `elapsed_ns * drift`, rounded up.
+    fn slack(&self, elapsed_ns: i128) -> i128 {
+        let e = elapsed_ns.max(0);
+        (e * i128::from(self.drift_ppm) + 999_999) / 1_000_000
+    }
+}
+
+/// Where the sampler's database is, as one observation sees it. Any change
+/// between two observations is a [`UncertainReason::PrimaryChange`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Topology {
+    /// `pg_control_system().system_identifier` (shared by a primary and its
+    /// physical standbys).
+    pub system_identifier: i64,
+    /// The server's current WAL timeline (0 while in recovery).
+    pub timeline_id: i64,
+    /// `pg_is_in_recovery()`.
+    pub in_recovery: bool,
+    /// `pg_postmaster_start_time()`: changes on every server restart.
+    pub postmaster_start: Timestamp,
+}
+
+/// One sample: database time and topology from a single query, bracketed by
+/// the sampler host's monotonic clock (nanoseconds since an arbitrary
+/// per-process origin).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Observation {
+    /// `clock_timestamp()` inside the query.
+    pub db_now: Timestamp,
+    /// The database's topology at that moment.
+    pub topology: Topology,
+    /// Monotonic nanoseconds just before the query was sent.
+    pub mono_before_ns: u64,
+    /// Monotonic nanoseconds just after its answer arrived.
+    pub mono_after_ns: u64,
+}
+
+/// What the sampler should publish after an observation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Verdict {
+    /// The proposed cut: never below the current cut, never above the
+    /// observation's database time (unless the cut already is).
+    pub proposal: Timestamp,
+    /// `None` when certain; otherwise why not.
+    pub uncertain: Option<UncertainReason>,
+    /// This observation was an anomaly: the database restarts any
+    /// quarantine proof from zero.
+    pub anomaly: bool,
+    /// The initial quarantine's full-horizon proof completed with this
+    /// observation; the proposal is database time.
+    pub clears_quarantine: bool,
+    /// Whether the observation may be published at all (`false` while
+    /// connected to a server in recovery, which cannot accept writes).
+    pub publishable: bool,
+}
+
+/// The sampler's in-memory state for one epoch; see the module docs. It
+/// starts uncertain ([`UncertainReason::NewEpoch`], or
+/// [`UncertainReason::InitialQuarantine`] when quarantined) and is fed one
+/// [`Observation`] at a time with [`CutTracker::observe`]; after each
+/// publish the database's accepted cut is fed back with
+/// [`CutTracker::accepted`].
+#[derive(Debug, Clone)]
+pub struct CutTracker {
+    config: SafeTimeConfig,
+    horizon_ns: i128,
+    cut_ns: i128,
+    last: Option<Observation>,
+    stable: u32,
+    recovery_since_mono_ns: Option<u64>,
+    uncertain: Option<UncertainReason>,
+    quarantine_since_mono_ns: Option<u64>,
+    quarantined: bool,
+}
+
+impl CutTracker {
+    /// A tracker for a new epoch starting from the persisted `cut`.
+    /// `quarantined`: the installation is in its initial quarantine.
+    /// `horizon`: the sealed maximum-deadline horizon (the length of the
+    /// quarantine proof).
+    pub fn new(
+        config: SafeTimeConfig,
+        cut: Timestamp,
+        quarantined: bool,
+        horizon: SignedDuration,
+    ) -> CutTracker {
+        CutTracker {
+            config,
+            horizon_ns: horizon.as_nanos().max(0),
+            cut_ns: cut.as_nanosecond(),
+            last: None,
+            stable: 0,
+            recovery_since_mono_ns: None,
+            uncertain: Some(if quarantined {
+                UncertainReason::InitialQuarantine
+            } else {
+                UncertainReason::NewEpoch
+            }),
+            quarantine_since_mono_ns: None,
+            quarantined,
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &SafeTimeConfig {
+        &self.config
+    }
+
+    /// The cut as last accepted.
+    pub fn cut(&self) -> Timestamp {
+        ns_to_timestamp(self.cut_ns)
+    }
+
+    /// Whether the initial quarantine is still in force.
+    pub fn quarantined(&self) -> bool {
+        self.quarantined
+    }
+
+    /// Why the cut is uncertain now (`None`: certain).
+    pub fn uncertain(&self) -> Option<UncertainReason> {
+        self.uncertain
+    }
+
+    /// Consecutive consistent observations so far.
+    pub fn stable_observations(&self) -> u32 {
+        self.stable
+    }
+
+    /// Records the cut the database accepted for the last proposal (it may
+    /// be lower: capped by the database's own time). Never moves the
+    /// tracker's cut backward.
+    pub fn accepted(&mut self, cut: Timestamp) {
+        self.cut_ns = self.cut_ns.max(cut.as_nanosecond());
+    }
+
+    /// Classifies `obs` against the previous observation and proposes the
+    /// next cut; see the module docs for the rules.
+    pub fn observe(&mut self, obs: Observation) -> Verdict {
+        let cfg = self.config;
+        let db_now_ns = obs.db_now.as_nanosecond();
+        let rtt = i128::from(obs.mono_after_ns) - i128::from(obs.mono_before_ns);
+        let prev = self.last.replace(obs);
+        let (anomaly, advance_ns): (Option<UncertainReason>, i128) = match prev {
+            None => (Some(UncertainReason::NewEpoch), 0),
+            Some(p) => {
+                let lo = i128::from(obs.mono_before_ns) - i128::from(p.mono_after_ns);
+                let hi = i128::from(obs.mono_after_ns) - i128::from(p.mono_before_ns);
+                let trusted = cfg.trusted(lo);
+                let anomaly = if obs.topology.system_identifier != p.topology.system_identifier
+                    || obs.topology.timeline_id != p.topology.timeline_id
+                    || obs.topology.postmaster_start != p.topology.postmaster_start
+                    || obs.topology.in_recovery != p.topology.in_recovery
+                {
+                    Some(UncertainReason::PrimaryChange)
+                } else if obs.topology.in_recovery {
+                    Some(UncertainReason::InRecovery)
+                } else if rtt < 0 || lo < 0 || rtt > cfg.round_trip_max.as_nanos() {
+                    Some(UncertainReason::ImplausibleObservation)
+                } else if lo > cfg.gap_max.as_nanos() {
+                    Some(UncertainReason::SamplingGap)
+                } else {
+                    let db = db_now_ns - p.db_now.as_nanosecond();
+                    let slack = cfg.slack(hi);
+                    if db > hi + slack {
+                        Some(UncertainReason::ClockStepForward)
+                    } else if db < lo - slack {
+                        Some(UncertainReason::ClockStepBackward)
+                    } else {
+                        None
+                    }
+                };
+                match anomaly {
+                    None => {
+                        let db = db_now_ns - p.db_now.as_nanosecond();
+                        (None, db.min(cfg.trusted(hi)).max(0))
+                    }
+                    Some(a) => (Some(a), trusted),
+                }
+            }
+        };
+
+        // Recovery bookkeeping.
+        let mut clears_quarantine = false;
+        match anomaly {
+            Some(a) => {
+                self.stable = 0;
+                self.recovery_since_mono_ns = Some(obs.mono_after_ns);
+                self.quarantine_since_mono_ns = Some(obs.mono_after_ns);
+                self.uncertain = Some(if self.quarantined {
+                    UncertainReason::InitialQuarantine
+                } else {
+                    a
+                });
+            }
+            None => {
+                self.stable = self.stable.saturating_add(1);
+                let since = self.recovery_since_mono_ns.unwrap_or(obs.mono_after_ns);
+                let calm_ns = i128::from(obs.mono_before_ns) - i128::from(since);
+                let recovered = self.stable >= cfg.stable_observations_min
+                    && calm_ns >= cfg.recovery_grace.as_nanos();
+                if self.quarantined {
+                    let run_since = self.quarantine_since_mono_ns.unwrap_or(obs.mono_after_ns);
+                    let run_ns = cfg.trusted(i128::from(obs.mono_before_ns) - i128::from(run_since));
+                    if recovered && run_ns >= self.horizon_ns {
+                        self.quarantined = false;
+                        clears_quarantine = true;
+                        self.uncertain = None;
+                    } else {
+                        self.uncertain = Some(UncertainReason::InitialQuarantine);
+                    }
+                } else if recovered {
+                    self.uncertain = None;
+                } else if self.uncertain.is_some() {
+                    self.uncertain = Some(UncertainReason::Recovering);
+                }
+            }
+        }
+
+        let proposal_ns = if clears_quarantine {
+            self.cut_ns.max(db_now_ns)
+        } else {
+            self.cut_ns
+                .max((self.cut_ns.saturating_add(advance_ns)).min(db_now_ns))
+        };
+        let proposal_ns = proposal_ns.clamp(TIMESTAMP_MIN_NS, TIMESTAMP_MAX_NS);
+        Verdict {
+            proposal: ns_to_timestamp(proposal_ns),
+            uncertain: self.uncertain,
+            anomaly: anomaly.is_some(),
+            clears_quarantine,
+            publishable: !obs.topology.in_recovery,
+        }
+    }
+}
+
+/// Nanoseconds to a timestamp, clamped to jiff's range (callers keep values
+/// in range; the clamp makes the conversion total).
+fn ns_to_timestamp(ns: i128) -> Timestamp {
+    let ns = ns.clamp(TIMESTAMP_MIN_NS, TIMESTAMP_MAX_NS);
+    Timestamp::from_nanosecond(ns).unwrap_or(Timestamp::UNIX_EPOCH)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: u64 = 1_000_000_000;
+
+    fn cfg() -> SafeTimeConfig {
+        SafeTimeConfig::new(
+            50,
+            SignedDuration::from_secs(1),
+            SignedDuration::from_secs(5),
+            SignedDuration::from_millis(500),
+            3,
+            SignedDuration::from_secs(2),
+        )
+        .unwrap()
+    }
+
+    fn topo() -> Topology {
+        Topology {
+            system_identifier: 7,
+            timeline_id: 1,
+            in_recovery: false,
+            postmaster_start: Timestamp::from_second(1_000).unwrap(),
+        }
+    }
+
+    fn ts(ns: i128) -> Timestamp {
+        Timestamp::from_nanosecond(ns).unwrap()
+    }
+
+    /// An observation at monotonic `mono_s` seconds with a 1 ms round trip,
+    /// database time read at the midpoint.
+    fn obs(mono_s: u64, db_ns: i128) -> Observation {
+        Observation {
+            db_now: ts(db_ns),
+            topology: topo(),
+            mono_before_ns: mono_s * S,
+            mono_after_ns: mono_s * S + 1_000_000,
+        }
+    }
+
+    const T0: i128 = 1_800_000_000_000_000_000;
+
+    #[test]
+    fn steady_samples_track_database_time_and_recover() {
+        let mut t = CutTracker::new(cfg(), ts(T0 - 10 * S as i128), false, SignedDuration::from_hours(1));
+        let v = t.observe(obs(100, T0));
+        assert_eq!(v.uncertain, Some(UncertainReason::NewEpoch));
+        assert_eq!(v.proposal, ts(T0 - 10 * S as i128));
+        assert!(v.anomaly);
+        t.accepted(v.proposal);
+        // Each later sample: db advanced exactly 1 s; hi = 1.001 s, so the
+        // advance is min(1 s, 1.001 s * (1 - 50e-6)) = 1 s.
+        for k in 1..=3u64 {
+            let v = t.observe(obs(100 + k, T0 + i128::from(k) * S as i128));
+            assert_eq!(v.proposal, ts(T0 - 10 * S as i128 + i128::from(k) * S as i128));
+            t.accepted(v.proposal);
+            // Three stable observations are needed (and 2 s of calm).
+            let expected = if k < 3 {
+                Some(UncertainReason::Recovering)
+            } else {
+                None
+            };
+            assert_eq!(v.uncertain, expected, "k = {k}");
+        }
+    }
+
+    #[test]
+    fn forward_step_is_not_caught_up() {
+        let mut t = CutTracker::new(cfg(), ts(T0), false, SignedDuration::from_hours(1));
+        t.observe(obs(10, T0));
+        // Database jumps 1 hour forward within 1 s of monotonic time.
+        let v = t.observe(obs(11, T0 + 3_601 * S as i128));
+        assert_eq!(v.uncertain, Some(UncertainReason::ClockStepForward));
+        // lo = 1 s - 1 ms = 0.999 s, less 50 ppm, rounded down.
+        assert_eq!(v.proposal, ts(T0 + 998_950_050));
+    }
+
+    #[test]
+    fn backward_step_freezes_the_cut() {
+        let mut t = CutTracker::new(cfg(), ts(T0), false, SignedDuration::from_hours(1));
+        t.observe(obs(10, T0));
+        let v = t.observe(obs(11, T0 - 60 * S as i128));
+        assert_eq!(v.uncertain, Some(UncertainReason::ClockStepBackward));
+        assert_eq!(v.proposal, ts(T0));
+    }
+
+    #[test]
+    fn gap_topology_and_round_trip_anomalies() {
+        let mut t = CutTracker::new(cfg(), ts(T0), false, SignedDuration::from_hours(1));
+        t.observe(obs(10, T0));
+        // 6 s gap (> 5 s bound), database consistent with it.
+        let v = t.observe(obs(16, T0 + 6 * S as i128));
+        assert_eq!(v.uncertain, Some(UncertainReason::SamplingGap));
+        // lo = 5.999 s less 50 ppm.
+        assert_eq!(v.proposal, ts(T0 + 5_998_700_050));
+        t.accepted(v.proposal);
+        let mut o = obs(17, T0 + 7 * S as i128);
+        o.topology.timeline_id = 2;
+        let v = t.observe(o);
+        assert_eq!(v.uncertain, Some(UncertainReason::PrimaryChange));
+        t.accepted(v.proposal);
+        let mut o = obs(18, T0 + 8 * S as i128);
+        o.topology.timeline_id = 2;
+        o.mono_after_ns = o.mono_before_ns + 600_000_000;
+        assert_eq!(
+            t.observe(o).uncertain,
+            Some(UncertainReason::ImplausibleObservation)
+        );
+        let mut o = obs(19, T0 + 9 * S as i128);
+        o.topology.timeline_id = 2;
+        o.topology.in_recovery = true;
+        let v = t.observe(o);
+        assert_eq!(v.uncertain, Some(UncertainReason::PrimaryChange));
+        assert!(!v.publishable);
+    }
+
+    #[test]
+    fn initial_quarantine_clears_only_after_a_full_horizon_run() {
+        let horizon = SignedDuration::from_secs(10);
+        let mut t = CutTracker::new(cfg(), Timestamp::UNIX_EPOCH, true, horizon);
+        let v = t.observe(obs(100, T0));
+        assert_eq!(v.uncertain, Some(UncertainReason::InitialQuarantine));
+        assert_eq!(v.proposal, Timestamp::UNIX_EPOCH);
+        t.accepted(v.proposal);
+        // Proof runs from mono 100.001 s; 10 s of trusted time (less 50 ppm)
+        // needs mono_before >= 100.001 + 10.0005 s, i.e. the sample at 111.
+        for k in 101..=110u64 {
+            let v = t.observe(obs(k, T0 + i128::from(k - 100) * S as i128));
+            assert_eq!(v.uncertain, Some(UncertainReason::InitialQuarantine), "k = {k}");
+            assert!(!v.clears_quarantine);
+            assert_eq!(v.proposal, ts(i128::from(k - 100) * S as i128));
+            t.accepted(v.proposal);
+        }
+        let v = t.observe(obs(111, T0 + 11 * S as i128));
+        assert!(v.clears_quarantine);
+        assert_eq!(v.uncertain, None);
+        assert_eq!(v.proposal, ts(T0 + 11 * S as i128));
+        assert!(!t.quarantined());
+    }
+
+    #[test]
+    fn an_anomaly_restarts_the_quarantine_proof() {
+        let horizon = SignedDuration::from_secs(10);
+        let mut t = CutTracker::new(cfg(), Timestamp::UNIX_EPOCH, true, horizon);
+        t.observe(obs(100, T0));
+        for k in 101..=105u64 {
+            t.observe(obs(k, T0 + i128::from(k - 100) * S as i128));
+        }
+        // A backward step at 106 restarts the proof from 106.001 s.
+        let v = t.observe(obs(106, T0));
+        assert_eq!(v.uncertain, Some(UncertainReason::InitialQuarantine));
+        assert!(v.anomaly);
+        for k in 107..=116u64 {
+            let v = t.observe(obs(k, T0 + i128::from(k - 106) * S as i128));
+            assert!(!v.clears_quarantine, "k = {k}");
+        }
+        assert!(t.observe(obs(117, T0 + 11 * S as i128)).clears_quarantine);
+    }
+
+    #[test]
+    fn reason_codes_round_trip() {
+        for r in UncertainReason::ALL {
+            assert_eq!(UncertainReason::from_code(r.code()), Some(r));
+        }
+        assert_eq!(UncertainReason::from_code("nope"), None);
+        assert_eq!(UncertainReason::NewEpoch.is_anomaly(), true);
+        assert_eq!(UncertainReason::Recovering.is_anomaly(), false);
+    }
+
+    #[test]
+    fn config_rejects_bad_values() {
+        let one = SignedDuration::from_secs(1);
+        assert_eq!(
+            SafeTimeConfig::new(100_001, one, one * 5, one / 2, 1, one),
+            Err(SafeTimeConfigError::DriftTooLarge {
+                got: 100_001,
+                max: DRIFT_PPM_MAX
+            })
+        );
+        assert_eq!(
+            SafeTimeConfig::new(50, one, one, one / 2, 1, one),
+            Err(SafeTimeConfigError::IntervalNotBelowGap {
+                interval: one,
+                gap_max: one
+            })
+        );
+        assert_eq!(
+            SafeTimeConfig::new(50, one, one * 5, one / 2, 0, one),
+            Err(SafeTimeConfigError::NoStableObservations)
+        );
+    }
+}
