@@ -38,6 +38,7 @@
 
 mod error;
 pub mod persistence;
+pub mod safe_time;
 pub mod schema;
 pub mod store;
 

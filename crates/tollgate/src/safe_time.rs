@@ -94,6 +94,115 @@ pub const DEFAULT_STABLE_OBSERVATIONS_MIN: u32 = 3;
 /// recovery.
 pub const DEFAULT_RECOVERY_GRACE: SignedDuration = SignedDuration::from_secs(5);
 
+/// The owner-sealed maximum-deadline horizon policy (seed 003: "The
+/// owner-sealed PostgreSQL policy defaults to 3,650 days"). A version, the
+/// horizon in milliseconds, and the hex SHA-256 digest of
+/// [`HorizonPolicy::canonical_text`], verified on load so a row edited
+/// behind the database's own check is refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HorizonPolicy {
+    version: i64,
+    horizon_ms: i64,
+    digest: String,
+}
+
+/// A horizon policy that cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HorizonPolicyError {
+    /// Version below 1 or horizon not positive.
+    #[error("horizon policy version {version} with horizon {horizon_ms} ms is not valid")]
+    Invalid {
+        /// The version read.
+        version: i64,
+        /// The horizon read, milliseconds.
+        horizon_ms: i64,
+    },
+    /// The stored digest is not the digest of the stored values.
+    #[error("horizon policy version {version}: digest {stored} does not match the sealed values (expected {expected})")]
+    DigestMismatch {
+        /// The version read.
+        version: i64,
+        /// The digest stored.
+        stored: String,
+        /// The digest of the stored values.
+        expected: String,
+    },
+}
+
+impl HorizonPolicy {
+    /// `tollgate-safetime-policy/v1;version=<v>;horizon_ms=<h>`: the text
+    /// the digest covers (migration 0018 computes the same in SQL).
+    pub fn canonical_text(version: i64, horizon_ms: i64) -> String {
+        format!("tollgate-safetime-policy/v1;version={version};horizon_ms={horizon_ms}")
+    }
+
+    /// Hex SHA-256 of [`HorizonPolicy::canonical_text`].
+    pub fn digest_of(version: i64, horizon_ms: i64) -> String {
+        use sha2::Digest as _;
+        hex::encode(sha2::Sha256::digest(
+            HorizonPolicy::canonical_text(version, horizon_ms).as_bytes(),
+        ))
+    }
+
+    /// A policy read from storage, with its digest verified.
+    ///
+    /// # Errors
+    /// [`HorizonPolicyError::Invalid`], [`HorizonPolicyError::DigestMismatch`].
+    pub fn verified(
+        version: i64,
+        horizon_ms: i64,
+        digest: &str,
+    ) -> Result<HorizonPolicy, HorizonPolicyError> {
+        if version < 1 || horizon_ms <= 0 {
+            return Err(HorizonPolicyError::Invalid {
+                version,
+                horizon_ms,
+            });
+        }
+        let expected = HorizonPolicy::digest_of(version, horizon_ms);
+        if expected != digest {
+            return Err(HorizonPolicyError::DigestMismatch {
+                version,
+                stored: digest.to_owned(),
+                expected,
+            });
+        }
+        Ok(HorizonPolicy {
+            version,
+            horizon_ms,
+            digest: expected,
+        })
+    }
+
+    /// The policy version.
+    pub fn version(&self) -> i64 {
+        self.version
+    }
+
+    /// The horizon, milliseconds.
+    pub fn horizon_ms(&self) -> i64 {
+        self.horizon_ms
+    }
+
+    /// The verified digest (64 lower-case hex digits).
+    pub fn digest(&self) -> &str {
+        &self.digest
+    }
+
+    /// The horizon as a duration.
+    pub fn horizon(&self) -> SignedDuration {
+        SignedDuration::from_millis(self.horizon_ms)
+    }
+
+    /// Whether every deadline a grant policy can admit fits inside the
+    /// horizon: `max_ttl + reclaim_grace <= horizon` (issue 6: on the
+    /// safe-cut clock a longer `max_ttl` is refused).
+    pub fn covers(&self, policy: &crate::GrantPolicy) -> bool {
+        let need = policy.max_ttl().as_nanos() + policy.reclaim_grace().as_nanos();
+        need <= self.horizon().as_nanos()
+    }
+}
+
 /// Why the cut is uncertain. The string forms ([`UncertainReason::code`])
 /// are stable: they are persisted, exported as metric labels and shown by
 /// `tollgate status`.
@@ -752,6 +861,38 @@ mod tests {
         assert_eq!(UncertainReason::from_code("nope"), None);
         assert_eq!(UncertainReason::NewEpoch.is_anomaly(), true);
         assert_eq!(UncertainReason::Recovering.is_anomaly(), false);
+    }
+
+    #[test]
+    fn horizon_policy_digest_is_verified() {
+        let d = HorizonPolicy::digest_of(1, DEFAULT_HORIZON_MS);
+        assert_eq!(d.len(), 64);
+        let p = HorizonPolicy::verified(1, DEFAULT_HORIZON_MS, &d).unwrap();
+        assert_eq!(p.horizon(), SignedDuration::from_hours(3_650 * 24));
+        assert_eq!(
+            HorizonPolicy::verified(1, 1_000, &d),
+            Err(HorizonPolicyError::DigestMismatch {
+                version: 1,
+                stored: d.clone(),
+                expected: HorizonPolicy::digest_of(1, 1_000)
+            })
+        );
+        assert_eq!(
+            HorizonPolicy::verified(1, 0, &d),
+            Err(HorizonPolicyError::Invalid {
+                version: 1,
+                horizon_ms: 0
+            })
+        );
+        let gp = crate::GrantPolicy::new(
+            SignedDuration::from_secs(9),
+            SignedDuration::from_secs(1),
+        )
+        .unwrap();
+        let ten = HorizonPolicy::verified(2, 10_000, &HorizonPolicy::digest_of(2, 10_000)).unwrap();
+        assert!(ten.covers(&gp));
+        let short = HorizonPolicy::verified(2, 9_999, &HorizonPolicy::digest_of(2, 9_999)).unwrap();
+        assert!(!short.covers(&gp));
     }
 
     #[test]

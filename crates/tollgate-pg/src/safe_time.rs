@@ -1,0 +1,420 @@
+//! The safe expiry cut in PostgreSQL (migration 0018): reading it, the
+//! sampler's leadership lock, observations, epoch claims, publishes, the
+//! sealed horizon policy and its evidence.
+//!
+//! Every writing statement here goes through a database function of
+//! migration 0018 that re-checks leadership (its own backend holds the
+//! advisory lock), the epoch, and caps the proposal by database time; see
+//! that file for the rules and the SQLSTATEs mapped by [`SafeTimeError`].
+//!
+//! Timestamps cross the wire as whole microseconds (`timestamptz` has no
+//! finer precision) or as the cut's exact instant pair; this crate enables
+//! no sqlx time feature.
+
+use jiff::{SignedDuration, Timestamp};
+use sqlx::{PgConnection, Row};
+use tollgate::instant_pair::InstantPair;
+use tollgate::safe_time::{HorizonPolicy, HorizonPolicyError, Topology, UncertainReason, Verdict};
+
+/// First key of the sampler's session-level advisory lock: `'toll'`.
+pub const LOCK_KEY_CLASS: i32 = 0x746f_6c6c;
+/// Second key of the sampler's session-level advisory lock: `'safe'`.
+pub const LOCK_KEY_OBJ: i32 = 0x7361_6665;
+
+/// Why a safe-time statement failed. [`SafeTimeError::code`] is stable.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SafeTimeError {
+    /// This backend does not hold the sampler lock (SQLSTATE TGS01), or the
+    /// leadership checks found another backend or no lock.
+    #[error("not the safe-time leader: {0}")]
+    NotLeader(String),
+    /// The caller's epoch is not the current one (TGS02): a stale leader.
+    #[error("stale epoch: {0}")]
+    StaleEpoch(String),
+    /// The sampler loaded another policy than the newest sealed one (TGS03).
+    #[error("horizon policy mismatch: {0}")]
+    PolicyMismatch(String),
+    /// A policy change while a sampler runs (TGS04).
+    #[error("a safe-time sampler is running: {0}")]
+    SamplerRunning(String),
+    /// A malformed proposal (TGS05).
+    #[error("invalid cut proposal: {0}")]
+    InvalidProposal(String),
+    /// The database refused to clear the quarantine (TGS06).
+    #[error("quarantine clearing refused: {0}")]
+    QuarantineRefused(String),
+    /// A horizon shorter than `max_ttl + reclaim_grace` (TGS07).
+    #[error("horizon below the grant policy: {0}")]
+    HorizonBelowPolicy(String),
+    /// Publish before any claim (TGS08).
+    #[error("no epoch claimed yet: {0}")]
+    NoClaim(String),
+    /// A stored policy row failed verification.
+    #[error(transparent)]
+    Policy(#[from] HorizonPolicyError),
+    /// Stored data that does not decode (an out-of-range instant pair, an
+    /// unknown reason code).
+    #[error("corrupt safe-time row: {0}")]
+    Corrupt(String),
+    /// Anything else from the database or the connection. The message
+    /// never contains the connection URL.
+    #[error("database error: {0}")]
+    Backend(String),
+}
+
+impl SafeTimeError {
+    /// The stable snake_case code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            SafeTimeError::NotLeader(_) => "not_leader",
+            SafeTimeError::StaleEpoch(_) => "stale_epoch",
+            SafeTimeError::PolicyMismatch(_) => "policy_mismatch",
+            SafeTimeError::SamplerRunning(_) => "sampler_running",
+            SafeTimeError::InvalidProposal(_) => "invalid_proposal",
+            SafeTimeError::QuarantineRefused(_) => "quarantine_refused",
+            SafeTimeError::HorizonBelowPolicy(_) => "horizon_below_policy",
+            SafeTimeError::NoClaim(_) => "no_claim",
+            SafeTimeError::Policy(_) => "policy_corrupt",
+            SafeTimeError::Corrupt(_) => "corrupt",
+            SafeTimeError::Backend(_) => "backend",
+        }
+    }
+}
+
+impl From<sqlx::Error> for SafeTimeError {
+    fn from(e: sqlx::Error) -> Self {
+        if let Some(db) = e.as_database_error() {
+            let msg = db.message().to_owned();
+            return match db.code().as_deref() {
+                Some("TGS01") => SafeTimeError::NotLeader(msg),
+                Some("TGS02") => SafeTimeError::StaleEpoch(msg),
+                Some("TGS03") => SafeTimeError::PolicyMismatch(msg),
+                Some("TGS04") => SafeTimeError::SamplerRunning(msg),
+                Some("TGS05") => SafeTimeError::InvalidProposal(msg),
+                Some("TGS06") => SafeTimeError::QuarantineRefused(msg),
+                Some("TGS07") => SafeTimeError::HorizonBelowPolicy(msg),
+                Some("TGS08") => SafeTimeError::NoClaim(msg),
+                Some(code) => SafeTimeError::Backend(format!("{msg} (SQLSTATE {code})")),
+                None => SafeTimeError::Backend(msg),
+            };
+        }
+        SafeTimeError::Backend(e.to_string())
+    }
+}
+
+fn us_to_timestamp(us: i64) -> Result<Timestamp, SafeTimeError> {
+    Timestamp::from_microsecond(us)
+        .map_err(|e| SafeTimeError::Corrupt(format!("{us} microseconds: {e}")))
+}
+
+fn pair_to_timestamp(floor_us: i64, submicro_ns: i32) -> Result<Timestamp, SafeTimeError> {
+    let submicro_ns = i16::try_from(submicro_ns)
+        .map_err(|_| SafeTimeError::Corrupt(format!("submicro_ns {submicro_ns}")))?;
+    InstantPair {
+        floor_us,
+        submicro_ns,
+    }
+    .decode()
+    .map_err(|e| SafeTimeError::Corrupt(e.to_string()))
+}
+
+fn reason_from(code: Option<String>) -> Result<Option<UncertainReason>, SafeTimeError> {
+    match code {
+        None => Ok(None),
+        Some(c) => UncertainReason::from_code(&c)
+            .map(Some)
+            .ok_or_else(|| SafeTimeError::Corrupt(format!("unknown uncertain_reason {c:?}"))),
+    }
+}
+
+/// The persisted cut as a reader sees it, with the database's own time at
+/// the read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CutRow {
+    /// The durable epoch of the leader that last claimed.
+    pub epoch: i64,
+    /// The safe expiry cut (exact instant pair).
+    pub cut: Timestamp,
+    /// `None` when the publisher declared the cut certain.
+    pub uncertain: Option<UncertainReason>,
+    /// The initial quarantine is in force.
+    pub quarantined: bool,
+    /// Publishes so far; a reader that sees it unchanged for longer than
+    /// the sampling-gap bound treats the cut as stale.
+    pub publish_seq: i64,
+    /// Database time of the last publish (microseconds).
+    pub published_at: Timestamp,
+    /// Database time of this read (microseconds).
+    pub db_now: Timestamp,
+    /// The horizon policy in force for the current epoch.
+    pub policy: HorizonPolicy,
+}
+
+impl CutRow {
+    /// Database time minus the cut: how far behind the cut is (the *cut
+    /// lag*). Negative never happens for a cut written through the
+    /// database functions.
+    pub fn lag(&self) -> SignedDuration {
+        self.db_now.duration_since(self.cut)
+    }
+}
+
+/// Reads the cut; `Ok(None)` before any sampler claimed an epoch.
+///
+/// # Errors
+/// [`SafeTimeError::Backend`] (including a schema without migration 0018),
+/// [`SafeTimeError::Corrupt`], [`SafeTimeError::Policy`].
+pub async fn read_cut<'c, E>(executor: E) -> Result<Option<CutRow>, SafeTimeError>
+where
+    E: sqlx::Executor<'c, Database = sqlx::Postgres>,
+{
+    let row = sqlx::query(
+        "SELECT s.epoch, s.cut_floor_us, s.cut_submicro_ns, s.uncertain_reason, s.quarantined, \
+                s.publish_seq, tollgate_safetime_pair_us(s.published_at) AS published_us, \
+                tollgate_safetime_pair_us(clock_timestamp()) AS db_now_us, \
+                p.version, p.horizon_ms, p.digest \
+           FROM tollgate_safetime s \
+           JOIN tollgate_safetime_policy p ON p.version = s.policy_version",
+    )
+    .fetch_optional(executor)
+    .await?;
+    let Some(row) = row else { return Ok(None) };
+    Ok(Some(CutRow {
+        epoch: row.try_get("epoch")?,
+        cut: pair_to_timestamp(row.try_get("cut_floor_us")?, row.try_get("cut_submicro_ns")?)?,
+        uncertain: reason_from(row.try_get("uncertain_reason")?)?,
+        quarantined: row.try_get("quarantined")?,
+        publish_seq: row.try_get("publish_seq")?,
+        published_at: us_to_timestamp(row.try_get("published_us")?)?,
+        db_now: us_to_timestamp(row.try_get("db_now_us")?)?,
+        policy: HorizonPolicy::verified(
+            row.try_get("version")?,
+            row.try_get("horizon_ms")?,
+            row.try_get::<String, _>("digest")?.as_str(),
+        )?,
+    }))
+}
+
+/// The newest sealed horizon policy, digest verified (what a sampler loads
+/// at start).
+///
+/// # Errors
+/// [`SafeTimeError::Policy`] if the row fails verification;
+/// [`SafeTimeError::Backend`].
+pub async fn load_policy<'c, E>(executor: E) -> Result<HorizonPolicy, SafeTimeError>
+where
+    E: sqlx::Executor<'c, Database = sqlx::Postgres>,
+{
+    let row = sqlx::query(
+        "SELECT version, horizon_ms, digest FROM tollgate_safetime_policy \
+          ORDER BY version DESC LIMIT 1",
+    )
+    .fetch_one(executor)
+    .await?;
+    Ok(HorizonPolicy::verified(
+        row.try_get("version")?,
+        row.try_get("horizon_ms")?,
+        row.try_get::<String, _>("digest")?.as_str(),
+    )?)
+}
+
+/// Seals a new horizon policy version (owner only; refused while any
+/// sampler holds the lock). It takes effect at the next claimed epoch.
+///
+/// # Errors
+/// [`SafeTimeError::SamplerRunning`], [`SafeTimeError::HorizonBelowPolicy`],
+/// [`SafeTimeError::Backend`].
+pub async fn seal_policy(
+    conn: &mut PgConnection,
+    horizon_ms: i64,
+    sealed_by: &str,
+) -> Result<HorizonPolicy, SafeTimeError> {
+    let row = sqlx::query("SELECT version, horizon_ms, digest FROM tollgate_safetime_seal_policy($1, $2)")
+        .bind(horizon_ms)
+        .bind(sealed_by)
+        .fetch_one(conn)
+        .await?;
+    Ok(HorizonPolicy::verified(
+        row.try_get("version")?,
+        row.try_get("horizon_ms")?,
+        row.try_get::<String, _>("digest")?.as_str(),
+    )?)
+}
+
+/// One immutable evidence row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Evidence {
+    /// Ascending id.
+    pub evidence_id: i64,
+    /// `initial_cut`, `initial_quarantine`, `quarantine_cleared` or
+    /// `policy_change`.
+    pub kind: String,
+    /// The epoch it was recorded in (`None` before the first claim).
+    pub epoch: Option<i64>,
+    /// Its detail, as JSON text.
+    pub detail: String,
+}
+
+/// Most evidence rows [`evidence`] returns.
+pub const EVIDENCE_MAX: i64 = 1_000;
+
+/// The evidence rows, oldest first, at most `limit` (capped at
+/// [`EVIDENCE_MAX`]).
+///
+/// # Errors
+/// [`SafeTimeError::Backend`].
+pub async fn evidence<'c, E>(executor: E, limit: i64) -> Result<Vec<Evidence>, SafeTimeError>
+where
+    E: sqlx::Executor<'c, Database = sqlx::Postgres>,
+{
+    let rows = sqlx::query(
+        "SELECT evidence_id, kind, epoch, detail::text AS detail FROM tollgate_safetime_evidence \
+          ORDER BY evidence_id LIMIT $1",
+    )
+    .bind(limit.clamp(0, EVIDENCE_MAX))
+    .fetch_all(executor)
+    .await?;
+    rows.into_iter()
+        .map(|r| {
+            Ok(Evidence {
+                evidence_id: r.try_get("evidence_id")?,
+                kind: r.try_get("kind")?,
+                epoch: r.try_get("epoch")?,
+                detail: r.try_get("detail")?,
+            })
+        })
+        .collect()
+}
+
+/// Tries once to take the sampler's session-level advisory lock on `conn`
+/// (never waits, so a standby can be stopped between attempts).
+///
+/// # Errors
+/// [`SafeTimeError::Backend`].
+pub async fn try_lock(conn: &mut PgConnection) -> Result<bool, SafeTimeError> {
+    Ok(sqlx::query_scalar("SELECT pg_try_advisory_lock($1, $2)")
+        .bind(LOCK_KEY_CLASS)
+        .bind(LOCK_KEY_OBJ)
+        .fetch_one(conn)
+        .await?)
+}
+
+/// What one observation query returned: database time, topology, and the
+/// leadership facts of the backend that ran it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DbObservation {
+    /// `clock_timestamp()` (microseconds).
+    pub db_now: Timestamp,
+    /// Topology.
+    pub topology: Topology,
+    /// `pg_backend_pid()` of the backend that answered.
+    pub backend_pid: i32,
+    /// Whether that backend holds exactly the sampler lock.
+    pub lock_held: bool,
+}
+
+/// Runs the observation function once on `conn`.
+///
+/// # Errors
+/// [`SafeTimeError::Backend`], [`SafeTimeError::Corrupt`].
+pub async fn observe(conn: &mut PgConnection) -> Result<DbObservation, SafeTimeError> {
+    let row = sqlx::query(
+        "SELECT tollgate_safetime_pair_us(db_now) AS db_now_us, backend_pid, lock_held, \
+                system_identifier, timeline_id, in_recovery, \
+                tollgate_safetime_pair_us(postmaster_start) AS postmaster_us \
+           FROM tollgate_safetime_observe()",
+    )
+    .fetch_one(conn)
+    .await?;
+    Ok(DbObservation {
+        db_now: us_to_timestamp(row.try_get("db_now_us")?)?,
+        topology: Topology {
+            system_identifier: row.try_get("system_identifier")?,
+            timeline_id: row.try_get("timeline_id")?,
+            in_recovery: row.try_get("in_recovery")?,
+            postmaster_start: us_to_timestamp(row.try_get("postmaster_us")?)?,
+        },
+        backend_pid: row.try_get("backend_pid")?,
+        lock_held: row.try_get("lock_held")?,
+    })
+}
+
+/// What a claim returned: the new epoch and where its cut starts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claim {
+    /// The new durable epoch.
+    pub epoch: i64,
+    /// The persisted cut the epoch starts from.
+    pub cut: Timestamp,
+    /// The initial quarantine is in force.
+    pub quarantined: bool,
+    /// The reason the database recorded for the epoch's uncertainty.
+    pub uncertain: Option<UncertainReason>,
+}
+
+/// Claims the next epoch (the caller must hold the lock on `conn` and pass
+/// the policy it loaded).
+///
+/// # Errors
+/// [`SafeTimeError::NotLeader`], [`SafeTimeError::PolicyMismatch`],
+/// [`SafeTimeError::Backend`].
+pub async fn claim(conn: &mut PgConnection, policy: &HorizonPolicy) -> Result<Claim, SafeTimeError> {
+    let row = sqlx::query(
+        "SELECT epoch, cut_floor_us, cut_submicro_ns, quarantined, uncertain_reason \
+           FROM tollgate_safetime_claim($1, $2)",
+    )
+    .bind(policy.version())
+    .bind(policy.digest())
+    .fetch_one(conn)
+    .await?;
+    Ok(Claim {
+        epoch: row.try_get("epoch")?,
+        cut: pair_to_timestamp(row.try_get("cut_floor_us")?, row.try_get("cut_submicro_ns")?)?,
+        quarantined: row.try_get("quarantined")?,
+        uncertain: reason_from(row.try_get("uncertain_reason")?)?,
+    })
+}
+
+/// What the database accepted from a publish.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Published {
+    /// The cut now persisted (capped by database time, never backward).
+    pub cut: Timestamp,
+    /// `None` when the persisted cut is certain.
+    pub uncertain: Option<UncertainReason>,
+    /// The initial quarantine is still in force.
+    pub quarantined: bool,
+    /// The publish sequence number after this publish.
+    pub publish_seq: i64,
+}
+
+/// Publishes `verdict` for `epoch`.
+///
+/// # Errors
+/// [`SafeTimeError::NotLeader`], [`SafeTimeError::StaleEpoch`],
+/// [`SafeTimeError::QuarantineRefused`], [`SafeTimeError::Backend`].
+pub async fn publish(
+    conn: &mut PgConnection,
+    epoch: i64,
+    verdict: &Verdict,
+) -> Result<Published, SafeTimeError> {
+    let pair = InstantPair::encode(verdict.proposal);
+    let row = sqlx::query(
+        "SELECT cut_floor_us, cut_submicro_ns, uncertain_reason, quarantined, publish_seq \
+           FROM tollgate_safetime_publish($1, $2, $3, $4, $5, $6)",
+    )
+    .bind(epoch)
+    .bind(pair.floor_us)
+    .bind(i32::from(pair.submicro_ns))
+    .bind(verdict.uncertain.map(|r| r.code()))
+    .bind(verdict.anomaly)
+    .bind(verdict.clears_quarantine)
+    .fetch_one(conn)
+    .await?;
+    Ok(Published {
+        cut: pair_to_timestamp(row.try_get("cut_floor_us")?, row.try_get("cut_submicro_ns")?)?,
+        uncertain: reason_from(row.try_get("uncertain_reason")?)?,
+        quarantined: row.try_get("quarantined")?,
+        publish_seq: row.try_get("publish_seq")?,
+    })
+}
