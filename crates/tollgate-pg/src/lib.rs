@@ -39,6 +39,7 @@
 mod error;
 pub mod persistence;
 pub mod safe_time;
+pub mod sampler;
 pub mod schema;
 pub mod store;
 

@@ -1,0 +1,310 @@
+//! Migration 0018's safe-time functions against a real PostgreSQL: the
+//! initial cut, epoch fencing, database caps, the sampler role's rights,
+//! the sealed horizon policy, and the leadership checks that detect a
+//! statement answered by another backend.
+
+mod support;
+
+use jiff::{SignedDuration, Timestamp};
+use sqlx::{Connection, PgConnection, Row};
+use tollgate::safe_time::{DEFAULT_HORIZON_MS, HorizonPolicy, UncertainReason, Verdict};
+use tollgate::GrantPolicy;
+use tollgate_pg::safe_time::{self, SafeTimeError};
+
+async fn conn(url: &str) -> PgConnection {
+    PgConnection::connect(url).await.unwrap()
+}
+
+async fn db_now(c: &mut PgConnection) -> Timestamp {
+    let us: i64 = sqlx::query_scalar("SELECT tollgate_safetime_pair_us(clock_timestamp())")
+        .fetch_one(c)
+        .await
+        .unwrap();
+    Timestamp::from_microsecond(us).unwrap()
+}
+
+/// A connection that holds the sampler lock and has claimed an epoch.
+async fn leader(url: &str) -> (PgConnection, safe_time::Claim) {
+    let mut c = conn(url).await;
+    assert!(safe_time::try_lock(&mut c).await.unwrap());
+    let policy = safe_time::load_policy(&mut c).await.unwrap();
+    let claim = safe_time::claim(&mut c, &policy).await.unwrap();
+    (c, claim)
+}
+
+fn verdict(proposal: Timestamp, uncertain: Option<UncertainReason>) -> Verdict {
+    Verdict {
+        proposal,
+        uncertain,
+        anomaly: false,
+        clears_quarantine: false,
+        publishable: true,
+    }
+}
+
+async fn evidence_kinds(url: &str) -> Vec<String> {
+    let mut c = conn(url).await;
+    safe_time::evidence(&mut c, 100)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.kind)
+        .collect()
+}
+
+#[tokio::test]
+async fn empty_installation_starts_at_database_time_uncertain() {
+    let db = support::migrated_db().await;
+    let mut c = conn(db.url()).await;
+    assert_eq!(safe_time::read_cut(&mut c).await.unwrap(), None);
+    let policy = safe_time::load_policy(&mut c).await.unwrap();
+    assert_eq!(
+        (policy.version(), policy.horizon_ms()),
+        (1, DEFAULT_HORIZON_MS)
+    );
+    assert_eq!(policy.digest(), HorizonPolicy::digest_of(1, 315_360_000_000));
+
+    let before = db_now(&mut c).await;
+    let (mut l, claim) = leader(db.url()).await;
+    let after = db_now(&mut c).await;
+    assert_eq!(claim.epoch, 1);
+    assert!(!claim.quarantined);
+    assert_eq!(claim.uncertain, Some(UncertainReason::NewEpoch));
+    assert!(before <= claim.cut && claim.cut <= after, "{before} <= {} <= {after}", claim.cut);
+    assert_eq!(evidence_kinds(db.url()).await, vec!["initial_cut"]);
+
+    let row = safe_time::read_cut(&mut c).await.unwrap().unwrap();
+    assert_eq!(
+        (row.epoch, row.cut, row.uncertain, row.quarantined, row.publish_seq),
+        (1, claim.cut, Some(UncertainReason::NewEpoch), false, 0)
+    );
+
+    // A certain publish one microsecond later is taken as is.
+    let p = safe_time::publish(&mut l, 1, &verdict(claim.cut + SignedDuration::from_micros(1), None))
+        .await
+        .unwrap();
+    assert_eq!(
+        (p.cut, p.uncertain, p.quarantined, p.publish_seq),
+        (claim.cut + SignedDuration::from_micros(1), None, false, 1)
+    );
+}
+
+#[tokio::test]
+async fn claim_and_publish_need_the_lock_on_the_calling_backend() {
+    let db = support::migrated_db().await;
+    let mut outsider = conn(db.url()).await;
+    let policy = safe_time::load_policy(&mut outsider).await.unwrap();
+    let err = safe_time::claim(&mut outsider, &policy).await.unwrap_err();
+    assert_eq!(err.code(), "not_leader");
+
+    let (mut l, claim) = leader(db.url()).await;
+    // Another backend of the same client (what a transaction-pooling proxy
+    // would route a statement to) sees neither the PID nor the lock.
+    let leader_pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut l)
+        .await
+        .unwrap();
+    let on_leader = safe_time::observe(&mut l).await.unwrap();
+    assert_eq!((on_leader.backend_pid, on_leader.lock_held), (leader_pid, true));
+    let elsewhere = safe_time::observe(&mut outsider).await.unwrap();
+    assert_ne!(elsewhere.backend_pid, leader_pid);
+    assert!(!elsewhere.lock_held);
+    let err = safe_time::publish(&mut outsider, claim.epoch, &verdict(claim.cut, None))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), "not_leader");
+    // The standby cannot take the lock while the leader lives.
+    assert!(!safe_time::try_lock(&mut outsider).await.unwrap());
+}
+
+#[tokio::test]
+async fn publish_is_capped_by_database_time_never_backward_and_epoch_fenced() {
+    let db = support::migrated_db().await;
+    let (mut l, claim) = leader(db.url()).await;
+    let far = claim.cut + SignedDuration::from_hours(24);
+    let p = safe_time::publish(&mut l, 1, &verdict(far, None)).await.unwrap();
+    let now = db_now(&mut l).await;
+    assert!(p.cut > claim.cut && p.cut <= now, "capped: {} <= {now}", p.cut);
+    let capped = p.cut;
+    let back = safe_time::publish(&mut l, 1, &verdict(claim.cut, Some(UncertainReason::ClockStepBackward)))
+        .await
+        .unwrap();
+    assert_eq!(
+        (back.cut, back.uncertain),
+        (capped, Some(UncertainReason::ClockStepBackward))
+    );
+    // Sub-microsecond precision survives.
+    let exact = capped + SignedDuration::from_nanos(7);
+    let p = safe_time::publish(&mut l, 1, &verdict(exact, None)).await.unwrap();
+    assert_eq!(p.cut, exact);
+
+    // The leader's session ends; a successor claims epoch 2; the stale
+    // epoch is refused even on a connection that holds the lock.
+    drop(l);
+    let (mut l2, claim2) = leader(db.url()).await;
+    assert_eq!(claim2.epoch, 2);
+    assert_eq!(claim2.cut, exact);
+    assert_eq!(claim2.uncertain, Some(UncertainReason::NewEpoch));
+    let err = safe_time::publish(&mut l2, 1, &verdict(exact, None)).await.unwrap_err();
+    assert_eq!(err.code(), "stale_epoch");
+    assert!(matches!(err, SafeTimeError::StaleEpoch(ref m) if m.contains("epoch 1 is not the current epoch 2")), "{err}");
+    // A malformed pair straight at the function.
+    let err = sqlx::query("SELECT * FROM tollgate_safetime_publish(2, 0, 1000, NULL, false, false)")
+        .fetch_one(&mut l2)
+        .await
+        .unwrap_err();
+    assert_eq!(SafeTimeError::from(err).code(), "invalid_proposal");
+}
+
+#[tokio::test]
+async fn populated_installation_starts_quarantined_at_the_unix_epoch() {
+    let db = support::migrated_db().await;
+    let store = support::store_on(
+        &db,
+        GrantPolicy::new(SignedDuration::from_secs(60), SignedDuration::from_secs(1)).unwrap(),
+        support::test_key(),
+    )
+    .await;
+    let t0: Timestamp = "2026-11-30T00:00:00Z".parse().unwrap();
+    let a = tollgate::testkit::new_account(&store, "a", 10, t0).await;
+    tollgate::testkit::acquire(&store, a, 3, SignedDuration::from_secs(30), t0).await;
+
+    let (mut l, claim) = leader(db.url()).await;
+    assert_eq!(
+        (claim.epoch, claim.cut, claim.quarantined, claim.uncertain),
+        (1, Timestamp::UNIX_EPOCH, true, Some(UncertainReason::InitialQuarantine))
+    );
+    let mut c = conn(db.url()).await;
+    let detail = sqlx::query(
+        "SELECT kind, detail->>'active_leases' AS n, detail->>'idempotency_records' AS i, \
+                detail->>'latest_active_expiry_floor_us' AS e, detail->>'cut' AS cut \
+           FROM tollgate_safetime_evidence",
+    )
+    .fetch_one(&mut c)
+    .await
+    .unwrap();
+    let got: (String, String, String, String, String) = (
+        detail.get("kind"),
+        detail.get("n"),
+        detail.get("i"),
+        detail.get("e"),
+        detail.get("cut"),
+    );
+    assert_eq!(
+        got,
+        (
+            "initial_quarantine".into(),
+            "1".into(),
+            "0".into(),
+            (t0 + SignedDuration::from_secs(30)).as_microsecond().to_string(),
+            "unix_epoch".into()
+        )
+    );
+    // A "certain" publish is stored uncertain while quarantined, and the
+    // database refuses to clear the quarantine before a full horizon.
+    let p = safe_time::publish(&mut l, 1, &verdict(Timestamp::UNIX_EPOCH + SignedDuration::from_secs(1), None))
+        .await
+        .unwrap();
+    assert_eq!(
+        (p.cut, p.uncertain, p.quarantined),
+        (
+            Timestamp::UNIX_EPOCH + SignedDuration::from_secs(1),
+            Some(UncertainReason::InitialQuarantine),
+            true
+        )
+    );
+    let mut clear = verdict(db_now(&mut c).await, None);
+    clear.clears_quarantine = true;
+    let err = safe_time::publish(&mut l, 1, &clear).await.unwrap_err();
+    assert_eq!(err.code(), "quarantine_refused");
+}
+
+#[tokio::test]
+async fn the_sampler_role_can_only_observe_claim_and_publish() {
+    let db = support::migrated_db().await;
+    let role = format!("tg_sampler_{}", db.name);
+    let mut owner = conn(db.url()).await;
+    sqlx::query(&format!("CREATE ROLE \"{role}\" LOGIN IN ROLE tollgate_sampler"))
+        .execute(&mut owner)
+        .await
+        .unwrap();
+    let url = db.url().replacen("postgres@", &format!("{role}@"), 1);
+    assert_ne!(url, db.url(), "the test URL names the postgres user");
+    let (mut l, claim) = leader(&url).await;
+    assert_eq!(claim.epoch, 1);
+    let p = safe_time::publish(&mut l, 1, &verdict(claim.cut, None)).await.unwrap();
+    assert_eq!(p.uncertain, None);
+    assert!(safe_time::read_cut(&mut l).await.unwrap().is_some());
+    for stmt in [
+        "UPDATE tollgate_safetime SET epoch = 99",
+        "DELETE FROM tollgate_safetime",
+        "INSERT INTO tollgate_safetime_evidence (kind, detail) VALUES ('initial_cut', '{}')",
+        "INSERT INTO tollgate_accounts (name) VALUES ('x')",
+        "SELECT * FROM tollgate_safetime_seal_policy(1000, 'x')",
+    ] {
+        let err = sqlx::query(stmt).execute(&mut l).await.unwrap_err();
+        let code = err.as_database_error().and_then(|d| d.code()).map(|c| c.into_owned());
+        assert_eq!(code.as_deref(), Some("42501"), "{stmt}: {err}");
+    }
+    drop(l);
+    sqlx::query(&format!("DROP OWNED BY \"{role}\""))
+        .execute(&mut owner)
+        .await
+        .unwrap();
+    sqlx::query(&format!("DROP ROLE \"{role}\""))
+        .execute(&mut owner)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn horizon_changes_need_a_stopped_sampler_evidence_and_a_successor_epoch() {
+    let db = support::migrated_db().await;
+    support::store_on(
+        &db,
+        GrantPolicy::new(SignedDuration::from_secs(60), SignedDuration::from_secs(5)).unwrap(),
+        support::test_key(),
+    )
+    .await;
+    let (l, claim) = leader(db.url()).await;
+    let mut owner = conn(db.url()).await;
+    let err = safe_time::seal_policy(&mut owner, 86_400_000, "ops").await.unwrap_err();
+    assert_eq!(err.code(), "sampler_running");
+    drop(l);
+    // Wait (bounded) for the server to end the dropped session.
+    for _ in 0..100 {
+        let running: bool = sqlx::query_scalar("SELECT tollgate_safetime_sampler_running()")
+            .fetch_one(&mut owner)
+            .await
+            .unwrap();
+        if !running {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let err = safe_time::seal_policy(&mut owner, 64_999, "ops").await.unwrap_err();
+    assert_eq!(err.code(), "horizon_below_policy");
+    let p2 = safe_time::seal_policy(&mut owner, 65_000, "ops").await.unwrap();
+    assert_eq!((p2.version(), p2.horizon_ms()), (2, 65_000));
+    assert_eq!(evidence_kinds(db.url()).await, vec!["initial_cut", "policy_change"]);
+    let immut = sqlx::query("UPDATE tollgate_safetime_policy SET horizon_ms = 1")
+        .execute(&mut owner)
+        .await
+        .unwrap_err();
+    assert!(immut.to_string().contains("immutable"), "{immut}");
+
+    // Still version 1 for the running epoch; a sampler that loaded version 1
+    // cannot claim; one that loads version 2 claims epoch 2 under it.
+    let row = safe_time::read_cut(&mut owner).await.unwrap().unwrap();
+    assert_eq!((row.epoch, row.policy.version()), (claim.epoch, 1));
+    let mut c = conn(db.url()).await;
+    assert!(safe_time::try_lock(&mut c).await.unwrap());
+    let v1 = HorizonPolicy::verified(1, DEFAULT_HORIZON_MS, &HorizonPolicy::digest_of(1, DEFAULT_HORIZON_MS)).unwrap();
+    let err = safe_time::claim(&mut c, &v1).await.unwrap_err();
+    assert_eq!(err.code(), "policy_mismatch");
+    let loaded = safe_time::load_policy(&mut c).await.unwrap();
+    let claim2 = safe_time::claim(&mut c, &loaded).await.unwrap();
+    assert_eq!(claim2.epoch, 2);
+    let row = safe_time::read_cut(&mut owner).await.unwrap().unwrap();
+    assert_eq!((row.epoch, row.policy.version(), row.policy.horizon_ms()), (2, 2, 65_000));
+}
