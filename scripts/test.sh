@@ -7,15 +7,26 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# Debian packages the tests need, installed only when missing:
+# postgresql-15 (the server binaries) and libfaketime (the pg-harness servers
+# whose wall clock a test steps, PgServer::start_dedicated_faketime).
+missing=()
 pg_bin="${TOLLGATE_PG_BIN:-/usr/lib/postgresql/15/bin}"
 if [ ! -x "$pg_bin/initdb" ] || [ ! -x "$pg_bin/postgres" ]; then
   echo "test.sh: PostgreSQL server binaries missing under $pg_bin; installing postgresql-15" >&2
+  missing+=(postgresql-15)
+fi
+if [ -z "${TOLLGATE_FAKETIME_LIB:-}" ] && ! compgen -G '/usr/lib/*/faketime/libfaketime.so.1' >/dev/null; then
+  echo "test.sh: libfaketime.so.1 missing; installing libfaketime" >&2
+  missing+=(libfaketime)
+fi
+if [ "${#missing[@]}" -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
-    echo "test.sh: need root to install postgresql-15 (or set TOLLGATE_PG_BIN)" >&2
+    echo "test.sh: need root to install ${missing[*]} (or set TOLLGATE_PG_BIN / TOLLGATE_FAKETIME_LIB)" >&2
     exit 1
   fi
   apt-get update -q
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends postgresql-15
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 if [ "$(id -u)" -eq 0 ] && ! id postgres >/dev/null 2>&1; then
   echo "test.sh: creating the unprivileged postgres user the test clusters run as" >&2

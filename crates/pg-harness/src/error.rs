@@ -135,6 +135,26 @@ pub enum HarnessError {
         source: sqlx::Error,
     },
 
+    /// `libfaketime.so.1` was not found, so a server with a fake clock
+    /// ([`PgServer::start_dedicated_faketime`](crate::PgServer::start_dedicated_faketime))
+    /// cannot be started.
+    #[error("libfaketime not found: {detail}")]
+    FaketimeNotFound {
+        /// What was looked at, and what to install.
+        detail: String,
+    },
+
+    /// [`PgServer::set_clock_offset_ns`](crate::PgServer::set_clock_offset_ns)
+    /// was called on a server started without a fake clock.
+    #[error(
+        "PostgreSQL on 127.0.0.1:{port} runs on the real clock; start it with \
+         PgServer::start_dedicated_faketime to step its clock"
+    )]
+    ClockNotFaked {
+        /// The server's port.
+        port: u16,
+    },
+
     /// The shared cluster failed to start earlier in this process; every later
     /// call reports the same failure instead of retrying for another minute.
     #[error("the shared PostgreSQL cluster could not be started: {message}")]

@@ -4,6 +4,7 @@
 //! never-ending thread and carries `PR_SET_PDEATHSIG = SIGKILL`; see the
 //! crate documentation for why.
 
+use std::ffi::OsString;
 use std::io;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -20,6 +21,10 @@ pub const PG_USER_ENV: &str = "TOLLGATE_PG_USER";
 
 /// The account that runs `initdb`/`postgres` when the tests run as root.
 pub const DEFAULT_PG_USER: &str = "postgres";
+
+/// Hands variables to a program across `setpriv` (coreutils, an essential
+/// package on Debian); see [`RunAs::command_with_env`].
+const ENV_PROGRAM: &str = "/usr/bin/env";
 
 /// Places `setpriv` is looked for when running as root.
 const SETPRIV_CANDIDATES: [&str; 3] = ["/usr/bin/setpriv", "/bin/setpriv", "/usr/sbin/setpriv"];
@@ -81,8 +86,27 @@ impl RunAs {
     /// A command that runs `program` as the right user, with a scrubbed
     /// environment, a parent-death signal and `cwd` as working directory.
     pub(crate) fn command(&self, program: &Path, cwd: &Path) -> Command {
+        self.command_with_env(program, cwd, &[])
+    }
+
+    /// As [`command`](Self::command), with `env` added to the environment
+    /// of `program` only. When running as root the variables are *not* set
+    /// on `setpriv` (an `LD_PRELOAD` would load into root's `setpriv` too):
+    /// `setpriv ... -- /usr/bin/env K=V... program` hands them over after
+    /// the uid switch, and `env` execs `program` in the same process, so
+    /// the child's pid is still `program`'s.
+    pub(crate) fn command_with_env(
+        &self,
+        program: &Path,
+        cwd: &Path,
+        env: &[(&str, OsString)],
+    ) -> Command {
         let mut cmd = match self {
-            Self::CurrentUser => Command::new(program),
+            Self::CurrentUser => {
+                let mut cmd = Command::new(program);
+                cmd.envs(env.iter().map(|(k, v)| (k, v)));
+                cmd
+            }
             Self::Unprivileged {
                 user, gid, setpriv, ..
             } => {
@@ -95,8 +119,17 @@ impl RunAs {
                     .arg(format!("--regid={gid}"))
                     .arg("--init-groups")
                     .arg("--pdeathsig=KILL")
-                    .arg("--")
-                    .arg(program);
+                    .arg("--");
+                if !env.is_empty() {
+                    cmd.arg(ENV_PROGRAM);
+                    for (key, value) in env {
+                        let mut assignment = OsString::from(key);
+                        assignment.push("=");
+                        assignment.push(value);
+                        cmd.arg(assignment);
+                    }
+                }
+                cmd.arg(program);
                 cmd
             }
         };
@@ -138,10 +171,15 @@ impl RunAs {
 }
 
 /// Removes `PG*` variables (PGDATA, PGPORT, PGHOST, …) that would otherwise
-/// steer initdb/pg_isready, and forces C messages, which the harness parses.
+/// steer initdb/pg_isready, and `FAKETIME*` variables (a `FAKETIME` takes
+/// precedence over a fake clock's offset file), and forces C messages, which
+/// the harness parses.
 pub(crate) fn scrub_env(cmd: &mut Command) {
     for (key, _) in std::env::vars_os() {
-        if key.to_str().is_some_and(|k| k.starts_with("PG")) {
+        if key
+            .to_str()
+            .is_some_and(|k| k.starts_with("PG") || k.starts_with("FAKETIME"))
+        {
             cmd.env_remove(key);
         }
     }
@@ -204,6 +242,51 @@ mod tests {
         assert_eq!(
             String::from_utf8(out.stdout).unwrap(),
             format!("{}\nC\n{}\n", cwd.display(), std::process::id())
+        );
+    }
+
+    #[test]
+    fn extra_env_reaches_the_program_only() {
+        let env = [
+            ("LD_PRELOAD", OsString::from("/lib/f.so")),
+            ("A", "1".into()),
+        ];
+        let root = RunAs::Unprivileged {
+            user: "postgres".into(),
+            uid: 101,
+            gid: 102,
+            setpriv: PathBuf::from("/usr/bin/setpriv"),
+        };
+        let cmd = root.command_with_env(Path::new("/pg/bin/postgres"), Path::new("/"), &env);
+        assert_eq!(cmd.get_program(), "/usr/bin/setpriv");
+        let args: Vec<&std::ffi::OsStr> = cmd.get_args().collect();
+        assert_eq!(
+            args,
+            [
+                "--reuid=postgres",
+                "--regid=102",
+                "--init-groups",
+                "--pdeathsig=KILL",
+                "--",
+                "/usr/bin/env",
+                "LD_PRELOAD=/lib/f.so",
+                "A=1",
+                "/pg/bin/postgres",
+            ]
+        );
+        assert!(!cmd.get_envs().any(|(k, _)| k == "LD_PRELOAD"));
+        let plain = root.command(Path::new("/pg/bin/postgres"), Path::new("/"));
+        let args: Vec<&std::ffi::OsStr> = plain.get_args().collect();
+        assert_eq!(args[4..], ["--", "/pg/bin/postgres"]);
+
+        let me = RunAs::CurrentUser;
+        let cmd = me.command_with_env(Path::new("/pg/bin/postgres"), Path::new("/"), &env);
+        assert_eq!(cmd.get_program(), "/pg/bin/postgres");
+        assert_eq!(cmd.get_args().count(), 0);
+        let preload = cmd.get_envs().find(|(k, _)| *k == "LD_PRELOAD");
+        assert_eq!(
+            preload,
+            Some(("LD_PRELOAD".as_ref(), Some("/lib/f.so".as_ref())))
         );
     }
 

@@ -98,6 +98,7 @@ mod cleanup;
 mod cluster;
 mod db;
 mod error;
+mod faketime;
 mod launcher;
 mod server;
 mod sys;
@@ -107,6 +108,7 @@ pub use cleanup::{DIR_PREFIX, TMPDIR_ENV, base_dir, sweep_stale_dirs};
 pub use cluster::{PgCluster, shared};
 pub use db::{DbFuture, TestDb};
 pub use error::HarnessError;
+pub use faketime::{FAKETIME_LIB_CANDIDATES, FAKETIME_LIB_ENV, libfaketime};
 pub use launcher::{DEFAULT_PG_USER, PG_USER_ENV};
 pub use server::{
     INITDB_TIMEOUT, LISTEN_HOST, PORT_ATTEMPTS, PgServer, READY_TIMEOUT, REBIND_TIMEOUT,

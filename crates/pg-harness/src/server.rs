@@ -1,5 +1,6 @@
 //! One PostgreSQL server: a data directory, a port and (while running) a postmaster.
 
+use std::ffi::OsString;
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom};
 use std::net::TcpListener;
@@ -7,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::faketime::{self, FakeClock};
 use crate::launcher::{self, RunAs};
 use crate::sys::{self, PostmasterPid};
 use crate::{DbFuture, HarnessError, PgBinaries, TestDb, cleanup, db};
@@ -82,6 +84,10 @@ pub struct PgServer {
     port: u16,
     postmaster: Option<Child>,
     registration: u64,
+    /// `-c` settings after [`SERVER_SETTINGS`] (a later one wins).
+    extra_settings: &'static [&'static str],
+    /// `Some` for a server started with a fake clock.
+    clock: Option<FakeClock>,
 }
 
 impl PgServer {
@@ -104,6 +110,74 @@ impl PgServer {
     /// # Errors
     /// As for [`start_dedicated`](Self::start_dedicated).
     pub fn start_dedicated_with(bins: PgBinaries) -> Result<Self, HarnessError> {
+        Self::start_initdb(bins, &[], false)
+    }
+
+    /// As [`start_dedicated`](Self::start_dedicated), with a wall clock the
+    /// test can step while the server runs:
+    /// [`set_clock_offset_ns`](Self::set_clock_offset_ns). The offset starts
+    /// at 0 (real time).
+    ///
+    /// The postmaster (only it: not `initdb` or `pg_isready`) runs with
+    /// libfaketime preloaded, reading its offset from `<dir>/faketime.rc` on
+    /// every clock call; the monotonic clock and file times are not faked.
+    /// See [`libfaketime`](crate::libfaketime) for where the library is
+    /// looked for, and the crate documentation for the design.
+    ///
+    /// # Errors
+    /// [`HarnessError::FaketimeNotFound`] (saying to install the
+    /// `libfaketime` package) before anything is created, or as for
+    /// [`start_dedicated`](Self::start_dedicated).
+    ///
+    /// # Panics
+    /// Never.
+    ///
+    /// ```no_run
+    /// # async fn demo() {
+    /// use sqlx::Connection;
+    /// let mut server = tollgate_pg_harness::PgServer::start_dedicated_faketime().unwrap();
+    /// server.set_clock_offset_ns(3_600 * 1_000_000_000).unwrap(); // one hour ahead
+    /// let mut conn = sqlx::PgConnection::connect(&server.admin_url()).await.unwrap();
+    /// let ahead: bool = sqlx::query_scalar("SELECT clock_timestamp() > now() + interval '59 min'")
+    ///     .fetch_one(&mut conn)
+    ///     .await
+    ///     .unwrap();
+    /// # }
+    /// ```
+    pub fn start_dedicated_faketime() -> Result<Self, HarnessError> {
+        Self::start_dedicated_faketime_with(PgBinaries::discover()?)
+    }
+
+    /// As [`start_dedicated_faketime`](Self::start_dedicated_faketime), with
+    /// given binaries.
+    ///
+    /// # Errors
+    /// As for [`start_dedicated_faketime`](Self::start_dedicated_faketime).
+    pub fn start_dedicated_faketime_with(bins: PgBinaries) -> Result<Self, HarnessError> {
+        Self::start_initdb(bins, &[], true)
+    }
+
+    /// A new server from `initdb`, started on a fresh port.
+    pub(crate) fn start_initdb(
+        bins: PgBinaries,
+        extra_settings: &'static [&'static str],
+        faketime: bool,
+    ) -> Result<Self, HarnessError> {
+        let mut server = Self::create(bins, extra_settings, faketime)?;
+        server.initdb()?;
+        server.start_on_fresh_port()?;
+        Ok(server)
+    }
+
+    /// The temp directory, registered for cleanup, with no data directory
+    /// and no postmaster yet; with the fake clock's offset file if asked.
+    fn create(
+        bins: PgBinaries,
+        extra_settings: &'static [&'static str],
+        faketime: bool,
+    ) -> Result<Self, HarnessError> {
+        // Look for the library before creating anything.
+        let lib = faketime.then(faketime::libfaketime).transpose()?;
         let run_as = RunAs::detect()?;
         let dir = cleanup::create_instance_dir(&run_as)?;
         let registration = cleanup::register(dir.clone());
@@ -115,10 +189,55 @@ impl PgServer {
             port: 0,
             postmaster: None,
             registration,
+            extra_settings,
+            clock: None,
         };
-        server.initdb()?;
-        server.start_on_fresh_port()?;
+        if let Some(lib) = lib {
+            server.clock = Some(FakeClock::create(lib, &server.dir)?);
+        }
         Ok(server)
+    }
+
+    /// Sets the server's wall clock to real time plus `offset_ns`
+    /// nanoseconds (negative: behind), by atomically replacing the offset
+    /// file. Every server process sees the new offset at its next clock
+    /// call, in open sessions too (`clock_timestamp()` steps at once; `now()`
+    /// is fixed for the rest of a transaction, as always); no restart. The
+    /// offset is absolute, not added to the previous one, and it persists
+    /// across [`stop`](Self::stop)/[`start`](Self::start).
+    ///
+    /// Works whether or not the postmaster is running. The offset is
+    /// written as `"+3600.000000000"` (libfaketime's relative format, in
+    /// seconds); libfaketime parses it as a `double`, so whole seconds are
+    /// exact and a fraction may be off by a few nanoseconds. Only the wall
+    /// clock moves: deadlines the server derives from it
+    /// (`statement_timeout`, `lock_timeout`, `pg_sleep`) move with a step.
+    ///
+    /// # Errors
+    /// [`HarnessError::ClockNotFaked`] if the server was not started by
+    /// [`start_dedicated_faketime`](Self::start_dedicated_faketime) (or its
+    /// `_with` form); [`HarnessError::Io`] if the file cannot be written.
+    ///
+    /// # Panics
+    /// Never.
+    ///
+    /// ```no_run
+    /// let mut server = tollgate_pg_harness::PgServer::start_dedicated_faketime().unwrap();
+    /// server.set_clock_offset_ns(-120 * 1_000_000_000).unwrap(); // two minutes behind
+    /// assert_eq!(server.clock_offset_ns(), Some(-120_000_000_000));
+    /// server.set_clock_offset_ns(0).unwrap(); // real time again
+    /// ```
+    pub fn set_clock_offset_ns(&mut self, offset_ns: i64) -> Result<(), HarnessError> {
+        match self.clock.as_mut() {
+            Some(clock) => clock.set_offset_ns(offset_ns),
+            None => Err(HarnessError::ClockNotFaked { port: self.port }),
+        }
+    }
+
+    /// The offset last set by [`set_clock_offset_ns`](Self::set_clock_offset_ns)
+    /// (0 at start), in nanoseconds; `None` for a server on the real clock.
+    pub fn clock_offset_ns(&self) -> Option<i64> {
+        self.clock.as_ref().map(FakeClock::offset_ns)
     }
 
     /// The TCP port (on [`LISTEN_HOST`]); fixed for the server's life.
@@ -230,7 +349,10 @@ impl PgServer {
         let log_err = log
             .try_clone()
             .map_err(|e| HarnessError::io("duplicating the log file handle", e))?;
-        let mut cmd = self.run_as.command(&self.bins.postgres(), &self.dir);
+        let clock_env = self.clock.as_ref().map(FakeClock::env).unwrap_or_default();
+        let mut cmd = self
+            .run_as
+            .command_with_env(&self.bins.postgres(), &self.dir, &clock_env);
         cmd.arg("-D")
             .arg(self.data_dir())
             .arg("-p")
@@ -239,7 +361,7 @@ impl PgServer {
             .arg(LISTEN_HOST)
             .arg("-k")
             .arg(&self.dir);
-        for setting in SERVER_SETTINGS {
+        for setting in SERVER_SETTINGS.iter().chain(self.extra_settings) {
             cmd.arg("-c").arg(setting);
         }
         cmd.stdin(Stdio::null()).stdout(log).stderr(log_err);
@@ -366,37 +488,62 @@ impl PgServer {
     }
 
     fn initdb(&mut self) -> Result<(), HarnessError> {
-        let log_path = self.dir.join("initdb.log");
+        let data_dir = self.data_dir();
+        let mut args: Vec<OsString> = vec!["-D".into(), data_dir.clone().into()];
+        args.extend(
+            [
+                "-A",
+                "trust",
+                "-U",
+                SUPERUSER,
+                "-E",
+                "UTF8",
+                "--locale=C",
+                "--no-sync",
+            ]
+            .map(OsString::from),
+        );
+        self.run_to_completion(&self.bins.initdb(), &args, "initdb.log", INITDB_TIMEOUT)?
+            .map_err(|(status, output)| HarnessError::Initdb {
+                status,
+                data_dir,
+                output,
+            })
+    }
+
+    /// Runs `program args` as the server account (no fake clock) with its
+    /// output in `<dir>/<log_name>`, for at most `timeout`. `Ok(Err((status
+    /// or timeout note, log tail)))` if it failed (it has been killed);
+    /// `Err` if it could not be run.
+    fn run_to_completion(
+        &self,
+        program: &Path,
+        args: &[OsString],
+        log_name: &str,
+        timeout: Duration,
+    ) -> Result<Result<(), (String, String)>, HarnessError> {
+        let log_path = self.dir.join(log_name);
         let log = File::create(&log_path)
             .map_err(|e| HarnessError::io(format!("creating {}", log_path.display()), e))?;
         let log_err = log
             .try_clone()
             .map_err(|e| HarnessError::io("duplicating the log file handle", e))?;
-        let data_dir = self.data_dir();
-        let mut cmd = self.run_as.command(&self.bins.initdb(), &self.dir);
-        cmd.arg("-D")
-            .arg(&data_dir)
-            .args(["-A", "trust", "-U", SUPERUSER, "-E", "UTF8", "--locale=C"])
-            .arg("--no-sync")
+        let mut cmd = self.run_as.command(program, &self.dir);
+        cmd.args(args)
             .stdin(Stdio::null())
             .stdout(log)
             .stderr(log_err);
-        let mut child = launcher::spawn(cmd).map_err(|e| {
-            HarnessError::io(format!("spawning {}", self.bins.initdb().display()), e)
-        })?;
-        let status = match wait_timeout(&mut child, INITDB_TIMEOUT) {
-            Ok(Some(status)) if status.success() => return Ok(()),
+        let mut child = launcher::spawn(cmd)
+            .map_err(|e| HarnessError::io(format!("spawning {}", program.display()), e))?;
+        let status = match wait_timeout(&mut child, timeout) {
+            Ok(Some(status)) if status.success() => return Ok(Ok(())),
             Ok(Some(status)) => status.to_string(),
-            Ok(None) => format!("still running after {INITDB_TIMEOUT:?}"),
+            Ok(None) => format!("still running after {timeout:?}"),
             Err(e) => format!("cannot wait for it: {e}"),
         };
         let _ = child.kill();
         let _ = child.wait();
-        Err(HarnessError::Initdb {
-            status,
-            data_dir,
-            output: read_tail(&log_path, 0, LOG_TAIL_LINES),
-        })
+        Ok(Err((status, read_tail(&log_path, 0, LOG_TAIL_LINES))))
     }
 
     fn start_on_fresh_port(&mut self) -> Result<(), HarnessError> {
