@@ -152,6 +152,28 @@ impl PgBinaries {
         }
     }
 
+    /// Path of `pg_basebackup` in [`dir`](Self::dir), which a
+    /// [`PgPair`](crate::PgPair) needs (no fallback to `PATH`: a
+    /// `pg_basebackup` older than the server refuses to copy it).
+    ///
+    /// # Errors
+    /// [`HarnessError::BinariesNotFound`] if it is not there or not
+    /// executable.
+    pub fn pg_basebackup(&self) -> Result<PathBuf, HarnessError> {
+        let path = self.dir.join("pg_basebackup");
+        if is_executable(&path) {
+            Ok(path)
+        } else {
+            Err(HarnessError::BinariesNotFound {
+                detail: format!(
+                    "{} lacks an executable pg_basebackup (Debian: it comes with \
+                     postgresql-client-{PREFERRED_MAJOR})",
+                    self.dir.display()
+                ),
+            })
+        }
+    }
+
     /// The full version reported by `postgres --version`, e.g. `"15.14"`.
     ///
     /// # Errors
@@ -300,6 +322,23 @@ mod tests {
         );
         assert!(detail.starts_with(&expected_start), "{detail}");
         assert!(detail.contains("TOLLGATE_PG_BIN"), "{detail}");
+    }
+
+    #[test]
+    fn pg_basebackup_must_be_in_the_directory() {
+        let scratch = Scratch::new("basebackup");
+        let bin = scratch.fake_bin("15", &["initdb", "postgres"]);
+        let bins = PgBinaries::from_dir(&bin).unwrap();
+        assert_eq!(
+            bins.pg_basebackup().unwrap_err().to_string(),
+            format!(
+                "PostgreSQL binaries not found: {} lacks an executable pg_basebackup \
+                 (Debian: it comes with postgresql-client-15)",
+                bin.display()
+            )
+        );
+        scratch.fake_bin("15", &["pg_basebackup"]);
+        assert_eq!(bins.pg_basebackup().unwrap(), bin.join("pg_basebackup"));
     }
 
     #[test]

@@ -155,6 +155,46 @@ pub enum HarnessError {
         port: u16,
     },
 
+    /// `pg_basebackup` (making a standby of a
+    /// [`PgPair`](crate::PgPair)) failed or did not finish within
+    /// [`BASEBACKUP_TIMEOUT`](crate::BASEBACKUP_TIMEOUT).
+    #[error("pg_basebackup into {data_dir} failed ({status}); its output:\n{output}")]
+    Basebackup {
+        /// Exit status, or a note that it timed out.
+        status: String,
+        /// The standby's data directory being written.
+        data_dir: PathBuf,
+        /// The tail of pg_basebackup's combined stdout/stderr.
+        output: String,
+    },
+
+    /// The standby had not replayed up to the primary's WAL position within
+    /// [`REPLAY_TIMEOUT`](crate::REPLAY_TIMEOUT).
+    #[error(
+        "standby on 127.0.0.1:{port} had replayed WAL up to {replayed_lsn} after {timeout:?}, \
+         not up to the primary's {target_lsn}"
+    )]
+    ReplayTimeout {
+        /// The standby's port.
+        port: u16,
+        /// The primary's `pg_current_wal_lsn()` that was waited for.
+        target_lsn: String,
+        /// The standby's last `pg_last_wal_replay_lsn()` (`"NULL"` if none).
+        replayed_lsn: String,
+        /// How long the harness waited.
+        timeout: Duration,
+    },
+
+    /// The standby was still in recovery [`PROMOTE_TIMEOUT`](crate::PROMOTE_TIMEOUT)
+    /// after it was asked to promote.
+    #[error("standby on 127.0.0.1:{port} was still in recovery {timeout:?} after pg_promote")]
+    PromoteTimeout {
+        /// The standby's port.
+        port: u16,
+        /// How long the harness waited.
+        timeout: Duration,
+    },
+
     /// The shared cluster failed to start earlier in this process; every later
     /// call reports the same failure instead of retrying for another minute.
     #[error("the shared PostgreSQL cluster could not be started: {message}")]

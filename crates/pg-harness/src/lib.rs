@@ -100,6 +100,7 @@ mod db;
 mod error;
 mod faketime;
 mod launcher;
+mod pair;
 mod server;
 mod sys;
 
@@ -110,7 +111,8 @@ pub use db::{DbFuture, TestDb};
 pub use error::HarnessError;
 pub use faketime::{FAKETIME_LIB_CANDIDATES, FAKETIME_LIB_ENV, libfaketime};
 pub use launcher::{DEFAULT_PG_USER, PG_USER_ENV};
+pub use pair::{PROMOTE_TIMEOUT, PgPair, REPLAY_TIMEOUT, REPLICATION_SETTINGS, STANDBY_SLOT};
 pub use server::{
-    INITDB_TIMEOUT, LISTEN_HOST, PORT_ATTEMPTS, PgServer, READY_TIMEOUT, REBIND_TIMEOUT,
-    SERVER_SETTINGS, STOP_TIMEOUT, SUPERUSER,
+    BASEBACKUP_TIMEOUT, INITDB_TIMEOUT, LISTEN_HOST, PORT_ATTEMPTS, PgServer, READY_TIMEOUT,
+    REBIND_TIMEOUT, SERVER_SETTINGS, STOP_TIMEOUT, SUPERUSER,
 };

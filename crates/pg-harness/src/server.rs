@@ -25,6 +25,11 @@ pub const STOP_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long `initdb` may take.
 pub const INITDB_TIMEOUT: Duration = Duration::from_secs(120);
 
+/// How long `pg_basebackup` (making the standby of a
+/// [`PgPair`](crate::PgPair)) may take: a fresh cluster is about 40 MB, and
+/// the backup starts with an immediate checkpoint.
+pub const BASEBACKUP_TIMEOUT: Duration = Duration::from_secs(120);
+
 /// How many freshly picked ports a new server tries before giving up, in
 /// case another process takes a port between the harness picking it and the
 /// postmaster binding it.
@@ -165,6 +170,20 @@ impl PgServer {
     ) -> Result<Self, HarnessError> {
         let mut server = Self::create(bins, extra_settings, faketime)?;
         server.initdb()?;
+        server.start_on_fresh_port()?;
+        Ok(server)
+    }
+
+    /// A new standby of `primary` from `pg_basebackup`, started on a fresh
+    /// port; see [`PgPair`](crate::PgPair).
+    pub(crate) fn start_standby_of(
+        primary: &PgServer,
+        slot: &str,
+        extra_settings: &'static [&'static str],
+    ) -> Result<Self, HarnessError> {
+        let basebackup = primary.bins.pg_basebackup()?;
+        let mut server = Self::create(primary.bins.clone(), extra_settings, false)?;
+        server.basebackup(&basebackup, primary.port, slot)?;
         server.start_on_fresh_port()?;
         Ok(server)
     }
@@ -505,6 +524,49 @@ impl PgServer {
         );
         self.run_to_completion(&self.bins.initdb(), &args, "initdb.log", INITDB_TIMEOUT)?
             .map_err(|(status, output)| HarnessError::Initdb {
+                status,
+                data_dir,
+                output,
+            })
+    }
+
+    /// Copies the primary on `primary_port` into this server's data
+    /// directory as a standby: `-R` writes `standby.signal` and
+    /// `primary_conninfo`, `-X stream` streams the WAL needed to make the
+    /// copy consistent, `-C -S <slot>` creates a replication slot so the
+    /// primary keeps the WAL the standby has not received yet, and
+    /// `-c fast` starts with an immediate checkpoint instead of a spread one.
+    fn basebackup(
+        &mut self,
+        program: &Path,
+        primary_port: u16,
+        slot: &str,
+    ) -> Result<(), HarnessError> {
+        let data_dir = self.data_dir();
+        let port = primary_port.to_string();
+        let mut args: Vec<OsString> = [
+            "-h",
+            LISTEN_HOST,
+            "-p",
+            &port,
+            "-U",
+            SUPERUSER,
+            "-R",
+            "-X",
+            "stream",
+            "-c",
+            "fast",
+            "-C",
+            "-S",
+            slot,
+            "--no-sync",
+            "-D",
+        ]
+        .map(OsString::from)
+        .to_vec();
+        args.push(data_dir.clone().into());
+        self.run_to_completion(program, &args, "basebackup.log", BASEBACKUP_TIMEOUT)?
+            .map_err(|(status, output)| HarnessError::Basebackup {
                 status,
                 data_dir,
                 output,

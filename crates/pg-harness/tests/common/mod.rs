@@ -5,8 +5,8 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use sqlx::{Connection, PgConnection};
-use tollgate_pg_harness::PgServer;
+use sqlx::{Connection, PgConnection, Row};
+use tollgate_pg_harness::{HarnessError, PgPair, PgServer, STANDBY_SLOT};
 
 pub const NS_PER_S: i64 = 1_000_000_000;
 
@@ -129,4 +129,142 @@ pub async fn check_clock_steps(server: &mut PgServer) {
         0,
     );
     conn.close().await.unwrap();
+}
+
+/// A fresh pair on PostgreSQL `major`: the standby replays what the
+/// primary writes and refuses writes itself; after the primary is killed
+/// and the standby promoted, the standby is on the next timeline and takes
+/// writes.
+pub async fn check_pair(pair: &mut PgPair, major: u32) {
+    assert_eq!(pair.primary().binaries().major_version().unwrap(), major);
+    assert_ne!(pair.primary().port(), pair.standby().port());
+    let mut primary = connect(&pair.primary().admin_url()).await;
+    let mut standby = connect(&pair.standby().admin_url()).await;
+    for conn in [&mut primary, &mut standby] {
+        let version: String = scalar(conn, "SHOW server_version_num").await;
+        assert!(version.starts_with(&major.to_string()), "{version}");
+        for (setting, expected) in [
+            ("wal_level", "replica"),
+            ("max_wal_senders", "10"),
+            ("max_replication_slots", "10"),
+            ("hot_standby", "on"),
+            ("fsync", "off"),
+            ("synchronous_commit", "off"),
+        ] {
+            let value: String = scalar(conn, &format!("SHOW {setting}")).await;
+            assert_eq!(value, expected, "{setting}");
+        }
+    }
+    assert!(!scalar::<bool>(&mut primary, "SELECT pg_is_in_recovery()").await);
+    assert!(scalar::<bool>(&mut standby, "SELECT pg_is_in_recovery()").await);
+
+    let id_sql = "SELECT system_identifier FROM pg_control_system()";
+    let primary_id: i64 = scalar(&mut primary, id_sql).await;
+    let standby_id: i64 = scalar(&mut standby, id_sql).await;
+    assert_eq!(standby_id, primary_id);
+    sqlx::raw_sql("CHECKPOINT")
+        .execute(&mut primary)
+        .await
+        .unwrap();
+    let timeline_sql = "SELECT timeline_id FROM pg_control_checkpoint()";
+    let primary_timeline: i32 = scalar(&mut primary, timeline_sql).await;
+    assert_eq!(primary_timeline, 1);
+
+    let slot =
+        sqlx::query("SELECT slot_type, active FROM pg_replication_slots WHERE slot_name = $1")
+            .bind(STANDBY_SLOT)
+            .fetch_one(&mut primary)
+            .await
+            .unwrap();
+    assert_eq!(slot.get::<String, _>(0), "physical");
+    assert!(slot.get::<bool, _>(1));
+    let receiver = sqlx::query("SELECT status, slot_name FROM pg_stat_wal_receiver")
+        .fetch_one(&mut standby)
+        .await
+        .unwrap();
+    assert_eq!(receiver.get::<String, _>(0), "streaming");
+    assert_eq!(receiver.get::<String, _>(1), STANDBY_SLOT);
+
+    sqlx::raw_sql(
+        "CREATE TABLE leases (id bigint PRIMARY KEY, holder text NOT NULL); \
+         INSERT INTO leases VALUES (1, 'alice'), (2, 'bob')",
+    )
+    .execute(&mut primary)
+    .await
+    .unwrap();
+    // PostgreSQL's own arithmetic on pg_lsn is the oracle for the LSN.
+    let before: i64 = scalar(
+        &mut primary,
+        "SELECT (pg_current_wal_lsn() - '0/0')::bigint",
+    )
+    .await;
+    let lsn = pair.wait_replay_caught_up().await.expect("replay");
+    let after: i64 = scalar(
+        &mut primary,
+        "SELECT (pg_current_wal_lsn() - '0/0')::bigint",
+    )
+    .await;
+    let replayed: i64 = scalar(
+        &mut standby,
+        "SELECT (pg_last_wal_replay_lsn() - '0/0')::bigint",
+    )
+    .await;
+    let lsn = i64::try_from(lsn).unwrap();
+    assert!(
+        before <= lsn && lsn <= after,
+        "{before:#x} <= {lsn:#x} <= {after:#x}"
+    );
+    assert!(replayed >= lsn, "replayed {replayed:#x} < {lsn:#x}");
+    assert_eq!(
+        leases(&mut standby).await,
+        [(1, "alice"), (2, "bob")].map(own)
+    );
+
+    let refused = sqlx::raw_sql("INSERT INTO leases VALUES (9, 'mallory')")
+        .execute(&mut standby)
+        .await
+        .unwrap_err();
+    let code = refused.as_database_error().and_then(|e| e.code());
+    assert_eq!(code.as_deref(), Some("25006"), "{refused}");
+    let err = pair.standby().try_fresh_database().await.unwrap_err();
+    assert!(matches!(err, HarnessError::Sql { .. }), "{err}");
+
+    // A failover: the primary crashes, the standby takes over.
+    primary.close().await.unwrap();
+    pair.kill_primary().unwrap();
+    assert!(!pair.primary_mut().is_running());
+    pair.promote_standby().await.expect("promote");
+    assert!(!scalar::<bool>(&mut standby, "SELECT pg_is_in_recovery()").await);
+    sqlx::raw_sql("CHECKPOINT")
+        .execute(&mut standby)
+        .await
+        .unwrap();
+    let promoted_timeline: i32 = scalar(&mut standby, timeline_sql).await;
+    assert_eq!(promoted_timeline, primary_timeline + 1);
+    sqlx::raw_sql("INSERT INTO leases VALUES (3, 'carol')")
+        .execute(&mut standby)
+        .await
+        .unwrap();
+    assert_eq!(
+        leases(&mut standby).await,
+        [(1, "alice"), (2, "bob"), (3, "carol")].map(own)
+    );
+    // Promoting twice is an error, not a hang.
+    let again = pair.promote_standby().await.unwrap_err();
+    assert!(
+        again.to_string().contains("recovery is not in progress"),
+        "{again}"
+    );
+    standby.close().await.unwrap();
+}
+
+fn own((id, holder): (i64, &str)) -> (i64, String) {
+    (id, holder.to_owned())
+}
+
+async fn leases(conn: &mut PgConnection) -> Vec<(i64, String)> {
+    sqlx::query_as("SELECT id, holder FROM leases ORDER BY id")
+        .fetch_all(conn)
+        .await
+        .unwrap()
 }
