@@ -859,8 +859,8 @@ mod tests {
             assert_eq!(UncertainReason::from_code(r.code()), Some(r));
         }
         assert_eq!(UncertainReason::from_code("nope"), None);
-        assert_eq!(UncertainReason::NewEpoch.is_anomaly(), true);
-        assert_eq!(UncertainReason::Recovering.is_anomaly(), false);
+        assert!(UncertainReason::NewEpoch.is_anomaly());
+        assert!(!UncertainReason::Recovering.is_anomaly());
     }
 
     #[test]
