@@ -687,7 +687,7 @@ async fn reclaim_tx(
     cutoff: InstantPair,
     limit: usize,
     now: Timestamp,
-) -> Result<Vec<(LeaseId, i64)>, TxError> {
+) -> Result<Vec<(LeaseId, i64, SignedDuration)>, TxError> {
     // A worker whose grace differs from the recorded one must not settle
     // anything: a smaller grace would reclaim early. FOR SHARE makes a
     // concurrent policy change wait for this batch.
@@ -731,8 +731,9 @@ async fn reclaim_tx(
         let Some(plan) = rules::plan_reclaim(&policy, lease, before, now)? else {
             continue;
         };
+        let (plan, late_by) = (plan.settle, plan.late_by);
         balances.insert(*account_id, plan.after);
-        settled.push((*lease_id, plan.consumed));
+        settled.push((*lease_id, plan.consumed, late_by));
         entries.push(NewEntry {
             account_id: *account_id,
             lease_id: Some(*lease_id),
@@ -750,8 +751,8 @@ async fn reclaim_tx(
     if settled.is_empty() {
         return Ok(settled);
     }
-    let ids: Vec<i64> = settled.iter().map(|(l, _)| l.0).collect();
-    let consumed: Vec<i64> = settled.iter().map(|(_, c)| *c).collect();
+    let ids: Vec<i64> = settled.iter().map(|(l, _, _)| l.0).collect();
+    let consumed: Vec<i64> = settled.iter().map(|(_, c, _)| *c).collect();
     persistence::settle_leases(conn, &ids, LeaseState::Reclaimed, &consumed).await?;
     let touched: Vec<(AccountId, Balances)> = entries
         .iter()
@@ -941,6 +942,7 @@ impl Allocator for PostgresStore {
             cutoff,
             reclaimed: Vec::new(),
             units_charged: 0,
+            late_by: Vec::new(),
         };
         // Underflow: no representable expiry is due, so there is nothing to
         // ask the database.
@@ -953,9 +955,10 @@ impl Allocator for PostgresStore {
                 Box::pin(reclaim_tx(c, a.0, a.1, a.2, a.3))
             })
             .await?;
-        for (lease_id, consumed) in settled {
+        for (lease_id, consumed, late_by) in settled {
             report.reclaimed.push(lease_id);
             report.units_charged += i128::from(consumed);
+            report.late_by.push(late_by);
         }
         Ok(report)
     }

@@ -484,6 +484,7 @@ impl Allocator for MemoryStore {
             cutoff,
             reclaimed: Vec::new(),
             units_charged: 0,
+            late_by: Vec::new(),
         };
         if cutoff.is_none() {
             return Ok(report);
@@ -511,17 +512,24 @@ impl Allocator for MemoryStore {
                 None => st.account(lease.account_id)?.balances,
             };
             if let Some(plan) = rules::plan_reclaim(&self.policy, lease, before, now)? {
-                balances.insert(lease.account_id, plan.after);
+                balances.insert(lease.account_id, plan.settle.after);
                 plans.push((lease_id, plan));
             }
         }
         for (lease_id, plan) in plans {
             if st
-                .settle(lease_id, LeaseState::Reclaimed, plan, Actor::Reclaimer, now)
+                .settle(
+                    lease_id,
+                    LeaseState::Reclaimed,
+                    plan.settle,
+                    Actor::Reclaimer,
+                    now,
+                )
                 .is_some()
             {
                 report.reclaimed.push(lease_id);
-                report.units_charged += i128::from(plan.consumed);
+                report.units_charged += i128::from(plan.settle.consumed);
+                report.late_by.push(plan.late_by);
             }
         }
         Ok(report)

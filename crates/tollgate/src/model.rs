@@ -222,6 +222,11 @@ pub struct ReclaimReport {
     /// Units charged in total (i128: a batch spans accounts, so the sum may
     /// exceed one balance's range).
     pub units_charged: i128,
+    /// For each lease of `reclaimed`, in the same order: how long after
+    /// `expiry + reclaim_grace` it was reclaimed (`now - (expiry + grace)`,
+    /// exact, never negative). The service exports it as the late-expiry
+    /// histogram.
+    pub late_by: Vec<SignedDuration>,
 }
 
 /// Who caused a ledger entry.

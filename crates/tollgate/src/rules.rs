@@ -250,9 +250,20 @@ pub fn plan_release(
     })
 }
 
+/// What a reclaim writes, and how late it comes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReclaimPlan {
+    /// The settlement: all units charged.
+    pub settle: SettlePlan,
+    /// `now - (expiry + reclaim_grace)`, exactly: how long after the first
+    /// instant the rule allowed the reclaim happens (never negative).
+    pub late_by: SignedDuration,
+}
+
 /// Plans the reclaim of `lease` at `now`: it must be active and reclaimable,
 /// and is charged all of its units (a missing usage report is never zero
-/// usage).
+/// usage). The plan also says how late the reclaim is
+/// ([`GrantPolicy::reclaim_late_by`]).
 ///
 /// Returns `Ok(None)` when the lease is not (or no longer) reclaimable, so a
 /// store that re-reads a row under lock skips it instead of failing.
@@ -264,15 +275,21 @@ pub fn plan_reclaim(
     lease: &Lease,
     before: Balances,
     now: Timestamp,
-) -> Result<Option<SettlePlan>, StorageError> {
-    if lease.state != LeaseState::Active || !policy.is_reclaimable(lease.expiry, now) {
+) -> Result<Option<ReclaimPlan>, StorageError> {
+    if lease.state != LeaseState::Active {
         return Ok(None);
     }
+    let Some(late_by) = policy.reclaim_late_by(lease.expiry, now) else {
+        return Ok(None);
+    };
     let after = settle(before, lease.units, lease.units)?;
-    Ok(Some(SettlePlan {
-        consumed: lease.units,
-        returned: 0,
-        after,
+    Ok(Some(ReclaimPlan {
+        settle: SettlePlan {
+            consumed: lease.units,
+            returned: 0,
+            after,
+        },
+        late_by,
     }))
 }
 
@@ -729,13 +746,16 @@ mod tests {
         let l = lease(5, 6, 1_000, LeaseState::Active);
         // Not yet reclaimable: skipped.
         assert_eq!(plan_reclaim(&p, &l, b, at(1_009)), Ok(None));
-        for now in [1_010, 5_000] {
+        for (now, late) in [(1_010, 0), (1_011, 1), (5_000, 3_990)] {
             assert_eq!(
                 plan_reclaim(&p, &l, b, at(now)),
-                Ok(Some(SettlePlan {
-                    consumed: 6,
-                    returned: 0,
-                    after: bal(20, 4, 4, 12),
+                Ok(Some(ReclaimPlan {
+                    settle: SettlePlan {
+                        consumed: 6,
+                        returned: 0,
+                        after: bal(20, 4, 4, 12),
+                    },
+                    late_by: SignedDuration::from_nanos(late),
                 }))
             );
         }

@@ -197,6 +197,33 @@ impl GrantPolicy {
         // |expiry| < 2^69 ns and |grace| < 2^94 ns: the sum cannot overflow i128.
         expiry.as_nanosecond() + self.reclaim_grace.as_nanos() <= n.as_nanosecond()
     }
+
+    /// How late a reclaim at supplied time `n` is for a lease with expiry
+    /// `expiry`: `n - (expiry + reclaim_grace)`, exactly, when the lease is
+    /// reclaimable at `n` ([`GrantPolicy::is_reclaimable`]); `None` when it
+    /// is not. Zero means reclaimed at the first instant the rule allowed.
+    ///
+    /// ```
+    /// use jiff::{SignedDuration, Timestamp};
+    /// use tollgate::GrantPolicy;
+    /// let p = GrantPolicy::new(SignedDuration::from_secs(60), SignedDuration::from_secs(5)).unwrap();
+    /// let e: Timestamp = "2026-11-29T12:00:00Z".parse().unwrap();
+    /// let n: Timestamp = "2026-11-29T12:00:07.000000001Z".parse().unwrap();
+    /// assert_eq!(p.reclaim_late_by(e, n), Some(SignedDuration::new(2, 1)));
+    /// assert_eq!(p.reclaim_late_by(n, n), None);
+    /// ```
+    ///
+    /// # Panics
+    /// Never.
+    pub fn reclaim_late_by(&self, expiry: Timestamp, n: Timestamp) -> Option<SignedDuration> {
+        if !self.is_reclaimable(expiry, n) {
+            return None;
+        }
+        // 0 <= late <= n - expiry < 2^69 ns: exact in i128 and within
+        // SignedDuration's range (about 2^93 ns).
+        let late = n.as_nanosecond() - expiry.as_nanosecond() - self.reclaim_grace.as_nanos();
+        SignedDuration::try_from_nanos_i128(late)
+    }
 }
 
 #[cfg(test)]
@@ -395,5 +422,29 @@ mod tests {
         check(max - min + 1, min, max, false);
         // A grace beyond the whole range never elapses.
         check(SignedDuration::MAX.as_nanos(), min, max, false);
+    }
+
+    #[test]
+    fn reclaim_late_by_table() {
+        let min = TIMESTAMP_MIN_NS;
+        let max = TIMESTAMP_MAX_NS;
+        let check = |grace: i128, expiry: i128, n: i128, want: Option<i128>| {
+            let got = policy(1, grace).reclaim_late_by(at(expiry), at(n));
+            assert_eq!(got, want.map(ns), "grace {grace} expiry {expiry} n {n}");
+        };
+        // n - (e + g) at the boundary and one nanosecond either side.
+        check(5, 10, 14, None);
+        check(5, 10, 15, Some(0));
+        check(5, 10, 16, Some(1));
+        check(0, -3, -4, None);
+        check(0, -3, -3, Some(0));
+        check(3, -10, 100, Some(107));
+        // Both domain ends: the widest lateness is the whole range.
+        check(0, min, max, Some(max - min));
+        check(1, min, max, Some(max - min - 1));
+        check(max - min, min, max, Some(0));
+        check(max - min + 1, min, max, None);
+        check(0, max, max, Some(0));
+        check(SignedDuration::MAX.as_nanos(), min, max, None);
     }
 }

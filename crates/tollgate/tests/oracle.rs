@@ -538,6 +538,9 @@ proptest! {
         // The oracle's own cutoff agrees with its predicate (the theorem the
         // Coq model proves, restated on these inputs).
         prop_assert_eq!(oracle::cutoff(n, grace).is_some_and(|c| e <= c), want);
+        // Lateness: exactly `n - e - g` when reclaimable, never negative.
+        let late = p.reclaim_late_by(ts(e), ts(n)).map(|d| d.as_nanos());
+        prop_assert_eq!(late, want.then(|| n - e - grace));
     }
 
     /// A deadline beyond `MAX` has not elapsed even at `MAX`.

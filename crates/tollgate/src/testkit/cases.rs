@@ -43,9 +43,12 @@ pub async fn fractional_ttl_precision(f: &dyn StoreFactory) {
     let rep = s.reclaim(before, 10).await.unwrap();
     assert_eq!(rep.reclaimed, Vec::<LeaseId>::new());
     assert_eq!(rep.cutoff, Some(ts("2026-11-29T12:01:09.999999999Z")));
+    assert_eq!(rep.late_by, Vec::<SignedDuration>::new());
     let rep = s.reclaim(boundary, 10).await.unwrap();
     assert_eq!(rep.reclaimed, vec![g.lease_id]);
     assert_eq!(rep.cutoff, Some(ts("2026-11-29T12:01:10Z")));
+    // Reclaimed at the first instant the rule allows: late by nothing.
+    assert_eq!(rep.late_by, vec![SignedDuration::ZERO]);
     assert_balances(&*s, a, (100, 93, 0, 7)).await;
 }
 
@@ -631,9 +634,13 @@ pub async fn reclaim_is_idempotent_and_charges_all(f: &dyn StoreFactory) {
     assert_eq!(rep.reclaimed, vec![g1.lease_id, g2.lease_id]);
     assert_eq!(rep.units_charged, 50);
     assert_eq!(rep.cutoff, Some(ts("2026-11-29T12:00:04.99999999Z")));
+    // late - (expiry + 10 ns), per lease, in settlement order: expiries
+    // 12:00:01.123456789 and 12:00:02.123456789.
+    assert_eq!(rep.late_by, vec![dur(3, 876_543_201), dur(2, 876_543_201)]);
     let rep = s.reclaim(late, 10).await.unwrap();
     assert_eq!(rep.reclaimed, vec![]);
     assert_eq!(rep.units_charged, 0);
+    assert_eq!(rep.late_by, vec![]);
     expect_code(
         s.release(g1.lease_id, &g1.capability, now, Some(0)).await,
         "lease_not_active",
@@ -655,20 +662,28 @@ pub async fn reclaim_order_and_batch_limit(f: &dyn StoreFactory) {
     let b = new_account(&*s, "b", 100, now).await;
     // Interleave accounts so lease id order differs from (account, lease).
     let mut by_account: Vec<(AccountId, LeaseId)> = Vec::new();
+    // Expiry NOW + 1 s + i ns, grace 0: at 12:00:30 each is late by
+    // 30 s - 1.123456789 s - i ns.
+    let mut late_of = std::collections::BTreeMap::new();
     for i in 0..3 {
         for acct in [b, a] {
             let g = acquire(&*s, acct, 1 + i, dur(1, i as i32), now).await;
             by_account.push((acct, g.lease_id));
+            late_of.insert(g.lease_id, dur(28, 876_543_211 - i as i32));
         }
     }
     let live = acquire(&*s, a, 5, dur(60, 0), now).await;
     by_account.sort();
     let expected: Vec<LeaseId> = by_account.iter().map(|(_, l)| *l).collect();
     let late = ts("2026-11-29T12:00:30Z");
+    let late_by =
+        |ids: &[LeaseId]| -> Vec<SignedDuration> { ids.iter().map(|id| late_of[id]).collect() };
     let r1 = s.reclaim(late, 4).await.unwrap();
     assert_eq!(r1.reclaimed, expected[..4].to_vec());
+    assert_eq!(r1.late_by, late_by(&expected[..4]));
     let r2 = s.reclaim(late, 4).await.unwrap();
     assert_eq!(r2.reclaimed, expected[4..].to_vec());
+    assert_eq!(r2.late_by, late_by(&expected[4..]));
     let r3 = s.reclaim(late, 4).await.unwrap();
     assert_eq!(r3.reclaimed, vec![]);
     let l = s.lease(live.lease_id, &live.capability).await.unwrap();
