@@ -357,10 +357,15 @@ END $$;
 -- The sampler role: it may observe, claim and publish, read the cut and the
 -- policy, and nothing else that writes. Roles are cluster-wide, so it is
 -- created once per cluster.
+-- Two databases of one cluster migrating at once may race to create it.
 DO $$
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'tollgate_sampler') THEN
-        CREATE ROLE tollgate_sampler NOLOGIN;
+        BEGIN
+            CREATE ROLE tollgate_sampler NOLOGIN;
+        EXCEPTION WHEN duplicate_object OR unique_violation THEN
+            NULL;
+        END;
     END IF;
 END $$;
 

@@ -7,11 +7,15 @@
 //! processes.
 //!
 //! * [`schema`]: the embedded migrations (0001..0016, the schema before
-//!   exact instants; 0017, the exact-instant migration) and the startup
+//!   exact instants; 0017, the exact-instant migration; 0018, safe time)
+//!   and the startup
 //!   fence that refuses a database migrated by a newer binary.
 //! * [`persistence`]: every SQL statement, the transaction wrapper with
 //!   bounded retries, and what is stored and why.
 //! * [`store`]: the allocator, policy records and operator commands.
+//! * [`safe_time`]: the persisted safe expiry cut (read it, claim an epoch,
+//!   publish, seal the horizon policy); [`sampler`]: the sampler process's
+//!   leadership loop.
 //!
 //! Typical startup (a service's `main`):
 //!
@@ -48,8 +52,8 @@ pub use persistence::{
     RECLAIM_CANDIDATES_SQL, TX_ATTEMPTS_MAX,
 };
 pub use schema::{
-    EXACT_INSTANTS_VERSION, MIGRATE_APPLICATION_NAME, MigrationReport, PendingMigration, Schema,
-    migrate, pending_migrations, schema_version,
+    EXACT_INSTANTS_VERSION, MIGRATE_APPLICATION_NAME, MigrationReport, PendingMigration,
+    SAFE_TIME_VERSION, Schema, migrate, pending_migrations, schema_version,
 };
 pub use store::{
     CHANGED_BY_MAX_CHARS, FIRST_START, PostgresStore, RECLAIM_BATCH_DEFAULT, StoreOptions,

@@ -108,9 +108,9 @@ impl Sampler {
     /// [`SafeTimeError::Backend`] if `url` does not parse (the message does
     /// not repeat the URL).
     pub fn new(url: &str, options: SamplerOptions) -> Result<Sampler, SafeTimeError> {
-        let connect: PgConnectOptions = url
-            .parse()
-            .map_err(|e: sqlx::Error| SafeTimeError::Backend(format!("invalid database URL: {}", redact(&e))))?;
+        let connect: PgConnectOptions = url.parse().map_err(|e: sqlx::Error| {
+            SafeTimeError::Backend(format!("invalid database URL: {}", redact(&e)))
+        })?;
         let connect = connect.application_name(SAMPLER_APPLICATION_NAME);
         Ok(Sampler {
             connect,
@@ -131,7 +131,7 @@ impl Sampler {
 
     /// Runs until `shutdown` turns `true` (or its sender goes away): connect,
     /// wait for the lock as a standby, lead until leadership is lost, and
-    /// start over. Returns `Ok(())` on shutdown; leadership ends with the
+    /// start over. Returns on shutdown; leadership ends with the
     /// connection, so a successor can take over at once.
     pub async fn run(&self, mut shutdown: watch::Receiver<bool>) {
         let mut backoff = Duration::from_millis(100);
@@ -139,7 +139,9 @@ impl Sampler {
             if *shutdown.borrow() {
                 return;
             }
-            let conn = tokio::time::timeout(CONNECT_TIMEOUT, PgConnection::connect_with(&self.connect)).await;
+            let conn =
+                tokio::time::timeout(CONNECT_TIMEOUT, PgConnection::connect_with(&self.connect))
+                    .await;
             let mut conn = match conn {
                 Ok(Ok(c)) => {
                     backoff = Duration::from_millis(100);
@@ -154,7 +156,10 @@ impl Sampler {
                     continue;
                 }
                 Err(_) => {
-                    tracing::warn!(?CONNECT_TIMEOUT, "sampler connection attempt timed out; retrying");
+                    tracing::warn!(
+                        ?CONNECT_TIMEOUT,
+                        "sampler connection attempt timed out; retrying"
+                    );
                     continue;
                 }
             };
@@ -189,6 +194,11 @@ impl Sampler {
                 TermEnd::Shutdown => return,
                 TermEnd::Lost(why) => {
                     tracing::error!(reason = %why, "safe-time leadership lost; connection dropped");
+                    // Yield one standby poll before competing again, so a
+                    // healthy waiting standby takes over first.
+                    if sleep_or_shutdown(self.options.standby_poll, &mut shutdown).await {
+                        return;
+                    }
                 }
             }
         }
@@ -221,7 +231,10 @@ impl Sampler {
 
     /// One leadership term on a connection that holds the lock.
     async fn lead(&self, conn: &mut PgConnection, shutdown: &mut watch::Receiver<bool>) -> TermEnd {
-        let pid: i32 = match sqlx::query_scalar("SELECT pg_backend_pid()").fetch_one(&mut *conn).await {
+        let pid: i32 = match sqlx::query_scalar("SELECT pg_backend_pid()")
+            .fetch_one(&mut *conn)
+            .await
+        {
             Ok(p) => p,
             Err(e) => return TermEnd::Lost(format!("reading the backend pid: {}", redact(&e))),
         };
@@ -246,8 +259,14 @@ impl Sampler {
             s.epoch = Some(claim.epoch);
             s.epochs_won += 1;
         });
-        let mut tracker = CutTracker::new(self.options.config, claim.cut, claim.quarantined, policy.horizon());
-        let interval = Duration::try_from(self.options.config.interval()).unwrap_or(Duration::from_secs(1));
+        let mut tracker = CutTracker::new(
+            self.options.config,
+            claim.cut,
+            claim.quarantined,
+            policy.horizon(),
+        );
+        let interval =
+            Duration::try_from(self.options.config.interval()).unwrap_or(Duration::from_secs(1));
         let mut last_reason: Option<UncertainReason> = claim.uncertain;
         loop {
             if *shutdown.borrow() {
@@ -279,8 +298,12 @@ impl Sampler {
                         tracker.accepted(p.cut);
                         if p.uncertain != last_reason {
                             match p.uncertain {
-                                None => tracing::info!(epoch = claim.epoch, cut = %p.cut, "safe cut is certain"),
-                                Some(r) => tracing::warn!(epoch = claim.epoch, cut = %p.cut, reason = %r, "safe cut is uncertain"),
+                                None => {
+                                    tracing::info!(epoch = claim.epoch, cut = %p.cut, "safe cut is certain")
+                                }
+                                Some(r) => {
+                                    tracing::warn!(epoch = claim.epoch, cut = %p.cut, reason = %r, "safe cut is uncertain")
+                                }
                             }
                             last_reason = p.uncertain;
                         }

@@ -43,6 +43,10 @@ static MIGRATOR: Migrator = sqlx::migrate!("./migrations");
 /// The version of migration 0017, the exact-instant migration.
 pub const EXACT_INSTANTS_VERSION: i64 = 17;
 
+/// The version of migration 0018, safe time (the persisted cut, its epoch,
+/// the sealed horizon policy and the sampler's functions).
+pub const SAFE_TIME_VERSION: i64 = 18;
+
 /// The `application_name` of the migration connection, so operators can see
 /// it in `pg_stat_activity` (for example while it waits for table locks).
 pub const MIGRATE_APPLICATION_NAME: &str = "tollgate-migrate";
@@ -76,7 +80,7 @@ pub struct Schema {
 }
 
 impl Schema {
-    /// Every migration of this binary (1 through 17).
+    /// Every migration of this binary (1 through 18).
     pub fn current() -> Schema {
         Schema {
             migrations: MIGRATOR.migrations.clone(),

@@ -49,7 +49,7 @@ async fn migrate_17(db: &Db) {
     let report = tollgate_pg::migrate(db.url()).await.unwrap();
     assert_eq!(
         (report.from_version, report.to_version, report.applied),
-        (Some(16), Some(17), vec![17])
+        (Some(16), Some(18), vec![17, 18])
     );
 }
 
@@ -716,8 +716,8 @@ async fn binary_knowing_only_1_to_16_refuses_the_migrated_database() {
     assert_eq!(
         err,
         StorageError::Backend {
-            message: "database schema is at version 16 but this binary requires version 17; \
-                      pending migrations: 17; run the migrations first"
+            message: "database schema is at version 16 but this binary requires version 18; \
+                      pending migrations: 17, 18; run the migrations first"
                 .into()
         }
     );
@@ -737,7 +737,7 @@ async fn binary_knowing_only_1_to_16_refuses_the_migrated_database() {
     assert_eq!(old.pending(db.url()).await.unwrap_err(), refusal);
     // The current binary accepts it.
     Schema::current().check(&pool).await.unwrap();
-    assert_eq!(schema_version(&pool).await.unwrap(), Some(17));
+    assert_eq!(schema_version(&pool).await.unwrap(), Some(18));
     pool.close().await;
 }
 
@@ -776,7 +776,7 @@ async fn old_transaction_makes_the_migration_wait_for_its_lock() {
         .expect("migration did not finish after the old transaction committed")
         .unwrap()
         .unwrap();
-    assert_eq!(report.applied, vec![17]);
+    assert_eq!(report.applied, vec![17, 18]);
     // The old transaction's lease committed first and was backfilled.
     let row: (i64, i16, bool, i64) = sqlx::query_as(
         "SELECT expiry_floor_us, expiry_submicro_ns, expiry_is_upper_bound, units \
@@ -882,7 +882,7 @@ async fn new_format_is_invisible_to_other_sessions_until_the_migration_commits()
         .expect("migration did not finish")
         .unwrap()
         .unwrap();
-    assert_eq!(report.applied, vec![17]);
+    assert_eq!(report.applied, vec![17, 18]);
     assert_eq!(
         columns(&mut observer, "tollgate_leases").await,
         [
@@ -1161,9 +1161,10 @@ async fn pending_migrations_and_versions() {
     let all = tollgate_pg::pending_migrations(db.url()).await.unwrap();
     assert_eq!(
         all.iter().map(|m| m.version).collect::<Vec<_>>(),
-        (1..=17).collect::<Vec<i64>>()
+        (1..=18).collect::<Vec<i64>>()
     );
     assert_eq!(all[16].description, "exact instants");
+    assert_eq!(all[17].description, "safe time");
     assert_eq!(all[0].description, "accounts");
     Schema::through(16)
         .unwrap()
@@ -1173,10 +1174,16 @@ async fn pending_migrations_and_versions() {
     let pending = tollgate_pg::pending_migrations(db.url()).await.unwrap();
     assert_eq!(
         pending,
-        vec![tollgate_pg::PendingMigration {
-            version: 17,
-            description: "exact instants".into()
-        }]
+        vec![
+            tollgate_pg::PendingMigration {
+                version: 17,
+                description: "exact instants".into()
+            },
+            tollgate_pg::PendingMigration {
+                version: 18,
+                description: "safe time".into()
+            }
+        ]
     );
     migrate_17(&db).await;
     assert_eq!(
@@ -1187,17 +1194,17 @@ async fn pending_migrations_and_versions() {
     let again = tollgate_pg::migrate(db.url()).await.unwrap();
     assert_eq!(
         (again.from_version, again.to_version, again.applied),
-        (Some(17), Some(17), vec![])
+        (Some(18), Some(18), vec![])
     );
     assert_eq!(
-        Schema::through(18).unwrap_err(),
+        Schema::through(19).unwrap_err(),
         StorageError::Backend {
-            message: "this binary has no migration version 18".into()
+            message: "this binary has no migration version 19".into()
         }
     );
     assert_eq!(
         Schema::current().latest_version(),
-        tollgate_pg::EXACT_INSTANTS_VERSION
+        tollgate_pg::SAFE_TIME_VERSION
     );
 }
 

@@ -7,8 +7,8 @@ mod support;
 
 use jiff::{SignedDuration, Timestamp};
 use sqlx::{Connection, PgConnection, Row};
-use tollgate::safe_time::{DEFAULT_HORIZON_MS, HorizonPolicy, UncertainReason, Verdict};
 use tollgate::GrantPolicy;
+use tollgate::safe_time::{DEFAULT_HORIZON_MS, HorizonPolicy, UncertainReason, Verdict};
 use tollgate_pg::safe_time::{self, SafeTimeError};
 
 async fn conn(url: &str) -> PgConnection {
@@ -62,7 +62,10 @@ async fn empty_installation_starts_at_database_time_uncertain() {
         (policy.version(), policy.horizon_ms()),
         (1, DEFAULT_HORIZON_MS)
     );
-    assert_eq!(policy.digest(), HorizonPolicy::digest_of(1, 315_360_000_000));
+    assert_eq!(
+        policy.digest(),
+        HorizonPolicy::digest_of(1, 315_360_000_000)
+    );
 
     let before = db_now(&mut c).await;
     let (mut l, claim) = leader(db.url()).await;
@@ -70,19 +73,33 @@ async fn empty_installation_starts_at_database_time_uncertain() {
     assert_eq!(claim.epoch, 1);
     assert!(!claim.quarantined);
     assert_eq!(claim.uncertain, Some(UncertainReason::NewEpoch));
-    assert!(before <= claim.cut && claim.cut <= after, "{before} <= {} <= {after}", claim.cut);
+    assert!(
+        before <= claim.cut && claim.cut <= after,
+        "{before} <= {} <= {after}",
+        claim.cut
+    );
     assert_eq!(evidence_kinds(db.url()).await, vec!["initial_cut"]);
 
     let row = safe_time::read_cut(&mut c).await.unwrap().unwrap();
     assert_eq!(
-        (row.epoch, row.cut, row.uncertain, row.quarantined, row.publish_seq),
+        (
+            row.epoch,
+            row.cut,
+            row.uncertain,
+            row.quarantined,
+            row.publish_seq
+        ),
         (1, claim.cut, Some(UncertainReason::NewEpoch), false, 0)
     );
 
     // A certain publish one microsecond later is taken as is.
-    let p = safe_time::publish(&mut l, 1, &verdict(claim.cut + SignedDuration::from_micros(1), None))
-        .await
-        .unwrap();
+    let p = safe_time::publish(
+        &mut l,
+        1,
+        &verdict(claim.cut + SignedDuration::from_micros(1), None),
+    )
+    .await
+    .unwrap();
     assert_eq!(
         (p.cut, p.uncertain, p.quarantined, p.publish_seq),
         (claim.cut + SignedDuration::from_micros(1), None, false, 1)
@@ -105,7 +122,10 @@ async fn claim_and_publish_need_the_lock_on_the_calling_backend() {
         .await
         .unwrap();
     let on_leader = safe_time::observe(&mut l).await.unwrap();
-    assert_eq!((on_leader.backend_pid, on_leader.lock_held), (leader_pid, true));
+    assert_eq!(
+        (on_leader.backend_pid, on_leader.lock_held),
+        (leader_pid, true)
+    );
     let elsewhere = safe_time::observe(&mut outsider).await.unwrap();
     assert_ne!(elsewhere.backend_pid, leader_pid);
     assert!(!elsewhere.lock_held);
@@ -122,20 +142,32 @@ async fn publish_is_capped_by_database_time_never_backward_and_epoch_fenced() {
     let db = support::migrated_db().await;
     let (mut l, claim) = leader(db.url()).await;
     let far = claim.cut + SignedDuration::from_hours(24);
-    let p = safe_time::publish(&mut l, 1, &verdict(far, None)).await.unwrap();
-    let now = db_now(&mut l).await;
-    assert!(p.cut > claim.cut && p.cut <= now, "capped: {} <= {now}", p.cut);
-    let capped = p.cut;
-    let back = safe_time::publish(&mut l, 1, &verdict(claim.cut, Some(UncertainReason::ClockStepBackward)))
+    let p = safe_time::publish(&mut l, 1, &verdict(far, None))
         .await
         .unwrap();
+    let now = db_now(&mut l).await;
+    assert!(
+        p.cut > claim.cut && p.cut <= now,
+        "capped: {} <= {now}",
+        p.cut
+    );
+    let capped = p.cut;
+    let back = safe_time::publish(
+        &mut l,
+        1,
+        &verdict(claim.cut, Some(UncertainReason::ClockStepBackward)),
+    )
+    .await
+    .unwrap();
     assert_eq!(
         (back.cut, back.uncertain),
         (capped, Some(UncertainReason::ClockStepBackward))
     );
     // Sub-microsecond precision survives.
     let exact = capped + SignedDuration::from_nanos(7);
-    let p = safe_time::publish(&mut l, 1, &verdict(exact, None)).await.unwrap();
+    let p = safe_time::publish(&mut l, 1, &verdict(exact, None))
+        .await
+        .unwrap();
     assert_eq!(p.cut, exact);
 
     // The leader's session ends; a successor claims epoch 2; the stale
@@ -145,14 +177,20 @@ async fn publish_is_capped_by_database_time_never_backward_and_epoch_fenced() {
     assert_eq!(claim2.epoch, 2);
     assert_eq!(claim2.cut, exact);
     assert_eq!(claim2.uncertain, Some(UncertainReason::NewEpoch));
-    let err = safe_time::publish(&mut l2, 1, &verdict(exact, None)).await.unwrap_err();
-    assert_eq!(err.code(), "stale_epoch");
-    assert!(matches!(err, SafeTimeError::StaleEpoch(ref m) if m.contains("epoch 1 is not the current epoch 2")), "{err}");
-    // A malformed pair straight at the function.
-    let err = sqlx::query("SELECT * FROM tollgate_safetime_publish(2, 0, 1000, NULL, false, false)")
-        .fetch_one(&mut l2)
+    let err = safe_time::publish(&mut l2, 1, &verdict(exact, None))
         .await
         .unwrap_err();
+    assert_eq!(err.code(), "stale_epoch");
+    assert!(
+        matches!(err, SafeTimeError::StaleEpoch(ref m) if m.contains("epoch 1 is not the current epoch 2")),
+        "{err}"
+    );
+    // A malformed pair straight at the function.
+    let err =
+        sqlx::query("SELECT * FROM tollgate_safetime_publish(2, 0, 1000, NULL, false, false)")
+            .fetch_one(&mut l2)
+            .await
+            .unwrap_err();
     assert_eq!(SafeTimeError::from(err).code(), "invalid_proposal");
 }
 
@@ -172,7 +210,12 @@ async fn populated_installation_starts_quarantined_at_the_unix_epoch() {
     let (mut l, claim) = leader(db.url()).await;
     assert_eq!(
         (claim.epoch, claim.cut, claim.quarantined, claim.uncertain),
-        (1, Timestamp::UNIX_EPOCH, true, Some(UncertainReason::InitialQuarantine))
+        (
+            1,
+            Timestamp::UNIX_EPOCH,
+            true,
+            Some(UncertainReason::InitialQuarantine)
+        )
     );
     let mut c = conn(db.url()).await;
     let detail = sqlx::query(
@@ -196,15 +239,21 @@ async fn populated_installation_starts_quarantined_at_the_unix_epoch() {
             "initial_quarantine".into(),
             "1".into(),
             "0".into(),
-            (t0 + SignedDuration::from_secs(30)).as_microsecond().to_string(),
+            (t0 + SignedDuration::from_secs(30))
+                .as_microsecond()
+                .to_string(),
             "unix_epoch".into()
         )
     );
     // A "certain" publish is stored uncertain while quarantined, and the
     // database refuses to clear the quarantine before a full horizon.
-    let p = safe_time::publish(&mut l, 1, &verdict(Timestamp::UNIX_EPOCH + SignedDuration::from_secs(1), None))
-        .await
-        .unwrap();
+    let p = safe_time::publish(
+        &mut l,
+        1,
+        &verdict(Timestamp::UNIX_EPOCH + SignedDuration::from_secs(1), None),
+    )
+    .await
+    .unwrap();
     assert_eq!(
         (p.cut, p.uncertain, p.quarantined),
         (
@@ -224,15 +273,19 @@ async fn the_sampler_role_can_only_observe_claim_and_publish() {
     let db = support::migrated_db().await;
     let role = format!("tg_sampler_{}", db.name);
     let mut owner = conn(db.url()).await;
-    sqlx::query(&format!("CREATE ROLE \"{role}\" LOGIN IN ROLE tollgate_sampler"))
-        .execute(&mut owner)
-        .await
-        .unwrap();
+    sqlx::query(&format!(
+        "CREATE ROLE \"{role}\" LOGIN IN ROLE tollgate_sampler"
+    ))
+    .execute(&mut owner)
+    .await
+    .unwrap();
     let url = db.url().replacen("postgres@", &format!("{role}@"), 1);
     assert_ne!(url, db.url(), "the test URL names the postgres user");
     let (mut l, claim) = leader(&url).await;
     assert_eq!(claim.epoch, 1);
-    let p = safe_time::publish(&mut l, 1, &verdict(claim.cut, None)).await.unwrap();
+    let p = safe_time::publish(&mut l, 1, &verdict(claim.cut, None))
+        .await
+        .unwrap();
     assert_eq!(p.uncertain, None);
     assert!(safe_time::read_cut(&mut l).await.unwrap().is_some());
     for stmt in [
@@ -243,7 +296,10 @@ async fn the_sampler_role_can_only_observe_claim_and_publish() {
         "SELECT * FROM tollgate_safetime_seal_policy(1000, 'x')",
     ] {
         let err = sqlx::query(stmt).execute(&mut l).await.unwrap_err();
-        let code = err.as_database_error().and_then(|d| d.code()).map(|c| c.into_owned());
+        let code = err
+            .as_database_error()
+            .and_then(|d| d.code())
+            .map(|c| c.into_owned());
         assert_eq!(code.as_deref(), Some("42501"), "{stmt}: {err}");
     }
     drop(l);
@@ -268,7 +324,9 @@ async fn horizon_changes_need_a_stopped_sampler_evidence_and_a_successor_epoch()
     .await;
     let (l, claim) = leader(db.url()).await;
     let mut owner = conn(db.url()).await;
-    let err = safe_time::seal_policy(&mut owner, 86_400_000, "ops").await.unwrap_err();
+    let err = safe_time::seal_policy(&mut owner, 86_400_000, "ops")
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), "sampler_running");
     drop(l);
     // Wait (bounded) for the server to end the dropped session.
@@ -282,11 +340,18 @@ async fn horizon_changes_need_a_stopped_sampler_evidence_and_a_successor_epoch()
         }
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
-    let err = safe_time::seal_policy(&mut owner, 64_999, "ops").await.unwrap_err();
+    let err = safe_time::seal_policy(&mut owner, 64_999, "ops")
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), "horizon_below_policy");
-    let p2 = safe_time::seal_policy(&mut owner, 65_000, "ops").await.unwrap();
+    let p2 = safe_time::seal_policy(&mut owner, 65_000, "ops")
+        .await
+        .unwrap();
     assert_eq!((p2.version(), p2.horizon_ms()), (2, 65_000));
-    assert_eq!(evidence_kinds(db.url()).await, vec!["initial_cut", "policy_change"]);
+    assert_eq!(
+        evidence_kinds(db.url()).await,
+        vec!["initial_cut", "policy_change"]
+    );
     let immut = sqlx::query("UPDATE tollgate_safetime_policy SET horizon_ms = 1")
         .execute(&mut owner)
         .await
@@ -299,12 +364,20 @@ async fn horizon_changes_need_a_stopped_sampler_evidence_and_a_successor_epoch()
     assert_eq!((row.epoch, row.policy.version()), (claim.epoch, 1));
     let mut c = conn(db.url()).await;
     assert!(safe_time::try_lock(&mut c).await.unwrap());
-    let v1 = HorizonPolicy::verified(1, DEFAULT_HORIZON_MS, &HorizonPolicy::digest_of(1, DEFAULT_HORIZON_MS)).unwrap();
+    let v1 = HorizonPolicy::verified(
+        1,
+        DEFAULT_HORIZON_MS,
+        &HorizonPolicy::digest_of(1, DEFAULT_HORIZON_MS),
+    )
+    .unwrap();
     let err = safe_time::claim(&mut c, &v1).await.unwrap_err();
     assert_eq!(err.code(), "policy_mismatch");
     let loaded = safe_time::load_policy(&mut c).await.unwrap();
     let claim2 = safe_time::claim(&mut c, &loaded).await.unwrap();
     assert_eq!(claim2.epoch, 2);
     let row = safe_time::read_cut(&mut owner).await.unwrap().unwrap();
-    assert_eq!((row.epoch, row.policy.version(), row.policy.horizon_ms()), (2, 2, 65_000));
+    assert_eq!(
+        (row.epoch, row.policy.version(), row.policy.horizon_ms()),
+        (2, 2, 65_000)
+    );
 }

@@ -1,0 +1,183 @@
+//! The sampler loop against a real PostgreSQL: it wins an epoch, publishes
+//! a cut that becomes certain and tracks database time; a standby waits and
+//! takes over with the next epoch when the leader stops or its backend is
+//! terminated.
+
+mod support;
+
+use std::time::Duration;
+
+use jiff::SignedDuration;
+use sqlx::{Connection, PgConnection};
+use tokio::sync::watch;
+use tollgate::safe_time::{SafeTimeConfig, UncertainReason};
+use tollgate_pg::safe_time::{self, CutRow};
+use tollgate_pg::sampler::{Sampler, SamplerOptions, SamplerStatus};
+
+/// Fast settings: 50 ms samples, 2 s gap bound, 3 stable observations and
+/// 200 ms of calm to recover.
+fn fast(standby_poll: Duration) -> SamplerOptions {
+    SamplerOptions {
+        config: SafeTimeConfig::new(
+            50,
+            SignedDuration::from_millis(50),
+            SignedDuration::from_secs(2),
+            SignedDuration::from_millis(500),
+            3,
+            SignedDuration::from_millis(200),
+        )
+        .unwrap(),
+        standby_poll,
+        reconnect_max: Duration::from_millis(500),
+    }
+}
+
+struct Running {
+    stop: watch::Sender<bool>,
+    status: watch::Receiver<SamplerStatus>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+fn start(url: &str, options: SamplerOptions) -> Running {
+    let sampler = Sampler::new(url, options).unwrap();
+    let status = sampler.status();
+    let (stop, rx) = watch::channel(false);
+    let task = tokio::spawn(async move { sampler.run(rx).await });
+    Running { stop, status, task }
+}
+
+impl Running {
+    async fn shutdown(self) {
+        self.stop.send(true).unwrap();
+        tokio::time::timeout(Duration::from_secs(10), self.task)
+            .await
+            .expect("sampler stops within 10 s")
+            .unwrap();
+    }
+}
+
+/// Polls the cut every 20 ms until `pred` holds (at most `secs` seconds).
+async fn wait_cut(url: &str, secs: u64, what: &str, pred: impl Fn(&CutRow) -> bool) -> CutRow {
+    let mut c = PgConnection::connect(url).await.unwrap();
+    let mut last = None;
+    for _ in 0..secs * 50 {
+        if let Some(row) = safe_time::read_cut(&mut c).await.unwrap() {
+            if pred(&row) {
+                return row;
+            }
+            last = Some(row);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("timed out waiting for {what}; last cut row: {last:?}");
+}
+
+#[tokio::test]
+async fn the_leader_publishes_a_certain_cut_that_tracks_database_time() {
+    let db = support::migrated_db().await;
+    let s = start(db.url(), fast(Duration::from_millis(50)));
+    let row = wait_cut(db.url(), 20, "a certain cut", |r| r.uncertain.is_none()).await;
+    assert_eq!((row.epoch, row.quarantined), (1, false));
+    // Three stable observations after the first: at least 4 publishes.
+    assert!(row.publish_seq >= 4, "publish_seq {}", row.publish_seq);
+    assert!(row.cut <= row.db_now);
+    assert!(
+        row.lag() < SignedDuration::from_secs(1),
+        "lag {}",
+        row.lag()
+    );
+    assert_eq!(s.status.borrow().epoch, Some(1));
+    // It keeps advancing.
+    let later = wait_cut(db.url(), 10, "an advanced cut", |r| r.cut > row.cut).await;
+    assert_eq!(later.uncertain, None);
+    s.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_standby_waits_and_takes_over_with_the_next_epoch() {
+    let db = support::migrated_db().await;
+    let a = start(db.url(), fast(Duration::from_millis(50)));
+    wait_cut(db.url(), 20, "a certain cut", |r| r.uncertain.is_none()).await;
+    let b = start(db.url(), fast(Duration::from_millis(20)));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(b.status.borrow().epoch, None, "a standby never steals");
+    assert_eq!(a.status.borrow().epoch, Some(1));
+    let before = wait_cut(db.url(), 5, "epoch 1", |r| r.epoch == 1).await;
+
+    a.shutdown().await;
+    let row = wait_cut(db.url(), 20, "epoch 2", |r| r.epoch == 2).await;
+    assert!(row.cut >= before.cut, "never backward");
+    let mut status = b.status.clone();
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        status.wait_for(|s| s.epoch == Some(2)),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    wait_cut(db.url(), 20, "certain under epoch 2", |r| {
+        r.epoch == 2 && r.uncertain.is_none()
+    })
+    .await;
+    b.shutdown().await;
+}
+
+#[tokio::test]
+async fn terminating_the_leaders_backend_hands_over_to_the_standby() {
+    let db = support::migrated_db().await;
+    // The leader yields 2 s after losing leadership; the standby polls
+    // every 20 ms, so the standby takes over.
+    let a = start(db.url(), fast(Duration::from_secs(2)));
+    wait_cut(db.url(), 20, "a certain cut", |r| r.uncertain.is_none()).await;
+    let b = start(db.url(), fast(Duration::from_millis(20)));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(b.status.borrow().epoch, None);
+
+    let mut admin = PgConnection::connect(db.url()).await.unwrap();
+    let terminated: bool =
+        sqlx::query_scalar("SELECT pg_terminate_backend(leader_pid) FROM tollgate_safetime")
+            .fetch_one(&mut admin)
+            .await
+            .unwrap();
+    assert!(terminated);
+    let row = wait_cut(db.url(), 20, "epoch 2", |r| r.epoch == 2).await;
+    assert!(matches!(
+        row.uncertain,
+        Some(UncertainReason::NewEpoch) | Some(UncertainReason::Recovering) | None
+    ));
+    let mut sb = b.status.clone();
+    tokio::time::timeout(Duration::from_secs(10), sb.wait_for(|s| s.epoch == Some(2)))
+        .await
+        .unwrap()
+        .unwrap();
+    let sa = a.status.borrow().clone();
+    assert_eq!(sa.epoch, None);
+    assert!(
+        sa.last_loss
+            .as_deref()
+            .is_some_and(|l| l.starts_with("observation failed")),
+        "{:?}",
+        sa.last_loss
+    );
+    // The old leader's epoch is refused even with the lock: only the
+    // successor's epoch can publish.
+    b.shutdown().await;
+    let mut c = PgConnection::connect(db.url()).await.unwrap();
+    for _ in 0..100 {
+        if safe_time::try_lock(&mut c).await.unwrap() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let v = tollgate::safe_time::Verdict {
+        proposal: row.cut,
+        uncertain: None,
+        anomaly: false,
+        clears_quarantine: false,
+        publishable: true,
+    };
+    let err = safe_time::publish(&mut c, 1, &v).await.unwrap_err();
+    assert_eq!(err.code(), "stale_epoch");
+    drop(c);
+    a.shutdown().await;
+}
