@@ -1,0 +1,290 @@
+//! `tollgate-safetime`: the safe-time sampler process and its operator
+//! commands (issue 6; seed 003, "Recovery and safe time").
+//!
+//! ```text
+//! tollgate-safetime run      --database-url URL   # lead or stand by, until SIGINT/SIGTERM
+//! tollgate-safetime status   --database-url URL   # the persisted cut, as JSON
+//! tollgate-safetime policy show|seal              # the sealed horizon policy
+//! tollgate-safetime evidence --database-url URL   # immutable evidence rows, as JSON lines
+//! ```
+//!
+//! Run it beside the service, on a host that runs no untrusted code: its
+//! monotonic clock is the trusted leaf of the whole time model. Connect
+//! directly to PostgreSQL (or through a proxy in *session* pooling mode);
+//! transaction and statement pooling are unsupported, and the per-sample
+//! PID and lock checks end leadership if a statement reaches another
+//! backend. Exit status: 0 after a clean shutdown, 2 for bad arguments,
+//! 1 for any other failure (with a message naming its stable code).
+
+#![forbid(unsafe_code)]
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use jiff::SignedDuration;
+use sqlx::{Connection, PgConnection};
+use tokio::sync::watch;
+use tollgate::safe_time::{
+    DEFAULT_DRIFT_PPM, DEFAULT_GAP_MAX, DEFAULT_RECOVERY_GRACE, DEFAULT_ROUND_TRIP_MAX,
+    DEFAULT_SAMPLE_INTERVAL, DEFAULT_STABLE_OBSERVATIONS_MIN, SafeTimeConfig,
+};
+use tollgate_pg::safe_time::{self, SafeTimeError};
+use tollgate_pg::sampler::{DEFAULT_RECONNECT_MAX, DEFAULT_STANDBY_POLL, Sampler, SamplerOptions};
+
+#[derive(Debug, Parser)]
+#[command(name = "tollgate-safetime", version, about = "Tollgate's safe-time sampler: publishes the safe expiry cut")]
+struct Cli {
+    /// PostgreSQL URL of the Tollgate database (migrated to schema 18).
+    #[arg(long, global = true, env = "TOLLGATE_DATABASE_URL", value_name = "URL", hide_env_values = true)]
+    database_url: Option<String>,
+    /// Log level: error, warn, info, debug, trace.
+    #[arg(long, global = true, env = "TOLLGATE_LOG_LEVEL", default_value = "info")]
+    log_level: tracing::Level,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the sampler: wait for leadership, then publish the cut every
+    /// interval until SIGINT or SIGTERM.
+    Run(RunArgs),
+    /// Print the persisted cut and its certainty as JSON.
+    Status,
+    /// Show or seal the maximum-deadline horizon policy.
+    #[command(subcommand)]
+    Policy(PolicyCommand),
+    /// Print the immutable evidence rows as JSON lines (oldest first).
+    Evidence {
+        /// At most this many rows (capped at 1000).
+        #[arg(long, default_value_t = 100)]
+        limit: i64,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum PolicyCommand {
+    /// Print the newest sealed policy (version, horizon, digest) as JSON.
+    Show,
+    /// Seal a new horizon (owner role only). Refused while any sampler
+    /// runs and when shorter than max_ttl + reclaim_grace; takes effect at
+    /// the next epoch a sampler claims.
+    Seal {
+        /// The new horizon in milliseconds (default policy: 315360000000 = 3650 days).
+        #[arg(long)]
+        horizon_ms: i64,
+        /// Who seals it (recorded in the evidence), 1..=200 characters.
+        #[arg(long)]
+        sealed_by: String,
+    },
+}
+
+#[derive(Debug, clap::Args)]
+struct RunArgs {
+    /// Interval between samples (e.g. `1s`, `250ms`, `PT1S`).
+    #[arg(long, env = "TOLLGATE_SAFETIME_INTERVAL", default_value_t = DEFAULT_SAMPLE_INTERVAL)]
+    interval: SignedDuration,
+    /// Drift allowance between database and monotonic time, parts per million.
+    #[arg(long, env = "TOLLGATE_SAFETIME_DRIFT_PPM", default_value_t = DEFAULT_DRIFT_PPM)]
+    drift_ppm: u32,
+    /// Sampling-gap bound: a longer gap between samples makes the cut uncertain.
+    #[arg(long, env = "TOLLGATE_SAFETIME_GAP_MAX", default_value_t = DEFAULT_GAP_MAX)]
+    gap_max: SignedDuration,
+    /// Longest plausible round trip of one observation.
+    #[arg(long, env = "TOLLGATE_SAFETIME_ROUND_TRIP_MAX", default_value_t = DEFAULT_ROUND_TRIP_MAX)]
+    round_trip_max: SignedDuration,
+    /// Consecutive consistent observations needed to become certain again.
+    #[arg(long, env = "TOLLGATE_SAFETIME_STABLE_OBSERVATIONS", default_value_t = DEFAULT_STABLE_OBSERVATIONS_MIN)]
+    stable_observations: u32,
+    /// Monotonic time after the last anomaly needed to become certain again.
+    #[arg(long, env = "TOLLGATE_SAFETIME_RECOVERY_GRACE", default_value_t = DEFAULT_RECOVERY_GRACE)]
+    recovery_grace: SignedDuration,
+    /// Interval between a standby's attempts to take leadership.
+    #[arg(long, env = "TOLLGATE_SAFETIME_STANDBY_POLL", default_value = "500ms")]
+    standby_poll: SignedDuration,
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() { ExitCode::from(2) } else { ExitCode::SUCCESS };
+        }
+    };
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .with_max_level(cli.log_level)
+        .init();
+    let Some(url) = cli.database_url.clone() else {
+        eprintln!("tollgate-safetime: --database-url (or TOLLGATE_DATABASE_URL) is required");
+        return ExitCode::from(2);
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("tollgate-safetime: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(dispatch(cli.command, &url)) {
+        Ok(code) => code,
+        Err(Failure::Usage(msg)) => {
+            eprintln!("tollgate-safetime: {msg}");
+            ExitCode::from(2)
+        }
+        Err(Failure::SafeTime(e)) => {
+            eprintln!("tollgate-safetime: {e} (code {})", e.code());
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[derive(Debug)]
+enum Failure {
+    Usage(String),
+    SafeTime(SafeTimeError),
+}
+
+impl From<SafeTimeError> for Failure {
+    fn from(e: SafeTimeError) -> Self {
+        Failure::SafeTime(e)
+    }
+}
+
+async fn connect(url: &str) -> Result<PgConnection, Failure> {
+    PgConnection::connect(url)
+        .await
+        .map_err(|e| Failure::SafeTime(SafeTimeError::Backend(format!("cannot connect: {}", connect_error(&e)))))
+}
+
+fn connect_error(e: &sqlx::Error) -> String {
+    match e {
+        sqlx::Error::Configuration(_) => "invalid database URL".to_owned(),
+        other => other.to_string(),
+    }
+}
+
+fn std_duration(name: &str, d: SignedDuration) -> Result<Duration, Failure> {
+    Duration::try_from(d)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| Failure::Usage(format!("{name} must be positive, got {d}")))
+}
+
+async fn dispatch(command: Command, url: &str) -> Result<ExitCode, Failure> {
+    match command {
+        Command::Run(args) => run(args, url).await,
+        Command::Status => {
+            let mut c = connect(url).await?;
+            let row = safe_time::read_cut(&mut c).await?;
+            let json = match row {
+                None => serde_json::json!({ "cut": null, "certain": false, "uncertain_reason": "no_cut" }),
+                Some(r) => serde_json::json!({
+                    "epoch": r.epoch,
+                    "cut": r.cut.to_string(),
+                    "certain": r.uncertain.is_none(),
+                    "uncertain_reason": r.uncertain.map(|u| u.code()),
+                    "quarantined": r.quarantined,
+                    "publish_seq": r.publish_seq,
+                    "published_at": r.published_at.to_string(),
+                    "database_time": r.db_now.to_string(),
+                    "cut_lag_ns": r.lag().as_nanos().to_string(),
+                    "policy_version": r.policy.version(),
+                    "horizon_ms": r.policy.horizon_ms(),
+                    "policy_digest": r.policy.digest(),
+                }),
+            };
+            println!("{json}");
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Policy(PolicyCommand::Show) => {
+            let mut c = connect(url).await?;
+            let p = safe_time::load_policy(&mut c).await?;
+            println!(
+                "{}",
+                serde_json::json!({ "version": p.version(), "horizon_ms": p.horizon_ms(), "digest": p.digest() })
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Policy(PolicyCommand::Seal { horizon_ms, sealed_by }) => {
+            let n = sealed_by.chars().count();
+            if !(1..=200).contains(&n) {
+                return Err(Failure::Usage(format!("--sealed-by must be 1..=200 characters, got {n}")));
+            }
+            if horizon_ms <= 0 {
+                return Err(Failure::Usage(format!("--horizon-ms must be positive, got {horizon_ms}")));
+            }
+            let mut c = connect(url).await?;
+            let p = safe_time::seal_policy(&mut c, horizon_ms, &sealed_by).await?;
+            println!(
+                "{}",
+                serde_json::json!({ "version": p.version(), "horizon_ms": p.horizon_ms(), "digest": p.digest() })
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Evidence { limit } => {
+            let mut c = connect(url).await?;
+            for e in safe_time::evidence(&mut c, limit).await? {
+                let detail: serde_json::Value =
+                    serde_json::from_str(&e.detail).unwrap_or(serde_json::Value::String(e.detail.clone()));
+                println!(
+                    "{}",
+                    serde_json::json!({ "evidence_id": e.evidence_id, "kind": e.kind, "epoch": e.epoch, "detail": detail })
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+async fn run(args: RunArgs, url: &str) -> Result<ExitCode, Failure> {
+    let config = SafeTimeConfig::new(
+        args.drift_ppm,
+        args.interval,
+        args.gap_max,
+        args.round_trip_max,
+        args.stable_observations,
+        args.recovery_grace,
+    )
+    .map_err(|e| Failure::Usage(e.to_string()))?;
+    let options = SamplerOptions {
+        config,
+        standby_poll: std_duration("--standby-poll", args.standby_poll)?,
+        reconnect_max: DEFAULT_RECONNECT_MAX,
+    };
+    let _ = DEFAULT_STANDBY_POLL;
+    let sampler = Sampler::new(url, options)?;
+    let (stop, rx) = watch::channel(false);
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        tracing::info!("shutdown requested; releasing leadership");
+        let _ = stop.send(true);
+    });
+    tracing::info!(
+        interval = %config.interval(),
+        drift_ppm = config.drift_ppm(),
+        gap_max = %config.gap_max(),
+        "safe-time sampler starting"
+    );
+    sampler.run(rx).await;
+    tracing::info!("safe-time sampler stopped");
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
