@@ -265,6 +265,9 @@ impl Sampler {
             claim.quarantined,
             policy.horizon(),
         );
+        if let Some(reason) = claim.uncertain.filter(|r| r.is_anomaly()) {
+            tracker = tracker.with_start_reason(reason);
+        }
         let interval =
             Duration::try_from(self.options.config.interval()).unwrap_or(Duration::from_secs(1));
         let mut last_reason: Option<UncertainReason> = claim.uncertain;

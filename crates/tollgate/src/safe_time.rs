@@ -118,7 +118,9 @@ pub enum HorizonPolicyError {
         horizon_ms: i64,
     },
     /// The stored digest is not the digest of the stored values.
-    #[error("horizon policy version {version}: digest {stored} does not match the sealed values (expected {expected})")]
+    #[error(
+        "horizon policy version {version}: digest {stored} does not match the sealed values (expected {expected})"
+    )]
     DigestMismatch {
         /// The version read.
         version: i64,
@@ -523,6 +525,7 @@ pub struct CutTracker {
     uncertain: Option<UncertainReason>,
     quarantine_since_mono_ns: Option<u64>,
     quarantined: bool,
+    start_reason: UncertainReason,
 }
 
 impl CutTracker {
@@ -550,7 +553,20 @@ impl CutTracker {
             }),
             quarantine_since_mono_ns: None,
             quarantined,
+            start_reason: UncertainReason::NewEpoch,
         }
+    }
+
+    /// The same tracker, reporting `reason` (instead of
+    /// [`UncertainReason::NewEpoch`]) for the epoch's first observation:
+    /// the database's own finding at the claim, such as
+    /// [`UncertainReason::PrimaryChange`] after a failover.
+    pub fn with_start_reason(mut self, reason: UncertainReason) -> CutTracker {
+        self.start_reason = reason;
+        if !self.quarantined {
+            self.uncertain = Some(reason);
+        }
+        self
     }
 
     /// The configuration.
@@ -593,7 +609,7 @@ impl CutTracker {
         let rtt = i128::from(obs.mono_after_ns) - i128::from(obs.mono_before_ns);
         let prev = self.last.replace(obs);
         let (anomaly, advance_ns): (Option<UncertainReason>, i128) = match prev {
-            None => (Some(UncertainReason::NewEpoch), 0),
+            None => (Some(self.start_reason), 0),
             Some(p) => {
                 let lo = i128::from(obs.mono_before_ns) - i128::from(p.mono_after_ns);
                 let hi = i128::from(obs.mono_after_ns) - i128::from(p.mono_before_ns);
@@ -652,7 +668,8 @@ impl CutTracker {
                     && calm_ns >= cfg.recovery_grace.as_nanos();
                 if self.quarantined {
                     let run_since = self.quarantine_since_mono_ns.unwrap_or(obs.mono_after_ns);
-                    let run_ns = cfg.trusted(i128::from(obs.mono_before_ns) - i128::from(run_since));
+                    let run_ns =
+                        cfg.trusted(i128::from(obs.mono_before_ns) - i128::from(run_since));
                     if recovered && run_ns >= self.horizon_ns {
                         self.quarantined = false;
                         clears_quarantine = true;
@@ -738,7 +755,12 @@ mod tests {
 
     #[test]
     fn steady_samples_track_database_time_and_recover() {
-        let mut t = CutTracker::new(cfg(), ts(T0 - 10 * S as i128), false, SignedDuration::from_hours(1));
+        let mut t = CutTracker::new(
+            cfg(),
+            ts(T0 - 10 * S as i128),
+            false,
+            SignedDuration::from_hours(1),
+        );
         let v = t.observe(obs(100, T0));
         assert_eq!(v.uncertain, Some(UncertainReason::NewEpoch));
         assert_eq!(v.proposal, ts(T0 - 10 * S as i128));
@@ -748,7 +770,10 @@ mod tests {
         // advance is min(1 s, 1.001 s * (1 - 50e-6)) = 1 s.
         for k in 1..=3u64 {
             let v = t.observe(obs(100 + k, T0 + i128::from(k) * S as i128));
-            assert_eq!(v.proposal, ts(T0 - 10 * S as i128 + i128::from(k) * S as i128));
+            assert_eq!(
+                v.proposal,
+                ts(T0 - 10 * S as i128 + i128::from(k) * S as i128)
+            );
             t.accepted(v.proposal);
             // Three stable observations are needed (and 2 s of calm).
             let expected = if k < 3 {
@@ -758,6 +783,20 @@ mod tests {
             };
             assert_eq!(v.uncertain, expected, "k = {k}");
         }
+    }
+
+    #[test]
+    fn the_first_observation_reports_the_start_reason() {
+        let mut t = CutTracker::new(cfg(), ts(T0), false, SignedDuration::from_hours(1))
+            .with_start_reason(UncertainReason::PrimaryChange);
+        assert_eq!(t.uncertain(), Some(UncertainReason::PrimaryChange));
+        let v = t.observe(obs(10, T0));
+        assert_eq!(
+            (v.uncertain, v.anomaly),
+            (Some(UncertainReason::PrimaryChange), true)
+        );
+        let v = t.observe(obs(11, T0 + S as i128));
+        assert_eq!(v.uncertain, Some(UncertainReason::Recovering));
     }
 
     #[test]
@@ -822,7 +861,11 @@ mod tests {
         // needs mono_before >= 100.001 + 10.0005 s, i.e. the sample at 111.
         for k in 101..=110u64 {
             let v = t.observe(obs(k, T0 + i128::from(k - 100) * S as i128));
-            assert_eq!(v.uncertain, Some(UncertainReason::InitialQuarantine), "k = {k}");
+            assert_eq!(
+                v.uncertain,
+                Some(UncertainReason::InitialQuarantine),
+                "k = {k}"
+            );
             assert!(!v.clears_quarantine);
             assert_eq!(v.proposal, ts(i128::from(k - 100) * S as i128));
             t.accepted(v.proposal);
@@ -884,11 +927,9 @@ mod tests {
                 horizon_ms: 0
             })
         );
-        let gp = crate::GrantPolicy::new(
-            SignedDuration::from_secs(9),
-            SignedDuration::from_secs(1),
-        )
-        .unwrap();
+        let gp =
+            crate::GrantPolicy::new(SignedDuration::from_secs(9), SignedDuration::from_secs(1))
+                .unwrap();
         let ten = HorizonPolicy::verified(2, 10_000, &HorizonPolicy::digest_of(2, 10_000)).unwrap();
         assert!(ten.covers(&gp));
         let short = HorizonPolicy::verified(2, 9_999, &HorizonPolicy::digest_of(2, 9_999)).unwrap();
