@@ -157,10 +157,10 @@ impl CutWatch {
     pub async fn until(&mut self, secs: u64, what: &str, pred: impl Fn(&CutRow) -> bool) -> CutRow {
         let deadline = Instant::now() + Duration::from_secs(secs);
         while Instant::now() < deadline {
-            if let Some(row) = self.read().await {
-                if pred(&row) {
-                    return row;
-                }
+            if let Some(row) = self.read().await
+                && pred(&row)
+            {
+                return row;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
