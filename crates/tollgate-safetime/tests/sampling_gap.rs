@@ -1,6 +1,7 @@
 //! Qualification: the sampler process is paused (SIGSTOP) longer than the
 //! sampling-gap bound; nothing is published meanwhile, and on resumption it
-//! reports the gap and recovers.
+//! reports the gap and recovers. On PostgreSQL 15 and 18. (What the service
+//! does meanwhile, refusing and pausing reclaim, is in tests/service.rs.)
 
 mod support;
 
@@ -9,11 +10,12 @@ use std::time::Duration;
 use support::{CutWatch, SamplerProc};
 use tollgate::safe_time::UncertainReason;
 
-#[tokio::test]
-async fn a_paused_sampler_publishes_nothing_then_reports_the_gap() {
-    let db = tollgate_pg_harness::shared().await.fresh_database().await;
+async fn paused_sampler(major: u32) {
+    let server =
+        tollgate_pg_harness::PgServer::start_dedicated_with(support::binaries(major)).unwrap();
+    let db = server.fresh_database().await;
     tollgate_pg::migrate(db.url()).await.unwrap();
-    let sampler = SamplerProc::start(db.url(), "gap");
+    let sampler = SamplerProc::start(db.url(), &format!("gap{major}"));
     let mut w = CutWatch::new(db.url()).await;
     w.until(30, "a certain cut", |r| r.uncertain.is_none())
         .await;
@@ -37,4 +39,14 @@ async fn a_paused_sampler_publishes_nothing_then_reports_the_gap() {
     w.until(20, "certainty after the gap", |r| r.uncertain.is_none())
         .await;
     assert_eq!(sampler.terminate(), Some(0));
+}
+
+#[tokio::test]
+async fn a_paused_sampler_publishes_nothing_then_reports_the_gap_on_postgresql_15() {
+    paused_sampler(15).await;
+}
+
+#[tokio::test]
+async fn a_paused_sampler_publishes_nothing_then_reports_the_gap_on_postgresql_18() {
+    paused_sampler(18).await;
 }
