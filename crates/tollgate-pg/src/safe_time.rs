@@ -181,7 +181,10 @@ where
     let Some(row) = row else { return Ok(None) };
     Ok(Some(CutRow {
         epoch: row.try_get("epoch")?,
-        cut: pair_to_timestamp(row.try_get("cut_floor_us")?, row.try_get("cut_submicro_ns")?)?,
+        cut: pair_to_timestamp(
+            row.try_get("cut_floor_us")?,
+            row.try_get("cut_submicro_ns")?,
+        )?,
         uncertain: reason_from(row.try_get("uncertain_reason")?)?,
         quarantined: row.try_get("quarantined")?,
         publish_seq: row.try_get("publish_seq")?,
@@ -229,11 +232,13 @@ pub async fn seal_policy(
     horizon_ms: i64,
     sealed_by: &str,
 ) -> Result<HorizonPolicy, SafeTimeError> {
-    let row = sqlx::query("SELECT version, horizon_ms, digest FROM tollgate_safetime_seal_policy($1, $2)")
-        .bind(horizon_ms)
-        .bind(sealed_by)
-        .fetch_one(conn)
-        .await?;
+    let row = sqlx::query(
+        "SELECT version, horizon_ms, digest FROM tollgate_safetime_seal_policy($1, $2)",
+    )
+    .bind(horizon_ms)
+    .bind(sealed_by)
+    .fetch_one(conn)
+    .await?;
     Ok(HorizonPolicy::verified(
         row.try_get("version")?,
         row.try_get("horizon_ms")?,
@@ -358,7 +363,10 @@ pub struct Claim {
 /// # Errors
 /// [`SafeTimeError::NotLeader`], [`SafeTimeError::PolicyMismatch`],
 /// [`SafeTimeError::Backend`].
-pub async fn claim(conn: &mut PgConnection, policy: &HorizonPolicy) -> Result<Claim, SafeTimeError> {
+pub async fn claim(
+    conn: &mut PgConnection,
+    policy: &HorizonPolicy,
+) -> Result<Claim, SafeTimeError> {
     let row = sqlx::query(
         "SELECT epoch, cut_floor_us, cut_submicro_ns, quarantined, uncertain_reason \
            FROM tollgate_safetime_claim($1, $2)",
@@ -369,7 +377,10 @@ pub async fn claim(conn: &mut PgConnection, policy: &HorizonPolicy) -> Result<Cl
     .await?;
     Ok(Claim {
         epoch: row.try_get("epoch")?,
-        cut: pair_to_timestamp(row.try_get("cut_floor_us")?, row.try_get("cut_submicro_ns")?)?,
+        cut: pair_to_timestamp(
+            row.try_get("cut_floor_us")?,
+            row.try_get("cut_submicro_ns")?,
+        )?,
         quarantined: row.try_get("quarantined")?,
         uncertain: reason_from(row.try_get("uncertain_reason")?)?,
     })
@@ -412,7 +423,10 @@ pub async fn publish(
     .fetch_one(conn)
     .await?;
     Ok(Published {
-        cut: pair_to_timestamp(row.try_get("cut_floor_us")?, row.try_get("cut_submicro_ns")?)?,
+        cut: pair_to_timestamp(
+            row.try_get("cut_floor_us")?,
+            row.try_get("cut_submicro_ns")?,
+        )?,
         uncertain: reason_from(row.try_get("uncertain_reason")?)?,
         quarantined: row.try_get("quarantined")?,
         publish_seq: row.try_get("publish_seq")?,
