@@ -913,6 +913,16 @@ mod tests {
         let p = HorizonPolicy::verified(1, DEFAULT_HORIZON_MS, &d).unwrap();
         assert_eq!(p.horizon(), SignedDuration::from_hours(3_650 * 24));
         assert_eq!(
+            (p.version(), p.horizon_ms(), p.digest()),
+            (1, 315_360_000_000, d.as_str())
+        );
+        let p7 = HorizonPolicy::verified(7, 5, &HorizonPolicy::digest_of(7, 5)).unwrap();
+        assert_eq!((p7.version(), p7.horizon_ms()), (7, 5));
+        assert_eq!(
+            HorizonPolicy::canonical_text(7, 5),
+            "tollgate-safetime-policy/v1;version=7;horizon_ms=5"
+        );
+        assert_eq!(
             HorizonPolicy::verified(1, 1_000, &d),
             Err(HorizonPolicyError::DigestMismatch {
                 version: 1,
