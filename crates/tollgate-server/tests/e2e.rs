@@ -495,12 +495,13 @@ fn postgres_walk_through_with_crash_restart() {
     .expect("secret");
     let secret_s = secret.to_string_lossy().into_owned();
 
-    // The CLI migrates: 17 pending, then applied, then none.
+    // The CLI migrates: all pending, then applied, then none.
+    let all = usize::try_from(tollgate_server::pg::expected_schema_version()).expect("version");
     let pending = run_ok(&["migrate", "--dry-run", "--database-url", &url]);
-    assert_eq!(pending.lines().count(), 17, "{pending}");
+    assert_eq!(pending.lines().count(), all, "{pending}");
     assert!(pending.starts_with("pending 0001 "), "{pending}");
     let applied = run_ok(&["migrate", "--database-url", &url]);
-    assert_eq!(applied.lines().count(), 17, "{applied}");
+    assert_eq!(applied.lines().count(), all, "{applied}");
     assert_eq!(
         run_ok(&["migrate", "--dry-run", "--database-url", &url]),
         "no migrations pending\n"
@@ -568,7 +569,10 @@ fn postgres_walk_through_with_crash_restart() {
         "PT5S",
     ]))
     .expect("status json");
-    assert_eq!(status["readiness"]["schema_version"], json!(17));
+    assert_eq!(
+        status["readiness"]["schema_version"],
+        json!(tollgate_server::pg::expected_schema_version())
+    );
     assert_eq!(status["readiness"]["ready"], json!(true));
     assert_eq!(status["active_leases"], json!(0));
     assert_eq!(status["active_legacy_bounds"], json!(0));

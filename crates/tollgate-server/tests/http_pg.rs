@@ -127,8 +127,8 @@ async fn status_counts_and_maintenance_from_the_store() {
     let ready = Readiness {
         store: "postgres",
         reachable: true,
-        schema_version: Some(17),
-        expected_schema_version: Some(17),
+        schema_version: Some(tollgate_server::pg::expected_schema_version()),
+        expected_schema_version: Some(tollgate_server::pg::expected_schema_version()),
         maintenance: false,
         detail: None,
     };
