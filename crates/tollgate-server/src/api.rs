@@ -8,6 +8,12 @@
 //! result to a DTO ([`crate::dto`]) or an [`ApiError`]. No handler decides
 //! an accounting or timing rule; the core does.
 //!
+//! Handlers that admit new deadline-bearing work (acquire, consolidation)
+//! require a *certain* reading ([`crate::clock::ClockReading`]) and answer
+//! `503 time_uncertain` otherwise, before calling the store; every other
+//! time-dependent handler (deposit, renew, release) uses the reading's
+//! instant whatever its certainty (on the safe-cut clock: the cut).
+//!
 //! Every route and the OpenAPI document come from one list
 //! ([`api_routes`]), so they cannot drift apart; a test checks both
 //! against the route table.
@@ -120,8 +126,55 @@ impl AppState {
         &self.inner.backend
     }
 
+    /// The clock.
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.inner.clock
+    }
+
+    /// The clock's instant, certain or not (deposit, renew, release).
     async fn now(&self) -> Result<jiff::Timestamp, ApiError> {
-        Ok(self.inner.clock.now().await?)
+        Ok(self.inner.clock.read().await?.now)
+    }
+
+    /// The clock's instant for an operation that admits new deadline-bearing
+    /// work (`operation`: `acquire` or `consolidate`): refused with
+    /// [`ApiError::TimeUncertain`], and counted as paused, when the reading
+    /// is uncertain.
+    async fn admission_now(&self, operation: &'static str) -> Result<jiff::Timestamp, ApiError> {
+        let reading = self.inner.clock.read().await?;
+        match reading.uncertain {
+            None => Ok(reading.now),
+            Some(reason) => {
+                self.inner
+                    .metrics
+                    .inc(metrics::SAFETIME_PAUSED, &[("operation", operation)]);
+                Err(ApiError::TimeUncertain {
+                    reason,
+                    retry_after_secs: self.inner.clock.retry_after_secs(),
+                })
+            }
+        }
+    }
+
+    /// The safe-time, paused-operation and late-expiry parts of the status.
+    fn telemetry(&self) -> (Option<SafeTimeView>, PausedView, LateExpiryView) {
+        let m = &self.inner.metrics;
+        let paused = |op: &'static str| {
+            u64::try_from(m.get(metrics::SAFETIME_PAUSED, &[("operation", op)])).unwrap_or(u64::MAX)
+        };
+        (
+            self.inner
+                .clock
+                .safe_time()
+                .as_ref()
+                .map(SafeTimeView::from),
+            PausedView {
+                acquire: paused("acquire"),
+                consolidate: paused("consolidate"),
+                reclaim: paused("reclaim"),
+            },
+            m.late_expiry().into(),
+        )
     }
 
     fn require_admin(&self, headers: &HeaderMap) -> Result<(), ApiError> {
@@ -383,7 +436,7 @@ async fn acquire(
     s.authorize_account(&headers, account_id, false).await?;
     let idempotency_key = idempotency_key(&headers)?;
     let req: AcquireBody = require_body(&headers, &body)?;
-    let now = s.now().await?;
+    let now = s.admission_now("acquire").await?;
     let grant = s
         .inner
         .backend
@@ -426,7 +479,7 @@ async fn consolidate(
             )
         })
         .collect();
-    let now = s.now().await?;
+    let now = s.admission_now("consolidate").await?;
     let grant = s
         .inner
         .backend
@@ -507,7 +560,9 @@ async fn release(
     Ok(Json(settlement.into()))
 }
 
-/// Runs one reclaim batch at the server's current time.
+/// Runs one reclaim batch at the server's current time (503
+/// `time_uncertain`, settling nothing, while the safe expiry cut is
+/// uncertain).
 #[utoipa::path(post, path = "/v1/admin/reclaim", tag = "admin",
     request_body(content = Option<ReclaimBody>, description = "Optional; default limit: the configured reclaim batch"),
     responses((status = 200, description = "What the batch settled", body = ReclaimView)),
@@ -541,7 +596,9 @@ async fn admin_audit(
     Ok(Json(report.into()))
 }
 
-/// Readiness, counts of active leases and legacy bounds, policy, clock.
+/// Readiness, counts of active leases and legacy bounds, policy, clock, and
+/// the safe-time telemetry (a fresh reading of the cut on `--clock
+/// safe-cut`), paused operations and late expiry.
 #[utoipa::path(get, path = "/v1/admin/status", tag = "admin",
     responses((status = 200, description = "The service's status", body = StatusView)),
     security(("bearer" = [])))]
@@ -553,6 +610,10 @@ async fn admin_status(
     let readiness = s.inner.backend.ops.readiness().await;
     let counts = s.inner.backend.ops.counts().await?;
     let policy = s.inner.backend.allocator.policy();
+    // A fresh reading, so the safe-time part is current; a failed read is
+    // shown there (`read_error`), not as a failed status.
+    let _ = s.inner.clock.read().await;
+    let (safe_time, paused, late_expiry) = s.telemetry();
     Ok(Json(StatusView {
         readiness: ready_view(&readiness),
         active_leases: counts.active_leases,
@@ -562,6 +623,9 @@ async fn admin_status(
             reclaim_grace: policy.reclaim_grace(),
         },
         clock: s.inner.clock.kind().to_string(),
+        safe_time,
+        paused: Some(paused),
+        late_expiry: Some(late_expiry),
     }))
 }
 
@@ -639,10 +703,14 @@ async fn readyz(State(s): State<AppState>) -> Result<Json<ReadyView>, ApiError> 
     )))
 }
 
-/// Counters in the Prometheus text format.
+/// Counters, safe-time gauges and the late-expiry histogram in the
+/// Prometheus text format.
 #[utoipa::path(get, path = "/metrics", tag = "operations",
     responses((status = 200, description = "Prometheus text exposition", body = String, content_type = "text/plain")))]
 async fn metrics_text(State(s): State<AppState>) -> Response {
+    if let Some(st) = s.inner.clock.safe_time() {
+        s.inner.metrics.set_safe_time(&st);
+    }
     let mut resp = s.inner.metrics.render().into_response();
     resp.headers_mut().insert(
         header::CONTENT_TYPE,

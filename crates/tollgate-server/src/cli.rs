@@ -5,7 +5,10 @@
 //! * `status`, `audit`, `reclaim [--once|--loop]`: operator commands. With
 //!   `--server URL` (or when no database URL is configured) they call the
 //!   HTTP API with the admin `--token`; with a database URL they open the
-//!   PostgreSQL store directly.
+//!   PostgreSQL store directly. Directly, `reclaim` runs on the system clock,
+//!   or on the safe expiry cut with `--clock safe-cut` (and then pauses
+//!   while the cut is uncertain, like the service's worker); `status` with
+//!   `--clock safe-cut` shows one fresh reading of the cut.
 //! * `policy show|set`: the grant policy recorded in a PostgreSQL database,
 //!   its change history, and the explicit, recorded command that changes it.
 //! * `account create|deposit|show`, `lease acquire|renew|release|show`,
@@ -37,7 +40,7 @@ use tokio::sync::watch;
 use tollgate::CapabilityKey;
 
 use crate::client::{Client, ClientError};
-use crate::clock::{ClockKind, SystemClock};
+use crate::clock::{Clock, ClockKind, SystemClock};
 use crate::config::{self, Config, ConfigError, RawConfig};
 use crate::dto::{AuditView, PolicyChangeView, PolicyRecordView, ReclaimView, StatusView};
 use crate::metrics::Metrics;
@@ -133,6 +136,19 @@ pub struct StoreArgs {
     /// Capability key file (at least 32 bytes); required with PostgreSQL.
     #[arg(long, env = "TOLLGATE_SECRET_FILE", value_name = "PATH")]
     pub secret_file: Option<PathBuf>,
+    /// Time source [default: system]. `safe-cut`: the safe expiry cut
+    /// published in PostgreSQL by the safe-time sampler.
+    #[arg(long, env = "TOLLGATE_CLOCK", value_enum)]
+    pub clock: Option<ClockArg>,
+    /// Safe-cut clock: a cut not republished for longer than this is stale,
+    /// hence uncertain [default: PT5S].
+    #[arg(
+        long,
+        env = "TOLLGATE_SAFETIME_GAP_MAX",
+        value_name = "DURATION",
+        allow_hyphen_values = true
+    )]
+    pub safetime_gap_max: Option<String>,
 }
 
 /// `tollgate serve`.
@@ -174,9 +190,6 @@ pub struct ServeArgs {
         hide_env_values = true
     )]
     pub admin_token: Option<String>,
-    /// Time source [default: system].
-    #[arg(long, env = "TOLLGATE_CLOCK", value_enum)]
-    pub clock: Option<ClockArg>,
     /// Bound on each request [default: PT30S].
     #[arg(
         long,
@@ -205,6 +218,8 @@ pub enum ClockArg {
     System,
     /// A clock set over HTTP (tests only).
     Test,
+    /// The safe expiry cut in PostgreSQL (PostgreSQL only).
+    SafeCut,
 }
 
 impl From<ClockArg> for ClockKind {
@@ -212,6 +227,7 @@ impl From<ClockArg> for ClockKind {
         match c {
             ClockArg::System => ClockKind::System,
             ClockArg::Test => ClockKind::Test,
+            ClockArg::SafeCut => ClockKind::SafeCut,
         }
     }
 }
@@ -454,6 +470,8 @@ impl StoreArgs {
             max_ttl: self.max_ttl.clone(),
             reclaim_grace: self.reclaim_grace.clone(),
             secret_file: self.secret_file.clone(),
+            clock: self.clock.map(Into::into),
+            safetime_gap_max: self.safetime_gap_max.clone(),
             ..RawConfig::default()
         }
     }
@@ -469,7 +487,6 @@ impl ServeArgs {
             no_reclaim_worker: self.no_reclaim_worker,
             no_migrate: self.no_migrate,
             admin_token: self.admin_token.clone(),
-            clock: self.clock.map(Into::into),
             request_timeout: self.request_timeout.clone(),
             shutdown_timeout: self.shutdown_timeout.clone(),
             ..self.store.raw()
@@ -552,6 +569,16 @@ async fn direct_backend(cfg: &Config) -> Result<Backend, CliError> {
     Ok(serve::build_backend(cfg).await?)
 }
 
+/// The safe-cut clock of a direct operator command (`None` unless
+/// `--clock safe-cut`; the test clock exists only inside `serve`, so any
+/// other clock is the system clock there).
+fn direct_clock(cfg: &Config, backend: &Backend) -> Result<Option<Arc<dyn Clock>>, CliError> {
+    if cfg.clock != ClockKind::SafeCut {
+        return Ok(None);
+    }
+    Ok(Some(serve::build_clock(cfg, backend)?))
+}
+
 /// Runs one subcommand.
 ///
 /// # Errors
@@ -604,6 +631,19 @@ pub async fn run(command: Command) -> Result<ExitCode, CliError> {
                         .await
                         .map_err(|e| CliError::Failed(format!("counts: {e}")))?;
                     let p = backend.allocator.policy();
+                    // The safe-cut clock: one fresh reading (the stale
+                    // rule's database-age check applies; a failed read is
+                    // shown as `read_error`).
+                    let safe_time = match direct_clock(&cfg, &backend)? {
+                        Some(clock) => {
+                            let _ = clock.read().await;
+                            clock
+                                .safe_time()
+                                .as_ref()
+                                .map(crate::dto::SafeTimeView::from)
+                        }
+                        None => None,
+                    };
                     StatusView {
                         readiness: crate::dto::ReadyView {
                             ready: r.is_ready(),
@@ -616,7 +656,15 @@ pub async fn run(command: Command) -> Result<ExitCode, CliError> {
                         active_leases: counts.active_leases,
                         active_legacy_bounds: counts.active_legacy_bounds,
                         policy: p.into(),
-                        clock: ClockKind::System.to_string(),
+                        clock: if safe_time.is_some() {
+                            ClockKind::SafeCut
+                        } else {
+                            ClockKind::System
+                        }
+                        .to_string(),
+                        safe_time,
+                        paused: None,
+                        late_expiry: None,
                     }
                 }
             };
@@ -919,9 +967,13 @@ async fn reclaim(args: ReclaimArgs) -> Result<ExitCode, CliError> {
         },
         Target::Direct(cfg) => {
             let backend = direct_backend(&cfg).await?;
+            let clock: Arc<dyn Clock> = match direct_clock(&cfg, &backend)? {
+                Some(c) => c,
+                None => Arc::new(SystemClock),
+            };
             let worker = ReclaimWorker::new(
                 backend.allocator.clone(),
-                Arc::new(SystemClock),
+                clock,
                 limit,
                 Arc::new(Metrics::new()),
             );

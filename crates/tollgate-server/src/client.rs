@@ -18,7 +18,7 @@ pub const CLIENT_TIMEOUT: Duration = Duration::from_secs(60);
 pub enum ClientError {
     /// The server answered with a problem.
     #[error("{} {}: {}", .0.status, .0.code, .0.detail)]
-    Problem(Problem),
+    Problem(Box<Problem>),
     /// The server could not be reached or answered something unexpected.
     #[error("{0}")]
     Transport(String),
@@ -92,7 +92,7 @@ impl Client {
                 .map_err(|e| ClientError::Transport(format!("{url}: response is not JSON: {e}")));
         }
         match serde_json::from_slice::<Problem>(&bytes) {
-            Ok(p) => Err(ClientError::Problem(p)),
+            Ok(p) => Err(ClientError::Problem(Box::new(p))),
             Err(_) => Err(ClientError::Transport(format!(
                 "{url}: HTTP {status}: {}",
                 String::from_utf8_lossy(&bytes)

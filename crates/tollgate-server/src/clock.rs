@@ -9,17 +9,29 @@
 //!   (`PUT /v1/admin/test-clock`), enabled only by `--clock test`, so tests
 //!   and demonstrations can drive the reclaim boundary to the nanosecond. It
 //!   does not advance on its own.
-//! * The seam for a third clock: the *safe expiry cut* (DESIGN.md), which may
-//!   be *uncertain* and then must refuse to supply time. That is why
-//!   [`Clock::now`] is async and fallible: a clock that cannot vouch for the
-//!   current instant returns [`ClockError::Uncertain`], and the request fails
-//!   with `503 clock_unavailable` instead of acting on an untrusted instant.
+//! * [`crate::safe_cut::SafeCutClock`] (`--clock safe-cut`): the *safe
+//!   expiry cut* persisted in PostgreSQL by the safe-time sampler. Its
+//!   reading may be *uncertain*.
+//!
+//! A reading ([`Clock::read`]) is an instant plus its certainty
+//! ([`ClockReading`]). The system and test clocks are always certain. While
+//! a reading is uncertain the service still has an instant (the cut, a
+//! lower bound on true time) but admits no new deadline-bearing work: acquire
+//! and consolidation are refused with `503 time_uncertain`, the reclaim
+//! worker settles nothing, while release and renewal proceed at the cut
+//! (a renewal keeps the later of its expiry and `cut + ttl`, so it is never
+//! shortened). A clock that cannot be read at all returns
+//! [`ClockError::Unavailable`] and every time-dependent request fails with
+//! `503 clock_unavailable`: the service never acts on a guessed instant.
 
 use std::fmt;
 use std::sync::Mutex;
 
 use async_trait::async_trait;
 use jiff::Timestamp;
+use tollgate::safe_time::UncertainReason;
+
+use crate::safe_cut::SafeTimeStatus;
 
 /// Which clock a process uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -29,14 +41,19 @@ pub enum ClockKind {
     System,
     /// An instant set by an administrator (tests and demonstrations only).
     Test,
+    /// The safe expiry cut persisted in PostgreSQL (PostgreSQL storage
+    /// only). Spelled `safe-cut` (also accepted: `safe_cut`).
+    #[serde(rename = "safe-cut", alias = "safe_cut")]
+    SafeCut,
 }
 
 impl ClockKind {
-    /// The stable lower-case name (`system`, `test`).
+    /// The stable lower-case name (`system`, `test`, `safe-cut`).
     pub fn as_str(&self) -> &'static str {
         match self {
             ClockKind::System => "system",
             ClockKind::Test => "test",
+            ClockKind::SafeCut => "safe-cut",
         }
     }
 }
@@ -47,23 +64,49 @@ impl fmt::Display for ClockKind {
     }
 }
 
-/// Why a clock could not supply an instant.
+/// An instant and whether the clock vouches for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClockReading {
+    /// The instant to supply. For the safe-cut clock: the cut (a lower
+    /// bound on true time), also while uncertain.
+    pub now: Timestamp,
+    /// `None`: certain. Otherwise why the clock cannot vouch that `now` is
+    /// close enough to true time to admit new deadlines.
+    pub uncertain: Option<UncertainReason>,
+}
+
+impl ClockReading {
+    /// A certain reading at `now`.
+    pub fn certain(now: Timestamp) -> ClockReading {
+        ClockReading {
+            now,
+            uncertain: None,
+        }
+    }
+
+    /// Whether the clock vouches for this reading.
+    pub fn is_certain(&self) -> bool {
+        self.uncertain.is_none()
+    }
+}
+
+/// Why a clock could not be read at all.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ClockError {
-    /// The clock cannot currently vouch for the time (the safe expiry cut is
-    /// uncertain). No operation may act on a guessed instant.
-    #[error("time source is uncertain: {0}")]
-    Uncertain(String),
+    /// The time source did not answer (the safe-cut clock: the database
+    /// read failed). No operation may act on a guessed instant.
+    #[error("time source unavailable: {0}")]
+    Unavailable(String),
 }
 
 /// A source of supplied time; see the module docs.
 #[async_trait]
 pub trait Clock: Send + Sync + fmt::Debug {
-    /// The current instant, as this clock vouches for it.
+    /// The current instant and its certainty.
     ///
     /// # Errors
-    /// [`ClockError::Uncertain`] when the clock cannot vouch for any instant.
-    async fn now(&self) -> Result<Timestamp, ClockError>;
+    /// [`ClockError::Unavailable`] when the clock cannot be read at all.
+    async fn read(&self) -> Result<ClockReading, ClockError>;
 
     /// Which clock this is.
     fn kind(&self) -> ClockKind;
@@ -71,6 +114,19 @@ pub trait Clock: Send + Sync + fmt::Debug {
     /// The test clock, if this is one (so `PUT /v1/admin/test-clock` can set
     /// it); `None` for every production clock.
     fn as_test(&self) -> Option<&TestClock> {
+        None
+    }
+
+    /// Seconds a client should wait before retrying an operation refused
+    /// because a reading was uncertain (the `Retry-After` of
+    /// `time_uncertain`). At least 1.
+    fn retry_after_secs(&self) -> u64 {
+        1
+    }
+
+    /// What the last reading of a safe-cut clock found (`None` for every
+    /// other clock): for `/metrics` and `GET /v1/admin/status`.
+    fn safe_time(&self) -> Option<SafeTimeStatus> {
         None
     }
 }
@@ -81,8 +137,8 @@ pub struct SystemClock;
 
 #[async_trait]
 impl Clock for SystemClock {
-    async fn now(&self) -> Result<Timestamp, ClockError> {
-        Ok(Timestamp::now())
+    async fn read(&self) -> Result<ClockReading, ClockError> {
+        Ok(ClockReading::certain(Timestamp::now()))
     }
 
     fn kind(&self) -> ClockKind {
@@ -120,8 +176,8 @@ impl TestClock {
 
 #[async_trait]
 impl Clock for TestClock {
-    async fn now(&self) -> Result<Timestamp, ClockError> {
-        Ok(self.get())
+    async fn read(&self) -> Result<ClockReading, ClockError> {
+        Ok(ClockReading::certain(self.get()))
     }
 
     fn kind(&self) -> ClockKind {

@@ -18,7 +18,8 @@
 //! | `--no-migrate` | `TOLLGATE_NO_MIGRATE` | migrate on | PostgreSQL: do not apply pending migrations at start-up (the store then refuses to start while any is pending) |
 //! | `--no-reclaim-worker` | `TOLLGATE_NO_RECLAIM_WORKER` | worker on | do not run the worker inside `serve` |
 //! | `--admin-token` | `TOLLGATE_ADMIN_TOKEN` | memory: generated and printed once; PostgreSQL: required | admin bearer token (at least 16 visible ASCII bytes) |
-//! | `--clock` | `TOLLGATE_CLOCK` | `system` | `system` or `test` |
+//! | `--clock` | `TOLLGATE_CLOCK` | `system` | `system`, `test` or `safe-cut` (PostgreSQL only: the safe expiry cut published by the sampler) |
+//! | `--safetime-gap-max` | `TOLLGATE_SAFETIME_GAP_MAX` | `PT5S` | safe-cut clock: a cut not republished for longer than this is stale, hence uncertain (positive) |
 //! | `--secret-file` | `TOLLGATE_SECRET_FILE` | memory: a fresh random key; PostgreSQL: required | capability key file (at least 32 bytes; trailing newlines ignored) |
 //! | `--request-timeout` | `TOLLGATE_REQUEST_TIMEOUT` | `PT30S` | bound on each request (positive) |
 //! | `--shutdown-timeout` | `TOLLGATE_SHUTDOWN_TIMEOUT` | `PT10S` | bound on finishing in-flight requests after SIGTERM/SIGINT |
@@ -32,7 +33,7 @@ use std::path::{Path, PathBuf};
 
 use jiff::SignedDuration;
 use serde::Deserialize;
-use tollgate::{CapabilityKey, GrantPolicy, RECLAIM_BATCH_MAX, rules};
+use tollgate::{CapabilityKey, GrantPolicy, RECLAIM_BATCH_MAX, rules, safe_time};
 
 use crate::auth::ADMIN_TOKEN_MIN_BYTES;
 use crate::clock::ClockKind;
@@ -51,6 +52,9 @@ pub const DEFAULT_RECLAIM_BATCH: usize = 1_000;
 pub const DEFAULT_REQUEST_TIMEOUT: SignedDuration = SignedDuration::from_secs(30);
 /// Default `--shutdown-timeout`.
 pub const DEFAULT_SHUTDOWN_TIMEOUT: SignedDuration = SignedDuration::from_secs(10);
+/// Default `--safetime-gap-max`: the sampler's own default sampling-gap
+/// bound ([`safe_time::DEFAULT_GAP_MAX`]).
+pub const DEFAULT_SAFETIME_GAP_MAX: SignedDuration = safe_time::DEFAULT_GAP_MAX;
 
 /// A configuration error, naming the setting.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -106,6 +110,8 @@ pub struct FileConfig {
     pub request_timeout: Option<String>,
     /// `shutdown_timeout`.
     pub shutdown_timeout: Option<String>,
+    /// `safetime_gap_max`.
+    pub safetime_gap_max: Option<String>,
 }
 
 impl FileConfig {
@@ -151,6 +157,8 @@ pub struct RawConfig {
     pub request_timeout: Option<String>,
     /// `--shutdown-timeout`.
     pub shutdown_timeout: Option<String>,
+    /// `--safetime-gap-max`.
+    pub safetime_gap_max: Option<String>,
 }
 
 /// The effective, validated configuration.
@@ -180,6 +188,9 @@ pub struct Config {
     pub request_timeout: SignedDuration,
     /// Bound on graceful shutdown.
     pub shutdown_timeout: SignedDuration,
+    /// Safe-cut clock: the sampling-gap bound after which an unchanged cut
+    /// is stale (positive).
+    pub safetime_gap_max: SignedDuration,
 }
 
 impl std::fmt::Debug for Config {
@@ -316,6 +327,21 @@ impl Config {
             )));
         }
         let clock = raw.clock.or(file.clock).unwrap_or(ClockKind::System);
+        if clock == ClockKind::SafeCut && database_url.is_none() {
+            return Err(err(
+                "clock safe-cut reads the safe expiry cut from PostgreSQL: set database_url (--database-url); the memory store has no cut",
+            ));
+        }
+        let safetime_gap_max = positive(
+            "safetime_gap_max",
+            duration_setting(
+                "safetime_gap_max",
+                raw.safetime_gap_max,
+                file.safetime_gap_max,
+                DEFAULT_SAFETIME_GAP_MAX,
+                false,
+            )?,
+        )?;
         let secret_file = raw.secret_file.or(file.secret_file);
         let request_timeout = positive(
             "request_timeout",
@@ -343,6 +369,7 @@ impl Config {
             ("reclaim_interval", reclaim_interval),
             ("request_timeout", request_timeout),
             ("shutdown_timeout", shutdown_timeout),
+            ("safetime_gap_max", safetime_gap_max),
         ] {
             std::time::Duration::try_from(d)
                 .map_err(|e| err(format!("{name}: {d} is out of range ({e})")))?;
@@ -360,6 +387,7 @@ impl Config {
             secret_file,
             request_timeout,
             shutdown_timeout,
+            safetime_gap_max,
         })
     }
 
@@ -418,6 +446,7 @@ impl Config {
         }
         let _ = writeln!(s, "request_timeout = \"{}\"", self.request_timeout);
         let _ = writeln!(s, "shutdown_timeout = \"{}\"", self.shutdown_timeout);
+        let _ = writeln!(s, "safetime_gap_max = \"{}\"", self.safetime_gap_max);
         s
     }
 }

@@ -80,6 +80,33 @@ pub mod dur {
     }
 }
 
+/// Serde for `Option<SignedDuration>` (`null` for `None`).
+pub mod dur_opt {
+    use jiff::SignedDuration;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    /// Serializes like [`super::dur`], or `null`.
+    pub fn serialize<S: Serializer>(d: &Option<SignedDuration>, s: S) -> Result<S::Ok, S::Error> {
+        match d {
+            Some(d) => s.collect_str(d),
+            None => s.serialize_none(),
+        }
+    }
+
+    /// Parses like [`super::dur`], or `null`.
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<SignedDuration>, D::Error> {
+        match Option::<String>::deserialize(d)? {
+            None => Ok(None),
+            Some(s) => s
+                .parse::<SignedDuration>()
+                .map(Some)
+                .map_err(|e| serde::de::Error::custom(format!("invalid duration {s:?}: {e}"))),
+        }
+    }
+}
+
 /// Schema of integers that may exceed `i64` (sums across accounts).
 fn big_integer() -> utoipa::openapi::schema::Object {
     utoipa::openapi::schema::ObjectBuilder::new()
@@ -639,6 +666,141 @@ pub struct StatusView {
     pub active_legacy_bounds: u64,
     /// The policy in force.
     pub policy: PolicyView,
-    /// `system` or `test`.
+    /// `system`, `test` or `safe-cut`.
     pub clock: String,
+    /// The safe expiry cut as this process last read it (`null` unless the
+    /// clock is `safe-cut`).
+    #[serde(default)]
+    pub safe_time: Option<SafeTimeView>,
+    /// Operations paused by an uncertain cut since the service started
+    /// (`null` from `tollgate status` run directly against a database).
+    #[serde(default)]
+    pub paused: Option<PausedView>,
+    /// The late-expiry histogram since the service started (`null` from
+    /// `tollgate status` run directly against a database).
+    #[serde(default)]
+    pub late_expiry: Option<LateExpiryView>,
+}
+
+/// The safe expiry cut in `GET /v1/admin/status` (`--clock safe-cut`).
+/// Fields read from the cut row are `null` while there is none.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct SafeTimeView {
+    /// Whether the reading was certain (acquire, consolidation and reclaim
+    /// allowed).
+    pub certain: bool,
+    /// Why not (`no_cut`, `stale`, `new_epoch`, ...); `null` when certain
+    /// or when the cut could not be read.
+    pub uncertain_reason: Option<String>,
+    /// The last read of the cut failed (then `certain` is false).
+    pub read_error: bool,
+    /// Failed reads since the service started.
+    pub read_errors: u64,
+    /// The cut: the instant the service supplies (RFC 3339).
+    #[serde(with = "ts_opt")]
+    #[schema(value_type = Option<String>, format = DateTime)]
+    pub cut: Option<Timestamp>,
+    /// Database time at the reading.
+    #[serde(with = "ts_opt")]
+    #[schema(value_type = Option<String>, format = DateTime)]
+    pub db_now: Option<Timestamp>,
+    /// `db_now - cut` (ISO 8601).
+    #[serde(with = "dur_opt")]
+    #[schema(value_type = Option<String>)]
+    pub cut_lag: Option<SignedDuration>,
+    /// The sampler's durable epoch.
+    pub epoch: Option<i64>,
+    /// The initial quarantine is in force.
+    pub quarantined: Option<bool>,
+    /// Publishes so far.
+    pub publish_seq: Option<i64>,
+    /// Database time of the last publish.
+    #[serde(with = "ts_opt")]
+    #[schema(value_type = Option<String>, format = DateTime)]
+    pub published_at: Option<Timestamp>,
+    /// Version of the sealed horizon policy of the current epoch.
+    pub policy_version: Option<i64>,
+    /// The sealed maximum-deadline horizon (ISO 8601).
+    #[serde(with = "dur_opt")]
+    #[schema(value_type = Option<String>)]
+    pub horizon: Option<SignedDuration>,
+    /// The sampling-gap bound this service applies (ISO 8601).
+    #[serde(with = "dur")]
+    #[schema(value_type = String)]
+    pub gap_max: SignedDuration,
+}
+
+impl From<&crate::safe_cut::SafeTimeStatus> for SafeTimeView {
+    fn from(s: &crate::safe_cut::SafeTimeStatus) -> SafeTimeView {
+        let row = s.row.as_ref();
+        SafeTimeView {
+            certain: s.is_certain(),
+            uncertain_reason: if s.read_error {
+                None
+            } else {
+                s.uncertain.map(|r| r.code().to_string())
+            },
+            read_error: s.read_error,
+            read_errors: s.read_errors_total,
+            cut: row.map(|r| r.cut),
+            db_now: row.map(|r| r.db_now),
+            cut_lag: row.map(|r| r.lag()),
+            epoch: row.map(|r| r.epoch),
+            quarantined: row.map(|r| r.quarantined),
+            publish_seq: row.map(|r| r.publish_seq),
+            published_at: row.map(|r| r.published_at),
+            policy_version: row.map(|r| r.policy.version()),
+            horizon: row.map(|r| r.policy.horizon()),
+            gap_max: s.gap_max,
+        }
+    }
+}
+
+/// Operations paused because the safe expiry cut was uncertain.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct PausedView {
+    /// Acquires refused with `time_uncertain`.
+    pub acquire: u64,
+    /// Consolidations refused with `time_uncertain`.
+    pub consolidate: u64,
+    /// Reclaim passes skipped (worker and `POST /v1/admin/reclaim`).
+    pub reclaim: u64,
+}
+
+/// One bucket of the late-expiry histogram.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct LateBucketView {
+    /// Upper bound (ISO 8601).
+    #[serde(with = "dur")]
+    #[schema(value_type = String)]
+    pub le: SignedDuration,
+    /// Reclaimed leases at most this late (cumulative).
+    pub count: u64,
+}
+
+/// How long after `expiry + reclaim_grace` leases were reclaimed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct LateExpiryView {
+    /// Reclaimed leases observed.
+    pub count: u64,
+    /// Their lateness summed (ISO 8601).
+    #[serde(with = "dur")]
+    #[schema(value_type = String)]
+    pub sum: SignedDuration,
+    /// Cumulative buckets (1 ms, 10 ms, 100 ms, 1 s, 10 s, 1 min, 10 min).
+    pub buckets: Vec<LateBucketView>,
+}
+
+impl From<crate::metrics::LateExpiry> for LateExpiryView {
+    fn from(l: crate::metrics::LateExpiry) -> LateExpiryView {
+        LateExpiryView {
+            count: l.count,
+            sum: l.sum,
+            buckets: l
+                .buckets
+                .into_iter()
+                .map(|(le, count)| LateBucketView { le, count })
+                .collect(),
+        }
+    }
 }

@@ -34,7 +34,23 @@
 //! `invalid_header` 400, `not_found` 404 (no such route),
 //! `method_not_allowed` 405, `test_clock_disabled` 409, `body_timeout` 408
 //! (the client did not send its announced body in time), `not_ready` 503
-//! (only `/readyz`), `clock_unavailable` 503 and `request_timeout` 503.
+//! (only `/readyz`), `clock_unavailable` 503 (the clock could not be read
+//! at all: the safe-cut clock's database read failed), `time_uncertain` 503
+//! and `request_timeout` 503.
+//!
+//! `time_uncertain` (only with `--clock safe-cut`): the safe expiry cut is
+//! uncertain, so acquire, consolidation and `POST /v1/admin/reclaim` are
+//! refused and change nothing (release and renewal still work, at the cut).
+//! The response carries `Retry-After` (whole seconds: the sampling-gap
+//! bound rounded up, at least 1) and one extension member, `reason`: the
+//! stable code of [`tollgate::safe_time::UncertainReason`] (`no_cut`,
+//! `stale`, `new_epoch`, `clock_step_forward`, ...):
+//!
+//! ```json
+//! {"type": "urn:tollgate:problem:time_uncertain", "title": "Time uncertain", "status": 503,
+//!  "detail": "the safe expiry cut is uncertain (stale): nothing that admits or expires a deadline runs until it is certain again; retry later",
+//!  "code": "time_uncertain", "reason": "stale"}
+//! ```
 //!
 //! The only 5xx responses are failures of the backend (storage, the time
 //! source, or a request that exceeded its time bound because the backend
@@ -45,6 +61,7 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use tollgate::StorageError;
+use tollgate::safe_time::UncertainReason;
 
 use crate::clock::ClockError;
 
@@ -94,9 +111,20 @@ pub enum ApiError {
     /// `PUT /v1/admin/test-clock` on a server not started with `--clock test`.
     #[error("the test clock is disabled; start the server with --clock test")]
     TestClockDisabled,
-    /// The time source could not supply an instant.
+    /// The time source could not be read at all.
     #[error(transparent)]
     Clock(#[from] ClockError),
+    /// The clock's reading is uncertain and the operation admits new
+    /// deadline-bearing work (or reclaims): refused, nothing written.
+    #[error(
+        "the safe expiry cut is uncertain ({reason}): nothing that admits or expires a deadline runs until it is certain again; retry later"
+    )]
+    TimeUncertain {
+        /// Why the cut is uncertain.
+        reason: UncertainReason,
+        /// The `Retry-After` to send, whole seconds.
+        retry_after_secs: u64,
+    },
     /// The request did not finish within its time bound.
     #[error("request did not finish within {0:?}")]
     Timeout(std::time::Duration),
@@ -123,6 +151,7 @@ pub const SERVICE_CODES: &[(&str, u16)] = &[
     ("method_not_allowed", 405),
     ("test_clock_disabled", 409),
     ("clock_unavailable", 503),
+    ("time_uncertain", 503),
     ("request_timeout", 503),
     ("body_timeout", 408),
     ("not_ready", 503),
@@ -173,6 +202,7 @@ impl ApiError {
             ApiError::MethodNotAllowed => "method_not_allowed",
             ApiError::TestClockDisabled => "test_clock_disabled",
             ApiError::Clock(_) => "clock_unavailable",
+            ApiError::TimeUncertain { .. } => "time_uncertain",
             ApiError::Timeout(_) => "request_timeout",
             ApiError::BodyTimeout(_) => "body_timeout",
             ApiError::NotReady(_) => "not_ready",
@@ -195,9 +225,10 @@ impl ApiError {
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::TestClockDisabled => StatusCode::CONFLICT,
             ApiError::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
-            ApiError::Clock(_) | ApiError::Timeout(_) | ApiError::NotReady(_) => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            ApiError::Clock(_)
+            | ApiError::TimeUncertain { .. }
+            | ApiError::Timeout(_)
+            | ApiError::NotReady(_) => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
@@ -227,6 +258,10 @@ impl ApiError {
             status: status.as_u16(),
             detail: self.client_detail(),
             code: code.to_string(),
+            reason: match self {
+                ApiError::TimeUncertain { reason, .. } => Some(reason.code().to_string()),
+                _ => None,
+            },
         }
     }
 }
@@ -260,6 +295,13 @@ pub struct Problem {
     pub detail: String,
     /// The stable machine-readable code.
     pub code: String,
+    /// Only with `time_uncertain`: why the safe expiry cut is uncertain
+    /// (`no_cut`, `stale`, `new_epoch`, `primary_change`, `in_recovery`,
+    /// `clock_step_forward`, `clock_step_backward`,
+    /// `implausible_observation`, `sampling_gap`, `recovering`,
+    /// `initial_quarantine`). Absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 impl IntoResponse for ApiError {
@@ -280,6 +322,13 @@ impl IntoResponse for ApiError {
         resp.headers_mut()
             .insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
         resp.extensions_mut().insert(ErrorCode(self.code()));
+        if let ApiError::TimeUncertain {
+            retry_after_secs, ..
+        } = &self
+            && let Ok(v) = HeaderValue::from_str(&retry_after_secs.to_string())
+        {
+            resp.headers_mut().insert(header::RETRY_AFTER, v);
+        }
         if status == StatusCode::UNAUTHORIZED {
             resp.headers_mut().insert(
                 header::WWW_AUTHENTICATE,

@@ -14,13 +14,15 @@
 //! * [`error`]: the one error type and its RFC 9457 mapping;
 //! * [`dto`]: the JSON shapes (RFC 3339 instants and ISO 8601 durations,
 //!   exact to the nanosecond);
-//! * [`clock`]: the time source seam (system, test, later the safe cut);
+//! * [`clock`]: the time source (system, test, the safe cut) and its
+//!   readings' certainty; [`safe_cut`]: the clock on the safe expiry cut;
 //! * [`worker`]: the reclaim worker, a loop around one `step()`;
 //! * [`storage`]: what the service needs beyond the allocator (readiness,
 //!   counts), with the memory implementation; [`pg`]: the PostgreSQL seam;
 //! * [`config`], [`cli`], [`client`], [`serve`]: configuration, the command
 //!   line, its HTTP client, and the process wiring with graceful shutdown;
-//! * [`metrics`]: counters in the Prometheus text format.
+//! * [`metrics`]: counters, safe-time gauges and the late-expiry histogram
+//!   in the Prometheus text format.
 //!
 //! Only this crate knows HTTP; the core does no I/O and reads no clock.
 
@@ -37,6 +39,7 @@ pub mod dto;
 pub mod error;
 pub mod metrics;
 pub mod pg;
+pub mod safe_cut;
 pub mod serve;
 pub mod storage;
 pub mod worker;

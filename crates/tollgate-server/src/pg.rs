@@ -17,6 +17,16 @@
 //! connected) and [`tollgate_pg::lease_counts`] (active leases, and those
 //! whose expiry is a legacy upper bound).
 //!
+//! On the safe-cut clock ([`ClockKind::SafeCut`]) start-up also checks,
+//! after migrating and *before* the store records or checks its grant
+//! policy, that every deadline the service can admit fits inside the
+//! owner-sealed horizon ([`check_horizon`]): `max_ttl + reclaim_grace` must
+//! not exceed the horizon of the cut row's policy (the one in force for the
+//! current epoch) nor that of the newest sealed policy (the one the next
+//! epoch takes). Tollgate's idempotency records never expire (nothing
+//! deletes them, so no retention can outlive the horizon); the grant
+//! policy is the only deadline-bearing setting to bound.
+//!
 //! The policy commands ([`show_policy`], [`set_policy`]) work on a plain
 //! connection pool ([`open_pool`]) rather than a store, because opening a
 //! store checks the recorded policy against the configured one, and
@@ -31,9 +41,12 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use tollgate::safe_time::HorizonPolicy;
 use tollgate::{Allocator, CapabilityKey, GrantPolicy, LeaseState, StorageError};
+use tollgate_pg::safe_time::SafeTimeError;
 use tollgate_pg::{PolicyChange, PostgresStore, Schema};
 
+use crate::clock::ClockKind;
 use crate::config::Config;
 use crate::storage::{Backend, Readiness, StatusCounts, StoreOps};
 
@@ -58,6 +71,33 @@ pub enum PgError {
         context: &'static str,
         /// The store's error.
         source: StorageError,
+    },
+    /// Reading the safe-time tables failed.
+    #[error("{context}: {source}")]
+    SafeTime {
+        /// What was being done.
+        context: &'static str,
+        /// The error.
+        source: SafeTimeError,
+    },
+    /// On the safe-cut clock, the grant policy admits a deadline beyond the
+    /// sealed horizon.
+    #[error(
+        "max_ttl {max_ttl} + reclaim_grace {reclaim_grace} exceeds the sealed safe-time horizon of {horizon_ms} ms = {horizon} (policy version {version}, {which}): every deadline the service admits must fit inside it; lower --max-ttl/--reclaim-grace (tollgate policy set) or seal a longer horizon with every sampler stopped"
+    )]
+    HorizonTooShort {
+        /// The configured longest TTL.
+        max_ttl: jiff::SignedDuration,
+        /// The configured grace.
+        reclaim_grace: jiff::SignedDuration,
+        /// The policy's version.
+        version: i64,
+        /// Its horizon, milliseconds.
+        horizon_ms: i64,
+        /// Its horizon as a duration.
+        horizon: jiff::SignedDuration,
+        /// Which policy: the current epoch's or the newest sealed one.
+        which: &'static str,
     },
 }
 
@@ -117,10 +157,60 @@ pub async fn connect(cfg: &Config, key: CapabilityKey) -> Result<Backend, PgErro
             tracing::info!(applied = ?report.applied, to = ?report.to_version, "migrations applied");
         }
     }
+    if cfg.clock == ClockKind::SafeCut {
+        let pool = open_pool(url).await?;
+        let checked = check_horizon(&pool, cfg.policy).await;
+        pool.close().await;
+        let horizon = checked?;
+        tracing::info!(
+            version = horizon.version(),
+            horizon_ms = horizon.horizon_ms(),
+            "the sealed safe-time horizon covers max_ttl + reclaim_grace"
+        );
+    }
     let store = with_wait(|| PostgresStore::connect(url, cfg.policy, key.clone()))
         .await
         .map_err(ctx("opening the PostgreSQL store"))?;
     Ok(backend(Arc::new(store)))
+}
+
+/// Checks that `policy` admits no deadline beyond the sealed horizon: the
+/// cut row's policy (when a sampler has claimed an epoch) and the newest
+/// sealed policy must both cover `max_ttl + reclaim_grace`
+/// ([`HorizonPolicy::covers`]). Returns the policy in force (the row's, or
+/// the newest before any claim).
+///
+/// # Errors
+/// [`PgError::HorizonTooShort`] naming both values; [`PgError::SafeTime`]
+/// when the tables cannot be read or a policy row fails verification.
+pub async fn check_horizon(pool: &PgPool, policy: GrantPolicy) -> Result<HorizonPolicy, PgError> {
+    let safe = |context| move |source| PgError::SafeTime { context, source };
+    let row = tollgate_pg::safe_time::read_cut(pool)
+        .await
+        .map_err(safe("reading the safe expiry cut"))?;
+    let newest = tollgate_pg::safe_time::load_policy(pool)
+        .await
+        .map_err(safe("reading the sealed horizon policy"))?;
+    let mut checks = Vec::with_capacity(2);
+    if let Some(row) = &row {
+        checks.push((row.policy.clone(), "in force for the current epoch"));
+    }
+    if row.as_ref().map(|r| r.policy.version()) != Some(newest.version()) {
+        checks.push((newest.clone(), "the newest sealed"));
+    }
+    for (h, which) in &checks {
+        if !h.covers(&policy) {
+            return Err(PgError::HorizonTooShort {
+                max_ttl: policy.max_ttl(),
+                reclaim_grace: policy.reclaim_grace(),
+                version: h.version(),
+                horizon_ms: h.horizon_ms(),
+                horizon: h.horizon(),
+                which,
+            });
+        }
+    }
+    Ok(row.map_or(newest, |r| r.policy))
 }
 
 /// The backend over an open store.
@@ -273,6 +363,10 @@ impl StoreOps for PgOps {
                 }),
             },
         }
+    }
+
+    fn pg_pool(&self) -> Option<&PgPool> {
+        Some(self.store.pool())
     }
 
     async fn counts(&self) -> Result<StatusCounts, StorageError> {

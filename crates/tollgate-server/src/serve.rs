@@ -4,7 +4,9 @@
 //! a database URL is configured, which requires a stable `--secret-file` and
 //! an `--admin-token`; otherwise a fresh memory store with a random
 //! capability key and, without a configured token, a generated admin token
-//! printed once on stdout); the clock; the listener; the reclaim worker.
+//! printed once on stdout); the clock (`safe-cut`: after the store, on its
+//! pool, once the horizon check in [`crate::pg::connect`] passed; one first
+//! reading is logged); the listener; the reclaim worker.
 //!
 //! Shutdown on SIGTERM or SIGINT: stop accepting, give in-flight requests
 //! `shutdown_timeout` to finish (then drop them), and stop the worker after
@@ -22,6 +24,7 @@ use crate::clock::{Clock, ClockKind, SystemClock, TestClock};
 use crate::config::{self, Config, ConfigError};
 use crate::metrics::Metrics;
 use crate::pg::{self, PgError};
+use crate::safe_cut::SafeCutClock;
 use crate::storage::Backend;
 
 /// Why the service could not start or stopped with an error.
@@ -64,13 +67,23 @@ pub async fn build_backend(cfg: &Config) -> Result<Backend, ServeError> {
     Ok(Backend::memory(cfg.policy, key)?)
 }
 
-/// The clock named by `kind`; a test clock starts at the current system
-/// time.
-pub fn build_clock(kind: ClockKind) -> Arc<dyn Clock> {
-    match kind {
+/// The clock named by `cfg.clock` over `backend`; a test clock starts at
+/// the current system time; the safe-cut clock reads the cut on the
+/// backend's PostgreSQL pool with `cfg.safetime_gap_max`.
+///
+/// # Errors
+/// The safe-cut clock over a store without a PostgreSQL pool.
+pub fn build_clock(cfg: &Config, backend: &Backend) -> Result<Arc<dyn Clock>, ServeError> {
+    Ok(match cfg.clock {
         ClockKind::System => Arc::new(SystemClock),
         ClockKind::Test => Arc::new(TestClock::new(jiff::Timestamp::now())),
-    }
+        ClockKind::SafeCut => {
+            let pool = backend.ops.pg_pool().ok_or_else(|| {
+                ConfigError("clock safe-cut needs the PostgreSQL store (--database-url)".into())
+            })?;
+            Arc::new(SafeCutClock::new(pool.clone(), cfg.safetime_gap_max))
+        }
+    })
 }
 
 /// The admin token: configured, or (memory store only) generated and
@@ -135,9 +148,19 @@ pub async fn serve(cfg: Config) -> Result<(), ServeError> {
     // before any connection is made.
     let token = admin_token(&cfg)?;
     let backend = build_backend(&cfg).await?;
-    let clock = build_clock(cfg.clock);
-    if cfg.clock == ClockKind::Test {
-        tracing::warn!("test clock enabled: time is whatever PUT /v1/admin/test-clock says");
+    let clock = build_clock(&cfg, &backend)?;
+    match cfg.clock {
+        ClockKind::Test => {
+            tracing::warn!("test clock enabled: time is whatever PUT /v1/admin/test-clock says")
+        }
+        ClockKind::SafeCut => {
+            // One reading now: its certainty is logged, and /metrics has
+            // the safe-time gauges from the start.
+            if let Err(e) = clock.read().await {
+                tracing::warn!(error = %e, "safe time: first reading of the cut failed");
+            }
+        }
+        ClockKind::System => {}
     }
     let metrics = Arc::new(Metrics::new());
     let state = AppState::new(

@@ -65,6 +65,12 @@ pub trait StoreOps: Send + Sync + fmt::Debug {
     /// # Errors
     /// Backend errors.
     async fn counts(&self) -> Result<StatusCounts, StorageError>;
+
+    /// The PostgreSQL pool of the store (`None` for the memory store): the
+    /// safe-cut clock reads the cut through it.
+    fn pg_pool(&self) -> Option<&sqlx::PgPool> {
+        None
+    }
 }
 
 /// The storage a service runs on.

@@ -2,8 +2,16 @@
 //!
 //! A step reads the clock once and asks the store to settle at most `batch`
 //! leases reclaimable at that instant ([`Allocator::reclaim`]); it returns
-//! what it settled, logs it, and counts it in [`crate::metrics`]. Tests
-//! drive `step` directly with a [`crate::clock::TestClock`]: no sleeps.
+//! what it settled, logs it, and counts it in [`crate::metrics`] (with each
+//! lease's lateness in the late-expiry histogram). Tests drive `step`
+//! directly with a [`crate::clock::TestClock`]: no sleeps.
+//!
+//! When the clock's reading is uncertain (the safe expiry cut) the step
+//! settles nothing: it returns [`ApiError::TimeUncertain`] without calling
+//! the store and counts a paused pass
+//! ([`crate::metrics::SAFETIME_PAUSED`], `operation="reclaim"`). Reclaim
+//! is the one irreversible time path, so it never runs on an instant the
+//! clock does not vouch for.
 //!
 //! [`ReclaimWorker::run`] repeats steps: after a full batch it steps again at
 //! once (at most [`DRAIN_PASSES_MAX`] times in a row, so one tick is
@@ -78,7 +86,8 @@ impl ReclaimWorker {
     /// One pass with the configured batch.
     ///
     /// # Errors
-    /// The clock's or the store's error; nothing changed.
+    /// [`ApiError::TimeUncertain`] when the clock's reading is uncertain
+    /// (a paused pass), the clock's or the store's error; nothing changed.
     pub async fn step(&self) -> Result<ReclaimPass, ApiError> {
         self.step_with_limit(self.batch).await
     }
@@ -86,13 +95,16 @@ impl ReclaimWorker {
     /// One pass settling at most `limit` leases (the core checks `limit`).
     ///
     /// # Errors
-    /// The clock's or the store's error; nothing changed.
+    /// As [`ReclaimWorker::step`]; nothing changed.
     pub async fn step_with_limit(&self, limit: usize) -> Result<ReclaimPass, ApiError> {
         let result = self.pass(limit).await;
         match &result {
             Ok(p) => {
                 self.metrics
                     .inc(metrics::RECLAIM_PASSES, &[("outcome", "ok")]);
+                for late_by in &p.report.late_by {
+                    self.metrics.observe_late(*late_by);
+                }
                 self.metrics.add(
                     metrics::RECLAIM_LEASES,
                     &[],
@@ -115,6 +127,14 @@ impl ReclaimWorker {
                     );
                 }
             }
+            Err(ApiError::TimeUncertain { reason, .. }) => {
+                self.metrics
+                    .inc(metrics::SAFETIME_PAUSED, &[("operation", "reclaim")]);
+                tracing::debug!(
+                    reason = reason.code(),
+                    "reclaim pass paused: the safe expiry cut is uncertain"
+                );
+            }
             Err(e) => {
                 self.metrics
                     .inc(metrics::RECLAIM_PASSES, &[("outcome", "error")]);
@@ -125,7 +145,14 @@ impl ReclaimWorker {
     }
 
     async fn pass(&self, limit: usize) -> Result<ReclaimPass, ApiError> {
-        let now = self.clock.now().await?;
+        let reading = self.clock.read().await?;
+        if let Some(reason) = reading.uncertain {
+            return Err(ApiError::TimeUncertain {
+                reason,
+                retry_after_secs: self.clock.retry_after_secs(),
+            });
+        }
+        let now = reading.now;
         let report = self.allocator.reclaim(now, limit).await?;
         Ok(ReclaimPass { now, report })
     }

@@ -390,6 +390,23 @@ fn configuration_errors_exit_2() {
             "listen",
         ),
         (
+            vec!["serve", "--clock", "safe-cut", "--print-config"],
+            "clock safe-cut reads the safe expiry cut from PostgreSQL",
+        ),
+        (
+            vec![
+                "serve",
+                "--database-url",
+                "postgres://h/db",
+                "--clock",
+                "safe-cut",
+                "--safetime-gap-max",
+                "PT0S",
+                "--print-config",
+            ],
+            "safetime_gap_max must be positive",
+        ),
+        (
             vec![
                 "serve",
                 "--database-url",
@@ -449,7 +466,8 @@ fn print_config_merges_flags_env_and_file() {
          clock = \"system\"\n\
          # secret_file unset: a fresh random capability key (memory store)\n\
          request_timeout = \"PT30S\"\n\
-         shutdown_timeout = \"PT10S\"\n"
+         shutdown_timeout = \"PT10S\"\n\
+         safetime_gap_max = \"PT5S\"\n"
     );
     // Unknown keys in the file are refused.
     std::fs::write(&file, "max_tl = \"PT1M\"\n").expect("write");
@@ -573,6 +591,8 @@ fn postgres_walk_through_with_crash_restart() {
         status["readiness"]["schema_version"],
         json!(tollgate_server::pg::expected_schema_version())
     );
+    assert_eq!(status["clock"], json!("system"));
+    assert_eq!(status["safe_time"], json!(null));
     assert_eq!(status["readiness"]["ready"], json!(true));
     assert_eq!(status["active_leases"], json!(0));
     assert_eq!(status["active_legacy_bounds"], json!(0));
@@ -620,6 +640,128 @@ fn postgres_walk_through_with_crash_restart() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    srv.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Runs `f` on a connection to `url` (the database owner), on a private
+/// runtime.
+fn with_db<T>(
+    url: &str,
+    f: impl for<'c> FnOnce(
+        &'c mut sqlx::PgConnection,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = T> + 'c>>,
+) -> T {
+    use sqlx::Connection;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let mut conn = sqlx::PgConnection::connect(url).await.expect("connect");
+        let out = f(&mut conn).await;
+        conn.close().await.expect("close");
+        out
+    })
+}
+
+/// `serve --clock safe-cut` with the real binary and no sampler: refused
+/// at start-up while the sealed horizon is shorter than max_ttl + grace;
+/// then, with no cut, acquire is refused (`time_uncertain`, `no_cut`) and
+/// status says why; once a certain cut is written (as the sampler would),
+/// acquire runs at the cut; direct `status --clock safe-cut` reads it too.
+#[test]
+fn postgres_safe_cut_clock() {
+    let dir = temp_dir("safecut");
+    let url = pg_url();
+    let secret = dir.join("capability.key");
+    std::fs::write(&secret, [7u8; 32]).expect("secret");
+    let secret_s = secret.to_string_lossy().into_owned();
+    run_ok(&["migrate", "--database-url", &url]);
+    let seal = |horizon_ms: i64| {
+        with_db(&url, |c| {
+            Box::pin(async move {
+                tollgate_pg::safe_time::seal_policy(c, horizon_ms, "e2e")
+                    .await
+                    .expect("seal")
+                    .version()
+            })
+        })
+    };
+    assert_eq!(seal(64_999), 2);
+    let policy = [
+        "--max-ttl",
+        "PT1M",
+        "--reclaim-grace",
+        "PT5S",
+        "--clock",
+        "safe-cut",
+    ];
+    let out = tollgate()
+        .args(["serve", "--listen", "127.0.0.1:0", "--admin-token", ADMIN])
+        .args(["--database-url", &url, "--secret-file", &secret_s])
+        .args(policy)
+        .output()
+        .expect("run");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(
+            "max_ttl PT1M + reclaim_grace PT5S exceeds the sealed safe-time horizon of 64999 ms"
+        ),
+        "{err}"
+    );
+    assert_eq!(seal(65_000), 3);
+
+    let mut serve_args = vec!["--database-url", url.as_str(), "--secret-file", &secret_s];
+    serve_args.extend(policy);
+    serve_args.extend(["--safetime-gap-max", "PT1M", "--no-reclaim-worker"]);
+    let srv = Server::start(&serve_args, &dir);
+    let status = srv.ok(&["status"], ADMIN);
+    assert_eq!(status["clock"], json!("safe-cut"));
+    assert_eq!(status["safe_time"]["certain"], json!(false));
+    assert_eq!(status["safe_time"]["uncertain_reason"], json!("no_cut"));
+    assert_eq!(status["safe_time"]["gap_max"], json!("PT1M"));
+    let created = srv.ok(&["account", "create", "--name", "a"], ADMIN);
+    let account = s(&created, "account_id");
+    let key = s(&created, "api_key");
+    srv.ok(&["account", "deposit", &account, "--units", "10"], ADMIN);
+    let acquire = [
+        "lease", "acquire", &account, "--units", "2", "--ttl", "PT30S",
+    ];
+    let refused = srv.cli(&acquire, &key);
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("503 time_uncertain: the safe expiry cut is uncertain (no_cut)"),
+        "{err}"
+    );
+    with_db(&url, |c| {
+        Box::pin(async move {
+            sqlx::query(
+                "INSERT INTO tollgate_safetime (singleton, epoch, policy_version,                     cut_floor_us, cut_submicro_ns, certain, uncertain_reason, quarantined,                     proof_started_at, leader_pid, system_identifier, timeline_id,                     postmaster_start, claimed_at, published_at, publish_seq)                  VALUES (true, 1, 3, 1795953600000000, 0, true, NULL, false,                     clock_timestamp(), 0, 0, 1, clock_timestamp(), clock_timestamp(),                     clock_timestamp(), 1)",
+            )
+            .execute(c)
+            .await
+            .expect("cut row")
+        })
+    });
+    let g = srv.ok(&acquire, &key);
+    assert_eq!(g["expiry"], json!("2026-11-29T12:00:30Z"));
+    let status = srv.ok(&["status"], ADMIN);
+    assert_eq!(status["safe_time"]["certain"], json!(true));
+    assert_eq!(status["safe_time"]["cut"], json!("2026-11-29T12:00:00Z"));
+    assert_eq!(status["safe_time"]["policy_version"], json!(3));
+    assert_eq!(status["safe_time"]["horizon"], json!("PT1M5S"));
+    assert_eq!(status["paused"]["acquire"], json!(1));
+    let mut direct = vec!["status", "--database-url", url.as_str()];
+    direct.extend(policy);
+    direct.extend(["--safetime-gap-max", "PT1M"]);
+    let status: Value = serde_json::from_str(&run_ok(&direct)).expect("status json");
+    assert_eq!(status["clock"], json!("safe-cut"));
+    assert_eq!(status["safe_time"]["certain"], json!(true));
+    assert_eq!(status["safe_time"]["cut"], json!("2026-11-29T12:00:00Z"));
+    assert_eq!(status["paused"], json!(null));
     srv.stop();
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -178,7 +178,13 @@ async fn failing_store_codes() {
     for (code, status) in SERVICE_CODES {
         if *status >= 500 {
             assert!(
-                ["clock_unavailable", "request_timeout", "not_ready"].contains(code),
+                [
+                    "clock_unavailable",
+                    "time_uncertain",
+                    "request_timeout",
+                    "not_ready"
+                ]
+                .contains(code),
                 "{code}"
             );
         }
@@ -247,10 +253,10 @@ async fn request_timeout() {
     );
 }
 
-/// A clock that cannot vouch for the time refuses every time-dependent
-/// operation with 503 `clock_unavailable` (the safe-cut seam).
+/// A clock that cannot be read at all refuses every time-dependent
+/// operation with 503 `clock_unavailable` (the safe cut's database down).
 #[tokio::test]
-async fn uncertain_clock() {
+async fn unreadable_clock() {
     let backend = Backend::memory(
         default_policy(),
         tollgate::CapabilityKey::generate().expect("key"),
@@ -258,7 +264,7 @@ async fn uncertain_clock() {
     .expect("memory");
     let router = api::router(state(
         backend,
-        Arc::new(UncertainClock),
+        Arc::new(UnreadableClock),
         Duration::from_secs(5),
     ));
     let created = send(
@@ -468,14 +474,126 @@ async fn not_ready_during_maintenance() {
         json!("not ready: schema version 16, expected 17; maintenance in progress")
     );
     h.send(Req::get("/healthz")).await.ok(200);
-    let st = h.send(Req::get("/v1/admin/status").token(ADMIN)).await;
+    let mut st = h
+        .send(Req::get("/v1/admin/status").token(ADMIN))
+        .await
+        .ok(200)
+        .clone();
+    // The telemetry parts are the same as for a healthy store
+    // (`audit_and_status`).
+    let o = st.as_object_mut().expect("object");
+    assert_eq!(o.remove("safe_time"), Some(serde_json::Value::Null));
+    assert!(o.remove("paused").is_some() && o.remove("late_expiry").is_some());
     assert_eq!(
-        st.ok(200),
-        &json!({
+        st,
+        json!({
             "readiness": {"ready": false, "store": "postgres", "storage_reachable": true,
                           "schema_version": 16, "expected_schema_version": 17, "maintenance": true},
             "active_leases": 3, "active_legacy_bounds": 2,
             "policy": {"max_ttl": "PT1M", "reclaim_grace": "PT5S"}, "clock": "test"
         })
     );
+}
+
+/// While the clock's reading is uncertain: acquire, consolidation and
+/// reclaim are refused with 503 `time_uncertain` (reason, Retry-After) and
+/// write nothing; deposit, release and renewal run at the reading's instant,
+/// and a renewal keeps the later of its expiry and `now + ttl`.
+#[tokio::test]
+async fn uncertain_reading_pauses_admission_and_reclaim() {
+    use tollgate::safe_time::UncertainReason;
+    let backend = Backend::memory(
+        default_policy(),
+        tollgate::CapabilityKey::generate().expect("key"),
+    )
+    .expect("memory");
+    let clock = Arc::new(UncertainTestClock {
+        clock: tollgate_server::clock::TestClock::new(ts(T0)),
+        uncertain: std::sync::Mutex::new(None),
+    });
+    let st = state(backend.clone(), clock.clone(), Duration::from_secs(5));
+    let h = Harness {
+        router: api::router(st.clone()),
+        state: st,
+        clock: Arc::new(tollgate_server::clock::TestClock::new(ts(T0))),
+        backend,
+    };
+    let (a, key) = h.account("a", 100).await;
+    let g1 = h.acquire(a, &key, 10, "PT30S").await;
+    let g2 = h.acquire(a, &key, 20, "PT30S").await;
+    let g3 = h.acquire(a, &key, 5, "PT1S").await;
+    let cap = |g: &serde_json::Value| g["capability"].as_str().expect("cap").to_string();
+    let id = |g: &serde_json::Value| g["lease_id"].as_i64().expect("id");
+    *clock.uncertain.lock().expect("lock") = Some(UncertainReason::Recovering);
+    clock.clock.set(ts("2026-11-29T12:00:10Z"));
+    let entries = h.ledger_len().await;
+    h.send(
+        Req::post(format!("/v1/accounts/{a}/leases"))
+            .token(&key)
+            .json(json!({"units": 1, "ttl": "PT1S"})),
+    )
+    .await
+    .uncertain("recovering", "7");
+    h.send(
+        Req::post(format!("/v1/accounts/{a}/consolidations"))
+            .token(&key)
+            .json(json!({"ttl": "PT10S", "leases": [
+                {"lease_id": id(&g1), "capability": cap(&g1)},
+                {"lease_id": id(&g2), "capability": cap(&g2)}]})),
+    )
+    .await
+    .uncertain("recovering", "7");
+    // Lease 3 is past expiry + grace (12:00:06), yet nothing is reclaimed.
+    h.send(Req::post("/v1/admin/reclaim").token(ADMIN))
+        .await
+        .uncertain("recovering", "7");
+    assert_eq!(h.ledger_len().await, entries);
+    // Renewal at 12:00:10: PT10S would end before 12:00:30, so the expiry
+    // stays; PT1M ends later, so it extends.
+    for (ttl, expiry) in [
+        ("PT10S", "2026-11-29T12:00:30Z"),
+        ("PT1M", "2026-11-29T12:01:10Z"),
+    ] {
+        let r = h
+            .send(
+                Req::post(format!("/v1/leases/{}/renew", id(&g2)))
+                    .token(&cap(&g2))
+                    .json(json!({"ttl": ttl})),
+            )
+            .await;
+        assert_eq!(r.ok(200)["expiry"], json!(expiry), "{ttl}");
+    }
+    let s = h
+        .send(
+            Req::post(format!("/v1/leases/{}/release", id(&g1)))
+                .token(&cap(&g1))
+                .json(json!({"consumed": 4})),
+        )
+        .await;
+    assert_eq!(s.ok(200)["settled_at"], json!("2026-11-29T12:00:10Z"));
+    let m = h.send(Req::get("/metrics")).await;
+    for line in [
+        "tollgate_safetime_paused_total{operation=\"acquire\"} 1",
+        "tollgate_safetime_paused_total{operation=\"consolidate\"} 1",
+        "tollgate_safetime_paused_total{operation=\"reclaim\"} 1",
+        "tollgate_errors_total{code=\"time_uncertain\"} 3",
+        "tollgate_reclaim_late_seconds_count 0",
+    ] {
+        assert!(m.text.lines().any(|l| l == line), "{line} in\n{}", m.text);
+    }
+    // Certain again: lease 3 (reclaimable from 12:00:06) is reclaimed 4 s
+    // late.
+    *clock.uncertain.lock().expect("lock") = None;
+    let r = h.send(Req::post("/v1/admin/reclaim").token(ADMIN)).await;
+    assert_eq!(r.ok(200)["reclaimed"], json!([id(&g3)]));
+    let m = h.send(Req::get("/metrics")).await;
+    for line in [
+        "tollgate_reclaim_late_seconds_bucket{le=\"1\"} 0",
+        "tollgate_reclaim_late_seconds_bucket{le=\"10\"} 1",
+        "tollgate_reclaim_late_seconds_sum 4",
+        "tollgate_reclaim_late_seconds_count 1",
+    ] {
+        assert!(m.text.lines().any(|l| l == line), "{line} in\n{}", m.text);
+    }
+    h.assert_audit_clean().await;
 }

@@ -92,6 +92,74 @@ fn defaults() {
     assert_eq!(c.secret_file, None);
     assert_eq!(c.request_timeout, SignedDuration::from_secs(30));
     assert_eq!(c.shutdown_timeout, SignedDuration::from_secs(10));
+    assert_eq!(c.safetime_gap_max, SignedDuration::from_secs(5));
+}
+
+/// `clock = safe-cut` needs PostgreSQL; its gap bound must be positive; the
+/// TOML spelling is the flag's (`safe-cut`, also `safe_cut`), and the
+/// rendered configuration reads back.
+#[test]
+fn safe_cut_clock_settings() {
+    let pg = || RawConfig {
+        database_url: Some("postgres://h/db".into()),
+        ..RawConfig::default()
+    };
+    let e = merge(
+        RawConfig {
+            clock: Some(ClockKind::SafeCut),
+            ..RawConfig::default()
+        },
+        FileConfig::default(),
+        None,
+    )
+    .expect_err("memory store");
+    assert!(
+        e.starts_with(
+            "invalid configuration: clock safe-cut reads the safe expiry cut from PostgreSQL"
+        ),
+        "{e}"
+    );
+    for (gap, message) in [
+        (
+            "PT0S",
+            "invalid configuration: safetime_gap_max must be positive, got PT0S",
+        ),
+        (
+            "-PT1S",
+            "invalid configuration: safetime_gap_max must be positive, got -PT1S",
+        ),
+        (
+            "soon",
+            "invalid configuration: safetime_gap_max: \"soon\" is not an ISO 8601",
+        ),
+    ] {
+        let e = merge(
+            RawConfig {
+                clock: Some(ClockKind::SafeCut),
+                safetime_gap_max: Some(gap.into()),
+                ..pg()
+            },
+            FileConfig::default(),
+            None,
+        )
+        .expect_err(gap);
+        assert!(e.starts_with(message), "{e}");
+    }
+    for spelling in ["safe-cut", "safe_cut"] {
+        let file: FileConfig = toml::from_str(&format!(
+            "clock = \"{spelling}\"\nsafetime_gap_max = \"200ms\"\n"
+        ))
+        .expect("toml");
+        let c = merge(pg(), file, None).expect("valid");
+        assert_eq!(c.clock, ClockKind::SafeCut);
+        assert_eq!(c.safetime_gap_max, SignedDuration::from_millis(200));
+        let text = c.render();
+        assert!(text.contains("clock = \"safe-cut\"\n"), "{text}");
+        assert!(text.contains("safetime_gap_max = \"PT0.2S\"\n"), "{text}");
+        let again: FileConfig =
+            toml::from_str(&text.replace("<redacted>", "x")).expect("rendered config parses");
+        assert_eq!(again.clock, Some(ClockKind::SafeCut));
+    }
 }
 
 #[test]

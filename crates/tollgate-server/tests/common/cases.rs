@@ -526,7 +526,15 @@ pub async fn audit_and_status(f: &dyn BackendFactory) {
             },
             "active_leases": 1, "active_legacy_bounds": 0,
             "policy": {"max_ttl": "PT1M", "reclaim_grace": "PT5S"},
-            "clock": "test"
+            "clock": "test",
+            "safe_time": null,
+            "paused": {"acquire": 0, "consolidate": 0, "reclaim": 0},
+            "late_expiry": {"count": 0, "sum": "PT0S", "buckets": [
+                {"le": "PT0.001S", "count": 0}, {"le": "PT0.01S", "count": 0},
+                {"le": "PT0.1S", "count": 0}, {"le": "PT1S", "count": 0},
+                {"le": "PT10S", "count": 0}, {"le": "PT1M", "count": 0},
+                {"le": "PT10M", "count": 0}
+            ]}
         })
     );
 }

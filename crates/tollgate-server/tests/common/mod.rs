@@ -21,7 +21,7 @@ use tollgate::{
     Lease, LeaseId, LedgerEntry, NewAccount, ReclaimReport, Renewal, Settlement, StorageError,
 };
 use tollgate_server::api::{self, AppState, ServiceOptions};
-use tollgate_server::clock::{Clock, ClockError, ClockKind, SystemClock, TestClock};
+use tollgate_server::clock::{Clock, ClockError, ClockKind, ClockReading, SystemClock, TestClock};
 use tollgate_server::metrics::Metrics;
 use tollgate_server::storage::Backend;
 use tower::ServiceExt;
@@ -176,11 +176,32 @@ impl Resp {
             json!(format!("urn:tollgate:problem:{code}"))
         );
         assert!(self.body["title"].is_string() && self.body["detail"].is_string());
+        // `time_uncertain` alone carries one extension member, `reason`.
+        let members = if code == "time_uncertain" {
+            assert!(self.body["reason"].is_string(), "{}", self.text);
+            6
+        } else {
+            5
+        };
         assert_eq!(
             self.body.as_object().map(|o| o.len()),
-            Some(5),
+            Some(members),
             "{}",
             self.text
+        );
+        self
+    }
+
+    /// Asserts a `503 time_uncertain` with `reason` and `Retry-After`.
+    #[track_caller]
+    pub fn uncertain(&self, reason: &str, retry_after: &str) -> &Resp {
+        self.problem(503, "time_uncertain");
+        assert_eq!(self.body["reason"], json!(reason), "{}", self.text);
+        assert_eq!(
+            self.headers
+                .get(header::RETRY_AFTER)
+                .and_then(|v| v.to_str().ok()),
+            Some(retry_after)
         );
         self
     }
@@ -472,17 +493,46 @@ pub fn failing_backend(error: StorageError, delay: Duration) -> Backend {
     }
 }
 
-/// A clock that cannot vouch for the time (the safe cut's uncertain state).
+/// A clock that cannot be read at all (the safe cut's database is down).
 #[derive(Debug)]
-pub struct UncertainClock;
+pub struct UnreadableClock;
 
 #[async_trait]
-impl Clock for UncertainClock {
-    async fn now(&self) -> Result<Timestamp, ClockError> {
-        Err(ClockError::Uncertain("sampler has no quorum".into()))
+impl Clock for UnreadableClock {
+    async fn read(&self) -> Result<ClockReading, ClockError> {
+        Err(ClockError::Unavailable(
+            "the safe expiry cut could not be read".into(),
+        ))
     }
     fn kind(&self) -> ClockKind {
         ClockKind::System
+    }
+}
+
+/// A test clock whose readings carry a settable uncertainty (the safe
+/// cut's semantics without a database).
+#[derive(Debug)]
+pub struct UncertainTestClock {
+    pub clock: TestClock,
+    pub uncertain: std::sync::Mutex<Option<tollgate::safe_time::UncertainReason>>,
+}
+
+#[async_trait]
+impl Clock for UncertainTestClock {
+    async fn read(&self) -> Result<ClockReading, ClockError> {
+        Ok(ClockReading {
+            now: self.clock.get(),
+            uncertain: *self.uncertain.lock().expect("lock"),
+        })
+    }
+    fn kind(&self) -> ClockKind {
+        ClockKind::Test
+    }
+    fn as_test(&self) -> Option<&TestClock> {
+        Some(&self.clock)
+    }
+    fn retry_after_secs(&self) -> u64 {
+        7
     }
 }
 
