@@ -946,6 +946,195 @@ mod tests {
         assert!(!short.covers(&gp));
     }
 
+    /// A tracker that has seen one observation at monotonic 10 s (1 ms
+    /// round trip) with database time T0, cut T0.
+    fn primed() -> CutTracker {
+        let mut t = CutTracker::new(cfg(), ts(T0), false, SignedDuration::from_hours(1));
+        t.observe(obs(10, T0));
+        t
+    }
+
+    /// An observation with explicit monotonic bracket and database offset
+    /// from T0.
+    fn raw(before: u64, after: u64, db_offset: i128) -> Observation {
+        Observation {
+            db_now: ts(T0 + db_offset),
+            topology: topo(),
+            mono_before_ns: before,
+            mono_after_ns: after,
+        }
+    }
+
+    #[test]
+    fn consistency_window_boundaries_are_exact() {
+        // prev: before 10 s, after 10.001 s. This: before 11 s, after
+        // 11.001000001 s: lo = 0.999 s, hi = 1.001000001 s,
+        // slack = ceil(hi * 50e-6) = 50_051 ns, trusted(hi) = 1_000_949_950,
+        // trusted(lo) = 998_950_050.
+        let before = 11 * S;
+        let after = 11 * S + 1_000_001;
+        let cases: [(i128, Option<UncertainReason>, i128); 5] = [
+            // db at hi + slack: consistent, advance capped at trusted(hi).
+            (1_001_050_052, None, 1_000_949_950),
+            // one more: a forward step, advance trusted(lo).
+            (
+                1_001_050_053,
+                Some(UncertainReason::ClockStepForward),
+                998_950_050,
+            ),
+            // db at lo - slack: consistent, advance is the database's own.
+            (998_949_949, None, 998_949_949),
+            // one less: a backward step; trusted(lo) is capped by db time.
+            (
+                998_949_948,
+                Some(UncertainReason::ClockStepBackward),
+                998_949_948,
+            ),
+            // exactly one second: consistent, advance 1 s.
+            (1_000_000_000, None, 1_000_000_000),
+        ];
+        for (db, reason, advance) in cases {
+            let mut t = primed();
+            let v = t.observe(raw(before, after, db));
+            let expected = if reason.is_some() {
+                reason
+            } else {
+                Some(UncertainReason::Recovering)
+            };
+            assert_eq!(
+                (v.uncertain, v.anomaly, v.proposal),
+                (expected, reason.is_some(), ts(T0 + advance)),
+                "db offset {db}"
+            );
+            assert_eq!(t.stable_observations(), u32::from(reason.is_none()));
+        }
+    }
+
+    #[test]
+    fn round_trip_gap_and_ordering_boundaries_are_exact() {
+        let p_after = 10 * S + 1_000_000;
+        let cases: [(u64, u64, i128, Option<UncertainReason>); 6] = [
+            // rtt exactly 500 ms (the bound): fine.
+            (11 * S, 11 * S + 500_000_000, 1_000_000_000, None),
+            // rtt one nanosecond more: implausible.
+            (
+                11 * S,
+                11 * S + 500_000_001,
+                1_000_000_000,
+                Some(UncertainReason::ImplausibleObservation),
+            ),
+            // lo exactly 5 s (the gap bound): fine.
+            (
+                p_after + 5 * S,
+                p_after + 5 * S + 1_000_000,
+                5 * S as i128,
+                None,
+            ),
+            // lo one nanosecond more: a gap.
+            (
+                p_after + 5 * S + 1,
+                p_after + 5 * S + 1_000_001,
+                5 * S as i128,
+                Some(UncertainReason::SamplingGap),
+            ),
+            // sent before the previous answer arrived (lo < 0): implausible.
+            (
+                p_after - 1,
+                p_after + 1_000_000,
+                1_000_000,
+                Some(UncertainReason::ImplausibleObservation),
+            ),
+            // answer before question (rtt < 0): implausible.
+            (
+                11 * S,
+                11 * S - 1,
+                1_000_000_000,
+                Some(UncertainReason::ImplausibleObservation),
+            ),
+        ];
+        for (before, after, db, reason) in cases {
+            let mut t = primed();
+            let v = t.observe(raw(before, after, db));
+            assert_eq!(
+                (v.anomaly, v.uncertain.filter(|_| v.anomaly)),
+                (reason.is_some(), reason),
+                "{before} {after}"
+            );
+        }
+    }
+
+    #[test]
+    fn accessors_display_and_start_reason() {
+        let c = cfg();
+        assert_eq!(
+            (
+                c.drift_ppm(),
+                c.interval(),
+                c.gap_max(),
+                c.round_trip_max(),
+                c.stable_observations_min(),
+                c.recovery_grace()
+            ),
+            (
+                50,
+                SignedDuration::from_secs(1),
+                SignedDuration::from_secs(5),
+                SignedDuration::from_millis(500),
+                3,
+                SignedDuration::from_secs(2)
+            )
+        );
+        assert_eq!(SafeTimeConfig::default().drift_ppm(), DEFAULT_DRIFT_PPM);
+        assert_eq!(
+            UncertainReason::ClockStepForward.to_string(),
+            "clock_step_forward"
+        );
+        let q = CutTracker::new(c, ts(5), true, SignedDuration::from_secs(1))
+            .with_start_reason(UncertainReason::PrimaryChange);
+        assert_eq!(
+            (
+                q.cut(),
+                q.quarantined(),
+                q.uncertain(),
+                q.stable_observations(),
+                *q.config()
+            ),
+            (ts(5), true, Some(UncertainReason::InitialQuarantine), 0, c)
+        );
+        let n = CutTracker::new(c, ts(5), false, SignedDuration::from_secs(1));
+        assert_eq!(
+            (n.quarantined(), n.uncertain()),
+            (false, Some(UncertainReason::NewEpoch))
+        );
+        let mut a = n.clone();
+        a.accepted(ts(9));
+        a.accepted(ts(7));
+        assert_eq!(a.cut(), ts(9), "accepted never moves the cut back");
+    }
+
+    #[test]
+    fn recovery_needs_the_grace_period_as_well() {
+        // Grace 2 s, samples every 0.5 s: 3 stable observations arrive at
+        // 11.5 s, but calm (before - 10.001 s) reaches 2 s only at 12.5 s.
+        let mut t = primed();
+        let steps = [
+            (105u64, false),
+            (110, false),
+            (115, false),
+            (120, false),
+            (125, true),
+        ];
+        for (tenths, certain) in steps {
+            let before = tenths * S / 10;
+            let v = t.observe(raw(
+                before,
+                before + 1_000_000,
+                i128::from(before) - 10 * S as i128,
+            ));
+            assert_eq!(v.uncertain.is_none(), certain, "at {tenths} tenths");
+        }
+    }
+
     #[test]
     fn config_rejects_bad_values() {
         let one = SignedDuration::from_secs(1);
