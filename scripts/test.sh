@@ -8,8 +8,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # Debian packages the tests need, installed only when missing:
-# postgresql-15 (the server binaries) and libfaketime (the pg-harness servers
-# whose wall clock a test steps, PgServer::start_dedicated_faketime).
+# postgresql-15 (the server binaries), libfaketime (the pg-harness servers
+# whose wall clock a test steps, PgServer::start_dedicated_faketime) and
+# pgbouncer (crates/tollgate-safetime/tests/pgbouncer.rs runs the sampler
+# through a real PgBouncer).
 missing=()
 pg_bin="${TOLLGATE_PG_BIN:-/usr/lib/postgresql/15/bin}"
 if [ ! -x "$pg_bin/initdb" ] || [ ! -x "$pg_bin/postgres" ]; then
@@ -19,6 +21,10 @@ fi
 if [ -z "${TOLLGATE_FAKETIME_LIB:-}" ] && ! compgen -G '/usr/lib/*/faketime/libfaketime.so.1' >/dev/null; then
   echo "test.sh: libfaketime.so.1 missing; installing libfaketime" >&2
   missing+=(libfaketime)
+fi
+if [ ! -x /usr/sbin/pgbouncer ] && [ ! -x /usr/bin/pgbouncer ]; then
+  echo "test.sh: pgbouncer missing; installing pgbouncer" >&2
+  missing+=(pgbouncer)
 fi
 if [ "${#missing[@]}" -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then

@@ -62,6 +62,11 @@ pub const FAST: &[&str] = &[
 impl SamplerProc {
     /// Starts the sampler with [`FAST`] settings.
     pub fn start(url: &str, tag: &str) -> SamplerProc {
+        SamplerProc::start_with(url, tag, FAST)
+    }
+
+    /// Starts the sampler with these `run` settings instead of [`FAST`].
+    pub fn start_with(url: &str, tag: &str, settings: &[&str]) -> SamplerProc {
         let log = std::env::temp_dir().join(format!(
             "tollgate-safetime-{}-{tag}.log",
             std::process::id()
@@ -69,7 +74,7 @@ impl SamplerProc {
         let file = std::fs::File::create(&log).unwrap();
         let child = Command::new(env!("CARGO_BIN_EXE_tollgate-safetime"))
             .arg("run")
-            .args(FAST)
+            .args(settings)
             .env("TOLLGATE_DATABASE_URL", url)
             .env("TOLLGATE_LOG_LEVEL", "debug")
             .stdin(Stdio::null())
