@@ -127,6 +127,16 @@ fn reason_from(code: Option<String>) -> Result<Option<UncertainReason>, SafeTime
     }
 }
 
+/// The verified policy in a row's `version`, `horizon_ms` and `digest`
+/// columns.
+fn policy_from(row: &sqlx::postgres::PgRow) -> Result<HorizonPolicy, SafeTimeError> {
+    Ok(HorizonPolicy::verified(
+        row.try_get("version")?,
+        row.try_get("horizon_ms")?,
+        row.try_get::<String, _>("digest")?.as_str(),
+    )?)
+}
+
 /// The persisted cut as a reader sees it, with the database's own time at
 /// the read.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -190,11 +200,7 @@ where
         publish_seq: row.try_get("publish_seq")?,
         published_at: us_to_timestamp(row.try_get("published_us")?)?,
         db_now: us_to_timestamp(row.try_get("db_now_us")?)?,
-        policy: HorizonPolicy::verified(
-            row.try_get("version")?,
-            row.try_get("horizon_ms")?,
-            row.try_get::<String, _>("digest")?.as_str(),
-        )?,
+        policy: policy_from(&row)?,
     }))
 }
 
@@ -214,11 +220,7 @@ where
     )
     .fetch_one(executor)
     .await?;
-    Ok(HorizonPolicy::verified(
-        row.try_get("version")?,
-        row.try_get("horizon_ms")?,
-        row.try_get::<String, _>("digest")?.as_str(),
-    )?)
+    policy_from(&row)
 }
 
 /// Seals a new horizon policy version (owner only; refused while any
@@ -239,11 +241,7 @@ pub async fn seal_policy(
     .bind(sealed_by)
     .fetch_one(conn)
     .await?;
-    Ok(HorizonPolicy::verified(
-        row.try_get("version")?,
-        row.try_get("horizon_ms")?,
-        row.try_get::<String, _>("digest")?.as_str(),
-    )?)
+    policy_from(&row)
 }
 
 /// One immutable evidence row.

@@ -8,7 +8,11 @@
 //!   pinned [`PgConnection`] (never a pool). A standby polls
 //!   `pg_try_advisory_lock` every [`SamplerOptions::standby_poll`]; it never
 //!   takes the lock from a session that holds it. Losing the connection
-//!   releases leadership (PostgreSQL drops session locks with the session).
+//!   releases leadership (PostgreSQL drops session locks with the session)
+//!   when the sampler connects directly or through session pooling; behind
+//!   a transaction-pooling proxy the server session, and its lock, can
+//!   outlive the client connection (one more reason that mode is
+//!   unsupported; the epoch fence keeps it safe).
 //! * **Epoch**: a new leader loads the newest sealed horizon policy
 //!   (digest verified) and claims the next durable epoch before publishing.
 //! * **Every sample** is one statement that returns database time, topology,

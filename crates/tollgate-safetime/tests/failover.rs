@@ -67,15 +67,7 @@ async fn failover(major: u32) {
         "not_leader"
     );
     assert_eq!(b.terminate(), Some(0));
-    let mut locked = false;
-    for _ in 0..250 {
-        if safe_time::try_lock(&mut c).await.unwrap() {
-            locked = true;
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
-    assert!(locked, "the lock is free once the new leader stopped");
+    support::take_lock(&mut c, "once the leaders stopped").await;
     assert_eq!(
         safe_time::publish(&mut c, 1, &v).await.unwrap_err().code(),
         "stale_epoch"

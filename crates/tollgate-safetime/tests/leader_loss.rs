@@ -63,15 +63,7 @@ async fn leader_loss(major: u32) {
     assert_eq!(b.terminate(), Some(0));
     assert_eq!(a.terminate(), Some(0));
     let mut c = PgConnection::connect(db.url()).await.unwrap();
-    let mut locked = false;
-    for _ in 0..250 {
-        if safe_time::try_lock(&mut c).await.unwrap() {
-            locked = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert!(locked);
+    support::take_lock(&mut c, "once the leaders stopped").await;
     let v = Verdict {
         proposal: r2.cut,
         uncertain: None,

@@ -175,3 +175,16 @@ impl CutWatch {
         );
     }
 }
+
+/// Takes the sampler lock on `conn`, retrying every 20 ms for at most 5 s
+/// (a stopped leader's session may take a moment to end); panics with
+/// `what` if it stays taken.
+pub async fn take_lock(conn: &mut PgConnection, what: &str) {
+    for _ in 0..250 {
+        if safe_time::try_lock(conn).await.unwrap() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("the sampler lock is still held after 5 s: {what}");
+}
