@@ -303,6 +303,14 @@ impl Sampler {
                 match safe_time::publish(conn, claim.epoch, &verdict).await {
                     Ok(p) => {
                         tracker.accepted(p.cut);
+                        if p.quarantined && !tracker.quarantined() {
+                            // The database saw an anomaly this sample did
+                            // not: the proof restarts with a new epoch.
+                            return TermEnd::Lost(
+                                "the database kept the quarantine the sampler proved cleared"
+                                    .to_owned(),
+                            );
+                        }
                         if p.uncertain != last_reason {
                             match p.uncertain {
                                 None => {
