@@ -2,7 +2,8 @@
 # Mutation gate (issue 5): every mutant cargo-mutants makes in the core's
 # lease timing and grant policy (timing.rs), instant pair (instant_pair.rs),
 # accounting and life-cycle rules (rules.rs) and conservation audit
-# (audit.rs) must be caught by the tollgate crate's tests. Scope, exclusions
+# (audit.rs) and safe-time rules (safe_time.rs) must be caught by the
+# tollgate crate's tests. Scope, exclusions
 # and reasons: docs/testing.md and .cargo/mutants.toml.
 #
 # Fails when any mutant is missed, times out, or is unviable (a mutant that
