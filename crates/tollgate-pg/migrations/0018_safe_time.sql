@@ -19,6 +19,9 @@
 --                              of database time since the proof began
 --   TGS07 horizon_below_policy a horizon shorter than max_ttl + reclaim_grace
 --   TGS08 no_claim             publish before any epoch was claimed
+--   TGS09 horizon_exceeded     a grant policy whose max_ttl + reclaim_grace
+--                              does not fit the sealed horizon, once safe
+--                              time is in use (a sampler has claimed)
 
 -- Owner-sealed maximum-deadline horizon, one immutable row per version.
 -- The digest is the hex SHA-256 of the canonical text
@@ -353,6 +356,38 @@ BEGIN
     RETURN QUERY SELECT p.version, p.horizon_ms, p.digest
                    FROM tollgate_safetime_policy p WHERE p.version = nv;
 END $$;
+
+-- Once safe time is in use (a sampler has claimed an epoch), no grant
+-- policy may admit a deadline beyond the sealed horizon: neither the newest
+-- sealed one nor the one in force for the current epoch. Enforced here, so
+-- no process (a first start recording its policy, or `tollgate policy set`)
+-- can weaken it.
+CREATE FUNCTION tollgate_policy_within_horizon() RETURNS trigger
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+DECLARE
+    need_ms numeric;
+    horizon bigint;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM tollgate_safetime) THEN
+        RETURN NEW;
+    END IF;
+    SELECT least(
+               (SELECT p.horizon_ms FROM tollgate_safetime_policy p ORDER BY p.version DESC LIMIT 1),
+               (SELECT p.horizon_ms FROM tollgate_safetime s
+                  JOIN tollgate_safetime_policy p ON p.version = s.policy_version))
+      INTO horizon;
+    need_ms := (NEW.max_ttl_secs::numeric + NEW.reclaim_grace_secs) * 1000
+             + (NEW.max_ttl_nanos::numeric + NEW.reclaim_grace_nanos) / 1000000;
+    IF need_ms > horizon THEN
+        RAISE EXCEPTION 'horizon_exceeded: max_ttl + reclaim_grace (% ms) exceeds the sealed safe-time horizon (% ms)',
+            trim_scale(need_ms), horizon USING ERRCODE = 'TGS09';
+    END IF;
+    RETURN NEW;
+END $$;
+
+CREATE TRIGGER tollgate_policy_within_horizon
+    BEFORE INSERT OR UPDATE ON tollgate_policy
+    FOR EACH ROW EXECUTE FUNCTION tollgate_policy_within_horizon();
 
 -- The sampler role: it may observe, claim and publish, read the cut and the
 -- policy, and nothing else that writes. Roles are cluster-wide, so it is

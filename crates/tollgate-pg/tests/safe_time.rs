@@ -380,4 +380,33 @@ async fn horizon_changes_need_a_stopped_sampler_evidence_and_a_successor_epoch()
         (row.epoch, row.policy.version(), row.policy.horizon_ms()),
         (2, 2, 65_000)
     );
+
+    // With safe time in use, no grant policy may outgrow the horizon: one
+    // nanosecond more than 65 s of max_ttl + grace is refused by the
+    // database, whoever writes it; exactly 65 s is accepted.
+    let pool = sqlx::PgPool::connect(db.url()).await.unwrap();
+    let over = GrantPolicy::new(SignedDuration::new(60, 1), SignedDuration::from_secs(5)).unwrap();
+    let err = tollgate_pg::set_policy(&pool, over, "ops")
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string().contains(
+            "horizon_exceeded: max_ttl + reclaim_grace (65000.000001 ms) exceeds the sealed \
+             safe-time horizon (65000 ms)"
+        ),
+        "{err}"
+    );
+    assert_eq!(
+        tollgate_pg::recorded_policy(&pool).await.unwrap(),
+        Some(
+            GrantPolicy::new(SignedDuration::from_secs(60), SignedDuration::from_secs(5)).unwrap()
+        )
+    );
+    let fits =
+        GrantPolicy::new(SignedDuration::from_secs(50), SignedDuration::from_secs(15)).unwrap();
+    tollgate_pg::set_policy(&pool, fits, "ops").await.unwrap();
+    assert_eq!(
+        tollgate_pg::recorded_policy(&pool).await.unwrap(),
+        Some(fits)
+    );
 }
