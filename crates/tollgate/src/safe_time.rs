@@ -1013,7 +1013,7 @@ mod tests {
     #[test]
     fn round_trip_gap_and_ordering_boundaries_are_exact() {
         let p_after = 10 * S + 1_000_000;
-        let cases: [(u64, u64, i128, Option<UncertainReason>); 7] = [
+        let cases: [(u64, u64, i128, Option<UncertainReason>); 8] = [
             // rtt exactly 500 ms (the bound): fine.
             (11 * S, 11 * S + 500_000_000, 1_000_000_000, None),
             // rtt one nanosecond more: implausible.
@@ -1037,6 +1037,8 @@ mod tests {
                 5 * S as i128,
                 Some(UncertainReason::SamplingGap),
             ),
+            // answered in no measurable time (rtt = 0): fine.
+            (11 * S, 11 * S, 999_500_000, None),
             // sent the instant the previous answer arrived (lo = 0): fine.
             (p_after, p_after + 1_000_000, 1_000_000, None),
             // sent before the previous answer arrived (lo < 0): implausible.
