@@ -127,6 +127,14 @@ fn reason_from(code: Option<String>) -> Result<Option<UncertainReason>, SafeTime
     }
 }
 
+/// The cut in a row's `cut_floor_us` and `cut_submicro_ns` columns.
+fn cut_from(row: &sqlx::postgres::PgRow) -> Result<Timestamp, SafeTimeError> {
+    pair_to_timestamp(
+        row.try_get("cut_floor_us")?,
+        row.try_get("cut_submicro_ns")?,
+    )
+}
+
 /// The verified policy in a row's `version`, `horizon_ms` and `digest`
 /// columns.
 fn policy_from(row: &sqlx::postgres::PgRow) -> Result<HorizonPolicy, SafeTimeError> {
@@ -191,10 +199,7 @@ where
     let Some(row) = row else { return Ok(None) };
     Ok(Some(CutRow {
         epoch: row.try_get("epoch")?,
-        cut: pair_to_timestamp(
-            row.try_get("cut_floor_us")?,
-            row.try_get("cut_submicro_ns")?,
-        )?,
+        cut: cut_from(&row)?,
         uncertain: reason_from(row.try_get("uncertain_reason")?)?,
         quarantined: row.try_get("quarantined")?,
         publish_seq: row.try_get("publish_seq")?,
@@ -375,10 +380,7 @@ pub async fn claim(
     .await?;
     Ok(Claim {
         epoch: row.try_get("epoch")?,
-        cut: pair_to_timestamp(
-            row.try_get("cut_floor_us")?,
-            row.try_get("cut_submicro_ns")?,
-        )?,
+        cut: cut_from(&row)?,
         quarantined: row.try_get("quarantined")?,
         uncertain: reason_from(row.try_get("uncertain_reason")?)?,
     })
@@ -421,10 +423,7 @@ pub async fn publish(
     .fetch_one(conn)
     .await?;
     Ok(Published {
-        cut: pair_to_timestamp(
-            row.try_get("cut_floor_us")?,
-            row.try_get("cut_submicro_ns")?,
-        )?,
+        cut: cut_from(&row)?,
         uncertain: reason_from(row.try_get("uncertain_reason")?)?,
         quarantined: row.try_get("quarantined")?,
         publish_seq: row.try_get("publish_seq")?,

@@ -96,22 +96,6 @@ const POLL: Duration = Duration::from_millis(5);
 /// short against the 100 ms until the sampler's next observation.
 const AFTER_PUBLISH: Duration = Duration::from_millis(10);
 
-/// [`support::FAST`] with a 2 s recovery grace (see the module docs).
-const SETTINGS: &[&str] = &[
-    "--interval",
-    "100ms",
-    "--gap-max",
-    "2s",
-    "--round-trip-max",
-    "1s",
-    "--stable-observations",
-    "3",
-    "--recovery-grace",
-    "2s",
-    "--standby-poll",
-    "100ms",
-];
-
 /// What the sampler logs when a leadership term ends; the reason follows.
 const LOSS_PREFIX: &str = "safe-time leadership lost; connection dropped reason=";
 
@@ -404,7 +388,11 @@ async fn run(pool_mode: &str, prepare_on_b: bool, tag: &str) -> Run {
     }
     holder.close().await.unwrap();
 
-    let sampler = SamplerProc::start_with(&bouncer.url(db.name()), tag, SETTINGS);
+    let sampler = SamplerProc::start_with(
+        &bouncer.url(db.name()),
+        tag,
+        &support::fast_with_grace("2s"),
+    );
     let mut watch = CutWatch::new(db.url()).await;
     let first = watch.until(WAIT_SECS, "epoch 1", |r| r.epoch == 1).await;
     let deadline = Instant::now() + Duration::from_secs(WAIT_SECS);

@@ -59,6 +59,18 @@ pub const FAST: &[&str] = &[
     "100ms",
 ];
 
+/// [`FAST`] with another `--recovery-grace`.
+pub fn fast_with_grace(grace: &'static str) -> Vec<&'static str> {
+    let mut settings = FAST.to_vec();
+    let at = settings
+        .iter()
+        .position(|a| *a == "--recovery-grace")
+        .unwrap()
+        + 1;
+    settings[at] = grace;
+    settings
+}
+
 impl SamplerProc {
     /// Starts the sampler with [`FAST`] settings.
     pub fn start(url: &str, tag: &str) -> SamplerProc {
