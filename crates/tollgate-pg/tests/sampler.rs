@@ -150,7 +150,15 @@ async fn terminating_the_leaders_backend_hands_over_to_the_standby() {
         .await
         .unwrap()
         .unwrap();
-    let sa = a.status.borrow().clone();
+    // The old leader may still believe it leads until its next sample
+    // fails (its session is gone, so the lock already is); it notices within
+    // one interval.
+    let mut wa = a.status.clone();
+    let sa = tokio::time::timeout(Duration::from_secs(10), wa.wait_for(|s| s.epoch.is_none()))
+        .await
+        .expect("the old leader notices the loss within 10 s")
+        .unwrap()
+        .clone();
     assert_eq!(sa.epoch, None);
     assert!(
         sa.last_loss

@@ -241,6 +241,19 @@ async fn qualify(major: u32) {
         .await;
     assert_eq!(r.status, StatusCode::OK, "{:?}", r.body);
     assert_eq!(r.body["expiry"], json!(l2_expiry.to_string()));
+    // Release still works while uncertain (it is not destructive expiry).
+    let r = s
+        .send(
+            "POST",
+            &format!("/v1/leases/{}/release", lease_id(&l2)),
+            l2["capability"].as_str().unwrap(),
+            Some(json!({"consumed": 1})),
+        )
+        .await;
+    assert_eq!(
+        (r.status, r.body["returned"].clone()),
+        (StatusCode::OK, json!(0))
+    );
     // L1 is reclaimed only after TTL + grace of trusted time since its
     // acquisition, although database time jumped an hour past its expiry.
     let reclaimed_at = s.reclaim_until(lease_id(&l1), 30).await;
