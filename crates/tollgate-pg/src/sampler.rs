@@ -29,7 +29,11 @@
 //!   error ends the leadership.
 //!
 //! Every loop is bounded: sleeps are interruptible by the shutdown signal,
-//! reconnects back off exponentially up to [`SamplerOptions::reconnect_max`].
+//! reconnects back off exponentially up to [`SamplerOptions::reconnect_max`],
+//! each observation and publish must answer within the gap bound, and the
+//! server ends a leader session idle for twice the gap bound
+//! (`idle_session_timeout`), so a frozen leader releases the lock to a
+//! standby.
 
 use std::time::{Duration, Instant};
 
@@ -115,7 +119,19 @@ impl Sampler {
         let connect: PgConnectOptions = url.parse().map_err(|e: sqlx::Error| {
             SafeTimeError::Backend(format!("invalid database URL: {}", redact(&e)))
         })?;
-        let connect = connect.application_name(SAMPLER_APPLICATION_NAME);
+        // A frozen leader (stopped process, dead host) must not hold the
+        // lock forever: the server ends a session idle for twice the gap
+        // bound, which releases the lock to a standby. A healthy leader is
+        // never idle longer than one interval (< gap bound).
+        let idle_ms = options
+            .config
+            .gap_max()
+            .as_millis()
+            .saturating_mul(2)
+            .clamp(1, i128::from(i32::MAX));
+        let connect = connect
+            .application_name(SAMPLER_APPLICATION_NAME)
+            .options([("idle_session_timeout", format!("{idle_ms}ms"))]);
         Ok(Sampler {
             connect,
             options,
@@ -127,6 +143,12 @@ impl Sampler {
     /// A receiver of this sampler's status.
     pub fn status(&self) -> watch::Receiver<SamplerStatus> {
         self.status.subscribe()
+    }
+
+    /// The longest wait for one statement of a leadership term: the gap
+    /// bound (a slower answer would be a gap anyway).
+    fn call_max(&self) -> Duration {
+        Duration::try_from(self.options.config.gap_max()).unwrap_or(Duration::from_secs(5))
     }
 
     fn mono_ns(&self) -> u64 {
@@ -280,11 +302,17 @@ impl Sampler {
                 return TermEnd::Shutdown;
             }
             let before = self.mono_ns();
-            let obs = safe_time::observe(conn).await;
+            let obs = tokio::time::timeout(self.call_max(), safe_time::observe(conn)).await;
             let after = self.mono_ns();
             let obs = match obs {
-                Ok(o) => o,
-                Err(e) => return TermEnd::Lost(format!("observation failed: {e}")),
+                Ok(Ok(o)) => o,
+                Ok(Err(e)) => return TermEnd::Lost(format!("observation failed: {e}")),
+                Err(_) => {
+                    return TermEnd::Lost(format!(
+                        "observation failed: no answer within {:?}",
+                        self.call_max()
+                    ));
+                }
             };
             if obs.backend_pid != pid || !obs.lock_held {
                 return TermEnd::Lost(format!(
@@ -300,7 +328,18 @@ impl Sampler {
                 mono_after_ns: after,
             });
             if verdict.publishable {
-                match safe_time::publish(conn, claim.epoch, &verdict).await {
+                let published = tokio::time::timeout(
+                    self.call_max(),
+                    safe_time::publish(conn, claim.epoch, &verdict),
+                )
+                .await
+                .unwrap_or_else(|_| {
+                    Err(SafeTimeError::Backend(format!(
+                        "no answer within {:?}",
+                        self.call_max()
+                    )))
+                });
+                match published {
                     Ok(p) => {
                         tracker.accepted(p.cut);
                         if p.quarantined && !tracker.quarantined() {

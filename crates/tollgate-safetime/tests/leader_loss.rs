@@ -84,3 +84,51 @@ async fn leader_loss_on_postgresql_15() {
 async fn leader_loss_on_postgresql_18() {
     leader_loss(18).await;
 }
+
+/// A frozen leader (SIGSTOP, as a hung or partitioned host would be) holds
+/// the lock only until the server ends its idle session (twice the 2 s gap
+/// bound); then the standby takes over with the next epoch, and the old
+/// leader, resumed, finds its session gone.
+async fn frozen_leader(major: u32) {
+    let server = PgServer::start_dedicated_with(support::binaries(major)).unwrap();
+    let db = server.fresh_database().await;
+    tollgate_pg::migrate(db.url()).await.unwrap();
+    let a = SamplerProc::start(db.url(), &format!("frozen-a{major}"));
+    let mut w = CutWatch::new(db.url()).await;
+    w.until(30, "a certain cut", |r| r.uncertain.is_none())
+        .await;
+    let b = SamplerProc::start(db.url(), &format!("frozen-b{major}"));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(w.read().await.unwrap().epoch, 1);
+    a.signal("STOP");
+    let stopped = std::time::Instant::now();
+    let r = w.until(20, "the standby's epoch 2", |r| r.epoch == 2).await;
+    let waited = stopped.elapsed();
+    assert!(
+        waited >= Duration::from_secs(4),
+        "a healthy-looking leader kept the lock for only {waited:?}"
+    );
+    assert_eq!(r.epoch, 2);
+    a.signal("CONT");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !a.log_text().contains("safe-time leadership lost") {
+        assert!(std::time::Instant::now() < deadline, "{}", a.log_text());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    w.until(20, "certain under epoch 2", |r| {
+        r.epoch == 2 && r.uncertain.is_none()
+    })
+    .await;
+    assert_eq!(b.terminate(), Some(0));
+    assert_eq!(a.terminate(), Some(0));
+}
+
+#[tokio::test]
+async fn frozen_leader_on_postgresql_15() {
+    frozen_leader(15).await;
+}
+
+#[tokio::test]
+async fn frozen_leader_on_postgresql_18() {
+    frozen_leader(18).await;
+}

@@ -4,7 +4,9 @@
 //! renewal (Tollgate's idempotency records never expire, so there is no
 //! third) — a forward and a backward database clock step must not let a
 //! lease be reclaimed before `ttl + reclaim_grace` of the test's own
-//! monotonic time has passed since it was acquired, new work is refused
+//! monotonic time has passed since the cut its expiry was computed from was
+//! published (the cut a request reads is up to one sample old, so that is
+//! where the lease's time starts; see `TRUSTED_MIN`), new work is refused
 //! while the cut is uncertain, and a renewal is never shortened. A paused
 //! (SIGSTOPped) sampler makes the service refuse and pause reclaim. On
 //! PostgreSQL 15 and 18.
@@ -121,6 +123,70 @@ impl Service {
     }
 }
 
+/// Every cut the test saw, with the monotonic instant taken just *before*
+/// the read: a read that returns a cut below `c` proves the cut `c` was
+/// published after that instant.
+#[derive(Clone, Default)]
+struct CutLog(Arc<std::sync::Mutex<Vec<(Instant, Timestamp)>>>);
+
+impl CutLog {
+    /// Polls the cut every 10 ms until the returned sender is dropped.
+    async fn start(url: &str) -> (CutLog, tokio::sync::oneshot::Sender<()>) {
+        use sqlx::Connection;
+        let log = CutLog::default();
+        let mut conn = sqlx::PgConnection::connect(url).await.unwrap();
+        let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
+        let l = log.clone();
+        tokio::spawn(async move {
+            loop {
+                let at = Instant::now();
+                if let Ok(Some(row)) = tollgate_pg::safe_time::read_cut(&mut conn).await {
+                    l.0.lock().unwrap().push((at, row.cut));
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(10)) => {}
+                    _ = &mut stopped => return,
+                }
+            }
+        });
+        (log, stop)
+    }
+
+    /// The last instant at which the cut was still below `cut`.
+    fn last_below(&self, cut: Timestamp) -> Instant {
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, c)| *c < cut)
+            .map(|(at, _)| *at)
+            .max()
+            .expect("the cut was seen below the lease's start")
+    }
+}
+
+/// The trusted time a lease must live, measured from the last instant the
+/// cut was seen below the cut its expiry was computed from: TTL + grace,
+/// less 100 ms for the sampler's own observe-to-publish latency and round
+/// trips (the cut may advance by the monotonic window spanning both
+/// database reads). A cut that followed the database's 1 h step would be
+/// reclaimed within about a second.
+const TRUSTED_MIN: Duration = Duration::from_millis(2_900);
+
+/// Asserts that lease `g` (TTL 2 s, expiry = its cut + 2 s) was reclaimed
+/// at `reclaimed_at` no sooner than [`TRUSTED_MIN`] after its cut was
+/// published.
+fn assert_lived(log: &CutLog, g: &Value, reclaimed_at: Instant) {
+    let expiry: Timestamp = g["expiry"].as_str().unwrap().parse().unwrap();
+    let start = expiry - SignedDuration::from_secs(2);
+    let lived = reclaimed_at.duration_since(log.last_below(start));
+    assert!(
+        lived >= TRUSTED_MIN,
+        "lease {} reclaimed after only {lived:?}",
+        g["lease_id"]
+    );
+}
+
 fn lease_id(g: &Value) -> i64 {
     g["lease_id"].as_i64().expect("lease_id")
 }
@@ -188,10 +254,11 @@ async fn qualify(major: u32) {
             Some("2")
         )
     );
+    let (cuts, stop_cuts) = CutLog::start(db.url()).await;
     let sampler = SamplerProc::start(db.url(), &format!("service{major}"));
 
     // --- Forward step of one hour. ---
-    let (l1, l1_at) = s.acquire_when_certain(account, &key, 30).await;
+    let (l1, _) = s.acquire_when_certain(account, &key, 30).await;
     let r = s
         .send(
             "POST",
@@ -257,21 +324,13 @@ async fn qualify(major: u32) {
     // L1 is reclaimed only after TTL + grace of trusted time since its
     // acquisition, although database time jumped an hour past its expiry.
     let reclaimed_at = s.reclaim_until(lease_id(&l1), 30).await;
-    let elapsed = reclaimed_at.duration_since(l1_at);
-    assert!(
-        elapsed >= TTL_PLUS_GRACE,
-        "reclaimed after only {elapsed:?}"
-    );
+    assert_lived(&cuts, &l1, reclaimed_at);
 
     // --- Backward step of 5 s (database time falls behind the cut). ---
-    let (l3, l3_at) = s.acquire_when_certain(account, &key, 30).await;
+    let (l3, _) = s.acquire_when_certain(account, &key, 30).await;
     server.set_clock_offset_ns(3_595 * SECOND_NS).unwrap();
     let reclaimed_at = s.reclaim_until(lease_id(&l3), 40).await;
-    let elapsed = reclaimed_at.duration_since(l3_at);
-    assert!(
-        elapsed >= TTL_PLUS_GRACE,
-        "reclaimed after only {elapsed:?}"
-    );
+    assert_lived(&cuts, &l3, reclaimed_at);
 
     // --- The sampler is paused longer than the gap bound. ---
     let (l4, l4_at) = s.acquire_when_certain(account, &key, 30).await;
@@ -292,7 +351,7 @@ async fn qualify(major: u32) {
     );
     sampler.signal("CONT");
     let reclaimed_at = s.reclaim_until(lease_id(&l4), 30).await;
-    assert!(reclaimed_at.duration_since(l4_at) >= TTL_PLUS_GRACE);
+    assert_lived(&cuts, &l4, reclaimed_at);
 
     // Late expiry and paused work are visible at /metrics.
     let text = {
@@ -323,6 +382,7 @@ async fn qualify(major: u32) {
         "{text}"
     );
     assert_eq!(sampler.terminate(), Some(0));
+    drop(stop_cuts);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -64,6 +64,18 @@ pub enum PgError {
     /// No database URL was configured.
     #[error("no database URL configured")]
     NoUrl,
+    /// The database's leases are timed by the safe expiry cut (a sampler
+    /// has claimed an epoch), but this process is configured with another
+    /// clock: it would expire leases early by its own clock.
+    #[error(
+        "this database's leases are timed by the safe expiry cut (a safe-time sampler has claimed epoch {epoch}), but this process runs on the {clock} clock, which could reclaim leases early; run every process that serves or reclaims them with --clock safe-cut"
+    )]
+    ClockNotSafeCut {
+        /// The configured clock.
+        clock: ClockKind,
+        /// The cut row's epoch.
+        epoch: i64,
+    },
     /// A store operation failed; `context` says which.
     #[error("{context}: {source}")]
     Storage {
@@ -155,6 +167,28 @@ pub async fn connect(cfg: &Config, key: CapabilityKey) -> Result<Backend, PgErro
             .map_err(ctx("applying migrations"))?;
         if !report.applied.is_empty() {
             tracing::info!(applied = ?report.applied, to = ?report.to_version, "migrations applied");
+        }
+    }
+    if cfg.clock != ClockKind::SafeCut {
+        // Once a sampler has claimed, every process must be on the cut: a
+        // system (or test) clock ahead of it would reclaim early.
+        let pool = open_pool(url).await?;
+        let row = tollgate_pg::safe_time::read_cut(&pool).await;
+        pool.close().await;
+        match row {
+            Ok(Some(row)) => {
+                return Err(PgError::ClockNotSafeCut {
+                    clock: cfg.clock,
+                    epoch: row.epoch,
+                });
+            }
+            Ok(None) => {}
+            Err(source) => {
+                return Err(PgError::SafeTime {
+                    context: "reading the safe expiry cut",
+                    source,
+                });
+            }
         }
     }
     if cfg.clock == ClockKind::SafeCut {

@@ -584,3 +584,52 @@ async fn safe_cut_clock_needs_postgres() {
         "invalid configuration: clock safe-cut needs the PostgreSQL store (--database-url)"
     );
 }
+
+/// Once a sampler has claimed an epoch, a process on another clock refuses
+/// to start against the database: a system clock ahead of the cut would
+/// reclaim leases early.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn other_clocks_refuse_a_database_on_the_cut() {
+    let url = fresh_pg_url().await;
+    tollgate_pg::migrate(&url).await.expect("migrate");
+    let mut system = safe_cut_config(&url);
+    system.clock = ClockKind::System;
+    let key = || CapabilityKey::new(&PG_KEY).expect("key");
+    // No sampler has claimed yet: the system clock may start.
+    tollgate_server::pg::connect(&system, key())
+        .await
+        .expect("no cut row yet");
+    let mut conn = PgConnection::connect(&url).await.expect("connect");
+    sqlx::query(
+        "INSERT INTO tollgate_safetime (singleton, epoch, policy_version, cut_floor_us, \
+            cut_submicro_ns, certain, uncertain_reason, quarantined, proof_started_at, \
+            leader_pid, system_identifier, timeline_id, postmaster_start, claimed_at, \
+            published_at, publish_seq) \
+         VALUES (true, 3, 1, 0, 0, false, 'new_epoch', false, clock_timestamp(), 0, 0, 1, \
+            clock_timestamp(), clock_timestamp(), clock_timestamp(), 0)",
+    )
+    .execute(&mut conn)
+    .await
+    .expect("row");
+    for clock in [ClockKind::System, ClockKind::Test] {
+        let mut cfg = system.clone();
+        cfg.clock = clock;
+        let err = tollgate_server::pg::connect(&cfg, key())
+            .await
+            .expect_err("refused");
+        assert!(
+            matches!(err, PgError::ClockNotSafeCut { epoch: 3, .. }),
+            "{err:?}"
+        );
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "this database's leases are timed by the safe expiry cut (a safe-time sampler \
+                 has claimed epoch 3), but this process runs on the {clock} clock, which could \
+                 reclaim leases early; run every process that serves or reclaims them with \
+                 --clock safe-cut"
+            )
+        );
+    }
+    conn.close().await.expect("close");
+}
