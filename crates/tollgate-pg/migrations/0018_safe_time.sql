@@ -21,7 +21,8 @@
 --   TGS08 no_claim             publish before any epoch was claimed
 --   TGS09 horizon_exceeded     a grant policy whose max_ttl + reclaim_grace
 --                              does not fit the sealed horizon, once safe
---                              time is in use (a sampler has claimed)
+--                              time is in use (a sampler has claimed, or a
+--                              horizon was sealed)
 
 -- Owner-sealed maximum-deadline horizon, one immutable row per version.
 -- The digest is the hex SHA-256 of the canonical text
@@ -357,9 +358,10 @@ BEGIN
                    FROM tollgate_safetime_policy p WHERE p.version = nv;
 END $$;
 
--- Once safe time is in use (a sampler has claimed an epoch), no grant
--- policy may admit a deadline beyond the sealed horizon: neither the newest
--- sealed one nor the one in force for the current epoch. Enforced here, so
+-- Once safe time is in use (a sampler has claimed an epoch, or an owner
+-- has sealed a horizon of their own), no grant policy may admit a deadline
+-- beyond the sealed horizon: neither the newest sealed one nor the one in
+-- force for the current epoch. Enforced here, so
 -- no process (a first start recording its policy, or `tollgate policy set`)
 -- can weaken it.
 CREATE FUNCTION tollgate_policy_within_horizon() RETURNS trigger
@@ -368,7 +370,8 @@ DECLARE
     need_ms numeric;
     horizon bigint;
 BEGIN
-    IF NOT EXISTS (SELECT 1 FROM tollgate_safetime) THEN
+    IF NOT EXISTS (SELECT 1 FROM tollgate_safetime)
+       AND (SELECT max(p.version) FROM tollgate_safetime_policy p) = 1 THEN
         RETURN NEW;
     END IF;
     SELECT least(

@@ -410,3 +410,38 @@ async fn horizon_changes_need_a_stopped_sampler_evidence_and_a_successor_epoch()
         Some(fits)
     );
 }
+
+/// Sealing a horizon of one's own puts the policy under it at once, before
+/// any sampler has claimed: a longer grant policy is refused.
+#[tokio::test]
+async fn a_sealed_horizon_binds_the_grant_policy_before_any_claim() {
+    let db = support::migrated_db().await;
+    let mut owner = conn(db.url()).await;
+    safe_time::seal_policy(&mut owner, 1_000, "ops")
+        .await
+        .unwrap();
+    let pool = sqlx::PgPool::connect(db.url()).await.unwrap();
+    let long =
+        GrantPolicy::new(SignedDuration::from_hours(2), SignedDuration::from_mins(1)).unwrap();
+    let err = tollgate_pg::set_policy(&pool, long, "ops")
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string().contains(
+            "horizon_exceeded: max_ttl + reclaim_grace (7260000 ms) exceeds the sealed \
+             safe-time horizon (1000 ms)"
+        ),
+        "{err}"
+    );
+    assert_eq!(tollgate_pg::recorded_policy(&pool).await.unwrap(), None);
+    let short = GrantPolicy::new(
+        SignedDuration::from_millis(500),
+        SignedDuration::from_millis(500),
+    )
+    .unwrap();
+    tollgate_pg::set_policy(&pool, short, "ops").await.unwrap();
+    assert_eq!(
+        tollgate_pg::recorded_policy(&pool).await.unwrap(),
+        Some(short)
+    );
+}
