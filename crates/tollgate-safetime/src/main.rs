@@ -138,7 +138,9 @@ fn main() -> ExitCode {
         .with_max_level(cli.log_level)
         .init();
     let Some(url) = cli.database_url.clone() else {
-        eprintln!("tollgate-safetime: --database-url (or TOLLGATE_DATABASE_URL) is required");
+        say(format_args!(
+            "tollgate-safetime: --database-url (or TOLLGATE_DATABASE_URL) is required"
+        ));
         return ExitCode::from(2);
     };
     let runtime = match tokio::runtime::Builder::new_current_thread()
@@ -147,25 +149,58 @@ fn main() -> ExitCode {
     {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("tollgate-safetime: cannot start the runtime: {e}");
+            say(format_args!(
+                "tollgate-safetime: cannot start the runtime: {e}"
+            ));
             return ExitCode::FAILURE;
         }
     };
     match runtime.block_on(dispatch(cli.command, &url)) {
         Ok(code) => code,
+        Err(Failure::Closed) => ExitCode::SUCCESS,
+        Err(Failure::Output(e)) => {
+            say(format_args!(
+                "tollgate-safetime: cannot write the output: {e}"
+            ));
+            ExitCode::FAILURE
+        }
         Err(Failure::Usage(msg)) => {
-            eprintln!("tollgate-safetime: {msg}");
+            say(format_args!("tollgate-safetime: {msg}"));
             ExitCode::from(2)
         }
         Err(Failure::SafeTime(e)) => {
-            eprintln!("tollgate-safetime: {e} (code {})", e.code());
+            say(format_args!("tollgate-safetime: {e} (code {})", e.code()));
             ExitCode::FAILURE
         }
     }
 }
 
+/// Writes one line to standard error, ignoring a closed or full stream
+/// (there is nowhere left to report it).
+fn say(args: std::fmt::Arguments<'_>) {
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stderr().lock(), "{args}");
+}
+
+/// Writes one line of output to standard output. A reader that went away
+/// (broken pipe) ends the command quietly; any other write failure (a full
+/// disk) is an error, so lost output never exits 0.
+fn emit(line: &str) -> Result<(), Failure> {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    match writeln!(out, "{line}").and_then(|()| out.flush()) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Err(Failure::Closed),
+        Err(e) => Err(Failure::Output(e.to_string())),
+    }
+}
+
 #[derive(Debug)]
 enum Failure {
+    /// Standard output was closed by its reader: stop quietly.
+    Closed,
+    /// Standard output could not be written (exit 1).
+    Output(String),
     Usage(String),
     SafeTime(SafeTimeError),
 }
@@ -224,16 +259,13 @@ async fn dispatch(command: Command, url: &str) -> Result<ExitCode, Failure> {
                     "policy_digest": r.policy.digest(),
                 }),
             };
-            println!("{json}");
+            emit(&json.to_string())?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Policy(PolicyCommand::Show) => {
             let mut c = connect(url).await?;
             let p = safe_time::load_policy(&mut c).await?;
-            println!(
-                "{}",
-                serde_json::json!({ "version": p.version(), "horizon_ms": p.horizon_ms(), "digest": p.digest() })
-            );
+            emit(&serde_json::json!({ "version": p.version(), "horizon_ms": p.horizon_ms(), "digest": p.digest() }).to_string())?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Policy(PolicyCommand::Seal {
@@ -253,10 +285,7 @@ async fn dispatch(command: Command, url: &str) -> Result<ExitCode, Failure> {
             }
             let mut c = connect(url).await?;
             let p = safe_time::seal_policy(&mut c, horizon_ms, &sealed_by).await?;
-            println!(
-                "{}",
-                serde_json::json!({ "version": p.version(), "horizon_ms": p.horizon_ms(), "digest": p.digest() })
-            );
+            emit(&serde_json::json!({ "version": p.version(), "horizon_ms": p.horizon_ms(), "digest": p.digest() }).to_string())?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Evidence { limit } => {
@@ -264,10 +293,7 @@ async fn dispatch(command: Command, url: &str) -> Result<ExitCode, Failure> {
             for e in safe_time::evidence(&mut c, limit).await? {
                 let detail: serde_json::Value = serde_json::from_str(&e.detail)
                     .unwrap_or(serde_json::Value::String(e.detail.clone()));
-                println!(
-                    "{}",
-                    serde_json::json!({ "evidence_id": e.evidence_id, "kind": e.kind, "epoch": e.epoch, "detail": detail })
-                );
+                emit(&serde_json::json!({ "evidence_id": e.evidence_id, "kind": e.kind, "epoch": e.epoch, "detail": detail }).to_string())?;
             }
             Ok(ExitCode::SUCCESS)
         }
