@@ -119,19 +119,7 @@ impl Sampler {
         let connect: PgConnectOptions = url.parse().map_err(|e: sqlx::Error| {
             SafeTimeError::Backend(format!("invalid database URL: {}", redact(&e)))
         })?;
-        // A frozen leader (stopped process, dead host) must not hold the
-        // lock forever: the server ends a session idle for twice the gap
-        // bound, which releases the lock to a standby. A healthy leader is
-        // never idle longer than one interval (< gap bound).
-        let idle_ms = options
-            .config
-            .gap_max()
-            .as_millis()
-            .saturating_mul(2)
-            .clamp(1, i128::from(i32::MAX));
-        let connect = connect
-            .application_name(SAMPLER_APPLICATION_NAME)
-            .options([("idle_session_timeout", format!("{idle_ms}ms"))]);
+        let connect = connect.application_name(SAMPLER_APPLICATION_NAME);
         Ok(Sampler {
             connect,
             options,
@@ -169,8 +157,36 @@ impl Sampler {
                 tokio::time::timeout(CONNECT_TIMEOUT, PgConnection::connect_with(&self.connect))
                     .await;
             let mut conn = match conn {
-                Ok(Ok(c)) => {
+                Ok(Ok(mut c)) => {
                     backoff = Duration::from_millis(100);
+                    // A frozen leader (stopped process, dead host) must not
+                    // hold the lock forever: the server ends a session idle
+                    // for twice the gap bound, which releases the lock to a
+                    // standby; a healthy leader is never idle longer than
+                    // one interval. Set as a statement, not a startup
+                    // parameter, which proxies such as PgBouncer refuse.
+                    let idle_ms = self
+                        .options
+                        .config
+                        .gap_max()
+                        .as_millis()
+                        .saturating_mul(2)
+                        .clamp(1, i128::from(i32::MAX));
+                    // Simple protocol (no prepared statement): the value
+                    // is an integer computed here.
+                    let sql = format!("SET idle_session_timeout = '{idle_ms}ms'");
+                    // Unnamed statement: it takes no name from the
+                    // prepared-statement cache, so a proxy's statement
+                    // routing is not disturbed.
+                    let set = sqlx::query(&sql).persistent(false).execute(&mut c).await;
+                    if let Err(e) = set {
+                        tracing::warn!(error = %redact(&e), "cannot set idle_session_timeout; retrying");
+                        drop(c);
+                        if sleep_or_shutdown(backoff, &mut shutdown).await {
+                            return;
+                        }
+                        continue;
+                    }
                     c
                 }
                 Ok(Err(e)) => {
