@@ -527,17 +527,7 @@ async fn horizon_shorter_than_grant_policy_refuses_start() {
     // A row of an epoch under policy 1 (3650 days) does not hide a shorter
     // newest policy: the next epoch would take it.
     let mut conn = PgConnection::connect(&url).await.expect("connect");
-    sqlx::query(
-        "INSERT INTO tollgate_safetime (singleton, epoch, policy_version, cut_floor_us, \
-            cut_submicro_ns, certain, uncertain_reason, quarantined, proof_started_at, \
-            leader_pid, system_identifier, timeline_id, postmaster_start, claimed_at, \
-            published_at, publish_seq) \
-         VALUES (true, 1, 1, 0, 0, false, 'new_epoch', false, clock_timestamp(), 0, 0, 1, \
-            clock_timestamp(), clock_timestamp(), clock_timestamp(), 0)",
-    )
-    .execute(&mut conn)
-    .await
-    .expect("row");
+    claimed_row(&mut conn, 1).await;
     let err = tollgate_server::pg::connect(&cfg, key())
         .await
         .expect_err("newest too short");
@@ -600,17 +590,7 @@ async fn other_clocks_refuse_a_database_on_the_cut() {
         .await
         .expect("no cut row yet");
     let mut conn = PgConnection::connect(&url).await.expect("connect");
-    sqlx::query(
-        "INSERT INTO tollgate_safetime (singleton, epoch, policy_version, cut_floor_us, \
-            cut_submicro_ns, certain, uncertain_reason, quarantined, proof_started_at, \
-            leader_pid, system_identifier, timeline_id, postmaster_start, claimed_at, \
-            published_at, publish_seq) \
-         VALUES (true, 3, 1, 0, 0, false, 'new_epoch', false, clock_timestamp(), 0, 0, 1, \
-            clock_timestamp(), clock_timestamp(), clock_timestamp(), 0)",
-    )
-    .execute(&mut conn)
-    .await
-    .expect("row");
+    claimed_row(&mut conn, 3).await;
     for clock in [ClockKind::System, ClockKind::Test] {
         let mut cfg = system.clone();
         cfg.clock = clock;
@@ -632,4 +612,21 @@ async fn other_clocks_refuse_a_database_on_the_cut() {
         );
     }
     conn.close().await.expect("close");
+}
+
+/// Writes the cut row a claim of `epoch` under policy 1 would leave (cut at
+/// the Unix epoch, uncertain `new_epoch`), as the table owner.
+async fn claimed_row(conn: &mut PgConnection, epoch: i64) {
+    sqlx::query(
+        "INSERT INTO tollgate_safetime (singleton, epoch, policy_version, cut_floor_us, \
+            cut_submicro_ns, certain, uncertain_reason, quarantined, proof_started_at, \
+            leader_pid, system_identifier, timeline_id, postmaster_start, claimed_at, \
+            published_at, publish_seq) \
+         VALUES (true, $1, 1, 0, 0, false, 'new_epoch', false, clock_timestamp(), 0, 0, 1, \
+            clock_timestamp(), clock_timestamp(), clock_timestamp(), 0)",
+    )
+    .bind(epoch)
+    .execute(conn)
+    .await
+    .expect("row");
 }
