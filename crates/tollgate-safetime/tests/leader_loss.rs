@@ -101,14 +101,31 @@ async fn frozen_leader(major: u32) {
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(w.read().await.unwrap().epoch, 1);
     a.signal("STOP");
-    let stopped = std::time::Instant::now();
+    // The server's idle timer starts when the frozen leader's last statement
+    // ends, which is after that statement's `published_at` (or, for a last
+    // sample, after the publish before it). Both instants below are the
+    // database's own clock, so host scheduling (the `kill` above, a slow
+    // poll) cannot shorten the measured hold. A read that still sees an
+    // older publish only lowers `last_publish`, which lengthens the bound.
+    let mut admin = PgConnection::connect(db.url()).await.unwrap();
+    let last_publish = db_instant(
+        &mut admin,
+        "SELECT published_at FROM tollgate_safetime WHERE epoch = 1",
+    )
+    .await;
     let r = w.until(20, "the standby's epoch 2", |r| r.epoch == 2).await;
-    let waited = stopped.elapsed();
-    assert!(
-        waited >= Duration::from_secs(4),
-        "a healthy-looking leader kept the lock for only {waited:?}"
-    );
     assert_eq!(r.epoch, 2);
+    let claimed = db_instant(
+        &mut admin,
+        "SELECT claimed_at FROM tollgate_safetime WHERE epoch = 2",
+    )
+    .await;
+    let held_us = claimed - last_publish;
+    // idle_session_timeout = 2 x the 2 s gap bound.
+    assert!(
+        held_us >= 4_000_000,
+        "a healthy-looking leader kept the lock for only {held_us} us of database time"
+    );
     a.signal("CONT");
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while !a.log_text().contains("safe-time leadership lost") {
@@ -121,6 +138,12 @@ async fn frozen_leader(major: u32) {
     .await;
     assert_eq!(b.terminate(), Some(0));
     assert_eq!(a.terminate(), Some(0));
+}
+
+/// A database instant as microseconds since the Unix epoch.
+async fn db_instant(c: &mut PgConnection, sql: &str) -> i64 {
+    let q = format!("SELECT (extract(epoch FROM t) * 1000000)::bigint FROM ({sql}) AS s(t)");
+    sqlx::query_scalar(&q).fetch_one(c).await.unwrap()
 }
 
 #[tokio::test]
