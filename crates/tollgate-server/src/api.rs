@@ -156,18 +156,22 @@ impl AppState {
         }
     }
 
-    /// The safe-time, paused-operation and late-expiry parts of the status.
-    fn telemetry(&self) -> (Option<SafeTimeView>, PausedView, LateExpiryView) {
+    /// The safe-time (one fresh reading of the cut, bounded by
+    /// [`crate::clock::TELEMETRY_READ_MAX`]; a failed read shows as
+    /// `read_error`, not as a failed status), paused-operation and
+    /// late-expiry parts of the status.
+    async fn telemetry(&self) -> (Option<SafeTimeView>, PausedView, LateExpiryView) {
+        let safe_time = self
+            .inner
+            .clock
+            .refresh_safe_time(crate::clock::TELEMETRY_READ_MAX)
+            .await;
         let m = &self.inner.metrics;
         let paused = |op: &'static str| {
             u64::try_from(m.get(metrics::SAFETIME_PAUSED, &[("operation", op)])).unwrap_or(u64::MAX)
         };
         (
-            self.inner
-                .clock
-                .safe_time()
-                .as_ref()
-                .map(SafeTimeView::from),
+            safe_time.as_ref().map(SafeTimeView::from),
             PausedView {
                 acquire: paused("acquire"),
                 consolidate: paused("consolidate"),
@@ -610,10 +614,7 @@ async fn admin_status(
     let readiness = s.inner.backend.ops.readiness().await;
     let counts = s.inner.backend.ops.counts().await?;
     let policy = s.inner.backend.allocator.policy();
-    // A fresh reading, so the safe-time part is current; a failed read is
-    // shown there (`read_error`), not as a failed status.
-    let _ = s.inner.clock.read().await;
-    let (safe_time, paused, late_expiry) = s.telemetry();
+    let (safe_time, paused, late_expiry) = s.telemetry().await;
     Ok(Json(StatusView {
         readiness: ready_view(&readiness),
         active_leases: counts.active_leases,
@@ -708,7 +709,14 @@ async fn readyz(State(s): State<AppState>) -> Result<Json<ReadyView>, ApiError> 
 #[utoipa::path(get, path = "/metrics", tag = "operations",
     responses((status = 200, description = "Prometheus text exposition", body = String, content_type = "text/plain")))]
 async fn metrics_text(State(s): State<AppState>) -> Response {
-    if let Some(st) = s.inner.clock.safe_time() {
+    // One fresh, bounded reading: the gauges describe the cut as of this
+    // scrape, not as of the last request that happened to read it.
+    if let Some(st) = s
+        .inner
+        .clock
+        .refresh_safe_time(crate::clock::TELEMETRY_READ_MAX)
+        .await
+    {
         s.inner.metrics.set_safe_time(&st);
     }
     let mut resp = s.inner.metrics.render().into_response();

@@ -635,13 +635,11 @@ pub async fn run(command: Command) -> Result<ExitCode, CliError> {
                     // rule's database-age check applies; a failed read is
                     // shown as `read_error`).
                     let safe_time = match direct_clock(&cfg, &backend)? {
-                        Some(clock) => {
-                            let _ = clock.read().await;
-                            clock
-                                .safe_time()
-                                .as_ref()
-                                .map(crate::dto::SafeTimeView::from)
-                        }
+                        Some(clock) => clock
+                            .refresh_safe_time(crate::clock::TELEMETRY_READ_MAX)
+                            .await
+                            .as_ref()
+                            .map(crate::dto::SafeTimeView::from),
                         None => None,
                     };
                     StatusView {

@@ -99,6 +99,11 @@ pub enum ClockError {
     Unavailable(String),
 }
 
+/// The longest a telemetry request (`/metrics`, `GET /v1/admin/status`,
+/// `tollgate status`) waits for its fresh reading of the cut before it
+/// reports a read error instead.
+pub const TELEMETRY_READ_MAX: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// A source of supplied time; see the module docs.
 #[async_trait]
 pub trait Clock: Send + Sync + fmt::Debug {
@@ -125,8 +130,19 @@ pub trait Clock: Send + Sync + fmt::Debug {
     }
 
     /// What the last reading of a safe-cut clock found (`None` for every
-    /// other clock): for `/metrics` and `GET /v1/admin/status`.
+    /// other clock).
     fn safe_time(&self) -> Option<SafeTimeStatus> {
+        None
+    }
+
+    /// Takes one fresh reading, waiting at most `bound`, and returns what
+    /// it found: for `/metrics`, `GET /v1/admin/status` and `tollgate
+    /// status`, so telemetry never shows a certainty older than the
+    /// request (a quiet service would otherwise keep its last reading). A
+    /// read that fails or outlasts `bound` shows as a read error. `None`
+    /// for every clock other than the safe-cut clock.
+    async fn refresh_safe_time(&self, bound: std::time::Duration) -> Option<SafeTimeStatus> {
+        let _ = bound;
         None
     }
 }

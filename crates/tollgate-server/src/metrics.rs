@@ -18,7 +18,7 @@
 //!   pass's `now` minus that instant), with buckets
 //!   [`LATE_BUCKETS_NS`]. On the safe-cut clock `now` is the cut, so this
 //!   includes the cut lag and any pause while the cut was uncertain.
-//! * Safe-time gauges (safe-cut clock only, from its last reading; see
+//! * Safe-time gauges (safe-cut clock only, from a fresh reading at each scrape; see
 //!   [`Metrics::set_safe_time`]): [`SAFETIME_CERTAIN`],
 //!   [`SAFETIME_UNCERTAIN`] (one series per reason code, 1 for the current
 //!   one), [`SAFETIME_CUT_LAG`], [`SAFETIME_EPOCH`],
@@ -278,8 +278,8 @@ impl Metrics {
     }
 
     /// Replaces the safe-time gauges with what `status` says (the
-    /// `/metrics` handler calls it with the clock's last reading before
-    /// rendering). Values that need a row (lag, epoch, ...) are left out
+    /// `/metrics` handler takes a fresh, bounded reading of the cut and
+    /// calls this before rendering). Values that need a row (lag, epoch, ...) are left out
     /// while there is none.
     pub fn set_safe_time(&self, status: &SafeTimeStatus) {
         let mut g = self.gauges.lock().unwrap_or_else(|p| p.into_inner());

@@ -58,7 +58,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use jiff::{SignedDuration, Timestamp};
 use sqlx::PgPool;
-use tollgate::safe_time::UncertainReason;
+use tollgate::safe_time::{UncertainReason, judge_reading};
 use tollgate_pg::safe_time::CutRow;
 
 use crate::clock::{Clock, ClockError, ClockKind, ClockReading};
@@ -116,13 +116,14 @@ impl Staleness {
                 at
             }
         };
-        let gap_std = Duration::try_from(gap_max).unwrap_or(Duration::MAX);
-        let unchanged_too_long = at.saturating_duration_since(first_seen) > gap_std;
-        let too_old = row.db_now.duration_since(row.published_at) > gap_max;
-        if unchanged_too_long || too_old {
-            return Some(UncertainReason::Stale);
-        }
-        row.uncertain
+        let unchanged_for = SignedDuration::try_from(at.saturating_duration_since(first_seen))
+            .unwrap_or(SignedDuration::MAX);
+        judge_reading(
+            row.uncertain,
+            row.db_now.duration_since(row.published_at),
+            unchanged_for,
+            gap_max,
+        )
     }
 }
 
@@ -169,6 +170,25 @@ impl SafeCutClock {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Counts and records a read that failed (or was abandoned): the
+    /// status keeps the last row and reason, flagged `read_error`.
+    fn failed_read(&self, st: &mut ReaderState) {
+        st.read_errors_total = st.read_errors_total.saturating_add(1);
+        let next = SafeTimeStatus {
+            read_error: true,
+            read_errors_total: st.read_errors_total,
+            gap_max: self.gap_max,
+            ..st.status.clone().unwrap_or(SafeTimeStatus {
+                uncertain: None,
+                read_error: true,
+                read_errors_total: 0,
+                row: None,
+                gap_max: self.gap_max,
+            })
+        };
+        SafeCutClock::record(st, next);
+    }
+
     /// Records `next` as the status and logs a change of certainty.
     fn record(st: &mut ReaderState, next: SafeTimeStatus) {
         let before = st.status.as_ref().map(|s| (s.read_error, s.uncertain));
@@ -209,21 +229,8 @@ impl Clock for SafeCutClock {
         let mut st = self.lock();
         match result {
             Err(e) => {
-                st.read_errors_total = st.read_errors_total.saturating_add(1);
                 tracing::debug!(code = e.code(), error = %e, "safe time: reading the cut failed");
-                let next = SafeTimeStatus {
-                    read_error: true,
-                    read_errors_total: st.read_errors_total,
-                    gap_max: self.gap_max,
-                    ..st.status.clone().unwrap_or(SafeTimeStatus {
-                        uncertain: None,
-                        read_error: true,
-                        read_errors_total: 0,
-                        row: None,
-                        gap_max: self.gap_max,
-                    })
-                };
-                SafeCutClock::record(&mut st, next);
+                self.failed_read(&mut st);
                 Err(ClockError::Unavailable(
                     "the safe expiry cut could not be read".into(),
                 ))
@@ -254,6 +261,16 @@ impl Clock for SafeCutClock {
 
     fn safe_time(&self) -> Option<SafeTimeStatus> {
         self.lock().status.clone()
+    }
+
+    async fn refresh_safe_time(&self, bound: Duration) -> Option<SafeTimeStatus> {
+        if tokio::time::timeout(bound, self.read()).await.is_err() {
+            // The read was abandoned (the pool or the database is too slow):
+            // report it as the failed read it is.
+            let mut st = self.lock();
+            self.failed_read(&mut st);
+        }
+        self.safe_time()
     }
 }
 

@@ -411,6 +411,91 @@ async fn stale_cut_is_uncertain() {
     fresh_reader.send(acquire()).await.uncertain("stale", "1");
 }
 
+/// A quiet service (no request, no worker) still reports the cut as it is
+/// now: each scrape reads it afresh, so a cut the sampler stopped
+/// publishing turns `stale` in `/metrics` within the gap bound, not only
+/// after the next admission happens to read it. A reading that outlasts
+/// the telemetry bound (2 s; here the row is locked) counts as a read
+/// error, and the scrape still answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_read_the_cut_at_each_scrape() {
+    let mut c = Cut::new(SignedDuration::from_secs(1)).await;
+    c.publish("2026-11-29T12:00:00Z", None).await;
+    let m = c.metrics().await;
+    let mut lines = vec![
+        "tollgate_safetime_certain 1".to_string(),
+        "tollgate_safetime_publish_seq 1".to_string(),
+    ];
+    lines.extend(reason_lines(None));
+    assert_lines(&m, &lines.iter().map(String::as_str).collect::<Vec<_>>());
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    let m = c.metrics().await;
+    let mut lines = vec![
+        "tollgate_safetime_certain 0".to_string(),
+        "tollgate_safetime_read_errors_total 0".to_string(),
+    ];
+    lines.extend(reason_lines(Some("stale")));
+    assert_lines(&m, &lines.iter().map(String::as_str).collect::<Vec<_>>());
+    // Published again: the next scrape is certain again.
+    c.publish("2026-11-29T12:00:01Z", None).await;
+    let m = c.metrics().await;
+    assert_lines(
+        &m,
+        &[
+            "tollgate_safetime_certain 1",
+            "tollgate_safetime_publish_seq 2",
+        ],
+    );
+    // The row locked by an open transaction: the scrape's reading waits
+    // 2 s, gives up, and reports it.
+    sqlx::query("BEGIN")
+        .execute(&mut c.conn)
+        .await
+        .expect("begin");
+    sqlx::query("LOCK TABLE tollgate_safetime IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut c.conn)
+        .await
+        .expect("lock");
+    let m = c.metrics().await;
+    assert_lines(
+        &m,
+        &[
+            "tollgate_safetime_certain 0",
+            "tollgate_safetime_read_errors_total 1",
+        ],
+    );
+    let st = c.status().await;
+    assert_eq!(
+        (
+            &st["safe_time"]["certain"],
+            &st["safe_time"]["read_error"],
+            &st["safe_time"]["read_errors"]
+        ),
+        (&json!(false), &json!(true), &json!(2))
+    );
+    sqlx::query("ROLLBACK")
+        .execute(&mut c.conn)
+        .await
+        .expect("rollback");
+    // Readable again, but 4 s passed without a publish: stale, not an error.
+    let m = c.metrics().await;
+    let mut lines = vec![
+        "tollgate_safetime_certain 0".to_string(),
+        "tollgate_safetime_read_errors_total 2".to_string(),
+    ];
+    lines.extend(reason_lines(Some("stale")));
+    assert_lines(&m, &lines.iter().map(String::as_str).collect::<Vec<_>>());
+    c.publish("2026-11-29T12:00:02Z", None).await;
+    let m = c.metrics().await;
+    let mut lines = vec![
+        "tollgate_safetime_certain 1".to_string(),
+        "tollgate_safetime_publish_seq 3".to_string(),
+        "tollgate_safetime_read_errors_total 2".to_string(),
+    ];
+    lines.extend(reason_lines(None));
+    assert_lines(&m, &lines.iter().map(String::as_str).collect::<Vec<_>>());
+}
+
 /// A cut that cannot be read (here: a database without the safe-time
 /// tables) is `503 clock_unavailable` for every time-dependent request,
 /// never a guess; status and metrics count the failed reads.
@@ -457,10 +542,11 @@ async fn unreadable_cut_is_clock_unavailable() {
     assert_eq!(st["safe_time"]["read_error"], json!(true));
     assert_eq!(st["safe_time"]["uncertain_reason"], json!(null));
     assert_eq!(st["safe_time"]["read_errors"], json!(3));
+    // The scrape reads the cut once more, and fails once more.
     let m = h.send(Req::get("/metrics")).await.text;
     let mut lines = vec![
         "tollgate_safetime_certain 0".to_string(),
-        "tollgate_safetime_read_errors_total 3".to_string(),
+        "tollgate_safetime_read_errors_total 4".to_string(),
         "tollgate_errors_total{code=\"clock_unavailable\"} 2".to_string(),
     ];
     lines.extend(reason_lines(None));

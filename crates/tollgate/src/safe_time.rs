@@ -296,6 +296,38 @@ impl fmt::Display for UncertainReason {
     }
 }
 
+/// How a reader judges one reading of the persisted cut (issue 6, "Tollgate
+/// on the cut": a cut older than the sampling-gap bound counts as
+/// uncertain). The one rule behind the service's safe-cut clock and
+/// `tollgate-safetime status`.
+///
+/// * `published`: the publisher's reason (`None`: it declared the cut
+///   certain).
+/// * `row_age`: the database's time at the read minus the database's time
+///   of the last publish (`db_now - published_at`); both instants are the
+///   database's, so no host clock enters.
+/// * `unchanged_for`: how long this reader has seen the same
+///   `(epoch, publish_seq)`, on its own monotonic clock (zero for a one-off
+///   read).
+/// * `gap_max`: the sampling-gap bound.
+///
+/// Returns [`UncertainReason::Stale`] when `row_age` or `unchanged_for`
+/// exceeds `gap_max` (exactly `gap_max` is still fresh); stale takes
+/// precedence over the publisher's reason, which describes a past state
+/// nobody is updating. Otherwise returns `published`.
+pub fn judge_reading(
+    published: Option<UncertainReason>,
+    row_age: SignedDuration,
+    unchanged_for: SignedDuration,
+    gap_max: SignedDuration,
+) -> Option<UncertainReason> {
+    if row_age > gap_max || unchanged_for > gap_max {
+        Some(UncertainReason::Stale)
+    } else {
+        published
+    }
+}
+
 /// A rejected [`SafeTimeConfig`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SafeTimeConfigError {
@@ -1136,6 +1168,47 @@ mod tests {
                 i128::from(before) - 10 * S as i128,
             ));
             assert_eq!(v.uncertain.is_none(), certain, "at {tenths} tenths");
+        }
+    }
+
+    #[test]
+    fn judge_reading_boundaries() {
+        let gap = SignedDuration::from_secs(2);
+        let ns = SignedDuration::from_nanos(1);
+        let zero = SignedDuration::ZERO;
+        let cases = [
+            // (published, row_age, unchanged_for, expected)
+            (None, zero, zero, None),
+            (None, gap, gap, None),
+            (None, gap + ns, zero, Some(UncertainReason::Stale)),
+            (None, zero, gap + ns, Some(UncertainReason::Stale)),
+            (
+                Some(UncertainReason::SamplingGap),
+                gap,
+                zero,
+                Some(UncertainReason::SamplingGap),
+            ),
+            (
+                Some(UncertainReason::ClockStepForward),
+                gap + ns,
+                zero,
+                Some(UncertainReason::Stale),
+            ),
+            (
+                Some(UncertainReason::Recovering),
+                zero,
+                gap + ns,
+                Some(UncertainReason::Stale),
+            ),
+            // A negative row age (clock stepped back since the publish).
+            (None, -gap, zero, None),
+        ];
+        for (published, row_age, unchanged_for, expected) in cases {
+            assert_eq!(
+                judge_reading(published, row_age, unchanged_for, gap),
+                expected,
+                "{published:?} age {row_age} unchanged {unchanged_for}"
+            );
         }
     }
 
