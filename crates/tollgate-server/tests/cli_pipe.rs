@@ -27,3 +27,96 @@ fn output_to_a_closed_pipe_does_not_panic() {
     assert_eq!(out.status.code(), Some(0), "stderr: {stderr}");
     assert!(!stderr.contains("panicked"), "stderr: {stderr}");
 }
+
+/// `tollgate serve | head -1`: the reader goes away after the first line.
+/// The server keeps serving (the "listening" line is also in the log) and
+/// stops cleanly on SIGTERM, without a panic.
+#[test]
+fn serve_with_a_closed_stdout_keeps_serving() {
+    let (reader, writer) = std::io::pipe().expect("pipe");
+    drop(reader);
+    let mut child = Command::new(BIN)
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-token",
+            "tgadm1.pipe-test-token-0123",
+        ])
+        .env_remove("DATABASE_URL")
+        .env_remove("TOLLGATE_DATABASE_URL")
+        .env("TOLLGATE_LOG", "info")
+        .stdout(writer)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run tollgate serve");
+    let stderr = child.stderr.take().expect("stderr");
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        use std::io::BufRead as _;
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let mut seen = String::new();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !seen.contains("tollgate listening") {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(line) => {
+                seen.push_str(&line);
+                seen.push('\n');
+            }
+            Err(_) => {
+                let _ = child.kill();
+                panic!("no 'tollgate listening' log line within 30 s:\n{seen}");
+            }
+        }
+    }
+    // Still running after the failed stdout write.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert_eq!(child.try_wait().expect("try_wait"), None, "{seen}");
+    let ok = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("kill")
+        .success();
+    assert!(ok);
+    let status = child.wait().expect("wait");
+    while let Ok(line) = rx.recv_timeout(std::time::Duration::from_secs(5)) {
+        seen.push_str(&line);
+        seen.push('\n');
+    }
+    assert_eq!(status.code(), Some(0), "{seen}");
+    assert!(!seen.contains("panicked"), "{seen}");
+}
+
+/// With no configured admin token the memory store generates one and
+/// prints it once on stdout. When stdout cannot take it, the start is
+/// refused (exit 2, configuration) rather than running with a token nobody
+/// has seen.
+#[test]
+fn generated_admin_token_needs_a_stdout() {
+    let (reader, writer) = std::io::pipe().expect("pipe");
+    drop(reader);
+    let out = Command::new(BIN)
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .env_remove("DATABASE_URL")
+        .env_remove("TOLLGATE_DATABASE_URL")
+        .env_remove("TOLLGATE_ADMIN_TOKEN")
+        .stdout(writer)
+        .output()
+        .expect("run tollgate serve");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "stderr: {stderr}");
+    assert!(
+        stderr.contains("cannot show the generated admin token on standard output"),
+        "stderr: {stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "stderr: {stderr}");
+}
