@@ -358,6 +358,11 @@ pub async fn set_policy(
     change
 }
 
+/// The longest a readiness probe (`/readyz`, the readiness part of
+/// `GET /v1/admin/status`) waits for the database before it answers "not
+/// ready, storage unreachable".
+pub const READINESS_PROBE_MAX: Duration = Duration::from_secs(2);
+
 /// [`StoreOps`] of the PostgreSQL store; see the module docs.
 #[derive(Debug)]
 pub struct PgOps {
@@ -373,8 +378,27 @@ impl StoreOps for PgOps {
     async fn readiness(&self) -> Readiness {
         let expected = Some(expected_schema_version());
         let pool = self.store.pool();
-        let version = tollgate_pg::schema_version(pool).await;
-        let maintenance = tollgate_pg::migration_in_progress(pool).await;
+        // Bounded: a probe must answer even while the database does not
+        // (each query alone could wait the pool's acquire timeout).
+        let probe = async {
+            let version = tollgate_pg::schema_version(pool).await;
+            let maintenance = tollgate_pg::migration_in_progress(pool).await;
+            (version, maintenance)
+        };
+        let Ok((version, maintenance)) = tokio::time::timeout(READINESS_PROBE_MAX, probe).await
+        else {
+            return Readiness {
+                store: "postgres",
+                reachable: false,
+                schema_version: None,
+                expected_schema_version: expected,
+                maintenance: false,
+                detail: Some(format!(
+                    "the database did not answer within {} s",
+                    READINESS_PROBE_MAX.as_secs()
+                )),
+            };
+        };
         match (version, maintenance) {
             (Ok(v), Ok(m)) => Readiness {
                 store: "postgres",

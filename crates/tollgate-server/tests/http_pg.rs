@@ -151,3 +151,53 @@ async fn status_counts_and_maintenance_from_the_store() {
     migrator.close().await.expect("close");
     conn.close().await.expect("close");
 }
+
+/// A readiness probe answers while the database does not: with the
+/// migrations table locked by an open transaction, `/readyz` gives up after
+/// `READINESS_PROBE_MAX` (2 s) and says the storage is unreachable; once the
+/// lock is gone the service is ready again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_probe_is_bounded() {
+    use sqlx::Connection;
+
+    let url = fresh_pg_url().await;
+    tollgate_pg::migrate(&url).await.expect("migrate");
+    let store = tollgate_pg::PostgresStore::connect_with(
+        &url,
+        default_policy(),
+        CapabilityKey::new(&PG_KEY).expect("key"),
+        PG_OPTIONS,
+    )
+    .await
+    .expect("store");
+    let h = Harness::over(tollgate_server::pg::backend(Arc::new(store)));
+    h.send(Req::get("/readyz")).await.ok(200);
+    let mut conn = sqlx::PgConnection::connect(&url).await.expect("connect");
+    sqlx::query("BEGIN")
+        .execute(&mut conn)
+        .await
+        .expect("begin");
+    sqlx::query("LOCK TABLE _sqlx_migrations IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut conn)
+        .await
+        .expect("lock");
+    let r = h.send(Req::get("/readyz")).await;
+    r.problem(503, "not_ready");
+    assert_eq!(
+        r.body["detail"],
+        json!(format!(
+            "not ready: storage unreachable; schema version none, expected {}",
+            tollgate_server::pg::expected_schema_version()
+        ))
+    );
+    let detail = h.backend.ops.readiness().await.detail;
+    assert_eq!(
+        detail.as_deref(),
+        Some("the database did not answer within 2 s")
+    );
+    sqlx::query("ROLLBACK")
+        .execute(&mut conn)
+        .await
+        .expect("rollback");
+    h.send(Req::get("/readyz")).await.ok(200);
+}
