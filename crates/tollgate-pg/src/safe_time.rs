@@ -6,6 +6,10 @@
 //! migration 0018 that re-checks leadership (its own backend holds the
 //! advisory lock), the epoch, and caps the proposal by database time; see
 //! that file for the rules and the SQLSTATEs mapped by [`SafeTimeError`].
+//! Besides the errors each function lists, any of them fails with
+//! [`SafeTimeError::SchemaMissing`] on a database without migration 0018
+//! and [`SafeTimeError::PermissionDenied`] for a role without the grants
+//! it needs.
 //!
 //! Timestamps cross the wire as whole microseconds (`timestamptz` has no
 //! finer precision) or as the cut's exact instant pair; this crate enables
@@ -56,6 +60,25 @@ pub enum SafeTimeError {
     /// unknown reason code).
     #[error("corrupt safe-time row: {0}")]
     Corrupt(String),
+    /// The safe-time tables or functions do not exist: SQLSTATE 42P01
+    /// (`undefined_table`) or 42883 (`undefined_function`). The database
+    /// is not migrated to schema 18 (migration 0018 creates them).
+    #[error(
+        "the safe-time schema is missing: {0}; run `tollgate migrate` against this database (migration 0018 creates the safe-time tables and functions)"
+    )]
+    SchemaMissing(String),
+    /// The role lacks a privilege: SQLSTATE 42501
+    /// (`insufficient_privilege`). A sampler's login role needs the grants
+    /// of role `tollgate_sampler`; sealing a policy needs the owner.
+    #[error(
+        "permission denied: {0}; the sampler's login role needs the grants of role tollgate_sampler (GRANT tollgate_sampler TO <role>; see README), and sealing a policy needs the database owner"
+    )]
+    PermissionDenied(String),
+    /// The database URL does not parse, or its connection settings cannot
+    /// be used (an sqlx configuration error). The message never repeats the
+    /// URL (it may hold a password).
+    #[error("invalid database URL: {0}")]
+    InvalidUrl(String),
     /// Anything else from the database or the connection. The message
     /// never contains the connection URL.
     #[error("database error: {0}")]
@@ -76,6 +99,9 @@ impl SafeTimeError {
             SafeTimeError::NoClaim(_) => "no_claim",
             SafeTimeError::Policy(_) => "policy_corrupt",
             SafeTimeError::Corrupt(_) => "corrupt",
+            SafeTimeError::SchemaMissing(_) => "schema_missing",
+            SafeTimeError::PermissionDenied(_) => "permission_denied",
+            SafeTimeError::InvalidUrl(_) => "invalid_url",
             SafeTimeError::Backend(_) => "backend",
         }
     }
@@ -94,13 +120,28 @@ impl From<sqlx::Error> for SafeTimeError {
                 Some("TGS06") => SafeTimeError::QuarantineRefused(msg),
                 Some("TGS07") => SafeTimeError::HorizonBelowPolicy(msg),
                 Some("TGS08") => SafeTimeError::NoClaim(msg),
+                Some(code @ ("42P01" | "42883")) => {
+                    SafeTimeError::SchemaMissing(format!("{msg} (SQLSTATE {code})"))
+                }
+                Some(code @ "42501") => {
+                    SafeTimeError::PermissionDenied(format!("{msg} (SQLSTATE {code})"))
+                }
                 Some(code) => SafeTimeError::Backend(format!("{msg} (SQLSTATE {code})")),
                 None => SafeTimeError::Backend(msg),
             };
         }
-        SafeTimeError::Backend(e.to_string())
+        match e {
+            // Its text may quote the URL, password included.
+            sqlx::Error::Configuration(_) => SafeTimeError::InvalidUrl(INVALID_URL_TEXT.to_owned()),
+            other => SafeTimeError::Backend(other.to_string()),
+        }
     }
 }
+
+/// The message of [`SafeTimeError::InvalidUrl`] for an sqlx configuration
+/// error (whose own text may quote the URL).
+const INVALID_URL_TEXT: &str = "the URL or its connection settings are not valid \
+     (postgres://USER:PASSWORD@HOST:PORT/DATABASE; the URL is not repeated here)";
 
 fn us_to_timestamp(us: i64) -> Result<Timestamp, SafeTimeError> {
     Timestamp::from_microsecond(us)
@@ -180,7 +221,8 @@ impl CutRow {
 /// Reads the cut; `Ok(None)` before any sampler claimed an epoch.
 ///
 /// # Errors
-/// [`SafeTimeError::Backend`] (including a schema without migration 0018),
+/// [`SafeTimeError::SchemaMissing`] (a schema without migration 0018),
+/// [`SafeTimeError::PermissionDenied`], [`SafeTimeError::Backend`],
 /// [`SafeTimeError::Corrupt`], [`SafeTimeError::Policy`].
 pub async fn read_cut<'c, E>(executor: E) -> Result<Option<CutRow>, SafeTimeError>
 where
@@ -428,4 +470,117 @@ pub async fn publish(
         quarantined: row.try_get("quarantined")?,
         publish_seq: row.try_get("publish_seq")?,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A database error with a chosen SQLSTATE, as PostgreSQL would send it.
+    #[derive(Debug)]
+    struct Db(&'static str, &'static str);
+
+    impl std::fmt::Display for Db {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(self.1)
+        }
+    }
+
+    impl std::error::Error for Db {}
+
+    impl sqlx::error::DatabaseError for Db {
+        fn message(&self) -> &str {
+            self.1
+        }
+        fn code(&self) -> Option<std::borrow::Cow<'_, str>> {
+            Some(self.0.into())
+        }
+        fn as_error(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+            self
+        }
+        fn as_error_mut(&mut self) -> &mut (dyn std::error::Error + Send + Sync + 'static) {
+            self
+        }
+        fn into_error(self: Box<Self>) -> Box<dyn std::error::Error + Send + Sync + 'static> {
+            self
+        }
+        fn kind(&self) -> sqlx::error::ErrorKind {
+            sqlx::error::ErrorKind::Other
+        }
+    }
+
+    fn check(sqlstate: &'static str, message: &'static str, expected: SafeTimeError) {
+        let e = SafeTimeError::from(sqlx::Error::Database(Box::new(Db(sqlstate, message))));
+        assert_eq!(e, expected, "SQLSTATE {sqlstate}");
+    }
+
+    #[test]
+    fn sqlstates_map_to_stable_codes() {
+        check(
+            "42P01",
+            "relation \"tollgate_safetime_policy\" does not exist",
+            SafeTimeError::SchemaMissing(
+                "relation \"tollgate_safetime_policy\" does not exist (SQLSTATE 42P01)".into(),
+            ),
+        );
+        check(
+            "42883",
+            "function tollgate_safetime_pair_us(timestamp with time zone) does not exist",
+            SafeTimeError::SchemaMissing(
+                "function tollgate_safetime_pair_us(timestamp with time zone) does not exist \
+                 (SQLSTATE 42883)"
+                    .into(),
+            ),
+        );
+        check(
+            "42501",
+            "permission denied for table tollgate_safetime_policy",
+            SafeTimeError::PermissionDenied(
+                "permission denied for table tollgate_safetime_policy (SQLSTATE 42501)".into(),
+            ),
+        );
+        check(
+            "TGS01",
+            "not_leader: x",
+            SafeTimeError::NotLeader("not_leader: x".into()),
+        );
+        check(
+            "42703",
+            "column \"x\" does not exist",
+            SafeTimeError::Backend("column \"x\" does not exist (SQLSTATE 42703)".into()),
+        );
+    }
+
+    #[test]
+    fn a_configuration_error_is_invalid_url_and_never_repeats_it() {
+        let e = SafeTimeError::from(sqlx::Error::Configuration(
+            "postgres://u:s3cret@h/db is bad".into(),
+        ));
+        assert_eq!(e.code(), "invalid_url");
+        assert_eq!(
+            e.to_string(),
+            "invalid database URL: the URL or its connection settings are not valid \
+             (postgres://USER:PASSWORD@HOST:PORT/DATABASE; the URL is not repeated here)"
+        );
+    }
+
+    #[test]
+    fn the_new_codes_and_their_operator_hints() {
+        let schema = SafeTimeError::SchemaMissing("m".into());
+        assert_eq!(schema.code(), "schema_missing");
+        assert_eq!(
+            schema.to_string(),
+            "the safe-time schema is missing: m; run `tollgate migrate` against this database \
+             (migration 0018 creates the safe-time tables and functions)"
+        );
+        let denied = SafeTimeError::PermissionDenied("m".into());
+        assert_eq!(denied.code(), "permission_denied");
+        assert_eq!(
+            denied.to_string(),
+            "permission denied: m; the sampler's login role needs the grants of role \
+             tollgate_sampler (GRANT tollgate_sampler TO <role>; see README), and sealing a \
+             policy needs the database owner"
+        );
+        assert_eq!(SafeTimeError::InvalidUrl("m".into()).code(), "invalid_url");
+    }
 }

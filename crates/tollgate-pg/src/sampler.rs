@@ -27,9 +27,18 @@
 //!   into a proposal and the database function caps and persists it. Any
 //!   refusal (stale epoch, lost lock, quarantine refused) or connection
 //!   error ends the leadership.
+//! * **A term that never won** is not a lost leadership: when loading the
+//!   policy or the claim fails after the lock was taken (typically a
+//!   misconfiguration: the database is not migrated, `schema_missing`, or
+//!   the role lacks the grants of `tollgate_sampler`, `permission_denied`),
+//!   the sampler logs "cannot take safe-time leadership" with the code and
+//!   a hint, drops the connection (and the lock, so a correctly configured
+//!   standby can lead), and retries with exponential back-off rather than
+//!   every standby poll.
 //!
 //! Every loop is bounded: sleeps are interruptible by the shutdown signal,
-//! reconnects back off exponentially up to [`SamplerOptions::reconnect_max`],
+//! reconnects and terms that never won back off exponentially from
+//! [`RETRY_BACKOFF_START`] up to [`SamplerOptions::reconnect_max`],
 //! each observation and publish must answer within the gap bound, and the
 //! server ends a leader session idle for twice the gap bound
 //! (`idle_session_timeout`), so a frozen leader releases the lock to a
@@ -54,6 +63,14 @@ pub const DEFAULT_STANDBY_POLL: Duration = Duration::from_millis(500);
 /// Default ceiling of the reconnect back-off.
 pub const DEFAULT_RECONNECT_MAX: Duration = Duration::from_secs(5);
 
+/// First delay of the exponential back-off (reconnects, and terms that
+/// never won), doubled after each failure up to
+/// [`SamplerOptions::reconnect_max`]: short enough that a blip costs a
+/// tenth of a second; with the 5 s default ceiling the seventh consecutive
+/// failure sleeps 5 s (100 ms × 2⁶ > 5 s), so a misconfigured sampler
+/// settles at one attempt every 5 s.
+pub const RETRY_BACKOFF_START: Duration = Duration::from_millis(100);
+
 /// How long one connection attempt may take.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -64,7 +81,8 @@ pub struct SamplerOptions {
     pub config: SafeTimeConfig,
     /// Interval between a standby's lock attempts.
     pub standby_poll: Duration,
-    /// Ceiling of the exponential reconnect back-off (starting at 100 ms).
+    /// Ceiling of the exponential back-off of reconnects and of terms that
+    /// never won (starting at [`RETRY_BACKOFF_START`]).
     pub reconnect_max: Duration,
 }
 
@@ -91,12 +109,21 @@ pub struct SamplerStatus {
     pub last_published: Option<Published>,
     /// Why leadership last ended (`None` if it never did).
     pub last_loss: Option<String>,
+    /// Why the last attempt to take leadership failed before its claim
+    /// succeeded (`None` if none did); not a loss.
+    pub last_not_won: Option<SafeTimeError>,
 }
 
 /// Why a leadership term ended.
 #[derive(Debug)]
 enum TermEnd {
     Shutdown,
+    /// The term failed before its claim succeeded, at `step`: it never led.
+    NeverWon {
+        step: &'static str,
+        error: SafeTimeError,
+    },
+    /// Leadership won by a claim ended.
     Lost(String),
 }
 
@@ -113,12 +140,10 @@ impl Sampler {
     /// A sampler for the database at `url`.
     ///
     /// # Errors
-    /// [`SafeTimeError::Backend`] if `url` does not parse (the message does
-    /// not repeat the URL).
+    /// [`SafeTimeError::InvalidUrl`] if `url` does not parse (the message
+    /// does not repeat the URL).
     pub fn new(url: &str, options: SamplerOptions) -> Result<Sampler, SafeTimeError> {
-        let connect: PgConnectOptions = url.parse().map_err(|e: sqlx::Error| {
-            SafeTimeError::Backend(format!("invalid database URL: {}", redact(&e)))
-        })?;
+        let connect: PgConnectOptions = url.parse().map_err(SafeTimeError::from)?;
         let connect = connect.application_name(SAMPLER_APPLICATION_NAME);
         Ok(Sampler {
             connect,
@@ -148,7 +173,11 @@ impl Sampler {
     /// start over. Returns on shutdown; leadership ends with the
     /// connection, so a successor can take over at once.
     pub async fn run(&self, mut shutdown: watch::Receiver<bool>) {
-        let mut backoff = Duration::from_millis(100);
+        let mut backoff = RETRY_BACKOFF_START;
+        // Its own back-off: a misconfigured database accepts every
+        // connection (which resets `backoff`) and fails every claim.
+        // Reset only by a won claim.
+        let mut not_won_backoff = RETRY_BACKOFF_START;
         loop {
             if *shutdown.borrow() {
                 return;
@@ -158,7 +187,7 @@ impl Sampler {
                     .await;
             let mut conn = match conn {
                 Ok(Ok(mut c)) => {
-                    backoff = Duration::from_millis(100);
+                    backoff = RETRY_BACKOFF_START;
                     // A frozen leader (stopped process, dead host) must not
                     // hold the lock forever: the server ends a session idle
                     // for twice the gap bound, which releases the lock to a
@@ -225,8 +254,10 @@ impl Sampler {
             self.status.send_modify(|s| {
                 s.epoch = None;
                 s.last_published = None;
-                if let TermEnd::Lost(why) = &end {
-                    s.last_loss = Some(why.clone());
+                match &end {
+                    TermEnd::Shutdown => {}
+                    TermEnd::NeverWon { error, .. } => s.last_not_won = Some(error.clone()),
+                    TermEnd::Lost(why) => s.last_loss = Some(why.clone()),
                 }
             });
             // Dropping the connection (not closing it politely, which could
@@ -234,7 +265,25 @@ impl Sampler {
             drop(conn);
             match end {
                 TermEnd::Shutdown => return,
+                TermEnd::NeverWon { step, error } => {
+                    // Not a loss: this term never led. Retrying at the
+                    // standby poll would log a failure twice a second for
+                    // as long as the misconfiguration lasts.
+                    tracing::error!(
+                        code = error.code(),
+                        step,
+                        error = %error,
+                        hint = never_won_hint(&error),
+                        backoff = ?not_won_backoff,
+                        "cannot take safe-time leadership; connection dropped, retrying"
+                    );
+                    if sleep_or_shutdown(not_won_backoff, &mut shutdown).await {
+                        return;
+                    }
+                    not_won_backoff = (not_won_backoff * 2).min(self.options.reconnect_max);
+                }
                 TermEnd::Lost(why) => {
+                    not_won_backoff = RETRY_BACKOFF_START;
                     tracing::error!(reason = %why, "safe-time leadership lost; connection dropped");
                     // Yield one standby poll before competing again, so a
                     // healthy waiting standby takes over first.
@@ -271,22 +320,39 @@ impl Sampler {
         }
     }
 
-    /// One leadership term on a connection that holds the lock.
+    /// One leadership term on a connection that holds the lock. Until the
+    /// claim succeeds a failure is [`TermEnd::NeverWon`], after it
+    /// [`TermEnd::Lost`].
     async fn lead(&self, conn: &mut PgConnection, shutdown: &mut watch::Receiver<bool>) -> TermEnd {
         let pid: i32 = match sqlx::query_scalar("SELECT pg_backend_pid()")
             .fetch_one(&mut *conn)
             .await
         {
             Ok(p) => p,
-            Err(e) => return TermEnd::Lost(format!("reading the backend pid: {}", redact(&e))),
+            Err(e) => {
+                return TermEnd::NeverWon {
+                    step: "reading the backend pid",
+                    error: SafeTimeError::from(e),
+                };
+            }
         };
         let policy = match safe_time::load_policy(&mut *conn).await {
             Ok(p) => p,
-            Err(e) => return TermEnd::Lost(format!("loading the horizon policy: {e}")),
+            Err(error) => {
+                return TermEnd::NeverWon {
+                    step: "loading the horizon policy",
+                    error,
+                };
+            }
         };
         let claim = match safe_time::claim(conn, &policy).await {
             Ok(c) => c,
-            Err(e) => return TermEnd::Lost(format!("claiming an epoch: {e}")),
+            Err(error) => {
+                return TermEnd::NeverWon {
+                    step: "claiming an epoch",
+                    error,
+                };
+            }
         };
         tracing::info!(
             epoch = claim.epoch,
@@ -389,6 +455,35 @@ impl Sampler {
                 return TermEnd::Shutdown;
             }
         }
+    }
+}
+
+/// What an operator can do about a term that never won, by its code.
+fn never_won_hint(e: &SafeTimeError) -> &'static str {
+    match e {
+        SafeTimeError::SchemaMissing(_) => {
+            "run `tollgate migrate` against this database (migration 0018 creates the safe-time schema)"
+        }
+        SafeTimeError::PermissionDenied(_) => {
+            "grant role tollgate_sampler to the sampler's login role (see README)"
+        }
+        SafeTimeError::NotLeader(_) => {
+            "the lock was gone at the claim: connect directly or through session pooling, not transaction pooling"
+        }
+        SafeTimeError::PolicyMismatch(_) => {
+            "a new horizon policy was sealed after it was loaded; the next attempt loads it"
+        }
+        SafeTimeError::Policy(_) | SafeTimeError::Corrupt(_) => {
+            "a stored safe-time row fails verification; inspect `tollgate-safetime policy show` and the evidence"
+        }
+        SafeTimeError::StaleEpoch(_)
+        | SafeTimeError::SamplerRunning(_)
+        | SafeTimeError::InvalidProposal(_)
+        | SafeTimeError::QuarantineRefused(_)
+        | SafeTimeError::HorizonBelowPolicy(_)
+        | SafeTimeError::NoClaim(_)
+        | SafeTimeError::InvalidUrl(_)
+        | SafeTimeError::Backend(_) => "see the error; retrying with back-off",
     }
 }
 

@@ -13,8 +13,15 @@
 //! directly to PostgreSQL (or through a proxy in *session* pooling mode);
 //! transaction and statement pooling are unsupported, and the per-sample
 //! PID and lock checks end leadership if a statement reaches another
-//! backend. Exit status: 0 after a clean shutdown, 2 for bad arguments,
-//! 1 for any other failure (with a message naming its stable code).
+//! backend. Exit status: 0 after a clean shutdown, 2 for bad arguments
+//! (including a database URL that does not parse, code `invalid_url`), 1
+//! for any other failure (with a message naming its stable code, e.g.
+//! `schema_missing` for a database without migration 0018, or
+//! `permission_denied` for a role without the grants of `tollgate_sampler`).
+//! A `run` that cannot take leadership because of such a misconfiguration
+//! does not exit: it logs "cannot take safe-time leadership" with the code
+//! and retries with back-off (up to 5 s), so it starts leading once the
+//! database is fixed.
 
 #![forbid(unsafe_code)]
 
@@ -23,6 +30,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use jiff::SignedDuration;
+use sqlx::postgres::PgConnectOptions;
 use sqlx::{Connection, PgConnection};
 use tokio::sync::watch;
 use tollgate::safe_time::{
@@ -116,9 +124,18 @@ struct RunArgs {
     #[arg(long, env = "TOLLGATE_SAFETIME_RECOVERY_GRACE", default_value_t = DEFAULT_RECOVERY_GRACE)]
     recovery_grace: SignedDuration,
     /// Interval between a standby's attempts to take leadership.
-    #[arg(long, env = "TOLLGATE_SAFETIME_STANDBY_POLL", default_value = "500ms")]
+    #[arg(long, env = "TOLLGATE_SAFETIME_STANDBY_POLL", default_value_t = STANDBY_POLL_DEFAULT)]
     standby_poll: SignedDuration,
 }
+
+/// The sampler's [`DEFAULT_STANDBY_POLL`] as the `--standby-poll` default,
+/// converted at compile time (a value beyond `SignedDuration` would fail
+/// the build, never a run).
+const STANDBY_POLL_DEFAULT: SignedDuration = {
+    let ns = DEFAULT_STANDBY_POLL.as_nanos();
+    assert!(ns <= i128::MAX as u128);
+    SignedDuration::from_nanos_i128(ns as i128)
+};
 
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
@@ -170,7 +187,12 @@ fn main() -> ExitCode {
         }
         Err(Failure::SafeTime(e)) => {
             say(format_args!("tollgate-safetime: {e} (code {})", e.code()));
-            ExitCode::FAILURE
+            match e {
+                // A URL that does not parse is a bad argument, like a
+                // missing one.
+                SafeTimeError::InvalidUrl(_) => ExitCode::from(2),
+                _ => ExitCode::FAILURE,
+            }
         }
     }
 }
@@ -211,20 +233,20 @@ impl From<SafeTimeError> for Failure {
     }
 }
 
+/// Connects to `url`.
+///
+/// # Errors
+/// [`SafeTimeError::InvalidUrl`] (exit 2) if `url` does not parse; what the
+/// server refuses keeps its code (`permission_denied`, ...); anything else
+/// is `backend`. No message repeats the URL.
 async fn connect(url: &str) -> Result<PgConnection, Failure> {
-    PgConnection::connect(url).await.map_err(|e| {
-        Failure::SafeTime(SafeTimeError::Backend(format!(
-            "cannot connect: {}",
-            connect_error(&e)
-        )))
+    let options: PgConnectOptions = url.parse().map_err(SafeTimeError::from)?;
+    PgConnection::connect_with(&options).await.map_err(|e| {
+        Failure::SafeTime(match SafeTimeError::from(e) {
+            SafeTimeError::Backend(m) => SafeTimeError::Backend(format!("cannot connect: {m}")),
+            other => other,
+        })
     })
-}
-
-fn connect_error(e: &sqlx::Error) -> String {
-    match e {
-        sqlx::Error::Configuration(_) => "invalid database URL".to_owned(),
-        other => other.to_string(),
-    }
 }
 
 fn std_duration(name: &str, d: SignedDuration) -> Result<Duration, Failure> {
@@ -315,7 +337,6 @@ async fn run(args: RunArgs, url: &str) -> Result<ExitCode, Failure> {
         standby_poll: std_duration("--standby-poll", args.standby_poll)?,
         reconnect_max: DEFAULT_RECONNECT_MAX,
     };
-    let _ = DEFAULT_STANDBY_POLL;
     let sampler = Sampler::new(url, options)?;
     let (stop, rx) = watch::channel(false);
     tokio::spawn(async move {

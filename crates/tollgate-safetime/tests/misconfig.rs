@@ -1,0 +1,220 @@
+//! Qualification: a misconfigured sampler says what is wrong with a stable
+//! code and does not pretend it lost a leadership it never had. On
+//! PostgreSQL 15 (the misconfigurations are the server's plain SQLSTATEs,
+//! the same on every version).
+//!
+//! * A database without migration 0018: `status` exits 1 with
+//!   `schema_missing`; `run` takes the lock, fails to load the policy, logs
+//!   "cannot take safe-time leadership" with `schema_missing` and backs off
+//!   exponentially (100, 200, 400, 800 ms, ...), never "leadership lost",
+//!   and releases the lock between attempts.
+//! * A database URL that does not parse: every command exits 2 with
+//!   `invalid_url`, and the URL is not repeated.
+//! * A login role without the grants of `tollgate_sampler`: `status`,
+//!   `policy seal` and `run` fail with `permission_denied`; once the role
+//!   is granted, the running sampler wins at its next attempt.
+
+mod support;
+
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use sqlx::{Connection, PgConnection};
+use support::SamplerProc;
+use tollgate_pg_harness::PgServer;
+
+const NEVER_WON: &str = "cannot take safe-time leadership";
+
+/// The back-off each failed attempt logs before sleeping it: 100 ms doubled
+/// up to the 5 s ceiling (`RETRY_BACKOFF_START`, `DEFAULT_RECONNECT_MAX`),
+/// in `Duration`'s `Debug` form.
+const BACKOFFS: &[&str] = &[
+    "100ms", "200ms", "400ms", "800ms", "1.6s", "3.2s", "5s", "5s",
+];
+
+/// Runs `tollgate-safetime <args>` against `url` to completion.
+fn safetime(url: &str, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_tollgate-safetime"))
+        .args(args)
+        .arg("--database-url")
+        .arg(url)
+        .env_remove("TOLLGATE_DATABASE_URL")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run tollgate-safetime")
+}
+
+/// The `key=value` field of one log line (values with spaces are quoted and
+/// not needed here).
+fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
+    let at = line.find(&format!(" {key}="))? + key.len() + 2;
+    line[at..].split(' ').next()
+}
+
+/// The log's "cannot take safe-time leadership" lines, each checked to
+/// carry `code`, `step` and a hint; returns the back-off each one logged.
+fn never_won_backoffs(log: &str, code: &str, step: &str) -> Vec<String> {
+    log.lines()
+        .filter(|l| l.contains(NEVER_WON))
+        .map(|l| {
+            assert!(l.contains(&format!("code=\"{code}\"")), "{l}");
+            assert!(l.contains(&format!("step=\"{step}\"")), "{l}");
+            assert!(l.contains(" hint="), "{l}");
+            field(l, "backoff")
+                .unwrap_or_else(|| panic!("no backoff: {l}"))
+                .to_owned()
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn an_unmigrated_database_is_schema_missing_and_the_sampler_backs_off_without_a_loss() {
+    let server = PgServer::start_dedicated_with(support::binaries(15)).unwrap();
+    let db = server.fresh_database().await;
+
+    let out = safetime(db.url(), &["status"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("(code schema_missing)"), "{err}");
+    assert!(err.contains("run `tollgate migrate`"), "{err}");
+    assert!(err.contains("SQLSTATE 42P01"), "{err}");
+    assert!(out.stdout.is_empty());
+
+    // FAST polls the lock every 100 ms: the old loop retried at that rate.
+    let started = Instant::now();
+    let sampler = SamplerProc::start(db.url(), "misconfig-unmigrated");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let window = started.elapsed();
+    let log = sampler.log_text();
+    let backoffs = never_won_backoffs(&log, "schema_missing", "loading the horizon policy");
+    // Attempt k (from 1) starts after sleeping 100 * (2^(k-1) - 1) ms, so
+    // the 6th comes 3.1 s after the first: at most 5 fit in the window.
+    // The 2nd comes 100 ms after the first, well inside it.
+    assert!(
+        (2..=5).contains(&backoffs.len()),
+        "{} attempts in {window:?}: {log}",
+        backoffs.len()
+    );
+    assert_eq!(backoffs, BACKOFFS[..backoffs.len()], "{log}");
+    assert!(!log.contains("leadership lost"), "{log}");
+    assert!(!log.contains("leadership won"), "{log}");
+
+    // Between attempts the lock is free, so a healthy sampler could lead;
+    // this connection takes it and the misconfigured one becomes a standby.
+    let mut other = PgConnection::connect(db.url()).await.unwrap();
+    support::take_lock(&mut other, "the misconfigured sampler keeps the lock").await;
+    let log_path = sampler.log.clone();
+    assert_eq!(sampler.terminate(), Some(0));
+    let log = std::fs::read_to_string(log_path).unwrap();
+    assert!(!log.contains("leadership lost"), "{log}");
+    assert!(!log.contains("leadership won"), "{log}");
+    assert!(log.contains("safe-time sampler stopped"), "{log}");
+}
+
+#[tokio::test]
+async fn a_database_url_that_does_not_parse_exits_2_with_invalid_url() {
+    let url = "postgres://[bad";
+    for args in [
+        &["status"][..],
+        &["run"],
+        &["evidence"],
+        &["policy", "show"],
+        &[
+            "policy",
+            "seal",
+            "--horizon-ms",
+            "1000",
+            "--sealed-by",
+            "ops",
+        ],
+    ] {
+        let out = safetime(url, args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains("(code invalid_url)"), "{args:?}: {err}");
+        assert!(!err.contains("[bad"), "{args:?} repeats the URL: {err}");
+        assert!(out.stdout.is_empty(), "{args:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_role_without_the_sampler_grants_is_permission_denied_until_granted() {
+    let server = PgServer::start_dedicated_with(support::binaries(15)).unwrap();
+    let db = server.fresh_database().await;
+    tollgate_pg::migrate(db.url()).await.unwrap();
+    let mut owner = PgConnection::connect(db.url()).await.unwrap();
+    sqlx::query("CREATE ROLE tg_ungranted LOGIN PASSWORD 'change-me'")
+        .execute(&mut owner)
+        .await
+        .unwrap();
+    let url = db.url().replacen("postgres@", "tg_ungranted:change-me@", 1);
+    assert_ne!(url, db.url(), "the test URL names the postgres user");
+
+    // Migration 0018 grants SELECT on the cut and the policy, and EXECUTE
+    // on observe, claim and publish, to tollgate_sampler only; sealing is
+    // the owner's.
+    for (args, sqlstate_text) in [
+        (
+            &["status"][..],
+            "permission denied for table tollgate_safetime",
+        ),
+        (
+            &["policy", "show"],
+            "permission denied for table tollgate_safetime_policy",
+        ),
+        (
+            &[
+                "policy",
+                "seal",
+                "--horizon-ms",
+                "1000",
+                "--sealed-by",
+                "ops",
+            ],
+            "permission denied for function tollgate_safetime_seal_policy",
+        ),
+    ] {
+        let out = safetime(&url, args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(err.contains("(code permission_denied)"), "{args:?}: {err}");
+        assert!(err.contains(sqlstate_text), "{args:?}: {err}");
+        assert!(err.contains("(SQLSTATE 42501)"), "{args:?}: {err}");
+        assert!(
+            err.contains("grants of role tollgate_sampler"),
+            "{args:?}: {err}"
+        );
+    }
+
+    let sampler = SamplerProc::start(&url, "misconfig-ungranted");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !sampler.log_text().contains(NEVER_WON) {
+        assert!(
+            Instant::now() < deadline,
+            "no refusal in 10 s: {}",
+            sampler.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    sqlx::query("GRANT tollgate_sampler TO tg_ungranted")
+        .execute(&mut owner)
+        .await
+        .unwrap();
+    // The next attempt comes within the 5 s back-off ceiling.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !sampler.log_text().contains("safe-time leadership won") {
+        assert!(
+            Instant::now() < deadline,
+            "not won in 10 s: {}",
+            sampler.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let log = sampler.log_text();
+    let backoffs = never_won_backoffs(&log, "permission_denied", "loading the horizon policy");
+    assert!(!backoffs.is_empty());
+    assert_eq!(backoffs, BACKOFFS[..backoffs.len()], "{log}");
+    assert!(!log.contains("leadership lost"), "{log}");
+    assert!(log.contains("safe-time leadership won epoch=1 "), "{log}");
+    assert_eq!(sampler.terminate(), Some(0));
+}
