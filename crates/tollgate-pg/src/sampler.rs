@@ -174,9 +174,10 @@ impl Sampler {
     /// connection, so a successor can take over at once.
     pub async fn run(&self, mut shutdown: watch::Receiver<bool>) {
         let mut backoff = RETRY_BACKOFF_START;
-        // Its own back-off: a misconfigured database accepts every
-        // connection (which resets `backoff`) and fails every claim.
-        // Reset only by a won claim.
+        // Its own back-off, for failures after a successful connect (a
+        // claim that fails, a standby whose lock query fails): a
+        // misconfigured database accepts every connection (which resets
+        // `backoff`) and fails every claim. Reset only by a won claim.
         let mut not_won_backoff = RETRY_BACKOFF_START;
         loop {
             if *shutdown.borrow() {
@@ -241,12 +242,14 @@ impl Sampler {
                     return;
                 }
                 Err(e) => {
-                    tracing::warn!(code = e.code(), error = %e, "sampler standby connection failed");
+                    // The not-won back-off, not the reconnect one: the
+                    // connect before this succeeded and reset that.
+                    tracing::warn!(code = e.code(), error = %e, backoff = ?not_won_backoff, "sampler standby connection failed");
                     drop(conn);
-                    if sleep_or_shutdown(backoff, &mut shutdown).await {
+                    if sleep_or_shutdown(not_won_backoff, &mut shutdown).await {
                         return;
                     }
-                    backoff = (backoff * 2).min(self.options.reconnect_max);
+                    not_won_backoff = (not_won_backoff * 2).min(self.options.reconnect_max);
                     continue;
                 }
             }
