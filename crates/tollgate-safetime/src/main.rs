@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! tollgate-safetime run      --database-url URL   # lead or stand by, until SIGINT/SIGTERM
-//! tollgate-safetime status   --database-url URL   # the persisted cut, as JSON
+//! tollgate-safetime status   --database-url URL   # the persisted cut and its certainty (stale rule), as JSON
 //! tollgate-safetime policy show|seal              # the sealed horizon policy
 //! tollgate-safetime evidence --database-url URL   # immutable evidence rows, as JSON lines
 //! ```
@@ -35,7 +35,7 @@ use sqlx::{Connection, PgConnection};
 use tokio::sync::watch;
 use tollgate::safe_time::{
     DEFAULT_DRIFT_PPM, DEFAULT_GAP_MAX, DEFAULT_RECOVERY_GRACE, DEFAULT_ROUND_TRIP_MAX,
-    DEFAULT_SAMPLE_INTERVAL, DEFAULT_STABLE_OBSERVATIONS_MIN, SafeTimeConfig,
+    DEFAULT_SAMPLE_INTERVAL, DEFAULT_STABLE_OBSERVATIONS_MIN, SafeTimeConfig, judge_reading,
 };
 use tollgate_pg::safe_time::{self, SafeTimeError};
 use tollgate_pg::sampler::{DEFAULT_RECONNECT_MAX, DEFAULT_STANDBY_POLL, Sampler, SamplerOptions};
@@ -73,8 +73,16 @@ enum Command {
     /// Run the sampler: wait for leadership, then publish the cut every
     /// interval until SIGINT or SIGTERM.
     Run(RunArgs),
-    /// Print the persisted cut and its certainty as JSON.
-    Status,
+    /// Print the persisted cut and its certainty as JSON. `certain` and
+    /// `uncertain_reason` are judged as the service judges them: a cut not
+    /// republished within `--gap-max` (database time since its last
+    /// publish) is `stale`; `published_reason` is what the publisher said.
+    Status {
+        /// Sampling-gap bound to judge staleness by; give the service's
+        /// `--safetime-gap-max` (the same default).
+        #[arg(long, env = "TOLLGATE_SAFETIME_GAP_MAX", default_value_t = DEFAULT_GAP_MAX)]
+        gap_max: SignedDuration,
+    },
     /// Show or seal the maximum-deadline horizon policy.
     #[command(subcommand)]
     Policy(PolicyCommand),
@@ -259,18 +267,35 @@ fn std_duration(name: &str, d: SignedDuration) -> Result<Duration, Failure> {
 async fn dispatch(command: Command, url: &str) -> Result<ExitCode, Failure> {
     match command {
         Command::Run(args) => run(args, url).await,
-        Command::Status => {
+        Command::Status { gap_max } => {
+            if gap_max <= SignedDuration::ZERO {
+                return Err(Failure::Usage(format!(
+                    "--gap-max must be positive, got {gap_max}"
+                )));
+            }
             let mut c = connect(url).await?;
             let row = safe_time::read_cut(&mut c).await?;
             let json = match row {
                 None => {
                     serde_json::json!({ "cut": null, "certain": false, "uncertain_reason": "no_cut" })
                 }
-                Some(r) => serde_json::json!({
+                Some(r) => {
+                    // One read: the row's own age is all the staleness
+                    // evidence there is (the service also counts how long
+                    // it has seen the same publish).
+                    let judged = judge_reading(
+                        r.uncertain,
+                        r.db_now.duration_since(r.published_at),
+                        SignedDuration::ZERO,
+                        gap_max,
+                    );
+                    serde_json::json!({
                     "epoch": r.epoch,
                     "cut": r.cut.to_string(),
-                    "certain": r.uncertain.is_none(),
-                    "uncertain_reason": r.uncertain.map(|u| u.code()),
+                    "certain": judged.is_none(),
+                    "uncertain_reason": judged.map(|u| u.code()),
+                    "published_reason": r.uncertain.map(|u| u.code()),
+                    "gap_max": gap_max.to_string(),
                     "quarantined": r.quarantined,
                     "publish_seq": r.publish_seq,
                     "published_at": r.published_at.to_string(),
@@ -279,7 +304,8 @@ async fn dispatch(command: Command, url: &str) -> Result<ExitCode, Failure> {
                     "policy_version": r.policy.version(),
                     "horizon_ms": r.policy.horizon_ms(),
                     "policy_digest": r.policy.digest(),
-                }),
+                    })
+                }
             };
             emit(&json.to_string())?;
             Ok(ExitCode::SUCCESS)

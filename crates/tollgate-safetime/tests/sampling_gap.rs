@@ -7,8 +7,26 @@ mod support;
 
 use std::time::Duration;
 
+use serde_json::{Value, json};
 use support::{CutWatch, SamplerProc};
 use tollgate::safe_time::UncertainReason;
+
+/// `tollgate-safetime status --gap-max 2s` (the bound the sampler runs
+/// with), parsed.
+fn status(url: &str) -> Value {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate-safetime"))
+        .args(["status", "--gap-max", "2s", "--database-url", url])
+        .env_remove("TOLLGATE_SAFETIME_GAP_MAX")
+        .output()
+        .expect("run tollgate-safetime status");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("status JSON")
+}
 
 async fn paused_sampler(major: u32) {
     let server =
@@ -19,6 +37,24 @@ async fn paused_sampler(major: u32) {
     let mut w = CutWatch::new(db.url()).await;
     w.until(30, "a certain cut", |r| r.uncertain.is_none())
         .await;
+    let st = status(db.url());
+    assert_eq!(
+        (
+            &st["certain"],
+            &st["uncertain_reason"],
+            &st["published_reason"],
+            &st["gap_max"],
+            &st["epoch"]
+        ),
+        (
+            &json!(true),
+            &json!(null),
+            &json!(null),
+            &json!("PT2S"),
+            &json!(1)
+        ),
+        "{st}"
+    );
 
     sampler.signal("STOP");
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -30,6 +66,24 @@ async fn paused_sampler(major: u32) {
         (paused.publish_seq, paused.cut, None),
         "a stopped sampler publishes nothing; the row alone still claims certainty, \
          which is why readers apply the gap bound themselves"
+    );
+    // `tollgate-safetime status` is such a reader: the row is over 3 s old
+    // in database time, past the 2 s bound.
+    let st = status(db.url());
+    assert_eq!(
+        (
+            &st["certain"],
+            &st["uncertain_reason"],
+            &st["published_reason"],
+            &st["publish_seq"]
+        ),
+        (
+            &json!(false),
+            &json!("stale"),
+            &json!(null),
+            &json!(paused.publish_seq)
+        ),
+        "{st}"
     );
     sampler.signal("CONT");
     w.until(10, "the reported gap", |r| {
