@@ -103,7 +103,7 @@ enum PolicyCommand {
     /// the next epoch a sampler claims.
     Seal {
         /// The new horizon in milliseconds (default policy: 315360000000 = 3650 days).
-        #[arg(long)]
+        #[arg(long, allow_negative_numbers = true)]
         horizon_ms: i64,
         /// Who seals it (recorded in the evidence), 1..=200 characters.
         #[arg(long)]

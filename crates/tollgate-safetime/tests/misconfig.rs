@@ -218,3 +218,25 @@ async fn a_role_without_the_sampler_grants_is_permission_denied_until_granted() 
     assert!(log.contains("safe-time leadership won epoch=1 "), "{log}");
     assert_eq!(sampler.terminate(), Some(0));
 }
+
+/// A negative number is the value of its flag, not another flag: clap
+/// passes `--horizon-ms -1` through, and the command refuses it as usage
+/// (exit 2) before it connects anywhere.
+#[test]
+fn a_negative_horizon_is_a_usage_error() {
+    let out = safetime(
+        "postgres://nobody@127.0.0.1:1/none",
+        &["policy", "seal", "--horizon-ms", "-1", "--sealed-by", "ops"],
+    );
+    assert_eq!(
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).trim_end()
+        ),
+        (
+            Some(2),
+            "tollgate-safetime: --horizon-ms must be positive, got -1"
+        )
+    );
+    assert!(out.stdout.is_empty());
+}
