@@ -21,13 +21,13 @@ pub enum StorageError {
         max: i64,
     },
     /// A requested TTL was zero or negative.
-    #[error("requested ttl must be positive, got {ttl:?}")]
+    #[error("requested ttl must be positive, got {ttl}")]
     InvalidTtl {
         /// The rejected TTL.
         ttl: SignedDuration,
     },
     /// `now + granted_ttl` is not representable as a timestamp.
-    #[error("expiry {now} + {ttl:?} is not representable as a timestamp")]
+    #[error("expiry {now} + {ttl} is not representable as a timestamp")]
     UnrepresentableExpiry {
         /// The supplied time.
         now: Timestamp,

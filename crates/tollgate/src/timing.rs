@@ -41,13 +41,13 @@ pub const TIMESTAMP_MAX_NS: i128 = 253_402_207_200_999_999_999;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PolicyError {
     /// `max_ttl` was zero or negative.
-    #[error("max_ttl must be positive, got {max_ttl:?}")]
+    #[error("max_ttl must be positive, got {max_ttl}")]
     NonPositiveMaxTtl {
         /// The rejected value.
         max_ttl: SignedDuration,
     },
     /// `reclaim_grace` was negative.
-    #[error("reclaim_grace must be nonnegative, got {reclaim_grace:?}")]
+    #[error("reclaim_grace must be nonnegative, got {reclaim_grace}")]
     NegativeReclaimGrace {
         /// The rejected value.
         reclaim_grace: SignedDuration,
@@ -65,13 +65,13 @@ impl PolicyError {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TimingError {
     /// The requested TTL was zero or negative.
-    #[error("requested ttl must be positive, got {ttl:?}")]
+    #[error("requested ttl must be positive, got {ttl}")]
     InvalidTtl {
         /// The rejected TTL.
         ttl: SignedDuration,
     },
     /// `now + ttl` lies outside the timestamp domain.
-    #[error("expiry {now} + {ttl:?} is not representable as a timestamp")]
+    #[error("expiry {now} + {ttl} is not representable as a timestamp")]
     UnrepresentableExpiry {
         /// The supplied time.
         now: Timestamp,
@@ -232,6 +232,28 @@ mod tests {
     //! oracle comparison lives in `tests/oracle.rs`.
 
     use super::*;
+
+    /// Durations in messages are ISO 8601, the format the API takes and
+    /// returns (jiff's `Debug` would print `30s ago` for a negative one).
+    #[test]
+    fn messages_print_durations_as_iso_8601() {
+        let ttl = SignedDuration::from_secs(-30);
+        assert_eq!(
+            TimingError::InvalidTtl { ttl }.to_string(),
+            "requested ttl must be positive, got -PT30S"
+        );
+        assert_eq!(
+            crate::StorageError::InvalidTtl { ttl }.to_string(),
+            "requested ttl must be positive, got -PT30S"
+        );
+        assert_eq!(
+            PolicyError::NonPositiveMaxTtl {
+                max_ttl: SignedDuration::ZERO
+            }
+            .to_string(),
+            "max_ttl must be positive, got PT0S"
+        );
+    }
 
     fn ns(v: i128) -> SignedDuration {
         SignedDuration::from_nanos_i128(v)
