@@ -611,14 +611,20 @@ async fn admin_status(
     headers: HeaderMap,
 ) -> Result<Json<StatusView>, ApiError> {
     s.require_admin(&headers)?;
-    let readiness = s.inner.backend.ops.readiness().await;
-    let counts = s.inner.backend.ops.counts().await?;
+    // Each part is bounded (readiness and counts by the store, the cut by
+    // the clock) and they run together, so the report answers within
+    // about 2 s even while the database does not.
+    let ops = &*s.inner.backend.ops;
+    let (readiness, counts, (safe_time, paused, late_expiry)) = tokio::join!(
+        ops.readiness(),
+        crate::storage::bounded_counts(ops),
+        s.telemetry()
+    );
     let policy = s.inner.backend.allocator.policy();
-    let (safe_time, paused, late_expiry) = s.telemetry().await;
     Ok(Json(StatusView {
         readiness: ready_view(&readiness),
-        active_leases: counts.active_leases,
-        active_legacy_bounds: counts.active_legacy_bounds,
+        active_leases: counts.map(|c| c.active_leases),
+        active_legacy_bounds: counts.map(|c| c.active_legacy_bounds),
         policy: PolicyView {
             max_ttl: policy.max_ttl(),
             reclaim_grace: policy.reclaim_grace(),

@@ -624,12 +624,10 @@ pub async fn run(command: Command) -> Result<ExitCode, CliError> {
                 }
                 Target::Direct(cfg) => {
                     let backend = direct_backend(&cfg).await?;
-                    let r = backend.ops.readiness().await;
-                    let counts = backend
-                        .ops
-                        .counts()
-                        .await
-                        .map_err(|e| CliError::Failed(format!("counts: {e}")))?;
+                    let (r, counts) = tokio::join!(
+                        backend.ops.readiness(),
+                        crate::storage::bounded_counts(&*backend.ops)
+                    );
                     let p = backend.allocator.policy();
                     // The safe-cut clock: one fresh reading (the stale
                     // rule's database-age check applies; a failed read is
@@ -651,8 +649,8 @@ pub async fn run(command: Command) -> Result<ExitCode, CliError> {
                             expected_schema_version: r.expected_schema_version,
                             maintenance: r.maintenance,
                         },
-                        active_leases: counts.active_leases,
-                        active_legacy_bounds: counts.active_legacy_bounds,
+                        active_leases: counts.map(|c| c.active_leases),
+                        active_legacy_bounds: counts.map(|c| c.active_legacy_bounds),
                         policy: p.into(),
                         clock: if safe_time.is_some() {
                             ClockKind::SafeCut

@@ -660,10 +660,12 @@ pub struct PolicyRecordView {
 pub struct StatusView {
     /// Readiness, as `/readyz` reports it.
     pub readiness: ReadyView,
-    /// Active leases.
-    pub active_leases: u64,
-    /// Active leases whose expiry is a legacy upper bound.
-    pub active_legacy_bounds: u64,
+    /// Active leases (`null` when the store did not answer within 2 s;
+    /// `readiness` then says why).
+    pub active_leases: Option<u64>,
+    /// Active leases whose expiry is a legacy upper bound (`null` like
+    /// `active_leases`).
+    pub active_legacy_bounds: Option<u64>,
     /// The policy in force.
     pub policy: PolicyView,
     /// `system`, `test` or `safe-cut`.

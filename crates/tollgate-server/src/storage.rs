@@ -50,6 +50,31 @@ pub struct StatusCounts {
     pub active_legacy_bounds: u64,
 }
 
+/// The longest `GET /v1/admin/status` (and a direct `tollgate status`)
+/// waits for the store's counts before it reports them as unknown.
+pub const STATUS_COUNTS_MAX: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// The store's counts for a status report, or `None` when the store fails
+/// or does not answer within [`STATUS_COUNTS_MAX`] (logged as a warning): a
+/// status report answers even while the database does not, and its
+/// readiness part says why.
+pub async fn bounded_counts(ops: &dyn StoreOps) -> Option<StatusCounts> {
+    match tokio::time::timeout(STATUS_COUNTS_MAX, ops.counts()).await {
+        Ok(Ok(counts)) => Some(counts),
+        Ok(Err(e)) => {
+            tracing::warn!(code = e.code(), error = %e, "status: counting leases failed");
+            None
+        }
+        Err(_) => {
+            tracing::warn!(
+                bound = ?STATUS_COUNTS_MAX,
+                "status: counting leases did not finish in time"
+            );
+            None
+        }
+    }
+}
+
 /// Store operations only the service needs; see the module docs.
 #[async_trait]
 pub trait StoreOps: Send + Sync + fmt::Debug {

@@ -153,9 +153,10 @@ async fn status_counts_and_maintenance_from_the_store() {
 }
 
 /// A readiness probe answers while the database does not: with the
-/// migrations table locked by an open transaction, `/readyz` gives up after
-/// `READINESS_PROBE_MAX` (2 s) and says the storage is unreachable; once the
-/// lock is gone the service is ready again.
+/// migrations and lease tables locked by an open transaction, `/readyz`
+/// gives up after `READINESS_PROBE_MAX` (2 s) and says the storage is
+/// unreachable, and the status report answers with the counts unknown;
+/// once the lock is gone the service is ready again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readiness_probe_is_bounded() {
     use sqlx::Connection;
@@ -177,7 +178,7 @@ async fn readiness_probe_is_bounded() {
         .execute(&mut conn)
         .await
         .expect("begin");
-    sqlx::query("LOCK TABLE _sqlx_migrations IN ACCESS EXCLUSIVE MODE")
+    sqlx::query("LOCK TABLE _sqlx_migrations, tollgate_leases IN ACCESS EXCLUSIVE MODE")
         .execute(&mut conn)
         .await
         .expect("lock");
@@ -195,9 +196,40 @@ async fn readiness_probe_is_bounded() {
         detail.as_deref(),
         Some("the database did not answer within 2 s")
     );
+    // The status report answers too: not ready, and the counts unknown
+    // (`null`) rather than a 503 after the pool's timeouts.
+    let st = h
+        .send(Req::get("/v1/admin/status").token(ADMIN))
+        .await
+        .ok(200)
+        .clone();
+    assert_eq!(
+        (
+            &st["readiness"]["ready"],
+            &st["readiness"]["storage_reachable"],
+            &st["active_leases"],
+            &st["active_legacy_bounds"]
+        ),
+        (&json!(false), &json!(false), &json!(null), &json!(null)),
+        "{st}"
+    );
     sqlx::query("ROLLBACK")
         .execute(&mut conn)
         .await
         .expect("rollback");
     h.send(Req::get("/readyz")).await.ok(200);
+    let st = h
+        .send(Req::get("/v1/admin/status").token(ADMIN))
+        .await
+        .ok(200)
+        .clone();
+    assert_eq!(
+        (
+            &st["readiness"]["ready"],
+            &st["active_leases"],
+            &st["active_legacy_bounds"]
+        ),
+        (&json!(true), &json!(0), &json!(0)),
+        "{st}"
+    );
 }
