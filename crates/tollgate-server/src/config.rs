@@ -342,6 +342,13 @@ impl Config {
                 false,
             )?,
         )?;
+        // The samplers' own cap (SafeTimeConfig::new).
+        if safetime_gap_max > safe_time::GAP_MAX_MAX {
+            return Err(err(format!(
+                "safetime_gap_max must be at most {}, got {safetime_gap_max}",
+                safe_time::GAP_MAX_MAX
+            )));
+        }
         let secret_file = raw.secret_file.or(file.secret_file);
         let request_timeout = positive(
             "request_timeout",

@@ -132,6 +132,10 @@ fn safe_cut_clock_settings() {
             "soon",
             "invalid configuration: safetime_gap_max: \"soon\" is not an ISO 8601",
         ),
+        (
+            "PT1H0.000000001S",
+            "invalid configuration: safetime_gap_max must be at most PT1H, got PT1H0.000000001S",
+        ),
     ] {
         let e = merge(
             RawConfig {
