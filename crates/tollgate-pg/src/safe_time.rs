@@ -16,6 +16,7 @@
 //! no sqlx time feature.
 
 use jiff::{SignedDuration, Timestamp};
+use sqlx::postgres::PgConnectOptions;
 use sqlx::{PgConnection, Row};
 use tollgate::instant_pair::InstantPair;
 use tollgate::safe_time::{HorizonPolicy, HorizonPolicyError, Topology, UncertainReason, Verdict};
@@ -63,20 +64,17 @@ pub enum SafeTimeError {
     /// The safe-time tables or functions do not exist: SQLSTATE 42P01
     /// (`undefined_table`) or 42883 (`undefined_function`). The database
     /// is not migrated to schema 18 (migration 0018 creates them).
-    #[error(
-        "the safe-time schema is missing: {0}; run `tollgate migrate` against this database (migration 0018 creates the safe-time tables and functions)"
-    )]
+    #[error("the safe-time schema is missing: {0}; {SCHEMA_MISSING_HINT}")]
     SchemaMissing(String),
     /// The role lacks a privilege: SQLSTATE 42501
     /// (`insufficient_privilege`). A sampler's login role needs the grants
     /// of role `tollgate_sampler`; sealing a policy needs the owner.
-    #[error(
-        "permission denied: {0}; the sampler's login role needs the grants of role tollgate_sampler (GRANT tollgate_sampler TO <role>; see README), and sealing a policy needs the database owner"
-    )]
+    #[error("permission denied: {0}; {PERMISSION_DENIED_HINT}")]
     PermissionDenied(String),
-    /// The database URL does not parse, or its connection settings cannot
-    /// be used (an sqlx configuration error). The message never repeats the
-    /// URL (it may hold a password).
+    /// The database URL does not parse, its scheme is not `postgres://` or
+    /// `postgresql://`, or its connection settings cannot be used (an sqlx
+    /// configuration error). The message never repeats the URL (it may
+    /// hold a password).
     #[error("invalid database URL: {0}")]
     InvalidUrl(String),
     /// Anything else from the database or the connection. The message
@@ -85,7 +83,38 @@ pub enum SafeTimeError {
     Backend(String),
 }
 
+/// What to do about [`SafeTimeError::SchemaMissing`] (part of its message).
+const SCHEMA_MISSING_HINT: &str = "run `tollgate migrate` against this database \
+     (migration 0018 creates the safe-time tables and functions)";
+
+/// What to do about [`SafeTimeError::PermissionDenied`] (part of its
+/// message).
+const PERMISSION_DENIED_HINT: &str = "the sampler's login role needs the grants of role \
+     tollgate_sampler (GRANT tollgate_sampler TO <role>; see README), and sealing a policy \
+     needs the database owner";
+
 impl SafeTimeError {
+    /// The operator hint the message ends with (after "; "), if it has
+    /// one: [`SafeTimeError::SchemaMissing`] and
+    /// [`SafeTimeError::PermissionDenied`].
+    pub fn hint(&self) -> Option<&'static str> {
+        match self {
+            SafeTimeError::SchemaMissing(_) => Some(SCHEMA_MISSING_HINT),
+            SafeTimeError::PermissionDenied(_) => Some(PERMISSION_DENIED_HINT),
+            _ => None,
+        }
+    }
+
+    /// The message without its [`hint`](SafeTimeError::hint), for a log
+    /// line that carries the hint in a field of its own.
+    pub fn without_hint(&self) -> String {
+        match self {
+            SafeTimeError::SchemaMissing(m) => format!("the safe-time schema is missing: {m}"),
+            SafeTimeError::PermissionDenied(m) => format!("permission denied: {m}"),
+            other => other.to_string(),
+        }
+    }
+
     /// The stable snake_case code.
     pub fn code(&self) -> &'static str {
         match self {
@@ -111,15 +140,21 @@ impl From<sqlx::Error> for SafeTimeError {
     fn from(e: sqlx::Error) -> Self {
         if let Some(db) = e.as_database_error() {
             let msg = db.message().to_owned();
+            // Migration 0018's messages start with the code ("not_leader:
+            // ..."), which the code and the variant's text already say.
+            let tgs = |variant: fn(String) -> SafeTimeError| {
+                let code = variant(String::new()).code();
+                variant(trim_ms_decimals(strip_code(&msg, code)))
+            };
             return match db.code().as_deref() {
-                Some("TGS01") => SafeTimeError::NotLeader(msg),
-                Some("TGS02") => SafeTimeError::StaleEpoch(msg),
-                Some("TGS03") => SafeTimeError::PolicyMismatch(msg),
-                Some("TGS04") => SafeTimeError::SamplerRunning(msg),
-                Some("TGS05") => SafeTimeError::InvalidProposal(msg),
-                Some("TGS06") => SafeTimeError::QuarantineRefused(msg),
-                Some("TGS07") => SafeTimeError::HorizonBelowPolicy(msg),
-                Some("TGS08") => SafeTimeError::NoClaim(msg),
+                Some("TGS01") => tgs(SafeTimeError::NotLeader),
+                Some("TGS02") => tgs(SafeTimeError::StaleEpoch),
+                Some("TGS03") => tgs(SafeTimeError::PolicyMismatch),
+                Some("TGS04") => tgs(SafeTimeError::SamplerRunning),
+                Some("TGS05") => tgs(SafeTimeError::InvalidProposal),
+                Some("TGS06") => tgs(SafeTimeError::QuarantineRefused),
+                Some("TGS07") => tgs(SafeTimeError::HorizonBelowPolicy),
+                Some("TGS08") => tgs(SafeTimeError::NoClaim),
                 Some(code @ ("42P01" | "42883")) => {
                     SafeTimeError::SchemaMissing(format!("{msg} (SQLSTATE {code})"))
                 }
@@ -142,6 +177,67 @@ impl From<sqlx::Error> for SafeTimeError {
 /// error (whose own text may quote the URL).
 const INVALID_URL_TEXT: &str = "the URL or its connection settings are not valid \
      (postgres://USER:PASSWORD@HOST:PORT/DATABASE; the URL is not repeated here)";
+
+/// The message of [`SafeTimeError::InvalidUrl`] for a URL of another
+/// scheme (sqlx would read `mysql://...` as PostgreSQL settings and
+/// connect).
+const NOT_POSTGRES_URL_TEXT: &str = "the URL must start with postgres:// or postgresql:// \
+     (the URL is not repeated here)";
+
+/// Parses a PostgreSQL connection URL: the one place the sampler and the
+/// `tollgate-safetime` commands turn a URL into connection settings.
+///
+/// # Errors
+/// [`SafeTimeError::InvalidUrl`] if the scheme is not `postgres://` or
+/// `postgresql://` (any case), or if sqlx cannot parse it. The message
+/// never repeats the URL or any part of it.
+pub fn connect_options(url: &str) -> Result<PgConnectOptions, SafeTimeError> {
+    let scheme = url.split_once("://").map(|(s, _)| s);
+    if !scheme
+        .is_some_and(|s| s.eq_ignore_ascii_case("postgres") || s.eq_ignore_ascii_case("postgresql"))
+    {
+        return Err(SafeTimeError::InvalidUrl(NOT_POSTGRES_URL_TEXT.to_owned()));
+    }
+    url.parse().map_err(SafeTimeError::from)
+}
+
+/// `msg` without a leading `"<code>: "`, if it has exactly that prefix.
+fn strip_code<'m>(msg: &'m str, code: &str) -> &'m str {
+    msg.strip_prefix(code)
+        .and_then(|rest| rest.strip_prefix(": "))
+        .unwrap_or(msg)
+}
+
+/// `msg` with the trailing zeros of every decimal number that is directly
+/// followed by `" ms"` removed, and its point too when nothing is left
+/// after it: `(3630000.000000000000000000000000 ms)` reads
+/// `(3630000 ms)`, `65000.000001000 ms` reads `65000.000001 ms`. The value
+/// is unchanged (PostgreSQL's `trim_scale`); integers, and numbers not
+/// followed by " ms", are left as they are.
+fn trim_ms_decimals(msg: &str) -> String {
+    let mut out = String::with_capacity(msg.len());
+    let mut rest = msg;
+    while let Some(at) = rest.find(" ms") {
+        let head = &rest[..at];
+        let frac_len = head.bytes().rev().take_while(u8::is_ascii_digit).count();
+        let int_part = &head[..head.len() - frac_len];
+        match int_part.strip_suffix('.') {
+            Some(int) if frac_len > 0 && int.ends_with(|c: char| c.is_ascii_digit()) => {
+                let frac = head[head.len() - frac_len..].trim_end_matches('0');
+                out.push_str(int);
+                if !frac.is_empty() {
+                    out.push('.');
+                    out.push_str(frac);
+                }
+            }
+            _ => out.push_str(head),
+        }
+        out.push_str(" ms");
+        rest = &rest[at + 3..];
+    }
+    out.push_str(rest);
+    out
+}
 
 fn us_to_timestamp(us: i64) -> Result<Timestamp, SafeTimeError> {
     Timestamp::from_microsecond(us)
@@ -542,12 +638,207 @@ mod tests {
         check(
             "TGS01",
             "not_leader: x",
-            SafeTimeError::NotLeader("not_leader: x".into()),
+            SafeTimeError::NotLeader("x".into()),
         );
         check(
             "42703",
             "column \"x\" does not exist",
             SafeTimeError::Backend("column \"x\" does not exist (SQLSTATE 42703)".into()),
+        );
+    }
+
+    /// Migration 0018's messages (verbatim, with the values a run fills
+    /// in) lose their leading code, which the variant's text and code
+    /// already give; only that variant's exact code and ": " is stripped.
+    #[test]
+    fn migration_messages_lose_their_leading_code_once() {
+        let cases = [
+            (
+                "TGS01",
+                "not_leader: this backend does not hold the safe-time sampler lock",
+                SafeTimeError::NotLeader(
+                    "this backend does not hold the safe-time sampler lock".into(),
+                ),
+            ),
+            (
+                "TGS02",
+                "stale_epoch: epoch 1 is not the current epoch 2",
+                SafeTimeError::StaleEpoch("epoch 1 is not the current epoch 2".into()),
+            ),
+            (
+                "TGS03",
+                "policy_mismatch: the sealed policy is version 2 (digest ab), the sampler \
+                 loaded version 1 (digest cd)",
+                SafeTimeError::PolicyMismatch(
+                    "the sealed policy is version 2 (digest ab), the sampler loaded version 1 \
+                     (digest cd)"
+                        .into(),
+                ),
+            ),
+            (
+                "TGS04",
+                "sampler_running: stop every safe-time sampler before changing the horizon policy",
+                SafeTimeError::SamplerRunning(
+                    "stop every safe-time sampler before changing the horizon policy".into(),
+                ),
+            ),
+            (
+                "TGS05",
+                "invalid_proposal: (1, 1000) is not an instant pair",
+                SafeTimeError::InvalidProposal("(1, 1000) is not an instant pair".into()),
+            ),
+            (
+                "TGS06",
+                "quarantine_refused: 00:00:01.5 of database time since the proof began is \
+                 less than the 3000 ms horizon",
+                SafeTimeError::QuarantineRefused(
+                    "00:00:01.5 of database time since the proof began is less than the 3000 \
+                     ms horizon"
+                        .into(),
+                ),
+            ),
+            (
+                "TGS07",
+                "horizon_below_policy: horizon 1000 ms must be positive and cover max_ttl + \
+                 reclaim_grace (3630000.000000000000000000000000 ms)",
+                SafeTimeError::HorizonBelowPolicy(
+                    "horizon 1000 ms must be positive and cover max_ttl + reclaim_grace \
+                     (3630000 ms)"
+                        .into(),
+                ),
+            ),
+            (
+                "TGS08",
+                "no_claim: no epoch has been claimed",
+                SafeTimeError::NoClaim("no epoch has been claimed".into()),
+            ),
+            // Another code, no space, or no prefix at all: left as sent.
+            (
+                "TGS01",
+                "stale_epoch: x",
+                SafeTimeError::NotLeader("stale_epoch: x".into()),
+            ),
+            (
+                "TGS04",
+                "sampler_running:x",
+                SafeTimeError::SamplerRunning("sampler_running:x".into()),
+            ),
+            (
+                "TGS04",
+                "sampler_running",
+                SafeTimeError::SamplerRunning("sampler_running".into()),
+            ),
+            (
+                "TGS04",
+                "x sampler_running: y",
+                SafeTimeError::SamplerRunning("x sampler_running: y".into()),
+            ),
+            // Stripped once.
+            (
+                "TGS08",
+                "no_claim: no_claim: z",
+                SafeTimeError::NoClaim("no_claim: z".into()),
+            ),
+        ];
+        for (sqlstate, message, expected) in cases {
+            check(sqlstate, message, expected);
+        }
+        assert_eq!(
+            SafeTimeError::from(sqlx::Error::Database(Box::new(Db(
+                "TGS04",
+                "sampler_running: stop every safe-time sampler before changing the horizon policy"
+            ))))
+            .to_string(),
+            "a safe-time sampler is running: stop every safe-time sampler before changing the \
+             horizon policy"
+        );
+    }
+
+    /// Trailing zeros of a decimal directly followed by " ms" go (the
+    /// value is unchanged); integers and other numbers stay.
+    #[test]
+    fn trailing_zeros_of_milliseconds_are_trimmed() {
+        for (message, expected) in [
+            ("(3630000.000000000000000000000000 ms)", "(3630000 ms)"),
+            ("(65000.000001000000000000 ms)", "(65000.000001 ms)"),
+            ("0.0 ms", "0 ms"),
+            ("0.50 ms and 2.0 ms", "0.5 ms and 2 ms"),
+            ("horizon 1000 ms", "horizon 1000 ms"),
+            ("100 ms", "100 ms"),
+            ("1.000 s, 2.000", "1.000 s, 2.000"),
+            ("v1.000 ms", "v1 ms"),
+            ("x.000 ms", "x.000 ms"),
+            (".000 ms", ".000 ms"),
+            ("1.000ms", "1.000ms"),
+            (" ms", " ms"),
+            ("", ""),
+        ] {
+            assert_eq!(trim_ms_decimals(message), expected, "{message:?}");
+        }
+    }
+
+    /// Only postgres:// and postgresql:// (in any case) get to sqlx; the
+    /// refusal repeats nothing of the URL.
+    #[test]
+    fn connect_options_refuses_other_schemes() {
+        for url in [
+            "postgres://u:pw@h/db",
+            "postgresql://u:pw@h:5433/db",
+            "POSTGRES://u:pw@h/db",
+            "PostgreSQL://h/db",
+        ] {
+            assert!(connect_options(url).is_ok(), "{url}");
+        }
+        for url in [
+            "mysql://u:s3cret@h/db",
+            "postgre://u:s3cret@h/db",
+            "postgres:/u:s3cret@h/db",
+            "u:s3cret@h/db",
+            " postgres://u:s3cret@h/db",
+            "",
+        ] {
+            let e = connect_options(url).unwrap_err();
+            assert_eq!(
+                (e.code(), e.to_string()),
+                (
+                    "invalid_url",
+                    "invalid database URL: the URL must start with postgres:// or \
+                     postgresql:// (the URL is not repeated here)"
+                        .to_owned()
+                ),
+                "{url:?}"
+            );
+        }
+        let e = connect_options("postgres://u:s3cret@[bad").unwrap_err();
+        assert_eq!(
+            (e.code(), e.to_string().contains("s3cret")),
+            ("invalid_url", false)
+        );
+    }
+
+    #[test]
+    fn the_hint_is_the_end_of_the_message_and_can_be_left_out() {
+        let schema = SafeTimeError::SchemaMissing("m".into());
+        assert_eq!(schema.without_hint(), "the safe-time schema is missing: m");
+        assert_eq!(
+            schema.hint(),
+            Some(
+                "run `tollgate migrate` against this database (migration 0018 creates the \
+                 safe-time tables and functions)"
+            )
+        );
+        let denied = SafeTimeError::PermissionDenied("m".into());
+        assert_eq!(denied.without_hint(), "permission denied: m");
+        for e in [schema, denied] {
+            assert_eq!(
+                format!("{}; {}", e.without_hint(), e.hint().unwrap()),
+                e.to_string()
+            );
+        }
+        let other = SafeTimeError::NoClaim("m".into());
+        assert_eq!(
+            (other.hint(), other.without_hint()),
+            (None, "no epoch claimed yet: m".to_owned())
         );
     }
 

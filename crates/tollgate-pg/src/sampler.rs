@@ -140,11 +140,11 @@ impl Sampler {
     /// A sampler for the database at `url`.
     ///
     /// # Errors
-    /// [`SafeTimeError::InvalidUrl`] if `url` does not parse (the message
-    /// does not repeat the URL).
+    /// [`SafeTimeError::InvalidUrl`] if `url` is not a PostgreSQL URL or
+    /// does not parse ([`safe_time::connect_options`]; the message does
+    /// not repeat the URL).
     pub fn new(url: &str, options: SamplerOptions) -> Result<Sampler, SafeTimeError> {
-        let connect: PgConnectOptions = url.parse().map_err(SafeTimeError::from)?;
-        let connect = connect.application_name(SAMPLER_APPLICATION_NAME);
+        let connect = safe_time::connect_options(url)?.application_name(SAMPLER_APPLICATION_NAME);
         Ok(Sampler {
             connect,
             options,
@@ -271,11 +271,12 @@ impl Sampler {
                 TermEnd::NeverWon { step, error } => {
                     // Not a loss: this term never led. Retrying at the
                     // standby poll would log a failure twice a second for
-                    // as long as the misconfiguration lasts.
+                    // as long as the misconfiguration lasts. The hint is
+                    // its own field, so the error is logged without it.
                     tracing::error!(
                         code = error.code(),
                         step,
-                        error = %error,
+                        error = %error.without_hint(),
                         hint = never_won_hint(&error),
                         backoff = ?not_won_backoff,
                         "cannot take safe-time leadership; connection dropped, retrying"
@@ -461,14 +462,12 @@ impl Sampler {
     }
 }
 
-/// What an operator can do about a term that never won, by its code.
+/// What an operator can do about a term that never won, by its code: the
+/// error's own [`SafeTimeError::hint`] where it has one.
 fn never_won_hint(e: &SafeTimeError) -> &'static str {
     match e {
-        SafeTimeError::SchemaMissing(_) => {
-            "run `tollgate migrate` against this database (migration 0018 creates the safe-time schema)"
-        }
-        SafeTimeError::PermissionDenied(_) => {
-            "grant role tollgate_sampler to the sampler's login role (see README)"
+        SafeTimeError::SchemaMissing(_) | SafeTimeError::PermissionDenied(_) => {
+            e.hint().unwrap_or("see the error; retrying with back-off")
         }
         SafeTimeError::NotLeader(_) => {
             "the lock was gone at the claim: connect directly or through session pooling, not transaction pooling"

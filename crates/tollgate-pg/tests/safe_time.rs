@@ -328,6 +328,12 @@ async fn horizon_changes_need_a_stopped_sampler_evidence_and_a_successor_epoch()
         .await
         .unwrap_err();
     assert_eq!(err.code(), "sampler_running");
+    // The code is said once (the database's message starts with it).
+    assert_eq!(
+        err.to_string(),
+        "a safe-time sampler is running: stop every safe-time sampler before changing the \
+         horizon policy"
+    );
     drop(l);
     // Wait (bounded) for the server to end the dropped session.
     for _ in 0..100 {
@@ -344,6 +350,12 @@ async fn horizon_changes_need_a_stopped_sampler_evidence_and_a_successor_epoch()
         .await
         .unwrap_err();
     assert_eq!(err.code(), "horizon_below_policy");
+    // The database's numeric (65000.0000...) reads as the number it is.
+    assert_eq!(
+        err.to_string(),
+        "horizon below the grant policy: horizon 64999 ms must be positive and cover max_ttl + \
+         reclaim_grace (65000 ms)"
+    );
     let p2 = safe_time::seal_policy(&mut owner, 65_000, "ops")
         .await
         .unwrap();

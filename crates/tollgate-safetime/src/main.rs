@@ -14,10 +14,23 @@
 //! transaction and statement pooling are unsupported, and the per-sample
 //! PID and lock checks end leadership if a statement reaches another
 //! backend. Exit status: 0 after a clean shutdown, 2 for bad arguments
-//! (including a database URL that does not parse, code `invalid_url`), 1
-//! for any other failure (with a message naming its stable code, e.g.
+//! (a value out of its bounds, below; a database URL that does not parse
+//! or whose scheme is not `postgres://` or `postgresql://`, code
+//! `invalid_url`, checked before connecting and never echoed), 1 for any
+//! other failure (with a message naming its stable code, e.g.
 //! `schema_missing` for a database without migration 0018, or
 //! `permission_denied` for a role without the grants of `tollgate_sampler`).
+//!
+//! Bounds, all checked before connecting (exit 2, the value in the
+//! message, durations in ISO 8601): `--gap-max` positive and at most one
+//! hour (`GAP_MAX_MAX`; for `run` and `status` alike); `--interval` and
+//! `--round-trip-max` positive and below `--gap-max`; `--recovery-grace`
+//! 0 to one hour; `--stable-observations` 1..=10000; `--drift-ppm` at most
+//! 100000; `--standby-poll` positive; `evidence --limit` 1..=1000;
+//! `policy seal --horizon-ms` positive. A negative value is the value of
+//! its flag, not another flag: `--interval -1s` is refused as "interval
+//! must be positive, got -PT1S" (`run` names a setting as
+//! `SafeTimeConfig` does, e.g. `gap_max`).
 //! A `run` that cannot take leadership because of such a misconfiguration
 //! does not exit: it logs "cannot take safe-time leadership" with the code
 //! and retries with back-off (up to 5 s), so it starts leading once the
@@ -30,14 +43,14 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use jiff::SignedDuration;
-use sqlx::postgres::PgConnectOptions;
 use sqlx::{Connection, PgConnection};
 use tokio::sync::watch;
 use tollgate::safe_time::{
     DEFAULT_DRIFT_PPM, DEFAULT_GAP_MAX, DEFAULT_RECOVERY_GRACE, DEFAULT_ROUND_TRIP_MAX,
-    DEFAULT_SAMPLE_INTERVAL, DEFAULT_STABLE_OBSERVATIONS_MIN, SafeTimeConfig, judge_reading,
+    DEFAULT_SAMPLE_INTERVAL, DEFAULT_STABLE_OBSERVATIONS_MIN, GAP_MAX_MAX, SafeTimeConfig,
+    judge_reading,
 };
-use tollgate_pg::safe_time::{self, SafeTimeError};
+use tollgate_pg::safe_time::{self, EVIDENCE_MAX, SafeTimeError};
 use tollgate_pg::sampler::{DEFAULT_RECONNECT_MAX, DEFAULT_STANDBY_POLL, Sampler, SamplerOptions};
 
 #[derive(Debug, Parser)]
@@ -78,9 +91,14 @@ enum Command {
     /// republished within `--gap-max` (database time since its last
     /// publish) is `stale`; `published_reason` is what the publisher said.
     Status {
-        /// Sampling-gap bound to judge staleness by; give the service's
-        /// `--safetime-gap-max` (the same default).
-        #[arg(long, env = "TOLLGATE_SAFETIME_GAP_MAX", default_value_t = DEFAULT_GAP_MAX)]
+        /// Sampling-gap bound to judge staleness by, at most one hour; give
+        /// the service's `--safetime-gap-max` (the same default and cap).
+        #[arg(
+            long,
+            env = "TOLLGATE_SAFETIME_GAP_MAX",
+            default_value_t = DEFAULT_GAP_MAX,
+            allow_hyphen_values = true,
+        )]
         gap_max: SignedDuration,
     },
     /// Show or seal the maximum-deadline horizon policy.
@@ -88,8 +106,8 @@ enum Command {
     Policy(PolicyCommand),
     /// Print the immutable evidence rows as JSON lines (oldest first).
     Evidence {
-        /// At most this many rows (capped at 1000).
-        #[arg(long, default_value_t = 100)]
+        /// At most this many rows, 1..=1000.
+        #[arg(long, default_value_t = 100, allow_negative_numbers = true)]
         limit: i64,
     },
 }
@@ -113,26 +131,64 @@ enum PolicyCommand {
 
 #[derive(Debug, clap::Args)]
 struct RunArgs {
-    /// Interval between samples (e.g. `1s`, `250ms`, `PT1S`).
-    #[arg(long, env = "TOLLGATE_SAFETIME_INTERVAL", default_value_t = DEFAULT_SAMPLE_INTERVAL)]
+    /// Interval between samples (e.g. `1s`, `250ms`, `PT1S`; below `--gap-max`).
+    #[arg(
+        long,
+        env = "TOLLGATE_SAFETIME_INTERVAL",
+        default_value_t = DEFAULT_SAMPLE_INTERVAL,
+        allow_hyphen_values = true,
+    )]
     interval: SignedDuration,
     /// Drift allowance between database and monotonic time, parts per million.
-    #[arg(long, env = "TOLLGATE_SAFETIME_DRIFT_PPM", default_value_t = DEFAULT_DRIFT_PPM)]
+    #[arg(
+        long,
+        env = "TOLLGATE_SAFETIME_DRIFT_PPM",
+        default_value_t = DEFAULT_DRIFT_PPM,
+        allow_negative_numbers = true,
+    )]
     drift_ppm: u32,
-    /// Sampling-gap bound: a longer gap between samples makes the cut uncertain.
-    #[arg(long, env = "TOLLGATE_SAFETIME_GAP_MAX", default_value_t = DEFAULT_GAP_MAX)]
+    /// Sampling-gap bound (at most one hour): a longer gap between samples
+    /// makes the cut uncertain.
+    #[arg(
+        long,
+        env = "TOLLGATE_SAFETIME_GAP_MAX",
+        default_value_t = DEFAULT_GAP_MAX,
+        allow_hyphen_values = true,
+    )]
     gap_max: SignedDuration,
-    /// Longest plausible round trip of one observation.
-    #[arg(long, env = "TOLLGATE_SAFETIME_ROUND_TRIP_MAX", default_value_t = DEFAULT_ROUND_TRIP_MAX)]
+    /// Longest plausible round trip of one observation (below `--gap-max`).
+    #[arg(
+        long,
+        env = "TOLLGATE_SAFETIME_ROUND_TRIP_MAX",
+        default_value_t = DEFAULT_ROUND_TRIP_MAX,
+        allow_hyphen_values = true,
+    )]
     round_trip_max: SignedDuration,
-    /// Consecutive consistent observations needed to become certain again.
-    #[arg(long, env = "TOLLGATE_SAFETIME_STABLE_OBSERVATIONS", default_value_t = DEFAULT_STABLE_OBSERVATIONS_MIN)]
+    /// Consecutive consistent observations needed to become certain again
+    /// (1..=10000).
+    #[arg(
+        long,
+        env = "TOLLGATE_SAFETIME_STABLE_OBSERVATIONS",
+        default_value_t = DEFAULT_STABLE_OBSERVATIONS_MIN,
+        allow_negative_numbers = true,
+    )]
     stable_observations: u32,
-    /// Monotonic time after the last anomaly needed to become certain again.
-    #[arg(long, env = "TOLLGATE_SAFETIME_RECOVERY_GRACE", default_value_t = DEFAULT_RECOVERY_GRACE)]
+    /// Monotonic time after the last anomaly needed to become certain again
+    /// (zero to one hour).
+    #[arg(
+        long,
+        env = "TOLLGATE_SAFETIME_RECOVERY_GRACE",
+        default_value_t = DEFAULT_RECOVERY_GRACE,
+        allow_hyphen_values = true,
+    )]
     recovery_grace: SignedDuration,
     /// Interval between a standby's attempts to take leadership.
-    #[arg(long, env = "TOLLGATE_SAFETIME_STANDBY_POLL", default_value_t = STANDBY_POLL_DEFAULT)]
+    #[arg(
+        long,
+        env = "TOLLGATE_SAFETIME_STANDBY_POLL",
+        default_value_t = STANDBY_POLL_DEFAULT,
+        allow_hyphen_values = true,
+    )]
     standby_poll: SignedDuration,
 }
 
@@ -244,11 +300,12 @@ impl From<SafeTimeError> for Failure {
 /// Connects to `url`.
 ///
 /// # Errors
-/// [`SafeTimeError::InvalidUrl`] (exit 2) if `url` does not parse; what the
+/// [`SafeTimeError::InvalidUrl`] (exit 2) if `url` is not a PostgreSQL URL
+/// or does not parse ([`safe_time::connect_options`]); what the
 /// server refuses keeps its code (`permission_denied`, ...); anything else
 /// is `backend`. No message repeats the URL.
 async fn connect(url: &str) -> Result<PgConnection, Failure> {
-    let options: PgConnectOptions = url.parse().map_err(SafeTimeError::from)?;
+    let options = safe_time::connect_options(url)?;
     PgConnection::connect_with(&options).await.map_err(|e| {
         Failure::SafeTime(match SafeTimeError::from(e) {
             SafeTimeError::Backend(m) => SafeTimeError::Backend(format!("cannot connect: {m}")),
@@ -271,6 +328,14 @@ async fn dispatch(command: Command, url: &str) -> Result<ExitCode, Failure> {
             if gap_max <= SignedDuration::ZERO {
                 return Err(Failure::Usage(format!(
                     "--gap-max must be positive, got {gap_max}"
+                )));
+            }
+            // The sampler's own cap (SafeTimeConfig::new): a larger bound
+            // would call a stopped sampler's cut certain for practically
+            // ever.
+            if gap_max > GAP_MAX_MAX {
+                return Err(Failure::Usage(format!(
+                    "--gap-max must be at most {GAP_MAX_MAX}, got {gap_max}"
                 )));
             }
             let mut c = connect(url).await?;
@@ -337,6 +402,11 @@ async fn dispatch(command: Command, url: &str) -> Result<ExitCode, Failure> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Evidence { limit } => {
+            if !(1..=EVIDENCE_MAX).contains(&limit) {
+                return Err(Failure::Usage(format!(
+                    "--limit must be in 1..={EVIDENCE_MAX}, got {limit}"
+                )));
+            }
             let mut c = connect(url).await?;
             for e in safe_time::evidence(&mut c, limit).await? {
                 let detail: serde_json::Value = serde_json::from_str(&e.detail)

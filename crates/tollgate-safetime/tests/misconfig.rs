@@ -52,14 +52,22 @@ fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
 }
 
 /// The log's "cannot take safe-time leadership" lines, each checked to
-/// carry `code`, `step` and a hint; returns the back-off each one logged.
+/// carry `code`, `step` and its hint exactly once (in `hint=`, not also in
+/// `error=`); returns the back-off each one logged.
 fn never_won_backoffs(log: &str, code: &str, step: &str) -> Vec<String> {
+    let hint = match code {
+        "schema_missing" => "run `tollgate migrate` against this database",
+        "permission_denied" => "GRANT tollgate_sampler TO <role>",
+        other => panic!("no hint known for {other}"),
+    };
     log.lines()
         .filter(|l| l.contains(NEVER_WON))
         .map(|l| {
             assert!(l.contains(&format!("code=\"{code}\"")), "{l}");
             assert!(l.contains(&format!("step=\"{step}\"")), "{l}");
-            assert!(l.contains(" hint="), "{l}");
+            let at = l.find(" hint=\"").unwrap_or_else(|| panic!("no hint: {l}"));
+            assert!(l[at..].contains(hint), "{l}");
+            assert_eq!(l.matches(hint).count(), 1, "{l}");
             field(l, "backoff")
                 .unwrap_or_else(|| panic!("no backoff: {l}"))
                 .to_owned()
@@ -261,4 +269,171 @@ fn a_negative_horizon_is_a_usage_error() {
         )
     );
     assert!(out.stdout.is_empty());
+}
+
+/// Runs `tollgate-safetime <args>` against `url` and checks its exit code
+/// and its whole standard error; it must print nothing on standard output.
+fn check(url: &str, args: &[&str], code: i32, stderr: &str) {
+    let out = safetime(url, args);
+    assert_eq!(
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).trim_end()
+        ),
+        (Some(code), stderr),
+        "{args:?}"
+    );
+    assert!(out.stdout.is_empty(), "{args:?}");
+}
+
+/// No database listens there: every case must be refused before
+/// connecting.
+const NOWHERE: &str = "postgres://nobody@127.0.0.1:1/none";
+
+/// A negative duration or count is the value of its flag (clap does not
+/// take `-1s` for a flag) and reaches the command's own check: exit 2 with
+/// the value in ISO 8601; an unsigned count gets clap's range message.
+#[test]
+fn negative_values_reach_the_checks_and_exit_2() {
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["status", "--gap-max", "-1s"],
+            "tollgate-safetime: --gap-max must be positive, got -PT1S",
+        ),
+        (
+            &["run", "--interval", "-1s"],
+            "tollgate-safetime: interval must be positive, got -PT1S",
+        ),
+        (
+            &["run", "--gap-max", "-1s"],
+            "tollgate-safetime: gap_max must be positive, got -PT1S",
+        ),
+        (
+            &["run", "--round-trip-max", "-PT1S"],
+            "tollgate-safetime: round_trip_max must be positive, got -PT1S",
+        ),
+        (
+            &["run", "--recovery-grace", "-1ns"],
+            "tollgate-safetime: recovery_grace must be positive, got -PT0.000000001S",
+        ),
+        (
+            &["run", "--standby-poll", "-1s"],
+            "tollgate-safetime: --standby-poll must be positive, got -PT1S",
+        ),
+        (
+            &["run", "--drift-ppm", "-1"],
+            "error: invalid value '-1' for '--drift-ppm <DRIFT_PPM>': -1 is not in \
+             0..=4294967295\n\nFor more information, try '--help'.",
+        ),
+        (
+            &["run", "--stable-observations", "-1"],
+            "error: invalid value '-1' for '--stable-observations <STABLE_OBSERVATIONS>': \
+             -1 is not in 0..=4294967295\n\nFor more information, try '--help'.",
+        ),
+        (
+            &["evidence", "--limit", "-5"],
+            "tollgate-safetime: --limit must be in 1..=1000, got -5",
+        ),
+        (
+            &["evidence", "--limit=-5"],
+            "tollgate-safetime: --limit must be in 1..=1000, got -5",
+        ),
+    ];
+    for (args, stderr) in cases {
+        check(NOWHERE, args, 2, stderr);
+    }
+}
+
+/// Every bound is exact and checked before connecting: one past it exits
+/// 2 with the value and the bound (the caps of `SafeTimeConfig::new`:
+/// gap bound and recovery grace at most PT1H, at most 10000 stable
+/// observations; `--limit` in 1..=1000). At the bound, the command goes
+/// on to connect (and fails there, exit 1: nothing listens).
+#[test]
+fn upper_bounds_exit_2_before_connecting() {
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["status", "--gap-max", "PT1H0.000000001S"],
+            "tollgate-safetime: --gap-max must be at most PT1H, got PT1H0.000000001S",
+        ),
+        (
+            &["status", "--gap-max", "1000000000000s"],
+            "tollgate-safetime: --gap-max must be at most PT1H, got PT277777777H46M40S",
+        ),
+        (
+            &["run", "--gap-max", "1000000000000s"],
+            "tollgate-safetime: gap_max must be at most PT1H, got PT277777777H46M40S",
+        ),
+        (
+            &["run", "--recovery-grace", "10000000000000s"],
+            "tollgate-safetime: recovery_grace must be at most PT1H, got PT2777777777H46M40S",
+        ),
+        (
+            &["run", "--stable-observations", "4294967295"],
+            "tollgate-safetime: stable_observations_min must be at most 10000, got 4294967295",
+        ),
+        (
+            &["run", "--stable-observations", "10001"],
+            "tollgate-safetime: stable_observations_min must be at most 10000, got 10001",
+        ),
+        (
+            &["evidence", "--limit", "0"],
+            "tollgate-safetime: --limit must be in 1..=1000, got 0",
+        ),
+        (
+            &["evidence", "--limit", "1001"],
+            "tollgate-safetime: --limit must be in 1..=1000, got 1001",
+        ),
+    ];
+    for (args, stderr) in cases {
+        check(NOWHERE, args, 2, stderr);
+    }
+    for args in [
+        &["status", "--gap-max", "PT1H"][..],
+        &["evidence", "--limit", "1"],
+        &["evidence", "--limit", "1000"],
+    ] {
+        let out = safetime(NOWHERE, args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(
+            err.starts_with("tollgate-safetime: database error: cannot connect: "),
+            "{args:?}: {err}"
+        );
+        assert!(
+            err.trim_end().ends_with("(code backend)"),
+            "{args:?}: {err}"
+        );
+    }
+}
+
+/// A URL of another scheme is `invalid_url` (exit 2) for every command,
+/// before connecting (sqlx alone would read `mysql://` as PostgreSQL
+/// settings, and `run` would retry it for ever); no part of it is echoed.
+#[test]
+fn a_database_url_of_another_scheme_exits_2_with_invalid_url() {
+    let expected = "tollgate-safetime: invalid database URL: the URL must start with \
+                    postgres:// or postgresql:// (the URL is not repeated here) (code invalid_url)";
+    for url in [
+        "mysql://u:s3cret@h/db",
+        "postgre://u:s3cret@h/db",
+        "u:s3cret@h/db",
+    ] {
+        for args in [
+            &["status"][..],
+            &["run"],
+            &["evidence"],
+            &["policy", "show"],
+            &[
+                "policy",
+                "seal",
+                "--horizon-ms",
+                "1000",
+                "--sealed-by",
+                "ops",
+            ],
+        ] {
+            check(url, args, 2, expected);
+        }
+    }
 }
