@@ -21,12 +21,12 @@
 //! violations), 2 invalid usage or configuration.
 
 /// Prints a line on stdout like `println!`, but a closed pipe (`tollgate
-/// audit | head -1`) ends the output quietly instead of panicking.
+/// audit | head -1`) ends the output quietly instead of panicking, and any
+/// other lost output makes the command exit 1 ([`crate::output`]).
 macro_rules! out {
-    ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        let _ = writeln!(std::io::stdout().lock(), $($arg)*);
-    }};
+    ($($arg:tt)*) => {
+        crate::output::print(format_args!($($arg)*))
+    };
 }
 
 use std::path::PathBuf;
@@ -526,12 +526,20 @@ pub async fn main() -> ExitCode {
         _ => "warn",
     };
     init_logging(cli.log_format, level);
-    match run(cli.command).await {
+    let code = match run(cli.command).await {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e}");
             e.exit_code()
         }
+    };
+    match crate::output::failure() {
+        // The result was lost: never exit 0 for it.
+        Some(e) if code == ExitCode::SUCCESS => {
+            eprintln!("error: cannot write the output: {e}");
+            ExitCode::FAILURE
+        }
+        _ => code,
     }
 }
 
@@ -588,9 +596,10 @@ pub async fn run(command: Command) -> Result<ExitCode, CliError> {
         Command::Serve(args) => {
             let cfg = Config::resolve(args.raw())?;
             if args.print_config {
-                use std::io::Write as _;
-                // A closed pipe ends the output quietly (see `out!`).
-                let _ = write!(std::io::stdout().lock(), "{}", cfg.render());
+                // A closed pipe ends the output quietly, a full disk fails
+                // the command (see `out!`).
+                let text = cfg.render();
+                out!("{}", text.trim_end_matches('\n'));
                 return Ok(ExitCode::SUCCESS);
             }
             serve::serve(cfg).await?;

@@ -38,6 +38,7 @@ pub mod config;
 pub mod dto;
 pub mod error;
 pub mod metrics;
+pub mod output;
 pub mod pg;
 pub mod safe_cut;
 pub mod serve;

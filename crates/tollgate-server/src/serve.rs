@@ -105,25 +105,21 @@ pub fn admin_token(cfg: &Config) -> Result<String, ServeError> {
     let t = auth::random_token(auth::ADMIN_TOKEN_PREFIX)
         .map_err(|e| ConfigError(format!("random source: {e}")))?;
     // Printed once on stdout, never logged. A token nobody can see is
-    // useless: a stdout that cannot take it (closed pipe, full disk) stops
+    // useless: a stdout that cannot take it (closed pipe, full disk, or
+    // `/dev/null`, which a descriptor closed at start also becomes) stops
     // the start instead of running with an unknowable token.
-    stdout_line(format_args!("admin token (generated, shown only now): {t}")).map_err(|e| {
+    let shown = if crate::output::discarded() {
+        Err(std::io::Error::other("it goes to /dev/null or was closed"))
+    } else {
+        crate::output::line(format_args!("admin token (generated, shown only now): {t}"))
+    };
+    shown.map_err(|e| {
         ConfigError(format!(
             "cannot show the generated admin token on standard output ({e}); \
              configure one with --admin-token (or TOLLGATE_ADMIN_TOKEN)"
         ))
     })?;
     Ok(t)
-}
-
-/// Writes one line to standard output and flushes it; an error (a reader
-/// that went away, a full disk) is returned instead of the panic of
-/// `println!`.
-fn stdout_line(args: std::fmt::Arguments<'_>) -> std::io::Result<()> {
-    use std::io::Write as _;
-    let mut out = std::io::stdout().lock();
-    writeln!(out, "{args}")?;
-    out.flush()
 }
 
 /// Resolves on the first SIGTERM or SIGINT received after this call.
@@ -200,7 +196,7 @@ pub async fn serve(cfg: Config) -> Result<(), ServeError> {
     tracing::info!(%addr, store = state.backend().ops.kind(), clock = %cfg.clock, "tollgate listening");
     // For scripts that wait for the line; the log above says the same, so
     // a closed stdout (`tollgate serve | head -1`) is not an error.
-    let _ = stdout_line(format_args!("tollgate listening on http://{addr}"));
+    let _ = crate::output::line(format_args!("tollgate listening on http://{addr}"));
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let worker = cfg.reclaim_worker.then(|| {

@@ -120,3 +120,65 @@ fn generated_admin_token_needs_a_stdout() {
     );
     assert!(!stderr.contains("panicked"), "stderr: {stderr}");
 }
+
+/// Runs `tollgate <args>` through `sh` with standard output redirected by
+/// `redirect` (`>&-` closes it, `>/dev/full` fills it).
+fn with_stdout(redirect: &str, args: &[&str]) -> std::process::Output {
+    let mut script = String::from("exec \"$0\"");
+    for i in 1..=args.len() {
+        script.push_str(&format!(" \"${i}\""));
+    }
+    script.push(' ');
+    script.push_str(redirect);
+    Command::new("sh")
+        .arg("-c")
+        .arg(script)
+        .arg(BIN)
+        .args(args)
+        .env_remove("DATABASE_URL")
+        .env_remove("TOLLGATE_DATABASE_URL")
+        .env_remove("TOLLGATE_ADMIN_TOKEN")
+        .output()
+        .expect("run tollgate through sh")
+}
+
+/// Output that cannot be written (a full disk) is an error: exit 1 with the
+/// reason, never 0 with the result lost.
+#[test]
+fn lost_output_exits_1() {
+    let out = with_stdout(
+        ">/dev/full",
+        &[
+            "serve",
+            "--print-config",
+            "--admin-token",
+            "tgadm1.pipe-test-token-0123",
+        ],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("error: cannot write the output: No space left on device"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
+/// A generated admin token whose standard output is closed at start (the
+/// runtime reopens it on `/dev/null`) or is `/dev/null`: refused (exit 2),
+/// not a service running with a token nobody has seen.
+#[test]
+fn generated_admin_token_into_nothing_is_refused() {
+    for redirect in [">&-", ">/dev/null"] {
+        let out = with_stdout(redirect, &["serve", "--listen", "127.0.0.1:0"]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{redirect}: {stderr}");
+        assert!(
+            stderr.contains(
+                "cannot show the generated admin token on standard output \
+                 (it goes to /dev/null or was closed)"
+            ),
+            "{redirect}: {stderr}"
+        );
+    }
+}
