@@ -562,7 +562,7 @@ fn target(ops: &OpsArgs) -> Result<Target, CliError> {
 /// The store for a direct operator command: the capability key does not
 /// matter for status, audit and reclaim, so a random one stands in when no
 /// `--secret-file` is given.
-async fn direct_backend(cfg: &Config) -> Result<Backend, CliError> {
+async fn direct_backend(cfg: &Config, access: pg::Access) -> Result<Backend, CliError> {
     let cfg = &Config {
         migrate_on_start: false,
         ..cfg.clone()
@@ -572,7 +572,9 @@ async fn direct_backend(cfg: &Config) -> Result<Backend, CliError> {
         None => CapabilityKey::generate().map_err(|e| ConfigError(e.to_string()))?,
     };
     if cfg.is_postgres() {
-        return Ok(pg::connect(cfg, key).await.map_err(ServeError::from)?);
+        return Ok(pg::connect_for(cfg, key, access)
+            .await
+            .map_err(ServeError::from)?);
     }
     Ok(serve::build_backend(cfg).await?)
 }
@@ -632,7 +634,7 @@ pub async fn run(command: Command) -> Result<ExitCode, CliError> {
                     from_value(c.call(Method::GET, "v1/admin/status", None, &[]).await?)?
                 }
                 Target::Direct(cfg) => {
-                    let backend = direct_backend(&cfg).await?;
+                    let backend = direct_backend(&cfg, pg::Access::ReadOnly).await?;
                     let (r, counts) = tokio::join!(
                         backend.ops.readiness(),
                         crate::storage::bounded_counts(&*backend.ops)
@@ -686,7 +688,7 @@ pub async fn run(command: Command) -> Result<ExitCode, CliError> {
                     from_value(c.call(Method::GET, "v1/admin/audit", None, &[]).await?)?
                 }
                 Target::Direct(cfg) => {
-                    let backend = direct_backend(&cfg).await?;
+                    let backend = direct_backend(&cfg, pg::Access::ReadOnly).await?;
                     backend
                         .allocator
                         .audit()
@@ -971,7 +973,7 @@ async fn reclaim(args: ReclaimArgs) -> Result<ExitCode, CliError> {
             }
         },
         Target::Direct(cfg) => {
-            let backend = direct_backend(&cfg).await?;
+            let backend = direct_backend(&cfg, pg::Access::ReadWrite).await?;
             let clock: Arc<dyn Clock> = match direct_clock(&cfg, &backend)? {
                 Some(c) => c,
                 None => Arc::new(SystemClock),

@@ -160,6 +160,31 @@ where
 /// [`PgError::NoUrl`]; [`PgError::Storage`] with the store's error
 /// (`policy_mismatch`, unknown or pending migrations, unreachable).
 pub async fn connect(cfg: &Config, key: CapabilityKey) -> Result<Backend, PgError> {
+    connect_for(cfg, key, Access::ReadWrite).await
+}
+
+/// What a process opening the store will do with it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// Serves, reclaims or otherwise writes time-dependent state: on a
+    /// database on the safe expiry cut it must run on the cut.
+    ReadWrite,
+    /// Only reads (`tollgate status`, `tollgate audit` run directly): no
+    /// clock decides anything, so any clock may open it.
+    ReadOnly,
+}
+
+/// [`connect`] for a process whose [`Access`] is given: a
+/// [`Access::ReadOnly`] one skips the rule that a database on the cut
+/// needs `--clock safe-cut` (nothing it does depends on time).
+///
+/// # Errors
+/// As [`connect`].
+pub async fn connect_for(
+    cfg: &Config,
+    key: CapabilityKey,
+    access: Access,
+) -> Result<Backend, PgError> {
     let url = cfg.database_url.as_deref().ok_or(PgError::NoUrl)?;
     if cfg.migrate_on_start {
         let report = with_wait(|| tollgate_pg::migrate(url))
@@ -169,7 +194,7 @@ pub async fn connect(cfg: &Config, key: CapabilityKey) -> Result<Backend, PgErro
             tracing::info!(applied = ?report.applied, to = ?report.to_version, "migrations applied");
         }
     }
-    if cfg.clock != ClockKind::SafeCut {
+    if cfg.clock != ClockKind::SafeCut && access == Access::ReadWrite {
         // Once a sampler has claimed, every process must be on the cut: a
         // system (or test) clock ahead of it would reclaim early.
         let pool = open_pool(url).await?;

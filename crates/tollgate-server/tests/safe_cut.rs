@@ -696,6 +696,16 @@ async fn other_clocks_refuse_a_database_on_the_cut() {
                  --clock safe-cut"
             )
         );
+        // A read-only process (a direct `tollgate status` or `audit`)
+        // decides nothing by its clock: it may open the database.
+        let backend =
+            tollgate_server::pg::connect_for(&cfg, key(), tollgate_server::pg::Access::ReadOnly)
+                .await
+                .expect("read-only access on any clock");
+        assert_eq!(
+            backend.ops.counts().await.expect("counts"),
+            tollgate_server::storage::StatusCounts::default()
+        );
     }
     conn.close().await.expect("close");
 }
