@@ -208,8 +208,8 @@ impl PostgresStore {
 
 fn policy_mismatch(recorded: GrantPolicy, configured: GrantPolicy) -> StorageError {
     StorageError::PolicyMismatch(format!(
-        "the database records max_ttl {:#?} and reclaim_grace {:#?}, but this process is \
-         configured with max_ttl {:#?} and reclaim_grace {:#?}; every process sharing these \
+        "the database records max_ttl {} and reclaim_grace {}, but this process is \
+         configured with max_ttl {} and reclaim_grace {}; every process sharing these \
          grants must apply the same policy: change the recorded one only with the explicit \
          policy command",
         recorded.max_ttl(),
@@ -1054,10 +1054,11 @@ mod tests {
         let configured = GrantPolicy::new(SignedDuration::new(0, 1), SignedDuration::ZERO).unwrap();
         assert_eq!(
             policy_mismatch(recorded, configured).to_string(),
-            "the database records max_ttl 60s and reclaim_grace 9223372036854775807s \
-             999999999ns, but this process is configured with max_ttl 1ns and reclaim_grace \
-             0s; every process sharing these grants must apply the same policy: change the \
-             recorded one only with the explicit policy command"
+            "the database records max_ttl PT1M and reclaim_grace \
+             PT2562047788015215H30M7.999999999S, but this process is configured with max_ttl \
+             PT0.000000001S and reclaim_grace PT0S; every process sharing these grants must \
+             apply the same policy: change the recorded one only with the explicit policy \
+             command"
         );
     }
 }

@@ -40,8 +40,8 @@ async fn first_start_records_later_starts_must_match_and_changes_are_recorded() 
     assert_eq!(
         err,
         StorageError::PolicyMismatch(
-            "the database records max_ttl 60s and reclaim_grace 5s, but this process is \
-             configured with max_ttl 60s and reclaim_grace 5s 1ns; every process sharing \
+            "the database records max_ttl PT1M and reclaim_grace PT5S, but this process is \
+             configured with max_ttl PT1M and reclaim_grace PT5.000000001S; every process sharing \
              these grants must apply the same policy: change the recorded one only with the \
              explicit policy command"
                 .into()
@@ -52,7 +52,13 @@ async fn first_start_records_later_starts_must_match_and_changes_are_recorded() 
         .await
         .unwrap_err();
     assert_eq!(err.code(), "policy_mismatch");
-    assert!(err.to_string().contains("max_ttl 60s") && err.to_string().contains("max_ttl 999ns"));
+    assert!(
+        err.to_string().contains("records max_ttl PT1M")
+            && err
+                .to_string()
+                .contains("configured with max_ttl PT0.000000999S"),
+        "{err}"
+    );
 
     // A lease of the running store becomes due under p1.
     let t0: Timestamp = "2026-11-29T12:00:00Z".parse().unwrap();

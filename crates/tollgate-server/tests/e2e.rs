@@ -1159,8 +1159,8 @@ fn postgres_policy_show_and_set() {
         err,
         "error: 500 policy_mismatch: the storage backend failed; the operation changed nothing\n"
     );
-    let mismatch = "the database records max_ttl 60s and reclaim_grace 7s 500000000ns, but this \
-                    process is configured with max_ttl 60s and reclaim_grace 5s";
+    let mismatch = "the database records max_ttl PT1M and reclaim_grace PT7.5S, but this \
+                    process is configured with max_ttl PT1M and reclaim_grace PT5S";
     let log = std::fs::read_to_string(&srv.stderr_path).expect("server log");
     assert!(log.contains(mismatch), "{log}");
     srv.stop();
