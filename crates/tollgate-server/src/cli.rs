@@ -504,18 +504,51 @@ fn print_json(v: &impl serde::Serialize) {
 /// Initialises logging on stderr. Level from `TOLLGATE_LOG` (tracing
 /// targets syntax), default `default_level`.
 pub fn init_logging(format: LogFormat, default_level: &str) {
+    use std::io::IsTerminal as _;
     use tracing_subscriber::filter::Targets;
     use tracing_subscriber::prelude::*;
     let spec = std::env::var("TOLLGATE_LOG").unwrap_or_else(|_| default_level.to_string());
-    let filter: Targets = spec
-        .parse()
-        .unwrap_or_else(|_| Targets::new().with_default(tracing::Level::INFO));
+    let filter = log_filter(&spec).unwrap_or_else(|| {
+        eprintln!(
+            "warning: TOLLGATE_LOG={spec:?} is neither a level (error, warn, info, debug, \
+             trace, off) nor target=level directives; logging at {default_level}"
+        );
+        log_filter(default_level)
+            .unwrap_or_else(|| Targets::new().with_default(tracing::Level::INFO))
+    });
     let registry = tracing_subscriber::registry().with(filter);
-    let layer = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    // Colour only for a terminal: a log file or journal gets plain text.
+    let layer = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal());
     let _ = match format {
         LogFormat::Human => registry.with(layer).try_init(),
         LogFormat::Json => registry.with(layer.json()).try_init(),
     };
+}
+
+/// The filter for a `TOLLGATE_LOG` value: a bare level (`warn`), or
+/// comma-separated `target=level` directives, optionally with a bare
+/// default level among them (`info,tollgate_pg=debug`). `None` for
+/// anything else, such as a bare word that is not a level, which the
+/// directive syntax would read as "only target `word`" and so silence
+/// every log.
+fn log_filter(spec: &str) -> Option<tracing_subscriber::filter::Targets> {
+    const LEVELS: [&str; 6] = ["error", "warn", "info", "debug", "trace", "off"];
+    let valid = !spec.trim().is_empty()
+        && spec.split(',').all(|d| {
+            let d = d.trim();
+            match d.split_once('=') {
+                Some((target, level)) => {
+                    !target.is_empty() && LEVELS.contains(&level.to_ascii_lowercase().as_str())
+                }
+                None => LEVELS.contains(&d.to_ascii_lowercase().as_str()),
+            }
+        });
+    if !valid {
+        return None;
+    }
+    spec.parse().ok()
 }
 
 /// Parses the command line and runs it.

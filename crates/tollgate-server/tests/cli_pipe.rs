@@ -94,6 +94,8 @@ fn serve_with_a_closed_stdout_keeps_serving() {
     }
     assert_eq!(status.code(), Some(0), "{seen}");
     assert!(!seen.contains("panicked"), "{seen}");
+    // Standard error is a pipe, not a terminal: no colour codes.
+    assert!(!seen.contains('\u{1b}'), "{seen:?}");
 }
 
 /// With no configured admin token the memory store generates one and
@@ -180,5 +182,43 @@ fn generated_admin_token_into_nothing_is_refused() {
             ),
             "{redirect}: {stderr}"
         );
+    }
+}
+
+/// A `TOLLGATE_LOG` that is neither a level nor `target=level` directives
+/// (a bare word would silence every log) is reported and replaced by the
+/// default level; valid values pass without a word.
+#[test]
+fn unusable_log_filter_is_reported() {
+    let run = |value: &str| {
+        Command::new(BIN)
+            .args([
+                "serve",
+                "--print-config",
+                "--admin-token",
+                "tgadm1.pipe-test-token-0123",
+            ])
+            .env_remove("DATABASE_URL")
+            .env_remove("TOLLGATE_DATABASE_URL")
+            .env("TOLLGATE_LOG", value)
+            .output()
+            .expect("run tollgate")
+    };
+    let out = run("garbage");
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        "warning: TOLLGATE_LOG=\"garbage\" is neither a level (error, warn, info, debug, \
+         trace, off) nor target=level directives; logging at info\n"
+    );
+    for ok in [
+        "debug",
+        "WARN",
+        "info,tollgate_pg=debug",
+        "tower_http=trace",
+    ] {
+        let out = run(ok);
+        assert_eq!(out.status.code(), Some(0), "{ok}");
+        assert_eq!(String::from_utf8_lossy(&out.stderr), "", "{ok}");
     }
 }
