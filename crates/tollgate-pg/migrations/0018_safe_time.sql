@@ -23,6 +23,8 @@
 --                              does not fit the sealed horizon, once safe
 --                              time is in use (a sampler has claimed, or a
 --                              horizon was sealed)
+--   TGS10 clock_not_safe_cut   a lease write from a session that does not
+--                              run on the cut, once a sampler has claimed
 
 -- Owner-sealed maximum-deadline horizon, one immutable row per version.
 -- The digest is the hex SHA-256 of the canonical text
@@ -391,6 +393,32 @@ END $$;
 CREATE TRIGGER tollgate_policy_within_horizon
     BEFORE INSERT OR UPDATE ON tollgate_policy
     FOR EACH ROW EXECUTE FUNCTION tollgate_policy_within_horizon();
+
+-- Once a sampler has claimed (the cut row exists), leases are timed by the
+-- cut: a process on any other clock (system, test) would grant, renew and,
+-- worse, reclaim by its own time, ahead of the cut. A process checks this
+-- when it starts, but one already running when the first claim happens
+-- would go on. So the database refuses every lease write from a session
+-- that has not declared `SET tollgate.clock = 'safe-cut'` (the store does,
+-- on every connection, when it runs on the cut). Statement-level, so one
+-- check per statement; the write's ROW EXCLUSIVE lock conflicts with the
+-- first claim's SHARE lock on tollgate_leases, so a write either commits
+-- before the claim takes its inventory or runs this check after the claim
+-- committed (each query of a volatile function sees a new snapshot).
+CREATE FUNCTION tollgate_leases_on_cut() RETURNS trigger
+LANGUAGE plpgsql VOLATILE SET search_path FROM CURRENT AS $$
+BEGIN
+    IF current_setting('tollgate.clock', true) IS DISTINCT FROM 'safe-cut'
+       AND EXISTS (SELECT 1 FROM tollgate_safetime) THEN
+        RAISE EXCEPTION 'clock_not_safe_cut: this database''s leases are timed by the safe expiry cut (a safe-time sampler has claimed an epoch), but this process does not run on it; restart it with --clock safe-cut'
+            USING ERRCODE = 'TGS10';
+    END IF;
+    RETURN NULL;
+END $$;
+
+CREATE TRIGGER tollgate_leases_on_cut
+    BEFORE INSERT OR UPDATE OR DELETE ON tollgate_leases
+    FOR EACH STATEMENT EXECUTE FUNCTION tollgate_leases_on_cut();
 
 -- The sampler role: it may observe, claim and publish, read the cut and the
 -- policy, and nothing else that writes. Roles are cluster-wide, so it is

@@ -78,7 +78,10 @@ pub(crate) fn map_sqlx_error(e: sqlx::Error) -> StorageError {
         sqlx::Error::Database(db) => {
             let code = db.code().map(|c| c.into_owned()).unwrap_or_default();
             let message = format!("{} (SQLSTATE {code})", db.message());
-            if is_connection_state(&code) {
+            // TGS10: the database is on the safe expiry cut and this
+            // session is not (migration 0018's lease trigger); nothing
+            // was written, and only a restart on the cut helps.
+            if is_connection_state(&code) || code == "TGS10" {
                 StorageError::Unavailable { message }
             } else {
                 StorageError::Backend { message }

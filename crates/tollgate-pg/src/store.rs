@@ -58,6 +58,14 @@ pub struct StoreOptions {
     /// to open) before failing with [`StorageError::Unavailable`]
     /// (default 10 s).
     pub acquire_timeout: Duration,
+    /// This process takes its time from the safe expiry cut (`--clock
+    /// safe-cut`): every connection declares it (`SET tollgate.clock =
+    /// 'safe-cut'`). Once a safe-time sampler has claimed an epoch, the
+    /// database refuses lease writes from any session that does not
+    /// (SQLSTATE TGS10, [`StorageError::Unavailable`]), so a process on
+    /// another clock, even one started before the first claim, can never
+    /// reclaim, grant or renew by its own clock (default `false`).
+    pub on_safe_cut: bool,
 }
 
 impl Default for StoreOptions {
@@ -65,6 +73,7 @@ impl Default for StoreOptions {
         StoreOptions {
             max_connections: 10,
             acquire_timeout: Duration::from_secs(10),
+            on_safe_cut: false,
         }
     }
 }
@@ -119,9 +128,22 @@ impl PostgresStore {
         let connect = PgConnectOptions::from_str(url).map_err(|_| StorageError::Backend {
             message: "invalid database url".into(),
         })?;
+        let on_safe_cut = options.on_safe_cut;
         let pool = PgPoolOptions::new()
             .max_connections(options.max_connections)
             .acquire_timeout(options.acquire_timeout)
+            .after_connect(move |conn, _meta| {
+                Box::pin(async move {
+                    if on_safe_cut {
+                        // Unnamed simple statement; the value is a literal.
+                        sqlx::query("SET tollgate.clock = 'safe-cut'")
+                            .persistent(false)
+                            .execute(conn)
+                            .await?;
+                    }
+                    Ok(())
+                })
+            })
             .connect_with(connect)
             .await
             .map_err(map_sqlx_error)?;

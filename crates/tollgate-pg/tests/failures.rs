@@ -352,6 +352,7 @@ async fn unreachable_database_is_unavailable_without_leaking_the_url() {
     let options = StoreOptions {
         max_connections: 1,
         acquire_timeout: Duration::from_secs(2),
+        on_safe_cut: false,
     };
     let err = PostgresStore::connect_with(url, policy(), support::test_key(), options)
         .await

@@ -44,6 +44,7 @@ async fn data_and_capabilities_survive_restart_and_crash() {
     let options = StoreOptions {
         max_connections: 2,
         acquire_timeout: Duration::from_secs(3),
+        on_safe_cut: false,
     };
     let key = support::test_key();
     let s = PostgresStore::connect_with(db.url(), policy, key.clone(), options)

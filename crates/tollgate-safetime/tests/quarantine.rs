@@ -24,10 +24,10 @@ async fn quarantine(major: u32) {
     // clock granted it): the installation holds deadline-bearing authority.
     let policy =
         GrantPolicy::new(SignedDuration::from_secs(1), SignedDuration::from_secs(1)).unwrap();
-    let store =
-        tollgate_pg::PostgresStore::connect(db.url(), policy, CapabilityKey::generate().unwrap())
-            .await
-            .unwrap();
+    let key = CapabilityKey::generate().unwrap();
+    let store = tollgate_pg::PostgresStore::connect(db.url(), policy, key.clone())
+        .await
+        .unwrap();
     let t0 = Timestamp::now();
     let a = tollgate::testkit::new_account(&store, "q", 10, t0).await;
     let g = tollgate::testkit::acquire(&store, a, 4, SignedDuration::from_secs(1), t0).await;
@@ -103,7 +103,27 @@ async fn quarantine(major: u32) {
     // The lease granted before the quarantine is long past its deadline in
     // the cleared cut's terms, so a reclaim settles it.
     let cut = w.read().await.unwrap().cut;
-    let report = store.reclaim(cut, 100).await.unwrap();
+    // The store that granted it, opened before any sampler ran and not on
+    // the cut, may no longer write leases at all: the database refuses
+    // (migration 0018's lease trigger, TGS10), whatever instant it brings.
+    let err = store.reclaim(cut, 100).await.unwrap_err();
+    assert_eq!(err.code(), "storage_unavailable");
+    assert!(
+        err.to_string().contains("clock_not_safe_cut") && err.to_string().contains("TGS10"),
+        "{err}"
+    );
+    let on_cut = tollgate_pg::PostgresStore::connect_with(
+        db.url(),
+        policy,
+        key,
+        tollgate_pg::StoreOptions {
+            on_safe_cut: true,
+            ..tollgate_pg::StoreOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    let report = on_cut.reclaim(cut, 100).await.unwrap();
     assert_eq!(report.reclaimed, vec![g.lease_id]);
     assert_eq!(second.terminate(), Some(0));
 }

@@ -194,10 +194,18 @@ fn lease_id(g: &Value) -> i64 {
 async fn service_on(url: &str) -> Service {
     let policy =
         GrantPolicy::new(SignedDuration::from_secs(60), SignedDuration::from_secs(1)).unwrap();
-    let store =
-        tollgate_pg::PostgresStore::connect(url, policy, CapabilityKey::generate().unwrap())
-            .await
-            .unwrap();
+    let options = tollgate_pg::StoreOptions {
+        on_safe_cut: true,
+        ..tollgate_pg::StoreOptions::default()
+    };
+    let store = tollgate_pg::PostgresStore::connect_with(
+        url,
+        policy,
+        CapabilityKey::generate().unwrap(),
+        options,
+    )
+    .await
+    .unwrap();
     let backend = tollgate_server::pg::backend(Arc::new(store));
     let pool = backend.ops.pg_pool().expect("pool").clone();
     let clock = Arc::new(SafeCutClock::new(pool, SignedDuration::from_secs(2)));

@@ -227,7 +227,11 @@ pub async fn connect_for(
             "the sealed safe-time horizon covers max_ttl + reclaim_grace"
         );
     }
-    let store = with_wait(|| PostgresStore::connect(url, cfg.policy, key.clone()))
+    let options = tollgate_pg::StoreOptions {
+        on_safe_cut: cfg.clock == ClockKind::SafeCut,
+        ..tollgate_pg::StoreOptions::default()
+    };
+    let store = with_wait(|| PostgresStore::connect_with(url, cfg.policy, key.clone(), options))
         .await
         .map_err(ctx("opening the PostgreSQL store"))?;
     Ok(backend(Arc::new(store)))

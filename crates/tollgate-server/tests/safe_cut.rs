@@ -50,7 +50,7 @@ impl Cut {
             &url,
             default_policy(),
             CapabilityKey::new(&PG_KEY).expect("key"),
-            PG_OPTIONS,
+            PG_OPTIONS_ON_CUT,
         )
         .await
         .expect("store");
@@ -707,6 +707,80 @@ async fn other_clocks_refuse_a_database_on_the_cut() {
             tollgate_server::storage::StatusCounts::default()
         );
     }
+    conn.close().await.expect("close");
+}
+
+/// A process on another clock that was already running when the first
+/// sampler claimed (the start-up check passed, so nothing stopped it) can
+/// no longer write leases: the database refuses every lease write from a
+/// session not declared on the cut (TGS10), so it cannot grant, release
+/// or, above all, reclaim by its own clock. It answers 503
+/// `storage_unavailable` with the reason, and nothing changes. Found by a
+/// new user, whose system-clock service reclaimed a lease 16 s before the
+/// cut reached its expiry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_process_on_another_clock_cannot_write_leases_after_the_first_claim() {
+    let url = fresh_pg_url().await;
+    tollgate_pg::migrate(&url).await.expect("migrate");
+    let mut cfg = safe_cut_config(&url);
+    cfg.clock = ClockKind::Test;
+    let backend = tollgate_server::pg::connect(&cfg, CapabilityKey::new(&PG_KEY).expect("key"))
+        .await
+        .expect("no cut row yet: any clock may start");
+    let clock = Arc::new(TestClock::new(ts(T0)));
+    let h = harness(backend, clock.clone());
+    let (a, key) = h.account("a", 100).await;
+    let g1 = h.acquire(a, &key, 10, "PT1S").await;
+    let g2 = h.acquire(a, &key, 5, "PT1S").await;
+    let mut conn = PgConnection::connect(&url).await.expect("connect");
+    claimed_row(&mut conn, 1).await;
+    // Still within the leases' life by this process's clock: the release
+    // reaches the write, which the database refuses.
+    h.send(
+        Req::post(format!("/v1/leases/{}/release", id(&g1)))
+            .token(&cap(&g1))
+            .json(json!({"consumed": 1})),
+    )
+    .await
+    .problem(503, "storage_unavailable");
+    // An hour later by this process's clock, far past both expiries.
+    clock.set(ts("2026-11-29T13:00:00Z"));
+    let detail = "clock_not_safe_cut: this database's leases are timed by the safe expiry cut \
+                  (a safe-time sampler has claimed an epoch), but this process does not run on \
+                  it; restart it with --clock safe-cut (SQLSTATE TGS10)";
+    // The API keeps storage details to itself (the log has them); the
+    // store's error says exactly why.
+    h.send(Req::post("/v1/admin/reclaim").token(ADMIN))
+        .await
+        .problem(503, "storage_unavailable");
+    let err = h
+        .backend
+        .allocator
+        .reclaim(ts("2026-11-29T13:00:00Z"), 10)
+        .await
+        .expect_err("refused by the database");
+    assert_eq!(err.code(), "storage_unavailable");
+    assert!(err.to_string().contains(detail), "{err}");
+    h.send(
+        Req::post(format!("/v1/accounts/{a}/leases"))
+            .token(&key)
+            .json(json!({"units": 1, "ttl": "PT1S"})),
+    )
+    .await
+    .problem(503, "storage_unavailable");
+    // Nothing changed: both leases are active, the balance untouched.
+    let states: Vec<(i64, String)> =
+        sqlx::query_as("SELECT lease_id, state::text FROM tollgate_leases ORDER BY lease_id")
+            .fetch_all(&mut conn)
+            .await
+            .expect("leases");
+    assert_eq!(
+        states,
+        vec![
+            (id(&g1), "active".to_string()),
+            (id(&g2), "active".to_string())
+        ]
+    );
     conn.close().await.expect("close");
 }
 

@@ -19,6 +19,7 @@ use tollgate_pg::{PostgresStore, StoreOptions};
 pub const TEST_OPTIONS: StoreOptions = StoreOptions {
     max_connections: 8,
     acquire_timeout: Duration::from_secs(30),
+    on_safe_cut: false,
 };
 
 /// A test database: its name and URL.

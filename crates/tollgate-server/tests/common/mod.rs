@@ -116,6 +116,13 @@ pub async fn fresh_pg_url() -> String {
 pub const PG_OPTIONS: tollgate_pg::StoreOptions = tollgate_pg::StoreOptions {
     max_connections: 4,
     acquire_timeout: Duration::from_secs(30),
+    on_safe_cut: false,
+};
+
+/// [`PG_OPTIONS`] for a store behind the safe-cut clock.
+pub const PG_OPTIONS_ON_CUT: tollgate_pg::StoreOptions = tollgate_pg::StoreOptions {
+    on_safe_cut: true,
+    ..PG_OPTIONS
 };
 
 #[async_trait(?Send)]
