@@ -77,6 +77,17 @@ struct Cli {
         default_value = "info"
     )]
     log_level: tracing::Level,
+    /// Longest wait for the database of a one-shot command (`status`,
+    /// `policy`, `evidence`), connection included; `run` waits as long as
+    /// it runs. 1 s to 1 h.
+    #[arg(
+        long,
+        global = true,
+        env = "TOLLGATE_SAFETIME_COMMAND_TIMEOUT",
+        default_value = "30s",
+        allow_hyphen_values = true
+    )]
+    command_timeout: SignedDuration,
     #[command(subcommand)]
     command: Command,
 }
@@ -215,6 +226,10 @@ fn main() -> ExitCode {
     };
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        // A log that cannot be written (a full disk, a closed pipe) is
+        // dropped: the default would report it with `eprintln!`, which
+        // panics on that same stderr and would kill the sampler.
+        .log_internal_errors(false)
         .with_ansi(false)
         .with_max_level(cli.log_level)
         .init();
@@ -236,7 +251,34 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(dispatch(cli.command, &url)) {
+    let bound = match Duration::try_from(cli.command_timeout) {
+        Ok(d) if (Duration::from_secs(1)..=Duration::from_secs(3_600)).contains(&d) => d,
+        _ => {
+            say(format_args!(
+                "tollgate-safetime: --command-timeout must be in 1s..=1h, got {}",
+                cli.command_timeout
+            ));
+            return ExitCode::from(2);
+        }
+    };
+    let one_shot = !matches!(cli.command, Command::Run(_));
+    let outcome = runtime.block_on(async {
+        if one_shot {
+            // A database that accepts the connection but never answers
+            // (a frozen server) must not hang an operator's command.
+            tokio::time::timeout(bound, dispatch(cli.command, &url))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(Failure::SafeTime(SafeTimeError::Backend(format!(
+                        "the database did not answer within {}",
+                        cli.command_timeout
+                    ))))
+                })
+        } else {
+            dispatch(cli.command, &url).await
+        }
+    });
+    match outcome {
         Ok(code) => code,
         Err(Failure::Closed) => ExitCode::SUCCESS,
         Err(Failure::Output(e)) => {

@@ -437,3 +437,70 @@ fn a_database_url_of_another_scheme_exits_2_with_invalid_url() {
         }
     }
 }
+
+/// A sampler whose log cannot be written (stderr on a full disk) keeps
+/// running rather than dying of a panic in the logger, and stops cleanly
+/// on SIGTERM.
+#[test]
+fn an_unwritable_log_does_not_kill_the_sampler() {
+    let mut child = Command::new("sh")
+        .arg("-c")
+        .arg("exec \"$0\" run --database-url postgres://nobody@127.0.0.1:1/none 2>/dev/full")
+        .arg(env!("CARGO_BIN_EXE_tollgate-safetime"))
+        .env_remove("TOLLGATE_DATABASE_URL")
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("run tollgate-safetime");
+    // It logs a failed connect at once and retries (100 ms, 200 ms, ...).
+    std::thread::sleep(Duration::from_millis(1_500));
+    assert_eq!(child.try_wait().expect("try_wait"), None, "still running");
+    let ok = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("kill")
+        .success();
+    assert!(ok);
+    assert_eq!(child.wait().expect("wait").code(), Some(0));
+}
+
+/// A database that accepts connections but never answers (a frozen server;
+/// here a listener that never reads) does not hang a one-shot command: it
+/// gives up after `--command-timeout` with exit 1.
+#[test]
+fn a_silent_database_does_not_hang_a_command() {
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("listener");
+    let port = silent.local_addr().expect("addr").port();
+    let url = format!("postgres://nobody@127.0.0.1:{port}/none");
+    for args in [&["status"][..], &["evidence"], &["policy", "show"]] {
+        let out = Command::new(env!("CARGO_BIN_EXE_tollgate-safetime"))
+            .args(args)
+            .args(["--command-timeout", "1s", "--database-url", &url])
+            .env_remove("TOLLGATE_DATABASE_URL")
+            .output()
+            .expect("run tollgate-safetime");
+        assert_eq!(
+            (
+                out.status.code(),
+                String::from_utf8_lossy(&out.stderr).trim_end()
+            ),
+            (
+                Some(1),
+                "tollgate-safetime: database error: the database did not answer within PT1S \
+                 (code backend)"
+            ),
+            "{args:?}"
+        );
+    }
+    let out = safetime(&url, &["status", "--command-timeout", "0s"]);
+    assert_eq!(
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).trim_end()
+        ),
+        (
+            Some(2),
+            "tollgate-safetime: --command-timeout must be in 1s..=1h, got PT0S"
+        )
+    );
+    drop(silent);
+}

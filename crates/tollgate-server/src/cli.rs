@@ -20,6 +20,16 @@
 //! 0 success, 1 a refused or failed operation (or an audit with
 //! violations), 2 invalid usage or configuration.
 
+/// Prints a line on stderr like `eprintln!`, but a stderr that cannot be
+/// written (a closed pipe, a full disk) is ignored instead of panicking:
+/// there is nowhere left to report it.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr().lock(), $($arg)*);
+    }};
+}
+
 /// Prints a line on stdout like `println!`, but a closed pipe (`tollgate
 /// audit | head -1`) ends the output quietly instead of panicking, and any
 /// other lost output makes the command exit 1 ([`crate::output`]).
@@ -114,7 +124,12 @@ pub struct StoreArgs {
     #[arg(long, env = "TOLLGATE_CONFIG", value_name = "PATH")]
     pub config: Option<PathBuf>,
     /// PostgreSQL URL (also DATABASE_URL); absent: the memory store.
-    #[arg(long, env = "TOLLGATE_DATABASE_URL", value_name = "URL")]
+    #[arg(
+        long,
+        env = "TOLLGATE_DATABASE_URL",
+        value_name = "URL",
+        hide_env_values = true
+    )]
     pub database_url: Option<String>,
     /// Longest granted TTL [default: PT1H].
     #[arg(
@@ -305,7 +320,12 @@ pub struct ReclaimArgs {
 #[derive(Debug, Clone, Args)]
 pub struct PolicyDbArgs {
     /// PostgreSQL URL (also DATABASE_URL).
-    #[arg(long, env = "TOLLGATE_DATABASE_URL", value_name = "URL")]
+    #[arg(
+        long,
+        env = "TOLLGATE_DATABASE_URL",
+        value_name = "URL",
+        hide_env_values = true
+    )]
     pub database_url: Option<String>,
 }
 
@@ -497,7 +517,7 @@ impl ServeArgs {
 fn print_json(v: &impl serde::Serialize) {
     match serde_json::to_string_pretty(v) {
         Ok(s) => out!("{s}"),
-        Err(e) => eprintln!("error: cannot print result: {e}"),
+        Err(e) => say!("error: cannot print result: {e}"),
     }
 }
 
@@ -509,7 +529,7 @@ pub fn init_logging(format: LogFormat, default_level: &str) {
     use tracing_subscriber::prelude::*;
     let spec = std::env::var("TOLLGATE_LOG").unwrap_or_else(|_| default_level.to_string());
     let filter = log_filter(&spec).unwrap_or_else(|| {
-        eprintln!(
+        say!(
             "warning: TOLLGATE_LOG={spec:?} is neither a level (error, warn, info, debug, \
              trace, off) nor target=level directives; logging at {default_level}"
         );
@@ -520,6 +540,9 @@ pub fn init_logging(format: LogFormat, default_level: &str) {
     // Colour only for a terminal: a log file or journal gets plain text.
     let layer = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
+        // A log line that cannot be written is dropped: the default
+        // reports it with `eprintln!`, which panics on that same stderr.
+        .log_internal_errors(false)
         .with_ansi(std::io::stderr().is_terminal());
     let _ = match format {
         LogFormat::Human => registry.with(layer).try_init(),
@@ -562,14 +585,14 @@ pub async fn main() -> ExitCode {
     let code = match run(cli.command).await {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e}");
+            say!("error: {e}");
             e.exit_code()
         }
     };
     match crate::output::failure() {
         // The result was lost: never exit 0 for it.
         Some(e) if code == ExitCode::SUCCESS => {
-            eprintln!("error: cannot write the output: {e}");
+            say!("error: cannot write the output: {e}");
             ExitCode::FAILURE
         }
         _ => code,
@@ -583,13 +606,19 @@ enum Target {
 }
 
 fn target(ops: &OpsArgs) -> Result<Target, CliError> {
-    if ops.client.server.is_none() {
-        let cfg = Config::resolve(ops.store.raw())?;
-        if cfg.is_postgres() {
-            return Ok(Target::Direct(cfg));
-        }
+    let cfg = Config::resolve(ops.store.raw())?;
+    match (&ops.client.server, cfg.is_postgres()) {
+        // Two targets: going to either one silently could act on the
+        // wrong installation.
+        (Some(_), true) => Err(ConfigError(
+            "both a server (--server or TOLLGATE_SERVER) and a database (--database-url, \
+             TOLLGATE_DATABASE_URL, DATABASE_URL or the config file) are given; give one"
+                .into(),
+        )
+        .into()),
+        (None, true) => Ok(Target::Direct(cfg)),
+        _ => Ok(Target::Http(ops.client.client()?)),
     }
-    Ok(Target::Http(ops.client.client()?))
 }
 
 /// The store for a direct operator command: the capability key does not
@@ -736,17 +765,18 @@ pub async fn run(command: Command) -> Result<ExitCode, CliError> {
             }
             for v in &view.violations {
                 match v.seq {
-                    Some(seq) => eprintln!(
+                    Some(seq) => say!(
                         "violation: account {} (ledger seq {seq}): {}",
-                        v.account_id, v.detail
+                        v.account_id,
+                        v.detail
                     ),
-                    None => eprintln!("violation: account {}: {}", v.account_id, v.detail),
+                    None => say!("violation: account {}: {}", v.account_id, v.detail),
                 }
             }
             let mut accounts: Vec<i64> = view.violations.iter().map(|v| v.account_id).collect();
             accounts.sort_unstable();
             accounts.dedup();
-            eprintln!(
+            say!(
                 "audit failed: {} violation(s) in account(s) {}",
                 view.violations.len(),
                 accounts
@@ -946,7 +976,7 @@ async fn policy(cmd: PolicyCmd) -> Result<ExitCode, CliError> {
                 .await
                 .map_err(ServeError::from)?;
             print_json(&change_view(change));
-            eprintln!(
+            say!(
                 "policy recorded; restart every process sharing this database with \
                  --max-ttl {} --reclaim-grace {}",
                 cfg.policy.max_ttl(),

@@ -222,3 +222,62 @@ fn unusable_log_filter_is_reported() {
         assert_eq!(String::from_utf8_lossy(&out.stderr), "", "{ok}");
     }
 }
+
+/// An operator command given both a server and a database refuses (exit 2)
+/// instead of silently going to one of them; `--help` never shows the
+/// database URL from the environment (it may hold a password).
+#[test]
+fn two_targets_are_refused_and_help_hides_the_database_url() {
+    let out = Command::new(BIN)
+        .args([
+            "status",
+            "--server",
+            "http://127.0.0.1:1",
+            "--database-url",
+            "postgres://u:secretpw@127.0.0.1:1/db",
+        ])
+        .env_remove("DATABASE_URL")
+        .env_remove("TOLLGATE_DATABASE_URL")
+        .env_remove("TOLLGATE_SERVER")
+        .output()
+        .expect("run tollgate");
+    assert_eq!(
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).trim_end()
+        ),
+        (
+            Some(2),
+            "error: invalid configuration: both a server (--server or TOLLGATE_SERVER) and a \
+             database (--database-url, TOLLGATE_DATABASE_URL, DATABASE_URL or the config file) \
+             are given; give one"
+        )
+    );
+    for sub in [&["serve"][..], &["status"], &["policy", "show"]] {
+        let out = Command::new(BIN)
+            .args(sub)
+            .arg("--help")
+            .env("TOLLGATE_DATABASE_URL", "postgres://u:secretpw@h/db")
+            .output()
+            .expect("run tollgate --help");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(0), "{sub:?}");
+        assert!(text.contains("TOLLGATE_DATABASE_URL"), "{sub:?}: {text}");
+        assert!(!text.contains("secretpw"), "{sub:?}: {text}");
+    }
+}
+
+/// A standard error that cannot be written (here a full disk) loses the
+/// message, not the exit status: exit 2 for the bad flag, no panic (101).
+#[test]
+fn unwritable_stderr_keeps_the_exit_status() {
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg("exec \"$0\" serve --print-config --max-ttl bogus 2>/dev/full")
+        .arg(BIN)
+        .env_remove("DATABASE_URL")
+        .env_remove("TOLLGATE_DATABASE_URL")
+        .output()
+        .expect("run tollgate through sh");
+    assert_eq!(out.status.code(), Some(2));
+}
