@@ -27,7 +27,10 @@
 //! `--round-trip-max` positive and below `--gap-max`; `--recovery-grace`
 //! 0 to one hour; `--stable-observations` 1..=10000; `--drift-ppm` at most
 //! 100000; `--standby-poll` positive; `evidence --limit` 1..=1000;
-//! `policy seal --horizon-ms` positive. A negative value is the value of
+//! `policy seal --horizon-ms` positive; `--command-timeout` 1 s to 1 h
+//! (default 30 s: how long a one-shot command, `status`, `policy` or
+//! `evidence`, waits for a database that does not answer, then exit 1).
+//! A negative value is the value of
 //! its flag, not another flag: `--interval -1s` is refused as "interval
 //! must be positive, got -PT1S" (`run` names a setting as
 //! `SafeTimeConfig` does, e.g. `gap_max`).
