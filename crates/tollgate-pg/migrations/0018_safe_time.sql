@@ -345,7 +345,7 @@ BEGIN
       INTO need_ms FROM tollgate_policy p;
     IF p_horizon_ms IS NULL OR p_horizon_ms <= 0 OR (need_ms IS NOT NULL AND p_horizon_ms < need_ms) THEN
         RAISE EXCEPTION 'horizon_below_policy: horizon % ms must be positive and cover max_ttl + reclaim_grace (% ms)',
-            p_horizon_ms, need_ms USING ERRCODE = 'TGS07';
+            p_horizon_ms, trim_scale(need_ms) USING ERRCODE = 'TGS07';
     END IF;
     nv := old.version + 1;
     INSERT INTO tollgate_safetime_policy (version, horizon_ms, digest, sealed_by)
