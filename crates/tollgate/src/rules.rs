@@ -581,8 +581,8 @@ pub fn plan_reclaim(
     Ok(Some(ReclaimPlan { settle, late_by }))
 }
 
-/// What one reclaim batch writes.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// What one reclaim batch writes (by default: nothing).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub struct ReclaimBatchPlan {
     /// The leases that settle, in the candidates' order; their entries are
