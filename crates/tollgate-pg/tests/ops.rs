@@ -93,8 +93,16 @@ async fn admit(conn: &mut PgConnection, id: i64, note: &str, lease_id: Option<i6
     assert_eq!(done.rows_affected(), 1);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_caller_transaction_commits_its_rows_and_the_reservation_together() {
+/// One database with an account of 100 units and the caller's own table.
+struct Fixture {
+    s: PostgresStore,
+    reader: PgConnection,
+    a: AccountId,
+    req: AcquireRequest,
+    t0: Timestamp,
+}
+
+async fn fixture() -> Fixture {
     let db = support::migrated_db().await;
     let policy =
         GrantPolicy::new(SignedDuration::from_secs(60), SignedDuration::from_secs(1)).unwrap();
@@ -115,38 +123,76 @@ async fn a_caller_transaction_commits_its_rows_and_the_reservation_together() {
         ttl: SignedDuration::new(30, 1),
         idempotency_key: Some("admission-1".into()),
     };
-    let start = snapshot(&s, &mut reader, a).await;
+    Fixture {
+        s,
+        reader,
+        a,
+        req,
+        t0,
+    }
+}
+
+impl Fixture {
+    async fn snapshot(&mut self) -> Snapshot {
+        snapshot(&self.s, &mut self.reader, self.a).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_transaction_commits_its_rows_and_the_reservation_together() {
+    let mut f = fixture().await;
+    let start = f.snapshot().await;
     assert_eq!(start.balances, bal(100, 100, 0, 0));
     assert_eq!(start.ledger_kinds, ["deposit"]);
     assert!(start.leases.is_empty() && start.admissions.is_empty());
+    let start = a_rolled_back_acquire_leaves_only_a_skipped_fence(&mut f, start).await;
+    let (grant, committed) =
+        a_committed_acquire_and_the_callers_row_are_both_there(&mut f, start).await;
+    a_refusal_rolls_back_with_the_callers_row(&mut f, &committed).await;
+    renew_and_release_join_the_callers_transaction(&mut f, &grant, committed).await;
+    let report = f.s.audit().await.unwrap();
+    assert!(report.violations.is_empty(), "{:?}", report.violations);
+    f.reader.close().await.unwrap();
+    f.s.close().await;
+}
 
-    // Rolled back: nothing of either remains, and the one fence the grant
-    // drew is skipped.
-    let mut tx = s.pool().begin().await.unwrap();
+/// Rolled back: nothing of either remains, and the one fence the grant
+/// drew is skipped. Returns the state after.
+async fn a_rolled_back_acquire_leaves_only_a_skipped_fence(
+    f: &mut Fixture,
+    start: Snapshot,
+) -> Snapshot {
+    let mut tx = f.s.pool().begin().await.unwrap();
     admit(&mut tx, 1, "first try", None).await;
-    let aborted = ops::acquire(&mut tx, &s, &req, t0).await.unwrap();
+    let aborted = ops::acquire(&mut tx, &f.s, &f.req, f.t0).await.unwrap();
     assert_eq!(aborted.fence, Fence(start.fence_last_value + 1));
     tx.rollback().await.unwrap();
-    let after_rollback = snapshot(&s, &mut reader, a).await;
-    assert_eq!(
-        after_rollback,
-        Snapshot {
-            fence_last_value: start.fence_last_value + 1,
-            ..start
-        }
-    );
+    let after_rollback = f.snapshot().await;
+    let expected = Snapshot {
+        fence_last_value: start.fence_last_value + 1,
+        ..start
+    };
+    assert_eq!(after_rollback, expected);
+    after_rollback
+}
 
-    // Committed: both are there, with exact values. The key was never
-    // recorded, so the same request is a new grant, not a replay.
+/// Committed: both are there, with exact values. The key was never
+/// recorded by the rolled-back try, so the same request is a new grant; a
+/// retry of it then replays. Returns the grant and the state after.
+async fn a_committed_acquire_and_the_callers_row_are_both_there(
+    f: &mut Fixture,
+    before: Snapshot,
+) -> (tollgate::Grant, Snapshot) {
+    let (s, t0) = (&f.s, f.t0);
     let mut tx = s.pool().begin().await.unwrap();
-    let grant = ops::acquire(&mut tx, &s, &req, t0).await.unwrap();
+    let grant = ops::acquire(&mut tx, s, &f.req, t0).await.unwrap();
     admit(&mut tx, 1, "admitted", Some(grant.lease_id.0)).await;
     tx.commit().await.unwrap();
     assert_eq!(grant.units, 10);
-    assert_eq!(grant.fence, Fence(start.fence_last_value + 2));
+    assert_eq!(grant.fence, Fence(before.fence_last_value + 1));
     assert_eq!(grant.expiry, ts("2026-11-29T12:00:30.123456790Z"));
     assert_eq!(grant.granted_ttl, SignedDuration::new(30, 1));
-    let committed = snapshot(&s, &mut reader, a).await;
+    let committed = f.snapshot().await;
     assert_eq!(committed.balances, bal(100, 90, 10, 0));
     assert_eq!(
         committed.leases,
@@ -158,6 +204,7 @@ async fn a_caller_transaction_commits_its_rows_and_the_reservation_together() {
         committed.admissions,
         [(1, "admitted".to_string(), Some(grant.lease_id.0))]
     );
+    let s = &f.s;
     let lease = s.lease(grant.lease_id, &grant.capability).await.unwrap();
     assert_eq!(
         (lease.units, lease.fence, lease.expiry, lease.state),
@@ -186,22 +233,26 @@ async fn a_caller_transaction_commits_its_rows_and_the_reservation_together() {
             t0
         )
     );
-    // A retry of the committed request replays it, in a transaction too.
     let mut tx = s.pool().begin().await.unwrap();
-    assert_eq!(ops::acquire(&mut tx, &s, &req, t0).await.unwrap(), grant);
+    assert_eq!(ops::acquire(&mut tx, s, &f.req, t0).await.unwrap(), grant);
     tx.commit().await.unwrap();
-    assert_eq!(snapshot(&s, &mut reader, a).await, committed);
+    assert_eq!(f.snapshot().await, committed);
+    (grant, committed)
+}
 
-    // A refusal inside the caller's transaction: the caller rolls back and
-    // its own row goes with it.
-    let mut tx = s.pool().begin().await.unwrap();
+/// A refusal inside the caller's transaction: the caller rolls back and its
+/// own row goes with it.
+async fn a_refusal_rolls_back_with_the_callers_row(f: &mut Fixture, committed: &Snapshot) {
+    let mut tx = f.s.pool().begin().await.unwrap();
     admit(&mut tx, 2, "too big", None).await;
     let too_big = AcquireRequest {
         units: 91,
         idempotency_key: None,
-        ..req.clone()
+        ..f.req.clone()
     };
-    let err = ops::acquire(&mut tx, &s, &too_big, t0).await.unwrap_err();
+    let err = ops::acquire(&mut tx, &f.s, &too_big, f.t0)
+        .await
+        .unwrap_err();
     assert!(!err.is_retryable());
     let TxError::Rule(rule) = err else {
         panic!("expected a rule refusal, got {err:?}")
@@ -209,50 +260,51 @@ async fn a_caller_transaction_commits_its_rows_and_the_reservation_together() {
     assert_eq!(
         rule,
         RuleError::InsufficientBalance {
-            account_id: a,
+            account_id: f.a,
             requested: 91,
             available: 90,
         }
     );
     tx.rollback().await.unwrap();
-    assert_eq!(snapshot(&s, &mut reader, a).await, committed);
+    assert_eq!(&f.snapshot().await, committed);
+}
 
-    // Renew and release join a caller's transaction the same way.
+/// Renew and release join a caller's transaction the same way: rolled
+/// back, the lease keeps its expiry and fence (one fence skipped);
+/// committed, it is released with exact balances.
+async fn renew_and_release_join_the_callers_transaction(
+    f: &mut Fixture,
+    grant: &tollgate::Grant,
+    committed: Snapshot,
+) {
+    let s = &f.s;
     let t1 = ts("2026-11-29T12:00:10Z");
+    let (id, cap) = (grant.lease_id, &grant.capability);
     let mut tx = s.pool().begin().await.unwrap();
-    let renewal = ops::renew(
-        &mut tx,
-        &s,
-        grant.lease_id,
-        &grant.capability,
-        SignedDuration::from_secs(50),
-        t1,
-    )
-    .await
-    .unwrap();
+    let renewal = ops::renew(&mut tx, s, id, cap, SignedDuration::from_secs(50), t1)
+        .await
+        .unwrap();
     assert_eq!(renewal.lease.expiry, ts("2026-11-29T12:01:00Z"));
-    let settlement = ops::release(&mut tx, &s, grant.lease_id, &grant.capability, t1, Some(4))
+    let settlement = ops::release(&mut tx, s, id, cap, t1, Some(4))
         .await
         .unwrap();
     assert_eq!(settlement.balances, bal(100, 96, 0, 4));
-    admit(&mut tx, 3, "done", Some(grant.lease_id.0)).await;
+    admit(&mut tx, 3, "done", Some(id.0)).await;
     tx.rollback().await.unwrap();
-    let after = snapshot(&s, &mut reader, a).await;
-    assert_eq!(
-        after,
-        Snapshot {
-            fence_last_value: committed.fence_last_value + 1,
-            ..committed
-        }
-    );
-    let lease = s.lease(grant.lease_id, &grant.capability).await.unwrap();
+    let expected = Snapshot {
+        fence_last_value: committed.fence_last_value + 1,
+        ..committed
+    };
+    assert_eq!(f.snapshot().await, expected);
+    let s = &f.s;
+    let lease = s.lease(id, cap).await.unwrap();
     assert_eq!((lease.expiry, lease.fence), (grant.expiry, grant.fence));
 
     let mut tx = s.pool().begin().await.unwrap();
-    let settlement = ops::release(&mut tx, &s, grant.lease_id, &grant.capability, t1, Some(4))
+    let settlement = ops::release(&mut tx, s, id, cap, t1, Some(4))
         .await
         .unwrap();
-    admit(&mut tx, 3, "done", Some(grant.lease_id.0)).await;
+    admit(&mut tx, 3, "done", Some(id.0)).await;
     tx.commit().await.unwrap();
     assert_eq!(
         (
@@ -262,16 +314,15 @@ async fn a_caller_transaction_commits_its_rows_and_the_reservation_together() {
         ),
         (4, 6, bal(100, 96, 0, 4))
     );
-    let done = snapshot(&s, &mut reader, a).await;
+    let done = f.snapshot().await;
     assert_eq!(done.balances, bal(100, 96, 0, 4));
-    assert_eq!(
-        done.leases,
-        [(grant.lease_id.0, "released".to_string(), grant.fence.0)]
-    );
+    assert_eq!(done.leases, [(id.0, "released".to_string(), grant.fence.0)]);
     assert_eq!(done.ledger_kinds, ["deposit", "acquire", "release"]);
-    assert_eq!(done.admissions.len(), 2);
-    let report = s.audit().await.unwrap();
-    assert!(report.violations.is_empty(), "{:?}", report.violations);
-    reader.close().await.unwrap();
-    s.close().await;
+    assert_eq!(
+        done.admissions,
+        [
+            (1, "admitted".to_string(), Some(id.0)),
+            (3, "done".to_string(), Some(id.0))
+        ]
+    );
 }

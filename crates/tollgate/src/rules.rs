@@ -1555,6 +1555,46 @@ mod tests {
         // A legacy upper bound stays one only while the renewal keeps it.
         check(&legacy, 10, 990, Ok((1_000, 10, true)));
         check(&legacy, 11, 990, Ok((1_001, 11, false)));
+        check(
+            &l,
+            1,
+            1_010,
+            Err(RuleError::LeaseReclaimable {
+                lease_id: LeaseId(6),
+                expiry: at(1_000),
+                now: at(1_010),
+            }),
+        );
+        // TTL and expiry are checked before the lease's state.
+        let released = lease(6, 3, 1_000, LeaseState::Released);
+        check(&released, 0, 0, Err(RuleError::InvalidTtl { ttl: d(0) }));
+        assert_eq!(
+            plan_renew(&p, &released, b, d(1), Timestamp::MAX),
+            Err(RuleError::UnrepresentableExpiry {
+                now: Timestamp::MAX,
+                ttl: d(1),
+            })
+        );
+        check(
+            &released,
+            1,
+            0,
+            Err(RuleError::LeaseNotActive {
+                lease_id: LeaseId(6),
+                state: LeaseState::Released,
+            }),
+        );
+    }
+
+    #[test]
+    fn plan_renew_writes_exact_entry_and_lease() {
+        let p = policy();
+        let b = bal(9, 6, 3, 0);
+        let l = lease(6, 3, 1_000, LeaseState::Active);
+        let legacy = Lease {
+            expiry_is_upper_bound: true,
+            ..l.clone()
+        };
         let plan = plan_renew(&p, &l, b, d(50), at(990)).unwrap();
         assert_eq!(
             plan,
@@ -1600,35 +1640,6 @@ mod tests {
                 ..legacy.clone()
             }
         );
-        check(
-            &l,
-            1,
-            1_010,
-            Err(RuleError::LeaseReclaimable {
-                lease_id: LeaseId(6),
-                expiry: at(1_000),
-                now: at(1_010),
-            }),
-        );
-        // TTL and expiry are checked before the lease's state.
-        let released = lease(6, 3, 1_000, LeaseState::Released);
-        check(&released, 0, 0, Err(RuleError::InvalidTtl { ttl: d(0) }));
-        assert_eq!(
-            plan_renew(&p, &released, b, d(1), Timestamp::MAX),
-            Err(RuleError::UnrepresentableExpiry {
-                now: Timestamp::MAX,
-                ttl: d(1),
-            })
-        );
-        check(
-            &released,
-            1,
-            0,
-            Err(RuleError::LeaseNotActive {
-                lease_id: LeaseId(6),
-                state: LeaseState::Released,
-            }),
-        );
     }
 
     #[test]
@@ -1667,15 +1678,21 @@ mod tests {
         );
     }
 
-    #[test]
-    fn plan_consolidate_table() {
-        let p = policy();
-        let bs = bal(9, 2, 7, 0);
+    /// Balances and two leases of `ACCOUNT` to consolidate: `a` (2 units,
+    /// expiry 1,000 ns) and `b` (5 units, expiry 900 ns, a legacy bound).
+    fn consolidation_case() -> (Balances, Lease, Lease) {
         let a = lease(1, 2, 1_000, LeaseState::Active);
         let b = Lease {
             expiry_is_upper_bound: true,
             ..lease(2, 5, 900, LeaseState::Active)
         };
+        (bal(9, 2, 7, 0), a, b)
+    }
+
+    #[test]
+    fn plan_consolidate_writes_exact_entries() {
+        let p = policy();
+        let (bs, a, b) = consolidation_case();
         // Named in any order; settled and recorded ascending.
         let plan =
             plan_consolidate(&p, ACCOUNT, bs, &[b.clone(), a.clone()], d(30), at(899)).unwrap();
@@ -1732,6 +1749,12 @@ mod tests {
                 899
             )
         );
+    }
+
+    #[test]
+    fn plan_consolidate_table_and_error_order() {
+        let p = policy();
+        let (bs, a, b) = consolidation_case();
         let short = |leases: &[Lease], ttl: i128, now: Timestamp| {
             plan_consolidate(&p, ACCOUNT, bs, leases, d(ttl), now)
                 .map(|c| (c.units, c.expiry, c.granted_ttl))
