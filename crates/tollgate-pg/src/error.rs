@@ -1,21 +1,33 @@
 //! Mapping database errors to [`StorageError`].
 //!
 //! Connection-level failures become [`StorageError::Unavailable`], every
-//! other database failure [`StorageError::Backend`]. Messages carry the
+//! other database failure [`StorageError::Failure`]. Messages carry the
 //! server's error text and SQLSTATE but never the connection URL or
 //! credentials: configuration errors (which may echo the URL) are reduced
 //! to a fixed sentence.
 
 use sqlx::error::DatabaseError;
-use tollgate::StorageError;
+use tollgate::{RuleError, StorageError};
 
-/// What a transaction body fails with: a rule or invariant error that is
-/// returned as is, or a database error that the wrapper classifies
-/// (retry, unavailable, backend).
+/// What a transaction body fails with: a refusal by the rules or a storage
+/// failure found in Rust, both returned as they are, or a database error
+/// that the wrapper classifies (retry, unavailable, failure). After any of
+/// them the transaction must roll back.
 #[derive(Debug)]
-pub(crate) enum TxError {
+pub enum TxError {
+    /// The rules refused the operation; nothing was written.
+    Rule(RuleError),
+    /// A storage failure found in Rust (stored data that does not decode, a
+    /// write that changed an unexpected number of rows).
     Storage(StorageError),
+    /// A database error.
     Db(sqlx::Error),
+}
+
+impl From<RuleError> for TxError {
+    fn from(e: RuleError) -> TxError {
+        TxError::Rule(e)
+    }
 }
 
 impl From<StorageError> for TxError {
@@ -72,7 +84,7 @@ pub(crate) fn map_sqlx_error(e: sqlx::Error) -> StorageError {
         | sqlx::Error::Protocol(_) => StorageError::Unavailable {
             message: e.to_string(),
         },
-        sqlx::Error::Configuration(_) => StorageError::Backend {
+        sqlx::Error::Configuration(_) => StorageError::Failure {
             message: "invalid database connection configuration".into(),
         },
         sqlx::Error::Database(db) => {
@@ -84,10 +96,10 @@ pub(crate) fn map_sqlx_error(e: sqlx::Error) -> StorageError {
             if is_connection_state(&code) || code == "TGS10" {
                 StorageError::Unavailable { message }
             } else {
-                StorageError::Backend { message }
+                StorageError::Failure { message }
             }
         }
-        _ => StorageError::Backend {
+        _ => StorageError::Failure {
             message: e.to_string(),
         },
     }
@@ -115,7 +127,7 @@ mod tests {
         let config = sqlx::Error::Configuration("postgres://u:s3cret@h/db is bad".into());
         assert_eq!(
             map_sqlx_error(config),
-            StorageError::Backend {
+            StorageError::Failure {
                 message: "invalid database connection configuration".into()
             }
         );

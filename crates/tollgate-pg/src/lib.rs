@@ -13,6 +13,10 @@
 //! * [`persistence`]: every SQL statement, the transaction wrapper with
 //!   bounded retries, and what is stored and why.
 //! * [`store`]: the allocator, policy records and operator commands.
+//! * [`ops`]: the allocator's writing operations (deposit, acquire, renew,
+//!   release, consolidate, reclaim) as steps of a caller's own
+//!   transaction, so a caller's rows and a reservation commit together; the
+//!   store's methods run exactly these, one transaction each.
 //! * [`safe_time`]: the persisted safe expiry cut (read it, claim an epoch,
 //!   publish, seal the horizon policy); [`sampler`]: the sampler process's
 //!   leadership loop.
@@ -29,18 +33,20 @@
 //!
 //! Invariants, stated as absences: no SQL `now()` decides anything about
 //! time (instants are bound as exact pairs computed in Rust); no grace or
-//! TTL is ever converted to microseconds (the one truncation, in
-//! [`store`], only compares a retried request with a pre-0017 idempotency
-//! record that was itself truncated); no accounting or timing rule is
+//! TTL is ever converted to microseconds (the one truncation,
+//! `tollgate::rules::check_replay`'s, only compares a retried request with a
+//! pre-0017 idempotency record that was itself truncated); no accounting or timing rule is
 //! written in SQL (every plan comes from `tollgate::rules`); no capability
 //! or hash of one is stored; nothing panics on bad input or bad stored
-//! data: every failure is a [`tollgate::StorageError`] with a stable code,
+//! data: every failure is a [`tollgate::AllocatorError`] (or, outside the
+//! allocator, a [`tollgate::StorageError`]) with a stable code,
 //! and its message never contains the database URL or credentials.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 mod error;
+pub mod ops;
 pub mod persistence;
 pub mod safe_time;
 pub mod sampler;

@@ -56,8 +56,9 @@ use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, PgPool, Row};
 use tollgate::model::{Actor, LedgerKind};
 use tollgate::{
-    Account, AccountId, Balances, Fence, GrantPolicy, InstantPair, Lease, LeaseId, LeaseState,
-    LedgerEntry, StorageError, StoreId,
+    Account, AccountId, AllocatorError, Balances, Fence, GrantPolicy, IdempotencyRecord,
+    InstantPair, Issued, Lease, LeaseId, LeaseState, LedgerEntry, NewLedgerEntry, StorageError,
+    StoreId,
 };
 
 use crate::error::{TxError, map_sqlx_error};
@@ -190,7 +191,7 @@ pub(crate) type TxFuture<'c, T> = Pin<Box<dyn Future<Output = Result<T, TxError>
 ///
 /// `body` gets the transaction's connection and `args`; it must not keep
 /// state across attempts (each attempt starts from scratch). A
-/// [`TxError::Storage`] from the body (a rule error) rolls back and is
+/// [`TxError::Rule`] or [`TxError::Storage`] from the body rolls back and is
 /// returned as is; database errors are mapped by [`map_sqlx_error`].
 pub(crate) async fn transact<A, T, F>(
     pool: &PgPool,
@@ -198,7 +199,7 @@ pub(crate) async fn transact<A, T, F>(
     op: Op,
     args: &A,
     body: F,
-) -> Result<T, StorageError>
+) -> Result<T, AllocatorError>
 where
     A: Sync + ?Sized,
     F: for<'c> Fn(&'c mut PgConnection, &'c A) -> TxFuture<'c, T>,
@@ -215,7 +216,7 @@ where
             }
             Err(TxError::Db(e)) if crate::error::is_retryable(&e) => {
                 if attempts >= TX_ATTEMPTS_MAX {
-                    StorageError::RetryExhausted { attempts }
+                    StorageError::RetryExhausted { attempts }.into()
                 } else {
                     counters.retried.fetch_add(1, Ordering::Relaxed);
                     let backoff_ms = (1u64 << attempts.min(6)).min(TX_BACKOFF_MAX_MS);
@@ -223,8 +224,9 @@ where
                     continue;
                 }
             }
-            Err(TxError::Db(e)) => map_sqlx_error(e),
-            Err(TxError::Storage(e)) => e,
+            Err(TxError::Db(e)) => map_sqlx_error(e).into(),
+            Err(TxError::Storage(e)) => e.into(),
+            Err(TxError::Rule(e)) => e.into(),
         };
         counters.failed.fetch_add(1, Ordering::Relaxed);
         return Err(err);
@@ -254,16 +256,20 @@ where
 /// Checks that a write changed exactly `expected` rows.
 fn expect_rows(what: &str, changed: u64, expected: usize) -> Result<(), TxError> {
     if changed != expected as u64 {
-        return Err(TxError::Storage(StorageError::Backend {
+        return Err(TxError::Storage(StorageError::Failure {
             message: format!("{what} changed {changed} rows, expected {expected}"),
         }));
     }
     Ok(())
 }
 
-/// Converts a row count to `usize` for [`expect_rows`] comparisons.
-fn to_i64(n: usize) -> i64 {
-    i64::try_from(n).unwrap_or(i64::MAX)
+/// A row limit as the `BIGINT` a `LIMIT` binds.
+///
+/// # Panics
+/// Above `i64::MAX`: every limit is checked against a bound of at most
+/// [`tollgate::RECLAIM_BATCH_MAX`] before it reaches SQL.
+fn to_i64(limit: usize) -> i64 {
+    i64::try_from(limit).unwrap_or_else(|_| panic!("row limit {limit} was never checked"))
 }
 
 // ---------------------------------------------------------------------------
@@ -284,7 +290,7 @@ pub(crate) fn duration_from_parts(
 ) -> Result<SignedDuration, StorageError> {
     let same_sign = (secs >= 0 && nanos >= 0) || (secs <= 0 && nanos <= 0);
     if !same_sign || nanos.unsigned_abs() > 999_999_999 {
-        return Err(StorageError::Backend {
+        return Err(StorageError::Failure {
             message: format!("stored {what} ({secs} s, {nanos} ns) is not a valid duration"),
         });
     }
@@ -305,7 +311,7 @@ fn decode_pair(floor_us: i64, submicro_ns: i16) -> Result<Timestamp, StorageErro
 }
 
 fn decode_state(s: &str) -> Result<LeaseState, StorageError> {
-    LeaseState::parse(s).ok_or_else(|| StorageError::Backend {
+    LeaseState::parse(s).ok_or_else(|| StorageError::Failure {
         message: format!("stored lease state {s:?} is unknown"),
     })
 }
@@ -387,7 +393,7 @@ pub(crate) async fn read_account_key(
     match digest {
         None => Ok(None),
         Some(d) => <[u8; 32]>::try_from(d.as_slice()).map(Some).map_err(|_| {
-            TxError::Storage(StorageError::Backend {
+            TxError::Storage(StorageError::Failure {
                 message: format!("stored key digest of account {account_id} is not 32 bytes"),
             })
         }),
@@ -547,7 +553,7 @@ pub(crate) async fn insert_lease(
     account_id: AccountId,
     units: i64,
     expiry: Timestamp,
-) -> Result<(LeaseId, Fence), TxError> {
+) -> Result<Issued, TxError> {
     let (floor_us, submicro_ns) = pair_of(expiry);
     let row = sqlx::query(
         "INSERT INTO tollgate_leases \
@@ -562,10 +568,10 @@ pub(crate) async fn insert_lease(
     .bind(submicro_ns)
     .fetch_one(&mut *conn)
     .await?;
-    Ok((
-        LeaseId(row.try_get("lease_id")?),
-        Fence(row.try_get("fence")?),
-    ))
+    Ok(Issued {
+        lease_id: LeaseId(row.try_get("lease_id")?),
+        fence: Fence(row.try_get("fence")?),
+    })
 }
 
 /// Sets a locked active lease's expiry and gives it a fresh fence.
@@ -590,7 +596,7 @@ pub(crate) async fn renew_lease(
     .fetch_optional(&mut *conn)
     .await?;
     fence.map(Fence).ok_or_else(|| {
-        TxError::Storage(StorageError::Backend {
+        TxError::Storage(StorageError::Failure {
             message: "renewing a lease changed 0 rows, expected 1".into(),
         })
     })
@@ -669,27 +675,10 @@ pub(crate) async fn lock_leases_skip_locked(
 // ---------------------------------------------------------------------------
 // Ledger.
 
-/// A ledger entry before the database assigns its sequence number.
-#[derive(Debug, Clone)]
-pub(crate) struct NewEntry {
-    pub account_id: AccountId,
-    pub lease_id: Option<LeaseId>,
-    pub kind: LedgerKind,
-    pub actor: Actor,
-    pub units: i64,
-    pub consumed: i64,
-    pub before: Balances,
-    pub after: Balances,
-    pub fence: Option<Fence>,
-    /// The lease's expiry and whether it is a legacy upper bound.
-    pub expiry: Option<(Timestamp, bool)>,
-    pub at: Timestamp,
-}
-
 /// Appends entries; their sequence numbers increase in slice order.
 pub(crate) async fn insert_ledger(
     conn: &mut PgConnection,
-    entries: &[NewEntry],
+    entries: &[NewLedgerEntry],
 ) -> Result<(), TxError> {
     if entries.is_empty() {
         return Ok(());
@@ -723,10 +712,10 @@ pub(crate) async fn insert_ledger(
             cols[3].push(b.consumed);
         }
         fence.push(e.fence.map(|f| f.0));
-        let pair = e.expiry.map(|(t, _)| pair_of(t));
+        let pair = e.expiry.map(pair_of);
         expiry_floor.push(pair.map(|p| p.0));
         expiry_sub.push(pair.map(|p| p.1));
-        expiry_bound.push(e.expiry.map(|(_, b)| b));
+        expiry_bound.push(e.expiry.map(|_| e.expiry_is_upper_bound));
         let (af, asub) = pair_of(e.at);
         at_floor.push(af);
         at_sub.push(asub);
@@ -816,7 +805,7 @@ fn ledger_from_row(row: &PgRow) -> Result<LedgerEntry, TxError> {
         (Some(f), Some(s)) => Some(decode_pair(f, s)?),
         (None, None) => None,
         _ => {
-            return Err(TxError::Storage(StorageError::Backend {
+            return Err(TxError::Storage(StorageError::Failure {
                 message: "stored ledger expiry pair is incomplete".into(),
             }));
         }
@@ -825,10 +814,10 @@ fn ledger_from_row(row: &PgRow) -> Result<LedgerEntry, TxError> {
         seq: row.try_get("seq")?,
         account_id: AccountId(row.try_get("account_id")?),
         lease_id: row.try_get::<Option<i64>, _>("lease_id")?.map(LeaseId),
-        kind: LedgerKind::parse(&kind).ok_or_else(|| StorageError::Backend {
+        kind: LedgerKind::parse(&kind).ok_or_else(|| StorageError::Failure {
             message: format!("stored ledger kind {kind:?} is unknown"),
         })?,
-        actor: Actor::parse(&actor).ok_or_else(|| StorageError::Backend {
+        actor: Actor::parse(&actor).ok_or_else(|| StorageError::Failure {
             message: format!("stored ledger actor {actor:?} is unknown"),
         })?,
         units: row.try_get("units")?,
@@ -843,20 +832,6 @@ fn ledger_from_row(row: &PgRow) -> Result<LedgerEntry, TxError> {
 
 // ---------------------------------------------------------------------------
 // Idempotency.
-
-/// A stored idempotency record.
-#[derive(Debug, Clone)]
-pub(crate) struct IdempotencyRecord {
-    pub units: i64,
-    pub request_ttl: SignedDuration,
-    /// Written before migration 0017: `request_ttl` holds the requested TTL
-    /// truncated toward zero to whole microseconds.
-    pub request_ttl_is_truncated: bool,
-    pub lease_id: LeaseId,
-    pub fence: Fence,
-    pub expiry: Timestamp,
-    pub granted_ttl: SignedDuration,
-}
 
 pub(crate) async fn read_idempotency(
     conn: &mut PgConnection,
@@ -936,10 +911,10 @@ pub(crate) async fn read_store_id(conn: &mut PgConnection) -> Result<StoreId, Tx
         sqlx::query_scalar("SELECT store_id FROM tollgate_store WHERE singleton")
             .fetch_optional(&mut *conn)
             .await?;
-    let id = id.ok_or_else(|| StorageError::Backend {
+    let id = id.ok_or_else(|| StorageError::Failure {
         message: "the store identity row (tollgate_store) is missing".into(),
     })?;
-    let bytes = <[u8; 16]>::try_from(id.as_slice()).map_err(|_| StorageError::Backend {
+    let bytes = <[u8; 16]>::try_from(id.as_slice()).map_err(|_| StorageError::Failure {
         message: "the stored store identity is not 16 bytes".into(),
     })?;
     Ok(StoreId(bytes))
@@ -958,7 +933,7 @@ fn policy_from_parts(prefix: &str, row: &PgRow) -> Result<Option<GrantPolicy>, T
     let max_ttl = duration_from_parts("max_ttl", ts, tn)?;
     let grace = duration_from_parts("reclaim_grace", gs, gn)?;
     GrantPolicy::new(max_ttl, grace).map(Some).map_err(|e| {
-        TxError::Storage(StorageError::Backend {
+        TxError::Storage(StorageError::Failure {
             message: format!("the recorded policy is invalid: {e}"),
         })
     })
@@ -1096,14 +1071,14 @@ const POLICY_CHANGE_COLUMNS: &str = "change_id, changed_by, \
 
 fn policy_change_from_row(row: &PgRow) -> Result<PolicyChange, TxError> {
     let recorded_at_us: i64 = row.try_get("recorded_at_us")?;
-    let new = policy_from_parts("new_", row)?.ok_or_else(|| StorageError::Backend {
+    let new = policy_from_parts("new_", row)?.ok_or_else(|| StorageError::Failure {
         message: "a policy change row has no new policy".into(),
     })?;
     Ok(PolicyChange {
         change_id: row.try_get("change_id")?,
         changed_by: row.try_get("changed_by")?,
         recorded_at: Timestamp::from_microsecond(recorded_at_us).map_err(|_| {
-            StorageError::Backend {
+            StorageError::Failure {
                 message: "a policy change time is out of range".into(),
             }
         })?,
@@ -1243,7 +1218,7 @@ mod tests {
         ] {
             assert_eq!(
                 duration_from_parts("max_ttl", secs, nanos).unwrap_err(),
-                StorageError::Backend {
+                StorageError::Failure {
                     message: format!(
                         "stored max_ttl ({secs} s, {nanos} ns) is not a valid duration"
                     )
@@ -1258,7 +1233,7 @@ mod tests {
         match expect_rows("settling leases", 2, 3) {
             Err(TxError::Storage(e)) => assert_eq!(
                 e,
-                StorageError::Backend {
+                StorageError::Failure {
                     message: "settling leases changed 2 rows, expected 3".into()
                 }
             ),

@@ -93,10 +93,10 @@ impl Schema {
     /// migrated database.
     ///
     /// # Errors
-    /// [`StorageError::Backend`] if this binary has no migration `version`.
+    /// [`StorageError::Failure`] if this binary has no migration `version`.
     pub fn through(version: i64) -> Result<Schema, StorageError> {
         if !MIGRATOR.migrations.iter().any(|m| m.version == version) {
-            return Err(StorageError::Backend {
+            return Err(StorageError::Failure {
                 message: format!("this binary has no migration version {version}"),
             });
         }
@@ -146,7 +146,7 @@ impl Schema {
     ///
     /// # Errors
     /// [`StorageError::Unavailable`] if the database cannot be reached;
-    /// [`StorageError::Backend`] if the database has a version this schema
+    /// [`StorageError::Failure`] if the database has a version this schema
     /// does not know (the message names it), a known migration changed
     /// after it was applied, or a migration fails. A failed migration has
     /// rolled back entirely; the error carries its message (0017 names the
@@ -224,7 +224,7 @@ impl Schema {
     /// schema's migrations, successfully and unchanged.
     ///
     /// # Errors
-    /// [`StorageError::Backend`] naming the first unknown version ("a newer
+    /// [`StorageError::Failure`] naming the first unknown version ("a newer
     /// binary migrated this database"), a failed or modified migration, or
     /// the pending versions ("run the migrations first");
     /// [`StorageError::Unavailable`] if the database cannot be reached.
@@ -247,7 +247,7 @@ impl Schema {
             .collect();
         if !pending.is_empty() {
             let at = applied.iter().map(|a| a.version).max().unwrap_or(0);
-            return Err(StorageError::Backend {
+            return Err(StorageError::Failure {
                 message: format!(
                     "database schema is at version {at} but this binary requires version {}; \
                      pending migrations: {}; run the migrations first",
@@ -270,7 +270,7 @@ impl Schema {
                 ));
             };
             if !row.success {
-                return Err(StorageError::Backend {
+                return Err(StorageError::Failure {
                     message: format!(
                         "migration version {} ({}) is recorded as failed; repair the database \
                          before starting",
@@ -279,7 +279,7 @@ impl Schema {
                 });
             }
             if row.checksum.as_slice() != &*known.checksum {
-                return Err(StorageError::Backend {
+                return Err(StorageError::Failure {
                     message: format!(
                         "migration version {} ({}) differs from the one this binary carries \
                          (checksum mismatch); refusing to start",
@@ -297,12 +297,12 @@ impl Schema {
             MigrateError::VersionMissing(v) => unknown_version(v, "unknown", self.latest_version()),
             MigrateError::Execute(db) => map_sqlx_error(db),
             MigrateError::ExecuteMigration(db, version) => match map_sqlx_error(db) {
-                StorageError::Backend { message } => StorageError::Backend {
+                StorageError::Failure { message } => StorageError::Failure {
                     message: format!("migration {version} failed and was rolled back: {message}"),
                 },
                 other => other,
             },
-            other => StorageError::Backend {
+            other => StorageError::Failure {
                 message: format!("migration failed: {other}"),
             },
         }
@@ -310,7 +310,7 @@ impl Schema {
 }
 
 fn unknown_version(version: i64, description: &str, latest: i64) -> StorageError {
-    StorageError::Backend {
+    StorageError::Failure {
         message: format!(
             "database has applied migration version {version} ({description}), which this \
              binary does not know (it knows versions 1 through {latest}); refusing to start \
@@ -322,7 +322,7 @@ fn unknown_version(version: i64, description: &str, latest: i64) -> StorageError
 /// Opens the dedicated migration connection.
 async fn connect_dedicated(url: &str) -> Result<PgConnection, StorageError> {
     let options = PgConnectOptions::from_str(url)
-        .map_err(|_| StorageError::Backend {
+        .map_err(|_| StorageError::Failure {
             message: "invalid database url".into(),
         })?
         .application_name(MIGRATE_APPLICATION_NAME);
@@ -351,7 +351,7 @@ pub async fn pending_migrations(url: &str) -> Result<Vec<PendingMigration>, Stor
 /// database never migrated.
 ///
 /// # Errors
-/// [`StorageError::Unavailable`] or [`StorageError::Backend`] on database
+/// [`StorageError::Unavailable`] or [`StorageError::Failure`] on database
 /// failures.
 pub async fn schema_version(pool: &PgPool) -> Result<Option<i64>, StorageError> {
     crate::boxed(schema_version_on(pool)).await

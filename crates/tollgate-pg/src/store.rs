@@ -10,7 +10,6 @@
 //! the [`tollgate::MemoryStore`]'s, so both stores return the same error for
 //! the same request.
 
-use std::collections::BTreeMap;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -18,19 +17,17 @@ use async_trait::async_trait;
 use jiff::{SignedDuration, Timestamp};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{PgConnection, PgPool};
-use tollgate::model::{Actor, LedgerKind};
 use tollgate::{
-    AUDIT_PAGE_MAX, Account, AccountId, AcquireRequest, Allocator, Balances, Capability,
-    CapabilityKey, Fence, Grant, GrantPolicy, InstantPair, Lease, LeaseCapabilities, LeaseId,
-    LeaseState, LedgerEntry, NewAccount, ReclaimReport, Renewal, Settlement, StorageError, StoreId,
-    rules,
+    AUDIT_PAGE_MAX, Account, AccountId, AcquireRequest, Allocator, AllocatorError, Capability,
+    CapabilityKey, Grant, GrantPolicy, Lease, LeaseCapabilities, LeaseId, LedgerEntry, NewAccount,
+    ReclaimReport, Renewal, RuleError, Settlement, StorageError, StoreId, rules,
 };
 
 use crate::boxed;
 use crate::error::{TxError, map_sqlx_error};
+use crate::ops;
 use crate::persistence::{
-    self, IdempotencyRecord, LeaseCount, NewEntry, Op, OpStats, PolicyChange, PolicyLock, TxFuture,
-    TxStats, transact,
+    self, LeaseCount, Op, OpStats, PolicyChange, PolicyLock, TxFuture, TxStats, transact,
 };
 use crate::schema::Schema;
 
@@ -38,15 +35,7 @@ use crate::schema::Schema;
 /// finds none.
 pub const FIRST_START: &str = "first start";
 
-/// The longest `changed_by` of a policy change, in characters (also a CHECK
-/// constraint).
-pub const CHANGED_BY_MAX_CHARS: usize = 200;
-
-/// A reclaim batch size for workers that have no reason to choose another:
-/// large enough that one transaction amortizes its round trips, small
-/// enough that it holds its account locks for milliseconds (holders of
-/// those accounts wait that long). At most [`tollgate::RECLAIM_BATCH_MAX`].
-pub const RECLAIM_BATCH_DEFAULT: usize = 500;
+pub use tollgate::{CHANGED_BY_MAX_CHARS, RECLAIM_BATCH_DEFAULT};
 
 /// Connection pool settings of a [`PostgresStore`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -107,7 +96,7 @@ impl PostgresStore {
     /// see [`PostgresStore::from_pool`] for the startup checks.
     ///
     /// # Errors
-    /// [`StorageError::Backend`] for an unparsable URL (the message does not
+    /// [`StorageError::Failure`] for an unparsable URL (the message does not
     /// repeat it); [`StorageError::Unavailable`] if the database cannot be
     /// reached; the errors of [`PostgresStore::from_pool`].
     pub async fn connect_with(
@@ -125,7 +114,7 @@ impl PostgresStore {
         key: CapabilityKey,
         options: StoreOptions,
     ) -> Result<PostgresStore, StorageError> {
-        let connect = PgConnectOptions::from_str(url).map_err(|_| StorageError::Backend {
+        let connect = PgConnectOptions::from_str(url).map_err(|_| StorageError::Failure {
             message: "invalid database url".into(),
         })?;
         let on_safe_cut = options.on_safe_cut;
@@ -160,10 +149,10 @@ impl PostgresStore {
     ///    exactly.
     ///
     /// # Errors
-    /// [`StorageError::Backend`] naming an unknown migration version, or the
+    /// [`StorageError::Failure`] naming an unknown migration version, or the
     /// pending ones; [`StorageError::PolicyMismatch`] naming the recorded and
     /// the configured `max_ttl` and `reclaim_grace`;
-    /// [`StorageError::Unavailable`] and [`StorageError::Backend`] on
+    /// [`StorageError::Unavailable`] and [`StorageError::Failure`] on
     /// database failures.
     pub async fn from_pool(
         pool: PgPool,
@@ -183,11 +172,13 @@ impl PostgresStore {
         let store_id = transact(&pool, &stats, Op::Admin, &(), |c, _| {
             Box::pin(async move { persistence::read_store_id(c).await })
         })
-        .await?;
+        .await
+        .map_err(storage_only)?;
         transact(&pool, &stats, Op::Admin, &policy, |c, p| {
             Box::pin(record_or_check_policy(c, *p))
         })
-        .await?;
+        .await
+        .map_err(storage_only)?;
         Ok(PostgresStore {
             pool,
             policy,
@@ -216,7 +207,17 @@ impl PostgresStore {
         self.pool.close().await;
     }
 
-    async fn run<A, T, F>(&self, op: Op, args: &A, body: F) -> Result<T, StorageError>
+    /// The policy, for [`crate::ops`].
+    pub(crate) fn policy_ref(&self) -> &GrantPolicy {
+        &self.policy
+    }
+
+    /// The capabilities, for [`crate::ops`].
+    pub(crate) fn caps(&self) -> &LeaseCapabilities {
+        &self.caps
+    }
+
+    async fn run<A, T, F>(&self, op: Op, args: &A, body: F) -> Result<T, AllocatorError>
     where
         A: Sync + ?Sized,
         F: for<'c> Fn(&'c mut PgConnection, &'c A) -> TxFuture<'c, T>,
@@ -225,10 +226,26 @@ impl PostgresStore {
     }
 }
 
+/// The error of an operator transaction. Their bodies (startup checks,
+/// policy commands, operator queries) apply no allocator rule, so they fail
+/// only with storage errors.
+///
+/// # Panics
+/// On a rule error: a bug in such a body.
+fn storage_only(e: AllocatorError) -> StorageError {
+    match e {
+        AllocatorError::Storage(e) => e,
+        AllocatorError::Rule(e) => {
+            panic!("an operator transaction returned the rule error {e:?}; it applies no rule")
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------
 // Policy commands.
 
-fn policy_mismatch(recorded: GrantPolicy, configured: GrantPolicy) -> StorageError {
+/// The refusal of a process whose policy differs from the recorded one.
+pub(crate) fn policy_mismatch(recorded: GrantPolicy, configured: GrantPolicy) -> StorageError {
     StorageError::PolicyMismatch(format!(
         "the database records max_ttl {} and reclaim_grace {}, but this process is \
          configured with max_ttl {} and reclaim_grace {}; every process sharing these \
@@ -251,7 +268,7 @@ async fn record_or_check_policy(
     }
     let recorded = persistence::read_policy(conn, PolicyLock::None)
         .await?
-        .ok_or_else(|| StorageError::Backend {
+        .ok_or_else(|| StorageError::Failure {
             message: "the policy record vanished during startup".into(),
         })?;
     if recorded != policy {
@@ -264,7 +281,7 @@ async fn record_or_check_policy(
 /// against it yet.
 ///
 /// # Errors
-/// [`StorageError::Unavailable`] and [`StorageError::Backend`] on database
+/// [`StorageError::Unavailable`] and [`StorageError::Failure`] on database
 /// failures.
 pub async fn recorded_policy(pool: &PgPool) -> Result<Option<GrantPolicy>, StorageError> {
     boxed(transact(
@@ -275,10 +292,12 @@ pub async fn recorded_policy(pool: &PgPool) -> Result<Option<GrantPolicy>, Stora
         |c, _| Box::pin(async move { persistence::read_policy(c, PolicyLock::None).await }),
     ))
     .await
+    .map_err(storage_only)
 }
 
 /// The operator command that changes the recorded policy to `policy` and
-/// records who did it (`changed_by`, 1..=[`CHANGED_BY_MAX_CHARS`]
+/// records who did it (`changed_by`, checked by
+/// [`tollgate::rules::check_changed_by`]: 1..=[`CHANGED_BY_MAX_CHARS`]
 /// characters, no control characters) with the old and new values.
 ///
 /// Processes already running keep the policy they started with; restart
@@ -288,23 +307,15 @@ pub async fn recorded_policy(pool: &PgPool) -> Result<Option<GrantPolicy>, Stora
 /// before changing `reclaim_grace`.
 ///
 /// # Errors
-/// [`StorageError::Backend`] for an invalid `changed_by`; database errors.
+/// [`StorageError::Failure`] for an invalid `changed_by`; database errors.
 pub async fn set_policy(
     pool: &PgPool,
     policy: GrantPolicy,
     changed_by: &str,
 ) -> Result<PolicyChange, StorageError> {
-    let valid = !changed_by.trim().is_empty()
-        && changed_by.chars().count() <= CHANGED_BY_MAX_CHARS
-        && !changed_by.chars().any(char::is_control);
-    if !valid {
-        return Err(StorageError::Backend {
-            message: format!(
-                "changed_by must be 1..={CHANGED_BY_MAX_CHARS} characters without control \
-                 characters"
-            ),
-        });
-    }
+    rules::check_changed_by(changed_by).map_err(|e| StorageError::Failure {
+        message: e.to_string(),
+    })?;
     let args = (policy, changed_by);
     boxed(transact(
         pool,
@@ -314,6 +325,7 @@ pub async fn set_policy(
         |c, a| Box::pin(set_policy_tx(c, a.0, a.1)),
     ))
     .await
+    .map_err(storage_only)
 }
 
 async fn set_policy_tx(
@@ -325,7 +337,7 @@ async fn set_policy_tx(
     if old.is_some() {
         persistence::update_policy(conn, policy).await?;
     } else if !persistence::insert_policy_if_absent(conn, policy).await? {
-        return Err(StorageError::Backend {
+        return Err(StorageError::Failure {
             message: "the policy was recorded concurrently; retry the command".into(),
         }
         .into());
@@ -347,6 +359,7 @@ pub async fn policy_changes(pool: &PgPool) -> Result<Vec<PolicyChange>, StorageE
         |c, _| Box::pin(async move { persistence::policy_changes(c).await }),
     ))
     .await
+    .map_err(storage_only)
 }
 
 /// The operators' legacy-bound count ([`persistence::LEASE_COUNTS_SQL`],
@@ -365,6 +378,7 @@ pub async fn lease_counts(pool: &PgPool) -> Result<Vec<LeaseCount>, StorageError
         |c, _| Box::pin(async move { persistence::lease_counts(c).await }),
     ))
     .await
+    .map_err(storage_only)
 }
 
 /// Whether a migration is running against this database (its dedicated
@@ -382,14 +396,11 @@ pub async fn migration_in_progress(pool: &PgPool) -> Result<bool, StorageError> 
         |c, _| Box::pin(async move { persistence::migration_in_progress(c).await }),
     ))
     .await
+    .map_err(storage_only)
 }
 
 // ---------------------------------------------------------------------------
-// Transaction bodies.
-
-fn not_found(account_id: AccountId) -> TxError {
-    StorageError::AccountNotFound { account_id }.into()
-}
+// Transaction bodies: the writing operations are in [`crate::ops`].
 
 async fn create_account_tx(conn: &mut PgConnection, new: &NewAccount) -> Result<Account, TxError> {
     let account = persistence::insert_account(conn, &new.name).await?;
@@ -399,397 +410,18 @@ async fn create_account_tx(conn: &mut PgConnection, new: &NewAccount) -> Result<
     Ok(account)
 }
 
-async fn deposit_tx(
+async fn read_account_tx(
     conn: &mut PgConnection,
     account_id: AccountId,
-    units: i64,
-    now: Timestamp,
 ) -> Result<Account, TxError> {
-    let account = persistence::lock_account(conn, account_id)
+    persistence::read_account(conn, account_id)
         .await?
-        .ok_or_else(|| not_found(account_id))?;
-    let before = account.balances;
-    let after = rules::deposit(account_id, before, units)?;
-    persistence::write_balances(conn, &[(account_id, after)]).await?;
-    persistence::insert_ledger(
-        conn,
-        &[NewEntry {
-            account_id,
-            lease_id: None,
-            kind: LedgerKind::Deposit,
-            actor: Actor::Operator,
-            units,
-            consumed: 0,
-            before,
-            after,
-            fence: None,
-            expiry: None,
-            at: now,
-        }],
-    )
-    .await?;
-    Ok(Account {
-        balances: after,
-        ..account
-    })
-}
-
-/// `ttl` truncated toward zero to whole microseconds, as writers before
-/// migration 0017 stored requested TTLs.
-fn truncate_to_micros(ttl: SignedDuration) -> SignedDuration {
-    SignedDuration::new(ttl.as_secs(), ttl.subsec_nanos() / 1_000 * 1_000)
-}
-
-/// Whether a retried request is the one an idempotency record was written
-/// for: same units and same TTL. A record written before migration 0017
-/// holds the TTL truncated to microseconds, so the retry's TTL is compared
-/// after the same truncation.
-fn same_request(record: &IdempotencyRecord, req: &AcquireRequest) -> bool {
-    let ttl = if record.request_ttl_is_truncated {
-        truncate_to_micros(req.ttl)
-    } else {
-        req.ttl
-    };
-    record.units == req.units && record.request_ttl == ttl
-}
-
-enum Acquired {
-    Replayed(IdempotencyRecord),
-    New {
-        lease_id: LeaseId,
-        fence: Fence,
-        expiry: Timestamp,
-        granted_ttl: SignedDuration,
-    },
-}
-
-async fn acquire_tx(
-    conn: &mut PgConnection,
-    req: &AcquireRequest,
-    policy: GrantPolicy,
-    now: Timestamp,
-) -> Result<Acquired, TxError> {
-    let account = persistence::lock_account(conn, req.account_id)
-        .await?
-        .ok_or_else(|| not_found(req.account_id))?;
-    if let Some(k) = &req.idempotency_key
-        && let Some(record) = persistence::read_idempotency(conn, req.account_id, k).await?
-    {
-        if !same_request(&record, req) {
-            return Err(StorageError::IdempotencyConflict.into());
-        }
-        return Ok(Acquired::Replayed(record));
-    }
-    let before = account.balances;
-    let plan = rules::plan_acquire(&policy, req.account_id, before, req.units, req.ttl, now)?;
-    let (lease_id, fence) =
-        persistence::insert_lease(conn, req.account_id, req.units, plan.expiry).await?;
-    persistence::write_balances(conn, &[(req.account_id, plan.after)]).await?;
-    persistence::insert_ledger(
-        conn,
-        &[NewEntry {
-            account_id: req.account_id,
-            lease_id: Some(lease_id),
-            kind: LedgerKind::Acquire,
-            actor: Actor::Holder,
-            units: req.units,
-            consumed: 0,
-            before,
-            after: plan.after,
-            fence: Some(fence),
-            expiry: Some((plan.expiry, false)),
-            at: now,
-        }],
-    )
-    .await?;
-    if let Some(k) = &req.idempotency_key {
-        let record = IdempotencyRecord {
-            units: req.units,
-            request_ttl: req.ttl,
-            request_ttl_is_truncated: false,
-            lease_id,
-            fence,
-            expiry: plan.expiry,
-            granted_ttl: plan.granted_ttl,
-        };
-        persistence::insert_idempotency(conn, req.account_id, k, &record).await?;
-    }
-    Ok(Acquired::New {
-        lease_id,
-        fence,
-        expiry: plan.expiry,
-        granted_ttl: plan.granted_ttl,
-    })
-}
-
-/// Locks the account of `lease_id` and then the lease, and returns both as
-/// read under the locks.
-async fn lock_lease_and_account(
-    conn: &mut PgConnection,
-    lease_id: LeaseId,
-) -> Result<(Account, Lease), TxError> {
-    let unlocked = persistence::read_lease(conn, lease_id)
-        .await?
-        .ok_or(StorageError::LeaseNotFound { lease_id })?;
-    // A lease's account never changes, so the unlocked read names the right
-    // account to lock first.
-    let account = persistence::lock_account(conn, unlocked.account_id)
-        .await?
-        .ok_or_else(|| not_found(unlocked.account_id))?;
-    let lease = persistence::lock_account_leases(conn, account.account_id, &[lease_id.0])
-        .await?
-        .pop()
-        .ok_or(StorageError::LeaseNotFound { lease_id })?;
-    Ok((account, lease))
-}
-
-async fn renew_tx(
-    conn: &mut PgConnection,
-    lease_id: LeaseId,
-    ttl: SignedDuration,
-    policy: GrantPolicy,
-    now: Timestamp,
-) -> Result<Renewal, TxError> {
-    let (account, lease) = lock_lease_and_account(conn, lease_id).await?;
-    let (expiry, granted_ttl) = rules::plan_renew(&policy, &lease, ttl, now)?;
-    // The expiry stays a legacy upper bound only if the renewal kept it.
-    let expiry_is_upper_bound = lease.expiry_is_upper_bound && expiry == lease.expiry;
-    let fence = persistence::renew_lease(conn, lease_id, expiry, expiry_is_upper_bound).await?;
-    persistence::insert_ledger(
-        conn,
-        &[NewEntry {
-            account_id: lease.account_id,
-            lease_id: Some(lease_id),
-            kind: LedgerKind::Renew,
-            actor: Actor::Holder,
-            units: lease.units,
-            consumed: 0,
-            before: account.balances,
-            after: account.balances,
-            fence: Some(fence),
-            expiry: Some((expiry, expiry_is_upper_bound)),
-            at: now,
-        }],
-    )
-    .await?;
-    Ok(Renewal {
-        lease: Lease {
-            fence,
-            expiry,
-            expiry_is_upper_bound,
-            ..lease
-        },
-        granted_ttl,
-    })
-}
-
-async fn release_tx(
-    conn: &mut PgConnection,
-    lease_id: LeaseId,
-    consumed: Option<i64>,
-    policy: GrantPolicy,
-    now: Timestamp,
-) -> Result<Settlement, TxError> {
-    let (account, lease) = lock_lease_and_account(conn, lease_id).await?;
-    let before = account.balances;
-    let plan = rules::plan_release(&policy, &lease, before, now, consumed)?;
-    persistence::settle_leases(conn, &[lease_id.0], LeaseState::Released, &[plan.consumed]).await?;
-    persistence::write_balances(conn, &[(lease.account_id, plan.after)]).await?;
-    persistence::insert_ledger(
-        conn,
-        &[NewEntry {
-            account_id: lease.account_id,
-            lease_id: Some(lease_id),
-            kind: LedgerKind::Release,
-            actor: Actor::Holder,
-            units: lease.units,
-            consumed: plan.consumed,
-            before,
-            after: plan.after,
-            fence: Some(lease.fence),
-            expiry: Some((lease.expiry, lease.expiry_is_upper_bound)),
-            at: now,
-        }],
-    )
-    .await?;
-    Ok(Settlement {
-        lease_id,
-        account_id: lease.account_id,
-        state: LeaseState::Released,
-        units: lease.units,
-        consumed: plan.consumed,
-        returned: plan.returned,
-        settled_at: now,
-        balances: plan.after,
-    })
-}
-
-struct ConsolidateArgs {
-    account_id: AccountId,
-    ids: Vec<LeaseId>,
-    ttl: SignedDuration,
-    policy: GrantPolicy,
-    now: Timestamp,
-}
-
-async fn consolidate_tx(
-    conn: &mut PgConnection,
-    a: &ConsolidateArgs,
-) -> Result<(LeaseId, Fence, rules::ConsolidationPlan), TxError> {
-    let account = persistence::lock_account(conn, a.account_id)
-        .await?
-        .ok_or_else(|| not_found(a.account_id))?;
-    let raw: Vec<i64> = a.ids.iter().map(|l| l.0).collect();
-    // Leases of this account are locked (after the account, ascending);
-    // leases of other accounts are only read: the plan refuses them before
-    // it looks at their state, and their account never changes.
-    let mut found: BTreeMap<LeaseId, Lease> = BTreeMap::new();
-    for l in persistence::lock_account_leases(conn, a.account_id, &raw).await? {
-        found.insert(l.lease_id, l);
-    }
-    if found.len() < a.ids.len() {
-        for l in persistence::read_foreign_leases(conn, a.account_id, &raw).await? {
-            found.insert(l.lease_id, l);
-        }
-    }
-    let mut loaded = Vec::with_capacity(a.ids.len());
-    for id in &a.ids {
-        let lease = found
-            .get(id)
-            .cloned()
-            .ok_or(StorageError::LeaseNotFound { lease_id: *id })?;
-        loaded.push(lease);
-    }
-    let plan = rules::plan_consolidate(&a.policy, a.account_id, &loaded, a.ttl, a.now)?;
-    let balances = account.balances;
-    loaded.sort_by_key(|l| l.lease_id);
-    let settled: Vec<i64> = loaded.iter().map(|l| l.lease_id.0).collect();
-    let zeros = vec![0; settled.len()];
-    persistence::settle_leases(conn, &settled, LeaseState::Consolidated, &zeros).await?;
-    let mut entries: Vec<NewEntry> = loaded
-        .iter()
-        .map(|old| NewEntry {
-            account_id: a.account_id,
-            lease_id: Some(old.lease_id),
-            kind: LedgerKind::Consolidate,
-            actor: Actor::Holder,
-            units: old.units,
-            consumed: 0,
-            before: balances,
-            after: balances,
-            fence: Some(old.fence),
-            expiry: Some((old.expiry, old.expiry_is_upper_bound)),
-            at: a.now,
-        })
-        .collect();
-    persistence::insert_ledger(conn, &entries).await?;
-    let (lease_id, fence) =
-        persistence::insert_lease(conn, a.account_id, plan.units, plan.expiry).await?;
-    entries.clear();
-    entries.push(NewEntry {
-        account_id: a.account_id,
-        lease_id: Some(lease_id),
-        kind: LedgerKind::ConsolidatedGrant,
-        actor: Actor::Holder,
-        units: plan.units,
-        consumed: 0,
-        before: balances,
-        after: balances,
-        fence: Some(fence),
-        expiry: Some((plan.expiry, false)),
-        at: a.now,
-    });
-    persistence::insert_ledger(conn, &entries).await?;
-    Ok((lease_id, fence, plan))
-}
-
-async fn reclaim_tx(
-    conn: &mut PgConnection,
-    policy: GrantPolicy,
-    cutoff: InstantPair,
-    limit: usize,
-    now: Timestamp,
-) -> Result<Vec<(LeaseId, i64, SignedDuration)>, TxError> {
-    // A worker whose grace differs from the recorded one must not settle
-    // anything: a smaller grace would reclaim early. FOR SHARE makes a
-    // concurrent policy change wait for this batch.
-    let recorded = persistence::read_policy(conn, PolicyLock::Share).await?;
-    if let Some(recorded) = recorded
-        && recorded != policy
-    {
-        return Err(policy_mismatch(recorded, policy).into());
-    }
-    let candidates = persistence::reclaim_candidates(conn, cutoff, limit).await?;
-    if candidates.is_empty() {
-        return Ok(Vec::new());
-    }
-    let mut account_ids: Vec<i64> = candidates.iter().map(|(a, _)| a.0).collect();
-    account_ids.dedup(); // candidates are ordered by account
-    let mut balances: BTreeMap<AccountId, Balances> =
-        persistence::lock_accounts_skip_locked(conn, &account_ids)
-            .await?
-            .into_iter()
-            .map(|a| (a.account_id, a.balances))
-            .collect();
-    let lease_ids: Vec<i64> = candidates
-        .iter()
-        .filter(|(a, _)| balances.contains_key(a))
-        .map(|(_, l)| l.0)
-        .collect();
-    let leases: BTreeMap<LeaseId, Lease> = persistence::lock_leases_skip_locked(conn, &lease_ids)
-        .await?
-        .into_iter()
-        .map(|l| (l.lease_id, l))
-        .collect();
-    // Re-check each locked row with the core rule, in (account, lease)
-    // order, against the balances as they evolve within the batch.
-    let mut entries = Vec::new();
-    let mut settled = Vec::new();
-    for (account_id, lease_id) in &candidates {
-        let (Some(lease), Some(before)) = (leases.get(lease_id), balances.get(account_id).copied())
-        else {
-            continue;
-        };
-        let Some(plan) = rules::plan_reclaim(&policy, lease, before, now)? else {
-            continue;
-        };
-        let (plan, late_by) = (plan.settle, plan.late_by);
-        balances.insert(*account_id, plan.after);
-        settled.push((*lease_id, plan.consumed, late_by));
-        entries.push(NewEntry {
-            account_id: *account_id,
-            lease_id: Some(*lease_id),
-            kind: LedgerKind::Reclaim,
-            actor: Actor::Reclaimer,
-            units: lease.units,
-            consumed: plan.consumed,
-            before,
-            after: plan.after,
-            fence: Some(lease.fence),
-            expiry: Some((lease.expiry, lease.expiry_is_upper_bound)),
-            at: now,
-        });
-    }
-    if settled.is_empty() {
-        return Ok(settled);
-    }
-    let ids: Vec<i64> = settled.iter().map(|(l, _, _)| l.0).collect();
-    let consumed: Vec<i64> = settled.iter().map(|(_, c, _)| *c).collect();
-    persistence::settle_leases(conn, &ids, LeaseState::Reclaimed, &consumed).await?;
-    let touched: Vec<(AccountId, Balances)> = entries
-        .iter()
-        .map(|e| e.account_id)
-        .collect::<std::collections::BTreeSet<_>>()
-        .into_iter()
-        .filter_map(|a| balances.get(&a).map(|b| (a, *b)))
-        .collect();
-    persistence::write_balances(conn, &touched).await?;
-    persistence::insert_ledger(conn, &entries).await?;
-    Ok(settled)
+        .ok_or_else(|| RuleError::AccountNotFound { account_id }.into())
 }
 
 // ---------------------------------------------------------------------------
-// The allocator.
+// The allocator: each method checks what it can without the database, then
+// runs the matching [`crate::ops`] function in one transaction of its own.
 
 #[async_trait]
 impl Allocator for PostgresStore {
@@ -797,7 +429,7 @@ impl Allocator for PostgresStore {
         self.policy
     }
 
-    async fn create_account(&self, new: NewAccount) -> Result<Account, StorageError> {
+    async fn create_account(&self, new: NewAccount) -> Result<Account, AllocatorError> {
         rules::check_account_name(&new.name)?;
         self.run(Op::CreateAccount, &new, |c, n| {
             Box::pin(create_account_tx(c, n))
@@ -805,13 +437,9 @@ impl Allocator for PostgresStore {
         .await
     }
 
-    async fn account(&self, account_id: AccountId) -> Result<Account, StorageError> {
+    async fn account(&self, account_id: AccountId) -> Result<Account, AllocatorError> {
         self.run(Op::ReadAccount, &account_id, |c, id| {
-            Box::pin(async move {
-                persistence::read_account(c, *id)
-                    .await?
-                    .ok_or_else(|| not_found(*id))
-            })
+            Box::pin(read_account_tx(c, *id))
         })
         .await
     }
@@ -819,12 +447,10 @@ impl Allocator for PostgresStore {
     async fn account_key_digest(
         &self,
         account_id: AccountId,
-    ) -> Result<Option<[u8; 32]>, StorageError> {
+    ) -> Result<Option<[u8; 32]>, AllocatorError> {
         self.run(Op::ReadAccount, &account_id, |c, id| {
             Box::pin(async move {
-                persistence::read_account(c, *id)
-                    .await?
-                    .ok_or_else(|| not_found(*id))?;
+                read_account_tx(c, *id).await?;
                 persistence::read_account_key(c, *id).await
             })
         })
@@ -835,7 +461,7 @@ impl Allocator for PostgresStore {
         &self,
         after: Option<AccountId>,
         limit: usize,
-    ) -> Result<Vec<Account>, StorageError> {
+    ) -> Result<Vec<Account>, AllocatorError> {
         let limit = rules::check_limit(limit, AUDIT_PAGE_MAX)?;
         self.run(Op::ReadAccount, &(after, limit), |c, a| {
             Box::pin(persistence::list_accounts(c, a.0, a.1))
@@ -848,53 +474,38 @@ impl Allocator for PostgresStore {
         account_id: AccountId,
         units: i64,
         now: Timestamp,
-    ) -> Result<Account, StorageError> {
+    ) -> Result<Account, AllocatorError> {
         rules::check_units(units)?;
         self.run(Op::Deposit, &(account_id, units, now), |c, a| {
-            Box::pin(deposit_tx(c, a.0, a.1, a.2))
+            Box::pin(ops::deposit(c, a.0, a.1, a.2))
         })
         .await
     }
 
-    async fn acquire(&self, req: AcquireRequest, now: Timestamp) -> Result<Grant, StorageError> {
-        rules::check_units(req.units)?;
-        self.policy.clamp_ttl(req.ttl)?;
-        if let Some(k) = &req.idempotency_key {
-            rules::check_idempotency_key(k)?;
-        }
-        let args = (req, self.policy, now);
-        let acquired = self
-            .run(Op::Acquire, &args, |c, a| {
-                Box::pin(acquire_tx(c, &a.0, a.1, a.2))
-            })
-            .await?;
-        Ok(match acquired {
-            Acquired::Replayed(r) => {
-                self.caps
-                    .grant(r.lease_id, r.fence, r.units, r.expiry, r.granted_ttl)
-            }
-            Acquired::New {
-                lease_id,
-                fence,
-                expiry,
-                granted_ttl,
-            } => self
-                .caps
-                .grant(lease_id, fence, args.0.units, expiry, granted_ttl),
+    async fn acquire(&self, req: AcquireRequest, now: Timestamp) -> Result<Grant, AllocatorError> {
+        rules::check_acquire(
+            &self.policy,
+            req.units,
+            req.ttl,
+            req.idempotency_key.as_deref(),
+        )?;
+        self.run(Op::Acquire, &(self, req, now), |c, a| {
+            Box::pin(ops::acquire(c, a.0, &a.1, a.2))
         })
+        .await
     }
 
     async fn lease(
         &self,
         lease_id: LeaseId,
         capability: &Capability,
-    ) -> Result<Lease, StorageError> {
+    ) -> Result<Lease, AllocatorError> {
         self.caps.check(lease_id, capability)?;
         self.run(Op::ReadLease, &lease_id, |c, id| {
             Box::pin(async move {
                 Ok(persistence::read_lease(c, *id)
                     .await?
-                    .ok_or(StorageError::LeaseNotFound { lease_id: *id })?)
+                    .ok_or(RuleError::LeaseNotFound { lease_id: *id })?)
             })
         })
         .await
@@ -906,11 +517,15 @@ impl Allocator for PostgresStore {
         capability: &Capability,
         ttl: SignedDuration,
         now: Timestamp,
-    ) -> Result<Renewal, StorageError> {
+    ) -> Result<Renewal, AllocatorError> {
+        // Checked here too, so a forged capability never reaches the
+        // database.
         self.caps.check(lease_id, capability)?;
-        self.run(Op::Renew, &(lease_id, ttl, self.policy, now), |c, a| {
-            Box::pin(renew_tx(c, a.0, a.1, a.2, a.3))
-        })
+        self.run(
+            Op::Renew,
+            &(self, lease_id, capability, ttl, now),
+            |c, a| Box::pin(ops::renew(c, a.0, a.1, a.2, a.3, a.4)),
+        )
         .await
     }
 
@@ -920,12 +535,12 @@ impl Allocator for PostgresStore {
         capability: &Capability,
         now: Timestamp,
         consumed: Option<i64>,
-    ) -> Result<Settlement, StorageError> {
+    ) -> Result<Settlement, AllocatorError> {
         self.caps.check(lease_id, capability)?;
         self.run(
             Op::Release,
-            &(lease_id, consumed, self.policy, now),
-            |c, a| Box::pin(release_tx(c, a.0, a.1, a.2, a.3)),
+            &(self, lease_id, capability, now, consumed),
+            |c, a| Box::pin(ops::release(c, a.0, a.1, a.2, a.3, a.4)),
         )
         .await
     }
@@ -936,56 +551,40 @@ impl Allocator for PostgresStore {
         leases: &[(LeaseId, Capability)],
         ttl: SignedDuration,
         now: Timestamp,
-    ) -> Result<Grant, StorageError> {
-        let ids = self
-            .caps
+    ) -> Result<Grant, AllocatorError> {
+        self.caps
             .check_consolidation(&self.policy, leases, ttl, now)?;
-        let args = ConsolidateArgs {
-            account_id,
-            ids,
-            ttl,
-            policy: self.policy,
-            now,
-        };
-        let (lease_id, fence, plan) = self
-            .run(Op::Consolidate, &args, |c, a| {
-                Box::pin(consolidate_tx(c, a))
-            })
-            .await?;
-        Ok(self
-            .caps
-            .grant(lease_id, fence, plan.units, plan.expiry, plan.granted_ttl))
+        self.run(
+            Op::Consolidate,
+            &(self, account_id, leases, ttl, now),
+            |c, a| Box::pin(ops::consolidate(c, a.0, a.1, a.2, a.3, a.4)),
+        )
+        .await
     }
 
-    async fn reclaim(&self, now: Timestamp, limit: usize) -> Result<ReclaimReport, StorageError> {
-        let limit = rules::check_limit(limit, rules::RECLAIM_BATCH_MAX)?;
-        let cutoff = self.policy.reclaim_cutoff(now);
-        let mut report = ReclaimReport {
-            cutoff,
-            reclaimed: Vec::new(),
-            units_charged: 0,
-            late_by: Vec::new(),
-        };
-        // Underflow: no representable expiry is due, so there is nothing to
-        // ask the database.
-        let Some(cutoff) = cutoff else {
-            return Ok(report);
-        };
-        let pair = InstantPair::encode(cutoff);
-        let settled = self
-            .run(Op::Reclaim, &(self.policy, pair, limit, now), |c, a| {
-                Box::pin(reclaim_tx(c, a.0, a.1, a.2, a.3))
-            })
-            .await?;
-        for (lease_id, consumed, late_by) in settled {
-            report.reclaimed.push(lease_id);
-            report.units_charged += i128::from(consumed);
-            report.late_by.push(late_by);
+    async fn reclaim(&self, now: Timestamp, limit: usize) -> Result<ReclaimReport, AllocatorError> {
+        rules::check_limit(limit, rules::RECLAIM_BATCH_MAX)?;
+        if self.policy.reclaim_cutoff(now).is_none() {
+            // Underflow: no representable expiry is due, so there is
+            // nothing to ask the database.
+            return Ok(ReclaimReport {
+                cutoff: None,
+                reclaimed: Vec::new(),
+                units_charged: 0,
+                late_by: Vec::new(),
+            });
         }
-        Ok(report)
+        self.run(Op::Reclaim, &(self, now, limit), |c, a| {
+            Box::pin(ops::reclaim(c, a.0, a.1, a.2))
+        })
+        .await
     }
 
-    async fn ledger(&self, after_seq: i64, limit: usize) -> Result<Vec<LedgerEntry>, StorageError> {
+    async fn ledger(
+        &self,
+        after_seq: i64,
+        limit: usize,
+    ) -> Result<Vec<LedgerEntry>, AllocatorError> {
         let limit = rules::check_limit(limit, AUDIT_PAGE_MAX)?;
         self.run(Op::ReadLedger, &(after_seq, limit), |c, a| {
             Box::pin(persistence::read_ledger(c, a.0, a.1))
@@ -997,77 +596,6 @@ impl Allocator for PostgresStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn record(units: i64, ttl: SignedDuration, truncated: bool) -> IdempotencyRecord {
-        IdempotencyRecord {
-            units,
-            request_ttl: ttl,
-            request_ttl_is_truncated: truncated,
-            lease_id: LeaseId(1),
-            fence: Fence(1),
-            expiry: Timestamp::UNIX_EPOCH,
-            granted_ttl: ttl,
-        }
-    }
-
-    fn request(units: i64, ttl: SignedDuration) -> AcquireRequest {
-        AcquireRequest {
-            account_id: AccountId(1),
-            units,
-            ttl,
-            idempotency_key: Some("k".into()),
-        }
-    }
-
-    #[test]
-    fn truncation_to_micros_goes_toward_zero() {
-        let check = |(s, n): (i64, i32), (es, en): (i64, i32)| {
-            assert_eq!(
-                truncate_to_micros(SignedDuration::new(s, n)),
-                SignedDuration::new(es, en),
-                "{s} s {n} ns"
-            );
-        };
-        check((30, 1_999), (30, 1_000));
-        check((0, 999), (0, 0));
-        check((0, 1_000), (0, 1_000));
-        check((-1, -1_999), (-1, -1_000));
-        check((i64::MAX, 999_999_999), (i64::MAX, 999_999_000));
-    }
-
-    #[test]
-    fn idempotent_retries_match_exactly_or_after_legacy_truncation() {
-        let exact = record(5, SignedDuration::new(30, 1_999), false);
-        assert!(same_request(
-            &exact,
-            &request(5, SignedDuration::new(30, 1_999))
-        ));
-        assert!(!same_request(
-            &exact,
-            &request(5, SignedDuration::new(30, 1_998))
-        ));
-        assert!(!same_request(
-            &exact,
-            &request(6, SignedDuration::new(30, 1_999))
-        ));
-        let legacy = record(5, SignedDuration::new(30, 1_000), true);
-        assert!(same_request(
-            &legacy,
-            &request(5, SignedDuration::new(30, 1_000))
-        ));
-        assert!(same_request(
-            &legacy,
-            &request(5, SignedDuration::new(30, 1_999))
-        ));
-        assert!(!same_request(
-            &legacy,
-            &request(5, SignedDuration::new(30, 2_000))
-        ));
-        assert!(!same_request(
-            &legacy,
-            &request(5, SignedDuration::new(30, 999))
-        ));
-    }
 
     #[test]
     fn policy_mismatch_names_both_policies_exactly() {
@@ -1082,5 +610,17 @@ mod tests {
              apply the same policy: change the recorded one only with the explicit policy \
              command"
         );
+    }
+
+    #[test]
+    fn operator_transactions_pass_storage_errors_through() {
+        let e = StorageError::RetryExhausted { attempts: 8 };
+        assert_eq!(storage_only(e.clone().into()), e);
+    }
+
+    #[test]
+    #[should_panic(expected = "an operator transaction returned the rule error")]
+    fn operator_transactions_never_return_rule_errors() {
+        storage_only(RuleError::CapabilityMismatch.into());
     }
 }

@@ -14,7 +14,8 @@ use std::time::Duration;
 use jiff::{SignedDuration, Timestamp};
 use sqlx::{Connection, PgConnection};
 use tollgate::{
-    AcquireRequest, Allocator, Balances, CapabilityKey, GrantPolicy, LeaseId, StorageError,
+    AcquireRequest, Allocator, Balances, CapabilityKey, GrantPolicy, LeaseId, RuleError,
+    StorageError,
 };
 use tollgate_pg::{Op, OpStats, PostgresStore, StoreOptions, TX_ATTEMPTS_MAX};
 
@@ -92,7 +93,7 @@ async fn a_failing_last_statement_leaves_everything_as_before() {
     let due = ts("2026-11-29T12:00:11Z");
 
     inject(&mut c, "P0001", None).await;
-    let injected = StorageError::Backend {
+    let injected = StorageError::Failure {
         message: "injected failure (SQLSTATE P0001)".into(),
     };
     assert_eq!(s.deposit(a, 5, later).await.unwrap_err(), injected);
@@ -198,7 +199,7 @@ async fn a_failing_key_insert_rolls_back_the_new_account() {
         .unwrap_err();
     assert_eq!(
         err,
-        StorageError::Backend {
+        StorageError::Failure {
             message: "injected key failure (SQLSTATE P0001)".into()
         }
     );
@@ -370,7 +371,7 @@ async fn unreachable_database_is_unavailable_without_leaking_the_url() {
         PostgresStore::connect("not a url", policy(), support::test_key())
             .await
             .unwrap_err(),
-        StorageError::Backend {
+        StorageError::Failure {
             message: "invalid database url".into()
         }
     );
@@ -378,7 +379,7 @@ async fn unreachable_database_is_unavailable_without_leaking_the_url() {
         tollgate_pg::migrate("postgres://x:s3cret@[::1")
             .await
             .unwrap_err(),
-        StorageError::Backend {
+        StorageError::Failure {
             message: "invalid database url".into()
         }
     );
@@ -392,7 +393,7 @@ async fn an_unmigrated_database_is_refused() {
         .unwrap_err();
     assert_eq!(
         err,
-        StorageError::Backend {
+        StorageError::Failure {
             message: "database schema is at version 0 but this binary requires version 18; \
                       pending migrations: 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, \
                       16, 17, 18; run the migrations first"
@@ -414,11 +415,11 @@ async fn capabilities_are_checked_before_the_database_is_touched() {
         .derive(s.store_id(), g.lease_id);
     assert_eq!(
         s.release(g.lease_id, &forged, t0, None).await.unwrap_err(),
-        StorageError::CapabilityMismatch
+        RuleError::CapabilityMismatch
     );
     assert_eq!(
         s.lease(LeaseId(999), &forged).await.unwrap_err(),
-        StorageError::CapabilityMismatch
+        RuleError::CapabilityMismatch
     );
     // No transaction ran for either.
     assert_eq!(s.op_stats(Op::Release), before);

@@ -13,7 +13,7 @@ use sqlx::{Connection, PgConnection, PgPool};
 use support::{Db, legacy};
 use tollgate::{
     AcquireRequest, Allocator, Balances, CapabilityKey, GrantPolicy, InstantPair, LeaseId,
-    LeaseState, LedgerKind, StorageError, StoreId,
+    LeaseState, LedgerKind, RuleError, StorageError, StoreId,
 };
 use tollgate_pg::{MIGRATE_APPLICATION_NAME, PostgresStore, Schema, schema_version};
 
@@ -372,7 +372,7 @@ async fn backfill_gives_latest_consistent_instant_and_marks_it() {
         s.acquire(retry(SignedDuration::new(30, 2_000)), now)
             .await
             .unwrap_err(),
-        StorageError::IdempotencyConflict
+        RuleError::IdempotencyConflict
     );
 }
 
@@ -498,7 +498,7 @@ async fn out_of_domain_legacy_row_fails_rolls_back_and_retry_does_not_hang() {
     let columns_before = columns(&mut c, "tollgate_leases").await;
     let indexes_before = lease_indexes(&mut c).await;
 
-    let expected = StorageError::Backend {
+    let expected = StorageError::Failure {
         message: "migration 17 failed and was rolled back: migration 0017 refused: legacy \
                   instants outside the timestamp domain: 2 lease row(s) [lease_id: 2, 3], 2 \
                   ledger row(s) [seq: 3, 4], 0 idempotency record(s) [account_id/key: -]; \
@@ -715,7 +715,7 @@ async fn binary_knowing_only_1_to_16_refuses_the_migrated_database() {
     .unwrap_err();
     assert_eq!(
         err,
-        StorageError::Backend {
+        StorageError::Failure {
             message: "database schema is at version 16 but this binary requires version 18; \
                       pending migrations: 17, 18; run the migrations first"
                 .into()
@@ -725,7 +725,7 @@ async fn binary_knowing_only_1_to_16_refuses_the_migrated_database() {
 
     let old = Schema::through(16).unwrap();
     assert_eq!(old.latest_version(), 16);
-    let refusal = StorageError::Backend {
+    let refusal = StorageError::Failure {
         message: "database has applied migration version 17 (exact instants), which this \
                   binary does not know (it knows versions 1 through 16); refusing to start \
                   against a newer schema: run a binary that carries version 17"
@@ -1198,7 +1198,7 @@ async fn pending_migrations_and_versions() {
     );
     assert_eq!(
         Schema::through(19).unwrap_err(),
-        StorageError::Backend {
+        StorageError::Failure {
             message: "this binary has no migration version 19".into()
         }
     );

@@ -105,7 +105,7 @@ async fn first_start_records_later_starts_must_match_and_changes_are_recorded() 
     for bad in ["", "  ", "a\nb"] {
         assert_eq!(
             tollgate_pg::set_policy(&pool, p1, bad).await.unwrap_err(),
-            StorageError::Backend {
+            StorageError::Failure {
                 message: "changed_by must be 1..=200 characters without control characters".into()
             }
         );

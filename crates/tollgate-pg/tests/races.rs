@@ -13,7 +13,7 @@ use std::sync::Arc;
 use jiff::{SignedDuration, Timestamp};
 use tokio::sync::Barrier;
 use tollgate::{
-    AcquireRequest, Allocator, Balances, GrantPolicy, LeaseId, LeaseState, LedgerKind, StorageError,
+    AcquireRequest, Allocator, Balances, GrantPolicy, LeaseId, LeaseState, LedgerKind, RuleError,
 };
 use tollgate_pg::PostgresStore;
 
@@ -225,7 +225,7 @@ async fn concurrent_acquires_never_overdraw() {
                 }
                 Err(e) => assert_eq!(
                     e,
-                    StorageError::InsufficientBalance {
+                    RuleError::InsufficientBalance {
                         account_id: a,
                         requested: 7,
                         available: 2

@@ -29,7 +29,10 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::{Json, Router};
 use serde::de::DeserializeOwned;
-use tollgate::{AccountId, AcquireRequest, Capability, LeaseId, NewAccount, StorageError};
+use tollgate::{
+    AccountId, AcquireRequest, AllocatorError, Capability, LeaseId, NewAccount, RuleError,
+    StorageError,
+};
 use utoipa::OpenApi;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa_axum::router::OpenApiRouter;
@@ -215,7 +218,9 @@ impl AppState {
             .await
         {
             Ok(Some(digest)) if auth::key_matches(token, &digest) => Ok(()),
-            Ok(_) | Err(StorageError::AccountNotFound { .. }) => Err(ApiError::Forbidden),
+            Ok(_) | Err(AllocatorError::Rule(RuleError::AccountNotFound { .. })) => {
+                Err(ApiError::Forbidden)
+            }
             Err(e) => Err(e.into()),
         }
     }

@@ -921,15 +921,11 @@ fn policy_url(cfg: &Config) -> Result<&str, CliError> {
     })
 }
 
-/// The rule `tollgate_pg::set_policy` applies to `changed_by`, checked
-/// first so that a bad name is a usage error (exit 2).
+/// The rule `tollgate_pg::set_policy` applies to `changed_by`
+/// ([`tollgate::rules::check_changed_by`]), checked first so that a bad
+/// name is a usage error (exit 2).
 fn check_changed_by(name: &str) -> Result<(), ConfigError> {
-    let max = tollgate_pg::CHANGED_BY_MAX_CHARS;
-    if name.trim().is_empty() || name.chars().count() > max || name.chars().any(char::is_control) {
-        return Err(ConfigError(format!(
-            "changed_by must be 1..={max} characters without control characters"
-        )));
-    }
+    tollgate::rules::check_changed_by(name).map_err(|e| ConfigError(e.to_string()))?;
     Ok(())
 }
 

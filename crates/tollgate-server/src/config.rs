@@ -47,7 +47,7 @@ pub const DEFAULT_RECLAIM_GRACE: SignedDuration = SignedDuration::from_secs(30);
 /// Default `--reclaim-interval`: one second.
 pub const DEFAULT_RECLAIM_INTERVAL: SignedDuration = SignedDuration::from_secs(1);
 /// Default `--reclaim-batch`.
-pub const DEFAULT_RECLAIM_BATCH: usize = 1_000;
+pub const DEFAULT_RECLAIM_BATCH: usize = tollgate::RECLAIM_BATCH_DEFAULT;
 /// Default `--request-timeout`.
 pub const DEFAULT_REQUEST_TIMEOUT: SignedDuration = SignedDuration::from_secs(30);
 /// Default `--shutdown-timeout`.

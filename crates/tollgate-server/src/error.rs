@@ -14,7 +14,7 @@
 //!
 //! # Status mapping
 //!
-//! Allocator errors keep the core's code ([`StorageError::code`]):
+//! Allocator errors keep the core's code ([`AllocatorError::code`]):
 //!
 //! | code | status |
 //! |---|---|
@@ -60,8 +60,8 @@
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
-use tollgate::StorageError;
 use tollgate::safe_time::UncertainReason;
+use tollgate::{AllocatorError, RuleError, StorageError};
 
 use crate::clock::ClockError;
 
@@ -73,7 +73,7 @@ pub const PROBLEM_JSON: &str = "application/problem+json";
 pub enum ApiError {
     /// An allocator error, mapped by its stable code.
     #[error(transparent)]
-    Storage(#[from] StorageError),
+    Storage(#[from] AllocatorError),
     /// No usable `Authorization: Bearer` credential.
     #[error("a bearer credential is required")]
     Unauthenticated,
@@ -137,7 +137,7 @@ pub enum ApiError {
 }
 
 /// The service's own codes and their statuses (allocator codes are in
-/// [`StorageError::CODES`] and mapped by [`storage_status`]).
+/// [`AllocatorError::CODES`] and mapped by [`storage_status`]).
 pub const SERVICE_CODES: &[(&str, u16)] = &[
     ("unauthenticated", 401),
     ("forbidden", 403),
@@ -158,8 +158,18 @@ pub const SERVICE_CODES: &[(&str, u16)] = &[
 ];
 
 /// The HTTP status of an allocator error (see the module table).
-pub fn storage_status(e: &StorageError) -> StatusCode {
-    use StorageError as E;
+pub fn storage_status(e: &AllocatorError) -> StatusCode {
+    use RuleError as E;
+    use StorageError as S;
+    let e = match e {
+        AllocatorError::Rule(e) => e,
+        AllocatorError::Storage(S::Unavailable { .. } | S::RetryExhausted { .. }) => {
+            return StatusCode::SERVICE_UNAVAILABLE;
+        }
+        AllocatorError::Storage(
+            S::Failure { .. } | S::InvalidStoredInstant(_) | S::PolicyMismatch(_),
+        ) => return StatusCode::INTERNAL_SERVER_ERROR,
+    };
     match e {
         E::InvalidUnits { .. }
         | E::InvalidTtl { .. }
@@ -178,10 +188,13 @@ pub fn storage_status(e: &StorageError) -> StatusCode {
         | E::LeaseNotActive { .. }
         | E::LeaseReclaimable { .. }
         | E::IdempotencyConflict => StatusCode::CONFLICT,
-        E::Unavailable { .. } | E::RetryExhausted { .. } => StatusCode::SERVICE_UNAVAILABLE,
-        E::Backend { .. } | E::InvalidStoredInstant(_) | E::PolicyMismatch(_) => {
-            StatusCode::INTERNAL_SERVER_ERROR
-        }
+        E::CorruptHolding { .. } => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+impl From<StorageError> for ApiError {
+    fn from(e: StorageError) -> ApiError {
+        ApiError::Storage(e.into())
     }
 }
 
@@ -236,12 +249,15 @@ impl ApiError {
     /// sentence for 5xx (backend messages may name hosts or SQL).
     pub fn client_detail(&self) -> String {
         match self {
-            ApiError::Storage(StorageError::Unavailable { .. }) => {
+            ApiError::Storage(AllocatorError::Storage(StorageError::Unavailable { .. })) => {
                 "the storage backend is unavailable; retry later".into()
             }
-            ApiError::Storage(StorageError::Backend { .. })
-            | ApiError::Storage(StorageError::InvalidStoredInstant(_))
-            | ApiError::Storage(StorageError::PolicyMismatch(_)) => {
+            ApiError::Storage(AllocatorError::Storage(
+                StorageError::Failure { .. }
+                | StorageError::InvalidStoredInstant(_)
+                | StorageError::PolicyMismatch(_),
+            ))
+            | ApiError::Storage(AllocatorError::Rule(RuleError::CorruptHolding { .. })) => {
                 "the storage backend failed; the operation changed nothing".into()
             }
             other => other.to_string(),

@@ -329,7 +329,7 @@ const OPERATOR_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
 pub async fn open_pool(url: &str) -> Result<PgPool, PgError> {
     let options = PgConnectOptions::from_str(url).map_err(|_| PgError::Storage {
         context: "opening the database",
-        source: StorageError::Backend {
+        source: StorageError::Failure {
             message: "invalid database url".into(),
         },
     })?;

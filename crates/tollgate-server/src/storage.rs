@@ -6,15 +6,11 @@
 //! the PostgreSQL one lives in [`crate::pg`], so the rest of the service is
 //! the same for both stores.
 
-use std::collections::BTreeSet;
 use std::fmt;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use tollgate::{
-    AUDIT_PAGE_MAX, Allocator, CapabilityKey, GrantPolicy, LeaseId, LedgerKind, MemoryStore,
-    StorageError,
-};
+use tollgate::{Allocator, CapabilityKey, GrantPolicy, MemoryStore, StorageError};
 
 /// What `/readyz` reports about storage.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -121,7 +117,7 @@ impl Backend {
     /// # Errors
     /// [`StorageError::Unavailable`] if the random source fails.
     pub fn memory(policy: GrantPolicy, key: CapabilityKey) -> Result<Backend, StorageError> {
-        let store: Arc<dyn Allocator> = Arc::new(MemoryStore::new(policy, key)?);
+        let store = Arc::new(MemoryStore::new(policy, key)?);
         Ok(Backend {
             allocator: store.clone(),
             ops: Arc::new(MemoryOps { store }),
@@ -130,10 +126,10 @@ impl Backend {
 }
 
 /// [`StoreOps`] of the memory store: always at "no schema", never in
-/// maintenance; counts come from replaying the ledger (the memory store has
-/// no lease listing, and the ledger names every grant and settlement).
+/// maintenance; counts come from the store ([`MemoryStore::active_leases`];
+/// a memory store has no legacy bounds).
 pub struct MemoryOps {
-    store: Arc<dyn Allocator>,
+    store: Arc<MemoryStore>,
 }
 
 impl fmt::Debug for MemoryOps {
@@ -161,29 +157,8 @@ impl StoreOps for MemoryOps {
     }
 
     async fn counts(&self) -> Result<StatusCounts, StorageError> {
-        let mut active: BTreeSet<LeaseId> = BTreeSet::new();
-        let mut after_seq = 0;
-        loop {
-            let page = self.store.ledger(after_seq, AUDIT_PAGE_MAX).await?;
-            for e in &page {
-                after_seq = e.seq;
-                let Some(lease_id) = e.lease_id else { continue };
-                match e.kind {
-                    LedgerKind::Acquire | LedgerKind::ConsolidatedGrant => {
-                        active.insert(lease_id);
-                    }
-                    LedgerKind::Release | LedgerKind::Reclaim | LedgerKind::Consolidate => {
-                        active.remove(&lease_id);
-                    }
-                    LedgerKind::Deposit | LedgerKind::Renew => {}
-                }
-            }
-            if page.len() < AUDIT_PAGE_MAX {
-                break;
-            }
-        }
         Ok(StatusCounts {
-            active_leases: active.len() as u64,
+            active_leases: self.store.active_leases()?,
             active_legacy_bounds: 0,
         })
     }

@@ -11,7 +11,7 @@ use std::time::Duration;
 use axum::http::Method;
 use common::*;
 use serde_json::json;
-use tollgate::{PairError, StorageError};
+use tollgate::{AllocatorError, PairError, RuleError, StorageError};
 use tollgate_server::api;
 use tollgate_server::error::{SERVICE_CODES, storage_status};
 use tollgate_server::storage::Backend;
@@ -23,76 +23,83 @@ fn service_codes_documented() {
     common::cases::service_codes_documented();
 }
 
-fn every_storage_error() -> Vec<StorageError> {
+fn every_storage_error() -> Vec<AllocatorError> {
     use tollgate::{AccountId, LeaseId, LeaseState};
     let t = ts(T0);
     let pair_error = PairError::SubmicroOutOfRange { submicro_ns: 1000 };
-    vec![
-        StorageError::InvalidUnits {
+    let rule_errors = vec![
+        RuleError::InvalidUnits {
             units: 0,
             max: i64::MAX,
         },
-        StorageError::InvalidTtl { ttl: dur(0, 0) },
-        StorageError::UnrepresentableExpiry {
+        RuleError::InvalidTtl { ttl: dur(0, 0) },
+        RuleError::UnrepresentableExpiry {
             now: t,
             ttl: dur(1, 0),
         },
-        StorageError::InsufficientBalance {
+        RuleError::InsufficientBalance {
             account_id: AccountId(1),
             requested: 2,
             available: 1,
         },
-        StorageError::UnitsOverflow {
+        RuleError::UnitsOverflow {
             account_id: AccountId(1),
         },
-        StorageError::AccountNotFound {
+        RuleError::AccountNotFound {
             account_id: AccountId(1),
         },
-        StorageError::LeaseNotFound {
+        RuleError::LeaseNotFound {
             lease_id: LeaseId(1),
         },
-        StorageError::CapabilityMismatch,
-        StorageError::LeaseNotActive {
+        RuleError::CapabilityMismatch,
+        RuleError::LeaseNotActive {
             lease_id: LeaseId(1),
             state: LeaseState::Released,
         },
-        StorageError::LeaseReclaimable {
+        RuleError::LeaseReclaimable {
             lease_id: LeaseId(1),
             expiry: t,
             now: t,
         },
-        StorageError::InvalidConsumed {
+        RuleError::InvalidConsumed {
             consumed: 2,
             units: 1,
         },
-        StorageError::IdempotencyConflict,
-        StorageError::InvalidIdempotencyKey { max_len: 255 },
-        StorageError::InvalidAccountName { max_len: 200 },
-        StorageError::DuplicateLease {
+        RuleError::IdempotencyConflict,
+        RuleError::InvalidIdempotencyKey { max_len: 255 },
+        RuleError::InvalidAccountName { max_len: 200 },
+        RuleError::DuplicateLease {
             lease_id: LeaseId(1),
         },
-        StorageError::LeaseAccountMismatch {
+        RuleError::LeaseAccountMismatch {
             lease_id: LeaseId(1),
             account_id: AccountId(1),
         },
-        StorageError::InvalidLeaseCount {
+        RuleError::InvalidLeaseCount {
             count: 0,
             max: 1000,
         },
-        StorageError::InvalidLimit {
+        RuleError::InvalidLimit {
             limit: 0,
             max: 10_000,
         },
+    ];
+    let storage_errors = vec![
         StorageError::InvalidStoredInstant(pair_error),
         StorageError::PolicyMismatch("recorded PT1S, configured PT2S at db.internal".into()),
         StorageError::Unavailable {
             message: "connect to db.internal:5432 refused".into(),
         },
         StorageError::RetryExhausted { attempts: 8 },
-        StorageError::Backend {
+        StorageError::Failure {
             message: "SELECT secret FROM x failed at db.internal".into(),
         },
-    ]
+    ];
+    rule_errors
+        .into_iter()
+        .map(AllocatorError::from)
+        .chain(storage_errors.into_iter().map(AllocatorError::from))
+        .collect()
 }
 
 /// Every allocator code maps to its status over HTTP; the only 5xx are
@@ -125,15 +132,15 @@ async fn failing_store_codes() {
         ("storage_failure", 500),
     ];
     let errors = every_storage_error();
-    let codes: Vec<&str> = errors.iter().map(StorageError::code).collect();
+    let codes: Vec<&str> = errors.iter().map(AllocatorError::code).collect();
     assert_eq!(
         codes,
-        StorageError::CODES.to_vec(),
+        AllocatorError::CODES.to_vec(),
         "one error per code, in order"
     );
     assert_eq!(
         expected.iter().map(|(c, _)| *c).collect::<Vec<_>>(),
-        StorageError::CODES.to_vec()
+        AllocatorError::CODES.to_vec()
     );
     for (e, (code, status)) in errors.into_iter().zip(expected) {
         assert_eq!(storage_status(&e).as_u16(), *status, "{code}");
@@ -198,7 +205,7 @@ async fn body_not_sent_in_time_is_408() {
     use axum::body::Body;
     use futures_util::StreamExt;
     use tower::ServiceExt;
-    let backend = failing_backend(StorageError::IdempotencyConflict, Duration::from_secs(5));
+    let backend = failing_backend(RuleError::IdempotencyConflict, Duration::from_secs(5));
     let st = state(
         backend,
         Arc::new(tollgate_server::clock::TestClock::new(ts(T0))),
@@ -232,7 +239,7 @@ async fn body_not_sent_in_time_is_408() {
 /// A store slower than the request bound: 503 `request_timeout`.
 #[tokio::test]
 async fn request_timeout() {
-    let backend = failing_backend(StorageError::IdempotencyConflict, Duration::from_secs(5));
+    let backend = failing_backend(RuleError::IdempotencyConflict, Duration::from_secs(5));
     let st = state(
         backend,
         Arc::new(tollgate_server::clock::TestClock::new(ts(T0))),

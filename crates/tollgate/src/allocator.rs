@@ -5,7 +5,7 @@ use jiff::{SignedDuration, Timestamp};
 
 use crate::audit::{AuditReport, Auditor};
 use crate::capability::Capability;
-use crate::error::StorageError;
+use crate::error::AllocatorError;
 use crate::model::{
     Account, AccountId, AcquireRequest, Grant, Lease, LeaseId, LedgerEntry, NewAccount,
     ReclaimReport, Renewal, Settlement,
@@ -17,7 +17,10 @@ use crate::timing::GrantPolicy;
 pub const AUDIT_PAGE_MAX: usize = 1_000;
 
 /// The lease and credit allocator. Every method is one all-or-nothing
-/// operation: an `Err` means nothing changed. Time is always *supplied*
+/// operation: an `Err` means nothing changed. Its error,
+/// [`AllocatorError`], is a refusal by the rules ([`crate::RuleError`],
+/// named in each method's `# Errors`) or a storage failure
+/// ([`crate::StorageError`], "storage errors"). Time is always *supplied*
 /// (`now`); a store never reads a clock.
 ///
 /// Implemented by [`crate::MemoryStore`] and by the PostgreSQL store; both
@@ -30,144 +33,148 @@ pub trait Allocator: Send + Sync {
     /// Creates an account with zero balances.
     ///
     /// # Errors
-    /// [`StorageError::InvalidAccountName`]; backend errors.
-    async fn create_account(&self, new: NewAccount) -> Result<Account, StorageError>;
+    /// [`crate::RuleError::InvalidAccountName`]; storage errors.
+    async fn create_account(&self, new: NewAccount) -> Result<Account, AllocatorError>;
 
     /// Reads an account.
     ///
     /// # Errors
-    /// [`StorageError::AccountNotFound`]; backend errors.
-    async fn account(&self, account_id: AccountId) -> Result<Account, StorageError>;
+    /// [`crate::RuleError::AccountNotFound`]; storage errors.
+    async fn account(&self, account_id: AccountId) -> Result<Account, AllocatorError>;
 
     /// The SHA-256 digest of the account's API key, if it has one.
     ///
     /// # Errors
-    /// [`StorageError::AccountNotFound`]; backend errors.
+    /// [`crate::RuleError::AccountNotFound`]; storage errors.
     async fn account_key_digest(
         &self,
         account_id: AccountId,
-    ) -> Result<Option<[u8; 32]>, StorageError>;
+    ) -> Result<Option<[u8; 32]>, AllocatorError>;
 
     /// Accounts with id greater than `after`, ascending, at most `limit`
     /// (`1..=`[`AUDIT_PAGE_MAX`]).
     ///
     /// # Errors
-    /// [`StorageError::InvalidLimit`]; backend errors.
+    /// [`crate::RuleError::InvalidLimit`]; storage errors.
     async fn accounts(
         &self,
         after: Option<AccountId>,
         limit: usize,
-    ) -> Result<Vec<Account>, StorageError>;
+    ) -> Result<Vec<Account>, AllocatorError>;
 
     /// Deposits `units` (`1..=i64::MAX`) at supplied time `now`.
     ///
     /// # Errors
-    /// [`StorageError::InvalidUnits`], [`StorageError::AccountNotFound`],
-    /// [`StorageError::UnitsOverflow`]; backend errors.
+    /// [`crate::RuleError::InvalidUnits`], [`crate::RuleError::AccountNotFound`],
+    /// [`crate::RuleError::UnitsOverflow`]; storage errors.
     async fn deposit(
         &self,
         account_id: AccountId,
         units: i64,
         now: Timestamp,
-    ) -> Result<Account, StorageError>;
+    ) -> Result<Account, AllocatorError>;
 
     /// Grants a lease: debits `units` from `available` into `held` until
     /// `now + clamp(ttl)`. With an idempotency key, a retry of the same
     /// request returns the original grant unchanged.
     ///
     /// # Errors
-    /// [`StorageError::InvalidUnits`], [`StorageError::InvalidTtl`],
-    /// [`StorageError::InvalidIdempotencyKey`],
-    /// [`StorageError::UnrepresentableExpiry`] (before any debit),
-    /// [`StorageError::AccountNotFound`], [`StorageError::IdempotencyConflict`],
-    /// [`StorageError::InsufficientBalance`]; backend errors.
-    async fn acquire(&self, req: AcquireRequest, now: Timestamp) -> Result<Grant, StorageError>;
+    /// [`crate::RuleError::InvalidUnits`], [`crate::RuleError::InvalidTtl`],
+    /// [`crate::RuleError::InvalidIdempotencyKey`],
+    /// [`crate::RuleError::UnrepresentableExpiry`] (before any debit),
+    /// [`crate::RuleError::AccountNotFound`], [`crate::RuleError::IdempotencyConflict`],
+    /// [`crate::RuleError::InsufficientBalance`]; storage errors.
+    async fn acquire(&self, req: AcquireRequest, now: Timestamp) -> Result<Grant, AllocatorError>;
 
     /// Reads a lease.
     ///
     /// # Errors
-    /// [`StorageError::CapabilityMismatch`] (also for an unknown lease id
-    /// with a forged capability), [`StorageError::LeaseNotFound`]; backend
+    /// [`crate::RuleError::CapabilityMismatch`] (also for an unknown lease id
+    /// with a forged capability), [`crate::RuleError::LeaseNotFound`]; storage
     /// errors.
     async fn lease(
         &self,
         lease_id: LeaseId,
         capability: &Capability,
-    ) -> Result<Lease, StorageError>;
+    ) -> Result<Lease, AllocatorError>;
 
     /// Extends an active, not yet reclaimable lease to
     /// `max(expiry, now + clamp(ttl))` and issues a new fence.
     ///
     /// # Errors
-    /// [`StorageError::CapabilityMismatch`], [`StorageError::LeaseNotFound`],
-    /// [`StorageError::InvalidTtl`], [`StorageError::UnrepresentableExpiry`],
-    /// [`StorageError::LeaseNotActive`], [`StorageError::LeaseReclaimable`];
-    /// backend errors.
+    /// [`crate::RuleError::CapabilityMismatch`], [`crate::RuleError::LeaseNotFound`],
+    /// [`crate::RuleError::InvalidTtl`], [`crate::RuleError::UnrepresentableExpiry`],
+    /// [`crate::RuleError::LeaseNotActive`], [`crate::RuleError::LeaseReclaimable`];
+    /// storage errors.
     async fn renew(
         &self,
         lease_id: LeaseId,
         capability: &Capability,
         ttl: SignedDuration,
         now: Timestamp,
-    ) -> Result<Renewal, StorageError>;
+    ) -> Result<Renewal, AllocatorError>;
 
     /// Settles an active lease before its reclaim boundary
     /// (`now < expiry + grace`), charging `consumed` (default: all units) and
     /// returning the rest.
     ///
     /// # Errors
-    /// [`StorageError::CapabilityMismatch`], [`StorageError::LeaseNotFound`],
-    /// [`StorageError::LeaseNotActive`], [`StorageError::LeaseReclaimable`],
-    /// [`StorageError::InvalidConsumed`]; backend errors.
+    /// [`crate::RuleError::CapabilityMismatch`], [`crate::RuleError::LeaseNotFound`],
+    /// [`crate::RuleError::LeaseNotActive`], [`crate::RuleError::LeaseReclaimable`],
+    /// [`crate::RuleError::InvalidConsumed`]; storage errors.
     async fn release(
         &self,
         lease_id: LeaseId,
         capability: &Capability,
         now: Timestamp,
         consumed: Option<i64>,
-    ) -> Result<Settlement, StorageError>;
+    ) -> Result<Settlement, AllocatorError>;
 
     /// Settles the named leases as consolidated and grants one new lease of
     /// their summed units until `now + clamp(ttl)`.
     ///
     /// # Errors
-    /// [`StorageError::InvalidLeaseCount`], [`StorageError::DuplicateLease`],
-    /// [`StorageError::InvalidTtl`], [`StorageError::UnrepresentableExpiry`]
-    /// (before anything settles), [`StorageError::AccountNotFound`],
-    /// [`StorageError::CapabilityMismatch`], [`StorageError::LeaseNotFound`],
-    /// [`StorageError::LeaseAccountMismatch`], [`StorageError::LeaseNotActive`],
-    /// [`StorageError::LeaseReclaimable`], [`StorageError::UnitsOverflow`];
-    /// backend errors.
+    /// [`crate::RuleError::InvalidLeaseCount`], [`crate::RuleError::DuplicateLease`],
+    /// [`crate::RuleError::InvalidTtl`], [`crate::RuleError::UnrepresentableExpiry`]
+    /// (before anything settles), [`crate::RuleError::AccountNotFound`],
+    /// [`crate::RuleError::CapabilityMismatch`], [`crate::RuleError::LeaseNotFound`],
+    /// [`crate::RuleError::LeaseAccountMismatch`], [`crate::RuleError::LeaseNotActive`],
+    /// [`crate::RuleError::LeaseReclaimable`], [`crate::RuleError::UnitsOverflow`];
+    /// storage errors.
     async fn consolidate(
         &self,
         account_id: AccountId,
         leases: &[(LeaseId, Capability)],
         ttl: SignedDuration,
         now: Timestamp,
-    ) -> Result<Grant, StorageError>;
+    ) -> Result<Grant, AllocatorError>;
 
     /// Settles up to `limit` (`1..=`[`crate::RECLAIM_BATCH_MAX`]) active
     /// leases reclaimable at `now`, in (account, lease) order, charging all
     /// of their units. Idempotent; safe to run from several workers.
     ///
     /// # Errors
-    /// [`StorageError::InvalidLimit`]; backend errors.
-    async fn reclaim(&self, now: Timestamp, limit: usize) -> Result<ReclaimReport, StorageError>;
+    /// [`crate::RuleError::InvalidLimit`]; storage errors.
+    async fn reclaim(&self, now: Timestamp, limit: usize) -> Result<ReclaimReport, AllocatorError>;
 
     /// Ledger entries with `seq > after_seq`, ascending, at most `limit`
     /// (`1..=`[`AUDIT_PAGE_MAX`]).
     ///
     /// # Errors
-    /// [`StorageError::InvalidLimit`]; backend errors.
-    async fn ledger(&self, after_seq: i64, limit: usize) -> Result<Vec<LedgerEntry>, StorageError>;
+    /// [`crate::RuleError::InvalidLimit`]; storage errors.
+    async fn ledger(
+        &self,
+        after_seq: i64,
+        limit: usize,
+    ) -> Result<Vec<LedgerEntry>, AllocatorError>;
 
     /// Recomputes every account from the ledger and checks conservation
     /// ([`crate::audit`]). Pages through the ledger with [`AUDIT_PAGE_MAX`].
     /// Concurrent writes may show as violations; audit a quiet store.
     ///
     /// # Errors
-    /// Backend errors.
-    async fn audit(&self) -> Result<AuditReport, StorageError> {
+    /// Storage errors.
+    async fn audit(&self) -> Result<AuditReport, AllocatorError> {
         let mut auditor = Auditor::new();
         let mut after_seq = 0;
         loop {

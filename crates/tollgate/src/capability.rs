@@ -172,17 +172,13 @@ impl LeaseCapabilities {
     /// Checks `presented` for `lease_id` (constant time, no lookup).
     ///
     /// # Errors
-    /// [`crate::StorageError::CapabilityMismatch`] when it does not verify,
+    /// [`crate::RuleError::CapabilityMismatch`] when it does not verify,
     /// whether or not the lease exists.
-    pub fn check(
-        &self,
-        lease_id: LeaseId,
-        presented: &Capability,
-    ) -> Result<(), crate::StorageError> {
+    pub fn check(&self, lease_id: LeaseId, presented: &Capability) -> Result<(), crate::RuleError> {
         if self.key.verify(self.store_id, lease_id, presented) {
             Ok(())
         } else {
-            Err(crate::StorageError::CapabilityMismatch)
+            Err(crate::RuleError::CapabilityMismatch)
         }
     }
 
@@ -193,18 +189,18 @@ impl LeaseCapabilities {
     /// lease ids in request order.
     ///
     /// # Errors
-    /// [`crate::StorageError::InvalidLeaseCount`],
-    /// [`crate::StorageError::DuplicateLease`],
-    /// [`crate::StorageError::InvalidTtl`],
-    /// [`crate::StorageError::UnrepresentableExpiry`],
-    /// [`crate::StorageError::CapabilityMismatch`].
+    /// [`crate::RuleError::InvalidLeaseCount`],
+    /// [`crate::RuleError::DuplicateLease`],
+    /// [`crate::RuleError::InvalidTtl`],
+    /// [`crate::RuleError::UnrepresentableExpiry`],
+    /// [`crate::RuleError::CapabilityMismatch`].
     pub fn check_consolidation(
         &self,
         policy: &crate::GrantPolicy,
         leases: &[(LeaseId, Capability)],
         ttl: jiff::SignedDuration,
         now: jiff::Timestamp,
-    ) -> Result<Vec<LeaseId>, crate::StorageError> {
+    ) -> Result<Vec<LeaseId>, crate::RuleError> {
         let ids: Vec<LeaseId> = leases.iter().map(|(id, _)| *id).collect();
         crate::rules::check_consolidation_ids(&ids)?;
         policy.expiry(now, ttl)?;

@@ -1,4 +1,19 @@
-//! The allocator boundary's error type, [`StorageError`], with stable codes.
+//! The allocator boundary's error types, with stable codes.
+//!
+//! An allocator operation fails for one of two reasons, and its error type,
+//! [`AllocatorError`], says which:
+//!
+//! * [`RuleError`]: the rules refuse the request (bad input, not enough
+//!   units, a lease that is no longer live, a capability that does not
+//!   verify) or find the loaded state inconsistent. Every `rules::plan_*`
+//!   and capability check returns this type.
+//! * [`StorageError`]: the storage itself failed (unreachable, retries
+//!   exhausted, corrupt or unexpected stored data, a policy that differs
+//!   from this process's).
+//!
+//! Every variant of both has a stable machine-readable code
+//! ([`AllocatorError::code`]) that the HTTP service exposes unchanged. An
+//! operation that returns an error has changed nothing.
 
 use jiff::{SignedDuration, Timestamp};
 
@@ -6,11 +21,12 @@ use crate::instant_pair::PairError;
 use crate::model::{AccountId, LeaseId, LeaseState};
 use crate::timing::TimingError;
 
-/// Every error an allocator operation can return. Each variant has a stable
-/// machine-readable [`code`](StorageError::code) that the HTTP service exposes
-/// unchanged. An operation that returns an error has changed nothing.
+/// A request the rules refuse, or state they find inconsistent: what
+/// [`crate::rules`] and capability checks return. Each variant has a stable
+/// machine-readable [`code`](RuleError::code). An operation that returns one
+/// has changed nothing.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum StorageError {
+pub enum RuleError {
     /// A unit amount was zero, negative or otherwise outside what the
     /// operation accepts.
     #[error("units must be in 1..={max}, got {units}")]
@@ -139,13 +155,69 @@ pub enum StorageError {
         /// The bound.
         max: usize,
     },
+    /// The account holds fewer units than a lease that is settling: the
+    /// invariant `held >= sum of the units of its active leases` is broken
+    /// (corrupt stored state, not a refusal of the request). Its code is
+    /// `storage_failure`, the code of [`StorageError::Failure`].
+    #[error("account holds {held} units but a lease of {units} is settling")]
+    CorruptHolding {
+        /// The account's `held`.
+        held: i64,
+        /// The settling lease's units.
+        units: i64,
+    },
+}
+
+impl RuleError {
+    /// The stable machine-readable code of this error.
+    pub fn code(&self) -> &'static str {
+        match self {
+            RuleError::InvalidUnits { .. } => "invalid_units",
+            RuleError::InvalidTtl { .. } => "invalid_ttl",
+            RuleError::UnrepresentableExpiry { .. } => "unrepresentable_expiry",
+            RuleError::InsufficientBalance { .. } => "insufficient_balance",
+            RuleError::UnitsOverflow { .. } => "units_overflow",
+            RuleError::AccountNotFound { .. } => "account_not_found",
+            RuleError::LeaseNotFound { .. } => "lease_not_found",
+            RuleError::CapabilityMismatch => "capability_mismatch",
+            RuleError::LeaseNotActive { .. } => "lease_not_active",
+            RuleError::LeaseReclaimable { .. } => "lease_reclaimable",
+            RuleError::InvalidConsumed { .. } => "invalid_consumed",
+            RuleError::IdempotencyConflict => "idempotency_conflict",
+            RuleError::InvalidIdempotencyKey { .. } => "invalid_idempotency_key",
+            RuleError::InvalidAccountName { .. } => "invalid_account_name",
+            RuleError::DuplicateLease { .. } => "duplicate_lease",
+            RuleError::LeaseAccountMismatch { .. } => "lease_account_mismatch",
+            RuleError::InvalidLeaseCount { .. } => "invalid_lease_count",
+            RuleError::InvalidLimit { .. } => "invalid_limit",
+            RuleError::CorruptHolding { .. } => "storage_failure",
+        }
+    }
+}
+
+impl From<TimingError> for RuleError {
+    fn from(e: TimingError) -> RuleError {
+        match e {
+            TimingError::InvalidTtl { ttl } => RuleError::InvalidTtl { ttl },
+            TimingError::UnrepresentableExpiry { now, ttl } => {
+                RuleError::UnrepresentableExpiry { now, ttl }
+            }
+        }
+    }
+}
+
+/// A failure of the storage itself, not of the request: what a store
+/// returns when it cannot do what the rules planned. Each variant has a
+/// stable machine-readable [`code`](StorageError::code).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StorageError {
     /// Stored data does not decode (a corrupt instant pair).
     #[error("stored instant is invalid: {0}")]
     InvalidStoredInstant(#[from] PairError),
     /// The store's recorded policy differs from this process's policy.
     #[error("{0}")]
     PolicyMismatch(String),
-    /// The storage backend could not be reached.
+    /// The storage could not be reached.
     #[error("storage unavailable: {message}")]
     Unavailable {
         /// What failed (no secrets).
@@ -157,9 +229,11 @@ pub enum StorageError {
         /// Attempts made.
         attempts: u32,
     },
-    /// Any other backend failure.
+    /// Any other failure of the storage: a database error, stored data the
+    /// store does not understand, a write that changed an unexpected number
+    /// of rows, an invalid operator input to a storage command.
     #[error("storage failure: {message}")]
-    Backend {
+    Failure {
         /// What failed (no secrets).
         message: String,
     },
@@ -169,33 +243,40 @@ impl StorageError {
     /// The stable machine-readable code of this error.
     pub fn code(&self) -> &'static str {
         match self {
-            StorageError::InvalidUnits { .. } => "invalid_units",
-            StorageError::InvalidTtl { .. } => "invalid_ttl",
-            StorageError::UnrepresentableExpiry { .. } => "unrepresentable_expiry",
-            StorageError::InsufficientBalance { .. } => "insufficient_balance",
-            StorageError::UnitsOverflow { .. } => "units_overflow",
-            StorageError::AccountNotFound { .. } => "account_not_found",
-            StorageError::LeaseNotFound { .. } => "lease_not_found",
-            StorageError::CapabilityMismatch => "capability_mismatch",
-            StorageError::LeaseNotActive { .. } => "lease_not_active",
-            StorageError::LeaseReclaimable { .. } => "lease_reclaimable",
-            StorageError::InvalidConsumed { .. } => "invalid_consumed",
-            StorageError::IdempotencyConflict => "idempotency_conflict",
-            StorageError::InvalidIdempotencyKey { .. } => "invalid_idempotency_key",
-            StorageError::InvalidAccountName { .. } => "invalid_account_name",
-            StorageError::DuplicateLease { .. } => "duplicate_lease",
-            StorageError::LeaseAccountMismatch { .. } => "lease_account_mismatch",
-            StorageError::InvalidLeaseCount { .. } => "invalid_lease_count",
-            StorageError::InvalidLimit { .. } => "invalid_limit",
             StorageError::InvalidStoredInstant(_) => "invalid_stored_instant",
             StorageError::PolicyMismatch(_) => "policy_mismatch",
             StorageError::Unavailable { .. } => "storage_unavailable",
             StorageError::RetryExhausted { .. } => "retry_exhausted",
-            StorageError::Backend { .. } => "storage_failure",
+            StorageError::Failure { .. } => "storage_failure",
+        }
+    }
+}
+
+/// Every error an allocator operation can return: a refusal by the rules
+/// or a failure of the storage. Displays as the error it carries.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AllocatorError {
+    /// The rules refused the request (or found the loaded state
+    /// inconsistent).
+    #[error(transparent)]
+    Rule(#[from] RuleError),
+    /// The storage failed.
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+}
+
+impl AllocatorError {
+    /// The stable machine-readable code of this error: its rule's or its
+    /// storage failure's.
+    pub fn code(&self) -> &'static str {
+        match self {
+            AllocatorError::Rule(e) => e.code(),
+            AllocatorError::Storage(e) => e.code(),
         }
     }
 
-    /// Every code, for documentation and for the HTTP layer's tests.
+    /// Every code, once each, for documentation and for the HTTP layer's
+    /// tests.
     pub const CODES: &'static [&'static str] = &[
         "invalid_units",
         "invalid_ttl",
@@ -223,13 +304,67 @@ impl StorageError {
     ];
 }
 
-impl From<TimingError> for StorageError {
-    fn from(e: TimingError) -> StorageError {
-        match e {
-            TimingError::InvalidTtl { ttl } => StorageError::InvalidTtl { ttl },
-            TimingError::UnrepresentableExpiry { now, ttl } => {
-                StorageError::UnrepresentableExpiry { now, ttl }
-            }
-        }
+impl From<TimingError> for AllocatorError {
+    fn from(e: TimingError) -> AllocatorError {
+        AllocatorError::Rule(e.into())
+    }
+}
+
+impl From<PairError> for AllocatorError {
+    fn from(e: PairError) -> AllocatorError {
+        AllocatorError::Storage(e.into())
+    }
+}
+
+/// Compares with a rule error, so a test can write
+/// `assert_eq!(err, RuleError::IdempotencyConflict)`.
+impl PartialEq<RuleError> for AllocatorError {
+    fn eq(&self, other: &RuleError) -> bool {
+        matches!(self, AllocatorError::Rule(e) if e == other)
+    }
+}
+
+/// Compares with a storage error, like `PartialEq<RuleError>`.
+impl PartialEq<StorageError> for AllocatorError {
+    fn eq(&self, other: &StorageError) -> bool {
+        matches!(self, AllocatorError::Storage(e) if e == other)
+    }
+}
+
+/// A `changed_by` (who changes a recorded policy) that
+/// [`crate::rules::check_changed_by`] refuses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("changed_by must be 1..={max_len} characters without control characters")]
+pub struct InvalidChangedBy {
+    /// The longest accepted name, in characters
+    /// ([`crate::rules::CHANGED_BY_MAX_CHARS`]).
+    pub max_len: usize,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_are_listed_once_each() {
+        let mut sorted = AllocatorError::CODES.to_vec();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(sorted.len(), AllocatorError::CODES.len());
+        let corrupt = RuleError::CorruptHolding { held: 1, units: 2 };
+        assert_eq!(corrupt.code(), "storage_failure");
+        assert_eq!(
+            corrupt.to_string(),
+            "account holds 1 units but a lease of 2 is settling"
+        );
+        let failure = StorageError::Failure {
+            message: "x".into(),
+        };
+        assert_eq!(
+            AllocatorError::from(failure.clone()).code(),
+            "storage_failure"
+        );
+        assert_eq!(AllocatorError::from(failure.clone()), failure);
+        assert_ne!(AllocatorError::from(failure), RuleError::CapabilityMismatch);
     }
 }

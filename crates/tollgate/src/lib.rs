@@ -58,14 +58,16 @@ pub mod testkit;
 pub use allocator::{AUDIT_PAGE_MAX, Allocator};
 pub use audit::{AuditReport, AuditViolation, Auditor};
 pub use capability::{Capability, CapabilityKey, KeyError, LeaseCapabilities, StoreId};
-pub use error::StorageError;
+pub use error::{AllocatorError, InvalidChangedBy, RuleError, StorageError};
 pub use instant_pair::{InstantPair, PairError};
 pub use memory::MemoryStore;
 pub use model::{
-    Account, AccountId, AcquireRequest, Actor, Balances, Fence, Grant, Lease, LeaseId, LeaseState,
-    LedgerEntry, LedgerKind, NewAccount, ReclaimReport, Renewal, Settlement,
+    Account, AccountId, AcquireRequest, Actor, Balances, Fence, Grant, IdempotencyRecord, Issued,
+    Lease, LeaseId, LeaseState, LedgerEntry, LedgerKind, NewAccount, NewLedgerEntry, ReclaimReport,
+    Renewal, Settlement,
 };
 pub use rules::{
-    ACCOUNT_NAME_MAX_CHARS, CONSOLIDATE_LEASES_MAX, IDEMPOTENCY_KEY_MAX_BYTES, RECLAIM_BATCH_MAX,
+    ACCOUNT_NAME_MAX_CHARS, CHANGED_BY_MAX_CHARS, CONSOLIDATE_LEASES_MAX,
+    IDEMPOTENCY_KEY_MAX_BYTES, RECLAIM_BATCH_DEFAULT, RECLAIM_BATCH_MAX,
 };
 pub use timing::{GrantPolicy, PolicyError, TIMESTAMP_MAX_NS, TIMESTAMP_MIN_NS, TimingError};

@@ -19,23 +19,14 @@ use jiff::{SignedDuration, Timestamp};
 
 use crate::allocator::{AUDIT_PAGE_MAX, Allocator};
 use crate::capability::{Capability, CapabilityKey, LeaseCapabilities, StoreId};
-use crate::error::StorageError;
+use crate::error::{AllocatorError, RuleError, StorageError};
 use crate::model::{
-    Account, AccountId, AcquireRequest, Actor, Balances, Fence, Grant, Lease, LeaseId, LeaseState,
-    LedgerEntry, LedgerKind, NewAccount, ReclaimReport, Renewal, Settlement,
+    Account, AccountId, AcquireRequest, Balances, Fence, Grant, IdempotencyRecord, Issued, Lease,
+    LeaseId, LeaseState, LedgerEntry, NewAccount, NewLedgerEntry, ReclaimReport, Renewal,
+    Settlement,
 };
 use crate::rules;
 use crate::timing::GrantPolicy;
-
-#[derive(Debug, Clone)]
-struct IdempotencyRecord {
-    units: i64,
-    ttl: SignedDuration,
-    lease_id: LeaseId,
-    fence: Fence,
-    expiry: Timestamp,
-    granted_ttl: SignedDuration,
-}
 
 #[derive(Debug, Default)]
 struct State {
@@ -51,50 +42,23 @@ struct State {
     last_fence: i64,
 }
 
-/// A ledger entry before the store assigns its sequence number.
-struct Entry {
-    account_id: AccountId,
-    lease_id: Option<LeaseId>,
-    kind: LedgerKind,
-    actor: Actor,
-    units: i64,
-    consumed: i64,
-    before: Balances,
-    after: Balances,
-    fence: Option<Fence>,
-    expiry: Option<Timestamp>,
-    at: Timestamp,
-}
-
 impl State {
-    fn record(&mut self, e: Entry) {
+    /// Appends `e` with the next sequence number.
+    fn record(&mut self, e: NewLedgerEntry) {
         let seq = self.ledger.len() as i64 + 1;
-        self.ledger.push(LedgerEntry {
-            seq,
-            account_id: e.account_id,
-            lease_id: e.lease_id,
-            kind: e.kind,
-            actor: e.actor,
-            units: e.units,
-            consumed: e.consumed,
-            before: e.before,
-            after: e.after,
-            fence: e.fence,
-            expiry: e.expiry,
-            at: e.at,
-        });
+        self.ledger.push(e.with_seq(seq));
     }
 
-    fn account(&self, account_id: AccountId) -> Result<&Account, StorageError> {
+    fn account(&self, account_id: AccountId) -> Result<&Account, RuleError> {
         self.accounts
             .get(&account_id)
-            .ok_or(StorageError::AccountNotFound { account_id })
+            .ok_or(RuleError::AccountNotFound { account_id })
     }
 
-    fn lease(&self, lease_id: LeaseId) -> Result<&Lease, StorageError> {
+    fn lease(&self, lease_id: LeaseId) -> Result<&Lease, RuleError> {
         self.leases
             .get(&lease_id)
-            .ok_or(StorageError::LeaseNotFound { lease_id })
+            .ok_or(RuleError::LeaseNotFound { lease_id })
     }
 
     fn next_fence(&mut self) -> Fence {
@@ -102,64 +66,36 @@ impl State {
         Fence(self.last_fence)
     }
 
+    /// Sets the balances of an account a plan was made for.
     fn set_balances(&mut self, account_id: AccountId, after: Balances) {
-        if let Some(a) = self.accounts.get_mut(&account_id) {
-            a.balances = after;
-        }
+        let account = self
+            .accounts
+            .get_mut(&account_id)
+            .unwrap_or_else(|| panic!("planned account {account_id} is not in the store"));
+        account.balances = after;
     }
 
-    /// Settles `lease_id` with an already computed plan.
-    fn settle(
-        &mut self,
-        lease_id: LeaseId,
-        state: LeaseState,
-        plan: rules::SettlePlan,
-        actor: Actor,
-        now: Timestamp,
-    ) -> Option<Settlement> {
-        let lease = self.leases.get_mut(&lease_id)?;
+    /// Marks a lease a plan was made for as settled in `state`.
+    fn settle_lease(&mut self, lease_id: LeaseId, state: LeaseState, consumed: i64) {
+        let lease = self
+            .leases
+            .get_mut(&lease_id)
+            .unwrap_or_else(|| panic!("planned lease {lease_id} is not in the store"));
         lease.state = state;
-        lease.consumed = Some(plan.consumed);
-        let lease = lease.clone();
-        self.active.remove(&(lease.account_id, lease_id));
-        let before = self.accounts.get(&lease.account_id)?.balances;
-        self.set_balances(lease.account_id, plan.after);
-        self.record(Entry {
-            account_id: lease.account_id,
-            lease_id: Some(lease_id),
-            kind: if state == LeaseState::Reclaimed {
-                LedgerKind::Reclaim
-            } else {
-                LedgerKind::Release
-            },
-            actor,
-            units: lease.units,
-            consumed: plan.consumed,
-            before,
-            after: plan.after,
-            fence: Some(lease.fence),
-            expiry: Some(lease.expiry),
-            at: now,
-        });
-        Some(Settlement {
-            lease_id,
-            account_id: lease.account_id,
-            state,
-            units: lease.units,
-            consumed: plan.consumed,
-            returned: plan.returned,
-            settled_at: now,
-            balances: plan.after,
-        })
+        lease.consumed = Some(consumed);
+        let account_id = lease.account_id;
+        self.active.remove(&(account_id, lease_id));
     }
 
-    /// Inserts a new active lease and returns it.
-    fn insert_lease(
-        &mut self,
-        account_id: AccountId,
-        units: i64,
-        expiry: Timestamp,
-    ) -> (LeaseId, Fence) {
+    /// Applies a release or reclaim plan.
+    fn apply_settle(&mut self, plan: &rules::SettlePlan) {
+        self.settle_lease(plan.lease_id, plan.state, plan.consumed);
+        self.set_balances(plan.entry.account_id, plan.after);
+        self.record(plan.entry);
+    }
+
+    /// Inserts a new active, exact lease and returns what it was issued.
+    fn insert_lease(&mut self, account_id: AccountId, units: i64, expiry: Timestamp) -> Issued {
         self.last_lease_id += 1;
         let lease_id = LeaseId(self.last_lease_id);
         let fence = self.next_fence();
@@ -177,7 +113,7 @@ impl State {
             },
         );
         self.active.insert((account_id, lease_id));
-        (lease_id, fence)
+        Issued { lease_id, fence }
     }
 }
 
@@ -208,11 +144,19 @@ impl MemoryStore {
         })
     }
 
+    /// How many leases are active (granted and not yet settled).
+    ///
+    /// # Errors
+    /// [`StorageError::Failure`] if the store's lock is poisoned.
+    pub fn active_leases(&self) -> Result<u64, StorageError> {
+        Ok(self.lock()?.active.len() as u64)
+    }
+
     fn lock(&self) -> Result<MutexGuard<'_, State>, StorageError> {
         // Plans are computed before any mutation and applied without fallible
         // steps, so a poisoned lock can only come from a bug; refuse service
         // rather than guess at the state.
-        self.state.lock().map_err(|_| StorageError::Backend {
+        self.state.lock().map_err(|_| StorageError::Failure {
             message: "memory store lock poisoned".into(),
         })
     }
@@ -224,7 +168,7 @@ impl Allocator for MemoryStore {
         self.policy
     }
 
-    async fn create_account(&self, new: NewAccount) -> Result<Account, StorageError> {
+    async fn create_account(&self, new: NewAccount) -> Result<Account, AllocatorError> {
         rules::check_account_name(&new.name)?;
         let mut st = self.lock()?;
         st.last_account_id += 1;
@@ -240,14 +184,14 @@ impl Allocator for MemoryStore {
         Ok(account)
     }
 
-    async fn account(&self, account_id: AccountId) -> Result<Account, StorageError> {
-        self.lock()?.account(account_id).cloned()
+    async fn account(&self, account_id: AccountId) -> Result<Account, AllocatorError> {
+        Ok(self.lock()?.account(account_id).cloned()?)
     }
 
     async fn account_key_digest(
         &self,
         account_id: AccountId,
-    ) -> Result<Option<[u8; 32]>, StorageError> {
+    ) -> Result<Option<[u8; 32]>, AllocatorError> {
         let st = self.lock()?;
         st.account(account_id)?;
         Ok(st.key_digests.get(&account_id).copied())
@@ -257,7 +201,7 @@ impl Allocator for MemoryStore {
         &self,
         after: Option<AccountId>,
         limit: usize,
-    ) -> Result<Vec<Account>, StorageError> {
+    ) -> Result<Vec<Account>, AllocatorError> {
         let limit = rules::check_limit(limit, AUDIT_PAGE_MAX)?;
         let st = self.lock()?;
         let start = after.map_or(i64::MIN, |a| a.0.saturating_add(1));
@@ -275,42 +219,29 @@ impl Allocator for MemoryStore {
         account_id: AccountId,
         units: i64,
         now: Timestamp,
-    ) -> Result<Account, StorageError> {
+    ) -> Result<Account, AllocatorError> {
         rules::check_units(units)?;
         let mut st = self.lock()?;
         let before = st.account(account_id)?.balances;
-        let after = rules::deposit(account_id, before, units)?;
-        st.set_balances(account_id, after);
-        st.record(Entry {
-            account_id,
-            lease_id: None,
-            kind: LedgerKind::Deposit,
-            actor: Actor::Operator,
-            units,
-            consumed: 0,
-            before,
-            after,
-            fence: None,
-            expiry: None,
-            at: now,
-        });
-        st.account(account_id).cloned()
+        let plan = rules::plan_deposit(account_id, before, units, now)?;
+        st.set_balances(account_id, plan.after);
+        st.record(plan.entry);
+        Ok(st.account(account_id)?.clone())
     }
 
-    async fn acquire(&self, req: AcquireRequest, now: Timestamp) -> Result<Grant, StorageError> {
-        rules::check_units(req.units)?;
-        self.policy.clamp_ttl(req.ttl)?;
-        if let Some(k) = &req.idempotency_key {
-            rules::check_idempotency_key(k)?;
-        }
+    async fn acquire(&self, req: AcquireRequest, now: Timestamp) -> Result<Grant, AllocatorError> {
+        rules::check_acquire(
+            &self.policy,
+            req.units,
+            req.ttl,
+            req.idempotency_key.as_deref(),
+        )?;
         let mut st = self.lock()?;
         let before = st.account(req.account_id)?.balances;
         if let Some(k) = &req.idempotency_key
             && let Some(r) = st.idempotency.get(&(req.account_id, k.clone()))
         {
-            if r.units != req.units || r.ttl != req.ttl {
-                return Err(StorageError::IdempotencyConflict);
-            }
+            rules::check_replay(r, req.units, req.ttl)?;
             return Ok(self
                 .caps
                 .grant(r.lease_id, r.fence, r.units, r.expiry, r.granted_ttl));
@@ -323,46 +254,29 @@ impl Allocator for MemoryStore {
             req.ttl,
             now,
         )?;
-        let (lease_id, fence) = st.insert_lease(req.account_id, req.units, plan.expiry);
-        st.set_balances(req.account_id, plan.after);
-        st.record(Entry {
-            account_id: req.account_id,
-            lease_id: Some(lease_id),
-            kind: LedgerKind::Acquire,
-            actor: Actor::Holder,
-            units: req.units,
-            consumed: 0,
-            before,
-            after: plan.after,
-            fence: Some(fence),
-            expiry: Some(plan.expiry),
-            at: now,
-        });
+        let issued = st.insert_lease(plan.account_id, plan.units, plan.expiry);
+        st.set_balances(plan.account_id, plan.after);
+        st.record(plan.entry(issued));
         if let Some(k) = req.idempotency_key {
-            st.idempotency.insert(
-                (req.account_id, k),
-                IdempotencyRecord {
-                    units: req.units,
-                    ttl: req.ttl,
-                    lease_id,
-                    fence,
-                    expiry: plan.expiry,
-                    granted_ttl: plan.granted_ttl,
-                },
-            );
+            st.idempotency
+                .insert((req.account_id, k), plan.idempotency_record(issued));
         }
-        Ok(self
-            .caps
-            .grant(lease_id, fence, req.units, plan.expiry, plan.granted_ttl))
+        Ok(self.caps.grant(
+            issued.lease_id,
+            issued.fence,
+            plan.units,
+            plan.expiry,
+            plan.granted_ttl,
+        ))
     }
 
     async fn lease(
         &self,
         lease_id: LeaseId,
         capability: &Capability,
-    ) -> Result<Lease, StorageError> {
+    ) -> Result<Lease, AllocatorError> {
         self.caps.check(lease_id, capability)?;
-        self.lock()?.lease(lease_id).cloned()
+        Ok(self.lock()?.lease(lease_id).cloned()?)
     }
 
     async fn renew(
@@ -371,35 +285,19 @@ impl Allocator for MemoryStore {
         capability: &Capability,
         ttl: SignedDuration,
         now: Timestamp,
-    ) -> Result<Renewal, StorageError> {
+    ) -> Result<Renewal, AllocatorError> {
         self.caps.check(lease_id, capability)?;
         let mut st = self.lock()?;
         let lease = st.lease(lease_id)?.clone();
-        let (expiry, granted_ttl) = rules::plan_renew(&self.policy, &lease, ttl, now)?;
         let balances = st.account(lease.account_id)?.balances;
+        let plan = rules::plan_renew(&self.policy, &lease, balances, ttl, now)?;
         let fence = st.next_fence();
-        let renewed = Lease {
-            fence,
-            expiry,
-            ..lease
-        };
+        let renewed = plan.renewed(&lease, fence);
         st.leases.insert(lease_id, renewed.clone());
-        st.record(Entry {
-            account_id: renewed.account_id,
-            lease_id: Some(lease_id),
-            kind: LedgerKind::Renew,
-            actor: Actor::Holder,
-            units: renewed.units,
-            consumed: 0,
-            before: balances,
-            after: balances,
-            fence: Some(fence),
-            expiry: Some(expiry),
-            at: now,
-        });
+        st.record(plan.entry(fence));
         Ok(Renewal {
             lease: renewed,
-            granted_ttl,
+            granted_ttl: plan.granted_ttl,
         })
     }
 
@@ -409,14 +307,14 @@ impl Allocator for MemoryStore {
         capability: &Capability,
         now: Timestamp,
         consumed: Option<i64>,
-    ) -> Result<Settlement, StorageError> {
+    ) -> Result<Settlement, AllocatorError> {
         self.caps.check(lease_id, capability)?;
         let mut st = self.lock()?;
         let lease = st.lease(lease_id)?.clone();
         let before = st.account(lease.account_id)?.balances;
         let plan = rules::plan_release(&self.policy, &lease, before, now, consumed)?;
-        st.settle(lease_id, LeaseState::Released, plan, Actor::Holder, now)
-            .ok_or(StorageError::LeaseNotFound { lease_id })
+        st.apply_settle(&plan);
+        Ok(plan.settlement())
     }
 
     async fn consolidate(
@@ -425,7 +323,7 @@ impl Allocator for MemoryStore {
         leases: &[(LeaseId, Capability)],
         ttl: SignedDuration,
         now: Timestamp,
-    ) -> Result<Grant, StorageError> {
+    ) -> Result<Grant, AllocatorError> {
         let ids = self
             .caps
             .check_consolidation(&self.policy, leases, ttl, now)?;
@@ -435,49 +333,23 @@ impl Allocator for MemoryStore {
         for id in &ids {
             loaded.push(st.lease(*id)?.clone());
         }
-        let plan = rules::plan_consolidate(&self.policy, account_id, &loaded, ttl, now)?;
-        // Settle in lease order, then grant.
-        loaded.sort_by_key(|l| l.lease_id);
-        for old in &loaded {
-            if let Some(l) = st.leases.get_mut(&old.lease_id) {
-                l.state = LeaseState::Consolidated;
-                l.consumed = Some(0);
-            }
-            st.active.remove(&(account_id, old.lease_id));
-            st.record(Entry {
-                account_id,
-                lease_id: Some(old.lease_id),
-                kind: LedgerKind::Consolidate,
-                actor: Actor::Holder,
-                units: old.units,
-                consumed: 0,
-                before: balances,
-                after: balances,
-                fence: Some(old.fence),
-                expiry: Some(old.expiry),
-                at: now,
-            });
+        let plan = rules::plan_consolidate(&self.policy, account_id, balances, &loaded, ttl, now)?;
+        for (lease_id, entry) in plan.settled_ids.iter().zip(&plan.settled) {
+            st.settle_lease(*lease_id, LeaseState::Consolidated, 0);
+            st.record(*entry);
         }
-        let (lease_id, fence) = st.insert_lease(account_id, plan.units, plan.expiry);
-        st.record(Entry {
-            account_id,
-            lease_id: Some(lease_id),
-            kind: LedgerKind::ConsolidatedGrant,
-            actor: Actor::Holder,
-            units: plan.units,
-            consumed: 0,
-            before: balances,
-            after: balances,
-            fence: Some(fence),
-            expiry: Some(plan.expiry),
-            at: now,
-        });
-        Ok(self
-            .caps
-            .grant(lease_id, fence, plan.units, plan.expiry, plan.granted_ttl))
+        let issued = st.insert_lease(account_id, plan.units, plan.expiry);
+        st.record(plan.grant_entry(issued));
+        Ok(self.caps.grant(
+            issued.lease_id,
+            issued.fence,
+            plan.units,
+            plan.expiry,
+            plan.granted_ttl,
+        ))
     }
 
-    async fn reclaim(&self, now: Timestamp, limit: usize) -> Result<ReclaimReport, StorageError> {
+    async fn reclaim(&self, now: Timestamp, limit: usize) -> Result<ReclaimReport, AllocatorError> {
         let limit = rules::check_limit(limit, rules::RECLAIM_BATCH_MAX)?;
         let cutoff = self.policy.reclaim_cutoff(now);
         let mut report = ReclaimReport {
@@ -490,54 +362,41 @@ impl Allocator for MemoryStore {
             return Ok(report);
         }
         let mut st = self.lock()?;
-        let due: Vec<LeaseId> = st
-            .active
-            .iter()
-            .filter(|(_, id)| {
-                st.leases
-                    .get(id)
-                    .is_some_and(|l| self.policy.is_reclaimable(l.expiry, now))
-            })
-            .take(limit)
-            .map(|(_, id)| *id)
-            .collect();
-        // Plan the whole batch against simulated balances first, so an error
-        // (only possible on a corrupted store) changes nothing.
-        let mut balances: BTreeMap<AccountId, Balances> = BTreeMap::new();
-        let mut plans = Vec::with_capacity(due.len());
-        for lease_id in due {
-            let lease = st.lease(lease_id)?;
-            let before = match balances.get(&lease.account_id) {
-                Some(b) => *b,
-                None => st.account(lease.account_id)?.balances,
-            };
-            if let Some(plan) = rules::plan_reclaim(&self.policy, lease, before, now)? {
-                balances.insert(lease.account_id, plan.settle.after);
-                plans.push((lease_id, plan));
+        let mut due: Vec<Lease> = Vec::new();
+        for (_, lease_id) in &st.active {
+            let lease = st.lease(*lease_id)?;
+            if self.policy.is_reclaimable(lease.expiry, now) {
+                due.push(lease.clone());
+                if due.len() == limit {
+                    break;
+                }
             }
         }
-        for (lease_id, plan) in plans {
-            if st
-                .settle(
-                    lease_id,
-                    LeaseState::Reclaimed,
-                    plan.settle,
-                    Actor::Reclaimer,
-                    now,
-                )
-                .is_some()
-            {
-                report.reclaimed.push(lease_id);
-                report.units_charged += i128::from(plan.settle.consumed);
-                report.late_by.push(plan.late_by);
-            }
+        let mut balances: BTreeMap<AccountId, Balances> = BTreeMap::new();
+        for lease in &due {
+            balances.insert(lease.account_id, st.account(lease.account_id)?.balances);
+        }
+        // The whole batch is planned before anything changes, so an error
+        // (only possible on a corrupted store) changes nothing.
+        let plan = rules::plan_reclaim_batch(&self.policy, &due, &balances, now)?;
+        for reclaim in &plan.settled {
+            st.apply_settle(&reclaim.settle);
+            report.reclaimed.push(reclaim.settle.lease_id);
+            report.units_charged += i128::from(reclaim.settle.consumed);
+            report.late_by.push(reclaim.late_by);
         }
         Ok(report)
     }
 
-    async fn ledger(&self, after_seq: i64, limit: usize) -> Result<Vec<LedgerEntry>, StorageError> {
+    async fn ledger(
+        &self,
+        after_seq: i64,
+        limit: usize,
+    ) -> Result<Vec<LedgerEntry>, AllocatorError> {
         let limit = rules::check_limit(limit, AUDIT_PAGE_MAX)?;
         let st = self.lock()?;
+        // Entry `seq` sits at index `seq - 1`; a cursor past every index
+        // (only possible where usize is narrower than i64) starts past the end.
         let start = usize::try_from(after_seq.max(0)).unwrap_or(usize::MAX);
         Ok(st.ledger.iter().skip(start).take(limit).cloned().collect())
     }

@@ -339,3 +339,90 @@ pub struct LedgerEntry {
     /// The supplied time of the operation.
     pub at: Timestamp,
 }
+
+/// A ledger entry to append: every field of a [`LedgerEntry`] but the
+/// sequence number, which the store assigns in append order. Built only by
+/// the core's plans ([`crate::rules`]); stores write it as it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct NewLedgerEntry {
+    /// The account whose balances the entry concerns.
+    pub account_id: AccountId,
+    /// The lease, if any.
+    pub lease_id: Option<LeaseId>,
+    /// What happened.
+    pub kind: LedgerKind,
+    /// Who did it.
+    pub actor: Actor,
+    /// Units deposited, or the lease's units.
+    pub units: i64,
+    /// Units charged (release, reclaim), else 0.
+    pub consumed: i64,
+    /// The account's balances before.
+    pub before: Balances,
+    /// The account's balances after.
+    pub after: Balances,
+    /// The lease's fence after the change, if a lease is concerned.
+    pub fence: Option<Fence>,
+    /// The lease's expiry after the change, if a lease is concerned.
+    pub expiry: Option<Timestamp>,
+    /// Whether `expiry` is a legacy upper bound (a lease written before
+    /// migration 0017 whose expiry the change kept); `false` without expiry.
+    pub expiry_is_upper_bound: bool,
+    /// The supplied time of the operation.
+    pub at: Timestamp,
+}
+
+impl NewLedgerEntry {
+    /// The entry as stored with sequence number `seq`.
+    pub fn with_seq(self, seq: i64) -> LedgerEntry {
+        LedgerEntry {
+            seq,
+            account_id: self.account_id,
+            lease_id: self.lease_id,
+            kind: self.kind,
+            actor: self.actor,
+            units: self.units,
+            consumed: self.consumed,
+            before: self.before,
+            after: self.after,
+            fence: self.fence,
+            expiry: self.expiry,
+            at: self.at,
+        }
+    }
+}
+
+/// What a store assigns when it writes a grant or a renewal: the lease's
+/// identity and its new fence (both from the store's sequences).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Issued {
+    /// The lease.
+    pub lease_id: LeaseId,
+    /// Its new fence.
+    pub fence: Fence,
+}
+
+/// The record an acquire with an idempotency key leaves, per account and
+/// key: the request (units and TTL) and the grant it produced, so that a
+/// retry of the same request returns the same grant
+/// ([`crate::rules::check_replay`]). The capability is not recorded: it is
+/// derived again from the lease id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IdempotencyRecord {
+    /// Units requested (and granted).
+    pub units: i64,
+    /// The TTL requested, before clamping.
+    pub request_ttl: SignedDuration,
+    /// `true` for a record written before migration 0017: `request_ttl`
+    /// holds the requested TTL truncated toward zero to whole microseconds.
+    pub request_ttl_is_truncated: bool,
+    /// The granted lease.
+    pub lease_id: LeaseId,
+    /// The fence issued with the grant.
+    pub fence: Fence,
+    /// The grant's exact expiry.
+    pub expiry: Timestamp,
+    /// The TTL after clamping.
+    pub granted_ttl: SignedDuration,
+}

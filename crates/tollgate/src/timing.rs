@@ -243,7 +243,7 @@ mod tests {
             "requested ttl must be positive, got -PT30S"
         );
         assert_eq!(
-            crate::StorageError::InvalidTtl { ttl }.to_string(),
+            crate::RuleError::InvalidTtl { ttl }.to_string(),
             "requested ttl must be positive, got -PT30S"
         );
         assert_eq!(

@@ -22,8 +22,7 @@ use jiff::{SignedDuration, Timestamp};
 use proptest::prelude::*;
 use tollgate::rules;
 use tollgate::{
-    AccountId, Balances, GrantPolicy, InstantPair, PairError, PolicyError, StorageError,
-    TimingError,
+    AccountId, Balances, GrantPolicy, InstantPair, PairError, PolicyError, RuleError, TimingError,
 };
 
 /// Cases for the cheap arithmetic properties: each is a handful of integer
@@ -721,31 +720,30 @@ fn narrow(v: i128) -> i64 {
 }
 
 /// The production error the model's error stands for, field by field.
-fn expected_error(e: oracle::AccountError) -> StorageError {
+fn expected_error(e: oracle::AccountError) -> RuleError {
     match e {
-        oracle::AccountError::InvalidUnits { units } => StorageError::InvalidUnits {
+        oracle::AccountError::InvalidUnits { units } => RuleError::InvalidUnits {
             units: narrow(units),
             max: i64::MAX,
         },
-        oracle::AccountError::UnitsOverflow => StorageError::UnitsOverflow {
+        oracle::AccountError::UnitsOverflow => RuleError::UnitsOverflow {
             account_id: ACCOUNT,
         },
         oracle::AccountError::InsufficientBalance {
             requested,
             available,
-        } => StorageError::InsufficientBalance {
+        } => RuleError::InsufficientBalance {
             account_id: ACCOUNT,
             requested: narrow(requested),
             available: narrow(available),
         },
-        oracle::AccountError::InvalidConsumed { consumed, units } => {
-            StorageError::InvalidConsumed {
-                consumed: narrow(consumed),
-                units: narrow(units),
-            }
-        }
-        oracle::AccountError::HeldBelowUnits { held, units } => StorageError::Backend {
-            message: format!("account holds {held} units but a lease of {units} is settling"),
+        oracle::AccountError::InvalidConsumed { consumed, units } => RuleError::InvalidConsumed {
+            consumed: narrow(consumed),
+            units: narrow(units),
+        },
+        oracle::AccountError::HeldBelowUnits { held, units } => RuleError::CorruptHolding {
+            held: narrow(held),
+            units: narrow(units),
         },
     }
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use axum::http::{Method, header};
 use serde_json::{Value, json};
-use tollgate::StorageError;
+use tollgate::AllocatorError;
 use tollgate_server::api;
 use tollgate_server::error::SERVICE_CODES;
 
@@ -1472,7 +1472,7 @@ pub fn service_codes_documented() {
         assert!(seen.insert(*code), "{code} twice");
         assert!((400..600).contains(status));
     }
-    for code in StorageError::CODES {
+    for code in AllocatorError::CODES {
         assert!(!seen.contains(code), "{code} in both tables");
     }
     let _ = Duration::ZERO;

@@ -17,8 +17,9 @@ use jiff::{SignedDuration, Timestamp};
 use serde_json::{Value, json};
 use sqlx::{Connection, PgConnection};
 use tollgate::{
-    Account, AccountId, AcquireRequest, Allocator, Capability, CapabilityKey, Grant, GrantPolicy,
-    Lease, LeaseId, LedgerEntry, NewAccount, ReclaimReport, Renewal, Settlement, StorageError,
+    Account, AccountId, AcquireRequest, Allocator, AllocatorError, Capability, CapabilityKey,
+    Grant, GrantPolicy, Lease, LeaseId, LedgerEntry, NewAccount, ReclaimReport, Renewal,
+    Settlement,
 };
 use tollgate_server::api::{self, AppState, ServiceOptions};
 use tollgate_server::clock::{Clock, ClockError, ClockKind, ClockReading, SystemClock, TestClock};
@@ -415,12 +416,12 @@ pub async fn send(router: &axum::Router, req: Req) -> Resp {
 /// A store whose every operation fails with one error (after an optional
 /// delay): maps backend failures the healthy stores cannot produce.
 pub struct FailingStore {
-    pub error: StorageError,
+    pub error: AllocatorError,
     pub delay: Duration,
 }
 
 impl FailingStore {
-    async fn fail<T>(&self) -> Result<T, StorageError> {
+    async fn fail<T>(&self) -> Result<T, AllocatorError> {
         if !self.delay.is_zero() {
             tokio::time::sleep(self.delay).await;
         }
@@ -433,25 +434,29 @@ impl Allocator for FailingStore {
     fn policy(&self) -> GrantPolicy {
         default_policy()
     }
-    async fn create_account(&self, _: NewAccount) -> Result<Account, StorageError> {
+    async fn create_account(&self, _: NewAccount) -> Result<Account, AllocatorError> {
         self.fail().await
     }
-    async fn account(&self, _: AccountId) -> Result<Account, StorageError> {
+    async fn account(&self, _: AccountId) -> Result<Account, AllocatorError> {
         self.fail().await
     }
-    async fn account_key_digest(&self, _: AccountId) -> Result<Option<[u8; 32]>, StorageError> {
+    async fn account_key_digest(&self, _: AccountId) -> Result<Option<[u8; 32]>, AllocatorError> {
         self.fail().await
     }
-    async fn accounts(&self, _: Option<AccountId>, _: usize) -> Result<Vec<Account>, StorageError> {
+    async fn accounts(
+        &self,
+        _: Option<AccountId>,
+        _: usize,
+    ) -> Result<Vec<Account>, AllocatorError> {
         self.fail().await
     }
-    async fn deposit(&self, _: AccountId, _: i64, _: Timestamp) -> Result<Account, StorageError> {
+    async fn deposit(&self, _: AccountId, _: i64, _: Timestamp) -> Result<Account, AllocatorError> {
         self.fail().await
     }
-    async fn acquire(&self, _: AcquireRequest, _: Timestamp) -> Result<Grant, StorageError> {
+    async fn acquire(&self, _: AcquireRequest, _: Timestamp) -> Result<Grant, AllocatorError> {
         self.fail().await
     }
-    async fn lease(&self, _: LeaseId, _: &Capability) -> Result<Lease, StorageError> {
+    async fn lease(&self, _: LeaseId, _: &Capability) -> Result<Lease, AllocatorError> {
         self.fail().await
     }
     async fn renew(
@@ -460,7 +465,7 @@ impl Allocator for FailingStore {
         _: &Capability,
         _: SignedDuration,
         _: Timestamp,
-    ) -> Result<Renewal, StorageError> {
+    ) -> Result<Renewal, AllocatorError> {
         self.fail().await
     }
     async fn release(
@@ -469,7 +474,7 @@ impl Allocator for FailingStore {
         _: &Capability,
         _: Timestamp,
         _: Option<i64>,
-    ) -> Result<Settlement, StorageError> {
+    ) -> Result<Settlement, AllocatorError> {
         self.fail().await
     }
     async fn consolidate(
@@ -478,20 +483,23 @@ impl Allocator for FailingStore {
         _: &[(LeaseId, Capability)],
         _: SignedDuration,
         _: Timestamp,
-    ) -> Result<Grant, StorageError> {
+    ) -> Result<Grant, AllocatorError> {
         self.fail().await
     }
-    async fn reclaim(&self, _: Timestamp, _: usize) -> Result<ReclaimReport, StorageError> {
+    async fn reclaim(&self, _: Timestamp, _: usize) -> Result<ReclaimReport, AllocatorError> {
         self.fail().await
     }
-    async fn ledger(&self, _: i64, _: usize) -> Result<Vec<LedgerEntry>, StorageError> {
+    async fn ledger(&self, _: i64, _: usize) -> Result<Vec<LedgerEntry>, AllocatorError> {
         self.fail().await
     }
 }
 
 /// A backend over a [`FailingStore`] (readiness: unreachable).
-pub fn failing_backend(error: StorageError, delay: Duration) -> Backend {
-    let store: Arc<dyn Allocator> = Arc::new(FailingStore { error, delay });
+pub fn failing_backend(error: impl Into<AllocatorError>, delay: Duration) -> Backend {
+    let store: Arc<dyn Allocator> = Arc::new(FailingStore {
+        error: error.into(),
+        delay,
+    });
     let memory =
         Backend::memory(default_policy(), CapabilityKey::generate().expect("key")).expect("memory");
     Backend {

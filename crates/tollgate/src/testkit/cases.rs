@@ -202,7 +202,7 @@ pub async fn domain_endpoints(f: &dyn StoreFactory) {
         .unwrap_err();
     assert_eq!(
         err,
-        StorageError::UnrepresentableExpiry {
+        RuleError::UnrepresentableExpiry {
             now: max_minus_1,
             ttl: dur(0, 2)
         }
@@ -262,7 +262,7 @@ pub async fn exact_reclaim_boundary(f: &dyn StoreFactory) {
         .unwrap_err();
     assert_eq!(
         err,
-        StorageError::LeaseReclaimable {
+        RuleError::LeaseReclaimable {
             lease_id: g2.lease_id,
             expiry: g2.expiry,
             now: boundary
@@ -469,7 +469,7 @@ pub async fn consolidate_unrepresentable_expiry_settles_nothing(f: &dyn StoreFac
         .unwrap_err();
     assert_eq!(
         err,
-        StorageError::UnrepresentableExpiry {
+        RuleError::UnrepresentableExpiry {
             now: near_max,
             ttl: dur(10, 1)
         }
@@ -614,7 +614,7 @@ pub async fn release_accounting(f: &dyn StoreFactory) {
         .unwrap_err();
     assert_eq!(
         err,
-        StorageError::LeaseNotActive {
+        RuleError::LeaseNotActive {
             lease_id: g2.lease_id,
             state: LeaseState::Released
         }

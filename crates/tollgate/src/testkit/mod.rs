@@ -18,8 +18,8 @@ use async_trait::async_trait;
 use jiff::{SignedDuration, Timestamp};
 
 use crate::{
-    Account, AccountId, AcquireRequest, Allocator, Balances, Grant, GrantPolicy, LedgerKind,
-    NewAccount, StorageError,
+    Account, AccountId, AcquireRequest, Allocator, AllocatorError, Balances, Grant, GrantPolicy,
+    LedgerKind, NewAccount, RuleError,
 };
 
 mod cases;
@@ -108,7 +108,7 @@ pub async fn acquire(
 }
 
 /// Asserts `result` failed with `code`.
-pub fn expect_code<T: std::fmt::Debug>(result: Result<T, StorageError>, code: &str) {
+pub fn expect_code<T: std::fmt::Debug>(result: Result<T, AllocatorError>, code: &str) {
     match result {
         Ok(v) => panic!("expected error {code}, got Ok({v:?})"),
         Err(e) => assert_eq!(e.code(), code, "wrong error: {e}"),
