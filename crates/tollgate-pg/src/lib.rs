@@ -10,8 +10,9 @@
 //!   exact instants; 0017, the exact-instant migration; 0018, safe time)
 //!   and the startup
 //!   fence that refuses a database migrated by a newer binary.
-//! * [`persistence`]: every SQL statement, the transaction wrapper with
-//!   bounded retries, and what is stored and why.
+//! * [`persistence`]: every SQL statement, the transaction wrapper (over
+//!   [`pgkit::transact`], with bounded retries), and what is stored and
+//!   why.
 //! * [`store`]: the allocator, policy records and operator commands.
 //! * [`safe_time`]: the persisted safe expiry cut (read it, claim an epoch,
 //!   publish, seal the horizon policy); [`sampler`]: the sampler process's
@@ -51,6 +52,7 @@ pub use persistence::{
     LEASE_COUNTS_SQL, LeaseCount, Op, OpStats, POLICY_CHANGES_MAX, PolicyChange,
     RECLAIM_CANDIDATES_SQL, TX_ATTEMPTS_MAX,
 };
+pub use pgkit::OpMetrics;
 pub use schema::{
     EXACT_INSTANTS_VERSION, MIGRATE_APPLICATION_NAME, MigrationReport, PendingMigration,
     SAFE_TIME_VERSION, Schema, migrate, pending_migrations, schema_version,

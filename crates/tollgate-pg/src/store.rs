@@ -11,12 +11,11 @@
 //! the same request.
 
 use std::collections::BTreeMap;
-use std::str::FromStr;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use jiff::{SignedDuration, Timestamp};
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::postgres::PgPoolOptions;
 use sqlx::{PgConnection, PgPool};
 use tollgate::model::{Actor, LedgerKind};
 use tollgate::{
@@ -125,9 +124,11 @@ impl PostgresStore {
         key: CapabilityKey,
         options: StoreOptions,
     ) -> Result<PostgresStore, StorageError> {
-        let connect = PgConnectOptions::from_str(url).map_err(|_| StorageError::Backend {
-            message: "invalid database url".into(),
-        })?;
+        let connect = pgkit::DatabaseUrl::parse(url)
+            .map_err(|_| StorageError::Backend {
+                message: "invalid database url".into(),
+            })?
+            .into_connect_options();
         let on_safe_cut = options.on_safe_cut;
         let pool = PgPoolOptions::new()
             .max_connections(options.max_connections)
@@ -209,6 +210,12 @@ impl PostgresStore {
     /// Transaction counters of `op` since this store was built.
     pub fn op_stats(&self, op: Op) -> OpStats {
         self.stats.snapshot(op)
+    }
+
+    /// Every transaction counter of `op` since this store was built:
+    /// attempts, commits, retries, failures and latency.
+    pub fn op_metrics(&self, op: Op) -> pgkit::OpMetrics {
+        self.stats.metrics(op)
     }
 
     /// Closes the pool, waiting for connections in use to be returned.
