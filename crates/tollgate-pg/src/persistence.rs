@@ -1140,46 +1140,6 @@ pub(crate) async fn migration_in_progress(conn: &mut PgConnection) -> Result<boo
     .await?)
 }
 
-// ---------------------------------------------------------------------------
-// Migration bookkeeping (`_sqlx_migrations`).
-
-/// One row of `_sqlx_migrations`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct AppliedRow {
-    pub version: i64,
-    pub description: String,
-    pub success: bool,
-    pub checksum: Vec<u8>,
-}
-
-/// The applied migrations, ascending; empty when the bookkeeping table does
-/// not exist (a database never migrated). Bounded by the table's nature: one
-/// row per migration ever applied.
-pub(crate) async fn applied_migrations(
-    conn: &mut PgConnection,
-) -> Result<Vec<AppliedRow>, sqlx::Error> {
-    let exists: bool = sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations') IS NOT NULL")
-        .fetch_one(&mut *conn)
-        .await?;
-    if !exists {
-        return Ok(Vec::new());
-    }
-    let rows: Vec<(i64, String, bool, Vec<u8>)> = sqlx::query_as(
-        "SELECT version, description, success, checksum FROM _sqlx_migrations ORDER BY version",
-    )
-    .fetch_all(&mut *conn)
-    .await?;
-    Ok(rows
-        .into_iter()
-        .map(|(version, description, success, checksum)| AppliedRow {
-            version,
-            description,
-            success,
-            checksum,
-        })
-        .collect())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
