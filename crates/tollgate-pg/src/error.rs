@@ -1,12 +1,14 @@
 //! Mapping database errors to [`StorageError`].
 //!
-//! Connection-level failures become [`StorageError::Unavailable`], every
-//! other database failure [`StorageError::Failure`]. Messages carry the
-//! server's error text and SQLSTATE but never the connection URL or
-//! credentials: configuration errors (which may echo the URL) are reduced
-//! to a fixed sentence.
+//! Every database error is classified by [`pgkit::classify`]; this module
+//! only decides which [`StorageError`] each kind becomes. Connection-level
+//! failures become [`StorageError::Unavailable`], every other database
+//! failure [`StorageError::Failure`]. Messages carry the server's error
+//! text and SQLSTATE but never the connection URL or credentials:
+//! configuration errors (which may echo the URL) are reduced to a fixed
+//! sentence.
 
-use sqlx::error::DatabaseError;
+use pgkit::error::{FailureKind, kind_of_sqlstate};
 use tollgate::{RuleError, StorageError};
 
 /// What a transaction body fails with: a refusal by the rules or a storage
@@ -48,60 +50,44 @@ impl From<tollgate::PairError> for TxError {
     }
 }
 
-/// SQLSTATE `serialization_failure`.
-pub(crate) const SERIALIZATION_FAILURE: &str = "40001";
-/// SQLSTATE `deadlock_detected`.
-pub(crate) const DEADLOCK_DETECTED: &str = "40P01";
-
-fn sqlstate(e: &sqlx::Error) -> Option<String> {
-    e.as_database_error()
-        .and_then(DatabaseError::code)
-        .map(|c| c.into_owned())
+impl pgkit::TxBodyError for TxError {
+    fn database_error(&self) -> Option<&sqlx::Error> {
+        match self {
+            TxError::Db(e) => Some(e),
+            TxError::Rule(_) | TxError::Storage(_) => None,
+        }
+    }
 }
 
-/// Whether the transaction that failed with `e` may simply be run again.
+/// SQLSTATE TGS10: the database is on the safe expiry cut and this session
+/// is not (migration 0018's lease trigger); nothing was written, and only a
+/// restart on the cut helps.
+const LEASE_WRITE_OFF_CUT: &str = "TGS10";
+
+/// Whether the transaction that failed with `e` is run again by the
+/// wrapper (a serialization failure or deadlock).
 pub(crate) fn is_retryable(e: &sqlx::Error) -> bool {
-    matches!(
-        sqlstate(e).as_deref(),
-        Some(SERIALIZATION_FAILURE | DEADLOCK_DETECTED)
-    )
+    pgkit::classify(e).is_retryable()
 }
 
 /// Whether `code` means the connection or the server went away (class 08
 /// connection exception; 57P01..57P03 shutdown and cannot-connect-now).
 fn is_connection_state(code: &str) -> bool {
-    code.starts_with("08") || matches!(code, "57P01" | "57P02" | "57P03")
+    kind_of_sqlstate(code) == FailureKind::Unavailable
 }
 
 /// Maps a database error that is not retried.
 pub(crate) fn map_sqlx_error(e: sqlx::Error) -> StorageError {
-    match &e {
-        sqlx::Error::Io(_)
-        | sqlx::Error::Tls(_)
-        | sqlx::Error::PoolTimedOut
-        | sqlx::Error::PoolClosed
-        | sqlx::Error::WorkerCrashed
-        | sqlx::Error::Protocol(_) => StorageError::Unavailable {
-            message: e.to_string(),
-        },
-        sqlx::Error::Configuration(_) => StorageError::Failure {
-            message: "invalid database connection configuration".into(),
-        },
-        sqlx::Error::Database(db) => {
-            let code = db.code().map(|c| c.into_owned()).unwrap_or_default();
-            let message = format!("{} (SQLSTATE {code})", db.message());
-            // TGS10: the database is on the safe expiry cut and this
-            // session is not (migration 0018's lease trigger); nothing
-            // was written, and only a restart on the cut helps.
-            if is_connection_state(&code) || code == "TGS10" {
-                StorageError::Unavailable { message }
-            } else {
-                StorageError::Failure { message }
-            }
-        }
-        _ => StorageError::Failure {
-            message: e.to_string(),
-        },
+    let failure = pgkit::classify(&e);
+    let unavailable = match failure.sqlstate() {
+        Some(code) => is_connection_state(code) || code == LEASE_WRITE_OFF_CUT,
+        None => failure.kind() == FailureKind::Unavailable,
+    };
+    let message = failure.text().to_owned();
+    if unavailable {
+        StorageError::Unavailable { message }
+    } else {
+        StorageError::Failure { message }
     }
 }
 
@@ -142,5 +128,101 @@ mod tests {
         for code in ["40001", "40P01", "23514", "42703", "57014"] {
             assert!(!is_connection_state(code), "{code}");
         }
+    }
+
+    /// A server error with a SQLSTATE, as sqlx delivers it.
+    #[derive(Debug)]
+    struct Db(&'static str, &'static str);
+
+    impl std::fmt::Display for Db {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(self.1)
+        }
+    }
+
+    impl std::error::Error for Db {}
+
+    impl sqlx::error::DatabaseError for Db {
+        fn message(&self) -> &str {
+            self.1
+        }
+        fn code(&self) -> Option<std::borrow::Cow<'_, str>> {
+            Some(self.0.into())
+        }
+        fn as_error(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+            self
+        }
+        fn as_error_mut(&mut self) -> &mut (dyn std::error::Error + Send + Sync + 'static) {
+            self
+        }
+        fn into_error(self: Box<Self>) -> Box<dyn std::error::Error + Send + Sync + 'static> {
+            self
+        }
+        fn kind(&self) -> sqlx::error::ErrorKind {
+            sqlx::error::ErrorKind::Other
+        }
+    }
+
+    #[test]
+    fn server_errors_carry_their_text_and_sqlstate() {
+        for (code, text, expected) in [
+            (
+                "TGS10",
+                "lease writes need the safe cut",
+                StorageError::Unavailable {
+                    message: "lease writes need the safe cut (SQLSTATE TGS10)".into(),
+                },
+            ),
+            (
+                "57P01",
+                "terminating connection due to administrator command",
+                StorageError::Unavailable {
+                    message: "terminating connection due to administrator command (SQLSTATE \
+                              57P01)"
+                        .into(),
+                },
+            ),
+            (
+                "08006",
+                "connection failure",
+                StorageError::Unavailable {
+                    message: "connection failure (SQLSTATE 08006)".into(),
+                },
+            ),
+            (
+                "23514",
+                "new row violates check constraint \"c\"",
+                StorageError::Failure {
+                    message: "new row violates check constraint \"c\" (SQLSTATE 23514)".into(),
+                },
+            ),
+            (
+                "40001",
+                "could not serialize access due to concurrent update",
+                StorageError::Failure {
+                    message: "could not serialize access due to concurrent update (SQLSTATE \
+                              40001)"
+                        .into(),
+                },
+            ),
+            (
+                "42P01",
+                "relation \"tollgate_leases\" does not exist",
+                StorageError::Failure {
+                    message: "relation \"tollgate_leases\" does not exist (SQLSTATE 42P01)".into(),
+                },
+            ),
+        ] {
+            let e = sqlx::Error::Database(Box::new(Db(code, text)));
+            assert_eq!(is_retryable(&e), code == "40001", "{code}");
+            assert_eq!(map_sqlx_error(e), expected, "{code}");
+        }
+        assert_eq!(
+            map_sqlx_error(sqlx::Error::RowNotFound),
+            StorageError::Failure {
+                message: "no rows returned by a query that expected to return at least one row"
+                    .into()
+            }
+        );
     }
 }

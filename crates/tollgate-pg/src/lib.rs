@@ -6,12 +6,14 @@
 //! passes the same conformance suite), durably and safely shared by many
 //! processes.
 //!
-//! * [`schema`]: the embedded migrations (0001..0016, the schema before
-//!   exact instants; 0017, the exact-instant migration; 0018, safe time)
-//!   and the startup
-//!   fence that refuses a database migrated by a newer binary.
-//! * [`persistence`]: every SQL statement, the transaction wrapper with
-//!   bounded retries, and what is stored and why.
+//! * [`schema`]: the embedded migrations, one line per subsystem applied in
+//!   order (Tollgate's: 0001..0016, the schema before exact instants; 0017,
+//!   the exact-instant migration; 0018, safe time; then safe time's own
+//!   line), and the startup fence that refuses a database migrated by a
+//!   newer binary. The mechanism is [`pgkit::migrate`].
+//! * [`persistence`]: every SQL statement, the transaction wrapper (over
+//!   [`pgkit::transact`], with bounded retries), and what is stored and
+//!   why.
 //! * [`store`]: the allocator, policy records and operator commands.
 //! * [`ops`]: the allocator's writing operations (deposit, acquire, renew,
 //!   release, consolidate, reclaim) as steps of a caller's own
@@ -57,9 +59,12 @@ pub use persistence::{
     LEASE_COUNTS_SQL, LeaseCount, Op, OpStats, POLICY_CHANGES_MAX, PolicyChange,
     RECLAIM_CANDIDATES_SQL, TX_ATTEMPTS_MAX,
 };
+pub use pgkit::OpMetrics;
 pub use schema::{
     EXACT_INSTANTS_VERSION, MIGRATE_APPLICATION_NAME, MigrationReport, PendingMigration,
-    SAFE_TIME_VERSION, Schema, migrate, pending_migrations, schema_version,
+    SAFE_TIME_LINE, SAFE_TIME_MIGRATIONS_TABLE, SAFE_TIME_VERSION, Schema, TOLLGATE_LINE,
+    TOLLGATE_MIGRATIONS_TABLE, migrate, pending_migrations, safe_time_line, schema_version,
+    tollgate_line,
 };
 pub use store::{
     CHANGED_BY_MAX_CHARS, FIRST_START, PostgresStore, RECLAIM_BATCH_DEFAULT, StoreOptions,

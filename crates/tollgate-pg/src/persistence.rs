@@ -46,12 +46,8 @@
 //! up to [`TX_ATTEMPTS_MAX`] times; every write checks the number of rows it
 //! changed, and any mismatch aborts the transaction.
 
-use std::future::Future;
-use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
-
 use jiff::{SignedDuration, Timestamp};
+use pgkit::{OpCounters, OpMetrics, TxFailure};
 use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, PgPool, Row};
 use tollgate::model::{Actor, LedgerKind};
@@ -64,18 +60,9 @@ use tollgate::{
 use crate::error::{TxError, map_sqlx_error};
 
 /// How many times one operation's transaction is attempted before it fails
-/// with [`StorageError::RetryExhausted`]. With READ COMMITTED and a fixed
-/// lock order a serialization failure or deadlock needs an unusual
-/// interleaving (for example a consolidation naming another account's
-/// lease), so a handful of attempts rides out a burst; eight attempts with
-/// the backoff below wait at most about a quarter of a second in total,
-/// which bounds a request's added latency.
-pub const TX_ATTEMPTS_MAX: u32 = 8;
-
-/// Backoff before attempt `n + 1` after `n` failed ones: `2^n` ms, capped at
-/// [`TX_BACKOFF_MAX_MS`]; long enough for the winning transaction to
-/// commit, short against request timeouts.
-const TX_BACKOFF_MAX_MS: u64 = 64;
+/// with [`StorageError::RetryExhausted`]: pgkit's bound, with its doubling
+/// back-off (at most about a quarter of a second in all).
+pub use pgkit::TX_ATTEMPTS_MAX;
 
 /// How many policy change rows [`crate::policy_changes`] returns at most.
 pub const POLICY_CHANGES_MAX: i64 = 1_000;
@@ -145,6 +132,12 @@ impl Op {
     }
 }
 
+impl pgkit::OpLabel for Op {
+    fn as_str(&self) -> &'static str {
+        Op::as_str(self)
+    }
+}
+
 /// Counters of one operation's transactions since the store was built.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct OpStats {
@@ -159,35 +152,48 @@ pub struct OpStats {
     pub failed: u64,
 }
 
-#[derive(Debug, Default)]
-struct Counters {
-    committed: AtomicU64,
-    retried: AtomicU64,
-    failed: AtomicU64,
-}
-
-/// Per-operation transaction counters.
-#[derive(Debug, Default)]
-pub(crate) struct TxStats {
-    ops: [Counters; Op::ALL.len()],
-}
-
-impl TxStats {
-    pub(crate) fn snapshot(&self, op: Op) -> OpStats {
-        let c = &self.ops[op.index()];
+impl From<OpMetrics> for OpStats {
+    fn from(m: OpMetrics) -> OpStats {
         OpStats {
-            committed: c.committed.load(Ordering::Relaxed),
-            retried: c.retried.load(Ordering::Relaxed),
-            failed: c.failed.load(Ordering::Relaxed),
+            committed: m.committed,
+            retried: m.retried,
+            failed: m.failed,
         }
     }
 }
 
-/// The future a transaction body returns.
-pub(crate) type TxFuture<'c, T> = Pin<Box<dyn Future<Output = Result<T, TxError>> + Send + 'c>>;
+/// Per-operation transaction counters (pgkit's, labelled by
+/// [`Op::as_str`]).
+#[derive(Debug)]
+pub(crate) struct TxStats {
+    ops: [OpCounters; Op::ALL.len()],
+}
 
-/// Runs `body` in one transaction, retrying serialization failures and
-/// deadlocks up to [`TX_ATTEMPTS_MAX`] attempts in all.
+impl Default for TxStats {
+    fn default() -> TxStats {
+        TxStats {
+            ops: Op::ALL.map(OpCounters::of),
+        }
+    }
+}
+
+impl TxStats {
+    pub(crate) fn snapshot(&self, op: Op) -> OpStats {
+        OpStats::from(self.metrics(op))
+    }
+
+    /// Every counter of `op`, latency included.
+    pub(crate) fn metrics(&self, op: Op) -> OpMetrics {
+        self.ops[op.index()].snapshot()
+    }
+}
+
+/// The future a transaction body returns.
+pub(crate) type TxFuture<'c, T> = pgkit::TxFuture<'c, T, TxError>;
+
+/// Runs `body` in one transaction with [`pgkit::transact`], retrying
+/// serialization failures and deadlocks up to [`TX_ATTEMPTS_MAX`] attempts
+/// in all, counted in `stats` under `op`.
 ///
 /// `body` gets the transaction's connection and `args`; it must not keep
 /// state across attempts (each attempt starts from scratch). A
@@ -204,53 +210,16 @@ where
     A: Sync + ?Sized,
     F: for<'c> Fn(&'c mut PgConnection, &'c A) -> TxFuture<'c, T>,
 {
-    let counters = &stats.ops[op.index()];
-    let mut attempts: u32 = 0;
-    loop {
-        attempts += 1;
-        let outcome = attempt(pool, args, &body).await;
-        let err = match outcome {
-            Ok(v) => {
-                counters.committed.fetch_add(1, Ordering::Relaxed);
-                return Ok(v);
+    pgkit::transact(pool, &stats.ops[op.index()], args, body)
+        .await
+        .map_err(|failure| match failure {
+            TxFailure::Failed(TxError::Rule(e)) => e.into(),
+            TxFailure::Failed(TxError::Storage(e)) => e.into(),
+            TxFailure::Failed(TxError::Db(e)) => map_sqlx_error(e).into(),
+            TxFailure::RetryExhausted { attempts, .. } => {
+                StorageError::RetryExhausted { attempts }.into()
             }
-            Err(TxError::Db(e)) if crate::error::is_retryable(&e) => {
-                if attempts >= TX_ATTEMPTS_MAX {
-                    StorageError::RetryExhausted { attempts }.into()
-                } else {
-                    counters.retried.fetch_add(1, Ordering::Relaxed);
-                    let backoff_ms = (1u64 << attempts.min(6)).min(TX_BACKOFF_MAX_MS);
-                    tokio::time::sleep(Duration::from_millis(backoff_ms)).await;
-                    continue;
-                }
-            }
-            Err(TxError::Db(e)) => map_sqlx_error(e).into(),
-            Err(TxError::Storage(e)) => e.into(),
-            Err(TxError::Rule(e)) => e.into(),
-        };
-        counters.failed.fetch_add(1, Ordering::Relaxed);
-        return Err(err);
-    }
-}
-
-async fn attempt<A, T, F>(pool: &PgPool, args: &A, body: &F) -> Result<T, TxError>
-where
-    A: Sync + ?Sized,
-    F: for<'c> Fn(&'c mut PgConnection, &'c A) -> TxFuture<'c, T>,
-{
-    let mut tx = pool.begin().await?;
-    match body(&mut tx, args).await {
-        Ok(v) => {
-            tx.commit().await?;
-            Ok(v)
-        }
-        Err(e) => {
-            // An explicit rollback returns the connection clean; if it fails
-            // the connection is closed by sqlx and the server rolls back.
-            let _ = tx.rollback().await;
-            Err(e)
-        }
-    }
+        })
 }
 
 /// Checks that a write changed exactly `expected` rows.
@@ -1146,46 +1115,6 @@ pub(crate) async fn migration_in_progress(conn: &mut PgConnection) -> Result<boo
     .bind(crate::MIGRATE_APPLICATION_NAME)
     .fetch_one(&mut *conn)
     .await?)
-}
-
-// ---------------------------------------------------------------------------
-// Migration bookkeeping (`_sqlx_migrations`).
-
-/// One row of `_sqlx_migrations`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct AppliedRow {
-    pub version: i64,
-    pub description: String,
-    pub success: bool,
-    pub checksum: Vec<u8>,
-}
-
-/// The applied migrations, ascending; empty when the bookkeeping table does
-/// not exist (a database never migrated). Bounded by the table's nature: one
-/// row per migration ever applied.
-pub(crate) async fn applied_migrations(
-    conn: &mut PgConnection,
-) -> Result<Vec<AppliedRow>, sqlx::Error> {
-    let exists: bool = sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations') IS NOT NULL")
-        .fetch_one(&mut *conn)
-        .await?;
-    if !exists {
-        return Ok(Vec::new());
-    }
-    let rows: Vec<(i64, String, bool, Vec<u8>)> = sqlx::query_as(
-        "SELECT version, description, success, checksum FROM _sqlx_migrations ORDER BY version",
-    )
-    .fetch_all(&mut *conn)
-    .await?;
-    Ok(rows
-        .into_iter()
-        .map(|(version, description, success, checksum)| AppliedRow {
-            version,
-            description,
-            success,
-            checksum,
-        })
-        .collect())
 }
 
 #[cfg(test)]

@@ -10,12 +10,11 @@
 //! the [`tollgate::MemoryStore`]'s, so both stores return the same error for
 //! the same request.
 
-use std::str::FromStr;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use jiff::{SignedDuration, Timestamp};
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::postgres::PgPoolOptions;
 use sqlx::{PgConnection, PgPool};
 use tollgate::{
     AUDIT_PAGE_MAX, Account, AccountId, AcquireRequest, Allocator, AllocatorError, Capability,
@@ -114,9 +113,11 @@ impl PostgresStore {
         key: CapabilityKey,
         options: StoreOptions,
     ) -> Result<PostgresStore, StorageError> {
-        let connect = PgConnectOptions::from_str(url).map_err(|_| StorageError::Failure {
-            message: "invalid database url".into(),
-        })?;
+        let connect = pgkit::DatabaseUrl::parse(url)
+            .map_err(|_| StorageError::Failure {
+                message: "invalid database url".into(),
+            })?
+            .into_connect_options();
         let on_safe_cut = options.on_safe_cut;
         let pool = PgPoolOptions::new()
             .max_connections(options.max_connections)
@@ -200,6 +201,12 @@ impl PostgresStore {
     /// Transaction counters of `op` since this store was built.
     pub fn op_stats(&self, op: Op) -> OpStats {
         self.stats.snapshot(op)
+    }
+
+    /// Every transaction counter of `op` since this store was built:
+    /// attempts, commits, retries, failures and latency.
+    pub fn op_metrics(&self, op: Op) -> pgkit::OpMetrics {
+        self.stats.metrics(op)
     }
 
     /// Closes the pool, waiting for connections in use to be returned.
