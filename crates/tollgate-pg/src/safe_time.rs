@@ -16,10 +16,11 @@
 //! no sqlx time feature.
 
 use jiff::{SignedDuration, Timestamp};
+use safetime::{
+    HorizonPolicy, HorizonPolicyError, InstantPair, Topology, UncertainReason, Verdict,
+};
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{PgConnection, Row};
-use tollgate::instant_pair::InstantPair;
-use tollgate::safe_time::{HorizonPolicy, HorizonPolicyError, Topology, UncertainReason, Verdict};
 
 /// First key of the sampler's session-level advisory lock: `'toll'`.
 pub const LOCK_KEY_CLASS: i32 = 0x746f_6c6c;

@@ -46,10 +46,10 @@
 
 use std::time::{Duration, Instant};
 
+use safetime::{CutTracker, Observation, SafeTimeConfig, UncertainReason};
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{Connection, PgConnection};
 use tokio::sync::watch;
-use tollgate::safe_time::{CutTracker, Observation, SafeTimeConfig, UncertainReason};
 
 use crate::safe_time::{self, Published, SafeTimeError};
 

@@ -6,9 +6,9 @@
 mod support;
 
 use jiff::{SignedDuration, Timestamp};
+use safetime::{DEFAULT_HORIZON_MS, HorizonPolicy, UncertainReason, Verdict};
 use sqlx::{Connection, PgConnection, Row};
 use tollgate::GrantPolicy;
-use tollgate::safe_time::{DEFAULT_HORIZON_MS, HorizonPolicy, UncertainReason, Verdict};
 use tollgate_pg::safe_time::{self, SafeTimeError};
 
 async fn conn(url: &str) -> PgConnection {

@@ -8,9 +8,9 @@ mod support;
 use std::time::Duration;
 
 use jiff::SignedDuration;
+use safetime::{SafeTimeConfig, UncertainReason};
 use sqlx::{Connection, PgConnection};
 use tokio::sync::watch;
-use tollgate::safe_time::{SafeTimeConfig, UncertainReason};
 use tollgate_pg::safe_time::{self, CutRow};
 use tollgate_pg::sampler::{Sampler, SamplerOptions, SamplerStatus};
 
@@ -178,7 +178,7 @@ async fn terminating_the_leaders_backend_hands_over_to_the_standby() {
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let v = tollgate::safe_time::Verdict {
+    let v = safetime::Verdict {
         proposal: row.cut,
         uncertain: None,
         anomaly: false,

@@ -46,13 +46,13 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use jiff::SignedDuration;
-use sqlx::{Connection, PgConnection};
-use tokio::sync::watch;
-use tollgate::safe_time::{
+use safetime::{
     DEFAULT_DRIFT_PPM, DEFAULT_GAP_MAX, DEFAULT_RECOVERY_GRACE, DEFAULT_ROUND_TRIP_MAX,
     DEFAULT_SAMPLE_INTERVAL, DEFAULT_STABLE_OBSERVATIONS_MIN, GAP_MAX_MAX, SafeTimeConfig,
     judge_reading,
 };
+use sqlx::{Connection, PgConnection};
+use tokio::sync::watch;
 use tollgate_pg::safe_time::{self, EVIDENCE_MAX, SafeTimeError};
 use tollgate_pg::sampler::{DEFAULT_RECONNECT_MAX, DEFAULT_STANDBY_POLL, Sampler, SamplerOptions};
 

@@ -5,9 +5,9 @@
 
 mod support;
 
+use safetime::{UncertainReason, Verdict};
 use sqlx::{Connection, PgConnection};
 use support::{CutWatch, SamplerProc};
-use tollgate::safe_time::{UncertainReason, Verdict};
 use tollgate_pg::safe_time;
 use tollgate_pg_harness::PgPair;
 

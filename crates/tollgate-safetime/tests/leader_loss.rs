@@ -6,9 +6,9 @@ mod support;
 
 use std::time::Duration;
 
+use safetime::Verdict;
 use sqlx::{Connection, PgConnection};
 use support::{CutWatch, SamplerProc};
-use tollgate::safe_time::Verdict;
 use tollgate_pg::safe_time;
 use tollgate_pg_harness::PgServer;
 

@@ -65,9 +65,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use safetime::{UncertainReason, Verdict};
 use sqlx::{Connection, Executor as _, PgConnection, Row as _};
 use support::{CutWatch, SamplerProc};
-use tollgate::safe_time::{UncertainReason, Verdict};
 use tollgate_pg::safe_time::{self, CutRow};
 use tollgate_pg_harness::{DEFAULT_PG_USER, PG_USER_ENV, PgServer, SUPERUSER, TestDb};
 

@@ -8,9 +8,9 @@ mod support;
 use std::time::{Duration, Instant};
 
 use jiff::{SignedDuration, Timestamp};
+use safetime::UncertainReason;
 use sqlx::{Connection, PgConnection, Row};
 use support::{CutWatch, SamplerProc};
-use tollgate::safe_time::UncertainReason;
 use tollgate::{Allocator, CapabilityKey, GrantPolicy};
 use tollgate_pg_harness::PgServer;
 

@@ -25,7 +25,8 @@
 //! current epoch) nor that of the newest sealed policy (the one the next
 //! epoch takes). Tollgate's idempotency records never expire (nothing
 //! deletes them, so no retention can outlive the horizon); the grant
-//! policy is the only deadline-bearing setting to bound.
+//! policy's bound ([`tollgate::LEASE_GRANT_DEADLINE`]) is the only
+//! deadline kind this service has to check.
 //!
 //! The policy commands ([`show_policy`], [`set_policy`]) work on a plain
 //! connection pool ([`open_pool`]) rather than a store, because opening a
@@ -40,8 +41,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use safetime::HorizonPolicy;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
-use tollgate::safe_time::HorizonPolicy;
 use tollgate::{Allocator, CapabilityKey, GrantPolicy, LeaseState, StorageError};
 use tollgate_pg::safe_time::SafeTimeError;
 use tollgate_pg::{PolicyChange, PostgresStore, Schema};
@@ -240,8 +241,8 @@ pub async fn connect_for(
 /// Checks that `policy` admits no deadline beyond the sealed horizon: the
 /// cut row's policy (when a sampler has claimed an epoch) and the newest
 /// sealed policy must both cover `max_ttl + reclaim_grace`
-/// ([`HorizonPolicy::covers`]). Returns the policy in force (the row's, or
-/// the newest before any claim).
+/// ([`HorizonPolicy::covers`] over [`GrantPolicy::deadline_bound`]).
+/// Returns the policy in force (the row's, or the newest before any claim).
 ///
 /// # Errors
 /// [`PgError::HorizonTooShort`] naming both values; [`PgError::SafeTime`]
@@ -261,8 +262,9 @@ pub async fn check_horizon(pool: &PgPool, policy: GrantPolicy) -> Result<Horizon
     if row.as_ref().map(|r| r.policy.version()) != Some(newest.version()) {
         checks.push((newest.clone(), "the newest sealed"));
     }
+    let bounds = [policy.deadline_bound()];
     for (h, which) in &checks {
-        if !h.covers(&policy) {
+        if h.covers(&bounds).is_err() {
             return Err(PgError::HorizonTooShort {
                 max_ttl: policy.max_ttl(),
                 reclaim_grace: policy.reclaim_grace(),

@@ -57,8 +57,8 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use jiff::{SignedDuration, Timestamp};
+use safetime::{UncertainReason, judge_reading};
 use sqlx::PgPool;
-use tollgate::safe_time::{UncertainReason, judge_reading};
 use tollgate_pg::safe_time::CutRow;
 
 use crate::clock::{Clock, ClockError, ClockKind, ClockReading};
@@ -277,7 +277,7 @@ impl Clock for SafeCutClock {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tollgate::safe_time::HorizonPolicy;
+    use safetime::HorizonPolicy;
 
     fn ts(s: &str) -> Timestamp {
         s.parse().unwrap()

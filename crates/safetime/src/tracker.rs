@@ -1,8 +1,9 @@
-//! Safe time: the rules of the *safe expiry cut* (DESIGN.md, "safe expiry
-//! cut"; seed 003, "Recovery and safe time").
+//! The cut tracker: how the *safe expiry cut* moves.
 //!
 //! The cut is the persisted instant before which no authority may be
-//! treated as expired. A single leader (the sampler) proposes it from
+//! treated as expired: every deadline of every subsystem is judged against
+//! it, never against a host clock, so a clock that jumps cannot expire
+//! anything early. A single leader (the sampler) proposes it from
 //! [`Observation`]s: database time and topology read in one query,
 //! bracketed by the sampler host's monotonic clock. This module is the pure
 //! decision procedure ([`CutTracker`]); the database functions of migration
@@ -43,8 +44,8 @@
 //! certain again after [`SafeTimeConfig::stable_observations_min`]
 //! consecutive consistent observations *and* at least
 //! [`SafeTimeConfig::recovery_grace`] of monotonic time since the last
-//! anomaly (seed: "Recovery requires stable observations plus a grace
-//! period").
+//! anomaly: one consistent observation right after an anomaly could be a
+//! coincidence, and recovery needs both many samples and enough time.
 //!
 //! # Initial quarantine
 //!
@@ -63,57 +64,16 @@ use std::fmt;
 
 use jiff::{SignedDuration, Timestamp};
 
-use crate::timing::{TIMESTAMP_MAX_NS, TIMESTAMP_MIN_NS};
+use crate::timestamp::{TIMESTAMP_MAX_NS, TIMESTAMP_MIN_NS};
 
-/// Default drift allowance between the database and the sampler host's
-/// monotonic clock, in parts per million (issue 6: 50 ppm).
-pub const DEFAULT_DRIFT_PPM: u32 = 50;
-
-/// Largest accepted drift allowance, in parts per million (10%): a larger
-/// allowance would make the step detector meaningless.
-pub const DRIFT_PPM_MAX: u32 = 100_000;
-
-/// Default maximum-deadline horizon: 3,650 days = 315,360,000,000 ms
-/// (seed 003, "Lease hibernation and resume").
+/// Default maximum-deadline horizon: 3,650 days = 315,360,000,000 ms, long
+/// enough for a lease that hibernates for years and is resumed.
 pub const DEFAULT_HORIZON_MS: i64 = 315_360_000_000;
 
-/// Default interval between samples.
-pub const DEFAULT_SAMPLE_INTERVAL: SignedDuration = SignedDuration::from_secs(1);
-
-/// Default sampling-gap bound: a longer gap between samples makes the cut
-/// uncertain, and a published cut older than this is read as uncertain.
-pub const DEFAULT_GAP_MAX: SignedDuration = SignedDuration::from_secs(5);
-
-/// Largest accepted sampling-gap bound (one hour). The gap bound is also
-/// how long a reader trusts a cut that is no longer republished: a larger
-/// one would let a stopped sampler's cut read as certain (never `stale`)
-/// for practically ever. An hour is far above any sane setting (the
-/// default is 5 s) and still bounds that exposure.
-pub const GAP_MAX_MAX: SignedDuration = SignedDuration::from_hours(1);
-
-/// Default longest plausible round trip of one observation query.
-pub const DEFAULT_ROUND_TRIP_MAX: SignedDuration = SignedDuration::from_secs(1);
-
-/// Default number of consecutive consistent observations before recovery.
-pub const DEFAULT_STABLE_OBSERVATIONS_MIN: u32 = 3;
-
-/// Largest accepted number of consecutive consistent observations before
-/// recovery (10,000: almost three hours at the default 1 s interval). A
-/// larger count would keep the cut uncertain for so long that it is a
-/// misconfiguration, not a policy.
-pub const STABLE_OBSERVATIONS_MAX: u32 = 10_000;
-
-/// Default grace period of monotonic time after the last anomaly before
-/// recovery.
-pub const DEFAULT_RECOVERY_GRACE: SignedDuration = SignedDuration::from_secs(5);
-
-/// Largest accepted recovery grace (one hour): a longer grace would keep
-/// the cut uncertain after every anomaly for longer than an outage is
-/// worth, so it is read as a misconfiguration (the default is 5 s).
-pub const RECOVERY_GRACE_MAX: SignedDuration = SignedDuration::from_hours(1);
-
-/// The owner-sealed maximum-deadline horizon policy (seed 003: "The
-/// owner-sealed PostgreSQL policy defaults to 3,650 days"). A version, the
+/// The owner-sealed maximum-deadline horizon policy: no deadline of any
+/// kind may lie further than the horizon after its issue (the default is
+/// [`DEFAULT_HORIZON_MS`], 3,650 days), which bounds how long the initial
+/// quarantine must run to outlive every deadline issued before it. A version, the
 /// horizon in milliseconds, and the hex SHA-256 digest of
 /// [`HorizonPolicy::canonical_text`], verified on load so a row edited
 /// behind the database's own check is refused.
@@ -214,14 +174,160 @@ impl HorizonPolicy {
         SignedDuration::from_millis(self.horizon_ms)
     }
 
-    /// Whether every deadline a grant policy can admit fits inside the
-    /// horizon: `max_ttl + reclaim_grace <= horizon` (issue 6: on the
-    /// safe-cut clock a longer `max_ttl` is refused).
-    pub fn covers(&self, policy: &crate::GrantPolicy) -> bool {
-        let need = policy.max_ttl().as_nanos() + policy.reclaim_grace().as_nanos();
-        need <= self.horizon().as_nanos()
+    /// Checks that every deadline of every kind in `bounds` fits inside
+    /// the horizon: `longest <= horizon` for each, exactly (nanoseconds;
+    /// equal fits). On a clock that reads the cut, a deadline beyond the
+    /// horizon could outlive the initial quarantine's proof, so a
+    /// subsystem must refuse to admit one.
+    ///
+    /// ```
+    /// use jiff::SignedDuration;
+    /// use safetime::{DeadlineBound, DeadlineKind, HorizonPolicy};
+    /// let kind = DeadlineKind::named("example.job");
+    /// let policy = HorizonPolicy::verified(1, 10_000, &HorizonPolicy::digest_of(1, 10_000)).unwrap();
+    /// let fits = DeadlineBound::new(kind, SignedDuration::from_secs(10));
+    /// assert_eq!(policy.covers(&[fits]), Ok(()));
+    /// let over = DeadlineBound::new(kind, SignedDuration::new(10, 1));
+    /// assert_eq!(policy.covers(&[fits, over]).unwrap_err().kind, kind);
+    /// ```
+    ///
+    /// # Errors
+    /// [`HorizonShortfall`] naming the first bound, in `bounds` order,
+    /// that does not fit (an unbounded one never fits).
+    pub fn covers(&self, bounds: &[DeadlineBound]) -> Result<(), HorizonShortfall> {
+        let horizon = self.horizon();
+        match bounds
+            .iter()
+            .find(|b| !b.longest.is_some_and(|longest| longest <= horizon))
+        {
+            None => Ok(()),
+            Some(b) => Err(HorizonShortfall {
+                kind: b.kind,
+                longest: b.longest,
+                version: self.version,
+                horizon,
+            }),
+        }
     }
 }
+
+/// A named kind of deadline issued on cut time. Each subsystem names its
+/// own kinds, prefixed with its name (`tollgate.lease_grant`); the name
+/// appears in [`HorizonShortfall`]'s message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct DeadlineKind {
+    name: &'static str,
+}
+
+impl DeadlineKind {
+    /// The kind called `name`.
+    pub const fn named(name: &'static str) -> DeadlineKind {
+        DeadlineKind { name }
+    }
+
+    /// Its name.
+    pub const fn name(&self) -> &'static str {
+        self.name
+    }
+}
+
+impl fmt::Display for DeadlineKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name)
+    }
+}
+
+/// The longest deadline of one [`DeadlineKind`] a subsystem can admit,
+/// measured from the cut-time instant it is issued at; exact to the
+/// nanosecond. A setting whose longest deadline does not fit in a
+/// [`SignedDuration`] is *unbounded*: no horizon covers it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeadlineBound {
+    kind: DeadlineKind,
+    longest: Option<SignedDuration>,
+}
+
+impl DeadlineBound {
+    /// Deadlines of `kind` lie at most `longest` after their issue.
+    ///
+    /// # Panics
+    /// If `longest` is negative: no deadline lies before its issue, so a
+    /// negative bound is a bug in the subsystem that computed it.
+    pub const fn new(kind: DeadlineKind, longest: SignedDuration) -> DeadlineBound {
+        assert!(!longest.is_negative(), "a deadline bound is never negative");
+        DeadlineBound {
+            kind,
+            longest: Some(longest),
+        }
+    }
+
+    /// Deadlines of `kind` made of two parts, `first` then `second` (a TTL
+    /// and the grace after it): the bound is `first + second`, exact, or
+    /// unbounded when the sum exceeds [`SignedDuration::MAX`].
+    ///
+    /// # Panics
+    /// If `first` or `second` is negative, as for [`DeadlineBound::new`].
+    pub fn sum(kind: DeadlineKind, first: SignedDuration, second: SignedDuration) -> DeadlineBound {
+        assert!(
+            !first.is_negative() && !second.is_negative(),
+            "a deadline's parts are never negative: {first}, {second}"
+        );
+        DeadlineBound {
+            kind,
+            longest: first.checked_add(second),
+        }
+    }
+
+    /// The kind bounded.
+    pub fn kind(&self) -> DeadlineKind {
+        self.kind
+    }
+
+    /// The longest deadline; `None` when unbounded (beyond
+    /// [`SignedDuration::MAX`]).
+    pub fn longest(&self) -> Option<SignedDuration> {
+        self.longest
+    }
+}
+
+/// The first [`DeadlineBound`] a horizon policy does not cover, with the
+/// exact values compared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HorizonShortfall {
+    /// The kind that does not fit.
+    pub kind: DeadlineKind,
+    /// Its longest deadline; `None` when unbounded.
+    pub longest: Option<SignedDuration>,
+    /// The horizon policy's version.
+    pub version: i64,
+    /// The horizon.
+    pub horizon: SignedDuration,
+}
+
+impl fmt::Display for HorizonShortfall {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let HorizonShortfall {
+            kind,
+            version,
+            horizon,
+            ..
+        } = self;
+        match self.longest {
+            Some(longest) => write!(
+                f,
+                "the longest {kind} deadline ({longest}) is beyond the horizon of policy \
+                 version {version} ({horizon})"
+            ),
+            None => write!(
+                f,
+                "the longest {kind} deadline is beyond any duration, so beyond the horizon \
+                 of policy version {version} ({horizon})"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for HorizonShortfall {}
 
 /// Why the cut is uncertain. The string forms ([`UncertainReason::code`])
 /// are stable: they are persisted, exported as metric labels and shown by
@@ -314,10 +420,10 @@ impl fmt::Display for UncertainReason {
     }
 }
 
-/// How a reader judges one reading of the persisted cut (issue 6, "Tollgate
-/// on the cut": a cut older than the sampling-gap bound counts as
-/// uncertain). The one rule behind the service's safe-cut clock and
-/// `tollgate-safetime status`.
+/// How a reader judges one reading of the persisted cut: a cut older than
+/// the sampling-gap bound counts as uncertain, because nobody vouches for
+/// the time since. The one rule behind every reader of the cut (Tollgate's
+/// safe-cut clock, `tollgate-safetime status`).
 ///
 /// * `published`: the publisher's reason (`None`: it declared the cut
 ///   certain).
@@ -345,6 +451,49 @@ pub fn judge_reading(
         published
     }
 }
+
+/// Default drift allowance between the database and the sampler host's
+/// monotonic clock, in parts per million: 50 ppm, 4.32 s a day.
+pub const DEFAULT_DRIFT_PPM: u32 = 50;
+
+/// Largest accepted drift allowance, in parts per million (10%): a larger
+/// allowance would make the step detector meaningless.
+pub const DRIFT_PPM_MAX: u32 = 100_000;
+
+/// Default interval between samples.
+pub const DEFAULT_SAMPLE_INTERVAL: SignedDuration = SignedDuration::from_secs(1);
+
+/// Default sampling-gap bound: a longer gap between samples makes the cut
+/// uncertain, and a published cut older than this is read as uncertain.
+pub const DEFAULT_GAP_MAX: SignedDuration = SignedDuration::from_secs(5);
+
+/// Largest accepted sampling-gap bound (one hour). The gap bound is also
+/// how long a reader trusts a cut that is no longer republished: a larger
+/// one would let a stopped sampler's cut read as certain (never `stale`)
+/// for practically ever. An hour is far above any sane setting (the
+/// default is 5 s) and still bounds that exposure.
+pub const GAP_MAX_MAX: SignedDuration = SignedDuration::from_hours(1);
+
+/// Default longest plausible round trip of one observation query.
+pub const DEFAULT_ROUND_TRIP_MAX: SignedDuration = SignedDuration::from_secs(1);
+
+/// Default number of consecutive consistent observations before recovery.
+pub const DEFAULT_STABLE_OBSERVATIONS_MIN: u32 = 3;
+
+/// Largest accepted number of consecutive consistent observations before
+/// recovery (10,000: almost three hours at the default 1 s interval). A
+/// larger count would keep the cut uncertain for so long that it is a
+/// misconfiguration, not a policy.
+pub const STABLE_OBSERVATIONS_MAX: u32 = 10_000;
+
+/// Default grace period of monotonic time after the last anomaly before
+/// recovery.
+pub const DEFAULT_RECOVERY_GRACE: SignedDuration = SignedDuration::from_secs(5);
+
+/// Largest accepted recovery grace (one hour): a longer grace would keep
+/// the cut uncertain after every anomaly for longer than an outage is
+/// worth, so it is read as a misconfiguration (the default is 5 s).
+pub const RECOVERY_GRACE_MAX: SignedDuration = SignedDuration::from_hours(1);
 
 /// A rejected [`SafeTimeConfig`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -549,13 +698,13 @@ impl SafeTimeConfig {
     }
 
     /// `elapsed_ns * (1 - drift)`, rounded down; never negative.
-    fn trusted(&self, elapsed_ns: i128) -> i128 {
+    pub(crate) fn trusted(&self, elapsed_ns: i128) -> i128 {
         let e = elapsed_ns.max(0);
         e * i128::from(1_000_000 - self.drift_ppm) / 1_000_000
     }
 
     /// `elapsed_ns * drift`, rounded up.
-    fn slack(&self, elapsed_ns: i128) -> i128 {
+    pub(crate) fn slack(&self, elapsed_ns: i128) -> i128 {
         let e = elapsed_ns.max(0);
         (e * i128::from(self.drift_ppm) + 999_999) / 1_000_000
     }
@@ -724,9 +873,9 @@ impl CutTracker {
                     Some(UncertainReason::PrimaryChange)
                 } else if obs.topology.in_recovery {
                     Some(UncertainReason::InRecovery)
-                } else if rtt < 0 || lo < 0 || rtt > cfg.round_trip_max.as_nanos() {
+                } else if rtt < 0 || lo < 0 || rtt > cfg.round_trip_max().as_nanos() {
                     Some(UncertainReason::ImplausibleObservation)
-                } else if lo > cfg.gap_max.as_nanos() {
+                } else if lo > cfg.gap_max().as_nanos() {
                     Some(UncertainReason::SamplingGap)
                 } else {
                     let db = db_now_ns - p.db_now.as_nanosecond();
@@ -766,8 +915,8 @@ impl CutTracker {
                 self.stable = self.stable.saturating_add(1);
                 let since = self.recovery_since_mono_ns.unwrap_or(obs.mono_after_ns);
                 let calm_ns = i128::from(obs.mono_before_ns) - i128::from(since);
-                let recovered = self.stable >= cfg.stable_observations_min
-                    && calm_ns >= cfg.recovery_grace.as_nanos();
+                let recovered = self.stable >= cfg.stable_observations_min()
+                    && calm_ns >= cfg.recovery_grace().as_nanos();
                 if self.quarantined {
                     let run_since = self.quarantine_since_mono_ns.unwrap_or(obs.mono_after_ns);
                     let run_ns =
@@ -998,56 +1147,6 @@ mod tests {
         assert!(t.observe(obs(117, T0 + 11 * S as i128)).clears_quarantine);
     }
 
-    #[test]
-    fn reason_codes_round_trip() {
-        for r in UncertainReason::ALL {
-            assert_eq!(UncertainReason::from_code(r.code()), Some(r));
-        }
-        assert_eq!(UncertainReason::from_code("nope"), None);
-        assert!(UncertainReason::NewEpoch.is_anomaly());
-        assert!(!UncertainReason::Recovering.is_anomaly());
-    }
-
-    #[test]
-    fn horizon_policy_digest_is_verified() {
-        let d = HorizonPolicy::digest_of(1, DEFAULT_HORIZON_MS);
-        assert_eq!(d.len(), 64);
-        let p = HorizonPolicy::verified(1, DEFAULT_HORIZON_MS, &d).unwrap();
-        assert_eq!(p.horizon(), SignedDuration::from_hours(3_650 * 24));
-        assert_eq!(
-            (p.version(), p.horizon_ms(), p.digest()),
-            (1, 315_360_000_000, d.as_str())
-        );
-        let p7 = HorizonPolicy::verified(7, 5, &HorizonPolicy::digest_of(7, 5)).unwrap();
-        assert_eq!((p7.version(), p7.horizon_ms()), (7, 5));
-        assert_eq!(
-            HorizonPolicy::canonical_text(7, 5),
-            "tollgate-safetime-policy/v1;version=7;horizon_ms=5"
-        );
-        assert_eq!(
-            HorizonPolicy::verified(1, 1_000, &d),
-            Err(HorizonPolicyError::DigestMismatch {
-                version: 1,
-                stored: d.clone(),
-                expected: HorizonPolicy::digest_of(1, 1_000)
-            })
-        );
-        assert_eq!(
-            HorizonPolicy::verified(1, 0, &d),
-            Err(HorizonPolicyError::Invalid {
-                version: 1,
-                horizon_ms: 0
-            })
-        );
-        let gp =
-            crate::GrantPolicy::new(SignedDuration::from_secs(9), SignedDuration::from_secs(1))
-                .unwrap();
-        let ten = HorizonPolicy::verified(2, 10_000, &HorizonPolicy::digest_of(2, 10_000)).unwrap();
-        assert!(ten.covers(&gp));
-        let short = HorizonPolicy::verified(2, 9_999, &HorizonPolicy::digest_of(2, 9_999)).unwrap();
-        assert!(!short.covers(&gp));
-    }
-
     /// A tracker that has seen one observation at monotonic 10 s (1 ms
     /// round trip) with database time T0, cut T0.
     fn primed() -> CutTracker {
@@ -1239,6 +1338,191 @@ mod tests {
             ));
             assert_eq!(v.uncertain.is_none(), certain, "at {tenths} tenths");
         }
+    }
+
+    #[test]
+    fn horizon_policy_digest_is_verified() {
+        let d = HorizonPolicy::digest_of(1, DEFAULT_HORIZON_MS);
+        assert_eq!(d.len(), 64);
+        let p = HorizonPolicy::verified(1, DEFAULT_HORIZON_MS, &d).unwrap();
+        assert_eq!(p.horizon(), SignedDuration::from_hours(3_650 * 24));
+        assert_eq!(
+            (p.version(), p.horizon_ms(), p.digest()),
+            (1, 315_360_000_000, d.as_str())
+        );
+        let p7 = HorizonPolicy::verified(7, 5, &HorizonPolicy::digest_of(7, 5)).unwrap();
+        assert_eq!((p7.version(), p7.horizon_ms()), (7, 5));
+        assert_eq!(
+            HorizonPolicy::canonical_text(7, 5),
+            "tollgate-safetime-policy/v1;version=7;horizon_ms=5"
+        );
+        assert_eq!(
+            HorizonPolicy::verified(1, 1_000, &d),
+            Err(HorizonPolicyError::DigestMismatch {
+                version: 1,
+                stored: d.clone(),
+                expected: HorizonPolicy::digest_of(1, 1_000)
+            })
+        );
+        assert_eq!(
+            HorizonPolicy::verified(1, 0, &d),
+            Err(HorizonPolicyError::Invalid {
+                version: 1,
+                horizon_ms: 0
+            })
+        );
+        // A bound of exactly 10 s fits 10,000 ms, not 9,999 ms.
+        let ten_s = [DeadlineBound::new(KIND, SignedDuration::from_secs(10))];
+        let ten = HorizonPolicy::verified(2, 10_000, &HorizonPolicy::digest_of(2, 10_000)).unwrap();
+        assert!(ten.covers(&ten_s).is_ok());
+        let short = HorizonPolicy::verified(2, 9_999, &HorizonPolicy::digest_of(2, 9_999)).unwrap();
+        assert!(short.covers(&ten_s).is_err());
+    }
+
+    const KIND: DeadlineKind = DeadlineKind::named("test.job");
+    const OTHER: DeadlineKind = DeadlineKind::named("test.other");
+
+    fn policy(horizon_ms: i64) -> HorizonPolicy {
+        HorizonPolicy::verified(3, horizon_ms, &HorizonPolicy::digest_of(3, horizon_ms)).unwrap()
+    }
+
+    /// `covers` at its boundaries: equal fits, one nanosecond over does
+    /// not, an unbounded kind never fits, and the first kind that does not
+    /// fit is named with the exact values.
+    #[test]
+    fn covers_boundaries_are_exact() {
+        let ns = SignedDuration::from_nanos(1);
+        let h = SignedDuration::from_secs(10);
+        let bound = |kind, longest| DeadlineBound::new(kind, longest);
+        let short = |kind, longest| {
+            Err(HorizonShortfall {
+                kind,
+                longest,
+                version: 3,
+                horizon: h,
+            })
+        };
+        let cases: Vec<(Vec<DeadlineBound>, Result<(), HorizonShortfall>)> = vec![
+            (vec![], Ok(())),
+            (vec![bound(KIND, SignedDuration::ZERO)], Ok(())),
+            (vec![bound(KIND, h - ns)], Ok(())),
+            (vec![bound(KIND, h)], Ok(())),
+            (vec![bound(KIND, h + ns)], short(KIND, Some(h + ns))),
+            (
+                vec![bound(KIND, SignedDuration::MAX)],
+                short(KIND, Some(SignedDuration::MAX)),
+            ),
+            (
+                vec![DeadlineBound::sum(KIND, SignedDuration::MAX, ns)],
+                short(KIND, None),
+            ),
+            (vec![bound(KIND, h), bound(OTHER, h)], Ok(())),
+            (
+                vec![bound(KIND, h), bound(OTHER, h + ns)],
+                short(OTHER, Some(h + ns)),
+            ),
+            (
+                vec![bound(KIND, h + ns), bound(OTHER, h + ns * 2)],
+                short(KIND, Some(h + ns)),
+            ),
+        ];
+        for (bounds, expected) in cases {
+            assert_eq!(policy(10_000).covers(&bounds), expected, "{bounds:?}");
+        }
+    }
+
+    #[test]
+    fn sum_is_exact_up_to_the_largest_duration() {
+        let ns = SignedDuration::from_nanos(1);
+        let max = SignedDuration::MAX;
+        let cases = [
+            (
+                SignedDuration::ZERO,
+                SignedDuration::ZERO,
+                Some(SignedDuration::ZERO),
+            ),
+            (
+                SignedDuration::from_secs(9),
+                SignedDuration::new(1, 1),
+                Some(SignedDuration::new(10, 1)),
+            ),
+            (max - ns, ns, Some(max)),
+            (max, SignedDuration::ZERO, Some(max)),
+            (max, ns, None),
+            (ns, max, None),
+            (max, max, None),
+        ];
+        for (first, second, longest) in cases {
+            let b = DeadlineBound::sum(KIND, first, second);
+            assert_eq!(
+                (b.kind(), b.longest()),
+                (KIND, longest),
+                "{first} + {second}"
+            );
+        }
+        let b = DeadlineBound::new(OTHER, SignedDuration::from_secs(3));
+        assert_eq!(
+            (b.kind(), b.longest()),
+            (OTHER, Some(SignedDuration::from_secs(3)))
+        );
+    }
+
+    #[test]
+    #[should_panic(expected = "a deadline's parts are never negative")]
+    fn sum_refuses_a_negative_part() {
+        DeadlineBound::sum(
+            KIND,
+            SignedDuration::from_secs(1),
+            SignedDuration::from_nanos(-1),
+        );
+    }
+
+    #[test]
+    #[should_panic(expected = "a deadline's parts are never negative")]
+    fn sum_refuses_a_negative_first_part() {
+        DeadlineBound::sum(
+            KIND,
+            SignedDuration::from_nanos(-1),
+            SignedDuration::from_secs(1),
+        );
+    }
+
+    #[test]
+    fn kinds_and_shortfalls_print_their_exact_values() {
+        assert_eq!(
+            (KIND.name(), KIND.to_string()),
+            ("test.job", "test.job".to_owned())
+        );
+        let over = HorizonShortfall {
+            kind: KIND,
+            longest: Some(SignedDuration::new(10, 1)),
+            version: 3,
+            horizon: SignedDuration::from_secs(10),
+        };
+        assert_eq!(
+            over.to_string(),
+            "the longest test.job deadline (PT10.000000001S) is beyond the horizon of policy \
+             version 3 (PT10S)"
+        );
+        let unbounded = HorizonShortfall {
+            longest: None,
+            ..over
+        };
+        assert_eq!(
+            unbounded.to_string(),
+            "the longest test.job deadline is beyond any duration, so beyond the horizon of \
+             policy version 3 (PT10S)"
+        );
+    }
+
+    #[test]
+    fn reason_codes_round_trip() {
+        for r in UncertainReason::ALL {
+            assert_eq!(UncertainReason::from_code(r.code()), Some(r));
+        }
+        assert_eq!(UncertainReason::from_code("nope"), None);
+        assert!(UncertainReason::NewEpoch.is_anomaly());
+        assert!(!UncertainReason::Recovering.is_anomaly());
     }
 
     #[test]
