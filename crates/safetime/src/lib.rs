@@ -8,10 +8,14 @@
 //!
 //! * [`tracker`]: the cut tracker ([`CutTracker`]) that turns observations
 //!   of database time, bracketed by a monotonic clock, into proposals;
-//!   its module docs state the design and its failure modes. It also
-//!   holds the uncertainty reasons ([`UncertainReason`], [`judge_reading`]),
-//!   the sampler's tuning ([`SafeTimeConfig`]) and the owner-sealed horizon
-//!   ([`HorizonPolicy`], [`HorizonPolicy::covers`] over [`DeadlineBound`]s).
+//!   its module docs state the design and its failure modes.
+//! * [`reason`]: why the cut is uncertain ([`UncertainReason`]) and how a
+//!   reader judges a reading of it ([`judge_reading`]).
+//! * [`config`]: the sampler's tuning ([`SafeTimeConfig`]) and its bounds.
+//! * [`horizon`]: the owner-sealed maximum-deadline horizon
+//!   ([`HorizonPolicy`], digest verified) and the check that it covers the
+//!   longest deadline of every kind ([`HorizonPolicy::covers`] over
+//!   [`DeadlineBound`]s).
 //! * [`instant_pair`]: the exact PostgreSQL encoding of an instant;
 //!   [`timestamp`]: the ends of the timestamp domain.
 //!
@@ -26,20 +30,23 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod config;
+pub mod horizon;
 pub mod instant_pair;
+pub mod reason;
 pub mod timestamp;
 pub mod tracker;
 
-pub use instant_pair::{InstantPair, PairError};
-pub use timestamp::{TIMESTAMP_MAX_NS, TIMESTAMP_MIN_NS};
-pub use tracker::{CutTracker, Observation, Topology, Verdict};
-pub use tracker::{
+pub use config::{
     DEFAULT_DRIFT_PPM, DEFAULT_GAP_MAX, DEFAULT_RECOVERY_GRACE, DEFAULT_ROUND_TRIP_MAX,
     DEFAULT_SAMPLE_INTERVAL, DEFAULT_STABLE_OBSERVATIONS_MIN, DRIFT_PPM_MAX, GAP_MAX_MAX,
     RECOVERY_GRACE_MAX, STABLE_OBSERVATIONS_MAX, SafeTimeConfig, SafeTimeConfigError,
 };
-pub use tracker::{
+pub use horizon::{
     DEFAULT_HORIZON_MS, DeadlineBound, DeadlineKind, HorizonPolicy, HorizonPolicyError,
     HorizonShortfall,
 };
-pub use tracker::{UncertainReason, judge_reading};
+pub use instant_pair::{InstantPair, PairError};
+pub use reason::{UncertainReason, judge_reading};
+pub use timestamp::{TIMESTAMP_MAX_NS, TIMESTAMP_MIN_NS};
+pub use tracker::{CutTracker, Observation, Topology, Verdict};
