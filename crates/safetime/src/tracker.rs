@@ -27,7 +27,13 @@
 //!   gains on database time and never outruns the monotonic window less the
 //!   drift allowance. Anything else (a step, a gap, a topology change, an
 //!   implausible round trip): it advances by only `max(lo, 0) * (1 - drift)`,
-//!   the elapsed time the monotonic clock vouches for.
+//!   the elapsed time the monotonic clock vouches for (by `hi` instead when
+//!   readings that break the rules of time make `hi < lo`).
+//! * Whatever the observation, the cut therefore never decreases, never
+//!   passes database time and (but for the quarantine's clearing, below)
+//!   never advances by more than `hi * (1 - drift)`. [`CutTracker`] asserts
+//!   these at both ends of every observation: a violation is a bug, not an
+//!   input to handle.
 //! * The proposal is capped at the observed database time and never goes
 //!   below the current cut.
 //!
@@ -64,7 +70,6 @@ use jiff::{SignedDuration, Timestamp};
 
 use crate::config::SafeTimeConfig;
 use crate::reason::UncertainReason;
-use crate::timestamp::{TIMESTAMP_MAX_NS, TIMESTAMP_MIN_NS};
 
 /// Where the sampler's database is, as one observation sees it. Any change
 /// between two observations is a [`UncertainReason::PrimaryChange`].
@@ -121,18 +126,126 @@ pub struct Verdict {
 /// [`Observation`] at a time with [`CutTracker::observe`]; after each
 /// publish the database's accepted cut is fed back with
 /// [`CutTracker::accepted`].
+///
+/// # Invariants
+///
+/// Checked at both ends of every [`CutTracker::observe`] (a violation is a
+/// bug in this module, so it panics with the rule it broke):
+///
+/// * the proposal never goes below the current cut, and never above
+///   `max(cut, db_now)` (the cut never passes database time);
+/// * except when the initial quarantine clears, the cut advances by at most
+///   the monotonic window `hi = o.mono_after - p.mono_before` less the
+///   drift allowance (by nothing on an epoch's first observation);
+/// * while quarantined the reason is [`UncertainReason::InitialQuarantine`],
+///   and a certain cut has at least
+///   [`SafeTimeConfig::stable_observations_min`] consistent observations
+///   behind it.
+///
+/// Observations that break the rules of time (a round trip that ends before
+/// it starts, a sample sent before the previous answer) are operating
+/// errors, not bugs: they are anomalies
+/// ([`UncertainReason::ImplausibleObservation`]), never panics.
 #[derive(Debug, Clone)]
 pub struct CutTracker {
     config: SafeTimeConfig,
     horizon_ns: i128,
     cut_ns: i128,
-    last: Option<Observation>,
+    /// `None` until the epoch's first observation.
+    history: Option<History>,
     stable: u32,
-    recovery_since_mono_ns: Option<u64>,
     uncertain: Option<UncertainReason>,
-    quarantine_since_mono_ns: Option<u64>,
     quarantined: bool,
     start_reason: UncertainReason,
+}
+
+/// What the tracker remembers of the observations so far in its epoch.
+#[derive(Debug, Clone, Copy)]
+struct History {
+    /// The previous observation.
+    prev: Observation,
+    /// `mono_after_ns` of the last anomaly: recovery's calm and the
+    /// quarantine's proof are both measured from it. The epoch's first
+    /// observation is always an anomaly, so there always is one.
+    anomaly_after_ns: u64,
+}
+
+/// How one observation relates to the previous one of its epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Step {
+    /// `Some`: the anomaly it is.
+    anomaly: Option<UncertainReason>,
+    /// How far the cut may advance on this observation's evidence, before
+    /// the cap at database time.
+    advance_ns: i128,
+    /// The monotonic window less the drift allowance, `trusted(hi)`: no
+    /// advance may exceed it (0 on an epoch's first observation).
+    advance_max_ns: i128,
+}
+
+/// The monotonic brackets of two consecutive observations `p` and `o`, in
+/// nanoseconds (any of them may be negative when the readings break the
+/// rules of time).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Window {
+    /// `o.mono_before - p.mono_after`: the least time that passed between
+    /// the two database reads.
+    lo_ns: i128,
+    /// `o.mono_after - p.mono_before`: the most time that passed.
+    hi_ns: i128,
+    /// `o.mono_after - o.mono_before`: this observation's round trip.
+    rtt_ns: i128,
+}
+
+impl Window {
+    fn between(p: &Observation, o: &Observation) -> Window {
+        Window {
+            lo_ns: i128::from(o.mono_before_ns) - i128::from(p.mono_after_ns),
+            hi_ns: i128::from(o.mono_after_ns) - i128::from(p.mono_before_ns),
+            rtt_ns: i128::from(o.mono_after_ns) - i128::from(o.mono_before_ns),
+        }
+    }
+}
+
+/// One move of the cut, as [`assert_cut_move`] checks it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct CutMove {
+    /// The cut before the observation.
+    before_ns: i128,
+    /// The proposal.
+    proposal_ns: i128,
+    /// The observation's database time.
+    db_now_ns: i128,
+    /// [`Step::advance_max_ns`].
+    advance_max_ns: i128,
+    /// The proposal clears the initial quarantine.
+    clears_quarantine: bool,
+}
+
+/// Panics unless `m` obeys the cut's rules (see [`CutTracker`]'s
+/// invariants): a violation is a bug in the tracker, and publishing its
+/// proposal could expire authority early.
+fn assert_cut_move(m: CutMove) {
+    assert!(
+        m.proposal_ns >= m.before_ns,
+        "the cut never decreases: proposal {} ns below the cut {} ns",
+        m.proposal_ns,
+        m.before_ns
+    );
+    assert!(
+        m.proposal_ns <= m.before_ns.max(m.db_now_ns),
+        "the cut never passes database time: proposal {} ns above max(cut {} ns, db_now {} ns)",
+        m.proposal_ns,
+        m.before_ns,
+        m.db_now_ns
+    );
+    assert!(
+        m.clears_quarantine || m.proposal_ns - m.before_ns <= m.advance_max_ns,
+        "the cut never advances faster than monotonic time less the drift allowance: \
+         advance {} ns above {} ns",
+        m.proposal_ns - m.before_ns,
+        m.advance_max_ns
+    );
 }
 
 impl CutTracker {
@@ -140,25 +253,31 @@ impl CutTracker {
     /// `quarantined`: the installation is in its initial quarantine.
     /// `horizon`: the sealed maximum-deadline horizon (the length of the
     /// quarantine proof).
+    ///
+    /// # Panics
+    /// If `horizon` is negative (a [`crate::HorizonPolicy`]'s horizon is
+    /// always positive).
     pub fn new(
         config: SafeTimeConfig,
         cut: Timestamp,
         quarantined: bool,
         horizon: SignedDuration,
     ) -> CutTracker {
+        assert!(
+            !horizon.is_negative(),
+            "the maximum-deadline horizon is never negative, got {horizon}"
+        );
         CutTracker {
             config,
-            horizon_ns: horizon.as_nanos().max(0),
+            horizon_ns: horizon.as_nanos(),
             cut_ns: cut.as_nanosecond(),
-            last: None,
+            history: None,
             stable: 0,
-            recovery_since_mono_ns: None,
             uncertain: Some(if quarantined {
                 UncertainReason::InitialQuarantine
             } else {
                 UncertainReason::NewEpoch
             }),
-            quarantine_since_mono_ns: None,
             quarantined,
             start_reason: UncertainReason::NewEpoch,
         }
@@ -209,111 +328,188 @@ impl CutTracker {
     }
 
     /// Classifies `obs` against the previous observation and proposes the
-    /// next cut; see the module docs for the rules.
+    /// next cut; see the module docs for the rules and [`CutTracker`] for
+    /// the invariants checked at both ends.
+    ///
+    /// # Panics
+    /// Only if an invariant is broken, which is a bug in this module.
     pub fn observe(&mut self, obs: Observation) -> Verdict {
-        let cfg = self.config;
+        self.assert_state();
+        let before_ns = self.cut_ns;
         let db_now_ns = obs.db_now.as_nanosecond();
-        let rtt = i128::from(obs.mono_after_ns) - i128::from(obs.mono_before_ns);
-        let prev = self.last.replace(obs);
-        let (anomaly, advance_ns): (Option<UncertainReason>, i128) = match prev {
-            None => (Some(self.start_reason), 0),
-            Some(p) => {
-                let lo = i128::from(obs.mono_before_ns) - i128::from(p.mono_after_ns);
-                let hi = i128::from(obs.mono_after_ns) - i128::from(p.mono_before_ns);
-                let trusted = cfg.trusted(lo);
-                let anomaly = if obs.topology.system_identifier != p.topology.system_identifier
-                    || obs.topology.timeline_id != p.topology.timeline_id
-                    || obs.topology.postmaster_start != p.topology.postmaster_start
-                    || obs.topology.in_recovery != p.topology.in_recovery
-                {
-                    Some(UncertainReason::PrimaryChange)
-                } else if obs.topology.in_recovery {
-                    Some(UncertainReason::InRecovery)
-                } else if rtt < 0 || lo < 0 || rtt > cfg.round_trip_max().as_nanos() {
-                    Some(UncertainReason::ImplausibleObservation)
-                } else if lo > cfg.gap_max().as_nanos() {
-                    Some(UncertainReason::SamplingGap)
+        let (step, anomaly_after_ns) = match self.history {
+            None => (
+                Step {
+                    anomaly: Some(self.start_reason),
+                    advance_ns: 0,
+                    advance_max_ns: 0,
+                },
+                obs.mono_after_ns,
+            ),
+            Some(h) => {
+                let step = self.config.step(&h.prev, &obs);
+                let since = if step.anomaly.is_some() {
+                    obs.mono_after_ns
                 } else {
-                    let db = db_now_ns - p.db_now.as_nanosecond();
-                    let slack = cfg.slack(hi);
-                    if db > hi + slack {
-                        Some(UncertainReason::ClockStepForward)
-                    } else if db < lo - slack {
-                        Some(UncertainReason::ClockStepBackward)
-                    } else {
-                        None
-                    }
+                    h.anomaly_after_ns
                 };
-                match anomaly {
-                    None => {
-                        let db = db_now_ns - p.db_now.as_nanosecond();
-                        (None, db.min(cfg.trusted(hi)).max(0))
-                    }
-                    Some(a) => (Some(a), trusted),
-                }
+                (step, since)
             }
         };
-
-        // Recovery bookkeeping.
-        let mut clears_quarantine = false;
-        match anomaly {
-            Some(a) => {
-                self.stable = 0;
-                self.recovery_since_mono_ns = Some(obs.mono_after_ns);
-                self.quarantine_since_mono_ns = Some(obs.mono_after_ns);
-                self.uncertain = Some(if self.quarantined {
-                    UncertainReason::InitialQuarantine
-                } else {
-                    a
-                });
+        let clears_quarantine = match step.anomaly {
+            Some(reason) => {
+                self.record_anomaly(reason);
+                false
             }
-            None => {
-                self.stable = self.stable.saturating_add(1);
-                let since = self.recovery_since_mono_ns.unwrap_or(obs.mono_after_ns);
-                let calm_ns = i128::from(obs.mono_before_ns) - i128::from(since);
-                let recovered = self.stable >= cfg.stable_observations_min()
-                    && calm_ns >= cfg.recovery_grace().as_nanos();
-                if self.quarantined {
-                    let run_since = self.quarantine_since_mono_ns.unwrap_or(obs.mono_after_ns);
-                    let run_ns =
-                        cfg.trusted(i128::from(obs.mono_before_ns) - i128::from(run_since));
-                    if recovered && run_ns >= self.horizon_ns {
-                        self.quarantined = false;
-                        clears_quarantine = true;
-                        self.uncertain = None;
-                    } else {
-                        self.uncertain = Some(UncertainReason::InitialQuarantine);
-                    }
-                } else if recovered {
-                    self.uncertain = None;
-                } else if self.uncertain.is_some() {
-                    self.uncertain = Some(UncertainReason::Recovering);
-                }
-            }
-        }
-
-        let proposal_ns = if clears_quarantine {
-            self.cut_ns.max(db_now_ns)
-        } else {
-            self.cut_ns
-                .max((self.cut_ns.saturating_add(advance_ns)).min(db_now_ns))
+            None => self.record_consistent(&obs, anomaly_after_ns),
         };
-        let proposal_ns = proposal_ns.clamp(TIMESTAMP_MIN_NS, TIMESTAMP_MAX_NS);
+        self.history = Some(History {
+            prev: obs,
+            anomaly_after_ns,
+        });
+        let proposal_ns = self.propose(step.advance_ns, db_now_ns, clears_quarantine);
+        assert_cut_move(CutMove {
+            before_ns,
+            proposal_ns,
+            db_now_ns,
+            advance_max_ns: step.advance_max_ns,
+            clears_quarantine,
+        });
+        self.assert_state();
         Verdict {
             proposal: ns_to_timestamp(proposal_ns),
             uncertain: self.uncertain,
-            anomaly: anomaly.is_some(),
+            anomaly: step.anomaly.is_some(),
             clears_quarantine,
             publishable: !obs.topology.in_recovery,
         }
     }
+
+    /// An anomaly: recovery starts over, and so does any quarantine proof.
+    fn record_anomaly(&mut self, reason: UncertainReason) {
+        self.stable = 0;
+        self.uncertain = Some(if self.quarantined {
+            UncertainReason::InitialQuarantine
+        } else {
+            reason
+        });
+    }
+
+    /// A consistent observation `obs`, `anomaly_after_ns` after the last
+    /// anomaly: one more stable observation; recovered once there are
+    /// enough of them and the grace has passed; and the quarantine clears
+    /// (the return value) once, recovered, a full horizon of trusted time
+    /// has run.
+    fn record_consistent(&mut self, obs: &Observation, anomaly_after_ns: u64) -> bool {
+        let cfg = self.config;
+        self.stable = self.stable.saturating_add(1);
+        let calm_ns = i128::from(obs.mono_before_ns) - i128::from(anomaly_after_ns);
+        let recovered = self.stable >= cfg.stable_observations_min()
+            && calm_ns >= cfg.recovery_grace().as_nanos();
+        if self.quarantined {
+            if recovered && cfg.trusted(calm_ns) >= self.horizon_ns {
+                self.quarantined = false;
+                self.uncertain = None;
+                return true;
+            }
+            self.uncertain = Some(UncertainReason::InitialQuarantine);
+        } else if recovered {
+            self.uncertain = None;
+        } else if self.uncertain.is_some() {
+            self.uncertain = Some(UncertainReason::Recovering);
+        }
+        false
+    }
+
+    /// The next cut: database time when the quarantine clears; otherwise
+    /// the cut advanced by `advance_ns` and capped at database time, never
+    /// below the cut.
+    fn propose(&self, advance_ns: i128, db_now_ns: i128, clears_quarantine: bool) -> i128 {
+        if clears_quarantine {
+            self.cut_ns.max(db_now_ns)
+        } else {
+            self.cut_ns.max((self.cut_ns + advance_ns).min(db_now_ns))
+        }
+    }
+
+    /// Panics unless the tracker's state obeys its invariants (see
+    /// [`CutTracker`]).
+    fn assert_state(&self) {
+        assert!(
+            !self.quarantined || self.uncertain == Some(UncertainReason::InitialQuarantine),
+            "a quarantined cut is uncertain for the quarantine, not {:?}",
+            self.uncertain
+        );
+        assert!(
+            self.uncertain.is_some() || self.stable >= self.config.stable_observations_min(),
+            "a certain cut has {} stable observations behind it, fewer than {}",
+            self.stable,
+            self.config.stable_observations_min()
+        );
+    }
 }
 
-/// Nanoseconds to a timestamp, clamped to jiff's range (callers keep values
-/// in range; the clamp makes the conversion total).
+impl SafeTimeConfig {
+    /// Classifies `o` after `p` and says how far the cut may advance: by
+    /// `min(db, trusted(hi))` when consistent, by `trusted(min(lo, hi))`
+    /// after an anomaly (never more than the window vouches for, even when
+    /// the readings break the rules of time).
+    fn step(&self, p: &Observation, o: &Observation) -> Step {
+        let w = Window::between(p, o);
+        let db_ns = o.db_now.as_nanosecond() - p.db_now.as_nanosecond();
+        let anomaly = self.anomaly(p, o, w, db_ns);
+        let advance_max_ns = self.trusted(w.hi_ns);
+        let advance_ns = match anomaly {
+            None => db_ns.min(advance_max_ns).max(0),
+            Some(_) => self.trusted(w.lo_ns.min(w.hi_ns)),
+        };
+        Step {
+            anomaly,
+            advance_ns,
+            advance_max_ns,
+        }
+    }
+
+    /// The anomaly `o` is after `p` (`None`: consistent), the first that
+    /// applies of: a topology change, a server in recovery, an implausible
+    /// reading (a round trip that is negative or above the bound, a sample
+    /// sent before the previous answer), a sampling gap, and a database
+    /// clock step (its elapsed time `db_ns` outside `[lo - slack, hi +
+    /// slack]`).
+    fn anomaly(
+        &self,
+        p: &Observation,
+        o: &Observation,
+        w: Window,
+        db_ns: i128,
+    ) -> Option<UncertainReason> {
+        let slack_ns = self.slack(w.hi_ns);
+        if o.topology != p.topology {
+            Some(UncertainReason::PrimaryChange)
+        } else if o.topology.in_recovery {
+            Some(UncertainReason::InRecovery)
+        } else if w.rtt_ns < 0 || w.lo_ns < 0 || w.rtt_ns > self.round_trip_max().as_nanos() {
+            Some(UncertainReason::ImplausibleObservation)
+        } else if w.lo_ns > self.gap_max().as_nanos() {
+            Some(UncertainReason::SamplingGap)
+        } else if db_ns > w.hi_ns + slack_ns {
+            Some(UncertainReason::ClockStepForward)
+        } else if db_ns < w.lo_ns - slack_ns {
+            Some(UncertainReason::ClockStepBackward)
+        } else {
+            None
+        }
+    }
+}
+
+/// Nanoseconds to a timestamp.
+///
+/// # Panics
+/// If `ns` is outside the timestamp domain: the cut only ever takes values
+/// between an accepted timestamp and database time, so that is a bug.
 fn ns_to_timestamp(ns: i128) -> Timestamp {
-    let ns = ns.clamp(TIMESTAMP_MIN_NS, TIMESTAMP_MAX_NS);
-    Timestamp::from_nanosecond(ns).unwrap_or(Timestamp::UNIX_EPOCH)
+    Timestamp::from_nanosecond(ns)
+        .unwrap_or_else(|e| panic!("the cut stays in the timestamp domain, got {ns} ns: {e}"))
 }
 
 #[cfg(test)]
@@ -695,5 +891,114 @@ mod tests {
             ));
             assert_eq!(v.uncertain.is_none(), certain, "at {tenths} tenths");
         }
+    }
+
+    /// A round trip that ends before it starts (readings that break the
+    /// rules of time, so `lo > hi`) is implausible, and the cut advances by
+    /// no more than the smaller window vouches for: `trusted(min(lo, hi))`.
+    #[test]
+    fn a_negative_round_trip_advances_by_the_smaller_window() {
+        // prev (10 s, 10.001 s); this (11 s, 10.998 s): lo = 0.999 s,
+        // hi = 0.998 s, trusted(hi) = 998_000_000 - 49_900.
+        let mut t = primed();
+        let v = t.observe(raw(11 * S, 11 * S - 2_000_000, 1_000_000_000));
+        assert_eq!(
+            (v.anomaly, v.uncertain, v.proposal),
+            (
+                true,
+                Some(UncertainReason::ImplausibleObservation),
+                ts(T0 + 997_950_100)
+            )
+        );
+    }
+
+    fn cut_move(
+        before_ns: i128,
+        proposal_ns: i128,
+        db_now_ns: i128,
+        advance_max_ns: i128,
+    ) -> CutMove {
+        CutMove {
+            before_ns,
+            proposal_ns,
+            db_now_ns,
+            advance_max_ns,
+            clears_quarantine: false,
+        }
+    }
+
+    #[test]
+    fn cut_moves_within_the_rules_pass() {
+        for m in [
+            cut_move(10, 10, 5, 0),
+            cut_move(10, 15, 15, 5),
+            cut_move(10, 12, 20, 2),
+            CutMove {
+                clears_quarantine: true,
+                ..cut_move(10, 20, 20, 0)
+            },
+        ] {
+            assert_cut_move(m);
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "the cut never decreases")]
+    fn a_cut_that_decreases_is_a_bug() {
+        assert_cut_move(cut_move(10, 9, 20, 5));
+    }
+
+    #[test]
+    #[should_panic(expected = "the cut never passes database time")]
+    fn a_cut_past_database_time_is_a_bug() {
+        assert_cut_move(cut_move(10, 16, 15, 10));
+    }
+
+    #[test]
+    #[should_panic(expected = "the cut never passes database time")]
+    fn a_cut_past_database_time_is_a_bug_even_when_clearing() {
+        assert_cut_move(CutMove {
+            clears_quarantine: true,
+            ..cut_move(10, 21, 20, 0)
+        });
+    }
+
+    #[test]
+    #[should_panic(expected = "the cut never advances faster than monotonic time")]
+    fn a_cut_faster_than_monotonic_time_is_a_bug() {
+        assert_cut_move(cut_move(10, 20, 30, 5));
+    }
+
+    #[test]
+    #[should_panic(expected = "a quarantined cut is uncertain for the quarantine")]
+    fn a_certain_quarantined_tracker_is_a_bug() {
+        let mut t = CutTracker::new(cfg(), ts(T0), true, SignedDuration::from_secs(1));
+        t.uncertain = Some(UncertainReason::Recovering);
+        t.observe(obs(10, T0));
+    }
+
+    #[test]
+    #[should_panic(expected = "a certain cut has 2 stable observations behind it, fewer than 3")]
+    fn a_certain_cut_without_stable_observations_is_a_bug() {
+        let mut t = primed();
+        t.stable = 2;
+        t.uncertain = None;
+        t.observe(obs(11, T0 + S as i128));
+    }
+
+    /// The state checks hold at the exact bound: certain with exactly
+    /// `stable_observations_min` stable observations.
+    #[test]
+    fn a_certain_cut_with_exactly_enough_stable_observations_passes() {
+        let mut t = primed();
+        t.stable = 3;
+        t.uncertain = None;
+        t.assert_state();
+    }
+
+    #[test]
+    #[should_panic(expected = "the maximum-deadline horizon is never negative")]
+    fn a_negative_horizon_is_a_bug() {
+        CutTracker::new(cfg(), ts(T0), true, SignedDuration::from_nanos(-1));
     }
 }
