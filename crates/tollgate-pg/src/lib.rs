@@ -13,9 +13,9 @@
 //! * [`persistence`]: every SQL statement, the transaction wrapper with
 //!   bounded retries, and what is stored and why.
 //! * [`store`]: the allocator, policy records and operator commands.
-//! * [`safe_time`]: the persisted safe expiry cut (read it, claim an epoch,
-//!   publish, seal the horizon policy); [`sampler`]: the sampler process's
-//!   leadership loop.
+//!
+//! The safe expiry cut and its sampler live in `safetime-pg`; their schema
+//! is migration 0018, which is embedded here with the others.
 //!
 //! Typical startup (a service's `main`):
 //!
@@ -42,8 +42,6 @@
 
 mod error;
 pub mod persistence;
-pub mod safe_time;
-pub mod sampler;
 pub mod schema;
 pub mod store;
 

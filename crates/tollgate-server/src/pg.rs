@@ -42,9 +42,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use safetime::HorizonPolicy;
+use safetime_pg::SafeTimeError;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use tollgate::{Allocator, CapabilityKey, GrantPolicy, LeaseState, StorageError};
-use tollgate_pg::safe_time::SafeTimeError;
 use tollgate_pg::{PolicyChange, PostgresStore, Schema};
 
 use crate::clock::ClockKind;
@@ -199,7 +199,7 @@ pub async fn connect_for(
         // Once a sampler has claimed, every process must be on the cut: a
         // system (or test) clock ahead of it would reclaim early.
         let pool = open_pool(url).await?;
-        let row = tollgate_pg::safe_time::read_cut(&pool).await;
+        let row = safetime_pg::read_cut(&pool).await;
         pool.close().await;
         match row {
             Ok(Some(row)) => {
@@ -249,10 +249,10 @@ pub async fn connect_for(
 /// when the tables cannot be read or a policy row fails verification.
 pub async fn check_horizon(pool: &PgPool, policy: GrantPolicy) -> Result<HorizonPolicy, PgError> {
     let safe = |context| move |source| PgError::SafeTime { context, source };
-    let row = tollgate_pg::safe_time::read_cut(pool)
+    let row = safetime_pg::read_cut(pool)
         .await
         .map_err(safe("reading the safe expiry cut"))?;
-    let newest = tollgate_pg::safe_time::load_policy(pool)
+    let newest = safetime_pg::load_policy(pool)
         .await
         .map_err(safe("reading the sealed horizon policy"))?;
     let mut checks = Vec::with_capacity(2);

@@ -571,7 +571,7 @@ fn safe_cut_config(url: &str) -> Config {
 
 async fn seal(url: &str, horizon_ms: i64) -> i64 {
     let mut conn = PgConnection::connect(url).await.expect("connect");
-    let p = tollgate_pg::safe_time::seal_policy(&mut conn, horizon_ms, "safe_cut test")
+    let p = safetime_pg::seal_policy(&mut conn, horizon_ms, "safe_cut test")
         .await
         .expect("seal");
     conn.close().await.expect("close");

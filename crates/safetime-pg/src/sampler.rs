@@ -3,8 +3,8 @@
 //! time").
 //!
 //! * **Leadership** is the session-level advisory lock
-//!   ([`LOCK_KEY_CLASS`](crate::safe_time::LOCK_KEY_CLASS),
-//!   [`LOCK_KEY_OBJ`](crate::safe_time::LOCK_KEY_OBJ)) on one dedicated,
+//!   ([`LOCK_KEY_CLASS`](crate::cut::LOCK_KEY_CLASS),
+//!   [`LOCK_KEY_OBJ`](crate::cut::LOCK_KEY_OBJ)) on one dedicated,
 //!   pinned [`PgConnection`] (never a pool). A standby polls
 //!   `pg_try_advisory_lock` every [`SamplerOptions::standby_poll`]; it never
 //!   takes the lock from a session that holds it. Losing the connection
@@ -51,7 +51,7 @@ use sqlx::postgres::PgConnectOptions;
 use sqlx::{Connection, PgConnection};
 use tokio::sync::watch;
 
-use crate::safe_time::{self, Published, SafeTimeError};
+use crate::cut::{self, Published, SafeTimeError};
 
 /// `application_name` of the sampler's connection (visible in
 /// `pg_stat_activity`).
@@ -141,10 +141,10 @@ impl Sampler {
     ///
     /// # Errors
     /// [`SafeTimeError::InvalidUrl`] if `url` is not a PostgreSQL URL or
-    /// does not parse ([`safe_time::connect_options`]; the message does
+    /// does not parse ([`cut::connect_options`]; the message does
     /// not repeat the URL).
     pub fn new(url: &str, options: SamplerOptions) -> Result<Sampler, SafeTimeError> {
-        let connect = safe_time::connect_options(url)?.application_name(SAMPLER_APPLICATION_NAME);
+        let connect = cut::connect_options(url)?.application_name(SAMPLER_APPLICATION_NAME);
         Ok(Sampler {
             connect,
             options,
@@ -311,7 +311,7 @@ impl Sampler {
             if *shutdown.borrow() {
                 return Ok(false);
             }
-            if safe_time::try_lock(conn).await? {
+            if cut::try_lock(conn).await? {
                 return Ok(true);
             }
             if !logged {
@@ -340,7 +340,7 @@ impl Sampler {
                 };
             }
         };
-        let policy = match safe_time::load_policy(&mut *conn).await {
+        let policy = match cut::load_policy(&mut *conn).await {
             Ok(p) => p,
             Err(error) => {
                 return TermEnd::NeverWon {
@@ -349,7 +349,7 @@ impl Sampler {
                 };
             }
         };
-        let claim = match safe_time::claim(conn, &policy).await {
+        let claim = match cut::claim(conn, &policy).await {
             Ok(c) => c,
             Err(error) => {
                 return TermEnd::NeverWon {
@@ -388,7 +388,7 @@ impl Sampler {
                 return TermEnd::Shutdown;
             }
             let before = self.mono_ns();
-            let obs = tokio::time::timeout(self.call_max(), safe_time::observe(conn)).await;
+            let obs = tokio::time::timeout(self.call_max(), cut::observe(conn)).await;
             let after = self.mono_ns();
             let obs = match obs {
                 Ok(Ok(o)) => o,
@@ -416,7 +416,7 @@ impl Sampler {
             if verdict.publishable {
                 let published = tokio::time::timeout(
                     self.call_max(),
-                    safe_time::publish(conn, claim.epoch, &verdict),
+                    cut::publish(conn, claim.epoch, &verdict),
                 )
                 .await
                 .unwrap_or_else(|_| {
