@@ -137,7 +137,7 @@ impl HorizonPolicy {
         let horizon = self.horizon();
         match bounds
             .iter()
-            .find(|b| !b.longest.is_some_and(|longest| longest <= horizon))
+            .find(|b| b.longest.is_none_or(|longest| longest > horizon))
         {
             None => Ok(()),
             Some(b) => Err(HorizonShortfall {
