@@ -547,7 +547,7 @@ fn never_won_hint(e: &SafeTimeError) -> &'static str {
         SafeTimeError::NotLeader(_) => {
             "the lock was gone at the claim: connect directly or through session pooling, not transaction pooling"
         }
-        SafeTimeError::PolicyMismatch(_) => {
+        SafeTimeError::HorizonPolicyMismatch(_) => {
             "a new horizon policy was sealed after it was loaded; the next attempt loads it"
         }
         SafeTimeError::Policy(_) | SafeTimeError::Corrupt(_) => {

@@ -385,7 +385,7 @@ async fn horizon_changes_need_a_stopped_sampler_evidence_and_a_successor_epoch()
     )
     .unwrap();
     let err = safetime_pg::claim(&mut c, &v1).await.unwrap_err();
-    assert_eq!(err.code(), "policy_mismatch");
+    assert_eq!(err.code(), "horizon_policy_mismatch");
     let loaded = safetime_pg::load_policy(&mut c).await.unwrap();
     let claim2 = safetime_pg::claim(&mut c, &loaded).await.unwrap();
     assert_eq!(claim2.epoch, 2);
