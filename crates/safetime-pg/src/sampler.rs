@@ -1,6 +1,5 @@
 //! The safe-time sampler: one leader per database publishes the safe expiry
-//! cut; any number of standbys wait (issue 6; seed 003, "Recovery and safe
-//! time").
+//! cut; any number of standbys wait to take over.
 //!
 //! * **Leadership** is the session-level advisory lock
 //!   ([`LOCK_KEY_CLASS`](crate::cut::LOCK_KEY_CLASS),

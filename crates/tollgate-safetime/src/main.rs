@@ -1,5 +1,5 @@
-//! `tollgate-safetime`: the safe-time sampler process and its operator
-//! commands (issue 6; seed 003, "Recovery and safe time").
+//! `tollgate-safetime`: the safe-time sampler process
+//! ([`safetime_pg::Sampler`]) and its operator commands.
 //!
 //! ```text
 //! tollgate-safetime run      --database-url URL   # lead or stand by, until SIGINT/SIGTERM

@@ -29,9 +29,9 @@
 //! all the same (`transaction_pooling_without_statement_tracking_fails_the_cached_observation`).
 //! To show the check itself, the second test gives B the sampler's
 //! prepared statements, as a PgBouncer that tracks them would: X runs the
-//! sampler's statements through the same `tollgate_pg` functions in the
+//! sampler's statements through the same `safetime_pg` functions in the
 //! sampler's order (try-lock, backend pid, policy, claim, observe, publish:
-//! `crates/tollgate-pg/src/sampler.rs`), so sqlx gives them the same names
+//! `crates/safetime-pg/src/sampler.rs`), so sqlx gives them the same names
 //! on B. Then the observation runs on B and the sampler's PID check ends
 //! leadership; on the way, the database refuses X's claim and publish from
 //! B (`not_leader`: B does not hold the lock).
@@ -100,7 +100,7 @@ const AFTER_PUBLISH: Duration = Duration::from_millis(10);
 const LOSS_PREFIX: &str = "safe-time leadership lost; connection dropped reason=";
 
 /// The sampler's reason when its per-sample check finds another backend
-/// (`crates/tollgate-pg/src/sampler.rs`).
+/// (`crates/safetime-pg/src/sampler.rs`).
 fn pid_check_reason(answered_pid: i32, won_pid: i32) -> String {
     format!(
         "leadership check failed: backend pid {answered_pid} (won as {won_pid}), lock held: false \

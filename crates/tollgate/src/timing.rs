@@ -5,7 +5,7 @@
 //!
 //! Every instant is a [`jiff::Timestamp`] and every duration a
 //! [`jiff::SignedDuration`]; nothing is rounded, truncated or converted to a
-//! float. The rules (seed 000, "Lease timing"):
+//! float. The rules:
 //!
 //! * A requested TTL must be positive and is clamped to `max_ttl` and to
 //!   nothing else.
