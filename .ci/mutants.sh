@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Mutation gate (issue 5): every mutant cargo-mutants makes in the core's
-# lease timing and grant policy (timing.rs), instant pair (instant_pair.rs),
-# accounting and life-cycle rules (rules.rs) and conservation audit
-# (audit.rs) and safe-time rules (safe_time.rs) must be caught by the
-# tollgate crate's tests. Scope, exclusions
-# and reasons: docs/testing.md and .cargo/mutants.toml.
+# Mutation gate: every mutant cargo-mutants makes in tollgate's lease timing,
+# grant policy and its deadline bound (timing.rs), migration 0017's legacy
+# bound (instant_pair.rs), accounting and life-cycle rules (rules.rs) and
+# conservation audit (audit.rs), and in all of safetime (the cut tracker,
+# uncertainty reasons, the sampler's tuning, the sealed horizon policy and
+# its deadline check, the instant pair, the timestamp domain) must be caught
+# by the tollgate and safetime crates' unit tests. Scope, exclusions and
+# reasons: docs/testing.md and .cargo/mutants.toml.
 #
 # Fails when any mutant is missed, times out, or is unviable (a mutant that
 # does not compile proves nothing; the known ones are excluded by name in

@@ -19,9 +19,9 @@
 //!   release, consolidate, reclaim) as steps of a caller's own
 //!   transaction, so a caller's rows and a reservation commit together; the
 //!   store's methods run exactly these, one transaction each.
-//! * [`safe_time`]: the persisted safe expiry cut (read it, claim an epoch,
-//!   publish, seal the horizon policy); [`sampler`]: the sampler process's
-//!   leadership loop.
+//!
+//! The safe expiry cut and its sampler live in `safetime-pg`; their schema
+//! is migration 0018, which is embedded here with the others.
 //!
 //! Typical startup (a service's `main`):
 //!
@@ -50,8 +50,6 @@
 mod error;
 pub mod ops;
 pub mod persistence;
-pub mod safe_time;
-pub mod sampler;
 pub mod schema;
 pub mod store;
 

@@ -1,5 +1,5 @@
-//! `tollgate-safetime`: the safe-time sampler process and its operator
-//! commands (issue 6; seed 003, "Recovery and safe time").
+//! `tollgate-safetime`: the safe-time sampler process
+//! ([`safetime_pg::Sampler`]) and its operator commands.
 //!
 //! ```text
 //! tollgate-safetime run      --database-url URL   # lead or stand by, until SIGINT/SIGTERM
@@ -46,15 +46,15 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use jiff::SignedDuration;
-use sqlx::{Connection, PgConnection};
-use tokio::sync::watch;
-use tollgate::safe_time::{
+use safetime::{
     DEFAULT_DRIFT_PPM, DEFAULT_GAP_MAX, DEFAULT_RECOVERY_GRACE, DEFAULT_ROUND_TRIP_MAX,
     DEFAULT_SAMPLE_INTERVAL, DEFAULT_STABLE_OBSERVATIONS_MIN, GAP_MAX_MAX, SafeTimeConfig,
     judge_reading,
 };
-use tollgate_pg::safe_time::{self, EVIDENCE_MAX, SafeTimeError};
-use tollgate_pg::sampler::{DEFAULT_RECONNECT_MAX, DEFAULT_STANDBY_POLL, Sampler, SamplerOptions};
+use safetime_pg::sampler::{DEFAULT_RECONNECT_MAX, DEFAULT_STANDBY_POLL, Sampler, SamplerOptions};
+use safetime_pg::{EVIDENCE_MAX, SafeTimeError};
+use sqlx::{Connection, PgConnection};
+use tokio::sync::watch;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -346,11 +346,11 @@ impl From<SafeTimeError> for Failure {
 ///
 /// # Errors
 /// [`SafeTimeError::InvalidUrl`] (exit 2) if `url` is not a PostgreSQL URL
-/// or does not parse ([`safe_time::connect_options`]); what the
+/// or does not parse ([`safetime_pg::connect_options`]); what the
 /// server refuses keeps its code (`permission_denied`, ...); anything else
 /// is `backend`. No message repeats the URL.
 async fn connect(url: &str) -> Result<PgConnection, Failure> {
-    let options = safe_time::connect_options(url)?;
+    let options = safetime_pg::connect_options(url)?;
     PgConnection::connect_with(&options).await.map_err(|e| {
         Failure::SafeTime(match SafeTimeError::from(e) {
             SafeTimeError::Backend(m) => SafeTimeError::Backend(format!("cannot connect: {m}")),
@@ -384,7 +384,7 @@ async fn dispatch(command: Command, url: &str) -> Result<ExitCode, Failure> {
                 )));
             }
             let mut c = connect(url).await?;
-            let row = safe_time::read_cut(&mut c).await?;
+            let row = safetime_pg::read_cut(&mut c).await?;
             let json = match row {
                 None => {
                     serde_json::json!({ "cut": null, "certain": false, "uncertain_reason": "no_cut" })
@@ -422,7 +422,7 @@ async fn dispatch(command: Command, url: &str) -> Result<ExitCode, Failure> {
         }
         Command::Policy(PolicyCommand::Show) => {
             let mut c = connect(url).await?;
-            let p = safe_time::load_policy(&mut c).await?;
+            let p = safetime_pg::load_policy(&mut c).await?;
             emit(&serde_json::json!({ "version": p.version(), "horizon_ms": p.horizon_ms(), "digest": p.digest() }).to_string())?;
             Ok(ExitCode::SUCCESS)
         }
@@ -442,7 +442,7 @@ async fn dispatch(command: Command, url: &str) -> Result<ExitCode, Failure> {
                 )));
             }
             let mut c = connect(url).await?;
-            let p = safe_time::seal_policy(&mut c, horizon_ms, &sealed_by).await?;
+            let p = safetime_pg::seal_policy(&mut c, horizon_ms, &sealed_by).await?;
             emit(&serde_json::json!({ "version": p.version(), "horizon_ms": p.horizon_ms(), "digest": p.digest() }).to_string())?;
             Ok(ExitCode::SUCCESS)
         }
@@ -453,7 +453,7 @@ async fn dispatch(command: Command, url: &str) -> Result<ExitCode, Failure> {
                 )));
             }
             let mut c = connect(url).await?;
-            for e in safe_time::evidence(&mut c, limit).await? {
+            for e in safetime_pg::evidence(&mut c, limit).await? {
                 let detail: serde_json::Value = serde_json::from_str(&e.detail)
                     .unwrap_or(serde_json::Value::String(e.detail.clone()));
                 emit(&serde_json::json!({ "evidence_id": e.evidence_id, "kind": e.kind, "epoch": e.epoch, "detail": detail }).to_string())?;

@@ -8,8 +8,8 @@ mod support;
 use std::time::{Duration, Instant};
 
 use jiff::SignedDuration;
+use safetime::UncertainReason;
 use support::{CutWatch, SamplerProc};
-use tollgate::safe_time::UncertainReason;
 use tollgate_pg_harness::PgServer;
 
 const SECOND_NS: i64 = 1_000_000_000;

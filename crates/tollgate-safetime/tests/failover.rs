@@ -5,10 +5,9 @@
 
 mod support;
 
+use safetime::{UncertainReason, Verdict};
 use sqlx::{Connection, PgConnection};
 use support::{CutWatch, SamplerProc};
-use tollgate::safe_time::{UncertainReason, Verdict};
-use tollgate_pg::safe_time;
 use tollgate_pg_harness::PgPair;
 
 async fn failover(major: u32) {
@@ -63,23 +62,32 @@ async fn failover(major: u32) {
     };
     let mut c = PgConnection::connect(&standby_url).await.unwrap();
     assert_eq!(
-        safe_time::publish(&mut c, 1, &v).await.unwrap_err().code(),
+        safetime_pg::publish(&mut c, 1, &v)
+            .await
+            .unwrap_err()
+            .code(),
         "not_leader"
     );
     assert_eq!(b.terminate(), Some(0));
     support::take_lock(&mut c, "once the leaders stopped").await;
     assert_eq!(
-        safe_time::publish(&mut c, 1, &v).await.unwrap_err().code(),
+        safetime_pg::publish(&mut c, 1, &v)
+            .await
+            .unwrap_err()
+            .code(),
         "stale_epoch"
     );
-    let seq = safe_time::read_cut(&mut c)
+    let seq = safetime_pg::read_cut(&mut c)
         .await
         .unwrap()
         .unwrap()
         .publish_seq;
     assert!(seq >= certain.publish_seq);
     assert_eq!(
-        safe_time::publish(&mut c, 2, &v).await.unwrap().publish_seq,
+        safetime_pg::publish(&mut c, 2, &v)
+            .await
+            .unwrap()
+            .publish_seq,
         seq + 1
     );
     assert!(

@@ -6,10 +6,9 @@ mod support;
 
 use std::time::Duration;
 
+use safetime::Verdict;
 use sqlx::{Connection, PgConnection};
 use support::{CutWatch, SamplerProc};
-use tollgate::safe_time::Verdict;
-use tollgate_pg::safe_time;
 use tollgate_pg_harness::PgServer;
 
 async fn leader_loss(major: u32) {
@@ -71,7 +70,7 @@ async fn leader_loss(major: u32) {
         clears_quarantine: false,
         publishable: true,
     };
-    let err = safe_time::publish(&mut c, 1, &v).await.unwrap_err();
+    let err = safetime_pg::publish(&mut c, 1, &v).await.unwrap_err();
     assert_eq!(err.code(), "stale_epoch");
 }
 

@@ -29,9 +29,9 @@
 //! all the same (`transaction_pooling_without_statement_tracking_fails_the_cached_observation`).
 //! To show the check itself, the second test gives B the sampler's
 //! prepared statements, as a PgBouncer that tracks them would: X runs the
-//! sampler's statements through the same `tollgate_pg` functions in the
+//! sampler's statements through the same `safetime_pg` functions in the
 //! sampler's order (try-lock, backend pid, policy, claim, observe, publish:
-//! `crates/tollgate-pg/src/sampler.rs`), so sqlx gives them the same names
+//! `crates/safetime-pg/src/sampler.rs`), so sqlx gives them the same names
 //! on B. Then the observation runs on B and the sampler's PID check ends
 //! leadership; on the way, the database refuses X's claim and publish from
 //! B (`not_leader`: B does not hold the lock).
@@ -65,10 +65,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use safetime::{UncertainReason, Verdict};
+use safetime_pg::CutRow;
 use sqlx::{Connection, Executor as _, PgConnection, Row as _};
 use support::{CutWatch, SamplerProc};
-use tollgate::safe_time::{UncertainReason, Verdict};
-use tollgate_pg::safe_time::{self, CutRow};
 use tollgate_pg_harness::{DEFAULT_PG_USER, PG_USER_ENV, PgServer, SUPERUSER, TestDb};
 
 /// Where Debian's package `pgbouncer` installs the binary.
@@ -100,7 +100,7 @@ const AFTER_PUBLISH: Duration = Duration::from_millis(10);
 const LOSS_PREFIX: &str = "safe-time leadership lost; connection dropped reason=";
 
 /// The sampler's reason when its per-sample check finds another backend
-/// (`crates/tollgate-pg/src/sampler.rs`).
+/// (`crates/safetime-pg/src/sampler.rs`).
 fn pid_check_reason(answered_pid: i32, won_pid: i32) -> String {
     format!(
         "leadership check failed: backend pid {answered_pid} (won as {won_pid}), lock held: false \
@@ -293,17 +293,17 @@ impl Drop for Bouncer {
 /// Returns x's backend pid.
 async fn prepare_the_sampler_statements(x: &mut PgConnection) -> i32 {
     assert!(
-        !safe_time::try_lock(x).await.unwrap(),
+        !safetime_pg::try_lock(x).await.unwrap(),
         "another session holds the lock"
     );
     let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
         .fetch_one(&mut *x)
         .await
         .unwrap();
-    let policy = safe_time::load_policy(&mut *x).await.unwrap();
-    let err = safe_time::claim(x, &policy).await.unwrap_err();
+    let policy = safetime_pg::load_policy(&mut *x).await.unwrap();
+    let err = safetime_pg::claim(x, &policy).await.unwrap_err();
     assert_eq!(err.code(), "not_leader", "{err}");
-    let obs = safe_time::observe(x).await.unwrap();
+    let obs = safetime_pg::observe(x).await.unwrap();
     assert_eq!(obs.backend_pid, pid);
     assert!(!obs.lock_held);
     let v = Verdict {
@@ -313,7 +313,7 @@ async fn prepare_the_sampler_statements(x: &mut PgConnection) -> i32 {
         clears_quarantine: false,
         publishable: true,
     };
-    let err = safe_time::publish(x, 1, &v).await.unwrap_err();
+    let err = safetime_pg::publish(x, 1, &v).await.unwrap_err();
     assert_eq!(err.code(), "not_leader", "{err}");
     pid
 }
@@ -371,7 +371,7 @@ async fn run(pool_mode: &str, prepare_on_b: bool, tag: &str) -> Run {
     // The lock is held directly on PostgreSQL while X prepares, so that X
     // never holds it; released before the sampler starts.
     let mut holder = PgConnection::connect(db.url()).await.unwrap();
-    assert!(safe_time::try_lock(&mut holder).await.unwrap());
+    assert!(safetime_pg::try_lock(&mut holder).await.unwrap());
     let mut x = PgConnection::connect(&bouncer.url(db.name()))
         .await
         .unwrap();
@@ -544,7 +544,7 @@ async fn session_pooling_keeps_the_sampler_on_its_backend_and_the_cut_becomes_ce
           ORDER BY pid LIMIT 10",
     )
     .bind(r.db.name())
-    .bind(tollgate_pg::sampler::SAMPLER_APPLICATION_NAME)
+    .bind(safetime_pg::sampler::SAMPLER_APPLICATION_NAME)
     .fetch_all(&mut r.admin)
     .await
     .unwrap();

@@ -8,9 +8,9 @@ mod support;
 use std::time::{Duration, Instant};
 
 use jiff::{SignedDuration, Timestamp};
+use safetime::UncertainReason;
 use sqlx::{Connection, PgConnection, Row};
 use support::{CutWatch, SamplerProc};
-use tollgate::safe_time::UncertainReason;
 use tollgate::{Allocator, CapabilityKey, GrantPolicy};
 use tollgate_pg_harness::PgServer;
 
@@ -32,7 +32,7 @@ async fn quarantine(major: u32) {
     let a = tollgate::testkit::new_account(&store, "q", 10, t0).await;
     let g = tollgate::testkit::acquire(&store, a, 4, SignedDuration::from_secs(1), t0).await;
     let mut owner = PgConnection::connect(db.url()).await.unwrap();
-    let sealed = tollgate_pg::safe_time::seal_policy(&mut owner, HORIZON_MS, "qualification")
+    let sealed = safetime_pg::seal_policy(&mut owner, HORIZON_MS, "qualification")
         .await
         .unwrap();
     assert_eq!((sealed.version(), sealed.horizon_ms()), (2, HORIZON_MS));
@@ -90,7 +90,7 @@ async fn quarantine(major: u32) {
         cleared.lag()
     );
     w.until(10, "certainty", |r| r.uncertain.is_none()).await;
-    let kinds: Vec<String> = tollgate_pg::safe_time::evidence(&mut owner, 100)
+    let kinds: Vec<String> = safetime_pg::evidence(&mut owner, 100)
         .await
         .unwrap()
         .into_iter()

@@ -7,9 +7,9 @@ mod support;
 
 use std::time::Duration;
 
+use safetime::UncertainReason;
 use serde_json::{Value, json};
 use support::{CutWatch, SamplerProc};
-use tollgate::safe_time::UncertainReason;
 
 /// `tollgate-safetime status --gap-max 2s` (the bound the sampler runs
 /// with), parsed.

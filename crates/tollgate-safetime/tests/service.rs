@@ -140,7 +140,7 @@ impl CutLog {
         tokio::spawn(async move {
             loop {
                 let at = Instant::now();
-                if let Ok(Some(row)) = tollgate_pg::safe_time::read_cut(&mut conn).await {
+                if let Ok(Some(row)) = safetime_pg::read_cut(&mut conn).await {
                     l.0.lock().unwrap().push((at, row.cut));
                 }
                 tokio::select! {

@@ -29,7 +29,7 @@ use std::sync::Mutex;
 
 use async_trait::async_trait;
 use jiff::Timestamp;
-use tollgate::safe_time::UncertainReason;
+use safetime::UncertainReason;
 
 use crate::safe_cut::SafeTimeStatus;
 

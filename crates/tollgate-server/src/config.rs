@@ -33,7 +33,7 @@ use std::path::{Path, PathBuf};
 
 use jiff::SignedDuration;
 use serde::Deserialize;
-use tollgate::{CapabilityKey, GrantPolicy, RECLAIM_BATCH_MAX, rules, safe_time};
+use tollgate::{CapabilityKey, GrantPolicy, RECLAIM_BATCH_MAX, rules};
 
 use crate::auth::ADMIN_TOKEN_MIN_BYTES;
 use crate::clock::ClockKind;
@@ -53,8 +53,8 @@ pub const DEFAULT_REQUEST_TIMEOUT: SignedDuration = SignedDuration::from_secs(30
 /// Default `--shutdown-timeout`.
 pub const DEFAULT_SHUTDOWN_TIMEOUT: SignedDuration = SignedDuration::from_secs(10);
 /// Default `--safetime-gap-max`: the sampler's own default sampling-gap
-/// bound ([`safe_time::DEFAULT_GAP_MAX`]).
-pub const DEFAULT_SAFETIME_GAP_MAX: SignedDuration = safe_time::DEFAULT_GAP_MAX;
+/// bound ([`safetime::DEFAULT_GAP_MAX`]).
+pub const DEFAULT_SAFETIME_GAP_MAX: SignedDuration = safetime::DEFAULT_GAP_MAX;
 
 /// A configuration error, naming the setting.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -343,10 +343,10 @@ impl Config {
             )?,
         )?;
         // The samplers' own cap (SafeTimeConfig::new).
-        if safetime_gap_max > safe_time::GAP_MAX_MAX {
+        if safetime_gap_max > safetime::GAP_MAX_MAX {
             return Err(err(format!(
                 "safetime_gap_max must be at most {}, got {safetime_gap_max}",
-                safe_time::GAP_MAX_MAX
+                safetime::GAP_MAX_MAX
             )));
         }
         let secret_file = raw.secret_file.or(file.secret_file);

@@ -43,7 +43,7 @@
 //! refused and change nothing (release and renewal still work, at the cut).
 //! The response carries `Retry-After` (whole seconds: the sampling-gap
 //! bound rounded up, at least 1) and one extension member, `reason`: the
-//! stable code of [`tollgate::safe_time::UncertainReason`] (`no_cut`,
+//! stable code of [`safetime::UncertainReason`] (`no_cut`,
 //! `stale`, `new_epoch`, `clock_step_forward`, ...):
 //!
 //! ```json
@@ -59,8 +59,8 @@
 
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use safetime::UncertainReason;
 use serde::{Deserialize, Serialize};
-use tollgate::safe_time::UncertainReason;
 use tollgate::{AllocatorError, RuleError, StorageError};
 
 use crate::clock::ClockError;

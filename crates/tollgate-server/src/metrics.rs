@@ -31,7 +31,7 @@ use std::fmt::Write as _;
 use std::sync::Mutex;
 
 use jiff::SignedDuration;
-use tollgate::safe_time::UncertainReason;
+use safetime::UncertainReason;
 
 use crate::safe_cut::SafeTimeStatus;
 

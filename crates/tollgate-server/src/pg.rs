@@ -25,7 +25,8 @@
 //! current epoch) nor that of the newest sealed policy (the one the next
 //! epoch takes). Tollgate's idempotency records never expire (nothing
 //! deletes them, so no retention can outlive the horizon); the grant
-//! policy is the only deadline-bearing setting to bound.
+//! policy's bound ([`tollgate::LEASE_GRANT_DEADLINE`]) is the only
+//! deadline kind this service has to check.
 //!
 //! The policy commands ([`show_policy`], [`set_policy`]) work on a plain
 //! connection pool ([`open_pool`]) rather than a store, because opening a
@@ -40,10 +41,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use safetime::HorizonPolicy;
+use safetime_pg::SafeTimeError;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
-use tollgate::safe_time::HorizonPolicy;
 use tollgate::{Allocator, CapabilityKey, GrantPolicy, LeaseState, StorageError};
-use tollgate_pg::safe_time::SafeTimeError;
 use tollgate_pg::{PolicyChange, PostgresStore, Schema};
 
 use crate::clock::ClockKind;
@@ -198,7 +199,7 @@ pub async fn connect_for(
         // Once a sampler has claimed, every process must be on the cut: a
         // system (or test) clock ahead of it would reclaim early.
         let pool = open_pool(url).await?;
-        let row = tollgate_pg::safe_time::read_cut(&pool).await;
+        let row = safetime_pg::read_cut(&pool).await;
         pool.close().await;
         match row {
             Ok(Some(row)) => {
@@ -240,18 +241,18 @@ pub async fn connect_for(
 /// Checks that `policy` admits no deadline beyond the sealed horizon: the
 /// cut row's policy (when a sampler has claimed an epoch) and the newest
 /// sealed policy must both cover `max_ttl + reclaim_grace`
-/// ([`HorizonPolicy::covers`]). Returns the policy in force (the row's, or
-/// the newest before any claim).
+/// ([`HorizonPolicy::covers`] over [`GrantPolicy::deadline_bound`]).
+/// Returns the policy in force (the row's, or the newest before any claim).
 ///
 /// # Errors
 /// [`PgError::HorizonTooShort`] naming both values; [`PgError::SafeTime`]
 /// when the tables cannot be read or a policy row fails verification.
 pub async fn check_horizon(pool: &PgPool, policy: GrantPolicy) -> Result<HorizonPolicy, PgError> {
     let safe = |context| move |source| PgError::SafeTime { context, source };
-    let row = tollgate_pg::safe_time::read_cut(pool)
+    let row = safetime_pg::read_cut(pool)
         .await
         .map_err(safe("reading the safe expiry cut"))?;
-    let newest = tollgate_pg::safe_time::load_policy(pool)
+    let newest = safetime_pg::load_policy(pool)
         .await
         .map_err(safe("reading the sealed horizon policy"))?;
     let mut checks = Vec::with_capacity(2);
@@ -261,8 +262,9 @@ pub async fn check_horizon(pool: &PgPool, policy: GrantPolicy) -> Result<Horizon
     if row.as_ref().map(|r| r.policy.version()) != Some(newest.version()) {
         checks.push((newest.clone(), "the newest sealed"));
     }
+    let bounds = [policy.deadline_bound()];
     for (h, which) in &checks {
-        if !h.covers(&policy) {
+        if h.covers(&bounds).is_err() {
             return Err(PgError::HorizonTooShort {
                 max_ttl: policy.max_ttl(),
                 reclaim_grace: policy.reclaim_grace(),

@@ -9,7 +9,7 @@
 //! never past database time, fenced by a durable epoch, and flagged
 //! *uncertain* after any anomaly. This clock does no timekeeping of its
 //! own: every [`Clock::read`] is one `SELECT` of the cut row
-//! ([`tollgate_pg::safe_time::read_cut`]) on the service's pool, and the
+//! ([`safetime_pg::read_cut`]) on the service's pool, and the
 //! reading's instant is the cut itself. The cut lags true time, so every
 //! deadline computed from it is late, never early.
 //!
@@ -57,9 +57,9 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use jiff::{SignedDuration, Timestamp};
+use safetime::{UncertainReason, judge_reading};
+use safetime_pg::CutRow;
 use sqlx::PgPool;
-use tollgate::safe_time::{UncertainReason, judge_reading};
-use tollgate_pg::safe_time::CutRow;
 
 use crate::clock::{Clock, ClockError, ClockKind, ClockReading};
 
@@ -225,7 +225,7 @@ pub fn retry_after_secs(d: SignedDuration) -> u64 {
 impl Clock for SafeCutClock {
     async fn read(&self) -> Result<ClockReading, ClockError> {
         let at = Instant::now();
-        let result = tollgate_pg::safe_time::read_cut(&self.pool).await;
+        let result = safetime_pg::read_cut(&self.pool).await;
         let mut st = self.lock();
         match result {
             Err(e) => {
@@ -277,7 +277,7 @@ impl Clock for SafeCutClock {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tollgate::safe_time::HorizonPolicy;
+    use safetime::HorizonPolicy;
 
     fn ts(s: &str) -> Timestamp {
         s.parse().unwrap()

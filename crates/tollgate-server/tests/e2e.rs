@@ -681,7 +681,7 @@ fn postgres_safe_cut_clock() {
     let seal = |horizon_ms: i64| {
         with_db(&url, |c| {
             Box::pin(async move {
-                tollgate_pg::safe_time::seal_policy(c, horizon_ms, "e2e")
+                safetime_pg::seal_policy(c, horizon_ms, "e2e")
                     .await
                     .expect("seal")
                     .version()

@@ -112,7 +112,7 @@ fn assert_lines(text: &str, lines: &[&str]) {
 
 /// Every `tollgate_safetime_uncertain` series: 1 for `current`, 0 otherwise.
 fn reason_lines(current: Option<&str>) -> Vec<String> {
-    tollgate::safe_time::UncertainReason::ALL
+    safetime::UncertainReason::ALL
         .iter()
         .map(|r| {
             let v = u8::from(Some(r.code()) == current);
@@ -134,7 +134,7 @@ fn cap(g: &Value) -> String {
 /// nothing is written.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_cut_refuses_acquire() {
-    let c = Cut::new(tollgate::safe_time::DEFAULT_GAP_MAX).await;
+    let c = Cut::new(safetime::DEFAULT_GAP_MAX).await;
     let (a, key) = c.h.account("a", 100).await;
     let entries = c.h.ledger_len().await;
     c.h.send(
@@ -571,7 +571,7 @@ fn safe_cut_config(url: &str) -> Config {
 
 async fn seal(url: &str, horizon_ms: i64) -> i64 {
     let mut conn = PgConnection::connect(url).await.expect("connect");
-    let p = tollgate_pg::safe_time::seal_policy(&mut conn, horizon_ms, "safe_cut test")
+    let p = safetime_pg::seal_policy(&mut conn, horizon_ms, "safe_cut test")
         .await
         .expect("seal");
     conn.close().await.expect("close");
@@ -633,7 +633,7 @@ async fn horizon_shorter_than_grant_policy_refuses_start() {
         (reading.now, reading.uncertain),
         (
             Timestamp::UNIX_EPOCH,
-            Some(tollgate::safe_time::UncertainReason::NewEpoch)
+            Some(safetime::UncertainReason::NewEpoch)
         )
     );
     assert_eq!(

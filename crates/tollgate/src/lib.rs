@@ -8,8 +8,10 @@
 //! *supplied* to an operation: nothing here reads a clock.
 //!
 //! This crate holds the domain core (no I/O):
-//! [`timing`] (policy, expiry, reclaim predicate), [`instant_pair`] (the
-//! exact PostgreSQL encoding), [`rules`] (accounting and life-cycle),
+//! [`timing`] (policy, expiry, reclaim predicate, the grant's deadline
+//! bound), [`instant_pair`] (the exact PostgreSQL encoding, from
+//! `safetime`, and migration 0017's legacy bound), [`rules`] (accounting
+//! and life-cycle),
 //! [`audit`] (conservation audit from the ledger), [`capability`]; the
 //! [`Allocator`] trait every store implements; and the [`MemoryStore`].
 //! With the `testkit` feature it also exports the conformance suite every
@@ -49,7 +51,6 @@ pub mod instant_pair;
 pub mod memory;
 pub mod model;
 pub mod rules;
-pub mod safe_time;
 pub mod timing;
 
 #[cfg(feature = "testkit")]
@@ -70,4 +71,6 @@ pub use rules::{
     ACCOUNT_NAME_MAX_CHARS, CHANGED_BY_MAX_CHARS, CONSOLIDATE_LEASES_MAX,
     IDEMPOTENCY_KEY_MAX_BYTES, RECLAIM_BATCH_DEFAULT, RECLAIM_BATCH_MAX,
 };
-pub use timing::{GrantPolicy, PolicyError, TIMESTAMP_MAX_NS, TIMESTAMP_MIN_NS, TimingError};
+pub use timing::{
+    GrantPolicy, LEASE_GRANT_DEADLINE, PolicyError, TIMESTAMP_MAX_NS, TIMESTAMP_MIN_NS, TimingError,
+};

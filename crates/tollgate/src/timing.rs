@@ -5,7 +5,7 @@
 //!
 //! Every instant is a [`jiff::Timestamp`] and every duration a
 //! [`jiff::SignedDuration`]; nothing is rounded, truncated or converted to a
-//! float. The rules (seed 000, "Lease timing"):
+//! float. The rules:
 //!
 //! * A requested TTL must be positive and is clamped to `max_ttl` and to
 //!   nothing else.
@@ -27,15 +27,13 @@
 
 use jiff::{SignedDuration, Timestamp};
 
-/// The smallest instant of the domain, in nanoseconds since the Unix epoch
-/// (`Timestamp::MIN`, -009999-01-02T01:59:59Z). Equal to `ts_min_ns` in the
-/// Coq model.
-pub const TIMESTAMP_MIN_NS: i128 = -377_705_023_201_000_000_000;
+pub use safetime::timestamp::{TIMESTAMP_MAX_NS, TIMESTAMP_MIN_NS};
+use safetime::{DeadlineBound, DeadlineKind};
 
-/// The largest instant of the domain, in nanoseconds since the Unix epoch
-/// (`Timestamp::MAX`, 9999-12-30T22:00:00.999999999Z). Equal to `ts_max_ns` in
-/// the Coq model.
-pub const TIMESTAMP_MAX_NS: i128 = 253_402_207_200_999_999_999;
+/// The deadline kind of a lease grant: a lease's authority ends at
+/// `expiry + reclaim_grace`, at most `max_ttl + reclaim_grace` after the
+/// grant (a renewal is a new grant from its own instant).
+pub const LEASE_GRANT_DEADLINE: DeadlineKind = DeadlineKind::named("tollgate.lease_grant");
 
 /// Errors of policy construction.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -133,6 +131,26 @@ impl GrantPolicy {
     /// reclaimable.
     pub fn reclaim_grace(&self) -> SignedDuration {
         self.reclaim_grace
+    }
+
+    /// The longest deadline this policy admits, for the sealed horizon's
+    /// check ([`safetime::HorizonPolicy::covers`]): kind
+    /// [`LEASE_GRANT_DEADLINE`], `max_ttl + reclaim_grace` exactly, or
+    /// unbounded when that sum exceeds [`SignedDuration::MAX`] (grace may be
+    /// as large as `SignedDuration::MAX`).
+    ///
+    /// # Panics
+    /// Never.
+    ///
+    /// ```
+    /// use jiff::SignedDuration;
+    /// use tollgate::{GrantPolicy, LEASE_GRANT_DEADLINE};
+    /// let p = GrantPolicy::new(SignedDuration::from_secs(60), SignedDuration::from_secs(5)).unwrap();
+    /// let b = p.deadline_bound();
+    /// assert_eq!((b.kind(), b.longest()), (LEASE_GRANT_DEADLINE, Some(SignedDuration::from_secs(65))));
+    /// ```
+    pub fn deadline_bound(&self) -> DeadlineBound {
+        DeadlineBound::sum(LEASE_GRANT_DEADLINE, self.max_ttl, self.reclaim_grace)
     }
 
     /// Clamps a requested TTL to `max_ttl` (and to nothing else).
@@ -468,5 +486,63 @@ mod tests {
         check(max - min + 1, min, max, None);
         check(0, max, max, Some(0));
         check(SignedDuration::MAX.as_nanos(), min, max, None);
+    }
+
+    /// The grant policy's deadline bound at its ends, and the sealed
+    /// horizon's verdict on it: equal fits, one nanosecond over does not, a
+    /// sum beyond `SignedDuration::MAX` never fits.
+    #[test]
+    fn deadline_bound_table() {
+        use safetime::{HorizonPolicy, HorizonShortfall};
+        let max = SignedDuration::MAX;
+        let cases = [
+            (ns(1), ns(0), Some(ns(1))),
+            (
+                ns(9_000_000_000),
+                ns(1_000_000_000),
+                Some(ns(10_000_000_000)),
+            ),
+            (
+                ns(9_000_000_000),
+                ns(1_000_000_001),
+                Some(ns(10_000_000_001)),
+            ),
+            (max, ns(0), Some(max)),
+            (max - ns(1), ns(1), Some(max)),
+            (max, ns(1), None),
+            (ns(1), max, None),
+            (max, max, None),
+        ];
+        for (max_ttl, grace, longest) in cases {
+            let b = GrantPolicy::new(max_ttl, grace).unwrap().deadline_bound();
+            assert_eq!(
+                (b.kind(), b.longest()),
+                (LEASE_GRANT_DEADLINE, longest),
+                "{max_ttl} + {grace}"
+            );
+        }
+        assert_eq!(LEASE_GRANT_DEADLINE.name(), "tollgate.lease_grant");
+
+        let sealed = |ms| HorizonPolicy::verified(2, ms, &HorizonPolicy::digest_of(2, ms)).unwrap();
+        let ten = sealed(10_000);
+        let covers = |p: &HorizonPolicy, max_ttl, grace| {
+            p.covers(&[GrantPolicy::new(max_ttl, grace).unwrap().deadline_bound()])
+        };
+        let short = |longest| {
+            Err(HorizonShortfall {
+                kind: LEASE_GRANT_DEADLINE,
+                longest,
+                version: 2,
+                horizon: ns(10_000_000_000),
+            })
+        };
+        assert_eq!(covers(&ten, ns(9_000_000_000), ns(1_000_000_000)), Ok(()));
+        assert_eq!(
+            covers(&ten, ns(9_000_000_000), ns(1_000_000_001)),
+            short(Some(ns(10_000_000_001)))
+        );
+        assert_eq!(covers(&ten, ns(1), max), short(None));
+        // The grant policy (9 s, 1 s) fits 10,000 ms, not 9,999 ms.
+        assert!(covers(&sealed(9_999), ns(9_000_000_000), ns(1_000_000_000)).is_err());
     }
 }

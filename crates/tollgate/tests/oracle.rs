@@ -20,6 +20,7 @@
 
 use jiff::{SignedDuration, Timestamp};
 use proptest::prelude::*;
+use tollgate::instant_pair::LegacyBound;
 use tollgate::rules;
 use tollgate::{
     AccountId, Balances, GrantPolicy, InstantPair, PairError, PolicyError, RuleError, TimingError,

@@ -6,8 +6,8 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use safetime_pg::CutRow;
 use sqlx::{Connection, PgConnection};
-use tollgate_pg::safe_time::{self, CutRow};
 use tollgate_pg_harness::PgBinaries;
 
 /// The server binaries for PostgreSQL `major` (15: the machine's; 18: the
@@ -158,7 +158,7 @@ impl CutWatch {
     }
 
     pub async fn read(&mut self) -> Option<CutRow> {
-        let row = safe_time::read_cut(&mut self.conn).await.unwrap()?;
+        let row = safetime_pg::read_cut(&mut self.conn).await.unwrap()?;
         if let Some((_, last)) = self.seen.last() {
             assert!(
                 row.cut >= last.cut,
@@ -193,7 +193,7 @@ impl CutWatch {
 /// `what` if it stays taken.
 pub async fn take_lock(conn: &mut PgConnection, what: &str) {
     for _ in 0..250 {
-        if safe_time::try_lock(conn).await.unwrap() {
+        if safetime_pg::try_lock(conn).await.unwrap() {
             return;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;

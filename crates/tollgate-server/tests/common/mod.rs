@@ -529,7 +529,7 @@ impl Clock for UnreadableClock {
 #[derive(Debug)]
 pub struct UncertainTestClock {
     pub clock: TestClock,
-    pub uncertain: std::sync::Mutex<Option<tollgate::safe_time::UncertainReason>>,
+    pub uncertain: std::sync::Mutex<Option<safetime::UncertainReason>>,
 }
 
 #[async_trait]

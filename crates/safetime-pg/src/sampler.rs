@@ -1,10 +1,9 @@
 //! The safe-time sampler: one leader per database publishes the safe expiry
-//! cut; any number of standbys wait (issue 6; seed 003, "Recovery and safe
-//! time").
+//! cut; any number of standbys wait to take over.
 //!
 //! * **Leadership** is the session-level advisory lock
-//!   ([`LOCK_KEY_CLASS`](crate::safe_time::LOCK_KEY_CLASS),
-//!   [`LOCK_KEY_OBJ`](crate::safe_time::LOCK_KEY_OBJ)) on one dedicated,
+//!   ([`LOCK_KEY_CLASS`](crate::cut::LOCK_KEY_CLASS),
+//!   [`LOCK_KEY_OBJ`](crate::cut::LOCK_KEY_OBJ)) on one dedicated,
 //!   pinned [`PgConnection`] (never a pool). A standby polls
 //!   `pg_try_advisory_lock` every [`SamplerOptions::standby_poll`]; it never
 //!   takes the lock from a session that holds it. Losing the connection
@@ -46,12 +45,13 @@
 
 use std::time::{Duration, Instant};
 
+use jiff::SignedDuration;
+use safetime::{CutTracker, Observation, SafeTimeConfig, UncertainReason, Verdict};
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{Connection, PgConnection};
 use tokio::sync::watch;
-use tollgate::safe_time::{CutTracker, Observation, SafeTimeConfig, UncertainReason};
 
-use crate::safe_time::{self, Published, SafeTimeError};
+use crate::cut::{self, Published, SafeTimeError};
 
 /// `application_name` of the sampler's connection (visible in
 /// `pg_stat_activity`).
@@ -141,10 +141,10 @@ impl Sampler {
     ///
     /// # Errors
     /// [`SafeTimeError::InvalidUrl`] if `url` is not a PostgreSQL URL or
-    /// does not parse ([`safe_time::connect_options`]; the message does
+    /// does not parse ([`cut::connect_options`]; the message does
     /// not repeat the URL).
     pub fn new(url: &str, options: SamplerOptions) -> Result<Sampler, SafeTimeError> {
-        let connect = safe_time::connect_options(url)?.application_name(SAMPLER_APPLICATION_NAME);
+        let connect = cut::connect_options(url)?.application_name(SAMPLER_APPLICATION_NAME);
         Ok(Sampler {
             connect,
             options,
@@ -161,11 +161,20 @@ impl Sampler {
     /// The longest wait for one statement of a leadership term: the gap
     /// bound (a slower answer would be a gap anyway).
     fn call_max(&self) -> Duration {
-        Duration::try_from(self.options.config.gap_max()).unwrap_or(Duration::from_secs(5))
+        Duration::try_from(self.options.config.gap_max())
+            .expect("gap_max is positive and at most an hour (SafeTimeConfig::validate)")
     }
 
+    /// The pause between two samples of a leadership term.
+    fn interval(&self) -> Duration {
+        Duration::try_from(self.options.config.interval())
+            .expect("the sample interval is positive and below gap_max (SafeTimeConfig::validate)")
+    }
+
+    /// Nanoseconds of this sampler's monotonic clock since it was built.
     fn mono_ns(&self) -> u64 {
-        u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX)
+        u64::try_from(self.origin.elapsed().as_nanos())
+            .expect("a sampler runs for less than 584 years (u64 nanoseconds)")
     }
 
     /// Runs until `shutdown` turns `true` (or its sender goes away): connect,
@@ -189,26 +198,9 @@ impl Sampler {
             let mut conn = match conn {
                 Ok(Ok(mut c)) => {
                     backoff = RETRY_BACKOFF_START;
-                    // A frozen leader (stopped process, dead host) must not
-                    // hold the lock forever: the server ends a session idle
-                    // for twice the gap bound, which releases the lock to a
-                    // standby; a healthy leader is never idle longer than
-                    // one interval. Set as a statement, not a startup
-                    // parameter, which proxies such as PgBouncer refuse.
-                    let idle_ms = self
-                        .options
-                        .config
-                        .gap_max()
-                        .as_millis()
-                        .saturating_mul(2)
-                        .clamp(1, i128::from(i32::MAX));
-                    // Simple protocol (no prepared statement): the value
-                    // is an integer computed here.
-                    let sql = format!("SET idle_session_timeout = '{idle_ms}ms'");
-                    // Unnamed statement: it takes no name from the
-                    // prepared-statement cache, so a proxy's statement
-                    // routing is not disturbed.
-                    let set = sqlx::query(&sql).persistent(false).execute(&mut c).await;
+                    // A frozen leader must not hold the lock forever: the
+                    // server ends a session idle for twice the gap bound.
+                    let set = set_idle_session_timeout(&mut c, self.options.config.gap_max()).await;
                     if let Err(e) = set {
                         tracing::warn!(error = %redact(&e), "cannot set idle_session_timeout; retrying");
                         drop(c);
@@ -311,7 +303,7 @@ impl Sampler {
             if *shutdown.borrow() {
                 return Ok(false);
             }
-            if safe_time::try_lock(conn).await? {
+            if cut::try_lock(conn).await? {
                 return Ok(true);
             }
             if !logged {
@@ -324,40 +316,51 @@ impl Sampler {
         }
     }
 
-    /// One leadership term on a connection that holds the lock. Until the
-    /// claim succeeds a failure is [`TermEnd::NeverWon`], after it
+    /// One leadership term on a connection that holds the lock: win it
+    /// ([`Sampler::win`]), then sample ([`Sampler::sample`]) every
+    /// interval until shutdown or until leadership is lost. Until the claim
+    /// succeeds a failure is [`TermEnd::NeverWon`], after it
     /// [`TermEnd::Lost`].
     async fn lead(&self, conn: &mut PgConnection, shutdown: &mut watch::Receiver<bool>) -> TermEnd {
-        let pid: i32 = match sqlx::query_scalar("SELECT pg_backend_pid()")
+        let mut term = match self.win(conn).await {
+            Ok(term) => term,
+            Err(end) => return end,
+        };
+        let interval = self.interval();
+        loop {
+            if *shutdown.borrow() {
+                return TermEnd::Shutdown;
+            }
+            if let Err(end) = self.sample(conn, &mut term).await {
+                return end;
+            }
+            if sleep_or_shutdown(interval, shutdown).await {
+                return TermEnd::Shutdown;
+            }
+        }
+    }
+
+    /// Takes leadership on a connection that holds the lock: records the
+    /// backend's pid, loads the newest sealed horizon policy (digest
+    /// verified) and claims the next epoch; the epoch's tracker starts from
+    /// the claimed cut.
+    ///
+    /// # Errors
+    /// [`TermEnd::NeverWon`] naming the step that failed.
+    async fn win(&self, conn: &mut PgConnection) -> Result<Term, TermEnd> {
+        let never_won =
+            |step: &'static str| move |error: SafeTimeError| TermEnd::NeverWon { step, error };
+        let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
             .fetch_one(&mut *conn)
             .await
-        {
-            Ok(p) => p,
-            Err(e) => {
-                return TermEnd::NeverWon {
-                    step: "reading the backend pid",
-                    error: SafeTimeError::from(e),
-                };
-            }
-        };
-        let policy = match safe_time::load_policy(&mut *conn).await {
-            Ok(p) => p,
-            Err(error) => {
-                return TermEnd::NeverWon {
-                    step: "loading the horizon policy",
-                    error,
-                };
-            }
-        };
-        let claim = match safe_time::claim(conn, &policy).await {
-            Ok(c) => c,
-            Err(error) => {
-                return TermEnd::NeverWon {
-                    step: "claiming an epoch",
-                    error,
-                };
-            }
-        };
+            .map_err(SafeTimeError::from)
+            .map_err(never_won("reading the backend pid"))?;
+        let policy = cut::load_policy(&mut *conn)
+            .await
+            .map_err(never_won("loading the horizon policy"))?;
+        let claim = cut::claim(conn, &policy)
+            .await
+            .map_err(never_won("claiming an epoch"))?;
         tracing::info!(
             epoch = claim.epoch,
             backend_pid = pid,
@@ -380,44 +383,88 @@ impl Sampler {
         if let Some(reason) = claim.uncertain.filter(|r| r.is_anomaly()) {
             tracker = tracker.with_start_reason(reason);
         }
-        let interval =
-            Duration::try_from(self.options.config.interval()).unwrap_or(Duration::from_secs(1));
-        let mut last_reason: Option<UncertainReason> = claim.uncertain;
-        loop {
-            if *shutdown.borrow() {
-                return TermEnd::Shutdown;
+        Ok(Term {
+            pid,
+            epoch: claim.epoch,
+            tracker,
+            last_reason: claim.uncertain,
+        })
+    }
+
+    /// One sample of a won term: an observation from the backend that won
+    /// ([`Sampler::observe`]), the tracker's verdict on it, and its publish
+    /// ([`Sampler::publish`]) unless the server is in recovery.
+    ///
+    /// # Errors
+    /// [`TermEnd::Lost`]: the observation or publish failed or was refused,
+    /// or the leadership check failed.
+    async fn sample(&self, conn: &mut PgConnection, term: &mut Term) -> Result<(), TermEnd> {
+        let obs = self.observe(conn, term.pid).await?;
+        let verdict = term.tracker.observe(obs);
+        if verdict.publishable {
+            self.publish(conn, term, &verdict).await
+        } else {
+            if term.last_reason != verdict.uncertain {
+                tracing::warn!(reason = ?verdict.uncertain, "connected to a server in recovery; not publishing");
+                term.last_reason = verdict.uncertain;
             }
-            let before = self.mono_ns();
-            let obs = tokio::time::timeout(self.call_max(), safe_time::observe(conn)).await;
-            let after = self.mono_ns();
-            let obs = match obs {
-                Ok(Ok(o)) => o,
-                Ok(Err(e)) => return TermEnd::Lost(format!("observation failed: {e}")),
-                Err(_) => {
-                    return TermEnd::Lost(format!(
-                        "observation failed: no answer within {:?}",
-                        self.call_max()
-                    ));
-                }
-            };
-            if obs.backend_pid != pid || !obs.lock_held {
-                return TermEnd::Lost(format!(
-                    "leadership check failed: backend pid {} (won as {pid}), lock held: {} \
-                     (is the connection going through a transaction-pooling proxy?)",
-                    obs.backend_pid, obs.lock_held
-                ));
+            Ok(())
+        }
+    }
+
+    /// One observation, bracketed by this sampler's monotonic clock, after
+    /// checking that the backend that answered is the one that won (`pid`)
+    /// and holds exactly the lock.
+    ///
+    /// # Errors
+    /// [`TermEnd::Lost`]: no answer within [`Sampler::call_max`], a
+    /// database error, or another backend (or no lock) answering.
+    async fn observe(&self, conn: &mut PgConnection, pid: i32) -> Result<Observation, TermEnd> {
+        let before = self.mono_ns();
+        let obs = tokio::time::timeout(self.call_max(), cut::observe(conn)).await;
+        let after = self.mono_ns();
+        let obs = match obs {
+            Ok(Ok(o)) => o,
+            Ok(Err(e)) => return Err(TermEnd::Lost(format!("observation failed: {e}"))),
+            Err(_) => {
+                return Err(TermEnd::Lost(format!(
+                    "observation failed: no answer within {:?}",
+                    self.call_max()
+                )));
             }
-            let verdict = tracker.observe(Observation {
-                db_now: obs.db_now,
-                topology: obs.topology,
-                mono_before_ns: before,
-                mono_after_ns: after,
-            });
-            if verdict.publishable {
-                let published = tokio::time::timeout(
-                    self.call_max(),
-                    safe_time::publish(conn, claim.epoch, &verdict),
-                )
+        };
+        if obs.backend_pid != pid || !obs.lock_held {
+            return Err(TermEnd::Lost(format!(
+                "leadership check failed: backend pid {} (won as {pid}), lock held: {} \
+                 (is the connection going through a transaction-pooling proxy?)",
+                obs.backend_pid, obs.lock_held
+            )));
+        }
+        Ok(Observation {
+            db_now: obs.db_now,
+            topology: obs.topology,
+            mono_before_ns: before,
+            mono_after_ns: after,
+        })
+    }
+
+    /// Publishes `verdict` for the term's epoch and feeds the cut the
+    /// database accepted back to the tracker; logs each change of
+    /// certainty once.
+    ///
+    /// # Errors
+    /// [`TermEnd::Lost`]: the publish was refused, failed or did not
+    /// answer within [`Sampler::call_max`], or the database kept the
+    /// quarantine the tracker proved cleared (it saw an anomaly this
+    /// sample did not; the proof restarts with a new epoch).
+    async fn publish(
+        &self,
+        conn: &mut PgConnection,
+        term: &mut Term,
+        verdict: &Verdict,
+    ) -> Result<(), TermEnd> {
+        let published =
+            tokio::time::timeout(self.call_max(), cut::publish(conn, term.epoch, verdict))
                 .await
                 .unwrap_or_else(|_| {
                     Err(SafeTimeError::Backend(format!(
@@ -425,41 +472,68 @@ impl Sampler {
                         self.call_max()
                     )))
                 });
-                match published {
-                    Ok(p) => {
-                        tracker.accepted(p.cut);
-                        if p.quarantined && !tracker.quarantined() {
-                            // The database saw an anomaly this sample did
-                            // not: the proof restarts with a new epoch.
-                            return TermEnd::Lost(
-                                "the database kept the quarantine the sampler proved cleared"
-                                    .to_owned(),
-                            );
-                        }
-                        if p.uncertain != last_reason {
-                            match p.uncertain {
-                                None => {
-                                    tracing::info!(epoch = claim.epoch, cut = %p.cut, "safe cut is certain")
-                                }
-                                Some(r) => {
-                                    tracing::warn!(epoch = claim.epoch, cut = %p.cut, reason = %r, "safe cut is uncertain")
-                                }
-                            }
-                            last_reason = p.uncertain;
-                        }
-                        self.status.send_modify(|s| s.last_published = Some(p));
-                    }
-                    Err(e) => return TermEnd::Lost(format!("publish refused: {e} ({})", e.code())),
-                }
-            } else if last_reason != verdict.uncertain {
-                tracing::warn!(reason = ?verdict.uncertain, "connected to a server in recovery; not publishing");
-                last_reason = verdict.uncertain;
-            }
-            if sleep_or_shutdown(interval, shutdown).await {
-                return TermEnd::Shutdown;
-            }
+        let p =
+            published.map_err(|e| TermEnd::Lost(format!("publish refused: {e} ({})", e.code())))?;
+        term.tracker.accepted(p.cut);
+        if p.quarantined && !term.tracker.quarantined() {
+            return Err(TermEnd::Lost(
+                "the database kept the quarantine the sampler proved cleared".to_owned(),
+            ));
         }
+        if p.uncertain != term.last_reason {
+            match p.uncertain {
+                None => tracing::info!(epoch = term.epoch, cut = %p.cut, "safe cut is certain"),
+                Some(r) => {
+                    tracing::warn!(epoch = term.epoch, cut = %p.cut, reason = %r, "safe cut is uncertain")
+                }
+            }
+            term.last_reason = p.uncertain;
+        }
+        self.status.send_modify(|s| s.last_published = Some(p));
+        Ok(())
     }
+}
+
+/// A won leadership term.
+#[derive(Debug)]
+struct Term {
+    /// `pg_backend_pid()` of the backend that won: every observation must
+    /// come from it.
+    pid: i32,
+    /// The claimed epoch.
+    epoch: i64,
+    /// The epoch's cut tracker.
+    tracker: CutTracker,
+    /// The uncertainty last logged (initially the claim's), so that each
+    /// change is logged once.
+    last_reason: Option<UncertainReason>,
+}
+
+/// `idle_session_timeout` of a leader session, in milliseconds: twice the
+/// gap bound, so a frozen leader (stopped process, dead host) releases the
+/// lock to a standby while a healthy one, never idle longer than one
+/// interval, keeps it. At least 1 (0 would disable the timeout); at most
+/// 7,200,000 (`gap_max` is at most an hour), well inside the setting's
+/// `i32` range.
+fn idle_session_timeout_ms(gap_max: SignedDuration) -> i128 {
+    (gap_max.as_millis() * 2).max(1)
+}
+
+/// Sets [`idle_session_timeout_ms`] on a new session: as a statement, not
+/// a startup parameter, which proxies such as PgBouncer refuse; in the
+/// simple protocol (the value is an integer computed here) and unnamed, so
+/// it takes no name from the prepared-statement cache and a proxy's
+/// statement routing is not disturbed.
+async fn set_idle_session_timeout(
+    conn: &mut PgConnection,
+    gap_max: SignedDuration,
+) -> Result<(), sqlx::Error> {
+    let sql = format!(
+        "SET idle_session_timeout = '{}ms'",
+        idle_session_timeout_ms(gap_max)
+    );
+    sqlx::query(&sql).persistent(false).execute(conn).await?;
+    Ok(())
 }
 
 /// What an operator can do about a term that never won, by its code: the
@@ -472,7 +546,7 @@ fn never_won_hint(e: &SafeTimeError) -> &'static str {
         SafeTimeError::NotLeader(_) => {
             "the lock was gone at the claim: connect directly or through session pooling, not transaction pooling"
         }
-        SafeTimeError::PolicyMismatch(_) => {
+        SafeTimeError::HorizonPolicyMismatch(_) => {
             "a new horizon policy was sealed after it was loaded; the next attempt loads it"
         }
         SafeTimeError::Policy(_) | SafeTimeError::Corrupt(_) => {
@@ -503,5 +577,25 @@ fn redact(e: &sqlx::Error) -> String {
     match e {
         sqlx::Error::Configuration(_) => "bad connection settings".to_owned(),
         other => other.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn idle_session_timeout_is_twice_the_gap_bound_and_never_zero() {
+        let cases = [
+            (SignedDuration::from_secs(5), 10_000),
+            (SignedDuration::from_hours(1), 7_200_000),
+            (SignedDuration::from_millis(1), 2),
+            (SignedDuration::from_micros(1_500), 2),
+            (SignedDuration::from_micros(999), 1),
+            (SignedDuration::from_nanos(1), 1),
+        ];
+        for (gap_max, ms) in cases {
+            assert_eq!(idle_session_timeout_ms(gap_max), ms, "{gap_max}");
+        }
     }
 }

@@ -16,10 +16,11 @@
 //! no sqlx time feature.
 
 use jiff::{SignedDuration, Timestamp};
+use safetime::{
+    HorizonPolicy, HorizonPolicyError, InstantPair, Topology, UncertainReason, Verdict,
+};
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{PgConnection, Row};
-use tollgate::instant_pair::InstantPair;
-use tollgate::safe_time::{HorizonPolicy, HorizonPolicyError, Topology, UncertainReason, Verdict};
 
 /// First key of the sampler's session-level advisory lock: `'toll'`.
 pub const LOCK_KEY_CLASS: i32 = 0x746f_6c6c;
@@ -36,9 +37,11 @@ pub enum SafeTimeError {
     /// The caller's epoch is not the current one (TGS02): a stale leader.
     #[error("stale epoch: {0}")]
     StaleEpoch(String),
-    /// The sampler loaded another policy than the newest sealed one (TGS03).
+    /// The sampler loaded another horizon policy than the newest sealed one
+    /// (TGS03). Code `horizon_policy_mismatch`: `policy_mismatch` is
+    /// Tollgate's grant-policy mismatch.
     #[error("horizon policy mismatch: {0}")]
-    PolicyMismatch(String),
+    HorizonPolicyMismatch(String),
     /// A policy change while a sampler runs (TGS04).
     #[error("a safe-time sampler is running: {0}")]
     SamplerRunning(String),
@@ -120,7 +123,7 @@ impl SafeTimeError {
         match self {
             SafeTimeError::NotLeader(_) => "not_leader",
             SafeTimeError::StaleEpoch(_) => "stale_epoch",
-            SafeTimeError::PolicyMismatch(_) => "policy_mismatch",
+            SafeTimeError::HorizonPolicyMismatch(_) => "horizon_policy_mismatch",
             SafeTimeError::SamplerRunning(_) => "sampler_running",
             SafeTimeError::InvalidProposal(_) => "invalid_proposal",
             SafeTimeError::QuarantineRefused(_) => "quarantine_refused",
@@ -134,22 +137,34 @@ impl SafeTimeError {
             SafeTimeError::Backend(_) => "backend",
         }
     }
+
+    /// The code migration 0018's message for this error starts with
+    /// (`"<code>: ..."`): [`SafeTimeError::code`], except `policy_mismatch`
+    /// for [`SafeTimeError::HorizonPolicyMismatch`], whose SQL text predates
+    /// the rename and stays as it is (existing databases have the
+    /// migration's checksum recorded).
+    fn migration_code(&self) -> &'static str {
+        match self {
+            SafeTimeError::HorizonPolicyMismatch(_) => "policy_mismatch",
+            other => other.code(),
+        }
+    }
 }
 
 impl From<sqlx::Error> for SafeTimeError {
     fn from(e: sqlx::Error) -> Self {
         if let Some(db) = e.as_database_error() {
             let msg = db.message().to_owned();
-            // Migration 0018's messages start with the code ("not_leader:
+            // Migration 0018's messages start with a code ("not_leader:
             // ..."), which the code and the variant's text already say.
             let tgs = |variant: fn(String) -> SafeTimeError| {
-                let code = variant(String::new()).code();
+                let code = variant(String::new()).migration_code();
                 variant(strip_code(&msg, code).to_owned())
             };
             return match db.code().as_deref() {
                 Some("TGS01") => tgs(SafeTimeError::NotLeader),
                 Some("TGS02") => tgs(SafeTimeError::StaleEpoch),
-                Some("TGS03") => tgs(SafeTimeError::PolicyMismatch),
+                Some("TGS03") => tgs(SafeTimeError::HorizonPolicyMismatch),
                 Some("TGS04") => tgs(SafeTimeError::SamplerRunning),
                 Some("TGS05") => tgs(SafeTimeError::InvalidProposal),
                 Some("TGS06") => tgs(SafeTimeError::QuarantineRefused),
@@ -471,7 +486,7 @@ pub struct Claim {
 /// the policy it loaded).
 ///
 /// # Errors
-/// [`SafeTimeError::NotLeader`], [`SafeTimeError::PolicyMismatch`],
+/// [`SafeTimeError::NotLeader`], [`SafeTimeError::HorizonPolicyMismatch`],
 /// [`SafeTimeError::Backend`].
 pub async fn claim(
     conn: &mut PgConnection,
@@ -638,7 +653,7 @@ mod tests {
                 "TGS03",
                 "policy_mismatch: the sealed policy is version 2 (digest ab), the sampler \
                  loaded version 1 (digest cd)",
-                SafeTimeError::PolicyMismatch(
+                SafeTimeError::HorizonPolicyMismatch(
                     "the sealed policy is version 2 (digest ab), the sampler loaded version 1 \
                      (digest cd)"
                         .into(),
@@ -819,5 +834,27 @@ mod tests {
              policy needs the database owner"
         );
         assert_eq!(SafeTimeError::InvalidUrl("m".into()).code(), "invalid_url");
+    }
+
+    /// One term, one meaning: `policy_mismatch` is Tollgate's grant-policy
+    /// mismatch, so the horizon's is `horizon_policy_mismatch`, although
+    /// migration 0018's message for it still starts with `policy_mismatch:`
+    /// (which is stripped, as every code prefix is).
+    #[test]
+    fn the_horizon_policy_mismatch_has_its_own_code() {
+        let e = SafeTimeError::from(sqlx::Error::Database(Box::new(Db(
+            "TGS03",
+            "policy_mismatch: the sealed policy is version 2 (digest ab), the sampler loaded \
+             version 1 (digest cd)",
+        ))));
+        assert_eq!(
+            (e.code(), e.to_string()),
+            (
+                "horizon_policy_mismatch",
+                "horizon policy mismatch: the sealed policy is version 2 (digest ab), the \
+                 sampler loaded version 1 (digest cd)"
+                    .to_owned()
+            )
+        );
     }
 }

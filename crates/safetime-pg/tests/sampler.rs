@@ -8,11 +8,11 @@ mod support;
 use std::time::Duration;
 
 use jiff::SignedDuration;
+use safetime::{SafeTimeConfig, UncertainReason};
+use safetime_pg::CutRow;
+use safetime_pg::sampler::{Sampler, SamplerOptions, SamplerStatus};
 use sqlx::{Connection, PgConnection};
 use tokio::sync::watch;
-use tollgate::safe_time::{SafeTimeConfig, UncertainReason};
-use tollgate_pg::safe_time::{self, CutRow};
-use tollgate_pg::sampler::{Sampler, SamplerOptions, SamplerStatus};
 
 /// Fast settings: 50 ms samples, 2 s gap bound, 3 stable observations and
 /// 200 ms of calm to recover.
@@ -61,7 +61,7 @@ async fn wait_cut(url: &str, secs: u64, what: &str, pred: impl Fn(&CutRow) -> bo
     let mut c = PgConnection::connect(url).await.unwrap();
     let mut last = None;
     for _ in 0..secs * 50 {
-        if let Some(row) = safe_time::read_cut(&mut c).await.unwrap() {
+        if let Some(row) = safetime_pg::read_cut(&mut c).await.unwrap() {
             if pred(&row) {
                 return row;
             }
@@ -173,19 +173,19 @@ async fn terminating_the_leaders_backend_hands_over_to_the_standby() {
     b.shutdown().await;
     let mut c = PgConnection::connect(db.url()).await.unwrap();
     for _ in 0..100 {
-        if safe_time::try_lock(&mut c).await.unwrap() {
+        if safetime_pg::try_lock(&mut c).await.unwrap() {
             break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let v = tollgate::safe_time::Verdict {
+    let v = safetime::Verdict {
         proposal: row.cut,
         uncertain: None,
         anomaly: false,
         clears_quarantine: false,
         publishable: true,
     };
-    let err = safe_time::publish(&mut c, 1, &v).await.unwrap_err();
+    let err = safetime_pg::publish(&mut c, 1, &v).await.unwrap_err();
     assert_eq!(err.code(), "stale_epoch");
     drop(c);
     a.shutdown().await;

@@ -6,10 +6,10 @@
 mod support;
 
 use jiff::{SignedDuration, Timestamp};
+use safetime::{DEFAULT_HORIZON_MS, HorizonPolicy, UncertainReason, Verdict};
+use safetime_pg::SafeTimeError;
 use sqlx::{Connection, PgConnection, Row};
 use tollgate::GrantPolicy;
-use tollgate::safe_time::{DEFAULT_HORIZON_MS, HorizonPolicy, UncertainReason, Verdict};
-use tollgate_pg::safe_time::{self, SafeTimeError};
 
 async fn conn(url: &str) -> PgConnection {
     PgConnection::connect(url).await.unwrap()
@@ -23,12 +23,26 @@ async fn db_now(c: &mut PgConnection) -> Timestamp {
     Timestamp::from_microsecond(us).unwrap()
 }
 
+/// How many times [`leader`] asks for the sampler lock, 10 ms apart: a
+/// previous leader's dropped connection releases the lock only when its
+/// backend has exited, which the server does shortly after the client
+/// closes the socket (2 s in all, far above that delay).
+const LOCK_ATTEMPTS_MAX: u32 = 200;
+
 /// A connection that holds the sampler lock and has claimed an epoch.
-async fn leader(url: &str) -> (PgConnection, safe_time::Claim) {
+async fn leader(url: &str) -> (PgConnection, safetime_pg::Claim) {
     let mut c = conn(url).await;
-    assert!(safe_time::try_lock(&mut c).await.unwrap());
-    let policy = safe_time::load_policy(&mut c).await.unwrap();
-    let claim = safe_time::claim(&mut c, &policy).await.unwrap();
+    let mut attempts = 1;
+    while !safetime_pg::try_lock(&mut c).await.unwrap() {
+        assert!(
+            attempts < LOCK_ATTEMPTS_MAX,
+            "the sampler lock was still held after {attempts} attempts"
+        );
+        attempts += 1;
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let policy = safetime_pg::load_policy(&mut c).await.unwrap();
+    let claim = safetime_pg::claim(&mut c, &policy).await.unwrap();
     (c, claim)
 }
 
@@ -44,7 +58,7 @@ fn verdict(proposal: Timestamp, uncertain: Option<UncertainReason>) -> Verdict {
 
 async fn evidence_kinds(url: &str) -> Vec<String> {
     let mut c = conn(url).await;
-    safe_time::evidence(&mut c, 100)
+    safetime_pg::evidence(&mut c, 100)
         .await
         .unwrap()
         .into_iter()
@@ -56,8 +70,8 @@ async fn evidence_kinds(url: &str) -> Vec<String> {
 async fn empty_installation_starts_at_database_time_uncertain() {
     let db = support::migrated_db().await;
     let mut c = conn(db.url()).await;
-    assert_eq!(safe_time::read_cut(&mut c).await.unwrap(), None);
-    let policy = safe_time::load_policy(&mut c).await.unwrap();
+    assert_eq!(safetime_pg::read_cut(&mut c).await.unwrap(), None);
+    let policy = safetime_pg::load_policy(&mut c).await.unwrap();
     assert_eq!(
         (policy.version(), policy.horizon_ms()),
         (1, DEFAULT_HORIZON_MS)
@@ -80,7 +94,7 @@ async fn empty_installation_starts_at_database_time_uncertain() {
     );
     assert_eq!(evidence_kinds(db.url()).await, vec!["initial_cut"]);
 
-    let row = safe_time::read_cut(&mut c).await.unwrap().unwrap();
+    let row = safetime_pg::read_cut(&mut c).await.unwrap().unwrap();
     assert_eq!(
         (
             row.epoch,
@@ -93,7 +107,7 @@ async fn empty_installation_starts_at_database_time_uncertain() {
     );
 
     // A certain publish one microsecond later is taken as is.
-    let p = safe_time::publish(
+    let p = safetime_pg::publish(
         &mut l,
         1,
         &verdict(claim.cut + SignedDuration::from_micros(1), None),
@@ -110,8 +124,10 @@ async fn empty_installation_starts_at_database_time_uncertain() {
 async fn claim_and_publish_need_the_lock_on_the_calling_backend() {
     let db = support::migrated_db().await;
     let mut outsider = conn(db.url()).await;
-    let policy = safe_time::load_policy(&mut outsider).await.unwrap();
-    let err = safe_time::claim(&mut outsider, &policy).await.unwrap_err();
+    let policy = safetime_pg::load_policy(&mut outsider).await.unwrap();
+    let err = safetime_pg::claim(&mut outsider, &policy)
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), "not_leader");
 
     let (mut l, claim) = leader(db.url()).await;
@@ -121,20 +137,20 @@ async fn claim_and_publish_need_the_lock_on_the_calling_backend() {
         .fetch_one(&mut l)
         .await
         .unwrap();
-    let on_leader = safe_time::observe(&mut l).await.unwrap();
+    let on_leader = safetime_pg::observe(&mut l).await.unwrap();
     assert_eq!(
         (on_leader.backend_pid, on_leader.lock_held),
         (leader_pid, true)
     );
-    let elsewhere = safe_time::observe(&mut outsider).await.unwrap();
+    let elsewhere = safetime_pg::observe(&mut outsider).await.unwrap();
     assert_ne!(elsewhere.backend_pid, leader_pid);
     assert!(!elsewhere.lock_held);
-    let err = safe_time::publish(&mut outsider, claim.epoch, &verdict(claim.cut, None))
+    let err = safetime_pg::publish(&mut outsider, claim.epoch, &verdict(claim.cut, None))
         .await
         .unwrap_err();
     assert_eq!(err.code(), "not_leader");
     // The standby cannot take the lock while the leader lives.
-    assert!(!safe_time::try_lock(&mut outsider).await.unwrap());
+    assert!(!safetime_pg::try_lock(&mut outsider).await.unwrap());
 }
 
 #[tokio::test]
@@ -142,7 +158,7 @@ async fn publish_is_capped_by_database_time_never_backward_and_epoch_fenced() {
     let db = support::migrated_db().await;
     let (mut l, claim) = leader(db.url()).await;
     let far = claim.cut + SignedDuration::from_hours(24);
-    let p = safe_time::publish(&mut l, 1, &verdict(far, None))
+    let p = safetime_pg::publish(&mut l, 1, &verdict(far, None))
         .await
         .unwrap();
     let now = db_now(&mut l).await;
@@ -152,7 +168,7 @@ async fn publish_is_capped_by_database_time_never_backward_and_epoch_fenced() {
         p.cut
     );
     let capped = p.cut;
-    let back = safe_time::publish(
+    let back = safetime_pg::publish(
         &mut l,
         1,
         &verdict(claim.cut, Some(UncertainReason::ClockStepBackward)),
@@ -165,7 +181,7 @@ async fn publish_is_capped_by_database_time_never_backward_and_epoch_fenced() {
     );
     // Sub-microsecond precision survives.
     let exact = capped + SignedDuration::from_nanos(7);
-    let p = safe_time::publish(&mut l, 1, &verdict(exact, None))
+    let p = safetime_pg::publish(&mut l, 1, &verdict(exact, None))
         .await
         .unwrap();
     assert_eq!(p.cut, exact);
@@ -177,7 +193,7 @@ async fn publish_is_capped_by_database_time_never_backward_and_epoch_fenced() {
     assert_eq!(claim2.epoch, 2);
     assert_eq!(claim2.cut, exact);
     assert_eq!(claim2.uncertain, Some(UncertainReason::NewEpoch));
-    let err = safe_time::publish(&mut l2, 1, &verdict(exact, None))
+    let err = safetime_pg::publish(&mut l2, 1, &verdict(exact, None))
         .await
         .unwrap_err();
     assert_eq!(err.code(), "stale_epoch");
@@ -247,7 +263,7 @@ async fn populated_installation_starts_quarantined_at_the_unix_epoch() {
     );
     // A "certain" publish is stored uncertain while quarantined, and the
     // database refuses to clear the quarantine before a full horizon.
-    let p = safe_time::publish(
+    let p = safetime_pg::publish(
         &mut l,
         1,
         &verdict(Timestamp::UNIX_EPOCH + SignedDuration::from_secs(1), None),
@@ -264,7 +280,7 @@ async fn populated_installation_starts_quarantined_at_the_unix_epoch() {
     );
     let mut clear = verdict(db_now(&mut c).await, None);
     clear.clears_quarantine = true;
-    let err = safe_time::publish(&mut l, 1, &clear).await.unwrap_err();
+    let err = safetime_pg::publish(&mut l, 1, &clear).await.unwrap_err();
     assert_eq!(err.code(), "quarantine_refused");
 }
 
@@ -283,11 +299,11 @@ async fn the_sampler_role_can_only_observe_claim_and_publish() {
     assert_ne!(url, db.url(), "the test URL names the postgres user");
     let (mut l, claim) = leader(&url).await;
     assert_eq!(claim.epoch, 1);
-    let p = safe_time::publish(&mut l, 1, &verdict(claim.cut, None))
+    let p = safetime_pg::publish(&mut l, 1, &verdict(claim.cut, None))
         .await
         .unwrap();
     assert_eq!(p.uncertain, None);
-    assert!(safe_time::read_cut(&mut l).await.unwrap().is_some());
+    assert!(safetime_pg::read_cut(&mut l).await.unwrap().is_some());
     for stmt in [
         "UPDATE tollgate_safetime SET epoch = 99",
         "DELETE FROM tollgate_safetime",
@@ -324,7 +340,7 @@ async fn horizon_changes_need_a_stopped_sampler_evidence_and_a_successor_epoch()
     .await;
     let (l, claim) = leader(db.url()).await;
     let mut owner = conn(db.url()).await;
-    let err = safe_time::seal_policy(&mut owner, 86_400_000, "ops")
+    let err = safetime_pg::seal_policy(&mut owner, 86_400_000, "ops")
         .await
         .unwrap_err();
     assert_eq!(err.code(), "sampler_running");
@@ -346,7 +362,7 @@ async fn horizon_changes_need_a_stopped_sampler_evidence_and_a_successor_epoch()
         }
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
-    let err = safe_time::seal_policy(&mut owner, 64_999, "ops")
+    let err = safetime_pg::seal_policy(&mut owner, 64_999, "ops")
         .await
         .unwrap_err();
     assert_eq!(err.code(), "horizon_below_policy");
@@ -356,7 +372,7 @@ async fn horizon_changes_need_a_stopped_sampler_evidence_and_a_successor_epoch()
         "horizon below the grant policy: horizon 64999 ms must be positive and cover max_ttl + \
          reclaim_grace (65000 ms)"
     );
-    let p2 = safe_time::seal_policy(&mut owner, 65_000, "ops")
+    let p2 = safetime_pg::seal_policy(&mut owner, 65_000, "ops")
         .await
         .unwrap();
     assert_eq!((p2.version(), p2.horizon_ms()), (2, 65_000));
@@ -372,22 +388,22 @@ async fn horizon_changes_need_a_stopped_sampler_evidence_and_a_successor_epoch()
 
     // Still version 1 for the running epoch; a sampler that loaded version 1
     // cannot claim; one that loads version 2 claims epoch 2 under it.
-    let row = safe_time::read_cut(&mut owner).await.unwrap().unwrap();
+    let row = safetime_pg::read_cut(&mut owner).await.unwrap().unwrap();
     assert_eq!((row.epoch, row.policy.version()), (claim.epoch, 1));
     let mut c = conn(db.url()).await;
-    assert!(safe_time::try_lock(&mut c).await.unwrap());
+    assert!(safetime_pg::try_lock(&mut c).await.unwrap());
     let v1 = HorizonPolicy::verified(
         1,
         DEFAULT_HORIZON_MS,
         &HorizonPolicy::digest_of(1, DEFAULT_HORIZON_MS),
     )
     .unwrap();
-    let err = safe_time::claim(&mut c, &v1).await.unwrap_err();
-    assert_eq!(err.code(), "policy_mismatch");
-    let loaded = safe_time::load_policy(&mut c).await.unwrap();
-    let claim2 = safe_time::claim(&mut c, &loaded).await.unwrap();
+    let err = safetime_pg::claim(&mut c, &v1).await.unwrap_err();
+    assert_eq!(err.code(), "horizon_policy_mismatch");
+    let loaded = safetime_pg::load_policy(&mut c).await.unwrap();
+    let claim2 = safetime_pg::claim(&mut c, &loaded).await.unwrap();
     assert_eq!(claim2.epoch, 2);
-    let row = safe_time::read_cut(&mut owner).await.unwrap().unwrap();
+    let row = safetime_pg::read_cut(&mut owner).await.unwrap().unwrap();
     assert_eq!(
         (row.epoch, row.policy.version(), row.policy.horizon_ms()),
         (2, 2, 65_000)
@@ -429,7 +445,7 @@ async fn horizon_changes_need_a_stopped_sampler_evidence_and_a_successor_epoch()
 async fn a_sealed_horizon_binds_the_grant_policy_before_any_claim() {
     let db = support::migrated_db().await;
     let mut owner = conn(db.url()).await;
-    safe_time::seal_policy(&mut owner, 1_000, "ops")
+    safetime_pg::seal_policy(&mut owner, 1_000, "ops")
         .await
         .unwrap();
     let pool = sqlx::PgPool::connect(db.url()).await.unwrap();

@@ -1,6 +1,6 @@
-//! Property tests of the safe-time rules (`tollgate::safe_time`) against an
-//! independent model written from the rules' text (issue 6, "The cut",
-//! "Uncertainty"; the module docs of `safe_time.rs`): instants and monotonic
+//! Property tests of the cut tracker (`safetime::tracker`) against an
+//! independent model written from the rules' text (the module docs of
+//! `tracker.rs`, "How the cut moves" and "Certainty"): instants and monotonic
 //! readings are plain `i128` nanoseconds here, and the model classifies
 //! every observation itself.
 //!
@@ -24,7 +24,7 @@
 
 use jiff::{SignedDuration, Timestamp};
 use proptest::prelude::*;
-use tollgate::safe_time::{CutTracker, Observation, SafeTimeConfig, Topology};
+use safetime::{CutTracker, Observation, SafeTimeConfig, Topology};
 
 const MS: i128 = 1_000_000;
 const S: i128 = 1_000_000_000;

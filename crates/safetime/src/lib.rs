@@ -1,0 +1,52 @@
+//! # safetime
+//!
+//! The time authority's rules, pure (no I/O, no clock read, no runtime):
+//! how the persisted *safe expiry cut* moves, when it is certain, and which
+//! deadlines it may be trusted with. Every subsystem that judges a deadline
+//! (Tollgate's leases, Little Compute's) judges it against the cut, and
+//! stores it as an exact [`InstantPair`].
+//!
+//! * [`tracker`]: the cut tracker ([`CutTracker`]) that turns observations
+//!   of database time, bracketed by a monotonic clock, into proposals;
+//!   its module docs state the design and its failure modes.
+//! * [`reason`]: why the cut is uncertain ([`UncertainReason`]) and how a
+//!   reader judges a reading of it ([`judge_reading`]).
+//! * [`config`]: the sampler's tuning ([`SafeTimeConfig`]) and its bounds.
+//! * [`horizon`]: the owner-sealed maximum-deadline horizon
+//!   ([`HorizonPolicy`], digest verified) and the check that it covers the
+//!   longest deadline of every kind ([`HorizonPolicy::covers`] over
+//!   [`DeadlineBound`]s).
+//! * [`instant_pair`]: the exact PostgreSQL encoding of an instant;
+//!   [`timestamp`]: the ends of the timestamp domain.
+//!
+//! The database side (reading the cut, the sampler's leadership loop) is
+//! the `safetime-pg` crate.
+//!
+//! Invariants, stated as absences: nothing here reads a clock (every
+//! instant and monotonic reading is an argument); no instant or duration
+//! is rounded or saturated (a value out of range is an error or, for an
+//! impossible state, a panic naming the broken invariant).
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod config;
+pub mod horizon;
+pub mod instant_pair;
+pub mod reason;
+pub mod timestamp;
+pub mod tracker;
+
+pub use config::{
+    DEFAULT_DRIFT_PPM, DEFAULT_GAP_MAX, DEFAULT_RECOVERY_GRACE, DEFAULT_ROUND_TRIP_MAX,
+    DEFAULT_SAMPLE_INTERVAL, DEFAULT_STABLE_OBSERVATIONS_MIN, DRIFT_PPM_MAX, GAP_MAX_MAX,
+    RECOVERY_GRACE_MAX, STABLE_OBSERVATIONS_MAX, SafeTimeConfig, SafeTimeConfigError,
+};
+pub use horizon::{
+    DEFAULT_HORIZON_MS, DeadlineBound, DeadlineKind, HorizonPolicy, HorizonPolicyError,
+    HorizonShortfall,
+};
+pub use instant_pair::{InstantPair, PairError};
+pub use reason::{UncertainReason, judge_reading};
+pub use timestamp::{TIMESTAMP_MAX_NS, TIMESTAMP_MIN_NS};
+pub use tracker::{CutTracker, Observation, Topology, Verdict};
