@@ -82,6 +82,15 @@ impl DatabaseUrl {
     /// [`UrlError::NotAUrl`], [`UrlError::NotPostgres`] or
     /// [`UrlError::Settings`]; none of them repeats the URL.
     pub fn parse(url: &str) -> Result<DatabaseUrl, UrlError> {
+        // The URL standard strips surrounding white space and tabs inside
+        // the text, and reads `postgres:/host` as a path without a host: a
+        // URL in either form is a typo, not a connection string.
+        if let Some(reason) = malformed_text(url) {
+            return Err(UrlError::NotAUrl {
+                reason: reason.to_owned(),
+                postgres_scheme: has_postgres_prefix(url),
+            });
+        }
         let parsed = url::Url::parse(url).map_err(|e| UrlError::NotAUrl {
             reason: e.to_string(),
             postgres_scheme: has_postgres_prefix(url),
@@ -111,6 +120,19 @@ impl DatabaseUrl {
     /// The URL as it may be shown: the password, if any, is `***`.
     pub fn redacted(&self) -> &str {
         &self.redacted
+    }
+}
+
+/// Why `url` is refused before the URL parser sees it: white space or a
+/// control character anywhere, or a PostgreSQL scheme without `://`.
+fn malformed_text(url: &str) -> Option<&'static str> {
+    let scheme = url.split_once(':').map(|(scheme, _)| scheme);
+    if url.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        Some("white space or a control character")
+    } else if scheme.is_some_and(is_postgres_scheme) && !url.contains("://") {
+        Some("no // after postgres:")
+    } else {
+        None
     }
 }
 
@@ -334,6 +356,31 @@ mod tests {
             },
             "the database URL must start with postgres:// or postgresql://, got postgre:// \
              (the URL is not repeated here)",
+        );
+        // White space anywhere, or a PostgreSQL scheme without `//`, is a
+        // typo the URL standard would silently repair.
+        for (text, postgres_scheme) in [
+            (" postgres://u:s3cr3t-Pw@h/db", false),
+            ("postgres://u:s3cr3t-Pw@h/db\n", true),
+            ("post\tgres://h/db", false),
+        ] {
+            check_err(
+                text,
+                UrlError::NotAUrl {
+                    reason: "white space or a control character".into(),
+                    postgres_scheme,
+                },
+                "the database URL is not a URL (white space or a control character; the URL is \
+                 not repeated here)",
+            );
+        }
+        check_err(
+            "postgres:/u:s3cr3t-Pw@h/db",
+            UrlError::NotAUrl {
+                reason: "no // after postgres:".into(),
+                postgres_scheme: false,
+            },
+            "the database URL is not a URL (no // after postgres:; the URL is not repeated here)",
         );
         // No `://`: a cannot-be-a-base URL of scheme `u`.
         check_err(

@@ -19,6 +19,7 @@ use jiff::{SignedDuration, Timestamp};
 use safetime::{
     HorizonPolicy, HorizonPolicyError, InstantPair, Topology, UncertainReason, Verdict,
 };
+use pgkit::{FailureKind, UrlError};
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{PgConnection, Row};
 
@@ -153,37 +154,34 @@ impl SafeTimeError {
 
 impl From<sqlx::Error> for SafeTimeError {
     fn from(e: sqlx::Error) -> Self {
-        if let Some(db) = e.as_database_error() {
-            let msg = db.message().to_owned();
+        let failure = pgkit::classify(&e);
+        if let (Some(code), Some(msg)) = (failure.sqlstate(), failure.server_message()) {
             // Migration 0018's messages start with a code ("not_leader:
             // ..."), which the code and the variant's text already say.
             let tgs = |variant: fn(String) -> SafeTimeError| {
                 let code = variant(String::new()).migration_code();
-                variant(strip_code(&msg, code).to_owned())
+                variant(strip_code(msg, code).to_owned())
             };
-            return match db.code().as_deref() {
-                Some("TGS01") => tgs(SafeTimeError::NotLeader),
-                Some("TGS02") => tgs(SafeTimeError::StaleEpoch),
-                Some("TGS03") => tgs(SafeTimeError::HorizonPolicyMismatch),
-                Some("TGS04") => tgs(SafeTimeError::SamplerRunning),
-                Some("TGS05") => tgs(SafeTimeError::InvalidProposal),
-                Some("TGS06") => tgs(SafeTimeError::QuarantineRefused),
-                Some("TGS07") => tgs(SafeTimeError::HorizonBelowPolicy),
-                Some("TGS08") => tgs(SafeTimeError::NoClaim),
-                Some(code @ ("42P01" | "42883")) => {
-                    SafeTimeError::SchemaMissing(format!("{msg} (SQLSTATE {code})"))
-                }
-                Some(code @ "42501") => {
-                    SafeTimeError::PermissionDenied(format!("{msg} (SQLSTATE {code})"))
-                }
-                Some(code) => SafeTimeError::Backend(format!("{msg} (SQLSTATE {code})")),
-                None => SafeTimeError::Backend(msg),
-            };
+            match code {
+                "TGS01" => return tgs(SafeTimeError::NotLeader),
+                "TGS02" => return tgs(SafeTimeError::StaleEpoch),
+                "TGS03" => return tgs(SafeTimeError::HorizonPolicyMismatch),
+                "TGS04" => return tgs(SafeTimeError::SamplerRunning),
+                "TGS05" => return tgs(SafeTimeError::InvalidProposal),
+                "TGS06" => return tgs(SafeTimeError::QuarantineRefused),
+                "TGS07" => return tgs(SafeTimeError::HorizonBelowPolicy),
+                "TGS08" => return tgs(SafeTimeError::NoClaim),
+                _ => {}
+            }
         }
-        match e {
-            // Its text may quote the URL, password included.
-            sqlx::Error::Configuration(_) => SafeTimeError::InvalidUrl(INVALID_URL_TEXT.to_owned()),
-            other => SafeTimeError::Backend(other.to_string()),
+        let text = failure.text().to_owned();
+        match failure.kind() {
+            FailureKind::SchemaMissing => SafeTimeError::SchemaMissing(text),
+            FailureKind::InsufficientPrivilege => SafeTimeError::PermissionDenied(text),
+            // pgkit never keeps sqlx's configuration text: it may quote
+            // the URL, password included.
+            FailureKind::Configuration => SafeTimeError::InvalidUrl(INVALID_URL_TEXT.to_owned()),
+            _ => SafeTimeError::Backend(text),
         }
     }
 }
@@ -207,13 +205,19 @@ const NOT_POSTGRES_URL_TEXT: &str = "the URL must start with postgres:// or post
 /// `postgresql://` (any case), or if sqlx cannot parse it. The message
 /// never repeats the URL or any part of it.
 pub fn connect_options(url: &str) -> Result<PgConnectOptions, SafeTimeError> {
-    let scheme = url.split_once("://").map(|(s, _)| s);
-    if !scheme
-        .is_some_and(|s| s.eq_ignore_ascii_case("postgres") || s.eq_ignore_ascii_case("postgresql"))
-    {
-        return Err(SafeTimeError::InvalidUrl(NOT_POSTGRES_URL_TEXT.to_owned()));
+    match pgkit::DatabaseUrl::parse(url) {
+        Ok(parsed) => Ok(parsed.into_connect_options()),
+        Err(
+            UrlError::NotPostgres { .. }
+            | UrlError::NotAUrl {
+                postgres_scheme: false,
+                ..
+            },
+        ) => Err(SafeTimeError::InvalidUrl(NOT_POSTGRES_URL_TEXT.to_owned())),
+        Err(UrlError::NotAUrl { .. } | UrlError::Settings) => {
+            Err(SafeTimeError::InvalidUrl(INVALID_URL_TEXT.to_owned()))
+        }
     }
-    url.parse().map_err(SafeTimeError::from)
 }
 
 /// `msg` without a leading `"<code>: "`, if it has exactly that prefix.
