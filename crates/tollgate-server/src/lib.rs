@@ -29,18 +29,28 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+/// The time sources, moved to the crate `clock`; re-exported here under
+/// the old path until every user imports `clock` directly.
+pub mod clock {
+    pub use ::clock::*;
+}
+
+/// The safe-cut clock, moved to `clock::safe_cut`; re-exported here under
+/// the old path until every user imports `clock` directly.
+pub mod safe_cut {
+    pub use ::clock::safe_cut::*;
+}
+
 pub mod api;
 pub mod auth;
 pub mod cli;
 pub mod client;
-pub mod clock;
 pub mod config;
 pub mod dto;
 pub mod error;
 pub mod metrics;
 pub mod output;
 pub mod pg;
-pub mod safe_cut;
 pub mod serve;
 pub mod storage;
 pub mod worker;
