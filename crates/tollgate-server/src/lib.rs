@@ -41,16 +41,13 @@ pub mod safe_cut {
     pub use ::clock::safe_cut::*;
 }
 
-pub mod api;
-pub mod auth;
+/// The library half, moved to the crate `tollgate-api`; re-exported here
+/// under the old paths until every user imports `tollgate_api` directly.
+pub use tollgate_api::{api, auth, dto, error, metrics, storage, worker};
+
 pub mod cli;
 pub mod client;
 pub mod config;
-pub mod dto;
-pub mod error;
-pub mod metrics;
 pub mod output;
 pub mod pg;
 pub mod serve;
-pub mod storage;
-pub mod worker;

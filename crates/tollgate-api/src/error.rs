@@ -63,7 +63,7 @@ use serde::{Deserialize, Serialize};
 use tollgate::StorageError;
 use tollgate::safe_time::UncertainReason;
 
-use crate::clock::ClockError;
+use clock::ClockError;
 
 /// The media type of every error response.
 pub const PROBLEM_JSON: &str = "application/problem+json";

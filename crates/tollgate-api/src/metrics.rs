@@ -33,7 +33,7 @@ use std::sync::Mutex;
 use jiff::SignedDuration;
 use tollgate::safe_time::UncertainReason;
 
-use crate::clock::SafeTimeStatus;
+use clock::SafeTimeStatus;
 
 /// Requests served, by method, route template and status.
 pub const HTTP_REQUESTS: &str = "tollgate_http_requests_total";

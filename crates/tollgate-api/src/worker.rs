@@ -4,7 +4,7 @@
 //! leases reclaimable at that instant ([`Allocator::reclaim`]); it returns
 //! what it settled, logs it, and counts it in [`crate::metrics`] (with each
 //! lease's lateness in the late-expiry histogram). Tests drive `step`
-//! directly with a [`crate::clock::TestClock`]: no sleeps.
+//! directly with a [`clock::TestClock`]: no sleeps.
 //!
 //! When the clock's reading is uncertain (the safe expiry cut) the step
 //! settles nothing: it returns [`ApiError::TimeUncertain`] without calling
@@ -26,9 +26,9 @@ use jiff::Timestamp;
 use tokio::sync::watch;
 use tollgate::{Allocator, ReclaimReport};
 
-use crate::clock::Clock;
 use crate::error::ApiError;
 use crate::metrics::{self, Metrics};
+use clock::Clock;
 
 /// Passes one tick may run back to back while batches come back full: with
 /// the default batch of 1,000 that is 100,000 leases per tick, enough to

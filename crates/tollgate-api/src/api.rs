@@ -9,7 +9,7 @@
 //! an accounting or timing rule; the core does.
 //!
 //! Handlers that admit new deadline-bearing work (acquire, consolidation)
-//! require a *certain* reading ([`crate::clock::ClockReading`]) and answer
+//! require a *certain* reading ([`clock::ClockReading`]) and answer
 //! `503 time_uncertain` otherwise, before calling the store; every other
 //! time-dependent handler (deposit, renew, release) uses the reading's
 //! instant whatever its certainty (on the safe-cut clock: the cut).
@@ -36,12 +36,12 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::auth::{self, AdminToken};
-use crate::clock::Clock;
 use crate::dto::*;
 use crate::error::{ApiError, ErrorCode, PROBLEM_JSON, Problem};
 use crate::metrics::{self, Metrics};
 use crate::storage::Backend;
 use crate::worker::ReclaimWorker;
+use clock::Clock;
 
 /// The largest accepted request body: 64 KiB holds a consolidation of
 /// several hundred leases and bounds the memory one request can pin.
@@ -157,14 +157,14 @@ impl AppState {
     }
 
     /// The safe-time (one fresh reading of the cut, bounded by
-    /// [`crate::clock::TELEMETRY_READ_MAX`]; a failed read shows as
+    /// [`clock::TELEMETRY_READ_MAX`]; a failed read shows as
     /// `read_error`, not as a failed status), paused-operation and
     /// late-expiry parts of the status.
     async fn telemetry(&self) -> (Option<SafeTimeView>, PausedView, LateExpiryView) {
         let safe_time = self
             .inner
             .clock
-            .refresh_safe_time(crate::clock::TELEMETRY_READ_MAX)
+            .refresh_safe_time(clock::TELEMETRY_READ_MAX)
             .await;
         let m = &self.inner.metrics;
         let paused = |op: &'static str| {
@@ -720,7 +720,7 @@ async fn metrics_text(State(s): State<AppState>) -> Response {
     if let Some(st) = s
         .inner
         .clock
-        .refresh_safe_time(crate::clock::TELEMETRY_READ_MAX)
+        .refresh_safe_time(clock::TELEMETRY_READ_MAX)
         .await
     {
         s.inner.metrics.set_safe_time(&st);

@@ -3,7 +3,7 @@
 //!
 //! A [`Backend`] pairs the allocator every request uses with a [`StoreOps`]
 //! for those operator questions. The memory store's [`MemoryOps`] is here;
-//! the PostgreSQL one lives in [`crate::pg`], so the rest of the service is
+//! the PostgreSQL one lives in tollgate-server's `pg`, so the rest of the service is
 //! the same for both stores.
 
 use std::collections::BTreeSet;
