@@ -2,11 +2,14 @@
 //! from the same registrations.
 //!
 //! [`router`] builds the whole service (tests drive it with
-//! `tower::ServiceExt::oneshot`, no sockets). Each handler: parses the path
-//! id, checks the credential ([`crate::auth`]), parses the body, reads the
-//! clock once, calls exactly one [`tollgate::Allocator`] method and maps the
-//! result to a DTO ([`crate::dto`]) or an [`ApiError`]. No handler decides
-//! an accounting or timing rule; the core does.
+//! `tower::ServiceExt::oneshot`, no sockets). Each handler's signature
+//! lists its checks in order, as typed extractors: the path id
+//! ([`httpkit::IdPath`]), the credential ([`crate::auth`]), any header,
+//! then the body ([`httpkit::JsonBody`]). Its body reads the clock once,
+//! calls exactly one [`tollgate::Allocator`] method and maps the result to
+//! a DTO ([`crate::dto`]) or an [`ApiError`]. No handler parses a body or a
+//! credential by hand, and none decides an accounting or timing rule; the
+//! core does.
 //!
 //! Handlers that admit new deadline-bearing work (acquire, consolidation)
 //! require a *certain* reading ([`clock::ClockReading`]) and answer
@@ -16,334 +19,28 @@
 //!
 //! Every route and the OpenAPI document come from one list
 //! ([`api_routes`]), so they cannot drift apart; a test checks both
-//! against the route table.
+//! against the service's route table.
 
-use std::sync::{Arc, OnceLock};
-use std::time::{Duration, Instant};
+use std::sync::OnceLock;
 
-use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, MatchedPath, Request, State};
-use axum::http::request::Parts;
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
-use axum::middleware::{self, Next};
+use axum::extract::State;
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::{Json, Router};
-use serde::de::DeserializeOwned;
+use clock::TELEMETRY_READ_MAX;
+pub use httpkit::IDEMPOTENCY_KEY_HEADER;
+use httpkit::{IdPath, IdempotencyKey, JsonBody, OptionalJsonBody};
 use tollgate::{AccountId, AcquireRequest, Capability, LeaseId, NewAccount, StorageError};
 use utoipa::OpenApi;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::auth::{self, AdminToken};
+use crate::auth::{self, AccountHolder, AccountReader, Admin, LeaseCapability};
 use crate::dto::*;
-use crate::error::{ApiError, ErrorCode, PROBLEM_JSON, Problem};
-use crate::metrics::{self, Metrics};
-use crate::storage::Backend;
-use crate::worker::ReclaimWorker;
-use clock::Clock;
-
-/// The largest accepted request body: 64 KiB holds a consolidation of
-/// several hundred leases and bounds the memory one request can pin.
-pub const BODY_LIMIT_BYTES: usize = 64 * 1024;
-
-/// The request header carrying an acquire's idempotency key.
-pub const IDEMPOTENCY_KEY_HEADER: &str = "idempotency-key";
-
-/// How the service is configured beyond its storage and clock.
-#[derive(Debug, Clone)]
-pub struct ServiceOptions {
-    /// The admin bearer token.
-    pub admin_token: String,
-    /// Leases per reclaim batch (worker and `POST /v1/admin/reclaim` default).
-    pub reclaim_batch: usize,
-    /// Bound on every request's handling time.
-    pub request_timeout: Duration,
-}
-
-struct Inner {
-    backend: Backend,
-    clock: Arc<dyn Clock>,
-    admin: AdminToken,
-    metrics: Arc<Metrics>,
-    worker: ReclaimWorker,
-    request_timeout: Duration,
-}
-
-/// Shared state of every handler. Cheap to clone.
-#[derive(Clone)]
-pub struct AppState {
-    inner: Arc<Inner>,
-}
-
-impl std::fmt::Debug for AppState {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AppState")
-            .field("backend", &self.inner.backend)
-            .field("clock", &self.inner.clock)
-            .finish_non_exhaustive()
-    }
-}
-
-impl AppState {
-    /// State over `backend` with time from `clock`.
-    pub fn new(
-        backend: Backend,
-        clock: Arc<dyn Clock>,
-        metrics: Arc<Metrics>,
-        options: ServiceOptions,
-    ) -> AppState {
-        let worker = ReclaimWorker::new(
-            backend.allocator.clone(),
-            clock.clone(),
-            options.reclaim_batch,
-            metrics.clone(),
-        );
-        AppState {
-            inner: Arc::new(Inner {
-                backend,
-                clock,
-                admin: AdminToken::new(&options.admin_token),
-                metrics,
-                worker,
-                request_timeout: options.request_timeout,
-            }),
-        }
-    }
-
-    /// The reclaim worker sharing this state's store, clock and metrics.
-    pub fn worker(&self) -> &ReclaimWorker {
-        &self.inner.worker
-    }
-
-    /// The metrics registry.
-    pub fn metrics(&self) -> &Arc<Metrics> {
-        &self.inner.metrics
-    }
-
-    /// The storage backend.
-    pub fn backend(&self) -> &Backend {
-        &self.inner.backend
-    }
-
-    /// The clock.
-    pub fn clock(&self) -> &Arc<dyn Clock> {
-        &self.inner.clock
-    }
-
-    /// The clock's instant, certain or not (deposit, renew, release).
-    async fn now(&self) -> Result<jiff::Timestamp, ApiError> {
-        Ok(self.inner.clock.read().await?.now)
-    }
-
-    /// The clock's instant for an operation that admits new deadline-bearing
-    /// work (`operation`: `acquire` or `consolidate`): refused with
-    /// [`ApiError::TimeUncertain`], and counted as paused, when the reading
-    /// is uncertain.
-    async fn admission_now(&self, operation: &'static str) -> Result<jiff::Timestamp, ApiError> {
-        let reading = self.inner.clock.read().await?;
-        match reading.uncertain {
-            None => Ok(reading.now),
-            Some(reason) => {
-                self.inner
-                    .metrics
-                    .inc(metrics::SAFETIME_PAUSED, &[("operation", operation)]);
-                Err(ApiError::TimeUncertain {
-                    reason,
-                    retry_after_secs: self.inner.clock.retry_after_secs(),
-                })
-            }
-        }
-    }
-
-    /// The safe-time (one fresh reading of the cut, bounded by
-    /// [`clock::TELEMETRY_READ_MAX`]; a failed read shows as
-    /// `read_error`, not as a failed status), paused-operation and
-    /// late-expiry parts of the status.
-    async fn telemetry(&self) -> (Option<SafeTimeView>, PausedView, LateExpiryView) {
-        let safe_time = self
-            .inner
-            .clock
-            .refresh_safe_time(clock::TELEMETRY_READ_MAX)
-            .await;
-        let m = &self.inner.metrics;
-        let paused = |op: &'static str| {
-            u64::try_from(m.get(metrics::SAFETIME_PAUSED, &[("operation", op)])).unwrap_or(u64::MAX)
-        };
-        (
-            safe_time.as_ref().map(SafeTimeView::from),
-            PausedView {
-                acquire: paused("acquire"),
-                consolidate: paused("consolidate"),
-                reclaim: paused("reclaim"),
-            },
-            m.late_expiry().into(),
-        )
-    }
-
-    fn require_admin(&self, headers: &HeaderMap) -> Result<(), ApiError> {
-        let token = auth::bearer(headers)?;
-        if self.inner.admin.matches(token) {
-            Ok(())
-        } else {
-            Err(ApiError::Forbidden)
-        }
-    }
-
-    /// Rule 3 of [`crate::auth`]: the key of `account_id` (or, when
-    /// `allow_admin`, the admin token). Anything else is 403, the same for
-    /// an existing and a missing account.
-    async fn authorize_account(
-        &self,
-        headers: &HeaderMap,
-        account_id: AccountId,
-        allow_admin: bool,
-    ) -> Result<(), ApiError> {
-        let token = auth::bearer(headers)?;
-        if self.inner.admin.matches(token) {
-            return if allow_admin {
-                Ok(())
-            } else {
-                Err(ApiError::Forbidden)
-            };
-        }
-        match self
-            .inner
-            .backend
-            .allocator
-            .account_key_digest(account_id)
-            .await
-        {
-            Ok(Some(digest)) if auth::key_matches(token, &digest) => Ok(()),
-            Ok(_) | Err(StorageError::AccountNotFound { .. }) => Err(ApiError::Forbidden),
-            Err(e) => Err(e.into()),
-        }
-    }
-}
-
-// -------------------------------------------------------------- extractors
-
-/// A path id (`account_id` or `lease_id`): a decimal `i64`, else 400
-/// `invalid_path`.
-#[derive(Debug, Clone, Copy)]
-pub struct IdPath(pub i64);
-
-impl<S: Send + Sync> FromRequestParts<S> for IdPath {
-    type Rejection = ApiError;
-
-    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<IdPath, ApiError> {
-        let axum::extract::Path(raw) =
-            axum::extract::Path::<String>::from_request_parts(parts, state)
-                .await
-                .map_err(|e| ApiError::InvalidPath(format!("invalid path parameter: {e}")))?;
-        raw.parse::<i64>().map(IdPath).map_err(|_| {
-            ApiError::InvalidPath(format!(
-                "path id {raw:?} is not an integer in -9223372036854775808..=9223372036854775807"
-            ))
-        })
-    }
-}
-
-/// The raw request body, size-limited, with its rejection mapped to a
-/// problem (413 `payload_too_large`, else 400 `invalid_json`).
-#[derive(Debug, Clone)]
-pub struct RawBody(pub Bytes);
-
-impl<S: Send + Sync> FromRequest<S> for RawBody {
-    type Rejection = ApiError;
-
-    async fn from_request(req: Request, state: &S) -> Result<RawBody, ApiError> {
-        match Bytes::from_request(req, state).await {
-            Ok(b) => Ok(RawBody(b)),
-            Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => {
-                Err(ApiError::PayloadTooLarge {
-                    limit: BODY_LIMIT_BYTES,
-                })
-            }
-            Err(e) => Err(ApiError::InvalidJson(format!(
-                "could not read the request body: {e}"
-            ))),
-        }
-    }
-}
-
-fn is_json_content_type(headers: &HeaderMap) -> bool {
-    let Some(ct) = headers.get(header::CONTENT_TYPE) else {
-        return false;
-    };
-    let Ok(ct) = ct.to_str() else { return false };
-    let essence = ct
-        .split(';')
-        .next()
-        .unwrap_or("")
-        .trim()
-        .to_ascii_lowercase();
-    essence == "application/json"
-        || (essence.starts_with("application/") && essence.ends_with("+json"))
-}
-
-/// Parses a JSON body. An empty body is `None` (the caller decides whether
-/// that is allowed); a non-empty one must be `application/json`.
-///
-/// # Errors
-/// 415 `unsupported_media_type`, 400 `invalid_json` (syntax), 422
-/// `invalid_body` (shape, naming the field path).
-pub fn parse_json<T: DeserializeOwned>(
-    headers: &HeaderMap,
-    body: &Bytes,
-) -> Result<Option<T>, ApiError> {
-    if body.is_empty() {
-        return Ok(None);
-    }
-    if !is_json_content_type(headers) {
-        return Err(ApiError::UnsupportedMediaType);
-    }
-    // serde accepts a JSON array for a struct (fields by position); the API
-    // takes objects only.
-    if body.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[') {
-        return Err(ApiError::InvalidBody(
-            "the request body must be a JSON object, not an array".into(),
-        ));
-    }
-    let mut de = serde_json::Deserializer::from_slice(body);
-    let value: T = serde_path_to_error::deserialize(&mut de).map_err(|e| {
-        let path = e.path().to_string();
-        let inner = e.into_inner();
-        match inner.classify() {
-            serde_json::error::Category::Data => {
-                if path == "." {
-                    ApiError::InvalidBody(inner.to_string())
-                } else {
-                    ApiError::InvalidBody(format!("{path}: {inner}"))
-                }
-            }
-            _ => ApiError::InvalidJson(format!("request body is not valid JSON: {inner}")),
-        }
-    })?;
-    de.end()
-        .map_err(|e| ApiError::InvalidJson(format!("request body is not valid JSON: {e}")))?;
-    Ok(Some(value))
-}
-
-fn require_body<T: DeserializeOwned>(headers: &HeaderMap, body: &Bytes) -> Result<T, ApiError> {
-    parse_json(headers, body)?
-        .ok_or_else(|| ApiError::InvalidJson("a JSON request body is required".into()))
-}
-
-fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
-    let mut values = headers.get_all(IDEMPOTENCY_KEY_HEADER).iter();
-    let Some(v) = values.next() else {
-        return Ok(None);
-    };
-    if values.next().is_some() {
-        return Err(ApiError::InvalidHeader(
-            "Idempotency-Key may be sent only once".into(),
-        ));
-    }
-    // The core decides what a valid key is; a non-ASCII header reaches it
-    // lossily decoded and is refused there.
-    Ok(Some(String::from_utf8_lossy(v.as_bytes()).into_owned()))
-}
+use crate::error::ApiError;
+pub use crate::state::{AppState, BODY_LIMIT_BYTES, ServiceOptions, SettableClock};
+use crate::storage::{Readiness, bounded_counts};
 
 // ---------------------------------------------------------------- handlers
 
@@ -354,17 +51,14 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
     security(("bearer" = [])))]
 async fn create_account(
     State(s): State<AppState>,
-    headers: HeaderMap,
-    RawBody(body): RawBody,
+    _: Admin,
+    JsonBody(req): JsonBody<CreateAccountBody>,
 ) -> Result<(StatusCode, Json<CreatedAccount>), ApiError> {
-    s.require_admin(&headers)?;
-    let req: CreateAccountBody = require_body(&headers, &body)?;
     let (api_key, digest) = auth::new_api_key().map_err(|e| StorageError::Unavailable {
         message: format!("random source: {e}"),
     })?;
     let account = s
-        .inner
-        .backend
+        .store()
         .allocator
         .create_account(NewAccount {
             name: req.name,
@@ -390,15 +84,12 @@ async fn create_account(
 async fn deposit(
     State(s): State<AppState>,
     IdPath(account_id): IdPath,
-    headers: HeaderMap,
-    RawBody(body): RawBody,
+    _: Admin,
+    JsonBody(req): JsonBody<DepositBody>,
 ) -> Result<Json<AccountView>, ApiError> {
-    s.require_admin(&headers)?;
-    let req: DepositBody = require_body(&headers, &body)?;
     let now = s.now().await?;
     let account = s
-        .inner
-        .backend
+        .store()
         .allocator
         .deposit(AccountId(account_id), req.units, now)
         .await?;
@@ -412,12 +103,9 @@ async fn deposit(
     security(("bearer" = [])))]
 async fn get_account(
     State(s): State<AppState>,
-    IdPath(account_id): IdPath,
-    headers: HeaderMap,
+    AccountReader(account_id): AccountReader,
 ) -> Result<Json<AccountView>, ApiError> {
-    let account_id = AccountId(account_id);
-    s.authorize_account(&headers, account_id, true).await?;
-    let account = s.inner.backend.allocator.account(account_id).await?;
+    let account = s.store().allocator.account(account_id).await?;
     Ok(Json(account.into()))
 }
 
@@ -432,18 +120,13 @@ async fn get_account(
     security(("bearer" = [])))]
 async fn acquire(
     State(s): State<AppState>,
-    IdPath(account_id): IdPath,
-    headers: HeaderMap,
-    RawBody(body): RawBody,
+    AccountHolder(account_id): AccountHolder,
+    IdempotencyKey(idempotency_key): IdempotencyKey,
+    JsonBody(req): JsonBody<AcquireBody>,
 ) -> Result<(StatusCode, Json<GrantView>), ApiError> {
-    let account_id = AccountId(account_id);
-    s.authorize_account(&headers, account_id, false).await?;
-    let idempotency_key = idempotency_key(&headers)?;
-    let req: AcquireBody = require_body(&headers, &body)?;
     let now = s.admission_now("acquire").await?;
     let grant = s
-        .inner
-        .backend
+        .store()
         .allocator
         .acquire(
             AcquireRequest {
@@ -466,13 +149,9 @@ async fn acquire(
     security(("bearer" = [])))]
 async fn consolidate(
     State(s): State<AppState>,
-    IdPath(account_id): IdPath,
-    headers: HeaderMap,
-    RawBody(body): RawBody,
+    AccountHolder(account_id): AccountHolder,
+    JsonBody(req): JsonBody<ConsolidateBody>,
 ) -> Result<(StatusCode, Json<GrantView>), ApiError> {
-    let account_id = AccountId(account_id);
-    s.authorize_account(&headers, account_id, false).await?;
-    let req: ConsolidateBody = require_body(&headers, &body)?;
     let leases: Vec<(LeaseId, Capability)> = req
         .leases
         .into_iter()
@@ -485,8 +164,7 @@ async fn consolidate(
         .collect();
     let now = s.admission_now("consolidate").await?;
     let grant = s
-        .inner
-        .backend
+        .store()
         .allocator
         .consolidate(account_id, &leases, req.ttl, now)
         .await?;
@@ -501,15 +179,9 @@ async fn consolidate(
 async fn get_lease(
     State(s): State<AppState>,
     IdPath(lease_id): IdPath,
-    headers: HeaderMap,
+    LeaseCapability(cap): LeaseCapability,
 ) -> Result<Json<LeaseView>, ApiError> {
-    let cap = Capability::from_presented(auth::bearer(&headers)?);
-    let lease = s
-        .inner
-        .backend
-        .allocator
-        .lease(LeaseId(lease_id), &cap)
-        .await?;
+    let lease = s.store().allocator.lease(LeaseId(lease_id), &cap).await?;
     Ok(Json(lease.into()))
 }
 
@@ -522,15 +194,12 @@ async fn get_lease(
 async fn renew(
     State(s): State<AppState>,
     IdPath(lease_id): IdPath,
-    headers: HeaderMap,
-    RawBody(body): RawBody,
+    LeaseCapability(cap): LeaseCapability,
+    JsonBody(req): JsonBody<RenewBody>,
 ) -> Result<Json<RenewalView>, ApiError> {
-    let cap = Capability::from_presented(auth::bearer(&headers)?);
-    let req: RenewBody = require_body(&headers, &body)?;
     let now = s.now().await?;
     let renewal = s
-        .inner
-        .backend
+        .store()
         .allocator
         .renew(LeaseId(lease_id), &cap, req.ttl, now)
         .await?;
@@ -546,18 +215,14 @@ async fn renew(
 async fn release(
     State(s): State<AppState>,
     IdPath(lease_id): IdPath,
-    headers: HeaderMap,
-    RawBody(body): RawBody,
+    LeaseCapability(cap): LeaseCapability,
+    OptionalJsonBody(req): OptionalJsonBody<ReleaseBody>,
 ) -> Result<Json<SettlementView>, ApiError> {
-    let cap = Capability::from_presented(auth::bearer(&headers)?);
     // An empty body and `null` both mean "no usage report".
-    let req: ReleaseBody = parse_json::<Option<ReleaseBody>>(&headers, &body)?
-        .flatten()
-        .unwrap_or_default();
+    let req = req.unwrap_or_default();
     let now = s.now().await?;
     let settlement = s
-        .inner
-        .backend
+        .store()
         .allocator
         .release(LeaseId(lease_id), &cap, now, req.consumed)
         .await?;
@@ -573,14 +238,11 @@ async fn release(
     security(("bearer" = [])))]
 async fn admin_reclaim(
     State(s): State<AppState>,
-    headers: HeaderMap,
-    RawBody(body): RawBody,
+    _: Admin,
+    OptionalJsonBody(req): OptionalJsonBody<ReclaimBody>,
 ) -> Result<Json<ReclaimView>, ApiError> {
-    s.require_admin(&headers)?;
-    let req: ReclaimBody = parse_json::<Option<ReclaimBody>>(&headers, &body)?
-        .flatten()
-        .unwrap_or_default();
-    let worker = &s.inner.worker;
+    let req = req.unwrap_or_default();
+    let worker = s.worker();
     let pass = worker
         .step_with_limit(req.limit.unwrap_or(worker.batch()))
         .await?;
@@ -591,12 +253,8 @@ async fn admin_reclaim(
 #[utoipa::path(get, path = "/v1/admin/audit", tag = "admin",
     responses((status = 200, description = "The conservation report (`clean` false names violations)", body = AuditView)),
     security(("bearer" = [])))]
-async fn admin_audit(
-    State(s): State<AppState>,
-    headers: HeaderMap,
-) -> Result<Json<AuditView>, ApiError> {
-    s.require_admin(&headers)?;
-    let report = s.inner.backend.allocator.audit().await?;
+async fn admin_audit(State(s): State<AppState>, _: Admin) -> Result<Json<AuditView>, ApiError> {
+    let report = s.store().allocator.audit().await?;
     Ok(Json(report.into()))
 }
 
@@ -606,21 +264,14 @@ async fn admin_audit(
 #[utoipa::path(get, path = "/v1/admin/status", tag = "admin",
     responses((status = 200, description = "The service's status", body = StatusView)),
     security(("bearer" = [])))]
-async fn admin_status(
-    State(s): State<AppState>,
-    headers: HeaderMap,
-) -> Result<Json<StatusView>, ApiError> {
-    s.require_admin(&headers)?;
+async fn admin_status(State(s): State<AppState>, _: Admin) -> Result<Json<StatusView>, ApiError> {
     // Each part is bounded (readiness and counts by the store, the cut by
     // the clock) and they run together, so the report answers within
     // about 2 s even while the database does not.
-    let ops = &*s.inner.backend.ops;
-    let (readiness, counts, (safe_time, paused, late_expiry)) = tokio::join!(
-        ops.readiness(),
-        crate::storage::bounded_counts(ops),
-        s.telemetry()
-    );
-    let policy = s.inner.backend.allocator.policy();
+    let ops = &*s.store().ops;
+    let (readiness, counts, (safe_time, paused, late_expiry)) =
+        tokio::join!(ops.readiness(), bounded_counts(ops), s.telemetry());
+    let policy = s.store().allocator.policy();
     Ok(Json(StatusView {
         readiness: ready_view(&readiness),
         active_leases: counts.map(|c| c.active_leases),
@@ -629,7 +280,7 @@ async fn admin_status(
             max_ttl: policy.max_ttl(),
             reclaim_grace: policy.reclaim_grace(),
         },
-        clock: s.inner.clock.kind().to_string(),
+        clock: s.clock().kind().to_string(),
         safe_time,
         paused: Some(paused),
         late_expiry: Some(late_expiry),
@@ -642,13 +293,11 @@ async fn admin_status(
     responses((status = 200, description = "The clock's new instant", body = ClockView)),
     security(("bearer" = [])))]
 async fn admin_test_clock(
-    State(s): State<AppState>,
-    headers: HeaderMap,
-    RawBody(body): RawBody,
+    _: Admin,
+    settable: SettableClock,
+    JsonBody(req): JsonBody<TestClockBody>,
 ) -> Result<Json<ClockView>, ApiError> {
-    s.require_admin(&headers)?;
-    let clock = s.inner.clock.as_test().ok_or(ApiError::TestClockDisabled)?;
-    let req: TestClockBody = require_body(&headers, &body)?;
+    let clock = settable.test_clock();
     clock.set(req.now);
     tracing::info!(now = %req.now, "test clock set");
     Ok(Json(ClockView {
@@ -666,7 +315,7 @@ async fn healthz() -> Json<HealthView> {
     })
 }
 
-fn ready_view(r: &crate::storage::Readiness) -> ReadyView {
+fn ready_view(r: &Readiness) -> ReadyView {
     ReadyView {
         ready: r.is_ready(),
         store: r.store.to_string(),
@@ -682,7 +331,7 @@ fn ready_view(r: &crate::storage::Readiness) -> ReadyView {
 #[utoipa::path(get, path = "/readyz", tag = "operations",
     responses((status = 200, description = "Ready", body = ReadyView)))]
 async fn readyz(State(s): State<AppState>) -> Result<Json<ReadyView>, ApiError> {
-    let r = s.inner.backend.ops.readiness().await;
+    let r = s.store().ops.readiness().await;
     if r.is_ready() {
         return Ok(Json(ready_view(&r)));
     }
@@ -717,15 +366,10 @@ async fn readyz(State(s): State<AppState>) -> Result<Json<ReadyView>, ApiError> 
 async fn metrics_text(State(s): State<AppState>) -> Response {
     // One fresh, bounded reading: the gauges describe the cut as of this
     // scrape, not as of the last request that happened to read it.
-    if let Some(st) = s
-        .inner
-        .clock
-        .refresh_safe_time(clock::TELEMETRY_READ_MAX)
-        .await
-    {
-        s.inner.metrics.set_safe_time(&st);
+    if let Some(st) = s.clock().refresh_safe_time(TELEMETRY_READ_MAX).await {
+        s.metrics().set_safe_time(&st);
     }
-    let mut resp = s.inner.metrics.render().into_response();
+    let mut resp = s.metrics().render().into_response();
     resp.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
@@ -738,21 +382,17 @@ async fn metrics_text(State(s): State<AppState>) -> Response {
     responses((status = 200, description = "The OpenAPI 3.1 document", content_type = "application/json")))]
 async fn openapi_json() -> Response {
     static DOC: OnceLock<String> = OnceLock::new();
-    let doc = DOC.get_or_init(|| openapi().to_json().unwrap_or_else(|_| "{}".into()));
+    let doc = DOC.get_or_init(|| {
+        openapi()
+            .to_json()
+            .expect("the OpenAPI document (strings, maps and lists) serializes")
+    });
     let mut resp = doc.clone().into_response();
     resp.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
     );
     resp
-}
-
-async fn not_found() -> ApiError {
-    ApiError::NotFound
-}
-
-async fn method_not_allowed() -> ApiError {
-    ApiError::MethodNotAllowed
 }
 
 // ------------------------------------------------------------------ router
@@ -763,7 +403,6 @@ async fn method_not_allowed() -> ApiError {
         title = "Tollgate",
         description = "Exact-time lease and credit allocator. Instants are RFC 3339 UTC, exact to the nanosecond; durations ISO 8601; errors RFC 9457 problem details with a stable `code`."
     ),
-    components(schemas(Problem)),
     modifiers(&BearerScheme)
 )]
 struct ApiDoc;
@@ -820,118 +459,18 @@ fn problem_statuses(path: &str) -> &'static [u16] {
     }
 }
 
-/// The OpenAPI document of [`api_routes`], with the problem responses and
-/// content type added to every operation.
+/// The OpenAPI document of [`api_routes`], with the `Problem` schema and
+/// the problem responses of [`problem_statuses`] added to every operation.
 pub fn openapi() -> utoipa::openapi::OpenApi {
-    use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
     let (_, mut doc) = api_routes().split_for_parts();
-    for (path, item) in doc.paths.paths.iter_mut() {
-        let statuses = problem_statuses(path);
-        for op in [
-            &mut item.get,
-            &mut item.put,
-            &mut item.post,
-            &mut item.delete,
-            &mut item.patch,
-        ]
-        .into_iter()
-        .flatten()
-        {
-            for status in statuses {
-                let reason = StatusCode::from_u16(*status)
-                    .ok()
-                    .and_then(|s| s.canonical_reason())
-                    .unwrap_or("Error");
-                op.responses
-                    .responses
-                    .entry(status.to_string())
-                    .or_insert_with(|| {
-                        RefOr::T(
-                            ResponseBuilder::new()
-                                .description(format!("{reason} (problem details)"))
-                                .content(
-                                    PROBLEM_JSON,
-                                    ContentBuilder::new()
-                                        .schema(Some(Ref::from_schema_name("Problem")))
-                                        .build(),
-                                )
-                                .build(),
-                        )
-                    });
-            }
-        }
-    }
+    httpkit::openapi::document_problems::<ApiError>(&mut doc, problem_statuses);
     doc
 }
 
-/// Counts and logs every request; labels by the matched route template.
-async fn track(State(s): State<AppState>, req: Request, next: Next) -> Response {
-    let started = Instant::now();
-    let method = req.method().clone();
-    let route = req
-        .extensions()
-        .get::<MatchedPath>()
-        .map(|p| p.as_str().to_string())
-        .unwrap_or_else(|| "unmatched".into());
-    let resp = next.run(req).await;
-    let status = resp.status();
-    s.inner.metrics.inc(
-        metrics::HTTP_REQUESTS,
-        &[
-            ("method", method.as_str()),
-            ("route", &route),
-            ("status", status.as_str()),
-        ],
-    );
-    if let Some(code) = resp.extensions().get::<ErrorCode>() {
-        s.inner.metrics.inc(metrics::ERRORS, &[("code", code.0)]);
-    }
-    tracing::info!(
-        %method, route = %route, status = status.as_u16(),
-        elapsed_us = started.elapsed().as_micros() as u64,
-        "request"
-    );
-    resp
-}
-
-/// Bounds each request's time: first the client's part, receiving the body
-/// (at most `request_timeout`, else 408 [`ApiError::BodyTimeout`]: a slow or
-/// truncated body is the client's fault, never a 5xx), then the service's
-/// part, handling it (at most `request_timeout` again, else 503
-/// [`ApiError::Timeout`]). The body is buffered here, within
-/// [`BODY_LIMIT_BYTES`], and handed on whole.
-async fn timeout(State(s): State<AppState>, req: Request, next: Next) -> Response {
-    let bound = s.inner.request_timeout;
-    let (parts, body) = req.into_parts();
-    let bytes =
-        match tokio::time::timeout(bound, axum::body::to_bytes(body, BODY_LIMIT_BYTES)).await {
-            Err(_) => return ApiError::BodyTimeout(bound).into_response(),
-            Ok(Err(_)) => {
-                // `to_bytes` fails on a body over the limit or a broken stream;
-                // both are the client's.
-                return ApiError::PayloadTooLarge {
-                    limit: BODY_LIMIT_BYTES,
-                }
-                .into_response();
-            }
-            Ok(Ok(bytes)) => bytes,
-        };
-    let req = Request::from_parts(parts, axum::body::Body::from(bytes));
-    match tokio::time::timeout(bound, next.run(req)).await {
-        Ok(resp) => resp,
-        Err(_) => ApiError::Timeout(bound).into_response(),
-    }
-}
-
 /// The whole service: every route, the fallbacks, the body limit, the
-/// timeout and request tracking. Tests call it with `oneshot`.
+/// timeout and request tracking ([`httpkit::service_router`]). Tests call
+/// it with `oneshot`.
 pub fn router(state: AppState) -> Router {
-    let (router, _) = api_routes().split_for_parts();
-    router
-        .fallback(not_found)
-        .method_not_allowed_fallback(method_not_allowed)
-        .layer(middleware::from_fn_with_state(state.clone(), timeout))
-        .layer(DefaultBodyLimit::max(BODY_LIMIT_BYTES))
-        .layer(middleware::from_fn_with_state(state.clone(), track))
-        .with_state(state)
+    let (routes, _) = api_routes().split_for_parts();
+    httpkit::service_router(routes, state)
 }

@@ -32,5 +32,6 @@ pub mod auth;
 pub mod dto;
 pub mod error;
 pub mod metrics;
+mod state;
 pub mod storage;
 pub mod worker;

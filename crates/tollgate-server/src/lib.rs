@@ -43,7 +43,16 @@ pub mod safe_cut {
 
 /// The library half, moved to the crate `tollgate-api`; re-exported here
 /// under the old paths until every user imports `tollgate_api` directly.
-pub use tollgate_api::{api, auth, dto, error, metrics, storage, worker};
+pub use tollgate_api::{api, auth, dto, error, metrics, worker};
+
+/// The storage seam, moved to `tollgate_api::storage`; re-exported here
+/// under the old path, with `Backend` the old name of
+/// [`tollgate_api::storage::ServiceStore`], until every user imports
+/// `tollgate_api` directly.
+pub mod storage {
+    pub use tollgate_api::storage::ServiceStore as Backend;
+    pub use tollgate_api::storage::*;
+}
 
 pub mod cli;
 pub mod client;
