@@ -229,3 +229,22 @@ impl FromRequestParts<AppState> for LeaseCapability {
         )?)))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn api_keys_and_admin_tokens() {
+        let (key, digest) = new_api_key().expect("random");
+        assert!(key.starts_with("tga1.") && key.len() == 69);
+        assert!(key_matches(&key, &digest));
+        assert!(!key_matches(&key[..68], &digest));
+        let (key2, _) = new_api_key().expect("random");
+        assert_ne!(key, key2);
+        let admin = AdminToken::new("tgadm1.some-admin-token");
+        assert!(admin.matches("tgadm1.some-admin-token"));
+        assert!(!admin.matches("tgadm1.some-admin-toke"));
+        assert_eq!(format!("{admin:?}"), "AdminToken(<redacted>)");
+    }
+}

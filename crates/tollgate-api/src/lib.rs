@@ -20,6 +20,9 @@
 //! * [`metrics`]: counters, safe-time gauges and the late-expiry histogram
 //!   in the Prometheus text format.
 //!
+//! With the `testkit` feature it also exports the HTTP test kit: a harness
+//! around the real router and the HTTP cases every store must pass.
+//!
 //! The time source is the crate `clock`; the stores are reached only
 //! through [`tollgate::Allocator`] and [`storage::StoreOps`] (the PostgreSQL
 //! implementation of the latter lives with the binary, `tollgate-server`).
@@ -35,3 +38,6 @@ pub mod metrics;
 mod state;
 pub mod storage;
 pub mod worker;
+
+#[cfg(feature = "testkit")]
+pub mod testkit;
