@@ -195,7 +195,9 @@ impl SafeCutClock {
 pub fn retry_after_secs(d: SignedDuration) -> u64 {
     let ns = d.as_nanos().max(0);
     let secs = (ns + 999_999_999) / 1_000_000_000;
-    u64::try_from(secs).unwrap_or(u64::MAX).max(1)
+    u64::try_from(secs)
+        .expect("the whole seconds of a SignedDuration, at most 2^63, fit in u64")
+        .max(1)
 }
 
 #[async_trait]

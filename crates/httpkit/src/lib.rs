@@ -46,7 +46,7 @@ pub use extract::{
     Bearer, IDEMPOTENCY_KEY_HEADER, IdPath, IdempotencyKey, JsonBody, OptionalJsonBody, bearer,
 };
 pub use middleware::{RequestMetrics, service_router};
-pub use problem::{ErrorCode, PROBLEM_JSON, Problem, ProblemSource, problem_response};
+pub use problem::{ErrorCode, PROBLEM_JSON, Problem, ProblemSource, problem_response, title_of};
 pub use rejection::Rejection;
 
 /// The state of a service's router: the service's error type and the

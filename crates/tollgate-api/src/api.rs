@@ -460,7 +460,8 @@ fn problem_statuses(path: &str) -> &'static [u16] {
 }
 
 /// The OpenAPI document of [`api_routes`], with the `Problem` schema and
-/// the problem responses of [`problem_statuses`] added to every operation.
+/// the problem responses of its path added to every operation (every `/v1/`
+/// status a problem can have; `/readyz`: 503).
 pub fn openapi() -> utoipa::openapi::OpenApi {
     let (_, mut doc) = api_routes().split_for_parts();
     httpkit::openapi::document_problems::<ApiError>(&mut doc, problem_statuses);

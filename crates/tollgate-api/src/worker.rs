@@ -113,7 +113,8 @@ impl ReclaimWorker {
                 self.metrics.add(
                     metrics::RECLAIM_UNITS,
                     &[],
-                    u128::try_from(p.report.units_charged).unwrap_or(0),
+                    u128::try_from(p.report.units_charged)
+                        .expect("a reclaim charges a non-negative number of units"),
                 );
                 if p.report.reclaimed.is_empty() {
                     tracing::debug!(now = %p.now, "reclaim pass settled nothing");

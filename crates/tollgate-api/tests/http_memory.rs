@@ -348,9 +348,9 @@ const ROUTES: &[(&str, &str)] = &[
     ("GET", "/openapi.json"),
 ];
 
-/// The OpenAPI document lists exactly the routes, and the router
-/// serves exactly those (method, path) pairs: every documented pair is
-/// routed, every other method on those paths is 405.
+/// The OpenAPI document lists exactly the service's routes ([`ROUTES`]),
+/// and the router serves exactly those (method, path) pairs: every
+/// documented pair is routed, every other method on those paths is 405.
 #[tokio::test]
 async fn openapi_matches_router() {
     let doc = serde_json::to_value(api::openapi()).expect("json");

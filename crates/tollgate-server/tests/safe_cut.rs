@@ -232,20 +232,30 @@ async fn uncertain_cut_pauses_admission_and_reclaim() {
 
     c.publish("2026-11-29T12:00:10Z", Some("clock_step_forward"))
         .await;
+    refuses_admission_and_reclaim(&c, a, &key, [&ga, &gb, &gc]).await;
+    settles_and_renews_at_the_cut(&c, &ga, &gb).await;
+    reports_the_uncertain_cut(&c).await;
+    reclaims_late_once_certain(&mut c, a, &key, &gc).await;
+}
+
+/// While the cut is uncertain: acquire, consolidation, the worker's step
+/// and `POST /v1/admin/reclaim` are refused and write nothing; lease C
+/// (past expiry + grace) stays active.
+async fn refuses_admission_and_reclaim(c: &Cut, a: i64, key: &str, [ga, gb, gc]: [&Value; 3]) {
     let entries = c.h.ledger_len().await;
     c.h.send(
         Req::post(format!("/v1/accounts/{a}/leases"))
-            .token(&key)
+            .token(key)
             .json(json!({"units": 1, "ttl": "PT1S"})),
     )
     .await
     .uncertain("clock_step_forward", "60");
     c.h.send(
         Req::post(format!("/v1/accounts/{a}/consolidations"))
-            .token(&key)
+            .token(key)
             .json(json!({"ttl": "PT10S", "leases": [
-                {"lease_id": id(&ga), "capability": cap(&ga)},
-                {"lease_id": id(&gb), "capability": cap(&gb)}]})),
+                {"lease_id": id(ga), "capability": cap(ga)},
+                {"lease_id": id(gb), "capability": cap(gb)}]})),
     )
     .await
     .uncertain("clock_step_forward", "60");
@@ -265,15 +275,19 @@ async fn uncertain_cut_pauses_admission_and_reclaim() {
         .uncertain("clock_step_forward", "60");
     assert_eq!(c.h.ledger_len().await, entries);
     let lease_c =
-        c.h.send(Req::get(format!("/v1/leases/{}", id(&gc))).token(&cap(&gc)))
+        c.h.send(Req::get(format!("/v1/leases/{}", id(gc))).token(&cap(gc)))
             .await;
     assert_eq!(lease_c.ok(200)["state"], json!("active"));
+}
 
+/// While the cut is uncertain: release settles at the cut; a renewal keeps
+/// max(old expiry, cut + ttl), never shorter.
+async fn settles_and_renews_at_the_cut(c: &Cut, ga: &Value, gb: &Value) {
     // Release works, at the cut.
     let s =
         c.h.send(
-            Req::post(format!("/v1/leases/{}/release", id(&ga)))
-                .token(&cap(&ga))
+            Req::post(format!("/v1/leases/{}/release", id(ga)))
+                .token(&cap(ga))
                 .json(json!({"consumed": 4})),
         )
         .await;
@@ -289,13 +303,18 @@ async fn uncertain_cut_pauses_admission_and_reclaim() {
     ] {
         let r =
             c.h.send(
-                Req::post(format!("/v1/leases/{}/renew", id(&gb)))
-                    .token(&cap(&gb))
+                Req::post(format!("/v1/leases/{}/renew", id(gb)))
+                    .token(&cap(gb))
                     .json(json!({"ttl": ttl})),
             )
             .await;
         assert_eq!(r.ok(200)["expiry"], json!(expiry), "{ttl}");
     }
+}
+
+/// While the cut is uncertain: status and metrics show the reason and the
+/// paused operations.
+async fn reports_the_uncertain_cut(c: &Cut) {
     let st = c.status().await;
     assert_eq!(st["safe_time"]["certain"], json!(false));
     assert_eq!(
@@ -317,13 +336,17 @@ async fn uncertain_cut_pauses_admission_and_reclaim() {
     ];
     lines.extend(reason_lines(Some("clock_step_forward")));
     assert_lines(&m, &lines.iter().map(String::as_str).collect::<Vec<_>>());
+}
 
+/// Certain again past lease C's expiry + grace: reclaim settles it, the
+/// late-expiry histogram shows exactly how late, admission is back.
+async fn reclaims_late_once_certain(c: &mut Cut, a: i64, key: &str, gc: &Value) {
     // Certain again at 12:00:20: C (due from 12:00:06.000000001) is
     // reclaimed 13.999999999 s late; B (12:01:10) is not due.
     c.publish("2026-11-29T12:00:20Z", None).await;
     let pass = c.h.state.worker().step().await.expect("pass");
     assert_eq!(pass.now, ts("2026-11-29T12:00:20Z"));
-    assert_eq!(pass.report.reclaimed, vec![tollgate::LeaseId(id(&gc))]);
+    assert_eq!(pass.report.reclaimed, vec![tollgate::LeaseId(id(gc))]);
     assert_eq!(
         pass.report.late_by,
         vec![SignedDuration::new(13, 999_999_999)]
@@ -359,7 +382,7 @@ async fn uncertain_cut_pauses_admission_and_reclaim() {
         ]})
     );
     // Admission is back, at the cut.
-    let g = c.h.acquire(a, &key, 1, "PT1S").await;
+    let g = c.h.acquire(a, key, 1, "PT1S").await;
     assert_eq!(g["expiry"], json!("2026-11-29T12:00:21Z"));
     c.h.assert_audit_clean().await;
 }

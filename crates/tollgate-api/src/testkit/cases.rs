@@ -766,19 +766,16 @@ pub async fn auth_capability_isolation(f: &dyn ServiceStoreFactory) {
     assert_eq!(l.ok(200)["fence"], json!(fence(&g2)));
 }
 
-/// Every allocator code a healthy store can produce, over HTTP.
-pub async fn store_error_codes_over_http(f: &dyn ServiceStoreFactory) {
-    let h = Harness::new(f, default_policy()).await;
-    let (a, key) = h.account("a", 10).await;
-    let g = h.acquire(a, &key, 10, "PT30S").await;
-    let l = id(&g, "lease_id");
-    let c = cap(&g);
+/// The requests of [`store_error_codes_over_http`], each with the status
+/// and code it must get: account `a` (key `key`, 10 units, all held by
+/// lease `l` with capability `c`).
+fn store_error_requests(a: i64, key: &str, l: i64, c: &str) -> Vec<(Req, u16, &'static str)> {
     let acquire = |units: Value, ttl: &str| {
         Req::post(format!("/v1/accounts/{a}/leases"))
-            .token(&key)
+            .token(key)
             .json(json!({"units": units, "ttl": ttl}))
     };
-    let cases: Vec<(Req, u16, &str)> = vec![
+    vec![
         (acquire(json!(0), "PT1S"), 422, "invalid_units"),
         (acquire(json!(-5), "PT1S"), 422, "invalid_units"),
         (acquire(json!(1), "PT0S"), 422, "invalid_ttl"),
@@ -805,21 +802,21 @@ pub async fn store_error_codes_over_http(f: &dyn ServiceStoreFactory) {
         ),
         (
             Req::post(format!("/v1/leases/{l}/release"))
-                .token(&c)
+                .token(c)
                 .json(json!({"consumed": 11})),
             422,
             "invalid_consumed",
         ),
         (
             Req::post(format!("/v1/leases/{l}/release"))
-                .token(&c)
+                .token(c)
                 .json(json!({"consumed": -1})),
             422,
             "invalid_consumed",
         ),
         (
             Req::post(format!("/v1/leases/{l}/renew"))
-                .token(&c)
+                .token(c)
                 .json(json!({"ttl": "PT0S"})),
             422,
             "invalid_ttl",
@@ -859,7 +856,15 @@ pub async fn store_error_codes_over_http(f: &dyn ServiceStoreFactory) {
             422,
             "invalid_limit",
         ),
-    ];
+    ]
+}
+
+/// Every allocator code a healthy store can produce, over HTTP.
+pub async fn store_error_codes_over_http(f: &dyn ServiceStoreFactory) {
+    let h = Harness::new(f, default_policy()).await;
+    let (a, key) = h.account("a", 10).await;
+    let g = h.acquire(a, &key, 10, "PT30S").await;
+    let cases = store_error_requests(a, &key, id(&g, "lease_id"), &cap(&g));
     let before = h.ledger_len().await;
     let view = h.account_view(a).await;
     for (req, status, code) in cases {
@@ -886,43 +891,36 @@ pub async fn store_error_codes_over_http(f: &dyn ServiceStoreFactory) {
     assert_eq!(d.ok(200)["available"], json!(i64::MAX));
 }
 
-/// Malformed JSON, unknown fields, wrong types, wrong media types and
-/// oversized bodies: 4xx problems, nothing changed.
-pub async fn malformed_inputs_change_nothing(f: &dyn ServiceStoreFactory) {
-    let h = Harness::new(f, default_policy()).await;
-    let (a, key) = h.account("a", 100).await;
-    let g = h.acquire(a, &key, 10, "PT30S").await;
-    let l = id(&g, "lease_id");
-    let c = cap(&g);
+/// A `POST` of `body` as is, with `token` and content type `ct`.
+fn raw(path: &str, token: &str, body: &str, ct: Option<&str>) -> Req {
+    Req::post(path)
+        .token(token)
+        .raw(body.as_bytes().to_vec(), ct)
+}
+
+/// The requests of [`malformed_inputs_change_nothing`], each with the
+/// status and code it must get: account `a` (key `key`) holding lease `l`
+/// (capability `c`).
+fn malformed_requests(a: i64, key: &str, l: i64, c: &str) -> Vec<(Req, u16, &'static str)> {
     let acquire_path = format!("/v1/accounts/{a}/leases");
     let json_ct = Some("application/json");
-    let raw = |path: &str, token: &str, body: &str, ct: Option<&str>| {
-        Req::post(path)
-            .token(token)
-            .raw(body.as_bytes().to_vec(), ct)
-    };
-    let cases: Vec<(Req, u16, &str)> = vec![
-        (raw(&acquire_path, &key, "{", json_ct), 400, "invalid_json"),
+    vec![
+        (raw(&acquire_path, key, "{", json_ct), 400, "invalid_json"),
         (
-            raw(&acquire_path, &key, "not json", json_ct),
+            raw(&acquire_path, key, "not json", json_ct),
             400,
             "invalid_json",
         ),
         (
-            raw(
-                &acquire_path,
-                &key,
-                r#"{"units":1,"ttl":"PT1S"} x"#,
-                json_ct,
-            ),
+            raw(&acquire_path, key, r#"{"units":1,"ttl":"PT1S"} x"#, json_ct),
             400,
             "invalid_json",
         ),
-        (Req::post(&acquire_path).token(&key), 400, "invalid_json"),
+        (Req::post(&acquire_path).token(key), 400, "invalid_json"),
         (
             raw(
                 &acquire_path,
-                &key,
+                key,
                 r#"{"units":1,"ttl":"PT1S","extra":1}"#,
                 json_ct,
             ),
@@ -930,53 +928,43 @@ pub async fn malformed_inputs_change_nothing(f: &dyn ServiceStoreFactory) {
             "invalid_body",
         ),
         (
-            raw(
-                &acquire_path,
-                &key,
-                r#"{"units":"1","ttl":"PT1S"}"#,
-                json_ct,
-            ),
+            raw(&acquire_path, key, r#"{"units":"1","ttl":"PT1S"}"#, json_ct),
+            422,
+            "invalid_body",
+        ),
+        (
+            raw(&acquire_path, key, r#"{"units":1.5,"ttl":"PT1S"}"#, json_ct),
+            422,
+            "invalid_body",
+        ),
+        (
+            raw(&acquire_path, key, r#"{"units":1,"ttl":30}"#, json_ct),
+            422,
+            "invalid_body",
+        ),
+        (
+            raw(&acquire_path, key, r#"{"units":1,"ttl":"soon"}"#, json_ct),
+            422,
+            "invalid_body",
+        ),
+        (
+            raw(&acquire_path, key, r#"{"ttl":"PT1S"}"#, json_ct),
             422,
             "invalid_body",
         ),
         (
             raw(
                 &acquire_path,
-                &key,
-                r#"{"units":1.5,"ttl":"PT1S"}"#,
-                json_ct,
-            ),
-            422,
-            "invalid_body",
-        ),
-        (
-            raw(&acquire_path, &key, r#"{"units":1,"ttl":30}"#, json_ct),
-            422,
-            "invalid_body",
-        ),
-        (
-            raw(&acquire_path, &key, r#"{"units":1,"ttl":"soon"}"#, json_ct),
-            422,
-            "invalid_body",
-        ),
-        (
-            raw(&acquire_path, &key, r#"{"ttl":"PT1S"}"#, json_ct),
-            422,
-            "invalid_body",
-        ),
-        (
-            raw(
-                &acquire_path,
-                &key,
+                key,
                 r#"{"units":null,"ttl":"PT1S"}"#,
                 json_ct,
             ),
             422,
             "invalid_body",
         ),
-        (raw(&acquire_path, &key, "[]", json_ct), 422, "invalid_body"),
+        (raw(&acquire_path, key, "[]", json_ct), 422, "invalid_body"),
         (
-            raw(&acquire_path, &key, r#" [1, "PT1S"]"#, json_ct),
+            raw(&acquire_path, key, r#" [1, "PT1S"]"#, json_ct),
             422,
             "invalid_body",
         ),
@@ -986,14 +974,14 @@ pub async fn malformed_inputs_change_nothing(f: &dyn ServiceStoreFactory) {
             "invalid_body",
         ),
         (
-            raw(&format!("/v1/leases/{l}/release"), &c, "[3]", json_ct),
+            raw(&format!("/v1/leases/{l}/release"), c, "[3]", json_ct),
             422,
             "invalid_body",
         ),
         (
             raw(
                 &format!("/v1/accounts/{a}/consolidations"),
-                &key,
+                key,
                 &format!(r#"{{"leases":[[{l},"{c}"]],"ttl":"PT1S"}}"#),
                 json_ct,
             ),
@@ -1003,7 +991,7 @@ pub async fn malformed_inputs_change_nothing(f: &dyn ServiceStoreFactory) {
         (
             raw(
                 &format!("/v1/accounts/{a}/consolidations"),
-                &key,
+                key,
                 &format!(
                     r#"{{"leases":[{{"lease_id":{l},"capability":"{c}","x":1}}],"ttl":"PT1S"}}"#
                 ),
@@ -1025,7 +1013,7 @@ pub async fn malformed_inputs_change_nothing(f: &dyn ServiceStoreFactory) {
         (
             raw(
                 &acquire_path,
-                &key,
+                key,
                 r#"{"units":1,"units":2,"ttl":"PT1S"}"#,
                 json_ct,
             ),
@@ -1035,7 +1023,7 @@ pub async fn malformed_inputs_change_nothing(f: &dyn ServiceStoreFactory) {
         (
             raw(
                 &acquire_path,
-                &key,
+                key,
                 r#"{"units":1,"ttl":"PT1S"}"#,
                 Some("text/plain"),
             ),
@@ -1043,14 +1031,14 @@ pub async fn malformed_inputs_change_nothing(f: &dyn ServiceStoreFactory) {
             "unsupported_media_type",
         ),
         (
-            raw(&acquire_path, &key, r#"{"units":1,"ttl":"PT1S"}"#, None),
+            raw(&acquire_path, key, r#"{"units":1,"ttl":"PT1S"}"#, None),
             415,
             "unsupported_media_type",
         ),
         (
             raw(
                 &acquire_path,
-                &key,
+                key,
                 &format!(
                     r#"{{"units":1,"ttl":"PT1S","pad":"{}"}}"#,
                     "x".repeat(70_000)
@@ -1063,7 +1051,7 @@ pub async fn malformed_inputs_change_nothing(f: &dyn ServiceStoreFactory) {
         (
             raw(
                 &format!("/v1/leases/{l}/release"),
-                &c,
+                c,
                 r#"{"consumed":"all"}"#,
                 json_ct,
             ),
@@ -1073,7 +1061,7 @@ pub async fn malformed_inputs_change_nothing(f: &dyn ServiceStoreFactory) {
         (
             raw(
                 &format!("/v1/leases/{l}/release"),
-                &c,
+                c,
                 r#"{"consumd":1}"#,
                 json_ct,
             ),
@@ -1081,7 +1069,7 @@ pub async fn malformed_inputs_change_nothing(f: &dyn ServiceStoreFactory) {
             "invalid_body",
         ),
         (
-            raw(&format!("/v1/leases/{l}/renew"), &c, "{}", json_ct),
+            raw(&format!("/v1/leases/{l}/renew"), c, "{}", json_ct),
             422,
             "invalid_body",
         ),
@@ -1111,7 +1099,18 @@ pub async fn malformed_inputs_change_nothing(f: &dyn ServiceStoreFactory) {
             422,
             "invalid_body",
         ),
-    ];
+    ]
+}
+
+/// Malformed JSON, unknown fields, wrong types, wrong media types and
+/// oversized bodies: 4xx problems, nothing changed.
+pub async fn malformed_inputs_change_nothing(f: &dyn ServiceStoreFactory) {
+    let h = Harness::new(f, default_policy()).await;
+    let (a, key) = h.account("a", 100).await;
+    let g = h.acquire(a, &key, 10, "PT30S").await;
+    let cases = malformed_requests(a, &key, id(&g, "lease_id"), &cap(&g));
+    let acquire_path = format!("/v1/accounts/{a}/leases");
+    let json_ct = Some("application/json");
     let before = h.ledger_len().await;
     let view = h.account_view(a).await;
     for (req, status, code) in cases {
