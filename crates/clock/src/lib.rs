@@ -38,9 +38,13 @@ use std::sync::Mutex;
 use async_trait::async_trait;
 use jiff::{SignedDuration, Timestamp};
 // The crate's only imports of the cut's rules and its reader; `safe_cut`
-// reaches them through these two lines.
-use tollgate::safe_time::{UncertainReason, judge_reading};
-use tollgate_pg::safe_time::{CutRow, read_cut};
+// reaches them through here. The two types are part of every reading and
+// status, so they are re-exported: users of this crate need not import the
+// safe-time crates for them.
+pub use tollgate::safe_time::UncertainReason;
+use tollgate::safe_time::judge_reading;
+pub use tollgate_pg::safe_time::CutRow;
+use tollgate_pg::safe_time::read_cut;
 
 pub mod safe_cut;
 

@@ -61,11 +61,10 @@
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use clock::ClockError;
+use clock::{ClockError, UncertainReason};
 pub use httpkit::{ErrorCode, PROBLEM_JSON, Problem};
 use httpkit::{ProblemSource, Rejection};
 use tollgate::StorageError;
-use tollgate::safe_time::UncertainReason;
 
 /// Every failure a request can end in; see the module docs.
 #[derive(Debug, thiserror::Error)]

@@ -30,10 +30,8 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::Mutex;
 
+use clock::{SafeTimeStatus, UncertainReason};
 use jiff::SignedDuration;
-use tollgate::safe_time::UncertainReason;
-
-use clock::SafeTimeStatus;
 
 /// The `expect` message of every `writeln!` into a `String` (it never fails).
 const WRITE_TO_STRING: &str = "writing to a String never fails";

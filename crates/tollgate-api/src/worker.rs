@@ -22,13 +22,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use clock::Clock;
 use jiff::Timestamp;
 use tokio::sync::watch;
 use tollgate::{Allocator, ReclaimReport};
 
 use crate::error::ApiError;
 use crate::metrics::{self, Metrics};
-use clock::Clock;
 
 /// Passes one tick may run back to back while batches come back full: with
 /// the default batch of 1,000 that is 100,000 leases per tick, enough to

@@ -499,7 +499,7 @@ async fn not_ready_during_maintenance() {
 /// and a renewal keeps the later of its expiry and `now + ttl`.
 #[tokio::test]
 async fn uncertain_reading_pauses_admission_and_reclaim() {
-    use tollgate::safe_time::UncertainReason;
+    use clock::UncertainReason;
     let store = ServiceStore::memory(
         default_policy(),
         tollgate::CapabilityKey::generate().expect("key"),

@@ -478,7 +478,7 @@ pub struct UncertainTestClock {
     /// The instant of every reading.
     pub clock: TestClock,
     /// The uncertainty of every reading (`None`: certain).
-    pub uncertain: std::sync::Mutex<Option<tollgate::safe_time::UncertainReason>>,
+    pub uncertain: std::sync::Mutex<Option<clock::UncertainReason>>,
 }
 
 #[async_trait]
