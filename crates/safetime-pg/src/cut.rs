@@ -16,10 +16,10 @@
 //! no sqlx time feature.
 
 use jiff::{SignedDuration, Timestamp};
+use pgkit::{FailureKind, UrlError};
 use safetime::{
     HorizonPolicy, HorizonPolicyError, InstantPair, Topology, UncertainReason, Verdict,
 };
-use pgkit::{FailureKind, UrlError};
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{PgConnection, Row};
 

@@ -10,7 +10,7 @@ use common::*;
 use serde_json::json;
 use tollgate::CapabilityKey;
 
-all_http_cases!(PgFactory::default());
+tollgate_api::all_http_cases!(PgFactory::default());
 
 /// A second service on the same database (a restart) honours every
 /// capability and account key issued by the first, with the exact expiry.
@@ -79,7 +79,7 @@ async fn policy_mismatch_refuses_to_start() {
 async fn status_counts_and_maintenance_from_the_store() {
     use sqlx::{ConnectOptions, Connection};
     use std::str::FromStr;
-    use tollgate_server::storage::{Readiness, StatusCounts};
+    use tollgate_api::storage::{Readiness, StatusCounts};
 
     let url = fresh_pg_url().await;
     tollgate_pg::migrate(&url).await.expect("migrate");
@@ -117,7 +117,7 @@ async fn status_counts_and_maintenance_from_the_store() {
     .expect("mark legacy bounds");
     assert_eq!(marked.rows_affected(), 2);
     assert_eq!(
-        h.backend.ops.counts().await.expect("counts"),
+        h.store.ops.counts().await.expect("counts"),
         StatusCounts {
             active_leases: 2,
             active_legacy_bounds: 1,
@@ -132,14 +132,14 @@ async fn status_counts_and_maintenance_from_the_store() {
         maintenance: false,
         detail: None,
     };
-    assert_eq!(h.backend.ops.readiness().await, ready);
+    assert_eq!(h.store.ops.readiness().await, ready);
     let migrator = sqlx::postgres::PgConnectOptions::from_str(&url)
         .expect("url")
         .application_name(tollgate_pg::MIGRATE_APPLICATION_NAME)
         .connect()
         .await
         .expect("migrator session");
-    let during = h.backend.ops.readiness().await;
+    let during = h.store.ops.readiness().await;
     assert_eq!(
         during,
         Readiness {
@@ -191,7 +191,7 @@ async fn readiness_probe_is_bounded() {
             tollgate_server::pg::expected_schema_version()
         ))
     );
-    let detail = h.backend.ops.readiness().await.detail;
+    let detail = h.store.ops.readiness().await.detail;
     assert_eq!(
         detail.as_deref(),
         Some("the database did not answer within 2 s")

@@ -1,4 +1,4 @@
-//! The service on the safe-cut clock (issue 6, "Tollgate on the cut"),
+//! The service on the safe-cut clock (its time is the safe expiry cut),
 //! through the real router on a PostgreSQL database migrated to the current
 //! schema. No sampler runs: each test writes the cut row directly as the
 //! database owner (the claim/publish functions are the sampler's), so every
@@ -9,18 +9,19 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
+use clock::safe_cut::SafeCutClock;
+use clock::{Clock, ClockKind, TestClock};
 use common::*;
 use jiff::{SignedDuration, Timestamp};
 use serde_json::{Value, json};
 use sqlx::{Connection, PgConnection};
 use tollgate::CapabilityKey;
 use tollgate::instant_pair::InstantPair;
-use tollgate_server::api::{self, AppState};
-use tollgate_server::clock::{Clock, ClockKind, TestClock};
+use tollgate_api::api::{self, AppState};
+use tollgate_api::error::ApiError;
+use tollgate_api::storage::{ServiceStore, StatusCounts};
 use tollgate_server::config::{Config, FileConfig, RawConfig};
-use tollgate_server::error::ApiError;
 use tollgate_server::pg::PgError;
-use tollgate_server::safe_cut::SafeCutClock;
 
 /// A service over a fresh migrated database, on the safe-cut clock, and an
 /// owner connection to drive the cut.
@@ -29,15 +30,15 @@ struct Cut {
     conn: PgConnection,
 }
 
-/// A harness over `backend` whose clock is `clock` (the `clock` field of
+/// A harness over `store` whose clock is `clock` (the `clock` field of
 /// [`Harness`] is an unused test clock).
-fn harness(backend: tollgate_server::storage::Backend, clock: Arc<dyn Clock>) -> Harness {
-    let state: AppState = state(backend.clone(), clock, Duration::from_secs(30));
+fn harness(store: ServiceStore, clock: Arc<dyn Clock>) -> Harness {
+    let state: AppState = state(store.clone(), clock, Duration::from_secs(30));
     Harness {
         router: api::router(state.clone()),
         state,
         clock: Arc::new(TestClock::new(ts(T0))),
-        backend,
+        store,
     }
 }
 
@@ -46,7 +47,7 @@ impl Cut {
     async fn new(gap_max: SignedDuration) -> Cut {
         let url = fresh_pg_url().await;
         tollgate_pg::migrate(&url).await.expect("migrate");
-        let store = tollgate_pg::PostgresStore::connect_with(
+        let pg_store = tollgate_pg::PostgresStore::connect_with(
             &url,
             default_policy(),
             CapabilityKey::new(&PG_KEY).expect("key"),
@@ -54,9 +55,9 @@ impl Cut {
         )
         .await
         .expect("store");
-        let backend = tollgate_server::pg::backend(Arc::new(store));
-        let pool = backend.ops.pg_pool().expect("pool").clone();
-        let h = harness(backend, Arc::new(SafeCutClock::new(pool, gap_max)));
+        let store = tollgate_server::pg::backend(Arc::new(pg_store));
+        let pool = store.ops.pg_pool().expect("pool").clone();
+        let h = harness(store, Arc::new(SafeCutClock::new(pool, gap_max)));
         let conn = PgConnection::connect(&url).await.expect("owner connection");
         Cut { h, conn }
     }
@@ -231,20 +232,30 @@ async fn uncertain_cut_pauses_admission_and_reclaim() {
 
     c.publish("2026-11-29T12:00:10Z", Some("clock_step_forward"))
         .await;
+    refuses_admission_and_reclaim(&c, a, &key, [&ga, &gb, &gc]).await;
+    settles_and_renews_at_the_cut(&c, &ga, &gb).await;
+    reports_the_uncertain_cut(&c).await;
+    reclaims_late_once_certain(&mut c, a, &key, &gc).await;
+}
+
+/// While the cut is uncertain: acquire, consolidation, the worker's step
+/// and `POST /v1/admin/reclaim` are refused and write nothing; lease C
+/// (past expiry + grace) stays active.
+async fn refuses_admission_and_reclaim(c: &Cut, a: i64, key: &str, [ga, gb, gc]: [&Value; 3]) {
     let entries = c.h.ledger_len().await;
     c.h.send(
         Req::post(format!("/v1/accounts/{a}/leases"))
-            .token(&key)
+            .token(key)
             .json(json!({"units": 1, "ttl": "PT1S"})),
     )
     .await
     .uncertain("clock_step_forward", "60");
     c.h.send(
         Req::post(format!("/v1/accounts/{a}/consolidations"))
-            .token(&key)
+            .token(key)
             .json(json!({"ttl": "PT10S", "leases": [
-                {"lease_id": id(&ga), "capability": cap(&ga)},
-                {"lease_id": id(&gb), "capability": cap(&gb)}]})),
+                {"lease_id": id(ga), "capability": cap(ga)},
+                {"lease_id": id(gb), "capability": cap(gb)}]})),
     )
     .await
     .uncertain("clock_step_forward", "60");
@@ -264,15 +275,19 @@ async fn uncertain_cut_pauses_admission_and_reclaim() {
         .uncertain("clock_step_forward", "60");
     assert_eq!(c.h.ledger_len().await, entries);
     let lease_c =
-        c.h.send(Req::get(format!("/v1/leases/{}", id(&gc))).token(&cap(&gc)))
+        c.h.send(Req::get(format!("/v1/leases/{}", id(gc))).token(&cap(gc)))
             .await;
     assert_eq!(lease_c.ok(200)["state"], json!("active"));
+}
 
+/// While the cut is uncertain: release settles at the cut; a renewal keeps
+/// max(old expiry, cut + ttl), never shorter.
+async fn settles_and_renews_at_the_cut(c: &Cut, ga: &Value, gb: &Value) {
     // Release works, at the cut.
     let s =
         c.h.send(
-            Req::post(format!("/v1/leases/{}/release", id(&ga)))
-                .token(&cap(&ga))
+            Req::post(format!("/v1/leases/{}/release", id(ga)))
+                .token(&cap(ga))
                 .json(json!({"consumed": 4})),
         )
         .await;
@@ -288,13 +303,18 @@ async fn uncertain_cut_pauses_admission_and_reclaim() {
     ] {
         let r =
             c.h.send(
-                Req::post(format!("/v1/leases/{}/renew", id(&gb)))
-                    .token(&cap(&gb))
+                Req::post(format!("/v1/leases/{}/renew", id(gb)))
+                    .token(&cap(gb))
                     .json(json!({"ttl": ttl})),
             )
             .await;
         assert_eq!(r.ok(200)["expiry"], json!(expiry), "{ttl}");
     }
+}
+
+/// While the cut is uncertain: status and metrics show the reason and the
+/// paused operations.
+async fn reports_the_uncertain_cut(c: &Cut) {
     let st = c.status().await;
     assert_eq!(st["safe_time"]["certain"], json!(false));
     assert_eq!(
@@ -316,13 +336,17 @@ async fn uncertain_cut_pauses_admission_and_reclaim() {
     ];
     lines.extend(reason_lines(Some("clock_step_forward")));
     assert_lines(&m, &lines.iter().map(String::as_str).collect::<Vec<_>>());
+}
 
+/// Certain again past lease C's expiry + grace: reclaim settles it, the
+/// late-expiry histogram shows exactly how late, admission is back.
+async fn reclaims_late_once_certain(c: &mut Cut, a: i64, key: &str, gc: &Value) {
     // Certain again at 12:00:20: C (due from 12:00:06.000000001) is
     // reclaimed 13.999999999 s late; B (12:01:10) is not due.
     c.publish("2026-11-29T12:00:20Z", None).await;
     let pass = c.h.state.worker().step().await.expect("pass");
     assert_eq!(pass.now, ts("2026-11-29T12:00:20Z"));
-    assert_eq!(pass.report.reclaimed, vec![tollgate::LeaseId(id(&gc))]);
+    assert_eq!(pass.report.reclaimed, vec![tollgate::LeaseId(id(gc))]);
     assert_eq!(
         pass.report.late_by,
         vec![SignedDuration::new(13, 999_999_999)]
@@ -358,7 +382,7 @@ async fn uncertain_cut_pauses_admission_and_reclaim() {
         ]})
     );
     // Admission is back, at the cut.
-    let g = c.h.acquire(a, &key, 1, "PT1S").await;
+    let g = c.h.acquire(a, key, 1, "PT1S").await;
     assert_eq!(g["expiry"], json!("2026-11-29T12:00:21Z"));
     c.h.assert_audit_clean().await;
 }
@@ -406,8 +430,8 @@ async fn stale_cut_is_uncertain() {
     .await
     .expect("age the row");
     assert_eq!(aged.rows_affected(), 1);
-    let pool = c.h.backend.ops.pg_pool().expect("pool").clone();
-    let fresh_reader = harness(c.h.backend.clone(), Arc::new(SafeCutClock::new(pool, gap)));
+    let pool = c.h.store.ops.pg_pool().expect("pool").clone();
+    let fresh_reader = harness(c.h.store.clone(), Arc::new(SafeCutClock::new(pool, gap)));
     fresh_reader.send(acquire()).await.uncertain("stale", "1");
 }
 
@@ -503,13 +527,10 @@ async fn metrics_read_the_cut_at_each_scrape() {
 async fn unreadable_cut_is_clock_unavailable() {
     let url = fresh_pg_url().await; // not migrated: no tollgate_safetime
     let pool = sqlx::PgPool::connect(&url).await.expect("pool");
-    let backend = tollgate_server::storage::Backend::memory(
-        default_policy(),
-        CapabilityKey::generate().expect("key"),
-    )
-    .expect("memory");
+    let store = ServiceStore::memory(default_policy(), CapabilityKey::generate().expect("key"))
+        .expect("memory");
     let h = harness(
-        backend,
+        store,
         Arc::new(SafeCutClock::new(pool, SignedDuration::from_secs(5))),
     );
     let created = h
@@ -623,10 +644,10 @@ async fn horizon_shorter_than_grant_policy_refuses_start() {
     );
     // Exactly max_ttl + grace is enough: the service starts, on the cut.
     assert_eq!(seal(&url, 65_000).await, 3);
-    let backend = tollgate_server::pg::connect(&cfg, key())
+    let store = tollgate_server::pg::connect(&cfg, key())
         .await
         .expect("horizon covers the policy");
-    let clock = tollgate_server::serve::build_clock(&cfg, &backend).expect("clock");
+    let clock = tollgate_server::serve::build_clock(&cfg, &store).expect("clock");
     assert_eq!(clock.kind(), ClockKind::SafeCut);
     let reading = clock.read().await.expect("reading");
     assert_eq!(
@@ -647,11 +668,8 @@ async fn horizon_shorter_than_grant_policy_refuses_start() {
 /// The safe-cut clock without PostgreSQL is a configuration error.
 #[tokio::test]
 async fn safe_cut_clock_needs_postgres() {
-    let memory = tollgate_server::storage::Backend::memory(
-        default_policy(),
-        CapabilityKey::generate().expect("key"),
-    )
-    .expect("memory");
+    let memory = ServiceStore::memory(default_policy(), CapabilityKey::generate().expect("key"))
+        .expect("memory");
     let mut cfg = safe_cut_config("postgres://unused/db");
     cfg.database_url = None;
     let err = tollgate_server::serve::build_clock(&cfg, &memory).expect_err("no pool");
@@ -698,13 +716,13 @@ async fn other_clocks_refuse_a_database_on_the_cut() {
         );
         // A read-only process (a direct `tollgate status` or `audit`)
         // decides nothing by its clock: it may open the database.
-        let backend =
+        let store =
             tollgate_server::pg::connect_for(&cfg, key(), tollgate_server::pg::Access::ReadOnly)
                 .await
                 .expect("read-only access on any clock");
         assert_eq!(
-            backend.ops.counts().await.expect("counts"),
-            tollgate_server::storage::StatusCounts::default()
+            store.ops.counts().await.expect("counts"),
+            StatusCounts::default()
         );
     }
     conn.close().await.expect("close");
@@ -724,11 +742,11 @@ async fn a_running_process_on_another_clock_cannot_write_leases_after_the_first_
     tollgate_pg::migrate(&url).await.expect("migrate");
     let mut cfg = safe_cut_config(&url);
     cfg.clock = ClockKind::Test;
-    let backend = tollgate_server::pg::connect(&cfg, CapabilityKey::new(&PG_KEY).expect("key"))
+    let store = tollgate_server::pg::connect(&cfg, CapabilityKey::new(&PG_KEY).expect("key"))
         .await
         .expect("no cut row yet: any clock may start");
     let clock = Arc::new(TestClock::new(ts(T0)));
-    let h = harness(backend, clock.clone());
+    let h = harness(store, clock.clone());
     let (a, key) = h.account("a", 100).await;
     let g1 = h.acquire(a, &key, 10, "PT1S").await;
     let g2 = h.acquire(a, &key, 5, "PT1S").await;
@@ -754,7 +772,7 @@ async fn a_running_process_on_another_clock_cannot_write_leases_after_the_first_
         .await
         .problem(503, "storage_unavailable");
     let err = h
-        .backend
+        .store
         .allocator
         .reclaim(ts("2026-11-29T13:00:00Z"), 10)
         .await

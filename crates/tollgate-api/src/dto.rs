@@ -732,8 +732,8 @@ pub struct SafeTimeView {
     pub gap_max: SignedDuration,
 }
 
-impl From<&crate::safe_cut::SafeTimeStatus> for SafeTimeView {
-    fn from(s: &crate::safe_cut::SafeTimeStatus) -> SafeTimeView {
+impl From<&clock::SafeTimeStatus> for SafeTimeView {
+    fn from(s: &clock::SafeTimeStatus) -> SafeTimeView {
         let row = s.row.as_ref();
         SafeTimeView {
             certain: s.is_certain(),

@@ -1,6 +1,6 @@
 //! The safe-cut clock: the service's time is the *safe expiry cut* that the
-//! safe-time sampler persists in PostgreSQL (migration 0018; issue 6,
-//! "Tollgate on the cut").
+//! safe-time sampler persists in PostgreSQL (the row `tollgate_safetime`
+//! of tollgate-pg's migration 0018).
 //!
 //! # Design
 //!
@@ -9,7 +9,7 @@
 //! never past database time, fenced by a durable epoch, and flagged
 //! *uncertain* after any anomaly. This clock does no timekeeping of its
 //! own: every [`Clock::read`] is one `SELECT` of the cut row
-//! ([`safetime_pg::read_cut`]) on the service's pool, and the
+//! (the cut reader's `read_cut`) on the service's pool, and the
 //! reading's instant is the cut itself. The cut lags true time, so every
 //! deadline computed from it is late, never early.
 //!
@@ -57,35 +57,12 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use jiff::{SignedDuration, Timestamp};
-use safetime::{UncertainReason, judge_reading};
-use safetime_pg::CutRow;
 use sqlx::PgPool;
 
-use crate::clock::{Clock, ClockError, ClockKind, ClockReading};
-
-/// What the last reading of a [`SafeCutClock`] found; exported at
-/// `/metrics` and in `GET /v1/admin/status`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SafeTimeStatus {
-    /// Why the last successful reading was uncertain (`None`: certain).
-    pub uncertain: Option<UncertainReason>,
-    /// The last read attempt failed (the cut could not be read at all).
-    pub read_error: bool,
-    /// Failed read attempts since the process started.
-    pub read_errors_total: u64,
-    /// The row of the last successful reading (`None`: no row yet, or no
-    /// successful reading).
-    pub row: Option<CutRow>,
-    /// The sampling-gap bound this reader applies.
-    pub gap_max: SignedDuration,
-}
-
-impl SafeTimeStatus {
-    /// Whether the last read attempt succeeded and was certain.
-    pub fn is_certain(&self) -> bool {
-        !self.read_error && self.uncertain.is_none()
-    }
-}
+use crate::{
+    Clock, ClockError, ClockKind, ClockReading, CutRow, SafeTimeStatus, UncertainReason,
+    judge_reading, read_cut,
+};
 
 /// The staleness memory of a reader: the `(epoch, publish_seq)` it saw
 /// last and when it first saw it (rule 2 of the module docs).
@@ -218,14 +195,16 @@ impl SafeCutClock {
 pub fn retry_after_secs(d: SignedDuration) -> u64 {
     let ns = d.as_nanos().max(0);
     let secs = (ns + 999_999_999) / 1_000_000_000;
-    u64::try_from(secs).unwrap_or(u64::MAX).max(1)
+    u64::try_from(secs)
+        .expect("the whole seconds of a SignedDuration, at most 2^63, fit in u64")
+        .max(1)
 }
 
 #[async_trait]
 impl Clock for SafeCutClock {
     async fn read(&self) -> Result<ClockReading, ClockError> {
         let at = Instant::now();
-        let result = safetime_pg::read_cut(&self.pool).await;
+        let result = read_cut(&self.pool).await;
         let mut st = self.lock();
         match result {
             Err(e) => {

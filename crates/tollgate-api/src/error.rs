@@ -26,7 +26,9 @@
 //! | `storage_unavailable`, `retry_exhausted` | 503 |
 //! | `storage_failure`, `invalid_stored_instant`, `policy_mismatch` | 500 |
 //!
-//! The service adds its own codes ([`SERVICE_CODES`]): `unauthenticated`
+//! The service adds its own codes ([`SERVICE_CODES`]; the request-level
+//! ones, from `unauthenticated` to `body_timeout`, are every router's and
+//! come from [`httpkit::Rejection`]): `unauthenticated`
 //! 401, `forbidden` 403, `invalid_json` 400 (not JSON at all),
 //! `invalid_body` 422 (JSON of the wrong shape: unknown or missing fields,
 //! wrong types, integers out of range, unparseable instants or durations),
@@ -57,16 +59,12 @@
 //! was slow); bad input of any kind is a 4xx. Backend details are logged,
 //! never sent: a 5xx `detail` is a fixed sentence.
 
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use safetime::UncertainReason;
-use serde::{Deserialize, Serialize};
+use clock::{ClockError, UncertainReason};
+pub use httpkit::{ErrorCode, PROBLEM_JSON, Problem};
+use httpkit::{ProblemSource, Rejection};
 use tollgate::{AllocatorError, RuleError, StorageError};
-
-use crate::clock::ClockError;
-
-/// The media type of every error response.
-pub const PROBLEM_JSON: &str = "application/problem+json";
 
 /// Every failure a request can end in; see the module docs.
 #[derive(Debug, thiserror::Error)]
@@ -74,40 +72,15 @@ pub enum ApiError {
     /// An allocator error, mapped by its stable code.
     #[error(transparent)]
     Storage(#[from] AllocatorError),
-    /// No usable `Authorization: Bearer` credential.
-    #[error("a bearer credential is required")]
-    Unauthenticated,
+    /// A request refused before its domain call (no credential, a malformed
+    /// body, path id or header, no such route or method, a time bound), with
+    /// the code every router gives it.
+    #[error(transparent)]
+    Request(#[from] Rejection),
     /// A credential that may not perform this operation (only for operations
     /// whose refusal reveals nothing about any object).
     #[error("this credential may not perform this operation")]
     Forbidden,
-    /// The body is not JSON.
-    #[error("{0}")]
-    InvalidJson(String),
-    /// The body is JSON of the wrong shape.
-    #[error("{0}")]
-    InvalidBody(String),
-    /// A body was sent with a content type other than JSON.
-    #[error("request bodies must be application/json")]
-    UnsupportedMediaType,
-    /// The body exceeded the limit.
-    #[error("request body exceeds {limit} bytes")]
-    PayloadTooLarge {
-        /// The limit in bytes.
-        limit: usize,
-    },
-    /// A path parameter is not a valid id.
-    #[error("{0}")]
-    InvalidPath(String),
-    /// A header is malformed.
-    #[error("{0}")]
-    InvalidHeader(String),
-    /// No route matches.
-    #[error("no such resource")]
-    NotFound,
-    /// The route exists but not with this method.
-    #[error("method not allowed on this resource")]
-    MethodNotAllowed,
     /// `PUT /v1/admin/test-clock` on a server not started with `--clock test`.
     #[error("the test clock is disabled; start the server with --clock test")]
     TestClockDisabled,
@@ -125,19 +98,14 @@ pub enum ApiError {
         /// The `Retry-After` to send, whole seconds.
         retry_after_secs: u64,
     },
-    /// The request did not finish within its time bound.
-    #[error("request did not finish within {0:?}")]
-    Timeout(std::time::Duration),
-    /// The client did not send its announced body within the time bound.
-    #[error("the request body did not arrive within {0:?}")]
-    BodyTimeout(std::time::Duration),
     /// `/readyz`: the service is not ready.
     #[error("{0}")]
     NotReady(String),
 }
 
 /// The service's own codes and their statuses (allocator codes are in
-/// [`AllocatorError::CODES`] and mapped by [`storage_status`]).
+/// [`AllocatorError::CODES`] and mapped by [`storage_status`]); those of
+/// [`Rejection::CODES`] among them.
 pub const SERVICE_CODES: &[(&str, u16)] = &[
     ("unauthenticated", 401),
     ("forbidden", 403),
@@ -203,21 +171,11 @@ impl ApiError {
     pub fn code(&self) -> &'static str {
         match self {
             ApiError::Storage(e) => e.code(),
-            ApiError::Unauthenticated => "unauthenticated",
+            ApiError::Request(r) => r.code(),
             ApiError::Forbidden => "forbidden",
-            ApiError::InvalidJson(_) => "invalid_json",
-            ApiError::InvalidBody(_) => "invalid_body",
-            ApiError::UnsupportedMediaType => "unsupported_media_type",
-            ApiError::PayloadTooLarge { .. } => "payload_too_large",
-            ApiError::InvalidPath(_) => "invalid_path",
-            ApiError::InvalidHeader(_) => "invalid_header",
-            ApiError::NotFound => "not_found",
-            ApiError::MethodNotAllowed => "method_not_allowed",
             ApiError::TestClockDisabled => "test_clock_disabled",
             ApiError::Clock(_) => "clock_unavailable",
             ApiError::TimeUncertain { .. } => "time_uncertain",
-            ApiError::Timeout(_) => "request_timeout",
-            ApiError::BodyTimeout(_) => "body_timeout",
             ApiError::NotReady(_) => "not_ready",
         }
     }
@@ -226,22 +184,12 @@ impl ApiError {
     pub fn status(&self) -> StatusCode {
         match self {
             ApiError::Storage(e) => storage_status(e),
-            ApiError::Unauthenticated => StatusCode::UNAUTHORIZED,
+            ApiError::Request(r) => r.status(),
             ApiError::Forbidden => StatusCode::FORBIDDEN,
-            ApiError::InvalidJson(_) | ApiError::InvalidPath(_) | ApiError::InvalidHeader(_) => {
-                StatusCode::BAD_REQUEST
-            }
-            ApiError::InvalidBody(_) => StatusCode::UNPROCESSABLE_ENTITY,
-            ApiError::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            ApiError::NotFound => StatusCode::NOT_FOUND,
-            ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::TestClockDisabled => StatusCode::CONFLICT,
-            ApiError::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
-            ApiError::Clock(_)
-            | ApiError::TimeUncertain { .. }
-            | ApiError::Timeout(_)
-            | ApiError::NotReady(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Clock(_) | ApiError::TimeUncertain { .. } | ApiError::NotReady(_) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
         }
     }
 
@@ -266,91 +214,94 @@ impl ApiError {
 
     /// The problem document of this error.
     pub fn problem(&self) -> Problem {
-        let status = self.status();
-        let code = self.code();
-        Problem {
-            problem_type: format!("urn:tollgate:problem:{code}"),
-            title: title_of(code),
-            status: status.as_u16(),
-            detail: self.client_detail(),
-            code: code.to_string(),
-            reason: match self {
-                ApiError::TimeUncertain { reason, .. } => Some(reason.code().to_string()),
-                _ => None,
-            },
+        Problem::of(self)
+    }
+}
+
+impl ProblemSource for ApiError {
+    const TYPE_PREFIX: &'static str = "urn:tollgate:problem:";
+    const WWW_AUTHENTICATE: &'static str = "Bearer realm=\"tollgate\"";
+
+    fn status(&self) -> StatusCode {
+        ApiError::status(self)
+    }
+
+    fn code(&self) -> &'static str {
+        ApiError::code(self)
+    }
+
+    fn client_detail(&self) -> String {
+        ApiError::client_detail(self)
+    }
+
+    fn reason(&self) -> Option<&'static str> {
+        match self {
+            ApiError::TimeUncertain { reason, .. } => Some(reason.code()),
+            _ => None,
         }
     }
-}
 
-/// A human title per code: the code with its first letter capitalised and
-/// underscores as spaces (`lease_reclaimable` -> `Lease reclaimable`).
-fn title_of(code: &str) -> String {
-    let mut t = code.replace('_', " ");
-    if let Some(first) = t.get_mut(0..1) {
-        first.make_ascii_uppercase();
+    fn retry_after_secs(&self) -> Option<u64> {
+        match self {
+            ApiError::TimeUncertain {
+                retry_after_secs, ..
+            } => Some(*retry_after_secs),
+            _ => None,
+        }
     }
-    t
-}
-
-/// The problem code of an error response, carried as a response extension
-/// so request tracking can count errors by code.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ErrorCode(pub &'static str);
-
-/// An RFC 9457 problem document.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct Problem {
-    /// `urn:tollgate:problem:<code>`.
-    #[serde(rename = "type")]
-    pub problem_type: String,
-    /// A short human summary of the code.
-    pub title: String,
-    /// The HTTP status.
-    pub status: u16,
-    /// What happened, for humans.
-    pub detail: String,
-    /// The stable machine-readable code.
-    pub code: String,
-    /// Only with `time_uncertain`: why the safe expiry cut is uncertain
-    /// (`no_cut`, `stale`, `new_epoch`, `primary_change`, `in_recovery`,
-    /// `clock_step_forward`, `clock_step_backward`,
-    /// `implausible_observation`, `sampling_gap`, `recovering`,
-    /// `initial_quarantine`). Absent otherwise.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let problem = self.problem();
-        let status = self.status();
-        if status.is_server_error() {
-            tracing::error!(code = problem.code, error = %self, "request failed");
-        } else {
-            tracing::debug!(code = problem.code, error = %self, "request refused");
-        }
-        let body = match serde_json::to_vec(&problem) {
-            Ok(b) => b,
-            // A struct of strings and an integer always serializes.
-            Err(_) => b"{}".to_vec(),
-        };
-        let mut resp = (status, body).into_response();
-        resp.headers_mut()
-            .insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
-        resp.extensions_mut().insert(ErrorCode(self.code()));
-        if let ApiError::TimeUncertain {
-            retry_after_secs, ..
-        } = &self
-            && let Ok(v) = HeaderValue::from_str(&retry_after_secs.to_string())
-        {
-            resp.headers_mut().insert(header::RETRY_AFTER, v);
-        }
-        if status == StatusCode::UNAUTHORIZED {
-            resp.headers_mut().insert(
-                header::WWW_AUTHENTICATE,
-                HeaderValue::from_static("Bearer realm=\"tollgate\""),
+        httpkit::problem_response(&self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The request-level codes are the service's too, at the same status.
+    #[test]
+    fn service_codes_include_every_rejection() {
+        for (code, status) in Rejection::CODES {
+            assert_eq!(
+                SERVICE_CODES.iter().find(|(c, _)| c == code),
+                Some(&(*code, *status)),
+                "{code}"
             );
         }
-        resp
+    }
+
+    /// Every service variant's code is in the table, at its status.
+    #[test]
+    fn service_variants_match_the_table() {
+        let errors = [
+            ApiError::Forbidden,
+            ApiError::TestClockDisabled,
+            ApiError::Clock(ClockError::Unavailable("down".into())),
+            ApiError::TimeUncertain {
+                reason: UncertainReason::Stale,
+                retry_after_secs: 2,
+            },
+            ApiError::NotReady("not ready".into()),
+            ApiError::Request(Rejection::NotFound),
+        ];
+        for e in errors {
+            assert!(
+                SERVICE_CODES.contains(&(e.code(), e.status().as_u16())),
+                "{e:?}"
+            );
+        }
+        assert_eq!(
+            ApiError::TimeUncertain {
+                reason: UncertainReason::Stale,
+                retry_after_secs: 2,
+            }
+            .problem()
+            .reason
+            .as_deref(),
+            Some("stale")
+        );
     }
 }

@@ -1,14 +1,14 @@
-//! The HTTP cases, each an `async fn(&dyn BackendFactory)`, run against
+//! The HTTP cases, each an `async fn(&dyn ServiceStoreFactory)`, run against
 //! both stores by `all_http_cases!`. Every check asserts exact values.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use crate::api;
+use crate::error::SERVICE_CODES;
 use axum::http::{Method, header};
 use serde_json::{Value, json};
 use tollgate::AllocatorError;
-use tollgate_server::api;
-use tollgate_server::error::SERVICE_CODES;
 
 use super::*;
 
@@ -25,7 +25,7 @@ fn cap(v: &Value) -> String {
 }
 
 /// Account creation, reading with both credentials, deposits.
-pub async fn create_show_and_deposit(f: &dyn BackendFactory) {
+pub async fn create_show_and_deposit(f: &dyn ServiceStoreFactory) {
     let h = Harness::new(f, default_policy()).await;
     let r = h
         .send(
@@ -66,7 +66,7 @@ pub async fn create_show_and_deposit(f: &dyn BackendFactory) {
 }
 
 /// Acquire with a TTL of 30 s + 1 ns at a nanosecond instant: exact expiry.
-pub async fn acquire_fractional_ttl_exact(f: &dyn BackendFactory) {
+pub async fn acquire_fractional_ttl_exact(f: &dyn ServiceStoreFactory) {
     let h = Harness::new(f, default_policy()).await;
     let (a, key) = h.account("a", 100).await;
     h.set_now("2026-11-29T12:00:00.123456789Z");
@@ -95,7 +95,7 @@ pub async fn acquire_fractional_ttl_exact(f: &dyn BackendFactory) {
 }
 
 /// TTLs are clamped to max_ttl and only to it; friendly input accepted.
-pub async fn ttl_clamped_and_friendly_input(f: &dyn BackendFactory) {
+pub async fn ttl_clamped_and_friendly_input(f: &dyn ServiceStoreFactory) {
     let h = Harness::new(f, default_policy()).await;
     let (a, key) = h.account("a", 100).await;
     for (input, granted, expiry) in [
@@ -130,7 +130,7 @@ pub async fn ttl_clamped_and_friendly_input(f: &dyn BackendFactory) {
 }
 
 /// Renewal: new fence, expiry the later of old and now + ttl.
-pub async fn renew_extends_and_never_shortens(f: &dyn BackendFactory) {
+pub async fn renew_extends_and_never_shortens(f: &dyn ServiceStoreFactory) {
     let h = Harness::new(f, default_policy()).await;
     let (a, key) = h.account("a", 100).await;
     let g = h.acquire(a, &key, 10, "PT30S").await;
@@ -175,7 +175,7 @@ pub async fn renew_extends_and_never_shortens(f: &dyn BackendFactory) {
 }
 
 /// Release with and without `consumed`: exact settlement and balances.
-pub async fn release_settles_exactly(f: &dyn BackendFactory) {
+pub async fn release_settles_exactly(f: &dyn ServiceStoreFactory) {
     let h = Harness::new(f, default_policy()).await;
     let (a, key) = h.account("a", 100).await;
     let g1 = h.acquire(a, &key, 10, "PT30S").await;
@@ -234,7 +234,7 @@ pub async fn release_settles_exactly(f: &dyn BackendFactory) {
 
 /// The reclaim boundary to the nanosecond, over HTTP with the test clock:
 /// grace 5 s, expiry e = T0 + 30.000000001 s.
-pub async fn release_and_reclaim_boundary(f: &dyn BackendFactory) {
+pub async fn release_and_reclaim_boundary(f: &dyn ServiceStoreFactory) {
     let h = Harness::new(f, default_policy()).await;
     let (a, key) = h.account("a", 100).await;
     let early = h.acquire(a, &key, 10, "PT30.000000001S").await;
@@ -313,7 +313,7 @@ pub async fn release_and_reclaim_boundary(f: &dyn BackendFactory) {
 }
 
 /// The worker's single step, driven with the test clock (no sleeps).
-pub async fn reclaim_worker_steps_without_sleeps(f: &dyn BackendFactory) {
+pub async fn reclaim_worker_steps_without_sleeps(f: &dyn ServiceStoreFactory) {
     let h = Harness::new(f, default_policy()).await;
     let (a, key) = h.account("a", 1000).await;
     let mut ids = Vec::new();
@@ -341,22 +341,16 @@ pub async fn reclaim_worker_steps_without_sleeps(f: &dyn BackendFactory) {
     assert_eq!(worker.drain().await, 0);
     let m = h.state.metrics();
     assert_eq!(
-        m.get(
-            tollgate_server::metrics::RECLAIM_PASSES,
-            &[("outcome", "ok")]
-        ),
+        m.get(crate::metrics::RECLAIM_PASSES, &[("outcome", "ok")]),
         4
     );
-    assert_eq!(m.get(tollgate_server::metrics::RECLAIM_LEASES, &[]), 3);
-    assert_eq!(m.get(tollgate_server::metrics::RECLAIM_UNITS, &[]), 21);
+    assert_eq!(m.get(crate::metrics::RECLAIM_LEASES, &[]), 3);
+    assert_eq!(m.get(crate::metrics::RECLAIM_UNITS, &[]), 21);
     // limit 0 is the core's invalid_limit, counted as an error pass.
     let e = worker.step_with_limit(0).await.expect_err("invalid limit");
     assert_eq!(e.code(), "invalid_limit");
     assert_eq!(
-        m.get(
-            tollgate_server::metrics::RECLAIM_PASSES,
-            &[("outcome", "error")]
-        ),
+        m.get(crate::metrics::RECLAIM_PASSES, &[("outcome", "error")]),
         1
     );
     let text = h.send(Req::get("/metrics")).await.text;
@@ -366,7 +360,7 @@ pub async fn reclaim_worker_steps_without_sleeps(f: &dyn BackendFactory) {
 }
 
 /// Consolidation and its errors.
-pub async fn consolidation(f: &dyn BackendFactory) {
+pub async fn consolidation(f: &dyn ServiceStoreFactory) {
     let h = Harness::new(f, default_policy()).await;
     let (a, key) = h.account("a", 100).await;
     let (b, key_b) = h.account("b", 100).await;
@@ -449,7 +443,7 @@ pub async fn consolidation(f: &dyn BackendFactory) {
 
 /// Idempotency-Key: a retry returns the original grant; a different
 /// request with the same key conflicts; a bad key is refused.
-pub async fn idempotent_acquire(f: &dyn BackendFactory) {
+pub async fn idempotent_acquire(f: &dyn ServiceStoreFactory) {
     let h = Harness::new(f, default_policy()).await;
     let (a, key) = h.account("a", 100).await;
     let acquire = |units: i64, ttl: &str, k: &str| {
@@ -489,7 +483,7 @@ pub async fn idempotent_acquire(f: &dyn BackendFactory) {
 }
 
 /// Audit and status reports, exact.
-pub async fn audit_and_status(f: &dyn BackendFactory) {
+pub async fn audit_and_status(f: &dyn ServiceStoreFactory) {
     let h = Harness::new(f, default_policy()).await;
     let (a, key) = h.account("a", 100).await;
     let (_b, _) = h.account("b", 50).await;
@@ -512,10 +506,7 @@ pub async fn audit_and_status(f: &dyn BackendFactory) {
         })
     );
     let status = h.send(Req::get("/v1/admin/status").token(ADMIN)).await;
-    let expected_version = match f.kind() {
-        "memory" => Value::Null,
-        _ => json!(tollgate_server::pg::expected_schema_version()),
-    };
+    let expected_version = json!(f.expected_schema_version());
     assert_eq!(
         status.ok(200),
         &json!({
@@ -582,7 +573,7 @@ fn protected_routes(account: i64, lease: i64) -> Vec<(Method, String, Option<Val
 
 /// Rule 1: no or malformed credentials: 401 on every protected route,
 /// before anything is looked up or changed.
-pub async fn auth_missing_and_malformed(f: &dyn BackendFactory) {
+pub async fn auth_missing_and_malformed(f: &dyn ServiceStoreFactory) {
     let h = Harness::new(f, default_policy()).await;
     let (a, key) = h.account("a", 100).await;
     let g = h.acquire(a, &key, 10, "PT30S").await;
@@ -624,7 +615,7 @@ pub async fn auth_missing_and_malformed(f: &dyn BackendFactory) {
 }
 
 /// Rule 2: admin-only routes refuse every other credential with 403.
-pub async fn auth_admin_only_routes(f: &dyn BackendFactory) {
+pub async fn auth_admin_only_routes(f: &dyn ServiceStoreFactory) {
     let h = Harness::new(f, default_policy()).await;
     let (a, key) = h.account("a", 100).await;
     let g = h.acquire(a, &key, 10, "PT30S").await;
@@ -682,7 +673,7 @@ pub async fn auth_admin_only_routes(f: &dyn BackendFactory) {
 
 /// Rule 3: account A's key cannot read or acquire on B, and cannot tell B
 /// from a missing account (403 for both).
-pub async fn auth_account_isolation(f: &dyn BackendFactory) {
+pub async fn auth_account_isolation(f: &dyn ServiceStoreFactory) {
     let h = Harness::new(f, default_policy()).await;
     let (a, key_a) = h.account("a", 100).await;
     let (b, key_b) = h.account("b", 100).await;
@@ -744,7 +735,7 @@ pub async fn auth_account_isolation(f: &dyn BackendFactory) {
 
 /// Rule 4: one lease's capability cannot touch another lease; a missing
 /// lease looks the same as a foreign one.
-pub async fn auth_capability_isolation(f: &dyn BackendFactory) {
+pub async fn auth_capability_isolation(f: &dyn ServiceStoreFactory) {
     let h = Harness::new(f, default_policy()).await;
     let (a, key) = h.account("a", 100).await;
     let g1 = h.acquire(a, &key, 10, "PT30S").await;
@@ -775,19 +766,16 @@ pub async fn auth_capability_isolation(f: &dyn BackendFactory) {
     assert_eq!(l.ok(200)["fence"], json!(fence(&g2)));
 }
 
-/// Every allocator code a healthy store can produce, over HTTP.
-pub async fn store_error_codes_over_http(f: &dyn BackendFactory) {
-    let h = Harness::new(f, default_policy()).await;
-    let (a, key) = h.account("a", 10).await;
-    let g = h.acquire(a, &key, 10, "PT30S").await;
-    let l = id(&g, "lease_id");
-    let c = cap(&g);
+/// The requests of [`store_error_codes_over_http`], each with the status
+/// and code it must get: account `a` (key `key`, 10 units, all held by
+/// lease `l` with capability `c`).
+fn store_error_requests(a: i64, key: &str, l: i64, c: &str) -> Vec<(Req, u16, &'static str)> {
     let acquire = |units: Value, ttl: &str| {
         Req::post(format!("/v1/accounts/{a}/leases"))
-            .token(&key)
+            .token(key)
             .json(json!({"units": units, "ttl": ttl}))
     };
-    let cases: Vec<(Req, u16, &str)> = vec![
+    vec![
         (acquire(json!(0), "PT1S"), 422, "invalid_units"),
         (acquire(json!(-5), "PT1S"), 422, "invalid_units"),
         (acquire(json!(1), "PT0S"), 422, "invalid_ttl"),
@@ -814,21 +802,21 @@ pub async fn store_error_codes_over_http(f: &dyn BackendFactory) {
         ),
         (
             Req::post(format!("/v1/leases/{l}/release"))
-                .token(&c)
+                .token(c)
                 .json(json!({"consumed": 11})),
             422,
             "invalid_consumed",
         ),
         (
             Req::post(format!("/v1/leases/{l}/release"))
-                .token(&c)
+                .token(c)
                 .json(json!({"consumed": -1})),
             422,
             "invalid_consumed",
         ),
         (
             Req::post(format!("/v1/leases/{l}/renew"))
-                .token(&c)
+                .token(c)
                 .json(json!({"ttl": "PT0S"})),
             422,
             "invalid_ttl",
@@ -868,7 +856,15 @@ pub async fn store_error_codes_over_http(f: &dyn BackendFactory) {
             422,
             "invalid_limit",
         ),
-    ];
+    ]
+}
+
+/// Every allocator code a healthy store can produce, over HTTP.
+pub async fn store_error_codes_over_http(f: &dyn ServiceStoreFactory) {
+    let h = Harness::new(f, default_policy()).await;
+    let (a, key) = h.account("a", 10).await;
+    let g = h.acquire(a, &key, 10, "PT30S").await;
+    let cases = store_error_requests(a, &key, id(&g, "lease_id"), &cap(&g));
     let before = h.ledger_len().await;
     let view = h.account_view(a).await;
     for (req, status, code) in cases {
@@ -895,43 +891,36 @@ pub async fn store_error_codes_over_http(f: &dyn BackendFactory) {
     assert_eq!(d.ok(200)["available"], json!(i64::MAX));
 }
 
-/// Malformed JSON, unknown fields, wrong types, wrong media types and
-/// oversized bodies: 4xx problems, nothing changed.
-pub async fn malformed_inputs_change_nothing(f: &dyn BackendFactory) {
-    let h = Harness::new(f, default_policy()).await;
-    let (a, key) = h.account("a", 100).await;
-    let g = h.acquire(a, &key, 10, "PT30S").await;
-    let l = id(&g, "lease_id");
-    let c = cap(&g);
+/// A `POST` of `body` as is, with `token` and content type `ct`.
+fn raw(path: &str, token: &str, body: &str, ct: Option<&str>) -> Req {
+    Req::post(path)
+        .token(token)
+        .raw(body.as_bytes().to_vec(), ct)
+}
+
+/// The requests of [`malformed_inputs_change_nothing`], each with the
+/// status and code it must get: account `a` (key `key`) holding lease `l`
+/// (capability `c`).
+fn malformed_requests(a: i64, key: &str, l: i64, c: &str) -> Vec<(Req, u16, &'static str)> {
     let acquire_path = format!("/v1/accounts/{a}/leases");
     let json_ct = Some("application/json");
-    let raw = |path: &str, token: &str, body: &str, ct: Option<&str>| {
-        Req::post(path)
-            .token(token)
-            .raw(body.as_bytes().to_vec(), ct)
-    };
-    let cases: Vec<(Req, u16, &str)> = vec![
-        (raw(&acquire_path, &key, "{", json_ct), 400, "invalid_json"),
+    vec![
+        (raw(&acquire_path, key, "{", json_ct), 400, "invalid_json"),
         (
-            raw(&acquire_path, &key, "not json", json_ct),
+            raw(&acquire_path, key, "not json", json_ct),
             400,
             "invalid_json",
         ),
         (
-            raw(
-                &acquire_path,
-                &key,
-                r#"{"units":1,"ttl":"PT1S"} x"#,
-                json_ct,
-            ),
+            raw(&acquire_path, key, r#"{"units":1,"ttl":"PT1S"} x"#, json_ct),
             400,
             "invalid_json",
         ),
-        (Req::post(&acquire_path).token(&key), 400, "invalid_json"),
+        (Req::post(&acquire_path).token(key), 400, "invalid_json"),
         (
             raw(
                 &acquire_path,
-                &key,
+                key,
                 r#"{"units":1,"ttl":"PT1S","extra":1}"#,
                 json_ct,
             ),
@@ -939,53 +928,43 @@ pub async fn malformed_inputs_change_nothing(f: &dyn BackendFactory) {
             "invalid_body",
         ),
         (
-            raw(
-                &acquire_path,
-                &key,
-                r#"{"units":"1","ttl":"PT1S"}"#,
-                json_ct,
-            ),
+            raw(&acquire_path, key, r#"{"units":"1","ttl":"PT1S"}"#, json_ct),
+            422,
+            "invalid_body",
+        ),
+        (
+            raw(&acquire_path, key, r#"{"units":1.5,"ttl":"PT1S"}"#, json_ct),
+            422,
+            "invalid_body",
+        ),
+        (
+            raw(&acquire_path, key, r#"{"units":1,"ttl":30}"#, json_ct),
+            422,
+            "invalid_body",
+        ),
+        (
+            raw(&acquire_path, key, r#"{"units":1,"ttl":"soon"}"#, json_ct),
+            422,
+            "invalid_body",
+        ),
+        (
+            raw(&acquire_path, key, r#"{"ttl":"PT1S"}"#, json_ct),
             422,
             "invalid_body",
         ),
         (
             raw(
                 &acquire_path,
-                &key,
-                r#"{"units":1.5,"ttl":"PT1S"}"#,
-                json_ct,
-            ),
-            422,
-            "invalid_body",
-        ),
-        (
-            raw(&acquire_path, &key, r#"{"units":1,"ttl":30}"#, json_ct),
-            422,
-            "invalid_body",
-        ),
-        (
-            raw(&acquire_path, &key, r#"{"units":1,"ttl":"soon"}"#, json_ct),
-            422,
-            "invalid_body",
-        ),
-        (
-            raw(&acquire_path, &key, r#"{"ttl":"PT1S"}"#, json_ct),
-            422,
-            "invalid_body",
-        ),
-        (
-            raw(
-                &acquire_path,
-                &key,
+                key,
                 r#"{"units":null,"ttl":"PT1S"}"#,
                 json_ct,
             ),
             422,
             "invalid_body",
         ),
-        (raw(&acquire_path, &key, "[]", json_ct), 422, "invalid_body"),
+        (raw(&acquire_path, key, "[]", json_ct), 422, "invalid_body"),
         (
-            raw(&acquire_path, &key, r#" [1, "PT1S"]"#, json_ct),
+            raw(&acquire_path, key, r#" [1, "PT1S"]"#, json_ct),
             422,
             "invalid_body",
         ),
@@ -995,14 +974,14 @@ pub async fn malformed_inputs_change_nothing(f: &dyn BackendFactory) {
             "invalid_body",
         ),
         (
-            raw(&format!("/v1/leases/{l}/release"), &c, "[3]", json_ct),
+            raw(&format!("/v1/leases/{l}/release"), c, "[3]", json_ct),
             422,
             "invalid_body",
         ),
         (
             raw(
                 &format!("/v1/accounts/{a}/consolidations"),
-                &key,
+                key,
                 &format!(r#"{{"leases":[[{l},"{c}"]],"ttl":"PT1S"}}"#),
                 json_ct,
             ),
@@ -1012,7 +991,7 @@ pub async fn malformed_inputs_change_nothing(f: &dyn BackendFactory) {
         (
             raw(
                 &format!("/v1/accounts/{a}/consolidations"),
-                &key,
+                key,
                 &format!(
                     r#"{{"leases":[{{"lease_id":{l},"capability":"{c}","x":1}}],"ttl":"PT1S"}}"#
                 ),
@@ -1034,7 +1013,7 @@ pub async fn malformed_inputs_change_nothing(f: &dyn BackendFactory) {
         (
             raw(
                 &acquire_path,
-                &key,
+                key,
                 r#"{"units":1,"units":2,"ttl":"PT1S"}"#,
                 json_ct,
             ),
@@ -1044,7 +1023,7 @@ pub async fn malformed_inputs_change_nothing(f: &dyn BackendFactory) {
         (
             raw(
                 &acquire_path,
-                &key,
+                key,
                 r#"{"units":1,"ttl":"PT1S"}"#,
                 Some("text/plain"),
             ),
@@ -1052,14 +1031,14 @@ pub async fn malformed_inputs_change_nothing(f: &dyn BackendFactory) {
             "unsupported_media_type",
         ),
         (
-            raw(&acquire_path, &key, r#"{"units":1,"ttl":"PT1S"}"#, None),
+            raw(&acquire_path, key, r#"{"units":1,"ttl":"PT1S"}"#, None),
             415,
             "unsupported_media_type",
         ),
         (
             raw(
                 &acquire_path,
-                &key,
+                key,
                 &format!(
                     r#"{{"units":1,"ttl":"PT1S","pad":"{}"}}"#,
                     "x".repeat(70_000)
@@ -1072,7 +1051,7 @@ pub async fn malformed_inputs_change_nothing(f: &dyn BackendFactory) {
         (
             raw(
                 &format!("/v1/leases/{l}/release"),
-                &c,
+                c,
                 r#"{"consumed":"all"}"#,
                 json_ct,
             ),
@@ -1082,7 +1061,7 @@ pub async fn malformed_inputs_change_nothing(f: &dyn BackendFactory) {
         (
             raw(
                 &format!("/v1/leases/{l}/release"),
-                &c,
+                c,
                 r#"{"consumd":1}"#,
                 json_ct,
             ),
@@ -1090,7 +1069,7 @@ pub async fn malformed_inputs_change_nothing(f: &dyn BackendFactory) {
             "invalid_body",
         ),
         (
-            raw(&format!("/v1/leases/{l}/renew"), &c, "{}", json_ct),
+            raw(&format!("/v1/leases/{l}/renew"), c, "{}", json_ct),
             422,
             "invalid_body",
         ),
@@ -1120,7 +1099,18 @@ pub async fn malformed_inputs_change_nothing(f: &dyn BackendFactory) {
             422,
             "invalid_body",
         ),
-    ];
+    ]
+}
+
+/// Malformed JSON, unknown fields, wrong types, wrong media types and
+/// oversized bodies: 4xx problems, nothing changed.
+pub async fn malformed_inputs_change_nothing(f: &dyn ServiceStoreFactory) {
+    let h = Harness::new(f, default_policy()).await;
+    let (a, key) = h.account("a", 100).await;
+    let g = h.acquire(a, &key, 10, "PT30S").await;
+    let cases = malformed_requests(a, &key, id(&g, "lease_id"), &cap(&g));
+    let acquire_path = format!("/v1/accounts/{a}/leases");
+    let json_ct = Some("application/json");
     let before = h.ledger_len().await;
     let view = h.account_view(a).await;
     for (req, status, code) in cases {
@@ -1159,7 +1149,7 @@ pub async fn malformed_inputs_change_nothing(f: &dyn BackendFactory) {
 }
 
 /// Units are JSON integers in i64: never wrapped, never rounded.
-pub async fn integer_ranges(f: &dyn BackendFactory) {
+pub async fn integer_ranges(f: &dyn ServiceStoreFactory) {
     let h = Harness::new(f, default_policy()).await;
     let (a, key) = h.account("a", 100).await;
     let before = h.ledger_len().await;
@@ -1200,7 +1190,7 @@ pub async fn integer_ranges(f: &dyn BackendFactory) {
 
 /// Bad path ids are 400 `invalid_path`; ids out of any store's range are
 /// simply not found.
-pub async fn path_ids(f: &dyn BackendFactory) {
+pub async fn path_ids(f: &dyn ServiceStoreFactory) {
     let h = Harness::new(f, default_policy()).await;
     let (_a, key) = h.account("a", 100).await;
     for path in [
@@ -1242,7 +1232,7 @@ pub async fn path_ids(f: &dyn BackendFactory) {
 }
 
 /// Unknown routes and methods: problem documents, 404 and 405.
-pub async fn routes_and_methods(f: &dyn BackendFactory) {
+pub async fn routes_and_methods(f: &dyn ServiceStoreFactory) {
     let h = Harness::new(f, default_policy()).await;
     h.send(Req::get("/v1/nope").token(ADMIN))
         .await
@@ -1277,7 +1267,7 @@ pub async fn routes_and_methods(f: &dyn BackendFactory) {
 
 /// Instants: any offset and 0..=9 fractional digits in; UTC `Z`, exact to
 /// the nanosecond, out.
-pub async fn timestamps_round_trip(f: &dyn BackendFactory) {
+pub async fn timestamps_round_trip(f: &dyn ServiceStoreFactory) {
     let h = Harness::new(f, default_policy()).await;
     let (a, key) = h.account("a", 100).await;
     for (input, output) in [
@@ -1330,7 +1320,7 @@ pub async fn timestamps_round_trip(f: &dyn BackendFactory) {
 }
 
 /// Durations: ISO 8601 out, ISO 8601 or friendly in, exact.
-pub async fn durations_round_trip(f: &dyn BackendFactory) {
+pub async fn durations_round_trip(f: &dyn ServiceStoreFactory) {
     let h = Harness::new(f, policy(dur(100_000, 0), dur(0, 0))).await;
     let (a, key) = h.account("a", 1000).await;
     for (input, output) in [
@@ -1371,7 +1361,7 @@ pub async fn durations_round_trip(f: &dyn BackendFactory) {
 
 /// An expiry beyond the timestamp range is refused before any debit; a
 /// grace larger than the range means nothing is ever due.
-pub async fn unrepresentable_expiry(f: &dyn BackendFactory) {
+pub async fn unrepresentable_expiry(f: &dyn ServiceStoreFactory) {
     let h = Harness::new(f, policy(dur(60, 0), jiff::SignedDuration::MAX)).await;
     let (a, key) = h.account("a", 100).await;
     h.set_now("9999-12-30T22:00:00.5Z");
@@ -1400,7 +1390,7 @@ pub async fn unrepresentable_expiry(f: &dyn BackendFactory) {
 
 /// `lease_not_found`: a valid capability for a lease the store does not
 /// hold (only observable where the test can derive capabilities).
-pub async fn lease_not_found_with_valid_capability(f: &dyn BackendFactory) {
+pub async fn lease_not_found_with_valid_capability(f: &dyn ServiceStoreFactory) {
     let h = Harness::new(f, default_policy()).await;
     match f.derive_capability(424_242) {
         Some(c) => {
@@ -1422,16 +1412,13 @@ pub async fn lease_not_found_with_valid_capability(f: &dyn BackendFactory) {
 }
 
 /// `/healthz`, `/readyz`, `/metrics`, `/openapi.json` (no credentials).
-pub async fn readiness_and_metrics(f: &dyn BackendFactory) {
+pub async fn readiness_and_metrics(f: &dyn ServiceStoreFactory) {
     let h = Harness::new(f, default_policy()).await;
     assert_eq!(
         h.send(Req::get("/healthz")).await.ok(200),
         &json!({"status": "ok"})
     );
-    let expected_version = match f.kind() {
-        "memory" => Value::Null,
-        _ => json!(tollgate_server::pg::expected_schema_version()),
-    };
+    let expected_version = json!(f.expected_schema_version());
     assert_eq!(
         h.send(Req::get("/readyz")).await.ok(200),
         &json!({"ready": true, "store": f.kind(), "storage_reachable": true,

@@ -1,10 +1,10 @@
 //! What the service needs from storage beyond the [`Allocator`] trait:
 //! readiness (reachable, schema version, maintenance) and status counts.
 //!
-//! A [`Backend`] pairs the allocator every request uses with a [`StoreOps`]
-//! for those operator questions. The memory store's [`MemoryOps`] is here;
-//! the PostgreSQL one lives in [`crate::pg`], so the rest of the service is
-//! the same for both stores.
+//! A [`ServiceStore`] pairs the allocator every request uses with a
+//! [`StoreOps`] for those operator questions. The memory store's
+//! [`MemoryOps`] is here; the PostgreSQL one lives in tollgate-server's
+//! `pg`, so the rest of the service is the same for both stores.
 
 use std::fmt;
 use std::sync::Arc;
@@ -84,7 +84,7 @@ pub trait StoreOps: Send + Sync + fmt::Debug {
     /// Active leases and active legacy bounds.
     ///
     /// # Errors
-    /// Backend errors.
+    /// The store's errors.
     async fn counts(&self) -> Result<StatusCounts, StorageError>;
 
     /// The PostgreSQL pool of the store (`None` for the memory store): the
@@ -94,31 +94,31 @@ pub trait StoreOps: Send + Sync + fmt::Debug {
     }
 }
 
-/// The storage a service runs on.
+/// The store a service runs on: the allocator and its operator questions.
 #[derive(Clone)]
-pub struct Backend {
+pub struct ServiceStore {
     /// Every allocator operation goes here.
     pub allocator: Arc<dyn Allocator>,
     /// Readiness and counts.
     pub ops: Arc<dyn StoreOps>,
 }
 
-impl fmt::Debug for Backend {
+impl fmt::Debug for ServiceStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Backend")
+        f.debug_struct("ServiceStore")
             .field("ops", &self.ops)
             .finish_non_exhaustive()
     }
 }
 
-impl Backend {
+impl ServiceStore {
     /// A fresh [`MemoryStore`] applying `policy`.
     ///
     /// # Errors
     /// [`StorageError::Unavailable`] if the random source fails.
-    pub fn memory(policy: GrantPolicy, key: CapabilityKey) -> Result<Backend, StorageError> {
+    pub fn memory(policy: GrantPolicy, key: CapabilityKey) -> Result<ServiceStore, StorageError> {
         let store = Arc::new(MemoryStore::new(policy, key)?);
-        Ok(Backend {
+        Ok(ServiceStore {
             allocator: store.clone(),
             ops: Arc::new(MemoryOps { store }),
         })

@@ -4,7 +4,7 @@
 //! leases reclaimable at that instant ([`Allocator::reclaim`]); it returns
 //! what it settled, logs it, and counts it in [`crate::metrics`] (with each
 //! lease's lateness in the late-expiry histogram). Tests drive `step`
-//! directly with a [`crate::clock::TestClock`]: no sleeps.
+//! directly with a [`clock::TestClock`]: no sleeps.
 //!
 //! When the clock's reading is uncertain (the safe expiry cut) the step
 //! settles nothing: it returns [`ApiError::TimeUncertain`] without calling
@@ -22,11 +22,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use clock::Clock;
 use jiff::Timestamp;
 use tokio::sync::watch;
 use tollgate::{Allocator, ReclaimReport};
 
-use crate::clock::Clock;
 use crate::error::ApiError;
 use crate::metrics::{self, Metrics};
 
@@ -113,7 +113,8 @@ impl ReclaimWorker {
                 self.metrics.add(
                     metrics::RECLAIM_UNITS,
                     &[],
-                    u128::try_from(p.report.units_charged).unwrap_or(0),
+                    u128::try_from(p.report.units_charged)
+                        .expect("a reclaim charges a non-negative number of units"),
                 );
                 if p.report.reclaimed.is_empty() {
                     tracing::debug!(now = %p.now, "reclaim pass settled nothing");

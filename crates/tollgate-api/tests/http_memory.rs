@@ -2,25 +2,23 @@
 //! stores and clocks, the test-clock switch, the request timeout, and the
 //! OpenAPI document against the router.
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::http::Method;
-use common::*;
 use serde_json::json;
 use tollgate::{AllocatorError, PairError, RuleError, StorageError};
-use tollgate_server::api;
-use tollgate_server::error::{SERVICE_CODES, storage_status};
-use tollgate_server::storage::Backend;
+use tollgate_api::api;
+use tollgate_api::error::{SERVICE_CODES, storage_status};
+use tollgate_api::storage::ServiceStore;
+use tollgate_api::testkit::*;
 
-all_http_cases!(MemoryFactory);
+tollgate_api::all_http_cases!(MemoryFactory);
 
 #[test]
 fn service_codes_documented() {
-    common::cases::service_codes_documented();
+    tollgate_api::testkit::cases::service_codes_documented();
 }
 
 fn every_storage_error() -> Vec<AllocatorError> {
@@ -144,7 +142,7 @@ async fn failing_store_codes() {
     );
     for (e, (code, status)) in errors.into_iter().zip(expected) {
         assert_eq!(storage_status(&e).as_u16(), *status, "{code}");
-        let h = Harness::over(failing_backend(e.clone(), Duration::ZERO));
+        let h = Harness::over(failing_store(e.clone(), Duration::ZERO));
         let r = h
             .send(
                 Req::post("/v1/accounts/1/deposits")
@@ -166,7 +164,7 @@ async fn failing_store_codes() {
         h.send(Req::get("/healthz")).await.ok(200);
     }
     // Through an account route the key check meets the same error first.
-    let h = Harness::over(failing_backend(
+    let h = Harness::over(failing_store(
         StorageError::Unavailable {
             message: "down".into(),
         },
@@ -205,10 +203,10 @@ async fn body_not_sent_in_time_is_408() {
     use axum::body::Body;
     use futures_util::StreamExt;
     use tower::ServiceExt;
-    let backend = failing_backend(RuleError::IdempotencyConflict, Duration::from_secs(5));
+    let store = failing_store(RuleError::IdempotencyConflict, Duration::from_secs(5));
     let st = state(
-        backend,
-        Arc::new(tollgate_server::clock::TestClock::new(ts(T0))),
+        store,
+        Arc::new(clock::TestClock::new(ts(T0))),
         Duration::from_millis(50),
     );
     let router = api::router(st);
@@ -239,10 +237,10 @@ async fn body_not_sent_in_time_is_408() {
 /// A store slower than the request bound: 503 `request_timeout`.
 #[tokio::test]
 async fn request_timeout() {
-    let backend = failing_backend(RuleError::IdempotencyConflict, Duration::from_secs(5));
+    let store = failing_store(RuleError::IdempotencyConflict, Duration::from_secs(5));
     let st = state(
-        backend,
-        Arc::new(tollgate_server::clock::TestClock::new(ts(T0))),
+        store,
+        Arc::new(clock::TestClock::new(ts(T0))),
         Duration::from_millis(50),
     );
     let router = api::router(st);
@@ -264,13 +262,13 @@ async fn request_timeout() {
 /// operation with 503 `clock_unavailable` (the safe cut's database down).
 #[tokio::test]
 async fn unreadable_clock() {
-    let backend = Backend::memory(
+    let store = ServiceStore::memory(
         default_policy(),
         tollgate::CapabilityKey::generate().expect("key"),
     )
     .expect("memory");
     let router = api::router(state(
-        backend,
+        store,
         Arc::new(UnreadableClock),
         Duration::from_secs(5),
     ));
@@ -312,12 +310,12 @@ async fn unreadable_clock() {
 /// Without `--clock test` the test clock cannot be set.
 #[tokio::test]
 async fn test_clock_disabled() {
-    let backend = Backend::memory(
+    let store = ServiceStore::memory(
         default_policy(),
         tollgate::CapabilityKey::generate().expect("key"),
     )
     .expect("memory");
-    let router = api::router(state(backend, system_clock(), Duration::from_secs(5)));
+    let router = api::router(state(store, system_clock(), Duration::from_secs(5)));
     send(
         &router,
         Req::put("/v1/admin/test-clock")
@@ -357,9 +355,9 @@ const ROUTES: &[(&str, &str)] = &[
     ("GET", "/openapi.json"),
 ];
 
-/// The OpenAPI document lists exactly the routes, and the router
-/// serves exactly those (method, path) pairs: every documented pair is
-/// routed, every other method on those paths is 405.
+/// The OpenAPI document lists exactly the service's routes ([`ROUTES`]),
+/// and the router serves exactly those (method, path) pairs: every
+/// documented pair is routed, every other method on those paths is 405.
 #[tokio::test]
 async fn openapi_matches_router() {
     let doc = serde_json::to_value(api::openapi()).expect("json");
@@ -438,12 +436,12 @@ async fn openapi_matches_router() {
 struct Maintenance;
 
 #[async_trait::async_trait]
-impl tollgate_server::storage::StoreOps for Maintenance {
+impl tollgate_api::storage::StoreOps for Maintenance {
     fn kind(&self) -> &'static str {
         "postgres"
     }
-    async fn readiness(&self) -> tollgate_server::storage::Readiness {
-        tollgate_server::storage::Readiness {
+    async fn readiness(&self) -> tollgate_api::storage::Readiness {
+        tollgate_api::storage::Readiness {
             store: "postgres",
             reachable: true,
             schema_version: Some(16),
@@ -452,8 +450,8 @@ impl tollgate_server::storage::StoreOps for Maintenance {
             detail: None,
         }
     }
-    async fn counts(&self) -> Result<tollgate_server::storage::StatusCounts, StorageError> {
-        Ok(tollgate_server::storage::StatusCounts {
+    async fn counts(&self) -> Result<tollgate_api::storage::StatusCounts, StorageError> {
+        Ok(tollgate_api::storage::StatusCounts {
             active_leases: 3,
             active_legacy_bounds: 2,
         })
@@ -464,16 +462,16 @@ impl tollgate_server::storage::StoreOps for Maintenance {
 /// version; `/healthz` still answers; status reports counts.
 #[tokio::test]
 async fn not_ready_during_maintenance() {
-    let memory = Backend::memory(
+    let memory = ServiceStore::memory(
         default_policy(),
         tollgate::CapabilityKey::generate().expect("key"),
     )
     .expect("memory");
-    let backend = Backend {
+    let store = ServiceStore {
         allocator: memory.allocator,
         ops: Arc::new(Maintenance),
     };
-    let h = Harness::over(backend);
+    let h = Harness::over(store);
     let r = h.send(Req::get("/readyz")).await;
     r.problem(503, "not_ready");
     assert_eq!(
@@ -508,22 +506,22 @@ async fn not_ready_during_maintenance() {
 /// and a renewal keeps the later of its expiry and `now + ttl`.
 #[tokio::test]
 async fn uncertain_reading_pauses_admission_and_reclaim() {
-    use safetime::UncertainReason;
-    let backend = Backend::memory(
+    use clock::UncertainReason;
+    let store = ServiceStore::memory(
         default_policy(),
         tollgate::CapabilityKey::generate().expect("key"),
     )
     .expect("memory");
     let clock = Arc::new(UncertainTestClock {
-        clock: tollgate_server::clock::TestClock::new(ts(T0)),
+        clock: clock::TestClock::new(ts(T0)),
         uncertain: std::sync::Mutex::new(None),
     });
-    let st = state(backend.clone(), clock.clone(), Duration::from_secs(5));
+    let st = state(store.clone(), clock.clone(), Duration::from_secs(5));
     let h = Harness {
         router: api::router(st.clone()),
         state: st,
-        clock: Arc::new(tollgate_server::clock::TestClock::new(ts(T0))),
-        backend,
+        clock: Arc::new(clock::TestClock::new(ts(T0))),
+        store,
     };
     let (a, key) = h.account("a", 100).await;
     let g1 = h.acquire(a, &key, 10, "PT30S").await;

@@ -30,10 +30,11 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::Mutex;
 
+use clock::{SafeTimeStatus, UncertainReason};
 use jiff::SignedDuration;
-use safetime::UncertainReason;
 
-use crate::safe_cut::SafeTimeStatus;
+/// The `expect` message of every `writeln!` into a `String` (it never fails).
+const WRITE_TO_STRING: &str = "writing to a String never fails";
 
 /// Requests served, by method, route template and status.
 pub const HTTP_REQUESTS: &str = "tollgate_http_requests_total";
@@ -344,23 +345,24 @@ impl Metrics {
         {
             let c = self.counters.lock().unwrap_or_else(|p| p.into_inner());
             for (name, help) in HELP {
-                let _ = writeln!(out, "# HELP {name} {help}");
-                let _ = writeln!(out, "# TYPE {name} counter");
+                writeln!(out, "# HELP {name} {help}").expect(WRITE_TO_STRING);
+                writeln!(out, "# TYPE {name} counter").expect(WRITE_TO_STRING);
                 let mut any = false;
                 for ((n, labels), v) in c.iter() {
                     if n != name {
                         continue;
                     }
                     any = true;
-                    let _ = writeln!(out, "{name}{} {v}", labels_text(labels, None));
+                    writeln!(out, "{name}{} {v}", labels_text(labels, None))
+                        .expect(WRITE_TO_STRING);
                 }
                 if !any && matches!(*name, RECLAIM_LEASES | RECLAIM_UNITS) {
-                    let _ = writeln!(out, "{name} 0");
+                    writeln!(out, "{name} 0").expect(WRITE_TO_STRING);
                 }
                 if *name == SAFETIME_PAUSED {
                     for op in PAUSED_OPERATIONS {
                         if !c.contains_key(&key(SAFETIME_PAUSED, &[("operation", op)])) {
-                            let _ = writeln!(out, "{name}{{operation=\"{op}\"}} 0");
+                            writeln!(out, "{name}{{operation=\"{op}\"}} 0").expect(WRITE_TO_STRING);
                         }
                     }
                 }
@@ -369,19 +371,20 @@ impl Metrics {
         {
             let h = *self.late.lock().unwrap_or_else(|p| p.into_inner());
             let name = RECLAIM_LATE;
-            let _ = writeln!(
+            writeln!(
                 out,
                 "# HELP {name} How long after expiry + reclaim_grace each reclaimed lease was reclaimed, seconds."
-            );
-            let _ = writeln!(out, "# TYPE {name} histogram");
+            ).expect(WRITE_TO_STRING);
+            writeln!(out, "# TYPE {name} histogram").expect(WRITE_TO_STRING);
             let mut cumulative = 0u64;
             for (b, n) in LATE_BUCKETS_NS.iter().zip(h.buckets) {
                 cumulative = cumulative.saturating_add(n);
-                let _ = writeln!(out, "{name}_bucket{{le=\"{}\"}} {cumulative}", seconds(*b));
+                writeln!(out, "{name}_bucket{{le=\"{}\"}} {cumulative}", seconds(*b))
+                    .expect(WRITE_TO_STRING);
             }
-            let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}", h.count);
-            let _ = writeln!(out, "{name}_sum {}", seconds(h.sum_ns));
-            let _ = writeln!(out, "{name}_count {}", h.count);
+            writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}", h.count).expect(WRITE_TO_STRING);
+            writeln!(out, "{name}_sum {}", seconds(h.sum_ns)).expect(WRITE_TO_STRING);
+            writeln!(out, "{name}_count {}", h.count).expect(WRITE_TO_STRING);
         }
         let g = self.gauges.lock().unwrap_or_else(|p| p.into_inner());
         for (name, kind, help) in GAUGE_HELP {
@@ -389,14 +392,14 @@ impl Metrics {
             if series.is_empty() {
                 continue;
             }
-            let _ = writeln!(out, "# HELP {name} {help}");
-            let _ = writeln!(out, "# TYPE {name} {kind}");
+            writeln!(out, "# HELP {name} {help}").expect(WRITE_TO_STRING);
+            writeln!(out, "# TYPE {name} {kind}").expect(WRITE_TO_STRING);
             for ((_, labels), v) in series {
                 let v = match v {
                     Value::Int(i) => i.to_string(),
                     Value::SecondsNs(ns) => seconds(*ns),
                 };
-                let _ = writeln!(out, "{name}{} {v}", labels_text(labels, None));
+                writeln!(out, "{name}{} {v}", labels_text(labels, None)).expect(WRITE_TO_STRING);
             }
         }
         out

@@ -47,14 +47,26 @@
 //! Known limit: checking an account key takes one digest lookup, so the time
 //! of a refusal may differ between existing and missing accounts; the body
 //! and status do not.
+//!
+//! # Extractors
+//!
+//! The rule is applied by typed extractors, before the body is read, so a
+//! refused credential never meets a body error: [`Admin`] (rule 2),
+//! [`AccountHolder`] and [`AccountReader`] (rule 3), [`LeaseCapability`]
+//! (rule 4, checked by the store). Rule 1 is [`bearer`], which each uses.
 
 use std::fmt;
 
-use axum::http::{HeaderMap, header};
+use axum::extract::FromRequestParts;
+use axum::http::request::Parts;
+use httpkit::IdPath;
+pub use httpkit::bearer;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
+use tollgate::{AccountId, AllocatorError, Capability, RuleError};
 
 use crate::error::ApiError;
+use crate::state::AppState;
 
 /// The prefix of account API keys.
 pub const API_KEY_PREFIX: &str = "tga1.";
@@ -125,25 +137,116 @@ impl AdminToken {
     }
 }
 
-/// The bearer token of a request.
-///
-/// # Errors
-/// [`ApiError::Unauthenticated`] when the header is missing, repeated, not
-/// `Bearer` (case-insensitive), empty, or not visible ASCII.
-pub fn bearer(headers: &HeaderMap) -> Result<&str, ApiError> {
-    let mut values = headers.get_all(header::AUTHORIZATION).iter();
-    let value = values.next().ok_or(ApiError::Unauthenticated)?;
-    if values.next().is_some() {
-        return Err(ApiError::Unauthenticated);
+/// Rule 2: the admin token. Anything else is 403 `forbidden`; nothing is
+/// looked up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Admin;
+
+impl FromRequestParts<AppState> for Admin {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, s: &AppState) -> Result<Admin, ApiError> {
+        if s.admin().matches(bearer(&parts.headers)?) {
+            Ok(Admin)
+        } else {
+            Err(ApiError::Forbidden)
+        }
     }
-    let value = value.to_str().map_err(|_| ApiError::Unauthenticated)?;
-    let (scheme, token) = value.split_once(' ').ok_or(ApiError::Unauthenticated)?;
-    let token = token.trim_start_matches(' ');
-    if !scheme.eq_ignore_ascii_case("bearer")
-        || token.is_empty()
-        || !token.bytes().all(|b| b.is_ascii_graphic())
-    {
-        return Err(ApiError::Unauthenticated);
+}
+
+/// Rule 3 for a holder operation (acquire, consolidation): the path's
+/// account, authorized by that account's key alone (the admin token too is
+/// 403).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AccountHolder(pub AccountId);
+
+impl FromRequestParts<AppState> for AccountHolder {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        s: &AppState,
+    ) -> Result<AccountHolder, ApiError> {
+        authorize_account(parts, s, false).await.map(AccountHolder)
     }
-    Ok(token)
+}
+
+/// Rule 3 for reading an account: the path's account, authorized by its
+/// key or the admin token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AccountReader(pub AccountId);
+
+impl FromRequestParts<AppState> for AccountReader {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        s: &AppState,
+    ) -> Result<AccountReader, ApiError> {
+        authorize_account(parts, s, true).await.map(AccountReader)
+    }
+}
+
+/// Rule 3: the path's account id (400 `invalid_path` first), then the key
+/// of that account (or, when `allow_admin`, the admin token). Anything else
+/// is 403, the same for an existing and a missing account.
+async fn authorize_account(
+    parts: &mut Parts,
+    s: &AppState,
+    allow_admin: bool,
+) -> Result<AccountId, ApiError> {
+    let IdPath(id) = IdPath::parse(parts).await?;
+    let account_id = AccountId(id);
+    let token = bearer(&parts.headers)?;
+    if s.admin().matches(token) {
+        return if allow_admin {
+            Ok(account_id)
+        } else {
+            Err(ApiError::Forbidden)
+        };
+    }
+    match s.store().allocator.account_key_digest(account_id).await {
+        Ok(Some(digest)) if key_matches(token, &digest) => Ok(account_id),
+        Ok(_) | Err(AllocatorError::Rule(RuleError::AccountNotFound { .. })) => {
+            Err(ApiError::Forbidden)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Rule 4: the bearer credential as a lease capability, unverified: the
+/// store verifies it before any lookup (403 `capability_mismatch`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseCapability(pub Capability);
+
+impl FromRequestParts<AppState> for LeaseCapability {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        _: &AppState,
+    ) -> Result<LeaseCapability, ApiError> {
+        Ok(LeaseCapability(Capability::from_presented(bearer(
+            &parts.headers,
+        )?)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn api_keys_and_admin_tokens() {
+        let (key, digest) = new_api_key().expect("random");
+        assert!(key.starts_with("tga1.") && key.len() == 69);
+        assert!(key_matches(&key, &digest));
+        assert!(!key_matches(&key[..68], &digest));
+        let (key2, _) = new_api_key().expect("random");
+        assert_ne!(key, key2);
+        let admin = AdminToken::new("tgadm1.some-admin-token");
+        assert!(admin.matches("tgadm1.some-admin-token"));
+        assert!(!admin.matches("tgadm1.some-admin-toke"));
+        assert_eq!(format!("{admin:?}"), "AdminToken(<redacted>)");
+    }
 }

@@ -1,17 +1,18 @@
-//! The service's time source.
+//! # clock
 //!
-//! Every allocator operation takes a *supplied* instant; the service gets it
-//! from exactly one [`Clock`] per process, chosen at start-up. Clients never
-//! supply `now`.
+//! The time sources of a service whose deadlines live on the safe expiry
+//! cut. Every allocator operation takes a *supplied* instant; a service
+//! gets it from exactly one [`Clock`] per process, chosen at start-up.
+//! Clients never supply `now`. This crate knows no HTTP.
 //!
 //! * [`SystemClock`]: the operating system's wall clock (the default).
-//! * [`TestClock`]: an instant an administrator sets over HTTP
-//!   (`PUT /v1/admin/test-clock`), enabled only by `--clock test`, so tests
+//! * [`TestClock`]: an instant an administrator sets (Tollgate's
+//!   `PUT /v1/admin/test-clock`, enabled only by `--clock test`), so tests
 //!   and demonstrations can drive the reclaim boundary to the nanosecond. It
 //!   does not advance on its own.
-//! * [`crate::safe_cut::SafeCutClock`] (`--clock safe-cut`): the *safe
-//!   expiry cut* persisted in PostgreSQL by the safe-time sampler. Its
-//!   reading may be *uncertain*.
+//! * [`safe_cut::SafeCutClock`] (`--clock safe-cut`): the *safe expiry
+//!   cut* persisted in PostgreSQL by the safe-time sampler. Its reading may
+//!   be *uncertain*.
 //!
 //! A reading ([`Clock::read`]) is an instant plus its certainty
 //! ([`ClockReading`]). The system and test clocks are always certain. While
@@ -23,15 +24,29 @@
 //! shortened). A clock that cannot be read at all returns
 //! [`ClockError::Unavailable`] and every time-dependent request fails with
 //! `503 clock_unavailable`: the service never acts on a guessed instant.
+//!
+//! The module graph is one-way: this root defines the trait, the readings
+//! and the status a safe-cut reading leaves; [`safe_cut`] implements the
+//! trait on the cut and imports from here, never the reverse.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
 use std::fmt;
 use std::sync::Mutex;
 
 use async_trait::async_trait;
-use jiff::Timestamp;
-use safetime::UncertainReason;
+use jiff::{SignedDuration, Timestamp};
+// The crate's only imports of the cut's rules and its reader; `safe_cut`
+// reaches them through here. The two types are part of every reading and
+// status, so they are re-exported: users of this crate need not import the
+// safe-time crates for them.
+pub use safetime::UncertainReason;
+use safetime::judge_reading;
+pub use safetime_pg::CutRow;
+use safetime_pg::read_cut;
 
-use crate::safe_cut::SafeTimeStatus;
+pub mod safe_cut;
 
 /// Which clock a process uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -97,6 +112,30 @@ pub enum ClockError {
     /// read failed). No operation may act on a guessed instant.
     #[error("time source unavailable: {0}")]
     Unavailable(String),
+}
+
+/// What the last reading of a [`safe_cut::SafeCutClock`] found; exported
+/// at `/metrics` and in `GET /v1/admin/status`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SafeTimeStatus {
+    /// Why the last successful reading was uncertain (`None`: certain).
+    pub uncertain: Option<UncertainReason>,
+    /// The last read attempt failed (the cut could not be read at all).
+    pub read_error: bool,
+    /// Failed read attempts since the process started.
+    pub read_errors_total: u64,
+    /// The row of the last successful reading (`None`: no row yet, or no
+    /// successful reading).
+    pub row: Option<CutRow>,
+    /// The sampling-gap bound this reader applies.
+    pub gap_max: SignedDuration,
+}
+
+impl SafeTimeStatus {
+    /// Whether the last read attempt succeeded and was certain.
+    pub fn is_certain(&self) -> bool {
+        !self.read_error && self.uncertain.is_none()
+    }
 }
 
 /// The longest a telemetry request (`/metrics`, `GET /v1/admin/status`,

@@ -1,0 +1,325 @@
+//! Typed extractors: the body, the credential, the path id and the
+//! idempotency key of a request, each refused as a [`Rejection`] converted
+//! into the service's error ([`ServiceState::Error`]).
+//!
+//! Extractors run in the order of the handler's arguments, so a handler
+//! states its refusal order in its signature: the path id (400), then the
+//! credential (401, then the service's own 403 extractors), then any header,
+//! then the body (415, 400, 422) last.
+
+use axum::body::Bytes;
+use axum::extract::{FromRequest, FromRequestParts, Path, Request};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, StatusCode, header};
+use serde::de::DeserializeOwned;
+
+use crate::{Rejection, ServiceState};
+
+/// The request header carrying an idempotency key.
+pub const IDEMPOTENCY_KEY_HEADER: &str = "idempotency-key";
+
+/// A path id (`account_id`, `lease_id`): a decimal `i64`, else
+/// [`Rejection::InvalidPath`]. For routes with exactly one path parameter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IdPath(pub i64);
+
+impl IdPath {
+    /// The id of `parts`' path.
+    ///
+    /// # Errors
+    /// [`Rejection::InvalidPath`] when the route has no single path
+    /// parameter or it is not an integer in `i64`'s range.
+    pub async fn parse(parts: &mut Parts) -> Result<IdPath, Rejection> {
+        let Path(raw) = Path::<String>::from_request_parts(parts, &())
+            .await
+            .map_err(|e| Rejection::InvalidPath(format!("invalid path parameter: {e}")))?;
+        raw.parse::<i64>().map(IdPath).map_err(|_| {
+            Rejection::InvalidPath(format!(
+                "path id {raw:?} is not an integer in -9223372036854775808..=9223372036854775807"
+            ))
+        })
+    }
+}
+
+impl<S: ServiceState> FromRequestParts<S> for IdPath {
+    type Rejection = S::Error;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<IdPath, S::Error> {
+        Ok(IdPath::parse(parts).await?)
+    }
+}
+
+/// The token of the request's `Authorization: Bearer <token>` header.
+///
+/// # Errors
+/// [`Rejection::Unauthenticated`] when the header is missing, repeated, not
+/// `Bearer` (case-insensitive), empty, or not visible ASCII.
+pub fn bearer(headers: &HeaderMap) -> Result<&str, Rejection> {
+    let mut values = headers.get_all(header::AUTHORIZATION).iter();
+    let value = values.next().ok_or(Rejection::Unauthenticated)?;
+    if values.next().is_some() {
+        return Err(Rejection::Unauthenticated);
+    }
+    let value = value.to_str().map_err(|_| Rejection::Unauthenticated)?;
+    let (scheme, token) = value.split_once(' ').ok_or(Rejection::Unauthenticated)?;
+    let token = token.trim_start_matches(' ');
+    if !scheme.eq_ignore_ascii_case("bearer")
+        || token.is_empty()
+        || !token.bytes().all(|b| b.is_ascii_graphic())
+    {
+        return Err(Rejection::Unauthenticated);
+    }
+    Ok(token)
+}
+
+/// The bearer credential ([`bearer`]), whatever it is: the service decides
+/// what it authorizes.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Bearer(pub String);
+
+impl std::fmt::Debug for Bearer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Bearer(<redacted>)")
+    }
+}
+
+impl<S: ServiceState> FromRequestParts<S> for Bearer {
+    type Rejection = S::Error;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Bearer, S::Error> {
+        Ok(Bearer(bearer(&parts.headers)?.to_string()))
+    }
+}
+
+/// The `Idempotency-Key` header, if sent. Its content is the domain's to
+/// judge: a non-ASCII value is passed on lossily decoded, to be refused
+/// there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IdempotencyKey(pub Option<String>);
+
+impl<S: ServiceState> FromRequestParts<S> for IdempotencyKey {
+    type Rejection = S::Error;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<IdempotencyKey, S::Error> {
+        let mut values = parts.headers.get_all(IDEMPOTENCY_KEY_HEADER).iter();
+        let Some(v) = values.next() else {
+            return Ok(IdempotencyKey(None));
+        };
+        if values.next().is_some() {
+            return Err(
+                Rejection::InvalidHeader("Idempotency-Key may be sent only once".into()).into(),
+            );
+        }
+        Ok(IdempotencyKey(Some(
+            String::from_utf8_lossy(v.as_bytes()).into_owned(),
+        )))
+    }
+}
+
+/// A required JSON object body of type `T`.
+///
+/// # Rejections
+/// [`Rejection::PayloadTooLarge`] (413) over the service's limit,
+/// [`Rejection::UnsupportedMediaType`] (415) for a non-empty body that is
+/// not `application/json` (or `application/*+json`),
+/// [`Rejection::InvalidJson`] (400) for an empty body or bad syntax,
+/// [`Rejection::InvalidBody`] (422) for JSON of the wrong shape (an array
+/// for an object, unknown or missing fields, wrong types), naming the field
+/// path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JsonBody<T>(pub T);
+
+impl<S: ServiceState, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
+    type Rejection = S::Error;
+
+    async fn from_request(req: Request, state: &S) -> Result<JsonBody<T>, S::Error> {
+        match read_json::<S, T>(req, state).await? {
+            Some(value) => Ok(JsonBody(value)),
+            None => Err(Rejection::InvalidJson("a JSON request body is required".into()).into()),
+        }
+    }
+}
+
+/// An optional JSON object body: an empty body and `null` are both `None`.
+/// Otherwise as [`JsonBody`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OptionalJsonBody<T>(pub Option<T>);
+
+impl<S: ServiceState, T: DeserializeOwned> FromRequest<S> for OptionalJsonBody<T> {
+    type Rejection = S::Error;
+
+    async fn from_request(req: Request, state: &S) -> Result<OptionalJsonBody<T>, S::Error> {
+        let value = read_json::<S, Option<T>>(req, state).await?;
+        Ok(OptionalJsonBody(value.flatten()))
+    }
+}
+
+/// Reads the body within the service's limit and parses it ([`parse_json`]).
+async fn read_json<S: ServiceState, T: DeserializeOwned>(
+    req: Request,
+    state: &S,
+) -> Result<Option<T>, Rejection> {
+    let is_json = is_json_content_type(req.headers());
+    let body = match Bytes::from_request(req, state).await {
+        Ok(b) => b,
+        Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+            return Err(Rejection::PayloadTooLarge {
+                limit_bytes: state.body_max_bytes(),
+            });
+        }
+        Err(e) => {
+            return Err(Rejection::InvalidJson(format!(
+                "could not read the request body: {e}"
+            )));
+        }
+    };
+    parse_json(is_json, &body)
+}
+
+fn is_json_content_type(headers: &HeaderMap) -> bool {
+    let Some(ct) = headers.get(header::CONTENT_TYPE) else {
+        return false;
+    };
+    let Ok(ct) = ct.to_str() else { return false };
+    let essence = ct
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    essence == "application/json"
+        || (essence.starts_with("application/") && essence.ends_with("+json"))
+}
+
+/// Parses a body sent with a JSON content type (`is_json`) or not. An empty
+/// body is `None` (the extractor decides whether that is allowed); a
+/// non-empty one must be JSON.
+fn parse_json<T: DeserializeOwned>(is_json: bool, body: &[u8]) -> Result<Option<T>, Rejection> {
+    if body.is_empty() {
+        return Ok(None);
+    }
+    if !is_json {
+        return Err(Rejection::UnsupportedMediaType);
+    }
+    // serde accepts a JSON array for a struct (fields by position); request
+    // bodies are objects only.
+    if body.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[') {
+        return Err(Rejection::InvalidBody(
+            "the request body must be a JSON object, not an array".into(),
+        ));
+    }
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let value: T = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        match inner.classify() {
+            serde_json::error::Category::Data => {
+                if path == "." {
+                    Rejection::InvalidBody(inner.to_string())
+                } else {
+                    Rejection::InvalidBody(format!("{path}: {inner}"))
+                }
+            }
+            _ => Rejection::InvalidJson(format!("request body is not valid JSON: {inner}")),
+        }
+    })?;
+    de.end()
+        .map_err(|e| Rejection::InvalidJson(format!("request body is not valid JSON: {e}")))?;
+    Ok(Some(value))
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::http::HeaderValue;
+
+    use super::*;
+
+    fn check_bearer(values: &[&str], expected: Option<&str>) {
+        let mut h = HeaderMap::new();
+        for v in values {
+            h.append(
+                header::AUTHORIZATION,
+                HeaderValue::from_str(v).expect("header"),
+            );
+        }
+        assert_eq!(bearer(&h).ok(), expected, "{values:?}");
+    }
+
+    #[test]
+    fn bearer_parsing() {
+        check_bearer(&[], None);
+        check_bearer(&["Bearer abc"], Some("abc"));
+        check_bearer(&["bearer abc"], Some("abc"));
+        check_bearer(&["BEARER  abc"], Some("abc"));
+        check_bearer(&["Bearer"], None);
+        check_bearer(&["Bearer "], None);
+        check_bearer(&["Bearer a b"], None);
+        check_bearer(&["Basic abc"], None);
+        check_bearer(&["Bearer abc", "Bearer abc"], None);
+        check_bearer(&["Bearer tga1.0f"], Some("tga1.0f"));
+    }
+
+    fn check_content_type(value: Option<&str>, expected: bool) {
+        let mut h = HeaderMap::new();
+        if let Some(v) = value {
+            h.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_str(v).expect("header"),
+            );
+        }
+        assert_eq!(is_json_content_type(&h), expected, "{value:?}");
+    }
+
+    #[test]
+    fn json_content_types() {
+        check_content_type(None, false);
+        check_content_type(Some("application/json"), true);
+        check_content_type(Some("Application/JSON; charset=utf-8"), true);
+        check_content_type(Some("application/merge-patch+json"), true);
+        check_content_type(Some("text/json"), false);
+        check_content_type(Some("text/plain"), false);
+        check_content_type(Some("application/jsonx"), false);
+    }
+
+    #[derive(Debug, PartialEq, serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Units {
+        units: i64,
+    }
+
+    #[test]
+    fn parse_table() {
+        let parse = |is_json: bool, body: &str| parse_json::<Units>(is_json, body.as_bytes());
+        assert_eq!(parse(false, ""), Ok(None));
+        assert_eq!(parse(true, r#"{"units":1}"#), Ok(Some(Units { units: 1 })));
+        assert_eq!(
+            parse(false, r#"{"units":1}"#),
+            Err(Rejection::UnsupportedMediaType)
+        );
+        assert_eq!(
+            parse(true, " [1]"),
+            Err(Rejection::InvalidBody(
+                "the request body must be a JSON object, not an array".into()
+            ))
+        );
+        let code = |r: Result<Option<Units>, Rejection>| r.map_err(|e| e.code());
+        assert_eq!(code(parse(true, "{")), Err("invalid_json"));
+        assert_eq!(code(parse(true, r#"{"units":1} x"#)), Err("invalid_json"));
+        assert_eq!(code(parse(true, r#"{"units":"1"}"#)), Err("invalid_body"));
+        assert_eq!(
+            code(parse(true, r#"{"units":1,"x":2}"#)),
+            Err("invalid_body")
+        );
+        match parse(true, r#"{"units":"1"}"#) {
+            Err(Rejection::InvalidBody(m)) => {
+                assert!(m.starts_with("units: invalid type: string"), "{m}")
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            parse_json::<Option<Units>>(true, b"null"),
+            Ok(Some(None)),
+            "null is a present, empty value"
+        );
+    }
+}

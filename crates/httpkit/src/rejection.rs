@@ -1,0 +1,166 @@
+//! The request-level refusals every router shares.
+
+use std::time::Duration;
+
+use axum::http::StatusCode;
+
+/// A request refused before (or instead of) reaching its handler's domain
+/// call: the credential, body, path, a header, the route, or a time bound.
+/// Every variant is the client's doing except [`Rejection::Timeout`] (the
+/// service was too slow). Messages are the client-facing detail.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Rejection {
+    /// No usable `Authorization: Bearer` credential.
+    #[error("a bearer credential is required")]
+    Unauthenticated,
+    /// The body is not JSON (or is missing where one is required).
+    #[error("{0}")]
+    InvalidJson(String),
+    /// The body is JSON of the wrong shape (unknown or missing fields, wrong
+    /// types, integers out of range, unparseable values), naming the field
+    /// path.
+    #[error("{0}")]
+    InvalidBody(String),
+    /// A body was sent with a content type other than JSON.
+    #[error("request bodies must be application/json")]
+    UnsupportedMediaType,
+    /// The body exceeded the service's limit (or its stream broke).
+    #[error("request body exceeds {limit_bytes} bytes")]
+    PayloadTooLarge {
+        /// The limit in bytes.
+        limit_bytes: usize,
+    },
+    /// A path parameter is not a valid id.
+    #[error("{0}")]
+    InvalidPath(String),
+    /// A header is malformed.
+    #[error("{0}")]
+    InvalidHeader(String),
+    /// No route matches.
+    #[error("no such resource")]
+    NotFound,
+    /// The route exists but not with this method.
+    #[error("method not allowed on this resource")]
+    MethodNotAllowed,
+    /// Handling the request did not finish within the bound.
+    #[error("request did not finish within {0:?}")]
+    Timeout(Duration),
+    /// The client did not send its announced body within the bound.
+    #[error("the request body did not arrive within {0:?}")]
+    BodyTimeout(Duration),
+}
+
+impl Rejection {
+    /// Every code of this type and its status, in variant order.
+    pub const CODES: &'static [(&'static str, u16)] = &[
+        ("unauthenticated", 401),
+        ("invalid_json", 400),
+        ("invalid_body", 422),
+        ("unsupported_media_type", 415),
+        ("payload_too_large", 413),
+        ("invalid_path", 400),
+        ("invalid_header", 400),
+        ("not_found", 404),
+        ("method_not_allowed", 405),
+        ("request_timeout", 503),
+        ("body_timeout", 408),
+    ];
+
+    /// The stable machine-readable code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Rejection::Unauthenticated => "unauthenticated",
+            Rejection::InvalidJson(_) => "invalid_json",
+            Rejection::InvalidBody(_) => "invalid_body",
+            Rejection::UnsupportedMediaType => "unsupported_media_type",
+            Rejection::PayloadTooLarge { .. } => "payload_too_large",
+            Rejection::InvalidPath(_) => "invalid_path",
+            Rejection::InvalidHeader(_) => "invalid_header",
+            Rejection::NotFound => "not_found",
+            Rejection::MethodNotAllowed => "method_not_allowed",
+            Rejection::Timeout(_) => "request_timeout",
+            Rejection::BodyTimeout(_) => "body_timeout",
+        }
+    }
+
+    /// The HTTP status: 4xx for everything the client did, 503 for a
+    /// handler that outlasted its bound.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Rejection::Unauthenticated => StatusCode::UNAUTHORIZED,
+            Rejection::InvalidJson(_) | Rejection::InvalidPath(_) | Rejection::InvalidHeader(_) => {
+                StatusCode::BAD_REQUEST
+            }
+            Rejection::InvalidBody(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            Rejection::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            Rejection::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Rejection::NotFound => StatusCode::NOT_FOUND,
+            Rejection::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            Rejection::Timeout(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Rejection::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One rejection per variant, in variant order.
+    fn every_rejection() -> Vec<Rejection> {
+        let d = Duration::from_millis(50);
+        vec![
+            Rejection::Unauthenticated,
+            Rejection::InvalidJson("x".into()),
+            Rejection::InvalidBody("x".into()),
+            Rejection::UnsupportedMediaType,
+            Rejection::PayloadTooLarge { limit_bytes: 65536 },
+            Rejection::InvalidPath("x".into()),
+            Rejection::InvalidHeader("x".into()),
+            Rejection::NotFound,
+            Rejection::MethodNotAllowed,
+            Rejection::Timeout(d),
+            Rejection::BodyTimeout(d),
+        ]
+    }
+
+    #[test]
+    fn codes_table_matches_every_variant() {
+        let table: Vec<(&str, u16)> = every_rejection()
+            .iter()
+            .map(|r| (r.code(), r.status().as_u16()))
+            .collect();
+        assert_eq!(table, Rejection::CODES);
+    }
+
+    #[test]
+    fn messages() {
+        let d = Duration::from_millis(50);
+        for (r, message) in [
+            (
+                Rejection::Unauthenticated,
+                "a bearer credential is required",
+            ),
+            (
+                Rejection::UnsupportedMediaType,
+                "request bodies must be application/json",
+            ),
+            (
+                Rejection::PayloadTooLarge { limit_bytes: 65536 },
+                "request body exceeds 65536 bytes",
+            ),
+            (Rejection::NotFound, "no such resource"),
+            (
+                Rejection::MethodNotAllowed,
+                "method not allowed on this resource",
+            ),
+            (Rejection::Timeout(d), "request did not finish within 50ms"),
+            (
+                Rejection::BodyTimeout(d),
+                "the request body did not arrive within 50ms",
+            ),
+        ] {
+            assert_eq!(r.to_string(), message);
+        }
+    }
+}

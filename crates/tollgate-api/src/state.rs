@@ -1,0 +1,229 @@
+//! The state every handler shares: the store, the clock, the admin token,
+//! the metrics and the reclaim worker, with the service's time bounds.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::FromRequestParts;
+use axum::http::request::Parts;
+use axum::http::{Method, StatusCode};
+use clock::{Clock, TELEMETRY_READ_MAX, TestClock};
+use httpkit::{RequestMetrics, ServiceState};
+
+use crate::auth::AdminToken;
+use crate::dto::{LateExpiryView, PausedView, SafeTimeView};
+use crate::error::ApiError;
+use crate::metrics::{self, Metrics};
+use crate::storage::ServiceStore;
+use crate::worker::ReclaimWorker;
+
+/// The largest accepted request body: 64 KiB holds a consolidation of
+/// several hundred leases and bounds the memory one request can pin.
+pub const BODY_LIMIT_BYTES: usize = 64 * 1024;
+
+/// How the service is configured beyond its storage and clock.
+#[derive(Debug, Clone)]
+pub struct ServiceOptions {
+    /// The admin bearer token.
+    pub admin_token: String,
+    /// Leases per reclaim batch (worker and `POST /v1/admin/reclaim` default).
+    pub reclaim_batch: usize,
+    /// Bound on every request's handling time.
+    pub request_timeout: Duration,
+}
+
+struct Inner {
+    store: ServiceStore,
+    clock: Arc<dyn Clock>,
+    admin: AdminToken,
+    metrics: Arc<Metrics>,
+    worker: ReclaimWorker,
+    request_timeout: Duration,
+}
+
+/// Shared state of every handler. Cheap to clone.
+#[derive(Clone)]
+pub struct AppState {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for AppState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AppState")
+            .field("store", &self.inner.store)
+            .field("clock", &self.inner.clock)
+            .finish_non_exhaustive()
+    }
+}
+
+impl AppState {
+    /// State over `store` with time from `clock`.
+    pub fn new(
+        store: ServiceStore,
+        clock: Arc<dyn Clock>,
+        metrics: Arc<Metrics>,
+        options: ServiceOptions,
+    ) -> AppState {
+        let worker = ReclaimWorker::new(
+            store.allocator.clone(),
+            clock.clone(),
+            options.reclaim_batch,
+            metrics.clone(),
+        );
+        AppState {
+            inner: Arc::new(Inner {
+                store,
+                clock,
+                admin: AdminToken::new(&options.admin_token),
+                metrics,
+                worker,
+                request_timeout: options.request_timeout,
+            }),
+        }
+    }
+
+    /// The reclaim worker sharing this state's store, clock and metrics.
+    pub fn worker(&self) -> &ReclaimWorker {
+        &self.inner.worker
+    }
+
+    /// The metrics registry.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.inner.metrics
+    }
+
+    /// The store.
+    pub fn store(&self) -> &ServiceStore {
+        &self.inner.store
+    }
+
+    /// The store, under its old name: tollgate-server's `serve` still calls
+    /// it so; the lead re-points that call and removes this.
+    #[doc(hidden)]
+    pub fn backend(&self) -> &ServiceStore {
+        self.store()
+    }
+
+    /// The clock.
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.inner.clock
+    }
+
+    /// The admin token.
+    pub(crate) fn admin(&self) -> &AdminToken {
+        &self.inner.admin
+    }
+
+    /// The clock's instant, certain or not (deposit, renew, release).
+    pub(crate) async fn now(&self) -> Result<jiff::Timestamp, ApiError> {
+        Ok(self.inner.clock.read().await?.now)
+    }
+
+    /// The clock's instant for an operation that admits new deadline-bearing
+    /// work (`operation`: `acquire` or `consolidate`): refused with
+    /// [`ApiError::TimeUncertain`], and counted as paused, when the reading
+    /// is uncertain.
+    pub(crate) async fn admission_now(
+        &self,
+        operation: &'static str,
+    ) -> Result<jiff::Timestamp, ApiError> {
+        let reading = self.inner.clock.read().await?;
+        match reading.uncertain {
+            None => Ok(reading.now),
+            Some(reason) => {
+                self.inner
+                    .metrics
+                    .inc(metrics::SAFETIME_PAUSED, &[("operation", operation)]);
+                Err(ApiError::TimeUncertain {
+                    reason,
+                    retry_after_secs: self.inner.clock.retry_after_secs(),
+                })
+            }
+        }
+    }
+
+    /// The safe-time (one fresh reading of the cut, bounded by
+    /// [`TELEMETRY_READ_MAX`]; a failed read shows as `read_error`, not as
+    /// a failed status), paused-operation and late-expiry parts of the
+    /// status.
+    pub(crate) async fn telemetry(&self) -> (Option<SafeTimeView>, PausedView, LateExpiryView) {
+        let safe_time = self.inner.clock.refresh_safe_time(TELEMETRY_READ_MAX).await;
+        let m = &self.inner.metrics;
+        let paused = |op: &'static str| {
+            u64::try_from(m.get(metrics::SAFETIME_PAUSED, &[("operation", op)])).unwrap_or(u64::MAX)
+        };
+        (
+            safe_time.as_ref().map(SafeTimeView::from),
+            PausedView {
+                acquire: paused("acquire"),
+                consolidate: paused("consolidate"),
+                reclaim: paused("reclaim"),
+            },
+            m.late_expiry().into(),
+        )
+    }
+}
+
+impl ServiceState for AppState {
+    type Error = ApiError;
+
+    fn body_max_bytes(&self) -> usize {
+        BODY_LIMIT_BYTES
+    }
+
+    fn request_timeout(&self) -> Duration {
+        self.inner.request_timeout
+    }
+}
+
+impl RequestMetrics for AppState {
+    fn count_request(
+        &self,
+        method: &Method,
+        route: &str,
+        status: StatusCode,
+        error_code: Option<&'static str>,
+    ) {
+        let m = &self.inner.metrics;
+        m.inc(
+            metrics::HTTP_REQUESTS,
+            &[
+                ("method", method.as_str()),
+                ("route", route),
+                ("status", status.as_str()),
+            ],
+        );
+        if let Some(code) = error_code {
+            m.inc(metrics::ERRORS, &[("code", code)]);
+        }
+    }
+}
+
+/// The clock of a service started with `--clock test`, which
+/// `PUT /v1/admin/test-clock` sets; any other clock is refused with 409
+/// [`ApiError::TestClockDisabled`].
+#[derive(Debug, Clone)]
+pub struct SettableClock(Arc<dyn Clock>);
+
+impl SettableClock {
+    /// The test clock.
+    ///
+    /// # Panics
+    /// Never: extraction admits only a clock that is a test clock.
+    pub fn test_clock(&self) -> &TestClock {
+        self.0
+            .as_test()
+            .expect("a SettableClock is extracted only from a test clock")
+    }
+}
+
+impl FromRequestParts<AppState> for SettableClock {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(_: &mut Parts, s: &AppState) -> Result<SettableClock, ApiError> {
+        match s.clock().as_test() {
+            Some(_) => Ok(SettableClock(s.clock().clone())),
+            None => Err(ApiError::TestClockDisabled),
+        }
+    }
+}
