@@ -156,31 +156,6 @@ impl AppState {
         }
     }
 
-    /// The safe-time (one fresh reading of the cut, bounded by
-    /// [`crate::clock::TELEMETRY_READ_MAX`]; a failed read shows as
-    /// `read_error`, not as a failed status), paused-operation and
-    /// late-expiry parts of the status.
-    async fn telemetry(&self) -> (Option<SafeTimeView>, PausedView, LateExpiryView) {
-        let safe_time = self
-            .inner
-            .clock
-            .refresh_safe_time(crate::clock::TELEMETRY_READ_MAX)
-            .await;
-        let m = &self.inner.metrics;
-        let paused = |op: &'static str| {
-            u64::try_from(m.get(metrics::SAFETIME_PAUSED, &[("operation", op)])).unwrap_or(u64::MAX)
-        };
-        (
-            safe_time.as_ref().map(SafeTimeView::from),
-            PausedView {
-                acquire: paused("acquire"),
-                consolidate: paused("consolidate"),
-                reclaim: paused("reclaim"),
-            },
-            m.late_expiry().into(),
-        )
-    }
-
     fn require_admin(&self, headers: &HeaderMap) -> Result<(), ApiError> {
         let token = auth::bearer(headers)?;
         if self.inner.admin.matches(token) {
@@ -611,17 +586,38 @@ async fn admin_status(
     headers: HeaderMap,
 ) -> Result<Json<StatusView>, ApiError> {
     s.require_admin(&headers)?;
-    // Each part is bounded (readiness and counts by the store, the cut by
-    // the clock) and they run together, so the report answers within
-    // about 2 s even while the database does not.
-    let ops = &*s.inner.backend.ops;
-    let (readiness, counts, (safe_time, paused, late_expiry)) = tokio::join!(
+    let i = &s.inner;
+    Ok(Json(
+        status_report(&i.backend, &*i.clock, Some(&i.metrics)).await,
+    ))
+}
+
+/// The status report of `GET /v1/admin/status`, and of `tollgate status`
+/// run directly against a database: readiness, counts of active leases
+/// and legacy bounds, the policy in force, the clock and, on the safe-cut
+/// clock, one fresh reading of the cut (bounded by
+/// [`crate::clock::TELEMETRY_READ_MAX`]; a failed read shows as
+/// `read_error`, not as a failed report). `metrics`: the service's, for
+/// the operations paused by an uncertain cut and the late-expiry
+/// histogram since it started; `None` (a command outside the service)
+/// reports both as `null`.
+///
+/// Each part is bounded (readiness and counts by the store, the cut by
+/// the clock) and they run together, so the report answers within about
+/// 2 s even while the database does not.
+pub async fn status_report(
+    backend: &Backend,
+    clock: &dyn Clock,
+    metrics: Option<&Metrics>,
+) -> StatusView {
+    let ops = &*backend.ops;
+    let (readiness, counts, safe_time) = tokio::join!(
         ops.readiness(),
         crate::storage::bounded_counts(ops),
-        s.telemetry()
+        clock.refresh_safe_time(crate::clock::TELEMETRY_READ_MAX)
     );
-    let policy = s.inner.backend.allocator.policy();
-    Ok(Json(StatusView {
+    let policy = backend.allocator.policy();
+    StatusView {
         readiness: ready_view(&readiness),
         active_leases: counts.map(|c| c.active_leases),
         active_legacy_bounds: counts.map(|c| c.active_legacy_bounds),
@@ -629,11 +625,23 @@ async fn admin_status(
             max_ttl: policy.max_ttl(),
             reclaim_grace: policy.reclaim_grace(),
         },
-        clock: s.inner.clock.kind().to_string(),
-        safe_time,
-        paused: Some(paused),
-        late_expiry: Some(late_expiry),
-    }))
+        clock: clock.kind().to_string(),
+        safe_time: safe_time.as_ref().map(SafeTimeView::from),
+        paused: metrics.map(paused_view),
+        late_expiry: metrics.map(|m| m.late_expiry().into()),
+    }
+}
+
+/// Operations refused because the safe expiry cut was uncertain, by kind.
+fn paused_view(m: &Metrics) -> PausedView {
+    let paused = |op: &'static str| {
+        u64::try_from(m.get(metrics::SAFETIME_PAUSED, &[("operation", op)])).unwrap_or(u64::MAX)
+    };
+    PausedView {
+        acquire: paused("acquire"),
+        consolidate: paused("consolidate"),
+        reclaim: paused("reclaim"),
+    }
 }
 
 /// Sets the test clock (only with `--clock test`).
