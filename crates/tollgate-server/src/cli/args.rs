@@ -6,8 +6,7 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::client::{Client, ClientError};
-use crate::clock::ClockKind;
-use crate::config::RawConfig;
+use crate::config::{self, RawConfig, ServiceSettings, StoreSettings};
 
 /// Default `--server` of the client subcommands.
 pub const DEFAULT_SERVER: &str = "http://127.0.0.1:8080";
@@ -67,53 +66,16 @@ pub enum Command {
     Clock(ClockCmd),
 }
 
-/// Settings that name the store and its policy.
+/// Settings that name the store and its policy: the configuration file
+/// and the store's settings ([`StoreSettings`]).
 #[derive(Debug, Clone, Args)]
 pub struct StoreArgs {
     /// TOML configuration file (keys: the flag names in snake_case).
     #[arg(long, env = "TOLLGATE_CONFIG", value_name = "PATH")]
     pub config: Option<PathBuf>,
-    /// PostgreSQL URL (also DATABASE_URL); absent: the memory store.
-    #[arg(
-        long,
-        env = "TOLLGATE_DATABASE_URL",
-        value_name = "URL",
-        hide_env_values = true
-    )]
-    pub database_url: Option<String>,
-    /// Longest granted TTL [default: PT1H].
-    #[arg(
-        long,
-        env = "TOLLGATE_MAX_TTL",
-        value_name = "DURATION",
-        allow_hyphen_values = true
-    )]
-    pub max_ttl: Option<String>,
-    /// Grace after expiry before a lease is reclaimable; `max` for the
-    /// largest duration [default: PT30S].
-    #[arg(
-        long,
-        env = "TOLLGATE_RECLAIM_GRACE",
-        value_name = "DURATION",
-        allow_hyphen_values = true
-    )]
-    pub reclaim_grace: Option<String>,
-    /// Capability key file (at least 32 bytes); required with PostgreSQL.
-    #[arg(long, env = "TOLLGATE_SECRET_FILE", value_name = "PATH")]
-    pub secret_file: Option<PathBuf>,
-    /// Time source [default: system]. `safe-cut`: the safe expiry cut
-    /// published in PostgreSQL by the safe-time sampler.
-    #[arg(long, env = "TOLLGATE_CLOCK", value_enum)]
-    pub clock: Option<ClockArg>,
-    /// Safe-cut clock: a cut not republished for longer than this is stale,
-    /// hence uncertain [default: PT5S].
-    #[arg(
-        long,
-        env = "TOLLGATE_SAFETIME_GAP_MAX",
-        value_name = "DURATION",
-        allow_hyphen_values = true
-    )]
-    pub safetime_gap_max: Option<String>,
+    #[command(flatten)]
+    /// The store's settings.
+    pub settings: StoreSettings,
 }
 
 /// `tollgate serve`.
@@ -122,86 +84,24 @@ pub struct ServeArgs {
     #[command(flatten)]
     /// Store settings.
     pub store: StoreArgs,
-    /// Address to listen on [default: 127.0.0.1:8080].
-    #[arg(long, env = "TOLLGATE_LISTEN", value_name = "ADDR:PORT")]
-    pub listen: Option<String>,
-    /// Pause between reclaim worker passes [default: PT1S].
-    #[arg(
-        long,
-        env = "TOLLGATE_RECLAIM_INTERVAL",
-        value_name = "DURATION",
-        allow_hyphen_values = true
-    )]
-    pub reclaim_interval: Option<String>,
-    /// Leases per reclaim batch, 1..=10000 [default: 1000].
-    #[arg(
-        long,
-        env = "TOLLGATE_RECLAIM_BATCH",
-        value_name = "N",
-        allow_negative_numbers = true
-    )]
-    pub reclaim_batch: Option<i64>,
-    /// Do not run the reclaim worker inside the service.
-    #[arg(long, env = "TOLLGATE_NO_RECLAIM_WORKER")]
-    pub no_reclaim_worker: bool,
-    /// PostgreSQL: do not apply pending migrations at start-up.
-    #[arg(long, env = "TOLLGATE_NO_MIGRATE")]
-    pub no_migrate: bool,
-    /// Admin bearer token (memory store: generated and printed when unset).
-    #[arg(
-        long,
-        env = "TOLLGATE_ADMIN_TOKEN",
-        value_name = "TOKEN",
-        hide_env_values = true
-    )]
-    pub admin_token: Option<String>,
-    /// Bound on each request [default: PT30S].
-    #[arg(
-        long,
-        env = "TOLLGATE_REQUEST_TIMEOUT",
-        value_name = "DURATION",
-        allow_hyphen_values = true
-    )]
-    pub request_timeout: Option<String>,
-    /// Bound on finishing in-flight requests at shutdown [default: PT10S].
-    #[arg(
-        long,
-        env = "TOLLGATE_SHUTDOWN_TIMEOUT",
-        value_name = "DURATION",
-        allow_hyphen_values = true
-    )]
-    pub shutdown_timeout: Option<String>,
+    #[command(flatten)]
+    /// The service's own settings.
+    pub service: ServiceSettings,
     /// Print the effective configuration (secrets redacted) and exit.
     #[arg(long)]
     pub print_config: bool,
 }
 
-/// `--clock`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum ClockArg {
-    /// The operating system's clock.
-    System,
-    /// A clock set over HTTP (tests only).
-    Test,
-    /// The safe expiry cut in PostgreSQL (PostgreSQL only).
-    SafeCut,
-}
-
-impl From<ClockArg> for ClockKind {
-    fn from(c: ClockArg) -> ClockKind {
-        match c {
-            ClockArg::System => ClockKind::System,
-            ClockArg::Test => ClockKind::Test,
-            ClockArg::SafeCut => ClockKind::SafeCut,
-        }
-    }
-}
-
 /// Where a client subcommand sends its requests.
 #[derive(Debug, Clone, Args)]
 pub struct ClientArgs {
-    /// The service's base URL [default: http://127.0.0.1:8080].
-    #[arg(long, env = "TOLLGATE_SERVER", value_name = "URL")]
+    /// The service's base URL (default: [`DEFAULT_SERVER`]).
+    #[arg(
+        long,
+        env = "TOLLGATE_SERVER",
+        value_name = "URL",
+        help = format!("The service's base URL [default: {DEFAULT_SERVER}]")
+    )]
     pub server: Option<String>,
     /// Bearer credential: the admin token, an account API key or a lease
     /// capability, as the operation needs.
@@ -258,11 +158,23 @@ pub struct ReclaimArgs {
     /// Keep reclaiming every `--interval` until SIGTERM/SIGINT.
     #[arg(long = "loop")]
     pub run_loop: bool,
-    /// Leases per batch [default: 1000].
-    #[arg(long, value_name = "N")]
+    /// Leases per batch (default: `--reclaim-batch`'s).
+    #[arg(
+        long,
+        value_name = "N",
+        help = format!("Leases per batch [default: {}]", config::DEFAULT_RECLAIM_BATCH)
+    )]
     pub limit: Option<usize>,
-    /// Pause between batches with `--loop` [default: PT1S].
-    #[arg(long, value_name = "DURATION", allow_hyphen_values = true)]
+    /// Pause between batches with `--loop` (default: `--reclaim-interval`'s).
+    #[arg(
+        long,
+        value_name = "DURATION",
+        allow_hyphen_values = true,
+        help = format!(
+            "Pause between batches with `--loop` [default: {}]",
+            config::DEFAULT_RECLAIM_INTERVAL
+        )
+    )]
     pub interval: Option<String>,
 }
 
@@ -272,7 +184,7 @@ pub struct PolicyDbArgs {
     /// PostgreSQL URL (also DATABASE_URL).
     #[arg(
         long,
-        env = "TOLLGATE_DATABASE_URL",
+        env = config::DATABASE_URL_ENV,
         value_name = "URL",
         hide_env_values = true
     )]
@@ -407,33 +319,18 @@ pub enum ClockCmd {
 }
 
 impl StoreArgs {
-    pub(super) fn raw(&self) -> RawConfig {
-        RawConfig {
+    /// The raw configuration of these flags.
+    pub fn raw(&self) -> RawConfig {
+        self.settings.apply(RawConfig {
             config: self.config.clone(),
-            database_url: self.database_url.clone(),
-            max_ttl: self.max_ttl.clone(),
-            reclaim_grace: self.reclaim_grace.clone(),
-            secret_file: self.secret_file.clone(),
-            clock: self.clock.map(Into::into),
-            safetime_gap_max: self.safetime_gap_max.clone(),
             ..RawConfig::default()
-        }
+        })
     }
 }
 
 impl ServeArgs {
     /// The raw configuration of these flags.
     pub fn raw(&self) -> RawConfig {
-        RawConfig {
-            listen: self.listen.clone(),
-            reclaim_interval: self.reclaim_interval.clone(),
-            reclaim_batch: self.reclaim_batch,
-            no_reclaim_worker: self.no_reclaim_worker,
-            no_migrate: self.no_migrate,
-            admin_token: self.admin_token.clone(),
-            request_timeout: self.request_timeout.clone(),
-            shutdown_timeout: self.shutdown_timeout.clone(),
-            ..self.store.raw()
-        }
+        self.service.apply(self.store.raw())
     }
 }

@@ -57,8 +57,9 @@ use std::process::ExitCode;
 
 use clap::Parser as _;
 
+pub use crate::config::ClockArg;
 pub use args::{
-    AccountCmd, Cli, ClientArgs, ClockArg, ClockCmd, Command, DEFAULT_SERVER, LeaseCmd, LogFormat,
+    AccountCmd, Cli, ClientArgs, ClockCmd, Command, DEFAULT_SERVER, LeaseCmd, LogFormat,
     MigrateArgs, OpsArgs, PolicyCmd, PolicyDbArgs, ReclaimArgs, ServeArgs, StoreArgs,
 };
 pub use dispatch::run;
@@ -116,5 +117,16 @@ pub async fn main() -> ExitCode {
             ExitCode::FAILURE
         }
         _ => code,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory as _;
+
+    /// clap's own consistency checks over every subcommand and argument.
+    #[test]
+    fn the_command_line_is_consistent() {
+        super::Cli::command().debug_assert();
     }
 }
