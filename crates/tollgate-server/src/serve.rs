@@ -122,11 +122,6 @@ pub fn admin_token(cfg: &Config) -> Result<String, ServeError> {
     Ok(t)
 }
 
-/// Resolves on the first SIGTERM or SIGINT received after this call.
-pub async fn shutdown_signal() {
-    listen_for_shutdown().await
-}
-
 /// Starts listening for SIGTERM and SIGINT at once (not on first poll, as
 /// an `async fn` would) and resolves on the first received. `serve` calls
 /// it before announcing that it listens, so a supervisor's SIGTERM sent

@@ -162,7 +162,7 @@ pub struct ReclaimArgs {
     #[arg(
         long,
         value_name = "N",
-        help = format!("Leases per batch [default: {}]", config::DEFAULT_RECLAIM_BATCH)
+        help = format!("Leases per batch [default: {}]", config::RECLAIM_BATCH_DEFAULT)
     )]
     pub limit: Option<usize>,
     /// Pause between batches with `--loop` (default: `--reclaim-interval`'s).

@@ -88,7 +88,7 @@ impl Reclaim {
             )));
         }
         Ok(Reclaim {
-            limit: args.limit.unwrap_or(config::DEFAULT_RECLAIM_BATCH),
+            limit: args.limit.unwrap_or(config::RECLAIM_BATCH_DEFAULT),
             interval: args.run_loop.then(|| Config::std(interval)),
         })
     }

@@ -43,8 +43,10 @@ pub const DEFAULT_MAX_TTL: SignedDuration = SignedDuration::from_secs(3600);
 pub const DEFAULT_RECLAIM_GRACE: SignedDuration = SignedDuration::from_secs(30);
 /// Default `--reclaim-interval`: one second.
 pub const DEFAULT_RECLAIM_INTERVAL: SignedDuration = SignedDuration::from_secs(1);
-/// Default `--reclaim-batch`.
-pub const DEFAULT_RECLAIM_BATCH: usize = 1_000;
+/// Default `--reclaim-batch` and `reclaim --limit`: leases per reclaim
+/// batch.
+// the lead points this at tollgate::RECLAIM_BATCH_DEFAULT
+pub const RECLAIM_BATCH_DEFAULT: usize = 1_000;
 /// Default `--request-timeout`.
 pub const DEFAULT_REQUEST_TIMEOUT: SignedDuration = SignedDuration::from_secs(30);
 /// Default `--shutdown-timeout`.
@@ -263,7 +265,7 @@ settings! {
             shown |c| c.reclaim_interval;
         reclaim_batch: Option<i64> => reclaim_batch: i64,
             env "TOLLGATE_RECLAIM_BATCH",
-            Count::up_to(DEFAULT_RECLAIM_BATCH, RECLAIM_BATCH_MAX),
+            Count::up_to(RECLAIM_BATCH_DEFAULT, RECLAIM_BATCH_MAX),
             help "Leases per reclaim batch, {range} {default}",
             arg(value_name = "N", allow_negative_numbers = true),
             shown |c| c.reclaim_batch;
