@@ -35,19 +35,18 @@
 //! No SQL is written in this crate's `src`: every statement lives in
 //! `tollgate-pg`.
 
-use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::postgres::{PgPool, PgPoolOptions};
 use tollgate::safe_time::HorizonPolicy;
 use tollgate::{Allocator, CapabilityKey, GrantPolicy, LeaseState, StorageError};
 use tollgate_pg::safe_time::SafeTimeError;
 use tollgate_pg::{PolicyChange, PostgresStore, Schema};
 
 use crate::clock::ClockKind;
-use crate::config::Config;
+use crate::config::{Config, database_url};
 use crate::storage::{Backend, Readiness, StatusCounts, StoreOps};
 
 /// How long start-up waits for the database to accept connections: long
@@ -327,12 +326,16 @@ const OPERATOR_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
 /// [`PgError::Storage`]: an unparsable URL (not repeated in the message),
 /// an unreachable database, an unknown or pending migration.
 pub async fn open_pool(url: &str) -> Result<PgPool, PgError> {
-    let options = PgConnectOptions::from_str(url).map_err(|_| PgError::Storage {
-        context: "opening the database",
-        source: StorageError::Backend {
-            message: "invalid database url".into(),
-        },
-    })?;
+    // Neither the URL nor sqlx's message (which may quote it) is repeated.
+    let options = database_url::parse(url)
+        .ok()
+        .and_then(|u| u.connect_options().ok())
+        .ok_or_else(|| PgError::Storage {
+            context: "opening the database",
+            source: StorageError::Backend {
+                message: "invalid database url".into(),
+            },
+        })?;
     // Lazy: the first statement connects, and `tollgate-pg` maps its errors.
     let pool = PgPoolOptions::new()
         .max_connections(OPERATOR_POOL_CONNECTIONS)

@@ -15,6 +15,7 @@
 //! Durations are ISO 8601 (`PT30.000000001S`) or jiff's friendly format
 //! (`30s 1ns`, `1h`).
 
+pub mod database_url;
 mod kinds;
 mod settings;
 
@@ -24,6 +25,7 @@ use std::path::{Path, PathBuf};
 use jiff::SignedDuration;
 use tollgate::{CapabilityKey, GrantPolicy};
 
+use database_url::DatabaseUrlError;
 pub use settings::{
     ClockArg, DATABASE_URL_ENV, DATABASE_URL_FALLBACK_ENV, DEFAULT_LISTEN, DEFAULT_MAX_TTL,
     DEFAULT_RECLAIM_GRACE, DEFAULT_RECLAIM_INTERVAL, DEFAULT_REQUEST_TIMEOUT,
@@ -107,36 +109,27 @@ impl std::fmt::Debug for Config {
     }
 }
 
-/// Checks a PostgreSQL URL's shape.
+/// Checks a PostgreSQL URL's shape ([`database_url::parse`]).
 ///
 /// # Errors
-/// Unparseable, or a scheme other than `postgres`/`postgresql`.
+/// Unparseable, or a scheme other than `postgres`/`postgresql`; the
+/// message does not repeat the URL.
 pub fn check_database_url(url: &str) -> Result<(), ConfigError> {
-    let parsed = url::Url::parse(url).map_err(|e| {
-        err(format!(
-            "database_url is not a URL ({e}): {}",
-            redact_url(url)
-        ))
-    })?;
-    match parsed.scheme() {
-        "postgres" | "postgresql" => Ok(()),
-        other => Err(err(format!(
-            "database_url must be postgres:// or postgresql://, got {other}://"
+    match database_url::parse(url) {
+        Ok(_) => Ok(()),
+        Err(e @ DatabaseUrlError::NotAUrl(_)) => Err(err(format!(
+            "database_url {e}: {}",
+            database_url::UNPARSEABLE
         ))),
+        Err(e @ DatabaseUrlError::Scheme(_)) => Err(err(format!("database_url {e}"))),
     }
 }
 
-/// `url` with any password replaced by `***` (for printing).
+/// `url` with any password replaced by `***` (for printing);
+/// [`database_url::UNPARSEABLE`] for anything that is not a PostgreSQL URL.
 pub fn redact_url(url: &str) -> String {
-    match url::Url::parse(url) {
-        Ok(mut u) => {
-            if u.password().is_some() {
-                let _ = u.set_password(Some("***"));
-            }
-            u.to_string()
-        }
-        Err(_) => "<unparseable>".into(),
-    }
+    database_url::parse(url)
+        .map_or_else(|_| database_url::UNPARSEABLE.to_string(), |u| u.redacted())
 }
 
 impl Config {
