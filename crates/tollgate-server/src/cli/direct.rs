@@ -125,7 +125,7 @@ pub(super) async fn policy(cmd: PolicyCmd) -> Result<ExitCode, CliError> {
             report::print_json(&PolicyRecordView {
                 policy: policy.map(Into::into),
                 changes: changes.into_iter().map(change_view).collect(),
-            });
+            })?;
         }
         PolicyCmd::Set {
             db,
@@ -144,7 +144,7 @@ pub(super) async fn policy(cmd: PolicyCmd) -> Result<ExitCode, CliError> {
             let change = pg::set_policy(policy_url(&cfg)?, cfg.policy, &changed_by)
                 .await
                 .map_err(ServeError::from)?;
-            report::print_json(&change_view(change));
+            report::print_json(&change_view(change))?;
             say!(
                 "policy recorded; restart every process sharing this database with \
                  --max-ttl {} --reclaim-grace {}",
@@ -156,9 +156,10 @@ pub(super) async fn policy(cmd: PolicyCmd) -> Result<ExitCode, CliError> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// The store for a direct operator command: the capability key does not
-/// matter for status, audit and reclaim, so a random one stands in when no
-/// `--secret-file` is given.
+/// The PostgreSQL store for a direct operator command (dispatch sends only
+/// a configuration with a database URL here), opened without migrating:
+/// the capability key does not matter for status, audit and reclaim, so a
+/// random one stands in when no `--secret-file` is given.
 async fn open(cfg: &Config, access: pg::Access) -> Result<Backend, CliError> {
     let cfg = &Config {
         migrate_on_start: false,
@@ -168,12 +169,9 @@ async fn open(cfg: &Config, access: pg::Access) -> Result<Backend, CliError> {
         Some(p) => config::read_secret_file(p)?,
         None => CapabilityKey::generate().map_err(|e| ConfigError(e.to_string()))?,
     };
-    if cfg.is_postgres() {
-        return Ok(pg::connect_for(cfg, key, access)
-            .await
-            .map_err(ServeError::from)?);
-    }
-    Ok(serve::build_backend(cfg).await?)
+    Ok(pg::connect_for(cfg, key, access)
+        .await
+        .map_err(ServeError::from)?)
 }
 
 /// The clock of a direct operator command: the safe-cut clock with

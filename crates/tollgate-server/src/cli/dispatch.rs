@@ -27,14 +27,14 @@ pub async fn run(command: Command) -> Result<ExitCode, CliError> {
                 Target::Http(c) => remote::status(&c).await?,
                 Target::Direct(cfg) => direct::status(&cfg).await?,
             };
-            Ok(report::status(&view))
+            report::status(&view)
         }
         Command::Audit(ops) => {
             let view = match target(&ops)? {
                 Target::Http(c) => remote::audit(&c).await?,
                 Target::Direct(cfg) => direct::audit(&cfg).await?,
             };
-            Ok(report::audit(&view))
+            report::audit(&view)
         }
         Command::Reclaim(args) => reclaim(args).await,
         Command::Policy(cmd) => direct::policy(cmd).await,
@@ -46,7 +46,7 @@ pub async fn run(command: Command) -> Result<ExitCode, CliError> {
 
 /// Prints a client subcommand's response.
 fn printed(v: serde_json::Value) -> Result<ExitCode, CliError> {
-    report::print_json(&v);
+    report::print_json(&v)?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -99,7 +99,7 @@ async fn reclaim(args: ReclaimArgs) -> Result<ExitCode, CliError> {
     let plan = Reclaim::of(&args)?;
     let (stop_tx, stop_rx) = watch::channel(false);
     if plan.interval.is_some() {
-        let signal = serve::listen_for_shutdown();
+        let signal = serve::listen_for_shutdown()?;
         tokio::spawn(async move {
             signal.await;
             let _ = stop_tx.send(true);

@@ -4,20 +4,25 @@
 use super::args::LogFormat;
 
 /// Initialises logging on stderr. Level from `TOLLGATE_LOG` (tracing
-/// targets syntax), default `default_level`.
-pub fn init_logging(format: LogFormat, default_level: &str) {
+/// targets syntax), default `default_level`; a `TOLLGATE_LOG` that is
+/// neither a level nor directives is reported on stderr and
+/// `default_level` applies.
+pub fn init_logging(format: LogFormat, default_level: tracing::Level) {
     use std::io::IsTerminal as _;
     use tracing_subscriber::filter::Targets;
     use tracing_subscriber::prelude::*;
-    let spec = std::env::var("TOLLGATE_LOG").unwrap_or_else(|_| default_level.to_string());
-    let filter = log_filter(&spec).unwrap_or_else(|| {
-        say!(
-            "warning: TOLLGATE_LOG={spec:?} is neither a level (error, warn, info, debug, \
-             trace, off) nor target=level directives; logging at {default_level}"
-        );
-        log_filter(default_level)
-            .unwrap_or_else(|| Targets::new().with_default(tracing::Level::INFO))
-    });
+    let default = || Targets::new().with_default(default_level);
+    let filter = match std::env::var("TOLLGATE_LOG") {
+        Err(_) => default(),
+        Ok(spec) => log_filter(&spec).unwrap_or_else(|| {
+            say!(
+                "warning: TOLLGATE_LOG={spec:?} is neither a level (error, warn, info, debug, \
+                 trace, off) nor target=level directives; logging at {}",
+                default_level.as_str().to_ascii_lowercase()
+            );
+            default()
+        }),
+    };
     let registry = tracing_subscriber::registry().with(filter);
     // Colour only for a terminal: a log file or journal gets plain text.
     let layer = tracing_subscriber::fmt::layer()
@@ -26,6 +31,8 @@ pub fn init_logging(format: LogFormat, default_level: &str) {
         // reports it with `eprintln!`, which panics on that same stderr.
         .log_internal_errors(false)
         .with_ansi(std::io::stderr().is_terminal());
+    // Only the first call installs a subscriber; a later one (a test that
+    // runs two commands in one process) keeps the first.
     let _ = match format {
         LogFormat::Human => registry.with(layer).try_init(),
         LogFormat::Json => registry.with(layer.json()).try_init(),

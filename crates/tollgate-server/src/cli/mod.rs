@@ -99,8 +99,8 @@ impl CliError {
 pub async fn main() -> ExitCode {
     let cli = Cli::parse();
     let level = match &cli.command {
-        Command::Serve(_) | Command::Reclaim(_) | Command::Migrate(_) => "info",
-        _ => "warn",
+        Command::Serve(_) | Command::Reclaim(_) | Command::Migrate(_) => tracing::Level::INFO,
+        _ => tracing::Level::WARN,
     };
     init_logging(cli.log_format, level);
     let code = match run(cli.command).await {

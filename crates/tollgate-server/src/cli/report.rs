@@ -8,11 +8,15 @@ use super::CliError;
 use crate::dto::{AuditView, StatusView};
 
 /// Prints `v` as pretty JSON.
-pub(super) fn print_json(v: &impl serde::Serialize) {
-    match serde_json::to_string_pretty(v) {
-        Ok(s) => out!("{s}"),
-        Err(e) => say!("error: cannot print result: {e}"),
-    }
+///
+/// # Errors
+/// [`CliError::Failed`] when `v` cannot be serialized (none of the
+/// service's shapes can fail: their maps have string keys).
+pub(super) fn print_json(v: &impl serde::Serialize) -> Result<(), CliError> {
+    let text = serde_json::to_string_pretty(v)
+        .map_err(|e| CliError::Failed(format!("cannot print result: {e}")))?;
+    out!("{text}");
+    Ok(())
 }
 
 /// Prints `v` as one line of JSON (one reclaim batch, so that `reclaim
@@ -29,21 +33,27 @@ pub(super) fn print_json_line(v: &impl serde::Serialize) -> Result<(), CliError>
 }
 
 /// Prints a status report; exit 0 when ready, 1 otherwise.
-pub(super) fn status(view: &StatusView) -> ExitCode {
-    print_json(view);
-    if view.readiness.ready {
+///
+/// # Errors
+/// As [`print_json`].
+pub(super) fn status(view: &StatusView) -> Result<ExitCode, CliError> {
+    print_json(view)?;
+    Ok(if view.readiness.ready {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)
-    }
+    })
 }
 
 /// Prints an audit report; a report with violations also names each on
 /// stderr, then the accounts they are in, and exits 1.
-pub(super) fn audit(view: &AuditView) -> ExitCode {
-    print_json(view);
+///
+/// # Errors
+/// As [`print_json`].
+pub(super) fn audit(view: &AuditView) -> Result<ExitCode, CliError> {
+    print_json(view)?;
     if view.clean {
-        return ExitCode::SUCCESS;
+        return Ok(ExitCode::SUCCESS);
     }
     for v in &view.violations {
         match v.seq {
@@ -67,5 +77,5 @@ pub(super) fn audit(view: &AuditView) -> ExitCode {
             .collect::<Vec<_>>()
             .join(", ")
     );
-    ExitCode::from(1)
+    Ok(ExitCode::from(1))
 }
