@@ -78,6 +78,16 @@ pub struct StoreArgs {
     pub settings: StoreSettings,
 }
 
+impl StoreArgs {
+    /// The raw configuration of these flags.
+    pub fn raw(&self) -> RawConfig {
+        self.settings.apply(RawConfig {
+            config: self.config.clone(),
+            ..RawConfig::default()
+        })
+    }
+}
+
 /// `tollgate serve`.
 #[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
@@ -90,6 +100,13 @@ pub struct ServeArgs {
     /// Print the effective configuration (secrets redacted) and exit.
     #[arg(long)]
     pub print_config: bool,
+}
+
+impl ServeArgs {
+    /// The raw configuration of these flags.
+    pub fn raw(&self) -> RawConfig {
+        self.service.apply(self.store.raw())
+    }
 }
 
 /// Where a client subcommand sends its requests.
@@ -213,9 +230,16 @@ pub enum PolicyCmd {
         /// duration).
         #[arg(long, value_name = "DURATION", allow_hyphen_values = true)]
         reclaim_grace: String,
-        /// Who makes the change (recorded; 1..=200 characters, no control
-        /// characters).
-        #[arg(long, value_name = "NAME")]
+        /// Who makes the change (recorded; 1..=[`tollgate_pg::CHANGED_BY_MAX_CHARS`]
+        /// characters, no control characters).
+        #[arg(
+            long,
+            value_name = "NAME",
+            help = format!(
+                "Who makes the change (recorded; 1..={} characters, no control characters)",
+                tollgate_pg::CHANGED_BY_MAX_CHARS
+            )
+        )]
         changed_by: String,
     },
 }
@@ -316,21 +340,4 @@ pub enum ClockCmd {
         /// Server settings.
         client: ClientArgs,
     },
-}
-
-impl StoreArgs {
-    /// The raw configuration of these flags.
-    pub fn raw(&self) -> RawConfig {
-        self.settings.apply(RawConfig {
-            config: self.config.clone(),
-            ..RawConfig::default()
-        })
-    }
-}
-
-impl ServeArgs {
-    /// The raw configuration of these flags.
-    pub fn raw(&self) -> RawConfig {
-        self.service.apply(self.store.raw())
-    }
 }

@@ -314,18 +314,18 @@ impl Kind for Token {
 
 /// A file path, read when it is used.
 #[derive(Debug, Clone, Copy)]
-pub struct Path {
+pub struct FilePath {
     unset: &'static str,
 }
 
-impl Path {
+impl FilePath {
     /// A path; `unset` says what happens without one.
-    pub const fn optional(unset: &'static str) -> Path {
-        Path { unset }
+    pub const fn optional(unset: &'static str) -> FilePath {
+        FilePath { unset }
     }
 }
 
-impl Kind for Path {
+impl Kind for FilePath {
     type Flag = Option<PathBuf>;
     type File = PathBuf;
     type Value = Option<PathBuf>;
@@ -349,18 +349,18 @@ impl Kind for Path {
 
 /// The time source.
 #[derive(Debug, Clone, Copy)]
-pub struct Clock {
+pub struct TimeSource {
     default: ClockKind,
 }
 
-impl Clock {
+impl TimeSource {
     /// A clock setting defaulting to `default`.
-    pub const fn with_default(default: ClockKind) -> Clock {
-        Clock { default }
+    pub const fn with_default(default: ClockKind) -> TimeSource {
+        TimeSource { default }
     }
 }
 
-impl Kind for Clock {
+impl Kind for TimeSource {
     type Flag = Option<ClockKind>;
     type File = ClockKind;
     type Value = ClockKind;

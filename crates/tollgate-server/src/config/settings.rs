@@ -30,7 +30,9 @@ use jiff::SignedDuration;
 use serde::Deserialize;
 use tollgate::{RECLAIM_BATCH_MAX, safe_time};
 
-use super::kinds::{Address, Clock, Count, Duration, Kind, Path, PostgresUrl, Switch, Token};
+use super::kinds::{
+    Address, Count, Duration, FilePath, Kind, PostgresUrl, Switch, TimeSource, Token,
+};
 use super::{Config, ConfigError};
 use crate::auth::ADMIN_TOKEN_MIN_BYTES;
 use crate::clock::ClockKind;
@@ -226,13 +228,13 @@ settings! {
             shown |c| c.policy.reclaim_grace();
         secret_file: Option<PathBuf> => secret_file: PathBuf,
             env "TOLLGATE_SECRET_FILE",
-            Path::optional("a fresh random capability key (memory store)"),
+            FilePath::optional("a fresh random capability key (memory store)"),
             help "Capability key file (at least 32 bytes); required with PostgreSQL",
             arg(value_name = "PATH"),
             shown |c| c.secret_file;
         clock: Option<ClockKind> => clock: ClockKind,
             env "TOLLGATE_CLOCK",
-            Clock::with_default(ClockKind::System),
+            TimeSource::with_default(ClockKind::System),
             help "Time source {default}. `safe-cut`: the safe expiry cut published in \
                   PostgreSQL by the safe-time sampler",
             arg(value_parser = clock_values()),
