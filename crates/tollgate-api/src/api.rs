@@ -39,8 +39,10 @@ use utoipa_axum::routes;
 use crate::auth::{self, AccountHolder, AccountReader, Admin, LeaseCapability};
 use crate::dto::*;
 use crate::error::ApiError;
+use crate::metrics::{self, Metrics};
 pub use crate::state::{AppState, BODY_LIMIT_BYTES, ServiceOptions, SettableClock};
-use crate::storage::{Readiness, bounded_counts};
+use crate::storage::{Readiness, ServiceStore, bounded_counts};
+use clock::Clock;
 
 // ---------------------------------------------------------------- handlers
 
@@ -265,14 +267,36 @@ async fn admin_audit(State(s): State<AppState>, _: Admin) -> Result<Json<AuditVi
     responses((status = 200, description = "The service's status", body = StatusView)),
     security(("bearer" = [])))]
 async fn admin_status(State(s): State<AppState>, _: Admin) -> Result<Json<StatusView>, ApiError> {
-    // Each part is bounded (readiness and counts by the store, the cut by
-    // the clock) and they run together, so the report answers within
-    // about 2 s even while the database does not.
-    let ops = &*s.store().ops;
-    let (readiness, counts, (safe_time, paused, late_expiry)) =
-        tokio::join!(ops.readiness(), bounded_counts(ops), s.telemetry());
-    let policy = s.store().allocator.policy();
-    Ok(Json(StatusView {
+    Ok(Json(
+        status_report(s.store(), &**s.clock(), Some(s.metrics())).await,
+    ))
+}
+
+/// The status report of `GET /v1/admin/status`, and of `tollgate status`
+/// run directly against a database: readiness, counts of active leases
+/// and legacy bounds, the policy in force, the clock and, on the safe-cut
+/// clock, one fresh reading of the cut (bounded by
+/// [`TELEMETRY_READ_MAX`]; a failed read shows as `read_error`, not as a
+/// failed report). `metrics`: the service's, for the operations paused by
+/// an uncertain cut and the late-expiry histogram since it started;
+/// `None` (a command outside the service) reports both as `null`.
+///
+/// Each part is bounded (readiness and counts by the store, the cut by
+/// the clock) and they run together, so the report answers within about
+/// 2 s even while the database does not.
+pub async fn status_report(
+    store: &ServiceStore,
+    clock: &dyn Clock,
+    metrics: Option<&Metrics>,
+) -> StatusView {
+    let ops = &*store.ops;
+    let (readiness, counts, safe_time) = tokio::join!(
+        ops.readiness(),
+        bounded_counts(ops),
+        clock.refresh_safe_time(TELEMETRY_READ_MAX)
+    );
+    let policy = store.allocator.policy();
+    StatusView {
         readiness: ready_view(&readiness),
         active_leases: counts.map(|c| c.active_leases),
         active_legacy_bounds: counts.map(|c| c.active_legacy_bounds),
@@ -280,11 +304,23 @@ async fn admin_status(State(s): State<AppState>, _: Admin) -> Result<Json<Status
             max_ttl: policy.max_ttl(),
             reclaim_grace: policy.reclaim_grace(),
         },
-        clock: s.clock().kind().to_string(),
-        safe_time,
-        paused: Some(paused),
-        late_expiry: Some(late_expiry),
-    }))
+        clock: clock.kind().to_string(),
+        safe_time: safe_time.as_ref().map(SafeTimeView::from),
+        paused: metrics.map(paused_view),
+        late_expiry: metrics.map(|m| m.late_expiry().into()),
+    }
+}
+
+/// Operations refused because the safe expiry cut was uncertain, by kind.
+fn paused_view(m: &Metrics) -> PausedView {
+    let paused = |op: &'static str| {
+        u64::try_from(m.get(metrics::SAFETIME_PAUSED, &[("operation", op)])).unwrap_or(u64::MAX)
+    };
+    PausedView {
+        acquire: paused("acquire"),
+        consolidate: paused("consolidate"),
+        reclaim: paused("reclaim"),
+    }
 }
 
 /// Sets the test clock (only with `--clock test`).

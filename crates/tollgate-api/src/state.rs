@@ -7,11 +7,10 @@ use std::time::Duration;
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
 use axum::http::{Method, StatusCode};
-use clock::{Clock, TELEMETRY_READ_MAX, TestClock};
+use clock::{Clock, TestClock};
 use httpkit::{RequestMetrics, ServiceState};
 
 use crate::auth::AdminToken;
-use crate::dto::{LateExpiryView, PausedView, SafeTimeView};
 use crate::error::ApiError;
 use crate::metrics::{self, Metrics};
 use crate::storage::ServiceStore;
@@ -140,27 +139,6 @@ impl AppState {
                 })
             }
         }
-    }
-
-    /// The safe-time (one fresh reading of the cut, bounded by
-    /// [`TELEMETRY_READ_MAX`]; a failed read shows as `read_error`, not as
-    /// a failed status), paused-operation and late-expiry parts of the
-    /// status.
-    pub(crate) async fn telemetry(&self) -> (Option<SafeTimeView>, PausedView, LateExpiryView) {
-        let safe_time = self.inner.clock.refresh_safe_time(TELEMETRY_READ_MAX).await;
-        let m = &self.inner.metrics;
-        let paused = |op: &'static str| {
-            u64::try_from(m.get(metrics::SAFETIME_PAUSED, &[("operation", op)])).unwrap_or(u64::MAX)
-        };
-        (
-            safe_time.as_ref().map(SafeTimeView::from),
-            PausedView {
-                acquire: paused("acquire"),
-                consolidate: paused("consolidate"),
-                reclaim: paused("reclaim"),
-            },
-            m.late_expiry().into(),
-        )
     }
 }
 

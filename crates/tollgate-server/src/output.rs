@@ -4,12 +4,12 @@
 //! `println!` panics when the reader went away (`tollgate audit | head -1`).
 //! Here:
 //!
-//! * [`line`] writes and flushes one line and returns any failure;
-//! * [`print`] is [`line`] for the CLI's results: a reader that went away
+//! * [`line()`] writes and flushes one line and returns any failure;
+//! * [`print()`] is [`line()`] for the CLI's results: a reader that went away
 //!   (broken pipe) ends the output quietly, as a shell pipeline expects;
-//!   any other failure (a full disk) is remembered, and [`failure`] makes
+//!   any other failure (a full disk) is remembered, and [`failure()`] makes
 //!   the command exit 1 instead of 0 with its output lost;
-//! * [`discarded`] tells whether standard output goes to `/dev/null`. A
+//! * [`discarded()`] tells whether standard output goes to `/dev/null`. A
 //!   descriptor 1 that was closed at start (`tollgate serve >&-`) is one of
 //!   those: Rust's runtime reopens a closed standard descriptor on
 //!   `/dev/null` before `main`. Output meant to be seen exactly once (a
@@ -40,8 +40,8 @@ pub fn line(args: std::fmt::Arguments<'_>) -> std::io::Result<()> {
     out.flush()
 }
 
-/// [`line`] for a command's result: a broken pipe is ignored, any other
-/// failure is remembered for [`failure`].
+/// [`line()`] for a command's result: a broken pipe is ignored, any other
+/// failure is remembered for [`failure()`].
 pub fn print(args: std::fmt::Arguments<'_>) {
     match line(args) {
         Ok(()) => {}
@@ -53,7 +53,7 @@ pub fn print(args: std::fmt::Arguments<'_>) {
     }
 }
 
-/// The first output failure [`print`] met (not a broken pipe), if any.
+/// The first output failure [`print()`] met (not a broken pipe), if any.
 pub fn failure() -> Option<String> {
     FAILURE.lock().unwrap_or_else(|p| p.into_inner()).clone()
 }

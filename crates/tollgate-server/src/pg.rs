@@ -36,19 +36,18 @@
 //! No SQL is written in this crate's `src`: every statement lives in
 //! `tollgate-pg`.
 
-use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use safetime::HorizonPolicy;
 use safetime_pg::SafeTimeError;
-use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::postgres::{PgPool, PgPoolOptions};
 use tollgate::{Allocator, CapabilityKey, GrantPolicy, LeaseState, StorageError};
 use tollgate_pg::{PolicyChange, PostgresStore, Schema};
 
 use crate::clock::ClockKind;
-use crate::config::Config;
+use crate::config::{Config, database_url};
 use crate::storage::{Backend, Readiness, StatusCounts, StoreOps};
 
 /// How long start-up waits for the database to accept connections: long
@@ -291,25 +290,37 @@ pub fn backend(store: Arc<PostgresStore>) -> Backend {
 /// # Errors
 /// [`PgError::Storage`].
 pub async fn migrate(url: &str, dry_run: bool) -> Result<Vec<MigrationInfo>, PgError> {
-    let known = Schema::current().known();
-    let describe = |version: i64| MigrationInfo {
-        version,
-        description: known
-            .iter()
-            .find(|m| m.version == version)
-            .map(|m| m.description.clone())
-            .unwrap_or_default(),
-    };
     if dry_run {
         let pending = with_wait(|| tollgate_pg::pending_migrations(url))
             .await
             .map_err(ctx("listing pending migrations"))?;
-        return Ok(pending.into_iter().map(|m| describe(m.version)).collect());
+        return Ok(pending
+            .into_iter()
+            .map(|m| MigrationInfo {
+                version: m.version,
+                description: m.description,
+            })
+            .collect());
     }
     let report = with_wait(|| tollgate_pg::migrate(url))
         .await
         .map_err(ctx("applying migrations"))?;
-    Ok(report.applied.into_iter().map(describe).collect())
+    let known = Schema::current().known();
+    Ok(report
+        .applied
+        .into_iter()
+        .map(|version| {
+            // The migrator applies only this binary's migrations.
+            let m = known
+                .iter()
+                .find(|m| m.version == version)
+                .unwrap_or_else(|| panic!("migration {version} applied but not known"));
+            MigrationInfo {
+                version,
+                description: m.description.clone(),
+            }
+        })
+        .collect())
 }
 
 /// Connections of the operator commands' pool: they run one statement at
@@ -329,12 +340,16 @@ const OPERATOR_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
 /// [`PgError::Storage`]: an unparsable URL (not repeated in the message),
 /// an unreachable database, an unknown or pending migration.
 pub async fn open_pool(url: &str) -> Result<PgPool, PgError> {
-    let options = PgConnectOptions::from_str(url).map_err(|_| PgError::Storage {
-        context: "opening the database",
-        source: StorageError::Failure {
-            message: "invalid database url".into(),
-        },
-    })?;
+    // Neither the URL nor sqlx's message (which may quote it) is repeated.
+    let options = database_url::parse(url)
+        .ok()
+        .and_then(|u| u.connect_options().ok())
+        .ok_or_else(|| PgError::Storage {
+            context: "opening the database",
+            source: StorageError::Failure {
+                message: "invalid database url".into(),
+            },
+        })?;
     // Lazy: the first statement connects, and `tollgate-pg` maps its errors.
     let pool = PgPoolOptions::new()
         .max_connections(OPERATOR_POOL_CONNECTIONS)
@@ -439,17 +454,14 @@ impl StoreOps for PgOps {
                 maintenance: m,
                 detail: None,
             },
+            // At least one failed: the first failure is the detail.
             (v, m) => Readiness {
                 store: "postgres",
                 reachable: false,
                 schema_version: v.as_ref().ok().copied().flatten(),
                 expected_schema_version: expected,
                 maintenance: m.as_ref().ok().copied().unwrap_or(false),
-                detail: Some(match (v, m) {
-                    (Err(e), _) => e.to_string(),
-                    (_, Err(e)) => e.to_string(),
-                    _ => String::new(),
-                }),
+                detail: v.err().or(m.err()).map(|e| e.to_string()),
             },
         }
     }
@@ -462,7 +474,9 @@ impl StoreOps for PgOps {
         let rows = tollgate_pg::lease_counts(self.store.pool()).await?;
         let mut counts = StatusCounts::default();
         for row in rows.iter().filter(|r| r.state == LeaseState::Active) {
-            let n = u64::try_from(row.count).unwrap_or(0);
+            let n = u64::try_from(row.count).map_err(|_| StorageError::Failure {
+                message: format!("lease_counts returned a negative count, {}", row.count),
+            })?;
             counts.active_leases = counts.active_leases.saturating_add(n);
             if row.expiry_is_upper_bound {
                 counts.active_legacy_bounds = counts.active_legacy_bounds.saturating_add(n);

@@ -16,6 +16,7 @@ use std::sync::Arc;
 
 use tokio::net::TcpListener;
 use tokio::sync::watch;
+use tokio::task::JoinHandle;
 use tollgate::{CapabilityKey, StorageError};
 
 use crate::api::{self, AppState, ServiceOptions};
@@ -122,34 +123,65 @@ pub fn admin_token(cfg: &Config) -> Result<String, ServeError> {
     Ok(t)
 }
 
-/// Resolves on the first SIGTERM or SIGINT received after this call.
-pub async fn shutdown_signal() {
-    listen_for_shutdown().await
-}
-
 /// Starts listening for SIGTERM and SIGINT at once (not on first poll, as
 /// an `async fn` would) and resolves on the first received. `serve` calls
 /// it before announcing that it listens, so a supervisor's SIGTERM sent
 /// right after that line still shuts it down gracefully instead of killing
 /// it with the default action.
-pub fn listen_for_shutdown() -> impl std::future::Future<Output = ()> + Send + 'static {
+///
+/// # Errors
+/// [`ServeError::Io`] when a handler cannot be installed (the signal would
+/// then keep its default action and end the process at once).
+pub fn listen_for_shutdown()
+-> Result<impl std::future::Future<Output = ()> + Send + 'static, ServeError> {
     use tokio::signal::unix::{SignalKind, signal};
-    let term = signal(SignalKind::terminate()).ok();
-    let int = signal(SignalKind::interrupt()).ok();
-    async move {
-        let recv = |s: Option<tokio::signal::unix::Signal>| async move {
-            match s {
-                Some(mut s) => {
-                    s.recv().await;
-                }
-                None => std::future::pending::<()>().await,
-            }
-        };
+    let listen = |kind: SignalKind, name: &str| {
+        signal(kind).map_err(|e| ServeError::Io(format!("cannot listen for {name}: {e}")))
+    };
+    let mut term = listen(SignalKind::terminate(), "SIGTERM")?;
+    let mut int = listen(SignalKind::interrupt(), "SIGINT")?;
+    Ok(async move {
         tokio::select! {
-            _ = recv(int) => tracing::info!("SIGINT received: shutting down"),
-            _ = recv(term) => tracing::info!("SIGTERM received: shutting down"),
+            _ = int.recv() => tracing::info!("SIGINT received: shutting down"),
+            _ = term.recv() => tracing::info!("SIGTERM received: shutting down"),
         }
+    })
+}
+
+/// The service's state: the admin token (checked first, so that a
+/// PostgreSQL configuration without one is refused before any connection
+/// is made), the store, the clock (announced: the test clock with a
+/// warning, the safe-cut clock with a first reading, so that its certainty
+/// is logged and `/metrics` has the safe-time gauges from the start) and
+/// fresh metrics.
+///
+/// # Errors
+/// As [`admin_token`], [`build_backend`] and [`build_clock`].
+async fn app_state(cfg: &Config) -> Result<AppState, ServeError> {
+    let token = admin_token(cfg)?;
+    let backend = build_backend(cfg).await?;
+    let clock = build_clock(cfg, &backend)?;
+    match cfg.clock {
+        ClockKind::Test => {
+            tracing::warn!("test clock enabled: time is whatever PUT /v1/admin/test-clock says")
+        }
+        ClockKind::SafeCut => {
+            if let Err(e) = clock.read().await {
+                tracing::warn!(error = %e, "safe time: first reading of the cut failed");
+            }
+        }
+        ClockKind::System => {}
     }
+    Ok(AppState::new(
+        backend,
+        clock,
+        Arc::new(Metrics::new()),
+        ServiceOptions {
+            admin_token: token,
+            reclaim_batch: cfg.reclaim_batch,
+            request_timeout: Config::std(cfg.request_timeout),
+        },
+    ))
 }
 
 /// Runs the service until SIGTERM/SIGINT.
@@ -157,42 +189,14 @@ pub fn listen_for_shutdown() -> impl std::future::Future<Output = ()> + Send + '
 /// # Errors
 /// Start-up failures; a server that stops on its own.
 pub async fn serve(cfg: Config) -> Result<(), ServeError> {
-    // The token first: a PostgreSQL configuration without one is refused
-    // before any connection is made.
-    let token = admin_token(&cfg)?;
-    let backend = build_backend(&cfg).await?;
-    let clock = build_clock(&cfg, &backend)?;
-    match cfg.clock {
-        ClockKind::Test => {
-            tracing::warn!("test clock enabled: time is whatever PUT /v1/admin/test-clock says")
-        }
-        ClockKind::SafeCut => {
-            // One reading now: its certainty is logged, and /metrics has
-            // the safe-time gauges from the start.
-            if let Err(e) = clock.read().await {
-                tracing::warn!(error = %e, "safe time: first reading of the cut failed");
-            }
-        }
-        ClockKind::System => {}
-    }
-    let metrics = Arc::new(Metrics::new());
-    let state = AppState::new(
-        backend,
-        clock,
-        metrics,
-        ServiceOptions {
-            admin_token: token,
-            reclaim_batch: cfg.reclaim_batch,
-            request_timeout: Config::std(cfg.request_timeout),
-        },
-    );
+    let state = app_state(&cfg).await?;
     let listener = TcpListener::bind(cfg.listen)
         .await
         .map_err(|e| ServeError::Io(format!("cannot listen on {}: {e}", cfg.listen)))?;
     let addr = listener
         .local_addr()
         .map_err(|e| ServeError::Io(e.to_string()))?;
-    let shutdown = listen_for_shutdown();
+    let shutdown = listen_for_shutdown()?;
     tracing::info!(%addr, store = state.backend().ops.kind(), clock = %cfg.clock, "tollgate listening");
     // For scripts that wait for the line; the log above says the same, so
     // a closed stdout (`tollgate serve | head -1`) is not an error.
@@ -225,15 +229,26 @@ pub async fn serve(cfg: Config) -> Result<(), ServeError> {
         }
     }
     let _ = stop_tx.send(true);
-    let bound = Config::std(cfg.shutdown_timeout);
-    match tokio::time::timeout(bound, &mut server_task).await {
+    drain(server_task, worker, Config::std(cfg.shutdown_timeout)).await;
+    tracing::info!("tollgate stopped");
+    Ok(())
+}
+
+/// After the stop was sent: gives in-flight requests, then the worker's
+/// current pass, `bound` each to finish, and drops what is left.
+async fn drain(
+    mut server: JoinHandle<std::io::Result<()>>,
+    worker: Option<JoinHandle<()>>,
+    bound: std::time::Duration,
+) {
+    match tokio::time::timeout(bound, &mut server).await {
         Ok(_) => tracing::info!("in-flight requests finished"),
         Err(_) => {
             tracing::warn!(
                 ?bound,
                 "in-flight requests did not finish in time; dropping them"
             );
-            server_task.abort();
+            server.abort();
         }
     }
     if let Some(mut w) = worker
@@ -242,6 +257,4 @@ pub async fn serve(cfg: Config) -> Result<(), ServeError> {
         tracing::warn!("reclaim worker did not stop in time; aborting it");
         w.abort();
     }
-    tracing::info!("tollgate stopped");
-    Ok(())
 }

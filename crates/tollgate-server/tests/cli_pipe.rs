@@ -1,6 +1,6 @@
 //! The CLI's output to a closed pipe (`tollgate ... | head -1`) ends quietly:
-//! exit status as usual, no panic. Found by a new user's trial, where
-//! `tollgate audit | head -3` panicked with "failed printing to stdout".
+//! exit status as usual, no panic (`println!` would panic with "failed
+//! printing to stdout" as soon as `head -3` has its lines).
 
 use std::process::Command;
 

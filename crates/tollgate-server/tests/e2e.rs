@@ -501,6 +501,88 @@ fn run_ok(args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// The CLI migrates: all pending, then applied, then none.
+fn migrate_all(url: &str) {
+    let all = usize::try_from(tollgate_server::pg::expected_schema_version()).expect("version");
+    let pending = run_ok(&["migrate", "--dry-run", "--database-url", url]);
+    assert_eq!(pending.lines().count(), all, "{pending}");
+    assert!(pending.starts_with("pending 0001 "), "{pending}");
+    let applied = run_ok(&["migrate", "--database-url", url]);
+    assert_eq!(applied.lines().count(), all, "{applied}");
+    assert_eq!(
+        run_ok(&["migrate", "--dry-run", "--database-url", url]),
+        "no migrations pending\n"
+    );
+}
+
+/// Direct operator commands against the database (at policy `PT1M`,
+/// `PT5S`): status, audit, reclaim, and a different policy refused.
+fn direct_operator_commands(url: &str) {
+    let status: Value = serde_json::from_str(&run_ok(&[
+        "status",
+        "--database-url",
+        url,
+        "--max-ttl",
+        "PT1M",
+        "--reclaim-grace",
+        "PT5S",
+    ]))
+    .expect("status json");
+    assert_eq!(
+        status["readiness"]["schema_version"],
+        json!(tollgate_server::pg::expected_schema_version())
+    );
+    assert_eq!(status["clock"], json!("system"));
+    assert_eq!(status["safe_time"], json!(null));
+    assert_eq!(status["readiness"]["ready"], json!(true));
+    assert_eq!(status["active_leases"], json!(0));
+    assert_eq!(status["active_legacy_bounds"], json!(0));
+    let audit: Value = serde_json::from_str(&run_ok(&[
+        "audit",
+        "--database-url",
+        url,
+        "--max-ttl",
+        "PT1M",
+        "--reclaim-grace",
+        "PT5S",
+    ]))
+    .expect("audit json");
+    assert_eq!(audit["clean"], json!(true));
+    assert_eq!(audit["total_consumed"], json!(24));
+    let reclaim: Value = serde_json::from_str(&run_ok(&[
+        "reclaim",
+        "--once",
+        "--database-url",
+        url,
+        "--max-ttl",
+        "PT1M",
+        "--reclaim-grace",
+        "PT5S",
+    ]))
+    .expect("reclaim json");
+    assert_eq!(reclaim["reclaimed"], json!([]));
+    // A different policy is refused at start-up, naming both.
+    let out = tollgate()
+        .args([
+            "audit",
+            "--database-url",
+            url,
+            "--max-ttl",
+            "PT2M",
+            "--reclaim-grace",
+            "PT5S",
+        ])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("policy_mismatch")
+            || String::from_utf8_lossy(&out.stderr).contains("the database records max_ttl"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 #[test]
 fn postgres_walk_through_with_crash_restart() {
     let dir = temp_dir("pg");
@@ -513,17 +595,7 @@ fn postgres_walk_through_with_crash_restart() {
     .expect("secret");
     let secret_s = secret.to_string_lossy().into_owned();
 
-    // The CLI migrates: all pending, then applied, then none.
-    let all = usize::try_from(tollgate_server::pg::expected_schema_version()).expect("version");
-    let pending = run_ok(&["migrate", "--dry-run", "--database-url", &url]);
-    assert_eq!(pending.lines().count(), all, "{pending}");
-    assert!(pending.starts_with("pending 0001 "), "{pending}");
-    let applied = run_ok(&["migrate", "--database-url", &url]);
-    assert_eq!(applied.lines().count(), all, "{applied}");
-    assert_eq!(
-        run_ok(&["migrate", "--dry-run", "--database-url", &url]),
-        "no migrations pending\n"
-    );
+    migrate_all(&url);
 
     let serve_args = [
         "--database-url",
@@ -576,70 +648,7 @@ fn postgres_walk_through_with_crash_restart() {
     );
     expire_and_reclaim(&srv, &account, &key);
 
-    // Direct operator commands against the database.
-    let status: Value = serde_json::from_str(&run_ok(&[
-        "status",
-        "--database-url",
-        &url,
-        "--max-ttl",
-        "PT1M",
-        "--reclaim-grace",
-        "PT5S",
-    ]))
-    .expect("status json");
-    assert_eq!(
-        status["readiness"]["schema_version"],
-        json!(tollgate_server::pg::expected_schema_version())
-    );
-    assert_eq!(status["clock"], json!("system"));
-    assert_eq!(status["safe_time"], json!(null));
-    assert_eq!(status["readiness"]["ready"], json!(true));
-    assert_eq!(status["active_leases"], json!(0));
-    assert_eq!(status["active_legacy_bounds"], json!(0));
-    let audit: Value = serde_json::from_str(&run_ok(&[
-        "audit",
-        "--database-url",
-        &url,
-        "--max-ttl",
-        "PT1M",
-        "--reclaim-grace",
-        "PT5S",
-    ]))
-    .expect("audit json");
-    assert_eq!(audit["clean"], json!(true));
-    assert_eq!(audit["total_consumed"], json!(24));
-    let reclaim: Value = serde_json::from_str(&run_ok(&[
-        "reclaim",
-        "--once",
-        "--database-url",
-        &url,
-        "--max-ttl",
-        "PT1M",
-        "--reclaim-grace",
-        "PT5S",
-    ]))
-    .expect("reclaim json");
-    assert_eq!(reclaim["reclaimed"], json!([]));
-    // A different policy is refused at start-up, naming both.
-    let out = tollgate()
-        .args([
-            "audit",
-            "--database-url",
-            &url,
-            "--max-ttl",
-            "PT2M",
-            "--reclaim-grace",
-            "PT5S",
-        ])
-        .output()
-        .expect("run");
-    assert_eq!(out.status.code(), Some(1));
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("policy_mismatch")
-            || String::from_utf8_lossy(&out.stderr).contains("the database records max_ttl"),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    direct_operator_commands(&url);
     srv.stop();
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -1005,6 +1014,102 @@ fn recorded_between(change: &Value, from: jiff::Timestamp, to: jiff::Timestamp) 
 /// first start, `policy set` adding exactly one change row with the old and
 /// new values, a running server with the old grace refusing to reclaim, and
 /// a restart with the old grace refused naming both policies.
+/// An unmigrated database: `policy show` is refused (exit 1), naming the
+/// pending migrations.
+fn unmigrated_database_is_refused(url: &str) {
+    let out = tollgate()
+        .args(["policy", "show", "--database-url", url])
+        .output()
+        .expect("run");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.starts_with("error: checking the schema: "), "{err}");
+    assert!(err.contains("pending"), "{err}");
+}
+
+/// Invalid values are usage errors (exit 2) and record nothing; so is a
+/// `policy set` without a database.
+fn invalid_values_are_usage_errors(url: &str) {
+    for (args, message) in [
+        (
+            vec!["--max-ttl", "PT1M", "--reclaim-grace", "-PT1S"],
+            "invalid configuration: reclaim_grace must be nonnegative",
+        ),
+        (
+            vec!["--max-ttl", "PT0S", "--reclaim-grace", "PT5S"],
+            "invalid configuration: max_ttl must be positive",
+        ),
+        (
+            vec!["--max-ttl", "soon", "--reclaim-grace", "PT5S"],
+            "invalid configuration: max_ttl: \"soon\" is not an ISO 8601 or friendly duration",
+        ),
+        (
+            vec![
+                "--max-ttl",
+                "PT1M",
+                "--reclaim-grace",
+                "PT5S",
+                "--changed-by",
+                " ",
+            ],
+            "invalid configuration: changed_by must be 1..=200 characters without control characters",
+        ),
+    ] {
+        let mut all = vec!["policy", "set", "--database-url", url];
+        all.extend(&args);
+        if !args.contains(&"--changed-by") {
+            all.extend(["--changed-by", "ops: alice"]);
+        }
+        let out = tollgate().args(&all).output().expect("run");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{all:?}: {err}");
+        assert!(
+            err.starts_with(&format!("error: {message}")),
+            "{all:?}: {err}"
+        );
+        assert_eq!(out.stdout, b"", "{all:?}");
+    }
+    let out = tollgate()
+        .args([
+            "policy",
+            "set",
+            "--max-ttl",
+            "PT1M",
+            "--reclaim-grace",
+            "PT5S",
+        ])
+        .args(["--changed-by", "ops: alice"])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .starts_with("error: invalid configuration: policy needs --database-url"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A restart with the old grace is refused at start-up, naming both.
+fn restart_with_the_old_policy_is_refused(old_args: &[&str], mismatch: &str) {
+    let out = output_within_start_timeout(
+        tollgate()
+            .arg("serve")
+            .args(["--listen", "127.0.0.1:0", "--admin-token", ADMIN])
+            .args(old_args),
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!(
+            "error: opening the PostgreSQL store: {mismatch}; every process sharing these \
+             grants must apply the same policy"
+        )),
+        "{err}"
+    );
+    assert_eq!(out.stdout, b"");
+}
+
 #[test]
 fn postgres_policy_show_and_set() {
     let dir = temp_dir("policy");
@@ -1013,15 +1118,7 @@ fn postgres_policy_show_and_set() {
     std::fs::write(&secret, "policy-test-capability-key-0123456789\n").expect("secret");
     let secret_s = secret.to_string_lossy().into_owned();
 
-    // An unmigrated database: refused (exit 1), naming the pending ones.
-    let out = tollgate()
-        .args(["policy", "show", "--database-url", &url])
-        .output()
-        .expect("run");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{err}");
-    assert!(err.starts_with("error: checking the schema: "), "{err}");
-    assert!(err.contains("pending"), "{err}");
+    unmigrated_database_is_refused(&url);
 
     run_ok(&["migrate", "--database-url", &url]);
     let (shown, _) = policy_ok(&["show", "--database-url", &url]);
@@ -1058,65 +1155,7 @@ fn postgres_policy_show_and_set() {
         json!({"policy": {"max_ttl": "PT1M", "reclaim_grace": "PT5S"}, "changes": [first]})
     );
 
-    // Invalid values are usage errors (exit 2) and record nothing.
-    for (args, message) in [
-        (
-            vec!["--max-ttl", "PT1M", "--reclaim-grace", "-PT1S"],
-            "invalid configuration: reclaim_grace must be nonnegative",
-        ),
-        (
-            vec!["--max-ttl", "PT0S", "--reclaim-grace", "PT5S"],
-            "invalid configuration: max_ttl must be positive",
-        ),
-        (
-            vec!["--max-ttl", "soon", "--reclaim-grace", "PT5S"],
-            "invalid configuration: max_ttl: \"soon\" is not an ISO 8601 or friendly duration",
-        ),
-        (
-            vec![
-                "--max-ttl",
-                "PT1M",
-                "--reclaim-grace",
-                "PT5S",
-                "--changed-by",
-                " ",
-            ],
-            "invalid configuration: changed_by must be 1..=200 characters without control characters",
-        ),
-    ] {
-        let mut all = vec!["policy", "set", "--database-url", &url];
-        all.extend(&args);
-        if !args.contains(&"--changed-by") {
-            all.extend(["--changed-by", "ops: alice"]);
-        }
-        let out = tollgate().args(&all).output().expect("run");
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{all:?}: {err}");
-        assert!(
-            err.starts_with(&format!("error: {message}")),
-            "{all:?}: {err}"
-        );
-        assert_eq!(out.stdout, b"", "{all:?}");
-    }
-    let out = tollgate()
-        .args([
-            "policy",
-            "set",
-            "--max-ttl",
-            "PT1M",
-            "--reclaim-grace",
-            "PT5S",
-        ])
-        .args(["--changed-by", "ops: alice"])
-        .output()
-        .expect("run");
-    assert_eq!(out.status.code(), Some(2));
-    assert!(
-        String::from_utf8_lossy(&out.stderr)
-            .starts_with("error: invalid configuration: policy needs --database-url"),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    invalid_values_are_usage_errors(&url);
     let (unchanged, _) = policy_ok(&["show", "--database-url", &url]);
     assert_eq!(unchanged, shown);
 
@@ -1165,23 +1204,7 @@ fn postgres_policy_show_and_set() {
     assert!(log.contains(mismatch), "{log}");
     srv.stop();
 
-    // A restart with the old grace is refused at start-up, naming both.
-    let out = output_within_start_timeout(
-        tollgate()
-            .arg("serve")
-            .args(["--listen", "127.0.0.1:0", "--admin-token", ADMIN])
-            .args(&old_args),
-    );
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{err}");
-    assert!(
-        err.contains(&format!(
-            "error: opening the PostgreSQL store: {mismatch}; every process sharing these \
-             grants must apply the same policy"
-        )),
-        "{err}"
-    );
-    assert_eq!(out.stdout, b"");
+    restart_with_the_old_policy_is_refused(&old_args, mismatch);
 
     // With the new values it starts; `max` is accepted for the grace.
     let new_args = serve_args("PT7.5S");

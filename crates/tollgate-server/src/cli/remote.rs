@@ -1,0 +1,202 @@
+//! The commands that go over HTTP, through [`crate::client`]: the client
+//! subcommands (`account`, `lease`, `clock`) and the HTTP side of the
+//! operator commands (`status`, `audit`, `reclaim` with `--server`).
+//!
+//! Each sends the request of its route and hands back the response; the
+//! caller prints it.
+
+use reqwest::Method;
+use serde_json::{Value, json};
+use tokio::sync::watch;
+
+use super::CliError;
+use super::args::{AccountCmd, ClockCmd, LeaseCmd};
+use super::dispatch::Reclaim;
+use super::report;
+use crate::client::Client;
+use crate::dto::{AuditView, ReclaimView, StatusView};
+
+/// `account create|deposit|show`: the response of the account route.
+///
+/// # Errors
+/// [`CliError::Client`]: an unusable `--server`, a transport failure or
+/// the server's problem document.
+pub(super) async fn account(cmd: AccountCmd) -> Result<Value, CliError> {
+    Ok(match cmd {
+        AccountCmd::Create { name, client } => {
+            client
+                .client()?
+                .call(
+                    Method::POST,
+                    "v1/accounts",
+                    Some(&json!({"name": name})),
+                    &[],
+                )
+                .await?
+        }
+        AccountCmd::Deposit {
+            account_id,
+            units,
+            client,
+        } => {
+            client
+                .client()?
+                .call(
+                    Method::POST,
+                    &format!("v1/accounts/{account_id}/deposits"),
+                    Some(&json!({"units": units})),
+                    &[],
+                )
+                .await?
+        }
+        AccountCmd::Show { account_id, client } => {
+            client
+                .client()?
+                .call(Method::GET, &format!("v1/accounts/{account_id}"), None, &[])
+                .await?
+        }
+    })
+}
+
+/// `lease acquire|renew|release|show`: the response of the lease route.
+///
+/// # Errors
+/// As [`account`].
+pub(super) async fn lease(cmd: LeaseCmd) -> Result<Value, CliError> {
+    Ok(match cmd {
+        LeaseCmd::Acquire {
+            account_id,
+            units,
+            ttl,
+            idempotency_key,
+            client,
+        } => {
+            let headers: Vec<(&str, &str)> = idempotency_key
+                .as_deref()
+                .map(|k| vec![("Idempotency-Key", k)])
+                .unwrap_or_default();
+            client
+                .client()?
+                .call(
+                    Method::POST,
+                    &format!("v1/accounts/{account_id}/leases"),
+                    Some(&json!({"units": units, "ttl": ttl})),
+                    &headers,
+                )
+                .await?
+        }
+        LeaseCmd::Renew {
+            lease_id,
+            ttl,
+            client,
+        } => {
+            client
+                .client()?
+                .call(
+                    Method::POST,
+                    &format!("v1/leases/{lease_id}/renew"),
+                    Some(&json!({"ttl": ttl})),
+                    &[],
+                )
+                .await?
+        }
+        LeaseCmd::Release {
+            lease_id,
+            consumed,
+            client,
+        } => {
+            let body = match consumed {
+                Some(c) => json!({"consumed": c}),
+                None => json!({}),
+            };
+            client
+                .client()?
+                .call(
+                    Method::POST,
+                    &format!("v1/leases/{lease_id}/release"),
+                    Some(&body),
+                    &[],
+                )
+                .await?
+        }
+        LeaseCmd::Show { lease_id, client } => {
+            client
+                .client()?
+                .call(Method::GET, &format!("v1/leases/{lease_id}"), None, &[])
+                .await?
+        }
+    })
+}
+
+/// `clock set`: the test clock's new instant.
+///
+/// # Errors
+/// As [`account`].
+pub(super) async fn clock(cmd: ClockCmd) -> Result<Value, CliError> {
+    let ClockCmd::Set { now, client } = cmd;
+    Ok(client
+        .client()?
+        .call(
+            Method::PUT,
+            "v1/admin/test-clock",
+            Some(&json!({"now": now})),
+            &[],
+        )
+        .await?)
+}
+
+/// `status --server`: `GET /v1/admin/status`.
+///
+/// # Errors
+/// As [`account`]; [`CliError::Failed`] for a response of another shape.
+pub(super) async fn status(c: &Client) -> Result<StatusView, CliError> {
+    from_value(c.call(Method::GET, "v1/admin/status", None, &[]).await?)
+}
+
+/// `audit --server`: `GET /v1/admin/audit`.
+///
+/// # Errors
+/// As [`status`].
+pub(super) async fn audit(c: &Client) -> Result<AuditView, CliError> {
+    from_value(c.call(Method::GET, "v1/admin/audit", None, &[]).await?)
+}
+
+/// `reclaim --server`: `POST /v1/admin/reclaim` with `limit`, printing
+/// each batch as one JSON line; with `plan.interval`, again after each
+/// pause (at once after a full batch) until `stop` turns true.
+///
+/// # Errors
+/// As [`status`]; the first failed batch ends the loop.
+pub(super) async fn reclaim(
+    c: &Client,
+    plan: Reclaim,
+    mut stop: watch::Receiver<bool>,
+) -> Result<(), CliError> {
+    loop {
+        let v: ReclaimView = from_value(
+            c.call(
+                Method::POST,
+                "v1/admin/reclaim",
+                Some(&json!({"limit": plan.limit})),
+                &[],
+            )
+            .await?,
+        )?;
+        report::print_json_line(&v)?;
+        let Some(interval) = plan.interval else {
+            return Ok(());
+        };
+        if v.reclaimed.len() >= plan.limit {
+            continue;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(interval) => {}
+            _ = stop.wait_for(|s| *s) => return Ok(()),
+        }
+    }
+}
+
+/// A JSON response read as `T`.
+fn from_value<T: serde::de::DeserializeOwned>(v: Value) -> Result<T, CliError> {
+    serde_json::from_value(v).map_err(|e| CliError::Failed(format!("unexpected response: {e}")))
+}
