@@ -96,13 +96,6 @@ impl AppState {
         &self.inner.store
     }
 
-    /// The store, under its old name: tollgate-server's `serve` still calls
-    /// it so; the lead re-points that call and removes this.
-    #[doc(hidden)]
-    pub fn backend(&self) -> &ServiceStore {
-        self.store()
-    }
-
     /// The clock.
     pub fn clock(&self) -> &Arc<dyn Clock> {
         &self.inner.clock

@@ -18,15 +18,15 @@ use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode, header};
+use clock::safe_cut::SafeCutClock;
 use http_body_util::BodyExt;
 use jiff::{SignedDuration, Timestamp};
 use serde_json::{Value, json};
 use support::SamplerProc;
 use tollgate::{CapabilityKey, GrantPolicy, LeaseId};
+use tollgate_api::api::{self, AppState, ServiceOptions};
+use tollgate_api::metrics::Metrics;
 use tollgate_pg_harness::PgServer;
-use tollgate_server::api::{self, AppState, ServiceOptions};
-use tollgate_server::metrics::Metrics;
-use tollgate_server::safe_cut::SafeCutClock;
 use tower::ServiceExt;
 
 const ADMIN: &str = "tgadm1-qualification-admin-token";
@@ -206,7 +206,7 @@ async fn service_on(url: &str) -> Service {
     )
     .await
     .unwrap();
-    let backend = tollgate_server::pg::backend(Arc::new(store));
+    let backend = tollgate_server::pg::service_store(Arc::new(store));
     let pool = backend.ops.pg_pool().expect("pool").clone();
     let clock = Arc::new(SafeCutClock::new(pool, SignedDuration::from_secs(2)));
     let state = AppState::new(

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::error::Problem;
+use tollgate_api::error::Problem;
 
 /// Bound on one client request, connection included.
 pub const CLIENT_TIMEOUT: Duration = Duration::from_secs(60);

@@ -46,9 +46,9 @@ use sqlx::postgres::{PgPool, PgPoolOptions};
 use tollgate::{Allocator, CapabilityKey, GrantPolicy, LeaseState, StorageError};
 use tollgate_pg::{PolicyChange, PostgresStore, Schema};
 
-use crate::clock::ClockKind;
-use crate::config::{Config, database_url};
-use crate::storage::{Backend, Readiness, StatusCounts, StoreOps};
+use crate::config::Config;
+use clock::ClockKind;
+use tollgate_api::storage::{Readiness, ServiceStore, StatusCounts, StoreOps};
 
 /// How long start-up waits for the database to accept connections: long
 /// enough for a database container started alongside the service, short
@@ -159,7 +159,7 @@ where
 /// # Errors
 /// [`PgError::NoUrl`]; [`PgError::Storage`] with the store's error
 /// (`policy_mismatch`, unknown or pending migrations, unreachable).
-pub async fn connect(cfg: &Config, key: CapabilityKey) -> Result<Backend, PgError> {
+pub async fn connect(cfg: &Config, key: CapabilityKey) -> Result<ServiceStore, PgError> {
     connect_for(cfg, key, Access::ReadWrite).await
 }
 
@@ -184,7 +184,7 @@ pub async fn connect_for(
     cfg: &Config,
     key: CapabilityKey,
     access: Access,
-) -> Result<Backend, PgError> {
+) -> Result<ServiceStore, PgError> {
     let url = cfg.database_url.as_deref().ok_or(PgError::NoUrl)?;
     if cfg.migrate_on_start {
         let report = with_wait(|| tollgate_pg::migrate(url))
@@ -234,7 +234,7 @@ pub async fn connect_for(
     let store = with_wait(|| PostgresStore::connect_with(url, cfg.policy, key.clone(), options))
         .await
         .map_err(ctx("opening the PostgreSQL store"))?;
-    Ok(backend(Arc::new(store)))
+    Ok(service_store(Arc::new(store)))
 }
 
 /// Checks that `policy` admits no deadline beyond the sealed horizon: the
@@ -277,9 +277,10 @@ pub async fn check_horizon(pool: &PgPool, policy: GrantPolicy) -> Result<Horizon
     Ok(row.map_or(newest, |r| r.policy))
 }
 
-/// The backend over an open store.
-pub fn backend(store: Arc<PostgresStore>) -> Backend {
-    Backend {
+/// The service's store (allocator and operator questions) over an open
+/// PostgreSQL store.
+pub fn service_store(store: Arc<PostgresStore>) -> ServiceStore {
+    ServiceStore {
         allocator: store.clone() as Arc<dyn Allocator>,
         ops: Arc::new(PgOps { store }),
     }
@@ -341,10 +342,9 @@ const OPERATOR_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
 /// an unreachable database, an unknown or pending migration.
 pub async fn open_pool(url: &str) -> Result<PgPool, PgError> {
     // Neither the URL nor sqlx's message (which may quote it) is repeated.
-    let options = database_url::parse(url)
-        .ok()
-        .and_then(|u| u.connect_options().ok())
-        .ok_or_else(|| PgError::Storage {
+    let options = pgkit::DatabaseUrl::parse(url)
+        .map(pgkit::DatabaseUrl::into_connect_options)
+        .map_err(|_| PgError::Storage {
             context: "opening the database",
             source: StorageError::Failure {
                 message: "invalid database url".into(),

@@ -19,14 +19,14 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tollgate::{CapabilityKey, StorageError};
 
-use crate::api::{self, AppState, ServiceOptions};
-use crate::auth;
-use crate::clock::{Clock, ClockKind, SystemClock, TestClock};
 use crate::config::{self, Config, ConfigError};
-use crate::metrics::Metrics;
 use crate::pg::{self, PgError};
-use crate::safe_cut::SafeCutClock;
-use crate::storage::Backend;
+use clock::safe_cut::SafeCutClock;
+use clock::{Clock, ClockKind, SystemClock, TestClock};
+use tollgate_api::api::{self, AppState, ServiceOptions};
+use tollgate_api::auth;
+use tollgate_api::metrics::Metrics;
+use tollgate_api::storage::ServiceStore;
 
 /// Why the service could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -49,7 +49,7 @@ pub enum ServeError {
 ///
 /// # Errors
 /// Configuration errors (PostgreSQL without `--secret-file`), store errors.
-pub async fn build_backend(cfg: &Config) -> Result<Backend, ServeError> {
+pub async fn build_store(cfg: &Config) -> Result<ServiceStore, ServeError> {
     if cfg.is_postgres() {
         let Some(path) = &cfg.secret_file else {
             return Err(ConfigError(
@@ -65,7 +65,7 @@ pub async fn build_backend(cfg: &Config) -> Result<Backend, ServeError> {
         Some(path) => config::read_secret_file(path)?,
         None => CapabilityKey::generate().map_err(|e| ConfigError(e.to_string()))?,
     };
-    Ok(Backend::memory(cfg.policy, key)?)
+    Ok(ServiceStore::memory(cfg.policy, key)?)
 }
 
 /// The clock named by `cfg.clock` over `backend`; a test clock starts at
@@ -74,7 +74,7 @@ pub async fn build_backend(cfg: &Config) -> Result<Backend, ServeError> {
 ///
 /// # Errors
 /// The safe-cut clock over a store without a PostgreSQL pool.
-pub fn build_clock(cfg: &Config, backend: &Backend) -> Result<Arc<dyn Clock>, ServeError> {
+pub fn build_clock(cfg: &Config, backend: &ServiceStore) -> Result<Arc<dyn Clock>, ServeError> {
     Ok(match cfg.clock {
         ClockKind::System => Arc::new(SystemClock),
         ClockKind::Test => Arc::new(TestClock::new(jiff::Timestamp::now())),
@@ -156,10 +156,10 @@ pub fn listen_for_shutdown()
 /// fresh metrics.
 ///
 /// # Errors
-/// As [`admin_token`], [`build_backend`] and [`build_clock`].
+/// As [`admin_token`], [`build_store`] and [`build_clock`].
 async fn app_state(cfg: &Config) -> Result<AppState, ServeError> {
     let token = admin_token(cfg)?;
-    let backend = build_backend(cfg).await?;
+    let backend = build_store(cfg).await?;
     let clock = build_clock(cfg, &backend)?;
     match cfg.clock {
         ClockKind::Test => {
@@ -197,7 +197,7 @@ pub async fn serve(cfg: Config) -> Result<(), ServeError> {
         .local_addr()
         .map_err(|e| ServeError::Io(e.to_string()))?;
     let shutdown = listen_for_shutdown()?;
-    tracing::info!(%addr, store = state.backend().ops.kind(), clock = %cfg.clock, "tollgate listening");
+    tracing::info!(%addr, store = state.store().ops.kind(), clock = %cfg.clock, "tollgate listening");
     // For scripts that wait for the line; the log above says the same, so
     // a closed stdout (`tollgate serve | head -1`) is not an error.
     let _ = crate::output::line(format_args!("tollgate listening on http://{addr}"));

@@ -27,7 +27,7 @@ async fn capabilities_survive_a_new_store() {
         )
         .await
         .expect("store");
-        Harness::over(tollgate_server::pg::backend(Arc::new(store)))
+        Harness::over(tollgate_server::pg::service_store(Arc::new(store)))
     };
     let first = open().await;
     let (a, key) = first.account("a", 100).await;
@@ -91,7 +91,7 @@ async fn status_counts_and_maintenance_from_the_store() {
     )
     .await
     .expect("store");
-    let h = Harness::over(tollgate_server::pg::backend(Arc::new(store)));
+    let h = Harness::over(tollgate_server::pg::service_store(Arc::new(store)));
     let (a, key) = h.account("a", 100).await;
     let id = |g: &serde_json::Value| g["lease_id"].as_i64().expect("id");
     let g1 = h.acquire(a, &key, 10, "PT30S").await;
@@ -171,7 +171,7 @@ async fn readiness_probe_is_bounded() {
     )
     .await
     .expect("store");
-    let h = Harness::over(tollgate_server::pg::backend(Arc::new(store)));
+    let h = Harness::over(tollgate_server::pg::service_store(Arc::new(store)));
     h.send(Req::get("/readyz")).await.ok(200);
     let mut conn = sqlx::PgConnection::connect(&url).await.expect("connect");
     sqlx::query("BEGIN")

@@ -55,7 +55,7 @@ impl Cut {
         )
         .await
         .expect("store");
-        let store = tollgate_server::pg::backend(Arc::new(pg_store));
+        let store = tollgate_server::pg::service_store(Arc::new(pg_store));
         let pool = store.ops.pg_pool().expect("pool").clone();
         let h = harness(store, Arc::new(SafeCutClock::new(pool, gap_max)));
         let conn = PgConnection::connect(&url).await.expect("owner connection");

@@ -3,8 +3,8 @@
 
 use std::path::PathBuf;
 
+use clock::ClockKind;
 use jiff::SignedDuration;
-use tollgate_server::clock::ClockKind;
 use tollgate_server::config::{
     self, Config, FileConfig, RawConfig, parse_duration, read_secret_file, redact_url,
 };

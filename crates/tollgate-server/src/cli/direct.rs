@@ -3,7 +3,7 @@
 //! database URL is configured (and no `--server`).
 //!
 //! `status` builds the same report as `GET /v1/admin/status`
-//! ([`crate::api::status_report`]), without the service's counters.
+//! ([`tollgate_api::api::status_report`]), without the service's counters.
 //! `status` and `audit` only read, so they open the store whatever the
 //! clock ([`pg::Access::ReadOnly`]); `reclaim` writes, so on a database on
 //! the safe expiry cut it must run with `--clock safe-cut` (and then pauses
@@ -19,14 +19,14 @@ use super::CliError;
 use super::args::{MigrateArgs, PolicyCmd};
 use super::dispatch::Reclaim;
 use super::report;
-use crate::clock::{Clock, ClockKind, SystemClock};
 use crate::config::{self, Config, ConfigError, RawConfig};
-use crate::dto::{AuditView, PolicyChangeView, PolicyRecordView, ReclaimView, StatusView};
-use crate::metrics::Metrics;
 use crate::pg;
 use crate::serve::{self, ServeError};
-use crate::storage::Backend;
-use crate::worker::ReclaimWorker;
+use clock::{Clock, ClockKind, SystemClock};
+use tollgate_api::dto::{AuditView, PolicyChangeView, PolicyRecordView, ReclaimView, StatusView};
+use tollgate_api::metrics::Metrics;
+use tollgate_api::storage::ServiceStore;
+use tollgate_api::worker::ReclaimWorker;
 
 /// `migrate [--dry-run]`: applies (or lists) the pending migrations, one
 /// line each.
@@ -62,7 +62,7 @@ pub(super) async fn migrate(args: MigrateArgs) -> Result<ExitCode, CliError> {
 pub(super) async fn status(cfg: &Config) -> Result<StatusView, CliError> {
     let backend = open(cfg, pg::Access::ReadOnly).await?;
     let clock = clock(cfg, &backend)?;
-    Ok(crate::api::status_report(&backend, &*clock, None).await)
+    Ok(tollgate_api::api::status_report(&backend, &*clock, None).await)
 }
 
 /// `audit` against the database: every account recomputed from the ledger.
@@ -160,7 +160,7 @@ pub(super) async fn policy(cmd: PolicyCmd) -> Result<ExitCode, CliError> {
 /// a configuration with a database URL here), opened without migrating:
 /// the capability key does not matter for status, audit and reclaim, so a
 /// random one stands in when no `--secret-file` is given.
-async fn open(cfg: &Config, access: pg::Access) -> Result<Backend, CliError> {
+async fn open(cfg: &Config, access: pg::Access) -> Result<ServiceStore, CliError> {
     let cfg = &Config {
         migrate_on_start: false,
         ..cfg.clone()
@@ -177,7 +177,7 @@ async fn open(cfg: &Config, access: pg::Access) -> Result<Backend, CliError> {
 /// The clock of a direct operator command: the safe-cut clock with
 /// `--clock safe-cut`; otherwise the system clock (the test clock exists
 /// only inside `serve`).
-fn clock(cfg: &Config, backend: &Backend) -> Result<Arc<dyn Clock>, CliError> {
+fn clock(cfg: &Config, backend: &ServiceStore) -> Result<Arc<dyn Clock>, CliError> {
     if cfg.clock != ClockKind::SafeCut {
         return Ok(Arc::new(SystemClock));
     }

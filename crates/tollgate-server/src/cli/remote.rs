@@ -14,7 +14,7 @@ use super::args::{AccountCmd, ClockCmd, LeaseCmd};
 use super::dispatch::Reclaim;
 use super::report;
 use crate::client::Client;
-use crate::dto::{AuditView, ReclaimView, StatusView};
+use tollgate_api::dto::{AuditView, ReclaimView, StatusView};
 
 /// `account create|deposit|show`: the response of the account route.
 ///

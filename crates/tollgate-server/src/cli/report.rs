@@ -5,7 +5,7 @@
 use std::process::ExitCode;
 
 use super::CliError;
-use crate::dto::{AuditView, StatusView};
+use tollgate_api::dto::{AuditView, StatusView};
 
 /// Prints `v` as pretty JSON.
 ///

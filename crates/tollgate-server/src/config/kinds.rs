@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use jiff::SignedDuration;
 
 use super::{ConfigError, check_database_url, err, parse_duration, redact_url};
-use crate::clock::ClockKind;
+use clock::ClockKind;
 
 /// One kind of setting; see the module docs.
 pub trait Kind {

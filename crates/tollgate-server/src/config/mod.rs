@@ -15,7 +15,6 @@
 //! Durations are ISO 8601 (`PT30.000000001S`) or jiff's friendly format
 //! (`30s 1ns`, `1h`).
 
-pub mod database_url;
 mod kinds;
 mod settings;
 
@@ -25,7 +24,7 @@ use std::path::{Path, PathBuf};
 use jiff::SignedDuration;
 use tollgate::{CapabilityKey, GrantPolicy};
 
-use database_url::DatabaseUrlError;
+use pgkit::UrlError;
 pub use settings::{
     ClockArg, DATABASE_URL_ENV, DATABASE_URL_FALLBACK_ENV, DEFAULT_LISTEN, DEFAULT_MAX_TTL,
     DEFAULT_RECLAIM_GRACE, DEFAULT_RECLAIM_INTERVAL, DEFAULT_REQUEST_TIMEOUT,
@@ -34,7 +33,7 @@ pub use settings::{
 };
 use settings::{Layers, Lines};
 
-use crate::clock::ClockKind;
+use clock::ClockKind;
 
 /// A configuration error, naming the setting.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -109,27 +108,31 @@ impl std::fmt::Debug for Config {
     }
 }
 
-/// Checks a PostgreSQL URL's shape ([`database_url::parse`]).
+/// Checks a PostgreSQL URL's shape with the parser every store uses
+/// ([`pgkit::DatabaseUrl`]). Connection settings sqlx cannot use (an
+/// unknown `sslmode`) pass here and are refused when the database is
+/// opened, as "invalid database url".
 ///
 /// # Errors
-/// Unparseable, or a scheme other than `postgres`/`postgresql`; the
-/// message does not repeat the URL.
+/// Not a URL, or a scheme other than `postgres`/`postgresql`; the message
+/// does not repeat the URL.
 pub fn check_database_url(url: &str) -> Result<(), ConfigError> {
-    match database_url::parse(url) {
-        Ok(_) => Ok(()),
-        Err(e @ DatabaseUrlError::NotAUrl(_)) => Err(err(format!(
-            "database_url {e}: {}",
-            database_url::UNPARSEABLE
+    match pgkit::DatabaseUrl::parse(url) {
+        Ok(_) | Err(UrlError::Settings) => Ok(()),
+        Err(UrlError::NotAUrl { reason, .. }) => Err(err(format!(
+            "database_url is not a URL ({reason}): {}",
+            pgkit::url::UNPARSEABLE
         ))),
-        Err(e @ DatabaseUrlError::Scheme(_)) => Err(err(format!("database_url {e}"))),
+        Err(UrlError::NotPostgres { scheme }) => Err(err(format!(
+            "database_url must be postgres:// or postgresql://, got {scheme}://"
+        ))),
     }
 }
 
-/// `url` with any password replaced by `***` (for printing);
-/// [`database_url::UNPARSEABLE`] for anything that is not a PostgreSQL URL.
+/// `url` with any password (in the user part or a `password=` parameter)
+/// replaced by `***`, for printing ([`pgkit::redact`]).
 pub fn redact_url(url: &str) -> String {
-    database_url::parse(url)
-        .map_or_else(|_| database_url::UNPARSEABLE.to_string(), |u| u.redacted())
+    pgkit::redact(url)
 }
 
 impl Config {

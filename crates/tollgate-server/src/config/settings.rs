@@ -34,8 +34,8 @@ use super::kinds::{
     Address, Count, Duration, FilePath, Kind, PostgresUrl, Switch, TimeSource, Token,
 };
 use super::{Config, ConfigError};
-use crate::auth::ADMIN_TOKEN_MIN_BYTES;
-use crate::clock::ClockKind;
+use clock::ClockKind;
+use tollgate_api::auth::ADMIN_TOKEN_MIN_BYTES;
 
 /// Default `--listen`.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";

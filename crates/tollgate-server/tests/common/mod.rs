@@ -71,7 +71,7 @@ impl ServiceStoreFactory for PgFactory {
         .await
         .expect("store");
         *self.last.lock().expect("lock") = Some(store.store_id());
-        tollgate_server::pg::backend(Arc::new(store))
+        tollgate_server::pg::service_store(Arc::new(store))
     }
     fn derive_capability(&self, lease_id: i64) -> Option<String> {
         let store_id = (*self.last.lock().expect("lock"))?;
