@@ -274,6 +274,13 @@ async fn a_real_deadlock_is_retried_and_the_release_settles_once() {
 
     // Another session holds the lease row...
     let mut other = support::connect(&db).await;
+    // ...and checks for deadlocks only long after the release does, so the
+    // release's backend is the one that finds the cycle and is aborted
+    // (PostgreSQL aborts the session whose deadlock check runs first).
+    sqlx::query("SET deadlock_timeout = '60s'")
+        .execute(&mut other)
+        .await
+        .unwrap();
     let mut tx = other.begin().await.unwrap();
     sqlx::query("SELECT 1 FROM tollgate_leases WHERE lease_id = $1 FOR UPDATE")
         .bind(g.lease_id.0)
