@@ -62,6 +62,17 @@ pub const APPLIED_ROWS_MAX: usize = 10_000;
 /// The longest table name PostgreSQL keeps (`NAMEDATALEN - 1` bytes).
 pub const TABLE_NAME_MAX: usize = 63;
 
+/// `bytes` as lower-case hex.
+fn lower_hex(bytes: &[u8]) -> String {
+    use std::fmt::Write as _;
+    bytes
+        .iter()
+        .fold(String::with_capacity(2 * bytes.len()), |mut s, b| {
+            let _ = write!(s, "{b:02x}");
+            s
+        })
+}
+
 /// One subsystem's migrations and their bookkeeping table. See the module
 /// docs.
 #[derive(Debug, Clone)]
@@ -69,6 +80,17 @@ pub struct MigrationLine {
     name: &'static str,
     table: &'static str,
     migrations: Cow<'static, [Migration]>,
+    reworded: Vec<Reworded>,
+}
+
+/// An applied migration whose file was since changed in its comments only
+/// (no statement changed): the checksum databases migrated before the
+/// change have recorded, accepted beside the file's own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Reworded {
+    version: i64,
+    /// SHA-384, lower-case hex (96 digits).
+    previous_checksum_hex: &'static str,
 }
 
 impl MigrationLine {
@@ -90,7 +112,48 @@ impl MigrationLine {
             name,
             table,
             migrations: migrations.into(),
+            reworded: Vec::new(),
         }
+    }
+
+    /// The same line, also accepting `previous_checksum_hex` (SHA-384 in
+    /// lower-case hex, as databases recorded it) for migration `version`,
+    /// whose file has since been changed in its comments only. Nothing is
+    /// re-run and no recorded row changes; a database migrated afterwards
+    /// records the file's new checksum.
+    ///
+    /// # Panics
+    /// If the line has no migration `version`, or `previous_checksum_hex`
+    /// is not 96 lower-case hex digits: both are programming errors in a
+    /// line's declaration.
+    pub fn with_reworded(mut self, version: i64, previous_checksum_hex: &'static str) -> Self {
+        assert!(
+            self.knows(version),
+            "{} migrations: no version {version} to accept a reworded checksum for",
+            self.name
+        );
+        assert!(
+            previous_checksum_hex.len() == 96
+                && previous_checksum_hex
+                    .bytes()
+                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)),
+            "{} migrations: version {version}'s previous checksum must be 96 lower-case hex digits",
+            self.name
+        );
+        self.reworded.push(Reworded {
+            version,
+            previous_checksum_hex,
+        });
+        self
+    }
+
+    /// Whether `recorded` is a checksum this line accepts for `known`: the
+    /// file's own, or a previous one of a reworded migration.
+    fn accepts_checksum(&self, known: &Migration, recorded: &[u8]) -> bool {
+        recorded == &*known.checksum
+            || self.reworded.iter().any(|r| {
+                r.version == known.version && r.previous_checksum_hex == lower_hex(recorded)
+            })
     }
 
     /// The line's name.
@@ -136,6 +199,12 @@ impl MigrationLine {
         Some(MigrationLine {
             name: self.name,
             table: self.table,
+            reworded: self
+                .reworded
+                .iter()
+                .filter(|r| r.version <= version)
+                .copied()
+                .collect(),
             migrations: self
                 .migrations
                 .iter()
@@ -415,7 +484,7 @@ pub fn fence(
                 description: row.description.clone(),
             });
         }
-        if row.checksum.as_slice() != &*known.checksum {
+        if !line.accepts_checksum(known, &row.checksum) {
             return Err(MigrationError::Modified {
                 line: line.name,
                 version: row.version,
@@ -869,6 +938,62 @@ mod tests {
             ]
         );
         assert_eq!((l.name(), l.table()), ("test", "_test_migrations"));
+    }
+
+    /// A reworded migration's previous checksum is accepted for that
+    /// version only (and kept by `through`); any other checksum is still a
+    /// modified migration.
+    #[test]
+    fn reworded_checksums_are_accepted_exactly() {
+        let old = row(2, true, "-- old comment\nb");
+        let old_hex = lower_hex(&old.checksum);
+        assert_eq!(old_hex.len(), 96);
+        let previous: &'static str = Box::leak(old_hex.into_boxed_str());
+        let plain = line(vec![m(1, "a"), m(2, "-- new comment\nb")]);
+        let reworded = plain.clone().with_reworded(2, previous);
+        let modified = |r: Result<Vec<PendingMigration>, MigrationError>| {
+            matches!(r, Err(MigrationError::Modified { version: 2, .. }))
+        };
+        assert!(modified(fence(&plain, &[row(1, true, "a"), old.clone()])));
+        assert_eq!(
+            fence(&reworded, &[row(1, true, "a"), old.clone()]).unwrap(),
+            vec![]
+        );
+        assert_eq!(
+            fence(
+                &reworded,
+                &[row(1, true, "a"), row(2, true, "-- new comment\nb")]
+            )
+            .unwrap(),
+            vec![]
+        );
+        assert!(modified(fence(
+            &reworded,
+            &[row(1, true, "a"), row(2, true, "-- another\nb")]
+        )));
+        // For version 2 only: the same bytes recorded as version 1 are not
+        // accepted for it.
+        let mut as_one = old.clone();
+        as_one.version = 1;
+        assert!(matches!(
+            fence(&reworded, &[as_one]),
+            Err(MigrationError::Modified { version: 1, .. })
+        ));
+        let kept = reworded.through(2).unwrap();
+        assert_eq!(fence(&kept, &[row(1, true, "a"), old]).unwrap(), vec![]);
+        assert_eq!(reworded.through(1).unwrap().reworded, vec![]);
+    }
+
+    #[test]
+    #[should_panic(expected = "test migrations: no version 3 to accept a reworded checksum for")]
+    fn a_reworded_checksum_names_a_known_version() {
+        let _ = line(vec![m(1, "a")]).with_reworded(3, "0".repeat(96).leak());
+    }
+
+    #[test]
+    #[should_panic(expected = "version 1's previous checksum must be 96 lower-case hex digits")]
+    fn a_reworded_checksum_is_hex() {
+        let _ = line(vec![m(1, "a")]).with_reworded(1, "ABC");
     }
 
     #[test]

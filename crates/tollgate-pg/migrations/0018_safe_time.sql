@@ -1,4 +1,4 @@
--- Safe time (issue 6; seed 003 "Recovery and safe time"): the owner-sealed
+-- Safe time (docs/time-model.md): the owner-sealed
 -- horizon policy, the persisted safe expiry cut with its durable epoch, the
 -- immutable evidence of how the cut began and changed, and the only
 -- functions through which a sampler may write.

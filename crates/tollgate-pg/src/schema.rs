@@ -81,13 +81,22 @@ pub const MIGRATE_APPLICATION_NAME: &str = "tollgate-migrate";
 
 /// Tollgate's line: the allocator's tables, migrations 1 through 18 in
 /// `_sqlx_migrations` (see the module docs).
+///
+/// Migration 0018's opening comment was reworded after databases had
+/// applied it (no statement changed), so the checksum they recorded,
+/// [`SAFE_TIME_PREVIOUS_CHECKSUM`], is accepted beside the file's.
 pub fn tollgate_line() -> MigrationLine {
     MigrationLine::new(
         TOLLGATE_LINE,
         TOLLGATE_MIGRATIONS_TABLE,
         MIGRATOR.migrations.clone(),
     )
+    .with_reworded(SAFE_TIME_VERSION, SAFE_TIME_PREVIOUS_CHECKSUM)
 }
+
+/// The SHA-384 that databases migrated before migration 0018's opening
+/// comment was reworded have recorded for it.
+pub const SAFE_TIME_PREVIOUS_CHECKSUM: &str = "4ce3fa67a5e1aba4c35fefbdca593677436a762f83031715ee2817e91fe64e20f78392b0644b72e0d4c536a42a62fa31";
 
 /// Safe time's line, applied after Tollgate's, in `_safetime_migrations`.
 ///
@@ -532,7 +541,7 @@ mod tests {
         (
             18,
             "safe time",
-            "4ce3fa67a5e1aba4c35fefbdca593677436a762f83031715ee2817e91fe64e20f78392b0644b72e0d4c536a42a62fa31",
+            "2df485c0ea367e0aa835f15355430d783409ef4aa2adb034d2d835a992ea1ef275a8f7c0c5738fa6d0fe31a16ea0306d",
         ),
     ];
 

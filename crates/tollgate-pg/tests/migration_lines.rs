@@ -13,8 +13,27 @@ use sqlx::{PgConnection, PgPool};
 use tollgate::{AcquireRequest, Allocator, GrantPolicy, NewAccount, StorageError};
 use tollgate_pg::{PendingMigration, PostgresStore, Schema};
 
-/// Exactly what the binary before the lines embedded and ran.
+/// The files the binary before the lines embedded and ran, but for
+/// migration 0018's reworded opening comment ([`main_migrator`]).
 static MAIN_MIGRATOR: Migrator = sqlx::migrate!("./migrations");
+
+/// Exactly the migrator of the binary before the lines: [`MAIN_MIGRATOR`]
+/// with the checksum its migration 0018 had then.
+fn main_migrator() -> Migrator {
+    let previous = tollgate_pg::schema::SAFE_TIME_PREVIOUS_CHECKSUM;
+    let bytes: Vec<u8> = (0..previous.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&previous[i..i + 2], 16).unwrap())
+        .collect();
+    let mut migrations = MAIN_MIGRATOR.migrations.to_vec();
+    let m18 = migrations.iter_mut().find(|m| m.version == 18).unwrap();
+    assert_ne!(&*m18.checksum, bytes.as_slice(), "0018 was reworded");
+    m18.checksum = bytes.into();
+    Migrator {
+        migrations: migrations.into(),
+        ..Migrator::DEFAULT
+    }
+}
 
 fn policy() -> GrantPolicy {
     GrantPolicy::new(SignedDuration::from_secs(60), SignedDuration::from_secs(5)).unwrap()
@@ -273,7 +292,7 @@ async fn a_database_migrated_by_the_binary_before_the_lines_upgrades_unchanged()
     let db = support::fresh_db().await;
     // Today's main: a plain `sqlx::migrate!` migrator on `_sqlx_migrations`.
     let pool = PgPool::connect(db.url()).await.unwrap();
-    MAIN_MIGRATOR.run(&pool).await.unwrap();
+    main_migrator().run(&pool).await.unwrap();
 
     // This binary's store opens it as it is (the safe-time line has nothing
     // pending), and writes a history: accounts, keys, grants, renewals,
@@ -418,7 +437,7 @@ async fn a_database_migrated_by_the_binary_before_the_lines_upgrades_unchanged()
     // fence and its migrator (nothing to do).
     Schema::current().check(&pool).await.unwrap();
     Schema::through(18).unwrap().check(&pool).await.unwrap();
-    MAIN_MIGRATOR.run(&pool).await.unwrap();
+    main_migrator().run(&pool).await.unwrap();
     assert_eq!(
         bookkeeping(&mut c, "_sqlx_migrations").await,
         bookkeeping_before

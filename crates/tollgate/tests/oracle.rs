@@ -1,4 +1,5 @@
-//! Oracle property tests (issue 5, "Oracle properties"; issue 2, "Time").
+//! Oracle property tests: the exact lease timing and the accounting rules
+//! against an independent model.
 //!
 //! The production timing arithmetic ([`GrantPolicy`], [`InstantPair`]) and
 //! the accounting rules ([`tollgate::rules`]) are compared with an
