@@ -27,6 +27,8 @@
 
 pub mod error;
 pub mod migrate;
+#[cfg(feature = "testkit")]
+pub mod testkit;
 pub mod tx;
 pub mod url;
 

@@ -560,41 +560,8 @@ pub async fn publish(
 mod tests {
     use super::*;
 
-    /// A database error with a chosen SQLSTATE, as PostgreSQL would send it.
-    #[derive(Debug)]
-    struct Db(&'static str, &'static str);
-
-    impl std::fmt::Display for Db {
-        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            f.write_str(self.1)
-        }
-    }
-
-    impl std::error::Error for Db {}
-
-    impl sqlx::error::DatabaseError for Db {
-        fn message(&self) -> &str {
-            self.1
-        }
-        fn code(&self) -> Option<std::borrow::Cow<'_, str>> {
-            Some(self.0.into())
-        }
-        fn as_error(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
-            self
-        }
-        fn as_error_mut(&mut self) -> &mut (dyn std::error::Error + Send + Sync + 'static) {
-            self
-        }
-        fn into_error(self: Box<Self>) -> Box<dyn std::error::Error + Send + Sync + 'static> {
-            self
-        }
-        fn kind(&self) -> sqlx::error::ErrorKind {
-            sqlx::error::ErrorKind::Other
-        }
-    }
-
     fn check(sqlstate: &'static str, message: &'static str, expected: SafeTimeError) {
-        let e = SafeTimeError::from(sqlx::Error::Database(Box::new(Db(sqlstate, message))));
+        let e = SafeTimeError::from(pgkit::testkit::database_error(sqlstate, message));
         assert_eq!(e, expected, "SQLSTATE {sqlstate}");
     }
 
@@ -732,10 +699,10 @@ mod tests {
             check(sqlstate, message, expected);
         }
         assert_eq!(
-            SafeTimeError::from(sqlx::Error::Database(Box::new(Db(
+            SafeTimeError::from(pgkit::testkit::database_error(
                 "TGS04",
                 "sampler_running: stop every safe-time sampler before changing the horizon policy"
-            ))))
+            ))
             .to_string(),
             "a safe-time sampler is running: stop every safe-time sampler before changing the \
              horizon policy"
@@ -846,11 +813,11 @@ mod tests {
     /// (which is stripped, as every code prefix is).
     #[test]
     fn the_horizon_policy_mismatch_has_its_own_code() {
-        let e = SafeTimeError::from(sqlx::Error::Database(Box::new(Db(
+        let e = SafeTimeError::from(pgkit::testkit::database_error(
             "TGS03",
             "policy_mismatch: the sealed policy is version 2 (digest ab), the sampler loaded \
              version 1 (digest cd)",
-        ))));
+        ));
         assert_eq!(
             (e.code(), e.to_string()),
             (

@@ -130,39 +130,6 @@ mod tests {
         }
     }
 
-    /// A server error with a SQLSTATE, as sqlx delivers it.
-    #[derive(Debug)]
-    struct Db(&'static str, &'static str);
-
-    impl std::fmt::Display for Db {
-        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            f.write_str(self.1)
-        }
-    }
-
-    impl std::error::Error for Db {}
-
-    impl sqlx::error::DatabaseError for Db {
-        fn message(&self) -> &str {
-            self.1
-        }
-        fn code(&self) -> Option<std::borrow::Cow<'_, str>> {
-            Some(self.0.into())
-        }
-        fn as_error(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
-            self
-        }
-        fn as_error_mut(&mut self) -> &mut (dyn std::error::Error + Send + Sync + 'static) {
-            self
-        }
-        fn into_error(self: Box<Self>) -> Box<dyn std::error::Error + Send + Sync + 'static> {
-            self
-        }
-        fn kind(&self) -> sqlx::error::ErrorKind {
-            sqlx::error::ErrorKind::Other
-        }
-    }
-
     #[test]
     fn server_errors_carry_their_text_and_sqlstate() {
         for (code, text, expected) in [
@@ -213,7 +180,7 @@ mod tests {
                 },
             ),
         ] {
-            let e = sqlx::Error::Database(Box::new(Db(code, text)));
+            let e = pgkit::testkit::database_error(code, text);
             assert_eq!(is_retryable(&e), code == "40001", "{code}");
             assert_eq!(map_sqlx_error(e), expected, "{code}");
         }
