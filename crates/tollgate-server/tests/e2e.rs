@@ -1151,16 +1151,21 @@ fn postgres_policy_show_and_set() {
     );
 
     // The server still running with the old grace refuses to reclaim (the
-    // store's check; the detail stays in its log).
+    // store's check): 503 (a process with the recorded policy would serve
+    // it), saying why.
+    let mismatch = "the database records max_ttl PT1M and reclaim_grace PT7.5S, but this \
+                    process is configured with max_ttl PT1M and reclaim_grace PT5S";
     let refused = srv.cli(&["reclaim", "--once"], ADMIN);
     let err = String::from_utf8_lossy(&refused.stderr);
     assert_eq!(refused.status.code(), Some(1), "{err}");
     assert_eq!(
         err,
-        "error: 500 policy_mismatch: the storage backend failed; the operation changed nothing\n"
+        format!(
+            "error: 503 policy_mismatch: {mismatch}; every process sharing these grants must \
+             apply the same policy: change the recorded one only with the explicit policy \
+             command\n"
+        )
     );
-    let mismatch = "the database records max_ttl PT1M and reclaim_grace PT7.5S, but this \
-                    process is configured with max_ttl PT1M and reclaim_grace PT5S";
     let log = std::fs::read_to_string(&srv.stderr_path).expect("server log");
     assert!(log.contains(mismatch), "{log}");
     srv.stop();
