@@ -145,10 +145,10 @@ impl PostgresStore {
 
     /// Builds a store on an existing pool after the startup checks below.
     /// The pool's connections must declare `policy` (and, on the safe
-    /// expiry cut, the cut) like [`PostgresStore::connect_with`]'s do: call
-    /// [`declare_session`] in the pool's `after_connect`, or every lease
-    /// write fails with [`StorageError::PolicyMismatch`].
-    ///
+    /// expiry cut, the cut) like [`PostgresStore::connect_with`]'s do, in
+    /// the pool's `after_connect`: `SET` [`GRANT_POLICY_SETTING`] to
+    /// [`grant_policy_declaration`] (what [`declare_session`] sends), or
+    /// every lease write fails with [`StorageError::PolicyMismatch`].
     ///
     /// 1. the schema fence ([`Schema::check`] with [`Schema::current`]): the
     ///    database has applied exactly this binary's migrations;
