@@ -195,6 +195,7 @@ async fn run(args: &Args) -> Result<(), String> {
         let _ = run_pgbench(
             args,
             &url,
+            policy,
             &script,
             &workdir,
             clients,
@@ -205,6 +206,7 @@ async fn run(args: &Args) -> Result<(), String> {
         let pgb = run_pgbench(
             args,
             &url,
+            policy,
             &script,
             &workdir,
             clients,
@@ -339,11 +341,14 @@ async fn store_client(
 }
 
 /// Runs pgbench with the pair script; with `log`, reads its
-/// per-transaction log for the latency percentiles.
+/// per-transaction log for the latency percentiles. Its sessions declare
+/// `policy` as the store's do (the database refuses lease writes from a
+/// session that does not), through `PGOPTIONS`, so no statement is added.
 #[allow(clippy::too_many_arguments)]
 fn run_pgbench(
     args: &Args,
     url: &str,
+    policy: GrantPolicy,
     script: &Path,
     workdir: &Path,
     clients: u32,
@@ -355,6 +360,14 @@ fn run_pgbench(
     let expiry_us = now_us + LEASE_TTL.as_micros() as i64;
     let prefix = workdir.join(format!("pgbench-c{clients}"));
     let mut cmd = Command::new(&args.pgbench);
+    cmd.env(
+        "PGOPTIONS",
+        format!(
+            "-c {}={}",
+            tollgate_pg::GRANT_POLICY_SETTING,
+            tollgate_pg::grant_policy_declaration(&policy)
+        ),
+    );
     cmd.arg("-n")
         .arg("-M")
         .arg("prepared")

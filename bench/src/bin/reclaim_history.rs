@@ -140,6 +140,10 @@ async fn run(args: &Args) -> Result<(), String> {
 
         eprintln!("history {history}: inserting settled leases ...");
         let fill = Instant::now();
+        // Lease writers declare the recorded grant policy (migration 0019).
+        tollgate_pg::declare_session(&mut conn, &policy, false)
+            .await
+            .map_err(err)?;
         let past_us = (t0 - SignedDuration::from_hours(24)).as_microsecond();
         sqlx::query(
             "INSERT INTO tollgate_leases (account_id, units, fence, expiry_floor_us, \

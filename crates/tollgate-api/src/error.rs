@@ -24,7 +24,17 @@
 //! | `capability_mismatch` | 403 (the presented credential does not authorize the lease; see [`crate::auth`]) |
 //! | `insufficient_balance`, `units_overflow`, `lease_not_active`, `lease_reclaimable`, `idempotency_conflict` | 409 |
 //! | `storage_unavailable`, `retry_exhausted` | 503 |
-//! | `storage_failure`, `invalid_stored_instant`, `policy_mismatch` | 500 |
+//! | `policy_mismatch`, `horizon_exceeded` | 503 (the detail is the store's message, with what to do) |
+//! | `storage_failure`, `invalid_stored_instant` | 500 |
+//!
+//! `policy_mismatch` (this process's grant policy is no longer the recorded
+//! one: it started before a `tollgate policy set`) and `horizon_exceeded`
+//! (a lease whose expiry plus grace would pass the safe expiry cut plus the
+//! sealed horizon) are refusals of the database's lease-write guard: the
+//! request changed nothing and may succeed on a process started with the
+//! recorded policy. Their detail is the store's message, which names the
+//! policies or the exact instants and durations and tells the operator
+//! what to do (it holds no host, SQL or credential).
 //!
 //! The service adds its own codes ([`SERVICE_CODES`]; the request-level
 //! ones, from `unauthenticated` to `body_timeout`, are every router's and
@@ -56,8 +66,9 @@
 //!
 //! The only 5xx responses are failures of the backend (storage, the time
 //! source, or a request that exceeded its time bound because the backend
-//! was slow); bad input of any kind is a 4xx. Backend details are logged,
-//! never sent: a 5xx `detail` is a fixed sentence.
+//! was slow) and the lease-write guard's refusals above; bad input of any
+//! kind is a 4xx. Backend details are logged, never sent: every other 5xx
+//! `detail` is a fixed sentence.
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -131,12 +142,17 @@ pub fn storage_status(e: &AllocatorError) -> StatusCode {
     use StorageError as S;
     let e = match e {
         AllocatorError::Rule(e) => e,
-        AllocatorError::Storage(S::Unavailable { .. } | S::RetryExhausted { .. }) => {
+        AllocatorError::Storage(
+            S::Unavailable { .. }
+            | S::RetryExhausted { .. }
+            | S::PolicyMismatch(_)
+            | S::HorizonExceeded { .. },
+        ) => {
             return StatusCode::SERVICE_UNAVAILABLE;
         }
-        AllocatorError::Storage(
-            S::Failure { .. } | S::InvalidStoredInstant(_) | S::PolicyMismatch(_),
-        ) => return StatusCode::INTERNAL_SERVER_ERROR,
+        AllocatorError::Storage(S::Failure { .. } | S::InvalidStoredInstant(_)) => {
+            return StatusCode::INTERNAL_SERVER_ERROR;
+        }
     };
     match e {
         E::InvalidUnits { .. }
@@ -193,17 +209,17 @@ impl ApiError {
         }
     }
 
-    /// The detail sent to the client: the error's message for 4xx, a fixed
-    /// sentence for 5xx (backend messages may name hosts or SQL).
+    /// The detail sent to the client: the error's message for 4xx and for
+    /// the lease-write guard's refusals (`policy_mismatch`,
+    /// `horizon_exceeded`: the message says what to do), a fixed sentence
+    /// for every other 5xx (backend messages may name hosts or SQL).
     pub fn client_detail(&self) -> String {
         match self {
             ApiError::Storage(AllocatorError::Storage(StorageError::Unavailable { .. })) => {
                 "the storage backend is unavailable; retry later".into()
             }
             ApiError::Storage(AllocatorError::Storage(
-                StorageError::Failure { .. }
-                | StorageError::InvalidStoredInstant(_)
-                | StorageError::PolicyMismatch(_),
+                StorageError::Failure { .. } | StorageError::InvalidStoredInstant(_),
             ))
             | ApiError::Storage(AllocatorError::Rule(RuleError::CorruptHolding { .. })) => {
                 "the storage backend failed; the operation changed nothing".into()

@@ -84,7 +84,12 @@ fn every_storage_error() -> Vec<AllocatorError> {
     ];
     let storage_errors = vec![
         StorageError::InvalidStoredInstant(pair_error),
-        StorageError::PolicyMismatch("recorded PT1S, configured PT2S at db.internal".into()),
+        StorageError::PolicyMismatch(
+            "the database records max_ttl PT1S, this process PT2S: restart it".into(),
+        ),
+        StorageError::HorizonExceeded {
+            message: "expiry + grace is beyond cut + horizon by PT1S".into(),
+        },
         StorageError::Unavailable {
             message: "connect to db.internal:5432 refused".into(),
         },
@@ -101,7 +106,9 @@ fn every_storage_error() -> Vec<AllocatorError> {
 }
 
 /// Every allocator code maps to its status over HTTP; the only 5xx are
-/// backend failures, whose detail never leaks the backend's message.
+/// backend failures, whose detail never leaks the backend's message, and
+/// the lease-write guard's refusals, whose detail is the store's message
+/// (it says what to do).
 #[tokio::test]
 async fn failing_store_codes() {
     let expected: &[(&str, u16)] = &[
@@ -124,7 +131,8 @@ async fn failing_store_codes() {
         ("invalid_lease_count", 422),
         ("invalid_limit", 422),
         ("invalid_stored_instant", 500),
-        ("policy_mismatch", 500),
+        ("policy_mismatch", 503),
+        ("horizon_exceeded", 503),
         ("storage_unavailable", 503),
         ("retry_exhausted", 503),
         ("storage_failure", 500),
@@ -152,7 +160,9 @@ async fn failing_store_codes() {
             .await;
         r.problem(*status, code);
         let detail = r.body["detail"].as_str().expect("detail");
-        if *status >= 500 {
+        if matches!(*code, "policy_mismatch" | "horizon_exceeded") {
+            assert_eq!(detail, e.to_string());
+        } else if *status >= 500 {
             assert!(
                 !detail.contains("db.internal") && !detail.contains("SELECT"),
                 "{detail}"

@@ -2,8 +2,10 @@
 //!
 //! Every database error is classified by [`pgkit::classify`]; this module
 //! only decides which [`StorageError`] each kind becomes. Connection-level
-//! failures become [`StorageError::Unavailable`], every other database
-//! failure [`StorageError::Failure`]. Messages carry the server's error
+//! failures become [`StorageError::Unavailable`]; the refusals of the
+//! lease-write guards (migrations 0018 and 0019) their own variants (see
+//! the SQLSTATE constants below); every other database failure
+//! [`StorageError::Failure`]. Messages carry the server's error
 //! text and SQLSTATE but never the connection URL or credentials:
 //! configuration errors (which may echo the URL) are reduced to a fixed
 //! sentence.
@@ -64,6 +66,18 @@ impl pgkit::TxBodyError for TxError {
 /// restart on the cut helps.
 const LEASE_WRITE_OFF_CUT: &str = "TGS10";
 
+/// SQLSTATE TGS11: the session's declared grant policy differs from the
+/// recorded one, or it declares none (migration 0019's lease trigger):
+/// [`StorageError::PolicyMismatch`]. Nothing was written; the process must
+/// be restarted with the recorded policy.
+const LEASE_POLICY_MISMATCH: &str = "TGS11";
+
+/// SQLSTATE TGS12: an active lease's expiry plus the recorded reclaim grace
+/// lies beyond the safe expiry cut plus the sealed horizon (migration
+/// 0019's lease trigger): [`StorageError::HorizonExceeded`]. Nothing was
+/// written.
+const LEASE_BEYOND_HORIZON: &str = "TGS12";
+
 /// Whether the transaction that failed with `e` is run again by the
 /// wrapper (a serialization failure or deadlock).
 pub(crate) fn is_retryable(e: &sqlx::Error) -> bool {
@@ -79,6 +93,17 @@ fn is_connection_state(code: &str) -> bool {
 /// Maps a database error that is not retried.
 pub(crate) fn map_sqlx_error(e: sqlx::Error) -> StorageError {
     let failure = pgkit::classify(&e);
+    match failure.sqlstate() {
+        Some(LEASE_POLICY_MISMATCH) => {
+            return StorageError::PolicyMismatch(failure.text().to_owned());
+        }
+        Some(LEASE_BEYOND_HORIZON) => {
+            return StorageError::HorizonExceeded {
+                message: failure.text().to_owned(),
+            };
+        }
+        _ => {}
+    }
     let unavailable = match failure.sqlstate() {
         Some(code) => is_connection_state(code) || code == LEASE_WRITE_OFF_CUT,
         None => failure.kind() == FailureKind::Unavailable,
@@ -138,6 +163,27 @@ mod tests {
                 "lease writes need the safe cut",
                 StorageError::Unavailable {
                     message: "lease writes need the safe cut (SQLSTATE TGS10)".into(),
+                },
+            ),
+            (
+                "TGS11",
+                "lease_policy_mismatch: restart this process",
+                StorageError::PolicyMismatch(
+                    "lease_policy_mismatch: restart this process (SQLSTATE TGS11)".into(),
+                ),
+            ),
+            (
+                "TGS12",
+                "lease_beyond_horizon: the new lease's expiry",
+                StorageError::HorizonExceeded {
+                    message: "lease_beyond_horizon: the new lease's expiry (SQLSTATE TGS12)".into(),
+                },
+            ),
+            (
+                "TGS13",
+                "not ours",
+                StorageError::Failure {
+                    message: "not ours (SQLSTATE TGS13)".into(),
                 },
             ),
             (

@@ -8,8 +8,8 @@
 //!
 //! * [`schema`]: the embedded migrations, one line per subsystem applied in
 //!   order (Tollgate's: 0001..0016, the schema before exact instants; 0017,
-//!   the exact-instant migration; 0018, safe time; then safe time's own
-//!   line), and the startup fence that refuses a database migrated by a
+//!   the exact-instant migration; 0018, safe time; 0019, the lease-write
+//!   guard; then safe time's own line), and the startup fence that refuses a database migrated by a
 //!   newer binary. The mechanism is [`pgkit::migrate`].
 //! * [`persistence`]: every SQL statement, the transaction wrapper (over
 //!   [`pgkit::transact`], with bounded retries), and what is stored and
@@ -59,14 +59,15 @@ pub use persistence::{
 };
 pub use pgkit::OpMetrics;
 pub use schema::{
-    EXACT_INSTANTS_VERSION, MIGRATE_APPLICATION_NAME, MigrationReport, PendingMigration,
-    SAFE_TIME_LINE, SAFE_TIME_MIGRATIONS_TABLE, SAFE_TIME_VERSION, Schema, TOLLGATE_LINE,
-    TOLLGATE_MIGRATIONS_TABLE, migrate, pending_migrations, safe_time_line, schema_version,
-    tollgate_line,
+    EXACT_INSTANTS_VERSION, LEASE_WRITE_GUARD_VERSION, MIGRATE_APPLICATION_NAME, MigrationReport,
+    PendingMigration, SAFE_TIME_LINE, SAFE_TIME_MIGRATIONS_TABLE, SAFE_TIME_VERSION, Schema,
+    TOLLGATE_LINE, TOLLGATE_MIGRATIONS_TABLE, migrate, pending_migrations, safe_time_line,
+    schema_version, tollgate_line,
 };
 pub use store::{
-    CHANGED_BY_MAX_CHARS, FIRST_START, PostgresStore, RECLAIM_BATCH_DEFAULT, StoreOptions,
-    lease_counts, migration_in_progress, policy_changes, recorded_policy, set_policy,
+    CHANGED_BY_MAX_CHARS, FIRST_START, GRANT_POLICY_SETTING, PostgresStore, RECLAIM_BATCH_DEFAULT,
+    StoreOptions, declare_session, grant_policy_declaration, lease_counts, migration_in_progress,
+    policy_changes, recorded_policy, set_policy,
 };
 
 /// Boxes a future as `Send` inside this crate, where its lifetimes are

@@ -26,10 +26,17 @@
 //! * `conn` must be in an open transaction (`BEGIN` at READ COMMITTED, the
 //!   store's isolation; for instance from `store.pool().begin()`). Outside
 //!   one, each statement would commit on its own and a failure would leave
-//!   a half-written operation. On a database whose lease writes are
-//!   fenced to the safe expiry cut, the connection must have declared the
-//!   cut like the store's own ([`crate::StoreOptions::on_safe_cut`]); the
-//!   store's pool has.
+//!   a half-written operation. The connection must have declared the
+//!   store's grant policy and, on a database whose lease writes are fenced
+//!   to the safe expiry cut, the cut, like the store's own
+//!   ([`crate::declare_session`]); the store's pool has. Otherwise every
+//!   lease write fails with [`tollgate::StorageError::PolicyMismatch`].
+//! * Once a sampler has claimed an epoch, the database refuses an active
+//!   lease whose expiry plus the recorded reclaim grace lies beyond the
+//!   safe expiry cut plus the sealed horizon
+//!   ([`tollgate::StorageError::HorizonExceeded`]): a `now` ahead of the
+//!   cut can grant at most `cut + horizon - max_ttl - reclaim_grace`
+//!   ahead.
 //! * Rows are locked in the store's fixed order (the account, then its
 //!   leases by ascending id). A caller that also locks allocator rows must
 //!   take them in the same order, or risk deadlocks.
@@ -56,7 +63,7 @@ use tollgate::{
 pub use crate::error::TxError;
 use crate::error::{is_retryable, map_sqlx_error};
 use crate::persistence::{self, PolicyLock};
-use crate::store::{PostgresStore, policy_mismatch};
+use crate::store::{PostgresStore, running_policy_mismatch};
 
 impl TxError {
     /// Whether the transaction that failed with this error may simply be
@@ -122,8 +129,10 @@ pub async fn deposit(
 /// [`RuleError::InvalidIdempotencyKey`],
 /// [`RuleError::UnrepresentableExpiry`], [`RuleError::AccountNotFound`],
 /// [`RuleError::IdempotencyConflict`], [`RuleError::InsufficientBalance`];
-/// database and storage errors. The caller's transaction must then roll
-/// back (see the module docs).
+/// [`tollgate::StorageError::PolicyMismatch`] (the connection does not
+/// declare the recorded policy) and [`tollgate::StorageError::HorizonExceeded`]
+/// (see the module docs); other database and storage errors. The caller's
+/// transaction must then roll back (see the module docs).
 pub async fn acquire(
     conn: &mut PgConnection,
     store: &PostgresStore,
@@ -359,7 +368,7 @@ pub async fn reclaim(
     if let Some(recorded) = recorded
         && recorded != *policy
     {
-        return Err(TxError::Storage(policy_mismatch(recorded, *policy)));
+        return Err(TxError::Storage(running_policy_mismatch(recorded, *policy)));
     }
     let (candidates, balances) =
         lock_reclaim_candidates(conn, InstantPair::encode(cutoff), limit).await?;

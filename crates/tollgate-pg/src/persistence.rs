@@ -931,6 +931,17 @@ pub(crate) async fn read_policy(
     }
 }
 
+/// Takes `EXCLUSIVE` on the policy table before a policy change: waits for
+/// every transaction that has written a lease (migration 0019's lease
+/// trigger holds `ROW SHARE` on the table until it ends) and keeps new
+/// lease writes waiting until this transaction ends. Readers never wait.
+pub(crate) async fn lock_policy_for_change(conn: &mut PgConnection) -> Result<(), TxError> {
+    sqlx::query("LOCK TABLE tollgate_policy IN EXCLUSIVE MODE")
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}
+
 /// How [`read_policy`] locks the policy row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum PolicyLock {

@@ -9,14 +9,16 @@
 //! [`pgkit::migrate`]). This binary's lines, in order:
 //!
 //! 1. **Tollgate's** ([`tollgate_line`]): `migrations/0001_*.sql` ..
-//!    `0018_*.sql`, bookkeeping in `_sqlx_migrations`, where sqlx's own
+//!    `0019_*.sql`, bookkeeping in `_sqlx_migrations`, where sqlx's own
 //!    migrator recorded them before the lines existed; its rows and
 //!    checksums are sqlx's, so databases migrated by older binaries carry
 //!    on unchanged. Versions 1 to 16 are the schema as it stood before exact
 //!    instants (lease expiry as `expires_at_us`, microseconds truncated
 //!    toward zero); version 17 is the exact-instant migration (see
 //!    `migrations/0017_exact_instants.sql` and `docs/upgrade-0017.md`);
-//!    version 18 created safe time.
+//!    version 18 created safe time; version 19 guards lease writes (the
+//!    recorded grant policy and the sealed horizon, see
+//!    `migrations/0019_lease_write_guard.sql`).
 //! 2. **Safe time's** ([`safe_time_line`]): `migrations-safetime/`,
 //!    bookkeeping in `_safetime_migrations`. See [`safe_time_line`].
 //!
@@ -75,11 +77,18 @@ pub const EXACT_INSTANTS_VERSION: i64 = 17;
 /// the sealed horizon policy and the sampler's functions).
 pub const SAFE_TIME_VERSION: i64 = 18;
 
+/// The version of migration 0019, the lease-write guard: the database
+/// refuses lease writes from a session that does not declare the recorded
+/// grant policy, and active leases whose expiry plus grace lies beyond
+/// the safe expiry cut plus the sealed horizon. The current version of
+/// Tollgate's line.
+pub const LEASE_WRITE_GUARD_VERSION: i64 = 19;
+
 /// The `application_name` of the migration connection, so operators can see
 /// it in `pg_stat_activity` (for example while it waits for table locks).
 pub const MIGRATE_APPLICATION_NAME: &str = "tollgate-migrate";
 
-/// Tollgate's line: the allocator's tables, migrations 1 through 18 in
+/// Tollgate's line: the allocator's tables, migrations 1 through 19 in
 /// `_sqlx_migrations` (see the module docs).
 ///
 /// Migration 0018's opening comment was reworded after databases had
@@ -140,7 +149,7 @@ pub struct Schema {
 }
 
 impl Schema {
-    /// Every line of this binary: Tollgate's (1 through 18), then safe
+    /// Every line of this binary: Tollgate's (1 through 19), then safe
     /// time's.
     pub fn current() -> Schema {
         Schema {
@@ -151,7 +160,7 @@ impl Schema {
     /// Tollgate's migrations with version `<= version` and no other line:
     /// the schema of an older binary. `Schema::through(16)` is the binary
     /// before exact instants, `Schema::through(18)` the binary before the
-    /// lines; tests build old databases with them and check that they
+    /// lines and the lease-write guard; tests build old databases with them and check that they
     /// refuse a migrated one.
     ///
     /// # Errors
@@ -452,7 +461,7 @@ mod tests {
         );
     }
 
-    const EXPECTED_CHECKSUMS: [(i64, &str, &str); 18] = [
+    const EXPECTED_CHECKSUMS: [(i64, &str, &str); 19] = [
         (
             1,
             "accounts",
@@ -543,6 +552,11 @@ mod tests {
             "safe time",
             "2df485c0ea367e0aa835f15355430d783409ef4aa2adb034d2d835a992ea1ef275a8f7c0c5738fa6d0fe31a16ea0306d",
         ),
+        (
+            19,
+            "lease write guard",
+            "365ed69f9cff74bb602f919da5076d13ec3102d880f20930706fe689f27e08fb344418130e5945bceadff2604e8f4d77",
+        ),
     ];
 
     #[test]
@@ -561,8 +575,8 @@ mod tests {
                 ("safetime", "_safetime_migrations")
             ]
         );
-        assert_eq!(schema.latest_version(), SAFE_TIME_VERSION);
-        assert_eq!(tollgate_line().versions(), Some((1, 18)));
+        assert_eq!(schema.latest_version(), LEASE_WRITE_GUARD_VERSION);
+        assert_eq!(tollgate_line().versions(), Some((1, 19)));
         let old = Schema::through(EXACT_INSTANTS_VERSION).unwrap();
         assert_eq!(
             old.lines().iter().map(|l| l.name()).collect::<Vec<_>>(),

@@ -53,6 +53,14 @@ pub struct StoreOptions {
     /// (SQLSTATE TGS10, [`StorageError::Unavailable`]), so a process on
     /// another clock, even one started before the first claim, can never
     /// reclaim, grant or renew by its own clock (default `false`).
+    ///
+    /// Whatever this says, every connection also declares the store's
+    /// grant policy ([`declare_session`]): the database refuses every lease
+    /// write from a session whose declared policy differs from the recorded
+    /// one, or that declares none (SQLSTATE TGS11,
+    /// [`StorageError::PolicyMismatch`]), so a process started before a
+    /// `tollgate policy set` can never grant, renew or reclaim by its old
+    /// policy.
     pub on_safe_cut: bool,
 }
 
@@ -68,7 +76,11 @@ impl Default for StoreOptions {
 
 /// The PostgreSQL allocator. Cheap to share behind an `Arc`; all methods
 /// take `&self`; any number of processes may share one database as long as
-/// they apply the same [`GrantPolicy`] and capability key.
+/// they apply the same [`GrantPolicy`] and capability key. The database
+/// holds them to it (migration 0019): every connection of the store's pool
+/// declares its policy ([`declare_session`]), and once the recorded policy
+/// differs, every lease write of the store fails with
+/// [`StorageError::PolicyMismatch`] and changes nothing.
 #[derive(Debug)]
 pub struct PostgresStore {
     pool: PgPool,
@@ -123,16 +135,7 @@ impl PostgresStore {
             .max_connections(options.max_connections)
             .acquire_timeout(options.acquire_timeout)
             .after_connect(move |conn, _meta| {
-                Box::pin(async move {
-                    if on_safe_cut {
-                        // Unnamed simple statement; the value is a literal.
-                        sqlx::query("SET tollgate.clock = 'safe-cut'")
-                            .persistent(false)
-                            .execute(conn)
-                            .await?;
-                    }
-                    Ok(())
-                })
+                Box::pin(async move { declare(conn, &policy, on_safe_cut).await })
             })
             .connect_with(connect)
             .await
@@ -140,7 +143,12 @@ impl PostgresStore {
         PostgresStore::start(pool, policy, key).await
     }
 
-    /// Builds a store on an existing pool after the startup checks:
+    /// Builds a store on an existing pool after the startup checks below.
+    /// The pool's connections must declare `policy` (and, on the safe
+    /// expiry cut, the cut) like [`PostgresStore::connect_with`]'s do, in
+    /// the pool's `after_connect`: `SET` [`GRANT_POLICY_SETTING`] to
+    /// [`grant_policy_declaration`] (what [`declare_session`] sends), or
+    /// every lease write fails with [`StorageError::PolicyMismatch`].
     ///
     /// 1. the schema fence ([`Schema::check`] with [`Schema::current`]): the
     ///    database has applied exactly this binary's migrations;
@@ -249,6 +257,71 @@ fn storage_only(e: AllocatorError) -> StorageError {
 }
 
 // ---------------------------------------------------------------------------
+// Session declarations.
+
+/// The session setting through which a connection declares the grant policy
+/// it applies; migration 0019's lease trigger compares it with the recorded
+/// policy on every lease write.
+pub const GRANT_POLICY_SETTING: &str = "tollgate.grant_policy";
+
+/// `policy` as a connection declares it in [`GRANT_POLICY_SETTING`]:
+/// `"<max_ttl_ns>/<reclaim_grace_ns>"`, both exact nanoseconds in decimal
+/// without leading zeros (`"60000000000/5000000000"` for one minute and 5
+/// s); the database renders the recorded policy the same way
+/// (`tollgate_grant_policy_declaration()`). Never fails.
+pub fn grant_policy_declaration(policy: &GrantPolicy) -> String {
+    format!(
+        "{}/{}",
+        policy.max_ttl().as_nanos(),
+        policy.reclaim_grace().as_nanos()
+    )
+}
+
+/// Declares on `conn` what a lease writer must (migrations 0018 and 0019):
+/// the grant policy it applies ([`GRANT_POLICY_SETTING`]) and, with
+/// `on_safe_cut`, that it takes its time from the safe expiry cut
+/// (`tollgate.clock = 'safe-cut'`). Session settings: they last as long as
+/// the connection. [`PostgresStore::connect_with`] runs this on every
+/// connection it opens; a caller that builds its own pool
+/// ([`PostgresStore::from_pool`]) or writes leases on its own connection
+/// runs it once per connection.
+///
+/// # Errors
+/// [`StorageError::Unavailable`] or [`StorageError::Failure`] if the
+/// statements fail.
+pub async fn declare_session(
+    conn: &mut PgConnection,
+    policy: &GrantPolicy,
+    on_safe_cut: bool,
+) -> Result<(), StorageError> {
+    declare(conn, policy, on_safe_cut)
+        .await
+        .map_err(map_sqlx_error)
+}
+
+async fn declare(
+    conn: &mut PgConnection,
+    policy: &GrantPolicy,
+    on_safe_cut: bool,
+) -> Result<(), sqlx::Error> {
+    // Unnamed statements; the values are literals of digits and '/'.
+    sqlx::query(&format!(
+        "SET {GRANT_POLICY_SETTING} = '{}'",
+        grant_policy_declaration(policy)
+    ))
+    .persistent(false)
+    .execute(&mut *conn)
+    .await?;
+    if on_safe_cut {
+        sqlx::query("SET tollgate.clock = 'safe-cut'")
+            .persistent(false)
+            .execute(&mut *conn)
+            .await?;
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
 // Policy commands.
 
 /// The refusal of a process whose policy differs from the recorded one.
@@ -258,6 +331,25 @@ pub(crate) fn policy_mismatch(recorded: GrantPolicy, configured: GrantPolicy) ->
          configured with max_ttl {} and reclaim_grace {}; every process sharing these \
          grants must apply the same policy: change the recorded one only with the explicit \
          policy command",
+        recorded.max_ttl(),
+        recorded.reclaim_grace(),
+        configured.max_ttl(),
+        configured.reclaim_grace(),
+    ))
+}
+
+/// The refusal of a running process whose policy no longer equals the
+/// recorded one (it was changed after the process started): what to do is
+/// to restart it. Migration 0019's lease trigger says the same.
+pub(crate) fn running_policy_mismatch(
+    recorded: GrantPolicy,
+    configured: GrantPolicy,
+) -> StorageError {
+    StorageError::PolicyMismatch(format!(
+        "the database records max_ttl {} and reclaim_grace {}, but this process is \
+         configured with max_ttl {} and reclaim_grace {}; every process sharing these \
+         grants must apply the recorded policy: restart this process with the recorded \
+         grant policy (`tollgate policy show`)",
         recorded.max_ttl(),
         recorded.reclaim_grace(),
         configured.max_ttl(),
@@ -307,11 +399,14 @@ pub async fn recorded_policy(pool: &PgPool) -> Result<Option<GrantPolicy>, Stora
 /// [`tollgate::rules::check_changed_by`]: 1..=[`CHANGED_BY_MAX_CHARS`]
 /// characters, no control characters) with the old and new values.
 ///
-/// Processes already running keep the policy they started with; restart
-/// them with the new configuration (a process whose configuration differs
-/// refuses to start, and running reclaim batches refuse to settle anything
-/// once the recorded grace differs from theirs). Quiesce reclaim workers
-/// before changing `reclaim_grace`.
+/// Processes already running keep the policy they started with, and from
+/// the moment this commits the database refuses every lease write of
+/// theirs ([`StorageError::PolicyMismatch`], SQLSTATE TGS11, migration
+/// 0019): restart them with the new configuration (a process whose
+/// configuration differs refuses to start). The change first waits for
+/// every transaction that is writing leases to end, and lease writes that
+/// start meanwhile wait for it (`EXCLUSIVE` on `tollgate_policy`), so no
+/// lease is written under the old policy after it returns.
 ///
 /// # Errors
 /// [`StorageError::Failure`] for an invalid `changed_by`; database errors.
@@ -340,6 +435,7 @@ async fn set_policy_tx(
     policy: GrantPolicy,
     changed_by: &str,
 ) -> Result<PolicyChange, TxError> {
+    persistence::lock_policy_for_change(conn).await?;
     let old = persistence::read_policy(conn, PolicyLock::Update).await?;
     if old.is_some() {
         persistence::update_policy(conn, policy).await?;
@@ -617,6 +713,44 @@ mod tests {
              apply the same policy: change the recorded one only with the explicit policy \
              command"
         );
+    }
+
+    #[test]
+    fn running_policy_mismatch_names_both_policies_and_the_restart() {
+        let recorded =
+            GrantPolicy::new(SignedDuration::from_secs(20), SignedDuration::from_secs(5)).unwrap();
+        let configured =
+            GrantPolicy::new(SignedDuration::from_hours(1), SignedDuration::new(30, 1)).unwrap();
+        assert_eq!(
+            running_policy_mismatch(recorded, configured),
+            StorageError::PolicyMismatch(
+                "the database records max_ttl PT20S and reclaim_grace PT5S, but this process is \
+                 configured with max_ttl PT1H and reclaim_grace PT30.000000001S; every process \
+                 sharing these grants must apply the recorded policy: restart this process \
+                 with the recorded grant policy (`tollgate policy show`)"
+                    .into()
+            )
+        );
+    }
+
+    #[test]
+    fn declarations_are_exact_nanoseconds() {
+        for (max_ttl, grace, declared) in [
+            (
+                SignedDuration::from_secs(60),
+                SignedDuration::from_secs(5),
+                "60000000000/5000000000",
+            ),
+            (SignedDuration::new(0, 1), SignedDuration::ZERO, "1/0"),
+            (
+                SignedDuration::from_hours(1),
+                SignedDuration::MAX,
+                "3600000000000/9223372036854775807999999999",
+            ),
+        ] {
+            let policy = GrantPolicy::new(max_ttl, grace).unwrap();
+            assert_eq!(grant_policy_declaration(&policy), declared);
+        }
     }
 
     #[test]

@@ -72,6 +72,10 @@ async fn reclaim_query_uses_the_partial_index_whatever_the_history() {
         }
     }
     let mut c = support::connect(&db).await;
+    // Lease writers declare the recorded grant policy (migration 0019).
+    tollgate_pg::declare_session(&mut c, &policy, false)
+        .await
+        .unwrap();
     let now = ts("2026-11-29T12:00:10Z");
     let cutoff = s.policy().reclaim_cutoff(now).unwrap();
 

@@ -49,7 +49,7 @@ async fn migrate_17(db: &Db) {
     let report = tollgate_pg::migrate(db.url()).await.unwrap();
     assert_eq!(
         (report.from_version, report.to_version, report.applied),
-        (Some(16), Some(18), vec![17, 18])
+        (Some(16), Some(19), vec![17, 18, 19])
     );
 }
 
@@ -716,8 +716,8 @@ async fn binary_knowing_only_1_to_16_refuses_the_migrated_database() {
     assert_eq!(
         err,
         StorageError::Failure {
-            message: "database schema is at version 16 but this binary requires version 18; \
-                      pending migrations: 17, 18; run the migrations first"
+            message: "database schema is at version 16 but this binary requires version 19; \
+                      pending migrations: 17, 18, 19; run the migrations first"
                 .into()
         }
     );
@@ -737,7 +737,7 @@ async fn binary_knowing_only_1_to_16_refuses_the_migrated_database() {
     assert_eq!(old.pending(db.url()).await.unwrap_err(), refusal);
     // The current binary accepts it.
     Schema::current().check(&pool).await.unwrap();
-    assert_eq!(schema_version(&pool).await.unwrap(), Some(18));
+    assert_eq!(schema_version(&pool).await.unwrap(), Some(19));
     pool.close().await;
 }
 
@@ -776,7 +776,7 @@ async fn old_transaction_makes_the_migration_wait_for_its_lock() {
         .expect("migration did not finish after the old transaction committed")
         .unwrap()
         .unwrap();
-    assert_eq!(report.applied, vec![17, 18]);
+    assert_eq!(report.applied, vec![17, 18, 19]);
     // The old transaction's lease committed first and was backfilled.
     let row: (i64, i16, bool, i64) = sqlx::query_as(
         "SELECT expiry_floor_us, expiry_submicro_ns, expiry_is_upper_bound, units \
@@ -882,7 +882,7 @@ async fn new_format_is_invisible_to_other_sessions_until_the_migration_commits()
         .expect("migration did not finish")
         .unwrap()
         .unwrap();
-    assert_eq!(report.applied, vec![17, 18]);
+    assert_eq!(report.applied, vec![17, 18, 19]);
     assert_eq!(
         columns(&mut observer, "tollgate_leases").await,
         [
@@ -1111,6 +1111,11 @@ async fn schema_constraints_enforce_the_pair_domain() {
     let db = support::migrated_db().await;
     let mut c = support::connect(&db).await;
     let a = legacy::create_account(&mut c, "x").await.unwrap();
+    // Every lease writer declares the recorded grant policy (migration 0019).
+    legacy::record_policy(&mut c, policy()).await.unwrap();
+    tollgate_pg::declare_session(&mut c, &policy(), false)
+        .await
+        .unwrap();
     sqlx::query("UPDATE tollgate_accounts SET deposited = 10, available = 0, held = 10")
         .execute(&mut c)
         .await
@@ -1161,10 +1166,11 @@ async fn pending_migrations_and_versions() {
     let all = tollgate_pg::pending_migrations(db.url()).await.unwrap();
     assert_eq!(
         all.iter().map(|m| m.version).collect::<Vec<_>>(),
-        (1..=18).collect::<Vec<i64>>()
+        (1..=19).collect::<Vec<i64>>()
     );
     assert_eq!(all[16].description, "exact instants");
     assert_eq!(all[17].description, "safe time");
+    assert_eq!(all[18].description, "lease write guard");
     assert_eq!(all[0].description, "accounts");
     Schema::through(16)
         .unwrap()
@@ -1182,6 +1188,10 @@ async fn pending_migrations_and_versions() {
             tollgate_pg::PendingMigration {
                 version: 18,
                 description: "safe time".into()
+            },
+            tollgate_pg::PendingMigration {
+                version: 19,
+                description: "lease write guard".into()
             }
         ]
     );
@@ -1194,17 +1204,17 @@ async fn pending_migrations_and_versions() {
     let again = tollgate_pg::migrate(db.url()).await.unwrap();
     assert_eq!(
         (again.from_version, again.to_version, again.applied),
-        (Some(18), Some(18), vec![])
+        (Some(19), Some(19), vec![])
     );
     assert_eq!(
-        Schema::through(19).unwrap_err(),
+        Schema::through(20).unwrap_err(),
         StorageError::Failure {
-            message: "this binary has no migration version 19".into()
+            message: "this binary has no migration version 20".into()
         }
     );
     assert_eq!(
         Schema::current().latest_version(),
-        tollgate_pg::SAFE_TIME_VERSION
+        tollgate_pg::LEASE_WRITE_GUARD_VERSION
     );
 }
 

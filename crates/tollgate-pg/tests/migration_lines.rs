@@ -10,15 +10,19 @@ use jiff::{SignedDuration, Timestamp};
 use pgkit::MigrationLine;
 use sqlx::migrate::{Migration, MigrationType, Migrator};
 use sqlx::{PgConnection, PgPool};
+use support::{catalog, data};
 use tollgate::{AcquireRequest, Allocator, GrantPolicy, NewAccount, StorageError};
 use tollgate_pg::{PendingMigration, PostgresStore, Schema};
 
-/// The files the binary before the lines embedded and ran, but for
-/// migration 0018's reworded opening comment ([`main_migrator`]).
+/// sqlx's own migrator on `_sqlx_migrations`, as the binary before the
+/// lines embedded and ran it, over this binary's migrations of Tollgate's
+/// line (that binary carried 1 through 18; the upgrade from 18 with data
+/// is `tests/migration_0019.rs`), but for migration 0018's reworded opening
+/// comment ([`main_migrator`]).
 static MAIN_MIGRATOR: Migrator = sqlx::migrate!("./migrations");
 
-/// Exactly the migrator of the binary before the lines: [`MAIN_MIGRATOR`]
-/// with the checksum its migration 0018 had then.
+/// [`MAIN_MIGRATOR`] with the checksum migration 0018 had in the binary
+/// before the lines.
 fn main_migrator() -> Migrator {
     let previous = tollgate_pg::schema::SAFE_TIME_PREVIOUS_CHECKSUM;
     let bytes: Vec<u8> = (0..previous.len())
@@ -49,67 +53,16 @@ fn backend(message: &str) -> StorageError {
     }
 }
 
-/// The refusal of a Tollgate line at version 19 (the message of the
+/// The refusal of a Tollgate line at version 20 (the message of the
 /// binaries before the lines).
-const UNKNOWN_19: &str = "database has applied migration version 19 (future), which this \
-     binary does not know (it knows versions 1 through 18); refusing to start against a newer \
-     schema: run a binary that carries version 19";
+const UNKNOWN_20: &str = "database has applied migration version 20 (future), which this \
+     binary does not know (it knows versions 1 through 19); refusing to start against a newer \
+     schema: run a binary that carries version 20";
 
 /// The refusal of a safe-time line at version 1.
 const UNKNOWN_SAFE_TIME_1: &str = "safetime migrations (table _safetime_migrations): database \
      has applied migration version 1 (cut history), which this binary does not know (it knows \
      none); refusing to start against a newer schema: run a binary that carries version 1";
-
-/// Every row of every table and every sequence value of the `public`
-/// schema, as text, except the tables named in `except`.
-async fn data(conn: &mut PgConnection, except: &[&str]) -> Vec<(String, Vec<String>)> {
-    let tables: Vec<String> = sqlx::query_scalar(
-        "SELECT table_name::text FROM information_schema.tables \
-         WHERE table_schema = 'public' AND table_type = 'BASE TABLE' ORDER BY 1",
-    )
-    .fetch_all(&mut *conn)
-    .await
-    .unwrap();
-    let mut out = Vec::new();
-    for t in tables.iter().filter(|t| !except.contains(&t.as_str())) {
-        let rows: Vec<String> = sqlx::query_scalar(&format!(
-            "SELECT to_jsonb(t)::text FROM \"{t}\" t ORDER BY 1"
-        ))
-        .fetch_all(&mut *conn)
-        .await
-        .unwrap();
-        out.push((t.clone(), rows));
-    }
-    let sequences: Vec<String> = sqlx::query_scalar(
-        "SELECT sequencename::text || '=' || coalesce(last_value::text, 'unset') \
-         FROM pg_sequences WHERE schemaname = 'public' ORDER BY 1",
-    )
-    .fetch_all(&mut *conn)
-    .await
-    .unwrap();
-    out.push(("(sequences)".into(), sequences));
-    out
-}
-
-/// The schema's objects: tables with their columns, indexes, functions,
-/// triggers and constraints, as text.
-async fn catalog(conn: &mut PgConnection) -> Vec<String> {
-    sqlx::query_scalar(
-        "SELECT 'column ' || table_name || '.' || column_name || ' ' || data_type \
-           FROM information_schema.columns WHERE table_schema = 'public' \
-         UNION ALL SELECT 'index ' || indexdef FROM pg_indexes WHERE schemaname = 'public' \
-         UNION ALL SELECT 'function ' || p.oid::regprocedure::text || ' ' || md5(p.prosrc) \
-           FROM pg_proc p WHERE p.pronamespace = 'public'::regnamespace \
-         UNION ALL SELECT 'trigger ' || tgname || ' ' || tgrelid::regclass::text \
-           FROM pg_trigger WHERE NOT tgisinternal \
-         UNION ALL SELECT 'constraint ' || conname || ' ' || pg_get_constraintdef(oid) \
-           FROM pg_constraint WHERE connamespace = 'public'::regnamespace \
-         ORDER BY 1",
-    )
-    .fetch_all(conn)
-    .await
-    .unwrap()
-}
 
 /// The full bookkeeping rows of `table`, `installed_on` and
 /// `execution_time` included.
@@ -211,12 +164,12 @@ async fn a_fresh_database_gets_every_line_in_order() {
             report.to_version,
             report.applied.clone()
         ),
-        (None, Some(18), (1..=18).collect::<Vec<i64>>())
+        (None, Some(19), (1..=19).collect::<Vec<i64>>())
     );
     assert_eq!(
         versions(&report.lines),
         [
-            ("tollgate", None, Some(18), (1..=18).collect()),
+            ("tollgate", None, Some(19), (1..=19).collect()),
             ("safetime", None, None, vec![]),
         ]
     );
@@ -261,7 +214,7 @@ async fn a_fresh_database_gets_every_line_in_order() {
     assert_eq!(
         versions(&report.lines),
         [
-            ("tollgate", None, Some(18), (1..=18).collect()),
+            ("tollgate", None, Some(19), (1..=19).collect()),
             ("safetime", None, None, vec![]),
             ("tgtest", None, Some(2), vec![1, 2]),
         ]
@@ -270,7 +223,7 @@ async fn a_fresh_database_gets_every_line_in_order() {
     let first_test: String = sqlx::query_scalar(
         "SELECT (SELECT max(installed_on) FROM _sqlx_migrations) \
                 <= (SELECT min(installed_on) FROM _tgtest_migrations) \
-                AND (SELECT count(*) FROM _sqlx_migrations WHERE version > 18) = 0 \
+                AND (SELECT count(*) FROM _sqlx_migrations WHERE version > 19) = 0 \
                 AND to_regclass('tgtest_notes') IS NOT NULL AS ok",
     )
     .fetch_one(&mut c2)
@@ -364,7 +317,7 @@ async fn a_database_migrated_by_the_binary_before_the_lines_upgrades_unchanged()
     let data_before = data(&mut c, &[]).await;
     let catalog_before = catalog(&mut c).await;
     let bookkeeping_before = bookkeeping(&mut c, "_sqlx_migrations").await;
-    assert_eq!(bookkeeping_before.len(), 18);
+    assert_eq!(bookkeeping_before.len(), 19);
     assert!(!table_exists(&mut c, "_safetime_migrations").await);
     // Every Tollgate table has rows to compare.
     for table in [
@@ -392,12 +345,12 @@ async fn a_database_migrated_by_the_binary_before_the_lines_upgrades_unchanged()
             report.to_version,
             report.applied.clone()
         ),
-        (Some(18), Some(18), vec![])
+        (Some(19), Some(19), vec![])
     );
     assert_eq!(
         versions(&report.lines),
         [
-            ("tollgate", Some(18), Some(18), vec![]),
+            ("tollgate", Some(19), Some(19), vec![]),
             ("safetime", None, None, vec![]),
         ]
     );
@@ -436,7 +389,11 @@ async fn a_database_migrated_by_the_binary_before_the_lines_upgrades_unchanged()
     // Both binaries accept the result: this one's fence, the old one's
     // fence and its migrator (nothing to do).
     Schema::current().check(&pool).await.unwrap();
-    Schema::through(18).unwrap().check(&pool).await.unwrap();
+    Schema::through(tollgate_pg::LEASE_WRITE_GUARD_VERSION)
+        .unwrap()
+        .check(&pool)
+        .await
+        .unwrap();
     main_migrator().run(&pool).await.unwrap();
     assert_eq!(
         bookkeeping(&mut c, "_sqlx_migrations").await,
@@ -461,17 +418,17 @@ fn policy_after() -> GrantPolicy {
 
 #[tokio::test]
 async fn a_line_at_an_unknown_version_is_refused_everywhere() {
-    // Tollgate's line at 19: the message of the binaries before the lines.
+    // Tollgate's line at 20: the message of the binaries before the lines.
     let db = support::migrated_db().await;
     let mut c = support::connect(&db).await;
     sqlx::query(
         "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) \
-         VALUES (19, 'future', true, '\\x00', 0)",
+         VALUES (20, 'future', true, '\\x00', 0)",
     )
     .execute(&mut c)
     .await
     .unwrap();
-    check_refused_everywhere(&db, UNKNOWN_19).await;
+    check_refused_everywhere(&db, UNKNOWN_20).await;
 
     // Safe time's line at 1, on a database whose Tollgate line is at 16:
     // refused before anything is applied.
@@ -560,14 +517,14 @@ async fn a_second_line_has_its_own_bookkeeping_and_fence() {
     assert_eq!(
         versions(&report.lines),
         [
-            ("tollgate", Some(18), Some(18), vec![]),
+            ("tollgate", Some(19), Some(19), vec![]),
             ("safetime", None, None, vec![]),
             ("tgtest", None, Some(1), vec![1]),
         ]
     );
     assert_eq!(
         (report.from_version, report.to_version, report.applied),
-        (Some(18), Some(18), vec![])
+        (Some(19), Some(19), vec![])
     );
     assert_eq!(
         rows(&mut c, "_tgtest_migrations").await,
@@ -583,7 +540,7 @@ async fn a_second_line_has_its_own_bookkeeping_and_fence() {
             .map(|s| (s.line, s.applied_max, s.pending.clone()))
             .collect::<Vec<_>>(),
         [
-            ("tollgate", Some(18), vec![]),
+            ("tollgate", Some(19), vec![]),
             ("safetime", None, vec![]),
             (
                 "tgtest",

@@ -1159,6 +1159,12 @@ fn postgres_policy_show_and_set() {
     let (unchanged, _) = policy_ok(&["show", "--database-url", &url]);
     assert_eq!(unchanged, shown);
 
+    // An account on the running server, before the change.
+    let created = srv.ok(&["account", "create", "--name", "a"], ADMIN);
+    let account = s(&created, "account_id");
+    let key = s(&created, "api_key");
+    srv.ok(&["account", "deposit", &account, "--units", "100"], ADMIN);
+
     // The change: one new row with the old and new values and who did it.
     let before_set = jiff::Timestamp::now();
     let (change, note) = policy_ok(&[
@@ -1190,18 +1196,38 @@ fn postgres_policy_show_and_set() {
     );
 
     // The server still running with the old grace refuses to reclaim (the
-    // store's check; the detail stays in its log).
+    // store's check) and, from the database, every lease write: 503 (a
+    // process with the recorded policy would serve it), saying what to do.
+    let mismatch = "the database records max_ttl PT1M and reclaim_grace PT7.5S, but this \
+                    process is configured with max_ttl PT1M and reclaim_grace PT5S";
+    let restart = "every process sharing these grants must apply the recorded policy: restart \
+                   this process with the recorded grant policy (`tollgate policy show`)";
     let refused = srv.cli(&["reclaim", "--once"], ADMIN);
     let err = String::from_utf8_lossy(&refused.stderr);
     assert_eq!(refused.status.code(), Some(1), "{err}");
     assert_eq!(
         err,
-        "error: 500 policy_mismatch: the storage backend failed; the operation changed nothing\n"
+        format!("error: 503 policy_mismatch: {mismatch}; {restart}\n")
     );
-    let mismatch = "the database records max_ttl PT1M and reclaim_grace PT7.5S, but this \
-                    process is configured with max_ttl PT1M and reclaim_grace PT5S";
+    let refused = srv.cli(
+        &[
+            "lease", "acquire", &account, "--units", "10", "--ttl", "PT50M",
+        ],
+        &key,
+    );
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(1), "{err}");
+    let guard = format!("lease_policy_mismatch: {mismatch}; {restart} (SQLSTATE TGS11)");
+    assert_eq!(err, format!("error: 503 policy_mismatch: {guard}\n"));
+    let balances = srv.ok(&["account", "show", &account], &key);
+    assert_eq!(
+        (&balances["available"], &balances["held"]),
+        (&json!(100), &json!(0))
+    );
+    // Logged once, with the code.
     let log = std::fs::read_to_string(&srv.stderr_path).expect("server log");
     assert!(log.contains(mismatch), "{log}");
+    assert_eq!(log.matches(&guard).count(), 1, "{log}");
     srv.stop();
 
     restart_with_the_old_policy_is_refused(&old_args, mismatch);

@@ -108,6 +108,10 @@ async fn status_counts_and_maintenance_from_the_store() {
     // Rows as migration 0017 leaves pre-0017 leases: the expiry is an upper
     // bound. The released one is not counted.
     let mut conn = sqlx::PgConnection::connect(&url).await.expect("connect");
+    // Lease writers declare the recorded grant policy (migration 0019).
+    tollgate_pg::declare_session(&mut conn, &default_policy(), false)
+        .await
+        .expect("declare");
     let marked = sqlx::query(
         "UPDATE tollgate_leases SET expiry_is_upper_bound = true WHERE lease_id = ANY($1)",
     )

@@ -214,9 +214,20 @@ pub enum StorageError {
     /// Stored data does not decode (a corrupt instant pair).
     #[error("stored instant is invalid: {0}")]
     InvalidStoredInstant(#[from] PairError),
-    /// The store's recorded policy differs from this process's policy.
+    /// The store's recorded policy differs from this process's policy: at
+    /// start-up, or on a write by a process started before the recorded
+    /// policy changed (the message names both policies and what to do).
     #[error("{0}")]
     PolicyMismatch(String),
+    /// The store refused a lease whose expiry plus the reclaim grace lies
+    /// beyond the latest deadline it admits (on PostgreSQL: the safe
+    /// expiry cut plus the sealed horizon); the message names the exact
+    /// instants and durations and what to do. Nothing was written.
+    #[error("{message}")]
+    HorizonExceeded {
+        /// What was refused, exactly (no secrets).
+        message: String,
+    },
     /// The storage could not be reached.
     #[error("storage unavailable: {message}")]
     Unavailable {
@@ -245,6 +256,7 @@ impl StorageError {
         match self {
             StorageError::InvalidStoredInstant(_) => "invalid_stored_instant",
             StorageError::PolicyMismatch(_) => "policy_mismatch",
+            StorageError::HorizonExceeded { .. } => "horizon_exceeded",
             StorageError::Unavailable { .. } => "storage_unavailable",
             StorageError::RetryExhausted { .. } => "retry_exhausted",
             StorageError::Failure { .. } => "storage_failure",
@@ -298,6 +310,7 @@ impl AllocatorError {
         "invalid_limit",
         "invalid_stored_instant",
         "policy_mismatch",
+        "horizon_exceeded",
         "storage_unavailable",
         "retry_exhausted",
         "storage_failure",

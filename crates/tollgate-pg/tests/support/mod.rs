@@ -104,6 +104,57 @@ pub async fn connect(db: &Db) -> PgConnection {
     conn
 }
 
+/// Every row of every table and every sequence value of the `public`
+/// schema, as text, except the tables named in `except`.
+pub async fn data(conn: &mut PgConnection, except: &[&str]) -> Vec<(String, Vec<String>)> {
+    let tables: Vec<String> = sqlx::query_scalar(
+        "SELECT table_name::text FROM information_schema.tables \
+         WHERE table_schema = 'public' AND table_type = 'BASE TABLE' ORDER BY 1",
+    )
+    .fetch_all(&mut *conn)
+    .await
+    .unwrap();
+    let mut out = Vec::new();
+    for t in tables.iter().filter(|t| !except.contains(&t.as_str())) {
+        let rows: Vec<String> = sqlx::query_scalar(&format!(
+            "SELECT to_jsonb(t)::text FROM \"{t}\" t ORDER BY 1"
+        ))
+        .fetch_all(&mut *conn)
+        .await
+        .unwrap();
+        out.push((t.clone(), rows));
+    }
+    let sequences: Vec<String> = sqlx::query_scalar(
+        "SELECT sequencename::text || '=' || coalesce(last_value::text, 'unset') \
+         FROM pg_sequences WHERE schemaname = 'public' ORDER BY 1",
+    )
+    .fetch_all(&mut *conn)
+    .await
+    .unwrap();
+    out.push(("(sequences)".into(), sequences));
+    out
+}
+
+/// The schema's objects: tables with their columns, indexes, functions,
+/// triggers and constraints, as text.
+pub async fn catalog(conn: &mut PgConnection) -> Vec<String> {
+    sqlx::query_scalar(
+        "SELECT 'column ' || table_name || '.' || column_name || ' ' || data_type \
+           FROM information_schema.columns WHERE table_schema = 'public' \
+         UNION ALL SELECT 'index ' || indexdef FROM pg_indexes WHERE schemaname = 'public' \
+         UNION ALL SELECT 'function ' || p.oid::regprocedure::text || ' ' || md5(p.prosrc) \
+           FROM pg_proc p WHERE p.pronamespace = 'public'::regnamespace \
+         UNION ALL SELECT 'trigger ' || tgname || ' ' || tgrelid::regclass::text \
+           FROM pg_trigger WHERE NOT tgisinternal \
+         UNION ALL SELECT 'constraint ' || conname || ' ' || pg_get_constraintdef(oid) \
+           FROM pg_constraint WHERE connamespace = 'public'::regnamespace \
+         ORDER BY 1",
+    )
+    .fetch_all(conn)
+    .await
+    .unwrap()
+}
+
 /// The conformance suite's factory: fresh database, all migrations,
 /// a store with a fresh random key.
 pub struct PgFactory;
