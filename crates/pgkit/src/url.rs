@@ -172,17 +172,25 @@ pub fn redact(url: &str) -> String {
     }
 }
 
+/// Whether a URL query parameter carries a secret: `password` and
+/// `sslpassword` (libpq's key passphrase), and their misspellings and
+/// case variants that a user may have meant (`passwd`, `PASSWORD`).
+fn is_secret_parameter(key: &str) -> bool {
+    let key = key.to_ascii_lowercase();
+    matches!(key.as_str(), "password" | "passwd" | "sslpassword" | "pwd")
+}
+
 fn redact_parsed(mut url: url::Url) -> String {
     if url.password().is_some() {
         // Only a URL that cannot be a base has no user-info part, and
         // such a URL has no password either.
         let _ = url.set_password(Some(REDACTED));
     }
-    if url.query_pairs().any(|(k, _)| k == "password") {
+    if url.query_pairs().any(|(k, _)| is_secret_parameter(&k)) {
         let pairs: Vec<(String, String)> = url
             .query_pairs()
             .map(|(k, v)| {
-                let v = if k == "password" {
+                let v = if is_secret_parameter(&k) {
                     REDACTED.to_owned()
                 } else {
                     v.into_owned()
@@ -471,6 +479,10 @@ mod tests {
                 "postgres://h/db?password=***&password=***",
             ),
             ("postgres://u:@h/db", "postgres://u@h/db"),
+            (
+                "postgres://h/db?sslpassword=hunter2&PASSWORD=hunter3&passwd=hunter4&pwd=hunter5&user=u",
+                "postgres://h/db?sslpassword=***&PASSWORD=***&passwd=***&pwd=***&user=u",
+            ),
             ("::", UNPARSEABLE),
             ("hunter2", UNPARSEABLE),
         ] {

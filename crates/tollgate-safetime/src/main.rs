@@ -227,15 +227,26 @@ fn main() -> ExitCode {
             };
         }
     };
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        // A log that cannot be written (a full disk, a closed pipe) is
-        // dropped: the default would report it with `eprintln!`, which
-        // panics on that same stderr and would kill the sampler.
-        .log_internal_errors(false)
-        .with_ansi(false)
-        .with_max_level(cli.log_level)
-        .init();
+    {
+        use tracing_subscriber::prelude::*;
+        // sqlx warns about a connection-URL parameter it does not know with
+        // the parameter's value (`?sslpassword=...`), so its URL parser logs
+        // errors only.
+        let filter = tracing_subscriber::filter::Targets::new()
+            .with_default(cli.log_level)
+            .with_target("sqlx_postgres::options::parse", tracing::Level::ERROR);
+        let layer = tracing_subscriber::fmt::layer()
+            .with_writer(std::io::stderr)
+            // A log that cannot be written (a full disk, a closed pipe) is
+            // dropped: the default would report it with `eprintln!`, which
+            // panics on that same stderr and would kill the sampler.
+            .log_internal_errors(false)
+            .with_ansi(false);
+        tracing_subscriber::registry()
+            .with(filter)
+            .with(layer)
+            .init();
+    }
     let Some(url) = cli.database_url.clone() else {
         say(format_args!(
             "tollgate-safetime: --database-url (or TOLLGATE_DATABASE_URL) is required"

@@ -25,7 +25,8 @@ pub enum LogFormat {
 #[command(name = "tollgate", version, about, max_term_width = 100)]
 pub struct Cli {
     /// Log format (logs go to stderr; level from TOLLGATE_LOG, e.g. `debug`
-    /// or `tollgate_server=debug,info`).
+    /// or `tollgate_api=debug,info`; targets are crate names: `tollgate_api`,
+    /// `httpkit`, `clock`, `tollgate_pg`, `tollgate_server`).
     #[arg(
         long,
         env = "TOLLGATE_LOG_FORMAT",

@@ -23,7 +23,7 @@ pub fn init_logging(format: LogFormat, default_level: tracing::Level) {
             default()
         }),
     };
-    let registry = tracing_subscriber::registry().with(filter);
+    let registry = tracing_subscriber::registry().with(quiet_sqlx_url_warnings(filter));
     // Colour only for a terminal: a log file or journal gets plain text.
     let layer = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
@@ -61,4 +61,43 @@ fn log_filter(spec: &str) -> Option<tracing_subscriber::filter::Targets> {
         return None;
     }
     spec.parse().ok()
+}
+
+/// sqlx warns about a connection-URL parameter it does not know with the
+/// parameter's value (`?sslpassword=...` would be logged verbatim), so its
+/// URL parser logs errors only, whatever the filter.
+pub(crate) fn quiet_sqlx_url_warnings(
+    filter: tracing_subscriber::filter::Targets,
+) -> tracing_subscriber::filter::Targets {
+    filter.with_target(SQLX_URL_PARSER_TARGET, tracing::Level::ERROR)
+}
+
+/// The `tracing` target of sqlx's connection-URL parser.
+pub(crate) const SQLX_URL_PARSER_TARGET: &str = "sqlx_postgres::options::parse";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tracing::Level;
+    use tracing_subscriber::filter::Targets;
+
+    /// Whatever level or directives `TOLLGATE_LOG` gives, sqlx's URL parser
+    /// logs errors only; other targets keep their levels.
+    #[test]
+    fn sqlx_url_warnings_are_never_enabled() {
+        for spec in ["trace", "debug", "info,sqlx_postgres=trace", "warn"] {
+            let f = quiet_sqlx_url_warnings(log_filter(spec).expect(spec));
+            assert!(
+                !f.would_enable(SQLX_URL_PARSER_TARGET, &Level::WARN),
+                "{spec}"
+            );
+            assert!(
+                f.would_enable(SQLX_URL_PARSER_TARGET, &Level::ERROR),
+                "{spec}"
+            );
+        }
+        let f = quiet_sqlx_url_warnings(Targets::new().with_default(Level::DEBUG));
+        assert!(f.would_enable("tollgate_api::worker", &Level::DEBUG));
+        assert!(!f.would_enable(SQLX_URL_PARSER_TARGET, &Level::INFO));
+    }
 }
