@@ -325,7 +325,7 @@ async fn store_client(
                     ttl: LEASE_TTL,
                     idempotency_key: None,
                 },
-                Timestamp::now(),
+                Timestamp::now().into(),
             )
             .await
             .map_err(|e| format!("acquire: {e}"))?;
@@ -464,7 +464,7 @@ async fn profile_one_pair(
                 ttl: LEASE_TTL,
                 idempotency_key: None,
             },
-            Timestamp::now(),
+            Timestamp::now().into(),
         )
         .await
         .map_err(|e| e.to_string())?;

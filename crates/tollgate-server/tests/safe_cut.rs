@@ -600,10 +600,12 @@ async fn seal(url: &str, horizon_ms: i64) -> i64 {
 }
 
 /// (e) On the safe-cut clock the service refuses to start when
-/// `max_ttl + reclaim_grace` (1 min + 5 s = 65,000 ms) exceeds the sealed
-/// horizon, naming both values, and records nothing (the grant policy is
-/// not recorded, so fixing either value needs no `policy set`). Both the
-/// current epoch's policy and the newest sealed one must cover it.
+/// `max_ttl + reclaim_grace + safetime_gap_max` (1 min + 5 s + 1 min =
+/// 125,000 ms) exceeds the sealed horizon, naming the values, and records
+/// nothing (the grant policy is not recorded, so fixing either value needs
+/// no `policy set`). Both the current epoch's policy and the newest sealed
+/// one must cover it. The gap bound is part of it because a grant's expiry
+/// is counted from the cut plus the reading's staleness bound.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn horizon_shorter_than_grant_policy_refuses_start() {
     let url = fresh_pg_url().await;
@@ -621,10 +623,11 @@ async fn horizon_shorter_than_grant_policy_refuses_start() {
     );
     assert_eq!(
         err.to_string(),
-        "max_ttl PT1M + reclaim_grace PT5S exceeds the sealed safe-time horizon of 64999 ms \
-         = PT1M4.999S (policy version 2, the newest sealed): every deadline the service \
-         admits must fit inside it; lower --max-ttl/--reclaim-grace (tollgate policy set) \
-         or seal a longer horizon with every sampler stopped"
+        "max_ttl PT1M + reclaim_grace PT5S + safetime_gap_max PT1M exceeds the sealed \
+         safe-time horizon of 64999 ms = PT1M4.999S (policy version 2, the newest sealed): \
+         every deadline the service admits, counted from the cut plus its staleness (at most \
+         the gap bound), must fit inside it; lower --max-ttl/--reclaim-grace (tollgate policy \
+         set) or --safetime-gap-max, or seal a longer horizon with every sampler stopped"
     );
     let pool = sqlx::PgPool::connect(&url).await.expect("pool");
     assert_eq!(
@@ -642,8 +645,19 @@ async fn horizon_shorter_than_grant_policy_refuses_start() {
         matches!(err, PgError::HorizonTooShort { version: 2, .. }),
         "{err:?}"
     );
-    // Exactly max_ttl + grace is enough: the service starts, on the cut.
-    assert_eq!(seal(&url, 65_000).await, 3);
+    // max_ttl + grace alone is not enough: a certain reading may be up to
+    // the gap bound stale, and the grant's expiry is counted from the cut
+    // plus that.
+    assert_eq!(seal(&url, 124_999).await, 3);
+    let err = tollgate_server::pg::connect(&cfg, key())
+        .await
+        .expect_err("the gap bound does not fit");
+    assert!(
+        matches!(err, PgError::HorizonTooShort { version: 3, .. }),
+        "{err:?}"
+    );
+    // Exactly max_ttl + grace + gap is enough: the service starts, on the cut.
+    assert_eq!(seal(&url, 125_000).await, 4);
     let store = tollgate_server::pg::connect(&cfg, key())
         .await
         .expect("horizon covers the policy");
