@@ -25,20 +25,21 @@
 //! `c`. With `k` the first read of this process that saw the row's
 //! `(epoch, publish_seq)` and `j` the current one:
 //!
-//! `S = max(row_age_j, row_age_k + (at_j - at_k))`
+//! `S = row_age_k + (at_j - at_k)`
 //!
 //! where `row_age = db_now - published_at` (database time, floored at zero)
-//! and `at` is the monotonic instant taken just before a read's query. The
-//! first term is the row's age now in database time; the second measures
-//! the time since first sight on this host's monotonic clock, so a database
-//! clock that stalls or steps back after first sight cannot shrink it. The
+//! and `at` is the monotonic instant taken just before a read's query:
+//! database time only for the age at first sight, this host's monotonic
+//! clock for the time since, so a database clock that stalls, steps back or
+//! steps forward after first sight neither shrinks nor inflates it. The
 //! request arrived before `at_j`, and `db_now` was read after `at`, so
 //! neither the read's own duration nor the wait for a pooled connection
 //! needs adding. The time between the sampler's observation and its publish
 //! (one round trip of the sampler) is not in the row and not counted.
 //!
 //! The same bound decides staleness: rule 2 below calls a reading stale
-//! when `S > gap_max`, so a certain reading has `S <= gap_max`.
+//! when `S`, or the row's age now, exceeds `gap_max`, so a certain reading
+//! has `S <= gap_max`.
 //!
 //! A reading is *certain* only when all of these hold, checked in this
 //! order (the first failing one names the [`UncertainReason`]):
@@ -157,9 +158,14 @@ impl Staleness {
         };
         let unchanged_for = SignedDuration::try_from(at.saturating_duration_since(seen.first_at))
             .unwrap_or(SignedDuration::MAX);
-        let staleness = row_age.max(seen.first_age.saturating_add(unchanged_for));
+        let staleness = seen.first_age.saturating_add(unchanged_for);
         Judgement {
-            uncertain: judge_reading(row.uncertain, staleness, unchanged_for, gap_max),
+            uncertain: judge_reading(
+                row.uncertain,
+                row_age.max(staleness),
+                unchanged_for,
+                gap_max,
+            ),
             staleness,
         }
     }
@@ -386,9 +392,16 @@ mod tests {
         // A new epoch with the same publish_seq is a change too.
         let r6e = row(2, 6, P, P);
         assert_eq!(s.judge(Some(&r6e), ms(600), gap), j(None, 0));
-        // A database age above the monotonic estimate wins.
-        let r6e_old = row(2, 6, P, "2026-11-29T12:00:00.15Z");
-        assert_eq!(s.judge(Some(&r6e_old), ms(650), gap), j(None, 150));
+        // A database age above the monotonic estimate (the database clock
+        // ran ahead since first sight) does not inflate the bound, but past
+        // the gap bound it makes the reading stale.
+        let r6e_ahead = row(2, 6, P, "2026-11-29T12:00:00.15Z");
+        assert_eq!(s.judge(Some(&r6e_ahead), ms(650), gap), j(None, 50));
+        let r6e_step = row(2, 6, P, "2026-11-29T13:00:00Z");
+        assert_eq!(
+            s.judge(Some(&r6e_step), ms(660), gap),
+            j(Some(UncertainReason::Stale), 60)
+        );
         // First sight of a row already older than the bound (database time).
         let mut fresh = Staleness::default();
         let old = row(1, 1, P, "2026-11-29T12:00:00.200001Z");

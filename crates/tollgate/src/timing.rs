@@ -367,10 +367,12 @@ impl GrantPolicy {
         requested: SignedDuration,
     ) -> Result<(Timestamp, SignedDuration), TimingError> {
         let (expiry, ttl) = self.expiry(at.grant_base, requested)?;
-        if let Some(limit) = at.deadline_limit
-            // |expiry| < 2^69 ns and |grace| < 2^94 ns: exact in i128.
-            && expiry.as_nanosecond() + self.reclaim_grace.as_nanos() > limit.as_nanosecond()
-        {
+        // |expiry| < 2^69 ns and |grace| < 2^94 ns: exact in i128.
+        let deadline_ns = expiry.as_nanosecond() + self.reclaim_grace.as_nanos();
+        let beyond = at
+            .deadline_limit
+            .filter(|limit| deadline_ns > limit.as_nanosecond());
+        if let Some(limit) = beyond {
             return Err(TimingError::DeadlineBeyondLimit {
                 grant_base: at.grant_base,
                 ttl,
