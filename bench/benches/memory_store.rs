@@ -85,7 +85,7 @@ fn memory_store(c: &mut Criterion) {
                                             ttl: SignedDuration::new(30, 1),
                                             idempotency_key: None,
                                         },
-                                        now,
+                                        now.into(),
                                     )
                                     .await
                                     .expect("acquire");

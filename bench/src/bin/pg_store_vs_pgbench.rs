@@ -327,7 +327,7 @@ async fn store_client(
                     ttl: LEASE_TTL,
                     idempotency_key: None,
                 },
-                Timestamp::now(),
+                Timestamp::now().into(),
             )
             .await
             .map_err(|e| format!("acquire: {e}"))?;
@@ -477,7 +477,7 @@ async fn profile_one_pair(
                 ttl: LEASE_TTL,
                 idempotency_key: None,
             },
-            Timestamp::now(),
+            Timestamp::now().into(),
         )
         .await
         .map_err(|e| e.to_string())?;

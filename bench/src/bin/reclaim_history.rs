@@ -285,7 +285,7 @@ async fn acquire_due(
                             ttl: LEASE_TTL,
                             idempotency_key: None,
                         },
-                        t0,
+                        t0.into(),
                     )
                     .await
                     .map_err(err)?;

@@ -14,8 +14,17 @@
 //!   cut* persisted in PostgreSQL by the safe-time sampler. Its reading may
 //!   be *uncertain*.
 //!
-//! A reading ([`Clock::read`]) is an instant plus its certainty
-//! ([`ClockReading`]). The system and test clocks are always certain. While
+//! A reading ([`Clock::read`]) is an instant plus its certainty, its
+//! staleness bound and the latest deadline its source admits
+//! ([`ClockReading`]). The system and test clocks are always certain and
+//! never stale. A reading's instant `now` is where expiry is *judged*; a
+//! deadline made from the reading is *counted from* its
+//! [`ClockReading::grant_base`], `now` plus the staleness bound: the safe
+//! expiry cut a request reads was observed up to that long before the
+//! request, so `now` is a lower bound on the cut at the request and the
+//! grant base an upper bound. A deadline counted from `now` and judged
+//! later at a fresher cut would end early in real time by the reading's
+//! staleness. While
 //! a reading is uncertain the service still has an instant (the cut, a
 //! lower bound on true time) but admits no new deadline-bearing work: acquire
 //! and consolidation are refused with `503 time_uncertain`, the reclaim
@@ -79,24 +88,51 @@ impl fmt::Display for ClockKind {
     }
 }
 
-/// An instant and whether the clock vouches for it.
+/// An instant, whether the clock vouches for it, how stale it may be, and
+/// the latest deadline the clock admits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ClockReading {
-    /// The instant to supply. For the safe-cut clock: the cut (a lower
-    /// bound on true time), also while uncertain.
+    /// The instant to supply, where expiry is judged. For the safe-cut
+    /// clock: the cut as read (a lower bound on true time and on the cut at
+    /// the request), also while uncertain.
     pub now: Timestamp,
     /// `None`: certain. Otherwise why the clock cannot vouch that `now` is
     /// close enough to true time to admit new deadlines.
     pub uncertain: Option<UncertainReason>,
+    /// An upper bound on how far the clock's instant can have advanced, in
+    /// real time, from the observation that produced `now` to the moment
+    /// this read began (so also to the moment the request arrived, which
+    /// came first). Never negative; zero for the system and test clocks.
+    /// For the safe-cut clock at most the sampling-gap bound while certain
+    /// (a larger one makes the reading `stale`).
+    pub staleness: SignedDuration,
+    /// The latest deadline (`expiry + reclaim_grace`) a grant made from
+    /// this reading may have: on the safe-cut clock `cut + horizon` of the
+    /// policy in force; `None` (no limit) for the other clocks and before
+    /// any cut.
+    pub deadline_limit: Option<Timestamp>,
 }
 
 impl ClockReading {
-    /// A certain reading at `now`.
+    /// A certain reading at `now`: no staleness, no deadline limit.
     pub fn certain(now: Timestamp) -> ClockReading {
         ClockReading {
             now,
             uncertain: None,
+            staleness: SignedDuration::ZERO,
+            deadline_limit: None,
         }
+    }
+
+    /// The instant a deadline made from this reading is counted from:
+    /// `now + staleness` (an upper bound on the clock's instant at the
+    /// request), at least `now`. A sum beyond [`Timestamp::MAX`] gives
+    /// `Timestamp::MAX` (every expiry counted from it is then
+    /// unrepresentable, so nothing is granted from it).
+    pub fn grant_base(&self) -> Timestamp {
+        self.now
+            .checked_add(self.staleness.max(SignedDuration::ZERO))
+            .unwrap_or(Timestamp::MAX)
     }
 
     /// Whether the clock vouches for this reading.

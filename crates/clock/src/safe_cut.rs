@@ -10,8 +10,36 @@
 //! *uncertain* after any anomaly. This clock does no timekeeping of its
 //! own: every [`Clock::read`] is one `SELECT` of the cut row
 //! (the cut reader's `read_cut`) on the service's pool, and the
-//! reading's instant is the cut itself. The cut lags true time, so every
-//! deadline computed from it is late, never early.
+//! reading's instant is the cut itself.
+//!
+//! # The staleness bound
+//!
+//! The cut a read returns was published some time before the read, and the
+//! cut never advances faster than real time: at a later real instant `t`,
+//! `cut(t) - c <= t - O`, `O` being the instant of the observation that
+//! produced `c`. A deadline `c + ttl` judged later at a fresher cut would
+//! therefore end up to `R - O` early in real time, `R` being the request.
+//! So every reading carries a *staleness bound* `S >= R - O`
+//! ([`ClockReading::staleness`]), and a deadline is counted from
+//! `c + S` ([`ClockReading::grant_base`]) while expiry is still judged at
+//! `c`. With `k` the first read of this process that saw the row's
+//! `(epoch, publish_seq)` and `j` the current one:
+//!
+//! `S = row_age_k + (at_j - at_k)`
+//!
+//! where `row_age = db_now - published_at` (database time, floored at zero)
+//! and `at` is the monotonic instant taken just before a read's query:
+//! database time only for the age at first sight, this host's monotonic
+//! clock for the time since, so a database clock that stalls, steps back or
+//! steps forward after first sight neither shrinks nor inflates it. The
+//! request arrived before `at_j`, and `db_now` was read after `at`, so
+//! neither the read's own duration nor the wait for a pooled connection
+//! needs adding. The time between the sampler's observation and its publish
+//! (one round trip of the sampler) is not in the row and not counted.
+//!
+//! The same bound decides staleness: rule 2 below calls a reading stale
+//! when `S`, or the row's age now, exceeds `gap_max`, so a certain reading
+//! has `S <= gap_max`.
 //!
 //! A reading is *certain* only when all of these hold, checked in this
 //! order (the first failing one names the [`UncertainReason`]):
@@ -19,12 +47,13 @@
 //! 1. a row exists, else [`UncertainReason::NoCut`]: no sampler has ever
 //!    claimed an epoch (the reading's instant is then the Unix epoch, the
 //!    same lower bound the database gives a quarantined installation);
-//! 2. the cut is fresh, else [`UncertainReason::Stale`]. Two checks, either
-//!    one suffices to call it stale:
+//! 2. the cut is fresh, else [`UncertainReason::Stale`]: the staleness
+//!    bound `S` above is at most the sampling-gap bound `gap_max`. `S`
+//!    exceeds it when
 //!    * this process has seen the same `(epoch, publish_seq)` for longer
-//!      than the sampling-gap bound `gap_max`, measured on its monotonic
-//!      clock from the first read that saw it (taken before that read's
-//!      query, so the measurement errs towards stale);
+//!      than `gap_max` less the row's age at first sight, measured on its
+//!      monotonic clock from the first read that saw it (taken before that
+//!      read's query, so the measurement errs towards stale), or
 //!    * the row's own age, `db_now - published_at`, exceeds `gap_max`. Both
 //!      instants are the database's, so no host clock skew enters; it
 //!      catches a cut that was already old when this process first saw it.
@@ -41,8 +70,11 @@
 //!   [`SafeTimeStatus::read_errors_total`].
 //! * The sampler stops, pauses, loses its connection or leadership without
 //!   a successor: within `gap_max` readings turn stale. Admissions and
-//!   reclaim pause; release and renewal go on at the frozen cut, which can
-//!   only make expiries later.
+//!   reclaim pause; release and renewal go on at the frozen cut, and a
+//!   renewal's new expiry is counted from the frozen cut plus the growing
+//!   staleness bound, so a cut that later vouches for the frozen period
+//!   (the sampler resuming, a standby carrying the cut over) cannot cut the
+//!   holder short.
 //! * The database clock steps: the sampler marks the cut uncertain; a
 //!   forward step also makes `db_now - published_at` jump, so readers see
 //!   `stale` at once. The cut itself never follows a step.
@@ -65,42 +97,77 @@ use crate::{
 };
 
 /// The staleness memory of a reader: the `(epoch, publish_seq)` it saw
-/// last and when it first saw it (rule 2 of the module docs).
+/// last, when it first saw it and how old the row was then (rule 2 and the
+/// staleness bound of the module docs).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Staleness {
-    seen: Option<(i64, i64, Instant)>,
+    seen: Option<Seen>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Seen {
+    epoch: i64,
+    publish_seq: i64,
+    first_at: Instant,
+    first_age: SignedDuration,
+}
+
+/// What [`Staleness::judge`] found for one read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Judgement {
+    /// Why the reading is uncertain (`None`: certain).
+    pub uncertain: Option<UncertainReason>,
+    /// The reading's staleness bound `S` (module docs); zero without a row.
+    /// Never negative; at most `gap_max` when certain.
+    pub staleness: SignedDuration,
 }
 
 impl Staleness {
-    /// Applies the certainty rule of the module docs to one read of `row`,
-    /// whose query started at the monotonic instant `at`; returns why the
-    /// reading is uncertain (`None`: certain). `gap_max` must be positive.
+    /// Applies the certainty rule and the staleness bound of the module
+    /// docs to one read of `row`, whose query started at the monotonic
+    /// instant `at`. `gap_max` must be positive.
     pub fn judge(
         &mut self,
         row: Option<&CutRow>,
         at: Instant,
         gap_max: SignedDuration,
-    ) -> Option<UncertainReason> {
+    ) -> Judgement {
         let Some(row) = row else {
             self.seen = None;
-            return Some(UncertainReason::NoCut);
+            return Judgement {
+                uncertain: Some(UncertainReason::NoCut),
+                staleness: SignedDuration::ZERO,
+            };
         };
-        let key = (row.epoch, row.publish_seq);
-        let first_seen = match self.seen {
-            Some((epoch, seq, first)) if (epoch, seq) == key => first,
+        let row_age = row
+            .db_now
+            .duration_since(row.published_at)
+            .max(SignedDuration::ZERO);
+        let seen = match self.seen {
+            Some(s) if (s.epoch, s.publish_seq) == (row.epoch, row.publish_seq) => s,
             _ => {
-                self.seen = Some((key.0, key.1, at));
-                at
+                let s = Seen {
+                    epoch: row.epoch,
+                    publish_seq: row.publish_seq,
+                    first_at: at,
+                    first_age: row_age,
+                };
+                self.seen = Some(s);
+                s
             }
         };
-        let unchanged_for = SignedDuration::try_from(at.saturating_duration_since(first_seen))
+        let unchanged_for = SignedDuration::try_from(at.saturating_duration_since(seen.first_at))
             .unwrap_or(SignedDuration::MAX);
-        judge_reading(
-            row.uncertain,
-            row.db_now.duration_since(row.published_at),
-            unchanged_for,
-            gap_max,
-        )
+        let staleness = seen.first_age.saturating_add(unchanged_for);
+        Judgement {
+            uncertain: judge_reading(
+                row.uncertain,
+                row_age.max(staleness),
+                unchanged_for,
+                gap_max,
+            ),
+            staleness,
+        }
     }
 }
 
@@ -215,8 +282,14 @@ impl Clock for SafeCutClock {
                 ))
             }
             Ok(row) => {
-                let uncertain = st.staleness.judge(row.as_ref(), at, self.gap_max);
+                let Judgement {
+                    uncertain,
+                    staleness,
+                } = st.staleness.judge(row.as_ref(), at, self.gap_max);
                 let now = row.as_ref().map_or(Timestamp::UNIX_EPOCH, |r| r.cut);
+                let deadline_limit = row
+                    .as_ref()
+                    .and_then(|r| r.cut.checked_add(r.policy.horizon()).ok());
                 let next = SafeTimeStatus {
                     uncertain,
                     read_error: false,
@@ -225,7 +298,12 @@ impl Clock for SafeCutClock {
                     gap_max: self.gap_max,
                 };
                 SafeCutClock::record(&mut st, next);
-                Ok(ClockReading { now, uncertain })
+                Ok(ClockReading {
+                    now,
+                    uncertain,
+                    staleness,
+                    deadline_limit,
+                })
             }
         }
     }
@@ -277,56 +355,172 @@ mod tests {
 
     const P: &str = "2026-11-29T12:00:00Z";
 
+    fn j(uncertain: Option<UncertainReason>, staleness_ms: i64) -> Judgement {
+        Judgement {
+            uncertain,
+            staleness: SignedDuration::from_millis(staleness_ms),
+        }
+    }
+
     #[test]
     fn judge_table() {
         let gap = SignedDuration::from_millis(200);
         let t0 = Instant::now();
         let ms = |n: u64| t0 + Duration::from_millis(n);
         let mut s = Staleness::default();
-        // No row.
-        assert_eq!(s.judge(None, t0, gap), Some(UncertainReason::NoCut));
-        // Fresh and certain; database age exactly the bound is still fresh.
+        // No row: no staleness to bound.
+        assert_eq!(s.judge(None, t0, gap), j(Some(UncertainReason::NoCut), 0));
+        // Fresh and certain; a database age of exactly the bound is fresh.
         let r = row(1, 5, P, "2026-11-29T12:00:00.2Z");
-        assert_eq!(s.judge(Some(&r), t0, gap), None);
-        // Unchanged for exactly the bound: fresh; one millisecond more: stale.
+        assert_eq!(s.judge(Some(&r), t0, gap), j(None, 200));
+        // The age at first sight counts: the same row 1 ms later is past
+        // the bound, whatever database time now says.
         let r = row(1, 5, P, P);
-        assert_eq!(s.judge(Some(&r), ms(200), gap), None);
         assert_eq!(
-            s.judge(Some(&r), ms(201), gap),
-            Some(UncertainReason::Stale)
+            s.judge(Some(&r), ms(1), gap),
+            j(Some(UncertainReason::Stale), 201)
         );
-        // A new publish resets the memory.
+        // A new publish resets the memory. Unchanged for exactly the bound:
+        // fresh; one millisecond more: stale.
         let r6 = row(1, 6, P, P);
-        assert_eq!(s.judge(Some(&r6), ms(300), gap), None);
-        assert_eq!(s.judge(Some(&r6), ms(500), gap), None);
+        assert_eq!(s.judge(Some(&r6), ms(300), gap), j(None, 0));
+        assert_eq!(s.judge(Some(&r6), ms(500), gap), j(None, 200));
+        assert_eq!(
+            s.judge(Some(&r6), ms(501), gap),
+            j(Some(UncertainReason::Stale), 201)
+        );
         // A new epoch with the same publish_seq is a change too.
         let r6e = row(2, 6, P, P);
-        assert_eq!(s.judge(Some(&r6e), ms(600), gap), None);
+        assert_eq!(s.judge(Some(&r6e), ms(600), gap), j(None, 0));
+        // A database age above the monotonic estimate (the database clock
+        // ran ahead since first sight) does not inflate the bound, but past
+        // the gap bound it makes the reading stale.
+        let r6e_ahead = row(2, 6, P, "2026-11-29T12:00:00.15Z");
+        assert_eq!(s.judge(Some(&r6e_ahead), ms(650), gap), j(None, 50));
+        let r6e_step = row(2, 6, P, "2026-11-29T13:00:00Z");
+        assert_eq!(
+            s.judge(Some(&r6e_step), ms(660), gap),
+            j(Some(UncertainReason::Stale), 60)
+        );
         // First sight of a row already older than the bound (database time).
         let mut fresh = Staleness::default();
         let old = row(1, 1, P, "2026-11-29T12:00:00.200001Z");
         assert_eq!(
             fresh.judge(Some(&old), t0, gap),
-            Some(UncertainReason::Stale)
+            Judgement {
+                uncertain: Some(UncertainReason::Stale),
+                staleness: SignedDuration::from_micros(200_001),
+            }
         );
+        // A row "from the future" (database time behind `published_at`):
+        // its age is floored at zero, the monotonic estimate still grows.
+        let mut back = Staleness::default();
+        let ahead = row(1, 1, "2026-11-29T12:00:01Z", P);
+        assert_eq!(back.judge(Some(&ahead), t0, gap), j(None, 0));
+        assert_eq!(back.judge(Some(&ahead), ms(150), gap), j(None, 150));
         // The publisher's reason, unless stale.
         let mut s = Staleness::default();
         let mut u = row(3, 1, P, P);
         u.uncertain = Some(UncertainReason::ClockStepForward);
         assert_eq!(
             s.judge(Some(&u), t0, gap),
-            Some(UncertainReason::ClockStepForward)
+            j(Some(UncertainReason::ClockStepForward), 0)
         );
         assert_eq!(
             s.judge(Some(&u), ms(201), gap),
-            Some(UncertainReason::Stale)
+            j(Some(UncertainReason::Stale), 201)
         );
         // The row disappearing forgets what was seen.
-        assert_eq!(s.judge(None, ms(202), gap), Some(UncertainReason::NoCut));
+        assert_eq!(
+            s.judge(None, ms(202), gap),
+            j(Some(UncertainReason::NoCut), 0)
+        );
         assert_eq!(
             s.judge(Some(&u), ms(203), gap),
-            Some(UncertainReason::ClockStepForward)
+            j(Some(UncertainReason::ClockStepForward), 0)
         );
+    }
+
+    /// The staleness bound at its boundaries, to the nanosecond: zero,
+    /// exactly the gap bound (certain, and the bound is the whole gap), one
+    /// nanosecond over (stale), split between the age at first sight and
+    /// the monotonic time since.
+    #[test]
+    fn staleness_bound_boundaries() {
+        let gap = SignedDuration::from_secs(5);
+        let t0 = Instant::now();
+        let ns = |n: u64| t0 + Duration::from_nanos(n);
+        let at = |age_ns: i64| {
+            (Timestamp::from_nanosecond(1_795_953_600_000_000_000 + i128::from(age_ns)))
+                .unwrap()
+                .to_string()
+        };
+        let cases: [(i64, u64, Option<UncertainReason>, i64); 6] = [
+            (0, 0, None, 0),
+            (5_000_000_000, 0, None, 5_000_000_000),
+            (
+                5_000_000_001,
+                0,
+                Some(UncertainReason::Stale),
+                5_000_000_001,
+            ),
+            (0, 5_000_000_000, None, 5_000_000_000),
+            (
+                0,
+                5_000_000_001,
+                Some(UncertainReason::Stale),
+                5_000_000_001,
+            ),
+            (
+                2_000_000_000,
+                3_000_000_001,
+                Some(UncertainReason::Stale),
+                5_000_000_001,
+            ),
+        ];
+        for (first_age_ns, since_ns, want, bound_ns) in cases {
+            let mut s = Staleness::default();
+            let r = row(1, 1, P, &at(first_age_ns));
+            s.judge(Some(&r), t0, gap);
+            let got = s.judge(Some(&r), ns(since_ns), gap);
+            assert_eq!(
+                got,
+                Judgement {
+                    uncertain: want,
+                    staleness: SignedDuration::from_nanos(bound_ns),
+                },
+                "first age {first_age_ns} ns, then {since_ns} ns"
+            );
+        }
+    }
+
+    /// A reading carries its staleness bound, and its grant base is the cut
+    /// plus that bound: equal to the cut at zero staleness (and for the
+    /// system and test clocks), never past `Timestamp::MAX`.
+    #[test]
+    fn grant_base_is_the_cut_plus_the_staleness_bound() {
+        let cut = ts("2026-11-29T12:00:00Z");
+        let exact = ClockReading::certain(cut);
+        assert_eq!(
+            (exact.grant_base(), exact.staleness, exact.deadline_limit),
+            (cut, SignedDuration::ZERO, None)
+        );
+        for ns in [0, 1, 5_000_000_000, 5_000_000_001] {
+            let r = ClockReading {
+                staleness: SignedDuration::from_nanos(ns),
+                ..ClockReading::certain(cut)
+            };
+            assert_eq!(
+                r.grant_base(),
+                cut + SignedDuration::from_nanos(ns),
+                "{ns} ns"
+            );
+        }
+        let r = ClockReading {
+            staleness: SignedDuration::from_nanos(1),
+            ..ClockReading::certain(Timestamp::MAX)
+        };
+        assert_eq!(r.grant_base(), Timestamp::MAX);
     }
 
     #[test]

@@ -14,8 +14,14 @@
 //! Handlers that admit new deadline-bearing work (acquire, consolidation)
 //! require a *certain* reading ([`clock::ClockReading`]) and answer
 //! `503 time_uncertain` otherwise, before calling the store; every other
-//! time-dependent handler (deposit, renew, release) uses the reading's
-//! instant whatever its certainty (on the safe-cut clock: the cut).
+//! time-dependent handler (deposit, renew, release) uses the reading
+//! whatever its certainty (on the safe-cut clock: the cut). Handlers that
+//! make a deadline (acquire, consolidation, renew) supply the reading as a
+//! [`tollgate::SuppliedTime`]: expiry judged at the reading's instant, the
+//! new expiry counted from its grant base (the instant plus its staleness
+//! bound), so the holder gets at least `granted_ttl + reclaim_grace` of
+//! real time from the request. Their answers, and `GET /v1/leases/{id}`,
+//! carry `expires_in`, the time the holder is guaranteed from the request.
 //!
 //! Every route and the OpenAPI document come from one list
 //! ([`api_routes`]), so they cannot drift apart; a test checks both
@@ -126,7 +132,7 @@ async fn acquire(
     IdempotencyKey(idempotency_key): IdempotencyKey,
     JsonBody(req): JsonBody<AcquireBody>,
 ) -> Result<(StatusCode, Json<GrantView>), ApiError> {
-    let now = s.admission_now("acquire").await?;
+    let at = s.admission("acquire").await?;
     let grant = s
         .store()
         .allocator
@@ -137,10 +143,10 @@ async fn acquire(
                 ttl: req.ttl,
                 idempotency_key,
             },
-            now,
+            at,
         )
         .await?;
-    Ok((StatusCode::CREATED, Json(grant.into())))
+    Ok((StatusCode::CREATED, Json(GrantView::new(grant, at))))
 }
 
 /// Settles several active leases of an account into one new lease.
@@ -164,13 +170,13 @@ async fn consolidate(
             )
         })
         .collect();
-    let now = s.admission_now("consolidate").await?;
+    let at = s.admission("consolidate").await?;
     let grant = s
         .store()
         .allocator
-        .consolidate(account_id, &leases, req.ttl, now)
+        .consolidate(account_id, &leases, req.ttl, at)
         .await?;
-    Ok((StatusCode::CREATED, Json(grant.into())))
+    Ok((StatusCode::CREATED, Json(GrantView::new(grant, at))))
 }
 
 /// Reads a lease (its capability).
@@ -183,8 +189,11 @@ async fn get_lease(
     IdPath(lease_id): IdPath,
     LeaseCapability(cap): LeaseCapability,
 ) -> Result<Json<LeaseView>, ApiError> {
+    // Read first, so the time remaining errs short. A clock that cannot be
+    // read leaves `expires_in` null rather than failing a read of the lease.
+    let at = s.supplied().await.ok();
     let lease = s.store().allocator.lease(LeaseId(lease_id), &cap).await?;
-    Ok(Json(lease.into()))
+    Ok(Json(LeaseView::new(lease, at)))
 }
 
 /// Renews a lease (its capability): new fence, expiry never earlier.
@@ -199,13 +208,13 @@ async fn renew(
     LeaseCapability(cap): LeaseCapability,
     JsonBody(req): JsonBody<RenewBody>,
 ) -> Result<Json<RenewalView>, ApiError> {
-    let now = s.now().await?;
+    let at = s.supplied().await?;
     let renewal = s
         .store()
         .allocator
-        .renew(LeaseId(lease_id), &cap, req.ttl, now)
+        .renew(LeaseId(lease_id), &cap, req.ttl, at)
         .await?;
-    Ok(Json(renewal.into()))
+    Ok(Json(RenewalView::new(renewal, at)))
 }
 
 /// Releases a lease (its capability), charging `consumed` (default: all).

@@ -15,7 +15,7 @@ use jiff::{SignedDuration, Timestamp};
 use serde::{Deserialize, Serialize};
 use tollgate::{
     Account, AuditReport, Balances, Grant, GrantPolicy, Lease, LeaseState, ReclaimReport, Renewal,
-    Settlement,
+    Settlement, SuppliedTime,
 };
 use utoipa::ToSchema;
 
@@ -314,7 +314,10 @@ pub struct GrantView {
     pub fence: i64,
     /// Units held.
     pub units: i64,
-    /// Exact expiry: the supplied time plus `granted_ttl`.
+    /// Exact expiry, on the server's clock: the grant base (the supplied
+    /// time, on the safe expiry cut the cut plus its staleness bound) plus
+    /// `granted_ttl`. Do not compare it with a local clock; use
+    /// `expires_in`.
     #[serde(with = "ts")]
     #[schema(value_type = String, format = DateTime)]
     pub expiry: Timestamp,
@@ -322,11 +325,23 @@ pub struct GrantView {
     #[serde(with = "dur")]
     #[schema(value_type = String)]
     pub granted_ttl: SignedDuration,
+    /// The time the holder is guaranteed from when the service received
+    /// this request, before the reclaim grace: `expiry` minus this
+    /// request's grant base (ISO 8601, never negative). The lease is never
+    /// reclaimed, nor refused as `lease_reclaimable`, before
+    /// `expires_in + reclaim_grace` of real time has passed since the
+    /// request was sent. `granted_ttl` for a new grant; less for a replay
+    /// of a recorded idempotency key.
+    #[serde(with = "dur")]
+    #[schema(value_type = String)]
+    pub expires_in: SignedDuration,
 }
 
-impl From<Grant> for GrantView {
-    fn from(g: Grant) -> GrantView {
+impl GrantView {
+    /// The view of `g` granted (or replayed) at supplied time `at`.
+    pub fn new(g: Grant, at: SuppliedTime) -> GrantView {
         GrantView {
+            expires_in: at.remaining(g.expiry),
             lease_id: g.lease_id.0,
             capability: g.capability.expose().to_string(),
             fence: g.fence.0,
@@ -385,11 +400,24 @@ pub struct LeaseView {
     pub expiry_is_upper_bound: bool,
     /// Units charged at settlement; `null` while active.
     pub consumed: Option<i64>,
+    /// For an active lease, the time its holder is still guaranteed from
+    /// when the service received this request, before the reclaim grace:
+    /// `expiry` minus this request's grant base (ISO 8601, zero once that
+    /// is negative). `null` for a settled lease, or when the server's clock
+    /// could not be read.
+    #[serde(with = "dur_opt", default)]
+    #[schema(value_type = Option<String>)]
+    pub expires_in: Option<SignedDuration>,
 }
 
-impl From<Lease> for LeaseView {
-    fn from(l: Lease) -> LeaseView {
+impl LeaseView {
+    /// The view of `l` read at supplied time `at` (`None`: the clock could
+    /// not be read).
+    pub fn new(l: Lease, at: Option<SuppliedTime>) -> LeaseView {
         LeaseView {
+            expires_in: at
+                .filter(|_| l.state == LeaseState::Active)
+                .map(|at| at.remaining(l.expiry)),
             lease_id: l.lease_id.0,
             account_id: l.account_id.0,
             state: l.state.into(),
@@ -415,7 +443,9 @@ pub struct RenewalView {
     pub units: i64,
     /// The new fence.
     pub fence: i64,
-    /// The new expiry: the later of the old one and now plus `granted_ttl`.
+    /// The new expiry, on the server's clock: the later of the old one and
+    /// the grant base plus `granted_ttl`. Do not compare it with a local
+    /// clock; use `expires_in`.
     #[serde(with = "ts")]
     #[schema(value_type = String, format = DateTime)]
     pub expiry: Timestamp,
@@ -425,11 +455,19 @@ pub struct RenewalView {
     #[serde(with = "dur")]
     #[schema(value_type = String)]
     pub granted_ttl: SignedDuration,
+    /// The time the holder is guaranteed from when the service received
+    /// this request, before the reclaim grace: `expiry` minus this
+    /// request's grant base (ISO 8601; at least `granted_ttl`).
+    #[serde(with = "dur")]
+    #[schema(value_type = String)]
+    pub expires_in: SignedDuration,
 }
 
-impl From<Renewal> for RenewalView {
-    fn from(r: Renewal) -> RenewalView {
+impl RenewalView {
+    /// The view of `r` renewed at supplied time `at`.
+    pub fn new(r: Renewal, at: SuppliedTime) -> RenewalView {
         RenewalView {
+            expires_in: at.remaining(r.lease.expiry),
             lease_id: r.lease.lease_id.0,
             account_id: r.lease.account_id.0,
             state: r.lease.state.into(),

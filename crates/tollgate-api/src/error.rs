@@ -164,6 +164,9 @@ pub fn storage_status(e: &AllocatorError) -> StatusCode {
         | E::LeaseAccountMismatch { .. }
         | E::InvalidLeaseCount { .. }
         | E::InvalidLimit { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+        // Transient: the cut is too stale for the horizon to hold the new
+        // deadline; a retry once it is fresh again succeeds.
+        E::DeadlineBeyondHorizon { .. } => StatusCode::SERVICE_UNAVAILABLE,
         E::InvalidIdempotencyKey { .. } => StatusCode::BAD_REQUEST,
         E::AccountNotFound { .. } | E::LeaseNotFound { .. } => StatusCode::NOT_FOUND,
         E::CapabilityMismatch => StatusCode::FORBIDDEN,

@@ -7,8 +7,9 @@ use std::time::Duration;
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
 use axum::http::{Method, StatusCode};
-use clock::{Clock, TestClock};
+use clock::{Clock, ClockReading, TestClock};
 use httpkit::{RequestMetrics, ServiceState};
+use tollgate::SuppliedTime;
 
 use crate::auth::AdminToken;
 use crate::error::ApiError;
@@ -106,22 +107,29 @@ impl AppState {
         &self.inner.admin
     }
 
-    /// The clock's instant, certain or not (deposit, renew, release).
+    /// The clock's instant, certain or not (deposit, release).
     pub(crate) async fn now(&self) -> Result<jiff::Timestamp, ApiError> {
         Ok(self.inner.clock.read().await?.now)
     }
 
-    /// The clock's instant for an operation that admits new deadline-bearing
-    /// work (`operation`: `acquire` or `consolidate`): refused with
-    /// [`ApiError::TimeUncertain`], and counted as paused, when the reading
-    /// is uncertain.
-    pub(crate) async fn admission_now(
+    /// The clock's reading as supplied time, certain or not (renew, and the
+    /// `expires_in` of `GET /v1/leases/{id}`): judged at the reading's
+    /// instant, deadlines counted from its grant base.
+    pub(crate) async fn supplied(&self) -> Result<SuppliedTime, ApiError> {
+        Ok(supplied_time(&self.inner.clock.read().await?))
+    }
+
+    /// The clock's reading as supplied time for an operation that admits
+    /// new deadline-bearing work (`operation`: `acquire` or `consolidate`):
+    /// refused with [`ApiError::TimeUncertain`], and counted as paused,
+    /// when the reading is uncertain.
+    pub(crate) async fn admission(
         &self,
         operation: &'static str,
-    ) -> Result<jiff::Timestamp, ApiError> {
+    ) -> Result<SuppliedTime, ApiError> {
         let reading = self.inner.clock.read().await?;
         match reading.uncertain {
-            None => Ok(reading.now),
+            None => Ok(supplied_time(&reading)),
             Some(reason) => {
                 self.inner
                     .metrics
@@ -132,6 +140,17 @@ impl AppState {
                 })
             }
         }
+    }
+}
+
+/// The supplied time of a reading: expiry judged at `reading.now`, new
+/// deadlines counted from [`ClockReading::grant_base`] and limited to the
+/// reading's deadline limit.
+pub fn supplied_time(reading: &ClockReading) -> SuppliedTime {
+    let at = SuppliedTime::new(reading.now, reading.grant_base());
+    match reading.deadline_limit {
+        Some(limit) => at.with_deadline_limit(limit),
+        None => at,
     }
 }
 

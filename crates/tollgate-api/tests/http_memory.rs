@@ -35,6 +35,11 @@ fn every_storage_error() -> Vec<AllocatorError> {
             now: t,
             ttl: dur(1, 0),
         },
+        RuleError::DeadlineBeyondHorizon {
+            grant_base: t,
+            ttl: dur(1, 0),
+            limit: t,
+        },
         RuleError::InsufficientBalance {
             account_id: AccountId(1),
             requested: 2,
@@ -108,13 +113,15 @@ fn every_storage_error() -> Vec<AllocatorError> {
 /// Every allocator code maps to its status over HTTP; the only 5xx are
 /// backend failures, whose detail never leaks the backend's message, and
 /// the lease-write guard's refusals, whose detail is the store's message
-/// (it says what to do).
+/// (it says what to do), and the transient `deadline_beyond_horizon` (a cut
+/// too stale for the horizon to hold the new deadline).
 #[tokio::test]
 async fn failing_store_codes() {
     let expected: &[(&str, u16)] = &[
         ("invalid_units", 422),
         ("invalid_ttl", 422),
         ("unrepresentable_expiry", 422),
+        ("deadline_beyond_horizon", 503),
         ("insufficient_balance", 409),
         ("units_overflow", 409),
         ("account_not_found", 404),

@@ -11,7 +11,7 @@
 //!
 //! ```no_run
 //! # async fn demo(store: &tollgate_pg::PostgresStore, req: tollgate::AcquireRequest,
-//! #     now: jiff::Timestamp) -> Result<(), Box<dyn std::error::Error>> {
+//! #     now: tollgate::SuppliedTime) -> Result<(), Box<dyn std::error::Error>> {
 //! let mut tx = store.pool().begin().await?;
 //! // ... the caller's own statements on &mut *tx ...
 //! match tollgate_pg::ops::acquire(&mut tx, store, &req, now).await {
@@ -57,7 +57,7 @@ use jiff::{SignedDuration, Timestamp};
 use sqlx::PgConnection;
 use tollgate::{
     Account, AccountId, AcquireRequest, AllocatorError, Balances, Capability, Grant, InstantPair,
-    Lease, LeaseId, LeaseState, ReclaimReport, Renewal, RuleError, Settlement, rules,
+    Lease, LeaseId, LeaseState, ReclaimReport, Renewal, RuleError, Settlement, SuppliedTime, rules,
 };
 
 pub use crate::error::TxError;
@@ -118,7 +118,7 @@ pub async fn deposit(
 }
 
 /// Grants a lease of `req.units` on `req.account_id` until
-/// `now + clamp(req.ttl)` with `store`'s policy and capabilities: locks the
+/// `at.grant_base() + clamp(req.ttl)` with `store`'s policy and capabilities: locks the
 /// account, inserts the lease (drawing a lease id and a fence), writes the
 /// balances, the ledger entry and, with an idempotency key, the record.
 /// A retry of a recorded request (same account, key, units and TTL)
@@ -128,7 +128,8 @@ pub async fn deposit(
 /// [`RuleError::InvalidUnits`], [`RuleError::InvalidTtl`],
 /// [`RuleError::InvalidIdempotencyKey`],
 /// [`RuleError::UnrepresentableExpiry`], [`RuleError::AccountNotFound`],
-/// [`RuleError::IdempotencyConflict`], [`RuleError::InsufficientBalance`];
+/// [`RuleError::IdempotencyConflict`], [`RuleError::DeadlineBeyondHorizon`],
+/// [`RuleError::InsufficientBalance`];
 /// [`tollgate::StorageError::PolicyMismatch`] (the connection does not
 /// declare the recorded policy) and [`tollgate::StorageError::HorizonExceeded`]
 /// (see the module docs); other database and storage errors. The caller's
@@ -137,7 +138,7 @@ pub async fn acquire(
     conn: &mut PgConnection,
     store: &PostgresStore,
     req: &AcquireRequest,
-    now: Timestamp,
+    at: SuppliedTime,
 ) -> Result<Grant, TxError> {
     let policy = store.policy_ref();
     rules::check_acquire(policy, req.units, req.ttl, req.idempotency_key.as_deref())?;
@@ -158,7 +159,7 @@ pub async fn acquire(
         account.balances,
         req.units,
         req.ttl,
-        now,
+        at,
     )?;
     let issued = persistence::insert_lease(conn, plan.account_id, plan.units, plan.expiry).await?;
     persistence::write_balances(conn, &[(plan.account_id, plan.after)]).await?;
@@ -198,27 +199,28 @@ async fn lock_lease_and_account(
 }
 
 /// Extends the active, not yet reclaimable lease `lease_id` (authorized by
-/// `capability`) to `max(expiry, now + clamp(ttl))` and issues it a new
-/// fence: locks its account and the lease, updates the lease and appends
+/// `capability`) to `max(expiry, at.grant_base() + clamp(ttl))` and issues
+/// it a new fence: locks its account and the lease, updates the lease and appends
 /// the ledger entry.
 ///
 /// # Errors
 /// [`RuleError::CapabilityMismatch`] (before any statement),
 /// [`RuleError::LeaseNotFound`], [`RuleError::InvalidTtl`],
-/// [`RuleError::UnrepresentableExpiry`], [`RuleError::LeaseNotActive`],
-/// [`RuleError::LeaseReclaimable`]; database and storage errors. The
-/// caller's transaction must then roll back (see the module docs).
+/// [`RuleError::UnrepresentableExpiry`], [`RuleError::DeadlineBeyondHorizon`],
+/// [`RuleError::LeaseNotActive`], [`RuleError::LeaseReclaimable`] (judged
+/// at `at.now()`); database and storage errors. The caller's transaction
+/// must then roll back (see the module docs).
 pub async fn renew(
     conn: &mut PgConnection,
     store: &PostgresStore,
     lease_id: LeaseId,
     capability: &Capability,
     ttl: SignedDuration,
-    now: Timestamp,
+    at: SuppliedTime,
 ) -> Result<Renewal, TxError> {
     store.caps().check(lease_id, capability)?;
     let (account, lease) = lock_lease_and_account(conn, lease_id).await?;
-    let plan = rules::plan_renew(store.policy_ref(), &lease, account.balances, ttl, now)?;
+    let plan = rules::plan_renew(store.policy_ref(), &lease, account.balances, ttl, at)?;
     let fence =
         persistence::renew_lease(conn, lease_id, plan.expiry, plan.expiry_is_upper_bound).await?;
     persistence::insert_ledger(conn, &[plan.entry(fence)]).await?;
@@ -288,15 +290,15 @@ async fn load_consolidated(
 
 /// Settles the named leases of `account_id` (each authorized by its
 /// capability) as consolidated and grants one new lease of their summed
-/// units until `now + clamp(ttl)`: locks the account and its named leases,
+/// units until `at.grant_base() + clamp(ttl)`: locks the account and its named leases,
 /// settles them, appends their entries, inserts the new lease (drawing a
 /// lease id and a fence) and appends its entry.
 ///
 /// # Errors
 /// Before any statement: [`RuleError::InvalidLeaseCount`],
 /// [`RuleError::DuplicateLease`], [`RuleError::InvalidTtl`],
-/// [`RuleError::UnrepresentableExpiry`], [`RuleError::CapabilityMismatch`];
-/// then [`RuleError::AccountNotFound`], [`RuleError::LeaseNotFound`],
+/// [`RuleError::UnrepresentableExpiry`], [`RuleError::DeadlineBeyondHorizon`],
+/// [`RuleError::CapabilityMismatch`]; then [`RuleError::AccountNotFound`], [`RuleError::LeaseNotFound`],
 /// [`RuleError::LeaseAccountMismatch`], [`RuleError::LeaseNotActive`],
 /// [`RuleError::LeaseReclaimable`], [`RuleError::UnitsOverflow`]; database
 /// and storage errors. The caller's transaction must then roll back (see
@@ -307,15 +309,15 @@ pub async fn consolidate(
     account_id: AccountId,
     leases: &[(LeaseId, Capability)],
     ttl: SignedDuration,
-    now: Timestamp,
+    at: SuppliedTime,
 ) -> Result<Grant, TxError> {
     let policy = store.policy_ref();
-    let ids = store.caps().check_consolidation(policy, leases, ttl, now)?;
+    let ids = store.caps().check_consolidation(policy, leases, ttl, at)?;
     let account = persistence::lock_account(conn, account_id)
         .await?
         .ok_or_else(|| not_found(account_id))?;
     let loaded = load_consolidated(conn, account_id, &ids).await?;
-    let plan = rules::plan_consolidate(policy, account_id, account.balances, &loaded, ttl, now)?;
+    let plan = rules::plan_consolidate(policy, account_id, account.balances, &loaded, ttl, at)?;
     let settled: Vec<i64> = plan.settled_ids.iter().map(|l| l.0).collect();
     let zeros = vec![0; settled.len()];
     persistence::settle_leases(conn, &settled, LeaseState::Consolidated, &zeros).await?;

@@ -19,7 +19,7 @@ use sqlx::{PgConnection, PgPool};
 use tollgate::{
     AUDIT_PAGE_MAX, Account, AccountId, AcquireRequest, Allocator, AllocatorError, Capability,
     CapabilityKey, Grant, GrantPolicy, Lease, LeaseCapabilities, LeaseId, LedgerEntry, NewAccount,
-    ReclaimReport, Renewal, RuleError, Settlement, StorageError, StoreId, rules,
+    ReclaimReport, Renewal, RuleError, Settlement, StorageError, StoreId, SuppliedTime, rules,
 };
 
 use crate::boxed;
@@ -585,14 +585,18 @@ impl Allocator for PostgresStore {
         .await
     }
 
-    async fn acquire(&self, req: AcquireRequest, now: Timestamp) -> Result<Grant, AllocatorError> {
+    async fn acquire(
+        &self,
+        req: AcquireRequest,
+        at: SuppliedTime,
+    ) -> Result<Grant, AllocatorError> {
         rules::check_acquire(
             &self.policy,
             req.units,
             req.ttl,
             req.idempotency_key.as_deref(),
         )?;
-        self.run(Op::Acquire, &(self, req, now), |c, a| {
+        self.run(Op::Acquire, &(self, req, at), |c, a| {
             Box::pin(ops::acquire(c, a.0, &a.1, a.2))
         })
         .await
@@ -619,16 +623,14 @@ impl Allocator for PostgresStore {
         lease_id: LeaseId,
         capability: &Capability,
         ttl: SignedDuration,
-        now: Timestamp,
+        at: SuppliedTime,
     ) -> Result<Renewal, AllocatorError> {
         // Checked here too, so a forged capability never reaches the
         // database.
         self.caps.check(lease_id, capability)?;
-        self.run(
-            Op::Renew,
-            &(self, lease_id, capability, ttl, now),
-            |c, a| Box::pin(ops::renew(c, a.0, a.1, a.2, a.3, a.4)),
-        )
+        self.run(Op::Renew, &(self, lease_id, capability, ttl, at), |c, a| {
+            Box::pin(ops::renew(c, a.0, a.1, a.2, a.3, a.4))
+        })
         .await
     }
 
@@ -653,13 +655,13 @@ impl Allocator for PostgresStore {
         account_id: AccountId,
         leases: &[(LeaseId, Capability)],
         ttl: SignedDuration,
-        now: Timestamp,
+        at: SuppliedTime,
     ) -> Result<Grant, AllocatorError> {
         self.caps
-            .check_consolidation(&self.policy, leases, ttl, now)?;
+            .check_consolidation(&self.policy, leases, ttl, at)?;
         self.run(
             Op::Consolidate,
-            &(self, account_id, leases, ttl, now),
+            &(self, account_id, leases, ttl, at),
             |c, a| Box::pin(ops::consolidate(c, a.0, a.1, a.2, a.3, a.4)),
         )
         .await

@@ -103,13 +103,16 @@ async fn a_failing_last_statement_leaves_everything_as_before() {
         ttl: SignedDuration::new(3, 3),
         idempotency_key: Some("k".into()),
     };
-    assert_eq!(s.acquire(req.clone(), later).await.unwrap_err(), injected);
+    assert_eq!(
+        s.acquire(req.clone(), later.into()).await.unwrap_err(),
+        injected
+    );
     assert_eq!(
         s.renew(
             g1.lease_id,
             &g1.capability,
             SignedDuration::from_secs(30),
-            later
+            later.into()
         )
         .await
         .unwrap_err(),
@@ -129,7 +132,7 @@ async fn a_failing_last_statement_leaves_everything_as_before() {
                 (g2.lease_id, g2.capability.clone())
             ],
             SignedDuration::from_secs(30),
-            later
+            later.into()
         )
         .await
         .unwrap_err(),
@@ -156,7 +159,7 @@ async fn a_failing_last_statement_leaves_everything_as_before() {
 
     // Without the fault the same requests succeed.
     uninject(&mut c).await;
-    let g3 = s.acquire(req, later).await.unwrap();
+    let g3 = s.acquire(req, later.into()).await.unwrap();
     assert_eq!(g3.expiry, ts("2026-11-29T12:00:08.000000003Z"));
     let r = s.reclaim(due, 10).await.unwrap();
     assert_eq!(r.reclaimed, vec![g1.lease_id, g2.lease_id, g3.lease_id]);

@@ -207,21 +207,24 @@ async fn a_process_started_before_a_policy_change_writes_no_lease() {
     let before = state(&mut owner).await;
     // Acquire PT50M through the old store: refused, TGS11.
     let fifty = SignedDuration::from_mins(50);
-    let err = old.acquire(request(a, 1, fifty), c2).await.unwrap_err();
+    let err = old
+        .acquire(request(a, 1, fifty), c2.into())
+        .await
+        .unwrap_err();
     assert_eq!(
         err,
         StorageError::PolicyMismatch(OLD_PROCESS_REFUSED.into())
     );
     assert_eq!(err.code(), "policy_mismatch");
     let mut tx = old.pool().begin().await.unwrap();
-    let err = ops::acquire(&mut tx, &old, &request(a, 1, fifty), c2)
+    let err = ops::acquire(&mut tx, &old, &request(a, 1, fifty), c2.into())
         .await
         .unwrap_err();
     assert_eq!(sqlstate(&err).as_deref(), Some("TGS11"));
     tx.rollback().await.unwrap();
     // Renew, release, consolidate: refused the same way.
     let err = old
-        .renew(long.lease_id, &long.capability, fifty, c2)
+        .renew(long.lease_id, &long.capability, fifty, c2.into())
         .await
         .unwrap_err();
     assert_eq!(
@@ -244,7 +247,7 @@ async fn a_process_started_before_a_policy_change_writes_no_lease() {
                 (short.lease_id, short.capability.clone()),
             ],
             fifty,
-            c2,
+            c2.into(),
         )
         .await
         .unwrap_err();
@@ -284,7 +287,7 @@ async fn a_process_started_before_a_policy_change_writes_no_lease() {
 
     // A store with the recorded policy acquires PT20S (the clamp of PT50M).
     let new = store_on_cut(&db, new_policy()).await;
-    let g = new.acquire(request(a, 1, fifty), c2).await.unwrap();
+    let g = new.acquire(request(a, 1, fifty), c2.into()).await.unwrap();
     assert_eq!(
         (g.granted_ttl, g.expiry),
         (
@@ -297,7 +300,10 @@ async fn a_process_started_before_a_policy_change_writes_no_lease() {
         .await
         .unwrap();
     // The old store still writes nothing.
-    let err = old.acquire(request(a, 1, fifty), c2).await.unwrap_err();
+    let err = old
+        .acquire(request(a, 1, fifty), c2.into())
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), "policy_mismatch");
     l2.close().await.unwrap();
     pool.close().await;
@@ -353,7 +359,7 @@ async fn the_horizon_admits_exactly_cut_plus_horizon() {
 
         // Exactly at the bound, in a caller's transaction: admitted.
         let mut tx = s.pool().begin().await.unwrap();
-        let at_bound = ops::acquire(&mut tx, &s, &request(a, 1, twenty), c)
+        let at_bound = ops::acquire(&mut tx, &s, &request(a, 1, twenty), c.into())
             .await
             .unwrap();
         tx.commit().await.unwrap();
@@ -362,7 +368,7 @@ async fn the_horizon_admits_exactly_cut_plus_horizon() {
         let before = state(&mut owner).await;
         // One nanosecond beyond: refused, TGS12, whatever the path.
         let mut tx = s.pool().begin().await.unwrap();
-        let err = ops::acquire(&mut tx, &s, &request(a, 1, twenty), c + NS)
+        let err = ops::acquire(&mut tx, &s, &request(a, 1, twenty), (c + NS).into())
             .await
             .unwrap_err();
         assert_eq!(sqlstate(&err).as_deref(), Some("TGS12"));
@@ -371,7 +377,10 @@ async fn the_horizon_admits_exactly_cut_plus_horizon() {
             refusal("the new lease's ", c + NS)
         );
         tx.rollback().await.unwrap();
-        let err = s.acquire(request(a, 1, twenty), c + NS).await.unwrap_err();
+        let err = s
+            .acquire(request(a, 1, twenty), (c + NS).into())
+            .await
+            .unwrap_err();
         assert_eq!(err, refusal("the new lease's ", c + NS));
         assert_eq!(err.code(), "horizon_exceeded");
         let err = s
@@ -379,7 +388,7 @@ async fn the_horizon_admits_exactly_cut_plus_horizon() {
                 a,
                 &[(at_bound.lease_id, at_bound.capability.clone())],
                 twenty,
-                c + NS,
+                (c + NS).into(),
             )
             .await
             .unwrap_err();
@@ -393,13 +402,13 @@ async fn the_horizon_admits_exactly_cut_plus_horizon() {
         // A renewal to exactly the bound is admitted; one nanosecond later,
         // refused.
         let renewed = s
-            .renew(early.lease_id, &early.capability, twenty, c)
+            .renew(early.lease_id, &early.capability, twenty, c.into())
             .await
             .unwrap();
         assert_eq!(renewed.lease.expiry, c + twenty);
         let before = state(&mut owner).await;
         let err = s
-            .renew(early.lease_id, &early.capability, twenty, c + NS)
+            .renew(early.lease_id, &early.capability, twenty, (c + NS).into())
             .await
             .unwrap_err();
         assert_eq!(
@@ -640,7 +649,7 @@ async fn a_policy_change_waits_for_open_lease_writes() {
         &mut tx,
         &old,
         &request(a, 1, SignedDuration::from_mins(50)),
-        t0,
+        t0.into(),
     )
     .await
     .unwrap();
@@ -665,7 +674,7 @@ async fn a_policy_change_waits_for_open_lease_writes() {
     // The lease committed before the change; the next write is refused.
     assert_eq!(old.lease(g.lease_id, &g.capability).await.unwrap().units, 1);
     let err = old
-        .acquire(request(a, 1, SignedDuration::from_mins(50)), t0)
+        .acquire(request(a, 1, SignedDuration::from_mins(50)), t0.into())
         .await
         .unwrap_err();
     assert_eq!(err.code(), "policy_mismatch");
@@ -690,7 +699,7 @@ async fn a_seal_waits_for_open_lease_writes() {
         &mut tx,
         &s,
         &request(a, 1, SignedDuration::from_secs(20)),
-        c,
+        c.into(),
     )
     .await
     .unwrap();
@@ -713,7 +722,10 @@ async fn a_seal_waits_for_open_lease_writes() {
     // Under the new 25 s horizon the same grant one nanosecond later is
     // refused.
     let err = s
-        .acquire(request(a, 1, SignedDuration::from_secs(20)), c + NS)
+        .acquire(
+            request(a, 1, SignedDuration::from_secs(20)),
+            (c + NS).into(),
+        )
         .await
         .unwrap_err();
     assert_eq!(err.code(), "horizon_exceeded");

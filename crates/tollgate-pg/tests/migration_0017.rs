@@ -360,7 +360,7 @@ async fn backfill_gives_latest_consistent_instant_and_marks_it() {
     };
     let now = ts("2026-11-29T12:00:00Z");
     let g = s
-        .acquire(retry(SignedDuration::new(30, 1_999)), now)
+        .acquire(retry(SignedDuration::new(30, 1_999)), now.into())
         .await
         .unwrap();
     assert_eq!(g.lease_id, LeaseId(pos_id));
@@ -369,7 +369,7 @@ async fn backfill_gives_latest_consistent_instant_and_marks_it() {
     assert_eq!(g.granted_ttl, SignedDuration::new(30, 1_000));
     assert_eq!(g.capability, key.derive(store_id, LeaseId(pos_id)));
     assert_eq!(
-        s.acquire(retry(SignedDuration::new(30, 2_000)), now)
+        s.acquire(retry(SignedDuration::new(30, 2_000)), now.into())
             .await
             .unwrap_err(),
         RuleError::IdempotencyConflict
@@ -987,7 +987,7 @@ async fn new_store_settles_and_drains_legacy_grants_issued_before_0017() {
             account,
             &[(LeaseId(l3), cap(l3)), (LeaseId(l2), cap(l2))],
             SignedDuration::new(20, 7),
-            t1,
+            t1.into(),
         )
         .await
         .unwrap();
@@ -999,7 +999,12 @@ async fn new_store_settles_and_drains_legacy_grants_issued_before_0017() {
     assert!(!l6.expiry_is_upper_bound);
     // Renew a legacy grant: its new expiry is exact.
     let renewed = s
-        .renew(LeaseId(l5), &cap(l5), SignedDuration::from_secs(60), t1)
+        .renew(
+            LeaseId(l5),
+            &cap(l5),
+            SignedDuration::from_secs(60),
+            t1.into(),
+        )
         .await
         .unwrap();
     assert_eq!(renewed.lease.expiry, ts("2026-11-29T12:01:10Z"));

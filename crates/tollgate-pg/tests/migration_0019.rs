@@ -184,7 +184,7 @@ async fn a_database_at_18_with_leases_upgrades_without_a_changed_row() {
             LeaseId(legacy_bound),
             &cap(legacy_bound),
             SignedDuration::from_mins(1),
-            now,
+            now.into(),
         )
         .await
         .unwrap_err();

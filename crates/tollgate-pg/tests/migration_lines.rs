@@ -274,12 +274,17 @@ async fn a_database_migrated_by_the_binary_before_the_lines_upgrades_unchanged()
                 ttl: SignedDuration::from_secs(10),
                 idempotency_key: Some("k-1".into()),
             },
-            t0,
+            t0.into(),
         )
         .await
         .unwrap();
     store
-        .renew(g1.lease_id, &g1.capability, SignedDuration::new(50, 3), t0)
+        .renew(
+            g1.lease_id,
+            &g1.capability,
+            SignedDuration::new(50, 3),
+            t0.into(),
+        )
         .await
         .unwrap();
     store
@@ -294,7 +299,7 @@ async fn a_database_migrated_by_the_binary_before_the_lines_upgrades_unchanged()
                 (idem.lease_id, idem.capability.clone()),
             ],
             SignedDuration::from_secs(20),
-            t0,
+            t0.into(),
         )
         .await
         .unwrap();

@@ -164,7 +164,9 @@ async fn a_rolled_back_acquire_leaves_only_a_skipped_fence(
 ) -> Snapshot {
     let mut tx = f.s.pool().begin().await.unwrap();
     admit(&mut tx, 1, "first try", None).await;
-    let aborted = ops::acquire(&mut tx, &f.s, &f.req, f.t0).await.unwrap();
+    let aborted = ops::acquire(&mut tx, &f.s, &f.req, f.t0.into())
+        .await
+        .unwrap();
     assert_eq!(aborted.fence, Fence(start.fence_last_value + 1));
     tx.rollback().await.unwrap();
     let after_rollback = f.snapshot().await;
@@ -185,7 +187,7 @@ async fn a_committed_acquire_and_the_callers_row_are_both_there(
 ) -> (tollgate::Grant, Snapshot) {
     let (s, t0) = (&f.s, f.t0);
     let mut tx = s.pool().begin().await.unwrap();
-    let grant = ops::acquire(&mut tx, s, &f.req, t0).await.unwrap();
+    let grant = ops::acquire(&mut tx, s, &f.req, t0.into()).await.unwrap();
     admit(&mut tx, 1, "admitted", Some(grant.lease_id.0)).await;
     tx.commit().await.unwrap();
     assert_eq!(grant.units, 10);
@@ -234,7 +236,10 @@ async fn a_committed_acquire_and_the_callers_row_are_both_there(
         )
     );
     let mut tx = s.pool().begin().await.unwrap();
-    assert_eq!(ops::acquire(&mut tx, s, &f.req, t0).await.unwrap(), grant);
+    assert_eq!(
+        ops::acquire(&mut tx, s, &f.req, t0.into()).await.unwrap(),
+        grant
+    );
     tx.commit().await.unwrap();
     assert_eq!(f.snapshot().await, committed);
     (grant, committed)
@@ -250,7 +255,7 @@ async fn a_refusal_rolls_back_with_the_callers_row(f: &mut Fixture, committed: &
         idempotency_key: None,
         ..f.req.clone()
     };
-    let err = ops::acquire(&mut tx, &f.s, &too_big, f.t0)
+    let err = ops::acquire(&mut tx, &f.s, &too_big, f.t0.into())
         .await
         .unwrap_err();
     assert!(!err.is_retryable());
@@ -281,9 +286,16 @@ async fn renew_and_release_join_the_callers_transaction(
     let t1 = ts("2026-11-29T12:00:10Z");
     let (id, cap) = (grant.lease_id, &grant.capability);
     let mut tx = s.pool().begin().await.unwrap();
-    let renewal = ops::renew(&mut tx, s, id, cap, SignedDuration::from_secs(50), t1)
-        .await
-        .unwrap();
+    let renewal = ops::renew(
+        &mut tx,
+        s,
+        id,
+        cap,
+        SignedDuration::from_secs(50),
+        t1.into(),
+    )
+    .await
+    .unwrap();
     assert_eq!(renewal.lease.expiry, ts("2026-11-29T12:01:00Z"));
     let settlement = ops::release(&mut tx, s, id, cap, t1, Some(4))
         .await

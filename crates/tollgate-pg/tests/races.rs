@@ -67,9 +67,14 @@ async fn release_renew_consolidate_reclaim_settle_each_lease_exactly_once() {
                     0 => format!("{:?}", s.release(g.lease_id, &g.capability, n1, None).await),
                     1 => format!(
                         "{:?}",
-                        s.renew(g.lease_id, &g.capability, SignedDuration::from_secs(30), n1)
-                            .await
-                            .map(|r| r.lease.state)
+                        s.renew(
+                            g.lease_id,
+                            &g.capability,
+                            SignedDuration::from_secs(30),
+                            n1.into()
+                        )
+                        .await
+                        .map(|r| r.lease.state)
                     ),
                     2 => format!(
                         "{:?}",
@@ -77,7 +82,7 @@ async fn release_renew_consolidate_reclaim_settle_each_lease_exactly_once() {
                             a,
                             &[(g.lease_id, g.capability.clone())],
                             SignedDuration::from_secs(30),
-                            n1
+                            n1.into()
                         )
                         .await
                         .map(|ng| ng.units)
@@ -210,7 +215,7 @@ async fn concurrent_acquires_never_overdraw() {
                             ttl: SignedDuration::from_secs(30),
                             idempotency_key: None,
                         },
-                        now,
+                        now.into(),
                     )
                     .await
                 })

@@ -152,6 +152,19 @@ impl CutLog {
         (log, stop)
     }
 
+    /// The largest cut seen that is at most `at_most` (the cut a request
+    /// with that grant base read, at the latest).
+    fn last_cut_at_most(&self, at_most: Timestamp) -> Timestamp {
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(_, c)| *c)
+            .filter(|c| *c <= at_most)
+            .max()
+            .expect("a cut at most the grant base was seen")
+    }
+
     /// The last instant at which the cut was still below `cut`.
     fn last_below(&self, cut: Timestamp) -> Instant {
         self.0
@@ -176,9 +189,18 @@ const TRUSTED_MIN: Duration = Duration::from_millis(2_900);
 /// Asserts that lease `g` (TTL 2 s, expiry = its cut + 2 s) was reclaimed
 /// at `reclaimed_at` no sooner than [`TRUSTED_MIN`] after its cut was
 /// published.
+///
+/// The expiry is counted from the cut plus the reading's staleness bound
+/// (the grant base, `expiry - expires_in`), so the cut itself is at most
+/// that; the latest published cut not above the grant base is the one the
+/// lease's time starts from at the latest.
 fn assert_lived(log: &CutLog, g: &Value, reclaimed_at: Instant) {
     let expiry: Timestamp = g["expiry"].as_str().unwrap().parse().unwrap();
-    let start = expiry - SignedDuration::from_secs(2);
+    let expires_in: SignedDuration = g["expires_in"].as_str().unwrap().parse().unwrap();
+    assert_eq!(expires_in, SignedDuration::from_secs(2), "{g}");
+    let base = expiry - expires_in;
+    let cut = log.last_cut_at_most(base);
+    let start = cut;
     let lived = reclaimed_at.duration_since(log.last_below(start));
     assert!(
         lived >= TRUSTED_MIN,

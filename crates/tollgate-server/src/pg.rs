@@ -20,10 +20,14 @@
 //! On the safe-cut clock ([`ClockKind::SafeCut`]) start-up also checks,
 //! after migrating and *before* the store records or checks its grant
 //! policy, that every deadline the service can admit fits inside the
-//! owner-sealed horizon ([`check_horizon`]): `max_ttl + reclaim_grace` must
-//! not exceed the horizon of the cut row's policy (the one in force for the
-//! current epoch) nor that of the newest sealed policy (the one the next
-//! epoch takes). Tollgate's idempotency records never expire (nothing
+//! owner-sealed horizon ([`check_horizon`]):
+//! `max_ttl + reclaim_grace + safetime_gap_max` must not exceed the horizon
+//! of the cut row's policy (the one in force for the current epoch) nor that
+//! of the newest sealed policy (the one the next epoch takes). The gap bound
+//! is there because a grant's expiry is counted from the cut plus the
+//! reading's staleness bound, which is at most the gap bound for every
+//! reading that admits a grant (a renewal on a staler reading whose deadline
+//! would not fit is refused with `deadline_beyond_horizon`). Tollgate's idempotency records never expire (nothing
 //! deletes them, so no retention can outlive the horizon); the grant
 //! policy's bound ([`tollgate::LEASE_GRANT_DEADLINE`]) is the only
 //! deadline kind this service has to check.
@@ -95,13 +99,15 @@ pub enum PgError {
     /// On the safe-cut clock, the grant policy admits a deadline beyond the
     /// sealed horizon.
     #[error(
-        "max_ttl {max_ttl} + reclaim_grace {reclaim_grace} exceeds the sealed safe-time horizon of {horizon_ms} ms = {horizon} (policy version {version}, {which}): every deadline the service admits must fit inside it; lower --max-ttl/--reclaim-grace (tollgate policy set) or seal a longer horizon with every sampler stopped"
+        "max_ttl {max_ttl} + reclaim_grace {reclaim_grace} + safetime_gap_max {gap_max} exceeds the sealed safe-time horizon of {horizon_ms} ms = {horizon} (policy version {version}, {which}): every deadline the service admits, counted from the cut plus its staleness (at most the gap bound), must fit inside it; lower --max-ttl/--reclaim-grace (tollgate policy set) or --safetime-gap-max, or seal a longer horizon with every sampler stopped"
     )]
     HorizonTooShort {
         /// The configured longest TTL.
         max_ttl: jiff::SignedDuration,
         /// The configured grace.
         reclaim_grace: jiff::SignedDuration,
+        /// The configured sampling-gap bound (`--safetime-gap-max`).
+        gap_max: jiff::SignedDuration,
         /// The policy's version.
         version: i64,
         /// Its horizon, milliseconds.
@@ -218,13 +224,13 @@ pub async fn connect_for(
     }
     if cfg.clock == ClockKind::SafeCut {
         let pool = open_pool(url).await?;
-        let checked = check_horizon(&pool, cfg.policy).await;
+        let checked = check_horizon(&pool, cfg.policy, cfg.safetime_gap_max).await;
         pool.close().await;
         let horizon = checked?;
         tracing::info!(
             version = horizon.version(),
             horizon_ms = horizon.horizon_ms(),
-            "the sealed safe-time horizon covers max_ttl + reclaim_grace"
+            "the sealed safe-time horizon covers max_ttl + reclaim_grace + safetime_gap_max"
         );
     }
     let options = tollgate_pg::StoreOptions {
@@ -237,16 +243,23 @@ pub async fn connect_for(
     Ok(service_store(Arc::new(store)))
 }
 
-/// Checks that `policy` admits no deadline beyond the sealed horizon: the
-/// cut row's policy (when a sampler has claimed an epoch) and the newest
-/// sealed policy must both cover `max_ttl + reclaim_grace`
-/// ([`HorizonPolicy::covers`] over [`GrantPolicy::deadline_bound`]).
+/// Checks that `policy` admits no deadline beyond the sealed horizon on a
+/// cut whose certain readings are at most `gap_max` stale: the cut row's
+/// policy (when a sampler has claimed an epoch) and the newest sealed
+/// policy must both cover `max_ttl + reclaim_grace + gap_max`
+/// ([`HorizonPolicy::covers`] over [`GrantPolicy::deadline_bound_after`]).
+/// (The database's own checks of a grant policy against the horizon cover
+/// `max_ttl + reclaim_grace`; this one is stricter by the gap bound.)
 /// Returns the policy in force (the row's, or the newest before any claim).
 ///
 /// # Errors
 /// [`PgError::HorizonTooShort`] naming both values; [`PgError::SafeTime`]
 /// when the tables cannot be read or a policy row fails verification.
-pub async fn check_horizon(pool: &PgPool, policy: GrantPolicy) -> Result<HorizonPolicy, PgError> {
+pub async fn check_horizon(
+    pool: &PgPool,
+    policy: GrantPolicy,
+    gap_max: jiff::SignedDuration,
+) -> Result<HorizonPolicy, PgError> {
     let safe = |context| move |source| PgError::SafeTime { context, source };
     let row = safetime_pg::read_cut(pool)
         .await
@@ -261,12 +274,13 @@ pub async fn check_horizon(pool: &PgPool, policy: GrantPolicy) -> Result<Horizon
     if row.as_ref().map(|r| r.policy.version()) != Some(newest.version()) {
         checks.push((newest.clone(), "the newest sealed"));
     }
-    let bounds = [policy.deadline_bound()];
+    let bounds = [policy.deadline_bound_after(gap_max)];
     for (h, which) in &checks {
         if h.covers(&bounds).is_err() {
             return Err(PgError::HorizonTooShort {
                 max_ttl: policy.max_ttl(),
                 reclaim_grace: policy.reclaim_grace(),
+                gap_max,
                 version: h.version(),
                 horizon_ms: h.horizon_ms(),
                 horizon: h.horizon(),

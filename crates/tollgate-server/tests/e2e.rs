@@ -716,11 +716,13 @@ fn postgres_safe_cut_clock() {
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(
         err.contains(
-            "max_ttl PT1M + reclaim_grace PT5S exceeds the sealed safe-time horizon of 64999 ms"
+            "max_ttl PT1M + reclaim_grace PT5S + safetime_gap_max PT5S exceeds the sealed \
+             safe-time horizon of 64999 ms"
         ),
         "{err}"
     );
-    assert_eq!(seal(65_000), 3);
+    // The horizon must hold max_ttl + grace + the gap bound (PT1M below).
+    assert_eq!(seal(125_000), 3);
 
     let mut serve_args = vec!["--database-url", url.as_str(), "--secret-file", &secret_s];
     serve_args.extend(policy);
@@ -756,12 +758,21 @@ fn postgres_safe_cut_clock() {
         })
     });
     let g = srv.ok(&acquire, &key);
-    assert_eq!(g["expiry"], json!("2026-11-29T12:00:30Z"));
+    // Counted from the cut plus the reading's staleness bound (the row's
+    // age, under the gap bound), and the holder told the full TTL.
+    let expiry: jiff::Timestamp = g["expiry"].as_str().expect("expiry").parse().expect("ts");
+    let cut: jiff::Timestamp = "2026-11-29T12:00:00Z".parse().expect("ts");
+    assert!(
+        expiry >= cut + jiff::SignedDuration::from_secs(30)
+            && expiry <= cut + jiff::SignedDuration::from_secs(90),
+        "{g}"
+    );
+    assert_eq!(g["expires_in"], json!("PT30S"));
     let status = srv.ok(&["status"], ADMIN);
     assert_eq!(status["safe_time"]["certain"], json!(true));
     assert_eq!(status["safe_time"]["cut"], json!("2026-11-29T12:00:00Z"));
     assert_eq!(status["safe_time"]["policy_version"], json!(3));
-    assert_eq!(status["safe_time"]["horizon"], json!("PT1M5S"));
+    assert_eq!(status["safe_time"]["horizon"], json!("PT2M5S"));
     assert_eq!(status["paused"]["acquire"], json!(1));
     let mut direct = vec!["status", "--database-url", url.as_str()];
     direct.extend(policy);

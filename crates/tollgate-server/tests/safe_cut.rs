@@ -91,6 +91,25 @@ impl Cut {
         assert_eq!(written.rows_affected(), 1);
     }
 
+    /// Checks that the grant or renewal `g`, made at the cut `cut` for
+    /// `ttl`, counts its expiry from the cut plus the reading's staleness
+    /// bound: `expires_in` is `ttl` and `expiry - expires_in` (the grant
+    /// base) lies at or after the cut, by less than a second (the rows this
+    /// harness publishes are read within milliseconds). Returns the
+    /// expiry.
+    fn counted_from(g: &Value, cut: &str, ttl: &str) -> Timestamp {
+        let expiry = ts(g["expiry"].as_str().expect("expiry"));
+        assert_eq!(g["expires_in"], json!(ttl), "{g}");
+        let ttl: SignedDuration = ttl.parse().expect("ttl");
+        let base = expiry - ttl;
+        let cut = ts(cut);
+        assert!(
+            base >= cut && base < cut + SignedDuration::from_secs(1),
+            "grant base {base} for the cut {cut}: {g}"
+        );
+        expiry
+    }
+
     async fn metrics(&self) -> String {
         self.h.send(Req::get("/metrics")).await.text
     }
@@ -177,7 +196,7 @@ async fn certain_cut_is_the_acquire_instant() {
     let (a, key) = c.h.account("a", 100).await;
     c.publish("2026-11-29T12:00:00.123456789Z", None).await;
     let g = c.h.acquire(a, &key, 10, "PT30.000000001S").await;
-    assert_eq!(g["expiry"], json!("2026-11-29T12:00:30.12345679Z"));
+    Cut::counted_from(&g, "2026-11-29T12:00:00.123456789Z", "PT30.000000001S");
     assert_eq!(g["granted_ttl"], json!("PT30.000000001S"));
     let mut st = c.status().await;
     let safe = st["safe_time"].as_object_mut().expect("safe_time");
@@ -226,9 +245,10 @@ async fn uncertain_cut_pauses_admission_and_reclaim() {
     c.publish("2026-11-29T12:00:00Z", None).await;
     let ga = c.h.acquire(a, &key, 10, "PT30S").await;
     let gb = c.h.acquire(a, &key, 20, "PT30S").await;
-    // Expiry 12:00:01.000000001, reclaimable from 12:00:06.000000001.
+    // Expiry 12:00:01.000000001 plus the reading's staleness, reclaimable
+    // 5 s later.
     let gc = c.h.acquire(a, &key, 5, "PT1.000000001S").await;
-    assert_eq!(gc["expiry"], json!("2026-11-29T12:00:01.000000001Z"));
+    Cut::counted_from(&gc, "2026-11-29T12:00:00Z", "PT1.000000001S");
 
     c.publish("2026-11-29T12:00:10Z", Some("clock_step_forward"))
         .await;
@@ -293,23 +313,23 @@ async fn settles_and_renews_at_the_cut(c: &Cut, ga: &Value, gb: &Value) {
         .await;
     assert_eq!(s.ok(200)["settled_at"], json!("2026-11-29T12:00:10Z"));
     assert_eq!(s.ok(200)["returned"], json!(6));
-    // Renewal at the cut 12:00:10, expiry 12:00:30: PT10S would end at
-    // 12:00:20, so the expiry stays; PT1M ends at 12:01:10, later, so it
-    // extends. Never shortened.
-    for (ttl, expiry) in [
-        ("PT10S", "2026-11-29T12:00:30Z"),
-        ("PT1M", "2026-11-29T12:01:10Z"),
-        ("PT1S", "2026-11-29T12:01:10Z"),
-    ] {
-        let r =
-            c.h.send(
-                Req::post(format!("/v1/leases/{}/renew", id(gb)))
-                    .token(&cap(gb))
-                    .json(json!({"ttl": ttl})),
-            )
-            .await;
-        assert_eq!(r.ok(200)["expiry"], json!(expiry), "{ttl}");
-    }
+    // Renewal at the cut 12:00:10, expiry 12:00:30 (plus B's staleness):
+    // PT10S would end at 12:00:20 (plus this reading's), so the expiry
+    // stays; PT1M ends at 12:01:10 (plus), later, so it extends. Never
+    // shortened.
+    let renew = |ttl: &'static str| {
+        c.h.send(
+            Req::post(format!("/v1/leases/{}/renew", id(gb)))
+                .token(&cap(gb))
+                .json(json!({"ttl": ttl})),
+        )
+    };
+    let r = renew("PT10S").await;
+    assert_eq!(r.ok(200)["expiry"], gb["expiry"]);
+    let r = renew("PT1M").await;
+    let extended = Cut::counted_from(r.ok(200), "2026-11-29T12:00:10Z", "PT1M");
+    let r = renew("PT1S").await;
+    assert_eq!(r.ok(200)["expiry"], json!(extended.to_string()));
 }
 
 /// While the cut is uncertain: status and metrics show the reason and the
@@ -341,16 +361,17 @@ async fn reports_the_uncertain_cut(c: &Cut) {
 /// Certain again past lease C's expiry + grace: reclaim settles it, the
 /// late-expiry histogram shows exactly how late, admission is back.
 async fn reclaims_late_once_certain(c: &mut Cut, a: i64, key: &str, gc: &Value) {
-    // Certain again at 12:00:20: C (due from 12:00:06.000000001) is
-    // reclaimed 13.999999999 s late; B (12:01:10) is not due.
+    // Certain again at 12:00:20: C (due from 12:00:06.000000001 plus its
+    // staleness) is reclaimed about 14 s late, exactly the cut less its
+    // expiry and grace; B (12:01:10) is not due.
     c.publish("2026-11-29T12:00:20Z", None).await;
     let pass = c.h.state.worker().step().await.expect("pass");
     assert_eq!(pass.now, ts("2026-11-29T12:00:20Z"));
     assert_eq!(pass.report.reclaimed, vec![tollgate::LeaseId(id(gc))]);
-    assert_eq!(
-        pass.report.late_by,
-        vec![SignedDuration::new(13, 999_999_999)]
-    );
+    let due = ts(gc["expiry"].as_str().expect("expiry")) + SignedDuration::from_secs(5);
+    let late = ts("2026-11-29T12:00:20Z").duration_since(due);
+    assert!(late > SignedDuration::from_secs(13) && late <= SignedDuration::new(13, 999_999_999));
+    assert_eq!(pass.report.late_by, vec![late]);
     assert_eq!(pass.report.units_charged, 5);
     let m = c.metrics().await;
     assert_lines(
@@ -365,7 +386,6 @@ async fn reclaims_late_once_certain(c: &mut Cut, a: i64, key: &str, gc: &Value) 
             "tollgate_reclaim_late_seconds_bucket{le=\"60\"} 1",
             "tollgate_reclaim_late_seconds_bucket{le=\"600\"} 1",
             "tollgate_reclaim_late_seconds_bucket{le=\"+Inf\"} 1",
-            "tollgate_reclaim_late_seconds_sum 13.999999999",
             "tollgate_reclaim_late_seconds_count 1",
             "tollgate_reclaim_leases_total 1",
             "tollgate_reclaim_passes_total{outcome=\"ok\"} 1",
@@ -374,7 +394,7 @@ async fn reclaims_late_once_certain(c: &mut Cut, a: i64, key: &str, gc: &Value) 
     let st = c.status().await;
     assert_eq!(
         st["late_expiry"],
-        json!({"count": 1, "sum": "PT13.999999999S", "buckets": [
+        json!({"count": 1, "sum": late.to_string(), "buckets": [
             {"le": "PT0.001S", "count": 0}, {"le": "PT0.01S", "count": 0},
             {"le": "PT0.1S", "count": 0}, {"le": "PT1S", "count": 0},
             {"le": "PT10S", "count": 0}, {"le": "PT1M", "count": 1},
@@ -383,7 +403,7 @@ async fn reclaims_late_once_certain(c: &mut Cut, a: i64, key: &str, gc: &Value) 
     );
     // Admission is back, at the cut.
     let g = c.h.acquire(a, key, 1, "PT1S").await;
-    assert_eq!(g["expiry"], json!("2026-11-29T12:00:21Z"));
+    Cut::counted_from(&g, "2026-11-29T12:00:20Z", "PT1S");
     c.h.assert_audit_clean().await;
 }
 
@@ -400,7 +420,7 @@ async fn stale_cut_is_uncertain() {
     let (a, key) = c.h.account("a", 100).await;
     c.publish("2026-11-29T12:00:00Z", None).await;
     let g = c.h.acquire(a, &key, 1, "PT10S").await;
-    assert_eq!(g["expiry"], json!("2026-11-29T12:00:10Z"));
+    Cut::counted_from(&g, "2026-11-29T12:00:00Z", "PT10S");
     tokio::time::sleep(Duration::from_millis(1_100)).await;
     let acquire = || {
         Req::post(format!("/v1/accounts/{a}/leases"))
@@ -420,7 +440,7 @@ async fn stale_cut_is_uncertain() {
     // The sampler publishes again: fresh.
     c.publish("2026-11-29T12:00:01Z", None).await;
     let g = c.h.acquire(a, &key, 1, "PT10S").await;
-    assert_eq!(g["expiry"], json!("2026-11-29T12:00:11Z"));
+    Cut::counted_from(&g, "2026-11-29T12:00:01Z", "PT10S");
     // A row last published 2 s ago (database time), seen for the first
     // time by a new reader: stale at once.
     let aged = sqlx::query(
@@ -600,10 +620,12 @@ async fn seal(url: &str, horizon_ms: i64) -> i64 {
 }
 
 /// (e) On the safe-cut clock the service refuses to start when
-/// `max_ttl + reclaim_grace` (1 min + 5 s = 65,000 ms) exceeds the sealed
-/// horizon, naming both values, and records nothing (the grant policy is
-/// not recorded, so fixing either value needs no `policy set`). Both the
-/// current epoch's policy and the newest sealed one must cover it.
+/// `max_ttl + reclaim_grace + safetime_gap_max` (1 min + 5 s + 1 min =
+/// 125,000 ms) exceeds the sealed horizon, naming the values, and records
+/// nothing (the grant policy is not recorded, so fixing either value needs
+/// no `policy set`). Both the current epoch's policy and the newest sealed
+/// one must cover it. The gap bound is part of it because a grant's expiry
+/// is counted from the cut plus the reading's staleness bound.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn horizon_shorter_than_grant_policy_refuses_start() {
     let url = fresh_pg_url().await;
@@ -621,10 +643,11 @@ async fn horizon_shorter_than_grant_policy_refuses_start() {
     );
     assert_eq!(
         err.to_string(),
-        "max_ttl PT1M + reclaim_grace PT5S exceeds the sealed safe-time horizon of 64999 ms \
-         = PT1M4.999S (policy version 2, the newest sealed): every deadline the service \
-         admits must fit inside it; lower --max-ttl/--reclaim-grace (tollgate policy set) \
-         or seal a longer horizon with every sampler stopped"
+        "max_ttl PT1M + reclaim_grace PT5S + safetime_gap_max PT1M exceeds the sealed \
+         safe-time horizon of 64999 ms = PT1M4.999S (policy version 2, the newest sealed): \
+         every deadline the service admits, counted from the cut plus its staleness (at most \
+         the gap bound), must fit inside it; lower --max-ttl/--reclaim-grace (tollgate policy \
+         set) or --safetime-gap-max, or seal a longer horizon with every sampler stopped"
     );
     let pool = sqlx::PgPool::connect(&url).await.expect("pool");
     assert_eq!(
@@ -642,8 +665,19 @@ async fn horizon_shorter_than_grant_policy_refuses_start() {
         matches!(err, PgError::HorizonTooShort { version: 2, .. }),
         "{err:?}"
     );
-    // Exactly max_ttl + grace is enough: the service starts, on the cut.
-    assert_eq!(seal(&url, 65_000).await, 3);
+    // max_ttl + grace alone is not enough: a certain reading may be up to
+    // the gap bound stale, and the grant's expiry is counted from the cut
+    // plus that.
+    assert_eq!(seal(&url, 124_999).await, 3);
+    let err = tollgate_server::pg::connect(&cfg, key())
+        .await
+        .expect_err("the gap bound does not fit");
+    assert!(
+        matches!(err, PgError::HorizonTooShort { version: 3, .. }),
+        "{err:?}"
+    );
+    // Exactly max_ttl + grace + gap is enough: the service starts, on the cut.
+    assert_eq!(seal(&url, 125_000).await, 4);
     let store = tollgate_server::pg::connect(&cfg, key())
         .await
         .expect("horizon covers the policy");

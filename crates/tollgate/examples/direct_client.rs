@@ -33,7 +33,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 ttl: SignedDuration::new(30, 1), // 30.000000001 s
                 idempotency_key: Some("job-42".into()),
             },
-            now,
+            now.into(),
         )
         .await?;
     println!(
@@ -48,7 +48,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             grant.lease_id,
             &grant.capability,
             SignedDuration::new(45, 999),
-            later,
+            later.into(),
         )
         .await?;
     println!(

@@ -10,7 +10,7 @@ use crate::model::{
     Account, AccountId, AcquireRequest, Grant, Lease, LeaseId, LedgerEntry, NewAccount,
     ReclaimReport, Renewal, Settlement,
 };
-use crate::timing::GrantPolicy;
+use crate::timing::{GrantPolicy, SuppliedTime};
 
 /// Page size the default [`Allocator::audit`] reads the ledger and accounts
 /// with: bounds memory per round trip.
@@ -21,7 +21,9 @@ pub const AUDIT_PAGE_MAX: usize = 1_000;
 /// [`AllocatorError`], is a refusal by the rules ([`crate::RuleError`],
 /// named in each method's `# Errors`) or a storage failure
 /// ([`crate::StorageError`], "storage errors"). Time is always *supplied*
-/// (`now`); a store never reads a clock.
+/// (`now`, or for an operation that makes a deadline a [`SuppliedTime`]:
+/// expiry judged at its `now`, the new deadline counted from its
+/// `grant_base`); a store never reads a clock.
 ///
 /// Implemented by [`crate::MemoryStore`] and by the PostgreSQL store; both
 /// pass the same conformance suite (`testkit` feature).
@@ -75,16 +77,18 @@ pub trait Allocator: Send + Sync {
     ) -> Result<Account, AllocatorError>;
 
     /// Grants a lease: debits `units` from `available` into `held` until
-    /// `now + clamp(ttl)`. With an idempotency key, a retry of the same
-    /// request returns the original grant unchanged.
+    /// `at.grant_base() + clamp(ttl)`. With an idempotency key, a retry of
+    /// the same request returns the original grant unchanged.
     ///
     /// # Errors
     /// [`crate::RuleError::InvalidUnits`], [`crate::RuleError::InvalidTtl`],
     /// [`crate::RuleError::InvalidIdempotencyKey`],
-    /// [`crate::RuleError::UnrepresentableExpiry`] (before any debit),
+    /// [`crate::RuleError::UnrepresentableExpiry`] and
+    /// [`crate::RuleError::DeadlineBeyondHorizon`] (before any debit),
     /// [`crate::RuleError::AccountNotFound`], [`crate::RuleError::IdempotencyConflict`],
     /// [`crate::RuleError::InsufficientBalance`]; storage errors.
-    async fn acquire(&self, req: AcquireRequest, now: Timestamp) -> Result<Grant, AllocatorError>;
+    async fn acquire(&self, req: AcquireRequest, at: SuppliedTime)
+    -> Result<Grant, AllocatorError>;
 
     /// Reads a lease.
     ///
@@ -98,12 +102,13 @@ pub trait Allocator: Send + Sync {
         capability: &Capability,
     ) -> Result<Lease, AllocatorError>;
 
-    /// Extends an active, not yet reclaimable lease to
-    /// `max(expiry, now + clamp(ttl))` and issues a new fence.
+    /// Extends an active lease not yet reclaimable at `at.now()` to
+    /// `max(expiry, at.grant_base() + clamp(ttl))` and issues a new fence.
     ///
     /// # Errors
     /// [`crate::RuleError::CapabilityMismatch`], [`crate::RuleError::LeaseNotFound`],
     /// [`crate::RuleError::InvalidTtl`], [`crate::RuleError::UnrepresentableExpiry`],
+    /// [`crate::RuleError::DeadlineBeyondHorizon`],
     /// [`crate::RuleError::LeaseNotActive`], [`crate::RuleError::LeaseReclaimable`];
     /// storage errors.
     async fn renew(
@@ -111,7 +116,7 @@ pub trait Allocator: Send + Sync {
         lease_id: LeaseId,
         capability: &Capability,
         ttl: SignedDuration,
-        now: Timestamp,
+        at: SuppliedTime,
     ) -> Result<Renewal, AllocatorError>;
 
     /// Settles an active lease before its reclaim boundary
@@ -130,13 +135,14 @@ pub trait Allocator: Send + Sync {
         consumed: Option<i64>,
     ) -> Result<Settlement, AllocatorError>;
 
-    /// Settles the named leases as consolidated and grants one new lease of
-    /// their summed units until `now + clamp(ttl)`.
+    /// Settles the named leases (each live at `at.now()`) as consolidated
+    /// and grants one new lease of their summed units until
+    /// `at.grant_base() + clamp(ttl)`.
     ///
     /// # Errors
     /// [`crate::RuleError::InvalidLeaseCount`], [`crate::RuleError::DuplicateLease`],
-    /// [`crate::RuleError::InvalidTtl`], [`crate::RuleError::UnrepresentableExpiry`]
-    /// (before anything settles), [`crate::RuleError::AccountNotFound`],
+    /// [`crate::RuleError::InvalidTtl`], [`crate::RuleError::UnrepresentableExpiry`],
+    /// [`crate::RuleError::DeadlineBeyondHorizon`] (before anything settles), [`crate::RuleError::AccountNotFound`],
     /// [`crate::RuleError::CapabilityMismatch`], [`crate::RuleError::LeaseNotFound`],
     /// [`crate::RuleError::LeaseAccountMismatch`], [`crate::RuleError::LeaseNotActive`],
     /// [`crate::RuleError::LeaseReclaimable`], [`crate::RuleError::UnitsOverflow`];
@@ -146,7 +152,7 @@ pub trait Allocator: Send + Sync {
         account_id: AccountId,
         leases: &[(LeaseId, Capability)],
         ttl: SignedDuration,
-        now: Timestamp,
+        at: SuppliedTime,
     ) -> Result<Grant, AllocatorError>;
 
     /// Settles up to `limit` (`1..=`[`crate::RECLAIM_BATCH_MAX`]) active

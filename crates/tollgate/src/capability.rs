@@ -193,17 +193,18 @@ impl LeaseCapabilities {
     /// [`crate::RuleError::DuplicateLease`],
     /// [`crate::RuleError::InvalidTtl`],
     /// [`crate::RuleError::UnrepresentableExpiry`],
+    /// [`crate::RuleError::DeadlineBeyondHorizon`],
     /// [`crate::RuleError::CapabilityMismatch`].
     pub fn check_consolidation(
         &self,
         policy: &crate::GrantPolicy,
         leases: &[(LeaseId, Capability)],
         ttl: jiff::SignedDuration,
-        now: jiff::Timestamp,
+        at: crate::SuppliedTime,
     ) -> Result<Vec<LeaseId>, crate::RuleError> {
         let ids: Vec<LeaseId> = leases.iter().map(|(id, _)| *id).collect();
         crate::rules::check_consolidation_ids(&ids)?;
-        policy.expiry(now, ttl)?;
+        policy.grant_expiry(at, ttl)?;
         for (id, cap) in leases {
             self.check(*id, cap)?;
         }

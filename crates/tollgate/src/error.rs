@@ -50,6 +50,24 @@ pub enum RuleError {
         /// The granted (clamped) TTL.
         ttl: SignedDuration,
     },
+    /// The new deadline, `grant_base + granted_ttl + reclaim_grace`, lies
+    /// beyond the latest the time source admits (on the safe expiry cut:
+    /// `cut + horizon`). Only a reading whose staleness bound is larger
+    /// than the horizon leaves room for gets this (a renewal on a cut that
+    /// has not been republished for that long); nothing changed, and a
+    /// retry once the cut is fresh again succeeds.
+    #[error(
+        "the deadline {grant_base} + {ttl} + reclaim grace lies beyond {limit}, the end of the safe-time horizon: the safe expiry cut is too stale to grant it; retry later"
+    )]
+    DeadlineBeyondHorizon {
+        /// The instant the TTL was added to (the cut plus its staleness
+        /// bound).
+        grant_base: Timestamp,
+        /// The granted (clamped) TTL.
+        ttl: SignedDuration,
+        /// The latest admissible deadline.
+        limit: Timestamp,
+    },
     /// The account's available balance is below the request.
     #[error("account {account_id} has {available} units available, {requested} requested")]
     InsufficientBalance {
@@ -175,6 +193,7 @@ impl RuleError {
             RuleError::InvalidUnits { .. } => "invalid_units",
             RuleError::InvalidTtl { .. } => "invalid_ttl",
             RuleError::UnrepresentableExpiry { .. } => "unrepresentable_expiry",
+            RuleError::DeadlineBeyondHorizon { .. } => "deadline_beyond_horizon",
             RuleError::InsufficientBalance { .. } => "insufficient_balance",
             RuleError::UnitsOverflow { .. } => "units_overflow",
             RuleError::AccountNotFound { .. } => "account_not_found",
@@ -202,6 +221,15 @@ impl From<TimingError> for RuleError {
             TimingError::UnrepresentableExpiry { now, ttl } => {
                 RuleError::UnrepresentableExpiry { now, ttl }
             }
+            TimingError::DeadlineBeyondLimit {
+                grant_base,
+                ttl,
+                limit,
+            } => RuleError::DeadlineBeyondHorizon {
+                grant_base,
+                ttl,
+                limit,
+            },
         }
     }
 }
@@ -293,6 +321,7 @@ impl AllocatorError {
         "invalid_units",
         "invalid_ttl",
         "unrepresentable_expiry",
+        "deadline_beyond_horizon",
         "insufficient_balance",
         "units_overflow",
         "account_not_found",
@@ -364,6 +393,21 @@ mod tests {
         sorted.sort_unstable();
         sorted.dedup();
         assert_eq!(sorted.len(), AllocatorError::CODES.len());
+        let beyond = RuleError::DeadlineBeyondHorizon {
+            grant_base: Timestamp::UNIX_EPOCH,
+            ttl: SignedDuration::from_secs(3),
+            limit: Timestamp::UNIX_EPOCH,
+        };
+        assert_eq!(beyond.code(), "deadline_beyond_horizon");
+        assert!(AllocatorError::CODES.contains(&beyond.code()));
+        assert_eq!(
+            RuleError::from(TimingError::DeadlineBeyondLimit {
+                grant_base: Timestamp::UNIX_EPOCH,
+                ttl: SignedDuration::from_secs(3),
+                limit: Timestamp::UNIX_EPOCH,
+            }),
+            beyond
+        );
         let corrupt = RuleError::CorruptHolding { held: 1, units: 2 };
         assert_eq!(corrupt.code(), "storage_failure");
         assert_eq!(

@@ -30,7 +30,7 @@
 //! let g = store.acquire(AcquireRequest {
 //!     account_id: a.account_id, units: 10,
 //!     ttl: SignedDuration::new(30, 1), idempotency_key: None,
-//! }, now).await.unwrap();
+//! }, now.into()).await.unwrap();
 //! assert_eq!(g.expiry.to_string(), "2026-11-29T12:00:30.000000001Z");
 //! let s = store.release(g.lease_id, &g.capability, now, Some(4)).await.unwrap();
 //! assert_eq!((s.consumed, s.returned, s.balances.available), (4, 6, 96));
@@ -72,5 +72,6 @@ pub use rules::{
     IDEMPOTENCY_KEY_MAX_BYTES, RECLAIM_BATCH_DEFAULT, RECLAIM_BATCH_MAX,
 };
 pub use timing::{
-    GrantPolicy, LEASE_GRANT_DEADLINE, PolicyError, TIMESTAMP_MAX_NS, TIMESTAMP_MIN_NS, TimingError,
+    GrantPolicy, LEASE_GRANT_DEADLINE, PolicyError, SuppliedTime, TIMESTAMP_MAX_NS,
+    TIMESTAMP_MIN_NS, TimingError,
 };

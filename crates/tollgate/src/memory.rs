@@ -27,6 +27,7 @@ use crate::model::{
 };
 use crate::rules;
 use crate::timing::GrantPolicy;
+use crate::timing::SuppliedTime;
 
 #[derive(Debug, Default)]
 struct State {
@@ -229,7 +230,11 @@ impl Allocator for MemoryStore {
         Ok(st.account(account_id)?.clone())
     }
 
-    async fn acquire(&self, req: AcquireRequest, now: Timestamp) -> Result<Grant, AllocatorError> {
+    async fn acquire(
+        &self,
+        req: AcquireRequest,
+        at: SuppliedTime,
+    ) -> Result<Grant, AllocatorError> {
         rules::check_acquire(
             &self.policy,
             req.units,
@@ -246,14 +251,8 @@ impl Allocator for MemoryStore {
                 .caps
                 .grant(r.lease_id, r.fence, r.units, r.expiry, r.granted_ttl));
         }
-        let plan = rules::plan_acquire(
-            &self.policy,
-            req.account_id,
-            before,
-            req.units,
-            req.ttl,
-            now,
-        )?;
+        let plan =
+            rules::plan_acquire(&self.policy, req.account_id, before, req.units, req.ttl, at)?;
         let issued = st.insert_lease(plan.account_id, plan.units, plan.expiry);
         st.set_balances(plan.account_id, plan.after);
         st.record(plan.entry(issued));
@@ -284,13 +283,13 @@ impl Allocator for MemoryStore {
         lease_id: LeaseId,
         capability: &Capability,
         ttl: SignedDuration,
-        now: Timestamp,
+        at: SuppliedTime,
     ) -> Result<Renewal, AllocatorError> {
         self.caps.check(lease_id, capability)?;
         let mut st = self.lock()?;
         let lease = st.lease(lease_id)?.clone();
         let balances = st.account(lease.account_id)?.balances;
-        let plan = rules::plan_renew(&self.policy, &lease, balances, ttl, now)?;
+        let plan = rules::plan_renew(&self.policy, &lease, balances, ttl, at)?;
         let fence = st.next_fence();
         let renewed = plan.renewed(&lease, fence);
         st.leases.insert(lease_id, renewed.clone());
@@ -322,18 +321,18 @@ impl Allocator for MemoryStore {
         account_id: AccountId,
         leases: &[(LeaseId, Capability)],
         ttl: SignedDuration,
-        now: Timestamp,
+        at: SuppliedTime,
     ) -> Result<Grant, AllocatorError> {
         let ids = self
             .caps
-            .check_consolidation(&self.policy, leases, ttl, now)?;
+            .check_consolidation(&self.policy, leases, ttl, at)?;
         let mut st = self.lock()?;
         let balances = st.account(account_id)?.balances;
         let mut loaded = Vec::with_capacity(ids.len());
         for id in &ids {
             loaded.push(st.lease(*id)?.clone());
         }
-        let plan = rules::plan_consolidate(&self.policy, account_id, balances, &loaded, ttl, now)?;
+        let plan = rules::plan_consolidate(&self.policy, account_id, balances, &loaded, ttl, at)?;
         for (lease_id, entry) in plan.settled_ids.iter().zip(&plan.settled) {
             st.settle_lease(*lease_id, LeaseState::Consolidated, 0);
             st.record(*entry);

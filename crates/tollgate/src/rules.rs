@@ -26,7 +26,7 @@ use crate::model::{
     AccountId, Actor, Balances, Fence, IdempotencyRecord, Issued, Lease, LeaseId, LeaseState,
     LedgerKind, NewLedgerEntry, Settlement,
 };
-use crate::timing::GrantPolicy;
+use crate::timing::{GrantPolicy, SuppliedTime};
 
 /// The most leases one consolidation may name. A bound on the rows one
 /// transaction locks; 1,000 leaves room for large fan-in while keeping the
@@ -347,7 +347,7 @@ pub struct AcquirePlan {
     pub account_id: AccountId,
     /// Units the new lease holds.
     pub units: i64,
-    /// `now + granted_ttl`, exact.
+    /// `grant_base + granted_ttl`, exact.
     pub expiry: Timestamp,
     /// The TTL requested (kept in the idempotency record).
     pub request_ttl: SignedDuration,
@@ -357,7 +357,8 @@ pub struct AcquirePlan {
     pub before: Balances,
     /// The account's balances afterwards.
     pub after: Balances,
-    /// The supplied time.
+    /// The supplied time's judging instant ([`SuppliedTime::now`]), which
+    /// the ledger records.
     pub at: Timestamp,
 }
 
@@ -395,12 +396,14 @@ impl AcquirePlan {
     }
 }
 
-/// Plans an acquire of `units` for `ttl` at `now` on an account with
-/// `before` balances.
+/// Plans an acquire of `units` for `ttl` at supplied time `at` on an
+/// account with `before` balances: the expiry is counted from
+/// `at.grant_base()` ([`GrantPolicy::grant_expiry`]).
 ///
 /// # Errors
 /// In this order: [`RuleError::InvalidUnits`], [`RuleError::InvalidTtl`],
-/// [`RuleError::UnrepresentableExpiry`], [`RuleError::InsufficientBalance`].
+/// [`RuleError::UnrepresentableExpiry`], [`RuleError::DeadlineBeyondHorizon`],
+/// [`RuleError::InsufficientBalance`].
 ///
 /// # Panics
 /// When `before` breaks conservation (see the module docs).
@@ -410,10 +413,10 @@ pub fn plan_acquire(
     before: Balances,
     units: i64,
     ttl: SignedDuration,
-    now: Timestamp,
+    at: SuppliedTime,
 ) -> Result<AcquirePlan, RuleError> {
     let units = check_units(units)?;
-    let (expiry, granted_ttl) = policy.expiry(now, ttl)?;
+    let (expiry, granted_ttl) = policy.grant_expiry(at, ttl)?;
     let after = hold(account_id, before, units)?;
     assert_conserved(LedgerKind::Acquire, before, after);
     Ok(AcquirePlan {
@@ -424,7 +427,7 @@ pub fn plan_acquire(
         granted_ttl,
         before,
         after,
-        at: now,
+        at: at.now(),
     })
 }
 
@@ -638,7 +641,7 @@ pub fn plan_reclaim_batch(
 pub struct RenewPlan {
     /// The lease renewed.
     pub lease_id: LeaseId,
-    /// Its new expiry: `max(expiry, now + granted_ttl)`.
+    /// Its new expiry: `max(expiry, grant_base + granted_ttl)`.
     pub expiry: Timestamp,
     /// Whether the new expiry is still a legacy upper bound: only if the
     /// lease's was one and the renewal kept it.
@@ -651,7 +654,7 @@ pub struct RenewPlan {
     pub units: i64,
     /// The account's balances (unchanged).
     pub balances: Balances,
-    /// The supplied time.
+    /// The supplied time's judging instant, which the ledger records.
     pub at: Timestamp,
 }
 
@@ -686,12 +689,14 @@ impl RenewPlan {
     }
 }
 
-/// Plans a renewal of `lease` at `now` on an account with `balances`: the
-/// new expiry is the later of the current expiry and `now + clamped ttl`,
-/// so a renewal never shortens a lease.
+/// Plans a renewal of `lease` at supplied time `at` on an account with
+/// `balances`: the lease must be live at `at.now()` ([`check_live`]), and
+/// the new expiry is the later of the current expiry and
+/// `at.grant_base() + clamped ttl`, so a renewal never shortens a lease.
 ///
 /// # Errors
-/// [`RuleError::InvalidTtl`], [`RuleError::UnrepresentableExpiry`],
+/// In this order: [`RuleError::InvalidTtl`],
+/// [`RuleError::UnrepresentableExpiry`], [`RuleError::DeadlineBeyondHorizon`],
 /// [`RuleError::LeaseNotActive`], [`RuleError::LeaseReclaimable`].
 ///
 /// # Panics
@@ -701,10 +706,10 @@ pub fn plan_renew(
     lease: &Lease,
     balances: Balances,
     ttl: SignedDuration,
-    now: Timestamp,
+    at: SuppliedTime,
 ) -> Result<RenewPlan, RuleError> {
-    let (candidate, granted_ttl) = policy.expiry(now, ttl)?;
-    check_live(policy, lease, now)?;
+    let (candidate, granted_ttl) = policy.grant_expiry(at, ttl)?;
+    check_live(policy, lease, at.now())?;
     assert_conserved(LedgerKind::Renew, balances, balances);
     let expiry = candidate.max(lease.expiry);
     Ok(RenewPlan {
@@ -715,7 +720,7 @@ pub fn plan_renew(
         account_id: lease.account_id,
         units: lease.units,
         balances,
-        at: now,
+        at: at.now(),
     })
 }
 
@@ -740,7 +745,7 @@ pub struct ConsolidationPlan {
     pub granted_ttl: SignedDuration,
     /// The account's balances (unchanged).
     pub balances: Balances,
-    /// The supplied time.
+    /// The supplied time's judging instant, which the ledger records.
     pub at: Timestamp,
 }
 
@@ -785,13 +790,15 @@ pub fn check_consolidation_ids(ids: &[LeaseId]) -> Result<(), RuleError> {
 }
 
 /// Plans a consolidation of `leases` (already loaded, in any order) into one
-/// new lease of `account_id` at `now`, on an account with `balances`. The
-/// old leases settle as consolidated, charging nothing; balances do not
-/// change.
+/// new lease of `account_id` at supplied time `at`, on an account with
+/// `balances`. The old leases must be live at `at.now()` and settle as
+/// consolidated, charging nothing; balances do not change; the new expiry
+/// is counted from `at.grant_base()`.
 ///
 /// # Errors
 /// In this order: the errors of [`check_consolidation_ids`],
 /// [`RuleError::InvalidTtl`], [`RuleError::UnrepresentableExpiry`],
+/// [`RuleError::DeadlineBeyondHorizon`],
 /// then per lease [`RuleError::LeaseAccountMismatch`],
 /// [`RuleError::LeaseNotActive`], [`RuleError::LeaseReclaimable`], and
 /// [`RuleError::UnitsOverflow`] if the sum exceeds `i64::MAX`.
@@ -804,11 +811,12 @@ pub fn plan_consolidate(
     balances: Balances,
     leases: &[Lease],
     ttl: SignedDuration,
-    now: Timestamp,
+    at: SuppliedTime,
 ) -> Result<ConsolidationPlan, RuleError> {
+    let now = at.now();
     let ids: Vec<LeaseId> = leases.iter().map(|l| l.lease_id).collect();
     check_consolidation_ids(&ids)?;
-    let (expiry, granted_ttl) = policy.expiry(now, ttl)?;
+    let (expiry, granted_ttl) = policy.grant_expiry(at, ttl)?;
     let mut units: i64 = 0;
     for lease in leases {
         if lease.account_id != account_id {
@@ -1211,14 +1219,14 @@ mod tests {
     #[test]
     #[should_panic(expected = "acquire planned from balances that break conservation")]
     fn a_plan_from_unconserved_balances_panics() {
-        let _ = plan_acquire(&policy(), ACCOUNT, bal(10, 5, 0, 0), 1, d(1), at(0));
+        let _ = plan_acquire(&policy(), ACCOUNT, bal(10, 5, 0, 0), 1, d(1), at(0).into());
     }
 
     #[test]
     #[should_panic(expected = "renew planned from balances that break conservation")]
     fn a_balance_neutral_plan_from_unconserved_balances_panics() {
         let l = lease(1, 1, 1_000, LeaseState::Active);
-        let _ = plan_renew(&policy(), &l, bal(0, 0, 1, 0), d(1), at(0));
+        let _ = plan_renew(&policy(), &l, bal(0, 0, 1, 0), d(1), at(0).into());
     }
 
     #[test]
@@ -1229,7 +1237,7 @@ mod tests {
             lease_id: LeaseId(8),
             fence: Fence(12),
         };
-        let plan = plan_acquire(&p, ACCOUNT, b, 30, d(7), at(-20)).unwrap();
+        let plan = plan_acquire(&p, ACCOUNT, b, 30, d(7), SuppliedTime::from(at(-20))).unwrap();
         assert_eq!(
             plan,
             AcquirePlan {
@@ -1256,7 +1264,7 @@ mod tests {
                 -20
             )
         );
-        let clamped = plan_acquire(&p, ACCOUNT, b, 1, d(101), at(0)).unwrap();
+        let clamped = plan_acquire(&p, ACCOUNT, b, 1, d(101), at(0).into()).unwrap();
         assert_eq!(
             clamped,
             AcquirePlan {
@@ -1285,25 +1293,25 @@ mod tests {
         );
         // Units, then TTL, then expiry, then balance.
         assert_eq!(
-            plan_acquire(&p, ACCOUNT, b, 0, d(0), Timestamp::MAX),
+            plan_acquire(&p, ACCOUNT, b, 0, d(0), Timestamp::MAX.into()),
             Err(RuleError::InvalidUnits {
                 units: 0,
                 max: i64::MAX
             })
         );
         assert_eq!(
-            plan_acquire(&p, ACCOUNT, b, 31, d(-1), Timestamp::MAX),
+            plan_acquire(&p, ACCOUNT, b, 31, d(-1), Timestamp::MAX.into()),
             Err(RuleError::InvalidTtl { ttl: d(-1) })
         );
         assert_eq!(
-            plan_acquire(&p, ACCOUNT, b, 31, d(1), Timestamp::MAX),
+            plan_acquire(&p, ACCOUNT, b, 31, d(1), Timestamp::MAX.into()),
             Err(RuleError::UnrepresentableExpiry {
                 now: Timestamp::MAX,
                 ttl: d(1),
             })
         );
         assert_eq!(
-            plan_acquire(&p, ACCOUNT, b, 31, d(1), at(0)),
+            plan_acquire(&p, ACCOUNT, b, 31, d(1), at(0).into()),
             Err(RuleError::InsufficientBalance {
                 account_id: ACCOUNT,
                 requested: 31,
@@ -1537,7 +1545,7 @@ mod tests {
         let check =
             |lease: &Lease, ttl: i128, now: i128, want: Result<(i128, i128, bool), RuleError>| {
                 assert_eq!(
-                    plan_renew(&p, lease, b, d(ttl), at(now)).map(|r| (
+                    plan_renew(&p, lease, b, d(ttl), at(now).into()).map(|r| (
                         r.expiry,
                         r.granted_ttl,
                         r.expiry_is_upper_bound
@@ -1569,7 +1577,7 @@ mod tests {
         let released = lease(6, 3, 1_000, LeaseState::Released);
         check(&released, 0, 0, Err(RuleError::InvalidTtl { ttl: d(0) }));
         assert_eq!(
-            plan_renew(&p, &released, b, d(1), Timestamp::MAX),
+            plan_renew(&p, &released, b, d(1), Timestamp::MAX.into()),
             Err(RuleError::UnrepresentableExpiry {
                 now: Timestamp::MAX,
                 ttl: d(1),
@@ -1586,6 +1594,150 @@ mod tests {
         );
     }
 
+    /// On a stale reading (grant base after the judging instant) every plan
+    /// that makes a deadline counts it from the base, judges liveness at
+    /// `now`, records `now` in the ledger, and refuses a deadline beyond
+    /// the limit before looking at state or balances. Staleness zero is
+    /// the exact reading of the other tables.
+    #[test]
+    fn plans_count_from_the_grant_base_and_judge_at_now() {
+        let p = policy();
+        let b = bal(9, 6, 3, 0);
+        let stale = |now: i128, base: i128| SuppliedTime::new(at(now), at(base));
+        // Acquire: expiry = base + ttl, recorded at now.
+        for (now, base) in [(100, 100), (100, 101), (100, 130)] {
+            let plan = plan_acquire(&p, ACCOUNT, b, 2, d(7), stale(now, base)).unwrap();
+            assert_eq!(
+                (
+                    plan.expiry,
+                    plan.granted_ttl,
+                    plan.at,
+                    plan.entry(Issued {
+                        lease_id: LeaseId(1),
+                        fence: crate::model::Fence(1),
+                    })
+                    .at
+                ),
+                (at(base + 7), d(7), at(now), at(now)),
+                "acquire at {now} from {base}"
+            );
+        }
+        // The deadline base + ttl + grace = 130 + 7 + 10 = 147 must fit.
+        let limited = |limit: i128| stale(100, 130).with_deadline_limit(at(limit));
+        assert!(plan_acquire(&p, ACCOUNT, b, 2, d(7), limited(147)).is_ok());
+        let beyond = RuleError::DeadlineBeyondHorizon {
+            grant_base: at(130),
+            ttl: d(7),
+            limit: at(146),
+        };
+        assert_eq!(
+            plan_acquire(&p, ACCOUNT, b, 2, d(7), limited(146)),
+            Err(beyond.clone())
+        );
+        // ... before the balance: an empty account gets the horizon refusal.
+        assert_eq!(
+            plan_acquire(&p, ACCOUNT, bal(0, 0, 0, 0), 2, d(7), limited(146)),
+            Err(beyond.clone())
+        );
+        // Renew: live when now < expiry + grace, whatever the base; the new
+        // expiry is max(expiry, base + ttl).
+        let l = lease(6, 3, 1_000, LeaseState::Active);
+        let renew = |now: i128, base: i128, ttl: i128| {
+            plan_renew(&p, &l, b, d(ttl), stale(now, base)).map(|r| (r.expiry, r.at))
+        };
+        assert_eq!(renew(1_009, 1_009, 50), Ok((at(1_059), at(1_009))));
+        assert_eq!(renew(1_009, 1_030, 50), Ok((at(1_080), at(1_009))));
+        assert_eq!(renew(990, 1_030, 5), Ok((at(1_035), at(990))));
+        assert_eq!(renew(990, 995, 1), Ok((at(1_000), at(990))));
+        assert_eq!(
+            renew(1_010, 1_030, 50),
+            Err(RuleError::LeaseReclaimable {
+                lease_id: LeaseId(6),
+                expiry: at(1_000),
+                now: at(1_010),
+            })
+        );
+        assert_eq!(
+            plan_renew(
+                &p,
+                &l,
+                b,
+                d(50),
+                stale(1_009, 1_030).with_deadline_limit(at(1_089))
+            ),
+            Err(RuleError::DeadlineBeyondHorizon {
+                grant_base: at(1_030),
+                ttl: d(50),
+                limit: at(1_089),
+            })
+        );
+        assert!(
+            plan_renew(
+                &p,
+                &l,
+                b,
+                d(50),
+                stale(1_009, 1_030).with_deadline_limit(at(1_090))
+            )
+            .is_ok()
+        );
+        // Consolidate: likewise.
+        let l1 = lease(1, 2, 1_000, LeaseState::Active);
+        let l2 = lease(2, 1, 2_000, LeaseState::Active);
+        let c = plan_consolidate(
+            &p,
+            ACCOUNT,
+            b,
+            &[l1.clone(), l2.clone()],
+            d(20),
+            stale(1_009, 1_050),
+        )
+        .unwrap();
+        assert_eq!(
+            (
+                c.expiry,
+                c.at,
+                c.settled[0].at,
+                c.grant_entry(Issued {
+                    lease_id: LeaseId(3),
+                    fence: crate::model::Fence(3),
+                })
+                .at
+            ),
+            (at(1_070), at(1_009), at(1_009), at(1_009))
+        );
+        assert_eq!(
+            plan_consolidate(
+                &p,
+                ACCOUNT,
+                b,
+                &[l1.clone(), l2.clone()],
+                d(20),
+                stale(1_010, 1_010)
+            ),
+            Err(RuleError::LeaseReclaimable {
+                lease_id: LeaseId(1),
+                expiry: at(1_000),
+                now: at(1_010),
+            })
+        );
+        assert_eq!(
+            plan_consolidate(
+                &p,
+                ACCOUNT,
+                b,
+                &[l1, l2],
+                d(20),
+                stale(1_010, 1_050).with_deadline_limit(at(1_079))
+            ),
+            Err(RuleError::DeadlineBeyondHorizon {
+                grant_base: at(1_050),
+                ttl: d(20),
+                limit: at(1_079),
+            })
+        );
+    }
+
     #[test]
     fn plan_renew_writes_exact_entry_and_lease() {
         let p = policy();
@@ -1595,7 +1747,7 @@ mod tests {
             expiry_is_upper_bound: true,
             ..l.clone()
         };
-        let plan = plan_renew(&p, &l, b, d(50), at(990)).unwrap();
+        let plan = plan_renew(&p, &l, b, d(50), at(990).into()).unwrap();
         assert_eq!(
             plan,
             RenewPlan {
@@ -1622,7 +1774,7 @@ mod tests {
                 990
             )
         );
-        let kept = plan_renew(&p, &legacy, b, d(1), at(0)).unwrap();
+        let kept = plan_renew(&p, &legacy, b, d(1), at(0).into()).unwrap();
         assert!(kept.entry(Fence(78)).expiry_is_upper_bound);
         assert_eq!(
             plan.renewed(&legacy, Fence(77)),
@@ -1694,8 +1846,15 @@ mod tests {
         let p = policy();
         let (bs, a, b) = consolidation_case();
         // Named in any order; settled and recorded ascending.
-        let plan =
-            plan_consolidate(&p, ACCOUNT, bs, &[b.clone(), a.clone()], d(30), at(899)).unwrap();
+        let plan = plan_consolidate(
+            &p,
+            ACCOUNT,
+            bs,
+            &[b.clone(), a.clone()],
+            d(30),
+            at(899).into(),
+        )
+        .unwrap();
         assert_eq!(
             plan,
             ConsolidationPlan {
@@ -1756,7 +1915,7 @@ mod tests {
         let p = policy();
         let (bs, a, b) = consolidation_case();
         let short = |leases: &[Lease], ttl: i128, now: Timestamp| {
-            plan_consolidate(&p, ACCOUNT, bs, leases, d(ttl), now)
+            plan_consolidate(&p, ACCOUNT, bs, leases, d(ttl), now.into())
                 .map(|c| (c.units, c.expiry, c.granted_ttl))
         };
         assert_eq!(

@@ -9,9 +9,20 @@
 //!
 //! * A requested TTL must be positive and is clamped to `max_ttl` and to
 //!   nothing else.
-//! * `expiry = now + granted_ttl`, checked. An expiry outside the timestamp
-//!   domain is an error *before* any balance moves
-//!   ([`TimingError::UnrepresentableExpiry`]).
+//! * Time is supplied as a [`SuppliedTime`]: the instant expiry is *judged*
+//!   at (`now`) and the instant a new deadline is *counted from*
+//!   (`grant_base`, never earlier than `now`). On a clock whose reading is
+//!   exact (the system and test clocks) they are the same instant. On the
+//!   safe expiry cut, `now` is the cut as read (a lower bound on the cut at
+//!   the request) and `grant_base` is the cut plus the reading's staleness
+//!   bound (an upper bound): a deadline counted from a lower bound and
+//!   judged later at a fresher cut would end up to the staleness early in
+//!   real time.
+//! * `expiry = grant_base + granted_ttl`, checked. An expiry outside the
+//!   timestamp domain is an error *before* any balance moves
+//!   ([`TimingError::UnrepresentableExpiry`]); so is a deadline
+//!   `expiry + reclaim_grace` beyond the supplied time's deadline limit
+//!   ([`TimingError::DeadlineBeyondLimit`]; on the cut, `cut + horizon`).
 //! * A lease with expiry `e` is reclaimable at supplied time `n` exactly when
 //!   `e + reclaim_grace <= n`. The sum may lie beyond [`Timestamp::MAX`]
 //!   (grace may be as large as [`SignedDuration::MAX`]); such a deadline has
@@ -71,11 +82,128 @@ pub enum TimingError {
     /// `now + ttl` lies outside the timestamp domain.
     #[error("expiry {now} + {ttl} is not representable as a timestamp")]
     UnrepresentableExpiry {
-        /// The supplied time.
+        /// The instant the TTL was added to: the supplied time's
+        /// [`SuppliedTime::grant_base`].
         now: Timestamp,
         /// The granted (clamped) TTL.
         ttl: SignedDuration,
     },
+    /// `grant_base + ttl + reclaim_grace` lies beyond the supplied time's
+    /// [`SuppliedTime::deadline_limit`].
+    #[error(
+        "the deadline {grant_base} + {ttl} + reclaim grace lies beyond {limit}, the latest the time source admits"
+    )]
+    DeadlineBeyondLimit {
+        /// The instant the TTL was added to.
+        grant_base: Timestamp,
+        /// The granted (clamped) TTL.
+        ttl: SignedDuration,
+        /// The latest admissible deadline.
+        limit: Timestamp,
+    },
+}
+
+/// The supplied time of one request: the instant its expiry checks are
+/// judged at ([`SuppliedTime::now`]), the instant every deadline it makes is
+/// counted from ([`SuppliedTime::grant_base`], never earlier than `now`),
+/// and optionally the latest deadline it may make
+/// ([`SuppliedTime::deadline_limit`]). See the module docs.
+///
+/// Fields are private so that every value keeps `grant_base >= now`.
+///
+/// ```
+/// use jiff::{SignedDuration, Timestamp};
+/// use tollgate::SuppliedTime;
+/// let now: Timestamp = "2026-11-29T12:00:00Z".parse().unwrap();
+/// let at = SuppliedTime::exact(now);
+/// assert_eq!((at.now(), at.grant_base(), at.staleness()), (now, now, SignedDuration::ZERO));
+/// let base = now + SignedDuration::from_millis(300);
+/// let stale = SuppliedTime::new(now, base);
+/// assert_eq!(stale.staleness(), SignedDuration::from_millis(300));
+/// assert_eq!(stale.remaining(now + SignedDuration::from_secs(3)), SignedDuration::from_millis(2_700));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SuppliedTime {
+    now: Timestamp,
+    grant_base: Timestamp,
+    deadline_limit: Option<Timestamp>,
+}
+
+impl SuppliedTime {
+    /// An exact reading: expiry is judged at `now` and deadlines are counted
+    /// from `now` (the system and test clocks). No deadline limit.
+    pub fn exact(now: Timestamp) -> SuppliedTime {
+        SuppliedTime {
+            now,
+            grant_base: now,
+            deadline_limit: None,
+        }
+    }
+
+    /// A reading judged at `now` whose deadlines are counted from
+    /// `grant_base`. No deadline limit.
+    ///
+    /// # Panics
+    /// When `grant_base < now`: a base earlier than the judging instant
+    /// would let a deadline end early, so it is a bug in the time source.
+    pub fn new(now: Timestamp, grant_base: Timestamp) -> SuppliedTime {
+        assert!(
+            grant_base >= now,
+            "a grant base {grant_base} earlier than the judging instant {now}"
+        );
+        SuppliedTime {
+            now,
+            grant_base,
+            deadline_limit: None,
+        }
+    }
+
+    /// This reading, admitting no deadline (`expiry + reclaim_grace`) later
+    /// than `limit`.
+    pub fn with_deadline_limit(self, limit: Timestamp) -> SuppliedTime {
+        SuppliedTime {
+            deadline_limit: Some(limit),
+            ..self
+        }
+    }
+
+    /// The instant expiry is judged at (reclaim, and the
+    /// `lease_reclaimable` refusal).
+    pub fn now(&self) -> Timestamp {
+        self.now
+    }
+
+    /// The instant every new deadline is counted from; `>= now`.
+    pub fn grant_base(&self) -> Timestamp {
+        self.grant_base
+    }
+
+    /// The latest deadline a grant may make (`None`: no limit).
+    pub fn deadline_limit(&self) -> Option<Timestamp> {
+        self.deadline_limit
+    }
+
+    /// `grant_base - now`, exactly: how stale the reading may be. Never
+    /// negative.
+    pub fn staleness(&self) -> SignedDuration {
+        self.grant_base.duration_since(self.now)
+    }
+
+    /// The time a lease with expiry `expiry` is guaranteed from this
+    /// request, before the grace: `expiry - grant_base`, exactly, or zero
+    /// when that is negative (nothing is guaranteed any more).
+    pub fn remaining(&self, expiry: Timestamp) -> SignedDuration {
+        expiry
+            .duration_since(self.grant_base)
+            .max(SignedDuration::ZERO)
+    }
+}
+
+impl From<Timestamp> for SuppliedTime {
+    /// [`SuppliedTime::exact`].
+    fn from(now: Timestamp) -> SuppliedTime {
+        SuppliedTime::exact(now)
+    }
 }
 
 /// The lease timing policy: `max_ttl` (positive) and `reclaim_grace`
@@ -153,6 +281,38 @@ impl GrantPolicy {
         DeadlineBound::sum(LEASE_GRANT_DEADLINE, self.max_ttl, self.reclaim_grace)
     }
 
+    /// The longest deadline this policy admits on a time source whose
+    /// readings may be up to `staleness` stale (the grant base lies up to
+    /// `staleness` after the judging instant): kind [`LEASE_GRANT_DEADLINE`],
+    /// `max_ttl + reclaim_grace + staleness` exactly, or unbounded when that
+    /// sum exceeds [`SignedDuration::MAX`]. With zero staleness it is
+    /// [`GrantPolicy::deadline_bound`].
+    ///
+    /// # Panics
+    /// When `staleness` is negative.
+    ///
+    /// ```
+    /// use jiff::SignedDuration;
+    /// use tollgate::GrantPolicy;
+    /// let p = GrantPolicy::new(SignedDuration::from_secs(60), SignedDuration::from_secs(5)).unwrap();
+    /// let b = p.deadline_bound_after(SignedDuration::from_secs(5));
+    /// assert_eq!(b.longest(), Some(SignedDuration::from_secs(70)));
+    /// ```
+    pub fn deadline_bound_after(&self, staleness: SignedDuration) -> DeadlineBound {
+        assert!(
+            !staleness.is_negative(),
+            "a staleness bound is never negative: {staleness}"
+        );
+        match self.reclaim_grace.checked_add(staleness) {
+            Some(tail) => DeadlineBound::sum(LEASE_GRANT_DEADLINE, self.max_ttl, tail),
+            None => DeadlineBound::sum(
+                LEASE_GRANT_DEADLINE,
+                SignedDuration::MAX,
+                SignedDuration::MAX,
+            ),
+        }
+    }
+
     /// Clamps a requested TTL to `max_ttl` (and to nothing else).
     ///
     /// # Errors
@@ -189,6 +349,36 @@ impl GrantPolicy {
         let expiry = now
             .checked_add(ttl)
             .map_err(|_| TimingError::UnrepresentableExpiry { now, ttl })?;
+        Ok((expiry, ttl))
+    }
+
+    /// The expiry of a grant at supplied time `at`: clamps `requested` and
+    /// computes `at.grant_base() + granted_ttl` ([`GrantPolicy::expiry`]),
+    /// then checks that the deadline `expiry + reclaim_grace` is at most
+    /// `at.deadline_limit()` (exactly; equal fits).
+    ///
+    /// Returns `(expiry, granted_ttl)`.
+    ///
+    /// # Errors
+    /// As [`GrantPolicy::expiry`], then [`TimingError::DeadlineBeyondLimit`].
+    pub fn grant_expiry(
+        &self,
+        at: SuppliedTime,
+        requested: SignedDuration,
+    ) -> Result<(Timestamp, SignedDuration), TimingError> {
+        let (expiry, ttl) = self.expiry(at.grant_base, requested)?;
+        // |expiry| < 2^69 ns and |grace| < 2^94 ns: exact in i128.
+        let deadline_ns = expiry.as_nanosecond() + self.reclaim_grace.as_nanos();
+        let beyond = at
+            .deadline_limit
+            .filter(|limit| deadline_ns > limit.as_nanosecond());
+        if let Some(limit) = beyond {
+            return Err(TimingError::DeadlineBeyondLimit {
+                grant_base: at.grant_base,
+                ttl,
+                limit,
+            });
+        }
         Ok((expiry, ttl))
     }
 
@@ -486,6 +676,176 @@ mod tests {
         check(max - min + 1, min, max, None);
         check(0, max, max, Some(0));
         check(SignedDuration::MAX.as_nanos(), min, max, None);
+    }
+
+    /// The supplied time of a request at its boundaries: an exact reading
+    /// (the system and test clocks) counts deadlines from `now`; a stale one
+    /// from `now + staleness`, for staleness zero, exactly the gap bound
+    /// (5 s here) and one nanosecond over; the remaining time is
+    /// `expiry - grant_base`, floored at zero.
+    #[test]
+    fn supplied_time_table() {
+        let now = at(1_000_000_000_000);
+        let exact = SuppliedTime::exact(now);
+        assert_eq!(SuppliedTime::from(now), exact);
+        assert_eq!(
+            (
+                exact.now(),
+                exact.grant_base(),
+                exact.staleness(),
+                exact.deadline_limit()
+            ),
+            (now, now, ns(0), None)
+        );
+        assert_eq!(SuppliedTime::new(now, now), exact);
+        let gap = 5_000_000_000;
+        for staleness in [0, 1, gap, gap + 1] {
+            let base = at(1_000_000_000_000 + staleness);
+            let t = SuppliedTime::new(now, base);
+            assert_eq!(
+                (t.now(), t.grant_base(), t.staleness(), t.deadline_limit()),
+                (now, base, ns(staleness), None),
+                "staleness {staleness}"
+            );
+            // The deadline counts from the base, the judging stays at now.
+            let p = policy(10_000_000_000, 0);
+            let (expiry, ttl) = p.grant_expiry(t, ns(3_000_000_000)).unwrap();
+            assert_eq!(
+                (expiry, ttl),
+                (at(1_003_000_000_000 + staleness), ns(3_000_000_000))
+            );
+            assert_eq!(t.remaining(expiry), ns(3_000_000_000));
+            assert!(!p.is_reclaimable(expiry, at(1_003_000_000_000 + staleness - 1)));
+        }
+        let t = SuppliedTime::new(now, at(1_000_000_000_010));
+        assert_eq!(t.remaining(at(1_000_000_000_011)), ns(1));
+        assert_eq!(t.remaining(at(1_000_000_000_010)), ns(0));
+        assert_eq!(t.remaining(at(1_000_000_000_009)), ns(0));
+        assert_eq!(t.remaining(at(TIMESTAMP_MIN_NS)), ns(0));
+        let limited = t.with_deadline_limit(at(7));
+        assert_eq!(
+            (
+                limited.now(),
+                limited.grant_base(),
+                limited.deadline_limit()
+            ),
+            (now, at(1_000_000_000_010), Some(at(7)))
+        );
+    }
+
+    #[test]
+    #[should_panic(expected = "earlier than the judging instant")]
+    fn a_grant_base_before_now_panics() {
+        let _ = SuppliedTime::new(at(10), at(9));
+    }
+
+    /// `grant_expiry`: the expiry from the base, and the deadline
+    /// `expiry + grace` against the limit, equal fitting and one
+    /// nanosecond over refused; errors of `expiry` come first.
+    #[test]
+    fn grant_expiry_table() {
+        let p = policy(100, 5);
+        let t = |now: i128, base: i128, limit: Option<i128>| {
+            let s = SuppliedTime::new(at(now), at(base));
+            match limit {
+                Some(l) => s.with_deadline_limit(at(l)),
+                None => s,
+            }
+        };
+        let check = |s: SuppliedTime, req: i128, want: Result<(i128, i128), TimingError>| {
+            let got = p
+                .grant_expiry(s, ns(req))
+                .map(|(e, ttl)| (e.as_nanosecond(), ttl.as_nanos()));
+            assert_eq!(got, want, "{s:?} req {req}");
+        };
+        check(t(0, 0, None), 10, Ok((10, 10)));
+        check(t(0, 7, None), 10, Ok((17, 10)));
+        check(t(0, 7, None), 1_000, Ok((107, 100)));
+        // Deadline 7 + 10 + 5 = 22: a limit of 22 fits, 21 does not.
+        check(t(0, 7, Some(22)), 10, Ok((17, 10)));
+        check(t(0, 7, Some(23)), 10, Ok((17, 10)));
+        check(
+            t(0, 7, Some(21)),
+            10,
+            Err(TimingError::DeadlineBeyondLimit {
+                grant_base: at(7),
+                ttl: ns(10),
+                limit: at(21),
+            }),
+        );
+        // The clamped TTL is the one checked and reported.
+        check(t(0, 0, Some(105)), 1_000, Ok((100, 100)));
+        check(
+            t(0, 0, Some(104)),
+            1_000,
+            Err(TimingError::DeadlineBeyondLimit {
+                grant_base: at(0),
+                ttl: ns(100),
+                limit: at(104),
+            }),
+        );
+        // Invalid TTL and an unrepresentable expiry come first.
+        check(
+            t(0, 0, Some(0)),
+            0,
+            Err(TimingError::InvalidTtl { ttl: ns(0) }),
+        );
+        let max = TIMESTAMP_MAX_NS;
+        check(
+            t(max - 1, max, Some(max)),
+            1,
+            Err(TimingError::UnrepresentableExpiry {
+                now: at(max),
+                ttl: ns(1),
+            }),
+        );
+        // A grace beyond every limit: nothing fits any representable limit.
+        let huge = GrantPolicy::new(ns(1), SignedDuration::MAX).unwrap();
+        assert_eq!(
+            huge.grant_expiry(t(0, 0, Some(max)), ns(1)),
+            Err(TimingError::DeadlineBeyondLimit {
+                grant_base: at(0),
+                ttl: ns(1),
+                limit: at(max),
+            })
+        );
+        assert_eq!(huge.grant_expiry(t(0, 0, None), ns(1)), Ok((at(1), ns(1))));
+    }
+
+    /// The deadline bound on a time source `staleness` stale: the policy's
+    /// bound plus the staleness, exactly, unbounded past
+    /// `SignedDuration::MAX` (whether the overflow is in the grace part or
+    /// in the whole sum); zero staleness gives `deadline_bound`.
+    #[test]
+    fn deadline_bound_after_table() {
+        let max = SignedDuration::MAX;
+        let cases = [
+            (ns(9), ns(1), ns(0), Some(ns(10))),
+            (ns(9), ns(1), ns(5), Some(ns(15))),
+            (ns(9), ns(0), ns(1), Some(ns(10))),
+            (max - ns(2), ns(1), ns(1), Some(max)),
+            (max - ns(2), ns(1), ns(2), None),
+            (ns(1), max - ns(1), ns(1), None),
+            (ns(1), ns(1), max, None),
+        ];
+        for (max_ttl, grace, staleness, longest) in cases {
+            let p = GrantPolicy::new(max_ttl, grace).unwrap();
+            let b = p.deadline_bound_after(staleness);
+            assert_eq!(
+                (b.kind(), b.longest()),
+                (LEASE_GRANT_DEADLINE, longest),
+                "{max_ttl} + {grace} + {staleness}"
+            );
+            if staleness.is_zero() {
+                assert_eq!(b, p.deadline_bound());
+            }
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "a staleness bound is never negative")]
+    fn a_negative_staleness_bound_panics() {
+        let _ = policy(1, 0).deadline_bound_after(ns(-1));
     }
 
     /// The grant policy's deadline bound at its ends, and the sealed

@@ -74,9 +74,11 @@ pub async fn acquire_fractional_ttl_exact(f: &dyn ServiceStoreFactory) {
     let lease = id(&g, "lease_id");
     assert_eq!(g["expiry"], json!("2026-11-29T12:00:30.12345679Z"));
     assert_eq!(g["granted_ttl"], json!("PT30.000000001S"));
+    // The time remaining from the request: the whole TTL on an exact clock.
+    assert_eq!(g["expires_in"], json!("PT30.000000001S"));
     assert_eq!(g["units"], json!(10));
     assert!(cap(&g).starts_with("tgc1."));
-    assert_eq!(g.as_object().map(|o| o.len()), Some(6));
+    assert_eq!(g.as_object().map(|o| o.len()), Some(7));
     let l = h
         .send(Req::get(format!("/v1/leases/{lease}")).token(&cap(&g)))
         .await;
@@ -85,9 +87,22 @@ pub async fn acquire_fractional_ttl_exact(f: &dyn ServiceStoreFactory) {
         &json!({
             "lease_id": lease, "account_id": a, "state": "active", "units": 10,
             "fence": fence(&g), "expiry": "2026-11-29T12:00:30.12345679Z",
-            "expiry_is_upper_bound": false, "consumed": null
+            "expiry_is_upper_bound": false, "consumed": null,
+            "expires_in": "PT30.000000001S"
         })
     );
+    // Read later, the lease has less left; past its expiry, nothing.
+    h.set_now("2026-11-29T12:00:20.123456789Z");
+    let l = h
+        .send(Req::get(format!("/v1/leases/{lease}")).token(&cap(&g)))
+        .await;
+    assert_eq!(l.ok(200)["expires_in"], json!("PT10.000000001S"));
+    h.set_now("2026-11-29T12:00:31Z");
+    let l = h
+        .send(Req::get(format!("/v1/leases/{lease}")).token(&cap(&g)))
+        .await;
+    assert_eq!(l.ok(200)["expires_in"], json!("PT0S"));
+    h.set_now("2026-11-29T12:00:00.123456789Z");
     assert_eq!(
         h.account_view(a).await,
         json!({"account_id": a, "name": "a", "deposited": 100, "available": 90, "held": 10, "consumed": 0})
@@ -152,7 +167,8 @@ pub async fn renew_extends_and_never_shortens(f: &dyn ServiceStoreFactory) {
         json!({
             "lease_id": lease, "account_id": a, "state": "active", "units": 10,
             "fence": fence(&r), "expiry": "2026-11-29T12:00:40.000000001Z",
-            "expiry_is_upper_bound": false, "granted_ttl": "PT30.000000001S"
+            "expiry_is_upper_bound": false, "granted_ttl": "PT30.000000001S",
+            "expires_in": "PT30.000000001S"
         })
     );
     // A shorter renewal keeps the expiry and still issues a new fence.
@@ -168,6 +184,8 @@ pub async fn renew_extends_and_never_shortens(f: &dyn ServiceStoreFactory) {
     assert!(fence(&r2) > fence(&r));
     assert_eq!(r2["expiry"], json!("2026-11-29T12:00:40.000000001Z"));
     assert_eq!(r2["granted_ttl"], json!("PT1S"));
+    // The kept expiry is what the holder has left: more than asked for.
+    assert_eq!(r2["expires_in"], json!("PT30.000000001S"));
     let l = h
         .send(Req::get(format!("/v1/leases/{lease}")).token(&c))
         .await;
@@ -457,7 +475,15 @@ pub async fn idempotent_acquire(f: &dyn ServiceStoreFactory) {
     let first = acquire(10, "PT30S", "job-1").await.ok(201).clone();
     h.set_now("2026-11-29T12:00:02Z");
     let retry = acquire(10, "PT30S", "job-1").await.ok(201).clone();
-    assert_eq!(first, retry);
+    // The original grant, with the time left from the retry.
+    assert_eq!(first["expires_in"], json!("PT30S"));
+    assert_eq!(retry["expires_in"], json!("PT28S"));
+    let without = |v: &serde_json::Value| {
+        let mut v = v.clone();
+        v.as_object_mut().expect("object").remove("expires_in");
+        v
+    };
+    assert_eq!(without(&first), without(&retry));
     acquire(11, "PT30S", "job-1")
         .await
         .problem(409, "idempotency_conflict");

@@ -20,7 +20,7 @@ use serde_json::{Value, json};
 use tollgate::{
     Account, AccountId, AcquireRequest, Allocator, AllocatorError, Capability, CapabilityKey,
     Grant, GrantPolicy, Lease, LeaseId, LedgerEntry, NewAccount, ReclaimReport, Renewal,
-    Settlement,
+    Settlement, SuppliedTime,
 };
 use tower::ServiceExt;
 
@@ -407,7 +407,7 @@ impl Allocator for FailingStore {
     async fn deposit(&self, _: AccountId, _: i64, _: Timestamp) -> Result<Account, AllocatorError> {
         self.fail().await
     }
-    async fn acquire(&self, _: AcquireRequest, _: Timestamp) -> Result<Grant, AllocatorError> {
+    async fn acquire(&self, _: AcquireRequest, _: SuppliedTime) -> Result<Grant, AllocatorError> {
         self.fail().await
     }
     async fn lease(&self, _: LeaseId, _: &Capability) -> Result<Lease, AllocatorError> {
@@ -418,7 +418,7 @@ impl Allocator for FailingStore {
         _: LeaseId,
         _: &Capability,
         _: SignedDuration,
-        _: Timestamp,
+        _: SuppliedTime,
     ) -> Result<Renewal, AllocatorError> {
         self.fail().await
     }
@@ -436,7 +436,7 @@ impl Allocator for FailingStore {
         _: AccountId,
         _: &[(LeaseId, Capability)],
         _: SignedDuration,
-        _: Timestamp,
+        _: SuppliedTime,
     ) -> Result<Grant, AllocatorError> {
         self.fail().await
     }
@@ -493,8 +493,8 @@ pub struct UncertainTestClock {
 impl Clock for UncertainTestClock {
     async fn read(&self) -> Result<ClockReading, ClockError> {
         Ok(ClockReading {
-            now: self.clock.get(),
             uncertain: *self.uncertain.lock().expect("lock"),
+            ..ClockReading::certain(self.clock.get())
         })
     }
     fn kind(&self) -> ClockKind {

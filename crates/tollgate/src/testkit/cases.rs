@@ -32,7 +32,12 @@ pub async fn fractional_ttl_precision(f: &dyn StoreFactory) {
     assert_eq!(l.fence, g.fence);
     let later = ts("2026-11-29T12:00:10.000000001Z");
     let r = s
-        .renew(g.lease_id, &g.capability, dur(59, 999_999_999), later)
+        .renew(
+            g.lease_id,
+            &g.capability,
+            dur(59, 999_999_999),
+            later.into(),
+        )
         .await
         .unwrap();
     assert_eq!(r.lease.expiry, ts("2026-11-29T12:01:10Z"));
@@ -80,23 +85,32 @@ pub async fn invalid_input_changes_nothing(f: &dyn StoreFactory) {
         ttl,
         idempotency_key: None,
     };
-    expect_code(s.acquire(req(0, dur(1, 0)), now).await, "invalid_units");
-    expect_code(s.acquire(req(-1, dur(1, 0)), now).await, "invalid_units");
     expect_code(
-        s.acquire(req(1, SignedDuration::ZERO), now).await,
-        "invalid_ttl",
-    );
-    expect_code(s.acquire(req(1, dur(0, -1)), now).await, "invalid_ttl");
-    expect_code(
-        s.acquire(req(1, SignedDuration::MIN), now).await,
-        "invalid_ttl",
+        s.acquire(req(0, dur(1, 0)), now.into()).await,
+        "invalid_units",
     );
     expect_code(
-        s.acquire(req(11, dur(1, 0)), now).await,
+        s.acquire(req(-1, dur(1, 0)), now.into()).await,
+        "invalid_units",
+    );
+    expect_code(
+        s.acquire(req(1, SignedDuration::ZERO), now.into()).await,
+        "invalid_ttl",
+    );
+    expect_code(
+        s.acquire(req(1, dur(0, -1)), now.into()).await,
+        "invalid_ttl",
+    );
+    expect_code(
+        s.acquire(req(1, SignedDuration::MIN), now.into()).await,
+        "invalid_ttl",
+    );
+    expect_code(
+        s.acquire(req(11, dur(1, 0)), now.into()).await,
         "insufficient_balance",
     );
     expect_code(
-        s.acquire(req(i64::MAX, dur(1, 0)), now).await,
+        s.acquire(req(i64::MAX, dur(1, 0)), now.into()).await,
         "insufficient_balance",
     );
     expect_code(
@@ -105,7 +119,7 @@ pub async fn invalid_input_changes_nothing(f: &dyn StoreFactory) {
                 account_id: AccountId(a.0 + 1000),
                 ..req(1, dur(1, 0))
             },
-            now,
+            now.into(),
         )
         .await,
         "account_not_found",
@@ -166,7 +180,8 @@ pub async fn negative_timestamps(f: &dyn StoreFactory) {
         .unwrap();
     assert_eq!((st.consumed, st.returned), (1, 4));
     expect_code(
-        s.renew(g.lease_id, &g.capability, dur(1, 0), b2).await,
+        s.renew(g.lease_id, &g.capability, dur(1, 0), b2.into())
+            .await,
         "lease_not_active",
     );
     assert_balances(&*s, a, (50, 39, 0, 11)).await;
@@ -196,7 +211,7 @@ pub async fn domain_endpoints(f: &dyn StoreFactory) {
                 ttl: dur(0, 2),
                 idempotency_key: None,
             },
-            max_minus_1,
+            max_minus_1.into(),
         )
         .await
         .unwrap_err();
@@ -310,7 +325,7 @@ pub async fn grace_max_never_reclaims(f: &dyn StoreFactory) {
         assert_eq!(rep.reclaimed, vec![]);
     }
     let r = s
-        .renew(g.lease_id, &g.capability, dur(1, 0), ts(NOW))
+        .renew(g.lease_id, &g.capability, dur(1, 0), ts(NOW).into())
         .await
         .unwrap();
     assert_eq!(r.lease.expiry, ts("2026-11-29T12:00:01.123456789Z"));
@@ -331,14 +346,14 @@ pub async fn renew_each_side_of_boundary(f: &dyn StoreFactory) {
     let boundary = ts("2026-11-29T12:00:02.62345679Z");
     let before = boundary.checked_sub(dur(0, 1)).unwrap();
     let r = s
-        .renew(g.lease_id, &g.capability, dur(0, 1), before)
+        .renew(g.lease_id, &g.capability, dur(0, 1), before.into())
         .await
         .unwrap();
     // now + 1ns is later than the old expiry: the new expiry is exactly that.
     assert_eq!(r.lease.expiry, boundary);
     assert_eq!(r.granted_ttl, dur(0, 1));
     expect_code(
-        s.renew(g2.lease_id, &g2.capability, dur(5, 0), boundary)
+        s.renew(g2.lease_id, &g2.capability, dur(5, 0), boundary.into())
             .await,
         "lease_reclaimable",
     );
@@ -346,7 +361,7 @@ pub async fn renew_each_side_of_boundary(f: &dyn StoreFactory) {
     assert_eq!(l.expiry, ts("2026-11-29T12:00:01.123456789Z"));
     assert_eq!(l.fence, g2.fence);
     expect_code(
-        s.renew(g2.lease_id, &g2.capability, dur(0, 0), before)
+        s.renew(g2.lease_id, &g2.capability, dur(0, 0), before.into())
             .await,
         "invalid_ttl",
     );
@@ -361,14 +376,14 @@ pub async fn renew_never_shortens_and_fences_increase(f: &dyn StoreFactory) {
     let g2 = acquire(&*s, a, 1, dur(50, 0), now).await;
     assert!(g2.fence > g.fence);
     let r = s
-        .renew(g.lease_id, &g.capability, dur(1, 0), now)
+        .renew(g.lease_id, &g.capability, dur(1, 0), now.into())
         .await
         .unwrap();
     assert_eq!(r.lease.expiry, g.expiry);
     assert_eq!(r.granted_ttl, dur(1, 0));
     assert!(r.lease.fence > g2.fence);
     let r2 = s
-        .renew(g.lease_id, &g.capability, dur(60, 0), now)
+        .renew(g.lease_id, &g.capability, dur(60, 0), now.into())
         .await
         .unwrap();
     assert_eq!(r2.lease.expiry, ts("2026-11-29T12:01:00.123456789Z"));
@@ -381,7 +396,7 @@ pub async fn renew_never_shortens_and_fences_increase(f: &dyn StoreFactory) {
                 (g2.lease_id, g2.capability.clone()),
             ],
             dur(1, 0),
-            now,
+            now.into(),
         )
         .await
         .unwrap();
@@ -409,7 +424,7 @@ pub async fn consolidate_each_side_of_boundary(f: &dyn StoreFactory) {
                 (g1.lease_id, g1.capability.clone()),
             ],
             dur(5, 3),
-            boundary1,
+            boundary1.into(),
         )
         .await
         .unwrap_err();
@@ -428,7 +443,7 @@ pub async fn consolidate_each_side_of_boundary(f: &dyn StoreFactory) {
                 (g3.lease_id, g3.capability.clone()),
             ],
             dur(5, 3),
-            before,
+            before.into(),
         )
         .await
         .unwrap();
@@ -464,7 +479,7 @@ pub async fn consolidate_unrepresentable_expiry_settles_nothing(f: &dyn StoreFac
         (g2.lease_id, g2.capability.clone()),
     ];
     let err = s
-        .consolidate(a, &leases, dur(10, 1), near_max)
+        .consolidate(a, &leases, dur(10, 1), near_max.into())
         .await
         .unwrap_err();
     assert_eq!(
@@ -488,7 +503,7 @@ pub async fn consolidate_unrepresentable_expiry_settles_nothing(f: &dyn StoreFac
         ]
     );
     let c = s
-        .consolidate(a, &leases, dur(10, 0), near_max)
+        .consolidate(a, &leases, dur(10, 0), near_max.into())
         .await
         .unwrap();
     assert_eq!(c.expiry, Timestamp::MAX);
@@ -505,7 +520,7 @@ pub async fn consolidate_rejects_bad_sets(f: &dyn StoreFactory) {
     let g2 = acquire(&*s, a, 1, dur(5, 0), now).await;
     let gb = acquire(&*s, b, 1, dur(5, 0), now).await;
     expect_code(
-        s.consolidate(a, &[], dur(1, 0), now).await,
+        s.consolidate(a, &[], dur(1, 0), now.into()).await,
         "invalid_lease_count",
     );
     let dup = [
@@ -513,7 +528,7 @@ pub async fn consolidate_rejects_bad_sets(f: &dyn StoreFactory) {
         (g1.lease_id, g1.capability.clone()),
     ];
     expect_code(
-        s.consolidate(a, &dup, dur(1, 0), now).await,
+        s.consolidate(a, &dup, dur(1, 0), now.into()).await,
         "duplicate_lease",
     );
     let foreign = [
@@ -521,7 +536,7 @@ pub async fn consolidate_rejects_bad_sets(f: &dyn StoreFactory) {
         (gb.lease_id, gb.capability.clone()),
     ];
     expect_code(
-        s.consolidate(a, &foreign, dur(1, 0), now).await,
+        s.consolidate(a, &foreign, dur(1, 0), now.into()).await,
         "lease_account_mismatch",
     );
     let forged = [
@@ -529,7 +544,7 @@ pub async fn consolidate_rejects_bad_sets(f: &dyn StoreFactory) {
         (g2.lease_id, g1.capability.clone()),
     ];
     expect_code(
-        s.consolidate(a, &forged, dur(1, 0), now).await,
+        s.consolidate(a, &forged, dur(1, 0), now.into()).await,
         "capability_mismatch",
     );
     let ok = [
@@ -537,11 +552,12 @@ pub async fn consolidate_rejects_bad_sets(f: &dyn StoreFactory) {
         (g2.lease_id, g2.capability.clone()),
     ];
     expect_code(
-        s.consolidate(a, &ok, SignedDuration::ZERO, now).await,
+        s.consolidate(a, &ok, SignedDuration::ZERO, now.into())
+            .await,
         "invalid_ttl",
     );
     expect_code(
-        s.consolidate(AccountId(a.0 + 1000), &ok, dur(1, 0), now)
+        s.consolidate(AccountId(a.0 + 1000), &ok, dur(1, 0), now.into())
             .await,
         "account_not_found",
     );
@@ -549,7 +565,7 @@ pub async fn consolidate_rejects_bad_sets(f: &dyn StoreFactory) {
         .await
         .unwrap();
     expect_code(
-        s.consolidate(a, &ok, dur(1, 0), now).await,
+        s.consolidate(a, &ok, dur(1, 0), now.into()).await,
         "lease_not_active",
     );
     let l = s.lease(g1.lease_id, &g1.capability).await.unwrap();
@@ -752,7 +768,7 @@ pub async fn concurrent_acquires_never_overdraw(f: &dyn StoreFactory) {
                     ttl: dur(10, 0),
                     idempotency_key: None,
                 },
-                now,
+                now.into(),
             )
             .await
         }));
@@ -792,42 +808,45 @@ pub async fn idempotent_acquire(f: &dyn StoreFactory) {
         ttl: dur(5, 5),
         idempotency_key: Some(key.into()),
     };
-    let g = s.acquire(req(a, 4, "k-1"), now).await.unwrap();
+    let g = s.acquire(req(a, 4, "k-1"), now.into()).await.unwrap();
     let later = ts("2026-11-29T12:00:01Z");
-    let again = s.acquire(req(a, 4, "k-1"), later).await.unwrap();
+    let again = s.acquire(req(a, 4, "k-1"), later.into()).await.unwrap();
     assert_eq!(again, g);
     assert_eq!(again.capability.expose(), g.capability.expose());
     assert_eq!(again.expiry, ts("2026-11-29T12:00:05.123456794Z"));
     expect_code(
-        s.acquire(req(a, 5, "k-1"), now).await,
+        s.acquire(req(a, 5, "k-1"), now.into()).await,
         "idempotency_conflict",
     );
     let mut other_ttl = req(a, 4, "k-1");
     other_ttl.ttl = dur(5, 6);
-    expect_code(s.acquire(other_ttl, now).await, "idempotency_conflict");
-    let gb = s.acquire(req(b, 4, "k-1"), now).await.unwrap();
+    expect_code(
+        s.acquire(other_ttl, now.into()).await,
+        "idempotency_conflict",
+    );
+    let gb = s.acquire(req(b, 4, "k-1"), now.into()).await.unwrap();
     assert_ne!(gb.lease_id, g.lease_id);
     expect_code(
-        s.acquire(req(a, 1, ""), now).await,
+        s.acquire(req(a, 1, ""), now.into()).await,
         "invalid_idempotency_key",
     );
     expect_code(
-        s.acquire(req(a, 1, "has space"), now).await,
+        s.acquire(req(a, 1, "has space"), now.into()).await,
         "invalid_idempotency_key",
     );
     expect_code(
-        s.acquire(req(a, 1, &"x".repeat(256)), now).await,
+        s.acquire(req(a, 1, &"x".repeat(256)), now.into()).await,
         "invalid_idempotency_key",
     );
     let long = "y".repeat(255);
-    s.acquire(req(a, 1, &long), now).await.unwrap();
+    s.acquire(req(a, 1, &long), now.into()).await.unwrap();
     assert_balances(&*s, a, (10, 5, 5, 0)).await;
     assert_balances(&*s, b, (10, 6, 4, 0)).await;
     // Even after release, the retry returns the original grant.
     s.release(g.lease_id, &g.capability, now, None)
         .await
         .unwrap();
-    let again = s.acquire(req(a, 4, "k-1"), later).await.unwrap();
+    let again = s.acquire(req(a, 4, "k-1"), later.into()).await.unwrap();
     assert_eq!(again, g);
     assert_balances(&*s, a, (10, 5, 1, 4)).await;
 }
@@ -851,7 +870,8 @@ pub async fn capabilities_are_checked(f: &dyn StoreFactory) {
         "capability_mismatch",
     );
     expect_code(
-        s.renew(g1.lease_id, &g2.capability, dur(1, 0), now).await,
+        s.renew(g1.lease_id, &g2.capability, dur(1, 0), now.into())
+            .await,
         "capability_mismatch",
     );
     // An unknown lease with a forged capability: the same answer.
@@ -900,7 +920,7 @@ pub async fn ledger_records_every_change(f: &dyn StoreFactory) {
     let g = acquire(&*s, a, 4, dur(5, 0), t1).await;
     let t2 = ts("2026-11-29T12:00:02.000000002Z");
     let r = s
-        .renew(g.lease_id, &g.capability, dur(9, 0), t2)
+        .renew(g.lease_id, &g.capability, dur(9, 0), t2.into())
         .await
         .unwrap();
     let t3 = ts("2026-11-29T12:00:03.000000003Z");

@@ -101,7 +101,7 @@ pub async fn acquire(
                 ttl,
                 idempotency_key: None,
             },
-            now,
+            now.into(),
         )
         .await
         .unwrap_or_else(|e| panic!("acquire failed: {e} ({})", e.code()))
