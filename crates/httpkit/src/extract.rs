@@ -18,8 +18,11 @@ use crate::{Rejection, ServiceState};
 /// The request header carrying an idempotency key.
 pub const IDEMPOTENCY_KEY_HEADER: &str = "idempotency-key";
 
-/// A path id (`account_id`, `lease_id`): a decimal `i64`, else
-/// [`Rejection::InvalidPath`]. For routes with exactly one path parameter.
+/// A path id (`account_id`, `lease_id`): a positive integer in `i64`'s
+/// range written in canonical decimal (`1`, `42`; no sign, no leading
+/// zero), else [`Rejection::InvalidPath`]. Ids are issued from 1, so `0`,
+/// `-1`, `+1` and `01` are malformed, not missing: one id has one
+/// spelling. For routes with exactly one path parameter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct IdPath(pub i64);
 
@@ -28,16 +31,27 @@ impl IdPath {
     ///
     /// # Errors
     /// [`Rejection::InvalidPath`] when the route has no single path
-    /// parameter or it is not an integer in `i64`'s range.
+    /// parameter or it is not a canonical positive decimal in `i64`'s
+    /// range ([`parse_id`]).
     pub async fn parse(parts: &mut Parts) -> Result<IdPath, Rejection> {
         let Path(raw) = Path::<String>::from_request_parts(parts, &())
             .await
             .map_err(|e| Rejection::InvalidPath(format!("invalid path parameter: {e}")))?;
-        raw.parse::<i64>().map(IdPath).map_err(|_| {
+        parse_id(&raw).map(IdPath).ok_or_else(|| {
             Rejection::InvalidPath(format!(
-                "path id {raw:?} is not an integer in -9223372036854775808..=9223372036854775807"
+                "path id {raw:?} is not a positive integer in canonical decimal \
+                 (1..=9223372036854775807, no sign or leading zero)"
             ))
         })
+    }
+}
+
+/// `raw` as an id: ASCII digits, the first not `0`, at most
+/// [`i64::MAX`]; `None` otherwise.
+pub fn parse_id(raw: &str) -> Option<i64> {
+    match raw.as_bytes() {
+        [b'1'..=b'9', rest @ ..] if rest.iter().all(u8::is_ascii_digit) => raw.parse().ok(),
+        _ => None,
     }
 }
 
@@ -257,6 +271,33 @@ mod tests {
         check_bearer(&["Basic abc"], None);
         check_bearer(&["Bearer abc", "Bearer abc"], None);
         check_bearer(&["Bearer tga1.0f"], Some("tga1.0f"));
+    }
+
+    #[test]
+    fn path_ids() {
+        for (raw, expected) in [
+            ("1", Some(1)),
+            ("42", Some(42)),
+            ("10", Some(10)),
+            ("9223372036854775807", Some(i64::MAX)),
+            ("9223372036854775808", None),
+            ("99999999999999999999", None),
+            ("0", None),
+            ("00", None),
+            ("01", None),
+            ("+1", None),
+            ("-1", None),
+            ("-9223372036854775808", None),
+            ("", None),
+            (" 1", None),
+            ("1 ", None),
+            ("1.0", None),
+            ("0x10", None),
+            ("1e3", None),
+            ("\u{0661}", None),
+        ] {
+            assert_eq!(parse_id(raw), expected, "{raw:?}");
+        }
     }
 
     fn check_content_type(value: Option<&str>, expected: bool) {

@@ -15,8 +15,9 @@
 //! * [`extract`]: typed extractors. [`JsonBody`] and [`OptionalJsonBody`]
 //!   enforce the content type and the body limit and report parse errors
 //!   as problems; [`Bearer`] is the `Authorization: Bearer` credential;
-//!   [`IdPath`] a decimal `i64` path id; [`IdempotencyKey`] the optional
-//!   `Idempotency-Key` header. No handler parses a body or a header by hand.
+//!   [`IdPath`] a path id, a positive integer in canonical decimal;
+//!   [`IdempotencyKey`] the optional `Idempotency-Key` header. No handler
+//!   parses a body or a header by hand.
 //! * [`middleware`]: the request timeout (body and handling bounded
 //!   separately) and request tracking (counted by matched route, status and
 //!   problem code, logged once), assembled around a service's routes by

@@ -79,7 +79,7 @@ async fn create_account(
 
 /// Deposits units into an account.
 #[utoipa::path(post, path = "/v1/accounts/{account_id}/deposits", tag = "accounts",
-    params(("account_id" = i64, Path, description = "The account")),
+    params(("account_id" = i64, Path, minimum = 1, description = "The account")),
     request_body = DepositBody,
     responses((status = 200, description = "The account after the deposit", body = AccountView)),
     security(("bearer" = [])))]
@@ -100,7 +100,7 @@ async fn deposit(
 
 /// Reads an account (admin token or the account's own key).
 #[utoipa::path(get, path = "/v1/accounts/{account_id}", tag = "accounts",
-    params(("account_id" = i64, Path, description = "The account")),
+    params(("account_id" = i64, Path, minimum = 1, description = "The account")),
     responses((status = 200, description = "The account", body = AccountView)),
     security(("bearer" = [])))]
 async fn get_account(
@@ -114,7 +114,7 @@ async fn get_account(
 /// Acquires a lease (the account's key).
 #[utoipa::path(post, path = "/v1/accounts/{account_id}/leases", tag = "leases",
     params(
-        ("account_id" = i64, Path, description = "The account"),
+        ("account_id" = i64, Path, minimum = 1, description = "The account"),
         ("Idempotency-Key" = Option<String>, Header, description = "Retry key: the same key with the same units and ttl returns the original grant"),
     ),
     request_body = AcquireBody,
@@ -145,7 +145,7 @@ async fn acquire(
 
 /// Settles several active leases of an account into one new lease.
 #[utoipa::path(post, path = "/v1/accounts/{account_id}/consolidations", tag = "leases",
-    params(("account_id" = i64, Path, description = "The account")),
+    params(("account_id" = i64, Path, minimum = 1, description = "The account")),
     request_body = ConsolidateBody,
     responses((status = 201, description = "The new grant", body = GrantView)),
     security(("bearer" = [])))]
@@ -175,7 +175,7 @@ async fn consolidate(
 
 /// Reads a lease (its capability).
 #[utoipa::path(get, path = "/v1/leases/{lease_id}", tag = "leases",
-    params(("lease_id" = i64, Path, description = "The lease")),
+    params(("lease_id" = i64, Path, minimum = 1, description = "The lease")),
     responses((status = 200, description = "The lease", body = LeaseView)),
     security(("bearer" = [])))]
 async fn get_lease(
@@ -189,7 +189,7 @@ async fn get_lease(
 
 /// Renews a lease (its capability): new fence, expiry never earlier.
 #[utoipa::path(post, path = "/v1/leases/{lease_id}/renew", tag = "leases",
-    params(("lease_id" = i64, Path, description = "The lease")),
+    params(("lease_id" = i64, Path, minimum = 1, description = "The lease")),
     request_body = RenewBody,
     responses((status = 200, description = "The renewed lease", body = RenewalView)),
     security(("bearer" = [])))]
@@ -210,7 +210,7 @@ async fn renew(
 
 /// Releases a lease (its capability), charging `consumed` (default: all).
 #[utoipa::path(post, path = "/v1/leases/{lease_id}/release", tag = "leases",
-    params(("lease_id" = i64, Path, description = "The lease")),
+    params(("lease_id" = i64, Path, minimum = 1, description = "The lease")),
     request_body(content = Option<ReleaseBody>, description = "Optional; an empty body charges all units"),
     responses((status = 200, description = "The settlement", body = SettlementView)),
     security(("bearer" = [])))]

@@ -456,6 +456,12 @@ async fn openapi_matches_router() {
                         );
                     }
                     assert_eq!(op["security"], json!([{"bearer": []}]), "{method} {path}");
+                    // Path ids are positive.
+                    for p in op["parameters"].as_array().into_iter().flatten() {
+                        if p["in"] == json!("path") {
+                            assert_eq!(p["schema"]["minimum"], json!(1), "{method} {path}");
+                        }
+                    }
                 }
             }
         }
