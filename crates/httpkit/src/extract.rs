@@ -135,7 +135,8 @@ impl<S: ServiceState> FromRequestParts<S> for IdempotencyKey {
 /// # Rejections
 /// [`Rejection::PayloadTooLarge`] (413) over the service's limit,
 /// [`Rejection::UnsupportedMediaType`] (415) for a non-empty body that is
-/// not `application/json` (or `application/*+json`),
+/// not `application/json` (or `application/*+json`) in UTF-8 (no `charset`
+/// or `charset=utf-8`),
 /// [`Rejection::InvalidJson`] (400) for an empty body or bad syntax,
 /// [`Rejection::InvalidBody`] (422) for JSON of the wrong shape (an array
 /// for an object, unknown or missing fields, wrong types), naming the field
@@ -190,19 +191,32 @@ async fn read_json<S: ServiceState, T: DeserializeOwned>(
     parse_json(is_json, &body)
 }
 
+/// Whether the request's `Content-Type` is JSON: `application/json` or
+/// `application/*+json` (case-insensitive), with no `charset` parameter or
+/// only `charset=utf-8` (case-insensitive, quoted or not). JSON is UTF-8
+/// (RFC 8259); a body declared in another charset would be read as UTF-8
+/// anyway, so it is refused instead.
 fn is_json_content_type(headers: &HeaderMap) -> bool {
     let Some(ct) = headers.get(header::CONTENT_TYPE) else {
         return false;
     };
     let Ok(ct) = ct.to_str() else { return false };
-    let essence = ct
-        .split(';')
-        .next()
-        .unwrap_or("")
-        .trim()
-        .to_ascii_lowercase();
-    essence == "application/json"
-        || (essence.starts_with("application/") && essence.ends_with("+json"))
+    let mut parts = ct.split(';');
+    let essence = parts.next().unwrap_or("").trim().to_ascii_lowercase();
+    let is_json = essence == "application/json"
+        || (essence.starts_with("application/") && essence.ends_with("+json"));
+    is_json
+        && parts.all(|param| {
+            let (name, value) = param.split_once('=').unwrap_or((param, ""));
+            !name.trim().eq_ignore_ascii_case("charset") || {
+                let value = value.trim();
+                let value = value
+                    .strip_prefix('"')
+                    .and_then(|v| v.strip_suffix('"'))
+                    .unwrap_or(value);
+                value.eq_ignore_ascii_case("utf-8")
+            }
+        })
 }
 
 /// Parses a body sent with a JSON content type (`is_json`) or not. An empty
@@ -320,6 +334,21 @@ mod tests {
         check_content_type(Some("text/json"), false);
         check_content_type(Some("text/plain"), false);
         check_content_type(Some("application/jsonx"), false);
+        check_content_type(Some("application/json;charset=UTF-8"), true);
+        check_content_type(Some("application/json; charset=\"utf-8\""), true);
+        check_content_type(Some("application/json; CHARSET=Utf-8 ; x=y"), true);
+        check_content_type(Some("application/json; x=y"), true);
+        check_content_type(Some("application/json; charset=utf-16"), false);
+        check_content_type(Some("application/json; charset=UTF-16LE"), false);
+        check_content_type(Some("application/json; charset=iso-8859-1"), false);
+        check_content_type(Some("application/json; charset=utf8"), false);
+        check_content_type(Some("application/json; charset="), false);
+        check_content_type(Some("application/json; charset"), false);
+        check_content_type(
+            Some("application/json; charset=utf-8; charset=utf-16"),
+            false,
+        );
+        check_content_type(Some("application/merge-patch+json; charset=utf-16"), false);
     }
 
     #[derive(Debug, PartialEq, serde::Deserialize)]

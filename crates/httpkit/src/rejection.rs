@@ -21,8 +21,9 @@ pub enum Rejection {
     /// path.
     #[error("{0}")]
     InvalidBody(String),
-    /// A body was sent with a content type other than JSON.
-    #[error("request bodies must be application/json")]
+    /// A body was sent with a content type other than JSON, or JSON in a
+    /// charset other than UTF-8.
+    #[error("request bodies must be application/json in UTF-8")]
     UnsupportedMediaType,
     /// The body exceeded the service's limit (or its stream broke).
     #[error("request body exceeds {limit_bytes} bytes")]
@@ -143,7 +144,7 @@ mod tests {
             ),
             (
                 Rejection::UnsupportedMediaType,
-                "request bodies must be application/json",
+                "request bodies must be application/json in UTF-8",
             ),
             (
                 Rejection::PayloadTooLarge { limit_bytes: 65536 },

@@ -1039,6 +1039,37 @@ fn malformed_requests(a: i64, key: &str, l: i64, c: &str) -> Vec<(Req, u16, &'st
             raw(
                 &acquire_path,
                 key,
+                r#"{"units":1,"ttl":"PT1S"}"#,
+                Some("application/json; charset=utf-16"),
+            ),
+            415,
+            "unsupported_media_type",
+        ),
+        (
+            raw(
+                &acquire_path,
+                key,
+                r#"{"units":1,"ttl":"PT1S"}"#,
+                Some("application/json; Charset=ISO-8859-1"),
+            ),
+            415,
+            "unsupported_media_type",
+        ),
+        (
+            Req::post(&acquire_path).token(key).raw(
+                "{\"units\":1,\"ttl\":\"PT1S\"}"
+                    .encode_utf16()
+                    .flat_map(u16::to_le_bytes)
+                    .collect::<Vec<u8>>(),
+                Some("application/json; charset=UTF-16LE"),
+            ),
+            415,
+            "unsupported_media_type",
+        ),
+        (
+            raw(
+                &acquire_path,
+                key,
                 &format!(
                     r#"{{"units":1,"ttl":"PT1S","pad":"{}"}}"#,
                     "x".repeat(70_000)
@@ -1134,7 +1165,8 @@ pub async fn malformed_inputs_change_nothing(f: &dyn ServiceStoreFactory) {
         "{}",
         r.text
     );
-    // `application/merge-patch+json`-style suffixes and parameters are JSON.
+    // `application/merge-patch+json`-style suffixes and parameters are JSON;
+    // a charset must be UTF-8.
     h.send(raw(
         &acquire_path,
         &key,
@@ -1143,6 +1175,27 @@ pub async fn malformed_inputs_change_nothing(f: &dyn ServiceStoreFactory) {
     ))
     .await
     .ok(201);
+    h.send(raw(
+        &acquire_path,
+        &key,
+        r#"{"units":1,"ttl":"PT1S"}"#,
+        Some("Application/JSON; Charset=\"UTF-8\""),
+    ))
+    .await
+    .ok(201);
+    let r = h
+        .send(raw(
+            &acquire_path,
+            &key,
+            r#"{"units":1,"ttl":"PT1S"}"#,
+            Some("application/json; charset=utf-16"),
+        ))
+        .await;
+    r.problem(415, "unsupported_media_type");
+    assert_eq!(
+        r.body["detail"],
+        json!("request bodies must be application/json in UTF-8")
+    );
     let clock = h.clock.get();
     assert_eq!(clock, ts(T0));
     h.assert_audit_clean().await;
