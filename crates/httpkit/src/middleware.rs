@@ -24,6 +24,14 @@ pub trait RequestMetrics {
         status: StatusCode,
         error_code: Option<&'static str>,
     );
+
+    /// Counts one answer the connection layer wrote itself, outside any
+    /// route ([`crate::server`]): the refusal over the connection bound or
+    /// the problem for a request head the HTTP parser refused, with its
+    /// status and code. Default: not counted.
+    fn count_refusal(&self, status: StatusCode, error_code: &'static str) {
+        let _ = (status, error_code);
+    }
 }
 
 /// Counts ([`RequestMetrics`]) and logs every request, labelled by the

@@ -484,20 +484,22 @@ pub fn api_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(openapi_json))
 }
 
-/// Statuses every operation of a route may answer with a problem document.
+/// Statuses every operation of a route may answer with a problem document:
+/// on every route the connection layer's (414 and 431 for a request head
+/// too large, 503 at the connection bound), on `/v1/` routes also every
+/// status of the service's errors.
 fn problem_statuses(path: &str) -> &'static [u16] {
     if path.starts_with("/v1/") {
-        &[400, 401, 403, 404, 409, 413, 415, 422, 500, 503]
-    } else if path == "/readyz" {
-        &[503]
+        &[400, 401, 403, 404, 409, 413, 414, 415, 422, 431, 500, 503]
     } else {
-        &[]
+        &[414, 431, 503]
     }
 }
 
 /// The OpenAPI document of [`api_routes`], with the `Problem` schema and
 /// the problem responses of its path added to every operation (every `/v1/`
-/// status a problem can have; `/readyz`: 503).
+/// status a problem can have; elsewhere the connection layer's 414, 431
+/// and 503, which on `/readyz` is also `not_ready`).
 pub fn openapi() -> utoipa::openapi::OpenApi {
     let (_, mut doc) = api_routes().split_for_parts();
     httpkit::openapi::document_problems::<ApiError>(&mut doc, problem_statuses);

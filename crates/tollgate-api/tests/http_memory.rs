@@ -179,7 +179,8 @@ async fn failing_store_codes() {
     h.send(Req::post("/v1/admin/reclaim").token(ADMIN))
         .await
         .problem(503, "storage_unavailable");
-    // The service's own 5xx codes are backend failures too.
+    // The service's own 5xx codes are backend failures too, or (written
+    // by the connection layer) the service at its connection bound.
     for (code, status) in SERVICE_CODES {
         if *status >= 500 {
             assert!(
@@ -187,7 +188,8 @@ async fn failing_store_codes() {
                     "clock_unavailable",
                     "time_uncertain",
                     "request_timeout",
-                    "not_ready"
+                    "not_ready",
+                    "too_many_connections"
                 ]
                 .contains(code),
                 "{code}"
@@ -274,11 +276,7 @@ async fn body_announced_over_the_limit_is_413_at_once() {
         (limit, Duration::from_millis(50), 408),
     ] {
         let store = failing_store(RuleError::IdempotencyConflict, Duration::from_secs(5));
-        let router = api::router(state(
-            store,
-            Arc::new(clock::TestClock::new(ts(T0))),
-            bound,
-        ));
+        let router = api::router(state(store, Arc::new(clock::TestClock::new(ts(T0))), bound));
         let req = axum::http::Request::post("/v1/accounts")
             .header("authorization", format!("Bearer {ADMIN}"))
             .header("content-type", "application/json")
@@ -289,7 +287,10 @@ async fn body_announced_over_the_limit_is_413_at_once() {
             .unwrap_or_else(|_| panic!("{len}: no answer within 5 s"))
             .expect("infallible");
         assert_eq!(resp.status().as_u16(), status, "{len}");
-        let close = resp.headers().get("connection").map(|v| v.as_bytes().to_vec());
+        let close = resp
+            .headers()
+            .get("connection")
+            .map(|v| v.as_bytes().to_vec());
         let body = axum::body::to_bytes(resp.into_body(), 1 << 16)
             .await
             .expect("body");
@@ -445,9 +446,18 @@ async fn openapi_matches_router() {
                     responses.keys().any(|s| s.starts_with('2')),
                     "{method} {path}"
                 );
+                // The connection layer's problems, on every route.
+                for s in ["414", "431", "503"] {
+                    assert_eq!(
+                        responses[s]["content"]["application/problem+json"]["schema"]["$ref"],
+                        json!("#/components/schemas/Problem"),
+                        "{method} {path} {s}"
+                    );
+                }
                 if path.starts_with("/v1/") {
                     for s in [
-                        "400", "401", "403", "404", "409", "413", "415", "422", "500", "503",
+                        "400", "401", "403", "404", "409", "413", "414", "415", "422", "431",
+                        "500", "503",
                     ] {
                         assert_eq!(
                             responses[s]["content"]["application/problem+json"]["schema"]["$ref"],
