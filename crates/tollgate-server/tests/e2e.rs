@@ -345,6 +345,86 @@ fn sigterm_right_after_start_is_graceful() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `tollgate serve` on a loopback port with `args`, under the shell's
+/// `ulimit` arguments `limit` (`-n 300`: soft and hard; `-Sn 300`: soft
+/// only): its exit status and stderr when it stops on its own within
+/// [`START_TIMEOUT`], or `None` and the stderr so far once it printed its
+/// listening line (it is then stopped with SIGTERM and must exit 0).
+fn serve_under_ulimit(limit: &str, args: &[&str]) -> (Option<i32>, String) {
+    let dir = temp_dir("ulimit");
+    let log = dir.join(format!("serve-{}.log", limit.replace(' ', "")));
+    let mut sh = Command::new("sh");
+    for (k, _) in std::env::vars() {
+        if k.starts_with("TOLLGATE_") || k == "DATABASE_URL" {
+            sh.env_remove(k);
+        }
+    }
+    let mut child = sh
+        .arg("-c")
+        .arg(format!("ulimit {limit} && exec \"$0\" \"$@\""))
+        .arg(BIN)
+        .args(["serve", "--listen", "127.0.0.1:0", "--admin-token", ADMIN])
+        .args(args)
+        .env("TOLLGATE_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&log).expect("log"))
+        .spawn()
+        .expect("spawn sh");
+    let stdout = child.stdout.take().expect("stdout");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if line.starts_with("tollgate listening on ") {
+                let _ = tx.send(());
+            }
+        }
+    });
+    let listening = rx.recv_timeout(START_TIMEOUT).is_ok();
+    let status = if listening {
+        let _ = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status();
+        let status = child.wait().expect("wait");
+        assert!(status.success(), "exit status {status}");
+        None
+    } else {
+        let status = child.wait().expect("wait");
+        Some(status.code().expect("exit code"))
+    };
+    let stderr = std::fs::read_to_string(&log).unwrap_or_default();
+    let _ = std::fs::remove_dir_all(&dir);
+    (status, stderr)
+}
+
+/// The connection bound must fit under the open-file limit: a hard limit
+/// too low for the default bound stops the start (exit 2) naming the
+/// largest bound that fits, with which it starts; a soft limit too low is
+/// raised (up to the hard limit) and logged.
+#[test]
+fn connection_bound_must_fit_the_open_file_limit() {
+    let (status, err) = serve_under_ulimit("-n 300", &[]);
+    assert_eq!(status, Some(2), "{err}");
+    assert!(
+        err.contains(
+            "invalid configuration: connections_max 512 needs 608 open files (with 96 for the \
+             service itself), but the hard limit on open files (RLIMIT_NOFILE) is 300: raise it \
+             (ulimit -Hn, systemd LimitNOFILE=) or set connections_max to at most 204"
+        ),
+        "{err}"
+    );
+    let (status, err) = serve_under_ulimit("-n 300", &["--connections-max", "204"]);
+    assert_eq!(status, None, "{err}");
+    assert!(!err.contains("raised the soft limit"), "{err}");
+    let (status, err) = serve_under_ulimit("-n 300", &["--connections-max", "205"]);
+    assert_eq!(status, Some(2), "{err}");
+    let (status, err) = serve_under_ulimit("-Sn 300", &[]);
+    assert_eq!(status, None, "{err}");
+    assert!(
+        err.contains("raised the soft limit on open files to fit the connection bound"),
+        "{err}"
+    );
+}
+
 /// `GET` with the CLI's own tooling unavailable: a tiny HTTP/1.0 client
 /// over a socket to the loopback server.
 fn reqwest_blocking_get(url: &str) -> String {
@@ -466,6 +546,9 @@ fn print_config_merges_flags_env_and_file() {
          clock = \"system\"\n\
          # secret_file unset: a fresh random capability key (memory store)\n\
          request_timeout = \"PT30S\"\n\
+         header_read_timeout = \"PT10S\"\n\
+         idle_timeout = \"PT1M\"\n\
+         connections_max = 512\n\
          shutdown_timeout = \"PT10S\"\n\
          safetime_gap_max = \"PT5S\"\n"
     );
