@@ -297,15 +297,22 @@ async fn the_connection_layer_answers_in_the_services_problem_type() {
             .expect("read");
         text
     };
-    // The one connection is busy: its handler waits for the body.
+    // The one connection is busy: its handler reads the body (the server
+    // sends `100 Continue` only then) and waits for it.
     let mut busy = TcpStream::connect(addr).await.unwrap();
     busy.write_all(
         b"POST /notes HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\
-          Content-Type: application/json\r\nContent-Length: 7\r\n\r\n",
+          Content-Type: application/json\r\nContent-Length: 7\r\n\
+          Expect: 100-continue\r\n\r\n",
     )
     .await
     .unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut continued = [0u8; 25];
+    tokio::time::timeout(Duration::from_secs(5), busy.read_exact(&mut continued))
+        .await
+        .expect("100 Continue in time")
+        .unwrap();
+    assert_eq!(&continued, b"HTTP/1.1 100 Continue\r\n\r\n");
     let refused = answer(TcpStream::connect(addr).await.unwrap()).await;
     let body = r#"{"type":"urn:toy:problem:too_many_connections","title":"Too many connections","status":503,"detail":"the service is at its connection bound with every connection busy; retry in 1 s","code":"too_many_connections"}"#;
     assert!(

@@ -213,14 +213,35 @@ fn limits(connections_max: usize, header_read: Duration, idle: Duration) -> Conn
     }
 }
 
-/// `POST /v1/accounts` announcing `body`'s length: the head alone leaves
-/// the connection busy (its handler waits for the body).
-fn create_account_head(body: &str) -> String {
-    format!(
-        "POST /v1/accounts HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer {ADMIN}\r\n\
-         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
-        body.len()
+/// A connection whose handler runs, waiting for `body`: the head of a
+/// `POST /v1/accounts` announcing it with `Expect: 100-continue`, sent
+/// and answered with `100 Continue`, which the server sends only once the
+/// handler reads the body.
+async fn busy_connection(svc: &Service, body: &str) -> TcpStream {
+    let mut s = svc.connect().await;
+    s.write_all(
+        format!(
+            "POST /v1/accounts HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer {ADMIN}\r\n\
+             Content-Type: application/json\r\nContent-Length: {}\r\n\
+             Expect: 100-continue\r\n\r\n",
+            body.len()
+        )
+        .as_bytes(),
     )
+    .await
+    .expect("write");
+    let mut got = Vec::new();
+    tokio::time::timeout(EVENT_MAX, async {
+        while !got.ends_with(b"\r\n\r\n") {
+            let mut byte = [0u8; 1];
+            assert_eq!(s.read(&mut byte).await.expect("read"), 1, "closed");
+            got.push(byte[0]);
+        }
+    })
+    .await
+    .expect("100 Continue in time");
+    assert_eq!(got, b"HTTP/1.1 100 Continue\r\n\r\n");
+    s
 }
 
 /// Five times more silent connections than the bound: each new one closes
@@ -272,14 +293,8 @@ async fn over_the_bound_with_every_connection_busy_is_503() {
     let mut busy = Vec::new();
     for i in 0..bound {
         let body = format!(r#"{{"name":"busy-{i}"}}"#);
-        let mut s = svc.connect().await;
-        s.write_all(create_account_head(&body).as_bytes())
-            .await
-            .expect("write");
-        busy.push((s, body));
+        busy.push((busy_connection(&svc, &body).await, body));
     }
-    // Their heads are parsed and their handlers wait for the bodies.
-    tokio::time::sleep(Duration::from_millis(300)).await;
     let (refused, mut s) = svc
         .exchange(b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n")
         .await;
@@ -492,11 +507,7 @@ async fn graceful_shutdown_finishes_requests_in_progress() {
         .exchange(b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n")
         .await;
     let body = r#"{"name":"late"}"#;
-    let mut busy = svc.connect().await;
-    busy.write_all(create_account_head(body).as_bytes())
-        .await
-        .expect("write");
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut busy = busy_connection(&svc, body).await;
 
     let _ = svc.stop.take().expect("running").send(());
     closed_within(&mut idle, EVENT_MAX).await;

@@ -417,7 +417,8 @@ fn refuse(
     tasks: &mut JoinSet<()>,
 ) {
     let refusal = &shared.canned.too_many_connections;
-    // A new connection's send buffer takes a few hundred bytes at once.
+    // An accepted stream is taken as writable at once (tokio), and a new
+    // connection's send buffer takes the few hundred bytes whole.
     let _ = stream.try_write(&refusal.bytes(SystemTime::now()));
     shared.count_refusal(refusal.status, refusal.code);
     if let Some(n) = shared.refusals.hit(Instant::now()) {
