@@ -46,7 +46,7 @@
 //!
 //! **Logging**: closing connections at the bound, refusing them, closing
 //! connections whose head timed out and failing to accept are each logged
-//! at most once per [`throttle::LOG_INTERVAL`], with the count since the
+//! at most once per [`LOG_INTERVAL`], with the count since the
 //! last line; idle closes (normal) at `debug`.
 //!
 //! **Graceful shutdown**: when `shutdown` resolves, [`serve`] stops
