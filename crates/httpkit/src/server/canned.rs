@@ -30,7 +30,13 @@ impl Prepared {
     pub(crate) async fn of<S: ServiceState>(rejection: Rejection) -> Prepared {
         let retry_after_secs = rejection.retry_after_secs();
         let fallback_code = rejection.code();
-        let resp = S::Error::from(rejection).into_response();
+        // Rendered once, not answered: the service's own log line for the
+        // problem would say a request failed; the refusals are logged when
+        // they happen ([`super::throttle::Logs`]).
+        let resp =
+            tracing::subscriber::with_default(tracing::subscriber::NoSubscriber::new(), || {
+                S::Error::from(rejection).into_response()
+            });
         let code = resp
             .extensions()
             .get::<ErrorCode>()

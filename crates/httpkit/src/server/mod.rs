@@ -46,8 +46,9 @@
 //!
 //! **Logging**: closing connections at the bound, refusing them, closing
 //! connections whose head timed out and failing to accept are each logged
-//! at most once per [`LOG_INTERVAL`], with the count since the
-//! last line; idle closes (normal) at `debug`.
+//! at most once per [`LOG_INTERVAL`], with the count since the last line
+//! (the count of a burst's tail is written one interval after the burst's
+//! line, and when the server stops); idle closes (normal) at `debug`.
 //!
 //! **Graceful shutdown**: when `shutdown` resolves, [`serve`] stops
 //! accepting (the listener is closed), asks each connection to finish (an
@@ -93,8 +94,8 @@ use self::connection::{Conn, Ended};
 pub use self::descriptors::{
     DESCRIPTOR_RESERVE, DescriptorError, DescriptorFit, descriptors_needed, fit_descriptor_limit,
 };
-pub use self::throttle::LOG_INTERVAL;
-use self::throttle::Throttle;
+use self::throttle::{Event, Logs};
+pub use self::throttle::{LOG_FLUSH_INTERVAL, LOG_INTERVAL};
 use crate::{RequestMetrics, ServiceState};
 
 /// Default [`ConnectionLimits::connections_max`]: far more connections
@@ -197,10 +198,7 @@ struct Shared {
     canned: Canned,
     count: Box<dyn Fn(StatusCode, &'static str) + Send + Sync>,
     epoch: Instant,
-    header_timeouts: Throttle,
-    evictions: Throttle,
-    refusals: Throttle,
-    accept_errors: Throttle,
+    logs: Logs,
 }
 
 impl Shared {
@@ -319,33 +317,28 @@ pub async fn serve<S: ServiceState + RequestMetrics>(
         canned: Canned::of::<S>(REFUSAL_RETRY_AFTER_SECS).await,
         count: Box::new(move |status, code| state.count_refusal(status, code)),
         epoch: Instant::now(),
-        header_timeouts: Throttle::default(),
-        evictions: Throttle::default(),
-        refusals: Throttle::default(),
-        accept_errors: Throttle::default(),
+        logs: Logs::new(limits.connections_max, limits.header_read_timeout),
     });
     let registry = Arc::new(Registry::default());
     let lingering = Arc::new(AtomicUsize::new(0));
     let mut tasks = JoinSet::new();
     let (stop_tx, stop_rx) = watch::channel(false);
+    let mut log_flush = tokio::time::interval(LOG_FLUSH_INTERVAL);
+    log_flush.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
             biased;
             () = &mut shutdown => break,
             Some(joined) = tasks.join_next(), if !tasks.is_empty() => report_panic(joined),
+            _ = log_flush.tick() => shared.logs.flush(false),
             accepted = listener.accept() => match accepted {
                 Ok((stream, _peer)) => {
                     let conn = Arc::new(Conn::new(shared.epoch));
                     match registry.admit(conn.clone(), limits.connections_max) {
                         Admission::Admitted { id, evicted } => {
-                            if evicted && let Some(n) = shared.evictions.hit(Instant::now()) {
-                                tracing::warn!(
-                                    connections_max = limits.connections_max,
-                                    closed = n,
-                                    "at the connection bound: closed the connections waiting longest \
-                                     for a request to serve new ones"
-                                );
+                            if evicted {
+                                shared.logs.record(Event::Evicted, None);
                             }
                             let registered = Registered { registry: registry.clone(), id };
                             tasks.spawn(serve_one(stream, conn, shared.clone(), stop_rx.clone(), registered));
@@ -357,12 +350,7 @@ pub async fn serve<S: ServiceState + RequestMetrics>(
                     tracing::debug!(error = %e, "a connection failed before it was accepted");
                 }
                 Err(e) => {
-                    if let Some(n) = shared.accept_errors.hit(Instant::now()) {
-                        tracing::error!(
-                            error = %e, errors = n, pause = ?ACCEPT_ERROR_PAUSE,
-                            "cannot accept connections; retrying (served connections continue)"
-                        );
-                    }
+                    shared.logs.record(Event::AcceptFailed, Some(&e));
                     tokio::select! {
                         () = tokio::time::sleep(ACCEPT_ERROR_PAUSE) => {}
                         () = &mut shutdown => break,
@@ -376,6 +364,7 @@ pub async fn serve<S: ServiceState + RequestMetrics>(
     while let Some(joined) = tasks.join_next().await {
         report_panic(joined);
     }
+    shared.logs.flush(true);
 }
 
 /// One connection's task: serves it, then logs how it ended.
@@ -389,14 +378,7 @@ async fn serve_one(
     let ended = connection::run(stream, conn, shared.clone(), stop).await;
     drop(registered);
     match ended {
-        Ended::HeaderReadTimeout => {
-            if let Some(n) = shared.header_timeouts.hit(Instant::now()) {
-                tracing::info!(
-                    closed = n, header_read_timeout = ?shared.limits.header_read_timeout,
-                    "closed connections whose request head did not arrive in time"
-                );
-            }
-        }
+        Ended::HeaderReadTimeout => shared.logs.record(Event::HeaderReadTimeout, None),
         Ended::IdleTimeout => tracing::debug!(
             idle_timeout = ?shared.limits.idle_timeout,
             "closed an idle connection"
@@ -421,14 +403,7 @@ fn refuse(
     // connection's send buffer takes the few hundred bytes whole.
     let _ = stream.try_write(&refusal.bytes(SystemTime::now()));
     shared.count_refusal(refusal.status, refusal.code);
-    if let Some(n) = shared.refusals.hit(Instant::now()) {
-        tracing::warn!(
-            connections_max = shared.limits.connections_max,
-            refused = n,
-            code = refusal.code,
-            "at the connection bound with every connection busy: refused new connections"
-        );
-    }
+    shared.logs.record(Event::Refused, None);
     if lingering.fetch_add(1, Relaxed) >= REFUSALS_LINGERING_MAX {
         lingering.fetch_sub(1, Relaxed);
         return;
