@@ -425,6 +425,87 @@ fn connection_bound_must_fit_the_open_file_limit() {
     );
 }
 
+/// The served binary holds its connection bound and logs at it: with
+/// `--connections-max 1` and that connection running a request, a new one
+/// gets 503 `too_many_connections` and the refusal is logged (once, with
+/// its count); a silent connection is closed after
+/// `--header-read-timeout`, which is logged too.
+#[test]
+fn connection_bound_and_head_timeout_are_served_and_logged() {
+    use std::io::{Read, Write};
+    let dir = temp_dir("bound");
+    let srv = Server::start(
+        &[
+            "--no-reclaim-worker",
+            "--connections-max",
+            "1",
+            "--header-read-timeout",
+            "500ms",
+        ],
+        &dir,
+    );
+    let host = srv
+        .url
+        .strip_prefix("http://")
+        .expect("http url")
+        .to_string();
+    let connect = || {
+        let s = std::net::TcpStream::connect(&host).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(5)))
+            .expect("timeout");
+        s
+    };
+    // Busy: its handler reads the body (100 Continue says so) and waits.
+    let mut busy = connect();
+    write!(
+        busy,
+        "POST /v1/accounts HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {ADMIN}\r\n\
+         Content-Type: application/json\r\nContent-Length: 10\r\nExpect: 100-continue\r\n\r\n"
+    )
+    .expect("write");
+    let mut continued = [0u8; 25];
+    busy.read_exact(&mut continued).expect("100 Continue");
+    assert_eq!(&continued, b"HTTP/1.1 100 Continue\r\n\r\n");
+    let mut refused = String::new();
+    connect().read_to_string(&mut refused).expect("refusal");
+    assert!(
+        refused.starts_with("HTTP/1.1 503 Service Unavailable\r\n")
+            && refused.contains("\r\nretry-after: 1\r\n")
+            && refused.contains(r#""code":"too_many_connections""#),
+        "{refused}"
+    );
+    busy.write_all(br#"{"name":1}"#).expect("body");
+    let mut answer = [0u8; 12];
+    busy.read_exact(&mut answer).expect("answer");
+    assert_eq!(&answer, b"HTTP/1.1 422");
+    drop(busy);
+    // Let the server see that close, so the silent connection below takes
+    // a free place rather than racing the end of the busy one's response.
+    std::thread::sleep(Duration::from_millis(100));
+    // Silent: closed after the header-read timeout.
+    let started = Instant::now();
+    let mut silent = connect();
+    let mut rest = Vec::new();
+    silent.read_to_end(&mut rest).expect("closed");
+    assert!(rest.is_empty() && started.elapsed() < Duration::from_secs(5));
+    let log_path = srv.stderr_path.clone();
+    srv.stop();
+    let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+    let line = |needle: &str| {
+        log.lines()
+            .filter(|l| l.contains(needle))
+            .collect::<Vec<_>>()
+    };
+    let refusals = line("refused new connections");
+    assert_eq!(refusals.len(), 1, "{log}");
+    assert!(refusals[0].contains("refused=1"), "{log}");
+    let timeouts = line("request head did not arrive in time");
+    assert_eq!(timeouts.len(), 1, "{log}");
+    assert!(timeouts[0].contains("closed=1"), "{log}");
+    assert!(!log.contains("request failed"), "{log}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// `GET` with the CLI's own tooling unavailable: a tiny HTTP/1.0 client
 /// over a socket to the loopback server.
 fn reqwest_blocking_get(url: &str) -> String {
