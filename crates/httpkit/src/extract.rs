@@ -18,8 +18,11 @@ use crate::{Rejection, ServiceState};
 /// The request header carrying an idempotency key.
 pub const IDEMPOTENCY_KEY_HEADER: &str = "idempotency-key";
 
-/// A path id (`account_id`, `lease_id`): a decimal `i64`, else
-/// [`Rejection::InvalidPath`]. For routes with exactly one path parameter.
+/// A path id (`account_id`, `lease_id`): a positive integer in `i64`'s
+/// range written in canonical decimal (`1`, `42`; no sign, no leading
+/// zero), else [`Rejection::InvalidPath`]. Ids are issued from 1, so `0`,
+/// `-1`, `+1` and `01` are malformed, not missing: one id has one
+/// spelling. For routes with exactly one path parameter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct IdPath(pub i64);
 
@@ -28,16 +31,27 @@ impl IdPath {
     ///
     /// # Errors
     /// [`Rejection::InvalidPath`] when the route has no single path
-    /// parameter or it is not an integer in `i64`'s range.
+    /// parameter or it is not a canonical positive decimal in `i64`'s
+    /// range ([`parse_id`]).
     pub async fn parse(parts: &mut Parts) -> Result<IdPath, Rejection> {
         let Path(raw) = Path::<String>::from_request_parts(parts, &())
             .await
             .map_err(|e| Rejection::InvalidPath(format!("invalid path parameter: {e}")))?;
-        raw.parse::<i64>().map(IdPath).map_err(|_| {
+        parse_id(&raw).map(IdPath).ok_or_else(|| {
             Rejection::InvalidPath(format!(
-                "path id {raw:?} is not an integer in -9223372036854775808..=9223372036854775807"
+                "path id {raw:?} is not a positive integer in canonical decimal \
+                 (1..=9223372036854775807, no sign or leading zero)"
             ))
         })
+    }
+}
+
+/// `raw` as an id: ASCII digits, the first not `0`, at most
+/// [`i64::MAX`]; `None` otherwise.
+pub fn parse_id(raw: &str) -> Option<i64> {
+    match raw.as_bytes() {
+        [b'1'..=b'9', rest @ ..] if rest.iter().all(u8::is_ascii_digit) => raw.parse().ok(),
+        _ => None,
     }
 }
 
@@ -121,7 +135,8 @@ impl<S: ServiceState> FromRequestParts<S> for IdempotencyKey {
 /// # Rejections
 /// [`Rejection::PayloadTooLarge`] (413) over the service's limit,
 /// [`Rejection::UnsupportedMediaType`] (415) for a non-empty body that is
-/// not `application/json` (or `application/*+json`),
+/// not `application/json` (or `application/*+json`) in UTF-8 (no `charset`
+/// or `charset=utf-8`),
 /// [`Rejection::InvalidJson`] (400) for an empty body or bad syntax,
 /// [`Rejection::InvalidBody`] (422) for JSON of the wrong shape (an array
 /// for an object, unknown or missing fields, wrong types), naming the field
@@ -176,19 +191,32 @@ async fn read_json<S: ServiceState, T: DeserializeOwned>(
     parse_json(is_json, &body)
 }
 
+/// Whether the request's `Content-Type` is JSON: `application/json` or
+/// `application/*+json` (case-insensitive), with no `charset` parameter or
+/// only `charset=utf-8` (case-insensitive, quoted or not). JSON is UTF-8
+/// (RFC 8259); a body declared in another charset would be read as UTF-8
+/// anyway, so it is refused instead.
 fn is_json_content_type(headers: &HeaderMap) -> bool {
     let Some(ct) = headers.get(header::CONTENT_TYPE) else {
         return false;
     };
     let Ok(ct) = ct.to_str() else { return false };
-    let essence = ct
-        .split(';')
-        .next()
-        .unwrap_or("")
-        .trim()
-        .to_ascii_lowercase();
-    essence == "application/json"
-        || (essence.starts_with("application/") && essence.ends_with("+json"))
+    let mut parts = ct.split(';');
+    let essence = parts.next().unwrap_or("").trim().to_ascii_lowercase();
+    let is_json = essence == "application/json"
+        || (essence.starts_with("application/") && essence.ends_with("+json"));
+    is_json
+        && parts.all(|param| {
+            let (name, value) = param.split_once('=').unwrap_or((param, ""));
+            !name.trim().eq_ignore_ascii_case("charset") || {
+                let value = value.trim();
+                let value = value
+                    .strip_prefix('"')
+                    .and_then(|v| v.strip_suffix('"'))
+                    .unwrap_or(value);
+                value.eq_ignore_ascii_case("utf-8")
+            }
+        })
 }
 
 /// Parses a body sent with a JSON content type (`is_json`) or not. An empty
@@ -259,6 +287,33 @@ mod tests {
         check_bearer(&["Bearer tga1.0f"], Some("tga1.0f"));
     }
 
+    #[test]
+    fn path_ids() {
+        for (raw, expected) in [
+            ("1", Some(1)),
+            ("42", Some(42)),
+            ("10", Some(10)),
+            ("9223372036854775807", Some(i64::MAX)),
+            ("9223372036854775808", None),
+            ("99999999999999999999", None),
+            ("0", None),
+            ("00", None),
+            ("01", None),
+            ("+1", None),
+            ("-1", None),
+            ("-9223372036854775808", None),
+            ("", None),
+            (" 1", None),
+            ("1 ", None),
+            ("1.0", None),
+            ("0x10", None),
+            ("1e3", None),
+            ("\u{0661}", None),
+        ] {
+            assert_eq!(parse_id(raw), expected, "{raw:?}");
+        }
+    }
+
     fn check_content_type(value: Option<&str>, expected: bool) {
         let mut h = HeaderMap::new();
         if let Some(v) = value {
@@ -279,6 +334,21 @@ mod tests {
         check_content_type(Some("text/json"), false);
         check_content_type(Some("text/plain"), false);
         check_content_type(Some("application/jsonx"), false);
+        check_content_type(Some("application/json;charset=UTF-8"), true);
+        check_content_type(Some("application/json; charset=\"utf-8\""), true);
+        check_content_type(Some("application/json; CHARSET=Utf-8 ; x=y"), true);
+        check_content_type(Some("application/json; x=y"), true);
+        check_content_type(Some("application/json; charset=utf-16"), false);
+        check_content_type(Some("application/json; charset=UTF-16LE"), false);
+        check_content_type(Some("application/json; charset=iso-8859-1"), false);
+        check_content_type(Some("application/json; charset=utf8"), false);
+        check_content_type(Some("application/json; charset="), false);
+        check_content_type(Some("application/json; charset"), false);
+        check_content_type(
+            Some("application/json; charset=utf-8; charset=utf-16"),
+            false,
+        );
+        check_content_type(Some("application/merge-patch+json; charset=utf-16"), false);
     }
 
     #[derive(Debug, PartialEq, serde::Deserialize)]

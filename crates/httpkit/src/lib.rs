@@ -15,14 +15,21 @@
 //! * [`extract`]: typed extractors. [`JsonBody`] and [`OptionalJsonBody`]
 //!   enforce the content type and the body limit and report parse errors
 //!   as problems; [`Bearer`] is the `Authorization: Bearer` credential;
-//!   [`IdPath`] a decimal `i64` path id; [`IdempotencyKey`] the optional
-//!   `Idempotency-Key` header. No handler parses a body or a header by hand.
+//!   [`IdPath`] a path id, a positive integer in canonical decimal;
+//!   [`IdempotencyKey`] the optional `Idempotency-Key` header. No handler
+//!   parses a body or a header by hand.
 //! * [`middleware`]: the request timeout (body and handling bounded
 //!   separately) and request tracking (counted by matched route, status and
 //!   problem code, logged once), assembled around a service's routes by
 //!   [`service_router`].
 //! * [`openapi`]: the problem responses and the `Problem` schema added to a
 //!   service's OpenAPI document.
+//! * [`server`]: the connection layer a service is served by ([`serve`]):
+//!   a bound on connections (the longest-waiting idle one closed to make
+//!   room, else 503 `too_many_connections`), a header-read and an idle
+//!   timeout, problem documents for request heads the HTTP parser
+//!   refuses, graceful shutdown, and the open-file check
+//!   ([`server::fit_descriptor_limit`]).
 //!
 //! Everything is generic over the router's state through [`ServiceState`]:
 //! the state names the service's error type, into which every
@@ -41,6 +48,7 @@ pub mod middleware;
 pub mod openapi;
 mod problem;
 mod rejection;
+pub mod server;
 
 pub use extract::{
     Bearer, IDEMPOTENCY_KEY_HEADER, IdPath, IdempotencyKey, JsonBody, OptionalJsonBody, bearer,
@@ -48,6 +56,7 @@ pub use extract::{
 pub use middleware::{RequestMetrics, service_router};
 pub use problem::{ErrorCode, PROBLEM_JSON, Problem, ProblemSource, problem_response, title_of};
 pub use rejection::Rejection;
+pub use server::{ConnectionLimits, serve};
 
 /// The state of a service's router: the service's error type and the
 /// bounds every request of the service is held to.

@@ -4,9 +4,9 @@
 use std::time::Instant;
 
 use axum::Router;
-use axum::body::Body;
+use axum::body::{Body, HttpBody as _};
 use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
-use axum::http::{Method, StatusCode};
+use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 
@@ -24,6 +24,14 @@ pub trait RequestMetrics {
         status: StatusCode,
         error_code: Option<&'static str>,
     );
+
+    /// Counts one answer the connection layer wrote itself, outside any
+    /// route ([`crate::server`]): the refusal over the connection bound or
+    /// the problem for a request head the HTTP parser refused, with its
+    /// status and code. Default: not counted.
+    fn count_refusal(&self, status: StatusCode, error_code: &'static str) {
+        let _ = (status, error_code);
+    }
 }
 
 /// Counts ([`RequestMetrics`]) and logs every request, labelled by the
@@ -60,11 +68,22 @@ pub async fn track<S: RequestMetrics + Clone + Send + Sync + 'static>(
 /// same bound again, else 503 [`Rejection::Timeout`]). The body is buffered
 /// here, within [`ServiceState::body_max_bytes`] (else 413
 /// [`Rejection::PayloadTooLarge`]), and handed on whole.
+///
+/// A body announced larger than the limit (a `Content-Length` above it,
+/// or any body whose size hint's lower bound is) is refused with 413 at
+/// once, before a byte of it is read, with `Connection: close` (the unread
+/// body cannot be skipped on a kept-alive connection).
 pub async fn timeout<S: ServiceState>(State(s): State<S>, req: Request, next: Next) -> Response {
     let bound = s.request_timeout();
     let limit_bytes = s.body_max_bytes();
     let refuse = |r: Rejection| S::Error::from(r).into_response();
     let (parts, body) = req.into_parts();
+    if body.size_hint().lower() > u64::try_from(limit_bytes).unwrap_or(u64::MAX) {
+        let mut resp = refuse(Rejection::PayloadTooLarge { limit_bytes });
+        resp.headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        return resp;
+    }
     let bytes = match tokio::time::timeout(bound, axum::body::to_bytes(body, limit_bytes)).await {
         Err(_) => return refuse(Rejection::BodyTimeout(bound)),
         // `to_bytes` fails on a body over the limit or a broken stream; both

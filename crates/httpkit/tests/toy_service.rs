@@ -1,6 +1,7 @@
 //! httpkit around a service that is not Tollgate: its own problem type
 //! prefix, 401 challenge, body limit and time bound, driven with `oneshot`
-//! on the router `service_router` builds.
+//! on the router `service_router` builds, and over a loopback socket by
+//! the connection layer (`httpkit::serve`).
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -53,6 +54,8 @@ type Counted = Arc<Mutex<Vec<(String, String, u16, Option<&'static str>)>>>;
 #[derive(Clone, Default)]
 struct Toy {
     counted: Counted,
+    /// The request bound; `None`: 50 ms.
+    bound: Option<Duration>,
 }
 
 impl ServiceState for Toy {
@@ -61,7 +64,7 @@ impl ServiceState for Toy {
         32
     }
     fn request_timeout(&self) -> Duration {
-        Duration::from_millis(50)
+        self.bound.unwrap_or(Duration::from_millis(50))
     }
 }
 
@@ -78,6 +81,15 @@ impl RequestMetrics for Toy {
             route.to_string(),
             status.as_u16(),
             error_code,
+        ));
+    }
+
+    fn count_refusal(&self, status: StatusCode, error_code: &'static str) {
+        self.counted.lock().unwrap().push((
+            String::new(),
+            "connection".into(),
+            status.as_u16(),
+            Some(error_code),
         ));
     }
 }
@@ -244,4 +256,122 @@ async fn refusals_are_the_services_problems_in_extractor_order() {
         counted[12],
         ("GET".into(), "/slow".into(), 503, Some("request_timeout"))
     );
+}
+
+/// Served over a socket by the connection layer, a service that is not
+/// Tollgate gets the same answers in its own problem type: at the bound
+/// with every connection busy, 503 `too_many_connections` with
+/// `Retry-After` (which its error type does not give: the connection layer
+/// adds it), while the busy connection is still served; a head with too
+/// many fields, 431 `header_fields_too_large`; both counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_connection_layer_answers_in_the_services_problem_type() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::{TcpListener, TcpStream};
+    let toy = Toy {
+        bound: Some(Duration::from_secs(30)),
+        ..Toy::default()
+    };
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let limits = httpkit::ConnectionLimits {
+        connections_max: 1,
+        header_read_timeout: Duration::from_secs(30),
+        idle_timeout: Duration::from_secs(30),
+    };
+    let served = tokio::spawn(httpkit::serve(
+        listener,
+        router(toy.clone()),
+        toy.clone(),
+        limits,
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    let answer = |mut s: TcpStream| async move {
+        let mut text = String::new();
+        tokio::time::timeout(Duration::from_secs(5), s.read_to_string(&mut text))
+            .await
+            .expect("answered and closed in time")
+            .expect("read");
+        text
+    };
+    // The one connection is busy: its handler reads the body (the server
+    // sends `100 Continue` only then) and waits for it.
+    let mut busy = TcpStream::connect(addr).await.unwrap();
+    busy.write_all(
+        b"POST /notes HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\
+          Content-Type: application/json\r\nContent-Length: 7\r\n\
+          Expect: 100-continue\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let mut continued = [0u8; 25];
+    tokio::time::timeout(Duration::from_secs(5), busy.read_exact(&mut continued))
+        .await
+        .expect("100 Continue in time")
+        .unwrap();
+    assert_eq!(&continued, b"HTTP/1.1 100 Continue\r\n\r\n");
+    let refused = answer(TcpStream::connect(addr).await.unwrap()).await;
+    let body = r#"{"type":"urn:toy:problem:too_many_connections","title":"Too many connections","status":503,"detail":"the service is at its connection bound with every connection busy; retry in 1 s","code":"too_many_connections"}"#;
+    assert!(
+        refused.starts_with("HTTP/1.1 503 Service Unavailable\r\n"),
+        "{refused}"
+    );
+    for line in [
+        "content-type: application/problem+json",
+        "retry-after: 1",
+        "connection: close",
+        &format!("content-length: {}", body.len()),
+    ] {
+        assert!(
+            refused.contains(&format!("\r\n{line}\r\n")),
+            "{line}: {refused}"
+        );
+    }
+    assert!(refused.ends_with(&format!("\r\n\r\n{body}")), "{refused}");
+    busy.write_all(br#"{"n":1}"#).await.unwrap();
+    let done = answer(busy).await;
+    assert!(done.starts_with("HTTP/1.1 200 OK\r\n"), "{done}");
+    assert!(done.ends_with(r#"{"n":1}"#), "{done}");
+
+    let mut many = TcpStream::connect(addr).await.unwrap();
+    let mut head = String::from("GET /notes HTTP/1.1\r\nHost: t\r\n");
+    for i in 0..=httpkit::server::HEADER_FIELDS_MAX {
+        head.push_str(&format!("X-{i}: v\r\n"));
+    }
+    head.push_str("\r\n");
+    many.write_all(head.as_bytes()).await.unwrap();
+    let too_large = answer(many).await;
+    assert!(
+        too_large.starts_with("HTTP/1.1 431 Request Header Fields Too Large\r\n"),
+        "{too_large}"
+    );
+    assert!(
+        too_large.ends_with(
+            r#"{"type":"urn:toy:problem:header_fields_too_large","title":"Header fields too large","status":431,"detail":"the request head has more than 100 header fields or more than 417792 bytes","code":"header_fields_too_large"}"#
+        ),
+        "{too_large}"
+    );
+    let refusals: Vec<_> = toy
+        .counted
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|c| c.1 == "connection")
+        .map(|c| (c.2, c.3))
+        .collect();
+    assert_eq!(
+        refusals,
+        [
+            (503, Some("too_many_connections")),
+            (431, Some("header_fields_too_large"))
+        ]
+    );
+    stop.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(5), served)
+        .await
+        .expect("the server returns")
+        .unwrap();
 }

@@ -85,7 +85,7 @@ async fn create_account(
 
 /// Deposits units into an account.
 #[utoipa::path(post, path = "/v1/accounts/{account_id}/deposits", tag = "accounts",
-    params(("account_id" = i64, Path, description = "The account")),
+    params(("account_id" = i64, Path, minimum = 1, description = "The account")),
     request_body = DepositBody,
     responses((status = 200, description = "The account after the deposit", body = AccountView)),
     security(("bearer" = [])))]
@@ -106,7 +106,7 @@ async fn deposit(
 
 /// Reads an account (admin token or the account's own key).
 #[utoipa::path(get, path = "/v1/accounts/{account_id}", tag = "accounts",
-    params(("account_id" = i64, Path, description = "The account")),
+    params(("account_id" = i64, Path, minimum = 1, description = "The account")),
     responses((status = 200, description = "The account", body = AccountView)),
     security(("bearer" = [])))]
 async fn get_account(
@@ -120,7 +120,7 @@ async fn get_account(
 /// Acquires a lease (the account's key).
 #[utoipa::path(post, path = "/v1/accounts/{account_id}/leases", tag = "leases",
     params(
-        ("account_id" = i64, Path, description = "The account"),
+        ("account_id" = i64, Path, minimum = 1, description = "The account"),
         ("Idempotency-Key" = Option<String>, Header, description = "Retry key: the same key with the same units and ttl returns the original grant"),
     ),
     request_body = AcquireBody,
@@ -151,7 +151,7 @@ async fn acquire(
 
 /// Settles several active leases of an account into one new lease.
 #[utoipa::path(post, path = "/v1/accounts/{account_id}/consolidations", tag = "leases",
-    params(("account_id" = i64, Path, description = "The account")),
+    params(("account_id" = i64, Path, minimum = 1, description = "The account")),
     request_body = ConsolidateBody,
     responses((status = 201, description = "The new grant", body = GrantView)),
     security(("bearer" = [])))]
@@ -181,7 +181,7 @@ async fn consolidate(
 
 /// Reads a lease (its capability).
 #[utoipa::path(get, path = "/v1/leases/{lease_id}", tag = "leases",
-    params(("lease_id" = i64, Path, description = "The lease")),
+    params(("lease_id" = i64, Path, minimum = 1, description = "The lease")),
     responses((status = 200, description = "The lease", body = LeaseView)),
     security(("bearer" = [])))]
 async fn get_lease(
@@ -198,7 +198,7 @@ async fn get_lease(
 
 /// Renews a lease (its capability): new fence, expiry never earlier.
 #[utoipa::path(post, path = "/v1/leases/{lease_id}/renew", tag = "leases",
-    params(("lease_id" = i64, Path, description = "The lease")),
+    params(("lease_id" = i64, Path, minimum = 1, description = "The lease")),
     request_body = RenewBody,
     responses((status = 200, description = "The renewed lease", body = RenewalView)),
     security(("bearer" = [])))]
@@ -219,7 +219,7 @@ async fn renew(
 
 /// Releases a lease (its capability), charging `consumed` (default: all).
 #[utoipa::path(post, path = "/v1/leases/{lease_id}/release", tag = "leases",
-    params(("lease_id" = i64, Path, description = "The lease")),
+    params(("lease_id" = i64, Path, minimum = 1, description = "The lease")),
     request_body(content = Option<ReleaseBody>, description = "Optional; an empty body charges all units"),
     responses((status = 200, description = "The settlement", body = SettlementView)),
     security(("bearer" = [])))]
@@ -493,20 +493,22 @@ pub fn api_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(openapi_json))
 }
 
-/// Statuses every operation of a route may answer with a problem document.
+/// Statuses every operation of a route may answer with a problem document:
+/// on every route the connection layer's (414 and 431 for a request head
+/// too large, 503 at the connection bound), on `/v1/` routes also every
+/// status of the service's errors.
 fn problem_statuses(path: &str) -> &'static [u16] {
     if path.starts_with("/v1/") {
-        &[400, 401, 403, 404, 409, 413, 415, 422, 500, 503]
-    } else if path == "/readyz" {
-        &[503]
+        &[400, 401, 403, 404, 409, 413, 414, 415, 422, 431, 500, 503]
     } else {
-        &[]
+        &[414, 431, 503]
     }
 }
 
 /// The OpenAPI document of [`api_routes`], with the `Problem` schema and
 /// the problem responses of its path added to every operation (every `/v1/`
-/// status a problem can have; `/readyz`: 503).
+/// status a problem can have; elsewhere the connection layer's 414, 431
+/// and 503, which on `/readyz` is also `not_ready`).
 pub fn openapi() -> utoipa::openapi::OpenApi {
     let (_, mut doc) = api_routes().split_for_parts();
     httpkit::openapi::document_problems::<ApiError>(&mut doc, problem_statuses);

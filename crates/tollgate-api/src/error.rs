@@ -37,8 +37,9 @@
 //! what to do (it holds no host, SQL or credential).
 //!
 //! The service adds its own codes ([`SERVICE_CODES`]; the request-level
-//! ones, from `unauthenticated` to `body_timeout`, are every router's and
-//! come from [`httpkit::Rejection`]): `unauthenticated`
+//! ones, from `unauthenticated` to `body_timeout` and the connection
+//! layer's four, are every router's and come from [`httpkit::Rejection`]):
+//! `unauthenticated`
 //! 401, `forbidden` 403, `invalid_json` 400 (not JSON at all),
 //! `invalid_body` 422 (JSON of the wrong shape: unknown or missing fields,
 //! wrong types, integers out of range, unparseable instants or durations),
@@ -48,7 +49,11 @@
 //! (the client did not send its announced body in time), `not_ready` 503
 //! (only `/readyz`), `clock_unavailable` 503 (the clock could not be read
 //! at all: the safe-cut clock's database read failed), `time_uncertain` 503
-//! and `request_timeout` 503.
+//! and `request_timeout` 503. The connection layer ([`httpkit::server`])
+//! writes four more outside any route: `too_many_connections` 503 (with
+//! `Retry-After`: every connection the service may hold is busy),
+//! `malformed_request` 400, `uri_too_long` 414 and
+//! `header_fields_too_large` 431 (a request head the HTTP parser refused).
 //!
 //! `time_uncertain` (only with `--clock safe-cut`): the safe expiry cut is
 //! uncertain, so acquire, consolidation and `POST /v1/admin/reclaim` are
@@ -134,6 +139,10 @@ pub const SERVICE_CODES: &[(&str, u16)] = &[
     ("request_timeout", 503),
     ("body_timeout", 408),
     ("not_ready", 503),
+    ("too_many_connections", 503),
+    ("malformed_request", 400),
+    ("uri_too_long", 414),
+    ("header_fields_too_large", 431),
 ];
 
 /// The HTTP status of an allocator error (see the module table).
@@ -265,6 +274,7 @@ impl ProblemSource for ApiError {
             ApiError::TimeUncertain {
                 retry_after_secs, ..
             } => Some(*retry_after_secs),
+            ApiError::Request(r) => r.retry_after_secs(),
             _ => None,
         }
     }

@@ -38,7 +38,9 @@ const WRITE_TO_STRING: &str = "writing to a String never fails";
 
 /// Requests served, by method, route template and status.
 pub const HTTP_REQUESTS: &str = "tollgate_http_requests_total";
-/// Error responses, by problem code.
+/// Error responses, by problem code, those the connection layer writes
+/// outside any route included (`too_many_connections`, `uri_too_long`, ...;
+/// [`httpkit::server`]); only those of routes count in [`HTTP_REQUESTS`].
 pub const ERRORS: &str = "tollgate_errors_total";
 /// Reclaim passes, by outcome (`ok`, `error`; a pass skipped because the
 /// cut was uncertain counts in [`SAFETIME_PAUSED`] instead).
@@ -93,7 +95,10 @@ const HELP: &[(&str, &str)] = &[
         HTTP_REQUESTS,
         "HTTP requests served, by method, route template and status.",
     ),
-    (ERRORS, "Error responses, by problem code."),
+    (
+        ERRORS,
+        "Error responses, by problem code (the connection layer's refusals included).",
+    ),
     (RECLAIM_PASSES, "Reclaim passes, by outcome."),
     (RECLAIM_LEASES, "Leases settled by reclaim."),
     (RECLAIM_UNITS, "Units charged by reclaim."),

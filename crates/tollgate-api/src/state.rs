@@ -187,6 +187,12 @@ impl RequestMetrics for AppState {
             m.inc(metrics::ERRORS, &[("code", code)]);
         }
     }
+
+    fn count_refusal(&self, _status: StatusCode, error_code: &'static str) {
+        self.inner
+            .metrics
+            .inc(metrics::ERRORS, &[("code", error_code)]);
+    }
 }
 
 /// The clock of a service started with `--clock test`, which

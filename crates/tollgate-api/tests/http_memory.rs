@@ -196,7 +196,8 @@ async fn failing_store_codes() {
     h.send(Req::post("/v1/admin/reclaim").token(ADMIN))
         .await
         .problem(503, "storage_unavailable");
-    // The service's own 5xx codes are backend failures too.
+    // The service's own 5xx codes are backend failures too, or (written
+    // by the connection layer) the service at its connection bound.
     for (code, status) in SERVICE_CODES {
         if *status >= 500 {
             assert!(
@@ -204,7 +205,8 @@ async fn failing_store_codes() {
                     "clock_unavailable",
                     "time_uncertain",
                     "request_timeout",
-                    "not_ready"
+                    "not_ready",
+                    "too_many_connections"
                 ]
                 .contains(code),
                 "{code}"
@@ -249,6 +251,75 @@ async fn body_not_sent_in_time_is_408() {
         v["detail"],
         json!("the request body did not arrive within 50ms")
     );
+}
+
+/// A body that announces `len` bytes (an exact size hint, as a
+/// `Content-Length` gives) and never sends one.
+struct Announced {
+    len: u64,
+}
+
+impl axum::body::HttpBody for Announced {
+    type Data = axum::body::Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        std::task::Poll::Pending
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        http_body::SizeHint::with_exact(self.len)
+    }
+}
+
+/// A body announced larger than the limit is refused with 413
+/// `payload_too_large` and `Connection: close` at once, without waiting
+/// for it (the request bound is 30 s; the answer must come well before);
+/// one announced at the limit is waited for as before (408 after the
+/// bound).
+#[tokio::test]
+async fn body_announced_over_the_limit_is_413_at_once() {
+    use axum::body::Body;
+    use tower::ServiceExt;
+    let limit = u64::try_from(api::BODY_LIMIT_BYTES).expect("fits");
+    for (len, bound, status) in [
+        (52_428_800, Duration::from_secs(30), 413),
+        (1 << 63, Duration::from_secs(30), 413),
+        (u64::MAX, Duration::from_secs(30), 413),
+        (limit + 1, Duration::from_secs(30), 413),
+        (limit, Duration::from_millis(50), 408),
+    ] {
+        let store = failing_store(RuleError::IdempotencyConflict, Duration::from_secs(5));
+        let router = api::router(state(store, Arc::new(clock::TestClock::new(ts(T0))), bound));
+        let req = axum::http::Request::post("/v1/accounts")
+            .header("authorization", format!("Bearer {ADMIN}"))
+            .header("content-type", "application/json")
+            .body(Body::new(Announced { len }))
+            .expect("request");
+        let resp = tokio::time::timeout(Duration::from_secs(5), router.oneshot(req))
+            .await
+            .unwrap_or_else(|_| panic!("{len}: no answer within 5 s"))
+            .expect("infallible");
+        assert_eq!(resp.status().as_u16(), status, "{len}");
+        let close = resp
+            .headers()
+            .get("connection")
+            .map(|v| v.as_bytes().to_vec());
+        let body = axum::body::to_bytes(resp.into_body(), 1 << 16)
+            .await
+            .expect("body");
+        if status == 413 {
+            assert_eq!(close.as_deref(), Some(&b"close"[..]), "{len}");
+            assert_eq!(
+                std::str::from_utf8(&body).expect("utf-8"),
+                r#"{"type":"urn:tollgate:problem:payload_too_large","title":"Payload too large","status":413,"detail":"request body exceeds 65536 bytes","code":"payload_too_large"}"#,
+                "{len}"
+            );
+        }
+    }
 }
 
 /// A store slower than the request bound: 503 `request_timeout`.
@@ -392,9 +463,18 @@ async fn openapi_matches_router() {
                     responses.keys().any(|s| s.starts_with('2')),
                     "{method} {path}"
                 );
+                // The connection layer's problems, on every route.
+                for s in ["414", "431", "503"] {
+                    assert_eq!(
+                        responses[s]["content"]["application/problem+json"]["schema"]["$ref"],
+                        json!("#/components/schemas/Problem"),
+                        "{method} {path} {s}"
+                    );
+                }
                 if path.starts_with("/v1/") {
                     for s in [
-                        "400", "401", "403", "404", "409", "413", "415", "422", "500", "503",
+                        "400", "401", "403", "404", "409", "413", "414", "415", "422", "431",
+                        "500", "503",
                     ] {
                         assert_eq!(
                             responses[s]["content"]["application/problem+json"]["schema"]["$ref"],
@@ -403,6 +483,12 @@ async fn openapi_matches_router() {
                         );
                     }
                     assert_eq!(op["security"], json!([{"bearer": []}]), "{method} {path}");
+                    // Path ids are positive.
+                    for p in op["parameters"].as_array().into_iter().flatten() {
+                        if p["in"] == json!("path") {
+                            assert_eq!(p["schema"]["minimum"], json!(1), "{method} {path}");
+                        }
+                    }
                 }
             }
         }

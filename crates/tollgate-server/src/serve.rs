@@ -1,12 +1,15 @@
 //! `tollgate serve`: the only place that wires I/O together.
 //!
-//! Start-up, in order: the validated [`Config`]; the store (PostgreSQL when
+//! Start-up, in order: the validated [`Config`]; the open-file limit
+//! checked against the connection bound ([`connection_limits`]); the store (PostgreSQL when
 //! a database URL is configured, which requires a stable `--secret-file` and
 //! an `--admin-token`; otherwise a fresh memory store with a random
 //! capability key and, without a configured token, a generated admin token
 //! printed once on stdout); the clock (`safe-cut`: after the store, on its
 //! pool, once the horizon check in [`crate::pg::connect`] passed; one first
-//! reading is logged); the listener; the reclaim worker.
+//! reading is logged); the listener, served by [`httpkit::serve`] under the
+//! connection bounds (`connections_max`, `header_read_timeout`,
+//! `idle_timeout`); the reclaim worker.
 //!
 //! Shutdown on SIGTERM or SIGINT: stop accepting, give in-flight requests
 //! `shutdown_timeout` to finish (then drop them), and stop the worker after
@@ -14,6 +17,7 @@
 
 use std::sync::Arc;
 
+use httpkit::ConnectionLimits;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -184,11 +188,47 @@ async fn app_state(cfg: &Config) -> Result<AppState, ServeError> {
     ))
 }
 
+/// The connection bounds of `cfg`, once the open-file limit was made to
+/// fit `connections_max` with the store's pool
+/// ([`httpkit::server::fit_descriptor_limit`]: the soft limit is raised
+/// when the hard one allows, which is logged).
+///
+/// # Errors
+/// [`ServeError::Config`] when even the hard limit is too low (naming the
+/// largest `connections_max` that fits) or the soft limit cannot be
+/// raised.
+pub fn connection_limits(cfg: &Config) -> Result<ConnectionLimits, ServeError> {
+    // The store's pool is the service's only other lasting descriptors;
+    // the safe-cut clock reads on the same pool.
+    let pool = if cfg.is_postgres() {
+        usize::try_from(tollgate_pg::StoreOptions::default().max_connections).unwrap_or(usize::MAX)
+    } else {
+        0
+    };
+    let fit = httpkit::server::fit_descriptor_limit(cfg.connections_max, pool)
+        .map_err(|e| ConfigError(e.to_string()))?;
+    if let Some(from) = fit.raised_from {
+        tracing::info!(
+            from,
+            to = ?fit.soft_limit,
+            needed = fit.needed,
+            connections_max = cfg.connections_max,
+            "raised the soft limit on open files to fit the connection bound"
+        );
+    }
+    Ok(ConnectionLimits {
+        connections_max: cfg.connections_max,
+        header_read_timeout: Config::std(cfg.header_read_timeout),
+        idle_timeout: Config::std(cfg.idle_timeout),
+    })
+}
+
 /// Runs the service until SIGTERM/SIGINT.
 ///
 /// # Errors
 /// Start-up failures; a server that stops on its own.
 pub async fn serve(cfg: Config) -> Result<(), ServeError> {
+    let limits = connection_limits(&cfg)?;
     let state = app_state(&cfg).await?;
     let listener = TcpListener::bind(cfg.listen)
         .await
@@ -210,20 +250,19 @@ pub async fn serve(cfg: Config) -> Result<(), ServeError> {
         tokio::spawn(async move { w.run(interval, rx).await })
     });
 
-    let app = api::router(state);
+    let app = api::router(state.clone());
     let mut server_rx = stop_rx.clone();
-    let server = axum::serve(listener, app).with_graceful_shutdown(async move {
+    let server = httpkit::serve(listener, app, state, limits, async move {
         let _ = server_rx.wait_for(|stop| *stop).await;
     });
-    let mut server_task = tokio::spawn(async move { server.await });
+    let mut server_task = tokio::spawn(server);
 
     tokio::select! {
         _ = shutdown => {}
         r = &mut server_task => {
             let _ = stop_tx.send(true);
             return match r {
-                Ok(Ok(())) => Ok(()),
-                Ok(Err(e)) => Err(ServeError::Io(format!("server failed: {e}"))),
+                Ok(()) => Ok(()),
                 Err(e) => Err(ServeError::Io(format!("server task failed: {e}"))),
             };
         }
@@ -235,9 +274,10 @@ pub async fn serve(cfg: Config) -> Result<(), ServeError> {
 }
 
 /// After the stop was sent: gives in-flight requests, then the worker's
-/// current pass, `bound` each to finish, and drops what is left.
+/// current pass, `bound` each to finish, and drops what is left (aborting
+/// the server closes every connection it still holds).
 async fn drain(
-    mut server: JoinHandle<std::io::Result<()>>,
+    mut server: JoinHandle<()>,
     worker: Option<JoinHandle<()>>,
     bound: std::time::Duration,
 ) {

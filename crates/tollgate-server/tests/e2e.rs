@@ -345,6 +345,167 @@ fn sigterm_right_after_start_is_graceful() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `tollgate serve` on a loopback port with `args`, under the shell's
+/// `ulimit` arguments `limit` (`-n 300`: soft and hard; `-Sn 300`: soft
+/// only): its exit status and stderr when it stops on its own within
+/// [`START_TIMEOUT`], or `None` and the stderr so far once it printed its
+/// listening line (it is then stopped with SIGTERM and must exit 0).
+fn serve_under_ulimit(limit: &str, args: &[&str]) -> (Option<i32>, String) {
+    let dir = temp_dir("ulimit");
+    let log = dir.join(format!("serve-{}.log", limit.replace(' ', "")));
+    let mut sh = Command::new("sh");
+    for (k, _) in std::env::vars() {
+        if k.starts_with("TOLLGATE_") || k == "DATABASE_URL" {
+            sh.env_remove(k);
+        }
+    }
+    let mut child = sh
+        .arg("-c")
+        .arg(format!("ulimit {limit} && exec \"$0\" \"$@\""))
+        .arg(BIN)
+        .args(["serve", "--listen", "127.0.0.1:0", "--admin-token", ADMIN])
+        .args(args)
+        .env("TOLLGATE_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&log).expect("log"))
+        .spawn()
+        .expect("spawn sh");
+    let stdout = child.stdout.take().expect("stdout");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if line.starts_with("tollgate listening on ") {
+                let _ = tx.send(());
+            }
+        }
+    });
+    let listening = rx.recv_timeout(START_TIMEOUT).is_ok();
+    let status = if listening {
+        let _ = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status();
+        let status = child.wait().expect("wait");
+        assert!(status.success(), "exit status {status}");
+        None
+    } else {
+        let status = child.wait().expect("wait");
+        Some(status.code().expect("exit code"))
+    };
+    let stderr = std::fs::read_to_string(&log).unwrap_or_default();
+    let _ = std::fs::remove_dir_all(&dir);
+    (status, stderr)
+}
+
+/// The connection bound must fit under the open-file limit: a hard limit
+/// too low for the default bound stops the start (exit 2) naming the
+/// largest bound that fits, with which it starts; a soft limit too low is
+/// raised (up to the hard limit) and logged.
+#[test]
+fn connection_bound_must_fit_the_open_file_limit() {
+    let (status, err) = serve_under_ulimit("-n 300", &[]);
+    assert_eq!(status, Some(2), "{err}");
+    assert!(
+        err.contains(
+            "invalid configuration: connections_max 512 needs 608 open files (with 96 for the \
+             service itself), but the hard limit on open files (RLIMIT_NOFILE) is 300: raise it \
+             (ulimit -Hn, systemd LimitNOFILE=) or set connections_max to at most 204"
+        ),
+        "{err}"
+    );
+    let (status, err) = serve_under_ulimit("-n 300", &["--connections-max", "204"]);
+    assert_eq!(status, None, "{err}");
+    assert!(!err.contains("raised the soft limit"), "{err}");
+    let (status, err) = serve_under_ulimit("-n 300", &["--connections-max", "205"]);
+    assert_eq!(status, Some(2), "{err}");
+    let (status, err) = serve_under_ulimit("-Sn 300", &[]);
+    assert_eq!(status, None, "{err}");
+    assert!(
+        err.contains("raised the soft limit on open files to fit the connection bound"),
+        "{err}"
+    );
+}
+
+/// The served binary holds its connection bound and logs at it: with
+/// `--connections-max 1` and that connection running a request, a new one
+/// gets 503 `too_many_connections` and the refusal is logged (once, with
+/// its count); a silent connection is closed after
+/// `--header-read-timeout`, which is logged too.
+#[test]
+fn connection_bound_and_head_timeout_are_served_and_logged() {
+    use std::io::{Read, Write};
+    let dir = temp_dir("bound");
+    let srv = Server::start(
+        &[
+            "--no-reclaim-worker",
+            "--connections-max",
+            "1",
+            "--header-read-timeout",
+            "500ms",
+        ],
+        &dir,
+    );
+    let host = srv
+        .url
+        .strip_prefix("http://")
+        .expect("http url")
+        .to_string();
+    let connect = || {
+        let s = std::net::TcpStream::connect(&host).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(5)))
+            .expect("timeout");
+        s
+    };
+    // Busy: its handler reads the body (100 Continue says so) and waits.
+    let mut busy = connect();
+    write!(
+        busy,
+        "POST /v1/accounts HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {ADMIN}\r\n\
+         Content-Type: application/json\r\nContent-Length: 10\r\nExpect: 100-continue\r\n\r\n"
+    )
+    .expect("write");
+    let mut continued = [0u8; 25];
+    busy.read_exact(&mut continued).expect("100 Continue");
+    assert_eq!(&continued, b"HTTP/1.1 100 Continue\r\n\r\n");
+    let mut refused = String::new();
+    connect().read_to_string(&mut refused).expect("refusal");
+    assert!(
+        refused.starts_with("HTTP/1.1 503 Service Unavailable\r\n")
+            && refused.contains("\r\nretry-after: 1\r\n")
+            && refused.contains(r#""code":"too_many_connections""#),
+        "{refused}"
+    );
+    busy.write_all(br#"{"name":1}"#).expect("body");
+    let mut answer = [0u8; 12];
+    busy.read_exact(&mut answer).expect("answer");
+    assert_eq!(&answer, b"HTTP/1.1 422");
+    drop(busy);
+    // Let the server see that close, so the silent connection below takes
+    // a free place rather than racing the end of the busy one's response.
+    std::thread::sleep(Duration::from_millis(100));
+    // Silent: closed after the header-read timeout.
+    let started = Instant::now();
+    let mut silent = connect();
+    let mut rest = Vec::new();
+    silent.read_to_end(&mut rest).expect("closed");
+    assert!(rest.is_empty() && started.elapsed() < Duration::from_secs(5));
+    let log_path = srv.stderr_path.clone();
+    srv.stop();
+    let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+    let line = |needle: &str| {
+        log.lines()
+            .filter(|l| l.contains(needle))
+            .collect::<Vec<_>>()
+    };
+    let refusals = line("refused new connections");
+    assert_eq!(refusals.len(), 1, "{log}");
+    assert!(refusals[0].contains("refused=1"), "{log}");
+    let timeouts = line("request head did not arrive in time");
+    assert_eq!(timeouts.len(), 1, "{log}");
+    assert!(timeouts[0].contains("closed=1"), "{log}");
+    assert!(!log.contains("request failed"), "{log}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// `GET` with the CLI's own tooling unavailable: a tiny HTTP/1.0 client
 /// over a socket to the loopback server.
 fn reqwest_blocking_get(url: &str) -> String {
@@ -466,6 +627,9 @@ fn print_config_merges_flags_env_and_file() {
          clock = \"system\"\n\
          # secret_file unset: a fresh random capability key (memory store)\n\
          request_timeout = \"PT30S\"\n\
+         header_read_timeout = \"PT10S\"\n\
+         idle_timeout = \"PT1M\"\n\
+         connections_max = 512\n\
          shutdown_timeout = \"PT10S\"\n\
          safetime_gap_max = \"PT5S\"\n"
     );

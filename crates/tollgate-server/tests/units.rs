@@ -52,6 +52,9 @@ fn defaults() {
     assert_eq!(c.request_timeout, SignedDuration::from_secs(30));
     assert_eq!(c.shutdown_timeout, SignedDuration::from_secs(10));
     assert_eq!(c.safetime_gap_max, SignedDuration::from_secs(5));
+    assert_eq!(c.header_read_timeout, SignedDuration::from_secs(10));
+    assert_eq!(c.idle_timeout, SignedDuration::from_secs(60));
+    assert_eq!(c.connections_max, 512);
 }
 
 /// `clock = safe-cut` needs PostgreSQL; its gap bound must be positive; the
@@ -268,6 +271,34 @@ fn validation_errors() {
                 ..r()
             },
             "invalid configuration: listen: \"8080\" is not ADDR:PORT",
+        ),
+        (
+            RawConfig {
+                header_read_timeout: Some("PT0S".into()),
+                ..r()
+            },
+            "invalid configuration: header_read_timeout must be positive, got PT0S",
+        ),
+        (
+            RawConfig {
+                idle_timeout: Some("-PT1S".into()),
+                ..r()
+            },
+            "invalid configuration: idle_timeout must be positive, got -PT1S",
+        ),
+        (
+            RawConfig {
+                connections_max: Some(0),
+                ..r()
+            },
+            "invalid configuration: connections_max: limit must be in 1..=1048576, got 0",
+        ),
+        (
+            RawConfig {
+                connections_max: Some(1_048_577),
+                ..r()
+            },
+            "invalid configuration: connections_max: limit must be in 1..=1048576, got 1048577",
         ),
     ] {
         let e = bad(raw);

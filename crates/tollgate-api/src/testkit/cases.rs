@@ -1065,6 +1065,37 @@ fn malformed_requests(a: i64, key: &str, l: i64, c: &str) -> Vec<(Req, u16, &'st
             raw(
                 &acquire_path,
                 key,
+                r#"{"units":1,"ttl":"PT1S"}"#,
+                Some("application/json; charset=utf-16"),
+            ),
+            415,
+            "unsupported_media_type",
+        ),
+        (
+            raw(
+                &acquire_path,
+                key,
+                r#"{"units":1,"ttl":"PT1S"}"#,
+                Some("application/json; Charset=ISO-8859-1"),
+            ),
+            415,
+            "unsupported_media_type",
+        ),
+        (
+            Req::post(&acquire_path).token(key).raw(
+                "{\"units\":1,\"ttl\":\"PT1S\"}"
+                    .encode_utf16()
+                    .flat_map(u16::to_le_bytes)
+                    .collect::<Vec<u8>>(),
+                Some("application/json; charset=UTF-16LE"),
+            ),
+            415,
+            "unsupported_media_type",
+        ),
+        (
+            raw(
+                &acquire_path,
+                key,
                 &format!(
                     r#"{{"units":1,"ttl":"PT1S","pad":"{}"}}"#,
                     "x".repeat(70_000)
@@ -1160,7 +1191,8 @@ pub async fn malformed_inputs_change_nothing(f: &dyn ServiceStoreFactory) {
         "{}",
         r.text
     );
-    // `application/merge-patch+json`-style suffixes and parameters are JSON.
+    // `application/merge-patch+json`-style suffixes and parameters are JSON;
+    // a charset must be UTF-8.
     h.send(raw(
         &acquire_path,
         &key,
@@ -1169,6 +1201,27 @@ pub async fn malformed_inputs_change_nothing(f: &dyn ServiceStoreFactory) {
     ))
     .await
     .ok(201);
+    h.send(raw(
+        &acquire_path,
+        &key,
+        r#"{"units":1,"ttl":"PT1S"}"#,
+        Some("Application/JSON; Charset=\"UTF-8\""),
+    ))
+    .await
+    .ok(201);
+    let r = h
+        .send(raw(
+            &acquire_path,
+            &key,
+            r#"{"units":1,"ttl":"PT1S"}"#,
+            Some("application/json; charset=utf-16"),
+        ))
+        .await;
+    r.problem(415, "unsupported_media_type");
+    assert_eq!(
+        r.body["detail"],
+        json!("request bodies must be application/json in UTF-8")
+    );
     let clock = h.clock.get();
     assert_eq!(clock, ts(T0));
     h.assert_audit_clean().await;
@@ -1214,25 +1267,64 @@ pub async fn integer_ranges(f: &dyn ServiceStoreFactory) {
     assert_eq!(h.ledger_len().await, before);
 }
 
-/// Bad path ids are 400 `invalid_path`; ids out of any store's range are
+/// Path ids are positive integers in canonical decimal: anything else (a
+/// word, a fraction, beyond `i64`, a sign, a leading zero, zero itself or
+/// a negative) is 400 `invalid_path` with the same detail on every route,
+/// before the credential is looked at; a well-formed id of no object is
 /// simply not found.
 pub async fn path_ids(f: &dyn ServiceStoreFactory) {
     let h = Harness::new(f, default_policy()).await;
-    let (_a, key) = h.account("a", 100).await;
-    for path in [
-        "/v1/accounts/abc",
-        "/v1/accounts/1.5",
-        "/v1/accounts/99999999999999999999",
-        "/v1/accounts/%20",
-        "/v1/accounts/0x10",
+    let (a, key) = h.account("a", 100).await;
+    let g = h.acquire(a, &key, 10, "PT30S").await;
+    let (l, c) = (id(&g, "lease_id"), cap(&g));
+    let detail = |raw: &str| {
+        format!(
+            "path id {raw:?} is not a positive integer in canonical decimal \
+             (1..=9223372036854775807, no sign or leading zero)"
+        )
+    };
+    for (raw, shown) in [
+        ("abc", "abc"),
+        ("1.5", "1.5"),
+        ("99999999999999999999", "99999999999999999999"),
+        ("9223372036854775808", "9223372036854775808"),
+        ("%20", " "),
+        ("0x10", "0x10"),
+        ("+1", "+1"),
+        ("%2B1", "+1"),
+        ("01", "01"),
+        ("001", "001"),
+        ("0", "0"),
+        ("00", "00"),
+        ("-1", "-1"),
+        ("-0", "-0"),
+        ("-9223372036854775808", "-9223372036854775808"),
+        ("1e0", "1e0"),
     ] {
-        h.send(Req::get(path).token(ADMIN))
-            .await
-            .problem(400, "invalid_path");
+        for (req, token) in [
+            (Req::get(format!("/v1/accounts/{raw}")), ADMIN),
+            (Req::get(format!("/v1/accounts/{raw}")), key.as_str()),
+            (
+                Req::post(format!("/v1/accounts/{raw}/deposits")).json(json!({"units": 1})),
+                ADMIN,
+            ),
+            (
+                Req::post(format!("/v1/accounts/{raw}/leases"))
+                    .json(json!({"units": 1, "ttl": "PT1S"})),
+                key.as_str(),
+            ),
+            (Req::get(format!("/v1/leases/{raw}")), c.as_str()),
+            (
+                Req::post(format!("/v1/leases/{raw}/renew")).json(json!({"ttl": "PT1S"})),
+                c.as_str(),
+            ),
+            (Req::post(format!("/v1/leases/{raw}/release")), c.as_str()),
+        ] {
+            let r = h.send(req.token(token)).await;
+            r.problem(400, "invalid_path");
+            assert_eq!(r.body["detail"], json!(detail(shown)), "{raw}");
+        }
     }
-    h.send(Req::get("/v1/leases/abc").token(&key))
-        .await
-        .problem(400, "invalid_path");
     h.send(
         Req::post("/v1/leases/-/renew")
             .token(&key)
@@ -1247,7 +1339,14 @@ pub async fn path_ids(f: &dyn ServiceStoreFactory) {
     )
     .await
     .problem(400, "invalid_path");
-    for id in ["0", "-1", "9223372036854775807", "-9223372036854775808"] {
+    // The canonical spelling of an existing id reaches it.
+    h.send(Req::get(format!("/v1/accounts/{a}")).token(ADMIN))
+        .await
+        .ok(200);
+    h.send(Req::get(format!("/v1/leases/{l}")).token(&c))
+        .await
+        .ok(200);
+    for id in [(a + 1).to_string(), "9223372036854775807".to_string()] {
         h.send(Req::get(format!("/v1/accounts/{id}")).token(ADMIN))
             .await
             .problem(404, "account_not_found");
@@ -1255,6 +1354,8 @@ pub async fn path_ids(f: &dyn ServiceStoreFactory) {
             .await
             .problem(403, "capability_mismatch");
     }
+    // Nothing was released or renewed by any refused request.
+    assert_eq!(h.account_view(a).await["held"], json!(10));
 }
 
 /// Unknown routes and methods: problem documents, 404 and 405.

@@ -26,7 +26,8 @@ use tollgate::{CapabilityKey, GrantPolicy};
 
 use pgkit::UrlError;
 pub use settings::{
-    ClockArg, DATABASE_URL_ENV, DATABASE_URL_FALLBACK_ENV, DEFAULT_LISTEN, DEFAULT_MAX_TTL,
+    ClockArg, DATABASE_URL_ENV, DATABASE_URL_FALLBACK_ENV, DEFAULT_CONNECTIONS_MAX,
+    DEFAULT_HEADER_READ_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_LISTEN, DEFAULT_MAX_TTL,
     DEFAULT_RECLAIM_GRACE, DEFAULT_RECLAIM_INTERVAL, DEFAULT_REQUEST_TIMEOUT,
     DEFAULT_SAFETIME_GAP_MAX, DEFAULT_SHUTDOWN_TIMEOUT, FileConfig, KEYS, RECLAIM_BATCH_DEFAULT,
     RawConfig, ServiceSettings, StoreSettings,
@@ -95,6 +96,12 @@ pub struct Config {
     pub secret_file: Option<PathBuf>,
     /// Bound on each request.
     pub request_timeout: SignedDuration,
+    /// Bound on receiving a request head (positive).
+    pub header_read_timeout: SignedDuration,
+    /// Bound on a kept-alive connection on which nothing moves (positive).
+    pub idle_timeout: SignedDuration,
+    /// Connections served at once.
+    pub connections_max: usize,
     /// Bound on graceful shutdown.
     pub shutdown_timeout: SignedDuration,
     /// Safe-cut clock: the sampling-gap bound after which an unchanged cut
@@ -196,6 +203,9 @@ impl Config {
             safetime_gap_max: s.safetime_gap_max()?,
             secret_file: s.secret_file()?,
             request_timeout: s.request_timeout()?,
+            header_read_timeout: s.header_read_timeout()?,
+            idle_timeout: s.idle_timeout()?,
+            connections_max: s.connections_max()?,
             shutdown_timeout: s.shutdown_timeout()?,
         })
     }
@@ -235,6 +245,9 @@ impl Config {
             l.clock(),
             l.secret_file(),
             l.request_timeout(),
+            l.header_read_timeout(),
+            l.idle_timeout(),
+            l.connections_max(),
             l.shutdown_timeout(),
             l.safetime_gap_max(),
         ]
@@ -322,6 +335,18 @@ mod tests {
             );
             checked += 1;
         }
-        assert_eq!(checked, 9, "settings whose help shows a default");
+        assert_eq!(checked, 12, "settings whose help shows a default");
+    }
+
+    /// The connection defaults are the connection layer's.
+    #[test]
+    fn connection_defaults_are_httpkits() {
+        use httpkit::server as s;
+        assert_eq!(
+            Config::std(DEFAULT_HEADER_READ_TIMEOUT),
+            s::HEADER_READ_TIMEOUT_DEFAULT
+        );
+        assert_eq!(Config::std(DEFAULT_IDLE_TIMEOUT), s::IDLE_TIMEOUT_DEFAULT);
+        assert_eq!(DEFAULT_CONNECTIONS_MAX, s::CONNECTIONS_MAX_DEFAULT);
     }
 }

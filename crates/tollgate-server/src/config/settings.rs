@@ -52,6 +52,15 @@ pub const RECLAIM_BATCH_DEFAULT: usize = tollgate::RECLAIM_BATCH_DEFAULT;
 pub const DEFAULT_REQUEST_TIMEOUT: SignedDuration = SignedDuration::from_secs(30);
 /// Default `--shutdown-timeout`.
 pub const DEFAULT_SHUTDOWN_TIMEOUT: SignedDuration = SignedDuration::from_secs(10);
+/// Default `--header-read-timeout`: the connection layer's
+/// ([`httpkit::server::HEADER_READ_TIMEOUT_DEFAULT`], which says why).
+pub const DEFAULT_HEADER_READ_TIMEOUT: SignedDuration = SignedDuration::from_secs(10);
+/// Default `--idle-timeout`: the connection layer's
+/// ([`httpkit::server::IDLE_TIMEOUT_DEFAULT`], which says why).
+pub const DEFAULT_IDLE_TIMEOUT: SignedDuration = SignedDuration::from_secs(60);
+/// Default `--connections-max`: the connection layer's
+/// ([`httpkit::server::CONNECTIONS_MAX_DEFAULT`], which says why).
+pub const DEFAULT_CONNECTIONS_MAX: usize = httpkit::server::CONNECTIONS_MAX_DEFAULT;
 /// Default `--safetime-gap-max`: the sampler's own default sampling-gap
 /// bound ([`safetime::DEFAULT_GAP_MAX`]).
 pub const DEFAULT_SAFETIME_GAP_MAX: SignedDuration = safetime::DEFAULT_GAP_MAX;
@@ -249,8 +258,8 @@ settings! {
     }
 
     /// The settings of `serve` beyond the store's: the listener, the
-    /// reclaim worker, migrations at start-up, the admin token and the
-    /// time bounds.
+    /// reclaim worker, migrations at start-up, the admin token, the time
+    /// bounds and the connection bounds.
     ServiceSettings {
         listen: Option<String> => listen: String,
             env "TOLLGATE_LISTEN",
@@ -297,6 +306,28 @@ settings! {
             help "Bound on each request {default}",
             arg(value_name = "DURATION", allow_hyphen_values = true),
             shown |c| c.request_timeout;
+        header_read_timeout: Option<String> => header_read_timeout: String,
+            env "TOLLGATE_HEADER_READ_TIMEOUT",
+            Duration::positive(DEFAULT_HEADER_READ_TIMEOUT),
+            help "Bound on receiving a request's head (request line and headers), from the \
+                  accept or the request's first byte; a connection that is slower is closed {default}",
+            arg(value_name = "DURATION", allow_hyphen_values = true),
+            shown |c| c.header_read_timeout;
+        idle_timeout: Option<String> => idle_timeout: String,
+            env "TOLLGATE_IDLE_TIMEOUT",
+            Duration::positive(DEFAULT_IDLE_TIMEOUT),
+            help "Close a kept-alive connection on which nothing moves for this long between \
+                  requests, or while its client does not read a response {default}",
+            arg(value_name = "DURATION", allow_hyphen_values = true),
+            shown |c| c.idle_timeout;
+        connections_max: Option<i64> => connections_max: i64,
+            env "TOLLGATE_CONNECTIONS_MAX",
+            Count::up_to(DEFAULT_CONNECTIONS_MAX, httpkit::server::CONNECTIONS_MAX_MAX),
+            help "Connections served at once, {range}; at the bound the connection waiting \
+                  longest for a request is closed to make room, and with every one busy a new \
+                  one gets 503 too_many_connections; must fit under the open-file limit {default}",
+            arg(value_name = "N", allow_negative_numbers = true),
+            shown |c| c.connections_max;
         shutdown_timeout: Option<String> => shutdown_timeout: String,
             env "TOLLGATE_SHUTDOWN_TIMEOUT",
             Duration::nonnegative(DEFAULT_SHUTDOWN_TIMEOUT),
