@@ -347,10 +347,10 @@ impl Sampler {
                 return Ok(false);
             }
             if cut::try_lock(conn).await? {
-                self.standing_by.send_replace(false);
+                self.set_standing_by(false);
                 return Ok(true);
             }
-            self.standing_by.send_replace(true);
+            self.set_standing_by(true);
             if !logged {
                 tracing::info!("another sampler leads; waiting as a standby");
                 logged = true;
@@ -583,53 +583,69 @@ impl Sampler {
     /// connection. Returns on shutdown.
     async fn read_while_standing_by(&self, mut shutdown: watch::Receiver<bool>) {
         let mut standing_by = self.standing_by.subscribe();
-        let mut conn: Option<PgConnection> = None;
         let mut failing = false;
         loop {
-            if *shutdown.borrow() {
-                return;
-            }
             if !*standing_by.borrow_and_update() {
-                conn = None;
                 tokio::select! {
                     _ = standing_by.changed() => {}
                     () = until_shutdown(&mut shutdown) => return,
                 }
                 continue;
             }
-            let read = tokio::select! {
-                read = self.read_once(&mut conn) => read,
-                () = until_shutdown(&mut shutdown) => return,
-            };
-            match read {
-                Ok(reading) => {
-                    if failing {
-                        tracing::info!("the standby reads the safe cut again");
-                        failing = false;
+            // One read per interval on a fixed schedule (the first at
+            // once), so a read's own duration does not stretch the time
+            // between a publish and its first sighting; a late tick is
+            // delayed, never doubled.
+            let mut ticks = tokio::time::interval(self.interval());
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut conn: Option<PgConnection> = None;
+            while *standing_by.borrow_and_update() {
+                tokio::select! {
+                    _ = ticks.tick() => {}
+                    _ = standing_by.changed() => continue,
+                    () = until_shutdown(&mut shutdown) => return,
+                }
+                let read = tokio::select! {
+                    read = self.read_once(&mut conn) => read,
+                    () = until_shutdown(&mut shutdown) => return,
+                };
+                match read {
+                    Ok(reading) => {
+                        if failing {
+                            tracing::info!("the standby reads the safe cut again");
+                            failing = false;
+                        }
+                        if let Some(reading) = reading {
+                            self.carry_reading(reading);
+                        }
                     }
-                    if let Some(reading) = reading {
-                        self.carry_reading(reading);
+                    Err(e) => {
+                        conn = None;
+                        if failing {
+                            tracing::debug!(code = e.code(), error = %e, "standby reading of the safe cut failed again");
+                        } else {
+                            tracing::warn!(
+                                code = e.code(),
+                                error = %e,
+                                "the standby cannot read the safe cut; a takeover now would carry \
+                                 only what it read before (retrying every interval)"
+                            );
+                            failing = true;
+                        }
                     }
                 }
-                Err(e) => {
-                    conn = None;
-                    if failing {
-                        tracing::debug!(code = e.code(), error = %e, "standby reading of the safe cut failed again");
-                    } else {
-                        tracing::warn!(
-                            code = e.code(),
-                            error = %e,
-                            "the standby cannot read the safe cut; a takeover now would carry only \
-                             what it read before (retrying every interval)"
-                        );
-                        failing = true;
-                    }
-                }
-            }
-            if sleep_or_shutdown(self.interval(), &mut shutdown).await {
-                return;
             }
         }
+    }
+
+    /// Records whether this sampler stands by; the standby reader hears of
+    /// changes only.
+    fn set_standing_by(&self, standing_by: bool) {
+        self.standing_by.send_if_modified(|was| {
+            let changed = *was != standing_by;
+            *was = standing_by;
+            changed
+        });
     }
 
     /// One standby reading on the reader connection `conn` (connected, with
