@@ -26,8 +26,10 @@
 //!   into a proposal and the database function caps and persists it. Any
 //!   refusal (stale epoch, lost lock, quarantine refused) or connection
 //!   error ends the leadership.
-//! * **The carried cut** ([`safetime::carry`]): a standby reads the
-//!   published cut every interval ([`cut::read_sighting`]: read-only, no
+//! * **The carried cut** ([`safetime::carry`]): a standby (and a sampler
+//!   waiting out the back-off of a term that never won, such as one on a
+//!   server in recovery until its promotion) reads the published cut every
+//!   interval ([`cut::read_sighting`]: read-only, no
 //!   lock, on a connection of its own named
 //!   [`STANDBY_READER_APPLICATION_NAME`], each read bounded by the gap
 //!   bound, a failure logged and retried at the next interval, never in
@@ -161,8 +163,9 @@ pub struct Sampler {
     /// readings of the published cut, or the leader's last accepted
     /// publish. `None` until the first of them.
     carried: Mutex<Option<CarriedCut>>,
-    /// Whether this sampler stands by while another leads: the standby
-    /// reader reads only then.
+    /// Whether this sampler stands by (another leads, or it waits out the
+    /// back-off of a term that never won): the standby reader reads only
+    /// then.
     standing_by: watch::Sender<bool>,
 }
 
@@ -316,6 +319,10 @@ impl Sampler {
                         backoff = ?not_won_backoff,
                         "cannot take safe-time leadership; connection dropped, retrying"
                     );
+                    // Waiting to lead (typically on a server in recovery,
+                    // until it is promoted): read the cut meanwhile, so the
+                    // term that finally wins carries it.
+                    self.set_standing_by(true);
                     if sleep_or_shutdown(not_won_backoff, &mut shutdown).await {
                         return;
                     }
@@ -448,11 +455,15 @@ impl Sampler {
             );
             tracker = tracker.with_carry(c);
         }
+        let carried_system = carried
+            .filter(|_| !claim.quarantined)
+            .map(|c| c.last().observation.topology.system_identifier);
         Ok(Term {
             pid,
             epoch: claim.epoch,
             tracker,
             last_reason: claim.uncertain,
+            carried_system,
         })
     }
 
@@ -465,6 +476,16 @@ impl Sampler {
     /// or the leadership check failed.
     async fn sample(&self, conn: &mut PgConnection, term: &mut Term) -> Result<(), TermEnd> {
         let obs = self.observe(conn, term.pid).await?;
+        if let Some(system) = term.carried_system.take()
+            && system != obs.topology.system_identifier
+        {
+            tracing::warn!(
+                epoch = term.epoch,
+                carried_system_identifier = system,
+                system_identifier = obs.topology.system_identifier,
+                "the carried safe cut was read on another database system; nothing is carried"
+            );
+        }
         let verdict = term.tracker.observe(obs);
         if verdict.publishable {
             self.publish(conn, term, &obs, &verdict).await
@@ -574,7 +595,8 @@ impl Sampler {
 
 impl Sampler {
     /// The standby reader of [`Sampler::run`]: while this sampler stands by
-    /// (another leads), reads the published cut every interval on a
+    /// (another leads, or it waits to try again after a term that never
+    /// won), reads the published cut every interval on a
     /// connection of its own and adds each reading to what this process
     /// carries; while it does not, holds no connection. Never touches the
     /// lock, so it cannot delay a lock attempt; each read (and connect) is
@@ -735,6 +757,10 @@ struct Term {
     /// The uncertainty last logged (initially the claim's), so that each
     /// change is logged once.
     last_reason: Option<UncertainReason>,
+    /// Until the term's first observation: the database system of the
+    /// carried cut's last reading, if a cut was carried (a first
+    /// observation of another system carries nothing, which is logged).
+    carried_system: Option<i64>,
 }
 
 /// `idle_session_timeout` of a leader session, in milliseconds: twice the
