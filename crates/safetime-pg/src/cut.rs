@@ -1,6 +1,7 @@
-//! The safe expiry cut in PostgreSQL (migration 0018): reading it, the
-//! sampler's leadership lock, observations, epoch claims, publishes, the
-//! sealed horizon policy and its evidence.
+//! The safe expiry cut in PostgreSQL (migration 0018): reading it (also as
+//! a standby sighting to carry across a takeover), the sampler's
+//! leadership lock, observations, epoch claims, publishes, the sealed
+//! horizon policy and its evidence.
 //!
 //! Every writing statement here goes through a database function of
 //! migration 0018 that re-checks leadership (its own backend holds the
@@ -471,6 +472,61 @@ pub async fn observe(conn: &mut PgConnection) -> Result<DbObservation, SafeTimeE
         backend_pid: row.try_get("backend_pid")?,
         lock_held: row.try_get("lock_held")?,
     })
+}
+
+/// The published cut as a standby sees it, with database time and topology
+/// read by the same statement: what a sampler process carries across its
+/// next epoch ([`safetime::CutReading`], once bracketed by its monotonic
+/// clock).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CutSighting {
+    /// The epoch of the row read.
+    pub epoch: i64,
+    /// Its publish sequence number.
+    pub publish_seq: i64,
+    /// The persisted cut (exact instant pair).
+    pub cut: Timestamp,
+    /// `clock_timestamp()` in the same statement (microseconds).
+    pub db_now: Timestamp,
+    /// The topology of the server that answered.
+    pub topology: Topology,
+}
+
+/// Reads the published cut with database time and topology in one
+/// statement; `Ok(None)` before any claim. Read-only and without the lock,
+/// so any sampler may run it, a standby on a connection of its own. The
+/// statement is unnamed (not prepared), so it takes nothing from the
+/// connection's prepared-statement cache and runs behind any proxy.
+///
+/// # Errors
+/// [`SafeTimeError::SchemaMissing`], [`SafeTimeError::PermissionDenied`]
+/// (it needs `tollgate_sampler`'s grants: reading the cut, executing the
+/// observation function), [`SafeTimeError::Backend`],
+/// [`SafeTimeError::Corrupt`].
+pub async fn read_sighting(conn: &mut PgConnection) -> Result<Option<CutSighting>, SafeTimeError> {
+    let row = sqlx::query(
+        "SELECT s.epoch, s.publish_seq, s.cut_floor_us, s.cut_submicro_ns, \
+                tollgate_safetime_pair_us(o.db_now) AS db_now_us, \
+                o.system_identifier, o.timeline_id, o.in_recovery, \
+                tollgate_safetime_pair_us(o.postmaster_start) AS postmaster_us \
+           FROM tollgate_safetime s CROSS JOIN tollgate_safetime_observe() o",
+    )
+    .persistent(false)
+    .fetch_optional(conn)
+    .await?;
+    let Some(row) = row else { return Ok(None) };
+    Ok(Some(CutSighting {
+        epoch: row.try_get("epoch")?,
+        publish_seq: row.try_get("publish_seq")?,
+        cut: cut_from(&row)?,
+        db_now: us_to_timestamp(row.try_get("db_now_us")?)?,
+        topology: Topology {
+            system_identifier: row.try_get("system_identifier")?,
+            timeline_id: row.try_get("timeline_id")?,
+            in_recovery: row.try_get("in_recovery")?,
+            postmaster_start: us_to_timestamp(row.try_get("postmaster_us")?)?,
+        },
+    }))
 }
 
 /// What a claim returned: the new epoch and where its cut starts.

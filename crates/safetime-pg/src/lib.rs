@@ -4,13 +4,15 @@
 //! sampler that publishes it. The rules are `safetime`'s (pure); this crate
 //! is their I/O.
 //!
-//! * [`cut`]: reading the cut ([`read_cut`]), the sampler's session-level
-//!   lock ([`try_lock`]), observations ([`observe`]), epoch claims
+//! * [`cut`]: reading the cut ([`read_cut`]; as a standby's sighting,
+//!   [`read_sighting`]), the sampler's session-level lock ([`try_lock`]), observations ([`observe`]), epoch claims
 //!   ([`claim`]), publishes ([`publish`]), the sealed horizon policy
 //!   ([`load_policy`], [`seal_policy`]) and its evidence ([`evidence`]);
 //!   every failure is a [`SafeTimeError`] with a stable code.
 //! * [`sampler`]: the sampler's leadership loop ([`Sampler`]): one
-//!   epoch-fenced leader per database, any number of standbys.
+//!   epoch-fenced leader per database, any number of standbys, each
+//!   reading the published cut so that a takeover carries it across the
+//!   new epoch.
 //!
 //! # Schema
 //!
@@ -27,8 +29,9 @@
 //! every statement that writes goes through a function of migration 0018
 //! that caps the proposal by database time and re-checks leadership and
 //! the epoch); no statement is sent on a pool by the sampler (its
-//! leadership is its one pinned connection); no error message contains
-//! the connection URL.
+//! leadership is its one pinned connection, and a standby's readings of
+//! the cut go over one connection of their own); no error message
+//! contains the connection URL.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -37,8 +40,8 @@ pub mod cut;
 pub mod sampler;
 
 pub use cut::{
-    Claim, CutRow, DbObservation, EVIDENCE_MAX, Evidence, LOCK_KEY_CLASS, LOCK_KEY_OBJ, Published,
-    SafeTimeError, claim, connect_options, evidence, load_policy, observe, publish, read_cut,
-    seal_policy, try_lock,
+    Claim, CutRow, CutSighting, DbObservation, EVIDENCE_MAX, Evidence, LOCK_KEY_CLASS,
+    LOCK_KEY_OBJ, Published, SafeTimeError, claim, connect_options, evidence, load_policy, observe,
+    publish, read_cut, read_sighting, seal_policy, try_lock,
 };
 pub use sampler::{Sampler, SamplerOptions, SamplerStatus};

@@ -26,6 +26,20 @@
 //!   into a proposal and the database function caps and persists it. Any
 //!   refusal (stale epoch, lost lock, quarantine refused) or connection
 //!   error ends the leadership.
+//! * **The carried cut** ([`safetime::carry`]): a standby (and a sampler
+//!   waiting out the back-off of a term that never won, such as one on a
+//!   server in recovery until its promotion) reads the published cut every
+//!   interval ([`cut::read_sighting`]: read-only, no
+//!   lock, on a connection of its own named
+//!   [`STANDBY_READER_APPLICATION_NAME`], each read bounded by the gap
+//!   bound, a failure logged and retried at the next interval, never in
+//!   the way of the lock attempts), and a leader keeps each publish the
+//!   database accepted. Whichever this process wins next (a takeover, or
+//!   its own next term after a PostgreSQL restart or a lost lock), its
+//!   first observation may advance the cut by the monotonic time since
+//!   that reading, less the drift allowance: the new epoch still starts
+//!   uncertain, and a clock step in between is still reported as one.
+//!   Only an outage of every sampler process adds lag.
 //! * **A term that never won** is not a lost leadership: when loading the
 //!   policy or the claim fails after the lock was taken (typically a
 //!   misconfiguration: the database is not migrated, `schema_missing`, or
@@ -43,10 +57,13 @@
 //! (`idle_session_timeout`), so a frozen leader releases the lock to a
 //! standby.
 
+use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use jiff::SignedDuration;
-use safetime::{CutTracker, Observation, SafeTimeConfig, UncertainReason, Verdict};
+use safetime::{
+    CarriedCut, CutReading, CutTracker, Observation, SafeTimeConfig, UncertainReason, Verdict,
+};
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{Connection, PgConnection};
 use tokio::sync::watch;
@@ -56,6 +73,11 @@ use crate::cut::{self, Published, SafeTimeError};
 /// `application_name` of the sampler's connection (visible in
 /// `pg_stat_activity`).
 pub const SAMPLER_APPLICATION_NAME: &str = "tollgate-safetime";
+
+/// `application_name` of a standby's reader connection, on which it reads
+/// the published cut every interval (visible in `pg_stat_activity`; it
+/// never takes the lock).
+pub const STANDBY_READER_APPLICATION_NAME: &str = "tollgate-safetime-standby";
 
 /// Default interval between a standby's lock attempts.
 pub const DEFAULT_STANDBY_POLL: Duration = Duration::from_millis(500);
@@ -131,9 +153,20 @@ enum TermEnd {
 #[derive(Debug)]
 pub struct Sampler {
     connect: PgConnectOptions,
+    /// The standby reader's connection settings (its own
+    /// `application_name`).
+    reader_connect: PgConnectOptions,
     options: SamplerOptions,
     origin: Instant,
     status: watch::Sender<SamplerStatus>,
+    /// What this process carries across its next epoch: a standby's
+    /// readings of the published cut, or the leader's last accepted
+    /// publish. `None` until the first of them.
+    carried: Mutex<Option<CarriedCut>>,
+    /// Whether this sampler stands by (another leads, or it waits out the
+    /// back-off of a term that never won): the standby reader reads only
+    /// then.
+    standing_by: watch::Sender<bool>,
 }
 
 impl Sampler {
@@ -144,12 +177,15 @@ impl Sampler {
     /// does not parse ([`cut::connect_options`]; the message does
     /// not repeat the URL).
     pub fn new(url: &str, options: SamplerOptions) -> Result<Sampler, SafeTimeError> {
-        let connect = cut::connect_options(url)?.application_name(SAMPLER_APPLICATION_NAME);
+        let parsed = cut::connect_options(url)?;
         Ok(Sampler {
-            connect,
+            connect: parsed.clone().application_name(SAMPLER_APPLICATION_NAME),
+            reader_connect: parsed.application_name(STANDBY_READER_APPLICATION_NAME),
             options,
             origin: Instant::now(),
             status: watch::channel(SamplerStatus::default()).0,
+            carried: Mutex::new(None),
+            standing_by: watch::channel(false).0,
         })
     }
 
@@ -178,10 +214,20 @@ impl Sampler {
     }
 
     /// Runs until `shutdown` turns `true` (or its sender goes away): connect,
-    /// wait for the lock as a standby, lead until leadership is lost, and
+    /// wait for the lock as a standby (reading the published cut meanwhile,
+    /// on a connection of its own), lead until leadership is lost, and
     /// start over. Returns on shutdown; leadership ends with the
     /// connection, so a successor can take over at once.
-    pub async fn run(&self, mut shutdown: watch::Receiver<bool>) {
+    pub async fn run(&self, shutdown: watch::Receiver<bool>) {
+        tokio::join!(
+            self.compete(shutdown.clone()),
+            self.read_while_standing_by(shutdown)
+        );
+    }
+
+    /// The leadership loop of [`Sampler::run`]: connect, stand by, lead,
+    /// and start over, until shutdown.
+    async fn compete(&self, mut shutdown: watch::Receiver<bool>) {
         let mut backoff = RETRY_BACKOFF_START;
         // Its own back-off, for failures after a successful connect (a
         // claim that fails, a standby whose lock query fails): a
@@ -273,6 +319,10 @@ impl Sampler {
                         backoff = ?not_won_backoff,
                         "cannot take safe-time leadership; connection dropped, retrying"
                     );
+                    // Waiting to lead (typically on a server in recovery,
+                    // until it is promoted): read the cut meanwhile, so the
+                    // term that finally wins carries it.
+                    self.set_standing_by(true);
                     if sleep_or_shutdown(not_won_backoff, &mut shutdown).await {
                         return;
                     }
@@ -304,8 +354,10 @@ impl Sampler {
                 return Ok(false);
             }
             if cut::try_lock(conn).await? {
+                self.set_standing_by(false);
                 return Ok(true);
             }
+            self.set_standing_by(true);
             if !logged {
                 tracing::info!("another sampler leads; waiting as a standby");
                 logged = true;
@@ -383,11 +435,35 @@ impl Sampler {
         if let Some(reason) = claim.uncertain.filter(|r| r.is_anomaly()) {
             tracker = tracker.with_start_reason(reason);
         }
+        // Taken after the claim and before the first observation, so every
+        // reading in it answered before that observation was sent.
+        let carried = *self.carried.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(c) = carried {
+            let anchor = c.anchor();
+            let age_ns = self
+                .mono_ns()
+                .saturating_sub(anchor.observation.mono_after_ns);
+            tracing::info!(
+                epoch = claim.epoch,
+                carried_cut = %anchor.cut,
+                carried_epoch = anchor.epoch,
+                carried_publish_seq = anchor.publish_seq,
+                carried_age_ms = age_ns / 1_000_000,
+                pending_step = ?c.pending_step(),
+                ignored = claim.quarantined,
+                "carrying the safe cut into the new epoch"
+            );
+            tracker = tracker.with_carry(c);
+        }
+        let carried_system = carried
+            .filter(|_| !claim.quarantined)
+            .map(|c| c.last().observation.topology.system_identifier);
         Ok(Term {
             pid,
             epoch: claim.epoch,
             tracker,
             last_reason: claim.uncertain,
+            carried_system,
         })
     }
 
@@ -400,9 +476,19 @@ impl Sampler {
     /// or the leadership check failed.
     async fn sample(&self, conn: &mut PgConnection, term: &mut Term) -> Result<(), TermEnd> {
         let obs = self.observe(conn, term.pid).await?;
+        if let Some(system) = term.carried_system.take()
+            && system != obs.topology.system_identifier
+        {
+            tracing::warn!(
+                epoch = term.epoch,
+                carried_system_identifier = system,
+                system_identifier = obs.topology.system_identifier,
+                "the carried safe cut was read on another database system; nothing is carried"
+            );
+        }
         let verdict = term.tracker.observe(obs);
         if verdict.publishable {
-            self.publish(conn, term, &verdict).await
+            self.publish(conn, term, &obs, &verdict).await
         } else {
             if term.last_reason != verdict.uncertain {
                 tracing::warn!(reason = ?verdict.uncertain, "connected to a server in recovery; not publishing");
@@ -448,9 +534,10 @@ impl Sampler {
         })
     }
 
-    /// Publishes `verdict` for the term's epoch and feeds the cut the
-    /// database accepted back to the tracker; logs each change of
-    /// certainty once.
+    /// Publishes `verdict` (on `obs`) for the term's epoch, feeds the cut
+    /// the database accepted back to the tracker and keeps it as what this
+    /// process carries (a reading: `obs`'s database time, answered when
+    /// the publish answered); logs each change of certainty once.
     ///
     /// # Errors
     /// [`TermEnd::Lost`]: the publish was refused, failed or did not
@@ -461,6 +548,7 @@ impl Sampler {
         &self,
         conn: &mut PgConnection,
         term: &mut Term,
+        obs: &Observation,
         verdict: &Verdict,
     ) -> Result<(), TermEnd> {
         let published =
@@ -472,9 +560,20 @@ impl Sampler {
                         self.call_max()
                     )))
                 });
+        let answered_ns = self.mono_ns();
         let p =
             published.map_err(|e| TermEnd::Lost(format!("publish refused: {e} ({})", e.code())))?;
         term.tracker.accepted(p.cut);
+        *self.carried.lock().unwrap_or_else(PoisonError::into_inner) =
+            Some(CarriedCut::new(CutReading {
+                cut: p.cut,
+                epoch: term.epoch,
+                publish_seq: p.publish_seq,
+                observation: Observation {
+                    mono_after_ns: answered_ns,
+                    ..*obs
+                },
+            }));
         if p.quarantined && !term.tracker.quarantined() {
             return Err(TermEnd::Lost(
                 "the database kept the quarantine the sampler proved cleared".to_owned(),
@@ -494,6 +593,157 @@ impl Sampler {
     }
 }
 
+impl Sampler {
+    /// The standby reader of [`Sampler::run`]: while this sampler stands by
+    /// (another leads, or it waits to try again after a term that never
+    /// won), reads the published cut every interval on a
+    /// connection of its own and adds each reading to what this process
+    /// carries; while it does not, holds no connection. Never touches the
+    /// lock, so it cannot delay a lock attempt; each read (and connect) is
+    /// bounded by [`Sampler::call_max`], and a failure is logged (the first
+    /// of a run at `warn`) and retried at the next interval on a new
+    /// connection. Returns on shutdown.
+    async fn read_while_standing_by(&self, mut shutdown: watch::Receiver<bool>) {
+        let mut standing_by = self.standing_by.subscribe();
+        let mut failing = false;
+        loop {
+            if !*standing_by.borrow_and_update() {
+                tokio::select! {
+                    _ = standing_by.changed() => {}
+                    () = until_shutdown(&mut shutdown) => return,
+                }
+                continue;
+            }
+            // One read per interval on a fixed schedule (the first at
+            // once), so a read's own duration does not stretch the time
+            // between a publish and its first sighting; a late tick is
+            // delayed, never doubled.
+            let mut ticks = tokio::time::interval(self.interval());
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut conn: Option<PgConnection> = None;
+            while *standing_by.borrow_and_update() {
+                tokio::select! {
+                    _ = ticks.tick() => {}
+                    _ = standing_by.changed() => continue,
+                    () = until_shutdown(&mut shutdown) => return,
+                }
+                let read = tokio::select! {
+                    read = self.read_once(&mut conn) => read,
+                    () = until_shutdown(&mut shutdown) => return,
+                };
+                match read {
+                    Ok(reading) => {
+                        if failing {
+                            tracing::info!("the standby reads the safe cut again");
+                            failing = false;
+                        }
+                        if let Some(reading) = reading {
+                            self.carry_reading(reading);
+                        }
+                    }
+                    Err(e) => {
+                        conn = None;
+                        if failing {
+                            tracing::debug!(code = e.code(), error = %e, "standby reading of the safe cut failed again");
+                        } else {
+                            tracing::warn!(
+                                code = e.code(),
+                                error = %e,
+                                "the standby cannot read the safe cut; a takeover now would carry \
+                                 only what it read before (retrying every interval)"
+                            );
+                            failing = true;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Records whether this sampler stands by; the standby reader hears of
+    /// changes only.
+    fn set_standing_by(&self, standing_by: bool) {
+        self.standing_by.send_if_modified(|was| {
+            let changed = *was != standing_by;
+            *was = standing_by;
+            changed
+        });
+    }
+
+    /// One standby reading on the reader connection `conn` (connected, with
+    /// its idle timeout, when there is none), bracketed by this sampler's
+    /// monotonic clock; `Ok(None)` before any claim.
+    ///
+    /// # Errors
+    /// The connection or the read failed, or did not answer within
+    /// [`Sampler::call_max`].
+    async fn read_once(
+        &self,
+        conn: &mut Option<PgConnection>,
+    ) -> Result<Option<CutReading>, SafeTimeError> {
+        let no_answer =
+            || SafeTimeError::Backend(format!("no answer within {:?}", self.call_max()));
+        let c = match conn {
+            Some(c) => c,
+            None => {
+                let connect = async {
+                    let mut c = PgConnection::connect_with(&self.reader_connect).await?;
+                    set_idle_session_timeout(&mut c, self.options.config.gap_max()).await?;
+                    Ok::<_, sqlx::Error>(c)
+                };
+                let c = tokio::time::timeout(self.call_max(), connect)
+                    .await
+                    .map_err(|_| no_answer())??;
+                conn.insert(c)
+            }
+        };
+        let before = self.mono_ns();
+        let sighting = tokio::time::timeout(self.call_max(), cut::read_sighting(c))
+            .await
+            .map_err(|_| no_answer())??;
+        let after = self.mono_ns();
+        Ok(sighting.map(|s| CutReading {
+            cut: s.cut,
+            epoch: s.epoch,
+            publish_seq: s.publish_seq,
+            observation: Observation {
+                db_now: s.db_now,
+                topology: s.topology,
+                mono_before_ns: before,
+                mono_after_ns: after,
+            },
+        }))
+    }
+
+    /// Adds a standby's `reading` to what this process carries; logs a
+    /// clock step it reveals between two readings.
+    fn carry_reading(&self, reading: CutReading) {
+        let mut carried = self.carried.lock().unwrap_or_else(PoisonError::into_inner);
+        let before = carried.as_ref().and_then(CarriedCut::pending_step);
+        let next = match carried.as_ref() {
+            Some(c) => c.read(&self.options.config, reading),
+            None => CarriedCut::new(reading),
+        };
+        if let Some(step) = next.pending_step()
+            && before != Some(step)
+        {
+            tracing::warn!(
+                reason = %step,
+                epoch = reading.epoch,
+                publish_seq = reading.publish_seq,
+                db_now = %reading.observation.db_now,
+                "the database clock stepped between two standby readings of the safe cut"
+            );
+        }
+        *carried = Some(next);
+    }
+}
+
+/// Returns once `shutdown` is `true` or its sender is gone.
+async fn until_shutdown(shutdown: &mut watch::Receiver<bool>) {
+    let _ = shutdown.wait_for(|stop| *stop).await;
+}
+
 /// A won leadership term.
 #[derive(Debug)]
 struct Term {
@@ -507,6 +757,10 @@ struct Term {
     /// The uncertainty last logged (initially the claim's), so that each
     /// change is logged once.
     last_reason: Option<UncertainReason>,
+    /// Until the term's first observation: the database system of the
+    /// carried cut's last reading, if a cut was carried (a first
+    /// observation of another system carries nothing, which is logged).
+    carried_system: Option<i64>,
 }
 
 /// `idle_session_timeout` of a leader session, in milliseconds: twice the

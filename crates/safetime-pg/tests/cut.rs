@@ -329,6 +329,60 @@ async fn the_sampler_role_can_only_observe_claim_and_publish() {
         .unwrap();
 }
 
+/// A standby's sighting: the row's epoch, publish sequence number and cut,
+/// with database time and topology from the same statement, read without
+/// the lock by a role with only `tollgate_sampler`'s grants.
+#[tokio::test]
+async fn a_sighting_reads_the_cut_with_database_time_and_topology_without_the_lock() {
+    let db = support::migrated_db().await;
+    let role = format!("tg_standby_{}", db.name);
+    let mut owner = conn(db.url()).await;
+    sqlx::query(&format!(
+        "CREATE ROLE \"{role}\" LOGIN IN ROLE tollgate_sampler"
+    ))
+    .execute(&mut owner)
+    .await
+    .unwrap();
+    let url = db.url().replacen("postgres@", &format!("{role}@"), 1);
+    assert_ne!(url, db.url(), "the test URL names the postgres user");
+    let mut standby = conn(&url).await;
+    assert_eq!(
+        safetime_pg::read_sighting(&mut standby).await.unwrap(),
+        None
+    );
+
+    let (mut l, claim) = leader(&url).await;
+    let p = safetime_pg::publish(&mut l, claim.epoch, &verdict(claim.cut, None))
+        .await
+        .unwrap();
+    let before = db_now(&mut owner).await;
+    let s = safetime_pg::read_sighting(&mut standby)
+        .await
+        .unwrap()
+        .unwrap();
+    let after = db_now(&mut owner).await;
+    let topology = safetime_pg::observe(&mut l).await.unwrap().topology;
+    assert_eq!(
+        (s.epoch, s.publish_seq, s.cut, s.topology),
+        (claim.epoch, p.publish_seq, p.cut, topology)
+    );
+    assert!(
+        before <= s.db_now && s.db_now <= after,
+        "{before} <= {} <= {after}",
+        s.db_now
+    );
+    assert!(!safetime_pg::try_lock(&mut standby).await.unwrap());
+    drop((l, standby));
+    sqlx::query(&format!("DROP OWNED BY \"{role}\""))
+        .execute(&mut owner)
+        .await
+        .unwrap();
+    sqlx::query(&format!("DROP ROLE \"{role}\""))
+        .execute(&mut owner)
+        .await
+        .unwrap();
+}
+
 #[tokio::test]
 async fn horizon_changes_need_a_stopped_sampler_evidence_and_a_successor_epoch() {
     let db = support::migrated_db().await;

@@ -1,7 +1,10 @@
 //! The sampler loop against a real PostgreSQL: it wins an epoch, publishes
 //! a cut that becomes certain and tracks database time; a standby waits and
 //! takes over with the next epoch when the leader stops or its backend is
-//! terminated.
+//! terminated; a leader that loses its lock carries its own cut into its
+//! next epoch. (The takeovers that carry a standby's readings, a
+//! PostgreSQL restart and a clock step during an outage are qualified
+//! against the real binary in `crates/tollgate-safetime/tests`.)
 
 mod support;
 
@@ -188,5 +191,79 @@ async fn terminating_the_leaders_backend_hands_over_to_the_standby() {
     let err = safetime_pg::publish(&mut c, 1, &v).await.unwrap_err();
     assert_eq!(err.code(), "stale_epoch");
     drop(c);
+    a.shutdown().await;
+}
+
+/// The lag right after a new publish of `epoch`: reads the cut every
+/// millisecond until its publish sequence number moves past the first
+/// read's (or its epoch is `epoch` for the first time), at most 10 s.
+/// Returns that row and the longest round trip of the reads, so the lag
+/// seen is at most one read behind the publish.
+async fn lag_after_a_publish(c: &mut PgConnection, epoch: i64) -> (CutRow, Duration) {
+    let first = safetime_pg::read_cut(&mut *c).await.unwrap().unwrap();
+    let mut rtt_max = Duration::ZERO;
+    for _ in 0..10_000 {
+        let sent = std::time::Instant::now();
+        let row = safetime_pg::read_cut(&mut *c).await.unwrap().unwrap();
+        rtt_max = rtt_max.max(sent.elapsed());
+        if row.epoch == epoch && (row.epoch != first.epoch || row.publish_seq > first.publish_seq) {
+            return (row, rtt_max);
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    panic!("no publish of epoch {epoch} within 10 s");
+}
+
+/// A database instant of the cut row, as microseconds since the Unix epoch.
+async fn row_instant_us(c: &mut PgConnection, column: &str) -> i64 {
+    sqlx::query_scalar(&format!(
+        "SELECT tollgate_safetime_pair_us({column}) FROM tollgate_safetime"
+    ))
+    .fetch_one(c)
+    .await
+    .unwrap()
+}
+
+/// A leader whose backend is terminated, with no standby, waits one
+/// standby poll (2 s here) and wins the next epoch itself: it carries its
+/// own last publish across, so the lag grows by about a round trip, not
+/// by the 2 s outage.
+#[tokio::test]
+async fn a_leader_that_loses_its_lock_carries_its_own_cut_into_its_next_epoch() {
+    let db = support::migrated_db().await;
+    let a = start(db.url(), fast(Duration::from_secs(2)));
+    wait_cut(db.url(), 20, "a certain cut", |r| r.uncertain.is_none()).await;
+    let mut c = PgConnection::connect(db.url()).await.unwrap();
+    let (before, rtt_before) = lag_after_a_publish(&mut c, 1).await;
+    let terminated: bool =
+        sqlx::query_scalar("SELECT pg_terminate_backend(leader_pid) FROM tollgate_safetime")
+            .fetch_one(&mut c)
+            .await
+            .unwrap();
+    assert!(terminated);
+    let last_publish_us = row_instant_us(&mut c, "published_at").await;
+    let first = wait_cut(db.url(), 20, "epoch 2", |r| r.epoch == 2).await;
+    assert_eq!(
+        first.uncertain,
+        Some(UncertainReason::NewEpoch),
+        "{first:?}"
+    );
+    let outage_us = row_instant_us(&mut c, "claimed_at").await - last_publish_us;
+    let (after, rtt_after) = lag_after_a_publish(&mut c, 2).await;
+    let interval = Duration::from_millis(50);
+    let rtt = rtt_before.max(rtt_after);
+    let added = after.lag() - before.lag();
+    eprintln!(
+        "lost lock: outage {outage_us} us of database time; lag {} before, {} after, added {added} \
+         (allowed: interval {interval:?} + 3 x round trip {rtt:?})",
+        before.lag(),
+        after.lag()
+    );
+    assert!(outage_us >= 2_000_000, "the outage lasted {outage_us} us");
+    let allowed = SignedDuration::try_from(interval + 3 * rtt).unwrap();
+    assert!(
+        added <= allowed,
+        "the lag grew by {added}, more than {allowed}"
+    );
     a.shutdown().await;
 }

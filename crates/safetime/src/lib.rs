@@ -9,6 +9,10 @@
 //! * [`tracker`]: the cut tracker ([`CutTracker`]) that turns observations
 //!   of database time, bracketed by a monotonic clock, into proposals;
 //!   its module docs state the design and its failure modes.
+//! * [`carry`]: the cut a sampler process carries across a new epoch
+//!   ([`CarriedCut`], from its [`CutReading`]s) and the lower bound on true
+//!   time it vouches for, so that lag grows only by time no sampler
+//!   observed.
 //! * [`reason`]: why the cut is uncertain ([`UncertainReason`]) and how a
 //!   reader judges a reading of it ([`judge_reading`]).
 //! * [`config`]: the sampler's tuning ([`SafeTimeConfig`]) and its bounds.
@@ -30,6 +34,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod carry;
 pub mod config;
 pub mod horizon;
 pub mod instant_pair;
@@ -37,6 +42,7 @@ pub mod reason;
 pub mod timestamp;
 pub mod tracker;
 
+pub use carry::{CarriedCut, CutReading};
 pub use config::{
     DEFAULT_DRIFT_PPM, DEFAULT_GAP_MAX, DEFAULT_RECOVERY_GRACE, DEFAULT_ROUND_TRIP_MAX,
     DEFAULT_SAMPLE_INTERVAL, DEFAULT_STABLE_OBSERVATIONS_MIN, DRIFT_PPM_MAX, GAP_MAX_MAX,

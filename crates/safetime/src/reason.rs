@@ -11,8 +11,10 @@ use jiff::SignedDuration;
 /// `tollgate status`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum UncertainReason {
-    /// A new epoch began (sampler restart or leader change); no elapsed
-    /// time can be vouched for across it.
+    /// A new epoch began (sampler restart or leader change); elapsed time
+    /// across it is vouched for only by a cut a sampler process carried
+    /// across it ([`crate::carry`]), and the epoch starts uncertain either
+    /// way.
     NewEpoch,
     /// The database's system identifier, timeline, recovery state or
     /// postmaster start time changed (failover, restart, promotion).

@@ -29,9 +29,16 @@
 //!   implausible round trip): it advances by only `max(lo, 0) * (1 - drift)`,
 //!   the elapsed time the monotonic clock vouches for (by `hi` instead when
 //!   readings that break the rules of time make `hi < lo`).
+//! * The first observation of an epoch has no predecessor: it is an
+//!   anomaly (the epoch starts uncertain) and advances the cut by nothing,
+//!   or, given a cut carried across the new epoch ([`CutTracker::with_carry`],
+//!   [`crate::carry`]), by up to what that carry vouches for at its answer:
+//!   the carried cut plus the monotonic time since it was read, less the
+//!   drift allowance.
 //! * Whatever the observation, the cut therefore never decreases, never
 //!   passes database time and (but for the quarantine's clearing, below)
-//!   never advances by more than `hi * (1 - drift)`. [`CutTracker`] asserts
+//!   never advances by more than `hi * (1 - drift)`, or on an epoch's first
+//!   observation past the carried bound. [`CutTracker`] asserts
 //!   these at both ends of every observation: a violation is a bug, not an
 //!   input to handle.
 //! * The proposal is capped at the observed database time and never goes
@@ -46,7 +53,8 @@
 //! # Certainty
 //!
 //! The cut is *uncertain* from the start of every epoch (a sampler restart
-//! or leader change) and after any anomaly ([`UncertainReason`]). It becomes
+//! or leader change, whether or not a cut is carried across it) and after
+//! any anomaly ([`UncertainReason`]). It becomes
 //! certain again after [`SafeTimeConfig::stable_observations_min`]
 //! consecutive consistent observations *and* at least
 //! [`SafeTimeConfig::recovery_grace`] of monotonic time since the last
@@ -60,7 +68,8 @@
 //! [`UncertainReason::InitialQuarantine`]). Only an uninterrupted run of at
 //! least the sealed horizon of trusted monotonic time (less the drift
 //! allowance) within one epoch clears it; any anomaly, restart or takeover
-//! restarts that proof from zero. At clearing the cut moves to database
+//! restarts that proof from zero, and a quarantined epoch ignores any
+//! carried cut (the quarantined cut stays far behind every expiry). At clearing the cut moves to database
 //! time: every authority issued before the quarantine has a deadline within
 //! one horizon of its issue, so it has expired by then, and while
 //! quarantined nothing new was admitted and no renewal could extend past
@@ -68,6 +77,7 @@
 
 use jiff::{SignedDuration, Timestamp};
 
+use crate::carry::CarriedCut;
 use crate::config::SafeTimeConfig;
 use crate::reason::UncertainReason;
 
@@ -136,7 +146,8 @@ pub struct Verdict {
 ///   `max(cut, db_now)` (the cut never passes database time);
 /// * except when the initial quarantine clears, the cut advances by at most
 ///   the monotonic window `hi = o.mono_after - p.mono_before` less the
-///   drift allowance (by nothing on an epoch's first observation);
+///   drift allowance (on an epoch's first observation: by nothing, or to
+///   no more than the carried cut's bound, [`CarriedCut::vouched_at`]);
 /// * while quarantined the reason is [`UncertainReason::InitialQuarantine`],
 ///   and a certain cut has at least
 ///   [`SafeTimeConfig::stable_observations_min`] consistent observations
@@ -157,6 +168,8 @@ pub struct CutTracker {
     uncertain: Option<UncertainReason>,
     quarantined: bool,
     start_reason: UncertainReason,
+    /// What the sampler process carried across the new epoch, if anything.
+    carried: Option<CarriedCut>,
 }
 
 /// What the tracker remembers of the observations so far in its epoch.
@@ -179,7 +192,8 @@ struct Step {
     /// the cap at database time.
     advance_ns: i128,
     /// The monotonic window less the drift allowance, `trusted(hi)`: no
-    /// advance may exceed it (0 on an epoch's first observation).
+    /// advance may exceed it (on an epoch's first observation: 0, or the
+    /// carried bound above the cut).
     advance_max_ns: i128,
 }
 
@@ -187,18 +201,18 @@ struct Step {
 /// nanoseconds (any of them may be negative when the readings break the
 /// rules of time).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Window {
+pub(crate) struct Window {
     /// `o.mono_before - p.mono_after`: the least time that passed between
     /// the two database reads.
-    lo_ns: i128,
+    pub(crate) lo_ns: i128,
     /// `o.mono_after - p.mono_before`: the most time that passed.
-    hi_ns: i128,
+    pub(crate) hi_ns: i128,
     /// `o.mono_after - o.mono_before`: this observation's round trip.
-    rtt_ns: i128,
+    pub(crate) rtt_ns: i128,
 }
 
 impl Window {
-    fn between(p: &Observation, o: &Observation) -> Window {
+    pub(crate) fn between(p: &Observation, o: &Observation) -> Window {
         Window {
             lo_ns: i128::from(o.mono_before_ns) - i128::from(p.mono_after_ns),
             hi_ns: i128::from(o.mono_after_ns) - i128::from(p.mono_before_ns),
@@ -280,6 +294,7 @@ impl CutTracker {
             }),
             quarantined,
             start_reason: UncertainReason::NewEpoch,
+            carried: None,
         }
     }
 
@@ -292,6 +307,19 @@ impl CutTracker {
         if !self.quarantined {
             self.uncertain = Some(reason);
         }
+        self
+    }
+
+    /// The same tracker, starting its epoch from what this sampler process
+    /// carried across it (see [`crate::carry`]): the first observation may
+    /// advance the cut up to the carried bound at its answer, capped at its
+    /// database time, and reports the anomaly the carry found
+    /// ([`UncertainReason::PrimaryChange`] from the claim still comes
+    /// first; no anomaly found leaves the start reason). It is still an
+    /// anomaly: the epoch starts uncertain. Ignored while quarantined, and
+    /// when the first observation is of another database system.
+    pub fn with_carry(mut self, carried: CarriedCut) -> CutTracker {
+        self.carried = Some(carried);
         self
     }
 
@@ -338,14 +366,7 @@ impl CutTracker {
         let before_ns = self.cut_ns;
         let db_now_ns = obs.db_now.as_nanosecond();
         let (step, anomaly_after_ns) = match self.history {
-            None => (
-                Step {
-                    anomaly: Some(self.start_reason),
-                    advance_ns: 0,
-                    advance_max_ns: 0,
-                },
-                obs.mono_after_ns,
-            ),
+            None => (self.first_step(&obs), obs.mono_after_ns),
             Some(h) => {
                 let step = self.config.step(&h.prev, &obs);
                 let since = if step.anomaly.is_some() {
@@ -382,6 +403,34 @@ impl CutTracker {
             anomaly: step.anomaly.is_some(),
             clears_quarantine,
             publishable: !obs.topology.in_recovery,
+        }
+    }
+
+    /// The epoch's first observation `obs`: always an anomaly (the start
+    /// reason, or what the carried cut found, see
+    /// [`CutTracker::with_carry`]); it advances the cut by nothing, or by
+    /// up to the carried bound above the cut.
+    fn first_step(&self, obs: &Observation) -> Step {
+        let carry = match &self.carried {
+            Some(c) if !self.quarantined => c.first_step(&self.config, obs),
+            _ => None,
+        };
+        let Some(carry) = carry else {
+            return Step {
+                anomaly: Some(self.start_reason),
+                advance_ns: 0,
+                advance_max_ns: 0,
+            };
+        };
+        let reason = match (self.start_reason, carry.anomaly) {
+            (UncertainReason::PrimaryChange, _) | (_, None) => self.start_reason,
+            (_, Some(found)) => found,
+        };
+        let advance_ns = (carry.bound_ns - self.cut_ns).max(0);
+        Step {
+            anomaly: Some(reason),
+            advance_ns,
+            advance_max_ns: advance_ns,
         }
     }
 
@@ -483,16 +532,31 @@ impl SafeTimeConfig {
         w: Window,
         db_ns: i128,
     ) -> Option<UncertainReason> {
-        let slack_ns = self.slack(w.hi_ns);
         if o.topology != p.topology {
             Some(UncertainReason::PrimaryChange)
         } else if o.topology.in_recovery {
             Some(UncertainReason::InRecovery)
-        } else if w.rtt_ns < 0 || w.lo_ns < 0 || w.rtt_ns > self.round_trip_max().as_nanos() {
+        } else if self.implausible(w) {
             Some(UncertainReason::ImplausibleObservation)
         } else if w.lo_ns > self.gap_max().as_nanos() {
             Some(UncertainReason::SamplingGap)
-        } else if db_ns > w.hi_ns + slack_ns {
+        } else {
+            self.clock_step(w, db_ns)
+        }
+    }
+
+    /// Whether window `w` is implausible: a round trip that is negative or
+    /// above the bound, or a sample sent before the previous answer.
+    pub(crate) fn implausible(&self, w: Window) -> bool {
+        w.rtt_ns < 0 || w.lo_ns < 0 || w.rtt_ns > self.round_trip_max().as_nanos()
+    }
+
+    /// The clock step that database time elapsed `db_ns` is over window
+    /// `w`: forward above `hi + slack`, backward below `lo - slack`
+    /// (`slack = hi * drift`, rounded up); `None` inside.
+    pub(crate) fn clock_step(&self, w: Window, db_ns: i128) -> Option<UncertainReason> {
+        let slack_ns = self.slack(w.hi_ns);
+        if db_ns > w.hi_ns + slack_ns {
             Some(UncertainReason::ClockStepForward)
         } else if db_ns < w.lo_ns - slack_ns {
             Some(UncertainReason::ClockStepBackward)
@@ -515,6 +579,7 @@ fn ns_to_timestamp(ns: i128) -> Timestamp {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::carry::CutReading;
     use crate::config::DEFAULT_DRIFT_PPM;
 
     const S: u64 = 1_000_000_000;
@@ -1000,5 +1065,171 @@ mod tests {
     #[should_panic(expected = "the maximum-deadline horizon is never negative")]
     fn a_negative_horizon_is_a_bug() {
         CutTracker::new(cfg(), ts(T0), true, SignedDuration::from_nanos(-1));
+    }
+    /// A carry of the cut `T0 - 2 s` (publish 90 of epoch 4, read with
+    /// database time T0 at monotonic 10 s, 1 ms round trip) read again at
+    /// 11 s: its anchor answered at 10.001 s.
+    fn carried() -> CarriedCut {
+        let reading = |mono_s: u64| CutReading {
+            cut: ts(T0 - 2 * S as i128),
+            epoch: 4,
+            publish_seq: 90,
+            observation: obs(mono_s, T0 + i128::from(mono_s - 10) * S as i128),
+        };
+        CarriedCut::new(reading(10)).read(&cfg(), reading(11))
+    }
+
+    /// The bound the carry vouches for at 30.001 s: T0 - 2 s plus 20 s less
+    /// 50 ppm.
+    const BOUND_AT_30: i128 = T0 - 2 * S as i128 + 19_999_000_000;
+
+    #[test]
+    fn a_carried_cut_crosses_the_new_epoch_uncertain() {
+        let mut t = CutTracker::new(
+            cfg(),
+            ts(T0 - 2 * S as i128),
+            false,
+            SignedDuration::from_hours(1),
+        )
+        .with_carry(carried());
+        // 20 s later, database time consistent with it: the cut advances
+        // to the bound (lag 2.001 s), and the epoch still starts uncertain.
+        let v = t.observe(obs(30, T0 + 20 * S as i128));
+        assert_eq!(
+            (v.proposal, v.uncertain, v.anomaly),
+            (ts(BOUND_AT_30), Some(UncertainReason::NewEpoch), true)
+        );
+        t.accepted(v.proposal);
+        // Recovery still needs three stable observations and 2 s of calm
+        // from the first observation's answer.
+        for k in 1..=3u64 {
+            let v = t.observe(obs(30 + k, T0 + i128::from(20 + k) * S as i128));
+            assert_eq!(v.proposal, ts(BOUND_AT_30 + i128::from(k) * S as i128));
+            let expected = (k < 3).then_some(UncertainReason::Recovering);
+            assert_eq!((v.uncertain, v.anomaly), (expected, false), "k = {k}");
+            t.accepted(v.proposal);
+        }
+    }
+
+    #[test]
+    fn the_first_observation_after_a_carry_at_its_boundaries() {
+        let cut = T0 - 2 * S as i128;
+        let fwd = Some(UncertainReason::ClockStepForward);
+        let back = Some(UncertainReason::ClockStepBackward);
+        let new_epoch = Some(UncertainReason::NewEpoch);
+        let primary = Some(UncertainReason::PrimaryChange);
+        // (persisted cut, start reason, database time, reason, proposal)
+        let cases: [(i128, UncertainReason, i128, Option<UncertainReason>, i128); 8] = [
+            // A forward step during the outage: detected, not followed.
+            (
+                cut,
+                UncertainReason::NewEpoch,
+                T0 + 3_620 * S as i128,
+                fwd,
+                BOUND_AT_30,
+            ),
+            // The claim's primary change comes first.
+            (
+                cut,
+                UncertainReason::PrimaryChange,
+                T0 + 3_620 * S as i128,
+                primary,
+                BOUND_AT_30,
+            ),
+            (
+                cut,
+                UncertainReason::PrimaryChange,
+                T0 + 20 * S as i128,
+                primary,
+                BOUND_AT_30,
+            ),
+            // A backward step below the cut: the cut stands.
+            (
+                cut,
+                UncertainReason::NewEpoch,
+                T0 - 5 * S as i128,
+                back,
+                cut,
+            ),
+            // Database time below the bound: capped at it.
+            (
+                cut,
+                UncertainReason::NewEpoch,
+                T0 + 17 * S as i128,
+                back,
+                T0 + 17 * S as i128,
+            ),
+            // A persisted cut above the bound: never backward.
+            (
+                BOUND_AT_30 + 1,
+                UncertainReason::NewEpoch,
+                T0 + 20 * S as i128,
+                new_epoch,
+                BOUND_AT_30 + 1,
+            ),
+            (
+                BOUND_AT_30 - 1,
+                UncertainReason::NewEpoch,
+                T0 + 20 * S as i128,
+                new_epoch,
+                BOUND_AT_30,
+            ),
+            // Exactly at database time.
+            (
+                cut,
+                UncertainReason::NewEpoch,
+                BOUND_AT_30,
+                back,
+                BOUND_AT_30,
+            ),
+        ];
+        for (persisted, start, db, reason, proposal) in cases {
+            let mut t = CutTracker::new(cfg(), ts(persisted), false, SignedDuration::from_hours(1))
+                .with_start_reason(start)
+                .with_carry(carried());
+            let v = t.observe(obs(30, db));
+            assert_eq!(
+                (v.uncertain, v.anomaly, v.proposal),
+                (reason, true, ts(proposal)),
+                "persisted {persisted} start {start} db {db}"
+            );
+        }
+    }
+
+    #[test]
+    fn nothing_carries_to_another_database_system() {
+        let mut t = CutTracker::new(
+            cfg(),
+            ts(T0 - 2 * S as i128),
+            false,
+            SignedDuration::from_hours(1),
+        )
+        .with_carry(carried());
+        let mut o = obs(30, T0 + 20 * S as i128);
+        o.topology.system_identifier = 8;
+        let v = t.observe(o);
+        assert_eq!(
+            (v.uncertain, v.proposal),
+            (Some(UncertainReason::NewEpoch), ts(T0 - 2 * S as i128))
+        );
+    }
+
+    /// A quarantined epoch ignores the carry: every verdict, the proof's
+    /// clearing included, is the one it would give without it.
+    #[test]
+    fn a_quarantined_epoch_ignores_the_carry() {
+        let horizon = SignedDuration::from_secs(10);
+        let mut plain = CutTracker::new(cfg(), Timestamp::UNIX_EPOCH, true, horizon);
+        let mut with = plain.clone().with_carry(carried());
+        let mut cleared = 0;
+        for k in 30..=42u64 {
+            let o = obs(k, T0 + i128::from(k - 10) * S as i128);
+            let (a, b) = (plain.observe(o), with.observe(o));
+            assert_eq!(a, b, "k = {k}");
+            cleared += u32::from(a.clears_quarantine);
+            plain.accepted(a.proposal);
+            with.accepted(b.proposal);
+        }
+        assert_eq!(cleared, 1);
     }
 }

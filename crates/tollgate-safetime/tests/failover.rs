@@ -1,7 +1,8 @@
 //! Qualification: a real two-node primary/standby pair (streaming
 //! replication on loopback), on PostgreSQL 15 and 18. The primary dies, the
 //! standby is promoted; the sampler waiting there claims the successor
-//! epoch, reports the primary change, and only that epoch can publish.
+//! epoch, reports the primary change, carries the cut it read there, and
+//! only that epoch can publish.
 
 mod support;
 
@@ -50,6 +51,21 @@ async fn failover(major: u32) {
         })
         .await;
     assert_eq!(certain.epoch, 2);
+    // The sampler waiting on the standby read the replicated cut between
+    // its attempts (each refused while the server was in recovery), and
+    // carried it into epoch 2.
+    assert!(
+        b.log_text()
+            .contains("carrying the safe cut into the new epoch"),
+        "{}",
+        b.log_text()
+    );
+    eprintln!(
+        "failover on PostgreSQL {major}: cut lag {:.3} ms on the standby before it, {:.3} ms once \
+         certain under epoch 2",
+        replicated.lag().as_secs_f64() * 1e3,
+        certain.lag().as_secs_f64() * 1e3
+    );
 
     // The stale leader's epoch cannot publish on the new primary: without
     // the lock it is not the leader; with it, epoch 1 is stale.

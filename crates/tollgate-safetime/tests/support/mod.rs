@@ -200,3 +200,87 @@ pub async fn take_lock(conn: &mut PgConnection, what: &str) {
     }
     panic!("the sampler lock is still held after 5 s: {what}");
 }
+
+/// The lag right after a new publish of `epoch`: reads the cut every
+/// millisecond until a row of `epoch` appears whose publish sequence number
+/// is past the first read's (any row of `epoch`, if the first read was of
+/// an earlier epoch), at most 20 s. Returns that row, whose lag (database
+/// time minus the cut, read in one statement) is then at most one read
+/// behind the publish, and the longest round trip of the reads.
+pub async fn lag_after_a_publish(c: &mut PgConnection, epoch: i64) -> (CutRow, Duration) {
+    let first = safetime_pg::read_cut(&mut *c).await.unwrap();
+    let mut rtt_max = Duration::ZERO;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        let sent = Instant::now();
+        let row = safetime_pg::read_cut(&mut *c).await.unwrap();
+        rtt_max = rtt_max.max(sent.elapsed());
+        if let Some(row) = row
+            && row.epoch == epoch
+            && first
+                .as_ref()
+                .is_none_or(|f| f.epoch != epoch || row.publish_seq > f.publish_seq)
+        {
+            return (row, rtt_max);
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    panic!("no publish of epoch {epoch} within 20 s; first row: {first:?}");
+}
+
+/// A database instant as microseconds since the Unix epoch: `sql` selects
+/// one `timestamptz`.
+pub async fn db_instant_us(c: &mut PgConnection, sql: &str) -> i64 {
+    let q = format!("SELECT (extract(epoch FROM t) * 1000000)::bigint FROM ({sql}) AS s(t)");
+    sqlx::query_scalar(&q).fetch_one(c).await.unwrap()
+}
+
+/// Polls `sql` (one boolean) every 20 ms until it is true, for at most
+/// `secs` seconds; panics naming `what` otherwise. A deadline that
+/// `sql` states on the database's clock cannot be shortened by a slow host.
+pub async fn until_db(c: &mut PgConnection, secs: u64, what: &str, sql: &str) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while Instant::now() < deadline {
+        if sqlx::query_scalar::<_, bool>(sql)
+            .fetch_one(&mut *c)
+            .await
+            .unwrap()
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("timed out after {secs} s waiting for {what}");
+}
+
+/// [`FAST`] with `flag` set to `value` instead.
+pub fn fast_with_setting(flag: &str, value: &'static str) -> Vec<&'static str> {
+    let mut settings = FAST.to_vec();
+    let at = settings.iter().position(|a| *a == flag).unwrap() + 1;
+    settings[at] = value;
+    settings
+}
+
+/// The reasons a sampler's log shows the database accepting in `epoch`, in
+/// order: its `safe cut is uncertain` lines, one per change of reason (the
+/// claim's reason, which the epoch's first publish repeats unless it found
+/// another, is not logged again).
+pub fn published_reasons(log: &str, epoch: i64) -> Vec<String> {
+    log.lines()
+        .filter(|l| l.contains("safe cut is uncertain") && l.contains(&format!(" epoch={epoch} ")))
+        .filter_map(|l| l.split(" reason=").nth(1))
+        .map(|r| r.split(' ').next().unwrap_or(r).to_owned())
+        .collect()
+}
+
+/// The longest round trip of any statement a sampler's log shows (sqlx
+/// logs each one's `elapsed_secs` at debug level, which [`SamplerProc`]
+/// turns on): what the sampler itself measured, on its own host's load.
+pub fn logged_round_trip_max(log: &str) -> Duration {
+    log.split(" elapsed_secs=")
+        .skip(1)
+        .filter_map(|rest| rest.split_whitespace().next()?.parse::<f64>().ok())
+        .map(Duration::from_secs_f64)
+        .max()
+        .unwrap_or(Duration::ZERO)
+}
