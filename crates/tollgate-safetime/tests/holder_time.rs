@@ -8,7 +8,9 @@
 //! (`tollgate-safetime run`) at its default interval (1 s) and at a long one
 //! (4 s, gap bound 5 s), and `tollgate serve --clock safe-cut` in a process
 //! of its own (this test binary re-executed as the `tollgate` command line,
-//! see [`tollgate_serve_child`]) with its reclaim worker, driven over
+//! see [`serve_child`]; the binary has its own `main`, `harness = false`,
+//! so that no test entry point is needed for the child) with its reclaim
+//! worker, driven over
 //! loopback HTTP. The only clock the assertions read is this process's
 //! monotonic clock: each request's send instant is taken *before* it is
 //! sent, and each outcome's instant *after* its answer arrived, so every
@@ -37,15 +39,71 @@ const CHILD_ARGS: &str = "TOLLGATE_HOLDER_TIME_SERVE_ARGS";
 /// Separates the arguments in [`CHILD_ARGS`].
 const SEP: char = '\u{1f}';
 
-/// `tollgate` with the arguments in [`CHILD_ARGS`], exactly as the binary's
-/// `main` runs it; a no-op unless that variable is set (the parent test
-/// runs it with `--ignored --exact`).
-#[test]
-#[ignore = "the service process of the holder-time tests; started by them"]
-fn tollgate_serve_child() {
-    let Ok(args) = std::env::var(CHILD_ARGS) else {
-        return;
-    };
+/// The two configurations, run in order; a panic in one is reported and
+/// fails the binary after the other has run. With [`CHILD_ARGS`] set, this
+/// binary is instead the `tollgate` command line ([`serve_child`]). Plain
+/// positional arguments filter the configurations by name, as libtest's do.
+fn main() -> std::process::ExitCode {
+    if let Ok(args) = std::env::var(CHILD_ARGS) {
+        serve_child(&args);
+        return std::process::ExitCode::SUCCESS;
+    }
+    let filters: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    let cases: [(&str, fn()); 2] = [
+        (
+            "default_interval_grace_zero_pg15",
+            default_interval_grace_zero_pg15,
+        ),
+        (
+            "long_interval_positive_grace_pg18",
+            long_interval_positive_grace_pg18,
+        ),
+    ];
+    let mut failed = Vec::new();
+    let mut ran = 0;
+    for (name, case) in cases {
+        if !filters.is_empty() && !filters.iter().any(|f| name.contains(f.as_str())) {
+            continue;
+        }
+        ran += 1;
+        println!("test {name} ...");
+        match std::panic::catch_unwind(case) {
+            Ok(()) => println!("test {name} ... ok"),
+            Err(_) => {
+                println!("test {name} ... FAILED");
+                failed.push(name);
+            }
+        }
+    }
+    println!(
+        "\ntest result: {}. {} passed; {} failed",
+        if failed.is_empty() { "ok" } else { "FAILED" },
+        ran - failed.len(),
+        failed.len()
+    );
+    if failed.is_empty() {
+        std::process::ExitCode::SUCCESS
+    } else {
+        std::process::ExitCode::FAILURE
+    }
+}
+
+/// Runs `case` on a two-thread runtime, as the other qualification tests do.
+fn block_on(case: impl std::future::Future<Output = ()>) {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
+        .block_on(case);
+}
+
+/// `tollgate` with the arguments in `args` (separated by [`SEP`]), exactly
+/// as the binary's `main` runs it.
+fn serve_child(args: &str) {
     use clap::Parser as _;
     let cli = tollgate_server::cli::Cli::parse_from(
         std::iter::once("tollgate".to_owned()).chain(args.split(SEP).map(str::to_owned)),
@@ -90,12 +148,6 @@ impl Serve {
             }
         }
         let mut child = cmd
-            .args([
-                "--ignored",
-                "--exact",
-                "tollgate_serve_child",
-                "--nocapture",
-            ])
             .env(CHILD_ARGS, args.join(&SEP.to_string()))
             .env("TOLLGATE_LOG", "info")
             .stdin(Stdio::null())
@@ -441,9 +493,8 @@ async fn measure(setup: Setup) {
 }
 
 /// The sampler at its defaults (1 s interval, 5 s gap bound), grace zero.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn default_interval_grace_zero_pg15() {
-    measure(Setup {
+fn default_interval_grace_zero_pg15() {
+    block_on(measure(Setup {
         major: 15,
         tag: "default15",
         sampler: &["--stable-observations", "2", "--recovery-grace", "1s"],
@@ -454,14 +505,12 @@ async fn default_interval_grace_zero_pg15() {
         ttl_ms: 3_000,
         leases: 40,
         spacing: Duration::from_millis(70),
-    })
-    .await;
+    }));
 }
 
 /// A long interval (4 s, gap bound 5 s) and a positive grace.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn long_interval_positive_grace_pg18() {
-    measure(Setup {
+fn long_interval_positive_grace_pg18() {
+    block_on(measure(Setup {
         major: 18,
         tag: "long18",
         sampler: &[
@@ -481,6 +530,5 @@ async fn long_interval_positive_grace_pg18() {
         ttl_ms: 3_000,
         leases: 40,
         spacing: Duration::from_millis(110),
-    })
-    .await;
+    }));
 }
