@@ -10,7 +10,7 @@
 //! configuration errors (which may echo the URL) are reduced to a fixed
 //! sentence.
 
-use pgkit::error::{FailureKind, kind_of_sqlstate};
+use pgkit::error::FailureKind;
 use tollgate::{RuleError, StorageError};
 
 /// What a transaction body fails with: a refusal by the rules or a storage
@@ -84,12 +84,6 @@ pub(crate) fn is_retryable(e: &sqlx::Error) -> bool {
     pgkit::classify(e).is_retryable()
 }
 
-/// Whether `code` means the connection or the server went away (class 08
-/// connection exception; 57P01..57P03 shutdown and cannot-connect-now).
-fn is_connection_state(code: &str) -> bool {
-    kind_of_sqlstate(code) == FailureKind::Unavailable
-}
-
 /// Maps a database error that is not retried.
 pub(crate) fn map_sqlx_error(e: sqlx::Error) -> StorageError {
     let failure = pgkit::classify(&e);
@@ -104,10 +98,10 @@ pub(crate) fn map_sqlx_error(e: sqlx::Error) -> StorageError {
         }
         _ => {}
     }
-    let unavailable = match failure.sqlstate() {
-        Some(code) => is_connection_state(code) || code == LEASE_WRITE_OFF_CUT,
-        None => failure.kind() == FailureKind::Unavailable,
-    };
+    // pgkit classifies the connection-level SQLSTATEs (class 08,
+    // 57P01..57P03) and client-side connection failures as unavailable.
+    let unavailable = failure.kind() == FailureKind::Unavailable
+        || failure.sqlstate() == Some(LEASE_WRITE_OFF_CUT);
     let message = failure.text().to_owned();
     if unavailable {
         StorageError::Unavailable { message }
@@ -147,11 +141,17 @@ mod tests {
 
     #[test]
     fn connection_state_codes() {
+        let unavailable = |code: &'static str| {
+            matches!(
+                map_sqlx_error(pgkit::testkit::database_error(code, "m")),
+                StorageError::Unavailable { .. }
+            )
+        };
         for code in ["08000", "08006", "57P01", "57P02", "57P03"] {
-            assert!(is_connection_state(code), "{code}");
+            assert!(unavailable(code), "{code}");
         }
         for code in ["40001", "40P01", "23514", "42703", "57014"] {
-            assert!(!is_connection_state(code), "{code}");
+            assert!(!unavailable(code), "{code}");
         }
     }
 

@@ -385,8 +385,9 @@ fn unknown_version(version: i64, description: &str, known: Option<(i64, i64)>) -
     )
 }
 
-/// Parses the URL of a migration connection; the error never repeats it.
-fn parse_url(url: &str) -> Result<DatabaseUrl, StorageError> {
+/// Parses a database URL for the store or a migration connection; the
+/// error never repeats it.
+pub(crate) fn parse_url(url: &str) -> Result<DatabaseUrl, StorageError> {
     DatabaseUrl::parse(url).map_err(|_| StorageError::Failure {
         message: "invalid database url".into(),
     })

@@ -125,11 +125,7 @@ impl PostgresStore {
         key: CapabilityKey,
         options: StoreOptions,
     ) -> Result<PostgresStore, StorageError> {
-        let connect = pgkit::DatabaseUrl::parse(url)
-            .map_err(|_| StorageError::Failure {
-                message: "invalid database url".into(),
-            })?
-            .into_connect_options();
+        let connect = crate::schema::parse_url(url)?.into_connect_options();
         let on_safe_cut = options.on_safe_cut;
         let pool = PgPoolOptions::new()
             .max_connections(options.max_connections)
