@@ -248,7 +248,7 @@ impl Sampler {
                     // server ends a session idle for twice the gap bound.
                     let set = set_idle_session_timeout(&mut c, self.options.config.gap_max()).await;
                     if let Err(e) = set {
-                        tracing::warn!(error = %redact(&e), "cannot set idle_session_timeout; retrying");
+                        tracing::warn!(error = %pgkit::classify(&e), "cannot set idle_session_timeout; retrying");
                         drop(c);
                         if sleep_or_shutdown(backoff, &mut shutdown).await {
                             return;
@@ -258,7 +258,7 @@ impl Sampler {
                     c
                 }
                 Ok(Err(e)) => {
-                    tracing::warn!(error = %redact(&e), ?backoff, "sampler cannot connect; retrying");
+                    tracing::warn!(error = %pgkit::classify(&e), ?backoff, "sampler cannot connect; retrying");
                     if sleep_or_shutdown(backoff, &mut shutdown).await {
                         return;
                     }
@@ -822,15 +822,6 @@ async fn sleep_or_shutdown(d: Duration, shutdown: &mut watch::Receiver<bool>) ->
     tokio::select! {
         _ = tokio::time::sleep(d) => *shutdown.borrow(),
         r = shutdown.changed() => r.is_err() || *shutdown.borrow(),
-    }
-}
-
-/// An sqlx error's text; configuration errors (which may quote the URL)
-/// are replaced by a fixed text.
-fn redact(e: &sqlx::Error) -> String {
-    match e {
-        sqlx::Error::Configuration(_) => "bad connection settings".to_owned(),
-        other => other.to_string(),
     }
 }
 
