@@ -34,7 +34,6 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::{Json, Router};
 use clock::TELEMETRY_READ_MAX;
-pub use httpkit::IDEMPOTENCY_KEY_HEADER;
 use httpkit::{IdPath, IdempotencyKey, JsonBody, OptionalJsonBody};
 use tollgate::{AccountId, AcquireRequest, Capability, LeaseId, NewAccount, StorageError};
 use utoipa::OpenApi;

@@ -54,10 +54,12 @@ pub const DEFAULT_REQUEST_TIMEOUT: SignedDuration = SignedDuration::from_secs(30
 pub const DEFAULT_SHUTDOWN_TIMEOUT: SignedDuration = SignedDuration::from_secs(10);
 /// Default `--header-read-timeout`: the connection layer's
 /// ([`httpkit::server::HEADER_READ_TIMEOUT_DEFAULT`], which says why).
-pub const DEFAULT_HEADER_READ_TIMEOUT: SignedDuration = SignedDuration::from_secs(10);
+pub const DEFAULT_HEADER_READ_TIMEOUT: SignedDuration =
+    SignedDuration::from_nanos(httpkit::server::HEADER_READ_TIMEOUT_DEFAULT.as_nanos() as i64);
 /// Default `--idle-timeout`: the connection layer's
 /// ([`httpkit::server::IDLE_TIMEOUT_DEFAULT`], which says why).
-pub const DEFAULT_IDLE_TIMEOUT: SignedDuration = SignedDuration::from_secs(60);
+pub const DEFAULT_IDLE_TIMEOUT: SignedDuration =
+    SignedDuration::from_nanos(httpkit::server::IDLE_TIMEOUT_DEFAULT.as_nanos() as i64);
 /// Default `--connections-max`: the connection layer's
 /// ([`httpkit::server::CONNECTIONS_MAX_DEFAULT`], which says why).
 pub const DEFAULT_CONNECTIONS_MAX: usize = httpkit::server::CONNECTIONS_MAX_DEFAULT;
