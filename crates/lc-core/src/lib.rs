@@ -1,0 +1,2 @@
+//! Little Compute's domain: the pure rules every Little Compute process
+//! applies. No I/O, no clock, no runtime, no database, no HTTP.

@@ -1,0 +1,1 @@
+//! Little Compute's provider: the Provider trait, the bubblewrap provider, cgroup and rlimit limits, the runtime store, the Ed25519 identity that signs evidence, and the provider's HTTP service and client.

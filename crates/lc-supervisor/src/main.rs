@@ -1,0 +1,3 @@
+//! lc-supervisor: PID 1 inside a Little Compute sandbox instance.
+
+fn main() {}

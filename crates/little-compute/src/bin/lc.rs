@@ -1,0 +1,3 @@
+//! `lc`: the Little Compute client.
+
+fn main() {}

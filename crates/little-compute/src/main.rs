@@ -1,0 +1,3 @@
+//! The `little-compute` binary: serve, provider, worker, appliance.
+
+fn main() {}
