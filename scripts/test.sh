@@ -11,7 +11,8 @@ cd "$(dirname "$0")/.."
 # postgresql-15 (the server binaries), libfaketime (the pg-harness servers
 # whose wall clock a test steps, PgServer::start_dedicated_faketime) and
 # pgbouncer (crates/tollgate-safetime/tests/pgbouncer.rs runs the sampler
-# through a real PgBouncer).
+# through a real PgBouncer) and bubblewrap (Little Compute's provider runs
+# every sandbox instance in it; its tests start real instances).
 missing=()
 pg_bin="${TOLLGATE_PG_BIN:-/usr/lib/postgresql/15/bin}"
 if [ ! -x "$pg_bin/initdb" ] || [ ! -x "$pg_bin/postgres" ]; then
@@ -21,6 +22,10 @@ fi
 if [ -z "${TOLLGATE_FAKETIME_LIB:-}" ] && ! compgen -G '/usr/lib/*/faketime/libfaketime.so.1' >/dev/null; then
   echo "test.sh: libfaketime.so.1 missing; installing libfaketime" >&2
   missing+=(libfaketime)
+fi
+if ! command -v bwrap >/dev/null 2>&1; then
+  echo "test.sh: bwrap missing; installing bubblewrap (Little Compute's sandboxes)" >&2
+  missing+=(bubblewrap)
 fi
 if [ ! -x /usr/sbin/pgbouncer ] && [ ! -x /usr/bin/pgbouncer ]; then
   echo "test.sh: pgbouncer missing; installing pgbouncer" >&2
