@@ -1,3 +1,145 @@
 //! The `little-compute` binary: serve, provider, worker, appliance.
+//!
+//! ```text
+//! little-compute serve     --listen ADDR --admin-token-file F --secret-file F   # control plane
+//! little-compute provider  --state-dir D --listen ADDR --id ID --runtime-dir R  # one per host
+//! little-compute worker    --provider-url URL...                                # the reconciler
+//! little-compute appliance up|down|status --data-dir DIR                        # all on one host
+//! ```
+//!
+//! The database URL of `serve` and `worker` comes from `--database-url` or
+//! `LC_DATABASE_URL` (prefer the variable: a command line is visible to
+//! every local user). Logs go to stderr at the level of `LC_LOG` (default
+//! `info`). Exit status: 0 after a clean shutdown, 2 for bad arguments, 1
+//! for any other failure.
 
-fn main() {}
+mod appliance;
+mod worker;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "little-compute",
+    version,
+    about = "Little Compute: a self-hosted sandbox control plane"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// The control plane's HTTP API.
+    Serve(serve::ServeArgs),
+    /// A provider: runs sandbox instances on this host.
+    Provider(provider::ProviderArgs),
+    /// The reconciler: allocates, renews, pumps output, destroys and releases.
+    Worker(worker::WorkerArgs),
+    /// The whole service on one host.
+    #[command(subcommand)]
+    Appliance(ApplianceCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum ApplianceCommand {
+    /// Create or reuse DIR and run everything until Ctrl-C.
+    Up(appliance::UpArgs),
+    /// Stop the appliance running on DIR.
+    Down(appliance::DownArgs),
+    /// Each process of the appliance on DIR, and the cut.
+    Status(appliance::StatusArgs),
+}
+
+fn init_logging() {
+    use tracing_subscriber::filter::Targets;
+    use tracing_subscriber::prelude::*;
+    let filter = std::env::var("LC_LOG")
+        .ok()
+        .and_then(|s| s.parse::<Targets>().ok())
+        .unwrap_or_else(|| Targets::new().with_default(tracing::Level::INFO))
+        // sqlx's URL parser would log an unknown parameter's value.
+        .with_target("sqlx_postgres::options::parse", tracing::Level::ERROR);
+    let layer = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .log_internal_errors(false)
+        .with_ansi(false);
+    let _ = tracing_subscriber::registry()
+        .with(filter)
+        .with(layer)
+        .try_init();
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::SUCCESS
+            };
+        }
+    };
+    init_logging();
+    match cli.command {
+        Command::Serve(args) => serve::run(args).await,
+        Command::Provider(args) => provider::run(args).await,
+        Command::Worker(args) => worker::run(args).await,
+        Command::Appliance(ApplianceCommand::Up(args)) => appliance::up(args).await,
+        Command::Appliance(ApplianceCommand::Down(args)) => appliance::down(args).await,
+        Command::Appliance(ApplianceCommand::Status(args)) => appliance::status(args).await,
+    }
+}
+
+/// Stand-in until the control plane's `serve` lands: accepts its
+/// arguments and refuses to run.
+mod serve {
+    use std::process::ExitCode;
+
+    /// `little-compute serve`.
+    #[derive(Debug, clap::Args)]
+    pub struct ServeArgs {
+        #[arg(long, env = "LC_DATABASE_URL", hide_env_values = true)]
+        database_url: Option<String>,
+        #[arg(long)]
+        listen: Option<String>,
+        #[arg(long)]
+        admin_token_file: Option<std::path::PathBuf>,
+        #[arg(long)]
+        secret_file: Option<std::path::PathBuf>,
+    }
+
+    pub async fn run(_args: ServeArgs) -> ExitCode {
+        eprintln!("little-compute serve: not built into this binary yet");
+        ExitCode::FAILURE
+    }
+}
+
+/// Stand-in until the provider's `run` lands.
+mod provider {
+    use std::process::ExitCode;
+
+    /// `little-compute provider`.
+    #[derive(Debug, clap::Args)]
+    pub struct ProviderArgs {
+        #[arg(long)]
+        state_dir: Option<std::path::PathBuf>,
+        #[arg(long)]
+        listen: Option<String>,
+        #[arg(long)]
+        id: Option<String>,
+        #[arg(long)]
+        runtime_dir: Option<std::path::PathBuf>,
+    }
+
+    pub async fn run(_args: ProviderArgs) -> ExitCode {
+        eprintln!("little-compute provider: not built into this binary yet");
+        ExitCode::FAILURE
+    }
+}
