@@ -1,0 +1,1 @@
+//! Signed provider evidence: DSSE envelopes over canonical JSON statements.

@@ -1,0 +1,1 @@
+//! Runtime manifests: the canonical description whose SHA-256 is a runtime's digest.

@@ -1,0 +1,1 @@
+//! Output pages: the numbered chunks of an exec attempt's stdout, stderr and exit status.
