@@ -1,0 +1,524 @@
+//! The reconciler: a loop around one [`Reconciler::step`].
+//!
+//! A step reads the clock once (in production the persisted safe-time cut,
+//! with its certainty) and asks the store for at most `batch` leases that
+//! need action at that reading, each with the action the core planned
+//! ([`lc_core::rules::plan_lease_action`]). Then, lease by lease:
+//!
+//! * `allocate`: the provider allocates the instance and starts the
+//!   command; then the store marks the lease `active`. A refusal (the
+//!   instance cannot start) moves the lease to `release_pending` with
+//!   `start_failed`; an unreachable provider is retried at the next step.
+//! * `maintain`: output pages move from the provider's spool into the
+//!   store: pages after the stored seq are fetched, appended (idempotent
+//!   on seq, checked by sha256), and only then acked through the stored
+//!   seq, so nothing leaves the spool before it is committed. A committed
+//!   terminal page moves the lease to `release_pending` (`exited`) at
+//!   once. Otherwise the Lease and its Reservation are renewed when their
+//!   expiry is within `renew_ahead` of the cut (on any reading: a renewal
+//!   never shortens, `max(current, cut + ttl)`).
+//! * `begin_release`: cancel, timeout or expiry (the last two only on a
+//!   certain cut, which the plan already checked) move the lease to
+//!   `release_pending`.
+//! * `destroy`: the provider destroys the generation's instance and
+//!   returns signed evidence; it is retried every step, also while the
+//!   cut is uncertain. Only on a certain reading does the store commit the
+//!   release with that evidence (verifying its signature), which returns
+//!   the Reservation's units exactly once; while uncertain the step counts
+//!   it as deferred and nothing is released.
+//!
+//! Finally, on a certain reading, a bounded batch of operation keys gets
+//! its terminal receipt and a bounded batch of due keys is deleted.
+//!
+//! A failure on one lease is recorded in the report and does not stop the
+//! others: the next step retries from what the store says. Every store
+//! method is replay-safe, so a worker killed at any point and restarted (or
+//! several workers at once) neither loses nor doubles anything.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clock::Clock;
+use jiff::SignedDuration;
+use lc_core::rules::{APPEND_PAGES_MAX, LIST_LIMIT_MAX};
+use lc_core::store::ReconcileStore;
+use lc_core::{
+    CutReading, Generation, LcError, LeaseAction, LeaseWork, PageKind, ProviderId, SandboxLeaseId,
+    TerminalReason,
+};
+use tokio::sync::watch;
+
+use crate::port::{PortError, ProviderPort};
+
+/// Fetch-append-ack rounds per lease and step: with 64 pages of at most
+/// 64 KiB per round, one lease moves up to 16 MiB per step (twice the
+/// supervisor's default spool) without starving the rest of the batch.
+pub const PUMP_ROUNDS_MAX: usize = 4;
+
+/// The default batch: leases handled per step, the store's listing bound.
+/// Every live lease is due at every step (pumping, renewal), so the batch
+/// bounds the live leases one worker serves.
+pub const BATCH_DEFAULT: usize = LIST_LIMIT_MAX;
+
+/// Operation keys given their receipt per step.
+pub const RECEIPTS_BATCH_DEFAULT: usize = 500;
+
+/// Operation keys deleted per step.
+pub const GC_BATCH_DEFAULT: usize = 500;
+
+/// Renew when the expiry is this close to the cut: half of the default
+/// Lease TTL (60 s), so one missed step still leaves half a TTL.
+pub const RENEW_AHEAD_DEFAULT: SignedDuration = SignedDuration::from_secs(30);
+
+/// The reconciler's bounds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReconcilerOptions {
+    /// Leases per step, `1..=`[`LIST_LIMIT_MAX`].
+    pub batch: usize,
+    /// Renew when `expiry - cut <= renew_ahead`.
+    pub renew_ahead: SignedDuration,
+    /// Receipts per step, `1..=`[`LIST_LIMIT_MAX`].
+    pub receipts_batch: usize,
+    /// Operation keys deleted per step, `1..=`[`LIST_LIMIT_MAX`].
+    pub gc_batch: usize,
+}
+
+impl Default for ReconcilerOptions {
+    fn default() -> Self {
+        ReconcilerOptions {
+            batch: BATCH_DEFAULT,
+            renew_ahead: RENEW_AHEAD_DEFAULT,
+            receipts_batch: RECEIPTS_BATCH_DEFAULT,
+            gc_batch: GC_BATCH_DEFAULT,
+        }
+    }
+}
+
+/// One lease (or housekeeping call) that failed in a step.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseFailure {
+    /// The lease, `None` for receipts and GC.
+    pub lease_id: Option<SandboxLeaseId>,
+    /// What was being done (`allocate`, `maintain`, `begin_release`,
+    /// `destroy`, `commit_release`, `receipts`, `gc`).
+    pub action: &'static str,
+    /// The stable code (the store's or the provider's).
+    pub code: String,
+    /// A message for the log.
+    pub message: String,
+}
+
+/// What one step did. Counts are of this step only.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StepReport {
+    /// The reading the step acted on.
+    pub at: CutReading,
+    /// Leases the store returned as due.
+    pub leases_seen: usize,
+    /// Instances allocated and marked active.
+    pub allocated: usize,
+    /// Leases moved to `release_pending` because their instance could not start.
+    pub start_failed: usize,
+    /// Pages newly stored.
+    pub pages_appended: usize,
+    /// Pages the store already had (a replay after a crash).
+    pub pages_duplicate: usize,
+    /// Acks sent to providers.
+    pub acks: usize,
+    /// Leases renewed.
+    pub renewed: usize,
+    /// Leases moved to `release_pending` (exited, cancelled, expired; not start failures).
+    pub releases_begun: usize,
+    /// Destroys the providers confirmed with evidence.
+    pub destroyed: usize,
+    /// Releases committed now (capacity returned).
+    pub released: usize,
+    /// Releases the store found already committed (replays).
+    pub released_replay: usize,
+    /// Units returned to tenants by this step's releases.
+    pub units_returned: i64,
+    /// Destroys proven while the cut was uncertain: not released yet.
+    pub release_deferred: usize,
+    /// Operation keys given their terminal receipt.
+    pub receipts_attached: usize,
+    /// Operation keys deleted.
+    pub operations_deleted: usize,
+    /// What failed (at most one per lease, plus receipts and GC).
+    pub failures: Vec<LeaseFailure>,
+}
+
+impl StepReport {
+    fn new(at: CutReading) -> StepReport {
+        StepReport {
+            at,
+            leases_seen: 0,
+            allocated: 0,
+            start_failed: 0,
+            pages_appended: 0,
+            pages_duplicate: 0,
+            acks: 0,
+            renewed: 0,
+            releases_begun: 0,
+            destroyed: 0,
+            released: 0,
+            released_replay: 0,
+            units_returned: 0,
+            release_deferred: 0,
+            receipts_attached: 0,
+            operations_deleted: 0,
+            failures: Vec::new(),
+        }
+    }
+}
+
+/// Why a whole step failed (nothing was done).
+#[derive(Debug, thiserror::Error)]
+pub enum StepError {
+    /// The clock could not be read.
+    #[error("clock: {0}")]
+    Clock(#[from] clock::ClockError),
+    /// The store could not list due work.
+    #[error("store: {0}")]
+    Store(#[from] LcError),
+}
+
+impl StepError {
+    /// A stable code.
+    pub fn code(&self) -> &str {
+        match self {
+            StepError::Clock(_) => "clock_unavailable",
+            StepError::Store(e) => e.code(),
+        }
+    }
+}
+
+/// Why one lease's handling stopped.
+enum Fail {
+    Store(LcError),
+    Port(PortError),
+    UnknownProvider(ProviderId),
+}
+
+impl From<LcError> for Fail {
+    fn from(e: LcError) -> Self {
+        Fail::Store(e)
+    }
+}
+
+impl From<PortError> for Fail {
+    fn from(e: PortError) -> Self {
+        Fail::Port(e)
+    }
+}
+
+/// The reconciler; see the module docs.
+#[derive(Clone)]
+pub struct Reconciler {
+    store: Arc<dyn ReconcileStore>,
+    providers: BTreeMap<ProviderId, Arc<dyn ProviderPort>>,
+    clock: Arc<dyn Clock>,
+    options: ReconcilerOptions,
+}
+
+impl std::fmt::Debug for Reconciler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reconciler")
+            .field("providers", &self.providers.keys().collect::<Vec<_>>())
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Reconciler {
+    /// A reconciler over `store`, driving `providers` (by their ids), on
+    /// `clock`.
+    ///
+    /// # Errors
+    /// [`LcError::InvalidLimit`] when a batch is outside `1..=`[`LIST_LIMIT_MAX`].
+    pub fn new(
+        store: Arc<dyn ReconcileStore>,
+        providers: Vec<Arc<dyn ProviderPort>>,
+        clock: Arc<dyn Clock>,
+        options: ReconcilerOptions,
+    ) -> Result<Reconciler, LcError> {
+        for n in [options.batch, options.receipts_batch, options.gc_batch] {
+            if !(1..=LIST_LIMIT_MAX).contains(&n) {
+                return Err(LcError::InvalidLimit {
+                    limit: n,
+                    max: LIST_LIMIT_MAX,
+                });
+            }
+        }
+        let providers = providers.into_iter().map(|p| (p.id().clone(), p)).collect();
+        Ok(Reconciler {
+            store,
+            providers,
+            clock,
+            options,
+        })
+    }
+
+    /// The bounds.
+    pub fn options(&self) -> ReconcilerOptions {
+        self.options
+    }
+
+    /// Reads the clock once as a [`CutReading`].
+    ///
+    /// # Errors
+    /// The clock's error.
+    pub async fn reading(&self) -> Result<CutReading, clock::ClockError> {
+        let r = self.clock.read().await?;
+        Ok(CutReading {
+            cut: r.now,
+            certain: r.uncertain.is_none(),
+            retry_after_s: self.clock.retry_after_secs(),
+        })
+    }
+
+    /// One step; see the module docs.
+    ///
+    /// # Errors
+    /// [`StepError`] when the clock or the due-work query fails (nothing
+    /// was done); failures of single leases are in the report.
+    pub async fn step(&self) -> Result<StepReport, StepError> {
+        let at = self.reading().await?;
+        let work = self.store.due_work(at, self.options.batch).await?;
+        let mut report = StepReport::new(at);
+        report.leases_seen = work.len();
+        for w in &work {
+            let action = action_name(w.action);
+            if let Err(f) = self.handle(w, at, &mut report).await {
+                let (code, message) = match f {
+                    Fail::Store(e) => (e.code().to_owned(), e.to_string()),
+                    Fail::Port(e) => (e.code().to_owned(), e.to_string()),
+                    Fail::UnknownProvider(id) => (
+                        "provider_unknown".to_owned(),
+                        format!("this worker has no provider {id}"),
+                    ),
+                };
+                tracing::warn!(lease = w.lease_id.0, generation = w.generation.0, action, %code, %message, "lease step failed");
+                report.failures.push(LeaseFailure {
+                    lease_id: Some(w.lease_id),
+                    action,
+                    code,
+                    message,
+                });
+            }
+        }
+        if at.certain {
+            match self
+                .store
+                .attach_receipts(at, self.options.receipts_batch)
+                .await
+            {
+                Ok(n) => report.receipts_attached = n,
+                Err(e) => report.failures.push(housekeeping_failure("receipts", &e)),
+            }
+            match self.store.gc_operations(at, self.options.gc_batch).await {
+                Ok(n) => report.operations_deleted = n,
+                Err(e) => report.failures.push(housekeeping_failure("gc", &e)),
+            }
+        }
+        log_report(&report);
+        Ok(report)
+    }
+
+    fn port(&self, w: &LeaseWork) -> Result<&Arc<dyn ProviderPort>, Fail> {
+        self.providers
+            .get(&w.provider_id)
+            .ok_or_else(|| Fail::UnknownProvider(w.provider_id.clone()))
+    }
+
+    async fn handle(
+        &self,
+        w: &LeaseWork,
+        at: CutReading,
+        report: &mut StepReport,
+    ) -> Result<(), Fail> {
+        match w.action {
+            LeaseAction::Allocate => {
+                let port = self.port(w)?;
+                match port.allocate(w).await {
+                    Ok(()) => {
+                        self.store.mark_active(w.lease_id, w.generation, at).await?;
+                        report.allocated += 1;
+                    }
+                    Err(PortError::Refused { code, message }) => {
+                        tracing::warn!(lease = w.lease_id.0, %code, %message, "instance could not start");
+                        self.store
+                            .begin_release(
+                                w.lease_id,
+                                w.generation,
+                                TerminalReason::StartFailed,
+                                at,
+                            )
+                            .await?;
+                        report.start_failed += 1;
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            LeaseAction::Maintain => {
+                let port = self.port(w)?;
+                let terminal = self.pump(port.as_ref(), w, report).await?;
+                if terminal {
+                    self.store
+                        .begin_release(w.lease_id, w.generation, TerminalReason::Exited, at)
+                        .await?;
+                    report.releases_begun += 1;
+                } else if w.expiry.duration_since(at.cut) <= self.options.renew_ahead {
+                    self.store.renew(w.lease_id, w.generation, at).await?;
+                    report.renewed += 1;
+                }
+            }
+            LeaseAction::BeginRelease(reason) => {
+                self.store
+                    .begin_release(w.lease_id, w.generation, reason, at)
+                    .await?;
+                report.releases_begun += 1;
+            }
+            LeaseAction::Destroy => {
+                let port = self.port(w)?;
+                let evidence = port.destroy(w.lease_id, w.generation).await?;
+                report.destroyed += 1;
+                if !at.certain {
+                    report.release_deferred += 1;
+                    return Ok(());
+                }
+                let outcome = self
+                    .store
+                    .commit_release(w.lease_id, w.generation, &evidence, at)
+                    .await?;
+                if outcome.replay {
+                    report.released_replay += 1;
+                } else {
+                    report.released += 1;
+                    report.units_returned += outcome.units_returned;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Moves pages from the provider into the store, then acks through the
+    /// stored seq; returns whether the terminal page is now stored.
+    async fn pump(
+        &self,
+        port: &dyn ProviderPort,
+        w: &LeaseWork,
+        report: &mut StepReport,
+    ) -> Result<bool, Fail> {
+        let (lease, generation) = (w.lease_id, w.generation);
+        let mut stored = w.last_seq;
+        let mut acked = false;
+        let mut terminal = false;
+        for _ in 0..PUMP_ROUNDS_MAX {
+            let pages = port
+                .pages(lease, generation, stored, APPEND_PAGES_MAX)
+                .await?;
+            if pages.is_empty() {
+                break;
+            }
+            let full = pages.len() >= APPEND_PAGES_MAX;
+            let appended = self.store.append_pages(lease, generation, &pages).await?;
+            report.pages_appended += appended.appended;
+            report.pages_duplicate += appended.duplicates;
+            terminal |= pages
+                .iter()
+                .any(|p| p.kind == PageKind::Terminal && p.seq <= appended.last_seq);
+            let progressed = appended.last_seq > stored;
+            stored = appended.last_seq;
+            // Only what is committed leaves the spool.
+            port.ack(lease, generation, stored).await?;
+            report.acks += 1;
+            acked = true;
+            if terminal || !full || !progressed {
+                break;
+            }
+        }
+        if !acked && stored > 0 {
+            // Pages stored by a step that died before its ack.
+            port.ack(lease, generation, stored).await?;
+            report.acks += 1;
+        }
+        Ok(terminal)
+    }
+
+    /// Steps every `interval` until `shutdown` turns `true` (or its sender
+    /// goes away); returns after the step in progress. One step per tick:
+    /// the due leases include every live one (each needs pumping and
+    /// renewal), so stepping again at once would only repeat the batch.
+    pub async fn run(&self, interval: Duration, mut shutdown: watch::Receiver<bool>) {
+        tracing::info!(batch = self.options.batch, ?interval, "reconciler started");
+        loop {
+            if *shutdown.borrow() {
+                break;
+            }
+            if let Err(e) = self.step().await {
+                tracing::warn!(code = e.code(), error = %e, "reconciler step failed");
+            }
+            tokio::select! {
+                () = tokio::time::sleep(interval) => {}
+                changed = shutdown.changed() => {
+                    if changed.is_err() || *shutdown.borrow() {
+                        break;
+                    }
+                }
+            }
+        }
+        tracing::info!("reconciler stopped");
+    }
+}
+
+fn action_name(a: LeaseAction) -> &'static str {
+    match a {
+        LeaseAction::Allocate => "allocate",
+        LeaseAction::Maintain => "maintain",
+        LeaseAction::BeginRelease(_) => "begin_release",
+        LeaseAction::Destroy => "destroy",
+    }
+}
+
+fn housekeeping_failure(action: &'static str, e: &LcError) -> LeaseFailure {
+    tracing::warn!(action, code = e.code(), error = %e, "reconciler housekeeping failed");
+    LeaseFailure {
+        lease_id: None,
+        action,
+        code: e.code().to_owned(),
+        message: e.to_string(),
+    }
+}
+
+fn log_report(r: &StepReport) {
+    let busy = r.allocated
+        + r.start_failed
+        + r.pages_appended
+        + r.releases_begun
+        + r.destroyed
+        + r.released;
+    if busy == 0 {
+        tracing::debug!(cut = %r.at.cut, certain = r.at.certain, leases = r.leases_seen, "reconciler step");
+    } else {
+        tracing::info!(
+            cut = %r.at.cut,
+            certain = r.at.certain,
+            leases = r.leases_seen,
+            allocated = r.allocated,
+            start_failed = r.start_failed,
+            pages = r.pages_appended,
+            releases_begun = r.releases_begun,
+            destroyed = r.destroyed,
+            released = r.released,
+            units_returned = r.units_returned,
+            deferred = r.release_deferred,
+            "reconciler step"
+        );
+    }
+}
+
+/// The lease and generation of a work item, for logs and tests.
+pub fn lease_key(w: &LeaseWork) -> (SandboxLeaseId, Generation) {
+    (w.lease_id, w.generation)
+}
