@@ -1,0 +1,228 @@
+//! `little-compute serve`: the control plane's process wiring.
+//!
+//! Start-up, in order: the admin token file (at least 16 bytes of visible
+//! ASCII; only its SHA-256 is kept) and the server secret file (at least 32
+//! bytes; tenant API keys are derived from it, so it must stay the same
+//! across restarts and across every control plane on one database); the
+//! database, waited for within [`DATABASE_WAIT_MAX`]; the safe-cut clock on
+//! the store's pool (one first reading is logged: certain or why not); the
+//! open-file limit checked against the connection bound; the listener
+//! (loopback by default), served by [`httpkit::serve`]; the line
+//! `little-compute listening on http://ADDR` on stdout for scripts.
+//!
+//! Shutdown on SIGTERM or SIGINT: stop accepting, give in-flight requests
+//! `--shutdown-timeout-ms` to finish, then drop them.
+//!
+//! The process is stateless: PostgreSQL is the authority, and several
+//! control planes may serve one database.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use clock::Clock;
+use clock::safe_cut::SafeCutClock;
+use httpkit::ConnectionLimits;
+use lc_api::auth::{AdminDigest, ServerSecret, trim_credential};
+use lc_api::{ServiceOptions, build};
+use tokio::net::TcpListener;
+
+/// The default listen address: loopback only; exposing the control plane
+/// beyond the host is an explicit choice.
+pub const LISTEN_DEFAULT: &str = "127.0.0.1:8090";
+
+/// How long start-up waits for the database to accept connections.
+pub const DATABASE_WAIT_MAX: Duration = Duration::from_secs(30);
+
+/// The pause between two connection attempts while waiting.
+pub const DATABASE_RETRY_PAUSE: Duration = Duration::from_millis(500);
+
+/// The largest credential file read, in bytes.
+pub const CREDENTIAL_FILE_BYTES_MAX: u64 = 4096;
+
+/// `little-compute serve`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ServeArgs {
+    /// PostgreSQL URL of the installation (Tollgate and Little Compute
+    /// migrated).
+    #[arg(long, env = "LC_DATABASE_URL", hide_env_values = true)]
+    pub database_url: String,
+    /// Address to listen on.
+    #[arg(long, default_value = LISTEN_DEFAULT)]
+    pub listen: SocketAddr,
+    /// File holding the admin token (trailing whitespace ignored).
+    #[arg(long, value_name = "PATH")]
+    pub admin_token_file: PathBuf,
+    /// File holding the server secret tenant API keys are derived from (at
+    /// least 32 bytes; keep it stable).
+    #[arg(long, value_name = "PATH")]
+    pub secret_file: PathBuf,
+    /// The runtime directory shared with the provider on this host; without
+    /// it, runtime import is refused.
+    #[arg(long, value_name = "DIR")]
+    pub runtime_dir: Option<PathBuf>,
+    /// A reading of the cut older than this is stale (uncertain),
+    /// milliseconds.
+    #[arg(long, default_value_t = 5_000)]
+    pub safetime_gap_max_ms: u64,
+    /// Bound on receiving a request's body and, separately, on handling it,
+    /// milliseconds.
+    #[arg(long, default_value_t = 30_000)]
+    pub request_timeout_ms: u64,
+    /// How long in-flight requests may finish after SIGTERM/SIGINT,
+    /// milliseconds.
+    #[arg(long, default_value_t = 10_000)]
+    pub shutdown_timeout_ms: u64,
+    /// Connections served at once.
+    #[arg(long, default_value_t = httpkit::server::CONNECTIONS_MAX_DEFAULT)]
+    pub connections_max: usize,
+}
+
+/// Why the control plane could not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// A setting or credential file is unusable.
+    #[error("{0}")]
+    Config(String),
+    /// The database could not be reached or refused.
+    #[error("database: {0}")]
+    Database(String),
+    /// Binding or serving failed.
+    #[error("{0}")]
+    Io(String),
+}
+
+/// Reads a credential file: at most [`CREDENTIAL_FILE_BYTES_MAX`] bytes,
+/// trailing whitespace removed.
+fn read_credential(path: &Path, what: &str) -> Result<Vec<u8>, ServeError> {
+    let fail = |e: String| ServeError::Config(format!("{what} {}: {e}", path.display()));
+    let meta = std::fs::metadata(path).map_err(|e| fail(e.to_string()))?;
+    if meta.len() > CREDENTIAL_FILE_BYTES_MAX {
+        return Err(fail(format!(
+            "larger than {CREDENTIAL_FILE_BYTES_MAX} bytes"
+        )));
+    }
+    let bytes = std::fs::read(path).map_err(|e| fail(e.to_string()))?;
+    Ok(trim_credential(&bytes).to_vec())
+}
+
+/// The admin token's digest and the server secret of `args`.
+///
+/// # Errors
+/// [`ServeError::Config`] for an unreadable or too short file.
+pub fn credentials(args: &ServeArgs) -> Result<(AdminDigest, ServerSecret), ServeError> {
+    let token = read_credential(&args.admin_token_file, "admin token file")?;
+    let token = String::from_utf8(token)
+        .map_err(|_| ServeError::Config("admin token file: not UTF-8".into()))?;
+    let admin = AdminDigest::of_token(&token)
+        .map_err(|e| ServeError::Config(format!("admin token file: {e}")))?;
+    let secret = ServerSecret::new(&read_credential(&args.secret_file, "secret file")?)
+        .map_err(|e| ServeError::Config(format!("secret file: {e}")))?;
+    Ok((admin, secret))
+}
+
+/// Resolves on the first SIGTERM or SIGINT; listening starts at once.
+fn listen_for_shutdown() -> Result<impl Future<Output = ()> + Send + 'static, ServeError> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let listen = |kind: SignalKind, name: &str| {
+        signal(kind).map_err(|e| ServeError::Io(format!("cannot listen for {name}: {e}")))
+    };
+    let mut term = listen(SignalKind::terminate(), "SIGTERM")?;
+    let mut int = listen(SignalKind::interrupt(), "SIGINT")?;
+    Ok(async move {
+        tokio::select! {
+            _ = int.recv() => tracing::info!("SIGINT received: shutting down"),
+            _ = term.recv() => tracing::info!("SIGTERM received: shutting down"),
+        }
+    })
+}
+
+/// Runs the control plane until SIGTERM/SIGINT.
+///
+/// # Errors
+/// Start-up failures (settings, credentials, the database, the listener);
+/// a server that stops on its own.
+pub async fn run(args: ServeArgs) -> Result<(), ServeError> {
+    let (admin, secret) = credentials(&args)?;
+    let gap_max = jiff::SignedDuration::from_millis(
+        i64::try_from(args.safetime_gap_max_ms)
+            .map_err(|_| ServeError::Config("--safetime-gap-max-ms is too large".into()))?,
+    );
+    if args.safetime_gap_max_ms == 0 {
+        return Err(ServeError::Config(
+            "--safetime-gap-max-ms must be positive".into(),
+        ));
+    }
+    let (store, pool) = crate::serve_store::connect(&args.database_url, DATABASE_WAIT_MAX)
+        .await
+        .map_err(ServeError::Database)?;
+    let clock: Arc<dyn Clock> = Arc::new(SafeCutClock::new(pool, gap_max));
+    match clock.read().await {
+        Ok(r) => tracing::info!(cut = %r.now, certain = r.is_certain(), "safe time: first reading"),
+        Err(e) => tracing::warn!(error = %e, "safe time: first reading of the cut failed"),
+    }
+    let fit = httpkit::server::fit_descriptor_limit(
+        args.connections_max,
+        crate::serve_store::POOL_CONNECTIONS_MAX,
+    )
+    .map_err(|e| ServeError::Config(e.to_string()))?;
+    if let Some(from) = fit.raised_from {
+        tracing::info!(from, needed = fit.needed, "raised the soft limit on open files");
+    }
+    let limits = ConnectionLimits {
+        connections_max: args.connections_max,
+        header_read_timeout: httpkit::server::HEADER_READ_TIMEOUT_DEFAULT,
+        idle_timeout: httpkit::server::IDLE_TIMEOUT_DEFAULT,
+    };
+    let (router, state) = build(
+        store,
+        clock,
+        admin,
+        secret,
+        ServiceOptions {
+            runtime_dir: args.runtime_dir.clone(),
+            request_timeout: Duration::from_millis(args.request_timeout_ms),
+        },
+    );
+    let listener = TcpListener::bind(args.listen)
+        .await
+        .map_err(|e| ServeError::Io(format!("cannot listen on {}: {e}", args.listen)))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| ServeError::Io(e.to_string()))?;
+    let shutdown = listen_for_shutdown()?;
+    tracing::info!(%addr, "little-compute listening");
+    {
+        use std::io::Write as _;
+        // For scripts that wait for the line; the log says the same, so a
+        // closed stdout is not an error.
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "little-compute listening on http://{addr}");
+        let _ = out.flush();
+    }
+    let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
+    let mut server = tokio::spawn(httpkit::serve(listener, router, state, limits, async move {
+        let _ = stop_rx.wait_for(|stop| *stop).await;
+    }));
+    tokio::select! {
+        () = shutdown => {}
+        r = &mut server => {
+            return match r {
+                Ok(()) => Ok(()),
+                Err(e) => Err(ServeError::Io(format!("server task failed: {e}"))),
+            };
+        }
+    }
+    let _ = stop_tx.send(true);
+    let bound = Duration::from_millis(args.shutdown_timeout_ms);
+    match tokio::time::timeout(bound, &mut server).await {
+        Ok(_) => tracing::info!("in-flight requests finished"),
+        Err(_) => {
+            tracing::warn!(?bound, "in-flight requests did not finish in time; dropping them");
+            server.abort();
+        }
+    }
+    tracing::info!("little-compute stopped");
+    Ok(())
+}
