@@ -170,9 +170,6 @@ impl Builder {
         if self.entries.contains_key(path) {
             return Err(ImportError::Duplicate(path.to_owned()));
         }
-        if self.entries.len() >= self.limits.entries_max {
-            return Err(ImportError::TooManyEntries(self.limits.entries_max));
-        }
         // Every ancestor is a directory entry (created implicitly if new).
         let mut ancestors: Vec<&str> = Vec::new();
         let mut p = path;
@@ -186,6 +183,10 @@ impl Builder {
                 Some(_) => return Err(ImportError::NotADirectory(path.to_owned())),
                 None => self.dir(a, 0o755)?,
             }
+        }
+        // Counted after the implicit parents, each of which is an entry too.
+        if self.entries.len() >= self.limits.entries_max {
+            return Err(ImportError::TooManyEntries(self.limits.entries_max));
         }
         Ok(())
     }

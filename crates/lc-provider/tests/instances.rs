@@ -678,3 +678,57 @@ async fn the_http_client_is_the_same_provider() {
     assert_eq!(body["code"], "invalid_request");
     server.abort();
 }
+
+/// Copies host file `from` (following symlinks) to `tree/to`.
+fn copy_in(tree: &Path, from: &str, to: &str) {
+    let dest = tree.join(to);
+    std::fs::create_dir_all(dest.parent().unwrap()).unwrap();
+    std::fs::copy(std::fs::canonicalize(from).unwrap(), &dest).unwrap();
+}
+
+#[tokio::test]
+async fn an_imported_tree_is_the_instance_root() {
+    let e = env();
+    // A minimal root: dash and the C library the supervisor and dash need.
+    let src = e.dir.join("src-tree");
+    copy_in(&src, "/bin/dash", "bin/sh");
+    copy_in(
+        &src,
+        "/lib64/ld-linux-x86-64.so.2",
+        "lib64/ld-linux-x86-64.so.2",
+    );
+    copy_in(
+        &src,
+        "/lib/x86_64-linux-gnu/libc.so.6",
+        "lib/x86_64-linux-gnu/libc.so.6",
+    );
+    copy_in(
+        &src,
+        "/lib/x86_64-linux-gnu/libgcc_s.so.1",
+        "lib/x86_64-linux-gnu/libgcc_s.so.1",
+    );
+    // A reserved top-level name in the tree is not mounted over the provider's.
+    std::fs::create_dir_all(src.join("workspace")).unwrap();
+    std::fs::write(src.join("workspace/decoy"), "x").unwrap();
+    let imported = e
+        .provider
+        .runtimes()
+        .import_dir(&src, lc_provider::runtime::ImportLimits::default())
+        .unwrap();
+    let mut r = sh(
+        13,
+        "echo /*; echo /workspace/*; echo x > /bin/y; echo rc=$?",
+    );
+    r.runtime = imported.digest;
+    let (out, err, exit) = run(&e, 13, r).await;
+    assert_eq!(
+        out,
+        "/bin /dev /lib /lib64 /proc /tmp /workspace\n/workspace/*\nrc=2\n"
+    );
+    assert!(err.contains("Read-only file system"), "{err}");
+    assert_eq!(exit, ExitStatus::exited(0));
+    e.provider
+        .destroy(SandboxLeaseId(13), Generation(1))
+        .await
+        .unwrap();
+}
