@@ -34,6 +34,7 @@ use axum::response::{IntoResponse, Response};
 use axum::{Json, Router};
 use clock::TELEMETRY_READ_MAX;
 use httpkit::{IdPath, JsonBody, Rejection};
+use lc_core::LcError;
 use lc_core::model::{Digest, ExecId, ExecRequest, ExecState, PageKind, TenantId};
 use serde::de::DeserializeOwned;
 use utoipa::OpenApi;
@@ -246,7 +247,18 @@ async fn create_exec(
                 timeout_ms: req.timeout_ms,
             },
         )
-        .await?;
+        .await
+        .map_err(|e| match e {
+            // A runtime the body names but the store lacks is a bad body,
+            // not a missing resource of this route.
+            LcError::NotFound {
+                what: "runtime",
+                id,
+            } => LcError::InvalidRuntime {
+                reason: format!("no runtime is registered as {id}"),
+            },
+            other => other,
+        })?;
     Ok((StatusCode::CREATED, Json(exec.into())))
 }
 

@@ -4,6 +4,8 @@
 
 #![allow(dead_code)]
 
+pub mod pg;
+
 use std::sync::Mutex;
 
 use async_trait::async_trait;
