@@ -23,11 +23,14 @@ fn raw_header(path: &[u8], kind: tar::EntryType, size: u64, link: &[u8]) -> tar:
     h
 }
 
-fn tarball(entries: &[(&[u8], tar::EntryType, &[u8], &[u8])]) -> Vec<u8> {
+/// One entry: path, kind, data, link target.
+type Entry<'a> = (&'a [u8], tar::EntryType, &'a [u8], &'a [u8]);
+
+fn tarball(entries: &[Entry<'_>]) -> Vec<u8> {
     let mut b = tar::Builder::new(Vec::new());
     for (path, kind, data, link) in entries {
-        let mut h = raw_header(path, *kind, data.len() as u64, link);
-        b.append(&mut h, *data).expect("append");
+        let h = raw_header(path, *kind, data.len() as u64, link);
+        b.append(&h, *data).expect("append");
     }
     b.into_inner().expect("tar")
 }
