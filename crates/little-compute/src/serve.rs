@@ -2,9 +2,10 @@
 //!
 //! Start-up, in order: the admin token file (at least 16 bytes of visible
 //! ASCII; only its SHA-256 is kept) and the server secret file (at least 32
-//! bytes; tenant API keys are derived from it, so it must stay the same
-//! across restarts and across every control plane on one database); the
-//! database, waited for within [`DATABASE_WAIT_MAX`]; the safe-cut clock on
+//! bytes; tenant API keys are derived from it and it is Tollgate's
+//! capability key, so it must stay the same across restarts and across
+//! every control plane and worker on one database); the database (already
+//! migrated), waited for within [`DATABASE_WAIT_MAX`]; the safe-cut clock on
 //! the store's pool (one first reading is logged: certain or why not); the
 //! open-file limit checked against the connection bound; the listener
 //! (loopback by default), served by [`httpkit::serve`]; the line
@@ -77,6 +78,62 @@ pub struct ServeArgs {
     /// Connections served at once.
     #[arg(long, default_value_t = httpkit::server::CONNECTIONS_MAX_DEFAULT)]
     pub connections_max: usize,
+    /// Tollgate's grant policy: the longest grant, milliseconds (every
+    /// process on the database uses the recorded policy).
+    #[arg(long, default_value_t = GRANT_MAX_TTL_MS_DEFAULT)]
+    pub grant_max_ttl_ms: i64,
+    /// Tollgate's grant policy: the reclaim grace, milliseconds.
+    #[arg(long, default_value_t = RECLAIM_GRACE_MS_DEFAULT)]
+    pub reclaim_grace_ms: i64,
+}
+
+/// Default longest Tollgate grant: one hour, above a Reservation's TTL
+/// (10 min), which Tollgate clamps to it.
+pub const GRANT_MAX_TTL_MS_DEFAULT: i64 = 3_600_000;
+
+/// Default reclaim grace of Tollgate grants: 5 s.
+pub const RECLAIM_GRACE_MS_DEFAULT: i64 = 5_000;
+
+/// The store's pooled connections (its descriptors count against the
+/// open-file limit next to the HTTP connections).
+pub const POOL_CONNECTIONS_MAX: u32 = 10;
+
+/// The store of `args`: Tollgate's with the grant policy of `args` and the
+/// server secret as its capability key, on the cut; waits for the database
+/// within `wait_max` (while it is unavailable), any other refusal at once.
+///
+/// # Errors
+/// [`ServeError::Config`] for an unusable policy or key,
+/// [`ServeError::Database`] otherwise.
+pub async fn connect_store(
+    args: &ServeArgs,
+    secret: &[u8],
+    wait_max: Duration,
+) -> Result<lc_pg::LcStore, ServeError> {
+    let policy = tollgate::GrantPolicy::new(
+        jiff::SignedDuration::from_millis(args.grant_max_ttl_ms),
+        jiff::SignedDuration::from_millis(args.reclaim_grace_ms),
+    )
+    .map_err(|e| ServeError::Config(format!("grant policy: {e}")))?;
+    let key = tollgate::CapabilityKey::new(secret)
+        .map_err(|e| ServeError::Config(format!("secret file: {e}")))?;
+    let config = lc_pg::LcConfig {
+        max_connections: POOL_CONNECTIONS_MAX,
+        ..lc_pg::LcConfig::default()
+    };
+    let deadline = tokio::time::Instant::now() + wait_max;
+    loop {
+        match lc_pg::LcStore::connect(&args.database_url, policy, key.clone(), config).await {
+            Ok(store) => return Ok(store),
+            Err(e @ lc_core::LcError::StorageUnavailable { .. })
+                if tokio::time::Instant::now() < deadline =>
+            {
+                tracing::info!(error = %e, "waiting for the database");
+                tokio::time::sleep(DATABASE_RETRY_PAUSE).await;
+            }
+            Err(e) => return Err(ServeError::Database(e.to_string())),
+        }
+    }
 }
 
 /// Why the control plane could not start or stopped with an error.
@@ -107,19 +164,22 @@ fn read_credential(path: &Path, what: &str) -> Result<Vec<u8>, ServeError> {
     Ok(trim_credential(&bytes).to_vec())
 }
 
-/// The admin token's digest and the server secret of `args`.
+/// The admin token's digest, the server secret and its bytes (also the
+/// capability key of Tollgate's store, so the worker, reading the same
+/// file, renews and releases the grants the API made).
 ///
 /// # Errors
 /// [`ServeError::Config`] for an unreadable or too short file.
-pub fn credentials(args: &ServeArgs) -> Result<(AdminDigest, ServerSecret), ServeError> {
+pub fn credentials(args: &ServeArgs) -> Result<(AdminDigest, ServerSecret, Vec<u8>), ServeError> {
     let token = read_credential(&args.admin_token_file, "admin token file")?;
     let token = String::from_utf8(token)
         .map_err(|_| ServeError::Config("admin token file: not UTF-8".into()))?;
     let admin = AdminDigest::of_token(&token)
         .map_err(|e| ServeError::Config(format!("admin token file: {e}")))?;
-    let secret = ServerSecret::new(&read_credential(&args.secret_file, "secret file")?)
+    let bytes = read_credential(&args.secret_file, "secret file")?;
+    let secret = ServerSecret::new(&bytes)
         .map_err(|e| ServeError::Config(format!("secret file: {e}")))?;
-    Ok((admin, secret))
+    Ok((admin, secret, bytes))
 }
 
 /// Resolves on the first SIGTERM or SIGINT; listening starts at once.
@@ -144,7 +204,7 @@ fn listen_for_shutdown() -> Result<impl Future<Output = ()> + Send + 'static, Se
 /// Start-up failures (settings, credentials, the database, the listener);
 /// a server that stops on its own.
 pub async fn run(args: ServeArgs) -> Result<(), ServeError> {
-    let (admin, secret) = credentials(&args)?;
+    let (admin, secret, secret_bytes) = credentials(&args)?;
     let gap_max = jiff::SignedDuration::from_millis(
         i64::try_from(args.safetime_gap_max_ms)
             .map_err(|_| ServeError::Config("--safetime-gap-max-ms is too large".into()))?,
@@ -154,17 +214,15 @@ pub async fn run(args: ServeArgs) -> Result<(), ServeError> {
             "--safetime-gap-max-ms must be positive".into(),
         ));
     }
-    let (store, pool) = crate::serve_store::connect(&args.database_url, DATABASE_WAIT_MAX)
-        .await
-        .map_err(ServeError::Database)?;
-    let clock: Arc<dyn Clock> = Arc::new(SafeCutClock::new(pool, gap_max));
+    let store = Arc::new(connect_store(&args, &secret_bytes, DATABASE_WAIT_MAX).await?);
+    let clock: Arc<dyn Clock> = Arc::new(SafeCutClock::new(store.pool().clone(), gap_max));
     match clock.read().await {
         Ok(r) => tracing::info!(cut = %r.now, certain = r.is_certain(), "safe time: first reading"),
         Err(e) => tracing::warn!(error = %e, "safe time: first reading of the cut failed"),
     }
     let fit = httpkit::server::fit_descriptor_limit(
         args.connections_max,
-        crate::serve_store::POOL_CONNECTIONS_MAX,
+        usize::try_from(POOL_CONNECTIONS_MAX).unwrap_or(usize::MAX),
     )
     .map_err(|e| ServeError::Config(e.to_string()))?;
     if let Some(from) = fit.raised_from {
