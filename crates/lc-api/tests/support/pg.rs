@@ -81,6 +81,7 @@ pub struct PgSvc {
     pub clock: Arc<Switch>,
     pub url: String,
     pub secret: ServerSecret,
+    runtime_dir: Option<std::path::PathBuf>,
     stop: watch::Sender<bool>,
 }
 
@@ -154,6 +155,7 @@ impl PgSvc {
         }
         assert!(certain, "the cut did not become certain within 20 s");
         let secret = ServerSecret::new(&SECRET).expect("secret");
+        let runtime_dir = options.runtime_dir.clone();
         let (router, state) = lc_api::build(
             store.clone(),
             clock.clone(),
@@ -168,6 +170,7 @@ impl PgSvc {
             clock,
             url,
             secret,
+            runtime_dir,
             stop,
         };
         svc.store
@@ -261,6 +264,14 @@ impl PgSvc {
                 .await
                 .expect("commit release");
         }
+    }
+
+    /// The runtime directory the service was started with.
+    ///
+    /// # Panics
+    /// When it was started without one.
+    pub fn runtime_dir(&self) -> &std::path::Path {
+        self.runtime_dir.as_deref().expect("a runtime directory")
     }
 
     /// The API key of `tenant`.
