@@ -11,11 +11,12 @@
 //! result to a DTO ([`crate::dto`]) or an [`ApiError`]. No handler decides
 //! a rule; the core and the store do.
 //!
-//! Time: exec admission needs a *certain* reading of the cut and answers
-//! `503 time_uncertain` with `Retry-After` otherwise, before calling the
-//! store, so nothing is written. Every other mutating call hands the store
-//! the reading whatever its certainty; the store refuses what needs a
-//! certain one.
+//! Time: every mutating call reads the cut once and hands the store that
+//! reading, certain or not. Exec admission needs a *certain* one: the store
+//! answers a replay of a recorded admission with its result whatever the
+//! certainty, and refuses a new one on an uncertain reading inside the
+//! admitting transaction, which then writes nothing; the API answers that
+//! refusal `503 time_uncertain` with `Retry-After` and the reason it read.
 //!
 //! Idempotency: every POST carries an `Idempotency-Key`; the store records
 //! it with the SHA-256 of the canonical request ([`RequiredKey::operation`])
@@ -216,8 +217,9 @@ async fn list_runtimes(
 /// Admits an exec for the acting tenant: in one transaction the exec with
 /// its canonical identity, attempt 1, a Reservation of the shape's units
 /// and Lease generation 1. Needs a certain cut (503 `time_uncertain`
-/// otherwise); `409 insufficient_capacity` when the units are not
-/// available. Nothing is written on any refusal.
+/// otherwise; a replay of a recorded admission still answers its result);
+/// `409 insufficient_capacity` when the units are not available. Nothing
+/// is written on any refusal.
 #[utoipa::path(post, path = "/v1/execs", tag = "execs",
     params(
         ("Idempotency-Key" = String, Header, description = "Required: a replay returns the same exec"),
@@ -233,12 +235,12 @@ async fn create_exec(
     JsonBody(req): JsonBody<CreateExecBody>,
 ) -> Result<(StatusCode, Json<ExecView>), ApiError> {
     let op = key.operation("admit_exec", Some(tenant), &req)?;
-    let at = s.admission().await?;
+    let reading = s.reading().await?;
     let exec = s
         .store()
         .admit_exec(
             &op,
-            at,
+            reading.at,
             tenant,
             &ExecRequest {
                 runtime: req.runtime,
@@ -258,7 +260,8 @@ async fn create_exec(
                 reason: format!("no runtime is registered as {id}"),
             },
             other => other,
-        })?;
+        })
+        .map_err(|e| s.refused_admission(e, reading))?;
     Ok((StatusCode::CREATED, Json(exec.into())))
 }
 

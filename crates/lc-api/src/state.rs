@@ -8,6 +8,7 @@ use std::time::Duration;
 use axum::http::{Method, StatusCode};
 use clock::{Clock, UncertainReason};
 use httpkit::{RequestMetrics, ServiceState};
+use lc_core::LcError;
 use lc_core::model::CutReading;
 use lc_core::store::ControlStore;
 
@@ -154,22 +155,21 @@ impl AppState {
         })
     }
 
-    /// A certain reading for an admission, or `503 time_uncertain` with
-    /// `Retry-After` (counted in [`metrics::ADMISSIONS_PAUSED`]) before
-    /// anything is written.
-    ///
-    /// # Errors
-    /// [`ApiError::TimeUncertain`], [`ApiError::Clock`].
-    pub(crate) async fn admission(&self) -> Result<CutReading, ApiError> {
-        let r = self.reading().await?;
-        if r.at.certain {
-            return Ok(r.at);
+    /// The API's answer to a refused admission made at `reading`: the
+    /// store's `time_uncertain` becomes `503 time_uncertain` with the
+    /// reading's reason and `Retry-After` (counted in
+    /// [`metrics::ADMISSIONS_PAUSED`]); any other refusal is passed on.
+    pub(crate) fn refused_admission(&self, e: LcError, reading: Reading) -> ApiError {
+        match e {
+            LcError::TimeUncertain { retry_after_s } => {
+                self.inner.metrics.inc(metrics::ADMISSIONS_PAUSED, &[]);
+                ApiError::TimeUncertain {
+                    reason: reading.uncertain,
+                    retry_after_secs: retry_after_s.max(reading.at.retry_after_s).max(1),
+                }
+            }
+            other => ApiError::Store(other),
         }
-        self.inner.metrics.inc(metrics::ADMISSIONS_PAUSED, &[]);
-        Err(ApiError::TimeUncertain {
-            reason: r.uncertain,
-            retry_after_secs: r.at.retry_after_s,
-        })
     }
 }
 

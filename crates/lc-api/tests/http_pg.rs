@@ -380,8 +380,29 @@ async fn insufficient_capacity_changes_nothing() {
 async fn an_uncertain_cut_refuses_admission_and_writes_nothing() {
     let s = PgSvc::start().await;
     let (id, key) = tenant(&s, "blue", 4).await;
+    let first = send(
+        &s.router,
+        Req::post("/v1/execs")
+            .token(&key)
+            .key("u-0")
+            .json(small(&["true"])),
+    )
+    .await;
+    let first = first.ok(201).clone();
     let before = balances(&s, id).await;
+    assert_eq!(before["held"], 1);
     s.clock.force_uncertain(true);
+    // A replay of a recorded admission still answers its result.
+    let replay = send(
+        &s.router,
+        Req::post("/v1/execs")
+            .token(&key)
+            .key("u-0")
+            .json(small(&["true"])),
+    )
+    .await;
+    assert_eq!(replay.ok(201), &first);
+    // A new admission: 503 with the reason and Retry-After, nothing written.
     let r = send(
         &s.router,
         Req::post("/v1/execs")
@@ -393,10 +414,45 @@ async fn an_uncertain_cut_refuses_admission_and_writes_nothing() {
     r.uncertain("stale", "2");
     assert_eq!(balances(&s, id).await, before);
     let list = send(&s.router, Req::get("/v1/execs").token(&key)).await;
-    assert_eq!(list.ok(200), &json!({"execs": [], "next_after": null}));
+    assert_eq!(
+        list.ok(200),
+        &json!({"execs": [first.clone()], "next_after": null})
+    );
     send(&s.router, Req::get("/v1/operations/u-1").token(&key))
         .await
         .problem(404, "not_found");
+    // Nothing else admits a deadline: tenant creation, deposits and
+    // cancel go on at the frozen cut.
+    let late = send(
+        &s.router,
+        Req::post("/v1/tenants")
+            .token(ADMIN)
+            .key("u-t")
+            .json(json!({"name": "late"})),
+    )
+    .await;
+    let late_id = late.ok(201)["tenant_id"].as_i64().unwrap();
+    assert_eq!(late.body["api_key"], json!(s.key_of(late_id)));
+    let d = send(
+        &s.router,
+        Req::post(format!("/v1/tenants/{id}/deposits"))
+            .token(ADMIN)
+            .key("u-d")
+            .json(json!({"units": 1})),
+    )
+    .await;
+    assert_eq!(
+        d.ok(200),
+        &json!({"tenant_id": id, "name": "blue", "deposited": 5, "available": 4, "held": 1, "consumed": 0})
+    );
+    let c = send(
+        &s.router,
+        Req::post(format!("/v1/execs/{}/cancel", first["exec_id"]))
+            .token(&key)
+            .key("u-c"),
+    )
+    .await;
+    assert_eq!(c.ok(200)["cancel_requested"], true);
     let ready = send(&s.router, Req::get("/readyz")).await;
     ready
         .problem(503, "not_ready")

@@ -88,13 +88,21 @@ impl ControlStore for Recorder {
     async fn runtimes(&self) -> Result<Vec<Runtime>, LcError> {
         Err(self.record("runtimes"))
     }
+    /// As the contract says for a new key: an uncertain reading is
+    /// refused with the reading's `Retry-After`, nothing written.
     async fn admit_exec(
         &self,
         _: &OperationKey,
-        _: CutReading,
+        at: CutReading,
         _: TenantId,
         _: &ExecRequest,
     ) -> Result<ExecRecord, LcError> {
+        if !at.certain {
+            self.calls.lock().unwrap().push("admit_exec(uncertain)");
+            return Err(LcError::TimeUncertain {
+                retry_after_s: at.retry_after_s,
+            });
+        }
         Err(self.record("admit_exec"))
     }
     async fn exec(&self, _: TenantId, _: ExecId) -> Result<ExecRecord, LcError> {
@@ -418,7 +426,7 @@ async fn bad_bodies_paths_and_queries_are_typed_refusals() {
 }
 
 #[tokio::test]
-async fn admission_on_an_uncertain_cut_is_503_and_reaches_no_store() {
+async fn admission_on_an_uncertain_cut_is_503_with_the_reason_and_retry_after() {
     let s = svc();
     s.clock.uncertain(UncertainReason::Stale);
     for token in [key1(), ADMIN.to_string()] {
@@ -440,7 +448,8 @@ async fn admission_on_an_uncertain_cut_is_503_and_reaches_no_store() {
     )
     .await
     .uncertain("no_cut", "3");
-    assert_eq!(s.store.calls(), Vec::<&str>::new());
+    // The store was handed the uncertain reading, and refused it.
+    assert_eq!(s.store.calls(), ["admit_exec(uncertain)"; 3]);
     let m = send(&s.router, Req::get("/metrics")).await;
     assert!(
         m.text.lines().any(|l| l == "lc_admissions_paused_total 3"),
