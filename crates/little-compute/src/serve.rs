@@ -55,8 +55,9 @@ pub struct ServeArgs {
     /// File holding the admin token (trailing whitespace ignored).
     #[arg(long, value_name = "PATH")]
     pub admin_token_file: PathBuf,
-    /// File holding the server secret tenant API keys are derived from (at
-    /// least 32 bytes; keep it stable).
+    /// File holding the server secret tenant API keys are derived from: text
+    /// such as 64 hex digits, at least 32 bytes once trailing whitespace is
+    /// removed (as Tollgate reads its secret file); keep it stable.
     #[arg(long, value_name = "PATH")]
     pub secret_file: PathBuf,
     /// The runtime directory shared with the provider on this host; without
@@ -177,8 +178,8 @@ pub fn credentials(args: &ServeArgs) -> Result<(AdminDigest, ServerSecret, Vec<u
     let admin = AdminDigest::of_token(&token)
         .map_err(|e| ServeError::Config(format!("admin token file: {e}")))?;
     let bytes = read_credential(&args.secret_file, "secret file")?;
-    let secret = ServerSecret::new(&bytes)
-        .map_err(|e| ServeError::Config(format!("secret file: {e}")))?;
+    let secret =
+        ServerSecret::new(&bytes).map_err(|e| ServeError::Config(format!("secret file: {e}")))?;
     Ok((admin, secret, bytes))
 }
 
@@ -226,7 +227,11 @@ pub async fn run(args: ServeArgs) -> Result<(), ServeError> {
     )
     .map_err(|e| ServeError::Config(e.to_string()))?;
     if let Some(from) = fit.raised_from {
-        tracing::info!(from, needed = fit.needed, "raised the soft limit on open files");
+        tracing::info!(
+            from,
+            needed = fit.needed,
+            "raised the soft limit on open files"
+        );
     }
     let limits = ConnectionLimits {
         connections_max: args.connections_max,
@@ -260,9 +265,15 @@ pub async fn run(args: ServeArgs) -> Result<(), ServeError> {
         let _ = out.flush();
     }
     let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
-    let mut server = tokio::spawn(httpkit::serve(listener, router, state, limits, async move {
-        let _ = stop_rx.wait_for(|stop| *stop).await;
-    }));
+    let mut server = tokio::spawn(httpkit::serve(
+        listener,
+        router,
+        state,
+        limits,
+        async move {
+            let _ = stop_rx.wait_for(|stop| *stop).await;
+        },
+    ));
     tokio::select! {
         () = shutdown => {}
         r = &mut server => {
@@ -277,10 +288,162 @@ pub async fn run(args: ServeArgs) -> Result<(), ServeError> {
     match tokio::time::timeout(bound, &mut server).await {
         Ok(_) => tracing::info!("in-flight requests finished"),
         Err(_) => {
-            tracing::warn!(?bound, "in-flight requests did not finish in time; dropping them");
+            tracing::warn!(
+                ?bound,
+                "in-flight requests did not finish in time; dropping them"
+            );
             server.abort();
         }
     }
     tracing::info!("little-compute stopped");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser as _;
+
+    use super::*;
+
+    #[derive(Debug, clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        serve: ServeArgs,
+    }
+
+    fn args_with(dir: &Path, token: &[u8], secret: &[u8]) -> ServeArgs {
+        std::fs::write(dir.join("admin.token"), token).unwrap();
+        std::fs::write(dir.join("secret"), secret).unwrap();
+        Cli::try_parse_from([
+            "serve",
+            "--database-url",
+            "postgres://u@127.0.0.1:1/db",
+            "--admin-token-file",
+            dir.join("admin.token").to_str().unwrap(),
+            "--secret-file",
+            dir.join("secret").to_str().unwrap(),
+        ])
+        .expect("arguments")
+        .serve
+    }
+
+    #[test]
+    fn defaults_and_credentials() {
+        let dir = std::env::temp_dir().join(format!("lc-serve-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let hex64 = b"00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n";
+        let a = args_with(&dir, b"lcadm-0123456789abcdef\n", hex64);
+        assert_eq!(a.listen.to_string(), LISTEN_DEFAULT);
+        assert_eq!(
+            (a.safetime_gap_max_ms, a.request_timeout_ms, a.runtime_dir),
+            (5_000, 30_000, None)
+        );
+        let (admin, secret, bytes) =
+            credentials(&args_with(&dir, b"lcadm-0123456789abcdef\n", hex64)).expect("credentials");
+        assert!(admin.matches("lcadm-0123456789abcdef"));
+        // The trailing newline is not part of the secret.
+        assert_eq!(bytes, hex64[..64]);
+        assert_eq!(
+            secret.tenant_api_key(lc_core::TenantId(1)),
+            ServerSecret::new(&hex64[..64])
+                .unwrap()
+                .tenant_api_key(lc_core::TenantId(1))
+        );
+        for (token, secret, message) in [
+            (
+                b"short\n".as_slice(),
+                hex64.as_slice(),
+                "admin token file: the admin token must be at least 16 bytes of visible ASCII, got 5 bytes",
+            ),
+            (
+                b"lcadm-0123456789abcdef",
+                b"0123456789abcdef0123456789abcde \n".as_slice(),
+                "secret file: the server secret must be at least 32 bytes, got 31",
+            ),
+        ] {
+            let err = credentials(&args_with(&dir, token, secret)).unwrap_err();
+            assert_eq!(err.to_string(), message);
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// The whole process wiring on a fresh migrated database with a sampler:
+    /// it listens, answers `/readyz` once the cut is certain, serves the
+    /// API with the admin token from its file, and stops on SIGTERM.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn serves_until_sigterm() {
+        let db = tollgate_pg_harness::shared().await.fresh_database().await;
+        lc_pg::migrate(db.url()).await.expect("migrate");
+        let options = safetime_pg::sampler::SamplerOptions {
+            config: safetime::SafeTimeConfig::new(
+                50,
+                jiff::SignedDuration::from_millis(50),
+                jiff::SignedDuration::from_secs(2),
+                jiff::SignedDuration::from_millis(500),
+                3,
+                jiff::SignedDuration::from_millis(200),
+            )
+            .expect("sampler config"),
+            standby_poll: Duration::from_millis(100),
+            reconnect_max: Duration::from_millis(500),
+        };
+        let sampler = safetime_pg::sampler::Sampler::new(db.url(), options).expect("sampler");
+        let (stop, rx) = tokio::sync::watch::channel(false);
+        tokio::spawn(async move { sampler.run(rx).await });
+        let dir = std::env::temp_dir().join(format!("lc-serve-run-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let hex64 = b"00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n";
+        let mut args = args_with(&dir, b"lcadm-0123456789abcdef\n", hex64);
+        args.database_url = db.url().to_string();
+        args.safetime_gap_max_ms = 2_000;
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        args.listen = SocketAddr::from(([127, 0, 0, 1], port));
+        let server = tokio::spawn(run(args));
+        let http = reqwest::Client::new();
+        let base = format!("http://127.0.0.1:{port}");
+        let mut ready = None;
+        for _ in 0..400 {
+            if let Ok(r) = http.get(format!("{base}/readyz")).send().await
+                && r.status() == 200
+            {
+                ready = Some(r.json::<serde_json::Value>().await.expect("json"));
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let ready = ready.expect("ready within 20 s");
+        assert_eq!(
+            (ready["ready"].clone(), ready["database_reachable"].clone()),
+            (serde_json::json!(true), serde_json::json!(true))
+        );
+        let created = http
+            .post(format!("{base}/v1/tenants"))
+            .bearer_auth("lcadm-0123456789abcdef")
+            .header("Idempotency-Key", "t-1")
+            .json(&serde_json::json!({"name": "blue", "units": 1}))
+            .send()
+            .await
+            .expect("create");
+        assert_eq!(created.status(), 201);
+        let body: serde_json::Value = created.json().await.expect("json");
+        let want = ServerSecret::new(&hex64[..64])
+            .unwrap()
+            .tenant_api_key(lc_core::TenantId(body["tenant_id"].as_i64().unwrap()));
+        assert_eq!(body["api_key"], serde_json::json!(want));
+        let killed = std::process::Command::new("kill")
+            .args(["-TERM", &std::process::id().to_string()])
+            .status()
+            .expect("kill");
+        assert!(killed.success());
+        let ended = tokio::time::timeout(Duration::from_secs(20), server)
+            .await
+            .expect("run returns after SIGTERM")
+            .expect("join");
+        assert!(ended.is_ok(), "{ended:?}");
+        let _ = stop.send(true);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
