@@ -509,6 +509,44 @@ async fn wait_exits_with_the_commands_code_and_refusals_exit_1() {
     let table = String::from_utf8_lossy(&o.stdout).into_owned();
     assert!(table.starts_with("NAME   DIGEST\nbase   "), "{table}");
     assert!(table.ends_with(&format!("tools  {digest}\n")), "{table}");
+    // While the cut is uncertain a command waits for it (bounded), with
+    // the same idempotency key, and proceeds once it is certain.
+    s.clock.force_uncertain(true);
+    let creator = {
+        let data_dir = data_dir.clone();
+        let id_s = id_s.clone();
+        tokio::task::spawn_blocking(move || {
+            Command::new(env!("CARGO_BIN_EXE_lc"))
+                .args([
+                    "--data-dir",
+                    &data_dir,
+                    "--tenant",
+                    &id_s,
+                    "exec",
+                    "create",
+                    "--json",
+                    "--",
+                    "true",
+                ])
+                .env_remove("LC_SERVER")
+                .env_remove("LC_TOKEN")
+                .stdin(Stdio::null())
+                .output()
+                .expect("run lc")
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    s.clock.force_uncertain(false);
+    let o = tokio::time::timeout(Duration::from_secs(30), creator)
+        .await
+        .expect("lc ends")
+        .expect("join");
+    assert_eq!(json_of(&o)["state"], "admitted");
+    assert!(
+        String::from_utf8_lossy(&o.stderr)
+            .starts_with("the safe expiry cut is uncertain (stale); retrying in 2 s\n"),
+        "{o:?}"
+    );
     // No credential: the server's 401.
     let o = lc(&["--server", &url, "exec", "list"], &[]).await;
     assert_eq!(o.status.code(), Some(1));

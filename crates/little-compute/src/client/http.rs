@@ -1,6 +1,8 @@
 //! The HTTP client of `lc`: one request per call with the credential, the
 //! acting tenant and, on POSTs, the idempotency key; the response's JSON,
-//! or the server's problem document as [`ClientError::Problem`].
+//! or the server's problem document as [`ClientError::Problem`]. A `503
+//! time_uncertain` is retried after its `Retry-After`, a bounded number of
+//! times ([`UNCERTAIN_ATTEMPTS_MAX`]).
 
 use std::time::Duration;
 
@@ -25,6 +27,24 @@ pub enum ClientError {
     /// or the command was used wrongly.
     #[error("{0}")]
     Failed(String),
+}
+
+/// Attempts of one call while the server answers `503 time_uncertain`:
+/// the same request (with the same `Idempotency-Key`, so a retry can never
+/// act twice) is sent again after its `Retry-After`, for about a minute
+/// at most, so a script started while the cut becomes certain (right after
+/// `appliance up`) proceeds instead of failing.
+pub const UNCERTAIN_ATTEMPTS_MAX: u32 = 12;
+
+/// The longest pause between two such attempts, seconds.
+pub const UNCERTAIN_PAUSE_MAX_S: u64 = 5;
+
+/// Whether a failed request may be sent again.
+enum Retry {
+    /// `503 time_uncertain`: after this many seconds.
+    After(u64, Box<Problem>),
+    /// Any other failure.
+    No(ClientError),
 }
 
 /// A request body.
@@ -95,10 +115,41 @@ impl Client {
         body: Body,
         idempotency_key: Option<&str>,
     ) -> Result<Value, ClientError> {
+        let mut attempt = 1;
+        loop {
+            match self
+                .call_once(method.clone(), path, body.clone(), idempotency_key)
+                .await
+            {
+                Err(Retry::After(secs, p)) if attempt < UNCERTAIN_ATTEMPTS_MAX => {
+                    let wait = Duration::from_secs(secs.clamp(1, UNCERTAIN_PAUSE_MAX_S));
+                    let reason = p.reason.as_deref().unwrap_or("unknown");
+                    eprintln!(
+                        "the safe expiry cut is uncertain ({reason}); retrying in {} s",
+                        wait.as_secs()
+                    );
+                    tokio::time::sleep(wait).await;
+                    attempt += 1;
+                }
+                Err(Retry::After(_, p)) => return Err(ClientError::Problem(p)),
+                Err(Retry::No(e)) => return Err(e),
+                Ok(v) => return Ok(v),
+            }
+        }
+    }
+
+    /// One request; a `503 time_uncertain` answer as [`Retry::After`].
+    async fn call_once(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Body,
+        idempotency_key: Option<&str>,
+    ) -> Result<Value, Retry> {
         let url = self
             .base
             .join(path)
-            .map_err(|e| ClientError::Failed(format!("bad path {path:?}: {e}")))?;
+            .map_err(|e| Retry::No(ClientError::Failed(format!("bad path {path:?}: {e}"))))?;
         let mut req = self.http.request(method, url.clone());
         if let Some(t) = &self.token {
             req = req.bearer_auth(t);
@@ -116,22 +167,28 @@ impl Client {
                 .header(reqwest::header::CONTENT_TYPE, content_type)
                 .body(bytes),
         };
-        let resp = req
-            .send()
-            .await
-            .map_err(|e| ClientError::Failed(format!("{url}: {e}")))?;
+        let fail = |m: String| Retry::No(ClientError::Failed(m));
+        let resp = req.send().await.map_err(|e| fail(format!("{url}: {e}")))?;
         let status = resp.status();
+        let retry_after = resp
+            .headers()
+            .get(reqwest::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
         let bytes = resp
             .bytes()
             .await
-            .map_err(|e| ClientError::Failed(format!("{url}: {e}")))?;
+            .map_err(|e| fail(format!("{url}: {e}")))?;
         if status.is_success() {
             return serde_json::from_slice(&bytes)
-                .map_err(|e| ClientError::Failed(format!("{url}: response is not JSON: {e}")));
+                .map_err(|e| fail(format!("{url}: response is not JSON: {e}")));
         }
         match serde_json::from_slice::<Problem>(&bytes) {
-            Ok(p) => Err(ClientError::Problem(Box::new(p))),
-            Err(_) => Err(ClientError::Failed(format!(
+            Ok(p) if p.code == "time_uncertain" => {
+                Err(Retry::After(retry_after.unwrap_or(1), Box::new(p)))
+            }
+            Ok(p) => Err(Retry::No(ClientError::Problem(Box::new(p)))),
+            Err(_) => Err(fail(format!(
                 "{url}: HTTP {status}: {}",
                 String::from_utf8_lossy(&bytes)
             ))),
