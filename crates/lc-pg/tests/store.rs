@@ -1084,3 +1084,66 @@ async fn the_initial_cut_is_quarantined_when_little_compute_holds_authority() {
     assert_eq!((q, kind.as_str()), (true, "initial_quarantine"));
     assert_eq!(inv["unfinished_execs"], 1);
 }
+
+#[tokio::test]
+async fn concurrent_replays_admit_once_and_concurrent_commits_return_units_once() {
+    let f = std::sync::Arc::new(fixture(4).await);
+    let at = certain(&f.clock).await;
+    // Eight concurrent first uses of one key: one exec, one unit held.
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let f = f.clone();
+        tasks.push(tokio::spawn(async move {
+            f.store
+                .admit_exec(&op("same", "same"), at, f.tenant, &req("small", &["true"]))
+                .await
+                .unwrap()
+                .exec_id
+        }));
+    }
+    let mut ids = Vec::new();
+    for t in tasks {
+        ids.push(t.await.unwrap());
+    }
+    ids.dedup();
+    assert_eq!(ids.len(), 1, "{ids:?}");
+    assert_eq!(
+        balances(&f.store.tenant(f.tenant).await.unwrap()),
+        (4, 3, 1, 0)
+    );
+    let e = f.store.exec(f.tenant, ids[0]).await.unwrap();
+    let (lease, g) = (e.canonical.lease_id, Generation(1));
+    f.store
+        .begin_release(lease, g, TerminalReason::Cancelled, at)
+        .await
+        .unwrap();
+    // Four concurrent commits of the same proof: one release, three replays.
+    let now = certain(&f.clock).await;
+    let evidence = f.provider.absence(lease, 1);
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let (f, evidence) = (f.clone(), evidence.clone());
+        tasks.push(tokio::spawn(async move {
+            f.store
+                .commit_release(lease, g, &evidence, now)
+                .await
+                .unwrap()
+        }));
+    }
+    let mut fresh = 0;
+    for t in tasks {
+        let out = t.await.unwrap();
+        assert_eq!(out.units_returned, 1);
+        fresh += usize::from(!out.replay);
+    }
+    assert_eq!(fresh, 1);
+    assert_eq!(
+        balances(&f.store.tenant(f.tenant).await.unwrap()),
+        (4, 4, 0, 0)
+    );
+    assert_audit_clean(&f.store).await;
+    let Ok(f) = std::sync::Arc::try_unwrap(f) else {
+        panic!("every task has ended")
+    };
+    f.sampler.stop().await;
+}
