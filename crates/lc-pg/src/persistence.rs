@@ -874,10 +874,13 @@ fn due_from(row: &PgRow) -> Result<DueRow, Fail> {
     })
 }
 
-/// Up to `limit` unreleased Leases, by id.
+/// Up to `limit` unreleased Leases, soonest expiry first (then by id): a
+/// renewal moves a Lease back, and a Lease whose release is pending keeps
+/// its expiry, so a bounded batch never starves any Lease for good.
 pub(crate) async fn due_leases(conn: &mut PgConnection, limit: usize) -> Result<Vec<DueRow>, Fail> {
     let rows = sqlx::query(&format!(
-        "{DUE_SELECT} WHERE l.state <> 'released' ORDER BY l.lease_id LIMIT $1"
+        "{DUE_SELECT} WHERE l.state <> 'released' \
+          ORDER BY l.expiry_floor_us, l.expiry_submicro_ns, l.lease_id LIMIT $1"
     ))
     .bind(limit as i64)
     .fetch_all(&mut *conn)

@@ -389,17 +389,39 @@ async fn release_needs_valid_evidence_on_a_certain_cut_and_returns_units_once() 
         w.action,
         LeaseAction::BeginRelease(TerminalReason::Cancelled)
     );
+    // The Reservation's grant runs cut + 10 min (the configured TTL,
+    // within the policy's 1 h), in Tollgate and in the store alike.
+    let ten_min = SignedDuration::from_mins(10);
+    assert_eq!(
+        reservation_expiries(&f.db.url).await,
+        vec![(at.cut + ten_min, at.cut + ten_min)]
+    );
+    let later = wait_reading(&f.clock, 10, "a later certain cut", |r| {
+        r.certain && r.cut > at.cut
+    })
+    .await;
     let w = f
         .store
-        .begin_release(lease, g, TerminalReason::Cancelled, at)
+        .begin_release(lease, g, TerminalReason::Cancelled, later)
         .await
         .unwrap();
     assert_eq!(
         (w.state, w.action),
         (LeaseState::ReleasePending, LeaseAction::Destroy)
     );
-    // A release-pending Reservation is still renewed.
+    // Beginning the release renewed the Reservation; the lease keeps its
+    // expiry.
+    assert_eq!(
+        reservation_expiries(&f.db.url).await,
+        vec![(later.cut + ten_min, later.cut + ten_min)]
+    );
+    assert_eq!(w.expiry, at.cut + SignedDuration::from_secs(60));
+    // A release-pending Reservation is still renewed, never shortened.
     f.store.renew(lease, g, at).await.unwrap();
+    assert_eq!(
+        reservation_expiries(&f.db.url).await,
+        vec![(later.cut + ten_min, later.cut + ten_min)]
+    );
 
     // Forged: signed by another key; an observation is no proof; another
     // generation; not an envelope. Each refused, nothing written.
@@ -503,6 +525,24 @@ async fn release_needs_valid_evidence_on_a_certain_cut_and_returns_units_once() 
     );
     assert_audit_clean(&f.store).await;
     f.sampler.stop().await;
+}
+
+/// `(store's expiry, Tollgate's expiry)` of every Reservation.
+async fn reservation_expiries(url: &str) -> Vec<(Timestamp, Timestamp)> {
+    let mut c = PgConnection::connect(url).await.unwrap();
+    let rows: Vec<(i64, i32, i64, i32)> = sqlx::query_as(
+        "SELECT r.expiry_floor_us, r.expiry_submicro_ns, l.expiry_floor_us, l.expiry_submicro_ns::int \
+           FROM lc_reservations r JOIN tollgate_leases l ON l.lease_id = r.tollgate_lease_id \
+          ORDER BY r.exec_id",
+    )
+    .fetch_all(&mut c)
+    .await
+    .unwrap();
+    let t =
+        |f: i64, s: i32| Timestamp::from_nanosecond(i128::from(f) * 1000 + i128::from(s)).unwrap();
+    rows.into_iter()
+        .map(|(a, b, c, d)| (t(a, b), t(c, d)))
+        .collect()
 }
 
 fn base64_of(s: &str) -> String {
