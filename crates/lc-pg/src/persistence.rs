@@ -1195,3 +1195,31 @@ pub(crate) async fn insert_page(conn: &mut PgConnection, p: &OutputPage) -> Resu
     .await?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pairs_round_trip_exactly_also_before_the_epoch() {
+        for ns in [
+            -1_i128,
+            0,
+            999,
+            1_000,
+            1_800_000_000_123_456_789,
+            -1_234_567,
+        ] {
+            let t = Timestamp::from_nanosecond(ns).unwrap();
+            let (f, s) = pair(t);
+            assert!((0..=999).contains(&s));
+            assert_eq!(i128::from(f) * 1000 + i128::from(s), ns);
+            assert_eq!(instant(f, s).unwrap(), t);
+        }
+        assert_eq!(pair(Timestamp::from_nanosecond(-1).unwrap()), (-1, 999));
+        assert!(instant(0, 1000).is_err());
+        assert!(instant(0, -1).is_err());
+        assert_eq!(scope_value(OpScope::Admin), 0);
+        assert_eq!(scope_of(7), OpScope::Tenant(TenantId(7)));
+    }
+}

@@ -1187,3 +1187,69 @@ async fn concurrent_replays_admit_once_and_concurrent_commits_return_units_once(
     };
     f.sampler.stop().await;
 }
+
+#[tokio::test]
+async fn a_start_failure_releases_from_allocating_and_cancel_of_a_terminal_exec_changes_nothing() {
+    let f = fixture(1).await;
+    let at = certain(&f.clock).await;
+    let e = f
+        .store
+        .admit_exec(&op("s", "s"), at, f.tenant, &req("small", &["nope"]))
+        .await
+        .unwrap();
+    let (lease, g) = (e.canonical.lease_id, Generation(1));
+    // allocating -> release_pending directly; twice is the same.
+    for _ in 0..2 {
+        let w = f
+            .store
+            .begin_release(lease, g, TerminalReason::StartFailed, at)
+            .await
+            .unwrap();
+        assert_eq!(w.state, LeaseState::ReleasePending);
+    }
+    // No way back to active.
+    assert_eq!(
+        f.store.mark_active(lease, g, at).await.unwrap_err(),
+        LcError::IllegalTransition {
+            what: "lease",
+            from: "release_pending",
+            to: "active"
+        }
+    );
+    let now = certain(&f.clock).await;
+    // A fence of a later generation covers this one.
+    let fence = f.provider.sign(Statement::Fence {
+        provider_id: "p1".into(),
+        lease_id: lease.0,
+        generation: 3,
+    });
+    let out = f.store.commit_release(lease, g, &fence, now).await.unwrap();
+    assert_eq!((out.units_returned, out.replay), (1, false));
+    let done = f.store.exec(f.tenant, e.exec_id).await.unwrap();
+    assert_eq!(
+        (done.state, done.terminal_reason, done.exit_code),
+        (ExecState::Terminal, Some(TerminalReason::StartFailed), None)
+    );
+    // Cancelling a terminal exec returns it as it is and writes only the
+    // operation key.
+    let c = f
+        .store
+        .cancel(&op("c", "c"), now, f.tenant, e.exec_id)
+        .await
+        .unwrap();
+    assert_eq!(c, done);
+    assert_eq!(
+        f.store
+            .cancel(&op("c2", "c2"), now, f.tenant, ExecId(e.exec_id.0 + 50))
+            .await
+            .unwrap_err()
+            .code(),
+        "not_found"
+    );
+    assert_eq!(
+        balances(&f.store.tenant(f.tenant).await.unwrap()),
+        (1, 1, 0, 0)
+    );
+    assert_audit_clean(&f.store).await;
+    f.sampler.stop().await;
+}
