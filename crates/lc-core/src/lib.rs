@@ -1,2 +1,42 @@
 //! Little Compute's domain: the pure rules every Little Compute process
 //! applies. No I/O, no clock, no runtime, no database, no HTTP.
+//!
+//! * [`model`]: ids, states, [`CutReading`] and the records stores return.
+//! * [`shape`]: the named resource sets and their units.
+//! * [`command`]: the checked argv.
+//! * [`rules`]: expiry, admission and renewal on the cut; the state
+//!   machines; the reconciler's plan for a lease.
+//! * [`opkey`]: operation keys and their floor, receipt and GC rules.
+//! * [`error`]: [`LcError`] with stable codes.
+//! * [`store`]: the [`ControlStore`] and [`ReconcileStore`] traits.
+//! * [`page`], [`evidence`], [`manifest`]: output pages, signed provider
+//!   evidence, runtime manifests.
+//!
+//! Invariants, stated as absences: nothing here reads a clock (every rule
+//! takes a [`CutReading`]); nothing panics on input; no instant is rounded.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod command;
+pub mod error;
+pub mod evidence;
+pub mod manifest;
+pub mod model;
+pub mod opkey;
+pub mod page;
+pub mod rules;
+pub mod shape;
+pub mod store;
+
+pub use command::Command;
+pub use error::LcError;
+pub use model::{
+    AppendReport, AttemptNo, AttemptState, CanonicalIdentity, CutReading, Digest, ExecId,
+    ExecRecord, ExecRequest, ExecState, Generation, LeaseAction, LeaseState, LeaseWork, OpScope,
+    OperationRecord, OutputPage, PageExit, PageKind, Provider, ProviderId, ReleaseOutcome,
+    ReservationState, Runtime, SandboxLeaseId, Tenant, TenantId, TerminalReason, WorkspaceId,
+};
+pub use opkey::OperationKey;
+pub use shape::Shape;
+pub use store::{ControlStore, ReconcileStore};

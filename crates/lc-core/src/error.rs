@@ -1,0 +1,289 @@
+//! The one error type of Little Compute's rules and stores, with stable
+//! snake_case codes ([`LcError::code`]) that the HTTP layer maps to
+//! problem documents and the CLI prints.
+
+use jiff::Timestamp;
+
+use crate::model::{ExecId, Generation, SandboxLeaseId};
+
+/// A refusal by the rules, or a storage fault. Every variant has a stable
+/// [`code`](LcError::code); messages never contain credentials or URLs.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LcError {
+    /// A command line the rules refuse (`invalid_command`).
+    #[error("invalid command: {reason}")]
+    InvalidCommand {
+        /// What is wrong.
+        reason: String,
+    },
+    /// No shape of this name (`invalid_shape`).
+    #[error("invalid shape {name:?}: known shapes are small, medium, small-net")]
+    InvalidShape {
+        /// The name asked for.
+        name: String,
+    },
+    /// A runtime reference, name or manifest the rules refuse
+    /// (`invalid_runtime`).
+    #[error("invalid runtime: {reason}")]
+    InvalidRuntime {
+        /// What is wrong.
+        reason: String,
+    },
+    /// A timeout outside the accepted range (`invalid_timeout`).
+    #[error("invalid timeout: {reason}")]
+    InvalidTimeout {
+        /// What is wrong.
+        reason: String,
+    },
+    /// A unit count outside `1..=i64::MAX` (`invalid_units`).
+    #[error("invalid units {units}: must be at least 1")]
+    InvalidUnits {
+        /// The units asked for.
+        units: i64,
+    },
+    /// A tenant or runtime name the rules refuse (`invalid_name`).
+    #[error("invalid name: {reason}")]
+    InvalidName {
+        /// What is wrong.
+        reason: String,
+    },
+    /// An idempotency key the rules refuse (`invalid_operation_key`).
+    #[error("invalid operation key: {reason}")]
+    InvalidOperationKey {
+        /// What is wrong.
+        reason: String,
+    },
+    /// A page limit or batch size outside its bound (`invalid_limit`).
+    #[error("invalid limit {limit}: must be in 1..={max}")]
+    InvalidLimit {
+        /// The limit asked for.
+        limit: usize,
+        /// The bound.
+        max: usize,
+    },
+    /// A provider id the rules refuse (`invalid_provider_id`).
+    #[error("invalid provider id: {reason}")]
+    InvalidProviderId {
+        /// What is wrong.
+        reason: String,
+    },
+    /// A provider URL or public key the rules refuse (`invalid_provider`).
+    #[error("invalid provider: {reason}")]
+    InvalidProvider {
+        /// What is wrong.
+        reason: String,
+    },
+    /// A digest that is not 64 hex digits (`invalid_digest`).
+    #[error("invalid digest: {reason}")]
+    InvalidDigest {
+        /// What is wrong.
+        reason: String,
+    },
+    /// An output page the rules refuse: size, checksum, kind, seq order
+    /// (`invalid_page`).
+    #[error("invalid page: {reason}")]
+    InvalidPage {
+        /// What is wrong.
+        reason: String,
+    },
+    /// A cut reading ahead of the persisted cut: no caller may invent time
+    /// (`invalid_cut_reading`).
+    #[error("invalid cut reading: {cut} is later than the persisted cut {persisted:?}")]
+    InvalidCutReading {
+        /// The reading's cut.
+        cut: Timestamp,
+        /// The persisted cut (`None`: no sampler has claimed yet).
+        persisted: Option<Timestamp>,
+    },
+    /// Not enough available units for the shape (`insufficient_capacity`).
+    #[error("insufficient capacity: {requested} units requested, {available} available")]
+    InsufficientCapacity {
+        /// Units the shape reserves.
+        requested: i64,
+        /// Units available on the tenant's account.
+        available: i64,
+    },
+    /// The cut is uncertain: no deadline-bearing work is admitted and
+    /// nothing expires or is released (`time_uncertain`, HTTP 503 with
+    /// `Retry-After`).
+    #[error("the safe expiry cut is uncertain; retry after {retry_after_s} s")]
+    TimeUncertain {
+        /// Seconds to wait before retrying.
+        retry_after_s: u64,
+    },
+    /// The operation key was used with another request
+    /// (`idempotency_conflict`).
+    #[error("idempotency key {key:?} was already used with a different request")]
+    IdempotencyConflict {
+        /// The key.
+        key: String,
+    },
+    /// No such record visible to the caller (`not_found`).
+    #[error("{what} {id} not found")]
+    NotFound {
+        /// What was looked for (`tenant`, `exec`, `runtime`, ...).
+        what: &'static str,
+        /// Its id as text.
+        id: String,
+    },
+    /// A name is taken by another record (`already_exists`).
+    #[error("{what} {name:?} already exists")]
+    AlreadyExists {
+        /// What kind of record.
+        what: &'static str,
+        /// The name.
+        name: String,
+    },
+    /// A stale generation: the lease or attempt has moved on (`fenced`).
+    #[error("lease {lease_id} generation {generation} is fenced: {reason}")]
+    Fenced {
+        /// The lease.
+        lease_id: SandboxLeaseId,
+        /// The stale generation.
+        generation: Generation,
+        /// Why.
+        reason: String,
+    },
+    /// A deadline beyond `cut + horizon` (`deadline_beyond_horizon`).
+    #[error("deadline {deadline} lies beyond cut + horizon = {bound}")]
+    DeadlineBeyondHorizon {
+        /// The deadline asked for.
+        deadline: Timestamp,
+        /// `cut + horizon`.
+        bound: Timestamp,
+    },
+    /// A state transition the state machine does not have
+    /// (`illegal_transition`).
+    #[error("illegal {what} transition from {from} to {to}")]
+    IllegalTransition {
+        /// Which state machine (`lease`, `attempt`, `exec`).
+        what: &'static str,
+        /// The current state.
+        from: &'static str,
+        /// The state asked for.
+        to: &'static str,
+    },
+    /// The exec is terminal: nothing more happens to it (`exec_terminal`).
+    #[error("exec {exec_id} is terminal")]
+    ExecTerminal {
+        /// The exec.
+        exec_id: ExecId,
+    },
+    /// Provider evidence that does not verify against the registered key
+    /// or does not name this lease and generation (`evidence_rejected`).
+    #[error("evidence rejected: {reason}")]
+    EvidenceRejected {
+        /// Why.
+        reason: String,
+    },
+    /// A page with a stored seq but another sha256 (`page_conflict`).
+    #[error("page {seq} of exec {exec_id} is stored with another sha256")]
+    PageConflict {
+        /// The exec.
+        exec_id: ExecId,
+        /// The seq.
+        seq: i64,
+    },
+    /// No provider is registered to run the exec (`no_provider`).
+    #[error("no provider is registered")]
+    NoProvider,
+    /// The database could not be reached (`storage_unavailable`, HTTP
+    /// 503).
+    #[error("storage unavailable: {message}")]
+    StorageUnavailable {
+        /// What failed (never a URL or credential).
+        message: String,
+    },
+    /// Any other storage fault, including stored data that does not decode
+    /// (`storage_failure`).
+    #[error("storage failure: {message}")]
+    StorageFailure {
+        /// What failed (never a URL or credential).
+        message: String,
+    },
+}
+
+impl LcError {
+    /// The stable snake_case code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            LcError::InvalidCommand { .. } => "invalid_command",
+            LcError::InvalidShape { .. } => "invalid_shape",
+            LcError::InvalidRuntime { .. } => "invalid_runtime",
+            LcError::InvalidTimeout { .. } => "invalid_timeout",
+            LcError::InvalidUnits { .. } => "invalid_units",
+            LcError::InvalidName { .. } => "invalid_name",
+            LcError::InvalidOperationKey { .. } => "invalid_operation_key",
+            LcError::InvalidLimit { .. } => "invalid_limit",
+            LcError::InvalidProviderId { .. } => "invalid_provider_id",
+            LcError::InvalidProvider { .. } => "invalid_provider",
+            LcError::InvalidDigest { .. } => "invalid_digest",
+            LcError::InvalidPage { .. } => "invalid_page",
+            LcError::InvalidCutReading { .. } => "invalid_cut_reading",
+            LcError::InsufficientCapacity { .. } => "insufficient_capacity",
+            LcError::TimeUncertain { .. } => "time_uncertain",
+            LcError::IdempotencyConflict { .. } => "idempotency_conflict",
+            LcError::NotFound { .. } => "not_found",
+            LcError::AlreadyExists { .. } => "already_exists",
+            LcError::Fenced { .. } => "fenced",
+            LcError::DeadlineBeyondHorizon { .. } => "deadline_beyond_horizon",
+            LcError::IllegalTransition { .. } => "illegal_transition",
+            LcError::ExecTerminal { .. } => "exec_terminal",
+            LcError::EvidenceRejected { .. } => "evidence_rejected",
+            LcError::PageConflict { .. } => "page_conflict",
+            LcError::NoProvider => "no_provider",
+            LcError::StorageUnavailable { .. } => "storage_unavailable",
+            LcError::StorageFailure { .. } => "storage_failure",
+        }
+    }
+
+    /// Whether the caller may simply retry later without changing the
+    /// request: `time_uncertain` and `storage_unavailable`.
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            LcError::TimeUncertain { .. } | LcError::StorageUnavailable { .. }
+        )
+    }
+
+    /// Shorthand for [`LcError::NotFound`].
+    pub fn not_found(what: &'static str, id: impl ToString) -> LcError {
+        LcError::NotFound {
+            what,
+            id: id.to_string(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_are_stable_snake_case() {
+        let samples = [
+            LcError::InsufficientCapacity {
+                requested: 2,
+                available: 1,
+            },
+            LcError::TimeUncertain { retry_after_s: 1 },
+            LcError::IdempotencyConflict { key: "k".into() },
+            LcError::not_found("exec", 7),
+            LcError::NoProvider,
+        ];
+        let codes: Vec<&str> = samples.iter().map(LcError::code).collect();
+        assert_eq!(
+            codes,
+            [
+                "insufficient_capacity",
+                "time_uncertain",
+                "idempotency_conflict",
+                "not_found",
+                "no_provider"
+            ]
+        );
+        assert_eq!(samples[3].to_string(), "exec 7 not found");
+        assert!(samples[1].is_transient());
+        assert!(!samples[0].is_transient());
+    }
+}

@@ -1,0 +1,637 @@
+//! The rules of Little Compute on the safe expiry cut, as pure functions.
+//!
+//! # Design
+//!
+//! Every decision that hands out or ends authority is judged on a
+//! [`CutReading`]: the persisted cut (a lower bound on true time) and
+//! whether the clock vouches for it. Three rules follow:
+//!
+//! * **Expiry** ([`is_expired`]): a deadline `d` has passed at `at` exactly
+//!   when `at` is certain and `at.cut >= d` (the same boundary as
+//!   Tollgate's reclaim: at the deadline itself it is due). An uncertain
+//!   cut never expires anything, however late it reads.
+//! * **Admission** ([`check_admission`]): new deadline-bearing work needs a
+//!   certain cut and every deadline `<= cut + horizon` (the sealed
+//!   horizon). While uncertain: `time_uncertain` with `Retry-After`.
+//! * **Renewal** ([`renewed_expiry`]): `max(current, cut + ttl)`, on any
+//!   cut, certain or not: a renewal never shortens, so a frozen cut cannot
+//!   cut a holder short, and an uncertain cut still keeps a live lease.
+//!
+//! The state machines ([`plan_lease_transition`], [`plan_attempt_transition`],
+//! [`plan_exec_transition`]) name every legal step and refuse the others
+//! with `illegal_transition`; asking for the state a record is already in
+//! is a replay ([`Step::Unchanged`]) that writes nothing.
+//!
+//! [`plan_lease_action`] tells the reconciler what one lease needs now.
+//!
+//! No function here reads a clock or does I/O.
+
+use jiff::{SignedDuration, Timestamp};
+
+use crate::error::LcError;
+use crate::model::{AttemptState, CutReading, ExecState, LeaseAction, LeaseState, TerminalReason};
+
+/// The longest timeout an exec may ask for, in milliseconds: 24 hours.
+/// It must fit the sealed horizon too ([`check_admission`]).
+pub const TIMEOUT_MS_MAX: u64 = 24 * 60 * 60 * 1000;
+
+/// The longest tenant or runtime name, in bytes.
+pub const NAME_BYTES_MAX: usize = 200;
+
+/// The most bytes one output page carries.
+pub use crate::page::PAGE_BYTES_MAX;
+
+/// The most pages one `append_pages` call stores: 64 pages of at most
+/// 64 KiB are 4 MiB, one transaction's worth.
+pub const APPEND_PAGES_MAX: usize = 64;
+
+/// The most rows one listing returns (execs, pages, runtimes, due work):
+/// one page of an HTTP answer.
+pub const LIST_LIMIT_MAX: usize = 1_000;
+
+/// The default sandbox Lease TTL: 60 s, renewed by the reconciler while
+/// the exec lives.
+pub const LEASE_TTL_DEFAULT: SignedDuration = SignedDuration::from_secs(60);
+
+/// Whether deadline `deadline` has passed at `at`: certain and
+/// `at.cut >= deadline`.
+pub fn is_expired(deadline: Timestamp, at: CutReading) -> bool {
+    at.certain && at.cut >= deadline
+}
+
+/// `at.cut + horizon`, the latest admissible deadline; `None` beyond
+/// [`Timestamp::MAX`] (every representable deadline fits).
+pub fn deadline_bound(at: CutReading, horizon: SignedDuration) -> Option<Timestamp> {
+    at.cut.checked_add(horizon).ok()
+}
+
+/// Checks that `at` may admit work whose deadlines are `deadlines`: the
+/// cut is certain and each deadline `<= at.cut + horizon`.
+///
+/// # Errors
+/// [`LcError::TimeUncertain`] (with the reading's `retry_after_s`, at
+/// least 1) for an uncertain reading, checked first;
+/// [`LcError::DeadlineBeyondHorizon`] for the first deadline beyond.
+pub fn check_admission(
+    at: CutReading,
+    horizon: SignedDuration,
+    deadlines: &[Timestamp],
+) -> Result<(), LcError> {
+    if !at.certain {
+        return Err(LcError::TimeUncertain {
+            retry_after_s: at.retry_after_s.max(1),
+        });
+    }
+    let Some(bound) = deadline_bound(at, horizon) else {
+        return Ok(());
+    };
+    match deadlines.iter().find(|d| **d > bound) {
+        Some(d) => Err(LcError::DeadlineBeyondHorizon {
+            deadline: *d,
+            bound,
+        }),
+        None => Ok(()),
+    }
+}
+
+/// `at.cut + ttl`, checked.
+///
+/// # Errors
+/// [`LcError::InvalidTimeout`] when it lies beyond [`Timestamp::MAX`] or
+/// `ttl` is not positive.
+pub fn deadline_after(at: CutReading, ttl: SignedDuration) -> Result<Timestamp, LcError> {
+    if ttl <= SignedDuration::ZERO {
+        return Err(LcError::InvalidTimeout {
+            reason: "a ttl must be positive".into(),
+        });
+    }
+    at.cut
+        .checked_add(ttl)
+        .map_err(|_| LcError::InvalidTimeout {
+            reason: format!("cut {} + {ttl:#} is not representable", at.cut),
+        })
+}
+
+/// The expiry after a renewal at `at`: `max(current, at.cut + ttl)`, on
+/// any cut. Never earlier than `current`.
+///
+/// # Errors
+/// As [`deadline_after`].
+pub fn renewed_expiry(
+    current: Timestamp,
+    at: CutReading,
+    ttl: SignedDuration,
+) -> Result<Timestamp, LcError> {
+    Ok(current.max(deadline_after(at, ttl)?))
+}
+
+/// Checks an exec timeout: `1..=`[`TIMEOUT_MS_MAX`] ms.
+///
+/// # Errors
+/// [`LcError::InvalidTimeout`].
+pub fn check_timeout_ms(timeout_ms: u64) -> Result<SignedDuration, LcError> {
+    if timeout_ms == 0 || timeout_ms > TIMEOUT_MS_MAX {
+        return Err(LcError::InvalidTimeout {
+            reason: format!("timeout_ms must be in 1..={TIMEOUT_MS_MAX}"),
+        });
+    }
+    // <= 86_400_000, so the cast is lossless.
+    Ok(SignedDuration::from_millis(timeout_ms as i64))
+}
+
+/// Checks a tenant name: 1..=[`NAME_BYTES_MAX`] bytes, no control
+/// characters, not only spaces.
+///
+/// # Errors
+/// [`LcError::InvalidName`].
+pub fn check_tenant_name(name: &str) -> Result<&str, LcError> {
+    let ok = !name.trim().is_empty()
+        && name.len() <= NAME_BYTES_MAX
+        && !name.chars().any(char::is_control);
+    if ok {
+        Ok(name)
+    } else {
+        Err(LcError::InvalidName {
+            reason: format!(
+                "a tenant name is 1 to {NAME_BYTES_MAX} bytes without control characters"
+            ),
+        })
+    }
+}
+
+/// Checks a runtime name: `[a-z0-9][a-z0-9._-]*`, at most 63 bytes, and
+/// not 64 hex digits (that spelling means a digest).
+///
+/// # Errors
+/// [`LcError::InvalidName`].
+pub fn check_runtime_name(name: &str) -> Result<&str, LcError> {
+    let b = name.as_bytes();
+    let ok = !b.is_empty()
+        && b.len() <= 63
+        && (b[0].is_ascii_lowercase() || b[0].is_ascii_digit())
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || b"._-".contains(c));
+    if ok {
+        Ok(name)
+    } else {
+        Err(LcError::InvalidName {
+            reason: "a runtime name is 1 to 63 characters of [a-z0-9._-], starting with a \
+                     letter or digit"
+                .into(),
+        })
+    }
+}
+
+/// Checks a listing limit: `1..=max`.
+///
+/// # Errors
+/// [`LcError::InvalidLimit`].
+pub fn check_limit(limit: usize, max: usize) -> Result<usize, LcError> {
+    if limit == 0 || limit > max {
+        return Err(LcError::InvalidLimit { limit, max });
+    }
+    Ok(limit)
+}
+
+/// Checks a unit amount: `1..=i64::MAX`.
+///
+/// # Errors
+/// [`LcError::InvalidUnits`].
+pub fn check_units(units: i64) -> Result<i64, LcError> {
+    if units < 1 {
+        return Err(LcError::InvalidUnits { units });
+    }
+    Ok(units)
+}
+
+/// Whether a transition changes the record or finds it already there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// The record moves to the new state.
+    Changed,
+    /// The record is already in that state: a replay, nothing to write.
+    Unchanged,
+}
+
+fn step<S: Copy + PartialEq>(
+    what: &'static str,
+    from: S,
+    to: S,
+    name: fn(&S) -> &'static str,
+    legal: bool,
+) -> Result<Step, LcError> {
+    if from == to {
+        Ok(Step::Unchanged)
+    } else if legal {
+        Ok(Step::Changed)
+    } else {
+        Err(LcError::IllegalTransition {
+            what,
+            from: name(&from),
+            to: name(&to),
+        })
+    }
+}
+
+/// A sandbox Lease step: `allocating -> active`, `allocating ->
+/// release_pending`, `active -> release_pending`, `release_pending ->
+/// released`. Never back, never skipping the proof.
+///
+/// # Errors
+/// [`LcError::IllegalTransition`] for any other change.
+pub fn plan_lease_transition(from: LeaseState, to: LeaseState) -> Result<Step, LcError> {
+    use LeaseState::*;
+    let legal = matches!(
+        (from, to),
+        (Allocating, Active)
+            | (Allocating, ReleasePending)
+            | (Active, ReleasePending)
+            | (ReleasePending, Released)
+    );
+    step("lease", from, to, LeaseState::as_str, legal)
+}
+
+/// An attempt step: `runnable -> running | parked | terminal`,
+/// `running -> parked | terminal`, `parked -> runnable | terminal`.
+///
+/// # Errors
+/// [`LcError::IllegalTransition`] for any other change (nothing leaves
+/// `terminal`).
+pub fn plan_attempt_transition(from: AttemptState, to: AttemptState) -> Result<Step, LcError> {
+    use AttemptState::*;
+    let legal = matches!(
+        (from, to),
+        (Runnable, Running)
+            | (Runnable, Parked)
+            | (Runnable, Terminal)
+            | (Running, Parked)
+            | (Running, Terminal)
+            | (Parked, Runnable)
+            | (Parked, Terminal)
+    );
+    step("attempt", from, to, AttemptState::as_str, legal)
+}
+
+/// An exec step: `admitted -> running | terminal`, `running -> terminal`.
+///
+/// # Errors
+/// [`LcError::IllegalTransition`] for any other change.
+pub fn plan_exec_transition(from: ExecState, to: ExecState) -> Result<Step, LcError> {
+    use ExecState::*;
+    let legal = matches!(
+        (from, to),
+        (Admitted, Running) | (Admitted, Terminal) | (Running, Terminal)
+    );
+    step("exec", from, to, ExecState::as_str, legal)
+}
+
+/// What the reconciler knows about one lease when it plans.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseView {
+    /// The lease's state.
+    pub state: LeaseState,
+    /// The lease's expiry on the cut.
+    pub expiry: Timestamp,
+    /// Whether the tenant asked to cancel the exec.
+    pub cancel_requested: bool,
+    /// The exec's timeout deadline on the cut, if it has one.
+    pub timeout_deadline: Option<Timestamp>,
+    /// Whether the attempt's terminal page is stored.
+    pub terminal_page: bool,
+}
+
+/// What the reconciler should do with a lease at `at`, `None` for a
+/// released one. In order: `release_pending` -> destroy; a stored terminal
+/// page -> release as exited; a cancel -> release as cancelled; the
+/// timeout or the lease's expiry passed on a certain cut -> release as
+/// expired; otherwise allocate (`allocating`) or maintain (`active`).
+pub fn plan_lease_action(view: LeaseView, at: CutReading) -> Option<LeaseAction> {
+    match view.state {
+        LeaseState::Released => return None,
+        LeaseState::ReleasePending => return Some(LeaseAction::Destroy),
+        LeaseState::Allocating | LeaseState::Active => {}
+    }
+    if view.terminal_page {
+        return Some(LeaseAction::BeginRelease(TerminalReason::Exited));
+    }
+    if view.cancel_requested {
+        return Some(LeaseAction::BeginRelease(TerminalReason::Cancelled));
+    }
+    let timed_out = view.timeout_deadline.is_some_and(|d| is_expired(d, at));
+    if timed_out || is_expired(view.expiry, at) {
+        return Some(LeaseAction::BeginRelease(TerminalReason::Expired));
+    }
+    Some(match view.state {
+        LeaseState::Allocating => LeaseAction::Allocate,
+        _ => LeaseAction::Maintain,
+    })
+}
+
+/// Checks that `at` may expire or release anything: certain.
+///
+/// # Errors
+/// [`LcError::TimeUncertain`] for an uncertain reading.
+pub fn require_certain(at: CutReading) -> Result<(), LcError> {
+    if at.certain {
+        Ok(())
+    } else {
+        Err(LcError::TimeUncertain {
+            retry_after_s: at.retry_after_s.max(1),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BASE: i128 = 1_800_000_000_000_000_500;
+
+    fn t(ns: i128) -> Timestamp {
+        Timestamp::from_nanosecond(ns).unwrap()
+    }
+
+    #[test]
+    fn expiry_needs_a_certain_cut_at_or_past_the_deadline() {
+        let d = t(BASE);
+        assert!(!is_expired(d, CutReading::certain(t(BASE - 1))));
+        assert!(is_expired(d, CutReading::certain(t(BASE))));
+        assert!(is_expired(d, CutReading::certain(t(BASE + 1))));
+        for off in [-1, 0, 1, 10_i128.pow(15)] {
+            assert!(!is_expired(d, CutReading::uncertain(t(BASE + off), 1)));
+        }
+    }
+
+    #[test]
+    fn admission_needs_certainty_and_the_horizon() {
+        let h = SignedDuration::from_hours(1);
+        let h_ns = 3_600_000_000_000_i128;
+        let at = CutReading::certain(t(BASE));
+        check_admission(at, h, &[t(BASE + h_ns - 1)]).unwrap();
+        check_admission(at, h, &[t(BASE + h_ns)]).unwrap();
+        assert_eq!(
+            check_admission(at, h, &[t(BASE), t(BASE + h_ns + 1)]).unwrap_err(),
+            LcError::DeadlineBeyondHorizon {
+                deadline: t(BASE + h_ns + 1),
+                bound: t(BASE + h_ns)
+            }
+        );
+        assert_eq!(
+            check_admission(CutReading::uncertain(t(BASE), 3), h, &[t(BASE)]).unwrap_err(),
+            LcError::TimeUncertain { retry_after_s: 3 }
+        );
+        assert_eq!(
+            check_admission(CutReading::uncertain(t(BASE), 0), h, &[]).unwrap_err(),
+            LcError::TimeUncertain { retry_after_s: 1 }
+        );
+        // A horizon beyond the domain admits every representable deadline.
+        check_admission(
+            CutReading::certain(Timestamp::MAX),
+            SignedDuration::from_secs(1),
+            &[Timestamp::MAX],
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn renewal_never_shortens() {
+        let ttl = SignedDuration::from_secs(60);
+        let ttl_ns = 60_000_000_000_i128;
+        // current later than cut + ttl by 1 ns: kept.
+        let current = t(BASE + ttl_ns + 1);
+        assert_eq!(
+            renewed_expiry(current, CutReading::certain(t(BASE)), ttl).unwrap(),
+            current
+        );
+        // Equal: the same instant.
+        assert_eq!(
+            renewed_expiry(t(BASE + ttl_ns), CutReading::certain(t(BASE)), ttl).unwrap(),
+            t(BASE + ttl_ns)
+        );
+        // Earlier by 1 ns: extended to cut + ttl.
+        assert_eq!(
+            renewed_expiry(t(BASE + ttl_ns - 1), CutReading::certain(t(BASE)), ttl).unwrap(),
+            t(BASE + ttl_ns)
+        );
+        // Uncertain cuts renew too, by the same rule.
+        assert_eq!(
+            renewed_expiry(t(BASE), CutReading::uncertain(t(BASE + 7), 1), ttl).unwrap(),
+            t(BASE + 7 + ttl_ns)
+        );
+        assert_eq!(
+            renewed_expiry(t(BASE), CutReading::certain(Timestamp::MAX), ttl)
+                .unwrap_err()
+                .code(),
+            "invalid_timeout"
+        );
+        assert_eq!(
+            deadline_after(CutReading::certain(t(BASE)), SignedDuration::ZERO)
+                .unwrap_err()
+                .code(),
+            "invalid_timeout"
+        );
+    }
+
+    #[test]
+    fn lease_transitions() {
+        use LeaseState::*;
+        let all = [Allocating, Active, ReleasePending, Released];
+        let legal = [
+            (Allocating, Active),
+            (Allocating, ReleasePending),
+            (Active, ReleasePending),
+            (ReleasePending, Released),
+        ];
+        for from in all {
+            for to in all {
+                let got = plan_lease_transition(from, to);
+                if from == to {
+                    assert_eq!(got, Ok(Step::Unchanged));
+                } else if legal.contains(&(from, to)) {
+                    assert_eq!(got, Ok(Step::Changed), "{from} -> {to}");
+                } else {
+                    assert_eq!(
+                        got,
+                        Err(LcError::IllegalTransition {
+                            what: "lease",
+                            from: from.as_str(),
+                            to: to.as_str()
+                        })
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn attempt_and_exec_transitions() {
+        use AttemptState as A;
+        use ExecState as E;
+        assert_eq!(
+            plan_attempt_transition(A::Runnable, A::Running),
+            Ok(Step::Changed)
+        );
+        assert_eq!(
+            plan_attempt_transition(A::Parked, A::Runnable),
+            Ok(Step::Changed)
+        );
+        assert_eq!(
+            plan_attempt_transition(A::Terminal, A::Terminal),
+            Ok(Step::Unchanged)
+        );
+        for to in [A::Runnable, A::Running, A::Parked] {
+            assert_eq!(
+                plan_attempt_transition(A::Terminal, to).unwrap_err().code(),
+                "illegal_transition"
+            );
+        }
+        assert_eq!(
+            plan_attempt_transition(A::Running, A::Runnable)
+                .unwrap_err()
+                .code(),
+            "illegal_transition"
+        );
+        assert_eq!(
+            plan_exec_transition(E::Admitted, E::Running),
+            Ok(Step::Changed)
+        );
+        assert_eq!(
+            plan_exec_transition(E::Admitted, E::Terminal),
+            Ok(Step::Changed)
+        );
+        assert_eq!(
+            plan_exec_transition(E::Running, E::Terminal),
+            Ok(Step::Changed)
+        );
+        assert_eq!(
+            plan_exec_transition(E::Terminal, E::Running)
+                .unwrap_err()
+                .code(),
+            "illegal_transition"
+        );
+        assert_eq!(
+            plan_exec_transition(E::Running, E::Admitted)
+                .unwrap_err()
+                .code(),
+            "illegal_transition"
+        );
+    }
+
+    #[test]
+    fn lease_actions() {
+        let view = LeaseView {
+            state: LeaseState::Active,
+            expiry: t(BASE),
+            cancel_requested: false,
+            timeout_deadline: Some(t(BASE + 1_000)),
+            terminal_page: false,
+        };
+        let c = |ns| CutReading::certain(t(ns));
+        assert_eq!(
+            plan_lease_action(view, c(BASE - 1)),
+            Some(LeaseAction::Maintain)
+        );
+        assert_eq!(
+            plan_lease_action(view, c(BASE)),
+            Some(LeaseAction::BeginRelease(TerminalReason::Expired))
+        );
+        // Uncertain: nothing expires.
+        assert_eq!(
+            plan_lease_action(view, CutReading::uncertain(t(BASE + 5_000), 1)),
+            Some(LeaseAction::Maintain)
+        );
+        let later = LeaseView {
+            expiry: t(BASE + 10_000),
+            ..view
+        };
+        assert_eq!(
+            plan_lease_action(later, c(BASE + 999)),
+            Some(LeaseAction::Maintain)
+        );
+        assert_eq!(
+            plan_lease_action(later, c(BASE + 1_000)),
+            Some(LeaseAction::BeginRelease(TerminalReason::Expired))
+        );
+        assert_eq!(
+            plan_lease_action(
+                LeaseView {
+                    cancel_requested: true,
+                    ..later
+                },
+                c(BASE)
+            ),
+            Some(LeaseAction::BeginRelease(TerminalReason::Cancelled))
+        );
+        assert_eq!(
+            plan_lease_action(
+                LeaseView {
+                    terminal_page: true,
+                    cancel_requested: true,
+                    ..later
+                },
+                c(BASE)
+            ),
+            Some(LeaseAction::BeginRelease(TerminalReason::Exited))
+        );
+        assert_eq!(
+            plan_lease_action(
+                LeaseView {
+                    state: LeaseState::Allocating,
+                    ..later
+                },
+                c(BASE)
+            ),
+            Some(LeaseAction::Allocate)
+        );
+        assert_eq!(
+            plan_lease_action(
+                LeaseView {
+                    state: LeaseState::ReleasePending,
+                    ..view
+                },
+                CutReading::uncertain(t(BASE), 1)
+            ),
+            Some(LeaseAction::Destroy)
+        );
+        assert_eq!(
+            plan_lease_action(
+                LeaseView {
+                    state: LeaseState::Released,
+                    ..view
+                },
+                c(BASE)
+            ),
+            None
+        );
+    }
+
+    #[test]
+    fn names_limits_and_units() {
+        check_tenant_name("blue team").unwrap();
+        for bad in ["", "   ", "a\nb"] {
+            assert_eq!(check_tenant_name(bad).unwrap_err().code(), "invalid_name");
+        }
+        assert_eq!(
+            check_tenant_name(&"x".repeat(NAME_BYTES_MAX + 1))
+                .unwrap_err()
+                .code(),
+            "invalid_name"
+        );
+        check_runtime_name("base").unwrap();
+        check_runtime_name("py3.12-slim").unwrap();
+        for bad in ["", "Base", "-x", "a/b", &"a".repeat(64)] {
+            assert_eq!(check_runtime_name(bad).unwrap_err().code(), "invalid_name");
+        }
+        assert_eq!(check_limit(0, 10).unwrap_err().code(), "invalid_limit");
+        assert_eq!(check_limit(11, 10).unwrap_err().code(), "invalid_limit");
+        assert_eq!(check_limit(10, 10).unwrap(), 10);
+        assert_eq!(check_units(0).unwrap_err().code(), "invalid_units");
+        assert_eq!(check_units(1).unwrap(), 1);
+        assert_eq!(check_timeout_ms(0).unwrap_err().code(), "invalid_timeout");
+        assert_eq!(
+            check_timeout_ms(TIMEOUT_MS_MAX + 1).unwrap_err().code(),
+            "invalid_timeout"
+        );
+        assert_eq!(check_timeout_ms(1).unwrap(), SignedDuration::from_millis(1));
+    }
+}

@@ -1,0 +1,289 @@
+//! The store traits: what the control plane ([`ControlStore`], used by the
+//! HTTP API) and the reconciler ([`ReconcileStore`], used by the workers)
+//! ask of Little Compute's store. `lc-pg` implements both on PostgreSQL.
+//!
+//! # Contract
+//!
+//! * Every mutating client-facing method takes `op` (the request's
+//!   operation key) and `at` (the caller's reading of the safe-cut clock).
+//!   A replay (same scope, key and request digest) returns the recorded
+//!   result and changes nothing; the same key with another digest is
+//!   [`LcError::IdempotencyConflict`].
+//! * The store refuses a reading whose cut is later than the persisted cut
+//!   ([`LcError::InvalidCutReading`]).
+//! * A method that fails changes nothing.
+//! * Lists are bounded by their `limit` (`1..=`[`crate::rules::LIST_LIMIT_MAX`]).
+
+use async_trait::async_trait;
+
+use crate::error::LcError;
+use crate::model::{
+    AppendReport, CutReading, Digest, ExecId, ExecRecord, ExecRequest, Generation, LeaseWork,
+    OpScope, OperationRecord, OutputPage, Provider, ProviderId, ReleaseOutcome, Runtime,
+    SandboxLeaseId, Tenant, TenantId, TerminalReason,
+};
+use crate::opkey::OperationKey;
+
+/// What the control-plane API needs.
+#[async_trait]
+pub trait ControlStore: Send + Sync {
+    /// Creates a tenant: a Tollgate account named `name`, with `units`
+    /// deposited when given, and the SHA-256 of its API key, which
+    /// `api_key_sha256` computes from the new tenant's id (the API derives
+    /// the key from a server secret and the id, so a replay re-derives the
+    /// same key and nothing secret is stored). Admin scope.
+    ///
+    /// # Errors
+    /// `invalid_name`, `invalid_units`, `already_exists` (another tenant
+    /// has the name), `idempotency_conflict`, `invalid_cut_reading`,
+    /// storage errors.
+    async fn create_tenant(
+        &self,
+        op: &OperationKey,
+        at: CutReading,
+        name: &str,
+        units: Option<i64>,
+        api_key_sha256: &(dyn Fn(TenantId) -> Digest + Send + Sync),
+    ) -> Result<Tenant, LcError>;
+
+    /// Deposits `units` into `tenant`'s account. Tenant scope.
+    ///
+    /// # Errors
+    /// `invalid_units`, `not_found`, `idempotency_conflict`,
+    /// `invalid_cut_reading`, storage errors.
+    async fn deposit(
+        &self,
+        op: &OperationKey,
+        at: CutReading,
+        tenant: TenantId,
+        units: i64,
+    ) -> Result<Tenant, LcError>;
+
+    /// The tenant with its Tollgate balances.
+    ///
+    /// # Errors
+    /// `not_found`, storage errors.
+    async fn tenant(&self, tenant: TenantId) -> Result<Tenant, LcError>;
+
+    /// The tenant whose API key has this SHA-256, if any.
+    ///
+    /// # Errors
+    /// Storage errors.
+    async fn tenant_by_key(&self, api_key_sha256: Digest) -> Result<Option<TenantId>, LcError>;
+
+    /// Registers runtime `name` with `digest` and its manifest. Admin
+    /// scope. Registering the same name and digest again returns the
+    /// record; another digest under a taken name is `already_exists`.
+    ///
+    /// # Errors
+    /// `invalid_name`, `already_exists`, `idempotency_conflict`,
+    /// `invalid_cut_reading`, storage errors.
+    async fn register_runtime(
+        &self,
+        op: &OperationKey,
+        at: CutReading,
+        name: &str,
+        digest: Digest,
+        manifest: serde_json::Value,
+    ) -> Result<Runtime, LcError>;
+
+    /// Every runtime, by name (at most [`crate::rules::LIST_LIMIT_MAX`]).
+    ///
+    /// # Errors
+    /// Storage errors.
+    async fn runtimes(&self) -> Result<Vec<Runtime>, LcError>;
+
+    /// Admits an exec in one transaction: validates the request, checks the
+    /// key, needs a certain cut not ahead of the persisted one and every
+    /// deadline within `cut + horizon`, then creates the exec (canonical
+    /// identity), attempt 1, Reservation generation 1 (a Tollgate grant of
+    /// the shape's units on the tenant's account) and Lease generation 1
+    /// `allocating` with its expiry on the cut. Tenant scope.
+    ///
+    /// # Errors
+    /// `invalid_command`, `invalid_shape`, `invalid_timeout`,
+    /// `invalid_runtime`, `not_found` (tenant or runtime),
+    /// `time_uncertain`, `invalid_cut_reading`, `deadline_beyond_horizon`,
+    /// `insufficient_capacity`, `no_provider`, `idempotency_conflict`,
+    /// storage errors. Nothing is written on any of them.
+    async fn admit_exec(
+        &self,
+        op: &OperationKey,
+        at: CutReading,
+        tenant: TenantId,
+        req: &ExecRequest,
+    ) -> Result<ExecRecord, LcError>;
+
+    /// One exec of `tenant`.
+    ///
+    /// # Errors
+    /// `not_found` (also for another tenant's exec), storage errors.
+    async fn exec(&self, tenant: TenantId, exec_id: ExecId) -> Result<ExecRecord, LcError>;
+
+    /// `tenant`'s execs with id `> after` (all when `None`), ascending, at
+    /// most `limit`.
+    ///
+    /// # Errors
+    /// `invalid_limit`, storage errors.
+    async fn execs(
+        &self,
+        tenant: TenantId,
+        after: Option<ExecId>,
+        limit: usize,
+    ) -> Result<Vec<ExecRecord>, LcError>;
+
+    /// The current attempt's pages with seq `> after_seq`, ascending, at
+    /// most `limit` (`1..=`[`crate::rules::LIST_LIMIT_MAX`]).
+    ///
+    /// # Errors
+    /// `not_found`, `invalid_limit`, storage errors.
+    async fn output(
+        &self,
+        tenant: TenantId,
+        exec_id: ExecId,
+        after_seq: i64,
+        limit: usize,
+    ) -> Result<Vec<OutputPage>, LcError>;
+
+    /// Asks to cancel an exec (the reconciler releases its Lease). A
+    /// terminal exec is returned as it is. Tenant scope.
+    ///
+    /// # Errors
+    /// `not_found`, `idempotency_conflict`, `invalid_cut_reading`, storage
+    /// errors.
+    async fn cancel(
+        &self,
+        op: &OperationKey,
+        at: CutReading,
+        tenant: TenantId,
+        exec_id: ExecId,
+    ) -> Result<ExecRecord, LcError>;
+
+    /// An operation key and its recorded result.
+    ///
+    /// # Errors
+    /// `not_found`, storage errors.
+    async fn operation(&self, scope: OpScope, key: &str) -> Result<OperationRecord, LcError>;
+}
+
+/// What the reconciler needs.
+#[async_trait]
+pub trait ReconcileStore: Send + Sync {
+    /// Registers (or updates the URL of) provider `id` with its Ed25519
+    /// public key. A different key for a registered id is
+    /// `already_exists`.
+    ///
+    /// # Errors
+    /// `invalid_provider`, `already_exists`, storage errors.
+    async fn register_provider(
+        &self,
+        id: &ProviderId,
+        url: &str,
+        public_key: [u8; 32],
+    ) -> Result<Provider, LcError>;
+
+    /// Up to `limit` leases that need the reconciler at `at` (not
+    /// released), soonest expiry first (a renewal moves a lease back, so a
+    /// bounded batch reaches every lease in turn), each with its planned
+    /// action ([`crate::rules::plan_lease_action`]).
+    ///
+    /// # Errors
+    /// `invalid_limit`, `invalid_cut_reading`, storage errors.
+    async fn due_work(&self, at: CutReading, limit: usize) -> Result<Vec<LeaseWork>, LcError>;
+
+    /// Marks an `allocating` lease `active` (the provider confirmed the
+    /// instance), the attempt and the exec `running`. Idempotent.
+    ///
+    /// # Errors
+    /// `not_found`, `fenced` (another generation), `illegal_transition`,
+    /// storage errors.
+    async fn mark_active(
+        &self,
+        lease: SandboxLeaseId,
+        generation: Generation,
+        at: CutReading,
+    ) -> Result<LeaseWork, LcError>;
+
+    /// Renews the Lease and its Reservation together to
+    /// `max(current, cut + ttl)`, on any cut (never shortening). Returns
+    /// the lease afterwards. A `release_pending` lease keeps its expiry
+    /// but its Reservation is renewed, so the grant never lapses while the
+    /// destroy is being proven: call it for `Destroy` work that cannot
+    /// commit yet.
+    ///
+    /// # Errors
+    /// `not_found`, `fenced`, `illegal_transition` (a released lease),
+    /// `invalid_cut_reading`, storage errors.
+    async fn renew(
+        &self,
+        lease: SandboxLeaseId,
+        generation: Generation,
+        at: CutReading,
+    ) -> Result<LeaseWork, LcError>;
+
+    /// Stores pages of the lease's attempt: a stored seq with the same
+    /// sha256 is a no-op, with another sha256 `page_conflict`; seqs must
+    /// continue the stored ones without gaps; nothing after the terminal
+    /// page. At most [`crate::rules::APPEND_PAGES_MAX`] pages.
+    ///
+    /// # Errors
+    /// `invalid_page`, `page_conflict`, `not_found`, `fenced`,
+    /// `invalid_limit`, storage errors.
+    async fn append_pages(
+        &self,
+        lease: SandboxLeaseId,
+        generation: Generation,
+        pages: &[OutputPage],
+    ) -> Result<AppendReport, LcError>;
+
+    /// Moves the lease to `release_pending` for `reason` (recorded on the
+    /// exec; `expired` needs a certain cut past the deadline) and renews
+    /// its Reservation, giving the destroy a full Reservation TTL to be
+    /// proven. Idempotent.
+    ///
+    /// # Errors
+    /// `not_found`, `fenced`, `illegal_transition`, `time_uncertain`,
+    /// storage errors.
+    async fn begin_release(
+        &self,
+        lease: SandboxLeaseId,
+        generation: Generation,
+        reason: TerminalReason,
+        at: CutReading,
+    ) -> Result<LeaseWork, LcError>;
+
+    /// Verifies `evidence` (a provider's signed absence or fence envelope,
+    /// JSON) with the registered key of the lease's provider, needs a
+    /// certain cut, then in one transaction: the lease `released`, the
+    /// Reservation returned through Tollgate release with consumed 0, the
+    /// attempt and the exec terminal. A second call is a replay that
+    /// returns the same outcome (`replay: true`) and changes nothing.
+    ///
+    /// # Errors
+    /// `evidence_rejected`, `time_uncertain`, `not_found`, `fenced`,
+    /// `illegal_transition` (not `release_pending`), `invalid_cut_reading`,
+    /// storage errors.
+    async fn commit_release(
+        &self,
+        lease: SandboxLeaseId,
+        generation: Generation,
+        evidence: &serde_json::Value,
+        at: CutReading,
+    ) -> Result<ReleaseOutcome, LcError>;
+
+    /// Attaches the terminal receipt of up to `limit` operation keys whose
+    /// floor a certain `at` has passed; returns how many. Nothing while
+    /// uncertain.
+    ///
+    /// # Errors
+    /// `invalid_limit`, `invalid_cut_reading`, storage errors.
+    async fn attach_receipts(&self, at: CutReading, limit: usize) -> Result<usize, LcError>;
+
+    /// Deletes up to `limit` operation keys due at a certain `at`
+    /// ([`crate::opkey::gc_due`]); returns how many. Nothing while
+    /// uncertain.
+    ///
+    /// # Errors
+    /// `invalid_limit`, `invalid_cut_reading`, storage errors.
+    async fn gc_operations(&self, at: CutReading, limit: usize) -> Result<usize, LcError>;
+}
