@@ -7,11 +7,8 @@
 //! locked in one order everywhere: the sandbox Lease, then its
 //! Reservation, then (through `tollgate_pg::ops`) the Tollgate account and
 //! lease; operation keys are taken before any of them.
-//!
-//! One statement writes a Tollgate table directly: [`insert_account`],
-//! because `tollgate_pg::ops` has no account creation yet. It writes
-//! exactly the row Tollgate's own account creation writes (a name, zero
-//! balances, no ledger entry).
+//! No statement here writes a Tollgate table: Tollgate's rows are written
+//! only through `tollgate_pg::ops`, in the same transaction.
 
 use std::collections::BTreeMap;
 
@@ -316,17 +313,6 @@ pub(crate) async fn delete_operation(
 pub(crate) async fn tenant_name_taken(conn: &mut PgConnection, name: &str) -> Result<bool, Fail> {
     Ok(
         sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM lc_tenants WHERE name = $1)")
-            .bind(name)
-            .fetch_one(&mut *conn)
-            .await?,
-    )
-}
-
-/// Creates a Tollgate account named `name` (see the module docs) and
-/// returns its id.
-pub(crate) async fn insert_account(conn: &mut PgConnection, name: &str) -> Result<i64, Fail> {
-    Ok(
-        sqlx::query_scalar("INSERT INTO tollgate_accounts (name) VALUES ($1) RETURNING account_id")
             .bind(name)
             .fetch_one(&mut *conn)
             .await?,

@@ -511,7 +511,16 @@ async fn create_tenant_tx(
         }
         .into());
     }
-    let tenant = TenantId(db::insert_account(conn, a.name).await?);
+    let new = tollgate::NewAccount {
+        name: a.name.to_owned(),
+        api_key_sha256: None,
+    };
+    let tenant = TenantId(
+        tollgate_pg::ops::create_account(conn, &new)
+            .await?
+            .account_id
+            .0,
+    );
     db::insert_tenant(conn, tenant, a.name, (a.key_for)(tenant)).await?;
     if let Some(units) = a.units {
         tollgate_pg::ops::deposit(conn, AccountId(tenant.0), units, a.at.cut).await?;
