@@ -129,7 +129,9 @@ CREATE TABLE lc_sandbox_leases (
         AND (state = 'released') = (released_floor_us IS NOT NULL)
         AND (released_floor_us IS NULL) = (released_submicro_ns IS NULL))
 );
-CREATE INDEX lc_sandbox_leases_unreleased ON lc_sandbox_leases (lease_id)
+-- The reconciler's work list: unreleased Leases, soonest expiry first (a
+-- renewal moves a Lease to the back, so every Lease comes up in turn).
+CREATE INDEX lc_sandbox_leases_due ON lc_sandbox_leases (expiry_floor_us, expiry_submicro_ns, lease_id)
     WHERE state <> 'released';
 
 -- Generation 1's Lease of every exec exists (checked at commit: the exec

@@ -7,11 +7,8 @@
 //! locked in one order everywhere: the sandbox Lease, then its
 //! Reservation, then (through `tollgate_pg::ops`) the Tollgate account and
 //! lease; operation keys are taken before any of them.
-//!
-//! One statement writes a Tollgate table directly: [`insert_account`],
-//! because `tollgate_pg::ops` has no account creation yet. It writes
-//! exactly the row Tollgate's own account creation writes (a name, zero
-//! balances, no ledger entry).
+//! No statement here writes a Tollgate table: Tollgate's rows are written
+//! only through `tollgate_pg::ops`, in the same transaction.
 
 use std::collections::BTreeMap;
 
@@ -316,17 +313,6 @@ pub(crate) async fn delete_operation(
 pub(crate) async fn tenant_name_taken(conn: &mut PgConnection, name: &str) -> Result<bool, Fail> {
     Ok(
         sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM lc_tenants WHERE name = $1)")
-            .bind(name)
-            .fetch_one(&mut *conn)
-            .await?,
-    )
-}
-
-/// Creates a Tollgate account named `name` (see the module docs) and
-/// returns its id.
-pub(crate) async fn insert_account(conn: &mut PgConnection, name: &str) -> Result<i64, Fail> {
-    Ok(
-        sqlx::query_scalar("INSERT INTO tollgate_accounts (name) VALUES ($1) RETURNING account_id")
             .bind(name)
             .fetch_one(&mut *conn)
             .await?,
@@ -874,10 +860,13 @@ fn due_from(row: &PgRow) -> Result<DueRow, Fail> {
     })
 }
 
-/// Up to `limit` unreleased Leases, by id.
+/// Up to `limit` unreleased Leases, soonest expiry first (then by id): a
+/// renewal moves a Lease back, and a Lease whose release is pending keeps
+/// its expiry, so a bounded batch never starves any Lease for good.
 pub(crate) async fn due_leases(conn: &mut PgConnection, limit: usize) -> Result<Vec<DueRow>, Fail> {
     let rows = sqlx::query(&format!(
-        "{DUE_SELECT} WHERE l.state <> 'released' ORDER BY l.lease_id LIMIT $1"
+        "{DUE_SELECT} WHERE l.state <> 'released' \
+          ORDER BY l.expiry_floor_us, l.expiry_submicro_ns, l.lease_id LIMIT $1"
     ))
     .bind(limit as i64)
     .fetch_all(&mut *conn)
@@ -1191,4 +1180,32 @@ pub(crate) async fn insert_page(conn: &mut PgConnection, p: &OutputPage) -> Resu
     .execute(&mut *conn)
     .await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pairs_round_trip_exactly_also_before_the_epoch() {
+        for ns in [
+            -1_i128,
+            0,
+            999,
+            1_000,
+            1_800_000_000_123_456_789,
+            -1_234_567,
+        ] {
+            let t = Timestamp::from_nanosecond(ns).unwrap();
+            let (f, s) = pair(t);
+            assert!((0..=999).contains(&s));
+            assert_eq!(i128::from(f) * 1000 + i128::from(s), ns);
+            assert_eq!(instant(f, s).unwrap(), t);
+        }
+        assert_eq!(pair(Timestamp::from_nanosecond(-1).unwrap()), (-1, 999));
+        assert!(instant(0, 1000).is_err());
+        assert!(instant(0, -1).is_err());
+        assert_eq!(scope_value(OpScope::Admin), 0);
+        assert_eq!(scope_of(7), OpScope::Tenant(TenantId(7)));
+    }
 }

@@ -511,7 +511,16 @@ async fn create_tenant_tx(
         }
         .into());
     }
-    let tenant = TenantId(db::insert_account(conn, a.name).await?);
+    let new = tollgate::NewAccount {
+        name: a.name.to_owned(),
+        api_key_sha256: None,
+    };
+    let tenant = TenantId(
+        tollgate_pg::ops::create_account(conn, &new)
+            .await?
+            .account_id
+            .0,
+    );
     db::insert_tenant(conn, tenant, a.name, (a.key_for)(tenant)).await?;
     if let Some(units) = a.units {
         tollgate_pg::ops::deposit(conn, AccountId(tenant.0), units, a.at.cut).await?;
@@ -775,31 +784,47 @@ async fn renew_tx(conn: &mut PgConnection, a: &LeaseArgs<'_>) -> Result<LeaseWor
             db::set_lease_expiry(conn, a.lease, expiry).await?;
         }
     }
+    renew_reservation(conn, store, &row, a.at).await?;
+    work_of(conn, a.lease, a.at).await
+}
+
+/// Renews the lease's Reservation, while held, to `max(current, cut +
+/// reservation ttl)` (Tollgate's renewal never shortens). Locks it after
+/// the lease, in the store's order.
+async fn renew_reservation(
+    conn: &mut PgConnection,
+    store: &LcStore,
+    row: &LeaseRow,
+    at: CutReading,
+) -> Result<(), Fail> {
     let res = db::lock_reservation(conn, row.exec_id, row.attempt, row.generation)
         .await?
-        .ok_or_else(|| crate::error::corrupt(format!("lease {} has no reservation", a.lease)))?;
-    if res.state == ReservationState::Held {
-        let renewal = tollgate_pg::ops::renew(
+        .ok_or_else(|| {
+            crate::error::corrupt(format!("lease {} has no reservation", row.lease_id))
+        })?;
+    if res.state != ReservationState::Held {
+        return Ok(());
+    }
+    let renewal = tollgate_pg::ops::renew(
+        conn,
+        &store.tollgate,
+        LeaseId(res.tollgate_lease_id),
+        &store.capability(res.tollgate_lease_id),
+        store.config.reservation_ttl.min(store.policy.max_ttl()),
+        SuppliedTime::exact(at.cut),
+    )
+    .await?;
+    if renewal.lease.expiry != res.expiry {
+        db::set_reservation_expiry(
             conn,
-            &store.tollgate,
-            LeaseId(res.tollgate_lease_id),
-            &store.capability(res.tollgate_lease_id),
-            store.config.reservation_ttl.min(store.policy.max_ttl()),
-            SuppliedTime::exact(a.at.cut),
+            row.exec_id,
+            row.attempt,
+            row.generation,
+            renewal.lease.expiry,
         )
         .await?;
-        if renewal.lease.expiry != res.expiry {
-            db::set_reservation_expiry(
-                conn,
-                row.exec_id,
-                row.attempt,
-                row.generation,
-                renewal.lease.expiry,
-            )
-            .await?;
-        }
     }
-    work_of(conn, a.lease, a.at).await
+    Ok(())
 }
 
 struct BeginReleaseArgs<'a> {
@@ -807,7 +832,7 @@ struct BeginReleaseArgs<'a> {
     generation: Generation,
     reason: TerminalReason,
     at: CutReading,
-    _store: &'a LcStore,
+    store: &'a LcStore,
 }
 
 async fn begin_release_tx(
@@ -834,6 +859,8 @@ async fn begin_release_tx(
         }
         db::set_lease_state(conn, a.lease, LeaseState::ReleasePending).await?;
         db::set_terminal_reason(conn, row.exec_id, a.reason).await?;
+        // A full Reservation TTL from here for the destroy to be proven.
+        renew_reservation(conn, a.store, &row, a.at).await?;
     }
     work_of(conn, a.lease, a.at).await
 }
@@ -1318,7 +1345,7 @@ impl ReconcileStore for LcStore {
             generation,
             reason,
             at,
-            _store: self,
+            store: self,
         };
         self.run(Op::Transition, &args, |c, a| {
             Box::pin(begin_release_tx(c, a))

@@ -389,17 +389,39 @@ async fn release_needs_valid_evidence_on_a_certain_cut_and_returns_units_once() 
         w.action,
         LeaseAction::BeginRelease(TerminalReason::Cancelled)
     );
+    // The Reservation's grant runs cut + 10 min (the configured TTL,
+    // within the policy's 1 h), in Tollgate and in the store alike.
+    let ten_min = SignedDuration::from_mins(10);
+    assert_eq!(
+        reservation_expiries(&f.db.url).await,
+        vec![(at.cut + ten_min, at.cut + ten_min)]
+    );
+    let later = wait_reading(&f.clock, 10, "a later certain cut", |r| {
+        r.certain && r.cut > at.cut
+    })
+    .await;
     let w = f
         .store
-        .begin_release(lease, g, TerminalReason::Cancelled, at)
+        .begin_release(lease, g, TerminalReason::Cancelled, later)
         .await
         .unwrap();
     assert_eq!(
         (w.state, w.action),
         (LeaseState::ReleasePending, LeaseAction::Destroy)
     );
-    // A release-pending Reservation is still renewed.
+    // Beginning the release renewed the Reservation; the lease keeps its
+    // expiry.
+    assert_eq!(
+        reservation_expiries(&f.db.url).await,
+        vec![(later.cut + ten_min, later.cut + ten_min)]
+    );
+    assert_eq!(w.expiry, at.cut + SignedDuration::from_secs(60));
+    // A release-pending Reservation is still renewed, never shortened.
     f.store.renew(lease, g, at).await.unwrap();
+    assert_eq!(
+        reservation_expiries(&f.db.url).await,
+        vec![(later.cut + ten_min, later.cut + ten_min)]
+    );
 
     // Forged: signed by another key; an observation is no proof; another
     // generation; not an envelope. Each refused, nothing written.
@@ -503,6 +525,24 @@ async fn release_needs_valid_evidence_on_a_certain_cut_and_returns_units_once() 
     );
     assert_audit_clean(&f.store).await;
     f.sampler.stop().await;
+}
+
+/// `(store's expiry, Tollgate's expiry)` of every Reservation.
+async fn reservation_expiries(url: &str) -> Vec<(Timestamp, Timestamp)> {
+    let mut c = PgConnection::connect(url).await.unwrap();
+    let rows: Vec<(i64, i32, i64, i32)> = sqlx::query_as(
+        "SELECT r.expiry_floor_us, r.expiry_submicro_ns, l.expiry_floor_us, l.expiry_submicro_ns::int \
+           FROM lc_reservations r JOIN tollgate_leases l ON l.lease_id = r.tollgate_lease_id \
+          ORDER BY r.exec_id",
+    )
+    .fetch_all(&mut c)
+    .await
+    .unwrap();
+    let t =
+        |f: i64, s: i32| Timestamp::from_nanosecond(i128::from(f) * 1000 + i128::from(s)).unwrap();
+    rows.into_iter()
+        .map(|(a, b, c, d)| (t(a, b), t(c, d)))
+        .collect()
 }
 
 fn base64_of(s: &str) -> String {
@@ -1083,4 +1123,133 @@ async fn the_initial_cut_is_quarantined_when_little_compute_holds_authority() {
     let (q, kind, inv) = first_claim(&with_exec.url).await;
     assert_eq!((q, kind.as_str()), (true, "initial_quarantine"));
     assert_eq!(inv["unfinished_execs"], 1);
+}
+
+#[tokio::test]
+async fn concurrent_replays_admit_once_and_concurrent_commits_return_units_once() {
+    let f = std::sync::Arc::new(fixture(4).await);
+    let at = certain(&f.clock).await;
+    // Eight concurrent first uses of one key: one exec, one unit held.
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let f = f.clone();
+        tasks.push(tokio::spawn(async move {
+            f.store
+                .admit_exec(&op("same", "same"), at, f.tenant, &req("small", &["true"]))
+                .await
+                .unwrap()
+                .exec_id
+        }));
+    }
+    let mut ids = Vec::new();
+    for t in tasks {
+        ids.push(t.await.unwrap());
+    }
+    ids.dedup();
+    assert_eq!(ids.len(), 1, "{ids:?}");
+    assert_eq!(
+        balances(&f.store.tenant(f.tenant).await.unwrap()),
+        (4, 3, 1, 0)
+    );
+    let e = f.store.exec(f.tenant, ids[0]).await.unwrap();
+    let (lease, g) = (e.canonical.lease_id, Generation(1));
+    f.store
+        .begin_release(lease, g, TerminalReason::Cancelled, at)
+        .await
+        .unwrap();
+    // Four concurrent commits of the same proof: one release, three replays.
+    let now = certain(&f.clock).await;
+    let evidence = f.provider.absence(lease, 1);
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let (f, evidence) = (f.clone(), evidence.clone());
+        tasks.push(tokio::spawn(async move {
+            f.store
+                .commit_release(lease, g, &evidence, now)
+                .await
+                .unwrap()
+        }));
+    }
+    let mut fresh = 0;
+    for t in tasks {
+        let out = t.await.unwrap();
+        assert_eq!(out.units_returned, 1);
+        fresh += usize::from(!out.replay);
+    }
+    assert_eq!(fresh, 1);
+    assert_eq!(
+        balances(&f.store.tenant(f.tenant).await.unwrap()),
+        (4, 4, 0, 0)
+    );
+    assert_audit_clean(&f.store).await;
+    let Ok(f) = std::sync::Arc::try_unwrap(f) else {
+        panic!("every task has ended")
+    };
+    f.sampler.stop().await;
+}
+
+#[tokio::test]
+async fn a_start_failure_releases_from_allocating_and_cancel_of_a_terminal_exec_changes_nothing() {
+    let f = fixture(1).await;
+    let at = certain(&f.clock).await;
+    let e = f
+        .store
+        .admit_exec(&op("s", "s"), at, f.tenant, &req("small", &["nope"]))
+        .await
+        .unwrap();
+    let (lease, g) = (e.canonical.lease_id, Generation(1));
+    // allocating -> release_pending directly; twice is the same.
+    for _ in 0..2 {
+        let w = f
+            .store
+            .begin_release(lease, g, TerminalReason::StartFailed, at)
+            .await
+            .unwrap();
+        assert_eq!(w.state, LeaseState::ReleasePending);
+    }
+    // No way back to active.
+    assert_eq!(
+        f.store.mark_active(lease, g, at).await.unwrap_err(),
+        LcError::IllegalTransition {
+            what: "lease",
+            from: "release_pending",
+            to: "active"
+        }
+    );
+    let now = certain(&f.clock).await;
+    // A fence of a later generation covers this one.
+    let fence = f.provider.sign(Statement::Fence {
+        provider_id: "p1".into(),
+        lease_id: lease.0,
+        generation: 3,
+    });
+    let out = f.store.commit_release(lease, g, &fence, now).await.unwrap();
+    assert_eq!((out.units_returned, out.replay), (1, false));
+    let done = f.store.exec(f.tenant, e.exec_id).await.unwrap();
+    assert_eq!(
+        (done.state, done.terminal_reason, done.exit_code),
+        (ExecState::Terminal, Some(TerminalReason::StartFailed), None)
+    );
+    // Cancelling a terminal exec returns it as it is and writes only the
+    // operation key.
+    let c = f
+        .store
+        .cancel(&op("c", "c"), now, f.tenant, e.exec_id)
+        .await
+        .unwrap();
+    assert_eq!(c, done);
+    assert_eq!(
+        f.store
+            .cancel(&op("c2", "c2"), now, f.tenant, ExecId(e.exec_id.0 + 50))
+            .await
+            .unwrap_err()
+            .code(),
+        "not_found"
+    );
+    assert_eq!(
+        balances(&f.store.tenant(f.tenant).await.unwrap()),
+        (1, 1, 0, 0)
+    );
+    assert_audit_clean(&f.store).await;
+    f.sampler.stop().await;
 }
