@@ -286,6 +286,21 @@ pub fn provider_router(provider: Arc<dyn Provider>) -> axum::Router {
         .with_state(provider)
 }
 
+/// Serves [`provider_router`] over `provider` on `listener` until
+/// `shutdown` completes, then lets open requests finish.
+///
+/// # Errors
+/// The listener's I/O error.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    provider: Arc<dyn Provider>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, provider_router(provider))
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
 /// A [`Provider`] reached over HTTP.
 #[derive(Debug, Clone)]
 pub struct HttpProvider {
