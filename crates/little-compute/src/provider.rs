@@ -5,10 +5,16 @@
 //!
 //! ```text
 //! little-compute provider --state-dir D --listen 127.0.0.1:P --id ID [--runtime-dir R]
-//!     [--supervisor PATH] [--cgroup-parent NAME] [--spool-bytes N]
+//!     [--supervisor PATH] [--cgroup-parent NAME] [--spool-bytes N] [--token-file F]
 //! ```
 //!
-//! stdout: `{"provider_id":"local","public_key_hex":"<64 hex>","listen":"127.0.0.1:P","cgroup":"v1"}`.
+//! With `--token-file`, every route but `/v1/identity` requires
+//! `Authorization: Bearer <token>` (the file's content without its trailing
+//! newline, at least 32 visible ASCII characters, mode `0600`); use it
+//! whenever instances with the network run, since they share the host's
+//! loopback.
+//!
+//! stdout: `{"cgroup":"v1","listen":"127.0.0.1:P","provider_id":"local","public_key_hex":"<64 hex>","token":false}`.
 //! Exit status: 0 after a signal-initiated shutdown, 2 for bad arguments,
 //! 1 when the state, the listener or the service fails.
 
@@ -47,6 +53,40 @@ pub struct ProviderArgs {
     /// The supervisor's spool bound in bytes.
     #[arg(long, default_value_t = lc_core::page::SPOOL_BYTES_DEFAULT)]
     pub spool_bytes: u64,
+    /// A file holding the bearer token every route but `/v1/identity`
+    /// requires (see the module docs).
+    #[arg(long)]
+    pub token_file: Option<PathBuf>,
+}
+
+/// The shortest accepted token, in characters.
+pub const TOKEN_CHARS_MIN: usize = 32;
+
+/// The largest token file read, in bytes.
+const TOKEN_FILE_BYTES_MAX: u64 = 4096;
+
+/// Reads the token at `path`.
+fn read_token(path: &std::path::Path) -> Result<String, ProviderRunError> {
+    use std::io::Read as _;
+    use std::os::unix::fs::PermissionsExt as _;
+    let bad =
+        |why: String| ProviderRunError::Usage(format!("--token-file {}: {why}", path.display()));
+    let f = std::fs::File::open(path).map_err(|e| bad(e.to_string()))?;
+    let meta = f.metadata().map_err(|e| bad(e.to_string()))?;
+    if meta.permissions().mode() & 0o077 != 0 {
+        return Err(bad("readable by group or others (want 0600)".into()));
+    }
+    let mut text = String::new();
+    f.take(TOKEN_FILE_BYTES_MAX)
+        .read_to_string(&mut text)
+        .map_err(|e| bad(e.to_string()))?;
+    let token = text.strip_suffix('\n').unwrap_or(&text);
+    if token.len() < TOKEN_CHARS_MIN || !token.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(bad(format!(
+            "a token is at least {TOKEN_CHARS_MIN} visible ASCII characters"
+        )));
+    }
+    Ok(token.to_owned())
 }
 
 /// Why the provider could not run. Codes are stable.
@@ -99,6 +139,7 @@ pub async fn serve(args: ProviderArgs) -> Result<(), ProviderRunError> {
             args.listen
         )));
     }
+    let token = args.token_file.as_deref().map(read_token).transpose()?;
     let id = ProviderId::new(args.id.clone())
         .map_err(|e| ProviderRunError::Usage(format!("--id: {e}")))?;
     let supervisor = match args.supervisor.clone() {
@@ -130,11 +171,16 @@ pub async fn serve(args: ProviderArgs) -> Result<(), ProviderRunError> {
         "public_key_hex": hex_of(provider.public_key().as_bytes()),
         "listen": local.to_string(),
         "cgroup": cgroup,
+        "token": token.is_some(),
     });
     println!("{identity}");
     tracing::info!(provider_id = provider.id().as_str(), listen = %local, cgroup, "provider serving");
     let provider: Arc<dyn Provider> = Arc::new(provider);
-    lc_provider::http::serve(listener, provider, shutdown_signal())
+    let router = match token {
+        Some(t) => lc_provider::provider_router_with_token(provider, t),
+        None => lc_provider::provider_router(provider),
+    };
+    lc_provider::http::serve(listener, router, shutdown_signal())
         .await
         .map_err(|e| ProviderRunError::Listen(e.to_string()))?;
     tracing::info!("provider stopped");
