@@ -112,6 +112,15 @@ impl CgroupRoot {
             return Err(io(mount, std::io::Error::last_os_error()));
         }
         let version = if st.f_type as i64 == CGROUP2_SUPER_MAGIC {
+            // A v2 hierarchy whose memory or pids controller is bound to a
+            // v1 hierarchy (a hybrid mount) cannot limit anything.
+            let have =
+                std::fs::read_to_string(mount.join("cgroup.controllers")).unwrap_or_default();
+            for c in ["memory", "pids"] {
+                if !have.split_whitespace().any(|h| h == c) {
+                    return Err(io(mount, format!("cgroup2 without the {c} controller")));
+                }
+            }
             CgroupVersion::V2
         } else if mount.join("memory/cgroup.procs").exists()
             && mount.join("pids/cgroup.procs").exists()
@@ -128,6 +137,16 @@ impl CgroupRoot {
             mount: mount.to_owned(),
             parent: parent.to_owned(),
         })
+    }
+
+    /// A root of `version` at `mount` without detection (for a mount that
+    /// was detected before, or a test tree).
+    pub fn with_version(version: CgroupVersion, mount: &Path, parent: &str) -> CgroupRoot {
+        CgroupRoot {
+            version,
+            mount: mount.to_owned(),
+            parent: parent.to_owned(),
+        }
     }
 
     /// The version in use.
@@ -369,6 +388,61 @@ mod tests {
         assert_eq!(shares_to_weight(512), 20);
         assert_eq!(shares_to_weight(262_144), 10000);
         assert_eq!(shares_to_weight(u32::MAX), 10000);
+    }
+
+    #[test]
+    fn a_hybrid_v2_mount_without_controllers_is_refused() {
+        // This host's unified hierarchy has no memory or pids controller.
+        let e = CgroupRoot::detect(Path::new("/sys/fs/cgroup/unified"), "x").unwrap_err();
+        assert_eq!(e.code(), "provider_io");
+        assert!(
+            e.to_string()
+                .contains("cgroup2 without the memory controller"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn v2_groups_get_exact_limits() {
+        // A tree shaped like a cgroup2 mount: the files the kernel provides
+        // are made by hand, the limits are written by `create`.
+        let mount = std::env::temp_dir().join(format!("lc-cg2-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&mount);
+        std::fs::create_dir_all(mount.join("lc/7-2")).unwrap();
+        for dir in [mount.clone(), mount.join("lc")] {
+            std::fs::write(
+                dir.join("cgroup.controllers"),
+                "cpuset cpu io memory pids\n",
+            )
+            .unwrap();
+        }
+        for f in ["memory.swap.max", "cpu.weight"] {
+            std::fs::write(mount.join("lc/7-2").join(f), "max\n").unwrap();
+        }
+        let root = CgroupRoot::with_version(CgroupVersion::V2, &mount, "lc");
+        let cg = root
+            .create(
+                "7-2",
+                Limits {
+                    memory_bytes: 256 << 20,
+                    pids_max: 64,
+                    cpu_shares: 1024,
+                },
+            )
+            .unwrap();
+        let read = |f: &str| std::fs::read_to_string(mount.join("lc/7-2").join(f)).unwrap();
+        assert_eq!(cg.dirs(), &[mount.join("lc/7-2")]);
+        assert_eq!(cg.memory_limit_file(), mount.join("lc/7-2/memory.max"));
+        assert_eq!(read("memory.max"), "268435456");
+        assert_eq!(read("memory.swap.max"), "0");
+        assert_eq!(read("pids.max"), "64");
+        assert_eq!(read("cpu.weight"), "39");
+        // The last controller written to each parent's subtree_control.
+        assert_eq!(
+            std::fs::read_to_string(mount.join("cgroup.subtree_control")).unwrap(),
+            "+cpu"
+        );
+        std::fs::remove_dir_all(&mount).unwrap();
     }
 
     #[test]

@@ -13,9 +13,12 @@
 //! | `POST /v1/instances/{lease}/{generation}/ack` | `{ "through_seq": N }` | `{}` |
 //!
 //! [`HttpProvider`] implements [`Provider`] over these routes, so a worker
-//! treats a remote provider exactly like a local one. The service has no
-//! credential of its own: it listens on loopback only, and instances never
-//! share the host's network namespace unless their shape has the network.
+//! treats a remote provider exactly like a local one. The service listens on
+//! loopback only. An instance whose shape has the network shares the host's
+//! network namespace and so reaches loopback too: a provider that runs such
+//! shapes should be served with a token ([`provider_router_with_token`]),
+//! which every route but `/v1/identity` then requires as
+//! `Authorization: Bearer <token>` ([`HttpProvider::with_token`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -151,6 +154,7 @@ impl ApiError {
             ProviderError::DestroyIncomplete { .. }
             | ProviderError::SupervisorUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ProviderError::Io { .. } => StatusCode::INTERNAL_SERVER_ERROR,
+            ProviderError::Unauthorized => StatusCode::UNAUTHORIZED,
         }
     }
 }
@@ -175,6 +179,12 @@ impl IntoResponse for ApiError {
             header::CONTENT_TYPE,
             HeaderValue::from_static(httpkit::PROBLEM_JSON),
         );
+        if status == StatusCode::UNAUTHORIZED {
+            resp.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer realm=\"little-compute-provider\""),
+            );
+        }
         resp
     }
 }
@@ -271,10 +281,17 @@ async fn ack(
     Ok(Json(serde_json::json!({})))
 }
 
-/// The provider's router over `provider` (see the module docs).
+/// The provider's router over `provider`, without a credential (see the
+/// module docs).
 pub fn provider_router(provider: Arc<dyn Provider>) -> axum::Router {
-    axum::Router::new()
+    instance_routes()
         .route("/v1/identity", get(identity))
+        .with_state(provider)
+}
+
+/// Every route but `/v1/identity`.
+fn instance_routes() -> axum::Router<Shared> {
+    axum::Router::new()
         .route("/v1/instances", post(allocate))
         .route("/v1/instances/{lease}/{generation}/destroy", post(destroy))
         .route(
@@ -283,7 +300,52 @@ pub fn provider_router(provider: Arc<dyn Provider>) -> axum::Router {
         )
         .route("/v1/instances/{lease}/{generation}/pages", get(pages))
         .route("/v1/instances/{lease}/{generation}/ack", post(ack))
+}
+
+/// Whether `a` and `b` are equal, in time independent of where they differ.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// The provider's router over `provider` requiring `Authorization: Bearer
+/// <token>` on every route but `GET /v1/identity`; a missing or wrong
+/// credential is 401 `unauthorized`.
+pub fn provider_router_with_token(provider: Arc<dyn Provider>, token: String) -> axum::Router {
+    let token: Arc<[u8]> = Arc::from(token.into_bytes());
+    let check = move |req: axum::extract::Request, next: axum::middleware::Next| {
+        let token = token.clone();
+        async move {
+            let ok = req
+                .headers()
+                .get(header::AUTHORIZATION)
+                .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
+                .is_some_and(|t| same(t, &token));
+            if ok {
+                next.run(req).await
+            } else {
+                ApiError(ProviderError::Unauthorized).into_response()
+            }
+        }
+    };
+    instance_routes()
+        .layer(axum::middleware::from_fn(check))
+        .route("/v1/identity", get(identity))
         .with_state(provider)
+}
+
+/// Serves `router` ([`provider_router`] or [`provider_router_with_token`])
+/// on `listener` until `shutdown` completes, then lets open requests finish.
+///
+/// # Errors
+/// The listener's I/O error.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    router: axum::Router,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown)
+        .await
 }
 
 /// A [`Provider`] reached over HTTP.
@@ -293,6 +355,7 @@ pub struct HttpProvider {
     base: String,
     id: ProviderId,
     key: VerifyingKey,
+    token: Option<String>,
 }
 
 fn unreachable(e: impl std::fmt::Display) -> ProviderError {
@@ -326,6 +389,7 @@ impl HttpProvider {
             base: url.trim_end_matches('/').to_owned(),
             id,
             key,
+            token: None,
         })
     }
 
@@ -355,6 +419,15 @@ impl HttpProvider {
         })
     }
 
+    /// The same client sending `Authorization: Bearer <token>` on every
+    /// request (for a provider served by [`provider_router_with_token`]).
+    pub fn with_token(self, token: String) -> HttpProvider {
+        HttpProvider {
+            token: Some(token),
+            ..self
+        }
+    }
+
     /// The provider's base URL.
     pub fn url(&self) -> &str {
         &self.base
@@ -368,6 +441,9 @@ impl HttpProvider {
     ) -> Result<T, ProviderError> {
         let url = format!("{}{path}", self.base);
         let mut req = self.http.request(method, &url);
+        if let Some(t) = &self.token {
+            req = req.bearer_auth(t);
+        }
         if let Some(b) = body {
             req = req.json(b);
         }

@@ -37,7 +37,7 @@ pub mod runtime;
 mod socket;
 
 pub use bwrap::{BwrapConfig, BwrapProvider};
-pub use http::{HttpProvider, provider_router};
+pub use http::{HttpProvider, provider_router, provider_router_with_token};
 
 /// What to start: the instance of lease `lease_id` generation `generation`
 /// running `command` of exec `exec_id` attempt `attempt` in runtime
@@ -158,6 +158,10 @@ pub enum ProviderError {
         /// What failed.
         detail: String,
     },
+    /// The provider API refused the request's credential (HTTP only). Code
+    /// `unauthorized`.
+    #[error("the provider refused the credential")]
+    Unauthorized,
     /// The provider could not be reached or answered something that is not
     /// a provider answer (HTTP client only). Code `provider_unreachable`.
     #[error("provider unreachable: {detail}")]
@@ -181,6 +185,7 @@ impl ProviderError {
             ProviderError::SupervisorUnavailable { .. } => "supervisor_unavailable",
             ProviderError::RuntimeRefused { .. } => "runtime_refused",
             ProviderError::Io { .. } => "provider_io",
+            ProviderError::Unauthorized => "unauthorized",
             ProviderError::Unreachable { .. } => "provider_unreachable",
         }
     }

@@ -732,3 +732,101 @@ async fn an_imported_tree_is_the_instance_root() {
         .await
         .unwrap();
 }
+
+#[tokio::test]
+async fn a_symlink_planted_at_the_socket_is_not_followed() {
+    let e = env();
+    let host_sock = PathBuf::from(format!("/tmp/lc-hostsock-{}", std::process::id()));
+    let _ = std::fs::remove_file(&host_sock);
+    let listener = std::os::unix::net::UnixListener::bind(&host_sock).unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let script = format!(
+        "rm -f /.lc/run/supervisor.sock && ln -s {} /.lc/run/supervisor.sock && touch /workspace/planted; sleep 30",
+        host_sock.display()
+    );
+    e.provider.allocate(sh(14, &script)).await.unwrap();
+    let planted = e.provider.workspace_dir(WorkspaceId(14)).join("planted");
+    let t = Instant::now();
+    while !planted.exists() {
+        assert!(
+            t.elapsed() < DEADLINE,
+            "the command never planted its symlink"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let err = e
+        .provider
+        .pages(SandboxLeaseId(14), Generation(1), 0, 8)
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), "supervisor_unavailable");
+    assert!(err.to_string().contains("is not a socket"), "{err}");
+    assert_eq!(
+        listener.accept().unwrap_err().kind(),
+        std::io::ErrorKind::WouldBlock,
+        "the provider connected to a host socket"
+    );
+    e.provider
+        .destroy(SandboxLeaseId(14), Generation(1))
+        .await
+        .unwrap();
+    std::fs::remove_file(&host_sock).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_guards_every_route_but_identity() {
+    let e = env();
+    let provider: Arc<dyn Provider> = Arc::new(BwrapProvider::open(config(&e.dir)).unwrap());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let token = "t".repeat(43);
+    let router = lc_provider::provider_router_with_token(provider, token.clone());
+    let server = tokio::spawn(async move {
+        axum::serve(listener, router).await.unwrap();
+    });
+    let anonymous = HttpProvider::connect(&url).await.unwrap();
+    assert_eq!(anonymous.public_key(), e.provider.public_key());
+    assert_eq!(
+        anonymous
+            .observe(SandboxLeaseId(15), Generation(1))
+            .await
+            .unwrap_err(),
+        ProviderError::Unauthorized
+    );
+    assert_eq!(
+        anonymous.allocate(sh(15, "true")).await.unwrap_err(),
+        ProviderError::Unauthorized
+    );
+    let raw = reqwest::Client::new()
+        .post(format!("{url}/v1/instances/15/1/destroy"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(raw.status(), 401);
+    assert_eq!(
+        raw.headers()["www-authenticate"],
+        "Bearer realm=\"little-compute-provider\""
+    );
+    let wrong = anonymous.clone().with_token("u".repeat(43));
+    assert_eq!(
+        wrong
+            .destroy(SandboxLeaseId(15), Generation(1))
+            .await
+            .unwrap_err()
+            .code(),
+        "unauthorized"
+    );
+    // Nothing was fenced by the refused destroy.
+    let client = anonymous.with_token(token);
+    let ev = client
+        .observe(SandboxLeaseId(15), Generation(1))
+        .await
+        .unwrap();
+    assert!(verify(&ev, &e.provider.public_key(), expected(15, 1)).is_ok());
+    assert!(client.allocate(sh(15, "true")).await.unwrap().created);
+    client
+        .destroy(SandboxLeaseId(15), Generation(1))
+        .await
+        .unwrap();
+    server.abort();
+}
