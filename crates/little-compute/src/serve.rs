@@ -79,29 +79,67 @@ pub struct ServeArgs {
     /// Connections served at once.
     #[arg(long, default_value_t = httpkit::server::CONNECTIONS_MAX_DEFAULT)]
     pub connections_max: usize,
-    /// Tollgate's grant policy: the longest grant, milliseconds (every
-    /// process on the database uses the recorded policy).
-    #[arg(long, default_value_t = GRANT_MAX_TTL_MS_DEFAULT)]
-    pub grant_max_ttl_ms: i64,
-    /// Tollgate's grant policy: the reclaim grace, milliseconds.
-    #[arg(long, default_value_t = RECLAIM_GRACE_MS_DEFAULT)]
-    pub reclaim_grace_ms: i64,
+    /// Tollgate's grant policy for Reservations: the longest grant,
+    /// milliseconds. Default: the policy recorded in the database (every
+    /// process on one database writes grants under the recorded policy;
+    /// given, it must equal it, or is recorded when none is).
+    #[arg(long, requires = "reclaim_grace_ms")]
+    pub grant_max_ttl_ms: Option<i64>,
+    /// Tollgate's grant policy: the reclaim grace, milliseconds (with
+    /// `--grant-max-ttl-ms`).
+    #[arg(long, requires = "grant_max_ttl_ms")]
+    pub reclaim_grace_ms: Option<i64>,
 }
 
-/// Default longest Tollgate grant: one hour, above a Reservation's TTL
-/// (10 min), which Tollgate clamps to it.
-pub const GRANT_MAX_TTL_MS_DEFAULT: i64 = 3_600_000;
+/// How long reading the recorded grant policy may take.
+pub const POLICY_READ_MAX: Duration = Duration::from_secs(10);
 
-/// Default reclaim grace of Tollgate grants: 5 s.
-pub const RECLAIM_GRACE_MS_DEFAULT: i64 = 5_000;
+/// The grant policy of `args`: the flags' when given, else the one recorded
+/// in the database at `url`.
+///
+/// # Errors
+/// [`ServeError::Config`] for an unusable policy or none recorded,
+/// [`ServeError::Database`] when the database cannot be read.
+pub async fn grant_policy(args: &ServeArgs) -> Result<tollgate::GrantPolicy, ServeError> {
+    if let (Some(ttl), Some(grace)) = (args.grant_max_ttl_ms, args.reclaim_grace_ms) {
+        return tollgate::GrantPolicy::new(
+            jiff::SignedDuration::from_millis(ttl),
+            jiff::SignedDuration::from_millis(grace),
+        )
+        .map_err(|e| ServeError::Config(format!("grant policy: {e}")));
+    }
+    let url = pgkit::DatabaseUrl::parse(&args.database_url)
+        .map_err(|e| ServeError::Config(format!("--database-url: {e}")))?;
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(POLICY_READ_MAX)
+        .connect_with(url.into_connect_options())
+        .await
+        .map_err(|e| ServeError::Database(pgkit::classify(&e).text().to_string()))?;
+    let recorded = tokio::time::timeout(POLICY_READ_MAX, tollgate_pg::recorded_policy(&pool)).await;
+    pool.close().await;
+    match recorded {
+        Ok(Ok(Some(policy))) => Ok(policy),
+        Ok(Ok(None)) => Err(ServeError::Config(
+            "the database records no grant policy: record one (the appliance does at its first start) \
+             or pass --grant-max-ttl-ms and --reclaim-grace-ms"
+                .into(),
+        )),
+        Ok(Err(e)) => Err(ServeError::Database(format!("reading the grant policy: {e}"))),
+        Err(_) => Err(ServeError::Database(format!(
+            "reading the grant policy took longer than {POLICY_READ_MAX:?}"
+        ))),
+    }
+}
 
 /// The store's pooled connections (its descriptors count against the
 /// open-file limit next to the HTTP connections).
 pub const POOL_CONNECTIONS_MAX: u32 = 10;
 
-/// The store of `args`: Tollgate's with the grant policy of `args` and the
-/// server secret as its capability key, on the cut; waits for the database
-/// within `wait_max` (while it is unavailable), any other refusal at once.
+/// The store of `args`: Tollgate's with the grant policy of `args`
+/// ([`grant_policy`]) and the server secret as its capability key, on the
+/// cut; waits for the database within `wait_max` (while it is
+/// unavailable), any other refusal at once.
 ///
 /// # Errors
 /// [`ServeError::Config`] for an unusable policy or key,
@@ -111,18 +149,22 @@ pub async fn connect_store(
     secret: &[u8],
     wait_max: Duration,
 ) -> Result<lc_pg::LcStore, ServeError> {
-    let policy = tollgate::GrantPolicy::new(
-        jiff::SignedDuration::from_millis(args.grant_max_ttl_ms),
-        jiff::SignedDuration::from_millis(args.reclaim_grace_ms),
-    )
-    .map_err(|e| ServeError::Config(format!("grant policy: {e}")))?;
+    let deadline = tokio::time::Instant::now() + wait_max;
+    let policy = loop {
+        match grant_policy(args).await {
+            Err(ServeError::Database(e)) if tokio::time::Instant::now() < deadline => {
+                tracing::info!(error = %e, "waiting for the database");
+                tokio::time::sleep(DATABASE_RETRY_PAUSE).await;
+            }
+            other => break other?,
+        }
+    };
     let key = tollgate::CapabilityKey::new(secret)
         .map_err(|e| ServeError::Config(format!("secret file: {e}")))?;
     let config = lc_pg::LcConfig {
         max_connections: POOL_CONNECTIONS_MAX,
         ..lc_pg::LcConfig::default()
     };
-    let deadline = tokio::time::Instant::now() + wait_max;
     loop {
         match lc_pg::LcStore::connect(&args.database_url, policy, key.clone(), config).await {
             Ok(store) => return Ok(store),
@@ -396,6 +438,26 @@ mod tests {
         let mut args = args_with(&dir, b"lcadm-0123456789abcdef\n", hex64);
         args.database_url = db.url().to_string();
         args.safetime_gap_max_ms = 2_000;
+        // Nothing recorded and no flags: refused, naming what to do.
+        let refused = grant_policy(&args).await.unwrap_err();
+        assert!(
+            refused
+                .to_string()
+                .starts_with("the database records no grant policy"),
+            "{refused}"
+        );
+        // Recorded (as the appliance does), it is the default.
+        let recorded = tollgate::GrantPolicy::new(
+            jiff::SignedDuration::from_mins(15),
+            jiff::SignedDuration::from_hours(1),
+        )
+        .unwrap();
+        let pool = sqlx::PgPool::connect(db.url()).await.expect("pool");
+        tollgate_pg::set_policy(&pool, recorded, "test")
+            .await
+            .expect("record the policy");
+        pool.close().await;
+        assert_eq!(grant_policy(&args).await.expect("policy"), recorded);
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .expect("a free port")
