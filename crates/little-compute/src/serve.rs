@@ -341,6 +341,19 @@ pub async fn run(args: ServeArgs) -> Result<(), ServeError> {
     Ok(())
 }
 
+/// [`run`] as a subcommand's exit status: 0 after a clean shutdown; 1
+/// after printing the error on stderr (`little-compute serve: ...`).
+pub async fn command(args: ServeArgs) -> std::process::ExitCode {
+    match run(args).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            use std::io::Write as _;
+            let _ = writeln!(std::io::stderr(), "little-compute serve: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use clap::Parser as _;
