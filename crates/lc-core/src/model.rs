@@ -422,26 +422,12 @@ mod hex_32 {
     }
 }
 
-text_enum!(
-    /// The stream of an output page.
-    PageKind {
-        /// Standard output bytes.
-        Stdout = "stdout",
-        /// Standard error bytes.
-        Stderr = "stderr",
-        /// The last page: the exit status, no bytes.
-        Terminal = "terminal",
-    }
-);
+/// The stream of an output page (the page module's type).
+pub use crate::page::PageKind;
 
-/// How the command ended, carried by the terminal page.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PageExit {
-    /// The exit code, when it exited.
-    pub code: Option<i32>,
-    /// The signal that ended it, when one did.
-    pub signal: Option<i32>,
-}
+/// How the command ended, carried by the terminal page (the page module's
+/// [`ExitStatus`](crate::page::ExitStatus)).
+pub type PageExit = crate::page::ExitStatus;
 
 /// An output page as stored: one seq space per (exec, attempt), from 1,
 /// no gaps; `bytes.len() <= `[`crate::rules::PAGE_BYTES_MAX`];
@@ -463,6 +449,38 @@ pub struct OutputPage {
     pub sha256: Digest,
     /// The exit status (terminal page only).
     pub exit: Option<PageExit>,
+}
+
+impl OutputPage {
+    /// The stored form of `page`, a page of `exec_id`'s attempt `attempt`.
+    pub fn from_page(exec_id: ExecId, attempt: AttemptNo, page: &crate::page::Page) -> OutputPage {
+        OutputPage {
+            exec_id,
+            attempt,
+            seq: page.seq(),
+            kind: page.kind(),
+            bytes: page.bytes().to_vec(),
+            sha256: Digest(page.sha256()),
+            exit: page.exit(),
+        }
+    }
+
+    /// The page this record holds, every invariant re-checked.
+    ///
+    /// # Errors
+    /// [`LcError::InvalidPage`] naming the broken invariant.
+    pub fn to_page(&self) -> Result<crate::page::Page, LcError> {
+        crate::page::Page::from_parts(
+            self.seq,
+            self.kind,
+            self.bytes.clone(),
+            self.sha256.0,
+            self.exit,
+        )
+        .map_err(|e| LcError::InvalidPage {
+            reason: e.to_string(),
+        })
+    }
 }
 
 /// What the reconciler should do with a lease now (computed by

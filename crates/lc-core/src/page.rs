@@ -1,1 +1,806 @@
-//! Output pages: the numbered chunks of an exec attempt's stdout, stderr and exit status.
+//! Output pages: the numbered chunks of a command's stdout and stderr, and
+//! the terminal page that carries its exit status.
+//!
+//! One sequence space per (exec, attempt), starting at 1, without gaps. The
+//! (exec, attempt) a page belongs to is the context of the stream it is read
+//! from (a supervisor runs one command; a provider instance is one attempt),
+//! so a [`Page`] carries only what the stream itself numbers: its `seq`, its
+//! [`PageKind`], its bytes (at most [`PAGE_BYTES_MAX`]), the SHA-256 of those
+//! bytes, and, for the terminal page only, the [`ExitStatus`]. The terminal
+//! page is the last of its stream and has no bytes.
+//!
+//! Two wire forms:
+//! * the socket form between a provider and its supervisor: length-prefixed
+//!   binary frames ([`SocketRequest`], [`SocketResponse`], [`read_frame`],
+//!   [`write_frame`]), each at most [`FRAME_BYTES_MAX`];
+//! * the JSON form of the HTTP APIs ([`JsonPage`]):
+//!   `{ "seq": 3, "kind": "stdout", "data_b64": "...", "sha256": "<hex>", "exit": null }`.
+//!
+//! Every decoder checks the invariants again (length bound, digest, the
+//! terminal page's shape), so a page that crossed a socket is as trustworthy
+//! as one built here.
+
+use std::io::{Read, Write};
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest as _, Sha256};
+
+/// The most bytes one page carries: 64 KiB, the unit a pipe read fills and a
+/// row stores without toasting the page table's hot path.
+pub const PAGE_BYTES_MAX: usize = 65536;
+
+/// The spool bound a supervisor keeps when it is given none: 8 MiB of page
+/// bytes not yet acknowledged. When the spool is full the supervisor stops
+/// reading the command's pipes, so the command blocks (back-pressure); no
+/// page is ever dropped.
+pub const SPOOL_BYTES_DEFAULT: u64 = 8 * 1024 * 1024;
+
+/// The most pages one socket `pages` request returns: 64 pages, at most
+/// 4 MiB of bytes, so one response frame stays bounded.
+pub const PAGES_PER_REQUEST_MAX: u32 = 64;
+
+/// The most bytes one socket frame's body holds: a full `pages` response of
+/// [`PAGES_PER_REQUEST_MAX`] pages of [`PAGE_BYTES_MAX`] bytes plus their
+/// headers.
+pub const FRAME_BYTES_MAX: usize =
+    16 + PAGES_PER_REQUEST_MAX as usize * (PAGE_BYTES_MAX + PAGE_HEADER_BYTES);
+
+/// Bytes of one page's fixed header in the socket form: seq (8), kind (1),
+/// exit flags (1), code (4), signal (4), length (4), SHA-256 (32).
+const PAGE_HEADER_BYTES: usize = 8 + 1 + 1 + 4 + 4 + 4 + 32;
+
+/// The longest error code a socket error response carries, in bytes.
+const ERROR_CODE_BYTES_MAX: usize = 64;
+
+/// Which stream a page comes from, or the terminal page.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PageKind {
+    /// Bytes the command wrote to its standard output.
+    Stdout,
+    /// Bytes the command wrote to its standard error.
+    Stderr,
+    /// The last page: the command's exit status, no bytes.
+    Terminal,
+}
+
+impl PageKind {
+    /// The kind's wire name: `stdout`, `stderr` or `terminal`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PageKind::Stdout => "stdout",
+            PageKind::Stderr => "stderr",
+            PageKind::Terminal => "terminal",
+        }
+    }
+
+    fn tag(self) -> u8 {
+        match self {
+            PageKind::Stdout => 1,
+            PageKind::Stderr => 2,
+            PageKind::Terminal => 3,
+        }
+    }
+
+    fn from_tag(tag: u8) -> Result<PageKind, PageError> {
+        match tag {
+            1 => Ok(PageKind::Stdout),
+            2 => Ok(PageKind::Stderr),
+            3 => Ok(PageKind::Terminal),
+            _ => Err(PageError::Malformed("unknown page kind")),
+        }
+    }
+}
+
+/// How the command ended: its exit code when it exited, the signal number
+/// when a signal killed it. Exactly one of the two is set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ExitStatus {
+    /// The exit code (0..=255) when the command exited.
+    pub code: Option<i32>,
+    /// The signal number when a signal ended the command.
+    pub signal: Option<i32>,
+}
+
+impl ExitStatus {
+    /// The command exited with `code`.
+    pub fn exited(code: i32) -> ExitStatus {
+        ExitStatus {
+            code: Some(code),
+            signal: None,
+        }
+    }
+
+    /// A signal `signal` ended the command.
+    pub fn signaled(signal: i32) -> ExitStatus {
+        ExitStatus {
+            code: None,
+            signal: Some(signal),
+        }
+    }
+
+    fn check(self) -> Result<ExitStatus, PageError> {
+        match (self.code, self.signal) {
+            (Some(_), None) | (None, Some(_)) => Ok(self),
+            _ => Err(PageError::BadExit),
+        }
+    }
+}
+
+/// A refused page or frame. Codes are stable.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PageError {
+    /// More than [`PAGE_BYTES_MAX`] bytes in one page. Code `page_too_large`.
+    #[error("a page holds at most {PAGE_BYTES_MAX} bytes, got {0}")]
+    TooLarge(usize),
+    /// A sequence number below 1. Code `bad_seq`.
+    #[error("page seq must be >= 1, got {0}")]
+    BadSeq(i64),
+    /// The carried SHA-256 is not the SHA-256 of the bytes. Code `digest_mismatch`.
+    #[error("page {0}: sha256 does not match its bytes")]
+    DigestMismatch(i64),
+    /// A terminal page with bytes or without an exit status, a data page with
+    /// one, or an exit status with both or neither of code and signal. Code
+    /// `bad_exit`.
+    #[error(
+        "a terminal page has no bytes and exactly one of exit code or signal; other pages have no exit"
+    )]
+    BadExit,
+    /// A frame longer than [`FRAME_BYTES_MAX`]. Code `frame_too_large`.
+    #[error("a frame holds at most {FRAME_BYTES_MAX} bytes, got {0}")]
+    FrameTooLarge(usize),
+    /// Bytes that are not a well-formed page, frame or JSON page. Code `malformed_page`.
+    #[error("malformed page or frame: {0}")]
+    Malformed(&'static str),
+    /// The socket failed. Code `page_io`.
+    #[error("page socket: {0}")]
+    Io(String),
+}
+
+impl PageError {
+    /// The stable snake_case code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            PageError::TooLarge(_) => "page_too_large",
+            PageError::BadSeq(_) => "bad_seq",
+            PageError::DigestMismatch(_) => "digest_mismatch",
+            PageError::BadExit => "bad_exit",
+            PageError::FrameTooLarge(_) => "frame_too_large",
+            PageError::Malformed(_) => "malformed_page",
+            PageError::Io(_) => "page_io",
+        }
+    }
+}
+
+/// One output page; see the module docs. Its fields are private: every
+/// page in memory satisfies the invariants its constructors check.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Page {
+    seq: i64,
+    kind: PageKind,
+    bytes: Vec<u8>,
+    sha256: [u8; 32],
+    exit: Option<ExitStatus>,
+}
+
+/// The SHA-256 of `bytes`.
+pub fn sha256(bytes: &[u8]) -> [u8; 32] {
+    Sha256::digest(bytes).into()
+}
+
+impl Page {
+    /// A stdout or stderr page `seq` holding `bytes`, its SHA-256 computed.
+    ///
+    /// # Errors
+    /// [`PageError::BadSeq`] for `seq < 1`, [`PageError::TooLarge`] over
+    /// [`PAGE_BYTES_MAX`], [`PageError::BadExit`] for `kind == Terminal`.
+    pub fn data(seq: i64, kind: PageKind, bytes: Vec<u8>) -> Result<Page, PageError> {
+        let sha = sha256(&bytes);
+        Page::from_parts(seq, kind, bytes, sha, None)
+    }
+
+    /// The terminal page `seq` carrying `exit`.
+    ///
+    /// # Errors
+    /// [`PageError::BadSeq`] for `seq < 1`, [`PageError::BadExit`] unless
+    /// exactly one of code and signal is set.
+    pub fn terminal(seq: i64, exit: ExitStatus) -> Result<Page, PageError> {
+        Page::from_parts(seq, PageKind::Terminal, Vec::new(), sha256(&[]), Some(exit))
+    }
+
+    /// A page from its parts, as a decoder read them; every invariant is
+    /// checked, the digest against the bytes.
+    ///
+    /// # Errors
+    /// [`PageError::BadSeq`], [`PageError::TooLarge`],
+    /// [`PageError::DigestMismatch`], [`PageError::BadExit`].
+    pub fn from_parts(
+        seq: i64,
+        kind: PageKind,
+        bytes: Vec<u8>,
+        sha256_bytes: [u8; 32],
+        exit: Option<ExitStatus>,
+    ) -> Result<Page, PageError> {
+        if seq < 1 {
+            return Err(PageError::BadSeq(seq));
+        }
+        if bytes.len() > PAGE_BYTES_MAX {
+            return Err(PageError::TooLarge(bytes.len()));
+        }
+        match (kind, exit) {
+            (PageKind::Terminal, Some(e)) if bytes.is_empty() => {
+                e.check()?;
+            }
+            (PageKind::Terminal, _) => return Err(PageError::BadExit),
+            (_, Some(_)) => return Err(PageError::BadExit),
+            (_, None) => {}
+        }
+        if sha256(&bytes) != sha256_bytes {
+            return Err(PageError::DigestMismatch(seq));
+        }
+        Ok(Page {
+            seq,
+            kind,
+            bytes,
+            sha256: sha256_bytes,
+            exit,
+        })
+    }
+
+    /// The page's sequence number (>= 1).
+    pub fn seq(&self) -> i64 {
+        self.seq
+    }
+
+    /// The page's kind.
+    pub fn kind(&self) -> PageKind {
+        self.kind
+    }
+
+    /// The page's bytes (empty for the terminal page).
+    pub fn bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    /// The SHA-256 of [`Page::bytes`].
+    pub fn sha256(&self) -> [u8; 32] {
+        self.sha256
+    }
+
+    /// The exit status: `Some` exactly on the terminal page.
+    pub fn exit(&self) -> Option<ExitStatus> {
+        self.exit
+    }
+
+    /// Whether this is the terminal page.
+    pub fn is_terminal(&self) -> bool {
+        self.kind == PageKind::Terminal
+    }
+
+    /// The page's JSON form.
+    pub fn to_json(&self) -> JsonPage {
+        JsonPage {
+            seq: self.seq,
+            kind: self.kind,
+            data_b64: BASE64.encode(&self.bytes),
+            sha256: hex::encode(self.sha256),
+            exit: self.exit,
+        }
+    }
+
+    /// Appends the page's socket form to `out`.
+    fn encode(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.seq.to_be_bytes());
+        out.push(self.kind.tag());
+        let (flags, code, signal) = match self.exit {
+            None => (0u8, 0, 0),
+            Some(e) => (
+                u8::from(e.code.is_some()) | (u8::from(e.signal.is_some()) << 1),
+                e.code.unwrap_or(0),
+                e.signal.unwrap_or(0),
+            ),
+        };
+        out.push(flags);
+        out.extend_from_slice(&code.to_be_bytes());
+        out.extend_from_slice(&signal.to_be_bytes());
+        // A page's length is at most PAGE_BYTES_MAX, which fits in u32.
+        out.extend_from_slice(&(self.bytes.len() as u32).to_be_bytes());
+        out.extend_from_slice(&self.bytes);
+        out.extend_from_slice(&self.sha256);
+    }
+
+    fn decode(cur: &mut Cursor<'_>) -> Result<Page, PageError> {
+        let seq = cur.i64()?;
+        let kind = PageKind::from_tag(cur.u8()?)?;
+        let flags = cur.u8()?;
+        let code = cur.i32()?;
+        let signal = cur.i32()?;
+        let len = cur.u32()? as usize;
+        if len > PAGE_BYTES_MAX {
+            return Err(PageError::TooLarge(len));
+        }
+        let bytes = cur.take(len)?.to_vec();
+        let sha: [u8; 32] = cur
+            .take(32)?
+            .try_into()
+            .map_err(|_| PageError::Malformed("short digest"))?;
+        if flags > 3 {
+            return Err(PageError::Malformed("unknown exit flags"));
+        }
+        let exit = (flags != 0).then_some(ExitStatus {
+            code: (flags & 1 != 0).then_some(code),
+            signal: (flags & 2 != 0).then_some(signal),
+        });
+        Page::from_parts(seq, kind, bytes, sha, exit)
+    }
+}
+
+/// The JSON form of a page in the HTTP APIs:
+/// `{ "seq": 3, "kind": "stdout", "data_b64": "...", "sha256": "<hex>", "exit": null }`.
+/// `data_b64` is standard base64 with padding; `sha256` 64 lowercase hex.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JsonPage {
+    /// Sequence number, >= 1.
+    pub seq: i64,
+    /// `stdout`, `stderr` or `terminal`.
+    pub kind: PageKind,
+    /// The page's bytes, base64.
+    pub data_b64: String,
+    /// SHA-256 of the bytes, lowercase hex.
+    pub sha256: String,
+    /// The exit status on the terminal page, else `null`.
+    pub exit: Option<ExitStatus>,
+}
+
+impl TryFrom<JsonPage> for Page {
+    type Error = PageError;
+
+    /// Decodes and checks a JSON page.
+    ///
+    /// # Errors
+    /// [`PageError::Malformed`] for bad base64 or hex, else as
+    /// [`Page::from_parts`].
+    fn try_from(j: JsonPage) -> Result<Page, PageError> {
+        let bytes = BASE64
+            .decode(j.data_b64.as_bytes())
+            .map_err(|_| PageError::Malformed("data_b64 is not base64"))?;
+        let sha = parse_hex32(&j.sha256).ok_or(PageError::Malformed("sha256 is not 64 hex"))?;
+        Page::from_parts(j.seq, j.kind, bytes, sha, j.exit)
+    }
+}
+
+/// Parses 64 lowercase hex digits into 32 bytes.
+pub fn parse_hex32(s: &str) -> Option<[u8; 32]> {
+    if s.len() != 64 || s.bytes().any(|b| b.is_ascii_uppercase()) {
+        return None;
+    }
+    let v = hex::decode(s).ok()?;
+    v.try_into().ok()
+}
+
+/// A request from a provider to its supervisor over the unix socket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SocketRequest {
+    /// The pages with `seq > after_seq`, in order, at most `max` (capped at
+    /// [`PAGES_PER_REQUEST_MAX`]). Socket form: tag 1, i64, u32 (big-endian).
+    Pages {
+        /// Return pages after this seq (0 = from the first).
+        after_seq: i64,
+        /// The most pages to return.
+        max: u32,
+    },
+    /// Drop every page with `seq <= through_seq` from the spool. Socket
+    /// form: tag 2, i64.
+    Ack {
+        /// The last acknowledged seq.
+        through_seq: i64,
+    },
+}
+
+/// A supervisor's answer to one [`SocketRequest`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SocketResponse {
+    /// The pages asked for (possibly none yet). Tag 1, u32 count, pages.
+    Pages(Vec<Page>),
+    /// The spool's acknowledged seq after the ack. Tag 2, i64.
+    Acked {
+        /// Every page with `seq <= acked_through` has been dropped.
+        acked_through: i64,
+    },
+    /// The request was refused. Tag 255, u16 length, the code in ASCII.
+    Error {
+        /// A stable snake_case code.
+        code: String,
+    },
+}
+
+impl SocketRequest {
+    /// The request's frame body.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(13);
+        match *self {
+            SocketRequest::Pages { after_seq, max } => {
+                out.push(1);
+                out.extend_from_slice(&after_seq.to_be_bytes());
+                out.extend_from_slice(&max.to_be_bytes());
+            }
+            SocketRequest::Ack { through_seq } => {
+                out.push(2);
+                out.extend_from_slice(&through_seq.to_be_bytes());
+            }
+        }
+        out
+    }
+
+    /// Decodes a request frame body.
+    ///
+    /// # Errors
+    /// [`PageError::Malformed`] for an unknown tag, a short body or trailing bytes.
+    pub fn decode(body: &[u8]) -> Result<SocketRequest, PageError> {
+        let mut cur = Cursor { buf: body, pos: 0 };
+        let req = match cur.u8()? {
+            1 => SocketRequest::Pages {
+                after_seq: cur.i64()?,
+                max: cur.u32()?,
+            },
+            2 => SocketRequest::Ack {
+                through_seq: cur.i64()?,
+            },
+            _ => return Err(PageError::Malformed("unknown request tag")),
+        };
+        cur.finish()?;
+        Ok(req)
+    }
+}
+
+impl SocketResponse {
+    /// The response's frame body.
+    ///
+    /// # Errors
+    /// [`PageError::FrameTooLarge`] for more than [`PAGES_PER_REQUEST_MAX`]
+    /// pages; [`PageError::Malformed`] for an error code over 64 bytes.
+    pub fn encode(&self) -> Result<Vec<u8>, PageError> {
+        let mut out = Vec::new();
+        match self {
+            SocketResponse::Pages(pages) => {
+                if pages.len() > PAGES_PER_REQUEST_MAX as usize {
+                    return Err(PageError::FrameTooLarge(pages.len()));
+                }
+                out.push(1);
+                out.extend_from_slice(&(pages.len() as u32).to_be_bytes());
+                for p in pages {
+                    p.encode(&mut out);
+                }
+            }
+            SocketResponse::Acked { acked_through } => {
+                out.push(2);
+                out.extend_from_slice(&acked_through.to_be_bytes());
+            }
+            SocketResponse::Error { code } => {
+                if code.len() > ERROR_CODE_BYTES_MAX {
+                    return Err(PageError::Malformed("error code too long"));
+                }
+                out.push(255);
+                out.extend_from_slice(&(code.len() as u16).to_be_bytes());
+                out.extend_from_slice(code.as_bytes());
+            }
+        }
+        Ok(out)
+    }
+
+    /// Decodes a response frame body; every page is checked.
+    ///
+    /// # Errors
+    /// [`PageError::Malformed`] for a bad shape, else as [`Page::from_parts`].
+    pub fn decode(body: &[u8]) -> Result<SocketResponse, PageError> {
+        let mut cur = Cursor { buf: body, pos: 0 };
+        let resp = match cur.u8()? {
+            1 => {
+                let n = cur.u32()?;
+                if n > PAGES_PER_REQUEST_MAX {
+                    return Err(PageError::Malformed("too many pages"));
+                }
+                let mut pages = Vec::with_capacity(n as usize);
+                for _ in 0..n {
+                    pages.push(Page::decode(&mut cur)?);
+                }
+                SocketResponse::Pages(pages)
+            }
+            2 => SocketResponse::Acked {
+                acked_through: cur.i64()?,
+            },
+            255 => {
+                let len = usize::from(cur.u16()?);
+                if len > ERROR_CODE_BYTES_MAX {
+                    return Err(PageError::Malformed("error code too long"));
+                }
+                let code = std::str::from_utf8(cur.take(len)?)
+                    .map_err(|_| PageError::Malformed("error code not utf-8"))?
+                    .to_owned();
+                SocketResponse::Error { code }
+            }
+            _ => return Err(PageError::Malformed("unknown response tag")),
+        };
+        cur.finish()?;
+        Ok(resp)
+    }
+}
+
+/// Writes one frame: a big-endian u32 length, then `body`.
+///
+/// # Errors
+/// [`PageError::FrameTooLarge`] over [`FRAME_BYTES_MAX`], [`PageError::Io`].
+pub fn write_frame(w: &mut impl Write, body: &[u8]) -> Result<(), PageError> {
+    if body.len() > FRAME_BYTES_MAX {
+        return Err(PageError::FrameTooLarge(body.len()));
+    }
+    let mut buf = Vec::with_capacity(4 + body.len());
+    buf.extend_from_slice(&(body.len() as u32).to_be_bytes());
+    buf.extend_from_slice(body);
+    w.write_all(&buf)
+        .map_err(|e| PageError::Io(e.to_string()))?;
+    w.flush().map_err(|e| PageError::Io(e.to_string()))
+}
+
+/// Reads one frame written by [`write_frame`]; `Ok(None)` on a clean end of
+/// stream before the length.
+///
+/// # Errors
+/// [`PageError::FrameTooLarge`] for a length over [`FRAME_BYTES_MAX`]
+/// (nothing more is read), [`PageError::Io`] for a failed or short read.
+pub fn read_frame(r: &mut impl Read) -> Result<Option<Vec<u8>>, PageError> {
+    let mut len = [0u8; 4];
+    let mut got = 0;
+    while got < 4 {
+        match r.read(&mut len[got..]) {
+            Ok(0) if got == 0 => return Ok(None),
+            Ok(0) => return Err(PageError::Io("end of stream inside a frame length".into())),
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(PageError::Io(e.to_string())),
+        }
+    }
+    let len = u32::from_be_bytes(len) as usize;
+    if len > FRAME_BYTES_MAX {
+        return Err(PageError::FrameTooLarge(len));
+    }
+    let mut body = vec![0u8; len];
+    r.read_exact(&mut body)
+        .map_err(|e| PageError::Io(e.to_string()))?;
+    Ok(Some(body))
+}
+
+struct Cursor<'a> {
+    buf: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Cursor<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], PageError> {
+        let end = self
+            .pos
+            .checked_add(n)
+            .filter(|&e| e <= self.buf.len())
+            .ok_or(PageError::Malformed("short frame"))?;
+        let s = &self.buf[self.pos..end];
+        self.pos = end;
+        Ok(s)
+    }
+    fn arr<const N: usize>(&mut self) -> Result<[u8; N], PageError> {
+        self.take(N)?
+            .try_into()
+            .map_err(|_| PageError::Malformed("short frame"))
+    }
+    fn u8(&mut self) -> Result<u8, PageError> {
+        Ok(self.arr::<1>()?[0])
+    }
+    fn u16(&mut self) -> Result<u16, PageError> {
+        Ok(u16::from_be_bytes(self.arr()?))
+    }
+    fn u32(&mut self) -> Result<u32, PageError> {
+        Ok(u32::from_be_bytes(self.arr()?))
+    }
+    fn i32(&mut self) -> Result<i32, PageError> {
+        Ok(i32::from_be_bytes(self.arr()?))
+    }
+    fn i64(&mut self) -> Result<i64, PageError> {
+        Ok(i64::from_be_bytes(self.arr()?))
+    }
+    fn finish(&self) -> Result<(), PageError> {
+        if self.pos == self.buf.len() {
+            Ok(())
+        } else {
+            Err(PageError::Malformed("trailing bytes"))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const EMPTY_SHA: &str = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
+    const HI_SHA: &str = "98ea6e4f216f2fb4b69fff9b3a44842c38686ca685f3f55dc48c5d3fb1107be4";
+
+    #[test]
+    fn data_page_has_the_sha256_of_its_bytes() {
+        let p = Page::data(1, PageKind::Stdout, b"hi\n".to_vec()).unwrap();
+        assert_eq!(hex::encode(p.sha256()), HI_SHA);
+        assert_eq!(p.exit(), None);
+        let t = Page::terminal(2, ExitStatus::exited(3)).unwrap();
+        assert_eq!(hex::encode(t.sha256()), EMPTY_SHA);
+        assert!(t.is_terminal());
+    }
+
+    #[test]
+    fn socket_form_is_exact() {
+        let p = Page::data(1, PageKind::Stdout, b"hi\n".to_vec()).unwrap();
+        let t = Page::terminal(2, ExitStatus::signaled(9)).unwrap();
+        let body = SocketResponse::Pages(vec![p.clone(), t.clone()])
+            .encode()
+            .unwrap();
+        let mut want = vec![1, 0, 0, 0, 2];
+        want.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+        want.extend_from_slice(&[0, 0, 0, 3, b'h', b'i', b'\n']);
+        want.extend_from_slice(&hex::decode(HI_SHA).unwrap());
+        want.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0, 2, 3, 2, 0, 0, 0, 0, 0, 0, 0, 9]);
+        want.extend_from_slice(&[0, 0, 0, 0]);
+        want.extend_from_slice(&hex::decode(EMPTY_SHA).unwrap());
+        assert_eq!(body, want);
+        assert_eq!(
+            SocketResponse::decode(&body).unwrap(),
+            SocketResponse::Pages(vec![p, t])
+        );
+    }
+
+    #[test]
+    fn requests_round_trip_exactly() {
+        let r = SocketRequest::Pages {
+            after_seq: 5,
+            max: 7,
+        };
+        assert_eq!(r.encode(), vec![1, 0, 0, 0, 0, 0, 0, 0, 5, 0, 0, 0, 7]);
+        assert_eq!(SocketRequest::decode(&r.encode()).unwrap(), r);
+        let a = SocketRequest::Ack { through_seq: 256 };
+        assert_eq!(a.encode(), vec![2, 0, 0, 0, 0, 0, 0, 1, 0]);
+        assert_eq!(SocketRequest::decode(&a.encode()).unwrap(), a);
+        let e = SocketResponse::Error { code: "bad".into() };
+        assert_eq!(e.encode().unwrap(), vec![255, 0, 3, b'b', b'a', b'd']);
+        assert_eq!(SocketResponse::decode(&e.encode().unwrap()).unwrap(), e);
+    }
+
+    #[test]
+    fn frames_round_trip_and_refuse_oversize() {
+        let mut buf = Vec::new();
+        write_frame(&mut buf, b"abc").unwrap();
+        assert_eq!(buf, vec![0, 0, 0, 3, b'a', b'b', b'c']);
+        let mut r = &buf[..];
+        assert_eq!(read_frame(&mut r).unwrap(), Some(b"abc".to_vec()));
+        assert_eq!(read_frame(&mut r).unwrap(), None);
+        let huge = ((FRAME_BYTES_MAX + 1) as u32).to_be_bytes();
+        assert_eq!(
+            read_frame(&mut &huge[..]).unwrap_err(),
+            PageError::FrameTooLarge(FRAME_BYTES_MAX + 1)
+        );
+        assert_eq!(
+            read_frame(&mut &[0u8, 0][..]).unwrap_err().code(),
+            "page_io"
+        );
+    }
+
+    #[test]
+    fn json_form_is_exact_and_checked() {
+        let p = Page::data(3, PageKind::Stderr, b"hi\n".to_vec()).unwrap();
+        let j = serde_json::to_string(&p.to_json()).unwrap();
+        assert_eq!(
+            j,
+            format!(
+                r#"{{"seq":3,"kind":"stderr","data_b64":"aGkK","sha256":"{HI_SHA}","exit":null}}"#
+            )
+        );
+        let back: JsonPage = serde_json::from_str(&j).unwrap();
+        assert_eq!(Page::try_from(back).unwrap(), p);
+        let t = Page::terminal(4, ExitStatus::exited(0)).unwrap();
+        assert_eq!(
+            serde_json::to_string(&t.to_json()).unwrap(),
+            format!(
+                r#"{{"seq":4,"kind":"terminal","data_b64":"","sha256":"{EMPTY_SHA}","exit":{{"code":0,"signal":null}}}}"#
+            )
+        );
+        let mut tampered = p.to_json();
+        tampered.data_b64 = "aGkL".into();
+        assert_eq!(
+            Page::try_from(tampered).unwrap_err(),
+            PageError::DigestMismatch(3)
+        );
+        let mut upper = p.to_json();
+        upper.sha256 = HI_SHA.to_uppercase();
+        assert_eq!(Page::try_from(upper).unwrap_err().code(), "malformed_page");
+    }
+
+    #[test]
+    fn invariants_are_refused_with_codes() {
+        let check =
+            |r: Result<Page, PageError>, code: &str| assert_eq!(r.unwrap_err().code(), code);
+        check(Page::data(0, PageKind::Stdout, vec![]), "bad_seq");
+        check(
+            Page::data(1, PageKind::Stdout, vec![0; PAGE_BYTES_MAX + 1]),
+            "page_too_large",
+        );
+        assert!(Page::data(1, PageKind::Stdout, vec![0; PAGE_BYTES_MAX]).is_ok());
+        check(Page::data(1, PageKind::Terminal, vec![]), "bad_exit");
+        check(
+            Page::terminal(
+                1,
+                ExitStatus {
+                    code: Some(1),
+                    signal: Some(2),
+                },
+            ),
+            "bad_exit",
+        );
+        check(
+            Page::terminal(
+                1,
+                ExitStatus {
+                    code: None,
+                    signal: None,
+                },
+            ),
+            "bad_exit",
+        );
+        check(
+            Page::from_parts(
+                1,
+                PageKind::Stdout,
+                vec![],
+                sha256(&[]),
+                Some(ExitStatus::exited(0)),
+            ),
+            "bad_exit",
+        );
+        check(
+            Page::from_parts(
+                1,
+                PageKind::Terminal,
+                b"x".to_vec(),
+                sha256(b"x"),
+                Some(ExitStatus::exited(0)),
+            ),
+            "bad_exit",
+        );
+    }
+
+    #[test]
+    fn tampered_socket_pages_are_refused() {
+        let p = Page::data(1, PageKind::Stdout, b"hi\n".to_vec()).unwrap();
+        let mut body = SocketResponse::Pages(vec![p]).encode().unwrap();
+        // The first data byte sits after tag, count and the page header.
+        body[5 + 22] = b'H';
+        assert_eq!(
+            SocketResponse::decode(&body).unwrap_err(),
+            PageError::DigestMismatch(1)
+        );
+        let mut trailing = SocketRequest::Ack { through_seq: 1 }.encode();
+        trailing.push(0);
+        assert_eq!(
+            SocketRequest::decode(&trailing).unwrap_err().code(),
+            "malformed_page"
+        );
+        assert_eq!(
+            SocketRequest::decode(&[9]).unwrap_err().code(),
+            "malformed_page"
+        );
+        assert_eq!(
+            SocketResponse::decode(&[1, 0]).unwrap_err().code(),
+            "malformed_page"
+        );
+        let too_many = [1, 0, 0, 0, 65];
+        assert_eq!(
+            SocketResponse::decode(&too_many).unwrap_err().code(),
+            "malformed_page"
+        );
+    }
+}

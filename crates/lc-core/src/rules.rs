@@ -39,7 +39,7 @@ pub const TIMEOUT_MS_MAX: u64 = 24 * 60 * 60 * 1000;
 pub const NAME_BYTES_MAX: usize = 200;
 
 /// The most bytes one output page carries.
-pub const PAGE_BYTES_MAX: usize = 65_536;
+pub use crate::page::PAGE_BYTES_MAX;
 
 /// The most pages one `append_pages` call stores: 64 pages of at most
 /// 64 KiB are 4 MiB, one transaction's worth.

@@ -183,8 +183,9 @@ pub trait ReconcileStore: Send + Sync {
     ) -> Result<Provider, LcError>;
 
     /// Up to `limit` leases that need the reconciler at `at` (not
-    /// released), oldest first, each with its planned action
-    /// ([`crate::rules::plan_lease_action`]).
+    /// released), soonest expiry first (a renewal moves a lease back, so a
+    /// bounded batch reaches every lease in turn), each with its planned
+    /// action ([`crate::rules::plan_lease_action`]).
     ///
     /// # Errors
     /// `invalid_limit`, `invalid_cut_reading`, storage errors.
@@ -205,7 +206,10 @@ pub trait ReconcileStore: Send + Sync {
 
     /// Renews the Lease and its Reservation together to
     /// `max(current, cut + ttl)`, on any cut (never shortening). Returns
-    /// the lease afterwards.
+    /// the lease afterwards. A `release_pending` lease keeps its expiry
+    /// but its Reservation is renewed, so the grant never lapses while the
+    /// destroy is being proven: call it for `Destroy` work that cannot
+    /// commit yet.
     ///
     /// # Errors
     /// `not_found`, `fenced`, `illegal_transition` (a released lease),
@@ -233,7 +237,9 @@ pub trait ReconcileStore: Send + Sync {
     ) -> Result<AppendReport, LcError>;
 
     /// Moves the lease to `release_pending` for `reason` (recorded on the
-    /// exec; `expired` needs a certain cut past the deadline). Idempotent.
+    /// exec; `expired` needs a certain cut past the deadline) and renews
+    /// its Reservation, giving the destroy a full Reservation TTL to be
+    /// proven. Idempotent.
     ///
     /// # Errors
     /// `not_found`, `fenced`, `illegal_transition`, `time_uncertain`,

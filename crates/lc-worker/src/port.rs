@@ -61,14 +61,14 @@ pub trait ProviderPort: Send + Sync {
     /// [`PortError::Unavailable`] when nothing is known.
     async fn allocate(&self, work: &LeaseWork) -> Result<(), PortError>;
 
-    /// Pages of the instance with seq `> after_seq`, ascending, at most `max`.
+    /// Pages of the instance of `work` (its lease and generation) with seq
+    /// `> after_seq`, ascending, at most `max`, as pages of its exec's attempt.
     ///
     /// # Errors
     /// As [`ProviderPort::allocate`].
     async fn pages(
         &self,
-        lease: SandboxLeaseId,
-        generation: Generation,
+        work: &LeaseWork,
         after_seq: i64,
         max: usize,
     ) -> Result<Vec<OutputPage>, PortError>;
@@ -78,12 +78,7 @@ pub trait ProviderPort: Send + Sync {
     ///
     /// # Errors
     /// As [`ProviderPort::allocate`].
-    async fn ack(
-        &self,
-        lease: SandboxLeaseId,
-        generation: Generation,
-        through_seq: i64,
-    ) -> Result<(), PortError>;
+    async fn ack(&self, work: &LeaseWork, through_seq: i64) -> Result<(), PortError>;
 
     /// Destroys the instance of (lease, generation): kills every process,
     /// removes its cgroup, persists the fence, and returns the signed

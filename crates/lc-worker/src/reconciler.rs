@@ -41,6 +41,7 @@ use std::time::Duration;
 
 use clock::Clock;
 use jiff::SignedDuration;
+use lc_core::page::PAGES_PER_REQUEST_MAX;
 use lc_core::rules::{APPEND_PAGES_MAX, LIST_LIMIT_MAX};
 use lc_core::store::ReconcileStore;
 use lc_core::{
@@ -55,6 +56,14 @@ use crate::port::{PortError, ProviderPort};
 /// 64 KiB per round, one lease moves up to 16 MiB per step (twice the
 /// supervisor's default spool) without starving the rest of the batch.
 pub const PUMP_ROUNDS_MAX: usize = 4;
+
+/// Pages asked for per round: what one append stores and one provider
+/// request returns, whichever is smaller.
+pub const PAGES_PER_PUMP: usize = if APPEND_PAGES_MAX < PAGES_PER_REQUEST_MAX as usize {
+    APPEND_PAGES_MAX
+} else {
+    PAGES_PER_REQUEST_MAX as usize
+};
 
 /// The default batch: leases handled per step, the store's listing bound.
 /// Every live lease is due at every step (pumping, renewal), so the batch
@@ -415,13 +424,11 @@ impl Reconciler {
         let mut acked = false;
         let mut terminal = false;
         for _ in 0..PUMP_ROUNDS_MAX {
-            let pages = port
-                .pages(lease, generation, stored, APPEND_PAGES_MAX)
-                .await?;
+            let pages = port.pages(w, stored, PAGES_PER_PUMP).await?;
             if pages.is_empty() {
                 break;
             }
-            let full = pages.len() >= APPEND_PAGES_MAX;
+            let full = pages.len() >= PAGES_PER_PUMP;
             let appended = self.store.append_pages(lease, generation, &pages).await?;
             report.pages_appended += appended.appended;
             report.pages_duplicate += appended.duplicates;
@@ -431,7 +438,7 @@ impl Reconciler {
             let progressed = appended.last_seq > stored;
             stored = appended.last_seq;
             // Only what is committed leaves the spool.
-            port.ack(lease, generation, stored).await?;
+            port.ack(w, stored).await?;
             report.acks += 1;
             acked = true;
             if terminal || !full || !progressed {
@@ -440,7 +447,7 @@ impl Reconciler {
         }
         if !acked && stored > 0 {
             // Pages stored by a step that died before its ack.
-            port.ack(lease, generation, stored).await?;
+            port.ack(w, stored).await?;
             report.acks += 1;
         }
         Ok(terminal)

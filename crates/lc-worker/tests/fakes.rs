@@ -393,11 +393,11 @@ impl ProviderPort for FakeProvider {
     }
     async fn pages(
         &self,
-        lease: SandboxLeaseId,
-        _g: Generation,
+        work: &LeaseWork,
         after_seq: i64,
         max: usize,
     ) -> Result<Vec<OutputPage>, PortError> {
+        let lease = work.lease_id;
         let mut st = self.st.lock().unwrap();
         let out: Vec<OutputPage> = st
             .spool
@@ -415,12 +415,8 @@ impl ProviderPort for FakeProvider {
         }
         Ok(out)
     }
-    async fn ack(
-        &self,
-        lease: SandboxLeaseId,
-        _g: Generation,
-        through_seq: i64,
-    ) -> Result<(), PortError> {
+    async fn ack(&self, work: &LeaseWork, through_seq: i64) -> Result<(), PortError> {
+        let lease = work.lease_id;
         let mut st = self.st.lock().unwrap();
         st.acked.insert(lease.0, through_seq);
         if let Some((s, _)) = st.spool.get_mut(&lease.0) {

@@ -14,6 +14,8 @@
 //! for any other failure.
 
 mod appliance;
+mod provider;
+mod serve;
 mod worker;
 
 use std::process::ExitCode;
@@ -88,58 +90,11 @@ async fn main() -> ExitCode {
     };
     init_logging();
     match cli.command {
-        Command::Serve(args) => serve::run(args).await,
+        Command::Serve(args) => serve::command(args).await,
         Command::Provider(args) => provider::run(args).await,
         Command::Worker(args) => worker::run(args).await,
         Command::Appliance(ApplianceCommand::Up(args)) => appliance::up(args).await,
         Command::Appliance(ApplianceCommand::Down(args)) => appliance::down(args).await,
         Command::Appliance(ApplianceCommand::Status(args)) => appliance::status(args).await,
-    }
-}
-
-/// Stand-in until the control plane's `serve` lands: accepts its
-/// arguments and refuses to run.
-mod serve {
-    use std::process::ExitCode;
-
-    /// `little-compute serve`.
-    #[derive(Debug, clap::Args)]
-    pub struct ServeArgs {
-        #[arg(long, env = "LC_DATABASE_URL", hide_env_values = true)]
-        database_url: Option<String>,
-        #[arg(long)]
-        listen: Option<String>,
-        #[arg(long)]
-        admin_token_file: Option<std::path::PathBuf>,
-        #[arg(long)]
-        secret_file: Option<std::path::PathBuf>,
-    }
-
-    pub async fn run(_args: ServeArgs) -> ExitCode {
-        eprintln!("little-compute serve: not built into this binary yet");
-        ExitCode::FAILURE
-    }
-}
-
-/// Stand-in until the provider's `run` lands.
-mod provider {
-    use std::process::ExitCode;
-
-    /// `little-compute provider`.
-    #[derive(Debug, clap::Args)]
-    pub struct ProviderArgs {
-        #[arg(long)]
-        state_dir: Option<std::path::PathBuf>,
-        #[arg(long)]
-        listen: Option<String>,
-        #[arg(long)]
-        id: Option<String>,
-        #[arg(long)]
-        runtime_dir: Option<std::path::PathBuf>,
-    }
-
-    pub async fn run(_args: ProviderArgs) -> ExitCode {
-        eprintln!("little-compute provider: not built into this binary yet");
-        ExitCode::FAILURE
     }
 }

@@ -1,6 +1,43 @@
-//! `little-compute worker`: the reconciler in a loop.
+//! `little-compute worker`: the reconciler ([`lc_worker::Reconciler`]) in a
+//! loop, on the safe-time cut.
+//!
+//! Start-up, in order: the server secret (`--secret-file`: the same file as
+//! the control plane's, since it is Tollgate's capability key and every
+//! renewal and release of a Reservation needs it); the grant policy recorded
+//! in the database; the store, waited for within [`DATABASE_WAIT_MAX`];
+//! each `--provider-url`'s identity (`GET /v1/identity`, waited for within
+//! [`PROVIDER_WAIT_MAX`]) registered in the store; then a step every
+//! `--interval-ms` until SIGINT or SIGTERM, which ends the loop after the
+//! step in progress (bounded by [`SHUTDOWN_MAX`]).
 
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clock::Clock;
+use clock::safe_cut::SafeCutClock;
+use lc_core::store::ReconcileStore;
+use lc_worker::{ProviderAdapter, ProviderPort, Reconciler, ReconcilerOptions};
+use sqlx::postgres::PgConnectOptions;
+
+/// How long start-up waits for the database.
+pub const DATABASE_WAIT_MAX: Duration = Duration::from_secs(30);
+/// How long start-up waits for each provider's identity.
+pub const PROVIDER_WAIT_MAX: Duration = Duration::from_secs(30);
+/// Pause between attempts while waiting.
+const RETRY_PAUSE: Duration = Duration::from_millis(250);
+/// How long the step in progress may take after a shutdown signal.
+pub const SHUTDOWN_MAX: Duration = Duration::from_secs(30);
+/// The largest credential file read, in bytes.
+const CREDENTIAL_FILE_BYTES_MAX: u64 = 4096;
+/// The fewest bytes a server secret has.
+const SECRET_BYTES_MIN: usize = 32;
+/// Bounds of `--interval-ms`: a step at least every minute keeps 60 s
+/// Leases renewed; faster than 10 ms only burns the database.
+const INTERVAL_MS_RANGE: std::ops::RangeInclusive<u64> = 10..=60_000;
+/// Bounds of `--providers`: one provider per host.
+const PROVIDERS_MAX: usize = 64;
 
 /// `little-compute worker`.
 #[derive(Debug, clap::Args)]
@@ -12,14 +49,215 @@ pub struct WorkerArgs {
         hide_env_values = true,
         value_name = "URL"
     )]
-    pub database_url: Option<String>,
+    pub database_url: String,
+    /// The control plane's server secret file (Tollgate's capability key).
+    #[arg(long, value_name = "PATH")]
+    pub secret_file: PathBuf,
     /// A provider's base URL (`http://127.0.0.1:PORT`); repeat for several.
-    #[arg(long = "provider-url", value_name = "URL")]
+    #[arg(long = "provider-url", value_name = "URL", required = true)]
     pub provider_urls: Vec<String>,
+    /// A file holding the bearer token of the providers' API, if they require one.
+    #[arg(long, value_name = "PATH")]
+    pub provider_token_file: Option<PathBuf>,
+    /// Milliseconds between steps (10..=60000).
+    #[arg(long, default_value_t = 250)]
+    pub interval_ms: u64,
+    /// Leases per step (1..=1000).
+    #[arg(long, default_value_t = lc_worker::BATCH_DEFAULT)]
+    pub batch: usize,
+    /// A reading of the cut older than this is stale (uncertain), milliseconds.
+    #[arg(long, default_value_t = 5_000)]
+    pub safetime_gap_max_ms: u64,
 }
 
-/// Runs the worker until SIGINT/SIGTERM.
-pub async fn run(_args: WorkerArgs) -> ExitCode {
-    let _ = tokio::signal::ctrl_c().await;
-    ExitCode::SUCCESS
+#[derive(Debug, thiserror::Error)]
+enum WorkerError {
+    #[error("{0}")]
+    Usage(String),
+    #[error("{0}")]
+    Failed(String),
+}
+
+fn read_credential(path: &std::path::Path, what: &str) -> Result<Vec<u8>, WorkerError> {
+    use std::io::Read as _;
+    let bad = |why: String| WorkerError::Usage(format!("{what} {}: {why}", path.display()));
+    let f = std::fs::File::open(path).map_err(|e| bad(e.to_string()))?;
+    let mut bytes = Vec::new();
+    f.take(CREDENTIAL_FILE_BYTES_MAX)
+        .read_to_end(&mut bytes)
+        .map_err(|e| bad(e.to_string()))?;
+    let end = bytes
+        .iter()
+        .rposition(|b| !b.is_ascii_whitespace())
+        .map_or(0, |i| i + 1);
+    bytes.truncate(end);
+    Ok(bytes)
+}
+
+/// Runs the worker until SIGINT/SIGTERM: exit 0 after a clean stop, 2 for
+/// bad arguments, 1 for any other failure.
+pub async fn run(args: WorkerArgs) -> ExitCode {
+    match serve(args).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(WorkerError::Usage(m)) => {
+            eprintln!("little-compute worker: {m}");
+            ExitCode::from(2)
+        }
+        Err(WorkerError::Failed(m)) => {
+            eprintln!("little-compute worker: {m}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn recorded_policy(url: &str) -> Result<tollgate::GrantPolicy, WorkerError> {
+    let options: PgConnectOptions = pgkit::DatabaseUrl::parse(url)
+        .map(pgkit::DatabaseUrl::into_connect_options)
+        .map_err(|e| WorkerError::Usage(format!("--database-url: {e}")))?;
+    let deadline = tokio::time::Instant::now() + DATABASE_WAIT_MAX;
+    loop {
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(Duration::from_secs(5))
+            .connect_lazy_with(options.clone());
+        let read = tollgate_pg::recorded_policy(&pool).await;
+        pool.close().await;
+        match read {
+            Ok(Some(p)) => return Ok(p),
+            Ok(None) => {
+                return Err(WorkerError::Failed(
+                    "the database records no grant policy (the appliance records one at its first start)".into(),
+                ));
+            }
+            Err(e) if tokio::time::Instant::now() < deadline => {
+                tracing::info!(error = %e, "waiting for the database");
+                tokio::time::sleep(RETRY_PAUSE).await;
+            }
+            Err(e) => {
+                return Err(WorkerError::Failed(format!(
+                    "reading the grant policy: {e}"
+                )));
+            }
+        }
+    }
+}
+
+async fn serve(args: WorkerArgs) -> Result<(), WorkerError> {
+    if !INTERVAL_MS_RANGE.contains(&args.interval_ms) {
+        return Err(WorkerError::Usage(format!(
+            "--interval-ms must be in {INTERVAL_MS_RANGE:?}, got {}",
+            args.interval_ms
+        )));
+    }
+    if args.provider_urls.len() > PROVIDERS_MAX {
+        return Err(WorkerError::Usage(format!(
+            "at most {PROVIDERS_MAX} --provider-url"
+        )));
+    }
+    let gap_ms = i64::try_from(args.safetime_gap_max_ms)
+        .ok()
+        .filter(|ms| (1..=3_600_000).contains(ms))
+        .ok_or_else(|| WorkerError::Usage("--safetime-gap-max-ms must be in 1..=3600000".into()))?;
+    let secret = read_credential(&args.secret_file, "--secret-file")?;
+    if secret.len() < SECRET_BYTES_MIN {
+        return Err(WorkerError::Usage(format!(
+            "--secret-file: at least {SECRET_BYTES_MIN} bytes, got {}",
+            secret.len()
+        )));
+    }
+    let token = match &args.provider_token_file {
+        Some(p) => Some(
+            String::from_utf8(read_credential(p, "--provider-token-file")?)
+                .map_err(|_| WorkerError::Usage("--provider-token-file: not UTF-8".into()))?,
+        ),
+        None => None,
+    };
+    let key = tollgate::CapabilityKey::new(&secret)
+        .map_err(|e| WorkerError::Usage(format!("--secret-file: {e}")))?;
+    let shutdown = shutdown_signal()?;
+    let policy = recorded_policy(&args.database_url).await?;
+    let deadline = tokio::time::Instant::now() + DATABASE_WAIT_MAX;
+    let config = lc_pg::LcConfig {
+        max_connections: 4,
+        ..lc_pg::LcConfig::default()
+    };
+    let store = loop {
+        match lc_pg::LcStore::connect(&args.database_url, policy, key.clone(), config).await {
+            Ok(s) => break s,
+            Err(e) if e.is_transient() && tokio::time::Instant::now() < deadline => {
+                tracing::info!(error = %e, "waiting for the database");
+                tokio::time::sleep(RETRY_PAUSE).await;
+            }
+            Err(e) => return Err(WorkerError::Failed(format!("opening the store: {e}"))),
+        }
+    };
+    let clock: Arc<dyn Clock> = Arc::new(SafeCutClock::new(
+        store.pool().clone(),
+        jiff::SignedDuration::from_millis(gap_ms),
+    ));
+    let store = Arc::new(store);
+    let mut ports: Vec<Arc<dyn ProviderPort>> = Vec::new();
+    for url in &args.provider_urls {
+        let deadline = tokio::time::Instant::now() + PROVIDER_WAIT_MAX;
+        let provider = loop {
+            match lc_provider::HttpProvider::connect(url).await {
+                Ok(p) => break p,
+                Err(e) if tokio::time::Instant::now() < deadline => {
+                    tracing::info!(%url, error = %e, "waiting for the provider");
+                    tokio::time::sleep(RETRY_PAUSE).await;
+                }
+                Err(e) => return Err(WorkerError::Failed(format!("provider {url}: {e}"))),
+            }
+        };
+        let provider = match &token {
+            Some(t) => provider.with_token(t.clone()),
+            None => provider,
+        };
+        let port = ProviderAdapter::new(Arc::new(provider));
+        store
+            .register_provider(port.id(), url, port.public_key())
+            .await
+            .map_err(|e| WorkerError::Failed(format!("registering provider {url}: {e}")))?;
+        tracing::info!(provider = %port.id(), %url, "provider registered");
+        ports.push(Arc::new(port));
+    }
+    let reconciler = Reconciler::new(
+        store,
+        ports,
+        clock,
+        ReconcilerOptions {
+            batch: args.batch,
+            ..ReconcilerOptions::default()
+        },
+    )
+    .map_err(|e| WorkerError::Usage(format!("--batch: {e}")))?;
+    let (stop, rx) = tokio::sync::watch::channel(false);
+    let interval = Duration::from_millis(args.interval_ms);
+    let mut task = tokio::spawn(async move { reconciler.run(interval, rx).await });
+    tokio::select! {
+        () = shutdown => {}
+        r = &mut task => {
+            return r.map_err(|e| WorkerError::Failed(format!("the reconciler task failed: {e}")));
+        }
+    }
+    let _ = stop.send(true);
+    if tokio::time::timeout(SHUTDOWN_MAX, &mut task).await.is_err() {
+        tracing::warn!("the step in progress did not finish in time; stopping anyway");
+        task.abort();
+    }
+    Ok(())
+}
+
+fn shutdown_signal() -> Result<impl std::future::Future<Output = ()>, WorkerError> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate())
+        .map_err(|e| WorkerError::Failed(format!("cannot listen for SIGTERM: {e}")))?;
+    let mut int = signal(SignalKind::interrupt())
+        .map_err(|e| WorkerError::Failed(format!("cannot listen for SIGINT: {e}")))?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM received: stopping"),
+            _ = int.recv() => tracing::info!("SIGINT received: stopping"),
+        }
+    })
 }

@@ -1,7 +1,7 @@
 //! The allocator's writing operations as steps of a caller's transaction.
 //!
 //! Each function here runs one operation of the [`PostgresStore`]
-//! (deposit, acquire, renew, release, consolidate, reclaim) on a connection
+//! (create account, deposit, acquire, renew, release, consolidate, reclaim) on a connection
 //! **inside an open transaction the caller owns**, so that a caller can
 //! write its own rows and the allocator's in one all-or-nothing unit: an
 //! admission that inserts its own record and acquires its reservation
@@ -57,7 +57,8 @@ use jiff::{SignedDuration, Timestamp};
 use sqlx::PgConnection;
 use tollgate::{
     Account, AccountId, AcquireRequest, AllocatorError, Balances, Capability, Grant, InstantPair,
-    Lease, LeaseId, LeaseState, ReclaimReport, Renewal, RuleError, Settlement, SuppliedTime, rules,
+    Lease, LeaseId, LeaseState, NewAccount, ReclaimReport, Renewal, RuleError, Settlement,
+    SuppliedTime, rules,
 };
 
 pub use crate::error::TxError;
@@ -88,6 +89,22 @@ impl TxError {
 
 fn not_found(account_id: AccountId) -> TxError {
     RuleError::AccountNotFound { account_id }.into()
+}
+
+/// Creates the account `new` (name checked by
+/// [`rules::check_account_name`]) with zero balances and, when given, its
+/// API key digest. Returns the account as inserted.
+///
+/// # Errors
+/// [`RuleError::InvalidAccountName`]; database and storage errors. The
+/// caller's transaction must then roll back (see the module docs).
+pub async fn create_account(conn: &mut PgConnection, new: &NewAccount) -> Result<Account, TxError> {
+    rules::check_account_name(&new.name)?;
+    let account = persistence::insert_account(conn, &new.name).await?;
+    if let Some(d) = &new.api_key_sha256 {
+        persistence::insert_account_key(conn, account.account_id, d).await?;
+    }
+    Ok(account)
 }
 
 /// Deposits `units` (`1..=i64::MAX`) into `account_id` at `now`: locks the

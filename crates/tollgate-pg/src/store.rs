@@ -501,14 +501,6 @@ pub async fn migration_in_progress(pool: &PgPool) -> Result<bool, StorageError> 
 // ---------------------------------------------------------------------------
 // Transaction bodies: the writing operations are in [`crate::ops`].
 
-async fn create_account_tx(conn: &mut PgConnection, new: &NewAccount) -> Result<Account, TxError> {
-    let account = persistence::insert_account(conn, &new.name).await?;
-    if let Some(d) = &new.api_key_sha256 {
-        persistence::insert_account_key(conn, account.account_id, d).await?;
-    }
-    Ok(account)
-}
-
 async fn read_account_tx(
     conn: &mut PgConnection,
     account_id: AccountId,
@@ -531,7 +523,7 @@ impl Allocator for PostgresStore {
     async fn create_account(&self, new: NewAccount) -> Result<Account, AllocatorError> {
         rules::check_account_name(&new.name)?;
         self.run(Op::CreateAccount, &new, |c, n| {
-            Box::pin(create_account_tx(c, n))
+            Box::pin(crate::ops::create_account(c, n))
         })
         .await
     }

@@ -6,7 +6,8 @@
 //!   appliance.json           written by a running `up`: url, admin_token_file, pids
 //!   secrets/                 0700, each file 0600, generated once
 //!     admin-token            the control plane's admin bearer token
-//!     server-secret          32 random bytes (API key derivation)
+//!     server-secret          256 random bits (API key derivation, Tollgate's capability key)
+//!     provider-token         the provider API's bearer token
 //!     pg-superuser  pg-owner  pg-sampler   database passwords
 //!   pg/                      the cluster (owned by PostgreSQL's account)
 //!   provider/                the provider's state (keys, instances, fences, workspaces)
@@ -88,6 +89,10 @@ impl Layout {
     /// The server secret file.
     pub fn server_secret_file(&self) -> PathBuf {
         self.secrets().join("server-secret")
+    }
+    /// The provider API's bearer token file.
+    pub fn provider_token_file(&self) -> PathBuf {
+        self.secrets().join("provider-token")
     }
     /// A database password file.
     pub fn password_file(&self, role: &str) -> PathBuf {

@@ -116,7 +116,7 @@ impl ApplianceError {
             source,
         }
     }
-    fn db(context: impl Into<String>, e: impl std::fmt::Display) -> ApplianceError {
+    pub(crate) fn db(context: impl Into<String>, e: impl std::fmt::Display) -> ApplianceError {
         ApplianceError::Database {
             context: context.into(),
             message: e.to_string(),
@@ -176,7 +176,7 @@ pub const SINGLE_HOST_NOTICE: &str = "little-compute appliance: this is a single
 The safe-time sampler runs on this host as its own unprivileged user, outside every sandbox; \
 production runs samplers on separate hardened hosts (appliance up --sampler external).";
 
-fn say(args: std::fmt::Arguments<'_>) {
+pub(crate) fn say(args: std::fmt::Arguments<'_>) {
     use std::io::Write as _;
     let mut out = std::io::stdout().lock();
     let _ = writeln!(out, "{args}");
@@ -252,6 +252,7 @@ async fn up_inner(args: UpArgs) -> Result<ExitCode, ApplianceError> {
     let ports = layout.ports(args.listen.map(|a| a.port()))?;
     let admin_token = layout.secret(&layout.admin_token_file(), ADMIN_TOKEN_PREFIX)?;
     layout.secret(&layout.server_secret_file(), "")?;
+    layout.secret(&layout.provider_token_file(), "")?;
     let creds = Credentials {
         superuser: layout.secret(&layout.password_file("superuser"), "")?,
         owner: layout.secret(&layout.password_file("owner"), "")?,
@@ -364,6 +365,8 @@ async fn start_all(
             layout.admin_token_file().into(),
             "--secret-file".into(),
             layout.server_secret_file().into(),
+            "--runtime-dir".into(),
+            layout.runtimes().into(),
         ],
         env: db_env.clone(),
         run_as: None,
@@ -398,6 +401,8 @@ async fn start_all(
             PROVIDER_ID.into(),
             "--runtime-dir".into(),
             layout.runtimes().into(),
+            "--token-file".into(),
+            layout.provider_token_file().into(),
         ],
         env: Vec::new(),
         run_as: None,
@@ -427,6 +432,10 @@ async fn start_all(
             "worker".into(),
             "--provider-url".into(),
             provider_url.into(),
+            "--provider-token-file".into(),
+            layout.provider_token_file().into(),
+            "--secret-file".into(),
+            layout.server_secret_file().into(),
         ],
         env: db_env,
         run_as: None,
@@ -440,6 +449,8 @@ async fn start_all(
     layout.write_running(&running(&pids))?;
 
     wait_for_certain_cut(&owner_url, args.sampler, started).await?;
+    let secret = layout.secret(&layout.server_secret_file(), "")?;
+    lcdb::register_base(&owner_url, secret.as_bytes()).await?;
     say(format_args!(""));
     say(format_args!("Little Compute is ready at {url_cp}"));
     say(format_args!("admin token: {admin_token}"));

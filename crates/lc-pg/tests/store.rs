@@ -1,0 +1,1255 @@
+//! The store against a real PostgreSQL with a real in-process sampler:
+//! admission with exact Tollgate balances, refusals that write nothing,
+//! operation-key replays and conflicts, the uncertain cut, renewal,
+//! release only with valid evidence on a certain cut and exactly once,
+//! output pages, operation-key receipts and GC to the nanosecond, the
+//! database guards and the initial-cut inventory.
+
+mod support;
+
+use std::time::Duration;
+
+use jiff::{SignedDuration, Timestamp};
+use lc_core::evidence::{InstanceState, Statement};
+use lc_core::page::{ExitStatus, Page, PageKind};
+use lc_core::{
+    ControlStore, CutReading, Digest, ExecId, ExecRequest, ExecState, Generation, LcError,
+    LeaseAction, LeaseState, OpScope, OutputPage, ReconcileStore, TenantId, TerminalReason,
+};
+use lc_pg::LcStore;
+use sqlx::{Connection, PgConnection};
+use support::*;
+use tollgate::Allocator;
+
+struct Fixture {
+    db: Db,
+    store: LcStore,
+    clock: clock::safe_cut::SafeCutClock,
+    sampler: Running,
+    provider: TestProvider,
+    tenant: TenantId,
+}
+
+/// A migrated database with a certain cut, a store, a registered provider,
+/// the runtime `base` and a tenant holding `units`.
+async fn fixture(units: i64) -> Fixture {
+    fixture_with(units, config()).await
+}
+
+async fn fixture_with(units: i64, config: lc_pg::LcConfig) -> Fixture {
+    let db = migrated_db().await;
+    let sampler = start_sampler(&db.url);
+    let store = store_on(&db, config).await;
+    let clock = clock_on(store.pool());
+    let at = certain(&clock).await;
+    let provider = TestProvider::new("p1", 7);
+    provider.register(&store).await;
+    store
+        .register_runtime(
+            &op("rt-base", "base"),
+            at,
+            "base",
+            Digest::of(b"base manifest"),
+            serde_json::json!({"kind": "host-usr", "name": "base"}),
+        )
+        .await
+        .unwrap();
+    let tenant = store
+        .create_tenant(
+            &op("t-blue", "blue"),
+            at,
+            "blue",
+            (units > 0).then_some(units),
+            &api_key_of,
+        )
+        .await
+        .unwrap();
+    Fixture {
+        db,
+        store,
+        clock,
+        sampler,
+        provider,
+        tenant: tenant.tenant_id,
+    }
+}
+
+fn req(shape: &str, argv: &[&str]) -> ExecRequest {
+    ExecRequest {
+        runtime: "base".into(),
+        shape: shape.into(),
+        command: argv.iter().map(|s| s.to_string()).collect(),
+        timeout_ms: None,
+    }
+}
+
+fn balances(t: &lc_core::Tenant) -> (i64, i64, i64, i64) {
+    (t.deposited, t.available, t.held, t.consumed)
+}
+
+async fn assert_audit_clean(store: &LcStore) {
+    let audit = store.tollgate().audit().await.unwrap();
+    assert!(audit.is_clean(), "{:?}", audit.violations);
+}
+
+#[tokio::test]
+async fn admission_holds_the_shapes_units_and_replays_by_key() {
+    let f = fixture(5).await;
+    let at = certain(&f.clock).await;
+    let small = f
+        .store
+        .admit_exec(
+            &op("e1", "small echo"),
+            at,
+            f.tenant,
+            &req("small", &["echo", "hi"]),
+        )
+        .await
+        .unwrap();
+    assert_eq!(small.state, ExecState::Admitted);
+    assert_eq!(small.units, 1);
+    assert_eq!(small.lease_state, LeaseState::Allocating);
+    assert_eq!(small.admitted_cut, at.cut);
+    assert_eq!(small.canonical.exec_id, small.exec_id);
+    assert_eq!(small.canonical.provider_id, f.provider.id);
+    assert_eq!(small.canonical.runtime, Digest::of(b"base manifest"));
+    assert_eq!(small.command, ["echo", "hi"]);
+    let t = f.store.tenant(f.tenant).await.unwrap();
+    assert_eq!(balances(&t), (5, 4, 1, 0));
+
+    let medium = f
+        .store
+        .admit_exec(&op("e2", "medium"), at, f.tenant, &req("medium", &["true"]))
+        .await
+        .unwrap();
+    assert_eq!(medium.units, 2);
+    assert_eq!(
+        balances(&f.store.tenant(f.tenant).await.unwrap()),
+        (5, 2, 3, 0)
+    );
+
+    // The same key and body: the same exec, nothing more held.
+    let later = certain(&f.clock).await;
+    let again = f
+        .store
+        .admit_exec(
+            &op("e1", "small echo"),
+            later,
+            f.tenant,
+            &req("small", &["echo", "hi"]),
+        )
+        .await
+        .unwrap();
+    assert_eq!(again, small);
+    assert_eq!(
+        balances(&f.store.tenant(f.tenant).await.unwrap()),
+        (5, 2, 3, 0)
+    );
+    // The same key with another body: a conflict, nothing written.
+    let before = snapshot(&f.db.url).await;
+    let err = f
+        .store
+        .admit_exec(
+            &op("e1", "other"),
+            later,
+            f.tenant,
+            &req("small", &["false"]),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err, LcError::IdempotencyConflict { key: "e1".into() });
+    assert_eq!(snapshot(&f.db.url).await, before);
+
+    // The lease expiry is exactly cut + 60 s, as the work list shows.
+    let work = f.store.due_work(later, 10).await.unwrap();
+    assert_eq!(work.len(), 2);
+    assert_eq!(work[0].lease_id, small.canonical.lease_id);
+    assert_eq!(work[0].expiry, at.cut + SignedDuration::from_secs(60));
+    assert_eq!(work[0].action, LeaseAction::Allocate);
+    assert_eq!(work[0].generation, Generation(1));
+    assert_eq!(work[0].provider_url, "http://127.0.0.1:7001");
+    assert_eq!(f.store.execs(f.tenant, None, 10).await.unwrap().len(), 2);
+    assert_eq!(
+        f.store
+            .execs(f.tenant, Some(small.exec_id), 10)
+            .await
+            .unwrap()
+            .iter()
+            .map(|e| e.exec_id)
+            .collect::<Vec<_>>(),
+        [medium.exec_id]
+    );
+    assert_audit_clean(&f.store).await;
+    f.sampler.stop().await;
+}
+
+#[tokio::test]
+async fn refusals_write_nothing() {
+    let f = fixture(1).await;
+    let at = certain(&f.clock).await;
+    let before = snapshot(&f.db.url).await;
+    let err = f
+        .store
+        .admit_exec(&op("m1", "medium"), at, f.tenant, &req("medium", &["true"]))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err,
+        LcError::InsufficientCapacity {
+            requested: 2,
+            available: 1
+        }
+    );
+    assert_eq!(snapshot(&f.db.url).await, before);
+    assert_eq!(
+        balances(&f.store.tenant(f.tenant).await.unwrap()),
+        (1, 1, 0, 0)
+    );
+
+    // Bad input, unknown tenant, unknown runtime, a reading ahead of the
+    // persisted cut: each refused with its code, nothing written.
+    let codes = [
+        (req("huge", &["true"]), f.tenant, at, "invalid_shape"),
+        (req("small", &[]), f.tenant, at, "invalid_command"),
+        (req("small", &["a\0b"]), f.tenant, at, "invalid_command"),
+        (
+            ExecRequest {
+                timeout_ms: Some(0),
+                ..req("small", &["true"])
+            },
+            f.tenant,
+            at,
+            "invalid_timeout",
+        ),
+        (
+            ExecRequest {
+                runtime: "No Such".into(),
+                ..req("small", &["true"])
+            },
+            f.tenant,
+            at,
+            "invalid_runtime",
+        ),
+        (
+            ExecRequest {
+                runtime: "nope".into(),
+                ..req("small", &["true"])
+            },
+            f.tenant,
+            at,
+            "not_found",
+        ),
+        (req("small", &["true"]), TenantId(999), at, "not_found"),
+        (
+            req("small", &["true"]),
+            f.tenant,
+            CutReading::certain(at.cut + SignedDuration::from_hours(1)),
+            "invalid_cut_reading",
+        ),
+    ];
+    for (i, (r, tenant, at, code)) in codes.into_iter().enumerate() {
+        let err = f
+            .store
+            .admit_exec(&op(&format!("bad{i}"), &format!("{r:?}")), at, tenant, &r)
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), code, "case {i}: {err}");
+    }
+    assert_eq!(snapshot(&f.db.url).await, before);
+    f.sampler.stop().await;
+}
+
+#[tokio::test]
+async fn an_uncertain_cut_admits_nothing_and_renewal_never_shortens() {
+    let f = fixture(3).await;
+    let at = certain(&f.clock).await;
+    let e = f
+        .store
+        .admit_exec(&op("a", "a"), at, f.tenant, &req("small", &["sleep", "9"]))
+        .await
+        .unwrap();
+    let lease = e.canonical.lease_id;
+    let g = Generation(1);
+    f.store.mark_active(lease, g, at).await.unwrap();
+    assert_eq!(
+        f.store.exec(f.tenant, e.exec_id).await.unwrap().state,
+        ExecState::Running
+    );
+    let expiry0 = at.cut + SignedDuration::from_secs(60);
+
+    // A renewal with an older reading keeps the later expiry.
+    let older = CutReading::certain(at.cut - SignedDuration::from_nanos(1));
+    let w = f.store.renew(lease, g, older).await.unwrap();
+    assert_eq!(w.expiry, expiry0);
+    // A later one extends to exactly cut + 60 s.
+    let later = wait_reading(&f.clock, 10, "a later certain cut", |r| {
+        r.certain && r.cut > at.cut
+    })
+    .await;
+    let w = f.store.renew(lease, g, later).await.unwrap();
+    assert_eq!(w.expiry, later.cut + SignedDuration::from_secs(60));
+    assert_eq!(w.action, LeaseAction::Maintain);
+
+    // Pause the sampler: the clock turns uncertain (stale) within the gap.
+    f.sampler.stop().await;
+    let frozen = wait_reading(&f.clock, 10, "an uncertain cut", |r| !r.certain).await;
+    let before = snapshot(&f.db.url).await;
+    let err = f
+        .store
+        .admit_exec(&op("b", "b"), frozen, f.tenant, &req("small", &["true"]))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err,
+        LcError::TimeUncertain {
+            retry_after_s: frozen.retry_after_s
+        }
+    );
+    assert!(frozen.retry_after_s >= 1);
+    assert_eq!(snapshot(&f.db.url).await, before);
+    // A replay of an admitted key still answers while uncertain.
+    assert_eq!(
+        f.store
+            .admit_exec(
+                &op("a", "a"),
+                frozen,
+                f.tenant,
+                &req("small", &["sleep", "9"])
+            )
+            .await
+            .unwrap()
+            .exec_id,
+        e.exec_id
+    );
+    // Renewal on the frozen cut never shortens: max(current, cut + ttl).
+    let w = f.store.renew(lease, g, frozen).await.unwrap();
+    assert_eq!(
+        w.expiry,
+        (later.cut + SignedDuration::from_secs(60)).max(frozen.cut + SignedDuration::from_secs(60))
+    );
+    // Nothing expires while uncertain, however late the reading claims.
+    let far = CutReading::uncertain(frozen.cut, 1);
+    assert_eq!(w.action, LeaseAction::Maintain);
+    assert_eq!(
+        f.store.due_work(far, 10).await.unwrap()[0].action,
+        LeaseAction::Maintain
+    );
+    let err = f
+        .store
+        .begin_release(lease, g, TerminalReason::Expired, frozen)
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), "time_uncertain");
+    // A stale generation is fenced.
+    assert_eq!(
+        f.store
+            .renew(lease, Generation(2), frozen)
+            .await
+            .unwrap_err()
+            .code(),
+        "fenced"
+    );
+    assert_eq!(
+        balances(&f.store.tenant(f.tenant).await.unwrap()),
+        (3, 2, 1, 0)
+    );
+}
+
+#[tokio::test]
+async fn release_needs_valid_evidence_on_a_certain_cut_and_returns_units_once() {
+    let f = fixture(2).await;
+    let at = certain(&f.clock).await;
+    let e = f
+        .store
+        .admit_exec(
+            &op("x", "x"),
+            at,
+            f.tenant,
+            &req("medium", &["sleep", "60"]),
+        )
+        .await
+        .unwrap();
+    let lease = e.canonical.lease_id;
+    let g = Generation(1);
+    f.store.mark_active(lease, g, at).await.unwrap();
+    assert_eq!(
+        balances(&f.store.tenant(f.tenant).await.unwrap()),
+        (2, 0, 2, 0)
+    );
+
+    // Cancel: the exec is flagged; the reconciler begins the release.
+    let c = f
+        .store
+        .cancel(&op("cx", "cancel"), at, f.tenant, e.exec_id)
+        .await
+        .unwrap();
+    assert!(c.cancel_requested);
+    let w = &f.store.due_work(at, 10).await.unwrap()[0];
+    assert_eq!(
+        w.action,
+        LeaseAction::BeginRelease(TerminalReason::Cancelled)
+    );
+    // The Reservation's grant runs cut + 10 min (the configured TTL,
+    // within the policy's 1 h), in Tollgate and in the store alike.
+    let ten_min = SignedDuration::from_mins(10);
+    assert_eq!(
+        reservation_expiries(&f.db.url).await,
+        vec![(at.cut + ten_min, at.cut + ten_min)]
+    );
+    let later = wait_reading(&f.clock, 10, "a later certain cut", |r| {
+        r.certain && r.cut > at.cut
+    })
+    .await;
+    let w = f
+        .store
+        .begin_release(lease, g, TerminalReason::Cancelled, later)
+        .await
+        .unwrap();
+    assert_eq!(
+        (w.state, w.action),
+        (LeaseState::ReleasePending, LeaseAction::Destroy)
+    );
+    // Beginning the release renewed the Reservation; the lease keeps its
+    // expiry.
+    assert_eq!(
+        reservation_expiries(&f.db.url).await,
+        vec![(later.cut + ten_min, later.cut + ten_min)]
+    );
+    assert_eq!(w.expiry, at.cut + SignedDuration::from_secs(60));
+    // A release-pending Reservation is still renewed, never shortened.
+    f.store.renew(lease, g, at).await.unwrap();
+    assert_eq!(
+        reservation_expiries(&f.db.url).await,
+        vec![(later.cut + ten_min, later.cut + ten_min)]
+    );
+
+    // Forged: signed by another key; an observation is no proof; another
+    // generation; not an envelope. Each refused, nothing written.
+    let before = snapshot(&f.db.url).await;
+    let forger = TestProvider::new("p1", 9);
+    let cases = [
+        forger.absence(lease, 1),
+        f.provider.sign(Statement::Observation {
+            provider_id: "p1".into(),
+            lease_id: lease.0,
+            generation: 1,
+            state: InstanceState::Absent,
+        }),
+        f.provider.absence(lease, 2),
+        f.provider
+            .absence(lc_core::SandboxLeaseId(lease.0 + 100), 1),
+        serde_json::json!({"payloadType": "x"}),
+    ];
+    for (i, ev) in cases.iter().enumerate() {
+        let err = f.store.commit_release(lease, g, ev, at).await.unwrap_err();
+        assert_eq!(err.code(), "evidence_rejected", "case {i}: {err}");
+    }
+    // A tampered payload: the signature no longer verifies.
+    let mut tampered = f.provider.absence(lease, 1);
+    tampered["payload"] = serde_json::Value::String(base64_of(&format!(
+        r#"{{"generation":1,"lease_id":{},"provider_id":"p1","statement":"fence"}}"#,
+        lease.0
+    )));
+    assert_eq!(
+        f.store
+            .commit_release(lease, g, &tampered, at)
+            .await
+            .unwrap_err()
+            .code(),
+        "evidence_rejected"
+    );
+    // Valid evidence on an uncertain cut: refused.
+    let good = f.provider.absence(lease, 1);
+    assert_eq!(
+        f.store
+            .commit_release(lease, g, &good, CutReading::uncertain(at.cut, 1))
+            .await
+            .unwrap_err(),
+        LcError::TimeUncertain { retry_after_s: 1 }
+    );
+    assert_eq!(snapshot(&f.db.url).await, before);
+    assert_eq!(
+        balances(&f.store.tenant(f.tenant).await.unwrap()),
+        (2, 0, 2, 0)
+    );
+
+    // Valid on a certain cut: released, units back, exec terminal.
+    let now = certain(&f.clock).await;
+    let out = f.store.commit_release(lease, g, &good, now).await.unwrap();
+    assert_eq!(
+        (
+            out.units_returned,
+            out.replay,
+            out.released_cut,
+            out.exec_id
+        ),
+        (2, false, now.cut, e.exec_id)
+    );
+    assert_eq!(
+        balances(&f.store.tenant(f.tenant).await.unwrap()),
+        (2, 2, 0, 0)
+    );
+    let done = f.store.exec(f.tenant, e.exec_id).await.unwrap();
+    assert_eq!(done.state, ExecState::Terminal);
+    assert_eq!(done.terminal_reason, Some(TerminalReason::Cancelled));
+    assert_eq!(done.lease_state, LeaseState::Released);
+    assert!(f.store.due_work(now, 10).await.unwrap().is_empty());
+
+    // A second commit is a replay: the same outcome, nothing changes.
+    let after = snapshot(&f.db.url).await;
+    let later = certain(&f.clock).await;
+    let again = f
+        .store
+        .commit_release(lease, g, &good, later)
+        .await
+        .unwrap();
+    assert!(again.replay);
+    assert_eq!((again.units_returned, again.released_cut), (2, now.cut));
+    assert_eq!(snapshot(&f.db.url).await, after);
+    assert_eq!(
+        balances(&f.store.tenant(f.tenant).await.unwrap()),
+        (2, 2, 0, 0)
+    );
+    // Released is final.
+    assert_eq!(
+        f.store.renew(lease, g, later).await.unwrap_err().code(),
+        "illegal_transition"
+    );
+    assert_eq!(
+        f.store
+            .mark_active(lease, g, later)
+            .await
+            .unwrap_err()
+            .code(),
+        "illegal_transition"
+    );
+    assert_audit_clean(&f.store).await;
+    f.sampler.stop().await;
+}
+
+/// `(store's expiry, Tollgate's expiry)` of every Reservation.
+async fn reservation_expiries(url: &str) -> Vec<(Timestamp, Timestamp)> {
+    let mut c = PgConnection::connect(url).await.unwrap();
+    let rows: Vec<(i64, i32, i64, i32)> = sqlx::query_as(
+        "SELECT r.expiry_floor_us, r.expiry_submicro_ns, l.expiry_floor_us, l.expiry_submicro_ns::int \
+           FROM lc_reservations r JOIN tollgate_leases l ON l.lease_id = r.tollgate_lease_id \
+          ORDER BY r.exec_id",
+    )
+    .fetch_all(&mut c)
+    .await
+    .unwrap();
+    let t =
+        |f: i64, s: i32| Timestamp::from_nanosecond(i128::from(f) * 1000 + i128::from(s)).unwrap();
+    rows.into_iter()
+        .map(|(a, b, c, d)| (t(a, b), t(c, d)))
+        .collect()
+}
+
+fn base64_of(s: &str) -> String {
+    use std::fmt::Write as _;
+    // Standard base64 with padding, written here to keep the test's
+    // dependencies to the store's.
+    const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let b = s.as_bytes();
+    let mut out = String::new();
+    for chunk in b.chunks(3) {
+        let n = (u32::from(chunk[0]) << 16)
+            | (u32::from(*chunk.get(1).unwrap_or(&0)) << 8)
+            | u32::from(*chunk.get(2).unwrap_or(&0));
+        for i in 0..4 {
+            if i <= chunk.len() {
+                let _ = out.write_char(A[((n >> (18 - 6 * i)) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+fn page(e: ExecId, p: Page) -> OutputPage {
+    OutputPage::from_page(e, lc_core::AttemptNo(1), &p)
+}
+
+#[tokio::test]
+async fn output_pages_are_idempotent_ordered_and_end_with_the_terminal_page() {
+    let f = fixture(1).await;
+    let at = certain(&f.clock).await;
+    let e = f
+        .store
+        .admit_exec(
+            &op("o", "o"),
+            at,
+            f.tenant,
+            &req("small", &["sh", "-c", "echo"]),
+        )
+        .await
+        .unwrap();
+    let (lease, g, x) = (e.canonical.lease_id, Generation(1), e.exec_id);
+    f.store.mark_active(lease, g, at).await.unwrap();
+    let p1 = page(
+        x,
+        Page::data(1, PageKind::Stdout, b"hello ".to_vec()).unwrap(),
+    );
+    let p2 = page(
+        x,
+        Page::data(2, PageKind::Stderr, b"warn".to_vec()).unwrap(),
+    );
+    let r = f
+        .store
+        .append_pages(lease, g, &[p2.clone(), p1.clone()])
+        .await
+        .unwrap();
+    assert_eq!((r.appended, r.duplicates, r.last_seq), (2, 0, 2));
+    // The same pages again: no-ops.
+    let r = f
+        .store
+        .append_pages(lease, g, &[p1.clone(), p2.clone()])
+        .await
+        .unwrap();
+    assert_eq!((r.appended, r.duplicates, r.last_seq), (0, 2, 2));
+    // Seq 2 with other bytes: a conflict; a gap; a wrong sha; nothing written.
+    let before = snapshot(&f.db.url).await;
+    let other2 = page(
+        x,
+        Page::data(2, PageKind::Stderr, b"WARN".to_vec()).unwrap(),
+    );
+    assert_eq!(
+        f.store.append_pages(lease, g, &[other2]).await.unwrap_err(),
+        LcError::PageConflict { exec_id: x, seq: 2 }
+    );
+    let gap = page(x, Page::data(4, PageKind::Stdout, b"x".to_vec()).unwrap());
+    assert_eq!(
+        f.store
+            .append_pages(lease, g, &[gap])
+            .await
+            .unwrap_err()
+            .code(),
+        "invalid_page"
+    );
+    let mut bad_sha = page(x, Page::data(3, PageKind::Stdout, b"y".to_vec()).unwrap());
+    bad_sha.sha256 = Digest([0; 32]);
+    assert_eq!(
+        f.store
+            .append_pages(lease, g, &[bad_sha])
+            .await
+            .unwrap_err()
+            .code(),
+        "invalid_page"
+    );
+    let mut foreign = page(x, Page::data(3, PageKind::Stdout, b"z".to_vec()).unwrap());
+    foreign.exec_id = ExecId(x.0 + 1);
+    assert_eq!(
+        f.store
+            .append_pages(lease, g, &[foreign])
+            .await
+            .unwrap_err()
+            .code(),
+        "invalid_page"
+    );
+    assert_eq!(
+        f.store
+            .append_pages(lease, Generation(2), std::slice::from_ref(&p1))
+            .await
+            .unwrap_err()
+            .code(),
+        "fenced"
+    );
+    assert_eq!(snapshot(&f.db.url).await, before);
+
+    // The full 64 KiB page and the terminal page.
+    let big = page(
+        x,
+        Page::data(3, PageKind::Stdout, vec![b'z'; 65_536]).unwrap(),
+    );
+    let end = page(x, Page::terminal(4, ExitStatus::exited(3)).unwrap());
+    let r = f
+        .store
+        .append_pages(lease, g, &[big.clone(), end.clone()])
+        .await
+        .unwrap();
+    assert_eq!((r.appended, r.last_seq), (2, 4));
+    let after_end = page(
+        x,
+        Page::data(5, PageKind::Stdout, b"late".to_vec()).unwrap(),
+    );
+    assert_eq!(
+        f.store
+            .append_pages(lease, g, &[after_end])
+            .await
+            .unwrap_err()
+            .code(),
+        "invalid_page"
+    );
+    let all = f.store.output(f.tenant, x, 0, 100).await.unwrap();
+    assert_eq!(all, vec![p1.clone(), p2.clone(), big.clone(), end.clone()]);
+    assert_eq!(f.store.output(f.tenant, x, 2, 1).await.unwrap(), vec![big]);
+    assert_eq!(f.store.output(f.tenant, x, 4, 10).await.unwrap(), vec![]);
+    assert_eq!(
+        f.store
+            .output(TenantId(f.tenant.0 + 1), x, 0, 10)
+            .await
+            .unwrap_err()
+            .code(),
+        "not_found"
+    );
+
+    // The terminal page makes the reconciler release as exited; the exit
+    // code is recorded when the release commits.
+    let w = &f.store.due_work(at, 10).await.unwrap()[0];
+    assert_eq!(w.action, LeaseAction::BeginRelease(TerminalReason::Exited));
+    assert_eq!(w.last_seq, 4);
+    f.store
+        .begin_release(lease, g, TerminalReason::Exited, at)
+        .await
+        .unwrap();
+    let now = certain(&f.clock).await;
+    f.store
+        .commit_release(lease, g, &f.provider.absence(lease, 1), now)
+        .await
+        .unwrap();
+    let done = f.store.exec(f.tenant, x).await.unwrap();
+    assert_eq!(
+        (done.state, done.terminal_reason, done.exit_code),
+        (ExecState::Terminal, Some(TerminalReason::Exited), Some(3))
+    );
+    assert_eq!(
+        balances(&f.store.tenant(f.tenant).await.unwrap()),
+        (1, 1, 0, 0)
+    );
+    assert_audit_clean(&f.store).await;
+    f.sampler.stop().await;
+}
+
+#[tokio::test]
+async fn expiry_needs_a_certain_cut_past_the_deadline() {
+    let f = fixture_with(
+        1,
+        lc_pg::LcConfig {
+            lease_ttl: SignedDuration::from_millis(300),
+            ..config()
+        },
+    )
+    .await;
+    let at = certain(&f.clock).await;
+    let e = f
+        .store
+        .admit_exec(&op("t", "t"), at, f.tenant, &req("small", &["sleep", "60"]))
+        .await
+        .unwrap();
+    let (lease, g) = (e.canonical.lease_id, Generation(1));
+    let expiry = at.cut + SignedDuration::from_millis(300);
+    // One nanosecond before the deadline: not expired.
+    let before = CutReading::certain(expiry - SignedDuration::from_nanos(1));
+    let past = wait_reading(&f.clock, 10, "the cut past the lease", |r| {
+        r.certain && r.cut >= expiry
+    })
+    .await;
+    assert_eq!(
+        f.store.due_work(before, 10).await.unwrap()[0].action,
+        LeaseAction::Allocate
+    );
+    assert_eq!(
+        f.store
+            .begin_release(lease, g, TerminalReason::Expired, before)
+            .await
+            .unwrap_err()
+            .code(),
+        "illegal_transition"
+    );
+    // At the deadline exactly: expired.
+    let at_deadline = CutReading::certain(expiry);
+    assert_eq!(
+        f.store.due_work(at_deadline, 10).await.unwrap()[0].action,
+        LeaseAction::BeginRelease(TerminalReason::Expired)
+    );
+    let w = f
+        .store
+        .begin_release(lease, g, TerminalReason::Expired, past)
+        .await
+        .unwrap();
+    assert_eq!(w.state, LeaseState::ReleasePending);
+    f.store
+        .commit_release(lease, g, &f.provider.absence(lease, 1), past)
+        .await
+        .unwrap();
+    let done = f.store.exec(f.tenant, e.exec_id).await.unwrap();
+    assert_eq!(done.terminal_reason, Some(TerminalReason::Expired));
+    assert_eq!(
+        balances(&f.store.tenant(f.tenant).await.unwrap()),
+        (1, 1, 0, 0)
+    );
+    f.sampler.stop().await;
+}
+
+#[tokio::test]
+async fn operation_keys_get_receipts_past_the_floor_and_gc_at_floor_plus_ttl() {
+    let ttl = SignedDuration::from_millis(500);
+    let f = fixture_with(
+        10,
+        lc_pg::LcConfig {
+            operation_ttl: ttl,
+            ..config()
+        },
+    )
+    .await;
+    let at = certain(&f.clock).await;
+    let scope = OpScope::Tenant(f.tenant);
+    for k in ["d1", "d2"] {
+        f.store.deposit(&op(k, "1"), at, f.tenant, 1).await.unwrap();
+    }
+    let rec = f.store.operation(scope, "d1").await.unwrap();
+    assert_eq!((rec.created_cut, rec.floor), (at.cut, at.cut));
+    assert_eq!(rec.ttl_ns, 500_000_000);
+    assert_eq!(rec.gc_at, at.cut + ttl);
+    assert_eq!(rec.kind, "deposit");
+    assert_eq!(rec.result["deposited"], 11);
+    assert!(!rec.receipt_attached);
+    // A deposit replay returns the recorded result, moves nothing.
+    let again = f
+        .store
+        .deposit(&op("d1", "1"), at, f.tenant, 1)
+        .await
+        .unwrap();
+    assert_eq!(again.deposited, 11);
+    assert_eq!(f.store.tenant(f.tenant).await.unwrap().deposited, 12);
+
+    // Wait until the persisted cut is past gc_at + 1 ns, so every reading
+    // below is one the store accepts.
+    let gc_at = at.cut + ttl;
+    wait_reading(&f.clock, 10, "the cut past gc_at", |r| {
+        r.certain && r.cut > gc_at + SignedDuration::from_nanos(1)
+    })
+    .await;
+    let ns = SignedDuration::from_nanos(1);
+    // Before the receipt, nothing is deletable, however late.
+    assert_eq!(
+        f.store
+            .gc_operations(CutReading::certain(gc_at + ns), 10)
+            .await
+            .unwrap(),
+        0
+    );
+    // Receipt: not at the floor, not uncertain; one ns past it, yes.
+    assert_eq!(
+        f.store
+            .attach_receipts(CutReading::certain(at.cut), 10)
+            .await
+            .unwrap(),
+        0
+    );
+    assert_eq!(
+        f.store
+            .attach_receipts(CutReading::uncertain(at.cut + ns, 1), 10)
+            .await
+            .unwrap(),
+        0
+    );
+    assert_eq!(
+        f.store
+            .attach_receipts(CutReading::certain(at.cut + ns), 10)
+            .await
+            .unwrap(),
+        4, // the runtime, tenant and two deposits
+    );
+    assert!(
+        f.store
+            .operation(scope, "d1")
+            .await
+            .unwrap()
+            .receipt_attached
+    );
+    // GC of the two deposits (created at `at`): 1 ns before gc_at, kept;
+    // uncertain, kept; at gc_at, deleted. (The fixture's two keys were
+    // created at or before `at`, so they go no later.)
+    let n_early = f
+        .store
+        .gc_operations(CutReading::certain(gc_at - ns), 10)
+        .await
+        .unwrap();
+    assert!(n_early <= 2, "{n_early}");
+    for k in ["d1", "d2"] {
+        assert!(f.store.operation(scope, k).await.unwrap().receipt_attached);
+    }
+    assert_eq!(
+        f.store
+            .gc_operations(CutReading::uncertain(gc_at, 1), 10)
+            .await
+            .unwrap(),
+        0
+    );
+    let n = f
+        .store
+        .gc_operations(CutReading::certain(gc_at), 10)
+        .await
+        .unwrap();
+    assert_eq!(n_early + n, 4);
+    for k in ["d1", "d2"] {
+        assert_eq!(
+            f.store.operation(scope, k).await.unwrap_err().code(),
+            "not_found"
+        );
+    }
+    let mut c = PgConnection::connect(&f.db.url).await.unwrap();
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM lc_operations")
+        .fetch_one(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(left, 0);
+    f.sampler.stop().await;
+}
+
+#[tokio::test]
+async fn tenants_runtimes_and_providers() {
+    let f = fixture(0).await;
+    let at = certain(&f.clock).await;
+    let t = f.store.tenant(f.tenant).await.unwrap();
+    assert_eq!((t.name.as_str(), balances(&t)), ("blue", (0, 0, 0, 0)));
+    assert_eq!(
+        f.store.tenant_by_key(api_key_of(f.tenant)).await.unwrap(),
+        Some(f.tenant)
+    );
+    assert_eq!(f.store.tenant_by_key(Digest([1; 32])).await.unwrap(), None);
+    // Replaying the creation returns the recorded tenant; the same name
+    // under another key is taken.
+    let again = f
+        .store
+        .create_tenant(&op("t-blue", "blue"), at, "blue", None, &api_key_of)
+        .await
+        .unwrap();
+    assert_eq!(again.tenant_id, f.tenant);
+    assert_eq!(
+        f.store
+            .create_tenant(&op("t-blue", "green"), at, "green", None, &api_key_of)
+            .await
+            .unwrap_err()
+            .code(),
+        "idempotency_conflict"
+    );
+    let err = f
+        .store
+        .create_tenant(&op("t-blue-2", "blue"), at, "blue", None, &api_key_of)
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), "already_exists");
+    // Runtimes: same name and digest again is the same record; another
+    // digest under the name is taken.
+    let rt = f
+        .store
+        .register_runtime(
+            &op("rt2", "base2"),
+            at,
+            "base",
+            Digest::of(b"base manifest"),
+            serde_json::json!({}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        rt.manifest,
+        serde_json::json!({"kind": "host-usr", "name": "base"})
+    );
+    assert_eq!(
+        f.store
+            .register_runtime(
+                &op("rt3", "base3"),
+                at,
+                "base",
+                Digest([2; 32]),
+                serde_json::json!({})
+            )
+            .await
+            .unwrap_err()
+            .code(),
+        "already_exists"
+    );
+    assert_eq!(f.store.runtimes().await.unwrap().len(), 1);
+    // Providers: a URL update with the same key; another key is refused.
+    let p2 = TestProvider::new("p1", 8);
+    assert_eq!(
+        f.store
+            .register_provider(
+                &p2.id,
+                "http://127.0.0.1:7002",
+                p2.key.verifying_key().to_bytes()
+            )
+            .await
+            .unwrap_err()
+            .code(),
+        "already_exists"
+    );
+    let p = f
+        .store
+        .register_provider(
+            &f.provider.id,
+            "http://127.0.0.1:7003",
+            f.provider.key.verifying_key().to_bytes(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(p.url, "http://127.0.0.1:7003");
+    assert_eq!(
+        f.store
+            .register_provider(
+                &f.provider.id,
+                "ftp://x",
+                f.provider.key.verifying_key().to_bytes()
+            )
+            .await
+            .unwrap_err()
+            .code(),
+        "invalid_provider"
+    );
+    f.sampler.stop().await;
+}
+
+#[tokio::test]
+async fn the_database_refuses_deadlines_beyond_the_horizon_and_identity_changes() {
+    let f = fixture(2).await;
+    let at = certain(&f.clock).await;
+    let e = f
+        .store
+        .admit_exec(&op("g", "g"), at, f.tenant, &req("small", &["true"]))
+        .await
+        .unwrap();
+    let mut c = PgConnection::connect(&f.db.url).await.unwrap();
+    // The default horizon is 3650 days; an expiry 3651 days after the cut
+    // is refused by the database itself.
+    let err = sqlx::query(
+        "UPDATE lc_sandbox_leases SET expiry_floor_us = (SELECT cut_floor_us FROM tollgate_safetime) \
+             + 3651::bigint * 86400 * 1000000 WHERE lease_id = $1",
+    )
+    .bind(e.canonical.lease_id.0)
+    .execute(&mut c)
+    .await
+    .unwrap_err();
+    let db_err = err.as_database_error().unwrap();
+    assert_eq!(db_err.code().as_deref(), Some("LCS01"));
+    assert!(
+        db_err.message().starts_with("deadline_beyond_horizon:"),
+        "{}",
+        db_err.message()
+    );
+    // Exactly cut + horizon is accepted.
+    sqlx::query(
+        "UPDATE lc_sandbox_leases SET expiry_floor_us = s.cut_floor_us + 3650::bigint * 86400 * 1000000, \
+                expiry_submicro_ns = s.cut_submicro_ns FROM tollgate_safetime s WHERE lease_id = $1",
+    )
+    .bind(e.canonical.lease_id.0)
+    .execute(&mut c)
+    .await
+    .unwrap();
+    let err = sqlx::query("UPDATE lc_execs SET workspace_id = workspace_id + 1 WHERE exec_id = $1")
+        .bind(e.exec_id.0)
+        .execute(&mut c)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.as_database_error().unwrap().code().as_deref(),
+        Some("LCS02")
+    );
+    f.sampler.stop().await;
+}
+
+/// Claims the first epoch with a real sampler and returns
+/// `(quarantined, evidence kind, little_compute inventory)`.
+async fn first_claim(url: &str) -> (bool, String, serde_json::Value) {
+    let s = start_sampler(url);
+    let mut c = PgConnection::connect(url).await.unwrap();
+    let mut row = None;
+    for _ in 0..500 {
+        row = safetime_pg::read_cut(&mut c).await.unwrap();
+        if row.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let row = row.expect("a claim within 10 s");
+    s.stop().await;
+    let (kind, detail): (String, String) = sqlx::query_as(
+        "SELECT kind, detail::text FROM tollgate_safetime_evidence \
+          WHERE kind IN ('initial_cut', 'initial_quarantine')",
+    )
+    .fetch_one(&mut c)
+    .await
+    .unwrap();
+    let detail: serde_json::Value = serde_json::from_str(&detail).unwrap();
+    assert_eq!(
+        row.quarantined,
+        row.cut == Timestamp::UNIX_EPOCH,
+        "a quarantined cut starts at the Unix epoch"
+    );
+    (row.quarantined, kind, detail["little_compute"].clone())
+}
+
+#[tokio::test]
+async fn the_initial_cut_is_quarantined_when_little_compute_holds_authority() {
+    // Empty: the cut starts at database time.
+    let empty = migrated_db().await;
+    let (q, kind, inv) = first_claim(&empty.url).await;
+    assert_eq!((q, kind.as_str()), (false, "initial_cut"));
+    assert_eq!(inv["operation_keys"], 0);
+    assert_eq!(inv["unfinished_execs"], 0);
+
+    // An operation key (no Tollgate authority at all): quarantined.
+    let with_key = migrated_db().await;
+    let mut c = PgConnection::connect(&with_key.url).await.unwrap();
+    sqlx::query(
+        "INSERT INTO lc_operations (scope, op_key, kind, request_sha256, result, created_floor_us, \
+             created_submicro_ns, floor_floor_us, floor_submicro_ns, ttl_ns, gc_floor_us, gc_submicro_ns) \
+         VALUES (0, 'k', 'create_tenant', decode(repeat('00', 32), 'hex'), 'null', 0, 0, 0, 0, 1, 0, 1)",
+    )
+    .execute(&mut c)
+    .await
+    .unwrap();
+    let (q, kind, inv) = first_claim(&with_key.url).await;
+    assert_eq!((q, kind.as_str()), (true, "initial_quarantine"));
+    assert_eq!(inv["operation_keys"], 1);
+
+    // An unfinished exec (its other rows left out: only the exec is the
+    // authority under test): quarantined.
+    let with_exec = migrated_db().await;
+    let mut c = PgConnection::connect(&with_exec.url).await.unwrap();
+    sqlx::raw_sql(
+        "BEGIN; SET LOCAL session_replication_role = replica; \
+         INSERT INTO lc_execs (tenant_id, lease_id, provider_id, runtime_digest, workspace_id, shape, \
+             units, command, admitted_floor_us, admitted_submicro_ns, state) \
+         VALUES (1, 1, 'p1', decode(repeat('00', 32), 'hex'), 1, 'small', 1, '[\"true\"]', 0, 0, 'admitted'); \
+         COMMIT;",
+    )
+    .execute(&mut c)
+    .await
+    .unwrap();
+    let (q, kind, inv) = first_claim(&with_exec.url).await;
+    assert_eq!((q, kind.as_str()), (true, "initial_quarantine"));
+    assert_eq!(inv["unfinished_execs"], 1);
+}
+
+#[tokio::test]
+async fn concurrent_replays_admit_once_and_concurrent_commits_return_units_once() {
+    let f = std::sync::Arc::new(fixture(4).await);
+    let at = certain(&f.clock).await;
+    // Eight concurrent first uses of one key: one exec, one unit held.
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let f = f.clone();
+        tasks.push(tokio::spawn(async move {
+            f.store
+                .admit_exec(&op("same", "same"), at, f.tenant, &req("small", &["true"]))
+                .await
+                .unwrap()
+                .exec_id
+        }));
+    }
+    let mut ids = Vec::new();
+    for t in tasks {
+        ids.push(t.await.unwrap());
+    }
+    ids.dedup();
+    assert_eq!(ids.len(), 1, "{ids:?}");
+    assert_eq!(
+        balances(&f.store.tenant(f.tenant).await.unwrap()),
+        (4, 3, 1, 0)
+    );
+    let e = f.store.exec(f.tenant, ids[0]).await.unwrap();
+    let (lease, g) = (e.canonical.lease_id, Generation(1));
+    f.store
+        .begin_release(lease, g, TerminalReason::Cancelled, at)
+        .await
+        .unwrap();
+    // Four concurrent commits of the same proof: one release, three replays.
+    let now = certain(&f.clock).await;
+    let evidence = f.provider.absence(lease, 1);
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let (f, evidence) = (f.clone(), evidence.clone());
+        tasks.push(tokio::spawn(async move {
+            f.store
+                .commit_release(lease, g, &evidence, now)
+                .await
+                .unwrap()
+        }));
+    }
+    let mut fresh = 0;
+    for t in tasks {
+        let out = t.await.unwrap();
+        assert_eq!(out.units_returned, 1);
+        fresh += usize::from(!out.replay);
+    }
+    assert_eq!(fresh, 1);
+    assert_eq!(
+        balances(&f.store.tenant(f.tenant).await.unwrap()),
+        (4, 4, 0, 0)
+    );
+    assert_audit_clean(&f.store).await;
+    let Ok(f) = std::sync::Arc::try_unwrap(f) else {
+        panic!("every task has ended")
+    };
+    f.sampler.stop().await;
+}
+
+#[tokio::test]
+async fn a_start_failure_releases_from_allocating_and_cancel_of_a_terminal_exec_changes_nothing() {
+    let f = fixture(1).await;
+    let at = certain(&f.clock).await;
+    let e = f
+        .store
+        .admit_exec(&op("s", "s"), at, f.tenant, &req("small", &["nope"]))
+        .await
+        .unwrap();
+    let (lease, g) = (e.canonical.lease_id, Generation(1));
+    // allocating -> release_pending directly; twice is the same.
+    for _ in 0..2 {
+        let w = f
+            .store
+            .begin_release(lease, g, TerminalReason::StartFailed, at)
+            .await
+            .unwrap();
+        assert_eq!(w.state, LeaseState::ReleasePending);
+    }
+    // No way back to active.
+    assert_eq!(
+        f.store.mark_active(lease, g, at).await.unwrap_err(),
+        LcError::IllegalTransition {
+            what: "lease",
+            from: "release_pending",
+            to: "active"
+        }
+    );
+    let now = certain(&f.clock).await;
+    // A fence of a later generation covers this one.
+    let fence = f.provider.sign(Statement::Fence {
+        provider_id: "p1".into(),
+        lease_id: lease.0,
+        generation: 3,
+    });
+    let out = f.store.commit_release(lease, g, &fence, now).await.unwrap();
+    assert_eq!((out.units_returned, out.replay), (1, false));
+    let done = f.store.exec(f.tenant, e.exec_id).await.unwrap();
+    assert_eq!(
+        (done.state, done.terminal_reason, done.exit_code),
+        (ExecState::Terminal, Some(TerminalReason::StartFailed), None)
+    );
+    // Cancelling a terminal exec returns it as it is and writes only the
+    // operation key.
+    let c = f
+        .store
+        .cancel(&op("c", "c"), now, f.tenant, e.exec_id)
+        .await
+        .unwrap();
+    assert_eq!(c, done);
+    assert_eq!(
+        f.store
+            .cancel(&op("c2", "c2"), now, f.tenant, ExecId(e.exec_id.0 + 50))
+            .await
+            .unwrap_err()
+            .code(),
+        "not_found"
+    );
+    assert_eq!(
+        balances(&f.store.tenant(f.tenant).await.unwrap()),
+        (1, 1, 0, 0)
+    );
+    assert_audit_clean(&f.store).await;
+    f.sampler.stop().await;
+}
