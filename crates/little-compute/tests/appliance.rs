@@ -1,0 +1,429 @@
+//! The appliance end to end, as a user runs it: from a clean data
+//! directory, `little-compute appliance up` as a real child process (its
+//! own PostgreSQL cluster, a real sampler as `lc-sampler`, the control
+//! plane, a bubblewrap provider and the worker); a tenant and a real
+//! command through the `lc` client; the command's exact output, its
+//! terminal state and exit code, its units back and a clean Tollgate audit;
+//! then a stop (SIGTERM, every process gone), a second `up` on the same
+//! directory that reads the same exec, and `appliance down`.
+
+use std::io::{BufRead as _, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// How long one `up` may take until it prints `appliance ready`: a new
+/// cluster, migrations, and a new sampler epoch that becomes certain after
+/// its recovery grace.
+const UP_MAX: Duration = Duration::from_secs(240);
+/// How long a stop may take.
+const STOP_MAX: Duration = Duration::from_secs(120);
+
+fn exe(name: &str) -> PathBuf {
+    match name {
+        "little-compute" => PathBuf::from(env!("CARGO_BIN_EXE_little-compute")),
+        "lc" => PathBuf::from(env!("CARGO_BIN_EXE_lc")),
+        other => panic!("no binary {other}"),
+    }
+}
+
+/// The sampler and the supervisor are other packages' binaries: the
+/// appliance finds them beside its own. Builds them when they are missing
+/// (the workspace's test run builds them anyway).
+fn ensure_sibling_binaries() {
+    let dir = exe("little-compute").parent().unwrap().to_path_buf();
+    let missing: Vec<&str> = ["tollgate-safetime", "lc-supervisor"]
+        .into_iter()
+        .filter(|b| !dir.join(b).is_file())
+        .collect();
+    if missing.is_empty() {
+        return;
+    }
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    cmd.arg("build");
+    for b in &missing {
+        cmd.args(["-p", b]);
+    }
+    // The profile directory is the one this test binary was built into.
+    if dir.ends_with("release") {
+        cmd.arg("--release");
+    }
+    let status = cmd.status().expect("cargo build runs");
+    assert!(status.success(), "building {missing:?} failed");
+    for b in &missing {
+        assert!(
+            dir.join(b).is_file(),
+            "{b} not built into {}",
+            dir.display()
+        );
+    }
+}
+
+struct Up {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    seen: Vec<String>,
+}
+
+impl Up {
+    fn start(dir: &Path) -> Up {
+        let mut child = Command::new(exe("little-compute"))
+            .args(["appliance", "up", "--data-dir"])
+            .arg(dir)
+            .args(["--listen", "127.0.0.1:0"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("appliance up starts");
+        let out = child.stdout.take().unwrap();
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut up = Up {
+            child,
+            lines,
+            seen: Vec::new(),
+        };
+        up.wait_for("appliance ready", UP_MAX);
+        up
+    }
+
+    fn wait_for(&mut self, needle: &str, bound: Duration) {
+        let deadline = Instant::now() + bound;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self
+                .lines
+                .recv_timeout(left.min(Duration::from_millis(500)))
+            {
+                Ok(line) => {
+                    let hit = line.contains(needle);
+                    self.seen.push(line);
+                    if hit {
+                        return;
+                    }
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    panic!(
+                        "appliance exited before {needle:?}:\n{}",
+                        self.seen.join("\n")
+                    )
+                }
+            }
+            if Instant::now() >= deadline {
+                panic!("no {needle:?} within {bound:?}:\n{}", self.seen.join("\n"));
+            }
+        }
+    }
+
+    /// Waits for the process to exit; its status.
+    fn wait_exit(&mut self) -> std::process::ExitStatus {
+        let deadline = Instant::now() + STOP_MAX;
+        loop {
+            while let Ok(line) = self.lines.try_recv() {
+                self.seen.push(line);
+            }
+            if let Some(s) = self.child.try_wait().unwrap() {
+                while let Ok(line) = self.lines.recv_timeout(Duration::from_millis(200)) {
+                    self.seen.push(line);
+                }
+                return s;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the appliance did not stop within {STOP_MAX:?}:\n{}",
+                self.seen.join("\n")
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for Up {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _ = Command::new("kill")
+                .args(["-TERM", &self.child.id().to_string()])
+                .status();
+            let deadline = Instant::now() + STOP_MAX;
+            while self.child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Runs `lc --data-dir DIR args...`: (exit code, stdout, stderr).
+fn lc(dir: &Path, args: &[&str]) -> (i32, Vec<u8>, String) {
+    let out = Command::new(exe("lc"))
+        .arg("--data-dir")
+        .arg(dir)
+        .args(args)
+        .env_remove("LC_SERVER")
+        .env_remove("LC_TOKEN")
+        .output()
+        .expect("lc runs");
+    (
+        out.status.code().unwrap_or(-1),
+        out.stdout,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn lc_json(dir: &Path, args: &[&str]) -> serde_json::Value {
+    let (code, out, err) = lc(dir, args);
+    assert_eq!(code, 0, "lc {args:?}: {err}");
+    serde_json::from_slice(&out).unwrap_or_else(|e| panic!("lc {args:?}: {e}: {out:?}"))
+}
+
+fn pids(dir: &Path) -> serde_json::Map<String, serde_json::Value> {
+    let text = std::fs::read_to_string(dir.join("appliance.json")).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    v["pids"].as_object().unwrap().clone()
+}
+
+fn alive(pid: u64) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| {
+            s.rsplit_once(')')
+                .and_then(|(_, r)| r.trim_start().chars().next())
+                .is_some_and(|c| c != 'Z' && c != 'X')
+        })
+        .unwrap_or(false)
+}
+
+/// The Tollgate audit of the installation's database, through the owner's
+/// credentials the appliance keeps in `DIR/secrets`.
+async fn audit(dir: &Path) -> tollgate::AuditReport {
+    let conf: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("appliance.conf.json")).unwrap())
+            .unwrap();
+    let pw = std::fs::read_to_string(dir.join("secrets/pg-owner")).unwrap();
+    let url = format!(
+        "postgres://lc_owner:{}@127.0.0.1:{}/little_compute",
+        pw.trim(),
+        conf["postgres"]
+    );
+    let secret = std::fs::read_to_string(dir.join("secrets/server-secret")).unwrap();
+    let policy = tollgate::GrantPolicy::new(
+        jiff::SignedDuration::from_mins(15),
+        jiff::SignedDuration::from_hours(1),
+    )
+    .unwrap();
+    let key = tollgate::CapabilityKey::new(secret.trim().as_bytes()).unwrap();
+    let store = lc_pg::LcStore::connect(&url, policy, key, lc_pg::LcConfig::default())
+        .await
+        .expect("the store opens with the appliance's policy and secret");
+    let report = {
+        use tollgate::Allocator as _;
+        store.tollgate().audit().await.unwrap()
+    };
+    store.pool().close().await;
+    report
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn appliance_runs_a_real_command_and_keeps_it_across_a_restart() {
+    ensure_sibling_binaries();
+    let tmp = tempfile::Builder::new()
+        .prefix("lc-appliance-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    // PostgreSQL's account must reach DIR/pg.
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    }
+    let dir = tmp.path().join("lc");
+
+    let mut up = Up::start(&dir);
+    assert!(
+        up.seen[0].contains("single-host installation")
+            && up.seen[0].contains("separate hardened hosts"),
+        "{:?}",
+        up.seen[0]
+    );
+    let first_pids = pids(&dir);
+    for name in [
+        "appliance",
+        "postgres",
+        "sampler",
+        "serve",
+        "provider",
+        "worker",
+    ] {
+        let pid = first_pids[name].as_u64().unwrap();
+        assert!(alive(pid), "{name} ({pid}) runs");
+    }
+    // The sampler runs as its own unprivileged account.
+    let sampler = first_pids["sampler"].as_u64().unwrap();
+    let status = std::fs::read_to_string(format!("/proc/{sampler}/status")).unwrap();
+    let uid_line = status.lines().find(|l| l.starts_with("Uid:")).unwrap();
+    let sampler_uid: u32 = uid_line.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let root = std::fs::metadata("/proc/self").is_ok_and(|m| {
+        use std::os::unix::fs::MetadataExt as _;
+        m.uid() == 0
+    });
+    if root {
+        assert_ne!(sampler_uid, 0, "the sampler is not root: {uid_line}");
+    }
+    let status = Command::new(exe("little-compute"))
+        .args(["appliance", "status", "--json", "--data-dir"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(status.status.success());
+    let st: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert_eq!(st["up"], true);
+    assert_eq!(st["cut"]["certain"], true);
+
+    let tenant = lc_json(
+        &dir,
+        &[
+            "tenant", "create", "--name", "blue", "--units", "8", "--json",
+        ],
+    );
+    let t = tenant["tenant_id"].as_i64().unwrap().to_string();
+    assert!(tenant["api_key"].as_str().unwrap().starts_with("lc_"));
+    let (code, _, err) = lc(
+        &dir,
+        &[
+            "--tenant",
+            &t,
+            "exec",
+            "create",
+            "--runtime",
+            "base",
+            "--shape",
+            "small",
+            "--wait",
+            "--",
+            "sh",
+            "-c",
+            "printf 'hello\\nworld\\n'; printf oops >&2; exit 3",
+        ],
+    );
+    assert_eq!(
+        code, 3,
+        "exec create --wait exits with the command's code: {err}"
+    );
+    let exec = lc_json(&dir, &["--tenant", &t, "exec", "show", "1", "--json"]);
+    assert_eq!(exec["state"], "terminal");
+    assert_eq!(exec["exit_code"], 3);
+    assert_eq!(exec["terminal_reason"], "exited");
+    let (code, out, err) = lc(&dir, &["--tenant", &t, "exec", "output", "1"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out, b"hello\nworld\n");
+    let (code, _, err) = lc(&dir, &["--tenant", &t, "exec", "output", "1", "--stderr"]);
+    assert_eq!(code, 0);
+    assert!(err.contains("oops"), "{err:?}");
+
+    // The Reservation's unit comes back once the worker commits the release.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let balances = loop {
+        let b = lc_json(&dir, &["tenant", "show", &t, "--json"]);
+        if b["held"] == 0 || Instant::now() > deadline {
+            break b;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(
+        (
+            &balances["deposited"],
+            &balances["available"],
+            &balances["held"],
+            &balances["consumed"]
+        ),
+        (
+            &serde_json::json!(8),
+            &serde_json::json!(8),
+            &serde_json::json!(0),
+            &serde_json::json!(0)
+        )
+    );
+    let report = audit(&dir).await;
+    assert!(report.is_clean(), "{:?}", report.violations);
+    assert_eq!(
+        (
+            report.total_deposited,
+            report.total_held,
+            report.total_consumed
+        ),
+        (8, 0, 0)
+    );
+
+    // SIGTERM stops everything in order, and nothing is left running.
+    let killed = Command::new("kill")
+        .args(["-TERM", &up.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let ended = up.wait_exit();
+    assert!(ended.success(), "{ended}: {}", up.seen.join("\n"));
+    let stops: Vec<&String> = up
+        .seen
+        .iter()
+        .filter(|l| l.starts_with("stopped "))
+        .collect();
+    let order: Vec<&str> = stops
+        .iter()
+        .map(|l| l.split_whitespace().nth(1).unwrap())
+        .collect();
+    assert_eq!(
+        order,
+        ["worker", "provider", "serve", "sampler", "postgres"]
+    );
+    for (name, pid) in &first_pids {
+        assert!(!alive(pid.as_u64().unwrap()), "{name} is gone");
+    }
+    assert!(!dir.join("appliance.json").exists());
+    drop(up);
+
+    // A second `up` on the same directory keeps every state.
+    let mut up = Up::start(&dir);
+    assert!(
+        up.seen
+            .iter()
+            .any(|l| l.contains("reusing the PostgreSQL cluster"))
+    );
+    let again = lc_json(&dir, &["--tenant", &t, "exec", "show", "1", "--json"]);
+    assert_eq!(again, exec);
+    let (code, out, _) = lc(&dir, &["--tenant", &t, "exec", "output", "1"]);
+    assert_eq!((code, out.as_slice()), (0, b"hello\nworld\n".as_slice()));
+    let b = lc_json(&dir, &["tenant", "show", &t, "--json"]);
+    assert_eq!(
+        (&b["available"], &b["held"]),
+        (&serde_json::json!(8), &serde_json::json!(0))
+    );
+
+    let down = Command::new(exe("little-compute"))
+        .args(["appliance", "down", "--data-dir"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(
+        down.status.success(),
+        "{}",
+        String::from_utf8_lossy(&down.stdout)
+    );
+    let ended = up.wait_exit();
+    assert!(ended.success(), "{ended}");
+    let status = Command::new(exe("little-compute"))
+        .args(["appliance", "status", "--data-dir"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert_eq!(status.status.code(), Some(3), "no appliance is up");
+}
