@@ -830,3 +830,83 @@ async fn a_token_guards_every_route_but_identity() {
         .unwrap();
     server.abort();
 }
+
+#[tokio::test]
+async fn a_killed_provider_takes_its_instances_along_and_a_restart_destroys_them() {
+    use std::io::BufRead as _;
+    let e = env();
+    let exe = std::env::current_exe().unwrap();
+    let host_bin = exe
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("examples/provider_host");
+    let state = e.dir.join("hosted");
+    let parent = e.provider.config().cgroup_parent.clone();
+    /// Kills the hosting process if the test fails before it does.
+    struct Host(std::process::Child);
+    impl Drop for Host {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut host = std::process::Command::new(host_bin)
+        .arg(&state)
+        .arg(&parent)
+        .arg(supervisor_bin())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(host.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let mut host = Host(host);
+    assert_eq!(line, "ready\n");
+    let mut cfg = config(&state);
+    cfg.cgroup_parent = parent;
+    let hosted = BwrapProvider::open(cfg).unwrap();
+    let cg = hosted.instance_cgroup(SandboxLeaseId(1), Generation(1));
+    let pids = cg.pids();
+    assert!(pids.len() >= 4, "{pids:?}");
+    // kill -9 of the provider: --die-with-parent kills the whole instance.
+    host.0.kill().unwrap();
+    host.0.wait().unwrap();
+    for pid in &pids {
+        let t = Instant::now();
+        while pid_running(*pid) {
+            assert!(t.elapsed() < DEADLINE, "pid {pid} outlived its provider");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    // The restarted provider still knows the instance, sees it exited, and
+    // its destroy removes what is left and fences the generation.
+    let key = hosted.public_key();
+    let obs = hosted
+        .observe(SandboxLeaseId(1), Generation(1))
+        .await
+        .unwrap();
+    assert!(matches!(
+        verify(&obs, &key, expected(1, 1)).unwrap(),
+        Statement::Observation {
+            state: InstanceState::Exited,
+            ..
+        }
+    ));
+    let ev = hosted
+        .destroy(SandboxLeaseId(1), Generation(1))
+        .await
+        .unwrap();
+    assert!(matches!(
+        verify(&ev, &key, expected(1, 1)).unwrap(),
+        Statement::Fence { .. }
+    ));
+    assert!(!cg.exists());
+    assert_eq!(
+        hosted.allocate(sh(1, "true")).await.unwrap_err().code(),
+        "fenced"
+    );
+}
