@@ -625,6 +625,12 @@ async fn the_http_client_is_the_same_provider() {
     assert_eq!(client.public_key(), key);
     let a = client.allocate(sh(12, "printf 'over http'")).await.unwrap();
     assert!(a.created);
+    let inv = client.inventory().await.unwrap();
+    assert_eq!(inv.len(), 1);
+    assert_eq!(
+        (inv[0].lease_id, inv[0].generation, inv[0].exec_id),
+        (SandboxLeaseId(12), Generation(1), ExecId(12))
+    );
     let all = until_terminal(&client, 12, 1).await;
     assert_eq!(stream(&all, PageKind::Stdout), "over http");
     client
@@ -658,6 +664,7 @@ async fn the_http_client_is_the_same_provider() {
         verify(&ev, &key, expected(12, 1)).unwrap(),
         Statement::Fence { .. }
     ));
+    assert_eq!(client.inventory().await.unwrap(), vec![]);
     assert_eq!(
         client
             .allocate(sh(12, "printf 'over http'"))
@@ -884,6 +891,24 @@ async fn a_killed_provider_takes_its_instances_along_and_a_restart_destroys_them
     }
     // The restarted provider still knows the instance, sees it exited, and
     // its destroy removes what is left and fences the generation.
+    assert_eq!(
+        hosted
+            .pages(SandboxLeaseId(1), Generation(1), 0, 8)
+            .await
+            .unwrap_err(),
+        ProviderError::InstanceLost {
+            lease_id: 1,
+            generation: 1
+        }
+    );
+    assert_eq!(
+        hosted
+            .ack(SandboxLeaseId(1), Generation(1), 1)
+            .await
+            .unwrap_err()
+            .code(),
+        "instance_lost"
+    );
     let key = hosted.public_key();
     let obs = hosted
         .observe(SandboxLeaseId(1), Generation(1))
