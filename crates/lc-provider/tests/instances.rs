@@ -935,3 +935,28 @@ async fn a_killed_provider_takes_its_instances_along_and_a_restart_destroys_them
         "fenced"
     );
 }
+
+#[tokio::test]
+async fn rlimits_and_cpu_shares_are_set() {
+    let e = env();
+    let (out, _, exit) = run(
+        &e,
+        16,
+        sh(16, "ulimit -Hn; ulimit -Sn; ulimit -c; ulimit -f"),
+    )
+    .await;
+    // dash reports the file size limit in 512-byte blocks: 4 GiB.
+    assert_eq!(out, "1024\n1024\n0\n8388608\n");
+    assert_eq!(exit, ExitStatus::exited(0));
+    let cg = e
+        .provider
+        .instance_cgroup(SandboxLeaseId(16), Generation(1));
+    assert_eq!(
+        std::fs::read_to_string(cg.dirs()[2].join("cpu.shares")).unwrap(),
+        "512\n"
+    );
+    e.provider
+        .destroy(SandboxLeaseId(16), Generation(1))
+        .await
+        .unwrap();
+}
