@@ -960,3 +960,35 @@ async fn rlimits_and_cpu_shares_are_set() {
         .await
         .unwrap();
 }
+
+#[tokio::test]
+async fn a_bubblewrap_that_fails_leaves_no_instance_group_or_directory() {
+    let e = env();
+    let mut cfg = config(&e.dir);
+    // A "bubblewrap" that says why and fails at once.
+    let fake = e.dir.join("fake-bwrap");
+    std::fs::write(&fake, "#!/bin/sh\necho 'bwrap: no thanks' >&2\nexit 1\n").unwrap();
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+    cfg.bwrap_bin = fake;
+    let failing = BwrapProvider::open(cfg).unwrap();
+    let err = failing.allocate(sh(17, "true")).await.unwrap_err();
+    assert_eq!(err.code(), "start_failed");
+    assert_eq!(
+        err.to_string(),
+        "instance start failed: bwrap exited with exit status: 1: bwrap: no thanks"
+    );
+    assert!(!e.dir.join("instances/17-1").exists());
+    assert!(
+        !failing
+            .instance_cgroup(SandboxLeaseId(17), Generation(1))
+            .exists()
+    );
+    assert_eq!(failing.inventory().await.unwrap(), vec![]);
+    // Not fenced: a retry of the same generation may start it.
+    assert!(e.provider.allocate(sh(17, "true")).await.unwrap().created);
+    e.provider
+        .destroy(SandboxLeaseId(17), Generation(1))
+        .await
+        .unwrap();
+}
