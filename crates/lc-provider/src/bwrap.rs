@@ -58,7 +58,9 @@ use lc_core::{Generation, ProviderId, SandboxLeaseId};
 use crate::cgroup::{CgroupRoot, InstanceCgroup, Limits};
 use crate::fence::Fences;
 use crate::runtime::{RuntimeRoot, RuntimeStore};
-use crate::{AllocateRequest, Allocation, Provider, ProviderError, identity, socket};
+use crate::{
+    AllocateRequest, Allocation, InstanceSummary, Provider, ProviderError, identity, socket,
+};
 
 /// The uid and gid of the command inside an instance.
 pub const SANDBOX_UID: u32 = 1000;
@@ -69,9 +71,9 @@ const SOCKET_IN_SANDBOX: &str = "/.lc/run/supervisor.sock";
 /// The longest unix socket path (`sun_path` less its NUL).
 const SOCKET_PATH_BYTES_MAX: usize = 107;
 
-/// The most instances one destroy inspects for a lease: far above the
-/// generations a lease ever reaches on one provider.
-const INSTANCES_SCANNED_MAX: usize = 100_000;
+/// The most instance directories one destroy or inventory inspects: far
+/// above the instances one host runs.
+pub const INSTANCES_SCANNED_MAX: usize = 100_000;
 
 /// The most bytes of `bwrap.log` quoted in a start failure.
 const LOG_TAIL_BYTES_MAX: usize = 2048;
@@ -561,6 +563,24 @@ impl BwrapProvider {
         sign(&s, &self.key)
     }
 
+    /// `e`, or [`ProviderError::InstanceLost`] when the instance has no
+    /// process left (so no supervisor will ever answer again).
+    fn lost_or(
+        &self,
+        lease_id: SandboxLeaseId,
+        generation: Generation,
+        e: ProviderError,
+    ) -> ProviderError {
+        if self.state_of(lease_id.0, generation.0) == InstanceState::Exited {
+            ProviderError::InstanceLost {
+                lease_id: lease_id.0,
+                generation: generation.0,
+            }
+        } else {
+            e
+        }
+    }
+
     fn socket_of(
         &self,
         lease_id: SandboxLeaseId,
@@ -709,7 +729,8 @@ impl Provider for BwrapProvider {
             return Ok(Vec::new());
         }
         let max = max.min(PAGES_PER_REQUEST_MAX as usize) as u32;
-        match socket::call(sock, SocketRequest::Pages { after_seq, max }).await? {
+        let answer = socket::call(sock, SocketRequest::Pages { after_seq, max }).await;
+        match answer.map_err(|e| self.lost_or(lease_id, generation, e))? {
             SocketResponse::Pages(p) => Ok(p),
             SocketResponse::Error { code } => {
                 Err(ProviderError::SupervisorUnavailable { detail: code })
@@ -718,6 +739,25 @@ impl Provider for BwrapProvider {
                 detail: "an ack answer to a pages request".into(),
             }),
         }
+    }
+
+    async fn inventory(&self) -> Result<Vec<InstanceSummary>, ProviderError> {
+        let dir = self.cfg.state_dir.join("instances");
+        let mut out = Vec::new();
+        let entries = std::fs::read_dir(&dir).map_err(|e| io(dir.display(), e))?;
+        for e in entries.take(INSTANCES_SCANNED_MAX) {
+            let e = e.map_err(|e| io(dir.display(), e))?;
+            if let Some(rec) = self.read_record(&e.path())? {
+                out.push(InstanceSummary {
+                    lease_id: SandboxLeaseId(rec.lease_id),
+                    generation: Generation(rec.generation),
+                    exec_id: lc_core::ExecId(rec.exec_id),
+                    state: self.state_of(rec.lease_id, rec.generation),
+                });
+            }
+        }
+        out.sort_by_key(|i| (i.lease_id, i.generation));
+        Ok(out)
     }
 
     async fn ack(
@@ -743,7 +783,7 @@ impl Provider for BwrapProvider {
             }),
             // The supervisor may exit right after answering the terminal ack.
             Err(_) if !sock.exists() => Ok(()),
-            Err(e) => Err(e),
+            Err(e) => Err(self.lost_or(lease_id, generation, e)),
         }
     }
 }

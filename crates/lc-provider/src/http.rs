@@ -7,6 +7,7 @@
 //! |---|---|---|
 //! | `GET /v1/identity` | | `{ "provider_id", "public_key_hex" }` |
 //! | `POST /v1/instances` | [`AllocateBody`] | [`Allocation`] |
+//! | `GET /v1/instances` | | `{ "instances": [InstanceSummary] }` |
 //! | `POST /v1/instances/{lease}/{generation}/destroy` | | evidence [`Envelope`] |
 //! | `GET /v1/instances/{lease}/{generation}/observation` | | evidence [`Envelope`] |
 //! | `GET /v1/instances/{lease}/{generation}/pages?after_seq=N&max=M` | | `{ "pages": [JsonPage] }` |
@@ -39,7 +40,7 @@ use lc_core::{
     AttemptNo, Command, Digest, ExecId, Generation, ProviderId, SandboxLeaseId, Shape, WorkspaceId,
 };
 
-use crate::{AllocateRequest, Allocation, Provider, ProviderError};
+use crate::{AllocateRequest, Allocation, InstanceSummary, Provider, ProviderError};
 
 /// Bound on one client request, connection included: above the slowest
 /// provider call (a destroy's kill bound plus an allocate's start wait).
@@ -144,6 +145,7 @@ impl ApiError {
                 StatusCode::CONFLICT
             }
             ProviderError::NoInstance { .. } => StatusCode::NOT_FOUND,
+            ProviderError::InstanceLost { .. } => StatusCode::GONE,
             ProviderError::UnknownRuntime { .. } | ProviderError::RuntimeRefused { .. } => {
                 StatusCode::UNPROCESSABLE_ENTITY
             }
@@ -234,6 +236,19 @@ async fn allocate(
     Ok(Json(p.allocate(req).await?))
 }
 
+/// `GET /v1/instances` answer.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct InventoryBody {
+    /// Every instance, ordered by lease and generation.
+    pub instances: Vec<InstanceSummary>,
+}
+
+async fn inventory(State(p): State<Shared>) -> Result<Json<InventoryBody>, ApiError> {
+    Ok(Json(InventoryBody {
+        instances: p.inventory().await?,
+    }))
+}
+
 async fn destroy(
     State(p): State<Shared>,
     Path(raw): Path<(String, String)>,
@@ -292,7 +307,7 @@ pub fn provider_router(provider: Arc<dyn Provider>) -> axum::Router {
 /// Every route but `/v1/identity`.
 fn instance_routes() -> axum::Router<Shared> {
     axum::Router::new()
-        .route("/v1/instances", post(allocate))
+        .route("/v1/instances", post(allocate).get(inventory))
         .route("/v1/instances/{lease}/{generation}/destroy", post(destroy))
         .route(
             "/v1/instances/{lease}/{generation}/observation",
@@ -542,6 +557,13 @@ impl Provider for HttpProvider {
                 Page::try_from(j).map_err(|e| unreachable(format!("provider sent a bad page: {e}")))
             })
             .collect()
+    }
+
+    async fn inventory(&self) -> Result<Vec<InstanceSummary>, ProviderError> {
+        let body: InventoryBody = self
+            .call(reqwest::Method::GET, "/v1/instances", None::<&()>)
+            .await?;
+        Ok(body.instances)
     }
 
     async fn ack(

@@ -77,6 +77,19 @@ pub struct Allocation {
     pub created: bool,
 }
 
+/// One instance in a provider's inventory.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InstanceSummary {
+    /// The sandbox lease.
+    pub lease_id: SandboxLeaseId,
+    /// Its generation.
+    pub generation: Generation,
+    /// The exec it runs.
+    pub exec_id: ExecId,
+    /// `running` or `exited`.
+    pub state: InstanceState,
+}
+
 /// A provider's refusal or failure. Codes are stable; [`ProviderError::code`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
 #[serde(tag = "code", rename_all = "snake_case")]
@@ -106,6 +119,18 @@ pub enum ProviderError {
     /// No such instance on this provider. Code `no_instance`.
     #[error("no instance of lease {lease_id} generation {generation}")]
     NoInstance {
+        /// The lease.
+        lease_id: i64,
+        /// The generation.
+        generation: i64,
+    },
+    /// The instance's processes are gone while its supervisor still held
+    /// unacknowledged pages (the provider or the instance was killed): those
+    /// pages are lost; destroy the generation. Code `instance_lost`.
+    #[error(
+        "lease {lease_id} generation {generation}: the instance ended before its pages were acknowledged"
+    )]
+    InstanceLost {
         /// The lease.
         lease_id: i64,
         /// The generation.
@@ -183,6 +208,7 @@ impl ProviderError {
             ProviderError::StartFailed { .. } => "start_failed",
             ProviderError::DestroyIncomplete { .. } => "destroy_incomplete",
             ProviderError::SupervisorUnavailable { .. } => "supervisor_unavailable",
+            ProviderError::InstanceLost { .. } => "instance_lost",
             ProviderError::RuntimeRefused { .. } => "runtime_refused",
             ProviderError::Io { .. } => "provider_io",
             ProviderError::Unauthorized => "unauthorized",
@@ -259,7 +285,9 @@ pub trait Provider: Send + Sync {
     /// none is spooled yet or the supervisor has finished.
     ///
     /// # Errors
-    /// [`ProviderError::NoInstance`], [`ProviderError::SupervisorUnavailable`].
+    /// [`ProviderError::NoInstance`], [`ProviderError::SupervisorUnavailable`]
+    /// (retry), [`ProviderError::InstanceLost`] (the instance died with
+    /// unacknowledged pages: destroy it).
     async fn pages(
         &self,
         lease_id: SandboxLeaseId,
@@ -268,11 +296,25 @@ pub trait Provider: Send + Sync {
         max: usize,
     ) -> Result<Vec<Page>, ProviderError>;
 
+    /// Every instance the provider holds (allocated and not destroyed),
+    /// ordered by lease and generation, at most
+    /// [`bwrap::INSTANCES_SCANNED_MAX`]. The default answers
+    /// [`ProviderError::InvalidRequest`]: a provider without an inventory.
+    ///
+    /// # Errors
+    /// [`ProviderError::Io`].
+    async fn inventory(&self) -> Result<Vec<InstanceSummary>, ProviderError> {
+        Err(ProviderError::InvalidRequest {
+            detail: "this provider keeps no inventory".into(),
+        })
+    }
+
     /// Lets the supervisor drop every page with `seq <= through_seq`.
     ///
     /// # Errors
-    /// [`ProviderError::NoInstance`], [`ProviderError::SupervisorUnavailable`]
-    /// (also for an ack beyond what was spooled).
+    /// [`ProviderError::NoInstance`], [`ProviderError::InvalidRequest`] for
+    /// an ack beyond what was spooled, [`ProviderError::SupervisorUnavailable`],
+    /// [`ProviderError::InstanceLost`].
     async fn ack(
         &self,
         lease_id: SandboxLeaseId,

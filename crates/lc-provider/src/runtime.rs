@@ -9,8 +9,10 @@
 //! directory next to the store and renamed into place only once every rule
 //! held; on any refusal the staging directory is removed, so nothing is left
 //! behind. The rules: every path relative and clean (no `..`, no absolute
-//! path), only directories, regular files and symlinks (no device, fifo,
-//! socket or hard link), every symlink's target inside the tree, no entry
+//! path), only directories, regular files and symlinks (no device, fifo or
+//! socket; a tar hard link is stored as a copy of its target, which must be
+//! a regular file earlier in the same archive), every symlink's target
+//! inside the tree, no entry
 //! below a symlink or a file, no path twice, at most
 //! [`ImportLimits::entries_max`] entries and [`ImportLimits::bytes_max`]
 //! bytes of file data. Permission bits are kept as `mode & 0o777`
@@ -55,9 +57,13 @@ pub enum ImportError {
     /// `parent_path`, `bad_path`, `symlink_escape`, ...).
     #[error(transparent)]
     Manifest(#[from] ManifestError),
-    /// A device, fifo, socket or hard link. Code `special_file`.
+    /// A device, fifo or socket. Code `special_file`.
     #[error("{0:?} is not a directory, regular file or symlink")]
     SpecialFile(String),
+    /// A hard link whose target is not a regular file earlier in the
+    /// archive. Code `bad_hard_link`.
+    #[error("hard link {0:?} does not point at an earlier regular file")]
+    BadHardLink(String),
     /// An entry below a symlink or a regular file. Code `not_a_directory`.
     #[error("{0:?} lies below a symlink or a file")]
     NotADirectory(String),
@@ -87,6 +93,7 @@ impl ImportError {
         match self {
             ImportError::Manifest(m) => m.code(),
             ImportError::SpecialFile(_) => "special_file",
+            ImportError::BadHardLink(_) => "bad_hard_link",
             ImportError::NotADirectory(_) => "not_a_directory",
             ImportError::Duplicate(_) => "duplicate_entry",
             ImportError::TooManyEntries(_) => "too_many_entries",
@@ -256,6 +263,28 @@ impl Builder {
             ManifestEntry::file(path, mode & 0o777, size, hasher.finalize().into()),
         );
         Ok(())
+    }
+
+    /// A copy of the regular file `target` (an entry already imported) at `path`.
+    fn hard_link(&mut self, path: &str, target: &str) -> Result<(), ImportError> {
+        let bad = || ImportError::BadHardLink(path.chars().take(256).collect());
+        let mut target = target.trim_end_matches('/');
+        while let Some(rest) = target.strip_prefix("./") {
+            target = rest;
+        }
+        check_relative_path(target).map_err(|_| bad())?;
+        let entry = self.entries.get(target).ok_or_else(bad)?;
+        if entry.entry_type != EntryType::File {
+            return Err(bad());
+        }
+        let (mode, size) = (entry.mode.unwrap_or(0o644), entry.size.unwrap_or(0));
+        let full = self.tree.join(target);
+        let src = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&full)
+            .map_err(|e| ioe(full.display(), e))?;
+        self.file(path, mode, size, src)
     }
 
     fn symlink(&mut self, path: &str, target: &str) -> Result<(), ImportError> {
@@ -456,6 +485,14 @@ impl RuntimeStore {
                         .into_owned();
                     let target = std::str::from_utf8(&target).map_err(|_| ImportError::NotUtf8)?;
                     b.symlink(path, target)?;
+                }
+                tar::EntryType::Link => {
+                    let target = entry
+                        .link_name_bytes()
+                        .ok_or_else(|| ImportError::BadHardLink(path.to_owned()))?
+                        .into_owned();
+                    let target = std::str::from_utf8(&target).map_err(|_| ImportError::NotUtf8)?;
+                    b.hard_link(path, target)?;
                 }
                 _ => return Err(ImportError::SpecialFile(path.to_owned())),
             }

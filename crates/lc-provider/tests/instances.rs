@@ -625,6 +625,12 @@ async fn the_http_client_is_the_same_provider() {
     assert_eq!(client.public_key(), key);
     let a = client.allocate(sh(12, "printf 'over http'")).await.unwrap();
     assert!(a.created);
+    let inv = client.inventory().await.unwrap();
+    assert_eq!(inv.len(), 1);
+    assert_eq!(
+        (inv[0].lease_id, inv[0].generation, inv[0].exec_id),
+        (SandboxLeaseId(12), Generation(1), ExecId(12))
+    );
     let all = until_terminal(&client, 12, 1).await;
     assert_eq!(stream(&all, PageKind::Stdout), "over http");
     client
@@ -658,6 +664,7 @@ async fn the_http_client_is_the_same_provider() {
         verify(&ev, &key, expected(12, 1)).unwrap(),
         Statement::Fence { .. }
     ));
+    assert_eq!(client.inventory().await.unwrap(), vec![]);
     assert_eq!(
         client
             .allocate(sh(12, "printf 'over http'"))
@@ -829,4 +836,159 @@ async fn a_token_guards_every_route_but_identity() {
         .await
         .unwrap();
     server.abort();
+}
+
+#[tokio::test]
+async fn a_killed_provider_takes_its_instances_along_and_a_restart_destroys_them() {
+    use std::io::BufRead as _;
+    let e = env();
+    let exe = std::env::current_exe().unwrap();
+    let host_bin = exe
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("examples/provider_host");
+    let state = e.dir.join("hosted");
+    let parent = e.provider.config().cgroup_parent.clone();
+    /// Kills the hosting process if the test fails before it does.
+    struct Host(std::process::Child);
+    impl Drop for Host {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut host = std::process::Command::new(host_bin)
+        .arg(&state)
+        .arg(&parent)
+        .arg(supervisor_bin())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(host.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let mut host = Host(host);
+    assert_eq!(line, "ready\n");
+    let mut cfg = config(&state);
+    cfg.cgroup_parent = parent;
+    let hosted = BwrapProvider::open(cfg).unwrap();
+    let cg = hosted.instance_cgroup(SandboxLeaseId(1), Generation(1));
+    let pids = cg.pids();
+    assert!(pids.len() >= 4, "{pids:?}");
+    // kill -9 of the provider: --die-with-parent kills the whole instance.
+    host.0.kill().unwrap();
+    host.0.wait().unwrap();
+    for pid in &pids {
+        let t = Instant::now();
+        while pid_running(*pid) {
+            assert!(t.elapsed() < DEADLINE, "pid {pid} outlived its provider");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    // The restarted provider still knows the instance, sees it exited, and
+    // its destroy removes what is left and fences the generation.
+    assert_eq!(
+        hosted
+            .pages(SandboxLeaseId(1), Generation(1), 0, 8)
+            .await
+            .unwrap_err(),
+        ProviderError::InstanceLost {
+            lease_id: 1,
+            generation: 1
+        }
+    );
+    assert_eq!(
+        hosted
+            .ack(SandboxLeaseId(1), Generation(1), 1)
+            .await
+            .unwrap_err()
+            .code(),
+        "instance_lost"
+    );
+    let key = hosted.public_key();
+    let obs = hosted
+        .observe(SandboxLeaseId(1), Generation(1))
+        .await
+        .unwrap();
+    assert!(matches!(
+        verify(&obs, &key, expected(1, 1)).unwrap(),
+        Statement::Observation {
+            state: InstanceState::Exited,
+            ..
+        }
+    ));
+    let ev = hosted
+        .destroy(SandboxLeaseId(1), Generation(1))
+        .await
+        .unwrap();
+    assert!(matches!(
+        verify(&ev, &key, expected(1, 1)).unwrap(),
+        Statement::Fence { .. }
+    ));
+    assert!(!cg.exists());
+    assert_eq!(
+        hosted.allocate(sh(1, "true")).await.unwrap_err().code(),
+        "fenced"
+    );
+}
+
+#[tokio::test]
+async fn rlimits_and_cpu_shares_are_set() {
+    let e = env();
+    let (out, _, exit) = run(
+        &e,
+        16,
+        sh(16, "ulimit -Hn; ulimit -Sn; ulimit -c; ulimit -f"),
+    )
+    .await;
+    // dash reports the file size limit in 512-byte blocks: 4 GiB.
+    assert_eq!(out, "1024\n1024\n0\n8388608\n");
+    assert_eq!(exit, ExitStatus::exited(0));
+    let cg = e
+        .provider
+        .instance_cgroup(SandboxLeaseId(16), Generation(1));
+    assert_eq!(
+        std::fs::read_to_string(cg.dirs()[2].join("cpu.shares")).unwrap(),
+        "512\n"
+    );
+    e.provider
+        .destroy(SandboxLeaseId(16), Generation(1))
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_bubblewrap_that_fails_leaves_no_instance_group_or_directory() {
+    let e = env();
+    let mut cfg = config(&e.dir);
+    // A "bubblewrap" that says why and fails at once.
+    let fake = e.dir.join("fake-bwrap");
+    std::fs::write(&fake, "#!/bin/sh\necho 'bwrap: no thanks' >&2\nexit 1\n").unwrap();
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+    cfg.bwrap_bin = fake;
+    let failing = BwrapProvider::open(cfg).unwrap();
+    let err = failing.allocate(sh(17, "true")).await.unwrap_err();
+    assert_eq!(err.code(), "start_failed");
+    assert_eq!(
+        err.to_string(),
+        "instance start failed: bwrap exited with exit status: 1: bwrap: no thanks"
+    );
+    assert!(!e.dir.join("instances/17-1").exists());
+    assert!(
+        !failing
+            .instance_cgroup(SandboxLeaseId(17), Generation(1))
+            .exists()
+    );
+    assert_eq!(failing.inventory().await.unwrap(), vec![]);
+    // Not fenced: a retry of the same generation may start it.
+    assert!(e.provider.allocate(sh(17, "true")).await.unwrap().created);
+    e.provider
+        .destroy(SandboxLeaseId(17), Generation(1))
+        .await
+        .unwrap();
 }

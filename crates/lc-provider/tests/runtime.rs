@@ -164,6 +164,44 @@ fn a_tar_import_has_an_exact_manifest_and_digest() {
 }
 
 #[test]
+fn a_hard_link_is_a_copy_of_an_earlier_file() {
+    let store_dir = tmp("hard");
+    let store = RuntimeStore::open(&store_dir.0).unwrap();
+    let mut t = Vec::new();
+    entry(
+        &mut t,
+        "bin/busybox",
+        tar::EntryType::Regular,
+        b"BB",
+        "",
+        0o755,
+    );
+    entry(
+        &mut t,
+        "bin/ls",
+        tar::EntryType::Link,
+        b"",
+        "./bin/busybox",
+        0o755,
+    );
+    let imported = store
+        .import_tar(&finish(t)[..], ImportLimits::default())
+        .unwrap();
+    let Manifest::Tree { entries } = &imported.manifest else {
+        panic!("not a tree")
+    };
+    let paths: Vec<&str> = entries.iter().map(|e| e.path.as_str()).collect();
+    assert_eq!(paths, vec!["bin", "bin/busybox", "bin/ls"]);
+    assert_eq!(entries[1].sha256, entries[2].sha256);
+    assert_eq!(entries[2].size, Some(2));
+    assert_eq!(entries[2].mode, Some(0o755));
+    let RuntimeRoot::Tree(tree) = store.resolve(&imported.digest).unwrap() else {
+        panic!()
+    };
+    assert_eq!(std::fs::read(tree.join("bin/ls")).unwrap(), b"BB");
+}
+
+#[test]
 fn the_base_runtime_is_built_in() {
     let store_dir = tmp("base");
     let store = RuntimeStore::open(&store_dir.0).unwrap();
@@ -225,8 +263,16 @@ fn bad_tarballs_are_refused_with_codes_and_leave_nothing() {
     assert_eq!(refused(one("p", T::Fifo, b"", ""), d), "special_file");
     assert_eq!(
         refused(one("h", T::Link, b"", "etc/passwd"), d),
-        "special_file"
+        "bad_hard_link"
     );
+    let mut to_dir = Vec::new();
+    entry(&mut to_dir, "d/", T::Directory, b"", "", 0o755);
+    entry(&mut to_dir, "h", T::Link, b"", "d", 0o644);
+    assert_eq!(refused(finish(to_dir), d), "bad_hard_link");
+    let mut up = Vec::new();
+    entry(&mut up, "f", T::Regular, b"x", "", 0o644);
+    entry(&mut up, "h", T::Link, b"", "../f", 0o644);
+    assert_eq!(refused(finish(up), d), "bad_hard_link");
     let mut below = Vec::new();
     entry(&mut below, "l", T::Symlink, b"", "d", 0o777);
     entry(&mut below, "l/x", T::Regular, b"x", "", 0o644);
