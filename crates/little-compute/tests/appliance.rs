@@ -238,7 +238,7 @@ async fn audit(dir: &Path) -> tollgate::AuditReport {
 async fn appliance_runs_a_real_command_and_keeps_it_across_a_restart() {
     ensure_sibling_binaries();
     let tmp = tempfile::Builder::new()
-        .prefix("lc-appliance-")
+        .prefix("lca-")
         .tempdir_in("/tmp")
         .unwrap();
     // PostgreSQL's account must reach DIR/pg.
@@ -426,4 +426,69 @@ async fn appliance_runs_a_real_command_and_keeps_it_across_a_restart() {
         .output()
         .unwrap();
     assert_eq!(status.status.code(), Some(3), "no appliance is up");
+}
+
+/// SIGKILL of `appliance up` itself: every process it started receives its
+/// stop signal from the kernel (parent death) and exits; a new `up` on the
+/// same directory waits for them, starts cleanly and serves the tenant the
+/// first one created.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_appliance_leaves_nothing_running_and_starts_again() {
+    ensure_sibling_binaries();
+    let tmp = tempfile::Builder::new()
+        .prefix("lck-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    }
+    let dir = tmp.path().join("lc");
+    let mut up = Up::start(&dir);
+    let tenant = lc_json(
+        &dir,
+        &[
+            "tenant", "create", "--name", "red", "--units", "2", "--json",
+        ],
+    );
+    let t = tenant["tenant_id"].as_i64().unwrap().to_string();
+    let first = pids(&dir);
+    up.child.kill().unwrap(); // SIGKILL
+    let _ = up.child.wait();
+    let deadline = Instant::now() + STOP_MAX;
+    for (name, pid) in &first {
+        while alive(pid.as_u64().unwrap()) {
+            assert!(
+                Instant::now() < deadline,
+                "{name} ({pid}) outlived its appliance"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    drop(up);
+    // The dead appliance's appliance.json is stale; `up` replaces it.
+    let up = Up::start(&dir);
+    let b = lc_json(&dir, &["tenant", "show", &t, "--json"]);
+    assert_eq!(
+        (&b["deposited"], &b["held"]),
+        (&serde_json::json!(2), &serde_json::json!(0))
+    );
+    let (code, _, err) = lc(
+        &dir,
+        &[
+            "--tenant",
+            &t,
+            "exec",
+            "create",
+            "--runtime",
+            "base",
+            "--shape",
+            "small",
+            "--wait",
+            "--",
+            "true",
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    drop(up);
 }

@@ -79,6 +79,8 @@ pub struct Managed {
     pub name: &'static str,
     /// Its pid.
     pub pid: u32,
+    /// Its log file.
+    pub log: PathBuf,
     stop_signal: libc::c_int,
     child: Child,
 }
@@ -142,6 +144,7 @@ pub fn spawn(spec: &Spec) -> Result<Managed, ApplianceError> {
     Ok(Managed {
         name: spec.name,
         pid,
+        log: spec.log.clone(),
         stop_signal: spec.stop_signal,
         child,
     })

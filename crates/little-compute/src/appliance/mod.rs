@@ -249,6 +249,25 @@ async fn up_inner(args: UpArgs) -> Result<ExitCode, ApplianceError> {
             layout.root.display()
         )));
     }
+    if let Some(stale) = layout.read_running()? {
+        // A previous `up` that died without stopping (SIGKILL): its
+        // children got their stop signal when it died; give them the stop
+        // bound to finish (PostgreSQL's shutdown checkpoint first of all).
+        for (name, &pid) in &stale.pids {
+            if name != "appliance" && sys::process_alive(pid) {
+                say(format_args!(
+                    "waiting for {name} (pid {pid}) of a previous appliance to stop"
+                ));
+                if !child::wait_gone(pid, STOP_BOUND).await {
+                    return Err(ApplianceError::Setup(format!(
+                        "{name} (pid {pid}) of a previous appliance still runs; stop it with `little-compute appliance down --data-dir {}`",
+                        layout.root.display()
+                    )));
+                }
+            }
+        }
+        let _ = std::fs::remove_file(layout.running_file());
+    }
     let ports = layout.ports(args.listen.map(|a| a.port()))?;
     let admin_token = layout.secret(&layout.admin_token_file(), ADMIN_TOKEN_PREFIX)?;
     layout.secret(&layout.server_secret_file(), "")?;
@@ -403,6 +422,8 @@ async fn start_all(
             layout.runtimes().into(),
             "--token-file".into(),
             layout.provider_token_file().into(),
+            "--cgroup-parent".into(),
+            cgroup_parent(&layout.root).into(),
         ],
         env: Vec::new(),
         run_as: None,
@@ -528,6 +549,15 @@ fn shutdown_signal() -> Result<impl std::future::Future<Output = ()>, ApplianceE
             _ = int.recv() => {}
         }
     })
+}
+
+/// The provider's parent cgroup: one per data directory, so two
+/// appliances on one host (whose lease ids both start at 1) never share an
+/// instance's group.
+fn cgroup_parent(root: &Path) -> String {
+    use std::os::unix::ffi::OsStrExt as _;
+    let digest = lc_core::Digest::of(root.as_os_str().as_bytes()).to_hex();
+    format!("little-compute-{}", &digest[..12])
 }
 
 fn is_little_compute(pid: u32) -> bool {
@@ -796,8 +826,11 @@ fn check_children(started: &mut [Managed]) -> Result<(), ApplianceError> {
     for c in started.iter_mut() {
         if let Some(status) = c.exited() {
             return Err(ApplianceError::Setup(format!(
-                "{} (pid {}) exited during start-up ({status}); see {}",
-                c.name, c.pid, "DIR/logs"
+                "{} (pid {}) exited during start-up ({status}); the end of {}:\n{}",
+                c.name,
+                c.pid,
+                c.log.display(),
+                child::log_tail(&c.log, LOG_TAIL_LINES)
             )));
         }
     }
