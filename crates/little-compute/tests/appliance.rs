@@ -69,10 +69,17 @@ struct Up {
 
 impl Up {
     fn start(dir: &Path) -> Up {
+        let mut up = Up::spawn(dir, &[]);
+        up.wait_for("appliance ready", UP_MAX);
+        up
+    }
+
+    fn spawn(dir: &Path, extra: &[&str]) -> Up {
         let mut child = Command::new(exe("little-compute"))
             .args(["appliance", "up", "--data-dir"])
             .arg(dir)
             .args(["--listen", "127.0.0.1:0"])
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -88,13 +95,11 @@ impl Up {
                 }
             }
         });
-        let mut up = Up {
+        Up {
             child,
             lines,
             seen: Vec::new(),
-        };
-        up.wait_for("appliance ready", UP_MAX);
-        up
+        }
     }
 
     fn wait_for(&mut self, needle: &str, bound: Duration) {
@@ -491,4 +496,62 @@ async fn a_killed_appliance_leaves_nothing_running_and_starts_again() {
     );
     assert_eq!(code, 0, "{err}");
     drop(up);
+}
+
+/// `--sampler external`: the appliance starts no sampler and waits, saying
+/// so, until a sampler elsewhere (here `tollgate-safetime run` started by
+/// the test with the sampler role's credentials) publishes a certain cut.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_an_external_sampler_the_appliance_waits_for_its_cut() {
+    ensure_sibling_binaries();
+    let tmp = tempfile::Builder::new()
+        .prefix("lcx-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    }
+    let dir = tmp.path().join("lc");
+    let mut up = Up::spawn(&dir, &["--sampler", "external"]);
+    up.wait_for("waiting for a certain cut from a sampler elsewhere", UP_MAX);
+    assert!(!pids(&dir).contains_key("sampler"), "no local sampler");
+    assert!(!up.seen.iter().any(|l| l.contains("sampler started")));
+    let conf: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("appliance.conf.json")).unwrap())
+            .unwrap();
+    let pw = std::fs::read_to_string(dir.join("secrets/pg-sampler")).unwrap();
+    let url = format!(
+        "postgres://lc_sampler:{}@127.0.0.1:{}/little_compute",
+        pw.trim(),
+        conf["postgres"]
+    );
+    let sampler_bin = exe("little-compute")
+        .parent()
+        .unwrap()
+        .join("tollgate-safetime");
+    let mut sampler = Command::new(sampler_bin)
+        .arg("run")
+        .env("TOLLGATE_DATABASE_URL", &url)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    up.wait_for("appliance ready", UP_MAX);
+    let tenant = lc_json(
+        &dir,
+        &[
+            "tenant", "create", "--name", "green", "--units", "1", "--json",
+        ],
+    );
+    assert_eq!(tenant["tenant_id"], 1);
+    let _ = Command::new("kill")
+        .args(["-TERM", &up.child.id().to_string()])
+        .status();
+    assert!(up.wait_exit().success());
+    let _ = Command::new("kill")
+        .args(["-TERM", &sampler.id().to_string()])
+        .status();
+    let _ = sampler.wait();
 }
