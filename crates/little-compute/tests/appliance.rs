@@ -284,6 +284,17 @@ async fn appliance_runs_a_real_command_and_keeps_it_across_a_restart() {
     if root {
         assert_ne!(sampler_uid, 0, "the sampler is not root: {uid_line}");
     }
+    // The sampler is in no sandbox: the namespaces of this test's process
+    // and no instance cgroup of the provider.
+    for ns in ["mnt", "net", "pid", "user", "ipc", "uts"] {
+        assert_eq!(
+            std::fs::read_link(format!("/proc/{sampler}/ns/{ns}")).unwrap(),
+            std::fs::read_link(format!("/proc/self/ns/{ns}")).unwrap(),
+            "the sampler's {ns} namespace"
+        );
+    }
+    let cgroups = std::fs::read_to_string(format!("/proc/{sampler}/cgroup")).unwrap();
+    assert!(!cgroups.contains("little-compute"), "{cgroups}");
     let status = Command::new(exe("little-compute"))
         .args(["appliance", "status", "--json", "--data-dir"])
         .arg(&dir)
@@ -335,7 +346,38 @@ async fn appliance_runs_a_real_command_and_keeps_it_across_a_restart() {
     assert_eq!(code, 0);
     assert!(err.contains("oops"), "{err:?}");
 
-    // The Reservation's unit comes back once the worker commits the release.
+    // No path of the sampler (its binary under DIR/bin, its process) is
+    // visible inside a sandbox.
+    let sampler_bin = dir.join("bin/tollgate-safetime");
+    assert!(sampler_bin.is_file());
+    let probe = format!(
+        "test -e {} && echo visible || echo absent; test -e /proc/{sampler} && echo visible || echo absent",
+        sampler_bin.display()
+    );
+    let (code, _, err) = lc(
+        &dir,
+        &[
+            "--tenant",
+            &t,
+            "exec",
+            "create",
+            "--runtime",
+            "base",
+            "--shape",
+            "small",
+            "--wait",
+            "--",
+            "sh",
+            "-c",
+            &probe,
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    let (code, out, err) = lc(&dir, &["--tenant", &t, "exec", "output", "2"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out, b"absent\nabsent\n");
+
+    // The Reservations' units come back once the worker commits the releases.
     let deadline = Instant::now() + Duration::from_secs(60);
     let balances = loop {
         let b = lc_json(&dir, &["tenant", "show", &t, "--json"]);
