@@ -2,7 +2,8 @@
 //! provider in process, or [`lc_provider::HttpProvider`] over loopback).
 //!
 //! A provider error that retrying can cure (`destroy_incomplete`,
-//! `supervisor_unavailable`, `provider_io`, `provider_unreachable`) is
+//! `supervisor_unavailable`, `provider_io`, `provider_unreachable`) or
+//! that is the worker's own configuration (`unauthorized`) is
 //! [`PortError::Unavailable`]; every other one is a refusal.
 
 use std::sync::Arc;
@@ -35,7 +36,9 @@ impl ProviderAdapter {
 }
 
 fn port_error(e: ProviderError) -> PortError {
-    if e.is_transient() {
+    // A refused credential is this worker's configuration, not the
+    // instance's fault: retried, never a start failure.
+    if e.is_transient() || matches!(e, ProviderError::Unauthorized) {
         PortError::Unavailable {
             message: format!("{} ({})", e, e.code()),
         }
@@ -117,5 +120,32 @@ impl ProviderPort for ProviderAdapter {
             .await
             .map_err(port_error)?;
         serde_json::to_value(&envelope).map_err(|e| refused("invalid_evidence", e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_instance_faults_are_refusals() {
+        let unavailable = [
+            ProviderError::Unauthorized,
+            ProviderError::Unreachable { detail: "x".into() },
+            ProviderError::DestroyIncomplete { detail: "x".into() },
+        ];
+        for e in unavailable {
+            assert!(matches!(port_error(e), PortError::Unavailable { .. }));
+        }
+        let refused = port_error(ProviderError::StartFailed {
+            detail: "no sh".into(),
+        });
+        assert_eq!(refused.code(), "start_failed");
+        let fenced = port_error(ProviderError::Fenced {
+            lease_id: 1,
+            generation: 1,
+            fenced_through: 1,
+        });
+        assert_eq!(fenced.code(), "fenced");
     }
 }
