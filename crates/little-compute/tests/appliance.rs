@@ -170,6 +170,20 @@ impl Drop for Up {
     }
 }
 
+/// Removes the (empty, once every instance was destroyed) parent cgroups
+/// the appliance's provider made for `dir`.
+fn remove_cgroups(dir: &Path) {
+    use std::os::unix::ffi::OsStrExt as _;
+    let hex = lc_core::Digest::of(dir.as_os_str().as_bytes()).to_hex();
+    for c in ["memory", "pids", "cpu"] {
+        let _ = std::fs::remove_dir(
+            Path::new("/sys/fs/cgroup")
+                .join(c)
+                .join(format!("little-compute-{}", &hex[..12])),
+        );
+    }
+}
+
 /// Runs `lc --data-dir DIR args...`: (exit code, stdout, stderr).
 fn lc(dir: &Path, args: &[&str]) -> (i32, Vec<u8>, String) {
     let out = Command::new(exe("lc"))
@@ -473,6 +487,7 @@ async fn appliance_runs_a_real_command_and_keeps_it_across_a_restart() {
         .output()
         .unwrap();
     assert_eq!(status.status.code(), Some(3), "no appliance is up");
+    remove_cgroups(&dir);
 }
 
 /// SIGKILL of `appliance up` itself: every process it started receives its
@@ -538,6 +553,7 @@ async fn a_killed_appliance_leaves_nothing_running_and_starts_again() {
     );
     assert_eq!(code, 0, "{err}");
     drop(up);
+    remove_cgroups(&dir);
 }
 
 /// `--sampler external`: the appliance starts no sampler and waits, saying
@@ -596,4 +612,5 @@ async fn with_an_external_sampler_the_appliance_waits_for_its_cut() {
         .args(["-TERM", &sampler.id().to_string()])
         .status();
     let _ = sampler.wait();
+    remove_cgroups(&dir);
 }
