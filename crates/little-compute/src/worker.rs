@@ -36,6 +36,9 @@ const SECRET_BYTES_MIN: usize = 32;
 /// Bounds of `--interval-ms`: a step at least every minute keeps 60 s
 /// Leases renewed; faster than 10 ms only burns the database.
 const INTERVAL_MS_RANGE: std::ops::RangeInclusive<u64> = 10..=60_000;
+/// Bounds of `--lease-ttl-ms`: at least a second (several steps), at
+/// most an hour (well inside any sealed horizon).
+const LEASE_TTL_MS_RANGE: std::ops::RangeInclusive<i64> = 1_000..=3_600_000;
 /// Bounds of `--providers`: one provider per host.
 const PROVIDERS_MAX: usize = 64;
 
@@ -68,6 +71,11 @@ pub struct WorkerArgs {
     /// A reading of the cut older than this is stale (uncertain), milliseconds.
     #[arg(long, default_value_t = 5_000)]
     pub safetime_gap_max_ms: u64,
+    /// The sandbox Lease TTL a renewal extends to (`max(current, cut +
+    /// ttl)`), milliseconds (1000..=3600000); the control plane admits with
+    /// the store's default, 60 s.
+    #[arg(long, default_value_t = 60_000)]
+    pub lease_ttl_ms: u64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -158,6 +166,15 @@ async fn serve(args: WorkerArgs) -> Result<(), WorkerError> {
         .ok()
         .filter(|ms| (1..=3_600_000).contains(ms))
         .ok_or_else(|| WorkerError::Usage("--safetime-gap-max-ms must be in 1..=3600000".into()))?;
+    let lease_ttl_ms = i64::try_from(args.lease_ttl_ms)
+        .ok()
+        .filter(|ms| LEASE_TTL_MS_RANGE.contains(ms))
+        .ok_or_else(|| {
+            WorkerError::Usage(format!(
+                "--lease-ttl-ms must be in {LEASE_TTL_MS_RANGE:?}, got {}",
+                args.lease_ttl_ms
+            ))
+        })?;
     let secret = read_credential(&args.secret_file, "--secret-file")?;
     if secret.len() < SECRET_BYTES_MIN {
         return Err(WorkerError::Usage(format!(
@@ -179,6 +196,7 @@ async fn serve(args: WorkerArgs) -> Result<(), WorkerError> {
     let deadline = tokio::time::Instant::now() + DATABASE_WAIT_MAX;
     let config = lc_pg::LcConfig {
         max_connections: 4,
+        lease_ttl: jiff::SignedDuration::from_millis(lease_ttl_ms),
         ..lc_pg::LcConfig::default()
     };
     let store = loop {
@@ -227,6 +245,8 @@ async fn serve(args: WorkerArgs) -> Result<(), WorkerError> {
         clock,
         ReconcilerOptions {
             batch: args.batch,
+            // Half a TTL: one missed step still leaves half of it.
+            renew_ahead: jiff::SignedDuration::from_millis(lease_ttl_ms / 2),
             ..ReconcilerOptions::default()
         },
     )

@@ -5,7 +5,11 @@
 //! order and its stdout is exactly what the command wrote), every
 //! Reservation returned exactly once (exact balances, a clean Tollgate
 //! audit), and every instance is destroyed (the provider's signed
-//! observation of each lease generation says it no longer runs).
+//! observation of each lease generation says it no longer runs). And
+//! kill -9 of the provider, which takes its instance along: the worker
+//! stops renewing the lost instance's Lease, which expires on a certain cut
+//! and is released with the restarted provider's fence, returning its
+//! Reservation once; the pages stored before the crash stay, in order.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -80,6 +84,10 @@ fn free_port() -> u16 {
 }
 
 fn worker(url: &str, secret: &Path, provider_url: &str, log: &Path) -> Proc {
+    worker_with(url, secret, provider_url, log, &[])
+}
+
+fn worker_with(url: &str, secret: &Path, provider_url: &str, log: &Path, extra: &[&str]) -> Proc {
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -97,6 +105,7 @@ fn worker(url: &str, secret: &Path, provider_url: &str, log: &Path) -> Proc {
             .arg("--secret-file")
             .arg(secret)
             .args(["--safetime-gap-max-ms", "2000"])
+            .args(extra)
             .env("LC_DATABASE_URL", url)
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
@@ -345,6 +354,211 @@ async fn a_killed_worker_loses_nothing_and_returns_every_reservation_once() {
     let _ = sampler_stop.send(true);
     drop(_w);
     drop(_provider);
+    let _ = std::fs::remove_dir_all(&dir);
+    for c in ["memory", "pids", "cpu"] {
+        let _ = std::fs::remove_dir(Path::new("/sys/fs/cgroup").join(c).join(&cgroup_parent));
+    }
+}
+
+fn provider(exe_dir_port: u16, dir: &Path, cgroup_parent: &str, log: &str) -> Proc {
+    Proc(
+        Command::new(exe())
+            .args(["provider", "--id", "local", "--listen"])
+            .arg(format!("127.0.0.1:{exe_dir_port}"))
+            .arg("--state-dir")
+            .arg(dir.join("provider"))
+            .args(["--cgroup-parent", cgroup_parent])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(dir.join(log))
+                    .unwrap(),
+            )
+            .spawn()
+            .unwrap(),
+    )
+}
+
+async fn connect(url: &str) -> HttpProvider {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match HttpProvider::connect(url).await {
+            Ok(p) => return p,
+            Err(e) => {
+                assert!(Instant::now() < deadline, "provider: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_provider_s_lease_expires_and_its_reservation_returns_once() {
+    ensure_supervisor();
+    let db = tollgate_pg_harness::shared().await.fresh_database().await;
+    let url = db.url().to_string();
+    lc_pg::migrate(&url).await.unwrap();
+    let sampler = Sampler::new(&url, sampler_options()).unwrap();
+    let (sampler_stop, rx) = watch::channel(false);
+    tokio::spawn(async move { sampler.run(rx).await });
+    let lease_ttl = SignedDuration::from_secs(3);
+    let store = lc_pg::LcStore::connect(
+        &url,
+        tollgate::GrantPolicy::new(SignedDuration::from_hours(1), SignedDuration::from_secs(5))
+            .unwrap(),
+        tollgate::CapabilityKey::new(SECRET_TEXT.as_bytes()).unwrap(),
+        lc_pg::LcConfig {
+            max_connections: 4,
+            lease_ttl,
+            ..lc_pg::LcConfig::default()
+        },
+    )
+    .await
+    .unwrap();
+    let clock = SafeCutClock::new(store.pool().clone(), GAP_MAX);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !clock.read().await.is_ok_and(|r| r.is_certain()) {
+        assert!(Instant::now() < deadline, "no certain cut");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let dir = PathBuf::from(format!("/tmp/lc-pkill-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let secret = dir.join("secret");
+    std::fs::write(&secret, format!("{SECRET_TEXT}\n")).unwrap();
+    let port = free_port();
+    let provider_url = format!("http://127.0.0.1:{port}");
+    let cgroup_parent = format!("little-compute-pkill-{}", std::process::id());
+    let mut first = provider(port, &dir, &cgroup_parent, "provider.log");
+    let http = connect(&provider_url).await;
+    let at = reading(&clock).await;
+    let base = lc_core::manifest::Manifest::base();
+    store
+        .register_runtime(
+            &OperationKey::new("base", Digest([1; 32])).unwrap(),
+            at,
+            "base",
+            Digest(base.digest()),
+            serde_json::from_slice(&base.canonical()).unwrap(),
+        )
+        .await
+        .unwrap();
+    {
+        use lc_core::store::ReconcileStore as _;
+        store
+            .register_provider(http.id(), &provider_url, http.public_key().to_bytes())
+            .await
+            .unwrap();
+    }
+    let tenant = store
+        .create_tenant(
+            &OperationKey::new("t", Digest([2; 32])).unwrap(),
+            at,
+            "blue",
+            Some(2),
+            &|id| Digest::of(format!("k{}", id.0).as_bytes()),
+        )
+        .await
+        .unwrap()
+        .tenant_id;
+    let exec = store
+        .admit_exec(
+            &OperationKey::new("e", Digest([3; 32])).unwrap(),
+            reading(&clock).await,
+            tenant,
+            &ExecRequest {
+                runtime: "base".into(),
+                shape: "small".into(),
+                command: vec![
+                    "sh".into(),
+                    "-c".into(),
+                    "i=1; while :; do echo line $i; i=$((i+1)); sleep 0.005; done".into(),
+                ],
+                timeout_ms: None,
+            },
+        )
+        .await
+        .unwrap()
+        .exec_id;
+    let log = dir.join("worker.log");
+    let _w = worker_with(
+        &url,
+        &secret,
+        &provider_url,
+        &log,
+        &["--lease-ttl-ms", "3000"],
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while store.output(tenant, exec, 0, 1000).await.unwrap().len() < 20 {
+        assert!(
+            Instant::now() < deadline,
+            "no output:\n{}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    first.0.kill().unwrap(); // SIGKILL: the instance dies with it
+    first.0.wait().unwrap();
+    drop(first);
+    let _second = provider(port, &dir, &cgroup_parent, "provider.log");
+    let http = connect(&provider_url).await;
+
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let t = store.tenant(tenant).await.unwrap();
+        if t.held == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not released: {t:?}\n{}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let rec = store.exec(tenant, exec).await.unwrap();
+    assert_eq!(rec.state, ExecState::Terminal);
+    assert_eq!(rec.terminal_reason, Some(lc_core::TerminalReason::Expired));
+    assert_eq!(rec.exit_code, None);
+    let pages = store.output(tenant, exec, 0, 1000).await.unwrap();
+    let seqs: Vec<i64> = pages.iter().map(|p| p.seq).collect();
+    let n = i64::try_from(seqs.len()).unwrap();
+    assert!(n >= 20);
+    assert_eq!(
+        seqs,
+        (1..=n).collect::<Vec<_>>(),
+        "the stored pages, once and in order"
+    );
+    let stdout = String::from_utf8(
+        pages
+            .iter()
+            .filter(|p| p.kind == PageKind::Stdout)
+            .flat_map(|p| p.bytes.clone())
+            .collect(),
+    )
+    .unwrap();
+    let lines = stdout.lines().count();
+    let want: String = (1..=lines).map(|i| format!("line {i}\n")).collect();
+    assert_eq!(stdout, want, "a prefix of the output, exactly");
+    let env = http
+        .observe(rec.canonical.lease_id, lc_core::Generation(1))
+        .await
+        .unwrap();
+    match lc_core::evidence::verify_signature(&env, &http.public_key()).unwrap() {
+        Statement::Observation { state, .. } => assert_ne!(state, InstanceState::Running),
+        other => panic!("{other:?}"),
+    }
+    let t = store.tenant(tenant).await.unwrap();
+    assert_eq!((t.deposited, t.available, t.held, t.consumed), (2, 2, 0, 0));
+    use tollgate::Allocator as _;
+    let audit = store.tollgate().audit().await.unwrap();
+    assert!(audit.is_clean(), "{:?}", audit.violations);
+    let _ = sampler_stop.send(true);
+    drop(_w);
+    drop(_second);
     let _ = std::fs::remove_dir_all(&dir);
     for c in ["memory", "pids", "cpu"] {
         let _ = std::fs::remove_dir(Path::new("/sys/fs/cgroup").join(c).join(&cgroup_parent));
