@@ -1,1 +1,282 @@
-//! Little Compute's provider: the Provider trait, the bubblewrap provider, cgroup and rlimit limits, the runtime store, the Ed25519 identity that signs evidence, and the provider's HTTP service and client.
+//! Little Compute's provider: one per host, it runs sandbox instances and
+//! signs what it knows about them.
+//!
+//! * [`Provider`]: the trait the worker (and later the gateway) calls:
+//!   allocate, generation-scoped destroy, observe, and the page relay.
+//! * [`BwrapProvider`] ([`bwrap`]): instances under bubblewrap, limited by
+//!   cgroups ([`cgroup`], v1 and v2) and rlimits, each with the
+//!   `lc-supervisor` as its first process.
+//! * [`identity`]: the Ed25519 key that signs evidence, persisted `0600`.
+//! * [`fence`]: the persisted fences (a restarted provider still refuses a
+//!   fenced generation).
+//! * [`runtime`]: the content-addressed runtime store and its importer.
+//! * [`http`]: the provider's loopback HTTP service ([`http::provider_router`])
+//!   and [`HttpProvider`], a client implementing [`Provider`].
+//!
+//! The provider's clock decides nothing: it signs statements about what
+//! exists, never about when.
+
+#![warn(missing_docs)]
+
+use async_trait::async_trait;
+use ed25519_dalek::VerifyingKey;
+use serde::{Deserialize, Serialize};
+
+use lc_core::evidence::{Envelope, InstanceState};
+use lc_core::page::Page;
+use lc_core::{
+    AttemptNo, Command, Digest, ExecId, Generation, ProviderId, SandboxLeaseId, Shape, WorkspaceId,
+};
+
+pub mod bwrap;
+pub mod cgroup;
+pub mod fence;
+pub mod http;
+pub mod identity;
+pub mod runtime;
+mod socket;
+
+pub use bwrap::{BwrapConfig, BwrapProvider};
+pub use http::{HttpProvider, provider_router, provider_router_with_token};
+
+/// What to start: the instance of lease `lease_id` generation `generation`
+/// running `command` of exec `exec_id` attempt `attempt` in runtime
+/// `runtime` with `shape`'s limits and workspace `workspace_id` at
+/// `/workspace`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AllocateRequest {
+    /// The sandbox lease.
+    pub lease_id: SandboxLeaseId,
+    /// Its generation (>= 1).
+    pub generation: Generation,
+    /// The exec the instance runs.
+    pub exec_id: ExecId,
+    /// The attempt of that exec.
+    pub attempt: AttemptNo,
+    /// The runtime digest (a manifest digest in the provider's store, or
+    /// the built-in `base`).
+    pub runtime: Digest,
+    /// The resources.
+    pub shape: Shape,
+    /// The command, run by the supervisor.
+    pub command: Command,
+    /// The workspace bound read-write at `/workspace`.
+    pub workspace_id: WorkspaceId,
+}
+
+/// An allocated instance.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Allocation {
+    /// The sandbox lease.
+    pub lease_id: SandboxLeaseId,
+    /// Its generation.
+    pub generation: Generation,
+    /// `running` or `exited` at the moment of the answer.
+    pub state: InstanceState,
+    /// `false` when the instance already existed (an idempotent replay).
+    pub created: bool,
+}
+
+/// A provider's refusal or failure. Codes are stable; [`ProviderError::code`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+#[serde(tag = "code", rename_all = "snake_case")]
+pub enum ProviderError {
+    /// The generation is fenced on this provider: it was destroyed (or a
+    /// later one was). Code `fenced`.
+    #[error(
+        "lease {lease_id} generation {generation} is fenced (through generation {fenced_through})"
+    )]
+    Fenced {
+        /// The lease.
+        lease_id: i64,
+        /// The generation asked for.
+        generation: i64,
+        /// The highest fenced generation.
+        fenced_through: i64,
+    },
+    /// The same lease generation was allocated with another request. Code
+    /// `allocation_conflict`.
+    #[error("lease {lease_id} generation {generation} exists with another request")]
+    AllocationConflict {
+        /// The lease.
+        lease_id: i64,
+        /// The generation.
+        generation: i64,
+    },
+    /// No such instance on this provider. Code `no_instance`.
+    #[error("no instance of lease {lease_id} generation {generation}")]
+    NoInstance {
+        /// The lease.
+        lease_id: i64,
+        /// The generation.
+        generation: i64,
+    },
+    /// The runtime digest is not in the store. Code `unknown_runtime`.
+    #[error("runtime {digest} is not in this provider's store")]
+    UnknownRuntime {
+        /// The digest asked for.
+        digest: String,
+    },
+    /// A request the provider refuses (a bad id, shape or argument). Code
+    /// `invalid_request`.
+    #[error("invalid request: {detail}")]
+    InvalidRequest {
+        /// What is wrong.
+        detail: String,
+    },
+    /// The instance could not be started. Code `start_failed`.
+    #[error("instance start failed: {detail}")]
+    StartFailed {
+        /// What bubblewrap or the supervisor said.
+        detail: String,
+    },
+    /// The instance's processes could not all be killed or its cgroups
+    /// removed within the bound. Code `destroy_incomplete`; retry.
+    #[error("destroy incomplete: {detail}")]
+    DestroyIncomplete {
+        /// What is left.
+        detail: String,
+    },
+    /// The supervisor's socket refused or failed. Code `supervisor_unavailable`.
+    #[error("supervisor unavailable: {detail}")]
+    SupervisorUnavailable {
+        /// What failed.
+        detail: String,
+    },
+    /// A runtime import refused (code of [`runtime::ImportError`]). Code
+    /// `runtime_refused`.
+    #[error("runtime refused ({reason}): {detail}")]
+    RuntimeRefused {
+        /// The import error's stable code (`absolute_path`, `symlink_escape`, ...).
+        reason: String,
+        /// What is wrong.
+        detail: String,
+    },
+    /// The provider's state directory failed. Code `provider_io`.
+    #[error("provider state: {detail}")]
+    Io {
+        /// What failed.
+        detail: String,
+    },
+    /// The provider API refused the request's credential (HTTP only). Code
+    /// `unauthorized`.
+    #[error("the provider refused the credential")]
+    Unauthorized,
+    /// The provider could not be reached or answered something that is not
+    /// a provider answer (HTTP client only). Code `provider_unreachable`.
+    #[error("provider unreachable: {detail}")]
+    Unreachable {
+        /// What failed.
+        detail: String,
+    },
+}
+
+impl ProviderError {
+    /// The stable snake_case code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            ProviderError::Fenced { .. } => "fenced",
+            ProviderError::AllocationConflict { .. } => "allocation_conflict",
+            ProviderError::NoInstance { .. } => "no_instance",
+            ProviderError::UnknownRuntime { .. } => "unknown_runtime",
+            ProviderError::InvalidRequest { .. } => "invalid_request",
+            ProviderError::StartFailed { .. } => "start_failed",
+            ProviderError::DestroyIncomplete { .. } => "destroy_incomplete",
+            ProviderError::SupervisorUnavailable { .. } => "supervisor_unavailable",
+            ProviderError::RuntimeRefused { .. } => "runtime_refused",
+            ProviderError::Io { .. } => "provider_io",
+            ProviderError::Unauthorized => "unauthorized",
+            ProviderError::Unreachable { .. } => "provider_unreachable",
+        }
+    }
+
+    /// Whether retrying the same call later can succeed.
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            ProviderError::DestroyIncomplete { .. }
+                | ProviderError::SupervisorUnavailable { .. }
+                | ProviderError::Io { .. }
+                | ProviderError::Unreachable { .. }
+        )
+    }
+
+    pub(crate) fn io(what: impl std::fmt::Display, e: impl std::fmt::Display) -> ProviderError {
+        ProviderError::Io {
+            detail: format!("{what}: {e}"),
+        }
+    }
+}
+
+/// A host that runs sandbox instances; see the crate docs. Every method is
+/// idempotent; evidence envelopes are signed by [`Provider::public_key`]
+/// and verify with [`lc_core::evidence::verify`].
+#[async_trait]
+pub trait Provider: Send + Sync {
+    /// The provider's id.
+    fn id(&self) -> &ProviderId;
+
+    /// The key its evidence is signed with.
+    fn public_key(&self) -> VerifyingKey;
+
+    /// Starts the instance of `(req.lease_id, req.generation)`, or returns
+    /// the existing one for the same request.
+    ///
+    /// # Errors
+    /// [`ProviderError::Fenced`] for a fenced generation,
+    /// [`ProviderError::AllocationConflict`] for another request with the
+    /// same lease generation, [`ProviderError::UnknownRuntime`],
+    /// [`ProviderError::StartFailed`], [`ProviderError::Io`].
+    async fn allocate(&self, req: AllocateRequest) -> Result<Allocation, ProviderError>;
+
+    /// Fences generation `generation` of `lease_id` (and every earlier one),
+    /// kills every process of their instances, removes their cgroups and
+    /// returns signed evidence: a fence when an instance existed, an
+    /// absence when none did. Idempotent.
+    ///
+    /// # Errors
+    /// [`ProviderError::DestroyIncomplete`] (retry), [`ProviderError::Io`].
+    async fn destroy(
+        &self,
+        lease_id: SandboxLeaseId,
+        generation: Generation,
+    ) -> Result<Envelope, ProviderError>;
+
+    /// A signed observation of the instance: `running` while any of its
+    /// processes lives, `exited` when none does, `absent` when there is no
+    /// instance.
+    ///
+    /// # Errors
+    /// [`ProviderError::Io`].
+    async fn observe(
+        &self,
+        lease_id: SandboxLeaseId,
+        generation: Generation,
+    ) -> Result<Envelope, ProviderError>;
+
+    /// The instance's spooled pages with `seq > after_seq`, in order, at most
+    /// `max` (capped at [`lc_core::page::PAGES_PER_REQUEST_MAX`]); empty when
+    /// none is spooled yet or the supervisor has finished.
+    ///
+    /// # Errors
+    /// [`ProviderError::NoInstance`], [`ProviderError::SupervisorUnavailable`].
+    async fn pages(
+        &self,
+        lease_id: SandboxLeaseId,
+        generation: Generation,
+        after_seq: i64,
+        max: usize,
+    ) -> Result<Vec<Page>, ProviderError>;
+
+    /// Lets the supervisor drop every page with `seq <= through_seq`.
+    ///
+    /// # Errors
+    /// [`ProviderError::NoInstance`], [`ProviderError::SupervisorUnavailable`]
+    /// (also for an ack beyond what was spooled).
+    async fn ack(
+        &self,
+        lease_id: SandboxLeaseId,
+        generation: Generation,
+        through_seq: i64,
+    ) -> Result<(), ProviderError>;
+}

@@ -1,0 +1,594 @@
+//! The HTTP API: handlers, the router, and the OpenAPI document generated
+//! from the same registrations.
+//!
+//! [`router`] builds the whole service (tests drive it with
+//! `tower::ServiceExt::oneshot`, no sockets). Each handler's signature
+//! lists its checks in order, as typed extractors: the path id
+//! ([`httpkit::IdPath`]), the credential ([`crate::auth`]), the
+//! `Idempotency-Key` ([`RequiredKey`]), the query, then the body
+//! ([`httpkit::JsonBody`]). Its body reads the clock once, calls exactly one
+//! [`ControlStore`](lc_core::store::ControlStore) method and maps the
+//! result to a DTO ([`crate::dto`]) or an [`ApiError`]. No handler decides
+//! a rule; the core and the store do.
+//!
+//! Time: every mutating call reads the cut once and hands the store that
+//! reading, certain or not. Exec admission needs a *certain* one: the store
+//! answers a replay of a recorded admission with its result whatever the
+//! certainty, and refuses a new one on an uncertain reading inside the
+//! admitting transaction, which then writes nothing; the API answers that
+//! refusal `503 time_uncertain` with `Retry-After` and the reason it read.
+//!
+//! Idempotency: every POST carries an `Idempotency-Key`; the store records
+//! it with the SHA-256 of the canonical request ([`RequiredKey::operation`])
+//! and the result, returns that result on a replay and refuses the key
+//! with another request (`409 idempotency_conflict`). A replayed tenant
+//! creation re-derives the same API key from the server secret.
+
+use std::sync::OnceLock;
+
+use axum::body::{Bytes, HttpBody as _};
+use axum::extract::{FromRequest, FromRequestParts, MatchedPath, Query, Request, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderValue, Method, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::{Json, Router};
+use clock::TELEMETRY_READ_MAX;
+use httpkit::{IdPath, JsonBody, Rejection};
+use lc_core::LcError;
+use lc_core::model::{Digest, ExecId, ExecRequest, ExecState, PageKind, TenantId};
+use serde::de::DeserializeOwned;
+use utoipa::OpenApi;
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use crate::auth::{Acting, Admin, RequiredKey, Scope, TenantReader};
+use crate::dto::*;
+use crate::error::ApiError;
+use crate::runtime;
+pub use crate::state::{
+    AppState, JSON_BODY_MAX_BYTES, REQUEST_TIMEOUT_DEFAULT, RUNTIME_TAR_BYTES_MAX, ServiceOptions,
+};
+
+/// Default `limit` of `GET /v1/execs`.
+pub const EXEC_LIST_DEFAULT: usize = 100;
+
+/// Default and largest `limit` of `GET /v1/execs/{id}/output`: 64 pages of
+/// at most 64 KiB are at most 4 MiB of bytes (5.4 MiB as base64) per
+/// answer.
+pub const OUTPUT_PAGES_MAX: usize = 64;
+
+/// The media type of a runtime tarball.
+pub const TAR_CONTENT_TYPE: &str = "application/x-tar";
+
+/// A query string of shape `T`; anything else is 400 `invalid_query`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Q<T>(pub T);
+
+impl<T: DeserializeOwned + Send> FromRequestParts<AppState> for Q<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, s: &AppState) -> Result<Q<T>, ApiError> {
+        match Query::<T>::from_request_parts(parts, s).await {
+            Ok(Query(v)) => Ok(Q(v)),
+            Err(e) => Err(ApiError::InvalidQuery(e.body_text())),
+        }
+    }
+}
+
+// ---------------------------------------------------------------- handlers
+
+/// Creates a tenant (admin): its Tollgate account, `units` deposited when
+/// given, and its API key.
+#[utoipa::path(post, path = "/v1/tenants", tag = "tenants",
+    params(("Idempotency-Key" = String, Header, description = "Required: a replay with the same body returns the same tenant and key")),
+    request_body = CreateTenantBody,
+    responses((status = 201, description = "The tenant and its API key", body = CreatedTenant)),
+    security(("bearer" = [])))]
+async fn create_tenant(
+    State(s): State<AppState>,
+    _: Admin,
+    key: RequiredKey,
+    JsonBody(req): JsonBody<CreateTenantBody>,
+) -> Result<(StatusCode, Json<CreatedTenant>), ApiError> {
+    let op = key.operation("create_tenant", None, &req)?;
+    let at = s.reading().await?.at;
+    let secret = s.secret().clone();
+    let derive = move |id: TenantId| Digest(secret.tenant_api_key_sha256(id));
+    let tenant = s
+        .store()
+        .create_tenant(&op, at, &req.name, req.units, &derive)
+        .await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(CreatedTenant {
+            tenant_id: tenant.tenant_id.0,
+            api_key: s.secret().tenant_api_key(tenant.tenant_id),
+            name: tenant.name,
+        }),
+    ))
+}
+
+/// Deposits units into a tenant (admin).
+#[utoipa::path(post, path = "/v1/tenants/{tenant_id}/deposits", tag = "tenants",
+    params(
+        ("tenant_id" = i64, Path, minimum = 1, description = "The tenant"),
+        ("Idempotency-Key" = String, Header, description = "Required"),
+    ),
+    request_body = DepositBody,
+    responses((status = 200, description = "The tenant after the deposit", body = TenantView)),
+    security(("bearer" = [])))]
+async fn deposit(
+    State(s): State<AppState>,
+    IdPath(tenant_id): IdPath,
+    _: Admin,
+    key: RequiredKey,
+    JsonBody(req): JsonBody<DepositBody>,
+) -> Result<Json<TenantView>, ApiError> {
+    let tenant = TenantId(tenant_id);
+    let op = key.operation("deposit", Some(tenant), &req)?;
+    let at = s.reading().await?.at;
+    let t = s.store().deposit(&op, at, tenant, req.units).await?;
+    Ok(Json(t.into()))
+}
+
+/// A tenant and its balances (admin, or the tenant's own key).
+#[utoipa::path(get, path = "/v1/tenants/{tenant_id}", tag = "tenants",
+    params(("tenant_id" = i64, Path, minimum = 1, description = "The tenant")),
+    responses((status = 200, description = "The tenant", body = TenantView)),
+    security(("bearer" = [])))]
+async fn get_tenant(
+    State(s): State<AppState>,
+    TenantReader(tenant): TenantReader,
+) -> Result<Json<TenantView>, ApiError> {
+    Ok(Json(s.store().tenant(tenant).await?.into()))
+}
+
+/// Imports a runtime from a tarball (admin): validated, unpacked into the
+/// content-addressed runtime directory, registered under `name`.
+#[utoipa::path(post, path = "/v1/runtimes", tag = "runtimes",
+    params(
+        RuntimeQuery,
+        ("Idempotency-Key" = String, Header, description = "Required"),
+    ),
+    request_body(content = Vec<u8>, content_type = "application/x-tar", description = "The root filesystem tree as a tar archive"),
+    responses((status = 201, description = "The runtime", body = RuntimeView)),
+    security(("bearer" = [])))]
+async fn import_runtime(
+    State(s): State<AppState>,
+    _: Admin,
+    key: RequiredKey,
+    Q(q): Q<RuntimeQuery>,
+    req: Request,
+) -> Result<(StatusCode, Json<RuntimeView>), ApiError> {
+    let is_tar = req
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| {
+            v.split(';')
+                .next()
+                .is_some_and(|e| e.trim().eq_ignore_ascii_case(TAR_CONTENT_TYPE))
+        });
+    if !is_tar {
+        return Err(ApiError::TarRequired);
+    }
+    let body = Bytes::from_request(req, &s)
+        .await
+        .map_err(|_| Rejection::PayloadTooLarge {
+            limit_bytes: RUNTIME_TAR_BYTES_MAX,
+        })?;
+    lc_core::rules::check_runtime_name(&q.name)?;
+    let tar_sha256 = hex::encode(crate::auth::sha256(&body));
+    let op = key.operation(
+        "register_runtime",
+        None,
+        &serde_json::json!({ "name": q.name, "tar_sha256": tar_sha256 }),
+    )?;
+    let dir = s
+        .options()
+        .runtime_dir
+        .clone()
+        .ok_or(ApiError::RuntimeImportDisabled)?;
+    let at = s.reading().await?.at;
+    let imported = runtime::import_tar(&dir, body).await?;
+    let r = s
+        .store()
+        .register_runtime(&op, at, &q.name, imported.digest, imported.manifest)
+        .await?;
+    Ok((StatusCode::CREATED, Json(r.into())))
+}
+
+/// Every registered runtime (any credential).
+#[utoipa::path(get, path = "/v1/runtimes", tag = "runtimes",
+    responses((status = 200, description = "The runtimes, by name", body = RuntimeList)),
+    security(("bearer" = [])))]
+async fn list_runtimes(
+    State(s): State<AppState>,
+    _: crate::auth::Caller,
+) -> Result<Json<RuntimeList>, ApiError> {
+    let runtimes = s.store().runtimes().await?;
+    Ok(Json(RuntimeList {
+        runtimes: runtimes.into_iter().map(Into::into).collect(),
+    }))
+}
+
+/// Admits an exec for the acting tenant: in one transaction the exec with
+/// its canonical identity, attempt 1, a Reservation of the shape's units
+/// and Lease generation 1. Needs a certain cut (503 `time_uncertain`
+/// otherwise; a replay of a recorded admission still answers its result);
+/// `409 insufficient_capacity` when the units are not available. Nothing
+/// is written on any refusal.
+#[utoipa::path(post, path = "/v1/execs", tag = "execs",
+    params(
+        ("Idempotency-Key" = String, Header, description = "Required: a replay returns the same exec"),
+        ("Lc-Tenant" = Option<i64>, Header, description = "With the admin token: the tenant to act for"),
+    ),
+    request_body = CreateExecBody,
+    responses((status = 201, description = "The admitted exec", body = ExecView)),
+    security(("bearer" = [])))]
+async fn create_exec(
+    State(s): State<AppState>,
+    Acting(tenant): Acting,
+    key: RequiredKey,
+    JsonBody(req): JsonBody<CreateExecBody>,
+) -> Result<(StatusCode, Json<ExecView>), ApiError> {
+    let op = key.operation("admit_exec", Some(tenant), &req)?;
+    let reading = s.reading().await?;
+    let exec = s
+        .store()
+        .admit_exec(
+            &op,
+            reading.at,
+            tenant,
+            &ExecRequest {
+                runtime: req.runtime,
+                shape: req.shape,
+                command: req.command,
+                timeout_ms: req.timeout_ms,
+            },
+        )
+        .await
+        .map_err(|e| match e {
+            // A runtime the body names but the store lacks is a bad body,
+            // not a missing resource of this route.
+            LcError::NotFound {
+                what: "runtime",
+                id,
+            } => LcError::InvalidRuntime {
+                reason: format!("no runtime is registered as {id}"),
+            },
+            other => other,
+        })
+        .map_err(|e| s.refused_admission(e, reading))?;
+    Ok((StatusCode::CREATED, Json(exec.into())))
+}
+
+/// One exec of the acting tenant (404 for another tenant's).
+#[utoipa::path(get, path = "/v1/execs/{exec_id}", tag = "execs",
+    params(
+        ("exec_id" = i64, Path, minimum = 1, description = "The exec"),
+        ("Lc-Tenant" = Option<i64>, Header, description = "With the admin token: the tenant to act for"),
+    ),
+    responses((status = 200, description = "The exec", body = ExecView)),
+    security(("bearer" = [])))]
+async fn get_exec(
+    State(s): State<AppState>,
+    IdPath(exec_id): IdPath,
+    Acting(tenant): Acting,
+) -> Result<Json<ExecView>, ApiError> {
+    Ok(Json(s.store().exec(tenant, ExecId(exec_id)).await?.into()))
+}
+
+/// The acting tenant's execs, ascending by id.
+#[utoipa::path(get, path = "/v1/execs", tag = "execs",
+    params(
+        ExecListQuery,
+        ("Lc-Tenant" = Option<i64>, Header, description = "With the admin token: the tenant to act for"),
+    ),
+    responses((status = 200, description = "A page of execs", body = ExecList)),
+    security(("bearer" = [])))]
+async fn list_execs(
+    State(s): State<AppState>,
+    Acting(tenant): Acting,
+    Q(q): Q<ExecListQuery>,
+) -> Result<Json<ExecList>, ApiError> {
+    let limit = q.limit.unwrap_or(EXEC_LIST_DEFAULT);
+    let limit = lc_core::rules::check_limit(limit, lc_core::rules::LIST_LIMIT_MAX)?;
+    let after = match q.after {
+        Some(a) if a < 0 => {
+            return Err(ApiError::InvalidQuery(format!(
+                "after must be at least 0, got {a}"
+            )));
+        }
+        a => a.map(ExecId),
+    };
+    let execs = s.store().execs(tenant, after, limit).await?;
+    let next_after = (execs.len() == limit)
+        .then(|| execs.last().map(|e| e.exec_id.0))
+        .flatten();
+    Ok(Json(ExecList {
+        execs: execs.into_iter().map(Into::into).collect(),
+        next_after,
+    }))
+}
+
+/// Output pages of the exec's current attempt after `after_seq`, readable
+/// while it runs.
+#[utoipa::path(get, path = "/v1/execs/{exec_id}/output", tag = "execs",
+    params(
+        ("exec_id" = i64, Path, minimum = 1, description = "The exec"),
+        OutputQuery,
+        ("Lc-Tenant" = Option<i64>, Header, description = "With the admin token: the tenant to act for"),
+    ),
+    responses((status = 200, description = "Pages, in order", body = OutputView)),
+    security(("bearer" = [])))]
+async fn exec_output(
+    State(s): State<AppState>,
+    IdPath(exec_id): IdPath,
+    Acting(tenant): Acting,
+    Q(q): Q<OutputQuery>,
+) -> Result<Json<OutputView>, ApiError> {
+    let after_seq = q.after_seq.unwrap_or(0);
+    if after_seq < 0 {
+        return Err(ApiError::InvalidQuery(format!(
+            "after_seq must be at least 0, got {after_seq}"
+        )));
+    }
+    let limit = lc_core::rules::check_limit(q.limit.unwrap_or(OUTPUT_PAGES_MAX), OUTPUT_PAGES_MAX)?;
+    // The exec first: 404 for another tenant's, and its state says whether
+    // an empty answer is the end.
+    let exec = s.store().exec(tenant, ExecId(exec_id)).await?;
+    let pages = s
+        .store()
+        .output(tenant, ExecId(exec_id), after_seq, limit)
+        .await?;
+    let next_seq = pages.last().map_or(after_seq, |p| p.seq) + 1;
+    let terminal = match pages.last() {
+        Some(p) => p.kind == PageKind::Terminal,
+        None => exec.state == ExecState::Terminal,
+    };
+    Ok(Json(OutputView {
+        pages: pages.into_iter().map(Into::into).collect(),
+        terminal,
+        next_seq,
+    }))
+}
+
+/// Asks to cancel an exec of the acting tenant (a terminal one is returned
+/// as it is).
+#[utoipa::path(post, path = "/v1/execs/{exec_id}/cancel", tag = "execs",
+    params(
+        ("exec_id" = i64, Path, minimum = 1, description = "The exec"),
+        ("Idempotency-Key" = String, Header, description = "Required"),
+        ("Lc-Tenant" = Option<i64>, Header, description = "With the admin token: the tenant to act for"),
+    ),
+    responses((status = 200, description = "The exec", body = ExecView)),
+    security(("bearer" = [])))]
+async fn cancel_exec(
+    State(s): State<AppState>,
+    IdPath(exec_id): IdPath,
+    Acting(tenant): Acting,
+    key: RequiredKey,
+) -> Result<Json<ExecView>, ApiError> {
+    let op = key.operation(
+        "cancel",
+        Some(tenant),
+        &serde_json::json!({ "exec_id": exec_id }),
+    )?;
+    let at = s.reading().await?.at;
+    let exec = s.store().cancel(&op, at, tenant, ExecId(exec_id)).await?;
+    Ok(Json(exec.into()))
+}
+
+/// An operation key and its recorded result: the admin's own keys without
+/// `Lc-Tenant`, else the acting tenant's.
+#[utoipa::path(get, path = "/v1/operations/{key}", tag = "operations",
+    params(
+        ("key" = String, Path, description = "The idempotency key"),
+        ("Lc-Tenant" = Option<i64>, Header, description = "With the admin token: the tenant whose key"),
+    ),
+    responses((status = 200, description = "The operation", body = OperationView)),
+    security(("bearer" = [])))]
+async fn get_operation(
+    State(s): State<AppState>,
+    axum::extract::Path(key): axum::extract::Path<String>,
+    Scope(scope): Scope,
+) -> Result<Json<OperationView>, ApiError> {
+    lc_core::opkey::OperationKey::new(key.clone(), Digest([0; 32]))
+        .map_err(|e| Rejection::InvalidPath(e.to_string()))?;
+    Ok(Json(s.store().operation(scope, &key).await?.into()))
+}
+
+/// Liveness: the process is serving.
+#[utoipa::path(get, path = "/healthz", tag = "service",
+    responses((status = 200, description = "Serving", body = HealthView)))]
+async fn healthz() -> Json<HealthView> {
+    Json(HealthView {
+        status: "ok".into(),
+    })
+}
+
+/// Readiness: a store read succeeds and the cut is certain (503
+/// `not_ready` otherwise, naming what is missing).
+#[utoipa::path(get, path = "/readyz", tag = "service",
+    responses((status = 200, description = "Ready", body = ReadyView)))]
+async fn readyz(State(s): State<AppState>) -> Response {
+    let (db, reading) = tokio::join!(
+        tokio::time::timeout(TELEMETRY_READ_MAX, s.store().runtimes()),
+        tokio::time::timeout(TELEMETRY_READ_MAX, s.reading())
+    );
+    let database_reachable = matches!(db, Ok(Ok(_)));
+    let reading = reading.ok().and_then(Result::ok);
+    let view = ReadyView {
+        ready: database_reachable && reading.is_some_and(|r| r.at.certain),
+        database_reachable,
+        cut: reading.map(|r| r.at.cut),
+        cut_certain: reading.is_some_and(|r| r.at.certain),
+        uncertain_reason: reading.and_then(|r| r.uncertain.map(|u| u.code().to_string())),
+    };
+    if view.ready {
+        return Json(view).into_response();
+    }
+    let mut missing = Vec::new();
+    if !database_reachable {
+        missing.push("the database is unreachable".to_string());
+    }
+    match (&reading, &view.uncertain_reason) {
+        (None, _) => missing.push("the cut cannot be read".to_string()),
+        (Some(_), Some(r)) => missing.push(format!("the cut is uncertain ({r})")),
+        (Some(_), None) => {}
+    }
+    ApiError::NotReady(format!("not ready: {}", missing.join("; "))).into_response()
+}
+
+/// Counters and the cut's certainty in the Prometheus text format.
+#[utoipa::path(get, path = "/metrics", tag = "service",
+    responses((status = 200, description = "Prometheus text exposition", body = String, content_type = "text/plain")))]
+async fn metrics_text(State(s): State<AppState>) -> Response {
+    if let Some(st) = s.clock().refresh_safe_time(TELEMETRY_READ_MAX).await {
+        s.metrics().set_safe_time(&st);
+    }
+    let mut resp = s.metrics().render().into_response();
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+    );
+    resp
+}
+
+/// This document.
+#[utoipa::path(get, path = "/v1/openapi.json", tag = "service",
+    responses((status = 200, description = "The OpenAPI 3.1 document", content_type = "application/json")))]
+async fn openapi_json() -> Response {
+    static DOC: OnceLock<String> = OnceLock::new();
+    let doc = DOC.get_or_init(|| {
+        openapi()
+            .to_json()
+            .expect("the OpenAPI document (strings, maps and lists) serializes")
+    });
+    let mut resp = doc.clone().into_response();
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    resp
+}
+
+// ------------------------------------------------------------------ router
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "Little Compute",
+        description = "The sandbox control plane. JSON under /v1; errors are RFC 9457 problem documents with a stable `code`; every POST takes an Idempotency-Key; instants are RFC 3339 UTC on the safe expiry cut."
+    ),
+    modifiers(&BearerScheme)
+)]
+struct ApiDoc;
+
+struct BearerScheme;
+
+impl utoipa::Modify for BearerScheme {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .description(Some(
+                        "The admin token, or a tenant API key (`lc_...`), per route.",
+                    ))
+                    .build(),
+            ),
+        );
+    }
+}
+
+/// Every route of the service, registered once for both the router and the
+/// OpenAPI document.
+pub fn api_routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .routes(routes!(create_tenant))
+        .routes(routes!(deposit))
+        .routes(routes!(get_tenant))
+        .routes(routes!(import_runtime, list_runtimes))
+        .routes(routes!(create_exec, list_execs))
+        .routes(routes!(get_exec))
+        .routes(routes!(exec_output))
+        .routes(routes!(cancel_exec))
+        .routes(routes!(get_operation))
+        .routes(routes!(healthz))
+        .routes(routes!(readyz))
+        .routes(routes!(metrics_text))
+        .routes(routes!(openapi_json))
+}
+
+/// Statuses every operation of a route may answer with a problem document.
+fn problem_statuses(path: &str) -> &'static [u16] {
+    if path.starts_with("/v1/") {
+        &[400, 401, 403, 404, 409, 413, 414, 415, 422, 431, 500, 503]
+    } else {
+        &[414, 431, 503]
+    }
+}
+
+/// The OpenAPI document of [`api_routes`], with the `Problem` schema and
+/// the problem responses of each path added to every operation.
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    let (_, mut doc) = api_routes().split_for_parts();
+    httpkit::openapi::document_problems::<ApiError>(&mut doc, problem_statuses);
+    doc
+}
+
+/// Holds every request body but a runtime import's to
+/// [`JSON_BODY_MAX_BYTES`] (413 `payload_too_large` beyond it). The
+/// connection layer has already buffered the body within
+/// [`RUNTIME_TAR_BYTES_MAX`], so its size is exact here.
+async fn json_body_limit(req: Request, next: Next) -> Response {
+    let is_import = req.method() == Method::POST
+        && req
+            .extensions()
+            .get::<MatchedPath>()
+            .is_some_and(|p| p.as_str() == "/v1/runtimes");
+    let size = req.body().size_hint().upper().unwrap_or(u64::MAX);
+    if !is_import && size > JSON_BODY_MAX_BYTES as u64 {
+        return ApiError::from(Rejection::PayloadTooLarge {
+            limit_bytes: JSON_BODY_MAX_BYTES,
+        })
+        .into_response();
+    }
+    next.run(req).await
+}
+
+/// The whole service over `state`: every route, the JSON body bound, the
+/// fallbacks, the buffering body limit, the timeout and request tracking
+/// ([`httpkit::service_router`]). Tests call it with `oneshot`.
+pub fn router(state: AppState) -> Router {
+    let (routes, _) = api_routes().split_for_parts();
+    let routes = routes.route_layer(middleware::from_fn(json_body_limit));
+    httpkit::service_router(routes, state)
+}
+
+/// The router of a service on `store`, reading the cut from `clock`,
+/// accepting the admin token of `admin` and deriving tenant keys from
+/// `secret` ([`router`] over a fresh [`AppState`] with fresh metrics).
+pub fn build(
+    store: std::sync::Arc<dyn lc_core::store::ControlStore>,
+    clock: std::sync::Arc<dyn clock::Clock>,
+    admin: crate::auth::AdminDigest,
+    secret: crate::auth::ServerSecret,
+    options: ServiceOptions,
+) -> (Router, AppState) {
+    let state = AppState::new(
+        store,
+        clock,
+        admin,
+        secret,
+        std::sync::Arc::new(crate::metrics::Metrics::new()),
+        options,
+    );
+    (router(state.clone()), state)
+}

@@ -1,0 +1,373 @@
+//! The JSON shapes of the API. Instants are RFC 3339 UTC strings, exact to
+//! the nanosecond; digests 64 lowercase hex digits; ids integers; page
+//! bytes standard base64. Request bodies refuse unknown fields.
+
+use base64::Engine as _;
+use jiff::Timestamp;
+use lc_core::model::{
+    CanonicalIdentity, ExecRecord, OpScope, OperationRecord, OutputPage, Runtime, Tenant,
+};
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+
+/// `POST /v1/tenants`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateTenantBody {
+    /// The tenant's name (unique).
+    pub name: String,
+    /// Units to deposit at creation (at least 1 when given).
+    #[serde(default)]
+    pub units: Option<i64>,
+}
+
+/// A created tenant and its API key.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct CreatedTenant {
+    /// The tenant (= its Tollgate account).
+    pub tenant_id: i64,
+    /// Its name.
+    pub name: String,
+    /// Its API key (`lc_` + 43 base64url characters). Derived from the
+    /// server secret: a replay of the creation returns the same key.
+    pub api_key: String,
+}
+
+/// `POST /v1/tenants/{id}/deposits`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DepositBody {
+    /// Units to deposit (at least 1).
+    pub units: i64,
+}
+
+/// A tenant and its exact Tollgate balances, in units:
+/// `deposited = available + held + consumed`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct TenantView {
+    /// The tenant.
+    pub tenant_id: i64,
+    /// Its name.
+    pub name: String,
+    /// Units ever deposited.
+    pub deposited: i64,
+    /// Units free to reserve.
+    pub available: i64,
+    /// Units held by Reservations of live execs.
+    pub held: i64,
+    /// Units charged.
+    pub consumed: i64,
+}
+
+impl From<Tenant> for TenantView {
+    fn from(t: Tenant) -> TenantView {
+        TenantView {
+            tenant_id: t.tenant_id.0,
+            name: t.name,
+            deposited: t.deposited,
+            available: t.available,
+            held: t.held,
+            consumed: t.consumed,
+        }
+    }
+}
+
+/// `POST /v1/runtimes?name=`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct RuntimeQuery {
+    /// The runtime's name.
+    pub name: String,
+}
+
+/// A registered runtime.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct RuntimeView {
+    /// Its name.
+    pub name: String,
+    /// SHA-256 of its canonical manifest, 64 hex digits: the runtime's
+    /// identity.
+    pub digest: String,
+    /// Its manifest.
+    #[schema(value_type = Object)]
+    pub manifest: serde_json::Value,
+}
+
+impl From<Runtime> for RuntimeView {
+    fn from(r: Runtime) -> RuntimeView {
+        RuntimeView {
+            name: r.name,
+            digest: r.digest.to_hex(),
+            manifest: r.manifest,
+        }
+    }
+}
+
+/// `GET /v1/runtimes`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct RuntimeList {
+    /// Every runtime, by name.
+    pub runtimes: Vec<RuntimeView>,
+}
+
+/// `POST /v1/execs`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateExecBody {
+    /// A runtime name, or its digest (64 hex digits).
+    pub runtime: String,
+    /// A shape: `small`, `medium` or `small-net`.
+    pub shape: String,
+    /// The argv: 1 to 256 strings, the first non-empty, no NUL, each at
+    /// most 4096 bytes, at most 64 KiB together.
+    pub command: Vec<String>,
+    /// How long the command may run, milliseconds (at most one day).
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
+}
+
+/// The canonical identity of an exec, fixed at admission.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct CanonicalView {
+    /// The exec.
+    pub exec_id: i64,
+    /// Generation 1's sandbox Lease.
+    pub lease_id: i64,
+    /// The provider.
+    pub provider_id: String,
+    /// The runtime's digest.
+    pub runtime: String,
+    /// The workspace.
+    pub workspace_id: i64,
+}
+
+impl From<CanonicalIdentity> for CanonicalView {
+    fn from(c: CanonicalIdentity) -> CanonicalView {
+        CanonicalView {
+            exec_id: c.exec_id.0,
+            lease_id: c.lease_id.0,
+            provider_id: c.provider_id.as_str().to_string(),
+            runtime: c.runtime.to_hex(),
+            workspace_id: c.workspace_id.0,
+        }
+    }
+}
+
+/// An exec.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ExecView {
+    /// The exec.
+    pub exec_id: i64,
+    /// Its tenant.
+    pub tenant_id: i64,
+    /// `admitted`, `running` or `terminal`.
+    pub state: String,
+    /// `exited`, `cancelled`, `expired` or `start_failed` once terminal.
+    pub terminal_reason: Option<String>,
+    /// The command's exit code, when it exited with one.
+    pub exit_code: Option<i32>,
+    /// The canonical identity.
+    pub canonical: CanonicalView,
+    /// The current attempt (from 1).
+    pub attempt: i32,
+    /// The shape.
+    pub shape: String,
+    /// The argv.
+    pub command: Vec<String>,
+    /// The requested timeout, milliseconds.
+    pub timeout_ms: Option<u64>,
+    /// When the timeout ends, on the cut.
+    #[schema(value_type = Option<String>)]
+    pub timeout_deadline: Option<Timestamp>,
+    /// The certain cut the exec was admitted at.
+    #[schema(value_type = String)]
+    pub admitted_cut: Timestamp,
+    /// Whether a cancel was asked for.
+    pub cancel_requested: bool,
+}
+
+impl From<ExecRecord> for ExecView {
+    fn from(e: ExecRecord) -> ExecView {
+        ExecView {
+            exec_id: e.exec_id.0,
+            tenant_id: e.tenant_id.0,
+            state: e.state.as_str().to_string(),
+            terminal_reason: e.terminal_reason.map(|r| r.as_str().to_string()),
+            exit_code: e.exit_code,
+            canonical: e.canonical.into(),
+            attempt: e.attempt.0,
+            shape: e.shape,
+            command: e.command,
+            timeout_ms: e.timeout_ms,
+            timeout_deadline: e.timeout_deadline,
+            admitted_cut: e.admitted_cut,
+            cancel_requested: e.cancel_requested,
+        }
+    }
+}
+
+/// `GET /v1/execs?after=&limit=`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ExecListQuery {
+    /// Only execs with a larger id.
+    #[serde(default)]
+    pub after: Option<i64>,
+    /// At most this many (default 100, at most 1000).
+    #[serde(default)]
+    pub limit: Option<usize>,
+}
+
+/// A page of the acting tenant's execs, ascending by id.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ExecList {
+    /// The execs.
+    pub execs: Vec<ExecView>,
+    /// The `after` of the next page, when this one was full.
+    pub next_after: Option<i64>,
+}
+
+/// `GET /v1/execs/{id}/output?after_seq=&limit=`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct OutputQuery {
+    /// Only pages with a larger seq (default 0: from the first).
+    #[serde(default)]
+    pub after_seq: Option<i64>,
+    /// At most this many pages (default and maximum 64).
+    #[serde(default)]
+    pub limit: Option<usize>,
+}
+
+/// How the command ended (the terminal page).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ExitView {
+    /// Its exit code, when it exited.
+    pub code: Option<i32>,
+    /// The signal that ended it, when one did.
+    pub signal: Option<i32>,
+}
+
+/// One output page.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct PageView {
+    /// From 1, no gaps.
+    pub seq: i64,
+    /// `stdout`, `stderr` or `terminal`.
+    pub kind: String,
+    /// The bytes (at most 65536), standard base64.
+    pub data_b64: String,
+    /// SHA-256 of the bytes, 64 hex digits.
+    pub sha256: String,
+    /// The exit status (terminal page only).
+    pub exit: Option<ExitView>,
+}
+
+impl From<OutputPage> for PageView {
+    fn from(p: OutputPage) -> PageView {
+        PageView {
+            seq: p.seq,
+            kind: p.kind.as_str().to_string(),
+            data_b64: base64::engine::general_purpose::STANDARD.encode(&p.bytes),
+            sha256: p.sha256.to_hex(),
+            exit: p.exit.map(|e| ExitView {
+                code: e.code,
+                signal: e.signal,
+            }),
+        }
+    }
+}
+
+/// Output pages of the exec's current attempt.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct OutputView {
+    /// The pages, ascending by seq.
+    pub pages: Vec<PageView>,
+    /// Whether the output is complete up to here: the terminal page is
+    /// among `pages`, or none is left after `after_seq` and the exec is
+    /// terminal.
+    pub terminal: bool,
+    /// The seq of the next page not returned (the last returned plus one,
+    /// or `after_seq + 1` when none was): ask `after_seq = next_seq - 1`
+    /// next.
+    pub next_seq: i64,
+}
+
+/// An operation key and its recorded result.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct OperationView {
+    /// The key.
+    pub key: String,
+    /// `admin` or `tenant`.
+    pub scope: String,
+    /// The tenant, for a tenant key.
+    pub tenant_id: Option<i64>,
+    /// The operation (`admit_exec`, `deposit`, ...).
+    pub kind: String,
+    /// SHA-256 of the canonical request, 64 hex digits.
+    pub request_sha256: String,
+    /// The recorded result (what a replay returns).
+    #[schema(value_type = Object)]
+    pub result: serde_json::Value,
+    /// The cut the key was created at.
+    #[schema(value_type = String)]
+    pub created_cut: Timestamp,
+    /// The cut captured at the terminal transition.
+    #[schema(value_type = String)]
+    pub floor: Timestamp,
+    /// Its declared TTL, nanoseconds.
+    pub ttl_ns: i64,
+    /// Whether a certain cut has passed the floor.
+    pub receipt_attached: bool,
+    /// The earliest cut at which GC may delete it.
+    #[schema(value_type = String)]
+    pub gc_at: Timestamp,
+}
+
+impl From<OperationRecord> for OperationView {
+    fn from(o: OperationRecord) -> OperationView {
+        let (scope, tenant_id) = match o.scope {
+            OpScope::Admin => ("admin", None),
+            OpScope::Tenant(t) => ("tenant", Some(t.0)),
+        };
+        OperationView {
+            key: o.key,
+            scope: scope.to_string(),
+            tenant_id,
+            kind: o.kind,
+            request_sha256: o.request_sha256.to_hex(),
+            result: o.result,
+            created_cut: o.created_cut,
+            floor: o.floor,
+            ttl_ns: o.ttl_ns,
+            receipt_attached: o.receipt_attached,
+            gc_at: o.gc_at,
+        }
+    }
+}
+
+/// `/healthz`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct HealthView {
+    /// Always `ok`.
+    pub status: String,
+}
+
+/// `/readyz`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ReadyView {
+    /// Database reachable and the cut certain.
+    pub ready: bool,
+    /// Whether a read of the store succeeded.
+    pub database_reachable: bool,
+    /// The cut as read (`null` when the clock could not be read).
+    #[schema(value_type = Option<String>)]
+    pub cut: Option<Timestamp>,
+    /// Whether the cut is certain (admissions allowed).
+    pub cut_certain: bool,
+    /// Why it is uncertain, when it is.
+    pub uncertain_reason: Option<String>,
+}

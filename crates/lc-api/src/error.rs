@@ -1,0 +1,369 @@
+//! The service's error type and its single mapping to HTTP.
+//!
+//! Every failure a handler can produce is an [`ApiError`]; its one
+//! [`IntoResponse`] implementation ([`httpkit::problem_response`]) decides
+//! the status, the stable `code` and the client-safe `detail`. Responses
+//! are RFC 9457 problem documents (`application/problem+json`) whose `type`
+//! is `urn:little-compute:problem:<code>`.
+//!
+//! # Status mapping
+//!
+//! Store and rule refusals keep the core's code ([`LcError::code`]):
+//!
+//! | code | status |
+//! |---|---|
+//! | `invalid_command`, `invalid_shape`, `invalid_runtime`, `invalid_timeout`, `invalid_units`, `invalid_name`, `invalid_limit`, `invalid_digest`, `invalid_provider_id`, `invalid_provider`, `invalid_page` | 422 |
+//! | `invalid_operation_key` | 400 (it is a header) |
+//! | `not_found` | 404 (also for another tenant's exec: existence never leaks) |
+//! | `insufficient_capacity`, `idempotency_conflict`, `already_exists`, `exec_terminal`, `illegal_transition`, `fenced`, `page_conflict` | 409 |
+//! | `time_uncertain` | 503 with `Retry-After` (and `reason` when the service read it) |
+//! | `storage_unavailable`, `deadline_beyond_horizon`, `no_provider` | 503 (retry later; nothing was written) |
+//! | `storage_failure`, `invalid_cut_reading`, `evidence_rejected` | 500 (the service's fault, never the client's) |
+//!
+//! The service's own codes ([`SERVICE_CODES`], the request-level ones from
+//! [`httpkit::Rejection`] among them): `unauthenticated` 401, `forbidden`
+//! 403, `tenant_required` 400 (the admin token on a tenant route without
+//! `Lc-Tenant`), `idempotency_key_required` 400 (a POST without
+//! `Idempotency-Key`), `invalid_query` 400, `invalid_tarball` 422 (a
+//! runtime tarball the runtime store refused: absolute paths, `..`,
+//! symlinks out of the tree, device files, too large),
+//! `runtime_import_disabled` 409 (no runtime directory configured),
+//! `clock_unavailable` 503, `not_ready` 503 (`/readyz` only), and the
+//! request-level `invalid_json` 400, `invalid_body` 422,
+//! `unsupported_media_type` 415, `payload_too_large` 413, `invalid_path`
+//! 400, `invalid_header` 400, `not_found` 404 (no such route),
+//! `method_not_allowed` 405, `request_timeout` 503, `body_timeout` 408 and
+//! the connection layer's `too_many_connections` 503,
+//! `malformed_request` 400, `uri_too_long` 414, `header_fields_too_large`
+//! 431.
+//!
+//! Backend details are logged, never sent: every 5xx `detail` is a fixed
+//! sentence, except `time_uncertain`, `deadline_beyond_horizon` and
+//! `no_provider`, whose message says what to wait for.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use clock::{ClockError, UncertainReason};
+pub use httpkit::{ErrorCode, PROBLEM_JSON, Problem};
+use httpkit::{ProblemSource, Rejection};
+use lc_core::error::LcError;
+
+/// Every failure a request can end in; see the module docs.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// A refusal of the rules or the store, mapped by its stable code.
+    #[error(transparent)]
+    Store(#[from] LcError),
+    /// A request refused before its domain call, with the code every
+    /// router gives it.
+    #[error(transparent)]
+    Request(#[from] Rejection),
+    /// The credential may not perform this operation (or act for this
+    /// tenant).
+    #[error("this credential may not perform this operation")]
+    Forbidden,
+    /// The admin token on a tenant route without `Lc-Tenant: N`.
+    #[error("the admin token acts for a tenant named by the header Lc-Tenant: N")]
+    TenantRequired,
+    /// A POST without `Idempotency-Key`.
+    #[error("every POST needs an Idempotency-Key header (1 to 255 printable ASCII characters)")]
+    IdempotencyKeyRequired,
+    /// A query string of the wrong shape.
+    #[error("invalid query: {0}")]
+    InvalidQuery(String),
+    /// A runtime tarball the runtime store refused.
+    #[error("invalid tarball: {0}")]
+    InvalidTarball(String),
+    /// A runtime tarball sent with another content type.
+    #[error("a runtime is imported as an application/x-tar body")]
+    TarRequired,
+    /// The service has no runtime directory.
+    #[error("runtime import is disabled: the service was started without --runtime-dir")]
+    RuntimeImportDisabled,
+    /// The time source could not be read at all.
+    #[error(transparent)]
+    Clock(#[from] ClockError),
+    /// The cut is uncertain and the operation admits deadline-bearing work:
+    /// refused, nothing written.
+    #[error(
+        "the safe expiry cut is uncertain{}: nothing that admits a deadline runs until it is certain again; retry in {retry_after_secs} s",
+        .reason.map(|r| format!(" ({})", r.code())).unwrap_or_default()
+    )]
+    TimeUncertain {
+        /// Why, when the service read it itself.
+        reason: Option<UncertainReason>,
+        /// The `Retry-After` to send, whole seconds (at least 1).
+        retry_after_secs: u64,
+    },
+    /// `/readyz`: not ready.
+    #[error("{0}")]
+    NotReady(String),
+    /// A fault of the service itself (a random source, a file system).
+    #[error("internal failure: {0}")]
+    Internal(String),
+}
+
+/// The service's own codes and their statuses (store codes are mapped by
+/// [`store_status`]); those of [`Rejection::CODES`] among them.
+pub const SERVICE_CODES: &[(&str, u16)] = &[
+    ("unauthenticated", 401),
+    ("forbidden", 403),
+    ("tenant_required", 400),
+    ("idempotency_key_required", 400),
+    ("invalid_query", 400),
+    ("invalid_tarball", 422),
+    ("runtime_import_disabled", 409),
+    ("clock_unavailable", 503),
+    ("time_uncertain", 503),
+    ("not_ready", 503),
+    ("internal_failure", 500),
+    ("invalid_json", 400),
+    ("invalid_body", 422),
+    ("unsupported_media_type", 415),
+    ("payload_too_large", 413),
+    ("invalid_path", 400),
+    ("invalid_header", 400),
+    ("not_found", 404),
+    ("method_not_allowed", 405),
+    ("request_timeout", 503),
+    ("body_timeout", 408),
+    ("too_many_connections", 503),
+    ("malformed_request", 400),
+    ("uri_too_long", 414),
+    ("header_fields_too_large", 431),
+];
+
+/// The HTTP status of a store or rule refusal (see the module table).
+pub fn store_status(e: &LcError) -> StatusCode {
+    use LcError as E;
+    match e {
+        E::InvalidCommand { .. }
+        | E::InvalidShape { .. }
+        | E::InvalidRuntime { .. }
+        | E::InvalidTimeout { .. }
+        | E::InvalidUnits { .. }
+        | E::InvalidName { .. }
+        | E::InvalidLimit { .. }
+        | E::InvalidProviderId { .. }
+        | E::InvalidProvider { .. }
+        | E::InvalidDigest { .. }
+        | E::InvalidPage { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+        E::InvalidOperationKey { .. } => StatusCode::BAD_REQUEST,
+        E::NotFound { .. } => StatusCode::NOT_FOUND,
+        E::InsufficientCapacity { .. }
+        | E::IdempotencyConflict { .. }
+        | E::AlreadyExists { .. }
+        | E::ExecTerminal { .. }
+        | E::IllegalTransition { .. }
+        | E::Fenced { .. }
+        | E::PageConflict { .. } => StatusCode::CONFLICT,
+        E::TimeUncertain { .. }
+        | E::StorageUnavailable { .. }
+        | E::DeadlineBeyondHorizon { .. }
+        | E::NoProvider => StatusCode::SERVICE_UNAVAILABLE,
+        E::StorageFailure { .. } | E::InvalidCutReading { .. } | E::EvidenceRejected { .. } => {
+            StatusCode::INTERNAL_SERVER_ERROR
+        }
+    }
+}
+
+impl ApiError {
+    /// The stable machine-readable code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            ApiError::Store(e) => e.code(),
+            ApiError::Request(r) => r.code(),
+            ApiError::Forbidden => "forbidden",
+            ApiError::TenantRequired => "tenant_required",
+            ApiError::IdempotencyKeyRequired => "idempotency_key_required",
+            ApiError::InvalidQuery(_) => "invalid_query",
+            ApiError::InvalidTarball(_) => "invalid_tarball",
+            ApiError::TarRequired => "unsupported_media_type",
+            ApiError::RuntimeImportDisabled => "runtime_import_disabled",
+            ApiError::Clock(_) => "clock_unavailable",
+            ApiError::TimeUncertain { .. } => "time_uncertain",
+            ApiError::NotReady(_) => "not_ready",
+            ApiError::Internal(_) => "internal_failure",
+        }
+    }
+
+    /// The HTTP status.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ApiError::Store(e) => store_status(e),
+            ApiError::Request(r) => r.status(),
+            ApiError::Forbidden => StatusCode::FORBIDDEN,
+            ApiError::TenantRequired
+            | ApiError::IdempotencyKeyRequired
+            | ApiError::InvalidQuery(_) => StatusCode::BAD_REQUEST,
+            ApiError::InvalidTarball(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            ApiError::TarRequired => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            ApiError::RuntimeImportDisabled => StatusCode::CONFLICT,
+            ApiError::Clock(_) | ApiError::TimeUncertain { .. } | ApiError::NotReady(_) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// The detail sent to the client: the message for every 4xx and for
+    /// the 503s that say what to wait for; a fixed sentence for the other
+    /// 5xx (backend messages may name hosts or SQL).
+    pub fn client_detail(&self) -> String {
+        match self {
+            ApiError::Store(LcError::StorageUnavailable { .. }) | ApiError::Clock(_) => {
+                "the database is unavailable; retry later".into()
+            }
+            ApiError::Store(
+                LcError::StorageFailure { .. }
+                | LcError::InvalidCutReading { .. }
+                | LcError::EvidenceRejected { .. },
+            )
+            | ApiError::Internal(_) => "the service failed; the operation changed nothing".into(),
+            other => other.to_string(),
+        }
+    }
+
+    /// The problem document of this error.
+    pub fn problem(&self) -> Problem {
+        Problem::of(self)
+    }
+}
+
+impl ProblemSource for ApiError {
+    const TYPE_PREFIX: &'static str = "urn:little-compute:problem:";
+    const WWW_AUTHENTICATE: &'static str = "Bearer realm=\"little-compute\"";
+
+    fn status(&self) -> StatusCode {
+        ApiError::status(self)
+    }
+
+    fn code(&self) -> &'static str {
+        ApiError::code(self)
+    }
+
+    fn client_detail(&self) -> String {
+        ApiError::client_detail(self)
+    }
+
+    fn reason(&self) -> Option<&'static str> {
+        match self {
+            ApiError::TimeUncertain { reason, .. } => reason.map(|r| r.code()),
+            _ => None,
+        }
+    }
+
+    fn retry_after_secs(&self) -> Option<u64> {
+        match self {
+            ApiError::TimeUncertain {
+                retry_after_secs, ..
+            } => Some(*retry_after_secs),
+            ApiError::Store(LcError::TimeUncertain { retry_after_s }) => {
+                Some((*retry_after_s).max(1))
+            }
+            ApiError::Request(r) => r.retry_after_secs(),
+            _ => None,
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        httpkit::problem_response(&self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn service_codes_include_every_rejection() {
+        for (code, status) in Rejection::CODES {
+            assert_eq!(
+                SERVICE_CODES.iter().find(|(c, _)| c == code),
+                Some(&(*code, *status)),
+                "{code}"
+            );
+        }
+    }
+
+    #[test]
+    fn service_variants_match_the_table() {
+        let errors = [
+            ApiError::Forbidden,
+            ApiError::TenantRequired,
+            ApiError::IdempotencyKeyRequired,
+            ApiError::InvalidQuery("x".into()),
+            ApiError::InvalidTarball("x".into()),
+            ApiError::TarRequired,
+            ApiError::RuntimeImportDisabled,
+            ApiError::Clock(ClockError::Unavailable("down".into())),
+            ApiError::TimeUncertain {
+                reason: Some(UncertainReason::Stale),
+                retry_after_secs: 2,
+            },
+            ApiError::NotReady("x".into()),
+            ApiError::Internal("x".into()),
+        ];
+        for e in errors {
+            assert!(
+                SERVICE_CODES.contains(&(e.code(), e.status().as_u16())),
+                "{e:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn store_refusals_keep_their_codes() {
+        for (e, code, status, retry) in [
+            (
+                LcError::InsufficientCapacity {
+                    requested: 2,
+                    available: 1,
+                },
+                "insufficient_capacity",
+                409,
+                None,
+            ),
+            (
+                LcError::TimeUncertain { retry_after_s: 3 },
+                "time_uncertain",
+                503,
+                Some(3),
+            ),
+            (
+                LcError::IdempotencyConflict { key: "k".into() },
+                "idempotency_conflict",
+                409,
+                None,
+            ),
+            (LcError::not_found("exec", 7), "not_found", 404, None),
+            (
+                LcError::StorageFailure {
+                    message: "host db.internal".into(),
+                },
+                "storage_failure",
+                500,
+                None,
+            ),
+        ] {
+            let a = ApiError::Store(e);
+            assert_eq!(
+                (
+                    a.code(),
+                    a.status().as_u16(),
+                    ProblemSource::retry_after_secs(&a)
+                ),
+                (code, status, retry)
+            );
+        }
+        let hidden = ApiError::Store(LcError::StorageFailure {
+            message: "host db.internal".into(),
+        });
+        assert_eq!(
+            hidden.client_detail(),
+            "the service failed; the operation changed nothing"
+        );
+    }
+}

@@ -1,0 +1,617 @@
+//! Every route against the real store on PostgreSQL, with a certain cut
+//! from an in-process sampler: exact statuses, codes and bodies, the
+//! authorization rule, replays and conflicts, an uncertain cut and
+//! insufficient capacity with the exact balances unchanged.
+
+mod support;
+
+use lc_core::model::{AttemptNo, Digest, ExecId, OutputPage, PageExit, PageKind, TenantId};
+use lc_core::store::ReconcileStore;
+use serde_json::{Value, json};
+use support::pg::PgSvc;
+use support::*;
+
+/// Creates tenant `name` with `units`; returns (id, key).
+async fn tenant(s: &PgSvc, name: &str, units: i64) -> (i64, String) {
+    let r = send(
+        &s.router,
+        Req::post("/v1/tenants")
+            .token(ADMIN)
+            .key(&format!("create-{name}"))
+            .json(json!({"name": name, "units": units})),
+    )
+    .await;
+    let b = r.ok(201);
+    (
+        b["tenant_id"].as_i64().unwrap(),
+        b["api_key"].as_str().unwrap().to_string(),
+    )
+}
+
+async fn balances(s: &PgSvc, id: i64) -> Value {
+    send(
+        &s.router,
+        Req::get(format!("/v1/tenants/{id}")).token(ADMIN),
+    )
+    .await
+    .ok(200)
+    .clone()
+}
+
+fn small(cmd: &[&str]) -> Value {
+    json!({"runtime": "base", "shape": "small", "command": cmd})
+}
+
+#[tokio::test]
+async fn tenants_deposits_and_balances() {
+    let s = PgSvc::start().await;
+    let create = |key: &str, body: Value| Req::post("/v1/tenants").token(ADMIN).key(key).json(body);
+    let r = send(
+        &s.router,
+        create("t-blue", json!({"name": "blue", "units": 8})),
+    )
+    .await;
+    let body = r.ok(201).clone();
+    let id = body["tenant_id"].as_i64().unwrap();
+    assert_eq!(
+        body,
+        json!({"tenant_id": id, "name": "blue", "api_key": s.key_of(id)})
+    );
+    // The same key and body: the same answer, the same derived key.
+    let again = send(
+        &s.router,
+        create("t-blue", json!({"units": 8, "name": "blue"})),
+    )
+    .await;
+    assert_eq!(again.ok(201), &body);
+    // The same key, another body: 409, nothing created.
+    send(
+        &s.router,
+        create("t-blue", json!({"name": "blue", "units": 9})),
+    )
+    .await
+    .problem(409, "idempotency_conflict");
+    // Another key, a taken name.
+    send(&s.router, create("t-blue-2", json!({"name": "blue"})))
+        .await
+        .problem(409, "already_exists");
+    send(
+        &s.router,
+        create("t-zero", json!({"name": "zero", "units": 0})),
+    )
+    .await
+    .problem(422, "invalid_units");
+    send(&s.router, create("t-empty", json!({"name": ""})))
+        .await
+        .problem(422, "invalid_name");
+    let want = json!({"tenant_id": id, "name": "blue", "deposited": 8, "available": 8, "held": 0, "consumed": 0});
+    assert_eq!(balances(&s, id).await, want);
+    // The tenant's own key reads it too.
+    let own = send(
+        &s.router,
+        Req::get(format!("/v1/tenants/{id}")).token(&s.key_of(id)),
+    )
+    .await;
+    assert_eq!(own.ok(200), &want);
+    // Deposits: admin only, replayable.
+    let dep = |key: &str, units: i64| {
+        Req::post(format!("/v1/tenants/{id}/deposits"))
+            .token(ADMIN)
+            .key(key)
+            .json(json!({"units": units}))
+    };
+    let d = send(&s.router, dep("d-1", 2)).await;
+    let after = json!({"tenant_id": id, "name": "blue", "deposited": 10, "available": 10, "held": 0, "consumed": 0});
+    assert_eq!(d.ok(200), &after);
+    assert_eq!(send(&s.router, dep("d-1", 2)).await.ok(200), &after);
+    send(&s.router, dep("d-1", 3))
+        .await
+        .problem(409, "idempotency_conflict");
+    send(&s.router, dep("d-2", 0))
+        .await
+        .problem(422, "invalid_units");
+    send(&s.router, dep("d-3", 1).token(&s.key_of(id)))
+        .await
+        .problem(403, "forbidden");
+    assert_eq!(balances(&s, id).await, after);
+    // A missing tenant: 404 for the admin, who may know.
+    send(&s.router, Req::get("/v1/tenants/999").token(ADMIN))
+        .await
+        .problem(404, "not_found");
+    send(
+        &s.router,
+        Req::post("/v1/tenants/999/deposits")
+            .token(ADMIN)
+            .key("d-x")
+            .json(json!({"units": 1})),
+    )
+    .await
+    .problem(404, "not_found");
+    // The admin's operation record of the creation.
+    let op = send(&s.router, Req::get("/v1/operations/t-blue").token(ADMIN)).await;
+    let op = op.ok(200);
+    assert_eq!(op["key"], "t-blue");
+    assert_eq!(op["scope"], "admin");
+    assert_eq!(op["tenant_id"], Value::Null);
+    send(
+        &s.router,
+        Req::get("/v1/operations/never-used").token(ADMIN),
+    )
+    .await
+    .problem(404, "not_found");
+}
+
+#[tokio::test]
+async fn exec_admission_reads_replays_and_cancel() {
+    let s = PgSvc::start().await;
+    let (blue, blue_key) = tenant(&s, "blue", 3).await;
+    let (green, green_key) = tenant(&s, "green", 3).await;
+    let admit =
+        |key: &str, body: Value| Req::post("/v1/execs").token(&blue_key).key(key).json(body);
+    let r = send(&s.router, admit("e-1", small(&["echo", "hi"]))).await;
+    let exec = r.ok(201).clone();
+    let exec_id = exec["exec_id"].as_i64().unwrap();
+    assert_eq!(exec["state"], "admitted");
+    assert_eq!(exec["tenant_id"], json!(blue));
+    assert_eq!(exec["terminal_reason"], Value::Null);
+    assert_eq!(exec["exit_code"], Value::Null);
+    assert_eq!(exec["attempt"], 1);
+    assert_eq!(exec["shape"], "small");
+    assert_eq!(exec["command"], json!(["echo", "hi"]));
+    assert_eq!(exec["cancel_requested"], false);
+    assert_eq!(exec["canonical"]["exec_id"], json!(exec_id));
+    assert_eq!(exec["canonical"]["provider_id"], "local");
+    assert_eq!(
+        exec["canonical"]["runtime"],
+        json!(hex::encode(lc_core::manifest::Manifest::base().digest()))
+    );
+    // small reserves one unit, exactly.
+    assert_eq!(
+        balances(&s, blue).await,
+        json!({"tenant_id": blue, "name": "blue", "deposited": 3, "available": 2, "held": 1, "consumed": 0})
+    );
+    // A replay returns the same exec and reserves nothing more.
+    assert_eq!(
+        send(&s.router, admit("e-1", small(&["echo", "hi"])))
+            .await
+            .ok(201),
+        &exec
+    );
+    assert_eq!(balances(&s, blue).await["held"], 1);
+    send(&s.router, admit("e-1", small(&["echo", "bye"])))
+        .await
+        .problem(409, "idempotency_conflict");
+    // The admin acts for blue with Lc-Tenant; the same key space as blue's.
+    let as_admin = send(
+        &s.router,
+        Req::post("/v1/execs")
+            .token(ADMIN)
+            .tenant(blue)
+            .key("e-1")
+            .json(small(&["echo", "hi"])),
+    )
+    .await;
+    assert_eq!(as_admin.ok(201), &exec);
+    // Reads.
+    let got = send(
+        &s.router,
+        Req::get(format!("/v1/execs/{exec_id}")).token(&blue_key),
+    )
+    .await;
+    assert_eq!(got.ok(200), &exec);
+    let got = send(
+        &s.router,
+        Req::get(format!("/v1/execs/{exec_id}"))
+            .token(ADMIN)
+            .tenant(blue),
+    )
+    .await;
+    assert_eq!(got.ok(200), &exec);
+    // Another tenant's exec: 404, the same as an exec that does not exist.
+    let other = send(
+        &s.router,
+        Req::get(format!("/v1/execs/{exec_id}")).token(&green_key),
+    )
+    .await;
+    other.problem(404, "not_found");
+    let missing = send(&s.router, Req::get("/v1/execs/99999").token(&green_key)).await;
+    missing.problem(404, "not_found");
+    assert_eq!(
+        other.body["detail"]
+            .as_str()
+            .map(|d| d.replace(&exec_id.to_string(), "N")),
+        missing.body["detail"]
+            .as_str()
+            .map(|d| d.replace("99999", "N"))
+    );
+    send(
+        &s.router,
+        Req::get(format!("/v1/execs/{exec_id}/output")).token(&green_key),
+    )
+    .await
+    .problem(404, "not_found");
+    send(
+        &s.router,
+        Req::post(format!("/v1/execs/{exec_id}/cancel"))
+            .token(&green_key)
+            .key("c-g"),
+    )
+    .await
+    .problem(404, "not_found");
+    // Lists.
+    let list = send(&s.router, Req::get("/v1/execs").token(&blue_key)).await;
+    assert_eq!(
+        list.ok(200),
+        &json!({"execs": [exec.clone()], "next_after": null})
+    );
+    let list = send(&s.router, Req::get("/v1/execs?limit=1").token(&blue_key)).await;
+    assert_eq!(
+        list.ok(200),
+        &json!({"execs": [exec.clone()], "next_after": exec_id})
+    );
+    let list = send(
+        &s.router,
+        Req::get(format!("/v1/execs?after={exec_id}")).token(&blue_key),
+    )
+    .await;
+    assert_eq!(list.ok(200), &json!({"execs": [], "next_after": null}));
+    let list = send(&s.router, Req::get("/v1/execs").token(&green_key)).await;
+    assert_eq!(list.ok(200), &json!({"execs": [], "next_after": null}));
+    // No output yet.
+    let out = send(
+        &s.router,
+        Req::get(format!("/v1/execs/{exec_id}/output")).token(&blue_key),
+    )
+    .await;
+    assert_eq!(
+        out.ok(200),
+        &json!({"pages": [], "terminal": false, "next_seq": 1})
+    );
+    // Bad admissions: typed, nothing written.
+    for (key, body, code) in [
+        ("e-bad-1", small(&[]), "invalid_command"),
+        ("e-bad-2", small(&[""]), "invalid_command"),
+        (
+            "e-bad-3",
+            json!({"runtime": "base", "shape": "huge", "command": ["true"]}),
+            "invalid_shape",
+        ),
+        (
+            "e-bad-4",
+            json!({"runtime": "nope", "shape": "small", "command": ["true"]}),
+            "invalid_runtime",
+        ),
+        (
+            "e-bad-5",
+            json!({"runtime": "base", "shape": "small", "command": ["true"], "timeout_ms": 0}),
+            "invalid_timeout",
+        ),
+    ] {
+        send(&s.router, admit(key, body)).await.problem(422, code);
+    }
+    assert_eq!(balances(&s, blue).await["held"], 1);
+    let list = send(&s.router, Req::get("/v1/execs").token(&blue_key)).await;
+    assert_eq!(list.ok(200)["execs"].as_array().unwrap().len(), 1);
+    // Cancel: replayable; the exec says so.
+    let c = send(
+        &s.router,
+        Req::post(format!("/v1/execs/{exec_id}/cancel"))
+            .token(&blue_key)
+            .key("c-1"),
+    )
+    .await;
+    let cancelled = c.ok(200).clone();
+    assert_eq!(cancelled["exec_id"], json!(exec_id));
+    assert_eq!(cancelled["cancel_requested"], true);
+    let again = send(
+        &s.router,
+        Req::post(format!("/v1/execs/{exec_id}/cancel"))
+            .token(&blue_key)
+            .key("c-1"),
+    )
+    .await;
+    assert_eq!(again.ok(200), &cancelled);
+    // Blue's operation keys: its own scope; green sees none of them.
+    let op = send(&s.router, Req::get("/v1/operations/e-1").token(&blue_key)).await;
+    let op = op.ok(200).clone();
+    assert_eq!(op["scope"], "tenant");
+    assert_eq!(op["tenant_id"], json!(blue));
+    assert_eq!(op["key"], "e-1");
+    send(&s.router, Req::get("/v1/operations/e-1").token(&green_key))
+        .await
+        .problem(404, "not_found");
+    let via_admin = send(
+        &s.router,
+        Req::get("/v1/operations/e-1").token(ADMIN).tenant(blue),
+    )
+    .await;
+    assert_eq!(via_admin.ok(200), &op);
+    let _ = green;
+}
+
+#[tokio::test]
+async fn insufficient_capacity_changes_nothing() {
+    let s = PgSvc::start().await;
+    let (id, key) = tenant(&s, "tiny", 1).await;
+    let before = json!({"tenant_id": id, "name": "tiny", "deposited": 1, "available": 1, "held": 0, "consumed": 0});
+    assert_eq!(balances(&s, id).await, before);
+    // medium reserves 2 units; 1 is available.
+    let r = send(
+        &s.router,
+        Req::post("/v1/execs")
+            .token(&key)
+            .key("m-1")
+            .json(json!({"runtime": "base", "shape": "medium", "command": ["true"]})),
+    )
+    .await;
+    r.problem(409, "insufficient_capacity")
+        .detail("insufficient capacity: 2 units requested, 1 available");
+    assert_eq!(balances(&s, id).await, before);
+    let list = send(&s.router, Req::get("/v1/execs").token(&key)).await;
+    assert_eq!(list.ok(200), &json!({"execs": [], "next_after": null}));
+    // The refused key was not recorded: it works for a request that fits.
+    let ok = send(
+        &s.router,
+        Req::post("/v1/execs")
+            .token(&key)
+            .key("m-1")
+            .json(small(&["true"])),
+    )
+    .await;
+    ok.ok(201);
+    assert_eq!(
+        balances(&s, id).await,
+        json!({"tenant_id": id, "name": "tiny", "deposited": 1, "available": 0, "held": 1, "consumed": 0})
+    );
+    // Now nothing is left for another small one.
+    send(
+        &s.router,
+        Req::post("/v1/execs")
+            .token(&key)
+            .key("m-2")
+            .json(small(&["true"])),
+    )
+    .await
+    .problem(409, "insufficient_capacity")
+    .detail("insufficient capacity: 1 units requested, 0 available");
+}
+
+#[tokio::test]
+async fn an_uncertain_cut_refuses_admission_and_writes_nothing() {
+    let s = PgSvc::start().await;
+    let (id, key) = tenant(&s, "blue", 4).await;
+    let first = send(
+        &s.router,
+        Req::post("/v1/execs")
+            .token(&key)
+            .key("u-0")
+            .json(small(&["true"])),
+    )
+    .await;
+    let first = first.ok(201).clone();
+    let before = balances(&s, id).await;
+    assert_eq!(before["held"], 1);
+    s.clock.force_uncertain(true);
+    // A replay of a recorded admission still answers its result.
+    let replay = send(
+        &s.router,
+        Req::post("/v1/execs")
+            .token(&key)
+            .key("u-0")
+            .json(small(&["true"])),
+    )
+    .await;
+    assert_eq!(replay.ok(201), &first);
+    // A new admission: 503 with the reason and Retry-After, nothing written.
+    let r = send(
+        &s.router,
+        Req::post("/v1/execs")
+            .token(&key)
+            .key("u-1")
+            .json(small(&["true"])),
+    )
+    .await;
+    r.uncertain("stale", "2");
+    assert_eq!(balances(&s, id).await, before);
+    let list = send(&s.router, Req::get("/v1/execs").token(&key)).await;
+    assert_eq!(
+        list.ok(200),
+        &json!({"execs": [first.clone()], "next_after": null})
+    );
+    send(&s.router, Req::get("/v1/operations/u-1").token(&key))
+        .await
+        .problem(404, "not_found");
+    // Nothing else admits a deadline: tenant creation, deposits and
+    // cancel go on at the frozen cut.
+    let late = send(
+        &s.router,
+        Req::post("/v1/tenants")
+            .token(ADMIN)
+            .key("u-t")
+            .json(json!({"name": "late"})),
+    )
+    .await;
+    let late_id = late.ok(201)["tenant_id"].as_i64().unwrap();
+    assert_eq!(late.body["api_key"], json!(s.key_of(late_id)));
+    let d = send(
+        &s.router,
+        Req::post(format!("/v1/tenants/{id}/deposits"))
+            .token(ADMIN)
+            .key("u-d")
+            .json(json!({"units": 1})),
+    )
+    .await;
+    assert_eq!(
+        d.ok(200),
+        &json!({"tenant_id": id, "name": "blue", "deposited": 5, "available": 4, "held": 1, "consumed": 0})
+    );
+    let c = send(
+        &s.router,
+        Req::post(format!("/v1/execs/{}/cancel", first["exec_id"]))
+            .token(&key)
+            .key("u-c"),
+    )
+    .await;
+    assert_eq!(c.ok(200)["cancel_requested"], true);
+    let ready = send(&s.router, Req::get("/readyz")).await;
+    ready
+        .problem(503, "not_ready")
+        .detail("not ready: the cut is uncertain (stale)");
+    // Certain again: the same key admits.
+    s.clock.force_uncertain(false);
+    let ok = send(
+        &s.router,
+        Req::post("/v1/execs")
+            .token(&key)
+            .key("u-1")
+            .json(small(&["true"])),
+    )
+    .await;
+    assert_eq!(ok.ok(201)["state"], "admitted");
+    let ready = send(&s.router, Req::get("/readyz")).await;
+    let v = ready.ok(200);
+    assert_eq!(v["ready"], true);
+    assert_eq!(v["database_reachable"], true);
+    assert_eq!(v["cut_certain"], true);
+    assert_eq!(v["uncertain_reason"], Value::Null);
+}
+
+#[tokio::test]
+async fn output_pages_in_order_with_exact_bytes() {
+    let s = PgSvc::start().await;
+    let (_, key) = tenant(&s, "blue", 2).await;
+    let exec = send(
+        &s.router,
+        Req::post("/v1/execs")
+            .token(&key)
+            .key("o-1")
+            .json(small(&["sh", "-c", "x"])),
+    )
+    .await;
+    let exec_id = exec.ok(201)["exec_id"].as_i64().unwrap();
+    let at = s.reading().await;
+    let work = s.store.due_work(at, 10).await.expect("due work");
+    let lease = work
+        .iter()
+        .find(|w| w.exec_id == ExecId(exec_id))
+        .expect("lease");
+    s.store
+        .mark_active(lease.lease_id, lease.generation, at)
+        .await
+        .expect("active");
+    let page = |seq: i64, kind: PageKind, bytes: &[u8], exit: Option<PageExit>| OutputPage {
+        exec_id: ExecId(exec_id),
+        attempt: AttemptNo(1),
+        seq,
+        kind,
+        bytes: bytes.to_vec(),
+        sha256: Digest::of(bytes),
+        exit,
+    };
+    let binary: Vec<u8> = (0u8..=255).collect();
+    s.store
+        .append_pages(
+            lease.lease_id,
+            lease.generation,
+            &[
+                page(1, PageKind::Stdout, b"hello\n", None),
+                page(2, PageKind::Stderr, b"warn\n", None),
+                page(3, PageKind::Stdout, &binary, None),
+            ],
+        )
+        .await
+        .expect("append");
+    let get = |q: &str| Req::get(format!("/v1/execs/{exec_id}/output{q}")).token(&key);
+    let b64 = |b: &[u8]| {
+        use base64::Engine as _;
+        base64::engine::general_purpose::STANDARD.encode(b)
+    };
+    let r = send(&s.router, get("")).await;
+    assert_eq!(
+        r.ok(200),
+        &json!({
+            "pages": [
+                {"seq": 1, "kind": "stdout", "data_b64": b64(b"hello\n"), "sha256": Digest::of(b"hello\n").to_hex(), "exit": null},
+                {"seq": 2, "kind": "stderr", "data_b64": b64(b"warn\n"), "sha256": Digest::of(b"warn\n").to_hex(), "exit": null},
+                {"seq": 3, "kind": "stdout", "data_b64": b64(&binary), "sha256": Digest::of(&binary).to_hex(), "exit": null},
+            ],
+            "terminal": false,
+            "next_seq": 4,
+        })
+    );
+    let r = send(&s.router, get("?after_seq=1&limit=1")).await;
+    let v = r.ok(200);
+    assert_eq!(v["pages"].as_array().unwrap().len(), 1);
+    assert_eq!(v["pages"][0]["seq"], 2);
+    assert_eq!(v["next_seq"], 3);
+    s.store
+        .append_pages(
+            lease.lease_id,
+            lease.generation,
+            &[page(4, PageKind::Terminal, b"", Some(PageExit::exited(7)))],
+        )
+        .await
+        .expect("terminal page");
+    let r = send(&s.router, get("?after_seq=3")).await;
+    assert_eq!(
+        r.ok(200),
+        &json!({
+            "pages": [{"seq": 4, "kind": "terminal", "data_b64": "", "sha256": Digest::of(b"").to_hex(), "exit": {"code": 7, "signal": null}}],
+            "terminal": true,
+            "next_seq": 5,
+        })
+    );
+    let _ = TenantId(0);
+}
+
+#[tokio::test]
+async fn a_finished_exec_is_terminal_with_its_units_back() {
+    let s = PgSvc::start().await;
+    let (id, key) = tenant(&s, "blue", 2).await;
+    let exec = send(
+        &s.router,
+        Req::post("/v1/execs")
+            .token(&key)
+            .key("f-1")
+            .json(small(&["false"])),
+    )
+    .await;
+    let exec_id = exec.ok(201)["exec_id"].as_i64().unwrap();
+    assert_eq!(balances(&s, id).await["held"], 1);
+    s.run_exec(
+        exec_id,
+        &[(PageKind::Terminal, b"", Some(PageExit::exited(1)))],
+    )
+    .await;
+    let done = send(
+        &s.router,
+        Req::get(format!("/v1/execs/{exec_id}")).token(&key),
+    )
+    .await;
+    let done = done.ok(200);
+    assert_eq!(done["state"], "terminal");
+    assert_eq!(done["terminal_reason"], "exited");
+    assert_eq!(done["exit_code"], 1);
+    assert_eq!(
+        balances(&s, id).await,
+        json!({"tenant_id": id, "name": "blue", "deposited": 2, "available": 2, "held": 0, "consumed": 0})
+    );
+    let out = send(
+        &s.router,
+        Req::get(format!("/v1/execs/{exec_id}/output?after_seq=1")).token(&key),
+    )
+    .await;
+    assert_eq!(
+        out.ok(200),
+        &json!({"pages": [], "terminal": true, "next_seq": 2})
+    );
+    // Cancel of a terminal exec returns it as it is.
+    let c = send(
+        &s.router,
+        Req::post(format!("/v1/execs/{exec_id}/cancel"))
+            .token(&key)
+            .key("f-c"),
+    )
+    .await;
+    assert_eq!(c.ok(200)["state"], "terminal");
+}

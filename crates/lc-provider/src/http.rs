@@ -1,0 +1,562 @@
+//! The provider's HTTP service (loopback) and its client.
+//!
+//! Routes (JSON; errors are `application/problem+json` documents with the
+//! stable `code` and the typed error itself in the `error` member):
+//!
+//! | route | body | answer |
+//! |---|---|---|
+//! | `GET /v1/identity` | | `{ "provider_id", "public_key_hex" }` |
+//! | `POST /v1/instances` | [`AllocateBody`] | [`Allocation`] |
+//! | `POST /v1/instances/{lease}/{generation}/destroy` | | evidence [`Envelope`] |
+//! | `GET /v1/instances/{lease}/{generation}/observation` | | evidence [`Envelope`] |
+//! | `GET /v1/instances/{lease}/{generation}/pages?after_seq=N&max=M` | | `{ "pages": [JsonPage] }` |
+//! | `POST /v1/instances/{lease}/{generation}/ack` | `{ "through_seq": N }` | `{}` |
+//!
+//! [`HttpProvider`] implements [`Provider`] over these routes, so a worker
+//! treats a remote provider exactly like a local one. The service listens on
+//! loopback only. An instance whose shape has the network shares the host's
+//! network namespace and so reaches loopback too: a provider that runs such
+//! shapes should be served with a token ([`provider_router_with_token`]),
+//! which every route but `/v1/identity` then requires as
+//! `Authorization: Bearer <token>` ([`HttpProvider::with_token`]).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use axum::Json;
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use ed25519_dalek::VerifyingKey;
+use serde::{Deserialize, Serialize};
+
+use lc_core::evidence::Envelope;
+use lc_core::page::{JsonPage, Page};
+use lc_core::{
+    AttemptNo, Command, Digest, ExecId, Generation, ProviderId, SandboxLeaseId, Shape, WorkspaceId,
+};
+
+use crate::{AllocateRequest, Allocation, Provider, ProviderError};
+
+/// Bound on one client request, connection included: above the slowest
+/// provider call (a destroy's kill bound plus an allocate's start wait).
+pub const CLIENT_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The JSON body of `POST /v1/instances`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AllocateBody {
+    /// The sandbox lease.
+    pub lease_id: i64,
+    /// Its generation.
+    pub generation: i64,
+    /// The exec.
+    pub exec_id: i64,
+    /// The attempt.
+    pub attempt: i32,
+    /// The runtime digest, 64 hex.
+    pub runtime: String,
+    /// The shape's name (`small`, `medium`, `small-net`).
+    pub shape: String,
+    /// The argv.
+    pub command: Vec<String>,
+    /// The workspace.
+    pub workspace_id: i64,
+}
+
+impl AllocateBody {
+    /// The body of `req`.
+    pub fn of(req: &AllocateRequest) -> AllocateBody {
+        AllocateBody {
+            lease_id: req.lease_id.0,
+            generation: req.generation.0,
+            exec_id: req.exec_id.0,
+            attempt: req.attempt.0,
+            runtime: req.runtime.to_hex(),
+            shape: req.shape.name.to_owned(),
+            command: req.command.argv().to_vec(),
+            workspace_id: req.workspace_id.0,
+        }
+    }
+
+    /// The checked request.
+    ///
+    /// # Errors
+    /// [`ProviderError::InvalidRequest`] for a bad digest, shape or command.
+    pub fn into_request(self) -> Result<AllocateRequest, ProviderError> {
+        let bad = |e: lc_core::LcError| ProviderError::InvalidRequest {
+            detail: e.to_string(),
+        };
+        Ok(AllocateRequest {
+            lease_id: SandboxLeaseId(self.lease_id),
+            generation: Generation(self.generation),
+            exec_id: ExecId(self.exec_id),
+            attempt: AttemptNo(self.attempt),
+            runtime: Digest::from_hex(&self.runtime).map_err(bad)?,
+            shape: Shape::by_name(&self.shape).map_err(bad)?,
+            command: Command::new(self.command).map_err(bad)?,
+            workspace_id: WorkspaceId(self.workspace_id),
+        })
+    }
+}
+
+/// `GET /v1/identity`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Identity {
+    /// The provider's id.
+    pub provider_id: String,
+    /// Its Ed25519 public key, 64 lowercase hex.
+    pub public_key_hex: String,
+}
+
+/// `GET .../pages` query.
+#[derive(Debug, Clone, Copy, Deserialize)]
+struct PagesQuery {
+    after_seq: i64,
+    max: Option<usize>,
+}
+
+/// `GET .../pages` answer.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PagesBody {
+    /// The pages, in order.
+    pub pages: Vec<JsonPage>,
+}
+
+/// `POST .../ack` body.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AckBody {
+    /// Drop every page with `seq <= through_seq`.
+    pub through_seq: i64,
+}
+
+/// A provider error as an HTTP answer.
+struct ApiError(ProviderError);
+
+impl ApiError {
+    fn status(&self) -> StatusCode {
+        match self.0 {
+            ProviderError::Fenced { .. } | ProviderError::AllocationConflict { .. } => {
+                StatusCode::CONFLICT
+            }
+            ProviderError::NoInstance { .. } => StatusCode::NOT_FOUND,
+            ProviderError::UnknownRuntime { .. } | ProviderError::RuntimeRefused { .. } => {
+                StatusCode::UNPROCESSABLE_ENTITY
+            }
+            ProviderError::InvalidRequest { .. } => StatusCode::BAD_REQUEST,
+            ProviderError::StartFailed { .. } | ProviderError::Unreachable { .. } => {
+                StatusCode::BAD_GATEWAY
+            }
+            ProviderError::DestroyIncomplete { .. }
+            | ProviderError::SupervisorUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            ProviderError::Io { .. } => StatusCode::INTERNAL_SERVER_ERROR,
+            ProviderError::Unauthorized => StatusCode::UNAUTHORIZED,
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        let code = self.0.code();
+        if status.is_server_error() {
+            tracing::error!(code, error = %self.0, "provider request failed");
+        }
+        let body = serde_json::json!({
+            "type": format!("urn:little-compute:provider:problem:{code}"),
+            "title": httpkit::title_of(code),
+            "status": status.as_u16(),
+            "detail": self.0.to_string(),
+            "code": code,
+            "error": self.0,
+        });
+        let mut resp = (status, Json(body)).into_response();
+        resp.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static(httpkit::PROBLEM_JSON),
+        );
+        if status == StatusCode::UNAUTHORIZED {
+            resp.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer realm=\"little-compute-provider\""),
+            );
+        }
+        resp
+    }
+}
+
+impl From<ProviderError> for ApiError {
+    fn from(e: ProviderError) -> ApiError {
+        ApiError(e)
+    }
+}
+
+type Shared = Arc<dyn Provider>;
+
+fn ids(raw: (String, String)) -> Result<(SandboxLeaseId, Generation), ApiError> {
+    let parse = |s: &str| {
+        s.parse::<i64>()
+            .ok()
+            .filter(|n| *n >= 1 && n.to_string() == s)
+    };
+    match (parse(&raw.0), parse(&raw.1)) {
+        (Some(l), Some(g)) => Ok((SandboxLeaseId(l), Generation(g))),
+        _ => Err(ApiError(ProviderError::InvalidRequest {
+            detail: "lease and generation are positive integers in canonical decimal".into(),
+        })),
+    }
+}
+
+fn body<T>(b: Result<Json<T>, JsonRejection>) -> Result<T, ApiError> {
+    b.map(|Json(t)| t).map_err(|e| {
+        ApiError(ProviderError::InvalidRequest {
+            detail: e.body_text(),
+        })
+    })
+}
+
+async fn identity(State(p): State<Shared>) -> Json<Identity> {
+    Json(Identity {
+        provider_id: p.id().as_str().to_owned(),
+        public_key_hex: hex::encode(p.public_key().as_bytes()),
+    })
+}
+
+async fn allocate(
+    State(p): State<Shared>,
+    b: Result<Json<AllocateBody>, JsonRejection>,
+) -> Result<Json<Allocation>, ApiError> {
+    let req = body(b)?.into_request()?;
+    Ok(Json(p.allocate(req).await?))
+}
+
+async fn destroy(
+    State(p): State<Shared>,
+    Path(raw): Path<(String, String)>,
+) -> Result<Json<Envelope>, ApiError> {
+    let (l, g) = ids(raw)?;
+    Ok(Json(p.destroy(l, g).await?))
+}
+
+async fn observe(
+    State(p): State<Shared>,
+    Path(raw): Path<(String, String)>,
+) -> Result<Json<Envelope>, ApiError> {
+    let (l, g) = ids(raw)?;
+    Ok(Json(p.observe(l, g).await?))
+}
+
+async fn pages(
+    State(p): State<Shared>,
+    Path(raw): Path<(String, String)>,
+    q: Result<Query<PagesQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<PagesBody>, ApiError> {
+    let (l, g) = ids(raw)?;
+    let Query(q) = q.map_err(|e| {
+        ApiError(ProviderError::InvalidRequest {
+            detail: e.body_text(),
+        })
+    })?;
+    let max = q
+        .max
+        .unwrap_or(lc_core::page::PAGES_PER_REQUEST_MAX as usize);
+    let got = p.pages(l, g, q.after_seq, max).await?;
+    Ok(Json(PagesBody {
+        pages: got.iter().map(Page::to_json).collect(),
+    }))
+}
+
+async fn ack(
+    State(p): State<Shared>,
+    Path(raw): Path<(String, String)>,
+    b: Result<Json<AckBody>, JsonRejection>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let (l, g) = ids(raw)?;
+    let b = body(b)?;
+    p.ack(l, g, b.through_seq).await?;
+    Ok(Json(serde_json::json!({})))
+}
+
+/// The provider's router over `provider`, without a credential (see the
+/// module docs).
+pub fn provider_router(provider: Arc<dyn Provider>) -> axum::Router {
+    instance_routes()
+        .route("/v1/identity", get(identity))
+        .with_state(provider)
+}
+
+/// Every route but `/v1/identity`.
+fn instance_routes() -> axum::Router<Shared> {
+    axum::Router::new()
+        .route("/v1/instances", post(allocate))
+        .route("/v1/instances/{lease}/{generation}/destroy", post(destroy))
+        .route(
+            "/v1/instances/{lease}/{generation}/observation",
+            get(observe),
+        )
+        .route("/v1/instances/{lease}/{generation}/pages", get(pages))
+        .route("/v1/instances/{lease}/{generation}/ack", post(ack))
+}
+
+/// Whether `a` and `b` are equal, in time independent of where they differ.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// The provider's router over `provider` requiring `Authorization: Bearer
+/// <token>` on every route but `GET /v1/identity`; a missing or wrong
+/// credential is 401 `unauthorized`.
+pub fn provider_router_with_token(provider: Arc<dyn Provider>, token: String) -> axum::Router {
+    let token: Arc<[u8]> = Arc::from(token.into_bytes());
+    let check = move |req: axum::extract::Request, next: axum::middleware::Next| {
+        let token = token.clone();
+        async move {
+            let ok = req
+                .headers()
+                .get(header::AUTHORIZATION)
+                .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
+                .is_some_and(|t| same(t, &token));
+            if ok {
+                next.run(req).await
+            } else {
+                ApiError(ProviderError::Unauthorized).into_response()
+            }
+        }
+    };
+    instance_routes()
+        .layer(axum::middleware::from_fn(check))
+        .route("/v1/identity", get(identity))
+        .with_state(provider)
+}
+
+/// Serves `router` ([`provider_router`] or [`provider_router_with_token`])
+/// on `listener` until `shutdown` completes, then lets open requests finish.
+///
+/// # Errors
+/// The listener's I/O error.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    router: axum::Router,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+/// A [`Provider`] reached over HTTP.
+#[derive(Debug, Clone)]
+pub struct HttpProvider {
+    http: reqwest::Client,
+    base: String,
+    id: ProviderId,
+    key: VerifyingKey,
+    token: Option<String>,
+}
+
+fn unreachable(e: impl std::fmt::Display) -> ProviderError {
+    ProviderError::Unreachable {
+        detail: e.to_string(),
+    }
+}
+
+impl HttpProvider {
+    /// A client for the provider at `url` (`http://127.0.0.1:PORT`) whose
+    /// identity is already known (for example registered in the database).
+    ///
+    /// # Errors
+    /// [`ProviderError::Unreachable`] for a URL that is not `http://`.
+    pub fn with_identity(
+        url: &str,
+        id: ProviderId,
+        key: VerifyingKey,
+    ) -> Result<HttpProvider, ProviderError> {
+        if !url.starts_with("http://") {
+            return Err(unreachable(format!(
+                "provider URL must be http://, got {url:?}"
+            )));
+        }
+        let http = reqwest::Client::builder()
+            .timeout(CLIENT_TIMEOUT)
+            .build()
+            .map_err(unreachable)?;
+        Ok(HttpProvider {
+            http,
+            base: url.trim_end_matches('/').to_owned(),
+            id,
+            key,
+            token: None,
+        })
+    }
+
+    /// A client for the provider at `url`, its identity read from
+    /// `GET /v1/identity`.
+    ///
+    /// # Errors
+    /// [`ProviderError::Unreachable`] when the provider cannot be reached
+    /// or its identity is malformed.
+    pub async fn connect(url: &str) -> Result<HttpProvider, ProviderError> {
+        let placeholder = HttpProvider::with_identity(
+            url,
+            ProviderId::new("unknown").map_err(unreachable)?,
+            VerifyingKey::from_bytes(&[0u8; 32]).map_err(unreachable)?,
+        )?;
+        let ident: Identity = placeholder
+            .call(reqwest::Method::GET, "/v1/identity", None::<&()>)
+            .await?;
+        let id = ProviderId::new(ident.provider_id).map_err(unreachable)?;
+        let mut raw = [0u8; 32];
+        hex::decode_to_slice(&ident.public_key_hex, &mut raw).map_err(unreachable)?;
+        let key = VerifyingKey::from_bytes(&raw).map_err(unreachable)?;
+        Ok(HttpProvider {
+            id,
+            key,
+            ..placeholder
+        })
+    }
+
+    /// The same client sending `Authorization: Bearer <token>` on every
+    /// request (for a provider served by [`provider_router_with_token`]).
+    pub fn with_token(self, token: String) -> HttpProvider {
+        HttpProvider {
+            token: Some(token),
+            ..self
+        }
+    }
+
+    /// The provider's base URL.
+    pub fn url(&self) -> &str {
+        &self.base
+    }
+
+    async fn call<B: Serialize + ?Sized, T: serde::de::DeserializeOwned>(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<&B>,
+    ) -> Result<T, ProviderError> {
+        let url = format!("{}{path}", self.base);
+        let mut req = self.http.request(method, &url);
+        if let Some(t) = &self.token {
+            req = req.bearer_auth(t);
+        }
+        if let Some(b) = body {
+            req = req.json(b);
+        }
+        let resp = req
+            .send()
+            .await
+            .map_err(|e| unreachable(format!("{url}: {e}")))?;
+        let status = resp.status();
+        let bytes = resp
+            .bytes()
+            .await
+            .map_err(|e| unreachable(format!("{url}: {e}")))?;
+        if status.is_success() {
+            return serde_json::from_slice(&bytes)
+                .map_err(|e| unreachable(format!("{url}: answer is not the expected JSON: {e}")));
+        }
+        #[derive(Deserialize)]
+        struct ProblemWithError {
+            error: ProviderError,
+        }
+        match serde_json::from_slice::<ProblemWithError>(&bytes) {
+            Ok(p) => Err(p.error),
+            Err(_) => Err(unreachable(format!(
+                "{url}: HTTP {status}: {}",
+                String::from_utf8_lossy(&bytes[..bytes.len().min(512)])
+            ))),
+        }
+    }
+
+    fn instance_path(lease_id: SandboxLeaseId, generation: Generation, tail: &str) -> String {
+        format!("/v1/instances/{}/{}/{tail}", lease_id.0, generation.0)
+    }
+}
+
+#[async_trait]
+impl Provider for HttpProvider {
+    fn id(&self) -> &ProviderId {
+        &self.id
+    }
+
+    fn public_key(&self) -> VerifyingKey {
+        self.key
+    }
+
+    async fn allocate(&self, req: AllocateRequest) -> Result<Allocation, ProviderError> {
+        self.call(
+            reqwest::Method::POST,
+            "/v1/instances",
+            Some(&AllocateBody::of(&req)),
+        )
+        .await
+    }
+
+    async fn destroy(
+        &self,
+        lease_id: SandboxLeaseId,
+        generation: Generation,
+    ) -> Result<Envelope, ProviderError> {
+        self.call(
+            reqwest::Method::POST,
+            &Self::instance_path(lease_id, generation, "destroy"),
+            None::<&()>,
+        )
+        .await
+    }
+
+    async fn observe(
+        &self,
+        lease_id: SandboxLeaseId,
+        generation: Generation,
+    ) -> Result<Envelope, ProviderError> {
+        self.call(
+            reqwest::Method::GET,
+            &Self::instance_path(lease_id, generation, "observation"),
+            None::<&()>,
+        )
+        .await
+    }
+
+    async fn pages(
+        &self,
+        lease_id: SandboxLeaseId,
+        generation: Generation,
+        after_seq: i64,
+        max: usize,
+    ) -> Result<Vec<Page>, ProviderError> {
+        let path = Self::instance_path(
+            lease_id,
+            generation,
+            &format!("pages?after_seq={after_seq}&max={max}"),
+        );
+        let body: PagesBody = self.call(reqwest::Method::GET, &path, None::<&()>).await?;
+        body.pages
+            .into_iter()
+            .map(|j| {
+                Page::try_from(j).map_err(|e| unreachable(format!("provider sent a bad page: {e}")))
+            })
+            .collect()
+    }
+
+    async fn ack(
+        &self,
+        lease_id: SandboxLeaseId,
+        generation: Generation,
+        through_seq: i64,
+    ) -> Result<(), ProviderError> {
+        let _: serde_json::Value = self
+            .call(
+                reqwest::Method::POST,
+                &Self::instance_path(lease_id, generation, "ack"),
+                Some(&AckBody { through_seq }),
+            )
+            .await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,832 @@
+//! Real bubblewrap instances on this host (the tests run as root): output
+//! bytes, isolation (files, network, signals), memory and pids limits,
+//! destroy and fences, evidence, restart, and the HTTP service and client.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use lc_core::evidence::{Expected, InstanceState, Statement, verify, verify_signature};
+use lc_core::page::{ExitStatus, Page, PageKind};
+use lc_core::shape::{SMALL, SMALL_NET};
+use lc_core::{
+    AttemptNo, Command, ExecId, Generation, ProviderId, SandboxLeaseId, Shape, WorkspaceId,
+};
+use lc_provider::cgroup::CgroupVersion;
+use lc_provider::runtime::base_digest;
+use lc_provider::{
+    AllocateRequest, BwrapConfig, BwrapProvider, HttpProvider, Provider, ProviderError,
+    provider_router,
+};
+
+/// Bound on every wait of these tests.
+const DEADLINE: Duration = Duration::from_secs(30);
+
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+
+fn supervisor_bin() -> PathBuf {
+    // target/<profile>/deps/<test> -> target/<profile>/examples/supervisor
+    let exe = std::env::current_exe().unwrap();
+    let p = exe
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("examples/supervisor");
+    assert!(
+        p.is_file(),
+        "{} missing: run `cargo test -p lc-provider` (it builds the example)",
+        p.display()
+    );
+    p
+}
+
+struct Env {
+    dir: PathBuf,
+    provider: BwrapProvider,
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        // A failed test may leave instances: kill them and remove their groups.
+        if let Ok(entries) = std::fs::read_dir(self.dir.join("instances")) {
+            for name in entries
+                .flatten()
+                .filter_map(|e| e.file_name().into_string().ok())
+            {
+                if let Some((l, g)) = name.split_once('-')
+                    && let (Ok(l), Ok(g)) = (l.parse(), g.parse())
+                {
+                    let cg = self
+                        .provider
+                        .instance_cgroup(SandboxLeaseId(l), Generation(g));
+                    let _ = cg.kill_and_remove();
+                }
+            }
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+        // The test's parent groups; empty once every instance was destroyed.
+        let parent = &self.provider.config().cgroup_parent;
+        for c in ["memory", "pids", "cpu"] {
+            let _ = std::fs::remove_dir(Path::new("/sys/fs/cgroup").join(c).join(parent));
+        }
+    }
+}
+
+/// The test provider's configuration: its own parent cgroup per state
+/// directory, so concurrent tests never share a group.
+fn config(dir: &Path) -> BwrapConfig {
+    let mut cfg = BwrapConfig::new(ProviderId::new("p-test").unwrap(), dir, &supervisor_bin());
+    cfg.cgroup_parent = format!(
+        "little-compute-test-{}",
+        dir.file_name().unwrap().to_str().unwrap()
+    );
+    cfg
+}
+
+fn env() -> Env {
+    let n = COUNTER.fetch_add(1, Ordering::SeqCst);
+    let dir = PathBuf::from(format!("/tmp/lcp-{}-{n}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let provider = BwrapProvider::open(config(&dir)).unwrap();
+    Env { dir, provider }
+}
+
+fn req(lease: i64, generation: i64, shape: Shape, argv: &[&str]) -> AllocateRequest {
+    AllocateRequest {
+        lease_id: SandboxLeaseId(lease),
+        generation: Generation(generation),
+        exec_id: ExecId(lease),
+        attempt: AttemptNo(1),
+        runtime: base_digest(),
+        shape,
+        command: Command::new(argv.iter().map(|s| s.to_string()).collect()).unwrap(),
+        workspace_id: WorkspaceId(lease),
+    }
+}
+
+fn sh(lease: i64, script: &str) -> AllocateRequest {
+    req(lease, 1, SMALL, &["sh", "-c", script])
+}
+
+/// Reads pages to the terminal one (without acknowledging it).
+async fn until_terminal(p: &dyn Provider, lease: i64, generation: i64) -> Vec<Page> {
+    let t = Instant::now();
+    let mut all: Vec<Page> = Vec::new();
+    loop {
+        let after = all.last().map_or(0, |p| p.seq());
+        let got = p
+            .pages(SandboxLeaseId(lease), Generation(generation), after, 64)
+            .await
+            .unwrap();
+        for (i, pg) in got.iter().enumerate() {
+            assert_eq!(pg.seq(), (all.len() + i) as i64 + 1, "seq gap");
+        }
+        all.extend(got);
+        if all.last().is_some_and(|p| p.is_terminal()) {
+            return all;
+        }
+        assert!(
+            t.elapsed() < DEADLINE,
+            "no terminal page; pages so far {all:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn stream(pages: &[Page], kind: PageKind) -> String {
+    String::from_utf8(
+        pages
+            .iter()
+            .filter(|p| p.kind() == kind)
+            .flat_map(|p| p.bytes().to_vec())
+            .collect(),
+    )
+    .unwrap()
+}
+
+/// Runs `script` to its terminal page; returns (stdout, stderr, exit).
+async fn run(e: &Env, lease: i64, r: AllocateRequest) -> (String, String, ExitStatus) {
+    let a = e.provider.allocate(r).await.unwrap();
+    assert!(a.created);
+    let all = until_terminal(&e.provider, lease, 1).await;
+    let exit = all.last().unwrap().exit().unwrap();
+    (
+        stream(&all, PageKind::Stdout),
+        stream(&all, PageKind::Stderr),
+        exit,
+    )
+}
+
+fn expected(lease: i64, generation: i64) -> Expected<'static> {
+    Expected {
+        provider_id: "p-test",
+        lease_id: lease,
+        generation,
+    }
+}
+
+fn pid_running(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // A zombie (state Z) runs nothing; it only waits to be reaped.
+        Ok(stat) => {
+            stat.rsplit(')')
+                .next()
+                .and_then(|r| r.split_whitespace().next())
+                != Some("Z")
+        }
+        Err(_) => false,
+    }
+}
+
+#[tokio::test]
+async fn output_is_exact_and_destroy_fences_with_evidence() {
+    let e = env();
+    let (out, err, exit) = run(
+        &e,
+        1,
+        sh(
+            1,
+            "printf 'hello\\n'; printf 'oops' >&2; id -u; pwd; exit 7",
+        ),
+    )
+    .await;
+    assert_eq!(out, "hello\n1000\n/workspace\n");
+    assert_eq!(err, "oops");
+    assert_eq!(exit, ExitStatus::exited(7));
+    // A replay of the same request is the same instance.
+    let again = e
+        .provider
+        .allocate(sh(
+            1,
+            "printf 'hello\\n'; printf 'oops' >&2; id -u; pwd; exit 7",
+        ))
+        .await
+        .unwrap();
+    assert!(!again.created);
+    assert_eq!(
+        e.provider.allocate(sh(1, "true")).await.unwrap_err().code(),
+        "allocation_conflict"
+    );
+    let key = e.provider.public_key();
+    let obs = e
+        .provider
+        .observe(SandboxLeaseId(1), Generation(1))
+        .await
+        .unwrap();
+    assert!(matches!(
+        verify(&obs, &key, expected(1, 1)).unwrap(),
+        Statement::Observation {
+            state: InstanceState::Running,
+            ..
+        }
+    ));
+    let fence = e
+        .provider
+        .destroy(SandboxLeaseId(1), Generation(1))
+        .await
+        .unwrap();
+    assert_eq!(
+        verify(&fence, &key, expected(1, 1)).unwrap(),
+        Statement::Fence {
+            provider_id: "p-test".into(),
+            lease_id: 1,
+            generation: 1
+        }
+    );
+    let absence = e
+        .provider
+        .destroy(SandboxLeaseId(1), Generation(1))
+        .await
+        .unwrap();
+    assert_eq!(
+        verify(&absence, &key, expected(1, 1)).unwrap(),
+        Statement::Absence {
+            provider_id: "p-test".into(),
+            lease_id: 1,
+            generation: 1
+        }
+    );
+    let obs = e
+        .provider
+        .observe(SandboxLeaseId(1), Generation(1))
+        .await
+        .unwrap();
+    assert!(matches!(
+        verify(&obs, &key, expected(1, 1)).unwrap(),
+        Statement::Observation {
+            state: InstanceState::Absent,
+            ..
+        }
+    ));
+    assert_eq!(
+        e.provider.allocate(sh(1, "true")).await.unwrap_err(),
+        ProviderError::Fenced {
+            lease_id: 1,
+            generation: 1,
+            fenced_through: 1
+        }
+    );
+    assert_eq!(
+        e.provider
+            .pages(SandboxLeaseId(1), Generation(1), 0, 8)
+            .await
+            .unwrap_err()
+            .code(),
+        "no_instance"
+    );
+    // A destroy of an instance never allocated is an absence, and fences it.
+    let never = e
+        .provider
+        .destroy(SandboxLeaseId(99), Generation(3))
+        .await
+        .unwrap();
+    assert!(matches!(
+        verify(&never, &key, expected(99, 3)).unwrap(),
+        Statement::Absence { .. }
+    ));
+    assert_eq!(
+        e.provider
+            .allocate(req(99, 2, SMALL, &["true"]))
+            .await
+            .unwrap_err()
+            .code(),
+        "fenced"
+    );
+    // Another key does not verify the evidence.
+    let other = ed25519_dalek::SigningKey::from_bytes(&[9; 32]).verifying_key();
+    assert_eq!(
+        verify_signature(&fence, &other).unwrap_err().code(),
+        "wrong_key"
+    );
+}
+
+#[tokio::test]
+async fn acknowledged_terminal_ends_the_instance() {
+    let e = env();
+    e.provider.allocate(sh(2, "printf done")).await.unwrap();
+    let all = until_terminal(&e.provider, 2, 1).await;
+    let last = all.last().unwrap().seq();
+    e.provider
+        .ack(SandboxLeaseId(2), Generation(2 - 1), last)
+        .await
+        .unwrap();
+    let cg = e.provider.instance_cgroup(SandboxLeaseId(2), Generation(1));
+    let t = Instant::now();
+    while !cg.pids().is_empty() {
+        assert!(
+            t.elapsed() < DEADLINE,
+            "instance processes outlived the terminal ack"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let obs = e
+        .provider
+        .observe(SandboxLeaseId(2), Generation(1))
+        .await
+        .unwrap();
+    assert!(matches!(
+        verify(&obs, &e.provider.public_key(), expected(2, 1)).unwrap(),
+        Statement::Observation {
+            state: InstanceState::Exited,
+            ..
+        }
+    ));
+    assert_eq!(
+        e.provider
+            .pages(SandboxLeaseId(2), Generation(1), 0, 8)
+            .await
+            .unwrap(),
+        vec![]
+    );
+    e.provider
+        .ack(SandboxLeaseId(2), Generation(1), last)
+        .await
+        .unwrap();
+    e.provider
+        .destroy(SandboxLeaseId(2), Generation(1))
+        .await
+        .unwrap();
+    assert!(!cg.exists());
+}
+
+#[tokio::test]
+async fn host_files_outside_the_binds_are_not_readable() {
+    let e = env();
+    let secret = PathBuf::from(format!("/tmp/lc-secret-{}", std::process::id()));
+    std::fs::write(&secret, "host secret\n").unwrap();
+    let script = format!(
+        "cat {} ; echo rc=$?; ls /etc 2>&1; echo rc=$?; ls /; touch /usr/x 2>/dev/null; echo usr=$?; touch /workspace/w && echo ws=ok",
+        secret.display()
+    );
+    let (out, err, exit) = run(&e, 3, sh(3, &script)).await;
+    std::fs::remove_file(&secret).unwrap();
+    assert_eq!(
+        out,
+        "rc=1\nls: cannot access '/etc': No such file or directory\nrc=2\nbin\ndev\nlib\nlib64\nproc\nsbin\ntmp\nusr\nworkspace\nusr=1\nws=ok\n"
+    );
+    assert_eq!(
+        err,
+        format!("cat: {}: No such file or directory\n", secret.display())
+    );
+    assert_eq!(exit, ExitStatus::exited(0));
+    // The workspace write landed in the host's workspace directory.
+    assert!(e.provider.workspace_dir(WorkspaceId(3)).join("w").is_file());
+    e.provider
+        .destroy(SandboxLeaseId(3), Generation(1))
+        .await
+        .unwrap();
+}
+
+const CONNECT: &str = "import socket,sys\n\
+print(sorted(n for _, n in socket.if_nameindex()))\n\
+s = socket.socket()\n\
+s.settimeout(5)\n\
+try:\n    s.connect(('127.0.0.1', int(sys.argv[1])))\n    print('connected')\n\
+except OSError as e:\n    print('refused', e.errno)\n";
+
+#[tokio::test]
+async fn no_network_unless_the_shape_has_it() {
+    let e = env();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port().to_string();
+    let (out, _, exit) = run(&e, 4, req(4, 1, SMALL, &["python3", "-c", CONNECT, &port])).await;
+    // Only the instance's own loopback, where nothing listens.
+    assert_eq!(out, "['lo']\nrefused 111\n");
+    assert_eq!(exit, ExitStatus::exited(0));
+    e.provider
+        .destroy(SandboxLeaseId(4), Generation(1))
+        .await
+        .unwrap();
+    // The same program with the network shared reaches the host listener.
+    let (out, _, _) = run(
+        &e,
+        5,
+        req(5, 1, SMALL_NET, &["python3", "-c", CONNECT, &port]),
+    )
+    .await;
+    assert!(out.ends_with("connected\n"), "{out}");
+    listener.set_nonblocking(true).unwrap();
+    assert!(listener.accept().is_ok());
+    e.provider
+        .destroy(SandboxLeaseId(5), Generation(1))
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn memory_limit_is_exact_and_enforced() {
+    let e = env();
+    let root = lc_provider::cgroup::CgroupRoot::detect(Path::new("/sys/fs/cgroup"), "x").unwrap();
+    assert_eq!(root.version(), CgroupVersion::V1);
+    e.provider
+        .allocate(req(
+            6,
+            1,
+            SMALL,
+            &["python3", "-c", "b = b'x' * (400 << 20); print('survived')"],
+        ))
+        .await
+        .unwrap();
+    let cg = e.provider.instance_cgroup(SandboxLeaseId(6), Generation(1));
+    assert_eq!(
+        std::fs::read_to_string(cg.memory_limit_file()).unwrap(),
+        "268435456\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(cg.dirs()[0].join("memory.memsw.limit_in_bytes")).unwrap(),
+        "268435456\n"
+    );
+    let all = until_terminal(&e.provider, 6, 1).await;
+    assert_eq!(stream(&all, PageKind::Stdout), "");
+    assert_eq!(all.last().unwrap().exit(), Some(ExitStatus::signaled(9)));
+    e.provider
+        .destroy(SandboxLeaseId(6), Generation(1))
+        .await
+        .unwrap();
+}
+
+const FORK_BOMB: &str = "import os, time\n\
+n = 0\n\
+err = None\n\
+while n < 200:\n    try:\n        pid = os.fork()\n    except OSError as e:\n        err = e.errno\n        break\n    if pid == 0:\n        time.sleep(60)\n        os._exit(0)\n    n += 1\n\
+print(n < 64, err)\n";
+
+#[tokio::test]
+async fn pids_limit_bounds_a_fork_bomb() {
+    let e = env();
+    e.provider
+        .allocate(req(7, 1, SMALL, &["python3", "-c", FORK_BOMB]))
+        .await
+        .unwrap();
+    let cg = e.provider.instance_cgroup(SandboxLeaseId(7), Generation(1));
+    assert_eq!(std::fs::read_to_string(cg.pids_max_file()).unwrap(), "64\n");
+    let t = Instant::now();
+    let out = loop {
+        let got = e
+            .provider
+            .pages(SandboxLeaseId(7), Generation(1), 0, 64)
+            .await
+            .unwrap();
+        let out = stream(&got, PageKind::Stdout);
+        if !out.is_empty() {
+            break out;
+        }
+        assert!(t.elapsed() < DEADLINE);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert_eq!(out, "True 11\n");
+    let current: u32 = std::fs::read_to_string(cg.dirs()[1].join("pids.current"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(current <= 64, "{current}");
+    // The sleeping children keep running until destroy kills all of them.
+    let pids = cg.pids();
+    assert!(pids.len() > 10, "{pids:?}");
+    e.provider
+        .destroy(SandboxLeaseId(7), Generation(1))
+        .await
+        .unwrap();
+    assert!(!cg.exists());
+    for pid in pids {
+        let t = Instant::now();
+        while pid_running(pid) {
+            assert!(t.elapsed() < DEADLINE, "pid {pid} survived destroy");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+#[tokio::test]
+async fn host_processes_cannot_be_signalled() {
+    let e = env();
+    let mut host = std::process::Command::new("sleep")
+        .arg("30")
+        .spawn()
+        .unwrap();
+    // The host's pid is not even named in the instance's PID namespace.
+    let script = format!(
+        "kill -9 {pid}; echo rc=$?; test -e /proc/{pid}; echo visible=$?",
+        pid = host.id()
+    );
+    let (out, err, _) = run(&e, 8, sh(8, &script)).await;
+    assert_eq!(out, "rc=1\nvisible=1\n");
+    assert!(err.contains("No such process"), "{err}");
+    assert!(
+        host.try_wait().unwrap().is_none(),
+        "the host process was killed"
+    );
+    host.kill().unwrap();
+    host.wait().unwrap();
+    e.provider
+        .destroy(SandboxLeaseId(8), Generation(1))
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn destroy_leaves_no_process_and_survives_a_restart() {
+    let e = env();
+    e.provider
+        .allocate(sh(9, "sleep 300 & sleep 300"))
+        .await
+        .unwrap();
+    let cg = e.provider.instance_cgroup(SandboxLeaseId(9), Generation(1));
+    let t = Instant::now();
+    // bwrap, its init, the supervisor, sh, two sleeps.
+    while cg.pids().len() < 5 {
+        assert!(t.elapsed() < DEADLINE, "{:?}", cg.pids());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let pids = cg.pids();
+    let ev = e
+        .provider
+        .destroy(SandboxLeaseId(9), Generation(1))
+        .await
+        .unwrap();
+    assert!(matches!(
+        verify(&ev, &e.provider.public_key(), expected(9, 1)).unwrap(),
+        Statement::Fence { .. }
+    ));
+    assert!(!cg.exists());
+    for d in cg.dirs() {
+        assert!(!d.exists(), "{}", d.display());
+    }
+    for pid in &pids {
+        let t = Instant::now();
+        while pid_running(*pid) {
+            assert!(t.elapsed() < DEADLINE, "pid {pid} survived destroy");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    // A restarted provider on the same state keeps its key and its fences.
+    let key = e.provider.public_key();
+    let again = BwrapProvider::open(config(&e.dir)).unwrap();
+    assert_eq!(again.public_key(), key);
+    assert_eq!(
+        again.allocate(sh(9, "true")).await.unwrap_err().code(),
+        "fenced"
+    );
+    // A later generation of the lease is not fenced.
+    let next = again.allocate(req(9, 2, SMALL, &["true"])).await.unwrap();
+    assert!(next.created);
+    let all = until_terminal(&again, 9, 2).await;
+    assert_eq!(all.last().unwrap().exit(), Some(ExitStatus::exited(0)));
+    let ev = again
+        .destroy(SandboxLeaseId(9), Generation(2))
+        .await
+        .unwrap();
+    assert!(verify(&ev, &key, expected(9, 2)).unwrap().proves_gone(2));
+}
+
+#[tokio::test]
+async fn a_start_failure_leaves_nothing() {
+    let e = env();
+    let mut r = sh(10, "true");
+    r.runtime = lc_core::Digest([7; 32]);
+    assert_eq!(
+        e.provider.allocate(r).await.unwrap_err().code(),
+        "unknown_runtime"
+    );
+    // A command that does not exist is a running instance whose terminal
+    // page says 127.
+    let (out, err, exit) = run(&e, 11, req(11, 1, SMALL, &["/nonexistent"])).await;
+    assert_eq!(out, "");
+    assert!(
+        err.starts_with("lc-supervisor: cannot start \"/nonexistent\""),
+        "{err}"
+    );
+    assert_eq!(exit, ExitStatus::exited(127));
+    e.provider
+        .destroy(SandboxLeaseId(11), Generation(1))
+        .await
+        .unwrap();
+    assert!(!e.dir.join("instances/10-1").exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_http_client_is_the_same_provider() {
+    let e = env();
+    let key = e.provider.public_key();
+    let dir = e.dir.clone();
+    let provider: Arc<dyn Provider> = Arc::new(BwrapProvider::open(config(&dir)).unwrap());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let server = tokio::spawn(async move {
+        axum::serve(listener, provider_router(provider))
+            .await
+            .unwrap();
+    });
+    let client = HttpProvider::connect(&url).await.unwrap();
+    assert_eq!(client.id().as_str(), "p-test");
+    assert_eq!(client.public_key(), key);
+    let a = client.allocate(sh(12, "printf 'over http'")).await.unwrap();
+    assert!(a.created);
+    let all = until_terminal(&client, 12, 1).await;
+    assert_eq!(stream(&all, PageKind::Stdout), "over http");
+    client
+        .ack(SandboxLeaseId(12), Generation(1), 1)
+        .await
+        .unwrap();
+    let rest = client
+        .pages(SandboxLeaseId(12), Generation(1), 0, 64)
+        .await
+        .unwrap();
+    assert_eq!(rest.len(), 1);
+    assert!(rest[0].is_terminal());
+    assert_eq!(
+        client
+            .ack(SandboxLeaseId(12), Generation(1), 50)
+            .await
+            .unwrap_err()
+            .code(),
+        "invalid_request"
+    );
+    let obs = client
+        .observe(SandboxLeaseId(12), Generation(1))
+        .await
+        .unwrap();
+    assert!(verify(&obs, &key, expected(12, 1)).is_ok());
+    let ev = client
+        .destroy(SandboxLeaseId(12), Generation(1))
+        .await
+        .unwrap();
+    assert!(matches!(
+        verify(&ev, &key, expected(12, 1)).unwrap(),
+        Statement::Fence { .. }
+    ));
+    assert_eq!(
+        client
+            .allocate(sh(12, "printf 'over http'"))
+            .await
+            .unwrap_err(),
+        ProviderError::Fenced {
+            lease_id: 12,
+            generation: 1,
+            fenced_through: 1
+        }
+    );
+    // Bad path ids are coded refusals, not plain-text errors.
+    let raw = reqwest::get(format!("{url}/v1/instances/01/1/observation"))
+        .await
+        .unwrap();
+    assert_eq!(raw.status(), 400);
+    let body: serde_json::Value = raw.json().await.unwrap();
+    assert_eq!(body["code"], "invalid_request");
+    server.abort();
+}
+
+/// Copies host file `from` (following symlinks) to `tree/to`.
+fn copy_in(tree: &Path, from: &str, to: &str) {
+    let dest = tree.join(to);
+    std::fs::create_dir_all(dest.parent().unwrap()).unwrap();
+    std::fs::copy(std::fs::canonicalize(from).unwrap(), &dest).unwrap();
+}
+
+#[tokio::test]
+async fn an_imported_tree_is_the_instance_root() {
+    let e = env();
+    // A minimal root: dash and the C library the supervisor and dash need.
+    let src = e.dir.join("src-tree");
+    copy_in(&src, "/bin/dash", "bin/sh");
+    copy_in(
+        &src,
+        "/lib64/ld-linux-x86-64.so.2",
+        "lib64/ld-linux-x86-64.so.2",
+    );
+    copy_in(
+        &src,
+        "/lib/x86_64-linux-gnu/libc.so.6",
+        "lib/x86_64-linux-gnu/libc.so.6",
+    );
+    copy_in(
+        &src,
+        "/lib/x86_64-linux-gnu/libgcc_s.so.1",
+        "lib/x86_64-linux-gnu/libgcc_s.so.1",
+    );
+    // A reserved top-level name in the tree is not mounted over the provider's.
+    std::fs::create_dir_all(src.join("workspace")).unwrap();
+    std::fs::write(src.join("workspace/decoy"), "x").unwrap();
+    let imported = e
+        .provider
+        .runtimes()
+        .import_dir(&src, lc_provider::runtime::ImportLimits::default())
+        .unwrap();
+    let mut r = sh(
+        13,
+        "echo /*; echo /workspace/*; echo x > /bin/y; echo rc=$?",
+    );
+    r.runtime = imported.digest;
+    let (out, err, exit) = run(&e, 13, r).await;
+    assert_eq!(
+        out,
+        "/bin /dev /lib /lib64 /proc /tmp /workspace\n/workspace/*\nrc=2\n"
+    );
+    assert!(err.contains("Read-only file system"), "{err}");
+    assert_eq!(exit, ExitStatus::exited(0));
+    e.provider
+        .destroy(SandboxLeaseId(13), Generation(1))
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_symlink_planted_at_the_socket_is_not_followed() {
+    let e = env();
+    let host_sock = PathBuf::from(format!("/tmp/lc-hostsock-{}", std::process::id()));
+    let _ = std::fs::remove_file(&host_sock);
+    let listener = std::os::unix::net::UnixListener::bind(&host_sock).unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let script = format!(
+        "rm -f /.lc/run/supervisor.sock && ln -s {} /.lc/run/supervisor.sock && touch /workspace/planted; sleep 30",
+        host_sock.display()
+    );
+    e.provider.allocate(sh(14, &script)).await.unwrap();
+    let planted = e.provider.workspace_dir(WorkspaceId(14)).join("planted");
+    let t = Instant::now();
+    while !planted.exists() {
+        assert!(
+            t.elapsed() < DEADLINE,
+            "the command never planted its symlink"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let err = e
+        .provider
+        .pages(SandboxLeaseId(14), Generation(1), 0, 8)
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), "supervisor_unavailable");
+    assert!(err.to_string().contains("is not a socket"), "{err}");
+    assert_eq!(
+        listener.accept().unwrap_err().kind(),
+        std::io::ErrorKind::WouldBlock,
+        "the provider connected to a host socket"
+    );
+    e.provider
+        .destroy(SandboxLeaseId(14), Generation(1))
+        .await
+        .unwrap();
+    std::fs::remove_file(&host_sock).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_guards_every_route_but_identity() {
+    let e = env();
+    let provider: Arc<dyn Provider> = Arc::new(BwrapProvider::open(config(&e.dir)).unwrap());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let token = "t".repeat(43);
+    let router = lc_provider::provider_router_with_token(provider, token.clone());
+    let server = tokio::spawn(async move {
+        axum::serve(listener, router).await.unwrap();
+    });
+    let anonymous = HttpProvider::connect(&url).await.unwrap();
+    assert_eq!(anonymous.public_key(), e.provider.public_key());
+    assert_eq!(
+        anonymous
+            .observe(SandboxLeaseId(15), Generation(1))
+            .await
+            .unwrap_err(),
+        ProviderError::Unauthorized
+    );
+    assert_eq!(
+        anonymous.allocate(sh(15, "true")).await.unwrap_err(),
+        ProviderError::Unauthorized
+    );
+    let raw = reqwest::Client::new()
+        .post(format!("{url}/v1/instances/15/1/destroy"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(raw.status(), 401);
+    assert_eq!(
+        raw.headers()["www-authenticate"],
+        "Bearer realm=\"little-compute-provider\""
+    );
+    let wrong = anonymous.clone().with_token("u".repeat(43));
+    assert_eq!(
+        wrong
+            .destroy(SandboxLeaseId(15), Generation(1))
+            .await
+            .unwrap_err()
+            .code(),
+        "unauthorized"
+    );
+    // Nothing was fenced by the refused destroy.
+    let client = anonymous.with_token(token);
+    let ev = client
+        .observe(SandboxLeaseId(15), Generation(1))
+        .await
+        .unwrap();
+    assert!(verify(&ev, &e.provider.public_key(), expected(15, 1)).is_ok());
+    assert!(client.allocate(sh(15, "true")).await.unwrap().created);
+    client
+        .destroy(SandboxLeaseId(15), Generation(1))
+        .await
+        .unwrap();
+    server.abort();
+}

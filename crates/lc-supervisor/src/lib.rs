@@ -1,0 +1,413 @@
+//! lc-supervisor: the first process of a Little Compute sandbox instance.
+//!
+//! `lc-supervisor --socket PATH [--spool-bytes N] -- ARGV...`
+//!
+//! It binds the unix socket at `PATH`, starts `ARGV` with its stdin on
+//! `/dev/null` and its stdout and stderr on pipes, and turns what the command
+//! writes into numbered [`Page`]s (seq from 1, no gaps) in a bounded
+//! in-memory spool. Design and failure modes:
+//!
+//! * **Back-pressure, never a drop.** The spool holds at most `N` bytes of
+//!   unacknowledged page data (default [`SPOOL_BYTES_DEFAULT`]). A pipe is
+//!   read only while the spool has room, and never more than the room left,
+//!   so the spool never exceeds `N`; when it is full the pipes are not read,
+//!   the kernel's pipe buffer fills and the command blocks in `write` until a
+//!   reader acknowledges pages.
+//! * **Terminal page.** After both pipes reached end of file and the command
+//!   itself was reaped, one terminal page with its exit code or signal is
+//!   appended (it carries no bytes, so it never waits for room). A command
+//!   that cannot be started yields a stderr page with the reason and exit
+//!   code 127, as a shell reports it.
+//! * **Reaping.** The supervisor marks itself a child subreaper and reaps
+//!   every child, so orphans of the command never linger as zombies, whether
+//!   the supervisor is PID 1 of its PID namespace or runs under an init.
+//! * **Socket protocol.** One request frame, one response frame
+//!   ([`lc_core::page::SocketRequest`] / [`SocketResponse`]): `pages after
+//!   seq S (max M)` returns what is spooled now (possibly nothing; the caller
+//!   polls), `ack through seq S` drops every page up to `S`. Connections are
+//!   served one at a time, each read bounded by [`CONNECTION_IDLE_MAX`].
+//!   Once the terminal page is acknowledged the supervisor exits 0.
+//! * The supervisor's clock is never consulted for anything but that
+//!   connection timeout; it holds no credential.
+
+use std::collections::VecDeque;
+use std::io::Read;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::process::ExitStatusExt as _;
+use std::process::{Child, ChildStderr, ChildStdout, Command, Stdio};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Duration;
+
+use lc_core::page::{
+    ExitStatus, PAGE_BYTES_MAX, PAGES_PER_REQUEST_MAX, Page, PageKind, SPOOL_BYTES_DEFAULT,
+    SocketRequest, SocketResponse, read_frame, write_frame,
+};
+
+/// How long one connection may stay silent before the supervisor closes it
+/// and serves the next: 30 s, far above a provider's per-request round trip.
+pub const CONNECTION_IDLE_MAX: Duration = Duration::from_secs(30);
+
+/// The smallest spool bound accepted, in bytes: one byte still makes
+/// progress (a page of one byte at a time).
+pub const SPOOL_BYTES_MIN: u64 = 1;
+
+/// The largest spool bound accepted: 1 GiB of memory inside an instance.
+pub const SPOOL_BYTES_LIMIT: u64 = 1 << 30;
+
+/// Exit code of a command that could not be started.
+pub const START_FAILED_CODE: i32 = 127;
+
+/// Parsed command line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Args {
+    /// The unix socket to bind.
+    pub socket: std::path::PathBuf,
+    /// The spool bound in bytes.
+    pub spool_bytes_max: u64,
+    /// The command, argv[0] first.
+    pub argv: Vec<String>,
+}
+
+/// A refused command line. Codes are stable.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UsageError(pub String);
+
+impl std::fmt::Display for UsageError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "usage_error: {}\nusage: lc-supervisor --socket PATH [--spool-bytes N] -- ARGV...",
+            self.0
+        )
+    }
+}
+
+impl Args {
+    /// Parses `args` (without the program name).
+    ///
+    /// # Errors
+    /// [`UsageError`] for a missing `--socket` or command, an unknown flag,
+    /// or a spool bound outside `SPOOL_BYTES_MIN..=SPOOL_BYTES_LIMIT`.
+    pub fn parse(args: &[String]) -> Result<Args, UsageError> {
+        let mut socket = None;
+        let mut spool_bytes_max = SPOOL_BYTES_DEFAULT;
+        let mut it = args.iter();
+        let mut argv = Vec::new();
+        while let Some(a) = it.next() {
+            match a.as_str() {
+                "--socket" => {
+                    socket = Some(
+                        it.next()
+                            .ok_or_else(|| UsageError("--socket needs a path".into()))?
+                            .into(),
+                    )
+                }
+                "--spool-bytes" => {
+                    let v = it
+                        .next()
+                        .ok_or_else(|| UsageError("--spool-bytes needs a number".into()))?;
+                    spool_bytes_max = v
+                        .parse::<u64>()
+                        .ok()
+                        .filter(|n| (SPOOL_BYTES_MIN..=SPOOL_BYTES_LIMIT).contains(n))
+                        .ok_or_else(|| {
+                            UsageError(format!(
+                                "--spool-bytes must be {SPOOL_BYTES_MIN}..={SPOOL_BYTES_LIMIT}, got {v:?}"
+                            ))
+                        })?;
+                }
+                "--" => {
+                    argv = it.by_ref().cloned().collect();
+                }
+                other => return Err(UsageError(format!("unknown argument {other:?}"))),
+            }
+        }
+        let socket = socket.ok_or_else(|| UsageError("--socket is required".into()))?;
+        if argv.is_empty() || argv[0].is_empty() {
+            return Err(UsageError("a command is required after --".into()));
+        }
+        Ok(Args {
+            socket,
+            spool_bytes_max,
+            argv,
+        })
+    }
+}
+
+/// The spool and the command's progress, shared by the pipe readers, the
+/// reaper and the socket server.
+struct State {
+    pages: VecDeque<Page>,
+    /// Bytes of page data in `pages`; never above `bytes_max`.
+    bytes: u64,
+    bytes_max: u64,
+    /// The seq the next page gets.
+    next_seq: i64,
+    /// Every page up to this seq has been acknowledged and dropped.
+    acked_through: i64,
+    /// Pipes not yet at end of file.
+    pipes_open: u8,
+    /// The command's status once reaped.
+    exit: Option<ExitStatus>,
+    /// The terminal page's seq once appended.
+    terminal_seq: Option<i64>,
+}
+
+struct Spool {
+    state: Mutex<State>,
+    /// Signalled when room frees up (an ack) or the command's status changes.
+    changed: Condvar,
+}
+
+impl Spool {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A reader thread that panicked leaves consistent state behind (every
+        // mutation is one statement), so a poisoned lock is still usable.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Appends a data page; the caller reserved the room.
+    fn push(st: &mut State, kind: PageKind, bytes: Vec<u8>) {
+        let len = bytes.len() as u64;
+        match Page::data(st.next_seq, kind, bytes) {
+            Ok(p) => {
+                st.pages.push_back(p);
+                st.bytes += len;
+                st.next_seq += 1;
+            }
+            // Unreachable: seq >= 1 and the length is bounded by the read.
+            Err(e) => eprintln!("lc-supervisor: page refused: {e}"),
+        }
+    }
+
+    /// Appends the terminal page once the command is reaped and both pipes
+    /// are closed.
+    fn maybe_finish(st: &mut State) {
+        if st.terminal_seq.is_some() || st.pipes_open > 0 {
+            return;
+        }
+        let Some(exit) = st.exit else { return };
+        match Page::terminal(st.next_seq, exit) {
+            Ok(p) => {
+                st.terminal_seq = Some(st.next_seq);
+                st.pages.push_back(p);
+                st.next_seq += 1;
+            }
+            Err(e) => eprintln!("lc-supervisor: terminal page refused: {e}"),
+        }
+    }
+}
+
+/// Reads one pipe into the spool, never more than the room left.
+fn pump(spool: Arc<Spool>, mut pipe: impl Read, kind: PageKind) {
+    let mut buf = vec![0u8; PAGE_BYTES_MAX];
+    loop {
+        let room = {
+            let mut st = spool.lock();
+            while st.bytes >= st.bytes_max {
+                st = spool.changed.wait(st).unwrap_or_else(|p| p.into_inner());
+            }
+            (st.bytes_max - st.bytes).min(PAGE_BYTES_MAX as u64) as usize
+        };
+        match pipe.read(&mut buf[..room]) {
+            Ok(0) => break,
+            Ok(n) => {
+                let mut st = spool.lock();
+                Spool::push(&mut st, kind, buf[..n].to_vec());
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                eprintln!("lc-supervisor: reading {}: {e}", kind.as_str());
+                break;
+            }
+        }
+    }
+    let mut st = spool.lock();
+    st.pipes_open -= 1;
+    Spool::maybe_finish(&mut st);
+    spool.changed.notify_all();
+}
+
+/// Reaps every child until none is left; records the command's status.
+fn reap(spool: Arc<Spool>, command_pid: libc::pid_t) {
+    // Bounded by the number of processes that can ever be our children:
+    // each successful wait removes one, and ECHILD ends the loop.
+    loop {
+        let mut status: libc::c_int = 0;
+        // SAFETY: waitpid writes only into `status`.
+        let pid = unsafe { libc::waitpid(-1, &mut status, 0) };
+        if pid < 0 {
+            let err = std::io::Error::last_os_error();
+            if err.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            break;
+        }
+        if pid == command_pid {
+            let es = std::process::ExitStatus::from_raw(status);
+            let exit = match (es.code(), es.signal()) {
+                (Some(c), _) => ExitStatus::exited(c),
+                (None, Some(s)) => ExitStatus::signaled(s),
+                // Stopped/continued are not reported without WUNTRACED.
+                (None, None) => continue,
+            };
+            let mut st = spool.lock();
+            st.exit = Some(exit);
+            Spool::maybe_finish(&mut st);
+            spool.changed.notify_all();
+        }
+    }
+}
+
+fn start(argv: &[String]) -> std::io::Result<(Child, ChildStdout, ChildStderr)> {
+    let mut child = Command::new(&argv[0])
+        .args(&argv[1..])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let out = child.stdout.take();
+    let err = child.stderr.take();
+    match (out, err) {
+        (Some(o), Some(e)) => Ok((child, o, e)),
+        _ => Err(std::io::Error::other("child pipes missing")),
+    }
+}
+
+/// Handles one request against the spool. Returns the response and whether
+/// the terminal page has now been acknowledged.
+fn handle(spool: &Spool, req: SocketRequest) -> (SocketResponse, bool) {
+    let mut st = spool.lock();
+    match req {
+        SocketRequest::Pages { after_seq, max } => {
+            let max = max.min(PAGES_PER_REQUEST_MAX) as usize;
+            let pages = st
+                .pages
+                .iter()
+                .filter(|p| p.seq() > after_seq)
+                .take(max)
+                .cloned()
+                .collect();
+            (SocketResponse::Pages(pages), false)
+        }
+        SocketRequest::Ack { through_seq } => {
+            if through_seq >= st.next_seq {
+                return (
+                    SocketResponse::Error {
+                        code: "ack_ahead".into(),
+                    },
+                    false,
+                );
+            }
+            // Bounded by the spool's length.
+            while st.pages.front().is_some_and(|p| p.seq() <= through_seq) {
+                if let Some(p) = st.pages.pop_front() {
+                    st.bytes -= p.bytes().len() as u64;
+                }
+            }
+            st.acked_through = st.acked_through.max(through_seq);
+            let done = st.terminal_seq.is_some_and(|t| st.acked_through >= t);
+            let acked_through = st.acked_through;
+            drop(st);
+            spool.changed.notify_all();
+            (SocketResponse::Acked { acked_through }, done)
+        }
+    }
+}
+
+/// Serves one connection; returns whether the terminal page was acknowledged.
+fn serve_connection(spool: &Spool, mut conn: UnixStream) -> bool {
+    if conn.set_read_timeout(Some(CONNECTION_IDLE_MAX)).is_err() {
+        return false;
+    }
+    loop {
+        let body = match read_frame(&mut conn) {
+            Ok(Some(b)) => b,
+            Ok(None) | Err(_) => return false,
+        };
+        let (resp, done) = match SocketRequest::decode(&body) {
+            Ok(req) => handle(spool, req),
+            Err(e) => (
+                SocketResponse::Error {
+                    code: e.code().into(),
+                },
+                false,
+            ),
+        };
+        let sent = resp
+            .encode()
+            .and_then(|b| write_frame(&mut conn, &b))
+            .is_ok();
+        if done {
+            return true;
+        }
+        if !sent {
+            return false;
+        }
+    }
+}
+
+/// Runs the supervisor; returns the process exit code (0 once the terminal
+/// page is acknowledged, 2 for bad usage, 1 if the socket cannot be bound).
+pub fn run(args: Args) -> i32 {
+    // SAFETY: prctl with PR_SET_CHILD_SUBREAPER takes an integer argument.
+    unsafe {
+        libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
+    }
+    let _ = std::fs::remove_file(&args.socket);
+    let listener = match UnixListener::bind(&args.socket) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!(
+                "lc-supervisor: socket_bind_failed: {}: {e}",
+                args.socket.display()
+            );
+            return 1;
+        }
+    };
+    let spool = Arc::new(Spool {
+        state: Mutex::new(State {
+            pages: VecDeque::new(),
+            bytes: 0,
+            bytes_max: args.spool_bytes_max,
+            next_seq: 1,
+            acked_through: 0,
+            pipes_open: 2,
+            exit: None,
+            terminal_seq: None,
+        }),
+        changed: Condvar::new(),
+    });
+    match start(&args.argv) {
+        Ok((child, out, err)) => {
+            let pid = child.id() as libc::pid_t;
+            // The reaper owns the wait; `child` is not waited on through std.
+            std::mem::forget(child);
+            let s = spool.clone();
+            std::thread::spawn(move || pump(s, out, PageKind::Stdout));
+            let s = spool.clone();
+            std::thread::spawn(move || pump(s, err, PageKind::Stderr));
+            let s = spool.clone();
+            std::thread::spawn(move || reap(s, pid));
+        }
+        Err(e) => {
+            let msg = format!("lc-supervisor: cannot start {:?}: {e}\n", args.argv[0]);
+            let mut bytes = msg.into_bytes();
+            bytes.truncate((PAGE_BYTES_MAX as u64).min(args.spool_bytes_max) as usize);
+            let mut st = spool.lock();
+            Spool::push(&mut st, PageKind::Stderr, bytes);
+            st.pipes_open = 0;
+            st.exit = Some(ExitStatus::exited(START_FAILED_CODE));
+            Spool::maybe_finish(&mut st);
+        }
+    }
+    // One connection at a time; the instance's lifetime bounds this loop.
+    for conn in listener.incoming() {
+        let Ok(conn) = conn else { continue };
+        if serve_connection(&spool, conn) {
+            let _ = std::fs::remove_file(&args.socket);
+            return 0;
+        }
+    }
+    1
+}

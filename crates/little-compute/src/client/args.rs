@@ -1,0 +1,189 @@
+//! The clap types of `lc`. Nothing here runs anything.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+/// Default server when neither `--server`, `LC_SERVER` nor `--data-dir`
+/// names one.
+pub const DEFAULT_SERVER: &str = "http://127.0.0.1:8090";
+
+/// `lc`: the Little Compute client.
+#[derive(Debug, Parser)]
+#[command(name = "lc", version, about, max_term_width = 100)]
+pub struct Cli {
+    /// Where and as whom.
+    #[command(flatten)]
+    pub conn: ConnArgs,
+    /// Print the server's JSON answer instead of a human table.
+    #[arg(long, global = true)]
+    pub json: bool,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The server, the credential and the acting tenant.
+#[derive(Debug, Clone, Args)]
+pub struct ConnArgs {
+    /// The control plane's base URL.
+    #[arg(long, env = "LC_SERVER", value_name = "URL", global = true)]
+    pub server: Option<String>,
+    /// Bearer credential: the admin token or a tenant API key (`lc_...`).
+    #[arg(
+        long,
+        env = "LC_TOKEN",
+        value_name = "TOKEN",
+        hide_env_values = true,
+        global = true
+    )]
+    pub token: Option<String>,
+    /// An appliance's data directory: the URL and the admin token file come
+    /// from `DIR/appliance.json` (`--server` and `--token` still win).
+    #[arg(long, value_name = "DIR", global = true)]
+    pub data_dir: Option<PathBuf>,
+    /// With the admin token: act for this tenant (`Lc-Tenant`).
+    #[arg(long, value_name = "N", global = true)]
+    pub tenant: Option<i64>,
+    /// The `Idempotency-Key` of a mutating command (default: a fresh random
+    /// key per invocation); the same key with the same request replays
+    /// the original answer.
+    #[arg(long, value_name = "KEY", global = true)]
+    pub idempotency_key: Option<String>,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Tenants: Tollgate accounts with capacity units.
+    #[command(subcommand)]
+    Tenant(TenantCmd),
+    /// Runtimes: root filesystem trees, by name and digest.
+    #[command(subcommand)]
+    Runtime(RuntimeCmd),
+    /// Execs: sandboxed commands.
+    #[command(subcommand)]
+    Exec(ExecCmd),
+    /// Operation keys and their recorded results.
+    #[command(subcommand)]
+    Operation(OperationCmd),
+}
+
+/// `lc tenant`.
+#[derive(Debug, Subcommand)]
+pub enum TenantCmd {
+    /// Create a tenant (admin); prints its id and API key.
+    Create {
+        /// Its name.
+        #[arg(long)]
+        name: String,
+        /// Units to deposit at once.
+        #[arg(long)]
+        units: Option<i64>,
+    },
+    /// Deposit units (admin).
+    Deposit {
+        /// The tenant (default: `--tenant`).
+        id: Option<i64>,
+        /// Units to deposit.
+        #[arg(long)]
+        units: i64,
+    },
+    /// A tenant's balances.
+    Show {
+        /// The tenant (default: `--tenant`).
+        id: Option<i64>,
+    },
+}
+
+/// `lc runtime`.
+#[derive(Debug, Subcommand)]
+pub enum RuntimeCmd {
+    /// Import a root filesystem from a tarball or a directory (admin).
+    Import {
+        /// The runtime's name.
+        #[arg(long)]
+        name: String,
+        /// A tar file, or a directory (sent as a tarball).
+        path: PathBuf,
+    },
+    /// Every registered runtime.
+    List,
+}
+
+/// `lc exec`.
+#[derive(Debug, Subcommand)]
+pub enum ExecCmd {
+    /// Admit an exec of COMMAND.
+    Create {
+        /// Runtime name or digest.
+        #[arg(long, default_value = "base")]
+        runtime: String,
+        /// Shape name (`small`, `medium`, `small-net`).
+        #[arg(long, default_value = "small")]
+        shape: String,
+        /// How long the command may run, milliseconds.
+        #[arg(long)]
+        timeout_ms: Option<u64>,
+        /// Wait until the exec is terminal and exit with the command's
+        /// exit code.
+        #[arg(long)]
+        wait: bool,
+        /// Give up waiting after this many seconds (exit 124).
+        #[arg(long, default_value_t = WAIT_SECS_DEFAULT)]
+        wait_timeout_s: u64,
+        /// The argv, after `--`.
+        #[arg(required = true, last = true)]
+        command: Vec<String>,
+    },
+    /// One exec.
+    Show {
+        /// The exec.
+        id: i64,
+    },
+    /// The acting tenant's execs, oldest first.
+    List {
+        /// Only execs after this id.
+        #[arg(long)]
+        after: Option<i64>,
+        /// At most this many.
+        #[arg(long)]
+        limit: Option<u32>,
+    },
+    /// Write the exec's stdout bytes to stdout, exactly.
+    Output {
+        /// The exec.
+        id: i64,
+        /// Also write its stderr bytes to stderr.
+        #[arg(long)]
+        stderr: bool,
+        /// Keep reading until the terminal page.
+        #[arg(long)]
+        follow: bool,
+        /// Start after this page.
+        #[arg(long, default_value_t = 0)]
+        after_seq: i64,
+        /// With `--follow`: give up after this many seconds (exit 124).
+        #[arg(long, default_value_t = WAIT_SECS_DEFAULT)]
+        wait_timeout_s: u64,
+    },
+    /// Cancel an exec.
+    Cancel {
+        /// The exec.
+        id: i64,
+    },
+}
+
+/// `lc operation`.
+#[derive(Debug, Subcommand)]
+pub enum OperationCmd {
+    /// An operation key's record.
+    Show {
+        /// The key.
+        key: String,
+    },
+}
+
+/// Default bound on `--wait` and `--follow`: one day, the longest an exec
+/// is expected to live in this version.
+pub const WAIT_SECS_DEFAULT: u64 = 86_400;

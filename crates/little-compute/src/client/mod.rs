@@ -1,0 +1,441 @@
+//! `lc`, the client of the control plane's HTTP API.
+//!
+//! * [`args`]: the clap types;
+//! * [`http`]: one request per call, problems as typed errors;
+//! * [`output`]: human tables and `--json`;
+//! * this module: resolving the server and the credential (flags, the
+//!   environment, or an appliance's `appliance.json`) and running each
+//!   command as requests of its routes.
+//!
+//! Exit status: 0 on success; 1 when the server refused (its problem is
+//! printed on stderr as `error: <status> <code>: <detail>`) or the request
+//! failed; `exec create --wait` exits with the command's own exit code
+//! (1 when it ended without one, e.g. cancelled); 124 when `--wait` or
+//! `--follow` gave up.
+
+pub mod args;
+pub mod http;
+pub mod output;
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use base64::Engine as _;
+use reqwest::Method;
+use serde_json::{Value, json};
+
+use self::args::{Cli, Command, ConnArgs, ExecCmd, OperationCmd, RuntimeCmd, TenantCmd};
+use self::http::{Body, Client, ClientError, fresh_idempotency_key};
+
+/// Pause between two polls of `--wait` and `--follow`.
+pub const POLL_INTERVAL: Duration = Duration::from_millis(200);
+
+/// Pages asked for per output request (the server's own bound may be
+/// lower).
+pub const OUTPUT_PAGES_PER_REQUEST: u32 = 64;
+
+/// The largest appliance.json read, in bytes (it holds a URL, a path and a
+/// few pids).
+pub const APPLIANCE_JSON_BYTES_MAX: u64 = 64 * 1024;
+
+/// The exit status when `--wait` or `--follow` gave up.
+pub const EXIT_TIMED_OUT: u8 = 124;
+
+/// What an appliance publishes for scripts in `DIR/appliance.json`.
+#[derive(Debug, Clone, serde::Deserialize)]
+pub struct ApplianceFile {
+    /// The control plane's base URL.
+    pub url: String,
+    /// The file holding the admin token (relative paths are relative to
+    /// the data directory).
+    pub admin_token_file: PathBuf,
+}
+
+/// Reads `dir/appliance.json`.
+///
+/// # Errors
+/// [`ClientError::Failed`] when it is missing, too large or malformed.
+pub fn read_appliance(dir: &Path) -> Result<ApplianceFile, ClientError> {
+    let path = dir.join("appliance.json");
+    let fail = |e: String| ClientError::Failed(format!("{}: {e}", path.display()));
+    let meta = std::fs::metadata(&path).map_err(|e| fail(e.to_string()))?;
+    if meta.len() > APPLIANCE_JSON_BYTES_MAX {
+        return Err(fail(format!(
+            "larger than {APPLIANCE_JSON_BYTES_MAX} bytes"
+        )));
+    }
+    let bytes = std::fs::read(&path).map_err(|e| fail(e.to_string()))?;
+    let mut file: ApplianceFile =
+        serde_json::from_slice(&bytes).map_err(|e| fail(e.to_string()))?;
+    if file.admin_token_file.is_relative() {
+        file.admin_token_file = dir.join(&file.admin_token_file);
+    }
+    Ok(file)
+}
+
+/// A credential file's content without trailing whitespace.
+fn read_token_file(path: &Path) -> Result<String, ClientError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| ClientError::Failed(format!("{}: {e}", path.display())))?;
+    Ok(text.trim_end().to_string())
+}
+
+/// The client `conn` names: `--server`/`LC_SERVER` or the appliance's URL
+/// (else [`args::DEFAULT_SERVER`]); `--token`/`LC_TOKEN` or the
+/// appliance's admin token.
+///
+/// # Errors
+/// An unreadable appliance file or token file; a bad URL.
+pub fn connect(conn: &ConnArgs) -> Result<Client, ClientError> {
+    let appliance = conn.data_dir.as_deref().map(read_appliance).transpose()?;
+    let server = match (&conn.server, &appliance) {
+        (Some(s), _) => s.clone(),
+        (None, Some(a)) => a.url.clone(),
+        (None, None) => args::DEFAULT_SERVER.to_string(),
+    };
+    let token = match (&conn.token, &appliance) {
+        (Some(t), _) => Some(t.clone()),
+        (None, Some(a)) => Some(read_token_file(&a.admin_token_file)?),
+        (None, None) => None,
+    };
+    Client::new(&server, token, conn.tenant)
+}
+
+/// Runs the command line `cli`.
+pub async fn run(cli: Cli) -> ExitCode {
+    match dispatch(cli).await {
+        Ok(code) => code,
+        Err(e) => {
+            let _ = writeln!(std::io::stderr(), "error: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+async fn dispatch(cli: Cli) -> Result<ExitCode, ClientError> {
+    let client = connect(&cli.conn)?;
+    let json = cli.json;
+    let op_key = || -> Result<String, ClientError> {
+        match &cli.conn.idempotency_key {
+            Some(k) => Ok(k.clone()),
+            None => fresh_idempotency_key(),
+        }
+    };
+    let tenant_of = |id: Option<i64>| {
+        id.or(cli.conn.tenant).ok_or_else(|| {
+            ClientError::Failed("name the tenant: an id argument or --tenant N".into())
+        })
+    };
+    let v = match cli.command {
+        Command::Tenant(TenantCmd::Create { name, units }) => {
+            let mut body = json!({ "name": name });
+            if let Some(u) = units {
+                body["units"] = json!(u);
+            }
+            let v = client
+                .call(
+                    Method::POST,
+                    "v1/tenants",
+                    Body::Json(body),
+                    Some(&op_key()?),
+                )
+                .await?;
+            output::tenant_created(&v, json)?;
+            return Ok(ExitCode::SUCCESS);
+        }
+        Command::Tenant(TenantCmd::Deposit { id, units }) => {
+            let id = tenant_of(id)?;
+            let v = client
+                .call(
+                    Method::POST,
+                    &format!("v1/tenants/{id}/deposits"),
+                    Body::Json(json!({ "units": units })),
+                    Some(&op_key()?),
+                )
+                .await?;
+            output::record(&v, json, output::TENANT_FIELDS)?;
+            return Ok(ExitCode::SUCCESS);
+        }
+        Command::Tenant(TenantCmd::Show { id }) => {
+            let id = tenant_of(id)?;
+            let v = client
+                .call(Method::GET, &format!("v1/tenants/{id}"), Body::None, None)
+                .await?;
+            output::record(&v, json, output::TENANT_FIELDS)?;
+            return Ok(ExitCode::SUCCESS);
+        }
+        Command::Runtime(RuntimeCmd::Import { name, path }) => {
+            let tar = tarball(&path)?;
+            let v = client
+                .call(
+                    Method::POST,
+                    &format!("v1/runtimes?name={}", query_escape(&name)),
+                    Body::Raw(tar, "application/x-tar"),
+                    Some(&op_key()?),
+                )
+                .await?;
+            output::record(&v, json, output::RUNTIME_FIELDS)?;
+            return Ok(ExitCode::SUCCESS);
+        }
+        Command::Runtime(RuntimeCmd::List) => {
+            let v = client
+                .call(Method::GET, "v1/runtimes", Body::None, None)
+                .await?;
+            output::list(&v, "runtimes", json, output::RUNTIME_FIELDS)?;
+            return Ok(ExitCode::SUCCESS);
+        }
+        Command::Exec(ExecCmd::Create {
+            runtime,
+            shape,
+            timeout_ms,
+            wait,
+            wait_timeout_s,
+            command,
+        }) => {
+            let mut body = json!({ "runtime": runtime, "shape": shape, "command": command });
+            if let Some(t) = timeout_ms {
+                body["timeout_ms"] = json!(t);
+            }
+            let v = client
+                .call(Method::POST, "v1/execs", Body::Json(body), Some(&op_key()?))
+                .await?;
+            if !wait {
+                output::record(&v, json, output::EXEC_FIELDS)?;
+                return Ok(ExitCode::SUCCESS);
+            }
+            let id = v["exec_id"]
+                .as_i64()
+                .ok_or_else(|| ClientError::Failed(format!("no exec_id in {v}")))?;
+            let Some(done) = wait_terminal(&client, id, wait_timeout_s).await? else {
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "exec {id}: not terminal after {wait_timeout_s} s"
+                );
+                return Ok(ExitCode::from(EXIT_TIMED_OUT));
+            };
+            output::record(&done, json, output::EXEC_FIELDS)?;
+            return Ok(exit_of(&done));
+        }
+        Command::Exec(ExecCmd::Show { id }) => {
+            client
+                .call(Method::GET, &format!("v1/execs/{id}"), Body::None, None)
+                .await?
+        }
+        Command::Exec(ExecCmd::List { after, limit }) => {
+            let mut q = Vec::new();
+            if let Some(a) = after {
+                q.push(format!("after={a}"));
+            }
+            if let Some(l) = limit {
+                q.push(format!("limit={l}"));
+            }
+            let path = if q.is_empty() {
+                "v1/execs".to_string()
+            } else {
+                format!("v1/execs?{}", q.join("&"))
+            };
+            let v = client.call(Method::GET, &path, Body::None, None).await?;
+            output::list(&v, "execs", json, output::EXEC_FIELDS)?;
+            return Ok(ExitCode::SUCCESS);
+        }
+        Command::Exec(ExecCmd::Output {
+            id,
+            stderr,
+            follow,
+            after_seq,
+            wait_timeout_s,
+        }) => return exec_output(&client, id, stderr, follow, after_seq, wait_timeout_s).await,
+        Command::Exec(ExecCmd::Cancel { id }) => {
+            client
+                .call(
+                    Method::POST,
+                    &format!("v1/execs/{id}/cancel"),
+                    Body::None,
+                    Some(&op_key()?),
+                )
+                .await?
+        }
+        Command::Operation(OperationCmd::Show { key }) => {
+            let v = client
+                .call(
+                    Method::GET,
+                    &format!("v1/operations/{}", path_escape(&key)),
+                    Body::None,
+                    None,
+                )
+                .await?;
+            output::record(&v, json, output::OPERATION_FIELDS)?;
+            return Ok(ExitCode::SUCCESS);
+        }
+    };
+    output::record(&v, json, output::EXEC_FIELDS)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The exit status of a terminal exec: its command's exit code when it
+/// exited with one in 0..=255, else 1.
+fn exit_of(exec: &Value) -> ExitCode {
+    match exec["exit_code"]
+        .as_i64()
+        .and_then(|c| u8::try_from(c).ok())
+    {
+        Some(c) => ExitCode::from(c),
+        None => ExitCode::from(1),
+    }
+}
+
+/// Polls `GET /v1/execs/{id}` until its state is `terminal` (the exec) or
+/// `wait_s` passed (`None`).
+async fn wait_terminal(
+    client: &Client,
+    id: i64,
+    wait_s: u64,
+) -> Result<Option<Value>, ClientError> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(wait_s);
+    loop {
+        let v = client
+            .call(Method::GET, &format!("v1/execs/{id}"), Body::None, None)
+            .await?;
+        if v["state"] == "terminal" {
+            return Ok(Some(v));
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Ok(None);
+        }
+        tokio::time::sleep(POLL_INTERVAL).await;
+    }
+}
+
+/// `exec output`: pages after `after_seq` in order, stdout bytes to
+/// stdout exactly and (with `stderr`) stderr bytes to stderr; with
+/// `follow` until the terminal page (or `wait_s`).
+async fn exec_output(
+    client: &Client,
+    id: i64,
+    stderr: bool,
+    follow: bool,
+    mut after_seq: i64,
+    wait_s: u64,
+) -> Result<ExitCode, ClientError> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(wait_s);
+    let b64 = base64::engine::general_purpose::STANDARD;
+    loop {
+        let v = client
+            .call(
+                Method::GET,
+                &format!(
+                    "v1/execs/{id}/output?after_seq={after_seq}&limit={OUTPUT_PAGES_PER_REQUEST}"
+                ),
+                Body::None,
+                None,
+            )
+            .await?;
+        let pages = v["pages"]
+            .as_array()
+            .ok_or_else(|| ClientError::Failed(format!("no pages in {v}")))?;
+        for p in pages {
+            let data = p["data_b64"].as_str().unwrap_or("");
+            let bytes = b64.decode(data).map_err(|e| {
+                ClientError::Failed(format!("page {}: bad data_b64: {e}", p["seq"]))
+            })?;
+            let written = match p["kind"].as_str() {
+                Some("stdout") => write_all(&mut std::io::stdout().lock(), &bytes),
+                Some("stderr") if stderr => write_all(&mut std::io::stderr().lock(), &bytes),
+                _ => Ok(()),
+            };
+            if let Err(e) = written {
+                if e.kind() == std::io::ErrorKind::BrokenPipe {
+                    return Ok(ExitCode::SUCCESS);
+                }
+                return Err(ClientError::Failed(format!("writing output: {e}")));
+            }
+        }
+        let next_seq = v["next_seq"]
+            .as_i64()
+            .ok_or_else(|| ClientError::Failed(format!("no next_seq in {v}")))?;
+        let progressed = next_seq - 1 > after_seq;
+        after_seq = next_seq - 1;
+        if v["terminal"] == true || (!follow && !progressed) {
+            return Ok(ExitCode::SUCCESS);
+        }
+        if !progressed {
+            if tokio::time::Instant::now() >= deadline {
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "exec {id}: no terminal page after {wait_s} s"
+                );
+                return Ok(ExitCode::from(EXIT_TIMED_OUT));
+            }
+            tokio::time::sleep(POLL_INTERVAL).await;
+        }
+    }
+}
+
+fn write_all(w: &mut impl std::io::Write, bytes: &[u8]) -> std::io::Result<()> {
+    w.write_all(bytes)?;
+    w.flush()
+}
+
+/// The tarball at `path`, or a directory packed as one (entries relative
+/// to it, symlinks kept as symlinks).
+fn tarball(path: &Path) -> Result<Vec<u8>, ClientError> {
+    let fail = |e: std::io::Error| ClientError::Failed(format!("{}: {e}", path.display()));
+    let meta = std::fs::metadata(path).map_err(fail)?;
+    if !meta.is_dir() {
+        return std::fs::read(path).map_err(fail);
+    }
+    let mut b = tar::Builder::new(Vec::new());
+    b.follow_symlinks(false);
+    b.append_dir_all(".", path).map_err(fail)?;
+    b.into_inner().map_err(fail)
+}
+
+/// `s` with every byte outside the URL-safe set percent-encoded.
+fn percent_encode(s: &str, keep: &[u8]) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || keep.contains(&b) {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+fn query_escape(s: &str) -> String {
+    percent_encode(s, b"-._~")
+}
+
+fn path_escape(s: &str) -> String {
+    percent_encode(s, b"-._~")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn escapes() {
+        assert_eq!(query_escape("a b&c"), "a%20b%26c");
+        assert_eq!(path_escape("k/1?x"), "k%2F1%3Fx");
+        assert_eq!(path_escape("run-1.2_x~"), "run-1.2_x~");
+    }
+
+    #[test]
+    fn appliance_file_paths_are_relative_to_the_directory() {
+        let dir = std::env::temp_dir().join(format!("lc-appliance-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            dir.join("appliance.json"),
+            r#"{"url":"http://127.0.0.1:1","admin_token_file":"admin.token","pids":{"serve":1}}"#,
+        )
+        .unwrap();
+        let a = read_appliance(&dir).expect("appliance");
+        assert_eq!(a.url, "http://127.0.0.1:1");
+        assert_eq!(a.admin_token_file, dir.join("admin.token"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,184 @@
+//! What `lc` prints on stdout: with `--json` the server's JSON answer as
+//! one line, as it came; otherwise `field: value` lines for one record and
+//! a table for a list. A reader that went away (broken pipe) ends the
+//! output quietly; any other write failure fails the command.
+
+use std::io::Write as _;
+
+use serde_json::Value;
+
+use super::http::ClientError;
+
+/// The fields shown for a tenant, in order.
+pub const TENANT_FIELDS: &[&str] = &[
+    "tenant_id",
+    "name",
+    "deposited",
+    "available",
+    "held",
+    "consumed",
+];
+
+/// The fields shown for a runtime.
+pub const RUNTIME_FIELDS: &[&str] = &["name", "digest"];
+
+/// The fields shown for an exec.
+pub const EXEC_FIELDS: &[&str] = &[
+    "exec_id",
+    "state",
+    "terminal_reason",
+    "exit_code",
+    "runtime",
+    "shape",
+    "attempt",
+    "command",
+];
+
+/// The fields shown for an operation key.
+pub const OPERATION_FIELDS: &[&str] = &[
+    "key",
+    "kind",
+    "created_cut",
+    "floor",
+    "receipt_attached",
+    "gc_at",
+    "result",
+];
+
+/// Writes `text` and a newline to stdout.
+fn out(text: &str) -> Result<(), ClientError> {
+    let mut o = std::io::stdout().lock();
+    match writeln!(o, "{text}").and_then(|()| o.flush()) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        Err(e) => Err(ClientError::Failed(format!("writing to stdout: {e}"))),
+    }
+}
+
+/// A value as a table cell: strings bare, `null` as `-`, anything else as
+/// compact JSON.
+pub fn cell(v: &Value) -> String {
+    match v {
+        Value::Null => "-".into(),
+        Value::String(s) => s.clone(),
+        Value::Array(items) if items.iter().all(Value::is_string) => items
+            .iter()
+            .filter_map(Value::as_str)
+            .collect::<Vec<_>>()
+            .join(" "),
+        other => other.to_string(),
+    }
+}
+
+/// The `field: value` lines of `v` for `fields` (those present).
+pub fn record_text(v: &Value, fields: &[&str]) -> String {
+    let width = fields.iter().map(|f| f.len()).max().unwrap_or(0);
+    fields
+        .iter()
+        .filter(|f| v.get(**f).is_some())
+        .map(|f| format!("{f:<width$}  {}", cell(&v[*f])))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// A table of `rows` with `fields` as columns (those present in any row).
+pub fn table_text(rows: &[Value], fields: &[&str]) -> String {
+    let cols: Vec<&str> = fields
+        .iter()
+        .copied()
+        .filter(|f| rows.iter().any(|r| r.get(*f).is_some()))
+        .collect();
+    let cells: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| cols.iter().map(|c| cell(&r[*c])).collect())
+        .collect();
+    let widths: Vec<usize> = cols
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            cells
+                .iter()
+                .map(|row| row[i].chars().count())
+                .chain([c.len()])
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let line = |items: Vec<String>| {
+        items
+            .iter()
+            .zip(&widths)
+            .map(|(s, w)| format!("{s:<w$}"))
+            .collect::<Vec<_>>()
+            .join("  ")
+            .trim_end()
+            .to_string()
+    };
+    let mut lines = vec![line(cols.iter().map(|c| c.to_uppercase()).collect())];
+    lines.extend(cells.into_iter().map(line));
+    lines.join("\n")
+}
+
+/// Prints one record.
+///
+/// # Errors
+/// A failed write to stdout.
+pub fn record(v: &Value, json: bool, fields: &[&str]) -> Result<(), ClientError> {
+    if json {
+        out(&v.to_string())
+    } else {
+        out(&record_text(v, fields))
+    }
+}
+
+/// Prints the list under `member` of `v`.
+///
+/// # Errors
+/// A failed write to stdout.
+pub fn list(v: &Value, member: &str, json: bool, fields: &[&str]) -> Result<(), ClientError> {
+    if json {
+        return out(&v.to_string());
+    }
+    let rows = v[member].as_array().cloned().unwrap_or_default();
+    out(&table_text(&rows, fields))
+}
+
+/// Prints a created tenant: its id and its API key, which is shown only
+/// on creation (and on a replay of it).
+///
+/// # Errors
+/// A failed write to stdout.
+pub fn tenant_created(v: &Value, json: bool) -> Result<(), ClientError> {
+    if json {
+        return out(&v.to_string());
+    }
+    out(&record_text(v, &["tenant_id", "name", "api_key"]))
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn tables_and_records() {
+        let rows = vec![
+            json!({"exec_id": 1, "state": "terminal", "exit_code": 0, "command": ["echo", "hi"]}),
+            json!({"exec_id": 12, "state": "running", "exit_code": null, "command": ["sleep", "9"]}),
+        ];
+        assert_eq!(
+            table_text(&rows, EXEC_FIELDS),
+            "EXEC_ID  STATE     EXIT_CODE  COMMAND\n\
+             1        terminal  0          echo hi\n\
+             12       running   -          sleep 9"
+        );
+        assert_eq!(
+            record_text(
+                &json!({"tenant_id": 3, "name": "blue", "held": 0}),
+                TENANT_FIELDS
+            ),
+            "tenant_id  3\nname       blue\nheld       0"
+        );
+    }
+}

@@ -1,0 +1,209 @@
+//! `little-compute provider`: one per host. Opens the provider's state
+//! (key, fences, instances, workspaces, runtime store), prints its identity
+//! as one JSON line on stdout, and serves the provider API on a loopback
+//! address until SIGINT or SIGTERM.
+//!
+//! ```text
+//! little-compute provider --state-dir D --listen 127.0.0.1:P --id ID [--runtime-dir R]
+//!     [--supervisor PATH] [--cgroup-parent NAME] [--spool-bytes N] [--token-file F]
+//! ```
+//!
+//! With `--token-file`, every route but `/v1/identity` requires
+//! `Authorization: Bearer <token>` (the file's content without its trailing
+//! newline, at least 32 visible ASCII characters, mode `0600`); use it
+//! whenever instances with the network run, since they share the host's
+//! loopback.
+//!
+//! stdout: `{"cgroup":"v1","listen":"127.0.0.1:P","provider_id":"local","public_key_hex":"<64 hex>","token":false}`.
+//! Exit status: 0 after a signal-initiated shutdown, 2 for bad arguments,
+//! 1 when the state, the listener or the service fails.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use lc_core::ProviderId;
+use lc_provider::cgroup::{CgroupRoot, CgroupVersion};
+use lc_provider::{BwrapConfig, BwrapProvider, Provider};
+
+/// `little-compute provider`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ProviderArgs {
+    /// The provider's state directory (created if missing).
+    #[arg(long)]
+    pub state_dir: PathBuf,
+    /// The loopback address to serve on (`127.0.0.1:PORT`); the provider
+    /// API has no credential of its own, so no other address is accepted.
+    #[arg(long)]
+    pub listen: SocketAddr,
+    /// The provider's id: 1 to 63 characters of `[a-z0-9-]`.
+    #[arg(long)]
+    pub id: String,
+    /// The runtime store (default: `STATE_DIR/runtimes`).
+    #[arg(long)]
+    pub runtime_dir: Option<PathBuf>,
+    /// The `lc-supervisor` binary bound into every instance (default: the
+    /// `lc-supervisor` next to this executable).
+    #[arg(long)]
+    pub supervisor: Option<PathBuf>,
+    /// The parent cgroup of every instance.
+    #[arg(long, default_value = "little-compute")]
+    pub cgroup_parent: String,
+    /// The supervisor's spool bound in bytes.
+    #[arg(long, default_value_t = lc_core::page::SPOOL_BYTES_DEFAULT)]
+    pub spool_bytes: u64,
+    /// A file holding the bearer token every route but `/v1/identity`
+    /// requires (see the module docs).
+    #[arg(long)]
+    pub token_file: Option<PathBuf>,
+}
+
+/// The shortest accepted token, in characters.
+pub const TOKEN_CHARS_MIN: usize = 32;
+
+/// The largest token file read, in bytes.
+const TOKEN_FILE_BYTES_MAX: u64 = 4096;
+
+/// Reads the token at `path`.
+fn read_token(path: &std::path::Path) -> Result<String, ProviderRunError> {
+    use std::io::Read as _;
+    use std::os::unix::fs::PermissionsExt as _;
+    let bad =
+        |why: String| ProviderRunError::Usage(format!("--token-file {}: {why}", path.display()));
+    let f = std::fs::File::open(path).map_err(|e| bad(e.to_string()))?;
+    let meta = f.metadata().map_err(|e| bad(e.to_string()))?;
+    if meta.permissions().mode() & 0o077 != 0 {
+        return Err(bad("readable by group or others (want 0600)".into()));
+    }
+    let mut text = String::new();
+    f.take(TOKEN_FILE_BYTES_MAX)
+        .read_to_string(&mut text)
+        .map_err(|e| bad(e.to_string()))?;
+    let token = text.strip_suffix('\n').unwrap_or(&text);
+    if token.len() < TOKEN_CHARS_MIN || !token.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(bad(format!(
+            "a token is at least {TOKEN_CHARS_MIN} visible ASCII characters"
+        )));
+    }
+    Ok(token.to_owned())
+}
+
+/// Why the provider could not run. Codes are stable.
+#[derive(Debug, thiserror::Error)]
+pub enum ProviderRunError {
+    /// A bad argument. Code `usage_error`; exit status 2.
+    #[error("usage_error: {0}")]
+    Usage(String),
+    /// The state, key, cgroups or supervisor are unusable. Code `provider_state`.
+    #[error("provider_state: {0}")]
+    State(String),
+    /// The listener could not be bound or the service failed. Code `provider_listen`.
+    #[error("provider_listen: {0}")]
+    Listen(String),
+}
+
+/// Runs the provider until SIGINT or SIGTERM; the exit status of the
+/// module docs.
+pub async fn run(args: ProviderArgs) -> ExitCode {
+    match serve(args).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("little-compute provider: {e}");
+            match e {
+                ProviderRunError::Usage(_) => ExitCode::from(2),
+                _ => ExitCode::FAILURE,
+            }
+        }
+    }
+}
+
+/// The supervisor next to the current executable.
+fn default_supervisor() -> Result<PathBuf, ProviderRunError> {
+    let exe = std::env::current_exe()
+        .map_err(|e| ProviderRunError::State(format!("current executable: {e}")))?;
+    let dir = exe
+        .parent()
+        .ok_or_else(|| ProviderRunError::State("the executable has no directory".into()))?;
+    Ok(dir.join("lc-supervisor"))
+}
+
+/// Opens the provider and serves it; see [`run`].
+///
+/// # Errors
+/// [`ProviderRunError`].
+pub async fn serve(args: ProviderArgs) -> Result<(), ProviderRunError> {
+    if !args.listen.ip().is_loopback() {
+        return Err(ProviderRunError::Usage(format!(
+            "--listen {} is not a loopback address",
+            args.listen
+        )));
+    }
+    let token = args.token_file.as_deref().map(read_token).transpose()?;
+    let id = ProviderId::new(args.id.clone())
+        .map_err(|e| ProviderRunError::Usage(format!("--id: {e}")))?;
+    let supervisor = match args.supervisor.clone() {
+        Some(p) => p,
+        None => default_supervisor()?,
+    };
+    let mut cfg = BwrapConfig::new(id, &args.state_dir, &supervisor);
+    if let Some(r) = &args.runtime_dir {
+        cfg.runtime_dir = r.clone();
+    }
+    cfg.cgroup_parent = args.cgroup_parent.clone();
+    cfg.spool_bytes_max = args.spool_bytes;
+    let cgroup = match CgroupRoot::detect(&cfg.cgroup_mount, &cfg.cgroup_parent)
+        .map_err(|e| ProviderRunError::State(e.to_string()))?
+        .version()
+    {
+        CgroupVersion::V1 => "v1",
+        CgroupVersion::V2 => "v2",
+    };
+    let provider = BwrapProvider::open(cfg).map_err(|e| ProviderRunError::State(e.to_string()))?;
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .map_err(|e| ProviderRunError::Listen(format!("{}: {e}", args.listen)))?;
+    let local = listener
+        .local_addr()
+        .map_err(|e| ProviderRunError::Listen(e.to_string()))?;
+    let identity = serde_json::json!({
+        "provider_id": provider.id().as_str(),
+        "public_key_hex": hex_of(provider.public_key().as_bytes()),
+        "listen": local.to_string(),
+        "cgroup": cgroup,
+        "token": token.is_some(),
+    });
+    println!("{identity}");
+    tracing::info!(provider_id = provider.id().as_str(), listen = %local, cgroup, "provider serving");
+    let provider: Arc<dyn Provider> = Arc::new(provider);
+    let router = match token {
+        Some(t) => lc_provider::provider_router_with_token(provider, t),
+        None => lc_provider::provider_router(provider),
+    };
+    lc_provider::http::serve(listener, router, shutdown_signal())
+        .await
+        .map_err(|e| ProviderRunError::Listen(e.to_string()))?;
+    tracing::info!("provider stopped");
+    Ok(())
+}
+
+fn hex_of(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Completes on SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        // Without signal handlers the service runs until killed.
+        std::future::pending::<()>().await;
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}

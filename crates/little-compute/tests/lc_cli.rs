@@ -1,0 +1,559 @@
+//! The real `lc` binary against the real router on the real store, served
+//! on loopback: `--json` outputs with the exact field names scripts rely
+//! on, human tables, `exec output` writing page bytes exactly (stderr's
+//! with `--stderr`, `--follow` until the terminal page), `exec create
+//! --wait` exiting with the command's exit code, `--data-dir` reading
+//! `appliance.json`, and the server's refusals on stderr with exit 1.
+
+#[path = "../../lc-api/tests/support/mod.rs"]
+mod support;
+
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use lc_core::model::{PageExit, PageKind};
+use serde_json::{Value, json};
+use support::ADMIN;
+use support::pg::PgSvc;
+use tokio::net::TcpListener;
+
+/// The service on a loopback port; its base URL.
+async fn serve(s: &PgSvc) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let router = s.router.clone();
+    let state = s.state.clone();
+    tokio::spawn(httpkit::serve(
+        listener,
+        router,
+        state,
+        httpkit::ConnectionLimits::default(),
+        std::future::pending(),
+    ));
+    format!("http://{addr}")
+}
+
+/// Runs `lc` with `args` and `env`, off the async runtime.
+async fn lc(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+    let env: Vec<(String, String)> = env
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    tokio::task::spawn_blocking(move || {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_lc"));
+        c.args(&args).env_remove("LC_SERVER").env_remove("LC_TOKEN");
+        for (k, v) in &env {
+            c.env(k, v);
+        }
+        c.stdin(Stdio::null()).output().expect("run lc")
+    })
+    .await
+    .expect("join")
+}
+
+/// `a` then `b`.
+fn cat<'a>(a: &[&'a str], b: &[&'a str]) -> Vec<&'a str> {
+    [a, b].concat()
+}
+
+#[track_caller]
+fn json_of(o: &Output) -> Value {
+    assert!(
+        o.status.success(),
+        "lc failed: {:?}\nstdout: {}\nstderr: {}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&o.stdout)))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenants_execs_and_output_through_the_cli() {
+    let s = PgSvc::start().await;
+    let url = serve(&s).await;
+    let admin = ["--server", &url, "--token", ADMIN];
+    // tenant create --json: tenant_id and api_key.
+    let o = lc(
+        &cat(
+            &admin,
+            &[
+                "tenant", "create", "--name", "blue", "--units", "4", "--json",
+            ],
+        ),
+        &[],
+    )
+    .await;
+    let t = json_of(&o);
+    let id = t["tenant_id"].as_i64().expect("tenant_id");
+    assert_eq!(
+        t,
+        json!({"tenant_id": id, "name": "blue", "api_key": s.key_of(id)})
+    );
+    let key = t["api_key"].as_str().unwrap().to_string();
+    let id_s = id.to_string();
+    // tenant show --json: the exact balances.
+    let o = lc(&cat(&admin, &["tenant", "show", &id_s, "--json"]), &[]).await;
+    assert_eq!(
+        json_of(&o),
+        json!({"tenant_id": id, "name": "blue", "deposited": 4, "available": 4, "held": 0, "consumed": 0})
+    );
+    // The human form.
+    let o = lc(&cat(&admin, &["tenant", "show", &id_s]), &[]).await;
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout),
+        format!(
+            "tenant_id  {id}\nname       blue\ndeposited  4\navailable  4\nheld       0\nconsumed   0\n"
+        )
+    );
+    // The tenant's key from the environment: exec create --json.
+    let env = [("LC_SERVER", url.as_str()), ("LC_TOKEN", key.as_str())];
+    let o = lc(
+        &["exec", "create", "--json", "--", "sh", "-c", "printf hi"],
+        &env,
+    )
+    .await;
+    let e = json_of(&o);
+    let exec_id = e["exec_id"].as_i64().expect("exec_id");
+    assert_eq!(e["state"], "admitted");
+    let exec_s = exec_id.to_string();
+    let o = lc(&["exec", "show", &exec_s, "--json"], &env).await;
+    let shown = json_of(&o);
+    assert_eq!(
+        (shown["state"].clone(), shown["exit_code"].clone()),
+        (json!("admitted"), Value::Null)
+    );
+    let o = lc(&cat(&admin, &["tenant", "show", &id_s, "--json"]), &[]).await;
+    assert_eq!(json_of(&o)["held"], 1);
+    // The admin with --tenant sees the same exec.
+    let o = lc(
+        &cat(
+            &admin,
+            &["--tenant", &id_s, "exec", "show", &exec_s, "--json"],
+        ),
+        &[],
+    )
+    .await;
+    assert_eq!(json_of(&o), shown);
+    // The list, as JSON and as a table.
+    let o = lc(&["exec", "list", "--json"], &env).await;
+    assert_eq!(json_of(&o)["execs"][0]["exec_id"], json!(exec_id));
+    let o = lc(&["exec", "list"], &env).await;
+    let table = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(
+        table.starts_with(
+            "EXEC_ID  STATE     TERMINAL_REASON  EXIT_CODE  SHAPE  ATTEMPT  COMMAND\n"
+        ),
+        "{table}"
+    );
+    assert!(
+        table.contains(&format!(
+            "{exec_id}        admitted  -                -          small  1        sh -c printf hi"
+        )),
+        "{table}"
+    );
+    // Output: a follower started before any page waits for the terminal
+    // page; meanwhile the reconciler's part stores the pages.
+    let binary: Vec<u8> = (0u8..=255).rev().collect();
+    let follower = {
+        let env = env.map(|(k, v)| (k, v.to_string()));
+        let exec_s = exec_s.clone();
+        tokio::task::spawn_blocking(move || {
+            Command::new(env!("CARGO_BIN_EXE_lc"))
+                .args(["exec", "output", &exec_s, "--follow", "--stderr"])
+                .envs(env)
+                .stdin(Stdio::null())
+                .output()
+                .expect("run lc")
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    s.run_exec(
+        exec_id,
+        &[
+            (PageKind::Stdout, b"hi", None),
+            (PageKind::Stderr, b"oops\n", None),
+            (PageKind::Stdout, &binary, None),
+            (PageKind::Terminal, b"", Some(PageExit::exited(3))),
+        ],
+    )
+    .await;
+    let followed = tokio::time::timeout(Duration::from_secs(30), follower)
+        .await
+        .expect("the follower ends at the terminal page")
+        .expect("join");
+    assert!(followed.status.success(), "{followed:?}");
+    assert_eq!(followed.stdout, [b"hi".as_slice(), &binary].concat());
+    assert_eq!(followed.stderr, b"oops\n");
+    // Without --stderr only stdout bytes, exactly.
+    let o = lc(&["exec", "output", &exec_s], &env).await;
+    assert!(o.status.success());
+    assert_eq!(o.stdout, [b"hi".as_slice(), &binary].concat());
+    assert_eq!(o.stderr, b"");
+    // From a seq on.
+    let o = lc(&["exec", "output", &exec_s, "--after-seq", "2"], &env).await;
+    assert_eq!(o.stdout, binary);
+    // exec show --json at the end: terminal with the exit code; the unit
+    // is back.
+    let o = lc(&["exec", "show", &exec_s, "--json"], &env).await;
+    let done = json_of(&o);
+    assert_eq!(
+        (done["state"].clone(), done["exit_code"].clone()),
+        (json!("terminal"), json!(3))
+    );
+    let o = lc(&["tenant", "show", &id_s, "--json"], &env).await;
+    assert_eq!(
+        json_of(&o),
+        json!({"tenant_id": id, "name": "blue", "deposited": 4, "available": 4, "held": 0, "consumed": 0})
+    );
+    // operation show.
+    let o = lc(
+        &cat(&admin, &["operation", "show", "--json", "never-used"]),
+        &[],
+    )
+    .await;
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).starts_with("error: 404 not_found: "),
+        "{o:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_exits_with_the_commands_code_and_refusals_exit_1() {
+    let s = PgSvc::start_with(lc_api::ServiceOptions {
+        runtime_dir: Some(
+            std::env::temp_dir().join(format!("lc-cli-runtimes-{}", std::process::id())),
+        ),
+        ..lc_api::ServiceOptions::default()
+    })
+    .await;
+    let url = serve(&s).await;
+    let dir = std::env::temp_dir().join(format!("lc-cli-{}-{}", std::process::id(), url.len()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("admin.token"), format!("{ADMIN}\n")).unwrap();
+    std::fs::write(
+        dir.join("appliance.json"),
+        serde_json::to_vec(&json!({"url": url, "admin_token_file": "admin.token", "pids": {}}))
+            .unwrap(),
+    )
+    .unwrap();
+    let data_dir = dir.to_str().unwrap().to_string();
+    // --data-dir: the URL and the admin token from appliance.json.
+    let o = lc(
+        &[
+            "--data-dir",
+            &data_dir,
+            "tenant",
+            "create",
+            "--name",
+            "green",
+            "--units",
+            "1",
+            "--json",
+        ],
+        &[],
+    )
+    .await;
+    let t = json_of(&o);
+    let id = t["tenant_id"].as_i64().unwrap();
+    let id_s = id.to_string();
+    // --idempotency-key: a replay prints the same tenant and key.
+    let o1 = lc(
+        &[
+            "--data-dir",
+            &data_dir,
+            "--idempotency-key",
+            "k-red",
+            "tenant",
+            "create",
+            "--name",
+            "red",
+            "--json",
+        ],
+        &[],
+    )
+    .await;
+    let o2 = lc(
+        &[
+            "--data-dir",
+            &data_dir,
+            "--idempotency-key",
+            "k-red",
+            "tenant",
+            "create",
+            "--name",
+            "red",
+            "--json",
+        ],
+        &[],
+    )
+    .await;
+    assert_eq!(json_of(&o1), json_of(&o2));
+    let o3 = lc(
+        &[
+            "--data-dir",
+            &data_dir,
+            "--idempotency-key",
+            "k-red",
+            "tenant",
+            "create",
+            "--name",
+            "rose",
+            "--json",
+        ],
+        &[],
+    )
+    .await;
+    assert_eq!(o3.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&o3.stderr).starts_with("error: 409 idempotency_conflict: "),
+        "{o3:?}"
+    );
+    // A refusal: medium needs 2 units, 1 is there.
+    let o = lc(
+        &[
+            "--data-dir",
+            &data_dir,
+            "--tenant",
+            &id_s,
+            "exec",
+            "create",
+            "--shape",
+            "medium",
+            "--",
+            "true",
+        ],
+        &[],
+    )
+    .await;
+    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8_lossy(&o.stderr),
+        "error: 409 insufficient_capacity: insufficient capacity: 2 units requested, 1 available\n"
+    );
+    assert_eq!(o.stdout, b"");
+    // --wait: the command's exit code.
+    let waiter = {
+        let data_dir = data_dir.clone();
+        let id_s = id_s.clone();
+        tokio::task::spawn_blocking(move || {
+            Command::new(env!("CARGO_BIN_EXE_lc"))
+                .args([
+                    "--data-dir",
+                    &data_dir,
+                    "--tenant",
+                    &id_s,
+                    "exec",
+                    "create",
+                    "--wait",
+                    "--json",
+                    "--",
+                    "false",
+                ])
+                .env_remove("LC_SERVER")
+                .env_remove("LC_TOKEN")
+                .stdin(Stdio::null())
+                .output()
+                .expect("run lc")
+        })
+    };
+    // Find the exec once admitted, then finish it with exit code 42.
+    let mut exec_id = None;
+    for _ in 0..100 {
+        let o = lc(
+            &[
+                "--data-dir",
+                &data_dir,
+                "--tenant",
+                &id_s,
+                "exec",
+                "list",
+                "--json",
+            ],
+            &[],
+        )
+        .await;
+        if let Some(e) = json_of(&o)["execs"][0]["exec_id"].as_i64() {
+            exec_id = Some(e);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let exec_id = exec_id.expect("the waiting exec was admitted");
+    s.run_exec(
+        exec_id,
+        &[(PageKind::Terminal, b"", Some(PageExit::exited(42)))],
+    )
+    .await;
+    let waited = tokio::time::timeout(Duration::from_secs(30), waiter)
+        .await
+        .expect("--wait ends at the terminal state")
+        .expect("join");
+    assert_eq!(waited.status.code(), Some(42), "{waited:?}");
+    let shown: Value = serde_json::from_slice(&waited.stdout).expect("json");
+    assert_eq!(
+        (shown["state"].clone(), shown["exit_code"].clone()),
+        (json!("terminal"), json!(42))
+    );
+    // tenant deposit, as JSON.
+    let o = lc(
+        &[
+            "--data-dir",
+            &data_dir,
+            "tenant",
+            "deposit",
+            &id_s,
+            "--units",
+            "2",
+            "--json",
+        ],
+        &[],
+    )
+    .await;
+    assert_eq!(
+        json_of(&o),
+        json!({"tenant_id": id, "name": "green", "deposited": 3, "available": 3, "held": 0, "consumed": 0})
+    );
+    // exec cancel with a chosen key, then operation show of that key.
+    let o = lc(
+        &[
+            "--data-dir",
+            &data_dir,
+            "--tenant",
+            &id_s,
+            "exec",
+            "create",
+            "--json",
+            "--",
+            "sleep",
+            "100",
+        ],
+        &[],
+    )
+    .await;
+    let sleeper = json_of(&o)["exec_id"].as_i64().unwrap().to_string();
+    let o = lc(
+        &[
+            "--data-dir",
+            &data_dir,
+            "--tenant",
+            &id_s,
+            "--idempotency-key",
+            "cancel-sleeper",
+            "exec",
+            "cancel",
+            &sleeper,
+            "--json",
+        ],
+        &[],
+    )
+    .await;
+    let cancelled = json_of(&o);
+    assert_eq!(cancelled["cancel_requested"], true);
+    let o = lc(
+        &[
+            "--data-dir",
+            &data_dir,
+            "--tenant",
+            &id_s,
+            "operation",
+            "show",
+            "cancel-sleeper",
+            "--json",
+        ],
+        &[],
+    )
+    .await;
+    let op = json_of(&o);
+    assert_eq!(
+        (
+            op["key"].clone(),
+            op["scope"].clone(),
+            op["tenant_id"].clone()
+        ),
+        (json!("cancel-sleeper"), json!("tenant"), json!(id))
+    );
+    // runtime import of a directory, then list.
+    let tree = dir.join("tree");
+    std::fs::create_dir_all(tree.join("bin")).unwrap();
+    std::fs::write(tree.join("bin/tool"), b"#!/bin/sh\necho tool\n").unwrap();
+    std::os::unix::fs::symlink("bin/tool", tree.join("tool")).unwrap();
+    let o = lc(
+        &[
+            "--data-dir",
+            &data_dir,
+            "runtime",
+            "import",
+            "--name",
+            "tools",
+            tree.to_str().unwrap(),
+            "--json",
+        ],
+        &[],
+    )
+    .await;
+    let rt = json_of(&o);
+    assert_eq!(rt["name"], "tools");
+    let digest = rt["digest"].as_str().unwrap().to_string();
+    assert!(
+        s.runtime_dir()
+            .join(&digest)
+            .join("tree/bin/tool")
+            .is_file(),
+        "unpacked by digest"
+    );
+    let o = lc(&["--data-dir", &data_dir, "runtime", "list"], &[]).await;
+    let table = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(table.starts_with("NAME   DIGEST\nbase   "), "{table}");
+    assert!(table.ends_with(&format!("tools  {digest}\n")), "{table}");
+    // While the cut is uncertain a command waits for it (bounded), with
+    // the same idempotency key, and proceeds once it is certain.
+    s.clock.force_uncertain(true);
+    let creator = {
+        let data_dir = data_dir.clone();
+        let id_s = id_s.clone();
+        tokio::task::spawn_blocking(move || {
+            Command::new(env!("CARGO_BIN_EXE_lc"))
+                .args([
+                    "--data-dir",
+                    &data_dir,
+                    "--tenant",
+                    &id_s,
+                    "exec",
+                    "create",
+                    "--json",
+                    "--",
+                    "true",
+                ])
+                .env_remove("LC_SERVER")
+                .env_remove("LC_TOKEN")
+                .stdin(Stdio::null())
+                .output()
+                .expect("run lc")
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    s.clock.force_uncertain(false);
+    let o = tokio::time::timeout(Duration::from_secs(30), creator)
+        .await
+        .expect("lc ends")
+        .expect("join");
+    assert_eq!(json_of(&o)["state"], "admitted");
+    assert!(
+        String::from_utf8_lossy(&o.stderr)
+            .starts_with("the safe expiry cut is uncertain (stale); retrying in 2 s\n"),
+        "{o:?}"
+    );
+    // No credential: the server's 401.
+    let o = lc(&["--server", &url, "exec", "list"], &[]).await;
+    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8_lossy(&o.stderr),
+        "error: 401 unauthenticated: a bearer credential is required\n"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+    std::fs::remove_dir_all(s.runtime_dir()).unwrap();
+}
