@@ -59,6 +59,9 @@ const READING_REFRESH: Duration = Duration::from_millis(100);
 /// The longest wait for a certain cut at start.
 const CERTAIN_WAIT_MAX: Duration = Duration::from_secs(60);
 
+/// The most logged statements printed per profiled call.
+const PROFILE_LOG_LINES_MAX: usize = 64;
+
 #[derive(Parser, Debug)]
 #[command(about = "Little Compute's exec admission against Tollgate's bare acquire, same run")]
 struct Args {
@@ -239,6 +242,9 @@ async fn run(args: &Args) -> Result<(), String> {
             .map_err(|e| e.to_string())?;
         tenants.push(t.tenant_id);
     }
+    if server.is_harness() {
+        profile(&url, &mut conn, tenants[0], at).await?;
+    }
     let tenants = Arc::new(tenants);
 
     // The shared reading, refreshed in the background.
@@ -266,6 +272,7 @@ async fn run(args: &Args) -> Result<(), String> {
         let store = Arc::new(connect(&url, clients).await?);
         for round in 1..=args.rounds.max(1) {
             let mut pair = Vec::new();
+            let mut population = (0, 0);
             for kind in [Kind::Admission, Kind::Acquire] {
                 eprintln!("clients {clients} round {round}: {kind:?} ...");
                 let load = Load {
@@ -277,9 +284,13 @@ async fn run(args: &Args) -> Result<(), String> {
                     clients,
                 };
                 let _ = load.run(args.warmup_secs).await?;
+                let before = unreleased_leases(&mut conn).await?;
                 pair.push(load.run(args.duration_secs).await?);
+                if kind == Kind::Admission {
+                    population = (before, unreleased_leases(&mut conn).await?);
+                }
             }
-            rows.push((clients, round, pair[0], pair[1]));
+            rows.push((clients, round, pair[0], pair[1], population));
         }
         store.pool().close().await;
     }
@@ -296,12 +307,12 @@ async fn run(args: &Args) -> Result<(), String> {
     };
     println!();
     println!(
-        "| clients | round | admissions/s | bare acquires/s | **ratio admission/acquire** | admission p50 / p99 (ms) | acquire p50 / p99 (ms) | refused (adm/acq) |"
+        "| clients | round | admissions/s | bare acquires/s | **ratio admission/acquire** | admission p50 / p99 (ms) | acquire p50 / p99 (ms) | refused (adm/acq) | unreleased Leases during the admission run |"
     );
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
-    for (clients, round, a, q) in &rows {
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for (clients, round, a, q, (p0, p1)) in &rows {
         println!(
-            "| {clients} | {round} | {:.0} | {:.0} | **{:.2}** | {:.2} / {:.2} | {:.2} / {:.2} | {} / {} |",
+            "| {clients} | {round} | {:.0} | {:.0} | **{:.2}** | {:.2} / {:.2} | {:.2} / {:.2} | {} / {} | {p0} → {p1} |",
             a.per_s,
             q.per_s,
             a.per_s / q.per_s,
@@ -318,11 +329,146 @@ async fn run(args: &Args) -> Result<(), String> {
         "{} tenants; {}s measured per side and round (after {}s warm-up); rows at the end: {execs} execs, {leases} Tollgate leases; last reading certain: {}",
         args.tenants, args.duration_secs, args.warmup_secs, last.certain
     );
+    // The provider choice of every admission counts the unreleased Leases
+    // per provider (the query of `lc_pg`'s persistence, repeated here).
+    let plan: Vec<String> = sqlx::query_scalar(
+        "EXPLAIN (ANALYZE, BUFFERS) SELECT p.provider_id FROM lc_providers p \
+          ORDER BY (SELECT count(*) FROM lc_sandbox_leases l \
+                     WHERE l.provider_id = p.provider_id AND l.state <> 'released'), \
+                   p.provider_id \
+          LIMIT 1",
+    )
+    .fetch_all(&mut conn)
+    .await
+    .map_err(|e| e.to_string())?;
+    println!();
+    println!(
+        "## the provider choice at the end ({} unreleased Leases)",
+        unreleased_leases(&mut conn).await?
+    );
+    println!("```");
+    for line in plan.iter().take(PROFILE_LOG_LINES_MAX) {
+        println!("{line}");
+    }
+    println!("```");
     let audit = setup.tollgate().audit().await.map_err(|e| e.to_string())?;
     println!("Tollgate audit clean: {}", audit.is_clean());
     setup.pool().close().await;
     let _ = stop_sampler.send(true);
     let _ = sampler_task.await;
+    Ok(())
+}
+
+/// Sandbox Leases not yet released.
+async fn unreleased_leases(conn: &mut PgConnection) -> Result<i64, String> {
+    sqlx::query_scalar("SELECT count(*) FROM lc_sandbox_leases WHERE state <> 'released'")
+        .fetch_one(conn)
+        .await
+        .map_err(|e| e.to_string())
+}
+
+/// Logs every statement of one admission and of one bare acquire
+/// (`log_statement = all` on the database, for new sessions) and prints
+/// them from the harness server's log.
+async fn profile(
+    url: &str,
+    conn: &mut PgConnection,
+    tenant: TenantId,
+    at: CutReading,
+) -> Result<(), String> {
+    sqlx::raw_sql(&format!(
+        "ALTER DATABASE {DB_NAME} SET log_statement = 'all'"
+    ))
+    .execute(&mut *conn)
+    .await
+    .map_err(|e| e.to_string())?;
+    let mut marker_conn = PgConnection::connect(url)
+        .await
+        .map_err(|e| e.to_string())?;
+    let store = connect(url, 1).await?;
+    let marker = format!("lc-bench-profile-{}", std::process::id());
+    let mark = |what: &str| format!("SELECT '{marker}-{what}'");
+    let req = ExecRequest {
+        runtime: "base".into(),
+        shape: "small".into(),
+        command: vec!["true".into()],
+        timeout_ms: None,
+    };
+    let op = OperationKey::new("profile", Digest::of(b"profile")).map_err(|e| e.to_string())?;
+    sqlx::raw_sql(&mark("admission"))
+        .execute(&mut marker_conn)
+        .await
+        .map_err(|e| e.to_string())?;
+    store
+        .admit_exec(&op, at, tenant, &req)
+        .await
+        .map_err(|e| e.to_string())?;
+    sqlx::raw_sql(&mark("acquire"))
+        .execute(&mut marker_conn)
+        .await
+        .map_err(|e| e.to_string())?;
+    store
+        .tollgate()
+        .acquire(
+            AcquireRequest {
+                account_id: AccountId(tenant.0),
+                units: 1,
+                ttl: RESERVATION_TTL,
+                idempotency_key: None,
+            },
+            SuppliedTime::exact(at.cut),
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+    sqlx::raw_sql(&mark("end"))
+        .execute(&mut marker_conn)
+        .await
+        .map_err(|e| e.to_string())?;
+    store.pool().close().await;
+    let _ = marker_conn.close().await;
+    sqlx::raw_sql(&format!("ALTER DATABASE {DB_NAME} RESET log_statement"))
+        .execute(&mut *conn)
+        .await
+        .map_err(|e| e.to_string())?;
+    let log_path: String =
+        sqlx::query_scalar("SELECT current_setting('data_directory') || '/../server.log'")
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(|e| e.to_string())?;
+    let text =
+        std::fs::read_to_string(&log_path).map_err(|e| format!("server log {log_path}: {e}"))?;
+    let lines: Vec<&str> = text.lines().collect();
+    for (what, from, to) in [
+        ("one admission", "admission", "acquire"),
+        ("one bare acquire", "acquire", "end"),
+    ] {
+        let start = lines
+            .iter()
+            .rposition(|l| l.contains(&format!("{marker}-{from}")))
+            .ok_or("profile marker not found in the server log")?;
+        let statements: Vec<&str> = lines[start + 1..]
+            .iter()
+            .take_while(|l| !l.contains(&format!("{marker}-{to}")))
+            .filter(|l| l.contains("LOG:  statement:") || l.contains("LOG:  execute"))
+            .map(|l| l.split_once("LOG:  ").map(|(_, t)| t).unwrap_or(l))
+            .take(PROFILE_LOG_LINES_MAX)
+            .collect();
+        println!();
+        println!("## statements of {what} (log_statement = all)");
+        for (i, text) in statements.iter().enumerate() {
+            let short: String = text.chars().take(140).collect();
+            println!("{:2}. {short}", i + 1);
+        }
+        let control = statements
+            .iter()
+            .filter(|s| s.ends_with("BEGIN") || s.ends_with("COMMIT"))
+            .count();
+        println!(
+            "{} statements sent ({} data statements, {control} BEGIN/COMMIT)",
+            statements.len(),
+            statements.len() - control
+        );
+    }
     Ok(())
 }
 
