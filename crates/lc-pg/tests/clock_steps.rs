@@ -465,12 +465,18 @@ async fn while_uncertain(f: &Fixture, x: &mut Execs, u: CutReading, lease_ttl: S
         reservation_expiry(&f.db.url, &x.running).await,
         (reservation, reservation)
     );
-    // An older reading shortens nothing.
-    let older = CutReading::uncertain(u.cut - SignedDuration::from_secs(30), RETRY_AFTER_S);
-    assert_eq!(
-        f.store.renew(running, G1, older).await.unwrap().expiry,
-        expiry
-    );
+    // An older reading shortens nothing: not by 30 s, not by 1 ns.
+    let ns = SignedDuration::from_nanos(1);
+    for older in [
+        u.cut - SignedDuration::from_secs(30),
+        expiry - lease_ttl - ns,
+    ] {
+        let older = CutReading::uncertain(older, RETRY_AFTER_S);
+        assert_eq!(
+            f.store.renew(running, G1, older).await.unwrap().expiry,
+            expiry
+        );
+    }
     assert_eq!(
         reservation_expiry(&f.db.url, &x.running).await,
         (reservation, reservation)
