@@ -133,6 +133,10 @@ CREATE TABLE lc_sandbox_leases (
 -- renewal moves a Lease to the back, so every Lease comes up in turn).
 CREATE INDEX lc_sandbox_leases_due ON lc_sandbox_leases (expiry_floor_us, expiry_submicro_ns, lease_id)
     WHERE state <> 'released';
+-- Admission's provider choice counts each provider's unreleased Leases:
+-- proportional to the live Leases, not to every Lease ever granted.
+CREATE INDEX lc_sandbox_leases_live_by_provider ON lc_sandbox_leases (provider_id)
+    WHERE state <> 'released';
 
 -- Generation 1's Lease of every exec exists (checked at commit: the exec
 -- row is written before its Lease).
