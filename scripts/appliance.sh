@@ -42,7 +42,7 @@ if [ "${#missing[@]}" -gt 0 ]; then
 fi
 
 if ! command -v cargo >/dev/null 2>&1; then
-  echo "appliance.sh: cargo is missing; install Rust (https://rustup.rs) first" >&2
+  echo "appliance.sh: cargo is missing; install the Rust toolchain (rustup) first" >&2
   exit 1
 fi
 cargo build --release -p little-compute -p lc-supervisor -p tollgate-safetime

@@ -10,7 +10,12 @@ pub const DEFAULT_SERVER: &str = "http://127.0.0.1:8090";
 
 /// `lc`: the Little Compute client.
 #[derive(Debug, Parser)]
-#[command(name = "lc", version, about, max_term_width = 100)]
+#[command(
+    name = "lc",
+    version,
+    about = "lc: the Little Compute client (tenants, runtimes, execs and operation keys over the control plane's HTTP API)",
+    max_term_width = 100
+)]
 pub struct Cli {
     /// Where and as whom.
     #[command(flatten)]

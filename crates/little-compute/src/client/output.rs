@@ -56,18 +56,33 @@ fn out(text: &str) -> Result<(), ClientError> {
 }
 
 /// A value as a table cell: strings bare, `null` as `-`, anything else as
-/// compact JSON.
+/// compact JSON. Control characters (a newline in a command, say) are
+/// shown escaped (`\n`), so one value stays on one line of the table.
 pub fn cell(v: &Value) -> String {
     match v {
         Value::Null => "-".into(),
-        Value::String(s) => s.clone(),
+        Value::String(s) => printable(s),
         Value::Array(items) if items.iter().all(Value::is_string) => items
             .iter()
             .filter_map(Value::as_str)
+            .map(printable)
             .collect::<Vec<_>>()
             .join(" "),
         other => other.to_string(),
     }
+}
+
+/// `s` with each control character replaced by its Rust escape.
+fn printable(s: &str) -> String {
+    s.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
 }
 
 /// The `field: value` lines of `v` for `fields` (those present).
@@ -180,5 +195,14 @@ mod tests {
             ),
             "tenant_id  3\nname       blue\nheld       0"
         );
+    }
+
+    #[test]
+    fn control_characters_stay_on_one_line() {
+        assert_eq!(
+            cell(&json!(["python3", "-c", "import os\nprint(1)\t\u{1b}"])),
+            "python3 -c import os\\nprint(1)\\t\\u{1b}"
+        );
+        assert_eq!(cell(&json!("a\rb")), "a\\rb");
     }
 }
