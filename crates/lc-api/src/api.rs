@@ -218,8 +218,9 @@ async fn list_runtimes(
 /// its canonical identity, attempt 1, a Reservation of the shape's units
 /// and Lease generation 1. Needs a certain cut (503 `time_uncertain`
 /// otherwise; a replay of a recorded admission still answers its result);
-/// `409 insufficient_capacity` when the units are not available. Nothing
-/// is written on any refusal.
+/// `409 insufficient_capacity` when the units are not available; `429
+/// rate_limited` with `Retry-After` when the tenant already made its most
+/// admissions in the current window. Nothing is written on any refusal.
 #[utoipa::path(post, path = "/v1/execs", tag = "execs",
     params(
         ("Idempotency-Key" = String, Header, description = "Required: a replay returns the same exec"),

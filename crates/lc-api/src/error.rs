@@ -16,9 +16,10 @@
 //! | `invalid_operation_key` | 400 (it is a header) |
 //! | `not_found` | 404 (also for another tenant's exec: existence never leaks) |
 //! | `insufficient_capacity`, `idempotency_conflict`, `already_exists`, `exec_terminal`, `illegal_transition`, `fenced`, `page_conflict` | 409 |
+//! | `rate_limited` | 429 with `Retry-After` (the tenant's admission rate on the cut) |
 //! | `time_uncertain` | 503 with `Retry-After` (and `reason` when the service read it) |
 //! | `storage_unavailable`, `deadline_beyond_horizon`, `no_provider` | 503 (retry later; nothing was written) |
-//! | `storage_failure`, `invalid_cut_reading`, `evidence_rejected` | 500 (the service's fault, never the client's) |
+//! | `storage_failure`, `invalid_cut_reading`, `evidence_rejected`, `invalid_rate` | 500 (the service's fault, never the client's) |
 //!
 //! The service's own codes ([`SERVICE_CODES`], the request-level ones from
 //! [`httpkit::Rejection`] among them): `unauthenticated` 401, `forbidden`
@@ -157,13 +158,15 @@ pub fn store_status(e: &LcError) -> StatusCode {
         | E::IllegalTransition { .. }
         | E::Fenced { .. }
         | E::PageConflict { .. } => StatusCode::CONFLICT,
+        E::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
         E::TimeUncertain { .. }
         | E::StorageUnavailable { .. }
         | E::DeadlineBeyondHorizon { .. }
         | E::NoProvider => StatusCode::SERVICE_UNAVAILABLE,
-        E::StorageFailure { .. } | E::InvalidCutReading { .. } | E::EvidenceRejected { .. } => {
-            StatusCode::INTERNAL_SERVER_ERROR
-        }
+        E::StorageFailure { .. }
+        | E::InvalidCutReading { .. }
+        | E::EvidenceRejected { .. }
+        | E::InvalidRate { .. } => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }
 
@@ -258,9 +261,10 @@ impl ProblemSource for ApiError {
             ApiError::TimeUncertain {
                 retry_after_secs, ..
             } => Some(*retry_after_secs),
-            ApiError::Store(LcError::TimeUncertain { retry_after_s }) => {
-                Some((*retry_after_s).max(1))
-            }
+            ApiError::Store(
+                LcError::TimeUncertain { retry_after_s }
+                | LcError::RateLimited { retry_after_s, .. },
+            ) => Some((*retry_after_s).max(1)),
             ApiError::Request(r) => r.retry_after_secs(),
             _ => None,
         }
@@ -331,6 +335,16 @@ mod tests {
                 "time_uncertain",
                 503,
                 Some(3),
+            ),
+            (
+                LcError::RateLimited {
+                    admissions_max: 600,
+                    window: jiff::SignedDuration::from_secs(60),
+                    retry_after_s: 7,
+                },
+                "rate_limited",
+                429,
+                Some(7),
             ),
             (
                 LcError::IdempotencyConflict { key: "k".into() },

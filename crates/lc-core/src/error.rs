@@ -111,6 +111,26 @@ pub enum LcError {
         /// Seconds to wait before retrying.
         retry_after_s: u64,
     },
+    /// The tenant already made `admissions_max` admissions in the current
+    /// window (`rate_limited`, HTTP 429 with `Retry-After`).
+    #[error(
+        "rate limited: at most {admissions_max} admissions per {window:#}; retry after {retry_after_s} s"
+    )]
+    RateLimited {
+        /// The most admissions per window.
+        admissions_max: u32,
+        /// The window.
+        window: jiff::SignedDuration,
+        /// Whole seconds until the oldest counted admission leaves the
+        /// window.
+        retry_after_s: u64,
+    },
+    /// An admission rate outside its bounds (`invalid_rate`).
+    #[error("invalid admission rate: {reason}")]
+    InvalidRate {
+        /// Which bound failed.
+        reason: String,
+    },
     /// The operation key was used with another request
     /// (`idempotency_conflict`).
     #[error("idempotency key {key:?} was already used with a different request")]
@@ -222,6 +242,8 @@ impl LcError {
             LcError::InvalidCutReading { .. } => "invalid_cut_reading",
             LcError::InsufficientCapacity { .. } => "insufficient_capacity",
             LcError::TimeUncertain { .. } => "time_uncertain",
+            LcError::RateLimited { .. } => "rate_limited",
+            LcError::InvalidRate { .. } => "invalid_rate",
             LcError::IdempotencyConflict { .. } => "idempotency_conflict",
             LcError::NotFound { .. } => "not_found",
             LcError::AlreadyExists { .. } => "already_exists",
@@ -238,11 +260,13 @@ impl LcError {
     }
 
     /// Whether the caller may simply retry later without changing the
-    /// request: `time_uncertain` and `storage_unavailable`.
+    /// request: `time_uncertain`, `rate_limited` and `storage_unavailable`.
     pub fn is_transient(&self) -> bool {
         matches!(
             self,
-            LcError::TimeUncertain { .. } | LcError::StorageUnavailable { .. }
+            LcError::TimeUncertain { .. }
+                | LcError::RateLimited { .. }
+                | LcError::StorageUnavailable { .. }
         )
     }
 

@@ -6,6 +6,7 @@
 //! * [`command`]: the checked argv.
 //! * [`rules`]: expiry, admission and renewal on the cut; the state
 //!   machines; the reconciler's plan for a lease.
+//! * [`rate`]: a tenant's admission rate on the cut.
 //! * [`opkey`]: operation keys and their floor, receipt and GC rules.
 //! * [`error`]: [`LcError`] with stable codes.
 //! * [`store`]: the [`ControlStore`] and [`ReconcileStore`] traits.
@@ -25,6 +26,7 @@ pub mod manifest;
 pub mod model;
 pub mod opkey;
 pub mod page;
+pub mod rate;
 pub mod rules;
 pub mod shape;
 pub mod store;

@@ -74,6 +74,8 @@ CREATE TABLE lc_execs (
     CONSTRAINT lc_execs_terminal_reason CHECK (state <> 'terminal' OR terminal_reason IS NOT NULL)
 );
 CREATE INDEX lc_execs_tenant ON lc_execs (tenant_id, exec_id);
+-- A tenant's admission rate reads its newest admissions by cut.
+CREATE INDEX lc_execs_tenant_admitted ON lc_execs (tenant_id, admitted_floor_us, admitted_submicro_ns);
 
 CREATE TABLE lc_attempts (
     exec_id    BIGINT  NOT NULL REFERENCES lc_execs (exec_id),

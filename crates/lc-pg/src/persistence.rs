@@ -359,6 +359,44 @@ pub(crate) async fn read_tenant(
     }))
 }
 
+/// Locks the tenant row of `tenant` for the rest of the transaction, so
+/// admissions of one tenant judge its rate one at a time. `false` when it
+/// does not exist.
+pub(crate) async fn lock_tenant(conn: &mut PgConnection, tenant: TenantId) -> Result<bool, Fail> {
+    Ok(
+        sqlx::query("SELECT 1 FROM lc_tenants WHERE tenant_id = $1 FOR UPDATE")
+            .bind(tenant.0)
+            .fetch_optional(&mut *conn)
+            .await?
+            .is_some(),
+    )
+}
+
+/// The admission cuts of `tenant`'s execs admitted strictly after `start`,
+/// newest first, at most `limit`.
+pub(crate) async fn recent_admissions(
+    conn: &mut PgConnection,
+    tenant: TenantId,
+    start: Timestamp,
+    limit: u32,
+) -> Result<Vec<Timestamp>, Fail> {
+    let (floor_us, submicro_ns) = pair(start);
+    let rows = sqlx::query(
+        "SELECT admitted_floor_us, admitted_submicro_ns FROM lc_execs \
+          WHERE tenant_id = $1 AND (admitted_floor_us, admitted_submicro_ns) > ($2, $3) \
+          ORDER BY admitted_floor_us DESC, admitted_submicro_ns DESC LIMIT $4",
+    )
+    .bind(tenant.0)
+    .bind(floor_us)
+    .bind(submicro_ns)
+    .bind(i64::from(limit))
+    .fetch_all(&mut *conn)
+    .await?;
+    rows.iter()
+        .map(|r| instant_at(r, "admitted_floor_us", "admitted_submicro_ns"))
+        .collect()
+}
+
 /// The tenant whose API key has this digest.
 pub(crate) async fn tenant_by_key(
     conn: &mut PgConnection,

@@ -35,6 +35,7 @@ use async_trait::async_trait;
 use ed25519_dalek::VerifyingKey;
 use jiff::{SignedDuration, Timestamp};
 use lc_core::evidence::{self, Envelope, Expected};
+use lc_core::rate::AdmissionRate;
 use lc_core::rules::{self, LeaseView, Step};
 use lc_core::{
     AppendReport, AttemptNo, AttemptState, Command, ControlStore, CutReading, Digest, ExecId,
@@ -66,6 +67,9 @@ pub struct LcConfig {
     /// The declared TTL of operation keys (default 24 h; at most the
     /// horizon).
     pub operation_ttl: SignedDuration,
+    /// Each tenant's admission rate (default
+    /// [`lc_core::rate::DEFAULT`]: 600 per minute).
+    pub admission_rate: AdmissionRate,
     /// The most pooled connections (default 10).
     pub max_connections: u32,
     /// How long to wait for a pooled connection (default 10 s).
@@ -78,6 +82,7 @@ impl Default for LcConfig {
             lease_ttl: rules::LEASE_TTL_DEFAULT,
             reservation_ttl: SignedDuration::from_mins(10),
             operation_ttl: opkey::OPERATION_TTL_DEFAULT,
+            admission_rate: lc_core::rate::DEFAULT,
             max_connections: 10,
             acquire_timeout: Duration::from_secs(10),
         }
@@ -633,13 +638,27 @@ async fn admit_tx(conn: &mut PgConnection, a: &AdmitArgs<'_>) -> Result<ExecReco
         .unwrap_or(Timestamp::MAX);
     let op_gc =
         opkey::gc_at(a.at.cut, a.at.cut, store.config.operation_ttl).unwrap_or(Timestamp::MAX);
-    let mut deadlines = vec![lease_expiry, reservation_deadline, op_gc];
+    let rate = store.config.admission_rate;
+    let mut deadlines = vec![
+        lease_expiry,
+        reservation_deadline,
+        op_gc,
+        rate.window_end(a.at)?,
+    ];
     deadlines.extend(timeout_deadline);
     rules::check_admission(a.at, horizon(&cut), &deadlines)?;
 
-    if db::read_tenant(conn, a.tenant).await?.is_none() {
+    if !db::lock_tenant(conn, a.tenant).await? {
         return Err(LcError::not_found("tenant", a.tenant).into());
     }
+    let recent = db::recent_admissions(
+        conn,
+        a.tenant,
+        rate.window_start(a.at),
+        rate.admissions_max(),
+    )
+    .await?;
+    rate.check(a.at, &recent)?;
     let runtime = match Digest::from_hex(a.runtime) {
         Ok(d) => db::runtime_by_digest(conn, d).await?,
         Err(_) => db::runtime_by_name(conn, a.runtime).await?,

@@ -1253,3 +1253,128 @@ async fn a_start_failure_releases_from_allocating_and_cancel_of_a_terminal_exec_
     assert_audit_clean(&f.store).await;
     f.sampler.stop().await;
 }
+
+/// The rate of `admissions_max` per one second, with a pool large enough
+/// for concurrent admissions.
+fn rated(admissions_max: u32) -> lc_pg::LcConfig {
+    lc_pg::LcConfig {
+        admission_rate: lc_core::rate::AdmissionRate::new(
+            admissions_max,
+            SignedDuration::from_secs(1),
+        )
+        .unwrap(),
+        max_connections: 8,
+        ..config()
+    }
+}
+
+#[tokio::test]
+async fn admissions_beyond_the_rate_are_refused_until_the_oldest_leaves_the_window() {
+    let f = fixture_with(10, rated(2)).await;
+    let mut admitted = Vec::new();
+    for i in 0..2 {
+        let at = certain(&f.clock).await;
+        let rec = f
+            .store
+            .admit_exec(
+                &op(&format!("r{i}"), "small"),
+                at,
+                f.tenant,
+                &req("small", &["true"]),
+            )
+            .await
+            .unwrap();
+        admitted.push(rec.admitted_cut);
+    }
+    let at = certain(&f.clock).await;
+    let before = snapshot(&f.db.url).await;
+    let err = f
+        .store
+        .admit_exec(&op("r2", "small"), at, f.tenant, &req("small", &["true"]))
+        .await
+        .unwrap_err();
+    // The oldest admission leaves the window at admitted[0] + 1 s, less
+    // than a second after this reading: retry after exactly 1 s.
+    let leaves = admitted[0] + SignedDuration::from_secs(1);
+    assert!(at.cut < leaves, "the third admission came a window late");
+    assert_eq!(
+        err,
+        LcError::RateLimited {
+            admissions_max: 2,
+            window: SignedDuration::from_secs(1),
+            retry_after_s: 1,
+        }
+    );
+    assert_eq!(
+        snapshot(&f.db.url).await,
+        before,
+        "a refusal writes nothing"
+    );
+    assert_eq!(
+        balances(&f.store.tenant(f.tenant).await.unwrap()),
+        (10, 8, 2, 0)
+    );
+
+    // Once a certain cut is a full window past the oldest, one more fits,
+    // under the same key.
+    let at = loop {
+        let at = certain(&f.clock).await;
+        if at.cut > leaves {
+            break at;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let rec = f
+        .store
+        .admit_exec(&op("r2", "small"), at, f.tenant, &req("small", &["true"]))
+        .await
+        .unwrap();
+    assert_eq!(rec.admitted_cut, at.cut);
+    assert_eq!(
+        balances(&f.store.tenant(f.tenant).await.unwrap()),
+        (10, 7, 3, 0)
+    );
+    assert_audit_clean(&f.store).await;
+    f.sampler.stop().await;
+}
+
+#[tokio::test]
+async fn concurrent_admissions_of_one_tenant_respect_the_rate_exactly() {
+    let f = fixture_with(10, rated(3)).await;
+    let at = certain(&f.clock).await;
+    let store = std::sync::Arc::new(f.store);
+    let tasks: Vec<_> = (0..6)
+        .map(|i| {
+            let store = store.clone();
+            let tenant = f.tenant;
+            tokio::spawn(async move {
+                store
+                    .admit_exec(
+                        &op(&format!("c{i}"), "small"),
+                        at,
+                        tenant,
+                        &req("small", &["true"]),
+                    )
+                    .await
+            })
+        })
+        .collect();
+    let mut ok = 0;
+    let mut limited = 0;
+    for t in tasks {
+        match t.await.unwrap() {
+            Ok(_) => ok += 1,
+            Err(LcError::RateLimited {
+                admissions_max: 3, ..
+            }) => limited += 1,
+            Err(e) => panic!("unexpected refusal: {e}"),
+        }
+    }
+    assert_eq!((ok, limited), (3, 3));
+    assert_eq!(
+        balances(&store.tenant(f.tenant).await.unwrap()),
+        (10, 7, 3, 0)
+    );
+    assert_audit_clean(&store).await;
+    f.sampler.stop().await;
+}

@@ -89,6 +89,15 @@ pub struct ServeArgs {
     /// `--grant-max-ttl-ms`).
     #[arg(long, requires = "grant_max_ttl_ms")]
     pub reclaim_grace_ms: Option<i64>,
+    /// Each tenant's most exec admissions per window (`429 rate_limited`
+    /// beyond it, with `Retry-After`).
+    #[arg(long, default_value_t = lc_core::rate::DEFAULT.admissions_max())]
+    pub admission_rate_max: u32,
+
+    /// The admission-rate window, in milliseconds on the cut (at most one
+    /// day).
+    #[arg(long, default_value_t = 60_000)]
+    pub admission_rate_window_ms: u64,
 }
 
 /// How long reading the recorded grant policy may take.
@@ -161,8 +170,20 @@ pub async fn connect_store(
     };
     let key = tollgate::CapabilityKey::new(secret)
         .map_err(|e| ServeError::Config(format!("secret file: {e}")))?;
+    let window_ms = i64::try_from(args.admission_rate_window_ms)
+        .map_err(|_| ServeError::Config("--admission-rate-window-ms is too large".into()))?;
+    let admission_rate = lc_core::rate::AdmissionRate::new(
+        args.admission_rate_max,
+        jiff::SignedDuration::from_millis(window_ms),
+    )
+    .map_err(|e| {
+        ServeError::Config(format!(
+            "--admission-rate-max/--admission-rate-window-ms: {e}"
+        ))
+    })?;
     let config = lc_pg::LcConfig {
         max_connections: POOL_CONNECTIONS_MAX,
+        admission_rate,
         ..lc_pg::LcConfig::default()
     };
     loop {
