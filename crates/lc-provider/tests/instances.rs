@@ -1297,3 +1297,108 @@ async fn a_set_id_bubblewrap_and_paths_the_account_cannot_reach_are_refused() {
     );
     assert!(!state.exists());
 }
+
+/// Served by `lc_provider::http::serve`, the provider's service is held to
+/// httpkit's connection layer: at the bound with every connection busy, a
+/// new one is answered 503 `too_many_connections` in the provider's
+/// problem type while the busy one is still served; a connection that
+/// sends no head is closed at the header-read timeout; an unknown route is
+/// a problem document.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_service_is_bounded_by_the_connection_layer() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    use tokio::net::{TcpListener, TcpStream};
+    let e = env();
+    let provider: Arc<dyn Provider> = Arc::new(BwrapProvider::open(config(&e.dir)).unwrap());
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let header_read_timeout = Duration::from_millis(500);
+    let limits = httpkit::ConnectionLimits {
+        connections_max: 1,
+        header_read_timeout,
+        idle_timeout: Duration::from_secs(30),
+    };
+    let served = tokio::spawn(lc_provider::http::serve(
+        listener,
+        provider,
+        None,
+        limits,
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    let answer = |mut s: TcpStream| async move {
+        let mut text = String::new();
+        tokio::time::timeout(Duration::from_secs(5), s.read_to_string(&mut text))
+            .await
+            .expect("answered and closed in time")
+            .expect("read");
+        text
+    };
+    // The one connection is busy: the service reads its body (sending
+    // `100 Continue` only then) and waits for it.
+    let mut busy = TcpStream::connect(addr).await.unwrap();
+    busy.write_all(
+        b"POST /v1/instances HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\
+          Content-Type: application/json\r\nContent-Length: 2\r\n\
+          Expect: 100-continue\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let mut continued = [0u8; 25];
+    tokio::time::timeout(Duration::from_secs(5), busy.read_exact(&mut continued))
+        .await
+        .expect("100 Continue in time")
+        .unwrap();
+    assert_eq!(&continued, b"HTTP/1.1 100 Continue\r\n\r\n");
+    let refused = answer(TcpStream::connect(addr).await.unwrap()).await;
+    let body = r#"{"code":"too_many_connections","detail":"the service is at its connection bound with every connection busy; retry in 1 s","status":503,"title":"Too many connections","type":"urn:little-compute:provider:problem:too_many_connections"}"#;
+    assert!(
+        refused.starts_with("HTTP/1.1 503 Service Unavailable\r\n"),
+        "{refused}"
+    );
+    for line in [
+        "content-type: application/problem+json",
+        "retry-after: 1",
+        "connection: close",
+        &format!("content-length: {}", body.len()),
+    ] {
+        assert!(
+            refused.contains(&format!("\r\n{line}\r\n")),
+            "{line}: {refused}"
+        );
+    }
+    assert!(refused.ends_with(&format!("\r\n\r\n{body}")), "{refused}");
+    // The busy request completes: an empty allocate body is refused.
+    busy.write_all(b"{}").await.unwrap();
+    let done = answer(busy).await;
+    assert!(done.starts_with("HTTP/1.1 400 Bad Request\r\n"), "{done}");
+    let (_, json) = done.split_once("\r\n\r\n").unwrap();
+    let json: serde_json::Value = serde_json::from_str(json).unwrap();
+    assert_eq!(json["code"], "invalid_request");
+    assert_eq!(json["error"]["code"], "invalid_request");
+    // A connection that sends nothing is closed once the head is overdue.
+    let t = Instant::now();
+    assert_eq!(answer(TcpStream::connect(addr).await.unwrap()).await, "");
+    assert!(t.elapsed() >= header_read_timeout, "{:?}", t.elapsed());
+    // An unknown route is the provider's problem document, not a bare 404.
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(b"GET /v1/nothing HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let missing = answer(s).await;
+    assert!(
+        missing.starts_with("HTTP/1.1 404 Not Found\r\n"),
+        "{missing}"
+    );
+    assert!(
+        missing.ends_with(r#"{"code":"not_found","detail":"no such resource","status":404,"title":"Not found","type":"urn:little-compute:provider:problem:not_found"}"#),
+        "{missing}"
+    );
+    stop.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(5), served)
+        .await
+        .expect("the server returns")
+        .unwrap();
+}
