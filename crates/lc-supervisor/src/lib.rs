@@ -29,6 +29,16 @@
 //!   Once the terminal page is acknowledged the supervisor exits 0.
 //! * The supervisor's clock is never consulted for anything but that
 //!   connection timeout; it holds no credential.
+//! * **Identity.** Under the bubblewrap provider the supervisor and the
+//!   command run as uid and gid 1000 of the instance's user namespace,
+//!   with no capability and no supplementary group. On the host that uid
+//!   is the provider's unprivileged sandbox account (`lc-sandbox` by
+//!   default), never root: the provider drops to it before bubblewrap
+//!   starts, so the socket, the pages and every file the command writes
+//!   are that account's, and a host file bound in is read with that
+//!   account's credentials. The supervisor needs nothing more: it only
+//!   binds its socket in the directory the provider made for it and runs
+//!   the command.
 
 use std::collections::VecDeque;
 use std::io::Read;
