@@ -17,7 +17,9 @@
 //!   bubblewrap's and the supervisor's own stderr);
 //! * `workspaces/` (root's `0711`) `<id>/`: the workspace trees, each the
 //!   account's `0700`, bound read-write at `/workspace`;
-//! * the runtime store ([`crate::runtime`]) in its own directory.
+//! * the runtime store ([`crate::runtime`]) in its own directory, which
+//!   the provider makes searchable by others when it owns it and they
+//!   cannot (bubblewrap binds the trees below it as the account).
 //!
 //! So the only host directories an instance can write are its `run/` and
 //! its workspace, both made by the provider for the account (through a
@@ -317,6 +319,24 @@ fn provider_dir(path: &Path, mode: u32) -> Result<(), ProviderError> {
         .map_err(|e| io(path.display(), e))
 }
 
+/// Adds search permission for others to the directory `path` when the
+/// provider owns it and others lack it: bubblewrap, as the sandbox
+/// account, binds runtime trees from below it. Listing stays as it was.
+fn searchable_by_others(path: &Path) -> Result<(), ProviderError> {
+    use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+    let meta = std::fs::metadata(path).map_err(|e| io(path.display(), e))?;
+    let mode = meta.permissions().mode();
+    // SAFETY: geteuid has no preconditions.
+    if mode & 0o001 == 0 && meta.uid() == unsafe { libc::geteuid() } {
+        std::fs::set_permissions(
+            path,
+            std::fs::Permissions::from_mode((mode | 0o001) & 0o7777),
+        )
+        .map_err(|e| io(path.display(), e))?;
+    }
+    Ok(())
+}
+
 /// Checks that `a` can execute `program` from the working directory
 /// `cwd`: bubblewrap runs as `a`, so every source it binds (the
 /// supervisor, the runtime trees, the instance and workspace directories)
@@ -385,6 +405,7 @@ impl BwrapProvider {
         provider_dir(&cfg.state_dir.join("fences"), 0o700)?;
         let runtimes =
             RuntimeStore::open(&cfg.runtime_dir).map_err(|e| io(cfg.runtime_dir.display(), e))?;
+        searchable_by_others(&cfg.runtime_dir)?;
         let cgroups = CgroupRoot::detect(&cfg.cgroup_mount, &cfg.cgroup_parent)?;
         if !cfg.supervisor_bin.is_file() {
             return Err(io(

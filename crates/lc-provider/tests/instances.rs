@@ -1272,6 +1272,18 @@ async fn a_set_id_bubblewrap_and_paths_the_account_cannot_reach_are_refused() {
         BwrapProvider::open(cfg).err().unwrap().to_string(),
         unreachable(Path::new("/usr/bin/bwrap"), &private.join("runtimes"))
     );
+    // A runtime store only root may enter, but the provider's own, is
+    // made searchable (not listable) by others.
+    let rt = e.dir.join("rt700");
+    std::fs::create_dir(&rt).unwrap();
+    std::fs::set_permissions(&rt, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let mut cfg = config(&e.dir);
+    cfg.runtime_dir = rt.clone();
+    BwrapProvider::open(cfg).unwrap();
+    assert_eq!(
+        std::fs::metadata(&rt).unwrap().permissions().mode() & 0o7777,
+        0o701
+    );
     // A provider that is not root is refused before it touches anything.
     let host_bin = std::env::current_exe()
         .unwrap()
