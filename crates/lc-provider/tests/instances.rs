@@ -1414,3 +1414,76 @@ async fn the_service_is_bounded_by_the_connection_layer() {
         .expect("the server returns")
         .unwrap();
 }
+
+/// The `Uid`, `Gid`, `Groups`, `NoNewPrivs` and `CapEff` lines of
+/// `/proc/<pid>/status`, in that order (ids as the host sees them).
+fn credentials(pid: i32) -> Vec<String> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    ["Uid:", "Gid:", "Groups:", "NoNewPrivs:", "CapEff:"]
+        .iter()
+        .map(|k| {
+            let line = status.lines().find(|l| l.starts_with(k)).unwrap_or("");
+            line.split_whitespace().collect::<Vec<_>>().join(" ")
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn every_process_of_an_instance_is_the_account_on_the_host() {
+    let e = env();
+    let a = e.provider.sandbox_account().clone();
+    e.provider
+        .allocate(sh(20, "sleep 300 & sleep 300"))
+        .await
+        .unwrap();
+    let cg = e
+        .provider
+        .instance_cgroup(SandboxLeaseId(20), Generation(1));
+    let t = Instant::now();
+    // bwrap, its init, the supervisor, sh, two sleeps.
+    while cg.pids().len() < 6 {
+        assert!(t.elapsed() < DEADLINE, "{:?}", cg.pids());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let (u, g) = (a.uid, a.gid);
+    for pid in cg.pids() {
+        let creds = credentials(pid);
+        // Real, effective, saved and file-system ids: the account's; no
+        // supplementary group; no way to gain privileges by exec.
+        assert_eq!(
+            creds[..4],
+            [
+                format!("Uid: {u} {u} {u} {u}"),
+                format!("Gid: {g} {g} {g} {g}"),
+                "Groups:".to_owned(),
+                "NoNewPrivs: 1".to_owned(),
+            ],
+            "pid {pid}"
+        );
+    }
+    // The supervisor and the command hold no capability, even in their
+    // own user namespace.
+    let children = |pid: i32| -> Vec<i32> {
+        std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+            .unwrap_or_default()
+            .split_whitespace()
+            .map(|p| p.parse().unwrap())
+            .collect()
+    };
+    let mut below_init: Vec<i32> = Vec::new();
+    for pid in cg.pids() {
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        if cmdline.starts_with(b"/.lc/supervisor\0") {
+            below_init.push(pid);
+            below_init.extend(children(pid));
+        }
+    }
+    assert_eq!(below_init.len(), 2, "the supervisor and sh: {below_init:?}");
+    for pid in below_init {
+        assert_eq!(credentials(pid)[4], "CapEff: 0000000000000000", "pid {pid}");
+    }
+    e.provider
+        .destroy(SandboxLeaseId(20), Generation(1))
+        .await
+        .unwrap();
+}
