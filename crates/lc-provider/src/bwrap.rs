@@ -345,6 +345,7 @@ fn searchable_by_others(path: &Path) -> Result<(), ProviderError> {
 fn check_reachable(a: &SandboxAccount, program: &Path, cwd: &Path) -> Result<(), ProviderError> {
     use std::os::unix::process::CommandExt as _;
     let mut child = std::process::Command::new(program)
+        .env_clear()
         .current_dir(cwd)
         .uid(a.uid)
         .gid(a.gid)
@@ -663,7 +664,10 @@ impl BwrapProvider {
         };
         let log2 = log.try_clone().map_err(|e| io(log_path.display(), e))?;
         let mut cmd = tokio::process::Command::new(&self.cfg.bwrap_bin);
+        // The process becomes the account, whose other processes may read
+        // its environment: it gets none of the provider's.
         cmd.args(&args)
+            .env_clear()
             .current_dir("/")
             .stdin(std::process::Stdio::null())
             .stdout(log)

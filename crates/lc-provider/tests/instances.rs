@@ -1479,6 +1479,30 @@ async fn every_process_of_an_instance_is_the_account_on_the_host() {
         }
     }
     assert_eq!(below_init.len(), 2, "the supervisor and sh: {below_init:?}");
+    // bubblewrap runs with none of the provider's environment (processes
+    // of the account may read it); the command with the clean one.
+    let environ = |pid: i32| std::fs::read(format!("/proc/{pid}/environ")).unwrap();
+    let outer: Vec<i32> = cg
+        .pids()
+        .into_iter()
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .unwrap_or_default()
+                .starts_with(b"/usr/bin/bwrap\0")
+        })
+        .collect();
+    assert_eq!(outer.len(), 2, "bubblewrap and its init: {outer:?}");
+    for pid in outer {
+        assert_eq!(environ(pid), b"", "pid {pid}");
+    }
+    // (bubblewrap adds PWD for its --chdir.)
+    for pid in &below_init {
+        assert_eq!(
+            String::from_utf8(environ(*pid)).unwrap(),
+            "PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin\0HOME=/workspace\0LANG=C.UTF-8\0PWD=/workspace\0",
+            "pid {pid}"
+        );
+    }
     for pid in below_init {
         assert_eq!(credentials(pid)[4], "CapEff: 0000000000000000", "pid {pid}");
     }
