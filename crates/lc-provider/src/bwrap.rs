@@ -302,11 +302,14 @@ fn own_dir(path: &Path, a: &SandboxAccount) -> Result<(), ProviderError> {
 }
 
 /// Makes the provider's own directory `path` (created if missing) mode
-/// `mode`, refusing one that is a symlink or not owned by the provider.
+/// `mode`, refusing one that is not a directory owned by the provider (a
+/// directory another user owns, that user could rename things in). Every
+/// parent inside the state directory is the provider's, so no other user
+/// can plant a symlink at these names; one an operator made is followed.
 fn provider_dir(path: &Path, mode: u32) -> Result<(), ProviderError> {
     use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
     std::fs::create_dir_all(path).map_err(|e| io(path.display(), e))?;
-    let meta = std::fs::symlink_metadata(path).map_err(|e| io(path.display(), e))?;
+    let meta = std::fs::metadata(path).map_err(|e| io(path.display(), e))?;
     // SAFETY: geteuid has no preconditions.
     let me = unsafe { libc::geteuid() };
     if !meta.is_dir() || meta.uid() != me {

@@ -1284,6 +1284,21 @@ async fn a_set_id_bubblewrap_and_paths_the_account_cannot_reach_are_refused() {
         std::fs::metadata(&rt).unwrap().permissions().mode() & 0o7777,
         0o701
     );
+    // A state directory the account owns (it could rename what is in it).
+    let theirs = fresh_dir();
+    std::fs::create_dir(&theirs).unwrap();
+    std::os::unix::fs::chown(&theirs, Some(a.uid), Some(a.gid)).unwrap();
+    assert_eq!(
+        BwrapProvider::open(config(&theirs))
+            .err()
+            .unwrap()
+            .to_string(),
+        format!(
+            "provider state: {}: not a directory owned by the provider (uid 0)",
+            theirs.display()
+        )
+    );
+    std::fs::remove_dir(&theirs).unwrap();
     // A provider that is not root is refused before it touches anything.
     let host_bin = std::env::current_exe()
         .unwrap()
