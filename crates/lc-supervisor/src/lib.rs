@@ -2,7 +2,9 @@
 //!
 //! `lc-supervisor --socket PATH [--spool-bytes N] -- ARGV...`
 //!
-//! It binds the unix socket at `PATH`, starts `ARGV` with its stdin on
+//! It binds the unix socket at `PATH` (under the temporary name `.b` in the
+//! same directory, renamed to `PATH` once it listens, so whoever sees
+//! `PATH` can connect at once), starts `ARGV` with its stdin on
 //! `/dev/null` and its stdout and stderr on pipes, and turns what the command
 //! writes into numbered [`Page`]s (seq from 1, no gaps) in a bounded
 //! in-memory spool. Design and failure modes:
@@ -63,6 +65,11 @@ pub const SPOOL_BYTES_MIN: u64 = 1;
 
 /// The largest spool bound accepted: 1 GiB of memory inside an instance.
 pub const SPOOL_BYTES_LIMIT: u64 = 1 << 30;
+
+/// The temporary name the socket is bound under, in the socket's
+/// directory, before it is renamed into place: two bytes, so it fits
+/// wherever the socket's own path does (a one-byte name aside).
+pub const BINDING_NAME: &str = ".b";
 
 /// Exit code of a command that could not be started.
 pub const START_FAILED_CODE: i32 = 127;
@@ -364,14 +371,22 @@ pub fn run(args: Args) -> i32 {
     unsafe {
         libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
     }
+    // A socket file exists from bind on but refuses connections until
+    // listen: bound under a temporary name, it appears at its name only
+    // once it listens.
+    let binding = args.socket.with_file_name(BINDING_NAME);
     let _ = std::fs::remove_file(&args.socket);
-    let listener = match UnixListener::bind(&args.socket) {
+    let _ = std::fs::remove_file(&binding);
+    let listener = match UnixListener::bind(&binding)
+        .and_then(|l| std::fs::rename(&binding, &args.socket).map(|()| l))
+    {
         Ok(l) => l,
         Err(e) => {
             eprintln!(
                 "lc-supervisor: socket_bind_failed: {}: {e}",
                 args.socket.display()
             );
+            let _ = std::fs::remove_file(&binding);
             return 1;
         }
     };
