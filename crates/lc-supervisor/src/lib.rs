@@ -81,7 +81,7 @@ pub struct Args {
     pub socket: std::path::PathBuf,
     /// The spool bound in bytes.
     pub spool_bytes_max: u64,
-    /// The command, argv[0] first.
+    /// The command, `argv[0]` first.
     pub argv: Vec<String>,
 }
 
