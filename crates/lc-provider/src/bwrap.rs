@@ -1,16 +1,55 @@
 //! The bubblewrap provider.
 //!
-//! State directory layout:
+//! State directory layout (the provider runs as root; "the account" is the
+//! unprivileged sandbox account of [`crate::account`], `lc-sandbox` by
+//! default):
 //!
-//! * `provider.key`: the Ed25519 seed ([`crate::identity`]), `0600`;
-//! * `fences/<lease>`: the highest fenced generation ([`crate::fence`]);
-//! * `instances/<lease>-<generation>/`: `instance.json` (the request, written
-//!   and fsynced before anything starts, so a crash always leaves a trace to
-//!   destroy), `run/` (bound at `/.lc/run` inside; the supervisor's socket
-//!   `supervisor.sock`), `bwrap.log` (bubblewrap's and the supervisor's own
-//!   stderr);
-//! * `workspaces/<id>/`: the workspace trees, bound read-write at `/workspace`;
-//! * the runtime store ([`crate::runtime`]) in its own directory.
+//! * the state directory itself: root's, `0711` (the account may pass
+//!   through, never list);
+//! * `provider.key`: the Ed25519 seed ([`crate::identity`]), root's `0600`;
+//! * `fences/<lease>`: the highest fenced generation ([`crate::fence`]),
+//!   in root's `0700` directory;
+//! * `instances/` (root's `0711`) `<lease>-<generation>/` (root's `0711`):
+//!   `instance.json` (root's `0600`: the request, written and fsynced
+//!   before anything starts, so a crash always leaves a trace to destroy),
+//!   `run/` (the account's `0700`, bound at `/.lc/run` inside; the
+//!   supervisor's socket `supervisor.sock`), `bwrap.log` (root's `0600`:
+//!   bubblewrap's and the supervisor's own stderr);
+//! * `workspaces/` (root's `0711`) `<id>/`: the workspace trees, each the
+//!   account's `0700`, bound read-write at `/workspace`;
+//! * the runtime store ([`crate::runtime`]) in its own directory, which
+//!   the provider makes searchable by others when it owns it and they
+//!   cannot (bubblewrap binds the trees below it as the account).
+//!
+//! So the only host directories an instance can write are its `run/` and
+//! its workspace, both made by the provider for the account (through a
+//! descriptor opened without following symlinks); nothing else of the
+//! state directory is readable by the account.
+//!
+//! # Host identity
+//!
+//! Every instance runs as the account, never as root. The provider forks
+//! the bubblewrap process; between fork and exec the child joins the
+//! instance's cgroups and sets its rlimits (both need root), then drops
+//! every supplementary group, sets real, effective and saved gid and uid
+//! to the account's and sets `no_new_privs` ([`crate::account`]), and only
+//! then executes bubblewrap. bubblewrap is not set-uid (a set-id binary is
+//! refused at open) and builds the user namespace unprivileged: uid and
+//! gid 1000 inside map to the account's uid and gid on the host. A file
+//! the sandbox writes into its workspace is owned by the account on the
+//! host; every bound host path is accessed with the account's credentials,
+//! so a root-owned `0600` file stays unreadable (`EACCES`) even when bound;
+//! root-owned files appear inside as the overflow uid 65534. Had bubblewrap
+//! run as root, uid 1000 inside would be host root, and every write and
+//! every bound path would carry root's credentials. At open the provider
+//! checks the account can reach what bubblewrap binds (the supervisor
+//! binary, the instance and workspace directories, the runtime store).
+//!
+//! All instances share the one account: they are kept apart by their
+//! namespaces (none sees another's processes, mounts or network), not by
+//! host uids.
+//!
+//! # Instances
 //!
 //! An instance is `bwrap ... -- /.lc/supervisor --socket ... -- ARGV`:
 //! every namespace unshared (`--unshare-all`, the network shared back only
@@ -23,12 +62,14 @@
 //! bound read-only, the reserved names `proc`, `dev`, `tmp`, `workspace`
 //! and `.lc` left to the provider), `/proc`, a minimal `/dev`, a tmpfs
 //! `/tmp`, the workspace at `/workspace`, the supervisor binary read-only at
-//! `/.lc/supervisor`, and a clean environment. bubblewrap's own init is PID 1
+//! `/.lc/supervisor`, and a clean environment. Each of these works
+//! unprivileged. bubblewrap's own init is PID 1
 //! of the instance's PID namespace and reaps orphans; the supervisor is its
 //! only child (PID 2) and a child subreaper for the command's processes.
 //! The supervisor binary runs inside the runtime's tree, so a tree runtime
 //! needs the C library the supervisor was linked against (the `base`
-//! runtime has the host's).
+//! runtime has the host's). An imported tree's files are root's on the
+//! host, so the sandbox reads what their "other" permission bits allow.
 //!
 //! Limits: the bwrap process joins the instance's cgroups
 //! ([`crate::cgroup`]) and sets its rlimits between fork and exec, so the
@@ -55,6 +96,7 @@ use lc_core::page::{
 };
 use lc_core::{Generation, ProviderId, SandboxLeaseId};
 
+use crate::account::{self, SandboxAccount};
 use crate::cgroup::{CgroupRoot, InstanceCgroup, Limits};
 use crate::fence::Fences;
 use crate::runtime::{RuntimeRoot, RuntimeStore};
@@ -62,7 +104,8 @@ use crate::{
     AllocateRequest, Allocation, InstanceSummary, Provider, ProviderError, identity, socket,
 };
 
-/// The uid and gid of the command inside an instance.
+/// The uid and gid of the command inside an instance; on the host they are
+/// the sandbox account's ([`BwrapProvider::sandbox_account`]).
 pub const SANDBOX_UID: u32 = 1000;
 
 /// The socket path inside the instance.
@@ -126,12 +169,16 @@ pub struct BwrapConfig {
     pub rlimits: RlimitPolicy,
     /// How long allocate waits for the supervisor's socket.
     pub start_wait_max: Duration,
+    /// The unprivileged host account every instance runs as (see
+    /// [`crate::account`]); created at [`BwrapProvider::open`] when missing.
+    pub sandbox_user: String,
 }
 
 impl BwrapConfig {
     /// The defaults for `provider_id` with state in `state_dir`: runtimes in
     /// `state_dir/runtimes`, `/usr/bin/bwrap`, `/sys/fs/cgroup`, parent
-    /// group `little-compute`, the default spool and rlimits, 10 s to start.
+    /// group `little-compute`, the default spool and rlimits, 10 s to
+    /// start, instances as [`account::SANDBOX_USER_DEFAULT`].
     pub fn new(provider_id: ProviderId, state_dir: &Path, supervisor_bin: &Path) -> BwrapConfig {
         BwrapConfig {
             provider_id,
@@ -144,6 +191,7 @@ impl BwrapConfig {
             spool_bytes_max: SPOOL_BYTES_DEFAULT,
             rlimits: RlimitPolicy::default(),
             start_wait_max: Duration::from_secs(10),
+            sandbox_user: account::SANDBOX_USER_DEFAULT.to_owned(),
         }
     }
 }
@@ -183,6 +231,7 @@ pub struct BwrapProvider {
     fences: Fences,
     runtimes: RuntimeStore,
     cgroups: CgroupRoot,
+    account: SandboxAccount,
     /// Serializes allocate and destroy.
     lock: tokio::sync::Mutex<()>,
 }
@@ -232,23 +281,135 @@ fn apply_rlimits(p: RlimitPolicy) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Creates the directory `path` if missing and makes it the sandbox
+/// account's, mode `0700`, through a descriptor opened without following
+/// a symlink (so a name planted there is refused, never chowned through).
+fn own_dir(path: &Path, a: &SandboxAccount) -> Result<(), ProviderError> {
+    use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
+    match std::fs::create_dir(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(io(path.display(), e)),
+    }
+    let dir = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
+        .open(path)
+        .map_err(|e| io(path.display(), e))?;
+    std::os::unix::fs::fchown(&dir, Some(a.uid), Some(a.gid))
+        .and_then(|()| dir.set_permissions(std::fs::Permissions::from_mode(0o700)))
+        .map_err(|e| io(path.display(), e))
+}
+
+/// Makes the provider's own directory `path` (created if missing) mode
+/// `mode`, refusing one that is not a directory owned by the provider (a
+/// directory another user owns, that user could rename things in). Every
+/// parent inside the state directory is the provider's, so no other user
+/// can plant a symlink at these names; one an operator made is followed.
+fn provider_dir(path: &Path, mode: u32) -> Result<(), ProviderError> {
+    use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+    std::fs::create_dir_all(path).map_err(|e| io(path.display(), e))?;
+    let meta = std::fs::metadata(path).map_err(|e| io(path.display(), e))?;
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    if !meta.is_dir() || meta.uid() != me {
+        return Err(io(
+            path.display(),
+            format!("not a directory owned by the provider (uid {me})"),
+        ));
+    }
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .map_err(|e| io(path.display(), e))
+}
+
+/// Adds search permission for others to the directory `path` when the
+/// provider owns it and others lack it: bubblewrap, as the sandbox
+/// account, binds runtime trees from below it. Listing stays as it was.
+fn searchable_by_others(path: &Path) -> Result<(), ProviderError> {
+    use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+    let meta = std::fs::metadata(path).map_err(|e| io(path.display(), e))?;
+    let mode = meta.permissions().mode();
+    // SAFETY: geteuid has no preconditions.
+    if mode & 0o001 == 0 && meta.uid() == unsafe { libc::geteuid() } {
+        std::fs::set_permissions(
+            path,
+            std::fs::Permissions::from_mode((mode | 0o001) & 0o7777),
+        )
+        .map_err(|e| io(path.display(), e))?;
+    }
+    Ok(())
+}
+
+/// Checks that `a` can execute `program` from the working directory
+/// `cwd`: bubblewrap runs as `a`, so every source it binds (the
+/// supervisor, the runtime trees, the instance and workspace directories)
+/// must be reachable by it. The kernel decides (the child changes to `a`,
+/// then to `cwd`, then executes); the child is killed at once.
+fn check_reachable(a: &SandboxAccount, program: &Path, cwd: &Path) -> Result<(), ProviderError> {
+    use std::os::unix::process::CommandExt as _;
+    let mut child = std::process::Command::new(program)
+        .env_clear()
+        .current_dir(cwd)
+        .uid(a.uid)
+        .gid(a.gid)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .map_err(|e| {
+            io(
+                program.display(),
+                format!(
+                    "the sandbox account {} (uid {}) cannot execute it from {}: {e} \
+                     (it and every directory above it and above {} must be searchable by that account)",
+                    a.name,
+                    a.uid,
+                    cwd.display(),
+                    cwd.display()
+                ),
+            )
+        })?;
+    let _ = child.kill();
+    let _ = child.wait();
+    Ok(())
+}
+
 impl BwrapProvider {
     /// Opens (creating if needed) the provider's state: its key, fences,
-    /// instance and workspace directories, the runtime store, and detects
-    /// the cgroup version.
+    /// instance and workspace directories (modes of the module docs), the
+    /// runtime store, the sandbox account ([`crate::account::ensure`]),
+    /// and detects the cgroup version.
     ///
     /// # Errors
-    /// [`ProviderError::Io`] for an unusable state directory, key, cgroup
-    /// mount, supervisor binary, or a state path too long for a unix socket.
+    /// [`ProviderError::Io`] for a provider not running as root, an
+    /// unusable state directory, key, cgroup mount, supervisor binary, a
+    /// set-id bubblewrap, a sandbox account that cannot be created or is
+    /// root, a supervisor or directory that account cannot reach, or a
+    /// state path too long for a unix socket.
     pub fn open(cfg: BwrapConfig) -> Result<BwrapProvider, ProviderError> {
+        use std::os::unix::fs::PermissionsExt as _;
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            return Err(io(
+                "the provider",
+                "must run as root: it limits instances through cgroups and starts each as the unprivileged sandbox account",
+            ));
+        }
+        // Resolved (or created) before anything is written: a refused
+        // account leaves no state behind.
+        let account = account::ensure(&cfg.sandbox_user)?;
+        // The state directory and the two the sandbox account must pass
+        // through are searchable, not listable; fences only the provider's.
+        provider_dir(&cfg.state_dir, 0o711)?;
         for d in ["instances", "workspaces"] {
-            let p = cfg.state_dir.join(d);
-            std::fs::create_dir_all(&p).map_err(|e| io(p.display(), e))?;
+            provider_dir(&cfg.state_dir.join(d), 0o711)?;
         }
         let key = identity::load_or_create(&cfg.state_dir.join(identity::KEY_FILE))?;
         let fences = Fences::open(&cfg.state_dir.join("fences"))?;
+        provider_dir(&cfg.state_dir.join("fences"), 0o700)?;
         let runtimes =
             RuntimeStore::open(&cfg.runtime_dir).map_err(|e| io(cfg.runtime_dir.display(), e))?;
+        searchable_by_others(&cfg.runtime_dir)?;
         let cgroups = CgroupRoot::detect(&cfg.cgroup_mount, &cfg.cgroup_parent)?;
         if !cfg.supervisor_bin.is_file() {
             return Err(io(
@@ -256,8 +417,16 @@ impl BwrapProvider {
                 "the supervisor binary does not exist",
             ));
         }
-        if !cfg.bwrap_bin.is_file() {
+        let bwrap_meta =
+            std::fs::metadata(&cfg.bwrap_bin).map_err(|e| io(cfg.bwrap_bin.display(), e))?;
+        if !bwrap_meta.is_file() {
             return Err(io(cfg.bwrap_bin.display(), "bubblewrap does not exist"));
+        }
+        if bwrap_meta.permissions().mode() & 0o6000 != 0 {
+            return Err(io(
+                cfg.bwrap_bin.display(),
+                "bubblewrap is set-uid or set-gid: the provider runs it unprivileged, as the sandbox account, and builds no instance through a privileged helper",
+            ));
         }
         // The longest socket path: the largest lease and generation.
         let longest = cfg
@@ -273,14 +442,31 @@ impl BwrapProvider {
                 ),
             ));
         }
+        check_reachable(
+            &account,
+            &cfg.supervisor_bin,
+            &cfg.state_dir.join("instances"),
+        )?;
+        check_reachable(
+            &account,
+            &cfg.supervisor_bin,
+            &cfg.state_dir.join("workspaces"),
+        )?;
+        check_reachable(&account, &cfg.bwrap_bin, &cfg.runtime_dir)?;
         Ok(BwrapProvider {
             cfg,
             key,
             fences,
             runtimes,
             cgroups,
+            account,
             lock: tokio::sync::Mutex::new(()),
         })
+    }
+
+    /// The unprivileged host account every instance runs as.
+    pub fn sandbox_account(&self) -> &SandboxAccount {
+        &self.account
     }
 
     /// The runtime store the provider runs instances from.
@@ -453,10 +639,11 @@ impl BwrapProvider {
                 .ok_or_else(|| ProviderError::UnknownRuntime {
                     digest: req.runtime.to_hex(),
                 })?;
+        // The only host directories the sandbox writes: its own.
         let workspace = self.workspace_dir(req.workspace_id);
-        std::fs::create_dir_all(&workspace).map_err(|e| io(workspace.display(), e))?;
+        own_dir(&workspace, &self.account)?;
         let run = dir.join("run");
-        std::fs::create_dir_all(&run).map_err(|e| io(run.display(), e))?;
+        own_dir(&run, &self.account)?;
         let args = self.bwrap_args(req, &root, &workspace, &run)?;
         let cg = self.cgroups.create(
             &instance_name(req.lease_id.0, req.generation.0),
@@ -468,21 +655,40 @@ impl BwrapProvider {
         )?;
         let procs: Vec<CString> = cg.procs_paths()?;
         let log_path = dir.join("bwrap.log");
-        let log = std::fs::File::create(&log_path).map_err(|e| io(log_path.display(), e))?;
+        let log = {
+            use std::os::unix::fs::OpenOptionsExt as _;
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(&log_path)
+                .map_err(|e| io(log_path.display(), e))?
+        };
         let log2 = log.try_clone().map_err(|e| io(log_path.display(), e))?;
         let mut cmd = tokio::process::Command::new(&self.cfg.bwrap_bin);
+        // The process becomes the account, whose other processes may read
+        // its environment: it gets none of the provider's.
         cmd.args(&args)
+            .env_clear()
+            .current_dir("/")
             .stdin(std::process::Stdio::null())
             .stdout(log)
             .stderr(log2)
             .kill_on_drop(false);
         let rl = self.cfg.rlimits;
-        // SAFETY: the closure only calls open/write/close (join_self) and
-        // getrlimit/setrlimit, all async-signal-safe; it allocates nothing.
+        let (uid, gid) = (self.account.uid, self.account.gid);
+        // Joining the groups and setting the limits need root; then the
+        // process becomes the sandbox account for good, so bubblewrap
+        // builds the instance unprivileged.
+        // SAFETY: the closure only calls open/write/close (join_self),
+        // getrlimit/setrlimit and the id system calls of drop_to, all
+        // async-signal-safe; it allocates nothing.
         unsafe {
             cmd.pre_exec(move || {
                 InstanceCgroup::join_self(&procs)?;
-                apply_rlimits(rl)
+                apply_rlimits(rl)?;
+                account::drop_to(uid, gid)
             });
         }
         let mut child = cmd.spawn().map_err(|e| ProviderError::StartFailed {
@@ -648,12 +854,23 @@ impl Provider for BwrapProvider {
         }
         // A directory without a record is a start that never completed.
         self.remove_instance(l, g)?;
-        std::fs::create_dir_all(&dir).map_err(|e| io(dir.display(), e))?;
+        provider_dir(&dir, 0o711)?;
         let rec_path = dir.join("instance.json");
         let bytes = serde_json::to_vec(&record).map_err(|e| io(rec_path.display(), e))?;
-        std::fs::write(&rec_path, bytes)
-            .and_then(|()| std::fs::File::open(&rec_path)?.sync_all())
-            .map_err(|e| io(rec_path.display(), e))?;
+        {
+            use std::io::Write as _;
+            use std::os::unix::fs::OpenOptionsExt as _;
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&rec_path)
+                .and_then(|mut f| {
+                    f.write_all(&bytes)?;
+                    f.sync_all()
+                })
+                .map_err(|e| io(rec_path.display(), e))?;
+        }
         if let Err(e) = self.start(&req, &dir).await {
             // Nothing of a failed start stays: no process, group or directory.
             let _ = self.remove_instance(l, g);

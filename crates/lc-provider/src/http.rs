@@ -20,6 +20,16 @@
 //! shapes should be served with a token ([`provider_router_with_token`]),
 //! which every route but `/v1/identity` then requires as
 //! `Authorization: Bearer <token>` ([`HttpProvider::with_token`]).
+//!
+//! Bounds, as the control plane's: [`serve`] serves through httpkit's
+//! connection layer ([`httpkit::serve`]: a header-read timeout, an idle
+//! timeout, a connection bound answered `503 too_many_connections` with
+//! `Retry-After` when every connection is busy), and the routers are
+//! [`httpkit::service_router`]s: bodies up to [`BODY_MAX_BYTES`], each
+//! request's body and its handling bounded by [`REQUEST_TIMEOUT`], and
+//! problem documents for unknown routes and methods. Refusals of that
+//! layer carry no `error` member; [`HttpProvider`] reports them as
+//! [`ProviderError::Unreachable`] with the status and body.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -32,6 +42,7 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use ed25519_dalek::VerifyingKey;
+use httpkit::{ConnectionLimits, Rejection, RequestMetrics, ServiceState};
 use serde::{Deserialize, Serialize};
 
 use lc_core::evidence::Envelope;
@@ -43,8 +54,22 @@ use lc_core::{
 use crate::{AllocateRequest, Allocation, InstanceSummary, Provider, ProviderError};
 
 /// Bound on one client request, connection included: above the slowest
-/// provider call (a destroy's kill bound plus an allocate's start wait).
+/// provider call (a destroy's kill bound plus an allocate's start wait)
+/// and above the service's own [`REQUEST_TIMEOUT`], so a client hears the
+/// service's `503 request_timeout` rather than its own timeout.
 pub const CLIENT_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The largest request body the service accepts, bytes (else 413
+/// `payload_too_large`): an allocate body's argv is at most 64 KiB, which
+/// JSON escaping grows at most six-fold (`\u001f`); 512 KiB holds that and
+/// the other fields.
+pub const BODY_MAX_BYTES: usize = 512 * 1024;
+
+/// Bound on receiving a request's body and, separately, on handling it
+/// (else 408 `body_timeout` or 503 `request_timeout`): above the slowest
+/// call, an allocate (its 10 s start wait, then a failed start's kill
+/// bound of 5 s), and below [`CLIENT_TIMEOUT`].
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(45);
 
 /// The JSON body of `POST /v1/instances`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -135,12 +160,25 @@ pub struct AckBody {
     pub through_seq: i64,
 }
 
-/// A provider error as an HTTP answer.
-struct ApiError(ProviderError);
+/// A provider error, or a refusal of the request layer, as an HTTP answer.
+#[derive(Debug)]
+enum ApiError {
+    /// The provider's own error, sent whole in the `error` member.
+    Provider(ProviderError),
+    /// A refusal of httpkit's request or connection layer.
+    Request(Rejection),
+}
+
+/// The problem `type` prefix of every provider answer.
+const TYPE_PREFIX: &str = "urn:little-compute:provider:problem:";
 
 impl ApiError {
     fn status(&self) -> StatusCode {
-        match self.0 {
+        let e = match self {
+            ApiError::Request(r) => return r.status(),
+            ApiError::Provider(e) => e,
+        };
+        match e {
             ProviderError::Fenced { .. } | ProviderError::AllocationConflict { .. } => {
                 StatusCode::CONFLICT
             }
@@ -159,45 +197,97 @@ impl ApiError {
             ProviderError::Unauthorized => StatusCode::UNAUTHORIZED,
         }
     }
+
+    fn code(&self) -> &'static str {
+        match self {
+            ApiError::Provider(e) => e.code(),
+            ApiError::Request(r) => r.code(),
+        }
+    }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = self.status();
-        let code = self.0.code();
+        let code = self.code();
+        let (detail, retry_after_secs) = match &self {
+            ApiError::Provider(e) => (e.to_string(), None),
+            ApiError::Request(r) => (r.to_string(), r.retry_after_secs()),
+        };
         if status.is_server_error() {
-            tracing::error!(code, error = %self.0, "provider request failed");
+            tracing::error!(code, error = %detail, "provider request failed");
         }
-        let body = serde_json::json!({
-            "type": format!("urn:little-compute:provider:problem:{code}"),
+        let mut body = serde_json::json!({
+            "type": format!("{TYPE_PREFIX}{code}"),
             "title": httpkit::title_of(code),
             "status": status.as_u16(),
-            "detail": self.0.to_string(),
+            "detail": detail,
             "code": code,
-            "error": self.0,
         });
+        if let ApiError::Provider(e) = &self {
+            body["error"] = serde_json::json!(e);
+        }
         let mut resp = (status, Json(body)).into_response();
         resp.headers_mut().insert(
             header::CONTENT_TYPE,
             HeaderValue::from_static(httpkit::PROBLEM_JSON),
         );
+        if let Some(secs) = retry_after_secs {
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
         if status == StatusCode::UNAUTHORIZED {
             resp.headers_mut().insert(
                 header::WWW_AUTHENTICATE,
                 HeaderValue::from_static("Bearer realm=\"little-compute-provider\""),
             );
         }
+        resp.extensions_mut().insert(httpkit::ErrorCode(code));
         resp
     }
 }
 
 impl From<ProviderError> for ApiError {
     fn from(e: ProviderError) -> ApiError {
-        ApiError(e)
+        ApiError::Provider(e)
     }
 }
 
-type Shared = Arc<dyn Provider>;
+impl From<Rejection> for ApiError {
+    fn from(r: Rejection) -> ApiError {
+        ApiError::Request(r)
+    }
+}
+
+/// The routers' state: the provider, and the bounds of httpkit.
+#[derive(Clone)]
+struct Shared {
+    provider: Arc<dyn Provider>,
+}
+
+impl ServiceState for Shared {
+    type Error = ApiError;
+
+    fn body_max_bytes(&self) -> usize {
+        BODY_MAX_BYTES
+    }
+
+    fn request_timeout(&self) -> Duration {
+        REQUEST_TIMEOUT
+    }
+}
+
+impl RequestMetrics for Shared {
+    /// The provider keeps no metrics; httpkit logs every request once.
+    fn count_request(
+        &self,
+        _method: &axum::http::Method,
+        _route: &str,
+        _status: StatusCode,
+        _error_code: Option<&'static str>,
+    ) {
+    }
+}
 
 fn ids(raw: (String, String)) -> Result<(SandboxLeaseId, Generation), ApiError> {
     let parse = |s: &str| {
@@ -207,7 +297,7 @@ fn ids(raw: (String, String)) -> Result<(SandboxLeaseId, Generation), ApiError> 
     };
     match (parse(&raw.0), parse(&raw.1)) {
         (Some(l), Some(g)) => Ok((SandboxLeaseId(l), Generation(g))),
-        _ => Err(ApiError(ProviderError::InvalidRequest {
+        _ => Err(ApiError::Provider(ProviderError::InvalidRequest {
             detail: "lease and generation are positive integers in canonical decimal".into(),
         })),
     }
@@ -215,13 +305,13 @@ fn ids(raw: (String, String)) -> Result<(SandboxLeaseId, Generation), ApiError> 
 
 fn body<T>(b: Result<Json<T>, JsonRejection>) -> Result<T, ApiError> {
     b.map(|Json(t)| t).map_err(|e| {
-        ApiError(ProviderError::InvalidRequest {
+        ApiError::Provider(ProviderError::InvalidRequest {
             detail: e.body_text(),
         })
     })
 }
 
-async fn identity(State(p): State<Shared>) -> Json<Identity> {
+async fn identity(State(Shared { provider: p }): State<Shared>) -> Json<Identity> {
     Json(Identity {
         provider_id: p.id().as_str().to_owned(),
         public_key_hex: hex::encode(p.public_key().as_bytes()),
@@ -229,7 +319,7 @@ async fn identity(State(p): State<Shared>) -> Json<Identity> {
 }
 
 async fn allocate(
-    State(p): State<Shared>,
+    State(Shared { provider: p }): State<Shared>,
     b: Result<Json<AllocateBody>, JsonRejection>,
 ) -> Result<Json<Allocation>, ApiError> {
     let req = body(b)?.into_request()?;
@@ -243,14 +333,16 @@ pub struct InventoryBody {
     pub instances: Vec<InstanceSummary>,
 }
 
-async fn inventory(State(p): State<Shared>) -> Result<Json<InventoryBody>, ApiError> {
+async fn inventory(
+    State(Shared { provider: p }): State<Shared>,
+) -> Result<Json<InventoryBody>, ApiError> {
     Ok(Json(InventoryBody {
         instances: p.inventory().await?,
     }))
 }
 
 async fn destroy(
-    State(p): State<Shared>,
+    State(Shared { provider: p }): State<Shared>,
     Path(raw): Path<(String, String)>,
 ) -> Result<Json<Envelope>, ApiError> {
     let (l, g) = ids(raw)?;
@@ -258,7 +350,7 @@ async fn destroy(
 }
 
 async fn observe(
-    State(p): State<Shared>,
+    State(Shared { provider: p }): State<Shared>,
     Path(raw): Path<(String, String)>,
 ) -> Result<Json<Envelope>, ApiError> {
     let (l, g) = ids(raw)?;
@@ -266,13 +358,13 @@ async fn observe(
 }
 
 async fn pages(
-    State(p): State<Shared>,
+    State(Shared { provider: p }): State<Shared>,
     Path(raw): Path<(String, String)>,
     q: Result<Query<PagesQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<PagesBody>, ApiError> {
     let (l, g) = ids(raw)?;
     let Query(q) = q.map_err(|e| {
-        ApiError(ProviderError::InvalidRequest {
+        ApiError::Provider(ProviderError::InvalidRequest {
             detail: e.body_text(),
         })
     })?;
@@ -286,7 +378,7 @@ async fn pages(
 }
 
 async fn ack(
-    State(p): State<Shared>,
+    State(Shared { provider: p }): State<Shared>,
     Path(raw): Path<(String, String)>,
     b: Result<Json<AckBody>, JsonRejection>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
@@ -299,9 +391,7 @@ async fn ack(
 /// The provider's router over `provider`, without a credential (see the
 /// module docs).
 pub fn provider_router(provider: Arc<dyn Provider>) -> axum::Router {
-    instance_routes()
-        .route("/v1/identity", get(identity))
-        .with_state(provider)
+    router(provider, None)
 }
 
 /// Every route but `/v1/identity`.
@@ -326,41 +416,52 @@ fn same(a: &[u8], b: &[u8]) -> bool {
 /// <token>` on every route but `GET /v1/identity`; a missing or wrong
 /// credential is 401 `unauthorized`.
 pub fn provider_router_with_token(provider: Arc<dyn Provider>, token: String) -> axum::Router {
-    let token: Arc<[u8]> = Arc::from(token.into_bytes());
-    let check = move |req: axum::extract::Request, next: axum::middleware::Next| {
-        let token = token.clone();
-        async move {
-            let ok = req
-                .headers()
-                .get(header::AUTHORIZATION)
-                .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
-                .is_some_and(|t| same(t, &token));
-            if ok {
-                next.run(req).await
-            } else {
-                ApiError(ProviderError::Unauthorized).into_response()
-            }
-        }
-    };
-    instance_routes()
-        .layer(axum::middleware::from_fn(check))
-        .route("/v1/identity", get(identity))
-        .with_state(provider)
+    router(provider, Some(token))
 }
 
-/// Serves `router` ([`provider_router`] or [`provider_router_with_token`])
-/// on `listener` until `shutdown` completes, then lets open requests finish.
-///
-/// # Errors
-/// The listener's I/O error.
+/// The routes, guarded by `token` when given, inside httpkit's service
+/// layers (see the module docs).
+fn router(provider: Arc<dyn Provider>, token: Option<String>) -> axum::Router {
+    let mut routes = instance_routes();
+    if let Some(token) = token {
+        let token: Arc<[u8]> = Arc::from(token.into_bytes());
+        let check = move |req: axum::extract::Request, next: axum::middleware::Next| {
+            let token = token.clone();
+            async move {
+                let ok = req
+                    .headers()
+                    .get(header::AUTHORIZATION)
+                    .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
+                    .is_some_and(|t| same(t, &token));
+                if ok {
+                    next.run(req).await
+                } else {
+                    ApiError::Provider(ProviderError::Unauthorized).into_response()
+                }
+            }
+        };
+        routes = routes.layer(axum::middleware::from_fn(check));
+    }
+    httpkit::service_router(
+        routes.route("/v1/identity", get(identity)),
+        Shared { provider },
+    )
+}
+
+/// Serves `provider` (guarded by `token` when given) on `listener` through
+/// httpkit's connection layer under `limits` until `shutdown` completes,
+/// then lets open requests finish (see [`httpkit::serve`]).
 pub async fn serve(
     listener: tokio::net::TcpListener,
-    router: axum::Router,
-    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
-    axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown)
-        .await
+    provider: Arc<dyn Provider>,
+    token: Option<String>,
+    limits: ConnectionLimits,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
+    let state = Shared {
+        provider: provider.clone(),
+    };
+    httpkit::serve(listener, router(provider, token), state, limits, shutdown).await
 }
 
 /// A [`Provider`] reached over HTTP.

@@ -1,9 +1,10 @@
 //! The provider's Ed25519 identity: a 32-byte seed in `provider.key`
 //! (64 lowercase hex digits and a newline), created `0600` on first start
-//! and refused later if anyone but the owner can read it.
+//! and refused later if anyone but the owner can read it or its owner is
+//! not the provider's user (a key a sandbox account owned, it could read).
 
 use std::io::Write as _;
-use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
+use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _, PermissionsExt as _};
 use std::path::Path;
 
 use ed25519_dalek::SigningKey;
@@ -18,10 +19,22 @@ pub const KEY_FILE: &str = "provider.key";
 ///
 /// # Errors
 /// [`ProviderError::Io`] when the file cannot be read or written, is
-/// readable by group or others, or does not hold 64 hex digits.
+/// readable by group or others, owned by another user than the caller's
+/// effective one, or does not hold 64 hex digits.
 pub fn load_or_create(path: &Path) -> Result<SigningKey, ProviderError> {
     match std::fs::metadata(path) {
         Ok(meta) => {
+            // SAFETY: geteuid has no preconditions.
+            let me = unsafe { libc::geteuid() };
+            if meta.uid() != me {
+                return Err(ProviderError::io(
+                    path.display(),
+                    format!(
+                        "key file is owned by uid {}, not by the provider (uid {me})",
+                        meta.uid()
+                    ),
+                ));
+            }
             if meta.permissions().mode() & 0o077 != 0 {
                 return Err(ProviderError::io(
                     path.display(),
@@ -74,6 +87,15 @@ mod tests {
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
         assert_eq!(load_or_create(&path).unwrap_err().code(), "provider_io");
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        std::os::unix::fs::chown(&path, Some(65534), None).unwrap();
+        assert_eq!(
+            load_or_create(&path).unwrap_err().to_string(),
+            format!(
+                "provider state: {}: key file is owned by uid 65534, not by the provider (uid 0)",
+                path.display()
+            )
+        );
+        std::os::unix::fs::chown(&path, Some(0), None).unwrap();
         std::fs::write(&path, "zz\n").unwrap();
         assert_eq!(load_or_create(&path).unwrap_err().code(), "provider_io");
         std::fs::remove_dir_all(&dir).unwrap();

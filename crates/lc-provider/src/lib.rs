@@ -5,7 +5,8 @@
 //!   allocate, generation-scoped destroy, observe, and the page relay.
 //! * [`BwrapProvider`] ([`bwrap`]): instances under bubblewrap, limited by
 //!   cgroups ([`cgroup`], v1 and v2) and rlimits, each with the
-//!   `lc-supervisor` as its first process.
+//!   `lc-supervisor` as its first process, each run as the unprivileged
+//!   host account of [`account`] (`lc-sandbox` by default), never as root.
 //! * [`identity`]: the Ed25519 key that signs evidence, persisted `0600`.
 //! * [`fence`]: the persisted fences (a restarted provider still refuses a
 //!   fenced generation).
@@ -28,6 +29,7 @@ use lc_core::{
     AttemptNo, Command, Digest, ExecId, Generation, ProviderId, SandboxLeaseId, Shape, WorkspaceId,
 };
 
+pub mod account;
 pub mod bwrap;
 pub mod cgroup;
 pub mod fence;

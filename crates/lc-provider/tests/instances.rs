@@ -13,6 +13,7 @@ use lc_core::shape::{SMALL, SMALL_NET};
 use lc_core::{
     AttemptNo, Command, ExecId, Generation, ProviderId, SandboxLeaseId, Shape, WorkspaceId,
 };
+use lc_provider::account::SandboxAccount;
 use lc_provider::cgroup::CgroupVersion;
 use lc_provider::runtime::base_digest;
 use lc_provider::{
@@ -86,11 +87,57 @@ fn config(dir: &Path) -> BwrapConfig {
 }
 
 fn env() -> Env {
+    env_with(|_| {})
+}
+
+/// A fresh state directory and a provider on it, its configuration
+/// changed by `change`.
+fn env_with(change: impl FnOnce(&mut BwrapConfig)) -> Env {
+    let dir = fresh_dir();
+    let mut cfg = config(&dir);
+    change(&mut cfg);
+    let provider = BwrapProvider::open(cfg).unwrap();
+    Env { dir, provider }
+}
+
+fn fresh_dir() -> PathBuf {
     let n = COUNTER.fetch_add(1, Ordering::SeqCst);
     let dir = PathBuf::from(format!("/tmp/lcp-{}-{n}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let provider = BwrapProvider::open(config(&dir)).unwrap();
-    Env { dir, provider }
+    dir
+}
+
+/// `program args` run on the host as the sandbox account `a` (no
+/// supplementary group): (exit code, stdout, stderr).
+fn as_account(a: &SandboxAccount, program: &str, args: &[&str]) -> (i32, String, String) {
+    use std::os::unix::process::CommandExt as _;
+    let out = std::process::Command::new(program)
+        .args(args)
+        .uid(a.uid)
+        .gid(a.gid)
+        .current_dir("/")
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap(),
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8(out.stderr).unwrap(),
+    )
+}
+
+/// The passwd entry of `name` as `getent` prints it, split at `:`.
+fn passwd_entry(name: &str) -> Vec<String> {
+    let out = std::process::Command::new("getent")
+        .args(["passwd", name])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "getent passwd {name}: {out:?}");
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .trim_end()
+        .split(':')
+        .map(str::to_owned)
+        .collect()
 }
 
 fn req(lease: i64, generation: i64, shape: Shape, argv: &[&str]) -> AllocateRequest {
@@ -507,20 +554,32 @@ async fn host_processes_cannot_be_signalled() {
         .arg("30")
         .spawn()
         .unwrap();
-    // The host's pid is not even named in the instance's PID namespace.
+    // A host process of the sandbox account itself: the same host uid as
+    // the instance, so only the PID namespace keeps it out of reach.
+    let mut same_uid = {
+        use std::os::unix::process::CommandExt as _;
+        let a = e.provider.sandbox_account();
+        std::process::Command::new("sleep")
+            .arg("30")
+            .uid(a.uid)
+            .gid(a.gid)
+            .spawn()
+            .unwrap()
+    };
+    // The host's pids are not even named in the instance's PID namespace.
     let script = format!(
-        "kill -9 {pid}; echo rc=$?; test -e /proc/{pid}; echo visible=$?",
-        pid = host.id()
+        "for pid in {} {}; do kill -9 $pid; echo rc=$?; test -e /proc/$pid; echo visible=$?; done",
+        host.id(),
+        same_uid.id()
     );
     let (out, err, _) = run(&e, 8, sh(8, &script)).await;
-    assert_eq!(out, "rc=1\nvisible=1\n");
-    assert!(err.contains("No such process"), "{err}");
-    assert!(
-        host.try_wait().unwrap().is_none(),
-        "the host process was killed"
-    );
-    host.kill().unwrap();
-    host.wait().unwrap();
+    assert_eq!(out, "rc=1\nvisible=1\nrc=1\nvisible=1\n");
+    assert_eq!(err.matches("No such process").count(), 2, "{err}");
+    for p in [&mut host, &mut same_uid] {
+        assert!(p.try_wait().unwrap().is_none(), "a host process was killed");
+        p.kill().unwrap();
+        p.wait().unwrap();
+    }
     e.provider
         .destroy(SandboxLeaseId(8), Generation(1))
         .await
@@ -989,6 +1048,481 @@ async fn a_bubblewrap_that_fails_leaves_no_instance_group_or_directory() {
     assert!(e.provider.allocate(sh(17, "true")).await.unwrap().created);
     e.provider
         .destroy(SandboxLeaseId(17), Generation(1))
+        .await
+        .unwrap();
+}
+
+/// What the sandboxed program of the identity test prints: its ids and
+/// groups, the errno of opening the provider's key (hard-linked into the
+/// workspace, so bound into the sandbox), the workspace's mode and owner,
+/// and the key's owner and mode as the sandbox sees them; it also writes
+/// `/workspace/made`.
+const IDENTITY: &str = "import os\n\
+print(os.getuid(), os.getgid(), os.geteuid(), os.getgroups())\n\
+open('/workspace/made', 'w').write('by the sandbox')\n\
+try:\n    open('/workspace/provider.key').read()\n    print('key read')\n\
+except OSError as e:\n    print('key', e.errno)\n\
+st = os.stat('/workspace')\n\
+print('ws', oct(st.st_mode & 0o777), st.st_uid, st.st_gid)\n\
+st = os.stat('/workspace/provider.key')\n\
+print('key owner', st.st_uid, oct(st.st_mode & 0o777))\n";
+
+#[tokio::test]
+async fn the_sandbox_is_the_unprivileged_account_on_the_host() {
+    use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+    let e = env();
+    let a = e.provider.sandbox_account().clone();
+    let entry = passwd_entry("lc-sandbox");
+    assert_eq!(a.name, "lc-sandbox");
+    assert_eq!(entry[2], a.uid.to_string());
+    assert_eq!(entry[3], a.gid.to_string());
+    assert_eq!(entry[6], "/usr/sbin/nologin");
+    assert!(a.uid != 0 && a.gid != 0, "{a:?}");
+    // The provider's key (root, 0600) bound into the sandbox: a hard link
+    // of it in the workspace, the same inode.
+    let ws = e.provider.workspace_dir(WorkspaceId(18));
+    std::fs::create_dir_all(&ws).unwrap();
+    let key = e.dir.join("provider.key");
+    std::fs::hard_link(&key, ws.join("provider.key")).unwrap();
+    let (out, err, exit) = run(&e, 18, req(18, 1, SMALL, &["python3", "-c", IDENTITY])).await;
+    // Inside: uid and gid 1000, no group; EACCES on the key, which belongs
+    // to a host user the sandbox has no name for (the overflow uid).
+    assert_eq!(
+        out,
+        "1000 1000 1000 []\nkey 13\nws 0o700 1000 1000\nkey owner 65534 0o600\n"
+    );
+    assert_eq!(err, "");
+    assert_eq!(exit, ExitStatus::exited(0));
+    // On the host: what the sandbox wrote is the account's, not root's.
+    let made = std::fs::metadata(ws.join("made")).unwrap();
+    assert_eq!((made.uid(), made.gid()), (a.uid, a.gid));
+    assert_eq!(
+        std::fs::read_to_string(ws.join("made")).unwrap(),
+        "by the sandbox"
+    );
+    // The modes of the state directory: the sandbox's two directories are
+    // the account's 0700; the rest is root's, and only searchable where
+    // bubblewrap must pass through.
+    let inst = e.dir.join("instances/18-1");
+    for (path, uid, mode) in [
+        (e.dir.clone(), 0, 0o711),
+        (key.clone(), 0, 0o600),
+        (e.dir.join("fences"), 0, 0o700),
+        (e.dir.join("instances"), 0, 0o711),
+        (e.dir.join("workspaces"), 0, 0o711),
+        (inst.clone(), 0, 0o711),
+        (inst.join("instance.json"), 0, 0o600),
+        (inst.join("bwrap.log"), 0, 0o600),
+        (inst.join("run"), a.uid, 0o700),
+        (ws.clone(), a.uid, 0o700),
+    ] {
+        let m = std::fs::symlink_metadata(&path).unwrap();
+        assert_eq!(
+            (m.uid(), m.permissions().mode() & 0o7777),
+            (uid, mode),
+            "{}",
+            path.display()
+        );
+    }
+    // The account itself, on the host, reads none of the provider's state.
+    let denied = |p: &Path| format!("cat: {}: Permission denied\n", p.display());
+    for p in [
+        key.clone(),
+        inst.join("instance.json"),
+        inst.join("bwrap.log"),
+    ] {
+        assert_eq!(
+            as_account(&a, "cat", &[p.to_str().unwrap()]),
+            (1, String::new(), denied(&p)),
+        );
+    }
+    for p in [
+        e.dir.clone(),
+        e.dir.join("fences"),
+        e.dir.join("instances"),
+        e.dir.join("workspaces"),
+    ] {
+        assert_eq!(
+            as_account(&a, "ls", &[p.to_str().unwrap()]),
+            (
+                2,
+                String::new(),
+                format!(
+                    "ls: cannot open directory '{}': Permission denied\n",
+                    p.display()
+                )
+            ),
+        );
+    }
+    e.provider
+        .destroy(SandboxLeaseId(18), Generation(1))
+        .await
+        .unwrap();
+}
+
+/// Removes a test account when the test ends, however it ends.
+struct TestAccount(String);
+
+impl Drop for TestAccount {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("userdel")
+            .arg(&self.0)
+            .stderr(std::process::Stdio::null())
+            .status();
+    }
+}
+
+#[tokio::test]
+async fn a_missing_sandbox_account_is_created_and_root_is_refused() {
+    use std::os::unix::fs::MetadataExt as _;
+    let name = format!("lc-t-{}", std::process::id());
+    let guard = TestAccount(name.clone());
+    drop(TestAccount(name.clone()));
+    assert_eq!(lc_provider::account::lookup(&name).unwrap(), None);
+    let e = env_with(|c| c.sandbox_user = name.clone());
+    let a = e.provider.sandbox_account().clone();
+    let entry = passwd_entry(&name);
+    assert_eq!(
+        entry,
+        [
+            name.clone(),
+            "x".into(),
+            a.uid.to_string(),
+            a.gid.to_string(),
+            String::new(),
+            "/nonexistent".into(),
+            "/usr/sbin/nologin".into()
+        ]
+    );
+    // A system account: below Debian's first login uid.
+    assert!((1..1000).contains(&a.uid), "{a:?}");
+    assert_ne!(a.uid, passwd_entry("lc-sandbox")[2].parse::<u32>().unwrap());
+    let (out, _, exit) = run(&e, 19, sh(19, "id -u; id -g; echo x > /workspace/f")).await;
+    assert_eq!(out, "1000\n1000\n");
+    assert_eq!(exit, ExitStatus::exited(0));
+    let f = std::fs::metadata(e.provider.workspace_dir(WorkspaceId(19)).join("f")).unwrap();
+    assert_eq!((f.uid(), f.gid()), (a.uid, a.gid));
+    e.provider
+        .destroy(SandboxLeaseId(19), Generation(1))
+        .await
+        .unwrap();
+    drop(guard);
+    assert_eq!(lc_provider::account::lookup(&name).unwrap(), None);
+    // Root, and names that are not account names, are refused.
+    for (user, detail) in [
+        (
+            "root",
+            "sandbox user \"root\": has uid 0 gid 0: a sandbox never runs as root or group root",
+        ),
+        (
+            "Lc Sandbox",
+            "sandbox user \"Lc Sandbox\": want [a-z_][a-z0-9_-]*, at most 32 bytes",
+        ),
+    ] {
+        let dir = fresh_dir();
+        let mut cfg = config(&dir);
+        cfg.sandbox_user = user.into();
+        let err = BwrapProvider::open(cfg).err().unwrap();
+        assert_eq!(err.to_string(), format!("provider state: {detail}"));
+        assert!(!dir.exists(), "a refused account left {}", dir.display());
+    }
+}
+
+#[tokio::test]
+async fn a_set_id_bubblewrap_and_paths_the_account_cannot_reach_are_refused() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let e = env();
+    let a = e.provider.sandbox_account().clone();
+    let fake = e.dir.join("suid-bwrap");
+    std::fs::copy("/usr/bin/bwrap", &fake).unwrap();
+    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o4755)).unwrap();
+    let mut cfg = config(&e.dir);
+    cfg.bwrap_bin = fake.clone();
+    assert_eq!(
+        BwrapProvider::open(cfg).err().unwrap().to_string(),
+        format!(
+            "provider state: {}: bubblewrap is set-uid or set-gid: the provider runs it unprivileged, as the sandbox account, and builds no instance through a privileged helper",
+            fake.display()
+        )
+    );
+    // A supervisor, and a runtime store, below a directory only root enters.
+    let private = e.dir.join("private");
+    std::fs::create_dir(&private).unwrap();
+    std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let sup = private.join("lc-supervisor");
+    std::fs::copy(supervisor_bin(), &sup).unwrap();
+    let unreachable = |program: &Path, cwd: &Path| {
+        format!(
+            "provider state: {}: the sandbox account lc-sandbox (uid {}) cannot execute it from {}: Permission denied (os error 13) (it and every directory above it and above {} must be searchable by that account)",
+            program.display(),
+            a.uid,
+            cwd.display(),
+            cwd.display()
+        )
+    };
+    let mut cfg = config(&e.dir);
+    cfg.supervisor_bin = sup.clone();
+    assert_eq!(
+        BwrapProvider::open(cfg).err().unwrap().to_string(),
+        unreachable(&sup, &e.dir.join("instances"))
+    );
+    let mut cfg = config(&e.dir);
+    cfg.runtime_dir = private.join("runtimes");
+    assert_eq!(
+        BwrapProvider::open(cfg).err().unwrap().to_string(),
+        unreachable(Path::new("/usr/bin/bwrap"), &private.join("runtimes"))
+    );
+    // A runtime store only root may enter, but the provider's own, is
+    // made searchable (not listable) by others.
+    let rt = e.dir.join("rt700");
+    std::fs::create_dir(&rt).unwrap();
+    std::fs::set_permissions(&rt, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let mut cfg = config(&e.dir);
+    cfg.runtime_dir = rt.clone();
+    BwrapProvider::open(cfg).unwrap();
+    assert_eq!(
+        std::fs::metadata(&rt).unwrap().permissions().mode() & 0o7777,
+        0o701
+    );
+    // A state directory the account owns (it could rename what is in it).
+    let theirs = fresh_dir();
+    std::fs::create_dir(&theirs).unwrap();
+    std::os::unix::fs::chown(&theirs, Some(a.uid), Some(a.gid)).unwrap();
+    assert_eq!(
+        BwrapProvider::open(config(&theirs))
+            .err()
+            .unwrap()
+            .to_string(),
+        format!(
+            "provider state: {}: not a directory owned by the provider (uid 0)",
+            theirs.display()
+        )
+    );
+    std::fs::remove_dir(&theirs).unwrap();
+    // A provider that is not root is refused before it touches anything.
+    let host_bin = std::env::current_exe()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("examples/provider_host");
+    let state = fresh_dir();
+    let (code, out, err) = as_account(
+        &a,
+        host_bin.to_str().unwrap(),
+        &[
+            state.to_str().unwrap(),
+            "little-compute-test-unprivileged",
+            supervisor_bin().to_str().unwrap(),
+        ],
+    );
+    assert_eq!((code, out.as_str()), (101, ""));
+    assert!(
+        err.contains("the provider: must run as root: it limits instances through cgroups and starts each as the unprivileged sandbox account"),
+        "{err}"
+    );
+    assert!(!state.exists());
+}
+
+/// Served by `lc_provider::http::serve`, the provider's service is held to
+/// httpkit's connection layer: at the bound with every connection busy, a
+/// new one is answered 503 `too_many_connections` in the provider's
+/// problem type while the busy one is still served; a connection that
+/// sends no head is closed at the header-read timeout; an unknown route is
+/// a problem document.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_service_is_bounded_by_the_connection_layer() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    use tokio::net::{TcpListener, TcpStream};
+    let e = env();
+    let provider: Arc<dyn Provider> = Arc::new(BwrapProvider::open(config(&e.dir)).unwrap());
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let header_read_timeout = Duration::from_millis(500);
+    let limits = httpkit::ConnectionLimits {
+        connections_max: 1,
+        header_read_timeout,
+        idle_timeout: Duration::from_secs(30),
+    };
+    let served = tokio::spawn(lc_provider::http::serve(
+        listener,
+        provider,
+        None,
+        limits,
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    let answer = |mut s: TcpStream| async move {
+        let mut text = String::new();
+        tokio::time::timeout(Duration::from_secs(5), s.read_to_string(&mut text))
+            .await
+            .expect("answered and closed in time")
+            .expect("read");
+        text
+    };
+    // The one connection is busy: the service reads its body (sending
+    // `100 Continue` only then) and waits for it.
+    let mut busy = TcpStream::connect(addr).await.unwrap();
+    busy.write_all(
+        b"POST /v1/instances HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\
+          Content-Type: application/json\r\nContent-Length: 2\r\n\
+          Expect: 100-continue\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let mut continued = [0u8; 25];
+    tokio::time::timeout(Duration::from_secs(5), busy.read_exact(&mut continued))
+        .await
+        .expect("100 Continue in time")
+        .unwrap();
+    assert_eq!(&continued, b"HTTP/1.1 100 Continue\r\n\r\n");
+    let refused = answer(TcpStream::connect(addr).await.unwrap()).await;
+    let body = r#"{"code":"too_many_connections","detail":"the service is at its connection bound with every connection busy; retry in 1 s","status":503,"title":"Too many connections","type":"urn:little-compute:provider:problem:too_many_connections"}"#;
+    assert!(
+        refused.starts_with("HTTP/1.1 503 Service Unavailable\r\n"),
+        "{refused}"
+    );
+    for line in [
+        "content-type: application/problem+json",
+        "retry-after: 1",
+        "connection: close",
+        &format!("content-length: {}", body.len()),
+    ] {
+        assert!(
+            refused.contains(&format!("\r\n{line}\r\n")),
+            "{line}: {refused}"
+        );
+    }
+    assert!(refused.ends_with(&format!("\r\n\r\n{body}")), "{refused}");
+    // The busy request completes: an empty allocate body is refused.
+    busy.write_all(b"{}").await.unwrap();
+    let done = answer(busy).await;
+    assert!(done.starts_with("HTTP/1.1 400 Bad Request\r\n"), "{done}");
+    let (_, json) = done.split_once("\r\n\r\n").unwrap();
+    let json: serde_json::Value = serde_json::from_str(json).unwrap();
+    assert_eq!(json["code"], "invalid_request");
+    assert_eq!(json["error"]["code"], "invalid_request");
+    // A connection that sends nothing is closed once the head is overdue.
+    let t = Instant::now();
+    assert_eq!(answer(TcpStream::connect(addr).await.unwrap()).await, "");
+    assert!(t.elapsed() >= header_read_timeout, "{:?}", t.elapsed());
+    // An unknown route is the provider's problem document, not a bare 404.
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(b"GET /v1/nothing HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let missing = answer(s).await;
+    assert!(
+        missing.starts_with("HTTP/1.1 404 Not Found\r\n"),
+        "{missing}"
+    );
+    assert!(
+        missing.ends_with(r#"{"code":"not_found","detail":"no such resource","status":404,"title":"Not found","type":"urn:little-compute:provider:problem:not_found"}"#),
+        "{missing}"
+    );
+    stop.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(5), served)
+        .await
+        .expect("the server returns")
+        .unwrap();
+}
+
+/// The `Uid`, `Gid`, `Groups`, `NoNewPrivs` and `CapEff` lines of
+/// `/proc/<pid>/status`, in that order (ids as the host sees them).
+fn credentials(pid: i32) -> Vec<String> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    ["Uid:", "Gid:", "Groups:", "NoNewPrivs:", "CapEff:"]
+        .iter()
+        .map(|k| {
+            let line = status.lines().find(|l| l.starts_with(k)).unwrap_or("");
+            line.split_whitespace().collect::<Vec<_>>().join(" ")
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn every_process_of_an_instance_is_the_account_on_the_host() {
+    let e = env();
+    let a = e.provider.sandbox_account().clone();
+    e.provider
+        .allocate(sh(20, "sleep 300 & sleep 300"))
+        .await
+        .unwrap();
+    let cg = e
+        .provider
+        .instance_cgroup(SandboxLeaseId(20), Generation(1));
+    let t = Instant::now();
+    // bwrap, its init, the supervisor, sh, two sleeps.
+    while cg.pids().len() < 6 {
+        assert!(t.elapsed() < DEADLINE, "{:?}", cg.pids());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let (u, g) = (a.uid, a.gid);
+    for pid in cg.pids() {
+        let creds = credentials(pid);
+        // Real, effective, saved and file-system ids: the account's; no
+        // supplementary group; no way to gain privileges by exec.
+        assert_eq!(
+            creds[..4],
+            [
+                format!("Uid: {u} {u} {u} {u}"),
+                format!("Gid: {g} {g} {g} {g}"),
+                "Groups:".to_owned(),
+                "NoNewPrivs: 1".to_owned(),
+            ],
+            "pid {pid}"
+        );
+    }
+    // The supervisor and the command hold no capability, even in their
+    // own user namespace.
+    let children = |pid: i32| -> Vec<i32> {
+        std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+            .unwrap_or_default()
+            .split_whitespace()
+            .map(|p| p.parse().unwrap())
+            .collect()
+    };
+    let mut below_init: Vec<i32> = Vec::new();
+    for pid in cg.pids() {
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        if cmdline.starts_with(b"/.lc/supervisor\0") {
+            below_init.push(pid);
+            below_init.extend(children(pid));
+        }
+    }
+    assert_eq!(below_init.len(), 2, "the supervisor and sh: {below_init:?}");
+    // bubblewrap runs with none of the provider's environment (processes
+    // of the account may read it); the command with the clean one.
+    let environ = |pid: i32| std::fs::read(format!("/proc/{pid}/environ")).unwrap();
+    let outer: Vec<i32> = cg
+        .pids()
+        .into_iter()
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .unwrap_or_default()
+                .starts_with(b"/usr/bin/bwrap\0")
+        })
+        .collect();
+    assert_eq!(outer.len(), 2, "bubblewrap and its init: {outer:?}");
+    for pid in outer {
+        assert_eq!(environ(pid), b"", "pid {pid}");
+    }
+    // (bubblewrap adds PWD for its --chdir.)
+    for pid in &below_init {
+        assert_eq!(
+            String::from_utf8(environ(*pid)).unwrap(),
+            "PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin\0HOME=/workspace\0LANG=C.UTF-8\0PWD=/workspace\0",
+            "pid {pid}"
+        );
+    }
+    for pid in below_init {
+        assert_eq!(credentials(pid)[4], "CapEff: 0000000000000000", "pid {pid}");
+    }
+    e.provider
+        .destroy(SandboxLeaseId(20), Generation(1))
         .await
         .unwrap();
 }

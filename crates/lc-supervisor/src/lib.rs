@@ -2,7 +2,9 @@
 //!
 //! `lc-supervisor --socket PATH [--spool-bytes N] -- ARGV...`
 //!
-//! It binds the unix socket at `PATH`, starts `ARGV` with its stdin on
+//! It binds the unix socket at `PATH` (under the temporary name `.b` in the
+//! same directory, renamed to `PATH` once it listens, so whoever sees
+//! `PATH` can connect at once), starts `ARGV` with its stdin on
 //! `/dev/null` and its stdout and stderr on pipes, and turns what the command
 //! writes into numbered [`Page`]s (seq from 1, no gaps) in a bounded
 //! in-memory spool. Design and failure modes:
@@ -29,6 +31,16 @@
 //!   Once the terminal page is acknowledged the supervisor exits 0.
 //! * The supervisor's clock is never consulted for anything but that
 //!   connection timeout; it holds no credential.
+//! * **Identity.** Under the bubblewrap provider the supervisor and the
+//!   command run as uid and gid 1000 of the instance's user namespace,
+//!   with no capability and no supplementary group. On the host that uid
+//!   is the provider's unprivileged sandbox account (`lc-sandbox` by
+//!   default), never root: the provider drops to it before bubblewrap
+//!   starts, so the socket, the pages and every file the command writes
+//!   are that account's, and a host file bound in is read with that
+//!   account's credentials. The supervisor needs nothing more: it only
+//!   binds its socket in the directory the provider made for it and runs
+//!   the command.
 
 use std::collections::VecDeque;
 use std::io::Read;
@@ -54,6 +66,11 @@ pub const SPOOL_BYTES_MIN: u64 = 1;
 /// The largest spool bound accepted: 1 GiB of memory inside an instance.
 pub const SPOOL_BYTES_LIMIT: u64 = 1 << 30;
 
+/// The temporary name the socket is bound under, in the socket's
+/// directory, before it is renamed into place: two bytes, so it fits
+/// wherever the socket's own path does (a one-byte name aside).
+pub const BINDING_NAME: &str = ".b";
+
 /// Exit code of a command that could not be started.
 pub const START_FAILED_CODE: i32 = 127;
 
@@ -64,7 +81,7 @@ pub struct Args {
     pub socket: std::path::PathBuf,
     /// The spool bound in bytes.
     pub spool_bytes_max: u64,
-    /// The command, argv[0] first.
+    /// The command, `argv[0]` first.
     pub argv: Vec<String>,
 }
 
@@ -354,14 +371,22 @@ pub fn run(args: Args) -> i32 {
     unsafe {
         libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
     }
+    // A socket file exists from bind on but refuses connections until
+    // listen: bound under a temporary name, it appears at its name only
+    // once it listens.
+    let binding = args.socket.with_file_name(BINDING_NAME);
     let _ = std::fs::remove_file(&args.socket);
-    let listener = match UnixListener::bind(&args.socket) {
+    let _ = std::fs::remove_file(&binding);
+    let listener = match UnixListener::bind(&binding)
+        .and_then(|l| std::fs::rename(&binding, &args.socket).map(|()| l))
+    {
         Ok(l) => l,
         Err(e) => {
             eprintln!(
                 "lc-supervisor: socket_bind_failed: {}: {e}",
                 args.socket.display()
             );
+            let _ = std::fs::remove_file(&binding);
             return 1;
         }
     };

@@ -324,3 +324,23 @@ fn bad_usage_exits_2() {
         assert!(String::from_utf8_lossy(&out.stderr).starts_with("usage_error: "));
     }
 }
+
+/// The socket's name appears only once the supervisor listens: the first
+/// connection after it appears is accepted, every time. (Bound at its name
+/// directly, a connection in the window between bind and listen is refused
+/// within a few dozen of these rounds.)
+#[test]
+fn the_socket_accepts_as_soon_as_it_appears() {
+    for i in 0..200 {
+        let sup = start(&format!("appear-{i}"), None, &["true"]);
+        let t = Instant::now();
+        while !sup.socket.exists() {
+            assert!(t.elapsed() < DEADLINE, "supervisor socket never appeared");
+            std::hint::spin_loop();
+        }
+        let s = UnixStream::connect(&sup.socket);
+        assert!(s.is_ok(), "round {i}: {s:?}");
+        assert!(!sup.dir.join(lc_supervisor::BINDING_NAME).exists());
+        drop(s);
+    }
+}

@@ -6,7 +6,21 @@
 //! ```text
 //! little-compute provider --state-dir D --listen 127.0.0.1:P --id ID [--runtime-dir R]
 //!     [--supervisor PATH] [--cgroup-parent NAME] [--spool-bytes N] [--token-file F]
+//!     [--sandbox-user NAME] [--connections-max N]
 //! ```
+//!
+//! The provider runs as root; every sandbox runs as the unprivileged host
+//! account `--sandbox-user` (default `lc-sandbox`, created as a system
+//! account without home or login shell when missing), never as root: uid
+//! 1000 inside is that account on the host, so what a sandbox writes is
+//! that account's and every path bound into it is read with that
+//! account's credentials (see `lc_provider::account`). The runtime store,
+//! the supervisor binary and the state directory must be reachable
+//! (searchable) by that account; the provider checks at start.
+//!
+//! The API is served through httpkit's connection layer: at most
+//! `--connections-max` connections, a header-read and an idle timeout,
+//! bodies and handling bounded (see `lc_provider::http`).
 //!
 //! With `--token-file`, every route but `/v1/identity` requires
 //! `Authorization: Bearer <token>` (the file's content without its trailing
@@ -14,7 +28,7 @@
 //! whenever instances with the network run, since they share the host's
 //! loopback.
 //!
-//! stdout: `{"cgroup":"v1","listen":"127.0.0.1:P","provider_id":"local","public_key_hex":"<64 hex>","token":false}`.
+//! stdout: `{"cgroup":"v1","listen":"127.0.0.1:P","provider_id":"local","public_key_hex":"<64 hex>","sandbox_uid":995,"sandbox_user":"lc-sandbox","token":false}`.
 //! Exit status: 0 after a signal-initiated shutdown, 2 for bad arguments,
 //! 1 when the state, the listener or the service fails.
 
@@ -57,7 +71,18 @@ pub struct ProviderArgs {
     /// requires (see the module docs).
     #[arg(long)]
     pub token_file: Option<PathBuf>,
+    /// The unprivileged host account every sandbox runs as (created as a
+    /// system account when missing).
+    #[arg(long, default_value = lc_provider::account::SANDBOX_USER_DEFAULT)]
+    pub sandbox_user: String,
+    /// Connections the provider API serves at once.
+    #[arg(long, default_value_t = httpkit::server::CONNECTIONS_MAX_DEFAULT)]
+    pub connections_max: usize,
 }
+
+/// Descriptors the provider holds besides connections: the state files
+/// and each allocation's log and pipes, a few at a time under its lock.
+const DESCRIPTORS_OTHER: usize = 64;
 
 /// The shortest accepted token, in characters.
 pub const TOKEN_CHARS_MIN: usize = 32;
@@ -139,6 +164,12 @@ pub async fn serve(args: ProviderArgs) -> Result<(), ProviderRunError> {
             args.listen
         )));
     }
+    if !(1..=httpkit::server::CONNECTIONS_MAX_MAX).contains(&args.connections_max) {
+        return Err(ProviderRunError::Usage(format!(
+            "--connections-max must be 1..={}",
+            httpkit::server::CONNECTIONS_MAX_MAX
+        )));
+    }
     let token = args.token_file.as_deref().map(read_token).transpose()?;
     let id = ProviderId::new(args.id.clone())
         .map_err(|e| ProviderRunError::Usage(format!("--id: {e}")))?;
@@ -152,6 +183,7 @@ pub async fn serve(args: ProviderArgs) -> Result<(), ProviderRunError> {
     }
     cfg.cgroup_parent = args.cgroup_parent.clone();
     cfg.spool_bytes_max = args.spool_bytes;
+    cfg.sandbox_user = args.sandbox_user.clone();
     let cgroup = match CgroupRoot::detect(&cfg.cgroup_mount, &cfg.cgroup_parent)
         .map_err(|e| ProviderRunError::State(e.to_string()))?
         .version()
@@ -160,6 +192,16 @@ pub async fn serve(args: ProviderArgs) -> Result<(), ProviderRunError> {
         CgroupVersion::V2 => "v2",
     };
     let provider = BwrapProvider::open(cfg).map_err(|e| ProviderRunError::State(e.to_string()))?;
+    let fit = httpkit::server::fit_descriptor_limit(args.connections_max, DESCRIPTORS_OTHER)
+        .map_err(|e| ProviderRunError::Usage(e.to_string()))?;
+    if let Some(from) = fit.raised_from {
+        tracing::info!(
+            from,
+            needed = fit.needed,
+            "raised the soft limit on open files"
+        );
+    }
+    let sandbox = provider.sandbox_account().clone();
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .map_err(|e| ProviderRunError::Listen(format!("{}: {e}", args.listen)))?;
@@ -172,17 +214,25 @@ pub async fn serve(args: ProviderArgs) -> Result<(), ProviderRunError> {
         "listen": local.to_string(),
         "cgroup": cgroup,
         "token": token.is_some(),
+        "sandbox_user": sandbox.name,
+        "sandbox_uid": sandbox.uid,
     });
     println!("{identity}");
-    tracing::info!(provider_id = provider.id().as_str(), listen = %local, cgroup, "provider serving");
+    tracing::info!(
+        provider_id = provider.id().as_str(),
+        listen = %local,
+        cgroup,
+        sandbox_user = sandbox.name,
+        sandbox_uid = sandbox.uid,
+        "provider serving"
+    );
     let provider: Arc<dyn Provider> = Arc::new(provider);
-    let router = match token {
-        Some(t) => lc_provider::provider_router_with_token(provider, t),
-        None => lc_provider::provider_router(provider),
+    let limits = httpkit::ConnectionLimits {
+        connections_max: args.connections_max,
+        header_read_timeout: httpkit::server::HEADER_READ_TIMEOUT_DEFAULT,
+        idle_timeout: httpkit::server::IDLE_TIMEOUT_DEFAULT,
     };
-    lc_provider::http::serve(listener, router, shutdown_signal())
-        .await
-        .map_err(|e| ProviderRunError::Listen(e.to_string()))?;
+    lc_provider::http::serve(listener, provider, token, limits, shutdown_signal()).await;
     tracing::info!("provider stopped");
     Ok(())
 }
