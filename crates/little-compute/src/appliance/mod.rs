@@ -407,6 +407,7 @@ async fn start_all(
     say(format_args!("control plane is up at {url_cp}"));
 
     let provider_url = format!("http://127.0.0.1:{}", ports.provider);
+    let supervisor = supervisor_bin(layout, &exe)?;
     let provider = Spec {
         name: "provider",
         program: exe.clone(),
@@ -424,6 +425,8 @@ async fn start_all(
             layout.provider_token_file().into(),
             "--cgroup-parent".into(),
             cgroup_parent(&layout.root).into(),
+            "--supervisor".into(),
+            supervisor.into(),
         ],
         env: Vec::new(),
         run_as: None,
@@ -726,6 +729,45 @@ async fn record_policies(owner_url: &str, mode: SamplerMode) -> Result<(), Appli
     Ok(())
 }
 
+/// Copies the binary `source` to `DIR/bin/<name>` (mode 0755, through a
+/// temporary name and a rename, so a running copy is never overwritten in
+/// place) and returns the installed path: the accounts the appliance runs
+/// things as (the sampler's, the sandboxes') can execute it there wherever
+/// the build lives (a build under a home directory of mode 0700, say).
+fn install_binary(layout: &Layout, source: &Path, name: &str) -> Result<PathBuf, ApplianceError> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let bin_dir = layout.root.join("bin");
+    std::fs::create_dir_all(&bin_dir).map_err(|e| ApplianceError::io("creating DIR/bin", e))?;
+    std::fs::set_permissions(&bin_dir, std::fs::Permissions::from_mode(0o755))
+        .map_err(|e| ApplianceError::io("chmod DIR/bin", e))?;
+    let installed = bin_dir.join(name);
+    let tmp = bin_dir.join(format!("{name}.tmp"));
+    let _ = std::fs::remove_file(&tmp);
+    std::fs::copy(source, &tmp)
+        .map_err(|e| ApplianceError::io(format!("copying {}", source.display()), e))?;
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755))
+        .map_err(|e| ApplianceError::io(format!("chmod DIR/bin/{name}"), e))?;
+    std::fs::rename(&tmp, &installed)
+        .map_err(|e| ApplianceError::io(format!("installing DIR/bin/{name}"), e))?;
+    Ok(installed)
+}
+
+/// The supervisor binary bound into every sandbox: `lc-supervisor` beside
+/// this executable, installed into `DIR/bin` ([`install_binary`]).
+fn supervisor_bin(layout: &Layout, exe: &Path) -> Result<PathBuf, ApplianceError> {
+    let source = exe
+        .parent()
+        .map(|d| d.join("lc-supervisor"))
+        .ok_or_else(|| ApplianceError::Setup("this executable has no directory".into()))?;
+    if !source.is_file() {
+        return Err(ApplianceError::Setup(format!(
+            "the supervisor binary {} is missing (build it: cargo build --release -p lc-supervisor)",
+            source.display()
+        )));
+    }
+    install_binary(layout, &source, "lc-supervisor")
+}
+
 /// The sampler's process: `tollgate-safetime run`, copied into `DIR/bin`
 /// (so its account can execute it wherever this binary lives), as
 /// [`SAMPLER_USER`] when we are root.
@@ -743,25 +785,7 @@ fn sampler_spec(layout: &Layout, exe: &Path, sampler_url: &str) -> Result<Spec, 
             source.display()
         )));
     }
-    let bin_dir = layout.root.join("bin");
-    std::fs::create_dir_all(&bin_dir).map_err(|e| ApplianceError::io("creating DIR/bin", e))?;
-    {
-        use std::os::unix::fs::PermissionsExt as _;
-        std::fs::set_permissions(&bin_dir, std::fs::Permissions::from_mode(0o755))
-            .map_err(|e| ApplianceError::io("chmod DIR/bin", e))?;
-    }
-    let installed = bin_dir.join("tollgate-safetime");
-    let tmp = bin_dir.join("tollgate-safetime.tmp");
-    let _ = std::fs::remove_file(&tmp);
-    std::fs::copy(&source, &tmp)
-        .map_err(|e| ApplianceError::io(format!("copying {}", source.display()), e))?;
-    {
-        use std::os::unix::fs::PermissionsExt as _;
-        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755))
-            .map_err(|e| ApplianceError::io("chmod the sampler binary", e))?;
-    }
-    std::fs::rename(&tmp, &installed)
-        .map_err(|e| ApplianceError::io("installing the sampler binary", e))?;
+    let installed = install_binary(layout, &source, "tollgate-safetime")?;
     let run_as = if sys::is_root() {
         Some(
             sys::ensure_system_user(SAMPLER_USER)
