@@ -54,9 +54,11 @@ const NEW_TENANT_UNITS: i64 = 3;
 const EXECS_PER_ROUND: usize = 30;
 const DEPOSITS_PER_ROUND: usize = 8;
 const TENANTS_PER_ROUND: usize = 6;
-/// Round r kills serve once this many answers of the round arrived.
+/// Round r kills serve once this many answers of the round arrived: from
+/// the first answer to well into the batch, replays included.
 const KILL_AFTER: [usize; 4] = [1, 9, 23, 47];
-/// Requests in flight at once.
+/// Requests in flight at once: more than serve's 10 pooled connections,
+/// so at every kill some transactions run and others wait for one.
 const CONCURRENCY: usize = 16;
 /// Bound on one request (a live serve answers in milliseconds).
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(20);
