@@ -7,7 +7,9 @@
 # (postgresql-15 for the server binaries, bubblewrap for the sandboxes,
 # util-linux for setpriv), builds the release binaries (little-compute, lc,
 # lc-supervisor, tollgate-safetime), and runs `little-compute appliance up
-# --data-dir DIR` (default ./lc-data) in the foreground until Ctrl-C.
+# --data-dir DIR` (default /var/lib/little-compute) in the foreground until
+# Ctrl-C. DIR and its parents must be searchable by other users (PostgreSQL
+# and the sandboxes run under their own accounts).
 #
 # This is a single-host installation: the safe-time sampler runs here as
 # its own unprivileged user, outside every sandbox. Production runs
@@ -15,7 +17,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-dir="${1:-./lc-data}"
+dir="${1:-/var/lib/little-compute}"
 if [ "$#" -gt 0 ]; then shift; fi
 
 missing=()
