@@ -37,7 +37,7 @@ use lc_core::{
     TerminalReason,
 };
 use lc_provider::{BwrapConfig, BwrapProvider, Provider};
-use lc_worker::{ProviderAdapter, ProviderPort, Reconciler, ReconcilerOptions, StepReport};
+use lc_worker::{Reconciler, ReconcilerOptions, StepReport};
 use safetime::{SafeTimeConfig, UncertainReason};
 use safetime_pg::sampler::{Sampler, SamplerOptions};
 use tokio::sync::watch;
@@ -184,10 +184,7 @@ impl Rig {
             .expect("register provider");
         let rec = Reconciler::new(
             store.clone(),
-            vec![
-                Arc::new(ProviderAdapter::new(provider.clone() as Arc<dyn Provider>))
-                    as Arc<dyn ProviderPort>,
-            ],
+            vec![provider.clone() as Arc<dyn Provider>],
             clock.clone(),
             options,
         )
@@ -217,9 +214,7 @@ impl Rig {
     fn reconciler(&self, store: Arc<lc_pg::LcStore>, options: ReconcilerOptions) -> Reconciler {
         Reconciler::new(
             store,
-            vec![Arc::new(ProviderAdapter::new(
-                self.provider.clone() as Arc<dyn Provider>
-            )) as Arc<dyn ProviderPort>],
+            vec![self.provider.clone() as Arc<dyn Provider>],
             self.clock.clone(),
             options,
         )
