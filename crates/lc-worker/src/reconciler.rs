@@ -7,8 +7,13 @@
 //!
 //! * `allocate`: the provider allocates the instance and starts the
 //!   command; then the store marks the lease `active`. A refusal (the
-//!   instance cannot start) moves the lease to `release_pending` with
-//!   `start_failed`; an unreachable provider is retried at the next step.
+//!   instance cannot start: an unknown runtime, a failed start, a fenced
+//!   generation, a shape or command the provider cannot take) moves the
+//!   lease to `release_pending` with `start_failed`. An error retrying can
+//!   cure ([`ProviderError::is_transient`]: the provider unreachable, its
+//!   state or the supervisor failing) and a refused credential (this
+//!   worker's configuration, not the instance's fault) are retried at the
+//!   next step instead ([`retried`]).
 //! * `maintain`: output pages move from the provider's spool into the
 //!   store: pages after the stored seq are fetched, appended (idempotent
 //!   on seq, checked by sha256), and only then acked through the stored
@@ -30,6 +35,12 @@
 //! Finally, on a certain reading, a bounded batch of operation keys gets
 //! its terminal receipt and a bounded batch of due keys is deleted.
 //!
+//! Providers are [`lc_provider::Provider`]s, called directly (the
+//! bubblewrap provider in process, `lc_provider::HttpProvider` over
+//! loopback): the reconciler turns the store's [`LeaseWork`] into an
+//! [`AllocateRequest`] and the provider's pages into [`OutputPage`]s of the
+//! lease's exec and attempt itself.
+//!
 //! A failure on one lease is recorded in the report and does not stop the
 //! others: the next step retries from what the store says. Every store
 //! method is replay-safe, so a worker killed at any point and restarted (or
@@ -45,12 +56,11 @@ use lc_core::page::PAGES_PER_REQUEST_MAX;
 use lc_core::rules::{APPEND_PAGES_MAX, LIST_LIMIT_MAX};
 use lc_core::store::ReconcileStore;
 use lc_core::{
-    CutReading, Generation, LcError, LeaseAction, LeaseWork, PageKind, ProviderId, SandboxLeaseId,
-    TerminalReason,
+    Command, CutReading, Generation, LcError, LeaseAction, LeaseWork, OutputPage, PageKind,
+    ProviderId, SandboxLeaseId, Shape, TerminalReason,
 };
+use lc_provider::{AllocateRequest, Provider, ProviderError};
 use tokio::sync::watch;
-
-use crate::port::{PortError, ProviderPort};
 
 /// Fetch-append-ack rounds per lease and step: with 64 pages of at most
 /// 64 KiB per round, one lease moves up to 16 MiB per step (twice the
@@ -205,8 +215,10 @@ impl StepError {
 /// Why one lease's handling stopped.
 enum Fail {
     Store(LcError),
-    Port(PortError),
+    Provider(ProviderError),
     UnknownProvider(ProviderId),
+    /// The provider's evidence envelope did not serialize as JSON.
+    Evidence(serde_json::Error),
 }
 
 impl From<LcError> for Fail {
@@ -215,17 +227,40 @@ impl From<LcError> for Fail {
     }
 }
 
-impl From<PortError> for Fail {
-    fn from(e: PortError) -> Self {
-        Fail::Port(e)
+impl From<ProviderError> for Fail {
+    fn from(e: ProviderError) -> Self {
+        Fail::Provider(e)
     }
+}
+
+/// Whether an allocate that failed with `e` is retried at the next step
+/// rather than taken as the instance's start failure: an error retrying
+/// can cure ([`ProviderError::is_transient`]), or a refused credential,
+/// which is this worker's configuration and not the instance's fault.
+pub fn retried(e: &ProviderError) -> bool {
+    e.is_transient() || matches!(e, ProviderError::Unauthorized)
+}
+
+/// The provider's request for `w`, or why the store's record of it is not
+/// one a provider can start (a shape or command that no longer parses).
+fn allocate_request(w: &LeaseWork) -> Result<AllocateRequest, LcError> {
+    Ok(AllocateRequest {
+        lease_id: w.lease_id,
+        generation: w.generation,
+        exec_id: w.exec_id,
+        attempt: w.attempt,
+        runtime: w.runtime,
+        shape: Shape::by_name(&w.shape)?,
+        command: Command::new(w.command.clone())?,
+        workspace_id: w.workspace_id,
+    })
 }
 
 /// The reconciler; see the module docs.
 #[derive(Clone)]
 pub struct Reconciler {
     store: Arc<dyn ReconcileStore>,
-    providers: BTreeMap<ProviderId, Arc<dyn ProviderPort>>,
+    providers: BTreeMap<ProviderId, Arc<dyn Provider>>,
     clock: Arc<dyn Clock>,
     options: ReconcilerOptions,
 }
@@ -247,7 +282,7 @@ impl Reconciler {
     /// [`LcError::InvalidLimit`] when a batch is outside `1..=`[`LIST_LIMIT_MAX`].
     pub fn new(
         store: Arc<dyn ReconcileStore>,
-        providers: Vec<Arc<dyn ProviderPort>>,
+        providers: Vec<Arc<dyn Provider>>,
         clock: Arc<dyn Clock>,
         options: ReconcilerOptions,
     ) -> Result<Reconciler, LcError> {
@@ -301,7 +336,8 @@ impl Reconciler {
             if let Err(f) = self.handle(w, at, &mut report).await {
                 let (code, message) = match f {
                     Fail::Store(e) => (e.code().to_owned(), e.to_string()),
-                    Fail::Port(e) => (e.code().to_owned(), e.to_string()),
+                    Fail::Provider(e) => (e.code().to_owned(), e.to_string()),
+                    Fail::Evidence(e) => ("invalid_evidence".to_owned(), e.to_string()),
                     Fail::UnknownProvider(id) => (
                         "provider_unknown".to_owned(),
                         format!("this worker has no provider {id}"),
@@ -334,7 +370,7 @@ impl Reconciler {
         Ok(report)
     }
 
-    fn port(&self, w: &LeaseWork) -> Result<&Arc<dyn ProviderPort>, Fail> {
+    fn provider(&self, w: &LeaseWork) -> Result<&Arc<dyn Provider>, Fail> {
         self.providers
             .get(&w.provider_id)
             .ok_or_else(|| Fail::UnknownProvider(w.provider_id.clone()))
@@ -348,13 +384,22 @@ impl Reconciler {
     ) -> Result<(), Fail> {
         match w.action {
             LeaseAction::Allocate => {
-                let port = self.port(w)?;
-                match port.allocate(w).await {
-                    Ok(()) => {
+                let provider = self.provider(w)?;
+                // Why the instance cannot start, if it cannot.
+                let refusal = match allocate_request(w) {
+                    Err(e) => Some((e.code().to_owned(), e.to_string())),
+                    Ok(req) => match provider.allocate(req).await {
+                        Ok(_) => None,
+                        Err(e) if retried(&e) => return Err(e.into()),
+                        Err(e) => Some((e.code().to_owned(), e.to_string())),
+                    },
+                };
+                match refusal {
+                    None => {
                         self.store.mark_active(w.lease_id, w.generation, at).await?;
                         report.allocated += 1;
                     }
-                    Err(PortError::Refused { code, message }) => {
+                    Some((code, message)) => {
                         tracing::warn!(lease = w.lease_id.0, %code, %message, "instance could not start");
                         self.store
                             .begin_release(
@@ -366,12 +411,11 @@ impl Reconciler {
                             .await?;
                         report.start_failed += 1;
                     }
-                    Err(e) => return Err(e.into()),
                 }
             }
             LeaseAction::Maintain => {
-                let port = self.port(w)?;
-                let terminal = self.pump(port.as_ref(), w, report).await?;
+                let provider = self.provider(w)?;
+                let terminal = self.pump(provider.as_ref(), w, report).await?;
                 if terminal {
                     self.store
                         .begin_release(w.lease_id, w.generation, TerminalReason::Exited, at)
@@ -389,8 +433,9 @@ impl Reconciler {
                 report.releases_begun += 1;
             }
             LeaseAction::Destroy => {
-                let port = self.port(w)?;
-                let evidence = port.destroy(w.lease_id, w.generation).await?;
+                let provider = self.provider(w)?;
+                let envelope = provider.destroy(w.lease_id, w.generation).await?;
+                let evidence = serde_json::to_value(&envelope).map_err(Fail::Evidence)?;
                 report.destroyed += 1;
                 if !at.certain {
                     report.release_deferred += 1;
@@ -415,7 +460,7 @@ impl Reconciler {
     /// stored seq; returns whether the terminal page is now stored.
     async fn pump(
         &self,
-        port: &dyn ProviderPort,
+        provider: &dyn Provider,
         w: &LeaseWork,
         report: &mut StepReport,
     ) -> Result<bool, Fail> {
@@ -424,7 +469,12 @@ impl Reconciler {
         let mut acked = false;
         let mut terminal = false;
         for _ in 0..PUMP_ROUNDS_MAX {
-            let pages = port.pages(w, stored, PAGES_PER_PUMP).await?;
+            let pages: Vec<OutputPage> = provider
+                .pages(lease, generation, stored, PAGES_PER_PUMP)
+                .await?
+                .iter()
+                .map(|p| OutputPage::from_page(w.exec_id, w.attempt, p))
+                .collect();
             if pages.is_empty() {
                 break;
             }
@@ -438,7 +488,7 @@ impl Reconciler {
             let progressed = appended.last_seq > stored;
             stored = appended.last_seq;
             // Only what is committed leaves the spool.
-            port.ack(w, stored).await?;
+            provider.ack(lease, generation, stored).await?;
             report.acks += 1;
             acked = true;
             if terminal || !full || !progressed {
@@ -447,7 +497,7 @@ impl Reconciler {
         }
         if !acked && stored > 0 {
             // Pages stored by a step that died before its ack.
-            port.ack(w, stored).await?;
+            provider.ack(lease, generation, stored).await?;
             report.acks += 1;
         }
         Ok(terminal)
@@ -528,4 +578,44 @@ fn log_report(r: &StepReport) {
 /// The lease and generation of a work item, for logs and tests.
 pub fn lease_key(w: &LeaseWork) -> (SandboxLeaseId, Generation) {
     (w.lease_id, w.generation)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_instance_faults_are_start_failures() {
+        let retried_errors = [
+            ProviderError::Unauthorized,
+            ProviderError::Unreachable { detail: "x".into() },
+            ProviderError::DestroyIncomplete { detail: "x".into() },
+            ProviderError::SupervisorUnavailable { detail: "x".into() },
+            ProviderError::Io { detail: "x".into() },
+        ];
+        for e in &retried_errors {
+            assert!(retried(e), "{e:?}");
+        }
+        let refusals = [
+            ProviderError::StartFailed {
+                detail: "no sh".into(),
+            },
+            ProviderError::UnknownRuntime {
+                digest: "00".into(),
+            },
+            ProviderError::Fenced {
+                lease_id: 1,
+                generation: 1,
+                fenced_through: 1,
+            },
+            ProviderError::AllocationConflict {
+                lease_id: 1,
+                generation: 1,
+            },
+            ProviderError::InvalidRequest { detail: "x".into() },
+        ];
+        for e in &refusals {
+            assert!(!retried(e), "{e:?}");
+        }
+    }
 }

@@ -1,12 +1,25 @@
-//! The reconciler's step against the real parts: a fresh database on the
-//! harness cluster (Tollgate and Little Compute migrated), a real safe-time
-//! sampler publishing the cut in process, LcStore, and a real bubblewrap
-//! provider running real commands. A command runs to its terminal page,
-//! its output lands exactly once and in order, its Reservation returns
-//! exactly once (exact balances, a clean Tollgate audit); with the sampler
-//! stopped (the cut uncertain) the destroy is retried but nothing is
-//! released and no capacity returns until a new sampler makes the cut
-//! certain again.
+//! The reconciler's step against the real parts: a fresh database per test
+//! on the harness's one cluster (Tollgate and Little Compute migrated), a
+//! real safe-time sampler publishing the cut in process, LcStore, and a real
+//! bubblewrap provider running real commands. Time is never simulated: a
+//! sampler stopped makes the cut stale (frozen and uncertain), a new
+//! sampler with a long recovery grace makes it advance while uncertain
+//! (`recovering`), and short Lease TTLs let a certain cut pass an expiry
+//! within seconds.
+//!
+//! * A command runs to its terminal page: its output lands exactly once and
+//!   in order, its Reservation returns exactly once (exact balances, a
+//!   clean Tollgate audit).
+//! * An uncertain cut: the destroy is retried but nothing is released and
+//!   no capacity returns; a Lease past its expiry is renewed, not expired,
+//!   and a renewal never shortens it.
+//! * A certain cut past the Lease's expiry releases it as `expired`.
+//! * An instance that cannot start releases as `start_failed`; a command
+//!   that does not exist is not one (it exits 127).
+//! * A cancel releases as `cancelled` and the instance's processes are gone.
+//! * Pages a previous worker stored but never acked are acked, not stored
+//!   twice.
+//! * A step handles at most its batch.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -16,19 +29,33 @@ use std::time::{Duration, Instant};
 use clock::Clock;
 use clock::safe_cut::SafeCutClock;
 use jiff::SignedDuration;
+use lc_core::rules::LIST_LIMIT_MAX;
 use lc_core::store::{ControlStore, ReconcileStore};
-use lc_core::{CutReading, Digest, ExecId, ExecRequest, ExecState, OperationKey, TenantId};
+use lc_core::{
+    CutReading, Digest, ExecId, ExecRecord, ExecRequest, ExecState, Generation, LcError,
+    LeaseState, LeaseWork, OperationKey, OutputPage, PageKind, SandboxLeaseId, TenantId,
+    TerminalReason,
+};
 use lc_provider::{BwrapConfig, BwrapProvider, Provider};
-use lc_worker::{ProviderAdapter, ProviderPort, Reconciler, ReconcilerOptions, StepReport};
-use safetime::SafeTimeConfig;
+use lc_worker::{Reconciler, ReconcilerOptions, StepReport};
+use safetime::{SafeTimeConfig, UncertainReason};
 use safetime_pg::sampler::{Sampler, SamplerOptions};
 use tokio::sync::watch;
 
 const GAP_MAX: SignedDuration = SignedDuration::from_secs(2);
+/// The test sampler's recovery grace: certain again soon after a start.
+const RECOVERY_GRACE: SignedDuration = SignedDuration::from_millis(200);
+/// A recovery grace no test outlasts: the cut advances but stays uncertain.
+const RECOVERY_GRACE_LONG: SignedDuration = SignedDuration::from_mins(10);
+/// A Lease TTL short enough for a certain cut to pass it within seconds,
+/// long enough for the steps before that to run inside it.
+const TTL_SHORT: SignedDuration = SignedDuration::from_secs(2);
+/// How long a test waits for anything real (a cut, a process).
+const WAIT_MAX: Duration = Duration::from_secs(30);
 const SECRET: [u8; 32] = [0x5a; 32];
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 
-fn sampler_options() -> SamplerOptions {
+fn sampler_options(recovery_grace: SignedDuration) -> SamplerOptions {
     SamplerOptions {
         config: SafeTimeConfig::new(
             50,
@@ -36,7 +63,7 @@ fn sampler_options() -> SamplerOptions {
             GAP_MAX,
             SignedDuration::from_millis(500),
             3,
-            SignedDuration::from_millis(200),
+            recovery_grace,
         )
         .expect("sampler config"),
         standby_poll: Duration::from_millis(100),
@@ -62,6 +89,34 @@ fn supervisor_bin() -> PathBuf {
     bin
 }
 
+async fn connect_store(url: &str, lease_ttl: SignedDuration) -> Arc<lc_pg::LcStore> {
+    Arc::new(
+        lc_pg::LcStore::connect(
+            url,
+            tollgate::GrantPolicy::new(SignedDuration::from_hours(1), SignedDuration::from_secs(5))
+                .unwrap(),
+            tollgate::CapabilityKey::new(&SECRET).unwrap(),
+            lc_pg::LcConfig {
+                lease_ttl,
+                max_connections: 4,
+                acquire_timeout: Duration::from_secs(30),
+                ..lc_pg::LcConfig::default()
+            },
+        )
+        .await
+        .expect("store"),
+    )
+}
+
+fn start_sampler(
+    url: &str,
+    recovery_grace: SignedDuration,
+) -> (watch::Sender<bool>, tokio::task::JoinHandle<()>) {
+    let sampler = Sampler::new(url, sampler_options(recovery_grace)).expect("sampler");
+    let (stop, rx) = watch::channel(false);
+    (stop, tokio::spawn(async move { sampler.run(rx).await }))
+}
+
 struct Rig {
     url: String,
     store: Arc<lc_pg::LcStore>,
@@ -69,51 +124,45 @@ struct Rig {
     provider: Arc<BwrapProvider>,
     rec: Reconciler,
     sampler_stop: watch::Sender<bool>,
-    sampler: tokio::task::JoinHandle<()>,
+    /// The running sampler's task (`None` once stopped).
+    sampler: Option<tokio::task::JoinHandle<()>>,
     dir: PathBuf,
 }
 
 impl Drop for Rig {
+    /// Kills what a test left running (its instances' cgroups), then
+    /// removes the provider's state and parent cgroups.
     fn drop(&mut self) {
         let _ = self.sampler_stop.send(true);
+        if let Ok(entries) = std::fs::read_dir(self.dir.join("instances")) {
+            for e in entries.flatten().take(1000) {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if let Some((l, g)) = name.split_once('-')
+                    && let (Ok(l), Ok(g)) = (l.parse(), g.parse())
+                {
+                    let _ = self
+                        .provider
+                        .instance_cgroup(SandboxLeaseId(l), Generation(g))
+                        .kill_and_remove();
+                }
+            }
+        }
         let parent = self.provider.config().cgroup_parent.clone();
         let _ = std::fs::remove_dir_all(&self.dir);
-        for c in ["memory", "pids", "cpu"] {
+        for c in ["", "memory", "pids", "cpu"] {
             let _ = std::fs::remove_dir(Path::new("/sys/fs/cgroup").join(c).join(&parent));
         }
     }
 }
 
-fn start_sampler(url: &str) -> (watch::Sender<bool>, tokio::task::JoinHandle<()>) {
-    let sampler = Sampler::new(url, sampler_options()).expect("sampler");
-    let (stop, rx) = watch::channel(false);
-    (stop, tokio::spawn(async move { sampler.run(rx).await }))
-}
-
 impl Rig {
-    async fn start() -> Rig {
+    /// A rig whose store gives Leases `lease_ttl`, its reconciler `options`.
+    async fn start(lease_ttl: SignedDuration, options: ReconcilerOptions) -> Rig {
         let db = tollgate_pg_harness::shared().await.fresh_database().await;
         let url = db.url().to_string();
         lc_pg::migrate(&url).await.expect("migrate");
-        let (sampler_stop, sampler) = start_sampler(&url);
-        let store = Arc::new(
-            lc_pg::LcStore::connect(
-                &url,
-                tollgate::GrantPolicy::new(
-                    SignedDuration::from_hours(1),
-                    SignedDuration::from_secs(5),
-                )
-                .unwrap(),
-                tollgate::CapabilityKey::new(&SECRET).unwrap(),
-                lc_pg::LcConfig {
-                    max_connections: 4,
-                    acquire_timeout: Duration::from_secs(30),
-                    ..lc_pg::LcConfig::default()
-                },
-            )
-            .await
-            .expect("store"),
-        );
+        let (sampler_stop, sampler) = start_sampler(&url, RECOVERY_GRACE);
+        let store = connect_store(&url, lease_ttl).await;
         let clock = Arc::new(SafeCutClock::new(store.pool().clone(), GAP_MAX));
         let n = COUNTER.fetch_add(1, Ordering::SeqCst);
         let dir = PathBuf::from(format!("/tmp/lcw-{}-{n}", std::process::id()));
@@ -125,16 +174,19 @@ impl Rig {
         );
         cfg.cgroup_parent = format!("little-compute-wtest-{}-{n}", std::process::id());
         let provider = Arc::new(BwrapProvider::open(cfg).expect("provider"));
-        let port = ProviderAdapter::new(provider.clone() as Arc<dyn Provider>);
         store
-            .register_provider(port.id(), "http://127.0.0.1:9", port.public_key())
+            .register_provider(
+                provider.id(),
+                "http://127.0.0.1:9",
+                provider.public_key().to_bytes(),
+            )
             .await
             .expect("register provider");
         let rec = Reconciler::new(
             store.clone(),
-            vec![Arc::new(port) as Arc<dyn ProviderPort>],
+            vec![provider.clone() as Arc<dyn Provider>],
             clock.clone(),
-            ReconcilerOptions::default(),
+            options,
         )
         .unwrap();
         let rig = Rig {
@@ -144,46 +196,85 @@ impl Rig {
             provider,
             rec,
             sampler_stop,
-            sampler,
+            sampler: Some(sampler),
             dir,
         };
-        rig.wait_certain(true).await;
-        let at = rig.reading().await;
+        rig.wait_reading(|r| r.certain).await;
         let base = lc_core::manifest::Manifest::base();
-        rig.store
+        rig.register_runtime(
+            "base",
+            Digest(base.digest()),
+            serde_json::from_slice(&base.canonical()).unwrap(),
+        )
+        .await;
+        rig
+    }
+
+    /// Another reconciler on this rig's clock and provider, over `store`.
+    fn reconciler(&self, store: Arc<lc_pg::LcStore>, options: ReconcilerOptions) -> Reconciler {
+        Reconciler::new(
+            store,
+            vec![self.provider.clone() as Arc<dyn Provider>],
+            self.clock.clone(),
+            options,
+        )
+        .unwrap()
+    }
+
+    async fn register_runtime(&self, name: &str, digest: Digest, manifest: serde_json::Value) {
+        let at = self.reading().await;
+        self.store
             .register_runtime(
-                &OperationKey::new("setup-base", Digest([1; 32])).unwrap(),
+                &OperationKey::new(format!("setup-{name}"), Digest::of(name.as_bytes())).unwrap(),
                 at,
-                "base",
-                Digest(base.digest()),
-                serde_json::from_slice(&base.canonical()).unwrap(),
+                name,
+                digest,
+                manifest,
             )
             .await
-            .expect("base runtime");
-        rig
+            .expect("runtime");
     }
 
     async fn reading(&self) -> CutReading {
         self.rec.reading().await.expect("clock")
     }
 
-    /// Waits (bounded) until the clock's certainty is `certain`.
-    async fn wait_certain(&self, certain: bool) {
-        let deadline = Instant::now() + Duration::from_secs(30);
+    /// Polls the clock (bounded by [`WAIT_MAX`]) until a reading satisfies
+    /// `want`; returns it.
+    async fn wait_reading(&self, want: impl Fn(&CutReading) -> bool) -> CutReading {
+        let deadline = Instant::now() + WAIT_MAX;
         loop {
-            if self
-                .clock
-                .read()
-                .await
-                .is_ok_and(|r| r.is_certain() == certain)
+            if let Ok(r) = self.rec.reading().await
+                && want(&r)
             {
-                return;
+                return r;
             }
             assert!(
                 Instant::now() < deadline,
-                "the cut did not become certain={certain}"
+                "no such reading within {WAIT_MAX:?}"
             );
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Stops the sampler and starts a new one (a new epoch, uncertain from
+    /// its start) with `recovery_grace`.
+    async fn restart_sampler(&mut self, recovery_grace: SignedDuration) {
+        self.stop_sampler().await;
+        let (stop, task) = start_sampler(&self.url, recovery_grace);
+        self.sampler_stop = stop;
+        self.sampler = Some(task);
+    }
+
+    /// Stops the sampler: its last publish goes stale, the cut uncertain
+    /// and frozen.
+    async fn stop_sampler(&mut self) {
+        let _ = self.sampler_stop.send(true);
+        if let Some(task) = self.sampler.take() {
+            tokio::time::timeout(Duration::from_secs(10), task)
+                .await
+                .expect("the sampler stops")
+                .unwrap();
         }
     }
 
@@ -203,6 +294,10 @@ impl Rig {
     }
 
     async fn admit(&self, tenant: TenantId, key: &str, argv: &[&str]) -> ExecId {
+        self.admit_on(tenant, key, "base", argv).await
+    }
+
+    async fn admit_on(&self, tenant: TenantId, key: &str, runtime: &str, argv: &[&str]) -> ExecId {
         let at = self.reading().await;
         self.store
             .admit_exec(
@@ -210,7 +305,7 @@ impl Rig {
                 at,
                 tenant,
                 &ExecRequest {
-                    runtime: "base".into(),
+                    runtime: runtime.into(),
                     shape: "small".into(),
                     command: argv.iter().map(|s| s.to_string()).collect(),
                     timeout_ms: None,
@@ -221,23 +316,82 @@ impl Rig {
             .exec_id
     }
 
+    async fn exec(&self, tenant: TenantId, exec: ExecId) -> ExecRecord {
+        self.store.exec(tenant, exec).await.expect("exec")
+    }
+
+    /// The exec's Lease as the store has it now (`None` once released).
+    async fn lease(&self, exec: ExecId) -> Option<LeaseWork> {
+        let at = self.reading().await;
+        self.store
+            .due_work(at, LIST_LIMIT_MAX)
+            .await
+            .expect("due work")
+            .into_iter()
+            .find(|w| w.exec_id == exec)
+    }
+
+    async fn step(&self) -> StepReport {
+        self.rec.step().await.expect("step")
+    }
+
     /// Steps until `done` holds for the sum of the reports (bounded).
     async fn step_until(&self, done: impl Fn(&Totals) -> bool) -> Totals {
         let mut t = Totals::default();
         let deadline = Instant::now() + Duration::from_secs(60);
         while !done(&t) {
             assert!(Instant::now() < deadline, "not done within 60 s: {t:?}");
-            let r = self.rec.step().await.expect("step");
-            t.add(&r);
+            t.add(&self.step().await);
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         t
+    }
+
+    /// `(deposited, available, held, consumed)` of `tenant`.
+    async fn balances(&self, tenant: TenantId) -> (i64, i64, i64, i64) {
+        let t = self.store.tenant(tenant).await.unwrap();
+        (t.deposited, t.available, t.held, t.consumed)
+    }
+
+    /// Tollgate's audit is clean and its totals are `(deposited, held, consumed)`.
+    async fn assert_audit(&self, totals: (i128, i128, i128)) {
+        use tollgate::Allocator as _;
+        let audit = self.store.tollgate().audit().await.unwrap();
+        assert!(audit.is_clean(), "{:?}", audit.violations);
+        assert_eq!(
+            (
+                audit.total_deposited,
+                audit.total_held,
+                audit.total_consumed
+            ),
+            totals
+        );
+    }
+
+    /// The host pids of the lease's instance (its cgroup's members).
+    fn pids(&self, w: &LeaseWork) -> Vec<i32> {
+        self.provider
+            .instance_cgroup(w.lease_id, w.generation)
+            .pids()
+    }
+}
+
+/// Waits (bounded) until none of `pids` exists any more.
+async fn assert_gone(pids: &[i32]) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while let Some(p) = pids
+        .iter()
+        .find(|p| Path::new(&format!("/proc/{p}")).exists())
+    {
+        assert!(Instant::now() < deadline, "process {p} still exists");
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
 #[derive(Debug, Default, Clone)]
 struct Totals {
     allocated: usize,
+    start_failed: usize,
     pages_appended: usize,
     pages_duplicate: usize,
     releases_begun: usize,
@@ -252,6 +406,7 @@ struct Totals {
 impl Totals {
     fn add(&mut self, r: &StepReport) {
         self.allocated += r.allocated;
+        self.start_failed += r.start_failed;
         self.pages_appended += r.pages_appended;
         self.pages_duplicate += r.pages_duplicate;
         self.releases_begun += r.releases_begun;
@@ -268,12 +423,18 @@ impl Totals {
     }
 }
 
-async fn stdout_of(store: &lc_pg::LcStore, tenant: TenantId, exec: ExecId) -> (Vec<i64>, Vec<u8>) {
+/// The stored pages' seqs, and the bytes of the pages of `kind`.
+async fn output_of(
+    store: &lc_pg::LcStore,
+    tenant: TenantId,
+    exec: ExecId,
+    kind: PageKind,
+) -> (Vec<i64>, Vec<u8>) {
     let pages = store.output(tenant, exec, 0, 1000).await.expect("output");
     let seqs = pages.iter().map(|p| p.seq).collect();
     let bytes = pages
         .iter()
-        .filter(|p| p.kind == lc_core::PageKind::Stdout)
+        .filter(|p| p.kind == kind)
         .flat_map(|p| p.bytes.clone())
         .collect();
     (seqs, bytes)
@@ -281,7 +442,11 @@ async fn stdout_of(store: &lc_pg::LcStore, tenant: TenantId, exec: ExecId) -> (V
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_real_command_runs_to_terminal_and_its_units_return_once() {
-    let rig = Rig::start().await;
+    let rig = Rig::start(
+        lc_core::rules::LEASE_TTL_DEFAULT,
+        ReconcilerOptions::default(),
+    )
+    .await;
     let tenant = rig.tenant(4).await;
     let exec = rig
         .admit(
@@ -290,8 +455,7 @@ async fn a_real_command_runs_to_terminal_and_its_units_return_once() {
             &["sh", "-c", "seq 1 20000; echo done >&2; exit 7"],
         )
         .await;
-    let t = rig.store.tenant(tenant).await.unwrap();
-    assert_eq!((t.deposited, t.available, t.held, t.consumed), (4, 3, 1, 0));
+    assert_eq!(rig.balances(tenant).await, (4, 3, 1, 0));
 
     let totals = rig.step_until(|t| t.released == 1).await;
     assert_eq!(totals.failures, Vec::<String>::new());
@@ -299,15 +463,18 @@ async fn a_real_command_runs_to_terminal_and_its_units_return_once() {
         (
             totals.allocated,
             totals.releases_begun,
+            totals.destroyed,
             totals.released,
-            totals.units_returned
+            totals.units_returned,
+            totals.pages_duplicate
         ),
-        (1, 1, 1, 1)
+        (1, 1, 1, 1, 1, 0)
     );
-    let rec = rig.store.exec(tenant, exec).await.unwrap();
+    let rec = rig.exec(tenant, exec).await;
     assert_eq!(rec.state, ExecState::Terminal);
+    assert_eq!(rec.terminal_reason, Some(TerminalReason::Exited));
     assert_eq!(rec.exit_code, Some(7));
-    let (seqs, stdout) = stdout_of(&rig.store, tenant, exec).await;
+    let (seqs, stdout) = output_of(&rig.store, tenant, exec, PageKind::Stdout).await;
     let n = i64::try_from(seqs.len()).unwrap();
     assert_eq!(
         seqs,
@@ -317,84 +484,466 @@ async fn a_real_command_runs_to_terminal_and_its_units_return_once() {
     assert_eq!(totals.pages_appended, seqs.len());
     let want: String = (1..=20000).map(|i| format!("{i}\n")).collect();
     assert_eq!(stdout, want.as_bytes());
-    let t = rig.store.tenant(tenant).await.unwrap();
-    assert_eq!((t.deposited, t.available, t.held, t.consumed), (4, 4, 0, 0));
+    let (_, stderr) = output_of(&rig.store, tenant, exec, PageKind::Stderr).await;
+    assert_eq!(stderr, b"done\n");
+    let last = rig.store.output(tenant, exec, n - 1, 1).await.unwrap();
+    assert_eq!(last[0].kind, PageKind::Terminal);
+    assert_eq!(rig.balances(tenant).await, (4, 4, 0, 0));
+    assert_eq!(rig.provider.inventory().await.unwrap(), vec![]);
 
     // More steps change nothing: the units came back once.
     for _ in 0..3 {
-        let r = rig.rec.step().await.unwrap();
+        let r = rig.step().await;
         assert_eq!((r.leases_seen, r.released, r.units_returned), (0, 0, 0));
     }
-    let t = rig.store.tenant(tenant).await.unwrap();
-    assert_eq!((t.available, t.held), (4, 0));
-    use tollgate::Allocator as _;
-    let audit = rig.store.tollgate().audit().await.unwrap();
-    assert!(audit.is_clean(), "{:?}", audit.violations);
-    assert_eq!(
-        (
-            audit.total_deposited,
-            audit.total_held,
-            audit.total_consumed
-        ),
-        (4, 0, 0)
-    );
-    let _ = &rig.url;
+    assert_eq!(rig.balances(tenant).await, (4, 4, 0, 0));
+    rig.assert_audit((4, 0, 0)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopped_sampler_retries_the_destroy_but_returns_nothing_until_certain() {
-    let mut rig = Rig::start().await;
+    let mut rig = Rig::start(
+        lc_core::rules::LEASE_TTL_DEFAULT,
+        ReconcilerOptions::default(),
+    )
+    .await;
     let tenant = rig.tenant(2).await;
     let exec = rig.admit(tenant, "e-1", &["sh", "-c", "echo hi"]).await;
     rig.step_until(|t| t.releases_begun == 1).await;
-    let t = rig.store.tenant(tenant).await.unwrap();
-    assert_eq!((t.available, t.held), (1, 1));
+    assert_eq!(rig.balances(tenant).await, (2, 1, 1, 0));
 
-    // The sampler stops: its last publish goes stale, the cut uncertain.
-    let _ = rig.sampler_stop.send(true);
-    tokio::time::timeout(Duration::from_secs(10), &mut rig.sampler)
-        .await
-        .expect("the sampler stops")
-        .unwrap();
-    rig.wait_certain(false).await;
+    rig.stop_sampler().await;
+    let frozen = rig.wait_reading(|r| !r.certain).await;
     for _ in 0..3 {
-        let r = rig.rec.step().await.unwrap();
+        let r = rig.step().await;
         assert!(!r.at.certain);
+        assert_eq!(r.at.cut, frozen.cut, "a stopped sampler's cut is frozen");
         assert_eq!(r.failures, vec![]);
         assert_eq!(
             (
                 r.destroyed,
                 r.release_deferred,
                 r.released,
+                r.released_replay,
                 r.units_returned
             ),
-            (1, 1, 0, 0)
+            (1, 1, 0, 0, 0)
         );
-        let t = rig.store.tenant(tenant).await.unwrap();
         assert_eq!(
-            (t.available, t.held),
-            (1, 1),
+            rig.balances(tenant).await,
+            (2, 1, 1, 0),
             "no capacity returns while uncertain"
         );
-        assert_ne!(
-            rig.store.exec(tenant, exec).await.unwrap().state,
-            ExecState::Terminal
+        let rec = rig.exec(tenant, exec).await;
+        assert_eq!(
+            (rec.state, rec.lease_state),
+            (ExecState::Running, LeaseState::ReleasePending)
         );
     }
+    // The destroy was done: the instance is gone, only the commit waits.
+    assert_eq!(rig.provider.inventory().await.unwrap(), vec![]);
+    rig.assert_audit((2, 1, 0)).await;
 
     // A new sampler: a new epoch, certain after its recovery.
-    let (stop, task) = start_sampler(&rig.url);
-    rig.sampler_stop = stop;
-    rig.sampler = task;
-    rig.wait_certain(true).await;
+    rig.restart_sampler(RECOVERY_GRACE).await;
+    rig.wait_reading(|r| r.certain).await;
     let totals = rig.step_until(|t| t.released == 1).await;
-    assert_eq!((totals.units_returned, totals.release_deferred), (1, 0));
-    let t = rig.store.tenant(tenant).await.unwrap();
-    assert_eq!((t.deposited, t.available, t.held, t.consumed), (2, 2, 0, 0));
     assert_eq!(
-        rig.store.exec(tenant, exec).await.unwrap().state,
-        ExecState::Terminal
+        (
+            totals.destroyed,
+            totals.units_returned,
+            totals.release_deferred
+        ),
+        (1, 1, 0)
     );
-    use tollgate::Allocator as _;
-    assert!(rig.store.tollgate().audit().await.unwrap().is_clean());
+    assert_eq!(rig.balances(tenant).await, (2, 2, 0, 0));
+    let rec = rig.exec(tenant, exec).await;
+    assert_eq!(
+        (rec.state, rec.terminal_reason, rec.exit_code),
+        (ExecState::Terminal, Some(TerminalReason::Exited), Some(0))
+    );
+    rig.assert_audit((2, 0, 0)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_uncertain_cut_expires_nothing_and_renewal_never_shortens() {
+    let mut rig = Rig::start(TTL_SHORT, ReconcilerOptions::default()).await;
+    let tenant = rig.tenant(1).await;
+    let exec = rig.admit(tenant, "e-1", &["sleep", "600"]).await;
+    let admitted = rig.exec(tenant, exec).await.admitted_cut;
+    assert_eq!(rig.lease(exec).await.unwrap().expiry, admitted + TTL_SHORT);
+    let r = rig.step().await;
+    assert_eq!((r.allocated, r.renewed, r.failures), (1, 0, vec![]));
+
+    // Within renew_ahead (30 s) of a certain cut: renewed to cut + ttl.
+    let r = rig.step().await;
+    assert!(r.at.certain);
+    assert_eq!((r.renewed, r.releases_begun, r.failures), (1, 0, vec![]));
+    let expiry = rig.lease(exec).await.unwrap().expiry;
+    assert_eq!(expiry, r.at.cut + TTL_SHORT);
+
+    // A new epoch that stays in recovery: the cut advances, uncertain. No
+    // step runs until it is past the Lease's expiry.
+    rig.restart_sampler(RECOVERY_GRACE_LONG).await;
+    let late = rig.wait_reading(|r| !r.certain && r.cut > expiry).await;
+    let reading = rig.clock.read().await.unwrap();
+    assert_eq!(reading.uncertain, Some(UncertainReason::Recovering));
+    let r = rig.step().await;
+    assert!(!r.at.certain);
+    assert!(r.at.cut >= late.cut && r.at.cut > expiry);
+    assert_eq!(
+        (r.releases_begun, r.renewed, r.destroyed, r.failures),
+        (0, 1, 0, vec![]),
+        "past its expiry on an uncertain cut the Lease is renewed, not expired"
+    );
+    let w = rig.lease(exec).await.unwrap();
+    assert_eq!((w.state, w.terminal_reason), (LeaseState::Active, None));
+    let expiry = w.expiry;
+    assert_eq!(expiry, r.at.cut + TTL_SHORT);
+    assert_eq!(rig.balances(tenant).await, (1, 0, 1, 0));
+    assert!(!rig.pids(&w).is_empty(), "the command still runs");
+
+    // A worker whose store renews by 1 ms renews on every step, and never
+    // below the expiry already granted.
+    let short = rig.reconciler(
+        connect_store(&rig.url, SignedDuration::from_millis(1)).await,
+        ReconcilerOptions::default(),
+    );
+    let r = short.step().await.unwrap();
+    assert!(!r.at.certain);
+    assert!(r.at.cut + SignedDuration::from_millis(1) < expiry);
+    assert_eq!((r.renewed, r.releases_begun, r.failures), (1, 0, vec![]));
+    assert_eq!(rig.lease(exec).await.unwrap().expiry, expiry);
+
+    // More than renew_ahead left: no renewal at all.
+    let lazy = rig.reconciler(
+        rig.store.clone(),
+        ReconcilerOptions {
+            renew_ahead: SignedDuration::from_millis(1),
+            ..ReconcilerOptions::default()
+        },
+    );
+    let r = lazy.step().await.unwrap();
+    assert!(r.at.cut + SignedDuration::from_millis(1) < expiry);
+    assert_eq!((r.leases_seen, r.renewed, r.failures), (1, 0, vec![]));
+    assert_eq!(rig.lease(exec).await.unwrap().expiry, expiry);
+    rig.assert_audit((1, 1, 0)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_certain_cut_past_the_expiry_releases_it_as_expired() {
+    let rig = Rig::start(TTL_SHORT, ReconcilerOptions::default()).await;
+    let tenant = rig.tenant(1).await;
+    let exec = rig.admit(tenant, "e-1", &["sleep", "600"]).await;
+    let r = rig.step().await;
+    assert_eq!((r.allocated, r.failures), (1, vec![]));
+    let w = rig.lease(exec).await.unwrap();
+    let pids = rig.pids(&w);
+    assert!(!pids.is_empty());
+
+    // The worker stops renewing: no step until a certain cut reaches the expiry.
+    rig.wait_reading(|r| r.certain && r.cut >= w.expiry).await;
+    let r = rig.step().await;
+    assert!(r.at.certain && r.at.cut >= w.expiry);
+    assert_eq!(
+        (r.releases_begun, r.renewed, r.destroyed, r.failures),
+        (1, 0, 0, vec![])
+    );
+    let pending = rig.lease(exec).await.unwrap();
+    assert_eq!(
+        (pending.state, pending.terminal_reason, pending.expiry),
+        (
+            LeaseState::ReleasePending,
+            Some(TerminalReason::Expired),
+            w.expiry
+        )
+    );
+    assert_eq!(rig.balances(tenant).await, (1, 0, 1, 0));
+
+    let r = rig.step().await;
+    assert_eq!(
+        (r.destroyed, r.released, r.units_returned, r.failures),
+        (1, 1, 1, vec![])
+    );
+    assert_gone(&pids).await;
+    assert!(
+        !rig.provider
+            .instance_cgroup(w.lease_id, w.generation)
+            .exists()
+    );
+    let rec = rig.exec(tenant, exec).await;
+    assert_eq!(
+        (
+            rec.state,
+            rec.terminal_reason,
+            rec.exit_code,
+            rec.lease_state
+        ),
+        (
+            ExecState::Terminal,
+            Some(TerminalReason::Expired),
+            None,
+            LeaseState::Released
+        )
+    );
+    assert_eq!(rig.balances(tenant).await, (1, 1, 0, 0));
+    rig.assert_audit((1, 0, 0)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_that_cannot_start_releases_with_start_failed() {
+    let rig = Rig::start(
+        lc_core::rules::LEASE_TTL_DEFAULT,
+        ReconcilerOptions::default(),
+    )
+    .await;
+    // Registered in the control plane, never imported on the provider.
+    rig.register_runtime(
+        "ghost",
+        Digest([0xee; 32]),
+        serde_json::json!({ "kind": "tree", "entries": [] }),
+    )
+    .await;
+    let tenant = rig.tenant(2).await;
+    let ghost = rig.admit_on(tenant, "e-1", "ghost", &["true"]).await;
+    // A command that does not exist starts an instance: it exits 127.
+    let missing = rig.admit(tenant, "e-2", &["no-such-command"]).await;
+    assert_eq!(rig.balances(tenant).await, (2, 0, 2, 0));
+
+    let r = rig.step().await;
+    assert_eq!(
+        (r.leases_seen, r.allocated, r.start_failed, r.failures),
+        (2, 1, 1, vec![])
+    );
+    let w = rig.lease(ghost).await.unwrap();
+    assert_eq!(
+        (w.state, w.terminal_reason),
+        (
+            LeaseState::ReleasePending,
+            Some(TerminalReason::StartFailed)
+        )
+    );
+
+    let totals = rig.step_until(|t| t.released == 2).await;
+    assert_eq!(totals.failures, Vec::<String>::new());
+    assert_eq!((totals.units_returned, totals.start_failed), (2, 0));
+    let rec = rig.exec(tenant, ghost).await;
+    assert_eq!(
+        (rec.state, rec.terminal_reason, rec.exit_code),
+        (ExecState::Terminal, Some(TerminalReason::StartFailed), None)
+    );
+    assert_eq!(
+        rig.store.output(tenant, ghost, 0, 10).await.unwrap(),
+        Vec::<OutputPage>::new()
+    );
+    let rec = rig.exec(tenant, missing).await;
+    assert_eq!(
+        (rec.state, rec.terminal_reason, rec.exit_code),
+        (ExecState::Terminal, Some(TerminalReason::Exited), Some(127))
+    );
+    let (seqs, stderr) = output_of(&rig.store, tenant, missing, PageKind::Stderr).await;
+    assert_eq!(seqs, vec![1, 2]);
+    assert_eq!(
+        String::from_utf8(stderr).unwrap(),
+        "lc-supervisor: cannot start \"no-such-command\": No such file or directory (os error 2)\n"
+    );
+    assert_eq!(rig.balances(tenant).await, (2, 2, 0, 0));
+    rig.assert_audit((2, 0, 0)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_releases_as_cancelled_and_kills_the_instance() {
+    let rig = Rig::start(
+        lc_core::rules::LEASE_TTL_DEFAULT,
+        ReconcilerOptions::default(),
+    )
+    .await;
+    let tenant = rig.tenant(1).await;
+    let exec = rig
+        .admit(tenant, "e-1", &["sh", "-c", "sleep 600 & sleep 600"])
+        .await;
+    let r = rig.step().await;
+    assert_eq!((r.allocated, r.failures), (1, vec![]));
+    let w = rig.lease(exec).await.unwrap();
+    // Both sleeps run inside the instance (with bubblewrap, the supervisor
+    // and the shell: every process of the instance is in its cgroup).
+    let sleeps = |pids: &[i32]| {
+        pids.iter()
+            .filter(|p| {
+                std::fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c == "sleep\n")
+            })
+            .count()
+    };
+    let deadline = Instant::now() + WAIT_MAX;
+    while sleeps(&rig.pids(&w)) < 2 {
+        assert!(Instant::now() < deadline, "pids: {:?}", rig.pids(&w));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let pids = rig.pids(&w);
+    assert_eq!(sleeps(&pids), 2);
+
+    let at = rig.reading().await;
+    let rec = rig
+        .store
+        .cancel(
+            &OperationKey::new("c-1", Digest([3; 32])).unwrap(),
+            at,
+            tenant,
+            exec,
+        )
+        .await
+        .unwrap();
+    assert!(rec.cancel_requested);
+    let r = rig.step().await;
+    assert_eq!(
+        (r.releases_begun, r.destroyed, r.released, r.failures),
+        (1, 0, 0, vec![])
+    );
+    assert_eq!(
+        rig.lease(exec).await.unwrap().terminal_reason,
+        Some(TerminalReason::Cancelled)
+    );
+    let r = rig.step().await;
+    assert_eq!(
+        (r.destroyed, r.released, r.units_returned, r.failures),
+        (1, 1, 1, vec![])
+    );
+    assert_gone(&pids).await;
+    assert!(
+        !rig.provider
+            .instance_cgroup(w.lease_id, w.generation)
+            .exists()
+    );
+    assert_eq!(rig.provider.inventory().await.unwrap(), vec![]);
+    let rec = rig.exec(tenant, exec).await;
+    assert_eq!(
+        (rec.state, rec.terminal_reason, rec.exit_code),
+        (ExecState::Terminal, Some(TerminalReason::Cancelled), None)
+    );
+    assert_eq!(rig.balances(tenant).await, (1, 1, 0, 0));
+    rig.assert_audit((1, 0, 0)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pages_stored_before_a_lost_ack_are_acked_and_not_stored_twice() {
+    let rig = Rig::start(
+        lc_core::rules::LEASE_TTL_DEFAULT,
+        ReconcilerOptions::default(),
+    )
+    .await;
+    let tenant = rig.tenant(1).await;
+    let exec = rig
+        .admit(
+            tenant,
+            "e-1",
+            &["sh", "-c", "echo one; echo two; echo three; sleep 600"],
+        )
+        .await;
+    let r = rig.step().await;
+    assert_eq!((r.allocated, r.failures), (1, vec![]));
+    let w = rig.lease(exec).await.unwrap();
+    let (lease, generation) = (w.lease_id, w.generation);
+
+    // A previous worker's step: it fetched every page and stored them, then
+    // died before its ack.
+    let deadline = Instant::now() + WAIT_MAX;
+    let pages = loop {
+        let pages = rig.provider.pages(lease, generation, 0, 64).await.unwrap();
+        let bytes: Vec<u8> = pages.iter().flat_map(|p| p.bytes().to_vec()).collect();
+        if bytes == b"one\ntwo\nthree\n" {
+            break pages;
+        }
+        assert!(Instant::now() < deadline, "spooled: {bytes:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let n = pages.len();
+    let pages: Vec<OutputPage> = pages
+        .iter()
+        .map(|p| OutputPage::from_page(exec, w.attempt, p))
+        .collect();
+    let stored = rig
+        .store
+        .append_pages(lease, generation, &pages)
+        .await
+        .unwrap();
+    assert_eq!((stored.appended, stored.last_seq), (n, n as i64));
+    assert_eq!(
+        rig.provider
+            .pages(lease, generation, 0, 64)
+            .await
+            .unwrap()
+            .len(),
+        n
+    );
+
+    let r = rig.step().await;
+    assert_eq!(
+        (
+            r.pages_appended,
+            r.pages_duplicate,
+            r.acks,
+            r.renewed,
+            r.failures
+        ),
+        (0, 0, 1, 0, vec![])
+    );
+    assert_eq!(
+        rig.provider.pages(lease, generation, 0, 64).await.unwrap(),
+        vec![],
+        "the spool dropped what the store holds"
+    );
+    let (seqs, stdout) = output_of(&rig.store, tenant, exec, PageKind::Stdout).await;
+    assert_eq!(seqs, (1..=n as i64).collect::<Vec<_>>());
+    assert_eq!(stdout, b"one\ntwo\nthree\n");
+    assert_eq!(rig.lease(exec).await.unwrap().last_seq, n as i64);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_handles_at_most_its_batch() {
+    let rig = Rig::start(
+        lc_core::rules::LEASE_TTL_DEFAULT,
+        ReconcilerOptions {
+            batch: 2,
+            ..ReconcilerOptions::default()
+        },
+    )
+    .await;
+    let tenant = rig.tenant(5).await;
+    let mut execs = Vec::new();
+    for i in 1..=5 {
+        execs.push(rig.admit(tenant, &format!("e-{i}"), &["true"]).await);
+    }
+    let r = rig.step().await;
+    assert_eq!((r.leases_seen, r.allocated, r.failures), (2, 2, vec![]));
+    let mut states = Vec::new();
+    for e in &execs {
+        states.push(rig.lease(*e).await.unwrap().state);
+    }
+    assert_eq!(
+        states,
+        [
+            LeaseState::Active,
+            LeaseState::Active,
+            LeaseState::Allocating,
+            LeaseState::Allocating,
+            LeaseState::Allocating
+        ]
+    );
+    assert_eq!(rig.provider.inventory().await.unwrap().len(), 2);
+    for batch in [0, LIST_LIMIT_MAX + 1] {
+        let e = Reconciler::new(
+            rig.store.clone(),
+            vec![],
+            rig.clock.clone(),
+            ReconcilerOptions {
+                batch,
+                ..ReconcilerOptions::default()
+            },
+        )
+        .unwrap_err();
+        assert!(
+            matches!(e, LcError::InvalidLimit { limit, max } if limit == batch && max == LIST_LIMIT_MAX),
+            "{e:?}"
+        );
+    }
 }

@@ -18,7 +18,8 @@ use std::time::Duration;
 use clock::Clock;
 use clock::safe_cut::SafeCutClock;
 use lc_core::store::ReconcileStore;
-use lc_worker::{ProviderAdapter, ProviderPort, Reconciler, ReconcilerOptions};
+use lc_provider::Provider;
+use lc_worker::{Reconciler, ReconcilerOptions};
 use sqlx::postgres::PgConnectOptions;
 
 /// How long start-up waits for the database.
@@ -214,7 +215,7 @@ async fn serve(args: WorkerArgs) -> Result<(), WorkerError> {
         jiff::SignedDuration::from_millis(gap_ms),
     ));
     let store = Arc::new(store);
-    let mut ports: Vec<Arc<dyn ProviderPort>> = Vec::new();
+    let mut providers: Vec<Arc<dyn Provider>> = Vec::new();
     for url in &args.provider_urls {
         let deadline = tokio::time::Instant::now() + PROVIDER_WAIT_MAX;
         let provider = loop {
@@ -231,17 +232,16 @@ async fn serve(args: WorkerArgs) -> Result<(), WorkerError> {
             Some(t) => provider.with_token(t.clone()),
             None => provider,
         };
-        let port = ProviderAdapter::new(Arc::new(provider));
         store
-            .register_provider(port.id(), url, port.public_key())
+            .register_provider(provider.id(), url, provider.public_key().to_bytes())
             .await
             .map_err(|e| WorkerError::Failed(format!("registering provider {url}: {e}")))?;
-        tracing::info!(provider = %port.id(), %url, "provider registered");
-        ports.push(Arc::new(port));
+        tracing::info!(provider = %provider.id(), %url, "provider registered");
+        providers.push(Arc::new(provider));
     }
     let reconciler = Reconciler::new(
         store,
-        ports,
+        providers,
         clock,
         ReconcilerOptions {
             batch: args.batch,
