@@ -510,6 +510,10 @@ pub struct LeaseWork {
     pub state: LeaseState,
     /// Its expiry on the cut.
     pub expiry: Timestamp,
+    /// The expiry of its Reservation's Tollgate grant, on the cut. Renewed
+    /// also while the Lease's destroy is being proven, so the grant never
+    /// reaches its reclaim boundary before its units return.
+    pub reservation_expiry: Timestamp,
     /// What to do now.
     pub action: LeaseAction,
     /// The exec.

@@ -867,6 +867,7 @@ pub(crate) struct DueRow {
     pub workspace_id: WorkspaceId,
     pub last_seq: i64,
     pub terminal_page: bool,
+    pub reservation_expiry: Timestamp,
 }
 
 const DUE_SELECT: &str = "SELECT l.lease_id, l.exec_id, e.tenant_id, l.attempt, l.generation, \
@@ -874,6 +875,7 @@ const DUE_SELECT: &str = "SELECT l.lease_id, l.exec_id, e.tenant_id, l.attempt, 
         l.released_submicro_ns, e.state AS exec_state, a.state AS attempt_state, \
         e.terminal_reason, e.cancel_requested, e.timeout_floor_us, e.timeout_submicro_ns, \
         p.url, e.runtime_digest, e.shape, e.command::text AS command, e.workspace_id, \
+        r.expiry_floor_us AS reservation_floor_us, r.expiry_submicro_ns AS reservation_submicro_ns, \
         coalesce((SELECT max(o.seq) FROM lc_output_pages o \
                    WHERE o.exec_id = l.exec_id AND o.attempt = l.attempt), 0) AS last_seq, \
         EXISTS (SELECT 1 FROM lc_output_pages o WHERE o.exec_id = l.exec_id \
@@ -881,7 +883,9 @@ const DUE_SELECT: &str = "SELECT l.lease_id, l.exec_id, e.tenant_id, l.attempt, 
    FROM lc_sandbox_leases l \
    JOIN lc_execs e ON e.exec_id = l.exec_id \
    JOIN lc_attempts a ON a.exec_id = l.exec_id AND a.attempt = l.attempt \
-   JOIN lc_providers p ON p.provider_id = l.provider_id";
+   JOIN lc_providers p ON p.provider_id = l.provider_id \
+   JOIN lc_reservations r ON r.exec_id = l.exec_id AND r.attempt = l.attempt \
+                         AND r.generation = l.generation";
 
 fn due_from(row: &PgRow) -> Result<DueRow, Fail> {
     let lease = lease_from(row)?;
@@ -895,6 +899,7 @@ fn due_from(row: &PgRow) -> Result<DueRow, Fail> {
         workspace_id: WorkspaceId(row.try_get("workspace_id")?),
         last_seq: row.try_get("last_seq")?,
         terminal_page: row.try_get("terminal_page")?,
+        reservation_expiry: instant_at(row, "reservation_floor_us", "reservation_submicro_ns")?,
     })
 }
 

@@ -427,6 +427,7 @@ fn to_work(d: db::DueRow, at: CutReading) -> LeaseWork {
         generation: d.lease.generation,
         state: d.lease.state,
         expiry: d.lease.expiry,
+        reservation_expiry: d.reservation_expiry,
         action,
         exec_id: d.lease.exec_id,
         tenant_id: d.lease.tenant_id,

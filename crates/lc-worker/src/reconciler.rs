@@ -25,9 +25,11 @@
 //! * `begin_release`: cancel, timeout or expiry (the last two only on a
 //!   certain cut, which the plan already checked) move the lease to
 //!   `release_pending`.
-//! * `destroy`: the provider destroys the generation's instance and
-//!   returns signed evidence; it is retried every step, also while the
-//!   cut is uncertain. Only on a certain reading does the store commit the
+//! * `destroy`: the Reservation is renewed first when its expiry is
+//!   within `renew_ahead` of the cut (so the grant never reaches its
+//!   reclaim boundary while the proof waits); the provider destroys the
+//!   generation's instance and returns signed evidence; it is retried
+//!   every step, also while the cut is uncertain. Only on a certain reading does the store commit the
 //!   release with that evidence (verifying its signature), which returns
 //!   the Reservation's units exactly once; while uncertain the step counts
 //!   it as deferred and nothing is released.
@@ -433,6 +435,13 @@ impl Reconciler {
                 report.releases_begun += 1;
             }
             LeaseAction::Destroy => {
+                // The Reservation stays renewed while the destroy is being
+                // proven (on any cut, never shortening), so its grant cannot
+                // reach its reclaim boundary before the units return.
+                if w.reservation_expiry.duration_since(at.cut) <= self.options.renew_ahead {
+                    self.store.renew(w.lease_id, w.generation, at).await?;
+                    report.renewed += 1;
+                }
                 let provider = self.provider(w)?;
                 let envelope = provider.destroy(w.lease_id, w.generation).await?;
                 let evidence = serde_json::to_value(&envelope).map_err(Fail::Evidence)?;

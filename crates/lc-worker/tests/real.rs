@@ -947,3 +947,46 @@ async fn a_step_handles_at_most_its_batch() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deferred_destroy_keeps_its_reservation_renewed() {
+    // renew_ahead beyond the Reservation's TTL: every step is within it.
+    let mut rig = Rig::start(
+        lc_core::rules::LEASE_TTL_DEFAULT,
+        ReconcilerOptions {
+            renew_ahead: SignedDuration::from_hours(1),
+            ..ReconcilerOptions::default()
+        },
+    )
+    .await;
+    let tenant = rig.tenant(1).await;
+    let exec = rig.admit(tenant, "e-1", &["true"]).await;
+    rig.step_until(|t| t.releases_begun == 1).await;
+    let before = rig.lease(exec).await.expect("release pending");
+    assert_eq!(before.state, LeaseState::ReleasePending);
+
+    rig.stop_sampler().await;
+    let frozen = rig.wait_reading(|r| !r.certain).await;
+    let r = rig.step().await;
+    assert_eq!(r.failures, vec![]);
+    assert_eq!(
+        (r.renewed, r.destroyed, r.release_deferred, r.released),
+        (1, 1, 1, 0)
+    );
+    let after = rig.lease(exec).await.expect("still release pending");
+    // The store's Reservation TTL is its default, 10 min (under the
+    // policy's 1 h max_ttl); the Lease keeps its expiry.
+    let ttl = lc_pg::LcConfig::default().reservation_ttl;
+    assert_eq!(
+        after.reservation_expiry,
+        before.reservation_expiry.max(frozen.cut + ttl)
+    );
+    assert_eq!(after.expiry, before.expiry);
+    assert_eq!(rig.balances(tenant).await, (1, 0, 1, 0));
+
+    rig.restart_sampler(RECOVERY_GRACE).await;
+    rig.wait_reading(|r| r.certain).await;
+    rig.step_until(|t| t.released == 1).await;
+    assert_eq!(rig.balances(tenant).await, (1, 1, 0, 0));
+    rig.assert_audit((1, 0, 0)).await;
+}
