@@ -2,11 +2,16 @@
 # Mutation gate: every mutant cargo-mutants makes in tollgate's lease timing,
 # grant policy and its deadline bound (timing.rs), migration 0017's legacy
 # bound (instant_pair.rs), accounting and life-cycle rules (rules.rs) and
-# conservation audit (audit.rs), and in all of safetime (the cut tracker,
-# uncertainty reasons, the sampler's tuning, the sealed horizon policy and
-# its deadline check, the instant pair, the timestamp domain) must be caught
-# by the tollgate and safetime crates' unit tests. Scope, exclusions and
-# reasons: docs/testing.md and .cargo/mutants.toml.
+# conservation audit (audit.rs); in all of safetime (the cut tracker, the
+# carried cut, uncertainty reasons, the sampler's tuning, the sealed horizon
+# policy and its deadline check, the instant pair, the timestamp domain); and
+# in lc-core's time and authority rules (rules.rs: expiry only on a certain
+# cut, admission inside cut + horizon, renewal that never shortens, the state
+# machines, the reconciler's lease plan, the input bounds; opkey.rs: the
+# operation key's floor, receipt attachment and GC instant; shape.rs and
+# command.rs: the shapes and the argv bounds) must be caught by the unit
+# tests of the crate it is in. Scope, exclusions and reasons:
+# docs/testing.md and .cargo/mutants.toml.
 #
 # Fails when any mutant is missed, times out, or is unviable (a mutant that
 # does not compile proves nothing; the known ones are excluded by name in

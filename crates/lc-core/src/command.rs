@@ -105,4 +105,88 @@ mod tests {
         assert_eq!(code(vec!["z".repeat(ARG_BYTES_MAX); 17]), "invalid_command");
         Command::new(vec!["z".repeat(ARG_BYTES_MAX); 16]).unwrap();
     }
+
+    fn check(v: Vec<String>, expect: Result<&[&str], &str>) {
+        let got = Command::new(v.clone());
+        match expect {
+            Ok(want) => {
+                let c = got.unwrap_or_else(|e| panic!("{e}"));
+                assert_eq!(c.argv(), want);
+                assert_eq!(c.into_argv(), v);
+            }
+            Err(reason) => assert_eq!(
+                got,
+                Err(LcError::InvalidCommand {
+                    reason: reason.into()
+                })
+            ),
+        }
+    }
+
+    #[test]
+    fn bounds_are_exact() {
+        assert_eq!(
+            (ARGV_MAX, ARG_BYTES_MAX, ARGV_BYTES_MAX),
+            (256, 4096, 65_536)
+        );
+        check(vec![], Err("the command needs at least one argument"));
+        check(argv(&["x"]), Ok(&["x"]));
+        check(argv(&[""]), Err("argv[0] is empty"));
+        check(argv(&["x", ""]), Ok(&["x", ""]));
+        check(argv(&["x", "a\0"]), Err("argv[1] contains a NUL byte"));
+        // argv[0] is checked for emptiness before any NUL.
+        check(argv(&["", "\0"]), Err("argv[0] is empty"));
+
+        let x256 = vec!["x"; 256];
+        check(x256.iter().map(|s| s.to_string()).collect(), Ok(&x256));
+        check(vec!["x".into(); 257], Err("257 arguments; at most 256"));
+
+        let a4096 = "a".repeat(4096);
+        check(vec![a4096.clone()], Ok(&[a4096.as_str()]));
+        check(
+            vec!["x".into(), "a".repeat(4097)],
+            Err("argv[1] is 4097 bytes; at most 4096"),
+        );
+        // Bytes, not characters: 2048 two-byte characters fit, one more
+        // does not.
+        let e2048 = "é".repeat(2048);
+        check(vec![e2048.clone()], Ok(&[e2048.as_str()]));
+        check(
+            vec!["é".repeat(2049)],
+            Err("argv[0] is 4098 bytes; at most 4096"),
+        );
+
+        // 16 arguments of 4096 bytes are 65536 bytes, exactly the bound.
+        let full = vec![a4096.as_str(); 16];
+        check(vec![a4096.clone(); 16], Ok(&full));
+        // One byte more, spread as a 17th argument, is refused.
+        let mut over = vec![a4096.clone(); 16];
+        over.push("b".into());
+        check(
+            over,
+            Err("the arguments are 65537 bytes together; at most 65536"),
+        );
+    }
+
+    #[test]
+    fn deserializing_checks_like_new() {
+        let c: Command = serde_json::from_str(r#"["sh","-c","echo hi"]"#).unwrap();
+        assert_eq!(c.into_argv(), argv(&["sh", "-c", "echo hi"]));
+        assert_eq!(
+            serde_json::to_string(&Command::new(argv(&["a", "b"])).unwrap()).unwrap(),
+            r#"["a","b"]"#
+        );
+        assert_eq!(
+            serde_json::from_str::<Command>("[]")
+                .unwrap_err()
+                .to_string(),
+            "invalid command: the command needs at least one argument"
+        );
+        assert_eq!(
+            serde_json::from_str::<Command>(r#"[""]"#)
+                .unwrap_err()
+                .to_string(),
+            "invalid command: argv[0] is empty"
+        );
+    }
 }

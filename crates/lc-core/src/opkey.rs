@@ -260,4 +260,147 @@ mod tests {
         );
         assert_eq!(check_ttl(NS, h).unwrap(), NS);
     }
+
+    const MIN_NS: i128 = -377_705_023_201_000_000_000;
+    const MAX_NS: i128 = 253_402_207_200_999_999_999;
+
+    #[test]
+    fn a_key_gives_back_its_text_and_digest() {
+        let d = Digest([0xab; 32]);
+        let k = OperationKey::new("exec-create-7f3a", d).unwrap();
+        assert_eq!(k.key(), "exec-create-7f3a");
+        assert_eq!(k.request_sha256(), Digest([0xab; 32]));
+        // The ends of the visible range, and the longest key.
+        let k = OperationKey::new("!~", Digest([0; 32])).unwrap();
+        assert_eq!(k.key(), "!~");
+        assert_eq!(k.request_sha256(), Digest([0; 32]));
+        let long = "k".repeat(255);
+        assert_eq!(OperationKey::new(long.clone(), d).unwrap().key(), long);
+        assert_eq!(OPERATION_KEY_BYTES_MAX, 255);
+        assert_eq!(
+            OperationKey::new("a".repeat(256), d),
+            Err(LcError::InvalidOperationKey {
+                reason: "a key is 1 to 255 visible ASCII characters".into(),
+            })
+        );
+    }
+
+    #[test]
+    fn ttl_boundaries_are_exact() {
+        assert_eq!(
+            OPERATION_TTL_DEFAULT,
+            SignedDuration::from_nanos(86_400_000_000_000)
+        );
+        let h = SignedDuration::from_hours(48);
+        let refused = Err(LcError::InvalidTimeout {
+            reason: "an operation key's ttl must be positive and at most the horizon 48h".into(),
+        });
+        for (ttl, expect) in [
+            (SignedDuration::MIN, refused.clone()),
+            (-NS, refused.clone()),
+            (SignedDuration::ZERO, refused.clone()),
+            (NS, Ok(NS)),
+            (h - NS, Ok(h - NS)),
+            (h, Ok(h)),
+            (h + NS, refused.clone()),
+            (SignedDuration::MAX, refused.clone()),
+        ] {
+            assert_eq!(check_ttl(ttl, h), expect, "ttl {ttl:#}");
+        }
+        // The default fits a 24 h horizon exactly.
+        assert_eq!(
+            check_ttl(OPERATION_TTL_DEFAULT, SignedDuration::from_hours(24)),
+            Ok(OPERATION_TTL_DEFAULT)
+        );
+    }
+
+    #[test]
+    fn floor_and_receipt_at_the_domain_ends() {
+        for ns in [MIN_NS, MIN_NS + 1, -1, 0, 1, MAX_NS - 1, MAX_NS] {
+            assert_eq!(terminal_floor(CutReading::certain(t(ns))), t(ns));
+            assert_eq!(terminal_floor(CutReading::uncertain(t(ns), 0)), t(ns));
+        }
+        // (floor, cut, certain, attachable)
+        for (floor, cut, certain, expect) in [
+            (MIN_NS, MIN_NS, true, false),
+            (MIN_NS, MIN_NS + 1, true, true),
+            (MIN_NS, MIN_NS + 1, false, false),
+            (MAX_NS - 1, MAX_NS, true, true),
+            (MAX_NS - 1, MAX_NS, false, false),
+            (MAX_NS, MAX_NS, true, false),
+            (MIN_NS, MAX_NS, true, true),
+            (MIN_NS, MAX_NS, false, false),
+            (MAX_NS, MIN_NS, true, false),
+        ] {
+            let at = CutReading {
+                cut: t(cut),
+                certain,
+                retry_after_s: 1,
+            };
+            assert_eq!(
+                receipt_attachable(t(floor), at),
+                expect,
+                "floor {floor} cut {cut} certain {certain}"
+            );
+        }
+    }
+
+    #[test]
+    fn gc_instant_at_the_domain_end() {
+        let ttl = SignedDuration::from_secs(1);
+        let ttl_ns = 1_000_000_000_i128;
+        // (created, floor, gc_at)
+        for (created, floor, expect) in [
+            (BASE, BASE + 1, Some(BASE + 1 + ttl_ns)),
+            (BASE + 1, BASE, Some(BASE + 1 + ttl_ns)),
+            (MAX_NS - ttl_ns, MAX_NS - ttl_ns, Some(MAX_NS)),
+            (MAX_NS - ttl_ns - 1, MAX_NS - ttl_ns, Some(MAX_NS)),
+            // Either sum beyond the domain: never deletable.
+            (MAX_NS - ttl_ns + 1, BASE, None),
+            (BASE, MAX_NS - ttl_ns + 1, None),
+            (MIN_NS, MIN_NS, Some(MIN_NS + ttl_ns)),
+        ] {
+            assert_eq!(
+                gc_at(t(created), t(floor), ttl),
+                expect.map(t),
+                "created {created} floor {floor}"
+            );
+        }
+        // Due at MAX exactly when gc_at is MAX.
+        let due = |created, floor, cut| {
+            gc_due(t(created), t(floor), ttl, true, CutReading::certain(t(cut)))
+        };
+        assert!(due(MAX_NS - ttl_ns, MAX_NS - ttl_ns, MAX_NS));
+        assert!(!due(MAX_NS - ttl_ns, MAX_NS - ttl_ns, MAX_NS - 1));
+        assert!(!due(MAX_NS - ttl_ns, MAX_NS - ttl_ns + 1, MAX_NS));
+        // Creation after the floor: creation + ttl decides, at -1 / 0 / +1.
+        for (offset, expect) in [(-1, false), (0, true), (1, true)] {
+            assert_eq!(
+                due(BASE + 1, BASE, BASE + 1 + ttl_ns + offset),
+                expect,
+                "offset {offset}"
+            );
+        }
+        // Every condition is needed: receipt, certainty, the instant.
+        for (receipt, certain, cut, expect) in [
+            (true, true, BASE + ttl_ns, true),
+            (false, true, BASE + ttl_ns, false),
+            (true, false, BASE + ttl_ns, false),
+            (true, true, BASE + ttl_ns - 1, false),
+            (false, false, BASE + ttl_ns, false),
+            (false, true, BASE + ttl_ns - 1, false),
+            (true, false, BASE + ttl_ns - 1, false),
+        ] {
+            let at = CutReading {
+                cut: t(cut),
+                certain,
+                retry_after_s: 1,
+            };
+            assert_eq!(
+                gc_due(t(BASE), t(BASE), ttl, receipt, at),
+                expect,
+                "receipt {receipt} certain {certain} cut {cut}"
+            );
+        }
+    }
 }

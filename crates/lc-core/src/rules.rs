@@ -634,4 +634,570 @@ mod tests {
         );
         assert_eq!(check_timeout_ms(1).unwrap(), SignedDuration::from_millis(1));
     }
+
+    const NS: SignedDuration = SignedDuration::from_nanos(1);
+    const MIN_NS: i128 = -377_705_023_201_000_000_000;
+    const MAX_NS: i128 = 253_402_207_200_999_999_999;
+
+    #[test]
+    fn bounds_are_the_documented_numbers() {
+        assert_eq!(TIMEOUT_MS_MAX, 86_400_000);
+        assert_eq!(NAME_BYTES_MAX, 200);
+        assert_eq!(APPEND_PAGES_MAX, 64);
+        assert_eq!(LIST_LIMIT_MAX, 1_000);
+        assert_eq!(
+            LEASE_TTL_DEFAULT,
+            SignedDuration::from_nanos(60_000_000_000)
+        );
+        assert_eq!(t(MIN_NS), Timestamp::MIN);
+        assert_eq!(t(MAX_NS), Timestamp::MAX);
+    }
+
+    #[test]
+    fn expiry_at_the_domain_ends() {
+        // (deadline, cut, certain, expired)
+        let rows = [
+            (MIN_NS, MIN_NS, true, true),
+            (MIN_NS, MIN_NS, false, false),
+            (MIN_NS + 1, MIN_NS, true, false),
+            (MAX_NS, MAX_NS - 1, true, false),
+            (MAX_NS, MAX_NS, true, true),
+            (MAX_NS, MAX_NS, false, false),
+            (MIN_NS, MAX_NS, true, true),
+            (MIN_NS, MAX_NS, false, false),
+        ];
+        for (deadline, cut, certain, expect) in rows {
+            let at = CutReading {
+                cut: t(cut),
+                certain,
+                retry_after_s: 1,
+            };
+            assert_eq!(
+                is_expired(t(deadline), at),
+                expect,
+                "deadline {deadline} cut {cut} certain {certain}"
+            );
+        }
+    }
+
+    #[test]
+    fn deadline_bound_is_cut_plus_horizon_exactly() {
+        // (cut, horizon, bound); the reading's certainty plays no part.
+        let rows = [
+            (
+                BASE,
+                SignedDuration::from_hours(1),
+                Some(BASE + 3_600_000_000_000),
+            ),
+            (BASE, SignedDuration::ZERO, Some(BASE)),
+            (BASE, NS, Some(BASE + 1)),
+            (BASE, -NS, Some(BASE - 1)),
+            (MAX_NS - 1, NS, Some(MAX_NS)),
+            (MAX_NS, SignedDuration::ZERO, Some(MAX_NS)),
+            (MAX_NS, NS, None),
+            (MIN_NS, -NS, None),
+            (MIN_NS, SignedDuration::MAX, None),
+        ];
+        for (cut, horizon, bound) in rows {
+            let expect = bound.map(t);
+            assert_eq!(
+                deadline_bound(CutReading::certain(t(cut)), horizon),
+                expect,
+                "cut {cut} horizon {horizon:#}"
+            );
+            assert_eq!(
+                deadline_bound(CutReading::uncertain(t(cut), 1), horizon),
+                expect
+            );
+        }
+    }
+
+    fn check_admit(
+        at: CutReading,
+        horizon: SignedDuration,
+        deadlines: &[i128],
+        expect: Result<(), LcError>,
+    ) {
+        let deadlines: Vec<Timestamp> = deadlines.iter().map(|d| t(*d)).collect();
+        assert_eq!(
+            check_admission(at, horizon, &deadlines),
+            expect,
+            "at {at:?} horizon {horizon:#} deadlines {deadlines:?}"
+        );
+    }
+
+    #[test]
+    fn admission_boundaries_are_exact() {
+        let h = SignedDuration::from_secs(30);
+        let bound = BASE + 30_000_000_000;
+        let at = CutReading::certain(t(BASE));
+        let beyond = |d: i128| {
+            Err(LcError::DeadlineBeyondHorizon {
+                deadline: t(d),
+                bound: t(bound),
+            })
+        };
+        check_admit(at, h, &[], Ok(()));
+        check_admit(at, h, &[bound - 1], Ok(()));
+        check_admit(at, h, &[bound], Ok(()));
+        check_admit(at, h, &[bound + 1], beyond(bound + 1));
+        // Deadlines before the cut are within the bound too.
+        check_admit(at, h, &[MIN_NS, BASE - 1, BASE, bound], Ok(()));
+        // The first deadline beyond is named, not the latest.
+        check_admit(at, h, &[BASE, bound + 2, bound + 1], beyond(bound + 2));
+        check_admit(at, h, &[bound + 1, bound + 2], beyond(bound + 1));
+        // A zero horizon admits exactly the cut.
+        check_admit(at, SignedDuration::ZERO, &[BASE], Ok(()));
+        check_admit(
+            at,
+            SignedDuration::ZERO,
+            &[BASE + 1],
+            Err(LcError::DeadlineBeyondHorizon {
+                deadline: t(BASE + 1),
+                bound: t(BASE),
+            }),
+        );
+        // At the end of the domain: MAX - 1 ns + 1 ns is the last bound.
+        check_admit(CutReading::certain(t(MAX_NS - 1)), NS, &[MAX_NS], Ok(()));
+        check_admit(
+            CutReading::certain(t(MAX_NS - 2)),
+            NS,
+            &[MAX_NS],
+            Err(LcError::DeadlineBeyondHorizon {
+                deadline: t(MAX_NS),
+                bound: t(MAX_NS - 1),
+            }),
+        );
+        check_admit(CutReading::certain(t(MAX_NS)), NS, &[MAX_NS], Ok(()));
+    }
+
+    #[test]
+    fn admission_on_an_uncertain_cut_is_refused_first() {
+        let h = SignedDuration::from_secs(30);
+        // (retry_after_s read, retry_after_s told): at least 1.
+        for (read, told) in [(0, 1), (1, 1), (2, 2), (7, 7), (u64::MAX, u64::MAX)] {
+            let at = CutReading::uncertain(t(BASE), read);
+            let expect = Err(LcError::TimeUncertain {
+                retry_after_s: told,
+            });
+            check_admit(at, h, &[], expect.clone());
+            check_admit(at, h, &[BASE], expect.clone());
+            // Checked before the horizon: a deadline beyond is not named.
+            check_admit(at, h, &[MAX_NS], expect.clone());
+            assert_eq!(require_certain(at), expect);
+        }
+        // Certain readings carry no wait of their own.
+        for read in [0, 1, u64::MAX] {
+            let at = CutReading {
+                cut: t(BASE),
+                certain: true,
+                retry_after_s: read,
+            };
+            check_admit(at, h, &[BASE], Ok(()));
+            assert_eq!(require_certain(at), Ok(()));
+        }
+    }
+
+    #[test]
+    fn deadline_after_boundaries_are_exact() {
+        let at = CutReading::certain(t(BASE));
+        let not_positive = Err(LcError::InvalidTimeout {
+            reason: "a ttl must be positive".into(),
+        });
+        assert_eq!(deadline_after(at, -NS), not_positive);
+        assert_eq!(deadline_after(at, SignedDuration::MIN), not_positive);
+        assert_eq!(deadline_after(at, SignedDuration::ZERO), not_positive);
+        assert_eq!(deadline_after(at, NS), Ok(t(BASE + 1)));
+        assert_eq!(
+            deadline_after(CutReading::uncertain(t(BASE), 1), NS),
+            Ok(t(BASE + 1))
+        );
+        assert_eq!(
+            deadline_after(CutReading::certain(t(MIN_NS)), NS),
+            Ok(t(MIN_NS + 1))
+        );
+        assert_eq!(
+            deadline_after(CutReading::certain(t(MAX_NS - 1)), NS),
+            Ok(t(MAX_NS))
+        );
+        assert_eq!(
+            deadline_after(CutReading::certain(t(MAX_NS)), NS),
+            Err(LcError::InvalidTimeout {
+                reason: "cut 9999-12-30T22:00:00.999999999Z + 1ns is not representable".into(),
+            })
+        );
+        assert_eq!(
+            deadline_after(CutReading::certain(t(MIN_NS)), SignedDuration::MAX),
+            Err(LcError::InvalidTimeout {
+                reason: "cut -009999-01-02T01:59:59Z + 2562047788015215h 30m 7s 999ms 999µs \
+                         999ns is not representable"
+                    .into(),
+            })
+        );
+    }
+
+    #[test]
+    fn renewal_boundaries_are_exact() {
+        let ttl = SignedDuration::from_secs(60);
+        let ttl_ns = 60_000_000_000_i128;
+        // (current, cut, certain, renewed)
+        let rows = [
+            (BASE + ttl_ns + 1, BASE, true, BASE + ttl_ns + 1),
+            (BASE + ttl_ns, BASE, true, BASE + ttl_ns),
+            (BASE + ttl_ns - 1, BASE, true, BASE + ttl_ns),
+            (BASE + ttl_ns + 1, BASE, false, BASE + ttl_ns + 1),
+            (BASE + ttl_ns - 1, BASE, false, BASE + ttl_ns),
+            (MIN_NS, BASE, true, BASE + ttl_ns),
+            (MAX_NS, BASE, true, MAX_NS),
+            (MAX_NS, BASE, false, MAX_NS),
+            (MIN_NS, MAX_NS - ttl_ns, true, MAX_NS),
+            (MAX_NS - 1, MAX_NS - ttl_ns, false, MAX_NS),
+        ];
+        for (current, cut, certain, renewed) in rows {
+            let at = CutReading {
+                cut: t(cut),
+                certain,
+                retry_after_s: 1,
+            };
+            assert_eq!(
+                renewed_expiry(t(current), at, ttl),
+                Ok(t(renewed)),
+                "current {current} cut {cut} certain {certain}"
+            );
+        }
+        // A ttl that is not positive is refused even when current is later.
+        assert_eq!(
+            renewed_expiry(
+                t(MAX_NS),
+                CutReading::certain(t(BASE)),
+                SignedDuration::ZERO
+            ),
+            Err(LcError::InvalidTimeout {
+                reason: "a ttl must be positive".into(),
+            })
+        );
+        // Past the end of the domain: refused, not clamped to current.
+        assert_eq!(
+            renewed_expiry(t(MAX_NS), CutReading::certain(t(MAX_NS - ttl_ns + 1)), ttl),
+            Err(LcError::InvalidTimeout {
+                reason: "cut 9999-12-30T21:59:01Z + 1m is not representable".into(),
+            })
+        );
+    }
+
+    #[test]
+    fn timeout_boundaries_are_exact() {
+        let refused = Err(LcError::InvalidTimeout {
+            reason: "timeout_ms must be in 1..=86400000".into(),
+        });
+        for (ms, expect) in [
+            (0, refused.clone()),
+            (1, Ok(SignedDuration::from_nanos(1_000_000))),
+            (2, Ok(SignedDuration::from_nanos(2_000_000))),
+            (
+                86_399_999,
+                Ok(SignedDuration::from_nanos(86_399_999_000_000)),
+            ),
+            (
+                86_400_000,
+                Ok(SignedDuration::from_nanos(86_400_000_000_000)),
+            ),
+            (86_400_001, refused.clone()),
+            (u64::MAX, refused.clone()),
+        ] {
+            assert_eq!(check_timeout_ms(ms), expect, "timeout_ms {ms}");
+        }
+    }
+
+    #[test]
+    fn name_boundaries_are_exact() {
+        let tenant_refused = Err(LcError::InvalidName {
+            reason: "a tenant name is 1 to 200 bytes without control characters".into(),
+        });
+        let at_max = "x".repeat(200);
+        let over = "x".repeat(201);
+        // 199 bytes of ASCII and one 2-byte character: 201 bytes, 200 chars.
+        let over_in_bytes = format!("{}é", "x".repeat(199));
+        for (name, ok) in [
+            ("blue team", true),
+            ("x", true),
+            (" x ", true),
+            ("é", true),
+            (at_max.as_str(), true),
+            (over.as_str(), false),
+            (over_in_bytes.as_str(), false),
+            ("", false),
+            (" ", false),
+            ("\u{3000}", false),
+            ("a\tb", false),
+            ("a\u{7f}", false),
+            ("\u{85}x", false),
+        ] {
+            let expect = if ok { Ok(name) } else { tenant_refused.clone() };
+            assert_eq!(check_tenant_name(name), expect, "tenant {name:?}");
+        }
+
+        let runtime_refused = Err(LcError::InvalidName {
+            reason: "a runtime name is 1 to 63 characters of [a-z0-9._-], starting with a \
+                     letter or digit"
+                .into(),
+        });
+        let r63 = "a".repeat(63);
+        let r64 = "a".repeat(64);
+        let hex64 = "0".repeat(64);
+        for (name, ok) in [
+            ("base", true),
+            ("b", true),
+            ("0", true),
+            ("9x", true),
+            ("z._-09", true),
+            ("py3.12-slim", true),
+            (r63.as_str(), true),
+            (r64.as_str(), false),
+            (hex64.as_str(), false),
+            ("", false),
+            (".x", false),
+            ("_x", false),
+            ("-x", false),
+            ("Base", false),
+            ("baSe", false),
+            ("a/b", false),
+            ("a b", false),
+            ("a+b", false),
+            ("é", false),
+        ] {
+            let expect = if ok {
+                Ok(name)
+            } else {
+                runtime_refused.clone()
+            };
+            assert_eq!(check_runtime_name(name), expect, "runtime {name:?}");
+        }
+    }
+
+    #[test]
+    fn limit_and_unit_boundaries_are_exact() {
+        for (limit, max, ok) in [
+            (0, 10, false),
+            (1, 10, true),
+            (9, 10, true),
+            (10, 10, true),
+            (11, 10, false),
+            (0, 0, false),
+            (1, 1, true),
+            (2, 1, false),
+            (usize::MAX, usize::MAX, true),
+            (usize::MAX, usize::MAX - 1, false),
+        ] {
+            let expect = if ok {
+                Ok(limit)
+            } else {
+                Err(LcError::InvalidLimit { limit, max })
+            };
+            assert_eq!(check_limit(limit, max), expect, "limit {limit} max {max}");
+        }
+        for (units, ok) in [
+            (i64::MIN, false),
+            (-1, false),
+            (0, false),
+            (1, true),
+            (2, true),
+            (i64::MAX, true),
+        ] {
+            let expect = if ok {
+                Ok(units)
+            } else {
+                Err(LcError::InvalidUnits { units })
+            };
+            assert_eq!(check_units(units), expect, "units {units}");
+        }
+    }
+
+    /// Checks a state machine against its full list of legal changes:
+    /// every pair of states, the same state being a replay.
+    fn check_machine<S: Copy + PartialEq + std::fmt::Debug>(
+        what: &'static str,
+        all: &[S],
+        legal: &[(S, S)],
+        name: fn(&S) -> &'static str,
+        plan: fn(S, S) -> Result<Step, LcError>,
+    ) {
+        for &from in all {
+            for &to in all {
+                let expect = if from == to {
+                    Ok(Step::Unchanged)
+                } else if legal.contains(&(from, to)) {
+                    Ok(Step::Changed)
+                } else {
+                    Err(LcError::IllegalTransition {
+                        what,
+                        from: name(&from),
+                        to: name(&to),
+                    })
+                };
+                assert_eq!(plan(from, to), expect, "{what} {from:?} -> {to:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn every_pair_of_states_of_every_machine() {
+        use AttemptState as A;
+        use ExecState as E;
+        use LeaseState as L;
+        check_machine(
+            "lease",
+            &[L::Allocating, L::Active, L::ReleasePending, L::Released],
+            &[
+                (L::Allocating, L::Active),
+                (L::Allocating, L::ReleasePending),
+                (L::Active, L::ReleasePending),
+                (L::ReleasePending, L::Released),
+            ],
+            LeaseState::as_str,
+            plan_lease_transition,
+        );
+        check_machine(
+            "attempt",
+            &[A::Runnable, A::Running, A::Parked, A::Terminal],
+            &[
+                (A::Runnable, A::Running),
+                (A::Runnable, A::Parked),
+                (A::Runnable, A::Terminal),
+                (A::Running, A::Parked),
+                (A::Running, A::Terminal),
+                (A::Parked, A::Runnable),
+                (A::Parked, A::Terminal),
+            ],
+            AttemptState::as_str,
+            plan_attempt_transition,
+        );
+        check_machine(
+            "exec",
+            &[E::Admitted, E::Running, E::Terminal],
+            &[
+                (E::Admitted, E::Running),
+                (E::Admitted, E::Terminal),
+                (E::Running, E::Terminal),
+            ],
+            ExecState::as_str,
+            plan_exec_transition,
+        );
+        // The refusal names both states by their stored names.
+        assert_eq!(
+            plan_attempt_transition(A::Terminal, A::Runnable),
+            Err(LcError::IllegalTransition {
+                what: "attempt",
+                from: "terminal",
+                to: "runnable"
+            })
+        );
+    }
+
+    #[test]
+    fn lease_action_boundaries_are_exact() {
+        use LeaseAction::*;
+        use TerminalReason as R;
+        let expiry = BASE + 10_000;
+        let timeout = BASE + 1_000;
+        let view = |state, timeout_deadline: Option<i128>| LeaseView {
+            state,
+            expiry: t(expiry),
+            cancel_requested: false,
+            timeout_deadline: timeout_deadline.map(t),
+            terminal_page: false,
+        };
+        let c = |ns| CutReading::certain(t(ns));
+        let u = |ns| CutReading::uncertain(t(ns), 1);
+        for (state, live) in [
+            (LeaseState::Allocating, Allocate),
+            (LeaseState::Active, Maintain),
+        ] {
+            let rows = [
+                // The timeout, at -1 / 0 / +1 ns, before the expiry.
+                (Some(timeout), c(timeout - 1), Some(live)),
+                (Some(timeout), c(timeout), Some(BeginRelease(R::Expired))),
+                (
+                    Some(timeout),
+                    c(timeout + 1),
+                    Some(BeginRelease(R::Expired)),
+                ),
+                // No timeout: the expiry decides, at -1 / 0 / +1 ns.
+                (None, c(expiry - 1), Some(live)),
+                (None, c(expiry), Some(BeginRelease(R::Expired))),
+                (None, c(expiry + 1), Some(BeginRelease(R::Expired))),
+                // A timeout after the expiry: the expiry still decides.
+                (Some(expiry + 5), c(expiry - 1), Some(live)),
+                (Some(expiry + 5), c(expiry), Some(BeginRelease(R::Expired))),
+                // Uncertain: nothing expires, however late.
+                (Some(timeout), u(timeout), Some(live)),
+                (Some(timeout), u(MAX_NS), Some(live)),
+                (None, u(MAX_NS), Some(live)),
+                // At the domain ends.
+                (Some(MIN_NS), c(MIN_NS), Some(BeginRelease(R::Expired))),
+                (None, c(MAX_NS), Some(BeginRelease(R::Expired))),
+            ];
+            for (timeout_deadline, at, expect) in rows {
+                assert_eq!(
+                    plan_lease_action(view(state, timeout_deadline), at),
+                    expect,
+                    "{state} timeout {timeout_deadline:?} at {at:?}"
+                );
+            }
+            // A stored terminal page comes before a cancel, and a cancel
+            // before the timeout or the expiry, certain or not.
+            for at in [c(BASE), c(expiry), u(expiry)] {
+                let cancelled = LeaseView {
+                    cancel_requested: true,
+                    ..view(state, Some(timeout))
+                };
+                assert_eq!(
+                    plan_lease_action(cancelled, at),
+                    Some(BeginRelease(R::Cancelled))
+                );
+                let exited = LeaseView {
+                    terminal_page: true,
+                    ..cancelled
+                };
+                assert_eq!(plan_lease_action(exited, at), Some(BeginRelease(R::Exited)));
+                let exited_only = LeaseView {
+                    terminal_page: true,
+                    ..view(state, Some(timeout))
+                };
+                assert_eq!(
+                    plan_lease_action(exited_only, at),
+                    Some(BeginRelease(R::Exited))
+                );
+            }
+        }
+        // release_pending is destroyed and released is left alone, whatever
+        // the reading and the flags say.
+        for at in [c(BASE), c(MAX_NS), u(BASE)] {
+            let flags = LeaseView {
+                cancel_requested: true,
+                terminal_page: true,
+                ..view(LeaseState::Active, Some(timeout))
+            };
+            assert_eq!(
+                plan_lease_action(
+                    LeaseView {
+                        state: LeaseState::ReleasePending,
+                        ..flags
+                    },
+                    at
+                ),
+                Some(Destroy)
+            );
+            assert_eq!(
+                plan_lease_action(
+                    LeaseView {
+                        state: LeaseState::Released,
+                        ..flags
+                    },
+                    at
+                ),
+                None
+            );
+        }
+    }
 }

@@ -92,4 +92,63 @@ mod tests {
         assert_eq!((net.network, net.units, net.pids_max), (true, 1, 64));
         assert_eq!(Shape::by_name("large").unwrap_err().code(), "invalid_shape");
     }
+
+    #[test]
+    fn every_shape_exactly() {
+        let small = Shape {
+            name: "small",
+            memory_bytes: 268_435_456,
+            pids_max: 64,
+            cpu_shares: 512,
+            network: false,
+            units: 1,
+        };
+        let medium = Shape {
+            name: "medium",
+            memory_bytes: 1_073_741_824,
+            pids_max: 256,
+            cpu_shares: 1024,
+            network: false,
+            units: 2,
+        };
+        let small_net = Shape {
+            name: "small-net",
+            memory_bytes: 268_435_456,
+            pids_max: 64,
+            cpu_shares: 512,
+            network: true,
+            units: 1,
+        };
+        assert_eq!(SHAPES, [small, medium, small_net]);
+        assert_eq!((SMALL, MEDIUM, SMALL_NET), (small, medium, small_net));
+        for s in [small, medium, small_net] {
+            assert_eq!(Shape::by_name(s.name), Ok(s));
+        }
+    }
+
+    #[test]
+    fn unknown_names_are_refused_with_the_name_cut_to_64_chars() {
+        for name in [
+            "",
+            "Small",
+            "small ",
+            " small",
+            "smal",
+            "small-net2",
+            "large",
+        ] {
+            assert_eq!(
+                Shape::by_name(name),
+                Err(LcError::InvalidShape { name: name.into() }),
+                "{name:?}"
+            );
+        }
+        let long = "é".repeat(65);
+        assert_eq!(
+            Shape::by_name(&long),
+            Err(LcError::InvalidShape {
+                name: "é".repeat(64)
+            })
+        );
+    }
 }
