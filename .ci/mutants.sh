@@ -9,7 +9,8 @@
 # cut, admission inside cut + horizon, renewal that never shortens, the state
 # machines, the reconciler's lease plan, the input bounds; opkey.rs: the
 # operation key's floor, receipt attachment and GC instant; shape.rs and
-# command.rs: the shapes and the argv bounds) must be caught by the unit
+# command.rs: the shapes and the argv bounds; rate.rs: the admission rate's
+# window) must be caught by the unit
 # tests of the crate it is in. Scope, exclusions and reasons:
 # docs/testing.md and .cargo/mutants.toml.
 #
