@@ -361,7 +361,8 @@ fn bad_bodies_paths_and_queries_are_typed_refusals() {
 #[tokio::test]
 async fn admission_on_an_uncertain_cut_is_503_with_the_reason_and_retry_after() {
     // No sampler has ever run on this database: the cut reads no_cut and
-    // the store refuses the admission.
+    // the store refuses the admission. No tenant can exist yet (creating
+    // one is a mutation, refused too), so the admin acts for tenant 1.
     let mut s = PgSvc::start_without_cut().await;
     let before = snapshot(&s.url, &[]).await;
     send(
