@@ -1,17 +1,12 @@
 //! Test support: requests through the real router with `oneshot` (no
-//! sockets), responses with their JSON, and clocks whose certainty a test
-//! sets.
+//! sockets) and responses with their JSON.
 
 #![allow(dead_code)]
 
 pub mod pg;
 
-use std::sync::Mutex;
-
-use async_trait::async_trait;
 use axum::body::Body;
 use axum::http::{HeaderMap, Method, Request, StatusCode, header};
-use clock::{Clock, ClockError, ClockKind, ClockReading, UncertainReason};
 use http_body_util::BodyExt;
 use jiff::Timestamp;
 use serde_json::{Value, json};
@@ -22,64 +17,6 @@ pub const ADMIN: &str = "lcadm-test-admin-token-0123456789";
 
 /// The server secret of every test service.
 pub const SECRET: [u8; 32] = [0x5a; 32];
-
-/// A clock standing at an instant, certain or uncertain as the test says.
-#[derive(Debug)]
-pub struct ScriptedClock {
-    state: Mutex<(Timestamp, Option<UncertainReason>)>,
-    retry_after_secs: u64,
-}
-
-impl ScriptedClock {
-    /// A certain clock at `now`, answering `Retry-After: retry_after_secs`
-    /// while uncertain.
-    pub fn new(now: Timestamp, retry_after_secs: u64) -> ScriptedClock {
-        ScriptedClock {
-            state: Mutex::new((now, None)),
-            retry_after_secs,
-        }
-    }
-
-    /// Sets the instant and the certainty.
-    pub fn set(&self, now: Timestamp, uncertain: Option<UncertainReason>) {
-        *self.state.lock().unwrap() = (now, uncertain);
-    }
-
-    /// Makes the clock uncertain for `reason`, keeping its instant.
-    pub fn uncertain(&self, reason: UncertainReason) {
-        self.state.lock().unwrap().1 = Some(reason);
-    }
-
-    /// Makes the clock certain again.
-    pub fn certain(&self) {
-        self.state.lock().unwrap().1 = None;
-    }
-
-    /// The instant.
-    pub fn now(&self) -> Timestamp {
-        self.state.lock().unwrap().0
-    }
-}
-
-#[async_trait]
-impl Clock for ScriptedClock {
-    async fn read(&self) -> Result<ClockReading, ClockError> {
-        let (now, uncertain) = *self.state.lock().unwrap();
-        Ok(ClockReading {
-            now,
-            uncertain,
-            ..ClockReading::certain(now)
-        })
-    }
-
-    fn kind(&self) -> ClockKind {
-        ClockKind::Test
-    }
-
-    fn retry_after_secs(&self) -> u64 {
-        self.retry_after_secs
-    }
-}
 
 /// A response: status, headers, body as JSON (or a JSON string).
 #[derive(Debug, Clone)]
