@@ -29,13 +29,15 @@
 #
 # Environment: FUZZ_VENV (default target/schemathesis-venv, shared with
 # Tollgate's fuzzer), FUZZ_MAX_EXAMPLES (default 100, as Tollgate's: per
-# operation, for each of the two credentials), CARGO_TARGET_DIR.
+# operation, for each of the two credentials), FUZZ_SEED (default 1),
+# CARGO_TARGET_DIR.
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/../../.." && pwd)
 target=${CARGO_TARGET_DIR:-$root/target}
 venv=${FUZZ_VENV:-$target/schemathesis-venv}
 examples=${FUZZ_MAX_EXAMPLES:-100}
+seed=${FUZZ_SEED:-1}
 schemathesis_version=4.32.5
 # Bounds, in seconds (loops poll every 0.5 s): a new cluster and sampler
 # epoch become certain within the appliance's own 120 s wait; releases of
@@ -171,7 +173,7 @@ PY
 export SCHEMATHESIS_HOOKS=$work/hooks.py
 st=("$venv/bin/schemathesis" run "$url/v1/openapi.json"
     --checks all --exclude-checks positive_data_acceptance
-    --max-examples "$examples" --seed 1 --no-color)
+    --max-examples "$examples" --seed "$seed" --no-color)
 LC_FUZZ_TENANT=$tenant_id "${st[@]}" -H "Authorization: Bearer $admin" ||
     fail "schemathesis with the admin token found failures"
 "${st[@]}" -H "Authorization: Bearer $key" ||
