@@ -332,9 +332,12 @@ async fn exec_output(
     Q(q): Q<OutputQuery>,
 ) -> Result<Json<OutputView>, ApiError> {
     let after_seq = q.after_seq.unwrap_or(0);
-    if after_seq < 0 {
+    // The answer's `next_seq` is at most `after_seq + 1`, so that must be
+    // an i64 too.
+    if !(0..i64::MAX).contains(&after_seq) {
         return Err(ApiError::InvalidQuery(format!(
-            "after_seq must be at least 0, got {after_seq}"
+            "after_seq must be in 0..={}, got {after_seq}",
+            i64::MAX - 1
         )));
     }
     let limit = lc_core::rules::check_limit(q.limit.unwrap_or(OUTPUT_PAGES_MAX), OUTPUT_PAGES_MAX)?;

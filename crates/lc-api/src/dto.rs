@@ -234,7 +234,8 @@ pub struct ExecList {
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
 pub struct OutputQuery {
-    /// Only pages with a larger seq (default 0: from the first).
+    /// Only pages with a larger seq (default 0: from the first; at most
+    /// 9223372036854775806, so the answer's `next_seq` is an i64).
     #[serde(default)]
     pub after_seq: Option<i64>,
     /// At most this many pages (default and maximum 64).

@@ -561,6 +561,18 @@ async fn output_pages_in_order_with_exact_bytes() {
             "next_seq": 5,
         })
     );
+    // The largest after_seq whose next seq is still an i64, and one past it.
+    let r = send(&s.router, get("?after_seq=9223372036854775806")).await;
+    assert_eq!(
+        r.ok(200),
+        &json!({"pages": [], "terminal": false, "next_seq": i64::MAX})
+    );
+    send(&s.router, get("?after_seq=9223372036854775807"))
+        .await
+        .problem(400, "invalid_query")
+        .detail(
+            "invalid query: after_seq must be in 0..=9223372036854775806, got 9223372036854775807",
+        );
     let _ = TenantId(0);
 }
 

@@ -555,7 +555,16 @@ async fn deposit_tx(conn: &mut PgConnection, a: &DepositArgs<'_>) -> Result<Tena
     if db::read_tenant(conn, a.tenant).await?.is_none() {
         return Err(LcError::not_found("tenant", a.tenant).into());
     }
-    tollgate_pg::ops::deposit(conn, AccountId(a.tenant.0), a.units, a.at.cut).await?;
+    // A deposit that would carry the balance past i64::MAX is a unit count
+    // this tenant cannot take: the caller's error, and nothing is written.
+    tollgate_pg::ops::deposit(conn, AccountId(a.tenant.0), a.units, a.at.cut)
+        .await
+        .map_err(|e| match e {
+            tollgate_pg::ops::TxError::Rule(tollgate::RuleError::UnitsOverflow { .. }) => {
+                Fail::Lc(LcError::InvalidUnits { units: a.units })
+            }
+            other => Fail::from(other),
+        })?;
     let t = db::read_tenant(conn, a.tenant)
         .await?
         .ok_or_else(|| LcError::not_found("tenant", a.tenant))?;

@@ -1378,3 +1378,36 @@ async fn concurrent_admissions_of_one_tenant_respect_the_rate_exactly() {
     assert_audit_clean(&store).await;
     f.sampler.stop().await;
 }
+
+#[tokio::test]
+async fn a_deposit_past_i64_max_is_invalid_units_and_writes_nothing() {
+    let f = fixture(4).await;
+    let at = certain(&f.clock).await;
+    let e = f
+        .store
+        .deposit(&op("d-max", "max"), at, f.tenant, i64::MAX)
+        .await
+        .unwrap_err();
+    assert_eq!(e, LcError::InvalidUnits { units: i64::MAX });
+    assert_eq!(
+        balances(&f.store.tenant(f.tenant).await.unwrap()),
+        (4, 4, 0, 0)
+    );
+    assert_eq!(
+        f.store
+            .operation(OpScope::Tenant(f.tenant), "d-max")
+            .await
+            .unwrap_err()
+            .code(),
+        "not_found"
+    );
+    // The largest deposit that fits still lands.
+    let t = f
+        .store
+        .deposit(&op("d-fit", "fit"), at, f.tenant, i64::MAX - 4)
+        .await
+        .unwrap();
+    assert_eq!(balances(&t), (i64::MAX, i64::MAX, 0, 0));
+    assert_audit_clean(&f.store).await;
+    f.sampler.stop().await;
+}
