@@ -10,6 +10,8 @@ use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 
+use tower_http::catch_panic::CatchPanicLayer;
+
 use crate::{ErrorCode, Rejection, ServiceState};
 
 /// Where request tracking counts each finished request.
@@ -98,6 +100,18 @@ pub async fn timeout<S: ServiceState>(State(s): State<S>, req: Request, next: Ne
     }
 }
 
+/// The answer to a handler's panic: logged once, here, then a 500
+/// problem ([`Rejection::Panicked`]) of the service's error type.
+fn panicked<S: ServiceState>(panic: Box<dyn std::any::Any + Send + 'static>) -> Response {
+    let message = panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".into());
+    tracing::error!(panic = %message, "a handler panicked; answered 500 internal_failure");
+    S::Error::from(Rejection::Panicked).into_response()
+}
+
 async fn not_found<S: ServiceState>() -> S::Error {
     Rejection::NotFound.into()
 }
@@ -109,12 +123,14 @@ async fn method_not_allowed<S: ServiceState>() -> S::Error {
 /// A service's routes made whole: problem responses for unknown routes
 /// (404 [`Rejection::NotFound`]) and methods (405
 /// [`Rejection::MethodNotAllowed`], with `Allow`), then, from the inside
-/// out, the [`timeout`], the body limit and request tracking ([`track`],
+/// out, a handler's panic answered as 500 `internal_failure` (never a
+/// dropped connection), the [`timeout`], the body limit and request tracking ([`track`],
 /// outermost, so it sees every response, the timeout's included).
 pub fn service_router<S: ServiceState + RequestMetrics>(routes: Router<S>, state: S) -> Router {
     routes
         .fallback(not_found::<S>)
         .method_not_allowed_fallback(method_not_allowed::<S>)
+        .layer(CatchPanicLayer::custom(panicked::<S>))
         .layer(middleware::from_fn_with_state(state.clone(), timeout::<S>))
         .layer(DefaultBodyLimit::max(state.body_max_bytes()))
         .layer(middleware::from_fn_with_state(state.clone(), track::<S>))

@@ -78,6 +78,12 @@ pub enum Rejection {
         bytes = crate::server::READ_BUFFER_MAX_BYTES
     )]
     HeaderFieldsTooLarge,
+    /// The handler panicked: a bug of the service, answered as a 500
+    /// problem instead of a dropped connection. The panic is logged where
+    /// it is caught ([`crate::middleware::service_router`]); the client
+    /// gets a fixed sentence.
+    #[error("the service failed while handling this request")]
+    Panicked,
 }
 
 impl Rejection {
@@ -98,6 +104,7 @@ impl Rejection {
         ("malformed_request", 400),
         ("uri_too_long", 414),
         ("header_fields_too_large", 431),
+        ("internal_failure", 500),
     ];
 
     /// The stable machine-readable code.
@@ -118,6 +125,7 @@ impl Rejection {
             Rejection::MalformedRequest => "malformed_request",
             Rejection::UriTooLong => "uri_too_long",
             Rejection::HeaderFieldsTooLarge => "header_fields_too_large",
+            Rejection::Panicked => "internal_failure",
         }
     }
 
@@ -142,6 +150,7 @@ impl Rejection {
             Rejection::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             Rejection::UriTooLong => StatusCode::URI_TOO_LONG,
             Rejection::HeaderFieldsTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            Rejection::Panicked => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 
@@ -180,6 +189,7 @@ mod tests {
             Rejection::MalformedRequest,
             Rejection::UriTooLong,
             Rejection::HeaderFieldsTooLarge,
+            Rejection::Panicked,
         ]
     }
 

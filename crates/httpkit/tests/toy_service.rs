@@ -116,6 +116,10 @@ async fn note(OptionalJsonBody(item): OptionalJsonBody<Item>) -> Json<Value> {
     Json(json!({"n": item.map(|i| i.n)}))
 }
 
+async fn panics() -> &'static str {
+    panic!("a bug in a handler")
+}
+
 async fn slow() -> &'static str {
     tokio::time::sleep(Duration::from_secs(5)).await;
     "late"
@@ -125,7 +129,8 @@ fn router(toy: Toy) -> Router {
     let routes = Router::new()
         .route("/items/{id}", post(put_item))
         .route("/notes", post(note))
-        .route("/slow", get(slow));
+        .route("/slow", get(slow))
+        .route("/panics", get(panics));
     httpkit::service_router(routes, toy)
 }
 
@@ -155,6 +160,23 @@ async fn send(
 }
 
 const JSON: &str = "application/json";
+
+#[tokio::test]
+async fn a_handler_panic_is_a_500_problem_not_a_dropped_connection() {
+    let r = router(Toy::default());
+    let (s, h, v) = send(&r, Method::GET, "/panics", None, None).await;
+    assert_eq!(s, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(h[header::CONTENT_TYPE], "application/problem+json");
+    assert_eq!(
+        v,
+        json!({"type": "urn:toy:problem:internal_failure", "title": "Internal failure",
+               "status": 500, "detail": "the service failed while handling this request",
+               "code": "internal_failure"})
+    );
+    // The service goes on answering.
+    let (s, _, _) = send(&r, Method::POST, "/notes", None, None).await;
+    assert_eq!(s, StatusCode::OK);
+}
 
 #[tokio::test]
 async fn refusals_are_the_services_problems_in_extractor_order() {

@@ -36,7 +36,8 @@
 //! `method_not_allowed` 405, `request_timeout` 503, `body_timeout` 408 and
 //! the connection layer's `too_many_connections` 503,
 //! `malformed_request` 400, `uri_too_long` 414, `header_fields_too_large`
-//! 431.
+//! 431, and `internal_failure` 500 (also a handler's panic, answered and
+//! logged).
 //!
 //! Backend details are logged, never sent: every 5xx `detail` is a fixed
 //! sentence, except `time_uncertain`, `deadline_beyond_horizon` and

@@ -53,7 +53,8 @@
 //! writes four more outside any route: `too_many_connections` 503 (with
 //! `Retry-After`: every connection the service may hold is busy),
 //! `malformed_request` 400, `uri_too_long` 414 and
-//! `header_fields_too_large` 431 (a request head the HTTP parser refused).
+//! `header_fields_too_large` 431 (a request head the HTTP parser refused),
+//! `internal_failure` 500 (a handler panicked: a bug, answered, logged).
 //!
 //! `time_uncertain` (only with `--clock safe-cut`): the safe expiry cut is
 //! uncertain, so acquire, consolidation and `POST /v1/admin/reclaim` are
@@ -143,6 +144,7 @@ pub const SERVICE_CODES: &[(&str, u16)] = &[
     ("malformed_request", 400),
     ("uri_too_long", 414),
     ("header_fields_too_large", 431),
+    ("internal_failure", 500),
 ];
 
 /// The HTTP status of an allocator error (see the module table).
