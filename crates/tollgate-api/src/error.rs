@@ -53,8 +53,9 @@
 //! writes four more outside any route: `too_many_connections` 503 (with
 //! `Retry-After`: every connection the service may hold is busy),
 //! `malformed_request` 400, `uri_too_long` 414 and
-//! `header_fields_too_large` 431 (a request head the HTTP parser refused),
-//! `internal_failure` 500 (a handler panicked: a bug, answered, logged).
+//! `header_fields_too_large` 431 (a request head the HTTP parser refused).
+//! Any route answers `internal_failure` 500 when its handler panicked (a
+//! bug, answered and logged rather than a dropped connection).
 //!
 //! `time_uncertain` (only with `--clock safe-cut`): the safe expiry cut is
 //! uncertain, so acquire, consolidation and `POST /v1/admin/reclaim` are
