@@ -26,21 +26,29 @@ const DEADLINE: Duration = Duration::from_secs(30);
 
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 
+/// The `lc-supervisor` binary beside this test's profile directory
+/// (`target/<profile>/lc-supervisor`: a workspace test run builds it for
+/// its own crate's tests), built with cargo when missing.
 fn supervisor_bin() -> PathBuf {
-    // target/<profile>/deps/<test> -> target/<profile>/examples/supervisor
+    static BIN: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BIN.get_or_init(find_or_build_supervisor).clone()
+}
+
+fn find_or_build_supervisor() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
-    let p = exe
-        .parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .join("examples/supervisor");
-    assert!(
-        p.is_file(),
-        "{} missing: run `cargo test -p lc-provider` (it builds the example)",
-        p.display()
-    );
-    p
+    let profile = exe.parent().unwrap().parent().unwrap().to_path_buf();
+    let bin = profile.join("lc-supervisor");
+    if !bin.is_file() {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let mut cmd = std::process::Command::new(cargo);
+        cmd.args(["build", "-p", "lc-supervisor"]);
+        if profile.ends_with("release") {
+            cmd.arg("--release");
+        }
+        assert!(cmd.status().expect("cargo runs").success());
+    }
+    assert!(bin.is_file(), "{} missing", bin.display());
+    bin
 }
 
 struct Env {
