@@ -100,6 +100,20 @@ pub async fn timeout<S: ServiceState>(State(s): State<S>, req: Request, next: Ne
     }
 }
 
+/// The media type of the Prometheus text exposition format.
+pub const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// A `/metrics` response: `text`, already in the Prometheus text format,
+/// as [`PROMETHEUS_TEXT`].
+pub fn metrics_response(text: String) -> Response {
+    let mut resp = text.into_response();
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(PROMETHEUS_TEXT),
+    );
+    resp
+}
+
 /// The answer to a handler's panic: logged once, here, then a 500
 /// problem ([`Rejection::Panicked`]) of the service's error type.
 fn panicked<S: ServiceState>(panic: Box<dyn std::any::Any + Send + 'static>) -> Response {

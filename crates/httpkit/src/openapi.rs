@@ -78,6 +78,40 @@ fn problem_schema(type_prefix: &str) -> RefOr<Schema> {
     schema
 }
 
+/// Adds the HTTP bearer security scheme named `bearer` to `doc`, with
+/// `description` saying which credentials the service takes.
+pub fn add_bearer_scheme(doc: &mut OpenApi, description: &str) {
+    use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+    doc.components
+        .get_or_insert_with(Default::default)
+        .add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .description(Some(description))
+                    .build(),
+            ),
+        );
+}
+
+/// The response serving a service's OpenAPI document: `doc`'s JSON,
+/// rendered by `render` once per process and kept in `cache`, as
+/// `application/json`.
+pub fn document_response(
+    cache: &'static std::sync::OnceLock<String>,
+    render: impl FnOnce() -> String,
+) -> axum::response::Response {
+    use axum::response::IntoResponse as _;
+    let doc = cache.get_or_init(render);
+    let mut resp = doc.clone().into_response();
+    resp.headers_mut().insert(
+        axum::http::header::CONTENT_TYPE,
+        axum::http::HeaderValue::from_static("application/json"),
+    );
+    resp
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -29,7 +29,7 @@ use std::sync::OnceLock;
 use axum::body::{Bytes, HttpBody as _};
 use axum::extract::{FromRequest, FromRequestParts, MatchedPath, Query, Request, State};
 use axum::http::request::Parts;
-use axum::http::{HeaderValue, Method, StatusCode, header};
+use axum::http::{Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::{Json, Router};
@@ -39,7 +39,6 @@ use lc_core::LcError;
 use lc_core::model::{Digest, ExecId, ExecRequest, ExecState, PageKind, TenantId};
 use serde::de::DeserializeOwned;
 use utoipa::OpenApi;
-use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
@@ -454,12 +453,7 @@ async fn metrics_text(State(s): State<AppState>) -> Response {
     if let Some(st) = s.clock().refresh_safe_time(TELEMETRY_READ_MAX).await {
         s.metrics().set_safe_time(&st);
     }
-    let mut resp = s.metrics().render().into_response();
-    resp.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
-    );
-    resp
+    httpkit::middleware::metrics_response(s.metrics().render())
 }
 
 /// This document.
@@ -467,17 +461,11 @@ async fn metrics_text(State(s): State<AppState>) -> Response {
     responses((status = 200, description = "The OpenAPI 3.1 document", content_type = "application/json")))]
 async fn openapi_json() -> Response {
     static DOC: OnceLock<String> = OnceLock::new();
-    let doc = DOC.get_or_init(|| {
+    httpkit::openapi::document_response(&DOC, || {
         openapi()
             .to_json()
             .expect("the OpenAPI document (strings, maps and lists) serializes")
-    });
-    let mut resp = doc.clone().into_response();
-    resp.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    resp
+    })
 }
 
 // ------------------------------------------------------------------ router
@@ -496,17 +484,9 @@ struct BearerScheme;
 
 impl utoipa::Modify for BearerScheme {
     fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
-        let components = openapi.components.get_or_insert_with(Default::default);
-        components.add_security_scheme(
-            "bearer",
-            SecurityScheme::Http(
-                HttpBuilder::new()
-                    .scheme(HttpAuthScheme::Bearer)
-                    .description(Some(
-                        "The admin token, or a tenant API key (`lc_...`), per route.",
-                    ))
-                    .build(),
-            ),
+        httpkit::openapi::add_bearer_scheme(
+            openapi,
+            "The admin token, or a tenant API key (`lc_...`), per route.",
         );
     }
 }

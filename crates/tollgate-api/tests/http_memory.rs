@@ -197,7 +197,8 @@ async fn failing_store_codes() {
         .await
         .problem(503, "storage_unavailable");
     // The service's own 5xx codes are backend failures too, or (written
-    // by the connection layer) the service at its connection bound.
+    // by the connection layer) the service at its connection bound, or a
+    // handler's panic answered as a problem.
     for (code, status) in SERVICE_CODES {
         if *status >= 500 {
             assert!(
@@ -206,7 +207,8 @@ async fn failing_store_codes() {
                     "time_uncertain",
                     "request_timeout",
                     "not_ready",
-                    "too_many_connections"
+                    "too_many_connections",
+                    "internal_failure"
                 ]
                 .contains(code),
                 "{code}"
