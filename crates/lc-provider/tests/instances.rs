@@ -26,22 +26,39 @@ const DEADLINE: Duration = Duration::from_secs(30);
 
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 
-/// The `lc-supervisor` binary beside this test's profile directory
-/// (`target/<profile>/lc-supervisor`: a workspace test run builds it for
-/// its own crate's tests), built with cargo when missing.
+/// The `lc-supervisor` binary (`target/<profile>/lc-supervisor`: a
+/// workspace test run builds it for its own crate's tests), built with
+/// cargo once when missing.
 fn supervisor_bin() -> PathBuf {
     static BIN: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    BIN.get_or_init(find_or_build_supervisor).clone()
+    BIN.get_or_init(|| built("lc-supervisor", &["-p", "lc-supervisor"]))
+        .clone()
 }
 
-fn find_or_build_supervisor() -> PathBuf {
+/// The example `provider_host` as a program (`cargo test --all-targets`
+/// builds examples as test harnesses, under other names), built with
+/// cargo once when missing.
+fn provider_host_bin() -> PathBuf {
+    static BIN: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BIN.get_or_init(|| {
+        built(
+            "examples/provider_host",
+            &["-p", "lc-provider", "--example", "provider_host"],
+        )
+    })
+    .clone()
+}
+
+/// `target/<profile>/<relative>`, first built by `cargo build <args>` (in
+/// this profile) when it is not there.
+fn built(relative: &str, args: &[&str]) -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     let profile = exe.parent().unwrap().parent().unwrap().to_path_buf();
-    let bin = profile.join("lc-supervisor");
+    let bin = profile.join(relative);
     if !bin.is_file() {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let mut cmd = std::process::Command::new(cargo);
-        cmd.args(["build", "-p", "lc-supervisor"]);
+        cmd.arg("build").args(args);
         if profile.ends_with("release") {
             cmd.arg("--release");
         }
@@ -909,13 +926,7 @@ async fn a_token_guards_every_route_but_identity() {
 async fn a_killed_provider_takes_its_instances_along_and_a_restart_destroys_them() {
     use std::io::BufRead as _;
     let e = env();
-    let exe = std::env::current_exe().unwrap();
-    let host_bin = exe
-        .parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .join("examples/provider_host");
+    let host_bin = provider_host_bin();
     let state = e.dir.join("hosted");
     let parent = e.provider.config().cgroup_parent.clone();
     /// Kills the hosting process if the test fails before it does.
@@ -1308,13 +1319,7 @@ async fn a_set_id_bubblewrap_and_paths_the_account_cannot_reach_are_refused() {
     );
     std::fs::remove_dir(&theirs).unwrap();
     // A provider that is not root is refused before it touches anything.
-    let host_bin = std::env::current_exe()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .join("examples/provider_host");
+    let host_bin = provider_host_bin();
     let state = fresh_dir();
     let (code, out, err) = as_account(
         &a,
