@@ -1539,3 +1539,36 @@ async fn every_process_of_an_instance_is_the_account_on_the_host() {
         .await
         .unwrap();
 }
+
+#[tokio::test]
+async fn the_command_cannot_talk_to_its_supervisor() {
+    // The socket is reachable from inside (the run directory is bound), but
+    // the supervisor closes every connection from its own PID namespace
+    // unread: an ack frame (length-prefixed, any body) gets no answer, and
+    // the provider's reads still see every page.
+    let e = env();
+    let script = r#"
+import os, socket, struct, sys
+results = []
+for _ in range(3):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect("/.lc/run/supervisor.sock")
+    body = b'{"ack":{"through_seq":1}}'
+    try:
+        s.sendall(struct.pack(">I", len(body)) + body)
+    except OSError:
+        pass
+    s.settimeout(10)
+    try:
+        got = s.recv(1)
+        results.append("answered" if got else "closed")
+    except (ConnectionResetError, BrokenPipeError):
+        results.append("closed")
+    s.close()
+print(" ".join(results))
+"#;
+    let (out, err, exit) = run(&e, 1, req(1, 1, SMALL, &["python3", "-c", script])).await;
+    assert_eq!(out, "closed closed closed\n");
+    assert_eq!(err, "");
+    assert_eq!(exit, ExitStatus::exited(0));
+}

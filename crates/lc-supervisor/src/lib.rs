@@ -27,7 +27,13 @@
 //!   ([`lc_core::page::SocketRequest`] / [`SocketResponse`]): `pages after
 //!   seq S (max M)` returns what is spooled now (possibly nothing; the caller
 //!   polls), `ack through seq S` drops every page up to `S`. Connections are
-//!   served one at a time, each read bounded by [`CONNECTION_IDLE_MAX`].
+//!   served one at a time, each read bounded by [`CONNECTION_IDLE_MAX`],
+//!   and only for a peer outside the supervisor's PID namespace (the
+//!   provider on the host): a connection from inside the sandbox, where
+//!   the command runs as the same uid and could reach the socket, is
+//!   closed unread, so the command can neither acknowledge its own pages
+//!   nor hold the connection (`--any-peer` lifts this for a supervisor run
+//!   outside a sandbox).
 //!   Once the terminal page is acknowledged the supervisor exits 0.
 //! * The supervisor's clock is never consulted for anything but that
 //!   connection timeout; it holds no credential.
@@ -83,6 +89,10 @@ pub struct Args {
     pub spool_bytes_max: u64,
     /// The command, `argv[0]` first.
     pub argv: Vec<String>,
+    /// Serve every peer, not only those outside this process's PID
+    /// namespace (`--any-peer`: for a supervisor run outside a sandbox,
+    /// where its reader shares its PID namespace).
+    pub any_peer: bool,
 }
 
 /// A refused command line. Codes are stable.
@@ -93,7 +103,7 @@ impl std::fmt::Display for UsageError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "usage_error: {}\nusage: lc-supervisor --socket PATH [--spool-bytes N] -- ARGV...",
+            "usage_error: {}\nusage: lc-supervisor --socket PATH [--spool-bytes N] [--any-peer] -- ARGV...",
             self.0
         )
     }
@@ -110,8 +120,10 @@ impl Args {
         let mut spool_bytes_max = SPOOL_BYTES_DEFAULT;
         let mut it = args.iter();
         let mut argv = Vec::new();
+        let mut any_peer = false;
         while let Some(a) = it.next() {
             match a.as_str() {
+                "--any-peer" => any_peer = true,
                 "--socket" => {
                     socket = Some(
                         it.next()
@@ -147,6 +159,7 @@ impl Args {
             socket,
             spool_bytes_max,
             argv,
+            any_peer,
         })
     }
 }
@@ -429,10 +442,44 @@ pub fn run(args: Args) -> i32 {
     // One connection at a time; the instance's lifetime bounds this loop.
     for conn in listener.incoming() {
         let Ok(conn) = conn else { continue };
+        if !args.any_peer && !peer_is_outside(&conn) {
+            // The command (or anything else inside the sandbox) reached the
+            // socket: closed at once, never read, so it can neither ack
+            // pages nor hold the one connection the provider needs.
+            continue;
+        }
         if serve_connection(&spool, conn) {
             let _ = std::fs::remove_file(&args.socket);
             return 0;
         }
     }
     1
+}
+
+/// Whether the peer of `conn` lives outside this process's PID namespace:
+/// the kernel reports its pid as 0 there (`SO_PEERCRED` translates pids
+/// into the reader's namespace, and one it cannot name is 0). Inside a
+/// sandbox that is exactly the provider on the host; every process of the
+/// sandbox, the command's included, has a pid here. `false` when the
+/// credentials cannot be read.
+fn peer_is_outside(conn: &std::os::unix::net::UnixStream) -> bool {
+    use std::os::fd::AsRawFd as _;
+    let mut cred = libc::ucred {
+        pid: -1,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `cred` and `len` are valid for writes of the sizes given, and
+    // the descriptor is open for the duration of the call.
+    let rc = unsafe {
+        libc::getsockopt(
+            conn.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast::<libc::c_void>(),
+            &mut len,
+        )
+    };
+    rc == 0 && cred.pid == 0
 }

@@ -39,7 +39,7 @@ fn start(tag: &str, spool: Option<u64>, argv: &[&str]) -> Sup {
     let dir = tempdir(tag);
     let socket = dir.join("s.sock");
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_lc-supervisor"));
-    cmd.arg("--socket").arg(&socket);
+    cmd.arg("--socket").arg(&socket).arg("--any-peer");
     if let Some(n) = spool {
         cmd.arg("--spool-bytes").arg(n.to_string());
     }
@@ -343,4 +343,31 @@ fn the_socket_accepts_as_soon_as_it_appears() {
         assert!(!sup.dir.join(lc_supervisor::BINDING_NAME).exists());
         drop(s);
     }
+}
+
+#[test]
+fn without_any_peer_a_reader_in_its_own_pid_namespace_is_closed_unread() {
+    // Run without `--any-peer`, this test (which shares the supervisor's
+    // PID namespace, as the sandboxed command would) is refused: the
+    // connection is closed before any frame is read or answered.
+    let dir = tempdir("peer");
+    let socket = dir.join("s.sock");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_lc-supervisor"))
+        .arg("--socket")
+        .arg(&socket)
+        .args(["--", "true"])
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    for _ in 0..3 {
+        let mut s = connect(&socket);
+        let _ = write_frame(&mut s, &SocketRequest::Ack { through_seq: 1 }.encode());
+        assert_eq!(read_frame(&mut s).ok().flatten(), None, "closed unread");
+    }
+    // Nothing was acknowledged: the command's terminal page is still
+    // spooled, so the supervisor is still waiting for a reader.
+    assert_eq!(child.try_wait().unwrap(), None);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
 }
