@@ -114,6 +114,17 @@ const SOCKET_IN_SANDBOX: &str = "/.lc/run/supervisor.sock";
 /// The longest unix socket path (`sun_path` less its NUL).
 const SOCKET_PATH_BYTES_MAX: usize = 107;
 
+/// The longest state directory path, in bytes, under which every
+/// instance's supervisor socket (`instances/<lease>-<generation>/run/
+/// supervisor.sock`, for the largest lease and generation) still fits in a
+/// unix socket path.
+pub fn state_dir_bytes_max() -> usize {
+    let below = std::path::Path::new("/instances")
+        .join(instance_name(i64::MAX, i64::MAX))
+        .join("run/supervisor.sock");
+    SOCKET_PATH_BYTES_MAX.saturating_sub(below.as_os_str().len())
+}
+
 /// The most instance directories one destroy or inventory inspects: far
 /// above the instances one host runs.
 pub const INSTANCES_SCANNED_MAX: usize = 100_000;
@@ -428,17 +439,13 @@ impl BwrapProvider {
                 "bubblewrap is set-uid or set-gid: the provider runs it unprivileged, as the sandbox account, and builds no instance through a privileged helper",
             ));
         }
-        // The longest socket path: the largest lease and generation.
-        let longest = cfg
-            .state_dir
-            .join("instances")
-            .join(instance_name(i64::MAX, i64::MAX))
-            .join("run/supervisor.sock");
-        if longest.as_os_str().len() > SOCKET_PATH_BYTES_MAX {
+        let state_bytes = cfg.state_dir.as_os_str().len();
+        if state_bytes > state_dir_bytes_max() {
             return Err(io(
                 cfg.state_dir.display(),
                 format!(
-                    "state directory path too long for a unix socket (at most {SOCKET_PATH_BYTES_MAX} bytes below it)"
+                    "the state directory's path is {state_bytes} bytes, at most {} fit: every instance's supervisor socket lives below it and a unix socket path has at most {SOCKET_PATH_BYTES_MAX} bytes; choose a shorter path",
+                    state_dir_bytes_max()
                 ),
             ));
         }

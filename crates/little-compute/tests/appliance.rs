@@ -469,6 +469,44 @@ async fn appliance_runs_a_real_command_and_keeps_it_across_a_restart() {
         (&serde_json::json!(8), &serde_json::json!(0))
     );
 
+    // A third `up` while this one runs is refused and changes nothing of
+    // it: the directories' modes stay, and a new exec still runs.
+    let mode = |p: &str| {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::metadata(dir.join(p)).unwrap().permissions().mode() & 0o7777
+    };
+    let modes_before = (mode("provider"), mode("runtimes"));
+    let third = Command::new(exe("little-compute"))
+        .args(["appliance", "up", "--data-dir"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert_eq!(third.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&third.stderr).contains("is already up")
+            || String::from_utf8_lossy(&third.stdout).contains("is already up"),
+        "{}",
+        String::from_utf8_lossy(&third.stderr)
+    );
+    assert_eq!((mode("provider"), mode("runtimes")), modes_before);
+    let (code, _, err) = lc(
+        &dir,
+        &[
+            "--tenant",
+            &t,
+            "exec",
+            "create",
+            "--runtime",
+            "base",
+            "--shape",
+            "small",
+            "--wait",
+            "--",
+            "true",
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+
     let down = Command::new(exe("little-compute"))
         .args(["appliance", "down", "--data-dir"])
         .arg(&dir)

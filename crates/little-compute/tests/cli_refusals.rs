@@ -93,3 +93,20 @@ fn status_and_down_of_a_directory_without_an_appliance() {
     assert_eq!(code, 0, "{out}");
     assert!(out.contains("no appliance is up"), "{out}");
 }
+
+#[test]
+fn a_data_directory_too_long_for_the_sockets_is_refused_before_anything() {
+    // /instances/<i64::MAX>-<i64::MAX>/run/supervisor.sock is 70 bytes, a
+    // socket path at most 107: DIR/provider at most 37, DIR at most 28.
+    let d = format!("/tmp/{}", "x".repeat(24));
+    assert_eq!(d.len(), 29);
+    let (code, out) = run(&["appliance", "up", "--data-dir", &d], &[]);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains(&format!(
+            "the data directory {d} is 1 bytes too long: the sandboxes' sockets live below it and a unix socket path has at most 107 bytes; choose one of at most 28 bytes"
+        )),
+        "{out}"
+    );
+    assert!(!std::path::Path::new(&d).exists(), "nothing was created");
+}

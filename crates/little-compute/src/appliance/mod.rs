@@ -236,8 +236,17 @@ async fn up_inner(args: UpArgs) -> Result<ExitCode, ApplianceError> {
     // stops what was started, in order.
     let mut shutdown = Box::pin(shutdown_signal()?);
     let layout = Layout::new(&args.data_dir)?;
+    let provider_bytes = layout.provider().as_os_str().len();
+    let provider_bytes_max = lc_provider::bwrap::state_dir_bytes_max();
+    if provider_bytes > provider_bytes_max {
+        let slack = provider_bytes - provider_bytes_max;
+        return Err(ApplianceError::Setup(format!(
+            "the data directory {} is {slack} bytes too long: the sandboxes' sockets live below it and a unix socket path has at most 107 bytes; choose one of at most {} bytes",
+            layout.root.display(),
+            layout.root.as_os_str().len() - slack
+        )));
+    }
     let pg_account = cluster::pg_account()?;
-    layout.prepare(pg_account.is_some())?;
     if let Some(running) = layout.read_running()?
         && let Some(pid) = running.pids.get("appliance")
         && sys::process_alive(*pid)
@@ -249,6 +258,10 @@ async fn up_inner(args: UpArgs) -> Result<ExitCode, ApplianceError> {
             layout.root.display()
         )));
     }
+    // Only now, with no appliance up on this directory, are its
+    // directories (re)made and their modes set: a refused second `up`
+    // changes nothing of a running one.
+    layout.prepare(pg_account.is_some())?;
     if let Some(stale) = layout.read_running()? {
         // A previous `up` that died without stopping (SIGKILL): its
         // children got their stop signal when it died; give them the stop
