@@ -48,14 +48,16 @@ const USERADD_RETRY_PAUSE: Duration = Duration::from_millis(200);
 /// Serializes account creation within this process.
 static CREATING: Mutex<()> = Mutex::new(());
 
-/// An unprivileged host account: its name, uid and primary gid.
+/// A host account: its name, uid and primary gid. One that [`ensure`] returns
+/// is unprivileged (uid and gid never 0); [`lookup`] reports any account
+/// as it is.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SandboxAccount {
     /// The login name.
     pub name: String,
-    /// Its uid (never 0).
+    /// Its uid.
     pub uid: u32,
-    /// Its primary gid (never 0).
+    /// Its primary gid.
     pub gid: u32,
 }
 

@@ -1,11 +1,10 @@
 //! The few operating-system calls the appliance needs: who we are, looking
 //! up and creating system users, signalling and inspecting processes.
 //!
-//! Users are looked up with `getent passwd` (so NSS sources count) and
-//! created with `useradd --system`; nothing here parses `/etc/passwd`.
+//! Users are looked up and created by the provider's account rules
+//! (`lc_provider::account`); nothing here parses `/etc/passwd`.
 
 use std::io;
-use std::process::Command;
 
 /// Whether the effective user is root.
 pub fn is_root() -> bool {
@@ -13,47 +12,19 @@ pub fn is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
-/// An account: its name, uid and primary gid.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Account {
-    /// The login name.
-    pub name: String,
-    /// Its uid.
-    pub uid: u32,
-    /// Its primary gid.
-    pub gid: u32,
-}
+/// An account: its name, uid and primary gid. The provider's account type
+/// and rules serve every account the appliance runs something as (the
+/// sandboxes', the sampler's, PostgreSQL's): one lookup through the user
+/// database (`getpwnam_r`, so NSS sources count) and one way of creating a
+/// system account.
+pub use lc_provider::account::SandboxAccount as Account;
 
-/// Looks `name` up with `getent passwd`: `Ok(None)` when there is no such
-/// account.
+/// Looks `name` up: `Ok(None)` when there is no such account.
 ///
 /// # Errors
-/// `getent` cannot run, or prints a line that is not a passwd entry.
+/// A name the account rules refuse, or the user database failing.
 pub fn lookup_user(name: &str) -> io::Result<Option<Account>> {
-    let out = Command::new("getent").arg("passwd").arg(name).output()?;
-    // getent exits 2 for "no such key".
-    if out.status.code() == Some(2) {
-        return Ok(None);
-    }
-    if !out.status.success() {
-        return Err(io::Error::other(format!(
-            "getent passwd {name} failed with {}",
-            out.status
-        )));
-    }
-    let line = String::from_utf8_lossy(&out.stdout);
-    let fields: Vec<&str> = line.trim_end().split(':').collect();
-    let parse = |i: usize| -> io::Result<u32> {
-        fields
-            .get(i)
-            .and_then(|f| f.parse().ok())
-            .ok_or_else(|| io::Error::other(format!("getent passwd {name}: malformed entry")))
-    };
-    Ok(Some(Account {
-        name: name.to_owned(),
-        uid: parse(2)?,
-        gid: parse(3)?,
-    }))
+    lc_provider::account::lookup(name).map_err(io::Error::other)
 }
 
 /// The account `name`, created as a system user without a home directory
@@ -61,41 +32,9 @@ pub fn lookup_user(name: &str) -> io::Result<Option<Account>> {
 ///
 /// # Errors
 /// Not root and the account is missing; `useradd` fails; the account has
-/// uid 0.
+/// uid or gid 0.
 pub fn ensure_system_user(name: &str) -> io::Result<Account> {
-    let account = match lookup_user(name)? {
-        Some(a) => a,
-        None => {
-            if !is_root() {
-                return Err(io::Error::other(format!(
-                    "there is no user {name:?} and only root can create it"
-                )));
-            }
-            let status = Command::new("useradd")
-                .args([
-                    "--system",
-                    "--no-create-home",
-                    "--home-dir",
-                    "/nonexistent",
-                    "--shell",
-                    "/usr/sbin/nologin",
-                ])
-                .arg(name)
-                .status()?;
-            if !status.success() {
-                return Err(io::Error::other(format!(
-                    "useradd {name} failed with {status}"
-                )));
-            }
-            lookup_user(name)?.ok_or_else(|| {
-                io::Error::other(format!("useradd {name} succeeded but the user is missing"))
-            })?
-        }
-    };
-    if account.uid == 0 {
-        return Err(io::Error::other(format!("user {name:?} has uid 0")));
-    }
-    Ok(account)
+    lc_provider::account::ensure(name).map_err(io::Error::other)
 }
 
 /// Sends `signal` to `pid`; a process that is already gone is not an error.
