@@ -15,6 +15,7 @@
 
 mod appliance;
 mod provider;
+mod retry;
 mod serve;
 mod worker;
 

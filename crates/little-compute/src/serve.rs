@@ -159,15 +159,14 @@ pub async fn connect_store(
     wait_max: Duration,
 ) -> Result<lc_pg::LcStore, ServeError> {
     let deadline = tokio::time::Instant::now() + wait_max;
-    let policy = loop {
-        match grant_policy(args).await {
-            Err(ServeError::Database(e)) if tokio::time::Instant::now() < deadline => {
-                tracing::info!(error = %e, "waiting for the database");
-                tokio::time::sleep(DATABASE_RETRY_PAUSE).await;
-            }
-            other => break other?,
-        }
-    };
+    let policy = crate::retry::until(
+        deadline,
+        DATABASE_RETRY_PAUSE,
+        "the database",
+        |e| matches!(e, ServeError::Database(_)),
+        || grant_policy(args),
+    )
+    .await?;
     let key = tollgate::CapabilityKey::new(secret)
         .map_err(|e| ServeError::Config(format!("secret file: {e}")))?;
     let window_ms = i64::try_from(args.admission_rate_window_ms)
@@ -186,18 +185,15 @@ pub async fn connect_store(
         admission_rate,
         ..lc_pg::LcConfig::default()
     };
-    loop {
-        match lc_pg::LcStore::connect(&args.database_url, policy, key.clone(), config).await {
-            Ok(store) => return Ok(store),
-            Err(e @ lc_core::LcError::StorageUnavailable { .. })
-                if tokio::time::Instant::now() < deadline =>
-            {
-                tracing::info!(error = %e, "waiting for the database");
-                tokio::time::sleep(DATABASE_RETRY_PAUSE).await;
-            }
-            Err(e) => return Err(ServeError::Database(e.to_string())),
-        }
-    }
+    crate::retry::until(
+        deadline,
+        DATABASE_RETRY_PAUSE,
+        "the database",
+        |e| matches!(e, lc_core::LcError::StorageUnavailable { .. }),
+        || lc_pg::LcStore::connect(&args.database_url, policy, key.clone(), config),
+    )
+    .await
+    .map_err(|e| ServeError::Database(e.to_string()))
 }
 
 /// Why the control plane could not start or stopped with an error.

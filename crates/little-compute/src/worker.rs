@@ -124,30 +124,31 @@ async fn recorded_policy(url: &str) -> Result<tollgate::GrantPolicy, WorkerError
         .map(pgkit::DatabaseUrl::into_connect_options)
         .map_err(|e| WorkerError::Usage(format!("--database-url: {e}")))?;
     let deadline = tokio::time::Instant::now() + DATABASE_WAIT_MAX;
-    loop {
-        let pool = sqlx::postgres::PgPoolOptions::new()
-            .max_connections(1)
-            .acquire_timeout(Duration::from_secs(5))
-            .connect_lazy_with(options.clone());
-        let read = tollgate_pg::recorded_policy(&pool).await;
-        pool.close().await;
-        match read {
-            Ok(Some(p)) => return Ok(p),
-            Ok(None) => {
-                return Err(WorkerError::Failed(
-                    "the database records no grant policy (the appliance records one at its first start)".into(),
-                ));
-            }
-            Err(e) if tokio::time::Instant::now() < deadline => {
-                tracing::info!(error = %e, "waiting for the database");
-                tokio::time::sleep(RETRY_PAUSE).await;
-            }
-            Err(e) => {
-                return Err(WorkerError::Failed(format!(
-                    "reading the grant policy: {e}"
-                )));
-            }
-        }
+    let read = crate::retry::until(
+        deadline,
+        RETRY_PAUSE,
+        "the database",
+        |_| true,
+        || async {
+            let pool = sqlx::postgres::PgPoolOptions::new()
+                .max_connections(1)
+                .acquire_timeout(Duration::from_secs(5))
+                .connect_lazy_with(options.clone());
+            let read = tollgate_pg::recorded_policy(&pool).await;
+            pool.close().await;
+            read
+        },
+    )
+    .await;
+    match read {
+        Ok(Some(p)) => Ok(p),
+        Ok(None) => Err(WorkerError::Failed(
+            "the database records no grant policy (the appliance records one at its first start)"
+                .into(),
+        )),
+        Err(e) => Err(WorkerError::Failed(format!(
+            "reading the grant policy: {e}"
+        ))),
     }
 }
 
@@ -200,16 +201,15 @@ async fn serve(args: WorkerArgs) -> Result<(), WorkerError> {
         lease_ttl: jiff::SignedDuration::from_millis(lease_ttl_ms),
         ..lc_pg::LcConfig::default()
     };
-    let store = loop {
-        match lc_pg::LcStore::connect(&args.database_url, policy, key.clone(), config).await {
-            Ok(s) => break s,
-            Err(e) if e.is_transient() && tokio::time::Instant::now() < deadline => {
-                tracing::info!(error = %e, "waiting for the database");
-                tokio::time::sleep(RETRY_PAUSE).await;
-            }
-            Err(e) => return Err(WorkerError::Failed(format!("opening the store: {e}"))),
-        }
-    };
+    let store = crate::retry::until(
+        deadline,
+        RETRY_PAUSE,
+        "the database",
+        lc_core::LcError::is_transient,
+        || lc_pg::LcStore::connect(&args.database_url, policy, key.clone(), config),
+    )
+    .await
+    .map_err(|e| WorkerError::Failed(format!("opening the store: {e}")))?;
     let clock: Arc<dyn Clock> = Arc::new(SafeCutClock::new(
         store.pool().clone(),
         jiff::SignedDuration::from_millis(gap_ms),
@@ -218,16 +218,15 @@ async fn serve(args: WorkerArgs) -> Result<(), WorkerError> {
     let mut providers: Vec<Arc<dyn Provider>> = Vec::new();
     for url in &args.provider_urls {
         let deadline = tokio::time::Instant::now() + PROVIDER_WAIT_MAX;
-        let provider = loop {
-            match lc_provider::HttpProvider::connect(url).await {
-                Ok(p) => break p,
-                Err(e) if tokio::time::Instant::now() < deadline => {
-                    tracing::info!(%url, error = %e, "waiting for the provider");
-                    tokio::time::sleep(RETRY_PAUSE).await;
-                }
-                Err(e) => return Err(WorkerError::Failed(format!("provider {url}: {e}"))),
-            }
-        };
+        let provider = crate::retry::until(
+            deadline,
+            RETRY_PAUSE,
+            &format!("the provider {url}"),
+            |_| true,
+            || lc_provider::HttpProvider::connect(url),
+        )
+        .await
+        .map_err(|e| WorkerError::Failed(format!("provider {url}: {e}")))?;
         let provider = match &token {
             Some(t) => provider.with_token(t.clone()),
             None => provider,
