@@ -5,6 +5,7 @@
 use jiff::Timestamp;
 
 use crate::model::{ExecId, Generation, SandboxLeaseId};
+use crate::owner::OwnerGeneration;
 
 /// A refusal by the rules, or a storage fault. Every variant has a stable
 /// [`code`](LcError::code); messages never contain credentials or URLs.
@@ -207,6 +208,77 @@ pub enum LcError {
     /// No provider is registered to run the exec (`no_provider`).
     #[error("no provider is registered")]
     NoProvider,
+    /// The exec has a live owner: neither released nor expired on a certain
+    /// cut (`owner_live`). Another gateway may not take it over.
+    #[error(
+        "exec {exec_id} is owned (generation {generation}) until {heartbeat_expiry} on the cut"
+    )]
+    OwnerLive {
+        /// The exec.
+        exec_id: ExecId,
+        /// The live owner's generation.
+        generation: OwnerGeneration,
+        /// Its heartbeat expiry on the cut.
+        heartbeat_expiry: Timestamp,
+    },
+    /// The caller is not the exec's current owner: a takeover replaced it,
+    /// or it released the exec (`owner_stale`). Stop acting for the exec.
+    #[error(
+        "exec {exec_id}: owner generation {presented} is stale (current generation {current}); stop acting for this exec"
+    )]
+    OwnerStale {
+        /// The exec.
+        exec_id: ExecId,
+        /// The generation the caller presented.
+        presented: OwnerGeneration,
+        /// The current generation.
+        current: OwnerGeneration,
+    },
+    /// A certain cut reached the owner's heartbeat expiry (`owner_expired`):
+    /// the ownership may be taken over; stop acting for the exec.
+    #[error(
+        "exec {exec_id}: owner generation {generation} expired at {heartbeat_expiry} on the cut"
+    )]
+    OwnerExpired {
+        /// The exec.
+        exec_id: ExecId,
+        /// The expired generation.
+        generation: OwnerGeneration,
+        /// Its heartbeat expiry.
+        heartbeat_expiry: Timestamp,
+    },
+    /// A replay of a committed transition whose receipt does not belong to
+    /// the current, unexpired owner presenting it
+    /// (`transition_replay_refused`). Nothing changed.
+    #[error(
+        "exec {exec_id}: transition {transition_id:?} was committed by owner generation {receipt_generation}; it replays only for that owner while it is current and unexpired (current generation {current_generation})"
+    )]
+    TransitionReplayRefused {
+        /// The exec.
+        exec_id: ExecId,
+        /// The transition id.
+        transition_id: String,
+        /// The generation that committed the receipt.
+        receipt_generation: OwnerGeneration,
+        /// The current generation.
+        current_generation: OwnerGeneration,
+    },
+    /// A transition id the rules refuse (`invalid_transition_id`).
+    #[error("invalid transition id: {reason}")]
+    InvalidTransitionId {
+        /// What is wrong.
+        reason: String,
+    },
+    /// A terminal exec's Lease cannot be released yet: its terminal page is
+    /// not sink-bound and acknowledged, and no proven-not-sent receipt
+    /// exists (`release_not_proven`).
+    #[error(
+        "exec {exec_id}: its terminal output page is not acknowledged and no proven-not-sent receipt exists; a terminal process state alone does not release"
+    )]
+    ReleaseNotProven {
+        /// The exec.
+        exec_id: ExecId,
+    },
     /// The database could not be reached (`storage_unavailable`, HTTP
     /// 503).
     #[error("storage unavailable: {message}")]
@@ -254,6 +326,12 @@ impl LcError {
             LcError::EvidenceRejected { .. } => "evidence_rejected",
             LcError::PageConflict { .. } => "page_conflict",
             LcError::NoProvider => "no_provider",
+            LcError::OwnerLive { .. } => "owner_live",
+            LcError::OwnerStale { .. } => "owner_stale",
+            LcError::OwnerExpired { .. } => "owner_expired",
+            LcError::TransitionReplayRefused { .. } => "transition_replay_refused",
+            LcError::InvalidTransitionId { .. } => "invalid_transition_id",
+            LcError::ReleaseNotProven { .. } => "release_not_proven",
             LcError::StorageUnavailable { .. } => "storage_unavailable",
             LcError::StorageFailure { .. } => "storage_failure",
         }

@@ -8,6 +8,8 @@
 //!   machines; the reconciler's plan for a lease.
 //! * [`rate`]: a tenant's admission rate on the cut.
 //! * [`opkey`]: operation keys and their floor, receipt and GC rules.
+//! * [`owner`]: exec ownership by gateways, fenced writes, transition
+//!   receipts and their replay, the release rule for terminal execs.
 //! * [`error`]: [`LcError`] with stable codes.
 //! * [`store`]: the [`ControlStore`] and [`ReconcileStore`] traits.
 //! * [`page`], [`evidence`], [`manifest`]: output pages, signed provider
@@ -25,6 +27,7 @@ pub mod evidence;
 pub mod manifest;
 pub mod model;
 pub mod opkey;
+pub mod owner;
 pub mod page;
 pub mod rate;
 pub mod rules;
@@ -41,4 +44,4 @@ pub use model::{
 };
 pub use opkey::OperationKey;
 pub use shape::Shape;
-pub use store::{ControlStore, ReconcileStore};
+pub use store::{ControlStore, GatewayStore, ReconcileStore};

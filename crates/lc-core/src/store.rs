@@ -23,6 +23,9 @@ use crate::model::{
     SandboxLeaseId, Tenant, TenantId, TerminalReason,
 };
 use crate::opkey::OperationKey;
+use crate::owner::{
+    OwnedExec, OwnerCredential, OwnerToken, PageMeta, StageReport, TransitionReceipt,
+};
 
 /// What the control-plane API needs.
 #[async_trait]
@@ -286,4 +289,148 @@ pub trait ReconcileStore: Send + Sync {
     /// # Errors
     /// `invalid_limit`, `invalid_cut_reading`, storage errors.
     async fn gc_operations(&self, at: CutReading, limit: usize) -> Result<usize, LcError>;
+}
+
+/// What an exec gateway needs. Every method but [`GatewayStore::claim`]
+/// and [`GatewayStore::take_over`] is fenced: it checks the caller's
+/// [`OwnerCredential`] against the exec's current ownership
+/// ([`crate::owner::check_owner`]) in the same transaction as its write,
+/// and refuses a stale (`owner_stale`) or expired (`owner_expired`) owner
+/// with nothing changed. Transitions (`ack_pages`, `cancel`, `release`)
+/// commit an immutable [`TransitionReceipt`] under their transition id; a
+/// replay follows [`crate::owner::plan_transition`].
+#[async_trait]
+pub trait GatewayStore: Send + Sync {
+    /// Takes ownership of up to `limit` execs that have an `active` Lease,
+    /// are not terminal, and have no owner, a released owner, or an owner
+    /// whose heartbeat expiry a certain `at` reached; skips rows another
+    /// gateway is claiming at the same moment. Each gets generation + 1, a
+    /// new fence and the heartbeat expiry `at.cut + ttl` (which must fit
+    /// `cut + horizon`). Nothing while `at` is uncertain (an empty list).
+    ///
+    /// # Errors
+    /// `invalid_limit`, `invalid_timeout` (ttl), `invalid_cut_reading`,
+    /// `deadline_beyond_horizon`, storage errors.
+    async fn claim(
+        &self,
+        token: &OwnerToken,
+        at: CutReading,
+        ttl: jiff::SignedDuration,
+        limit: usize,
+    ) -> Result<Vec<OwnedExec>, LcError>;
+
+    /// Takes over one exec, serialized on its (tenant, exec) row: exactly
+    /// one of several racing callers wins, the others get a typed refusal
+    /// and change nothing.
+    ///
+    /// # Errors
+    /// `owner_live`, `time_uncertain`, `not_found`, `exec_terminal`,
+    /// `invalid_timeout`, `invalid_cut_reading`, `deadline_beyond_horizon`,
+    /// storage errors.
+    async fn take_over(
+        &self,
+        token: &OwnerToken,
+        tenant: TenantId,
+        exec_id: ExecId,
+        at: CutReading,
+        ttl: jiff::SignedDuration,
+    ) -> Result<OwnedExec, LcError>;
+
+    /// Renews the owner's heartbeat to `max(current, at.cut + ttl)` (any
+    /// cut) and returns the exec as the owner sees it now.
+    ///
+    /// # Errors
+    /// `owner_stale`, `owner_expired`, `not_found`, `invalid_timeout`,
+    /// `invalid_cut_reading`, `deadline_beyond_horizon`, storage errors.
+    async fn heartbeat(
+        &self,
+        cred: &OwnerCredential,
+        exec_id: ExecId,
+        at: CutReading,
+        ttl: jiff::SignedDuration,
+    ) -> Result<OwnedExec, LcError>;
+
+    /// Commits the metadata and ACK intent of `pages` (state `pending`) for
+    /// the exec's current attempt: seqs continue the committed ones without
+    /// gaps; a committed seq with equal metadata is a no-op, with other
+    /// metadata `page_conflict`; nothing after the terminal page. At most
+    /// [`crate::rules::APPEND_PAGES_MAX`] pages.
+    ///
+    /// # Errors
+    /// `owner_stale`, `owner_expired`, `invalid_page`, `page_conflict`,
+    /// `invalid_limit`, `not_found`, `invalid_cut_reading`, storage errors.
+    async fn stage_pages(
+        &self,
+        cred: &OwnerCredential,
+        exec_id: ExecId,
+        at: CutReading,
+        pages: &[PageMeta],
+    ) -> Result<StageReport, LcError>;
+
+    /// The exec's `pending` pages (metadata committed, not yet acked), by
+    /// seq, at most `limit`: what a successor finishes first.
+    ///
+    /// # Errors
+    /// `owner_stale`, `owner_expired`, `invalid_limit`, `not_found`,
+    /// `invalid_cut_reading`, storage errors.
+    async fn pending_pages(
+        &self,
+        cred: &OwnerCredential,
+        exec_id: ExecId,
+        at: CutReading,
+        limit: usize,
+    ) -> Result<Vec<PageMeta>, LcError>;
+
+    /// The ACK result: marks every pending page with `seq <= through_seq`
+    /// `acked` (the caller wrote their bytes to the sink, durably, first)
+    /// and commits the `ack` receipt under `transition_id`.
+    ///
+    /// # Errors
+    /// `owner_stale`, `owner_expired`, `transition_replay_refused`,
+    /// `idempotency_conflict`, `invalid_transition_id`, `invalid_page`
+    /// (`through_seq` beyond the committed metadata), `not_found`,
+    /// `invalid_cut_reading`, storage errors.
+    async fn ack_pages(
+        &self,
+        cred: &OwnerCredential,
+        exec_id: ExecId,
+        at: CutReading,
+        transition_id: &str,
+        through_seq: i64,
+    ) -> Result<TransitionReceipt, LcError>;
+
+    /// Commits the `cancel` receipt: the owner is about to stop the
+    /// command (it then tells the supervisor, and the command's terminal
+    /// page follows).
+    ///
+    /// # Errors
+    /// `owner_stale`, `owner_expired`, `transition_replay_refused`,
+    /// `idempotency_conflict`, `invalid_transition_id`, `not_found`,
+    /// `invalid_cut_reading`, storage errors.
+    async fn cancel(
+        &self,
+        cred: &OwnerCredential,
+        exec_id: ExecId,
+        at: CutReading,
+        transition_id: &str,
+    ) -> Result<TransitionReceipt, LcError>;
+
+    /// Releases the Lease of a terminal exec: needs its terminal page
+    /// acknowledged ([`crate::owner::check_release`]); moves the Lease to
+    /// `release_pending` (reason `exited`, or `cancelled` after a cancel
+    /// receipt) for the reconciler to destroy and prove, releases the
+    /// ownership, and commits the `release` receipt.
+    ///
+    /// # Errors
+    /// `release_not_proven`, `owner_stale`, `owner_expired`,
+    /// `transition_replay_refused`, `idempotency_conflict`,
+    /// `invalid_transition_id`, `not_found`, `invalid_cut_reading`,
+    /// storage errors.
+    async fn release(
+        &self,
+        cred: &OwnerCredential,
+        exec_id: ExecId,
+        at: CutReading,
+        transition_id: &str,
+    ) -> Result<TransitionReceipt, LcError>;
 }
