@@ -1440,3 +1440,103 @@ async fn migration_0002_keeps_the_pages_written_before_it_acknowledged_with_thei
     .unwrap();
     tx.rollback().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_successor_finishes_the_pending_pages_of_the_owner_it_replaced() {
+    let f = fixture(1).await;
+    let at = certain(&f.clock).await;
+    let e = active_exec(&f, "succ", at).await;
+    let x = e.exec_id;
+    let (a, b) = (token(0x81), token(0x82));
+    let oa = f
+        .store
+        .take_over(&a, f.tenant, x, at, TTL_MIN)
+        .await
+        .unwrap();
+    let ca = cred_of(&oa, &a);
+    let p1 = data(x, 1, PageKind::Stdout, b"one");
+    let p2 = data(x, 2, PageKind::Stdout, b"two");
+    f.store
+        .stage_pages(&ca, x, at, &[p1.clone(), p2.clone()])
+        .await
+        .unwrap();
+    f.store.ack_pages(&ca, x, at, "ack-1-1", 1).await.unwrap();
+    // A dies after committing page 2's metadata; B takes over once a
+    // certain cut passes A's heartbeat.
+    let past = certain_at(&f, at.cut + TTL_MIN).await;
+    let ob = f.store.take_over(&b, f.tenant, x, past, TTL).await.unwrap();
+    assert_eq!(
+        (ob.staged_through, ob.acked_through, ob.terminal_acked_seq),
+        (2, 1, None)
+    );
+    let cb = cred_of(&ob, &b);
+    assert_eq!(
+        f.store.pending_pages(&cb, x, past, 10).await.unwrap(),
+        vec![p2.clone()]
+    );
+    // Re-staging what the spool still holds is a no-op; A's late writes
+    // are refused and change nothing.
+    assert_eq!(
+        f.store
+            .stage_pages(&cb, x, past, std::slice::from_ref(&p2))
+            .await
+            .unwrap(),
+        StageReport {
+            staged: 0,
+            duplicates: 1,
+            staged_through: 2
+        }
+    );
+    let rows = counts(&f.db.url).await;
+    assert_eq!(rows, (1, 1, 2));
+    for r in [
+        f.store.ack_pages(&ca, x, at, "ack-1-2", 2).await,
+        f.store.ack_pages(&ca, x, past, "ack-1-2", 2).await,
+    ] {
+        assert_eq!(
+            r.unwrap_err(),
+            LcError::OwnerStale {
+                exec_id: x,
+                presented: OwnerGeneration(1),
+                current: OwnerGeneration(2),
+            }
+        );
+    }
+    assert_eq!(
+        f.store
+            .stage_pages(&ca, x, at, &[terminal(x, 3, 0)])
+            .await
+            .unwrap_err()
+            .code(),
+        "owner_stale"
+    );
+    assert_eq!(counts(&f.db.url).await, rows);
+    // B completes the ACK and the output reads both pages once, in order.
+    let r = f.store.ack_pages(&cb, x, past, "ack-1-2", 2).await.unwrap();
+    assert_eq!(
+        (r.owner_generation, r.owner_fence, r.token_sha256),
+        (OwnerGeneration(2), ob.ownership.fence, b.sha256())
+    );
+    assert_eq!(
+        r.detail,
+        serde_json::json!({"attempt": 1, "through_seq": 2, "pages_acked": 1})
+    );
+    assert_eq!(
+        f.store.output(f.tenant, x, 0, 10).await.unwrap(),
+        vec![acked(&p1), acked(&p2)]
+    );
+    // The staged rows keep the ownership that staged them.
+    let mut c = PgConnection::connect(&f.db.url).await.unwrap();
+    let by: Vec<(i64, i64, i64)> = sqlx::query_as(
+        "SELECT seq, owner_generation, owner_fence FROM lc_output_pages WHERE exec_id = $1 ORDER BY seq",
+    )
+    .bind(x.0)
+    .fetch_all(&mut c)
+    .await
+    .unwrap();
+    assert_eq!(
+        by,
+        vec![(1, 1, oa.ownership.fence.0), (2, 1, oa.ownership.fence.0)]
+    );
+    f.sampler.stop().await;
+}
