@@ -1,6 +1,7 @@
 //! The store traits: what the control plane ([`ControlStore`], used by the
-//! HTTP API) and the reconciler ([`ReconcileStore`], used by the workers)
-//! ask of Little Compute's store. `lc-pg` implements both on PostgreSQL.
+//! HTTP API), the reconciler ([`ReconcileStore`], used by the workers) and
+//! the exec gateways ([`GatewayStore`]) ask of Little Compute's store.
+//! `lc-pg` implements all three on PostgreSQL.
 //!
 //! # Contract
 //!
@@ -24,7 +25,7 @@ use crate::model::{
 };
 use crate::opkey::OperationKey;
 use crate::owner::{
-    OwnedExec, OwnerCredential, OwnerToken, PageMeta, StageReport, TransitionReceipt,
+    OwnedExec, OwnerCredential, OwnerToken, PageMeta, StageReport, StoredPage, TransitionReceipt,
 };
 
 /// What the control-plane API needs.
@@ -135,8 +136,12 @@ pub trait ControlStore: Send + Sync {
         limit: usize,
     ) -> Result<Vec<ExecRecord>, LcError>;
 
-    /// The current attempt's pages with seq `> after_seq`, ascending, at
-    /// most `limit` (`1..=`[`crate::rules::LIST_LIMIT_MAX`]).
+    /// The current attempt's acknowledged pages with seq `> after_seq`,
+    /// ascending, at most `limit` (`1..=`[`crate::rules::LIST_LIMIT_MAX`]):
+    /// metadata, with the bytes only for pages the store holds the bytes
+    /// of (the rest are in the sink under their digest). A page whose
+    /// metadata is committed but not yet acknowledged is not returned, nor
+    /// any page after it.
     ///
     /// # Errors
     /// `not_found`, `invalid_limit`, storage errors.
@@ -146,7 +151,7 @@ pub trait ControlStore: Send + Sync {
         exec_id: ExecId,
         after_seq: i64,
         limit: usize,
-    ) -> Result<Vec<OutputPage>, LcError>;
+    ) -> Result<Vec<StoredPage>, LcError>;
 
     /// Asks to cancel an exec (the reconciler releases its Lease). A
     /// terminal exec is returned as it is. Tenant scope.
@@ -224,7 +229,8 @@ pub trait ReconcileStore: Send + Sync {
         at: CutReading,
     ) -> Result<LeaseWork, LcError>;
 
-    /// Stores pages of the lease's attempt: a stored seq with the same
+    /// Stores pages of the lease's attempt, bytes included, as
+    /// acknowledged (readable at once): a stored seq with the same
     /// sha256 is a no-op, with another sha256 `page_conflict`; seqs must
     /// continue the stored ones without gaps; nothing after the terminal
     /// page. At most [`crate::rules::APPEND_PAGES_MAX`] pages.
@@ -240,13 +246,14 @@ pub trait ReconcileStore: Send + Sync {
     ) -> Result<AppendReport, LcError>;
 
     /// Moves the lease to `release_pending` for `reason` (recorded on the
-    /// exec; `expired` needs a certain cut past the deadline) and renews
-    /// its Reservation, giving the destroy a full Reservation TTL to be
-    /// proven. Idempotent.
+    /// exec; `expired` needs a certain cut past the deadline; `exited`
+    /// needs the attempt's terminal page acknowledged, since a terminal
+    /// process state alone never releases) and renews its Reservation,
+    /// giving the destroy a full Reservation TTL to be proven. Idempotent.
     ///
     /// # Errors
     /// `not_found`, `fenced`, `illegal_transition`, `time_uncertain`,
-    /// storage errors.
+    /// `release_not_proven`, storage errors.
     async fn begin_release(
         &self,
         lease: SandboxLeaseId,
@@ -321,10 +328,15 @@ pub trait GatewayStore: Send + Sync {
 
     /// Takes over one exec, serialized on its (tenant, exec) row: exactly
     /// one of several racing callers wins, the others get a typed refusal
-    /// and change nothing.
+    /// and change nothing. Needs a certain `at` and the exec's current
+    /// Lease `active`; the new ownership has generation + 1 (1 when
+    /// unowned), a new fence and the heartbeat expiry `at.cut + ttl`. The
+    /// exec's canonical identity is untouched.
     ///
     /// # Errors
-    /// `owner_live`, `time_uncertain`, `not_found`, `exec_terminal`,
+    /// `owner_live`, `time_uncertain`, `not_found` (also another tenant's
+    /// exec), `exec_terminal`, `illegal_transition` (the Lease is not
+    /// `active`: still allocating, or released by its owner),
     /// `invalid_timeout`, `invalid_cut_reading`, `deadline_beyond_horizon`,
     /// storage errors.
     async fn take_over(
@@ -340,7 +352,8 @@ pub trait GatewayStore: Send + Sync {
     /// cut) and returns the exec as the owner sees it now.
     ///
     /// # Errors
-    /// `owner_stale`, `owner_expired`, `not_found`, `invalid_timeout`,
+    /// `owner_stale`, `owner_expired`, `not_found` (the exec has no owner),
+    /// `invalid_timeout`,
     /// `invalid_cut_reading`, `deadline_beyond_horizon`, storage errors.
     async fn heartbeat(
         &self,
@@ -418,8 +431,11 @@ pub trait GatewayStore: Send + Sync {
     /// Releases the Lease of a terminal exec: needs its terminal page
     /// acknowledged ([`crate::owner::check_release`]); moves the Lease to
     /// `release_pending` (reason `exited`, or `cancelled` after a cancel
-    /// receipt) for the reconciler to destroy and prove, releases the
-    /// ownership, and commits the `release` receipt.
+    /// receipt) and renews its Reservation for the reconciler to destroy
+    /// and prove (the units return only with that proof), releases the
+    /// ownership, and commits the `release` receipt. Its replay returns
+    /// the receipt while the released ownership is still current and
+    /// unexpired.
     ///
     /// # Errors
     /// `release_not_proven`, `owner_stale`, `owner_expired`,
