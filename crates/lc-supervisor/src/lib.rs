@@ -439,7 +439,7 @@ fn live_descendants(root: libc::pid_t) -> Vec<libc::pid_t> {
         };
         parent_of.push((pid, ppid, state == "Z" || state == "X"));
     }
-    let mut tree = vec![root];
+    let mut tree = std::collections::HashSet::from([root]);
     let mut live = Vec::new();
     // Each pass adds the children of what is already in the tree; a pass
     // that adds nothing ends it, so at most one pass per process.
@@ -447,8 +447,7 @@ fn live_descendants(root: libc::pid_t) -> Vec<libc::pid_t> {
     while grew {
         grew = false;
         for &(pid, ppid, dead) in &parent_of {
-            if tree.contains(&ppid) && !tree.contains(&pid) {
-                tree.push(pid);
+            if tree.contains(&ppid) && tree.insert(pid) {
                 grew = true;
                 if !dead {
                     live.push(pid);
@@ -459,17 +458,14 @@ fn live_descendants(root: libc::pid_t) -> Vec<libc::pid_t> {
     live
 }
 
-/// Kills every process of the command but the supervisor itself: its
-/// process group `pgid`, then (inside its own PID namespace, where the
-/// supervisor is PID 1 or 2) every process the namespace holds but
-/// itself and its init, then every live descendant of the supervisor
-/// found in `/proc` (it is their subreaper, so an orphan is still one),
-/// round after round until none is left, at most [`KILL_ROUNDS_MAX`].
-fn kill_descendants(pgid: Option<libc::pid_t>) {
-    if let Some(g) = pgid {
-        // SAFETY: kill takes plain integers.
-        unsafe { libc::kill(-g, libc::SIGKILL) };
-    }
+/// Kills every process of the command but the supervisor itself, after
+/// the caller signalled the command's process group: (inside its own PID
+/// namespace, where the supervisor is PID 1 or 2) every process the
+/// namespace holds but itself and its init, then every live descendant of
+/// the supervisor found in `/proc` (it is their subreaper, so an orphan is
+/// still one), round after round until none is left, at most
+/// [`KILL_ROUNDS_MAX`].
+fn kill_descendants() {
     // SAFETY: getpid and kill take no pointers.
     let me = unsafe { libc::getpid() };
     if me <= 2 {
@@ -542,7 +538,7 @@ fn reap(spool: Arc<Spool>, command_pid: libc::pid_t) {
             spool.changed.notify_all();
         }
         drop(st);
-        kill_descendants(None);
+        kill_descendants();
     }
 }
 
@@ -668,7 +664,7 @@ fn handle(spool: &Spool, req: SocketRequest) -> (SocketResponse, bool) {
             // SAFETY: kill takes plain integers.
             unsafe { libc::kill(-pid, libc::SIGKILL) };
             drop(st);
-            kill_descendants(Some(pid));
+            kill_descendants();
             (SocketResponse::Cancelled { killed: true }, false)
         }
         SocketRequest::Status => (SocketResponse::Status(st.status()), false),

@@ -327,8 +327,8 @@ fn orphans_of_the_command_are_reaped() {
         .trim()
         .parse()
         .unwrap();
-    // The orphan outlives its shell, is reparented to the supervisor, and is
-    // reaped when it exits: its /proc entry (a zombie keeps one) goes away.
+    // The orphan is reparented to the supervisor, killed once its shell
+    // has exited, and reaped: its /proc entry (a zombie keeps one) goes away.
     let t = Instant::now();
     while Path::new(&format!("/proc/{pid}")).exists() {
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
