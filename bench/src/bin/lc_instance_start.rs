@@ -205,6 +205,7 @@ async fn provider_true(
         shape: SMALL,
         command: Command::new(vec!["true".into()]).map_err(|e| e.to_string())?,
         workspace_id: WorkspaceId(1),
+        stdin_open: false,
     };
     let t0 = Instant::now();
     p.allocate(req)
@@ -214,7 +215,7 @@ async fn provider_true(
     let mut after = 0;
     let terminal = loop {
         let pages = p
-            .pages(l, g, after, 64)
+            .pages(l, g, lc_core::owner::OwnerFence(1), after, 64)
             .await
             .map_err(|e| format!("pages: {e}"))?;
         if let Some(last) = pages.last() {

@@ -10,8 +10,15 @@
 //! | `GET /v1/instances` | | `{ "instances": [InstanceSummary] }` |
 //! | `POST /v1/instances/{lease}/{generation}/destroy` | | evidence [`Envelope`] |
 //! | `GET /v1/instances/{lease}/{generation}/observation` | | evidence [`Envelope`] |
-//! | `GET /v1/instances/{lease}/{generation}/pages?after_seq=N&max=M` | | `{ "pages": [JsonPage] }` |
-//! | `POST /v1/instances/{lease}/{generation}/ack` | `{ "through_seq": N }` | `{}` |
+//! | `GET /v1/instances/{lease}/{generation}/pages?fence=F&after_seq=N&max=M` | | `{ "pages": [JsonPage] }` |
+//! | `POST /v1/instances/{lease}/{generation}/ack` | `{ "fence": F, "through_seq": N }` | `{}` |
+//! | `POST /v1/instances/{lease}/{generation}/cancel` | `{ "fence": F }` | `{}` |
+//! | `POST /v1/instances/{lease}/{generation}/input` | `{ "fence": F, "input_seq": S, "data_b64": "...", "eof": false }` | `{ "input_seq": S }` |
+//! | `GET /v1/instances/{lease}/{generation}/spool` | | `{ "spool": SpoolStatus or null }` |
+//!
+//! `F` is the caller's owner fence (>= 1); a fence below the highest the
+//! instance's supervisor was shown is refused 409 `stale_fence` and changes
+//! nothing.
 //!
 //! [`HttpProvider`] implements [`Provider`] over these routes, so a worker
 //! treats a remote provider exactly like a local one. The service listens on
@@ -46,7 +53,8 @@ use httpkit::{ConnectionLimits, Rejection, RequestMetrics, ServiceState};
 use serde::{Deserialize, Serialize};
 
 use lc_core::evidence::Envelope;
-use lc_core::page::{JsonPage, Page};
+use lc_core::owner::OwnerFence;
+use lc_core::page::{JsonPage, Page, SpoolStatus};
 use lc_core::{
     AttemptNo, Command, Digest, ExecId, Generation, ProviderId, SandboxLeaseId, Shape, WorkspaceId,
 };
@@ -91,6 +99,10 @@ pub struct AllocateBody {
     pub command: Vec<String>,
     /// The workspace.
     pub workspace_id: i64,
+    /// Whether the command's stdin is a pipe `.../input` writes to
+    /// (absent: `false`).
+    #[serde(default)]
+    pub stdin_open: bool,
 }
 
 impl AllocateBody {
@@ -105,6 +117,7 @@ impl AllocateBody {
             shape: req.shape.name.to_owned(),
             command: req.command.argv().to_vec(),
             workspace_id: req.workspace_id.0,
+            stdin_open: req.stdin_open,
         }
     }
 
@@ -125,6 +138,7 @@ impl AllocateBody {
             shape: Shape::by_name(&self.shape).map_err(bad)?,
             command: Command::new(self.command).map_err(bad)?,
             workspace_id: WorkspaceId(self.workspace_id),
+            stdin_open: self.stdin_open,
         })
     }
 }
@@ -141,6 +155,7 @@ pub struct Identity {
 /// `GET .../pages` query.
 #[derive(Debug, Clone, Copy, Deserialize)]
 struct PagesQuery {
+    fence: i64,
     after_seq: i64,
     max: Option<usize>,
 }
@@ -156,8 +171,46 @@ pub struct PagesBody {
 #[derive(Debug, Clone, Copy, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AckBody {
+    /// The caller's owner fence, >= 1.
+    pub fence: i64,
     /// Drop every page with `seq <= through_seq`.
     pub through_seq: i64,
+}
+
+/// `POST .../cancel` body.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CancelBody {
+    /// The caller's owner fence, >= 1.
+    pub fence: i64,
+}
+
+/// `POST .../input` body.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InputBody {
+    /// The caller's owner fence, >= 1.
+    pub fence: i64,
+    /// The input's seq, >= 1.
+    pub input_seq: i64,
+    /// The bytes, standard base64 with padding (at most 64 KiB decoded).
+    pub data_b64: String,
+    /// Close the command's stdin after these bytes.
+    pub eof: bool,
+}
+
+/// `POST .../input` answer.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub struct InputAnswer {
+    /// The highest input seq accepted.
+    pub input_seq: i64,
+}
+
+/// `GET .../spool` answer.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub struct SpoolBody {
+    /// The spool's status; `null` once the supervisor has finished.
+    pub spool: Option<SpoolStatus>,
 }
 
 /// A provider error, or a refusal of the request layer, as an HTTP answer.
@@ -179,9 +232,10 @@ impl ApiError {
             ApiError::Provider(e) => e,
         };
         match e {
-            ProviderError::Fenced { .. } | ProviderError::AllocationConflict { .. } => {
-                StatusCode::CONFLICT
-            }
+            ProviderError::Fenced { .. }
+            | ProviderError::AllocationConflict { .. }
+            | ProviderError::StaleFence { .. }
+            | ProviderError::InputRefused { .. } => StatusCode::CONFLICT,
             ProviderError::NoInstance { .. } => StatusCode::NOT_FOUND,
             ProviderError::InstanceLost { .. } => StatusCode::GONE,
             ProviderError::UnknownRuntime { .. } | ProviderError::RuntimeRefused { .. } => {
@@ -371,7 +425,7 @@ async fn pages(
     let max = q
         .max
         .unwrap_or(lc_core::page::PAGES_PER_REQUEST_MAX as usize);
-    let got = p.pages(l, g, q.after_seq, max).await?;
+    let got = p.pages(l, g, OwnerFence(q.fence), q.after_seq, max).await?;
     Ok(Json(PagesBody {
         pages: got.iter().map(Page::to_json).collect(),
     }))
@@ -384,8 +438,50 @@ async fn ack(
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let (l, g) = ids(raw)?;
     let b = body(b)?;
-    p.ack(l, g, b.through_seq).await?;
+    p.ack(l, g, OwnerFence(b.fence), b.through_seq).await?;
     Ok(Json(serde_json::json!({})))
+}
+
+async fn cancel(
+    State(Shared { provider: p }): State<Shared>,
+    Path(raw): Path<(String, String)>,
+    b: Result<Json<CancelBody>, JsonRejection>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let (l, g) = ids(raw)?;
+    let b = body(b)?;
+    p.cancel(l, g, OwnerFence(b.fence)).await?;
+    Ok(Json(serde_json::json!({})))
+}
+
+async fn input(
+    State(Shared { provider: p }): State<Shared>,
+    Path(raw): Path<(String, String)>,
+    b: Result<Json<InputBody>, JsonRejection>,
+) -> Result<Json<InputAnswer>, ApiError> {
+    use base64::Engine as _;
+    let (l, g) = ids(raw)?;
+    let b = body(b)?;
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(b.data_b64.as_bytes())
+        .map_err(|_| {
+            ApiError::Provider(ProviderError::InvalidRequest {
+                detail: "data_b64 is not standard base64".into(),
+            })
+        })?;
+    let input_seq = p
+        .send(l, g, OwnerFence(b.fence), b.input_seq, bytes, b.eof)
+        .await?;
+    Ok(Json(InputAnswer { input_seq }))
+}
+
+async fn spool(
+    State(Shared { provider: p }): State<Shared>,
+    Path(raw): Path<(String, String)>,
+) -> Result<Json<SpoolBody>, ApiError> {
+    let (l, g) = ids(raw)?;
+    Ok(Json(SpoolBody {
+        spool: p.spool_status(l, g).await?,
+    }))
 }
 
 /// The provider's router over `provider`, without a credential (see the
@@ -405,6 +501,9 @@ fn instance_routes() -> axum::Router<Shared> {
         )
         .route("/v1/instances/{lease}/{generation}/pages", get(pages))
         .route("/v1/instances/{lease}/{generation}/ack", post(ack))
+        .route("/v1/instances/{lease}/{generation}/cancel", post(cancel))
+        .route("/v1/instances/{lease}/{generation}/input", post(input))
+        .route("/v1/instances/{lease}/{generation}/spool", get(spool))
 }
 
 /// Whether `a` and `b` are equal, in time independent of where they differ.
@@ -643,13 +742,14 @@ impl Provider for HttpProvider {
         &self,
         lease_id: SandboxLeaseId,
         generation: Generation,
+        fence: OwnerFence,
         after_seq: i64,
         max: usize,
     ) -> Result<Vec<Page>, ProviderError> {
         let path = Self::instance_path(
             lease_id,
             generation,
-            &format!("pages?after_seq={after_seq}&max={max}"),
+            &format!("pages?fence={fence}&after_seq={after_seq}&max={max}"),
         );
         let body: PagesBody = self.call(reqwest::Method::GET, &path, None::<&()>).await?;
         body.pages
@@ -671,15 +771,76 @@ impl Provider for HttpProvider {
         &self,
         lease_id: SandboxLeaseId,
         generation: Generation,
+        fence: OwnerFence,
         through_seq: i64,
     ) -> Result<(), ProviderError> {
         let _: serde_json::Value = self
             .call(
                 reqwest::Method::POST,
                 &Self::instance_path(lease_id, generation, "ack"),
-                Some(&AckBody { through_seq }),
+                Some(&AckBody {
+                    fence: fence.0,
+                    through_seq,
+                }),
             )
             .await?;
         Ok(())
+    }
+
+    async fn cancel(
+        &self,
+        lease_id: SandboxLeaseId,
+        generation: Generation,
+        fence: OwnerFence,
+    ) -> Result<(), ProviderError> {
+        let _: serde_json::Value = self
+            .call(
+                reqwest::Method::POST,
+                &Self::instance_path(lease_id, generation, "cancel"),
+                Some(&CancelBody { fence: fence.0 }),
+            )
+            .await?;
+        Ok(())
+    }
+
+    async fn send(
+        &self,
+        lease_id: SandboxLeaseId,
+        generation: Generation,
+        fence: OwnerFence,
+        input_seq: i64,
+        bytes: Vec<u8>,
+        eof: bool,
+    ) -> Result<i64, ProviderError> {
+        use base64::Engine as _;
+        let body = InputBody {
+            fence: fence.0,
+            input_seq,
+            data_b64: base64::engine::general_purpose::STANDARD.encode(&bytes),
+            eof,
+        };
+        let answer: InputAnswer = self
+            .call(
+                reqwest::Method::POST,
+                &Self::instance_path(lease_id, generation, "input"),
+                Some(&body),
+            )
+            .await?;
+        Ok(answer.input_seq)
+    }
+
+    async fn spool_status(
+        &self,
+        lease_id: SandboxLeaseId,
+        generation: Generation,
+    ) -> Result<Option<SpoolStatus>, ProviderError> {
+        let body: SpoolBody = self
+            .call(
+                reqwest::Method::GET,
+                &Self::instance_path(lease_id, generation, "spool"),
+                None::<&()>,
+            )
+            .await?;
+        Ok(body.spool)
     }
 }
