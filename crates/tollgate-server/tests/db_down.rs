@@ -135,7 +135,12 @@ async fn every_request_answers_with_the_database_down(clock: ClockKind) {
     server.stop().expect("stop the server");
 
     let ready = answered(&h, Req::get("/readyz"), "readyz").await;
-    assert_eq!(ready.status.as_u16(), 503, "{}", ready.text);
+    assert_eq!(
+        (ready.status.as_u16(), ready.body["code"].clone()),
+        (503, json!("not_ready")),
+        "{}",
+        ready.text
+    );
     let status = answered(&h, Req::get("/v1/admin/status").token(ADMIN), "status").await;
     assert_eq!(status.ok(200)["readiness"]["ready"], json!(false));
     assert_eq!(status.body["readiness"]["storage_reachable"], json!(false));
