@@ -148,6 +148,11 @@ pub enum ClockError {
     /// read failed). No operation may act on a guessed instant.
     #[error("time source unavailable: {0}")]
     Unavailable(String),
+    /// The database the time source reads did not answer (the safe-cut
+    /// clock: the connection or the query failed, not the cut row): the
+    /// same outage every store operation meets, answered as such.
+    #[error("the database of the time source is unavailable: {0}")]
+    StorageUnavailable(String),
 }
 
 /// What the last reading of a [`safe_cut::SafeCutClock`] found; exported

@@ -64,8 +64,10 @@
 //!
 //! # Failure modes
 //!
-//! * The database does not answer, or the row does not decode: the read
-//!   fails with [`ClockError::Unavailable`] (`503 clock_unavailable`); no
+//! * The database does not answer: the read fails with
+//!   [`ClockError::StorageUnavailable`] (`503 storage_unavailable`, as every
+//!   store operation then answers); the row does not decode or the tables
+//!   are missing: [`ClockError::Unavailable`] (`503 clock_unavailable`); no
 //!   operation runs at a guessed instant. Counted in
 //!   [`SafeTimeStatus::read_errors_total`].
 //! * The sampler stops, pauses, loses its connection or leadership without
@@ -277,9 +279,12 @@ impl Clock for SafeCutClock {
             Err(e) => {
                 tracing::debug!(code = e.code(), error = %e, "safe time: reading the cut failed");
                 self.failed_read(&mut st);
-                Err(ClockError::Unavailable(
-                    "the safe expiry cut could not be read".into(),
-                ))
+                Err(match e {
+                    safetime_pg::SafeTimeError::Backend(_) => ClockError::StorageUnavailable(
+                        "the database holding the safe expiry cut did not answer".into(),
+                    ),
+                    _ => ClockError::Unavailable("the safe expiry cut could not be read".into()),
+                })
             }
             Ok(row) => {
                 let Judgement {

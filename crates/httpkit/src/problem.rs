@@ -43,6 +43,18 @@ pub trait ProblemSource: fmt::Display {
     fn retry_after_secs(&self) -> Option<u64> {
         None
     }
+
+    /// The level [`problem_response`] logs this error at: by default
+    /// `ERROR` for a 5xx (a fault) and `DEBUG` for anything else. A
+    /// service lowers it for a 5xx that is an expected refusal by its
+    /// rules rather than a fault.
+    fn log_level(&self) -> tracing::Level {
+        if self.status().is_server_error() {
+            tracing::Level::ERROR
+        } else {
+            tracing::Level::DEBUG
+        }
+    }
 }
 
 /// An RFC 9457 problem document.
@@ -103,7 +115,8 @@ pub struct ErrorCode(pub &'static str);
 /// The response for `error`: its status, the problem document as
 /// `application/problem+json`, [`ErrorCode`] as an extension, `Retry-After`
 /// when the error gives one and the service's `WWW-Authenticate` challenge
-/// on a 401. Logs `error` once: a 5xx at `error`, anything else at `debug`.
+/// on a 401. Logs `error` once, at [`ProblemSource::log_level`] (by
+/// default a 5xx at `error`, anything else at `debug`).
 ///
 /// # Panics
 /// When `E::WWW_AUTHENTICATE` is not a valid header value (a programming
@@ -111,10 +124,17 @@ pub struct ErrorCode(pub &'static str);
 pub fn problem_response<E: ProblemSource>(error: &E) -> Response {
     let problem = Problem::of(error);
     let status = error.status();
-    if status.is_server_error() {
-        tracing::error!(code = error.code(), error = %error, "request failed");
-    } else {
-        tracing::debug!(code = error.code(), error = %error, "request refused");
+    match error.log_level() {
+        tracing::Level::ERROR => {
+            tracing::error!(code = error.code(), error = %error, "request failed");
+        }
+        tracing::Level::WARN => {
+            tracing::warn!(code = error.code(), error = %error, "request refused");
+        }
+        tracing::Level::INFO => {
+            tracing::info!(code = error.code(), error = %error, "request refused");
+        }
+        _ => tracing::debug!(code = error.code(), error = %error, "request refused"),
     }
     let body = serde_json::to_vec(&problem)
         .expect("a problem document (strings, an integer and an optional string) serializes");

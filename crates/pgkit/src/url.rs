@@ -7,8 +7,11 @@
 //! 2. its scheme is `postgres` or `postgresql` (any case): sqlx alone
 //!    would read `mysql://h/db` as PostgreSQL settings and connect;
 //! 3. sqlx can turn it into [`PgConnectOptions`] (valid port, `sslmode`,
-//!    ...); the socket forms `postgres:///db?host=/run/postgresql` and
-//!    `postgresql://%2Frun%2Fpostgresql/db` are accepted as sqlx reads them.
+//!    ...); the socket forms `postgres:///db?host=/run/postgresql`,
+//!    `postgresql://%2Frun%2Fpostgresql/db` and libpq's hostless form with
+//!    a user, `postgresql://u@/db?host=/tmp` (which the URL standard alone
+//!    refuses: an empty host after a user part), are accepted as sqlx
+//!    reads them.
 //!
 //! Neither [`UrlError`]'s text nor [`DatabaseUrl`]'s `Display` and `Debug`
 //! ever contain the password: the error repeats no part of the URL but its
@@ -91,7 +94,17 @@ impl DatabaseUrl {
                 postgres_scheme: has_postgres_prefix(url),
             });
         }
-        let parsed = url::Url::parse(url).map_err(|e| UrlError::NotAUrl {
+        // `scheme://user@/db` (libpq's "no host": the default, or the
+        // `host=` parameter's socket directory) has an empty host after a
+        // user part, which the URL standard refuses; sqlx reads an absent
+        // host as `localhost`, so the text is parsed with that host and
+        // shown as written.
+        let hostless = hostless_with_user(url);
+        let text = match hostless {
+            Some(at) => format!("{}localhost{}", &url[..at], &url[at..]),
+            None => url.to_owned(),
+        };
+        let parsed = url::Url::parse(&text).map_err(|e| UrlError::NotAUrl {
             reason: e.to_string(),
             postgres_scheme: has_postgres_prefix(url),
         })?;
@@ -101,10 +114,11 @@ impl DatabaseUrl {
             });
         }
         let options = PgConnectOptions::from_url(&parsed).map_err(|_| UrlError::Settings)?;
-        Ok(DatabaseUrl {
-            options,
-            redacted: redact_parsed(parsed),
-        })
+        let mut redacted = redact_parsed(parsed);
+        if hostless.is_some() {
+            redacted = without_inserted_host(&redacted);
+        }
+        Ok(DatabaseUrl { options, redacted })
     }
 
     /// sqlx's connect options (they hold the password).
@@ -133,6 +147,40 @@ fn malformed_text(url: &str) -> Option<&'static str> {
         Some("no // after postgres:")
     } else {
         None
+    }
+}
+
+/// Where a host would go in `url` when its authority has a user part but
+/// no host (`postgresql://u@/db?host=/tmp`, `postgres://u:pw@:5433/db`): the
+/// byte index just after the `@`. `None` for any other text, including a
+/// URL without a user part (`postgres:///db`, which the URL standard
+/// already reads as an empty host).
+fn hostless_with_user(url: &str) -> Option<usize> {
+    let (scheme, rest) = url.split_once("://")?;
+    if !is_postgres_scheme(scheme) {
+        return None;
+    }
+    let authority_len = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let authority = &rest[..authority_len];
+    let at = authority.rfind('@')?;
+    let after = &authority[at + 1..];
+    (after.is_empty() || after.starts_with(':')).then_some(scheme.len() + 3 + at + 1)
+}
+
+/// A shown URL parsed with `localhost` inserted by [`DatabaseUrl::parse`]
+/// for an empty host, with that host taken out again: the user sees the
+/// form they wrote.
+fn without_inserted_host(shown: &str) -> String {
+    let Some((scheme, rest)) = shown.split_once("://") else {
+        return shown.to_owned();
+    };
+    let authority_len = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_len);
+    match authority.rsplit_once("@localhost") {
+        Some((user, port)) if port.is_empty() || port.starts_with(':') => {
+            format!("{scheme}://{user}@{port}{tail}")
+        }
+        _ => shown.to_owned(),
     }
 }
 
@@ -328,6 +376,37 @@ mod tests {
             "postgres:///tg?host=%2Frun%2Fpostgresql&port=5433&user=tg&password=***",
             ("localhost", Some("/run/postgresql")),
             5433,
+            Some("tg"),
+        );
+        // libpq's hostless form with a user: the socket directory from
+        // `host=`, the user and password from the user part.
+        check_ok_at(
+            "postgresql://u@/db?host=/tmp",
+            "postgresql://u@/db?host=/tmp",
+            ("localhost", Some("/tmp")),
+            5432,
+            Some("db"),
+        );
+        check_ok_at(
+            "postgres://tg:s3cr3t-Pw@:5433/tg?host=/run/postgresql",
+            "postgres://tg:***@:5433/tg?host=/run/postgresql",
+            ("localhost", Some("/run/postgresql")),
+            5433,
+            Some("tg"),
+        );
+        assert_eq!(
+            DatabaseUrl::parse("postgresql://u@/db?host=/tmp")
+                .unwrap()
+                .connect_options()
+                .get_username(),
+            "u"
+        );
+        // Without `host=`: sqlx's default host, as for `postgres:///tg`.
+        check_ok_at(
+            "postgres://tg@/tg",
+            "postgres://tg@/tg",
+            ("localhost", None),
+            5432,
             Some("tg"),
         );
         check_ok_at(

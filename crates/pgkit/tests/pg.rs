@@ -339,26 +339,30 @@ fn the_socket_form_connects() {
         .build()
         .unwrap();
     rt.block_on(async {
-        let url = DatabaseUrl::parse(&format!(
-            "postgres:///postgres?host={socket}&port={port}&user=postgres"
-        ))
-        .unwrap();
-        assert_eq!(
-            url.connect_options()
-                .get_socket()
-                .map(|p| p.to_str().unwrap()),
-            Some(socket.as_str())
-        );
-        let mut c = PgConnection::connect_with(url.connect_options())
-            .await
-            .expect("connect over the socket");
-        // A Unix-socket session has no client address.
-        let addr: Option<String> = sqlx::query_scalar("SELECT inet_client_addr()::text")
-            .fetch_one(&mut c)
-            .await
-            .unwrap();
-        assert_eq!(addr, None);
-        c.close().await.unwrap();
+        for text in [
+            format!("postgres:///postgres?host={socket}&port={port}&user=postgres"),
+            // libpq's hostless form with the user in the user part.
+            format!("postgresql://postgres@/postgres?host={socket}&port={port}"),
+        ] {
+            let url = DatabaseUrl::parse(&text).unwrap();
+            assert_eq!(url.connect_options().get_username(), "postgres", "{text}");
+            assert_eq!(
+                url.connect_options()
+                    .get_socket()
+                    .map(|p| p.to_str().unwrap()),
+                Some(socket.as_str())
+            );
+            let mut c = PgConnection::connect_with(url.connect_options())
+                .await
+                .expect("connect over the socket");
+            // A Unix-socket session has no client address.
+            let addr: Option<String> = sqlx::query_scalar("SELECT inet_client_addr()::text")
+                .fetch_one(&mut c)
+                .await
+                .unwrap();
+            assert_eq!(addr, None);
+            c.close().await.unwrap();
+        }
     });
     server.stop().unwrap();
 }

@@ -2,8 +2,9 @@
 //!
 //! Every failure a handler can produce is an [`ApiError`]; its one
 //! [`IntoResponse`] implementation decides the status, the stable `code` and
-//! the client-safe `detail`, and logs the original error once (5xx at
-//! `error`, 4xx at `debug`). Responses are RFC 9457 problem details
+//! the client-safe `detail`, and logs the original error once at
+//! [`ApiError::log_level`] (storage and time-source faults at `error`,
+//! refusals by the rules at `info` or `warn`, 4xx at `debug`). Responses are RFC 9457 problem details
 //! (`application/problem+json`):
 //!
 //! ```json
@@ -48,7 +49,9 @@
 //! `method_not_allowed` 405, `test_clock_disabled` 409, `body_timeout` 408
 //! (the client did not send its announced body in time), `not_ready` 503
 //! (only `/readyz`), `clock_unavailable` 503 (the clock could not be read
-//! at all: the safe-cut clock's database read failed), `time_uncertain` 503
+//! at all: the safe-cut clock found no readable cut, e.g. the safe-time
+//! tables are missing; a database that does not answer is
+//! `storage_unavailable`, on every route and clock alike), `time_uncertain` 503
 //! and `request_timeout` 503. The connection layer ([`httpkit::server`])
 //! writes four more outside any route: `too_many_connections` 503 (with
 //! `Retry-After`: every connection the service may hold is busy),
@@ -205,6 +208,7 @@ impl ApiError {
             ApiError::Request(r) => r.code(),
             ApiError::Forbidden => "forbidden",
             ApiError::TestClockDisabled => "test_clock_disabled",
+            ApiError::Clock(ClockError::StorageUnavailable(_)) => "storage_unavailable",
             ApiError::Clock(_) => "clock_unavailable",
             ApiError::TimeUncertain { .. } => "time_uncertain",
             ApiError::NotReady(_) => "not_ready",
@@ -230,7 +234,8 @@ impl ApiError {
     /// for every other 5xx (backend messages may name hosts or SQL).
     pub fn client_detail(&self) -> String {
         match self {
-            ApiError::Storage(AllocatorError::Storage(StorageError::Unavailable { .. })) => {
+            ApiError::Storage(AllocatorError::Storage(StorageError::Unavailable { .. }))
+            | ApiError::Clock(ClockError::StorageUnavailable(_)) => {
                 "the storage backend is unavailable; retry later".into()
             }
             ApiError::Storage(AllocatorError::Storage(
@@ -240,6 +245,29 @@ impl ApiError {
                 "the storage backend failed; the operation changed nothing".into()
             }
             other => other.to_string(),
+        }
+    }
+
+    /// The level the response logs this error at: refusals by the rules
+    /// are not faults, so `time_uncertain` (the cut is uncertain: expected
+    /// while a sampler recovers) at `INFO`; the lease-write guard's
+    /// refusals and a deadline beyond the horizon (`policy_mismatch`,
+    /// `horizon_exceeded`, `deadline_beyond_horizon`: an operator must act)
+    /// and `not_ready` at `WARN`; every other 5xx (storage, the time
+    /// source, a request over its time bound) at `ERROR`; 4xx at `DEBUG`.
+    pub fn log_level(&self) -> tracing::Level {
+        use tracing::Level;
+        match self {
+            ApiError::TimeUncertain { .. } => Level::INFO,
+            ApiError::NotReady(_)
+            | ApiError::Storage(AllocatorError::Storage(
+                StorageError::PolicyMismatch(_) | StorageError::HorizonExceeded { .. },
+            ))
+            | ApiError::Storage(AllocatorError::Rule(RuleError::DeadlineBeyondHorizon {
+                ..
+            })) => Level::WARN,
+            other if other.status().is_server_error() => Level::ERROR,
+            _ => Level::DEBUG,
         }
     }
 
@@ -270,6 +298,10 @@ impl ProblemSource for ApiError {
             ApiError::TimeUncertain { reason, .. } => Some(reason.code()),
             _ => None,
         }
+    }
+
+    fn log_level(&self) -> tracing::Level {
+        ApiError::log_level(self)
     }
 
     fn retry_after_secs(&self) -> Option<u64> {
@@ -335,5 +367,47 @@ mod tests {
             .as_deref(),
             Some("stale")
         );
+    }
+
+    /// A safe-cut clock whose database does not answer is answered like
+    /// the store's own outage: the same code, status and detail.
+    #[test]
+    fn an_unanswering_clock_database_is_storage_unavailable() {
+        let clock = ApiError::Clock(ClockError::StorageUnavailable("down".into())).problem();
+        let store = ApiError::from(StorageError::Unavailable {
+            message: "down".into(),
+        })
+        .problem();
+        assert_eq!(
+            (clock.code.as_str(), clock.status, clock.detail.as_str()),
+            (
+                "storage_unavailable",
+                503,
+                "the storage backend is unavailable; retry later"
+            )
+        );
+        assert_eq!(clock, store);
+    }
+
+    /// Refusals by the rules are logged below `ERROR`; faults at `ERROR`.
+    #[test]
+    fn refusals_are_not_logged_as_faults() {
+        use tracing::Level;
+        let uncertain = ApiError::TimeUncertain {
+            reason: UncertainReason::InitialQuarantine,
+            retry_after_secs: 5,
+        };
+        assert_eq!(uncertain.log_level(), Level::INFO);
+        let mismatch = ApiError::from(StorageError::PolicyMismatch("old policy".into()));
+        assert_eq!(mismatch.log_level(), Level::WARN);
+        let down = ApiError::from(StorageError::Unavailable {
+            message: "down".into(),
+        });
+        assert_eq!(down.log_level(), Level::ERROR);
+        assert_eq!(
+            ApiError::Clock(ClockError::Unavailable("x".into())).log_level(),
+            Level::ERROR
+        );
+        assert_eq!(ApiError::Forbidden.log_level(), Level::DEBUG);
     }
 }

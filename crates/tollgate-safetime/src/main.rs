@@ -26,8 +26,11 @@
 //! hour (`GAP_MAX_MAX`; for `run` and `status` alike); `--interval` and
 //! `--round-trip-max` positive and below `--gap-max`; `--recovery-grace`
 //! 0 to one hour; `--stable-observations` 1..=10000; `--drift-ppm` at most
-//! 100000; `--standby-poll` positive; `evidence --limit` 1..=1000;
-//! `policy seal --horizon-ms` positive; `--command-timeout` 1 s to 1 h
+//! 100000; `--standby-poll` positive and at most one hour
+//! (`STANDBY_POLL_MAX`); `evidence --limit` 1..=1000; `policy seal
+//! --horizon-ms` positive and at most 100 years (`HORIZON_MS_MAX`,
+//! 3153600000000), `--sealed-by` 1..=200 characters without control
+//! characters; `--command-timeout` 1 s to 1 h
 //! (default 30 s: how long a one-shot command, `status`, `policy` or
 //! `evidence`, waits for a database that does not answer, then exit 1).
 //! A negative value is the value of
@@ -134,10 +137,12 @@ enum PolicyCommand {
     /// runs and when shorter than max_ttl + reclaim_grace; takes effect at
     /// the next epoch a sampler claims.
     Seal {
-        /// The new horizon in milliseconds (default policy: 315360000000 = 3650 days).
+        /// The new horizon in milliseconds, 1..=3153600000000 (100 years;
+        /// default policy: 315360000000 = 3650 days).
         #[arg(long, allow_negative_numbers = true)]
         horizon_ms: i64,
-        /// Who seals it (recorded in the evidence), 1..=200 characters.
+        /// Who seals it (recorded in the evidence), 1..=200 characters, no
+        /// control characters.
         #[arg(long)]
         sealed_by: String,
     },
@@ -196,7 +201,8 @@ struct RunArgs {
         allow_hyphen_values = true,
     )]
     recovery_grace: SignedDuration,
-    /// Interval between a standby's attempts to take leadership.
+    /// Interval between a standby's attempts to take leadership (positive,
+    /// at most one hour).
     #[arg(
         long,
         env = "TOLLGATE_SAFETIME_STANDBY_POLL",
@@ -205,6 +211,20 @@ struct RunArgs {
     )]
     standby_poll: SignedDuration,
 }
+
+/// The largest `--standby-poll`: a standby that polls less often than
+/// this would leave the cut unpublished, hence uncertain, for that long
+/// after its leader stops.
+const STANDBY_POLL_MAX: Duration = Duration::from_secs(3_600);
+
+/// The largest `policy seal --horizon-ms`: 100 years (36,500 days), ten
+/// times the default policy's. A longer horizon only lengthens the
+/// initial quarantine, and the cut plus the horizon must stay a
+/// representable instant.
+const HORIZON_MS_MAX: i64 = 36_500 * 86_400 * 1_000;
+
+/// The most characters of `policy seal --sealed-by`.
+const SEALED_BY_MAX_CHARS: usize = 200;
 
 /// The sampler's [`DEFAULT_STANDBY_POLL`] as the `--standby-poll` default,
 /// converted at compile time (a value beyond `SignedDuration` would fail
@@ -441,17 +461,7 @@ async fn dispatch(command: Command, url: &str) -> Result<ExitCode, Failure> {
             horizon_ms,
             sealed_by,
         }) => {
-            let n = sealed_by.chars().count();
-            if !(1..=200).contains(&n) {
-                return Err(Failure::Usage(format!(
-                    "--sealed-by must be 1..=200 characters, got {n}"
-                )));
-            }
-            if horizon_ms <= 0 {
-                return Err(Failure::Usage(format!(
-                    "--horizon-ms must be positive, got {horizon_ms}"
-                )));
-            }
+            check_seal(horizon_ms, &sealed_by)?;
             let mut c = connect(url).await?;
             let p = safetime_pg::seal_policy(&mut c, horizon_ms, &sealed_by).await?;
             emit(&serde_json::json!({ "version": p.version(), "horizon_ms": p.horizon_ms(), "digest": p.digest() }).to_string())?;
@@ -474,6 +484,50 @@ async fn dispatch(command: Command, url: &str) -> Result<ExitCode, Failure> {
     }
 }
 
+/// The bounds of `policy seal`, checked before connecting: `horizon_ms`
+/// in `1..=HORIZON_MS_MAX`, `sealed_by` 1..=[`SEALED_BY_MAX_CHARS`]
+/// characters without control characters (it is recorded in the evidence
+/// and printed by `evidence`).
+///
+/// # Errors
+/// [`Failure::Usage`] naming the flag, the bound and the value.
+fn check_seal(horizon_ms: i64, sealed_by: &str) -> Result<(), Failure> {
+    let n = sealed_by.chars().count();
+    if !(1..=SEALED_BY_MAX_CHARS).contains(&n) {
+        return Err(Failure::Usage(format!(
+            "--sealed-by must be 1..={SEALED_BY_MAX_CHARS} characters, got {n}"
+        )));
+    }
+    if let Some(c) = sealed_by.chars().find(|c| c.is_control()) {
+        return Err(Failure::Usage(format!(
+            "--sealed-by must not contain control characters, got {:?} at character {}",
+            c,
+            sealed_by.chars().position(|x| x == c).unwrap_or(0) + 1
+        )));
+    }
+    if !(1..=HORIZON_MS_MAX).contains(&horizon_ms) {
+        return Err(Failure::Usage(format!(
+            "--horizon-ms must be 1..={HORIZON_MS_MAX} (100 years), got {horizon_ms}"
+        )));
+    }
+    Ok(())
+}
+
+/// `--standby-poll` as a `Duration`: positive and at most
+/// [`STANDBY_POLL_MAX`].
+///
+/// # Errors
+/// [`Failure::Usage`] naming the flag, the bound and the value.
+fn standby_poll(d: SignedDuration) -> Result<Duration, Failure> {
+    let poll = std_duration("--standby-poll", d)?;
+    if poll > STANDBY_POLL_MAX {
+        return Err(Failure::Usage(format!(
+            "--standby-poll must be at most PT1H, got {d}"
+        )));
+    }
+    Ok(poll)
+}
+
 async fn run(args: RunArgs, url: &str) -> Result<ExitCode, Failure> {
     let config = SafeTimeConfig::new(
         args.drift_ppm,
@@ -486,7 +540,7 @@ async fn run(args: RunArgs, url: &str) -> Result<ExitCode, Failure> {
     .map_err(|e| Failure::Usage(e.to_string()))?;
     let options = SamplerOptions {
         config,
-        standby_poll: std_duration("--standby-poll", args.standby_poll)?,
+        standby_poll: standby_poll(args.standby_poll)?,
         reconnect_max: DEFAULT_RECONNECT_MAX,
     };
     let sampler = Sampler::new(url, options)?;
@@ -519,5 +573,68 @@ async fn wait_for_signal() {
         Err(_) => {
             let _ = tokio::signal::ctrl_c().await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn usage(r: Result<(), Failure>) -> String {
+        match r {
+            Err(Failure::Usage(m)) => m,
+            other => panic!("not a usage error: {other:?}"),
+        }
+    }
+
+    /// `policy seal` bounds its horizon and refuses control characters in
+    /// `--sealed-by`, naming the flag and the value.
+    #[test]
+    fn seal_bounds() {
+        assert!(check_seal(1, "ops: alice").is_ok());
+        assert!(check_seal(HORIZON_MS_MAX, &"a".repeat(200)).is_ok());
+        assert_eq!(
+            usage(check_seal(i64::MAX, "ops")),
+            format!(
+                "--horizon-ms must be 1..=3153600000000 (100 years), got {}",
+                i64::MAX
+            )
+        );
+        assert_eq!(
+            usage(check_seal(HORIZON_MS_MAX + 1, "ops")),
+            "--horizon-ms must be 1..=3153600000000 (100 years), got 3153600000001"
+        );
+        assert_eq!(
+            usage(check_seal(0, "ops")),
+            "--horizon-ms must be 1..=3153600000000 (100 years), got 0"
+        );
+        assert_eq!(
+            usage(check_seal(1, "ops\u{1b}[2J")),
+            "--sealed-by must not contain control characters, got '\\u{1b}' at character 4"
+        );
+        assert_eq!(
+            usage(check_seal(1, "a\nb")),
+            "--sealed-by must not contain control characters, got '\\n' at character 2"
+        );
+        assert_eq!(
+            usage(check_seal(1, "")),
+            "--sealed-by must be 1..=200 characters, got 0"
+        );
+    }
+
+    /// `--standby-poll` is positive and at most an hour.
+    #[test]
+    fn standby_poll_bounds() {
+        assert_eq!(
+            standby_poll(SignedDuration::from_secs(3_600)).ok(),
+            Some(Duration::from_secs(3_600))
+        );
+        let over = standby_poll(SignedDuration::from_secs(3_601)).map(|_| ());
+        assert_eq!(
+            usage(over),
+            "--standby-poll must be at most PT1H, got PT1H1S"
+        );
+        let zero = standby_poll(SignedDuration::ZERO).map(|_| ());
+        assert_eq!(usage(zero), "--standby-poll must be positive, got PT0S");
     }
 }

@@ -108,7 +108,7 @@ fn serve_child(args: &str) {
     let cli = tollgate_server::cli::Cli::parse_from(
         std::iter::once("tollgate".to_owned()).chain(args.split(SEP).map(str::to_owned)),
     );
-    tollgate_server::cli::init_logging(cli.log_format, tracing::Level::INFO);
+    tollgate_server::cli::init_logging(cli.log_format, cli.log_level.clone(), tracing::Level::INFO);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -149,7 +149,7 @@ impl Serve {
         }
         let mut child = cmd
             .env(CHILD_ARGS, args.join(&SEP.to_string()))
-            .env("TOLLGATE_LOG", "info")
+            .env("TOLLGATE_LOG_LEVEL", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(std::fs::File::create(&log).unwrap())

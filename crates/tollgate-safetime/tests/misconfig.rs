@@ -265,10 +265,51 @@ fn a_negative_horizon_is_a_usage_error() {
         ),
         (
             Some(2),
-            "tollgate-safetime: --horizon-ms must be positive, got -1"
+            "tollgate-safetime: --horizon-ms must be 1..=3153600000000 (100 years), got -1"
         )
     );
     assert!(out.stdout.is_empty());
+}
+
+/// A horizon beyond 100 years, control characters in `--sealed-by` and a
+/// `--standby-poll` beyond an hour are usage errors, refused before
+/// connecting.
+#[test]
+fn seal_and_standby_bounds_are_usage_errors() {
+    check(
+        NOWHERE,
+        &[
+            "policy",
+            "seal",
+            "--horizon-ms",
+            "9223372036854775807",
+            "--sealed-by",
+            "ops",
+        ],
+        2,
+        "tollgate-safetime: --horizon-ms must be 1..=3153600000000 (100 years), got \
+         9223372036854775807",
+    );
+    check(
+        NOWHERE,
+        &[
+            "policy",
+            "seal",
+            "--horizon-ms",
+            "86400000",
+            "--sealed-by",
+            "ops\u{7}",
+        ],
+        2,
+        "tollgate-safetime: --sealed-by must not contain control characters, got '\\u{7}' at \
+         character 4",
+    );
+    check(
+        NOWHERE,
+        &["run", "--standby-poll", "2h"],
+        2,
+        "tollgate-safetime: --standby-poll must be at most PT1H, got PT2H",
+    );
 }
 
 /// Runs `tollgate-safetime <args>` against `url` and checks its exit code

@@ -39,7 +39,7 @@ if [ -n "${FUZZ_DATABASE_URL:-}" ]; then
     args+=(--database-url "$FUZZ_DATABASE_URL" --secret-file "$FUZZ_SECRET_FILE")
 fi
 log=$(mktemp)
-env -u DATABASE_URL TOLLGATE_LOG=warn "$bin" "${args[@]}" >"$log" 2>&1 &
+env -u DATABASE_URL TOLLGATE_LOG_LEVEL=warn "$bin" "${args[@]}" >"$log" 2>&1 &
 server=$!
 trap 'kill -TERM $server 2>/dev/null || true; wait $server 2>/dev/null || true; rm -f "$log"' EXIT
 for _ in $(seq 1 100); do

@@ -2,7 +2,10 @@
 //!
 //! Every call sends one request with `Authorization: Bearer <token>` and
 //! returns the response's JSON, or the server's problem document as
-//! [`ClientError::Problem`].
+//! [`ClientError::Problem`]. Each error says what to do next: a server
+//! that does not answer names the URL tried and `--server`
+//! (`TOLLGATE_SERVER`); a 401 or a 403 `forbidden` names `--token`
+//! (`TOLLGATE_TOKEN`) and its aliases `--api-key` and `--capability`.
 
 use std::time::Duration;
 
@@ -13,15 +16,66 @@ use tollgate_api::error::Problem;
 /// Bound on one client request, connection included.
 pub const CLIENT_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// What a 401 adds to the server's problem: which flag carries the
+/// credential and which one each kind of route takes.
+pub const CREDENTIAL_HINT: &str = "give the credential with --token (or TOLLGATE_TOKEN; aliases \
+     --api-key and --capability): the admin token for account creation, deposits and admin \
+     commands, the account's API key for its leases, the lease capability for renew, release \
+     and show";
+
 /// A failed client call.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
-    /// The server answered with a problem.
-    #[error("{} {}: {}", .0.status, .0.code, .0.detail)]
+    /// The server answered with a problem; a 401 (no or an unknown
+    /// credential) and a 403 `forbidden` (a credential of the wrong kind)
+    /// also say how to give one ([`CREDENTIAL_HINT`]).
+    #[error("{}", problem_text(.0))]
     Problem(Box<Problem>),
-    /// The server could not be reached or answered something unexpected.
+    /// `--server` is not an `http://HOST:PORT` URL (a usage error, exit 2).
+    #[error(
+        "--server {server:?} {reason}: give the service's base URL, e.g. http://127.0.0.1:8080 \
+         (--server or TOLLGATE_SERVER)"
+    )]
+    BadServer {
+        /// The value given.
+        server: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// Nothing answered at the server's URL (refused, unresolvable host,
+    /// timed out).
+    #[error(
+        "the server is unreachable at {url} ({reason}); start it (tollgate serve) or point \
+         --server (or TOLLGATE_SERVER) at the running service"
+    )]
+    Unreachable {
+        /// The URL tried.
+        url: String,
+        /// The innermost cause (`Connection refused (os error 111)`).
+        reason: String,
+    },
+    /// The server answered something unexpected.
     #[error("{0}")]
     Transport(String),
+}
+
+fn problem_text(p: &Problem) -> String {
+    let text = format!("{} {}: {}", p.status, p.code, p.detail);
+    if p.status == 401 || p.code == "forbidden" {
+        format!("{text}; {CREDENTIAL_HINT}")
+    } else {
+        text
+    }
+}
+
+/// The innermost cause of `e`: reqwest's own text (`error sending request
+/// for url (...)`) says nothing a user can act on.
+fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut cause = e;
+    while let Some(next) = cause.source() {
+        cause = next;
+    }
+    cause.to_string()
 }
 
 /// The client; see the module docs.
@@ -36,14 +90,22 @@ impl Client {
     /// A client for the server at `server` (`http://HOST:PORT`).
     ///
     /// # Errors
-    /// [`ClientError::Transport`] for an unusable URL.
+    /// [`ClientError::BadServer`] for a value that is not an `http://` URL
+    /// with a host (`localhost:8080` without the scheme included).
     pub fn new(server: &str, token: Option<String>) -> Result<Client, ClientError> {
-        let base = url::Url::parse(server)
-            .map_err(|e| ClientError::Transport(format!("--server {server:?}: {e}")))?;
+        let bad = |reason: String| ClientError::BadServer {
+            server: server.to_string(),
+            reason,
+        };
+        let base = url::Url::parse(server).map_err(|e| bad(format!("is not a URL ({e})")))?;
         if base.scheme() != "http" {
-            return Err(ClientError::Transport(format!(
-                "--server must be an http:// URL, got {server:?}"
+            return Err(bad(format!(
+                "must start with http:// (read as scheme {:?})",
+                base.scheme()
             )));
+        }
+        if base.host_str().is_none_or(str::is_empty) {
+            return Err(bad("has no host".into()));
         }
         let http = reqwest::Client::builder()
             .timeout(CLIENT_TIMEOUT)
@@ -56,6 +118,7 @@ impl Client {
     ///
     /// # Errors
     /// [`ClientError::Problem`] for an error response,
+    /// [`ClientError::Unreachable`] when nothing answers at the URL,
     /// [`ClientError::Transport`] otherwise.
     pub async fn call(
         &self,
@@ -78,15 +141,21 @@ impl Client {
         if let Some(b) = body {
             req = req.json(b);
         }
-        let resp = req
-            .send()
-            .await
-            .map_err(|e| ClientError::Transport(format!("{url}: {e}")))?;
+        let resp = req.send().await.map_err(|e| {
+            if e.is_connect() || e.is_timeout() {
+                ClientError::Unreachable {
+                    url: self.base.to_string(),
+                    reason: root_cause(&e),
+                }
+            } else {
+                ClientError::Transport(format!("{url}: {}", root_cause(&e)))
+            }
+        })?;
         let status = resp.status();
         let bytes = resp
             .bytes()
             .await
-            .map_err(|e| ClientError::Transport(format!("{url}: {e}")))?;
+            .map_err(|e| ClientError::Transport(format!("{url}: {}", root_cause(&e))))?;
         if status.is_success() {
             return serde_json::from_slice(&bytes)
                 .map_err(|e| ClientError::Transport(format!("{url}: response is not JSON: {e}")));
@@ -97,6 +166,40 @@ impl Client {
                 "{url}: HTTP {status}: {}",
                 String::from_utf8_lossy(&bytes)
             ))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A `--server` without `http://` is a usage error naming the flag.
+    #[test]
+    fn a_server_without_a_scheme_is_refused_with_what_to_give() {
+        for (server, reason) in [
+            (
+                "localhost:8080",
+                "must start with http:// (read as scheme \"localhost\")",
+            ),
+            (
+                "127.0.0.1:8080",
+                "is not a URL (relative URL without a base)",
+            ),
+            (
+                "https://h:1",
+                "must start with http:// (read as scheme \"https\")",
+            ),
+        ] {
+            let e = Client::new(server, None).unwrap_err();
+            assert_eq!(
+                e.to_string(),
+                format!(
+                    "--server {server:?} {reason}: give the service's base URL, e.g. \
+                     http://127.0.0.1:8080 (--server or TOLLGATE_SERVER)"
+                )
+            );
+            assert!(matches!(e, ClientError::BadServer { .. }), "{server}");
         }
     }
 }

@@ -2,7 +2,7 @@
 //! PostgreSQL store ([`tollgate_pg::PostgresStore`]).
 //!
 //! Start-up against PostgreSQL ([`connect`]): wait (bounded by
-//! [`DB_WAIT`]) for the database to accept connections; apply pending
+//! `--connect-timeout`, [`Config::connect_timeout`]) for the database to accept connections; apply pending
 //! migrations unless told not to; then open the store, whose own fences
 //! refuse a schema this binary does not know, pending migrations, and a
 //! recorded policy different from the configured one
@@ -54,13 +54,13 @@ use crate::config::Config;
 use clock::ClockKind;
 use tollgate_api::storage::{Readiness, ServiceStore, StatusCounts, StoreOps};
 
-/// How long start-up waits for the database to accept connections: long
-/// enough for a database container started alongside the service, short
-/// enough that a wrong URL fails within a minute.
-pub const DB_WAIT: Duration = Duration::from_secs(30);
-
-/// Pause between connection attempts while waiting.
+/// Pause between connection attempts while waiting for the database.
 pub const DB_RETRY_PAUSE: Duration = Duration::from_millis(500);
+
+/// While waiting for the database, how often a progress line is logged
+/// (the first failure is logged at once, then one line per this interval,
+/// never one per attempt).
+pub const DB_WAIT_PROGRESS_EVERY: Duration = Duration::from_secs(10);
 
 /// Errors of the PostgreSQL seam.
 #[derive(Debug, thiserror::Error)]
@@ -138,23 +138,61 @@ pub fn expected_schema_version() -> i64 {
 }
 
 /// Retries `attempt` while it fails with [`StorageError::Unavailable`], for
-/// at most [`DB_WAIT`].
-async fn with_wait<T, F, Fut>(mut attempt: F) -> Result<T, StorageError>
+/// at most `wait` in all (`--connect-timeout`; each attempt is cut off at
+/// what is left of it), pausing [`DB_RETRY_PAUSE`] between attempts. The
+/// first failure is logged once as a warning naming the bound, then
+/// progress every [`DB_WAIT_PROGRESS_EVERY`]; the last failure is returned
+/// with how long was waited.
+async fn with_wait<T, F, Fut>(wait: Duration, mut attempt: F) -> Result<T, StorageError>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, StorageError>>,
 {
-    let deadline = tokio::time::Instant::now() + DB_WAIT;
+    let start = tokio::time::Instant::now();
+    let deadline = start + wait;
+    let mut attempts: u64 = 0;
+    let mut next_progress = start + DB_WAIT_PROGRESS_EVERY;
     loop {
-        match attempt().await {
-            Err(StorageError::Unavailable { message })
-                if tokio::time::Instant::now() + DB_RETRY_PAUSE < deadline =>
-            {
-                tracing::warn!(%message, "database unavailable; retrying");
-                tokio::time::sleep(DB_RETRY_PAUSE).await;
-            }
+        attempts += 1;
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let result = match tokio::time::timeout(left, attempt()).await {
+            Ok(r) => r,
+            Err(_) => Err(StorageError::Unavailable {
+                message: "the database did not answer".into(),
+            }),
+        };
+        let message = match result {
+            Err(StorageError::Unavailable { message }) => message,
             other => return other,
+        };
+        let now = tokio::time::Instant::now();
+        if now + DB_RETRY_PAUSE >= deadline {
+            return Err(StorageError::Unavailable {
+                message: format!(
+                    "{message} (gave up after {:.1} s and {attempts} attempt(s); \
+                     --connect-timeout is {})",
+                    now.duration_since(start).as_secs_f64(),
+                    jiff::SignedDuration::try_from(wait).unwrap_or(jiff::SignedDuration::MAX)
+                ),
+            });
         }
+        if attempts == 1 {
+            tracing::warn!(
+                %message,
+                connect_timeout = ?wait,
+                "database unavailable; retrying until it answers or --connect-timeout passes"
+            );
+        } else if now >= next_progress {
+            next_progress = now + DB_WAIT_PROGRESS_EVERY;
+            tracing::warn!(
+                %message,
+                waited_s = now.duration_since(start).as_secs(),
+                connect_timeout = ?wait,
+                attempts,
+                "database still unavailable; retrying"
+            );
+        }
+        tokio::time::sleep(DB_RETRY_PAUSE).await;
     }
 }
 
@@ -192,8 +230,9 @@ pub async fn connect_for(
     access: Access,
 ) -> Result<ServiceStore, PgError> {
     let url = cfg.database_url.as_deref().ok_or(PgError::NoUrl)?;
+    let wait = Config::std(cfg.connect_timeout);
     if cfg.migrate_on_start {
-        let report = with_wait(|| tollgate_pg::migrate(url))
+        let report = with_wait(wait, || tollgate_pg::migrate(url))
             .await
             .map_err(ctx("applying migrations"))?;
         if !report.applied.is_empty() {
@@ -203,7 +242,7 @@ pub async fn connect_for(
     if cfg.clock != ClockKind::SafeCut && access == Access::ReadWrite {
         // Once a sampler has claimed, every process must be on the cut: a
         // system (or test) clock ahead of it would reclaim early.
-        let pool = open_pool(url).await?;
+        let pool = open_pool(url, wait).await?;
         let row = safetime_pg::read_cut(&pool).await;
         pool.close().await;
         match row {
@@ -223,7 +262,7 @@ pub async fn connect_for(
         }
     }
     if cfg.clock == ClockKind::SafeCut {
-        let pool = open_pool(url).await?;
+        let pool = open_pool(url, wait).await?;
         let checked = check_horizon(&pool, cfg.policy, cfg.safetime_gap_max).await;
         pool.close().await;
         let horizon = checked?;
@@ -233,13 +272,12 @@ pub async fn connect_for(
             "the sealed safe-time horizon covers max_ttl + reclaim_grace + safetime_gap_max"
         );
     }
-    let options = tollgate_pg::StoreOptions {
-        on_safe_cut: cfg.clock == ClockKind::SafeCut,
-        ..tollgate_pg::StoreOptions::default()
-    };
-    let store = with_wait(|| PostgresStore::connect_with(url, cfg.policy, key.clone(), options))
-        .await
-        .map_err(ctx("opening the PostgreSQL store"))?;
+    let options = store_options(cfg);
+    let store = with_wait(wait, || {
+        PostgresStore::connect_with(url, cfg.policy, key.clone(), options)
+    })
+    .await
+    .map_err(ctx("opening the PostgreSQL store"))?;
     Ok(service_store(Arc::new(store)))
 }
 
@@ -296,17 +334,24 @@ pub async fn check_horizon(
 pub fn service_store(store: Arc<PostgresStore>) -> ServiceStore {
     ServiceStore {
         allocator: store.clone() as Arc<dyn Allocator>,
-        ops: Arc::new(PgOps { store }),
+        ops: Arc::new(PgOps {
+            pool: store.pool().clone(),
+        }),
     }
 }
 
-/// Applies pending migrations (or, with `dry_run`, lists them).
+/// Applies pending migrations (or, with `dry_run`, lists them), waiting up
+/// to `wait` for the database.
 ///
 /// # Errors
 /// [`PgError::Storage`].
-pub async fn migrate(url: &str, dry_run: bool) -> Result<Vec<MigrationInfo>, PgError> {
+pub async fn migrate(
+    url: &str,
+    dry_run: bool,
+    wait: Duration,
+) -> Result<Vec<MigrationInfo>, PgError> {
     if dry_run {
-        let pending = with_wait(|| tollgate_pg::pending_migrations(url))
+        let pending = with_wait(wait, || tollgate_pg::pending_migrations(url))
             .await
             .map_err(ctx("listing pending migrations"))?;
         return Ok(pending
@@ -317,7 +362,7 @@ pub async fn migrate(url: &str, dry_run: bool) -> Result<Vec<MigrationInfo>, PgE
             })
             .collect());
     }
-    let report = with_wait(|| tollgate_pg::migrate(url))
+    let report = with_wait(wait, || tollgate_pg::migrate(url))
         .await
         .map_err(ctx("applying migrations"))?;
     let known = Schema::current().known();
@@ -343,18 +388,19 @@ pub async fn migrate(url: &str, dry_run: bool) -> Result<Vec<MigrationInfo>, PgE
 const OPERATOR_POOL_CONNECTIONS: u32 = 2;
 
 /// How long one attempt of an operator command waits for a connection
-/// ([`with_wait`] retries an unavailable database for up to [`DB_WAIT`]).
+/// ([`with_wait`] retries an unavailable database for up to
+/// `--connect-timeout`).
 const OPERATOR_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// A small pool on `url` for the operator commands, once the schema fence
 /// passes (the database has applied exactly this binary's migrations). It
-/// checks no policy: see the module docs. Waits for the database like
-/// [`connect`].
+/// checks no policy: see the module docs. Waits up to `wait` for the
+/// database like [`connect`].
 ///
 /// # Errors
 /// [`PgError::Storage`]: an unparsable URL (not repeated in the message),
 /// an unreachable database, an unknown or pending migration.
-pub async fn open_pool(url: &str) -> Result<PgPool, PgError> {
+pub async fn open_pool(url: &str, wait: Duration) -> Result<PgPool, PgError> {
     // Neither the URL nor sqlx's message (which may quote it) is repeated.
     let options = pgkit::DatabaseUrl::parse(url)
         .map(pgkit::DatabaseUrl::into_connect_options)
@@ -370,11 +416,58 @@ pub async fn open_pool(url: &str) -> Result<PgPool, PgError> {
         .acquire_timeout(OPERATOR_ACQUIRE_TIMEOUT)
         .connect_lazy_with(options);
     let schema = Schema::current();
-    if let Err(e) = with_wait(|| schema.check(&pool)).await {
+    if let Err(e) = with_wait(wait, || schema.check(&pool)).await {
         pool.close().await;
         return Err(ctx("checking the schema")(e));
     }
     Ok(pool)
+}
+
+/// The policy recorded in the database at `url` (`None` before any store
+/// was opened on it or any `policy set`): what a read-only operator
+/// command opens the store with, so that it need not repeat the service's
+/// policy flags.
+///
+/// # Errors
+/// As [`open_pool`]; database errors.
+pub async fn recorded_policy(url: &str, wait: Duration) -> Result<Option<GrantPolicy>, PgError> {
+    let pool = open_pool(url, wait).await?;
+    let recorded = tollgate_pg::recorded_policy(&pool)
+        .await
+        .map_err(ctx("reading the recorded policy"));
+    pool.close().await;
+    recorded
+}
+
+/// A read-only view of a database on which no policy is recorded yet,
+/// which records nothing (opening a [`PostgresStore`] would record
+/// `policy`, which a sealed horizon may refuse and which a later `serve`
+/// with other values would then be refused by). Its operator questions
+/// (readiness, counts) are [`PgOps`] on a pool past the schema fence; its
+/// allocator is an empty memory store applying `policy`: with no policy
+/// recorded no store was ever opened on the database, and a store records
+/// its policy before its first operation, so the database holds no
+/// account, lease or ledger entry for it to show.
+///
+/// # Errors
+/// As [`open_pool`]; [`PgError::Storage`] when the random source fails.
+pub async fn unrecorded_view(
+    url: &str,
+    policy: GrantPolicy,
+    wait: Duration,
+) -> Result<ServiceStore, PgError> {
+    let pool = open_pool(url, wait).await?;
+    let key = CapabilityKey::generate().map_err(|e| PgError::Storage {
+        context: "making a stand-in capability key",
+        source: StorageError::Failure {
+            message: e.to_string(),
+        },
+    })?;
+    let memory = tollgate::MemoryStore::new(policy, key).map_err(ctx("opening the view"))?;
+    Ok(ServiceStore {
+        allocator: Arc::new(memory),
+        ops: Arc::new(PgOps { pool }),
+    })
 }
 
 /// The recorded policy (`None` before any process has started against
@@ -383,8 +476,11 @@ pub async fn open_pool(url: &str) -> Result<PgPool, PgError> {
 ///
 /// # Errors
 /// As [`open_pool`]; database errors.
-pub async fn show_policy(url: &str) -> Result<(Option<GrantPolicy>, Vec<PolicyChange>), PgError> {
-    let pool = open_pool(url).await?;
+pub async fn show_policy(
+    url: &str,
+    wait: Duration,
+) -> Result<(Option<GrantPolicy>, Vec<PolicyChange>), PgError> {
+    let pool = open_pool(url, wait).await?;
     let shown = async {
         let policy = tollgate_pg::recorded_policy(&pool)
             .await
@@ -409,8 +505,9 @@ pub async fn set_policy(
     url: &str,
     policy: GrantPolicy,
     changed_by: &str,
+    wait: Duration,
 ) -> Result<PolicyChange, PgError> {
-    let pool = open_pool(url).await?;
+    let pool = open_pool(url, wait).await?;
     let change = tollgate_pg::set_policy(&pool, policy, changed_by)
         .await
         .map_err(ctx("recording the policy"));
@@ -423,10 +520,28 @@ pub async fn set_policy(
 /// ready, storage unreachable".
 pub const READINESS_PROBE_MAX: Duration = Duration::from_secs(2);
 
+/// The longest any request waits for a connection of the service's pool
+/// (for a free one, or for a new one to open) before it is answered 503
+/// `storage_unavailable`: the bound of the readiness probe, so that with
+/// the database down every request, whatever its route or clock, answers
+/// within the same bound.
+pub const STORE_ACQUIRE_MAX: Duration = READINESS_PROBE_MAX;
+
+/// The store options of `cfg`: the default pool, connections bounded by
+/// [`STORE_ACQUIRE_MAX`], declaring the safe-cut clock when it is
+/// configured.
+pub fn store_options(cfg: &Config) -> tollgate_pg::StoreOptions {
+    tollgate_pg::StoreOptions {
+        acquire_timeout: STORE_ACQUIRE_MAX,
+        on_safe_cut: cfg.clock == ClockKind::SafeCut,
+        ..tollgate_pg::StoreOptions::default()
+    }
+}
+
 /// [`StoreOps`] of the PostgreSQL store; see the module docs.
 #[derive(Debug)]
 pub struct PgOps {
-    store: Arc<PostgresStore>,
+    pool: PgPool,
 }
 
 #[async_trait]
@@ -437,7 +552,7 @@ impl StoreOps for PgOps {
 
     async fn readiness(&self) -> Readiness {
         let expected = Some(expected_schema_version());
-        let pool = self.store.pool();
+        let pool = &self.pool;
         // Bounded: a probe must answer even while the database does not
         // (each query alone could wait the pool's acquire timeout).
         let probe = async {
@@ -481,11 +596,11 @@ impl StoreOps for PgOps {
     }
 
     fn pg_pool(&self) -> Option<&PgPool> {
-        Some(self.store.pool())
+        Some(&self.pool)
     }
 
     async fn counts(&self) -> Result<StatusCounts, StorageError> {
-        let rows = tollgate_pg::lease_counts(self.store.pool()).await?;
+        let rows = tollgate_pg::lease_counts(&self.pool).await?;
         let mut counts = StatusCounts::default();
         for row in rows.iter().filter(|r| r.state == LeaseState::Active) {
             let n = u64::try_from(row.count).map_err(|_| StorageError::Failure {

@@ -1,15 +1,17 @@
 //! `tollgate serve`: the only place that wires I/O together.
 //!
 //! Start-up, in order: the validated [`Config`]; the open-file limit
-//! checked against the connection bound ([`connection_limits`]); the store (PostgreSQL when
-//! a database URL is configured, which requires a stable `--secret-file` and
-//! an `--admin-token`; otherwise a fresh memory store with a random
-//! capability key and, without a configured token, a generated admin token
-//! printed once on stdout); the clock (`safe-cut`: after the store, on its
+//! checked against the connection bound ([`connection_limits`]); the admin
+//! token (PostgreSQL requires a configured `--admin-token`; the memory
+//! store without one generates one); the listener, bound before anything
+//! else starts, so a busy port fails at once; the store (PostgreSQL when
+//! a database URL is configured, which requires a stable `--secret-file`;
+//! otherwise a fresh memory store with a random capability key); the clock (`safe-cut`: after the store, on its
 //! pool, once the horizon check in [`crate::pg::connect`] passed; one first
-//! reading is logged); the listener, served by [`httpkit::serve`] under the
-//! connection bounds (`connections_max`, `header_read_timeout`,
-//! `idle_timeout`); the reclaim worker.
+//! reading is logged); a generated admin token printed once on stdout (only
+//! now: a service that cannot start never shows one); the listener served
+//! by [`httpkit::serve`] under the connection bounds (`connections_max`,
+//! `header_read_timeout`, `idle_timeout`); the reclaim worker.
 //!
 //! Shutdown on SIGTERM or SIGINT: stop accepting, give in-flight requests
 //! `shutdown_timeout` to finish (then drop them), and stop the worker after
@@ -63,10 +65,15 @@ pub async fn build_store(cfg: &Config) -> Result<ServiceStore, ServeError> {
             .into());
         };
         let key = config::read_secret_file(path)?;
+        config::warn_if_secret_in_work_tree(path);
         return Ok(pg::connect(cfg, key).await?);
     }
     let key = match &cfg.secret_file {
-        Some(path) => config::read_secret_file(path)?,
+        Some(path) => {
+            let key = config::read_secret_file(path)?;
+            config::warn_if_secret_in_work_tree(path);
+            key
+        }
         None => CapabilityKey::generate().map_err(|e| ConfigError(e.to_string()))?,
     };
     Ok(ServiceStore::memory(cfg.policy, key)?)
@@ -91,14 +98,69 @@ pub fn build_clock(cfg: &Config, backend: &ServiceStore) -> Result<Arc<dyn Clock
     })
 }
 
-/// The admin token: configured, or (memory store only) generated and
-/// printed once.
+/// The admin token of a starting service: configured, or (memory store
+/// only) generated, to be shown once the service listens
+/// ([`AdminToken::show`]).
+#[derive(Clone)]
+pub struct AdminToken {
+    token: String,
+    generated: bool,
+}
+
+impl AdminToken {
+    /// The token.
+    pub fn expose(&self) -> &str {
+        &self.token
+    }
+
+    /// Prints a generated token once on stdout (never logged); a
+    /// configured one is not printed. Called once the listener is bound,
+    /// so a service that cannot start never shows a token.
+    ///
+    /// # Errors
+    /// [`ServeError::Config`] when stdout cannot take it (a closed pipe, a
+    /// full disk): a token nobody can see is useless.
+    pub fn show(&self) -> Result<(), ServeError> {
+        if !self.generated {
+            return Ok(());
+        }
+        crate::output::line(format_args!(
+            "admin token (generated, shown only now): {}",
+            self.token
+        ))
+        .map_err(|e| cannot_show(&e))
+    }
+}
+
+impl std::fmt::Debug for AdminToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AdminToken")
+            .field("generated", &self.generated)
+            .finish_non_exhaustive()
+    }
+}
+
+fn cannot_show(e: &dyn std::fmt::Display) -> ServeError {
+    ConfigError(format!(
+        "cannot show the generated admin token on standard output ({e}); \
+         configure one with --admin-token (or TOLLGATE_ADMIN_TOKEN)"
+    ))
+    .into()
+}
+
+/// The admin token: configured, or (memory store only) generated; a
+/// generated one is shown later by [`AdminToken::show`].
 ///
 /// # Errors
-/// PostgreSQL without a configured token.
-pub fn admin_token(cfg: &Config) -> Result<String, ServeError> {
+/// PostgreSQL without a configured token; a generated token whose
+/// standard output goes to `/dev/null` (or was closed at start, which the
+/// runtime turns into `/dev/null`), checked before anything starts.
+pub fn admin_token(cfg: &Config) -> Result<AdminToken, ServeError> {
     if let Some(t) = &cfg.admin_token {
-        return Ok(t.clone());
+        return Ok(AdminToken {
+            token: t.clone(),
+            generated: false,
+        });
     }
     if cfg.is_postgres() {
         return Err(ConfigError(
@@ -107,24 +169,15 @@ pub fn admin_token(cfg: &Config) -> Result<String, ServeError> {
         )
         .into());
     }
-    let t = auth::random_token(auth::ADMIN_TOKEN_PREFIX)
+    if crate::output::discarded() {
+        return Err(cannot_show(&"it goes to /dev/null or was closed"));
+    }
+    let token = auth::random_token(auth::ADMIN_TOKEN_PREFIX)
         .map_err(|e| ConfigError(format!("random source: {e}")))?;
-    // Printed once on stdout, never logged. A token nobody can see is
-    // useless: a stdout that cannot take it (closed pipe, full disk, or
-    // `/dev/null`, which a descriptor closed at start also becomes) stops
-    // the start instead of running with an unknowable token.
-    let shown = if crate::output::discarded() {
-        Err(std::io::Error::other("it goes to /dev/null or was closed"))
-    } else {
-        crate::output::line(format_args!("admin token (generated, shown only now): {t}"))
-    };
-    shown.map_err(|e| {
-        ConfigError(format!(
-            "cannot show the generated admin token on standard output ({e}); \
-             configure one with --admin-token (or TOLLGATE_ADMIN_TOKEN)"
-        ))
-    })?;
-    Ok(t)
+    Ok(AdminToken {
+        token,
+        generated: true,
+    })
 }
 
 /// Starts listening for SIGTERM and SIGINT at once (not on first poll, as
@@ -152,17 +205,14 @@ pub fn listen_for_shutdown()
     })
 }
 
-/// The service's state: the admin token (checked first, so that a
-/// PostgreSQL configuration without one is refused before any connection
-/// is made), the store, the clock (announced: the test clock with a
+/// The service's state: the admin token `token`, the store, the clock (announced: the test clock with a
 /// warning, the safe-cut clock with a first reading, so that its certainty
 /// is logged and `/metrics` has the safe-time gauges from the start) and
 /// fresh metrics.
 ///
 /// # Errors
-/// As [`admin_token`], [`build_store`] and [`build_clock`].
-async fn app_state(cfg: &Config) -> Result<AppState, ServeError> {
-    let token = admin_token(cfg)?;
+/// As [`build_store`] and [`build_clock`].
+async fn app_state(cfg: &Config, token: &AdminToken) -> Result<AppState, ServeError> {
     let backend = build_store(cfg).await?;
     let clock = build_clock(cfg, &backend)?;
     match cfg.clock {
@@ -181,7 +231,7 @@ async fn app_state(cfg: &Config) -> Result<AppState, ServeError> {
         clock,
         Arc::new(Metrics::new()),
         ServiceOptions {
-            admin_token: token,
+            admin_token: token.expose().to_string(),
             reclaim_batch: cfg.reclaim_batch,
             request_timeout: Config::std(cfg.request_timeout),
         },
@@ -229,14 +279,24 @@ pub fn connection_limits(cfg: &Config) -> Result<ConnectionLimits, ServeError> {
 /// Start-up failures; a server that stops on its own.
 pub async fn serve(cfg: Config) -> Result<(), ServeError> {
     let limits = connection_limits(&cfg)?;
-    let state = app_state(&cfg).await?;
-    let listener = TcpListener::bind(cfg.listen)
-        .await
-        .map_err(|e| ServeError::Io(format!("cannot listen on {}: {e}", cfg.listen)))?;
+    // The token first (a PostgreSQL configuration without one is refused
+    // before any connection is made), the listener next (a busy port fails
+    // at once, before the database is waited for), and a generated token
+    // is shown only once both the listener and the store are up.
+    let token = admin_token(&cfg)?;
+    let listener = TcpListener::bind(cfg.listen).await.map_err(|e| {
+        ServeError::Io(format!(
+            "cannot listen on {}: {e}; stop what holds the port or give another --listen \
+             (or TOLLGATE_LISTEN)",
+            cfg.listen
+        ))
+    })?;
     let addr = listener
         .local_addr()
         .map_err(|e| ServeError::Io(e.to_string()))?;
+    let state = app_state(&cfg, &token).await?;
     let shutdown = listen_for_shutdown()?;
+    token.show()?;
     tracing::info!(%addr, store = state.store().ops.kind(), clock = %cfg.clock, "tollgate listening");
     // For scripts that wait for the line; the log above says the same, so
     // a closed stdout (`tollgate serve | head -1`) is not an error.

@@ -45,7 +45,7 @@ fn serve_with_a_closed_stdout_keeps_serving() {
         ])
         .env_remove("DATABASE_URL")
         .env_remove("TOLLGATE_DATABASE_URL")
-        .env("TOLLGATE_LOG", "info")
+        .env("TOLLGATE_LOG_LEVEL", "info")
         .stdout(writer)
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -185,12 +185,14 @@ fn generated_admin_token_into_nothing_is_refused() {
     }
 }
 
-/// A `TOLLGATE_LOG` that is neither a level nor `target=level` directives
-/// (a bare word would silence every log) is reported and replaced by the
-/// default level; valid values pass without a word.
+/// A `TOLLGATE_LOG_LEVEL` (or `--log-level`) that is neither a level nor
+/// `target=level` directives (a bare word would silence every log) is
+/// reported and replaced by the default level; valid values pass without a
+/// word. The former name `TOLLGATE_LOG` still works, with a deprecation
+/// warning naming the new one.
 #[test]
 fn unusable_log_filter_is_reported() {
-    let run = |value: &str| {
+    let run = |var: &str, value: &str| {
         Command::new(BIN)
             .args([
                 "serve",
@@ -200,16 +202,18 @@ fn unusable_log_filter_is_reported() {
             ])
             .env_remove("DATABASE_URL")
             .env_remove("TOLLGATE_DATABASE_URL")
-            .env("TOLLGATE_LOG", value)
+            .env_remove("TOLLGATE_LOG")
+            .env_remove("TOLLGATE_LOG_LEVEL")
+            .env(var, value)
             .output()
             .expect("run tollgate")
     };
-    let out = run("garbage");
+    let out = run("TOLLGATE_LOG_LEVEL", "garbage");
     assert_eq!(out.status.code(), Some(0));
     assert_eq!(
         String::from_utf8_lossy(&out.stderr),
-        "warning: TOLLGATE_LOG=\"garbage\" is neither a level (error, warn, info, debug, \
-         trace, off) nor target=level directives; logging at info\n"
+        "warning: --log-level (or TOLLGATE_LOG_LEVEL) \"garbage\" is neither a level (error, \
+         warn, info, debug, trace, off) nor target=level directives; logging at info\n"
     );
     for ok in [
         "debug",
@@ -217,10 +221,17 @@ fn unusable_log_filter_is_reported() {
         "info,tollgate_pg=debug",
         "tower_http=trace",
     ] {
-        let out = run(ok);
+        let out = run("TOLLGATE_LOG_LEVEL", ok);
         assert_eq!(out.status.code(), Some(0), "{ok}");
         assert_eq!(String::from_utf8_lossy(&out.stderr), "", "{ok}");
     }
+    let out = run("TOLLGATE_LOG", "debug");
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        "warning: TOLLGATE_LOG is deprecated; set TOLLGATE_LOG_LEVEL (or --log-level) instead, \
+         the name both tollgate and tollgate-safetime read\n"
+    );
 }
 
 /// An operator command given both a server and a database refuses (exit 2)

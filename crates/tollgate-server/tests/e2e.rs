@@ -34,7 +34,7 @@ fn tollgate() -> Command {
             c.env_remove(k);
         }
     }
-    c.env("TOLLGATE_LOG", "warn");
+    c.env("TOLLGATE_LOG_LEVEL", "warn");
     c
 }
 
@@ -63,7 +63,7 @@ impl Server {
             .arg("serve")
             .args(["--listen", "127.0.0.1:0", "--admin-token", ADMIN])
             .args(args)
-            .env("TOLLGATE_LOG", "info")
+            .env("TOLLGATE_LOG_LEVEL", "info")
             .stdout(Stdio::piped())
             .stderr(stderr)
             .spawn()
@@ -365,7 +365,7 @@ fn serve_under_ulimit(limit: &str, args: &[&str]) -> (Option<i32>, String) {
         .arg(BIN)
         .args(["serve", "--listen", "127.0.0.1:0", "--admin-token", ADMIN])
         .args(args)
-        .env("TOLLGATE_LOG", "info")
+        .env("TOLLGATE_LOG_LEVEL", "info")
         .stdout(Stdio::piped())
         .stderr(std::fs::File::create(&log).expect("log"))
         .spawn()
@@ -617,6 +617,7 @@ fn print_config_merges_flags_env_and_file() {
         String::from_utf8_lossy(&out.stdout),
         "listen = \"127.0.0.1:9000\"\n\
          database_url = \"postgres://tg:***@127.0.0.1:5432/tg\"\n\
+         connect_timeout = \"PT30S\"\n\
          max_ttl = \"PT2M\"\n\
          reclaim_grace = \"PT2562047788015215H30M7.999999999S\"\n\
          reclaim_interval = \"PT1S\"\n\
@@ -680,18 +681,13 @@ fn migrate_all(url: &str) {
 }
 
 /// Direct operator commands against the database (at policy `PT1M`,
-/// `PT5S`): status, audit, reclaim, and a different policy refused.
+/// `PT5S`): status and audit only read, so they need no policy flags (they
+/// take the recorded policy); reclaim writes, so it runs with the service's
+/// policy; a different policy given is refused; the test clock, which
+/// exists only inside `serve`, is a usage error.
 fn direct_operator_commands(url: &str) {
-    let status: Value = serde_json::from_str(&run_ok(&[
-        "status",
-        "--database-url",
-        url,
-        "--max-ttl",
-        "PT1M",
-        "--reclaim-grace",
-        "PT5S",
-    ]))
-    .expect("status json");
+    let status: Value =
+        serde_json::from_str(&run_ok(&["status", "--database-url", url])).expect("status json");
     assert_eq!(
         status["readiness"]["schema_version"],
         json!(tollgate_server::pg::expected_schema_version())
@@ -701,16 +697,10 @@ fn direct_operator_commands(url: &str) {
     assert_eq!(status["readiness"]["ready"], json!(true));
     assert_eq!(status["active_leases"], json!(0));
     assert_eq!(status["active_legacy_bounds"], json!(0));
-    let audit: Value = serde_json::from_str(&run_ok(&[
-        "audit",
-        "--database-url",
-        url,
-        "--max-ttl",
-        "PT1M",
-        "--reclaim-grace",
-        "PT5S",
-    ]))
-    .expect("audit json");
+    assert_eq!(status["policy"]["max_ttl"], json!("PT1M"));
+    assert_eq!(status["policy"]["reclaim_grace"], json!("PT5S"));
+    let audit: Value =
+        serde_json::from_str(&run_ok(&["audit", "--database-url", url])).expect("audit json");
     assert_eq!(audit["clean"], json!(true));
     assert_eq!(audit["total_consumed"], json!(24));
     let reclaim: Value = serde_json::from_str(&run_ok(&[
@@ -725,6 +715,20 @@ fn direct_operator_commands(url: &str) {
     ]))
     .expect("reclaim json");
     assert_eq!(reclaim["reclaimed"], json!([]));
+    for cmd in ["status", "audit", "reclaim"] {
+        let out = tollgate()
+            .args([cmd, "--database-url", url, "--clock", "test"])
+            .output()
+            .expect("run");
+        assert_eq!(out.status.code(), Some(2), "{cmd}");
+        assert_eq!(
+            String::from_utf8_lossy(&out.stderr),
+            "error: --clock test exists only inside `tollgate serve` (it is set over its HTTP \
+             API); run status, audit and reclaim directly with --clock system or --clock \
+             safe-cut, or against the test server with --server\n",
+            "{cmd}"
+        );
+    }
     // A different policy is refused at start-up, naming both.
     let out = tollgate()
         .args([
@@ -1434,4 +1438,60 @@ fn postgres_policy_show_and_set() {
     assert_eq!(shown["changes"], json!([first, second, third]));
     assert_eq!(shown["policy"], third["new"]);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The read-only direct commands under a sealed horizon shorter than the
+/// default policy (`PT1H` + `PT30S`): `status` and `audit` need no policy
+/// flags, with a policy recorded (they take it) and before any is (they
+/// record nothing).
+#[test]
+fn read_only_commands_need_no_policy_flags_under_a_short_horizon() {
+    let url = pg_url();
+    run_ok(&["migrate", "--database-url", &url]);
+    let seal = |horizon_ms: i64| {
+        with_db(&url, move |c| {
+            Box::pin(async move {
+                safetime_pg::seal_policy(c, horizon_ms, "e2e")
+                    .await
+                    .expect("seal")
+                    .version()
+            })
+        })
+    };
+    // 100 s: shorter than the default policy, longer than PT1M + PT5S.
+    assert_eq!(seal(100_000), 2);
+    let recorded = |url: &str| {
+        with_db(url, |c| {
+            Box::pin(async move {
+                sqlx::query_scalar::<_, i64>("SELECT count(*) FROM tollgate_policy")
+                    .fetch_one(c)
+                    .await
+                    .expect("count")
+            })
+        })
+    };
+    for cmd in ["status", "audit"] {
+        let v: Value = serde_json::from_str(&run_ok(&[cmd, "--database-url", &url])).expect("json");
+        assert_ne!(v, Value::Null, "{cmd}");
+    }
+    assert_eq!(recorded(&url), 0, "a read-only command recorded a policy");
+    policy_ok(&[
+        "set",
+        "--database-url",
+        &url,
+        "--max-ttl",
+        "PT1M",
+        "--reclaim-grace",
+        "PT5S",
+        "--changed-by",
+        "e2e",
+    ]);
+    let status: Value =
+        serde_json::from_str(&run_ok(&["status", "--database-url", &url])).expect("json");
+    assert_eq!(status["policy"]["max_ttl"], json!("PT1M"));
+    assert_eq!(status["policy"]["reclaim_grace"], json!("PT5S"));
+    assert_eq!(status["readiness"]["ready"], json!(true));
+    let audit: Value =
+        serde_json::from_str(&run_ok(&["audit", "--database-url", &url])).expect("json");
+    assert_eq!(audit["clean"], json!(true));
 }

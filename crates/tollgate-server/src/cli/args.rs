@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::client::{Client, ClientError};
-use crate::config::{self, RawConfig, ServiceSettings, StoreSettings};
+use crate::config::{self, DatabaseSettings, RawConfig, ServiceSettings, StoreSettings};
 
 /// Default `--server` of the client subcommands.
 pub const DEFAULT_SERVER: &str = "http://127.0.0.1:8080";
@@ -20,13 +20,36 @@ pub enum LogFormat {
     Json,
 }
 
+/// The environment variable of `--log-level`, the same for both binaries.
+pub const LOG_LEVEL_ENV: &str = "TOLLGATE_LOG_LEVEL";
+
+/// The former name of [`LOG_LEVEL_ENV`], still read (with a deprecation
+/// warning) when neither `--log-level` nor [`LOG_LEVEL_ENV`] is set.
+pub const LOG_LEVEL_DEPRECATED_ENV: &str = "TOLLGATE_LOG";
+
+/// What `--database-url` means for `serve`.
+pub(crate) const DATABASE_URL_HELP_SERVE: &str =
+    "PostgreSQL URL (also DATABASE_URL); absent: the in-memory store";
+/// What `--database-url` means for `status`, `audit` and `reclaim`.
+pub(crate) const DATABASE_URL_HELP_OPS: &str = "PostgreSQL URL (also DATABASE_URL): run against \
+     the database directly; absent: ask the service at --server over HTTP";
+/// What `--database-url` means for `migrate` and `policy`.
+pub(crate) const DATABASE_URL_HELP_REQUIRED: &str = "PostgreSQL URL (also DATABASE_URL); required";
+
 /// Tollgate: an exact-time lease and credit allocator.
 #[derive(Debug, Parser)]
 #[command(name = "tollgate", version, about, max_term_width = 100)]
 pub struct Cli {
-    /// Log format (logs go to stderr; level from TOLLGATE_LOG, e.g. `debug`
-    /// or `tollgate_api=debug,info`; targets are crate names: `tollgate_api`,
-    /// `httpkit`, `clock`, `tollgate_pg`, `tollgate_server`).
+    /// Log level (logs go to stderr): a level (`error`, `warn`, `info`,
+    /// `debug`, `trace`, `off`) or `target=level` directives
+    /// (`info,tollgate_pg=debug`; targets are crate names:
+    /// `tollgate_api`, `httpkit`, `clock`, `tollgate_pg`,
+    /// `tollgate_server`). Default: `info` for serve, migrate and reclaim,
+    /// `warn` otherwise. The former variable TOLLGATE_LOG is still read,
+    /// with a warning.
+    #[arg(long, env = LOG_LEVEL_ENV, value_name = "LEVEL", global = true)]
+    pub log_level: Option<String>,
+    /// Log format (logs go to stderr).
     #[arg(
         long,
         env = "TOLLGATE_LOG_FORMAT",
@@ -44,14 +67,19 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the HTTP service.
+    #[command(mut_arg("database_url", |a| a.help(DATABASE_URL_HELP_SERVE)))]
     Serve(ServeArgs),
     /// Apply pending PostgreSQL migrations.
+    #[command(mut_arg("database_url", |a| a.help(DATABASE_URL_HELP_REQUIRED)))]
     Migrate(MigrateArgs),
     /// Schema version, readiness, counts of active leases and legacy bounds.
+    #[command(mut_arg("database_url", |a| a.help(DATABASE_URL_HELP_OPS)))]
     Status(OpsArgs),
     /// Recompute every account from the ledger; exit 1 on any violation.
+    #[command(mut_arg("database_url", |a| a.help(DATABASE_URL_HELP_OPS)))]
     Audit(OpsArgs),
     /// Settle reclaimable leases.
+    #[command(mut_arg("database_url", |a| a.help(DATABASE_URL_HELP_OPS)))]
     Reclaim(ReclaimArgs),
     /// The grant policy recorded in a PostgreSQL database.
     #[command(subcommand)]
@@ -67,13 +95,17 @@ pub enum Command {
     Clock(ClockCmd),
 }
 
-/// Settings that name the store and its policy: the configuration file
-/// and the store's settings ([`StoreSettings`]).
+/// Settings that name the store and its policy: the configuration file,
+/// the database's settings ([`DatabaseSettings`]) and the store's
+/// ([`StoreSettings`]).
 #[derive(Debug, Clone, Args)]
 pub struct StoreArgs {
     /// TOML configuration file (keys: the flag names in snake_case).
     #[arg(long, env = "TOLLGATE_CONFIG", value_name = "PATH")]
     pub config: Option<PathBuf>,
+    #[command(flatten)]
+    /// The database's settings.
+    pub database: DatabaseSettings,
     #[command(flatten)]
     /// The store's settings.
     pub settings: StoreSettings,
@@ -82,10 +114,10 @@ pub struct StoreArgs {
 impl StoreArgs {
     /// The raw configuration of these flags.
     pub fn raw(&self) -> RawConfig {
-        self.settings.apply(RawConfig {
+        self.settings.apply(self.database.apply(RawConfig {
             config: self.config.clone(),
             ..RawConfig::default()
-        })
+        }))
     }
 }
 
@@ -142,15 +174,29 @@ impl ClientArgs {
     }
 }
 
-/// `tollgate migrate`.
+/// `tollgate migrate`: only the database's settings (the store's policy,
+/// key and clock do not matter to the schema).
 #[derive(Debug, Clone, Args)]
 pub struct MigrateArgs {
+    /// TOML configuration file (keys: the flag names in snake_case).
+    #[arg(long, env = "TOLLGATE_CONFIG", value_name = "PATH")]
+    pub config: Option<PathBuf>,
     #[command(flatten)]
-    /// Store settings.
-    pub store: StoreArgs,
+    /// The database's settings.
+    pub database: DatabaseSettings,
     /// List pending migrations without applying them.
     #[arg(long)]
     pub dry_run: bool,
+}
+
+impl MigrateArgs {
+    /// The raw configuration of these flags.
+    pub fn raw(&self) -> RawConfig {
+        self.database.apply(RawConfig {
+            config: self.config.clone(),
+            ..RawConfig::default()
+        })
+    }
 }
 
 /// `status` and `audit`: against a server (`--server`) or a database.
@@ -199,20 +245,16 @@ pub struct ReclaimArgs {
 /// The database of a `policy` subcommand.
 #[derive(Debug, Clone, Args)]
 pub struct PolicyDbArgs {
-    /// PostgreSQL URL (also DATABASE_URL).
-    #[arg(
-        long,
-        env = config::DATABASE_URL_ENV,
-        value_name = "URL",
-        hide_env_values = true
-    )]
-    pub database_url: Option<String>,
+    #[command(flatten)]
+    /// The database's settings.
+    pub database: DatabaseSettings,
 }
 
 /// `tollgate policy ...`.
 #[derive(Debug, Subcommand)]
 pub enum PolicyCmd {
     /// Print the recorded policy and its change history.
+    #[command(mut_arg("database_url", |a| a.help(DATABASE_URL_HELP_REQUIRED)))]
     Show {
         #[command(flatten)]
         /// The database.
@@ -220,6 +262,7 @@ pub enum PolicyCmd {
     },
     /// Record a new policy, with who changed it. Restart every process
     /// sharing the database with the new values afterwards.
+    #[command(mut_arg("database_url", |a| a.help(DATABASE_URL_HELP_REQUIRED)))]
     Set {
         #[command(flatten)]
         /// The database.

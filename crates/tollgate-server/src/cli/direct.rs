@@ -5,9 +5,13 @@
 //! `status` builds the same report as `GET /v1/admin/status`
 //! ([`tollgate_api::api::status_report`]), without the service's counters.
 //! `status` and `audit` only read, so they open the store whatever the
-//! clock ([`pg::Access::ReadOnly`]); `reclaim` writes, so on a database on
-//! the safe expiry cut it must run with `--clock safe-cut` (and then pauses
-//! while the cut is uncertain, like the service's worker).
+//! clock ([`pg::Access::ReadOnly`]) and, unless `--max-ttl` or
+//! `--reclaim-grace` is given, with the policy recorded in the database
+//! (they need not repeat the service's policy flags); `reclaim` writes, so
+//! it runs with the configured policy and, on a database on the safe
+//! expiry cut, with `--clock safe-cut` (and then pauses while the cut is
+//! uncertain, like the service's worker). The test clock exists only
+//! inside `serve`: `--clock test` is refused here (exit 2).
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -34,14 +38,16 @@ use tollgate_api::worker::ReclaimWorker;
 /// # Errors
 /// A configuration without a database URL (exit 2); the migrator's error.
 pub(super) async fn migrate(args: MigrateArgs) -> Result<ExitCode, CliError> {
-    let cfg = Config::resolve(args.store.raw())?;
+    let cfg = Config::resolve(args.raw())?;
     let Some(url) = &cfg.database_url else {
         return Err(ConfigError(
-            "migrate needs --database-url (or DATABASE_URL): the memory store has no schema".into(),
+            "migrate needs --database-url (or TOLLGATE_DATABASE_URL, DATABASE_URL): only \
+             PostgreSQL has a schema"
+                .into(),
         )
         .into());
     };
-    let list = pg::migrate(url, args.dry_run)
+    let list = pg::migrate(url, args.dry_run, Config::std(cfg.connect_timeout))
         .await
         .map_err(ServeError::from)?;
     let verb = if args.dry_run { "pending" } else { "applied" };
@@ -79,8 +85,8 @@ pub(super) async fn audit(cfg: &Config) -> Result<AuditView, CliError> {
         .into())
 }
 
-/// `reclaim` against the database: one worker pass, printed as one JSON
-/// line; with `plan.interval`, the worker's loop until `stop` turns true.
+/// `reclaim` against the database: one worker pass, printed as JSON
+/// ([`report::JsonStyle`]); with `plan.interval`, the worker's loop until `stop` turns true.
 ///
 /// # Errors
 /// The store cannot be opened; the pass fails.
@@ -105,7 +111,7 @@ pub(super) async fn reclaim(
         .step()
         .await
         .map_err(|e| CliError::Failed(format!("reclaim: {e}")))?;
-    report::print_json_line(&ReclaimView::new(pass.report, pass.now))
+    report::print_json(&ReclaimView::new(pass.report, pass.now))
 }
 
 /// `policy show|set`: the grant policy recorded in the database.
@@ -115,13 +121,11 @@ pub(super) async fn reclaim(
 pub(super) async fn policy(cmd: PolicyCmd) -> Result<ExitCode, CliError> {
     match cmd {
         PolicyCmd::Show { db } => {
-            let cfg = Config::resolve(RawConfig {
-                database_url: db.database_url,
-                ..RawConfig::default()
-            })?;
-            let (policy, changes) = pg::show_policy(policy_url(&cfg)?)
-                .await
-                .map_err(ServeError::from)?;
+            let cfg = Config::resolve(db.database.apply(RawConfig::default()))?;
+            let (policy, changes) =
+                pg::show_policy(policy_url(&cfg)?, Config::std(cfg.connect_timeout))
+                    .await
+                    .map_err(ServeError::from)?;
             report::print_json(&PolicyRecordView {
                 policy: policy.map(Into::into),
                 changes: changes.into_iter().map(change_view).collect(),
@@ -134,16 +138,20 @@ pub(super) async fn policy(cmd: PolicyCmd) -> Result<ExitCode, CliError> {
             changed_by,
         } => {
             // The same parsing and validation as `serve` (`max` for grace).
-            let cfg = Config::resolve(RawConfig {
-                database_url: db.database_url,
+            let cfg = Config::resolve(db.database.apply(RawConfig {
                 max_ttl: Some(max_ttl),
                 reclaim_grace: Some(reclaim_grace),
                 ..RawConfig::default()
-            })?;
+            }))?;
             check_changed_by(&changed_by)?;
-            let change = pg::set_policy(policy_url(&cfg)?, cfg.policy, &changed_by)
-                .await
-                .map_err(ServeError::from)?;
+            let change = pg::set_policy(
+                policy_url(&cfg)?,
+                cfg.policy,
+                &changed_by,
+                Config::std(cfg.connect_timeout),
+            )
+            .await
+            .map_err(ServeError::from)?;
             report::print_json(&change_view(change))?;
             say!(
                 "policy recorded; restart every process sharing this database with \
@@ -159,12 +167,43 @@ pub(super) async fn policy(cmd: PolicyCmd) -> Result<ExitCode, CliError> {
 /// The PostgreSQL store for a direct operator command (dispatch sends only
 /// a configuration with a database URL here), opened without migrating:
 /// the capability key does not matter for status, audit and reclaim, so a
-/// random one stands in when no `--secret-file` is given.
+/// random one stands in when no `--secret-file` is given. A
+/// [`pg::Access::ReadOnly`] command without policy flags opens it with the
+/// recorded policy ([`pg::recorded_policy`]), or, before any is recorded,
+/// reads through a view that records none ([`pg::unrecorded_view`]: its
+/// status shows the configured policy, the one a first start records).
+///
+/// # Errors
+/// [`CliError::Usage`] for `--clock test`; the store's errors.
 async fn open(cfg: &Config, access: pg::Access) -> Result<ServiceStore, CliError> {
-    let cfg = &Config {
+    if cfg.clock == ClockKind::Test {
+        return Err(CliError::Usage(
+            "--clock test exists only inside `tollgate serve` (it is set over its HTTP API); \
+             run status, audit and reclaim directly with --clock system or --clock safe-cut, \
+             or against the test server with --server"
+                .into(),
+        ));
+    }
+    let mut cfg = Config {
         migrate_on_start: false,
         ..cfg.clone()
     };
+    if access == pg::Access::ReadOnly && !cfg.policy_given {
+        let url = cfg.database_url.as_deref().unwrap_or_default();
+        let wait = Config::std(cfg.connect_timeout);
+        match pg::recorded_policy(url, wait)
+            .await
+            .map_err(ServeError::from)?
+        {
+            Some(recorded) => cfg.policy = recorded,
+            None => {
+                return Ok(pg::unrecorded_view(url, cfg.policy, wait)
+                    .await
+                    .map_err(ServeError::from)?);
+            }
+        }
+    }
+    let cfg = &cfg;
     let key = match &cfg.secret_file {
         Some(p) => config::read_secret_file(p)?,
         None => CapabilityKey::generate().map_err(|e| ConfigError(e.to_string()))?,
@@ -175,8 +214,8 @@ async fn open(cfg: &Config, access: pg::Access) -> Result<ServiceStore, CliError
 }
 
 /// The clock of a direct operator command: the safe-cut clock with
-/// `--clock safe-cut`; otherwise the system clock (the test clock exists
-/// only inside `serve`).
+/// `--clock safe-cut`; otherwise the system clock (`--clock test` was
+/// refused by [`open`]).
 fn clock(cfg: &Config, backend: &ServiceStore) -> Result<Arc<dyn Clock>, CliError> {
     if cfg.clock != ClockKind::SafeCut {
         return Ok(Arc::new(SystemClock));

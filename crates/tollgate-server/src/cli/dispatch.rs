@@ -77,13 +77,14 @@ pub(super) struct Reclaim {
 impl Reclaim {
     /// The plan of `args`: `--interval` positive, defaults from the
     /// service's settings.
-    fn of(args: &ReclaimArgs) -> Result<Reclaim, ConfigError> {
+    fn of(args: &ReclaimArgs) -> Result<Reclaim, CliError> {
         let interval = match &args.interval {
-            Some(s) => config::parse_duration(s, false).map_err(ConfigError)?,
+            Some(s) => config::parse_duration(s, false)
+                .map_err(|e| CliError::Usage(format!("--interval: {e}")))?,
             None => config::DEFAULT_RECLAIM_INTERVAL,
         };
         if !interval.is_positive() {
-            return Err(ConfigError(format!(
+            return Err(CliError::Usage(format!(
                 "--interval must be positive, got {interval}"
             )));
         }

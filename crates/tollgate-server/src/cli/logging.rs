@@ -1,29 +1,47 @@
 //! Logging of the `tollgate` binary: `tracing` on stderr, in the format of
-//! `--log-format`, at the level of `TOLLGATE_LOG`.
+//! `--log-format`, at the level of `--log-level` (`TOLLGATE_LOG_LEVEL`,
+//! the name `tollgate-safetime` uses too; the former `TOLLGATE_LOG` is still
+//! read, with a deprecation warning).
 
-use super::args::LogFormat;
+use super::args::{LOG_LEVEL_DEPRECATED_ENV, LOG_LEVEL_ENV, LogFormat};
 
-/// Initialises logging on stderr. Level from `TOLLGATE_LOG` (tracing
-/// targets syntax), default `default_level`; a `TOLLGATE_LOG` that is
-/// neither a level nor directives is reported on stderr and
-/// `default_level` applies.
-pub fn init_logging(format: LogFormat, default_level: tracing::Level) {
+/// Initialises logging on stderr. Level from `level` (`--log-level` or
+/// `TOLLGATE_LOG_LEVEL`, tracing targets syntax), else from the deprecated
+/// `TOLLGATE_LOG` (with a warning on stderr), default `default_level`; a
+/// value that is neither a level nor directives is reported on stderr and
+/// `default_level` applies. PostgreSQL's notices (`relation ... already
+/// exists, skipping`) are logged at DEBUG, not INFO.
+pub fn init_logging(format: LogFormat, level: Option<String>, default_level: tracing::Level) {
     use std::io::IsTerminal as _;
     use tracing_subscriber::filter::Targets;
     use tracing_subscriber::prelude::*;
     let default = || Targets::new().with_default(default_level);
-    let filter = match std::env::var("TOLLGATE_LOG") {
-        Err(_) => default(),
-        Ok(spec) => log_filter(&spec).unwrap_or_else(|| {
+    let (name, spec) = match level {
+        Some(spec) => ("--log-level (or TOLLGATE_LOG_LEVEL)", Some(spec)),
+        None => match std::env::var(LOG_LEVEL_DEPRECATED_ENV) {
+            Ok(spec) => {
+                say!(
+                    "warning: {LOG_LEVEL_DEPRECATED_ENV} is deprecated; set {LOG_LEVEL_ENV} \
+                     (or --log-level) instead, the name both tollgate and tollgate-safetime read"
+                );
+                (LOG_LEVEL_DEPRECATED_ENV, Some(spec))
+            }
+            Err(_) => ("--log-level (or TOLLGATE_LOG_LEVEL)", None),
+        },
+    };
+    let filter = match spec {
+        None => default(),
+        Some(spec) => log_filter(&spec).unwrap_or_else(|| {
             say!(
-                "warning: TOLLGATE_LOG={spec:?} is neither a level (error, warn, info, debug, \
+                "warning: {name} {spec:?} is neither a level (error, warn, info, debug, \
                  trace, off) nor target=level directives; logging at {}",
                 default_level.as_str().to_ascii_lowercase()
             );
             default()
         }),
     };
-    let registry = tracing_subscriber::registry().with(quiet_sqlx_url_warnings(filter));
+    let registry =
+        tracing_subscriber::registry().with(quiet_sqlx_url_warnings(quiet_notices(filter)));
     // Colour only for a terminal: a log file or journal gets plain text.
     let layer = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
@@ -63,6 +81,27 @@ fn log_filter(spec: &str) -> Option<tracing_subscriber::filter::Targets> {
     spec.parse().ok()
 }
 
+/// PostgreSQL's notices, which sqlx logs at INFO for severity NOTICE
+/// (`relation "_sqlx_migrations" already exists, skipping` on every start),
+/// are routine: unless the filter names their target itself, they are
+/// logged only from DEBUG up (warnings from the server still show at WARN).
+pub(crate) fn quiet_notices(
+    filter: tracing_subscriber::filter::Targets,
+) -> tracing_subscriber::filter::Targets {
+    if filter.iter().any(|(target, _)| target.starts_with("sqlx")) {
+        return filter;
+    }
+    let debug = filter.would_enable(SQLX_NOTICE_TARGET, &tracing::Level::DEBUG);
+    if debug {
+        filter
+    } else {
+        filter.with_target(SQLX_NOTICE_TARGET, tracing::Level::WARN)
+    }
+}
+
+/// The `tracing` target of the PostgreSQL notices sqlx logs.
+pub(crate) const SQLX_NOTICE_TARGET: &str = "sqlx::postgres::notice";
+
 /// sqlx warns about a connection-URL parameter it does not know with the
 /// parameter's value (`?sslpassword=...` would be logged verbatim), so its
 /// URL parser logs errors only, whatever the filter.
@@ -99,5 +138,20 @@ mod tests {
         let f = quiet_sqlx_url_warnings(Targets::new().with_default(Level::DEBUG));
         assert!(f.would_enable("tollgate_api::worker", &Level::DEBUG));
         assert!(!f.would_enable(SQLX_URL_PARSER_TARGET, &Level::INFO));
+    }
+
+    /// At INFO, PostgreSQL's notices (sqlx logs NOTICE at INFO) are not
+    /// logged, its warnings are; at DEBUG, or when the directives name
+    /// sqlx's targets, the filter stays as given.
+    #[test]
+    fn postgres_notices_are_debug_only() {
+        let info = quiet_notices(log_filter("info").expect("info"));
+        assert!(!info.would_enable(SQLX_NOTICE_TARGET, &Level::INFO));
+        assert!(info.would_enable(SQLX_NOTICE_TARGET, &Level::WARN));
+        assert!(info.would_enable("tollgate_server::pg", &Level::INFO));
+        let debug = quiet_notices(log_filter("debug").expect("debug"));
+        assert!(debug.would_enable(SQLX_NOTICE_TARGET, &Level::DEBUG));
+        let named = quiet_notices(log_filter("info,sqlx=info").expect("named"));
+        assert!(named.would_enable(SQLX_NOTICE_TARGET, &Level::INFO));
     }
 }

@@ -16,7 +16,9 @@
 //!   `http://127.0.0.1:8080`; `--token`: the admin token, an account key or
 //!   a lease capability, as the route needs).
 //!
-//! Results are printed as JSON on stdout; errors go to stderr. Exit status:
+//! Results are printed as JSON on stdout: indented on a terminal, one line
+//! per result otherwise (a pipe, a file), for every command alike; errors
+//! go to stderr. Exit status:
 //! 0 success, 1 a refused or failed operation (or an audit with
 //! violations), 2 invalid usage or configuration.
 //!
@@ -59,8 +61,9 @@ use clap::Parser as _;
 
 pub use crate::config::ClockArg;
 pub use args::{
-    AccountCmd, Cli, ClientArgs, ClockCmd, Command, DEFAULT_SERVER, LeaseCmd, LogFormat,
-    MigrateArgs, OpsArgs, PolicyCmd, PolicyDbArgs, ReclaimArgs, ServeArgs, StoreArgs,
+    AccountCmd, Cli, ClientArgs, ClockCmd, Command, DEFAULT_SERVER, LOG_LEVEL_DEPRECATED_ENV,
+    LOG_LEVEL_ENV, LeaseCmd, LogFormat, MigrateArgs, OpsArgs, PolicyCmd, PolicyDbArgs, ReclaimArgs,
+    ServeArgs, StoreArgs,
 };
 pub use dispatch::run;
 pub use logging::init_logging;
@@ -78,9 +81,13 @@ pub enum CliError {
     /// The service or store refused or failed (exit 1).
     #[error(transparent)]
     Serve(#[from] ServeError),
-    /// An HTTP call failed (exit 1).
+    /// An HTTP call failed (exit 1), or `--server` is unusable (exit 2).
     #[error(transparent)]
     Client(#[from] ClientError),
+    /// A flag's value is unusable (exit 2): the message names the flag and
+    /// what it takes.
+    #[error("{0}")]
+    Usage(String),
     /// Anything else (exit 1).
     #[error("{0}")]
     Failed(String),
@@ -89,7 +96,10 @@ pub enum CliError {
 impl CliError {
     fn exit_code(&self) -> ExitCode {
         match self {
-            CliError::Config(_) | CliError::Serve(ServeError::Config(_)) => ExitCode::from(2),
+            CliError::Config(_)
+            | CliError::Serve(ServeError::Config(_))
+            | CliError::Client(ClientError::BadServer { .. })
+            | CliError::Usage(_) => ExitCode::from(2),
             _ => ExitCode::from(1),
         }
     }
@@ -102,7 +112,7 @@ pub async fn main() -> ExitCode {
         Command::Serve(_) | Command::Reclaim(_) | Command::Migrate(_) => tracing::Level::INFO,
         _ => tracing::Level::WARN,
     };
-    init_logging(cli.log_format, level);
+    init_logging(cli.log_format, cli.log_level.clone(), level);
     let code = match run(cli.command).await {
         Ok(code) => code,
         Err(e) => {

@@ -14,6 +14,7 @@ use super::args::{AccountCmd, ClockCmd, LeaseCmd};
 use super::dispatch::Reclaim;
 use super::report;
 use crate::client::Client;
+use crate::config;
 use tollgate_api::dto::{AuditView, ReclaimView, StatusView};
 
 /// `account create|deposit|show`: the response of the account route.
@@ -80,7 +81,7 @@ pub(super) async fn lease(cmd: LeaseCmd) -> Result<Value, CliError> {
                 .call(
                     Method::POST,
                     &format!("v1/accounts/{account_id}/leases"),
-                    Some(&json!({"units": units, "ttl": ttl})),
+                    Some(&json!({"units": units, "ttl": ttl_arg(&ttl)?})),
                     &headers,
                 )
                 .await?
@@ -95,7 +96,7 @@ pub(super) async fn lease(cmd: LeaseCmd) -> Result<Value, CliError> {
                 .call(
                     Method::POST,
                     &format!("v1/leases/{lease_id}/renew"),
-                    Some(&json!({"ttl": ttl})),
+                    Some(&json!({"ttl": ttl_arg(&ttl)?})),
                     &[],
                 )
                 .await?
@@ -134,12 +135,18 @@ pub(super) async fn lease(cmd: LeaseCmd) -> Result<Value, CliError> {
 /// As [`account`].
 pub(super) async fn clock(cmd: ClockCmd) -> Result<Value, CliError> {
     let ClockCmd::Set { now, client } = cmd;
+    let now: jiff::Timestamp = now.trim().parse().map_err(|_| {
+        CliError::Usage(format!(
+            "clock set: {now:?} is not an RFC 3339 instant: write e.g. 2026-11-29T12:00:00Z or \
+             2026-11-29T12:00:00.000000001+00:00"
+        ))
+    })?;
     Ok(client
         .client()?
         .call(
             Method::PUT,
             "v1/admin/test-clock",
-            Some(&json!({"now": now})),
+            Some(&json!({"now": now.to_string()})),
             &[],
         )
         .await?)
@@ -162,7 +169,7 @@ pub(super) async fn audit(c: &Client) -> Result<AuditView, CliError> {
 }
 
 /// `reclaim --server`: `POST /v1/admin/reclaim` with `limit`, printing
-/// each batch as one JSON line; with `plan.interval`, again after each
+/// each batch as JSON ([`report::JsonStyle`]); with `plan.interval`, again after each
 /// pause (at once after a full batch) until `stop` turns true.
 ///
 /// # Errors
@@ -182,7 +189,7 @@ pub(super) async fn reclaim(
             )
             .await?,
         )?;
-        report::print_json_line(&v)?;
+        report::print_json(&v)?;
         let Some(interval) = plan.interval else {
             return Ok(());
         };
@@ -194,6 +201,20 @@ pub(super) async fn reclaim(
             _ = stop.wait_for(|s| *s) => return Ok(()),
         }
     }
+}
+
+/// The `--ttl` of `lease acquire|renew`, checked before anything is sent:
+/// a positive duration, ISO 8601 or friendly; sent in ISO 8601.
+///
+/// # Errors
+/// [`CliError::Usage`] naming `--ttl` and the accepted forms.
+fn ttl_arg(ttl: &str) -> Result<String, CliError> {
+    let d =
+        config::parse_duration(ttl, false).map_err(|e| CliError::Usage(format!("--ttl: {e}")))?;
+    if !d.is_positive() {
+        return Err(CliError::Usage(format!("--ttl must be positive, got {d}")));
+    }
+    Ok(d.to_string())
 }
 
 /// A JSON response read as `T`.

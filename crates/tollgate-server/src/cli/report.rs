@@ -7,28 +7,51 @@ use std::process::ExitCode;
 use super::CliError;
 use tollgate_api::dto::{AuditView, StatusView};
 
-/// Prints `v` as pretty JSON.
+/// How every command prints a JSON result: indented for a person when
+/// standard output is a terminal, otherwise one line per result (a pipe or
+/// a file gets one JSON document per line, so `reclaim --loop` is a stream
+/// of lines and `jq` or a line reader takes each result whole).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JsonStyle {
+    /// Indented, several lines.
+    Pretty,
+    /// One line.
+    Line,
+}
+
+impl JsonStyle {
+    /// The style for this process's standard output.
+    pub fn of_stdout() -> JsonStyle {
+        use std::io::IsTerminal as _;
+        if std::io::stdout().is_terminal() {
+            JsonStyle::Pretty
+        } else {
+            JsonStyle::Line
+        }
+    }
+
+    /// `v` in this style.
+    ///
+    /// # Errors
+    /// serde_json's, when `v` cannot be serialized.
+    pub fn render(self, v: &impl serde::Serialize) -> serde_json::Result<String> {
+        match self {
+            JsonStyle::Pretty => serde_json::to_string_pretty(v),
+            JsonStyle::Line => serde_json::to_string(v),
+        }
+    }
+}
+
+/// Prints `v` as JSON in the style of standard output ([`JsonStyle`]).
 ///
 /// # Errors
 /// [`CliError::Failed`] when `v` cannot be serialized (none of the
 /// service's shapes can fail: their maps have string keys).
 pub(super) fn print_json(v: &impl serde::Serialize) -> Result<(), CliError> {
-    let text = serde_json::to_string_pretty(v)
+    let text = JsonStyle::of_stdout()
+        .render(v)
         .map_err(|e| CliError::Failed(format!("cannot print result: {e}")))?;
     out!("{text}");
-    Ok(())
-}
-
-/// Prints `v` as one line of JSON (one reclaim batch, so that `reclaim
-/// --loop` is a stream of lines).
-///
-/// # Errors
-/// [`CliError::Failed`] when `v` cannot be serialized.
-pub(super) fn print_json_line(v: &impl serde::Serialize) -> Result<(), CliError> {
-    out!(
-        "{}",
-        serde_json::to_string(v).map_err(|e| CliError::Failed(e.to_string()))?
-    );
     Ok(())
 }
 

@@ -26,11 +26,12 @@ use tollgate::{CapabilityKey, GrantPolicy};
 
 use pgkit::UrlError;
 pub use settings::{
-    ClockArg, DATABASE_URL_ENV, DATABASE_URL_FALLBACK_ENV, DEFAULT_CONNECTIONS_MAX,
-    DEFAULT_HEADER_READ_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_LISTEN, DEFAULT_MAX_TTL,
-    DEFAULT_RECLAIM_GRACE, DEFAULT_RECLAIM_INTERVAL, DEFAULT_REQUEST_TIMEOUT,
-    DEFAULT_SAFETIME_GAP_MAX, DEFAULT_SHUTDOWN_TIMEOUT, FileConfig, KEYS, RECLAIM_BATCH_DEFAULT,
-    RawConfig, ServiceSettings, StoreSettings,
+    CONNECT_TIMEOUT_MAX, ClockArg, DATABASE_URL_ENV, DATABASE_URL_FALLBACK_ENV,
+    DEFAULT_CONNECT_TIMEOUT, DEFAULT_CONNECTIONS_MAX, DEFAULT_HEADER_READ_TIMEOUT,
+    DEFAULT_IDLE_TIMEOUT, DEFAULT_LISTEN, DEFAULT_MAX_TTL, DEFAULT_RECLAIM_GRACE,
+    DEFAULT_RECLAIM_INTERVAL, DEFAULT_REQUEST_TIMEOUT, DEFAULT_SAFETIME_GAP_MAX,
+    DEFAULT_SHUTDOWN_TIMEOUT, DatabaseSettings, FileConfig, KEYS, RECLAIM_BATCH_DEFAULT, RawConfig,
+    ServiceSettings, StoreSettings,
 };
 use settings::{Layers, Lines};
 
@@ -45,18 +46,25 @@ fn err(msg: impl Into<String>) -> ConfigError {
     ConfigError(msg.into())
 }
 
+/// What a duration may look like, for messages.
+pub const DURATION_EXAMPLES: &str = "e.g. PT30S, PT0.000000001S, 30s, 1h 30m or 250ms";
+
 /// Parses a duration: ISO 8601 or jiff's friendly format; with `allow_max`
 /// also the keyword `max` ([`SignedDuration::MAX`]).
 ///
 /// # Errors
-/// A message naming the value.
+/// A message naming the value and showing the accepted forms
+/// ([`DURATION_EXAMPLES`]); the parser's own text, which speaks of its
+/// types, is not repeated.
 pub fn parse_duration(s: &str, allow_max: bool) -> Result<SignedDuration, String> {
     let t = s.trim();
     if allow_max && t.eq_ignore_ascii_case("max") {
         return Ok(SignedDuration::MAX);
     }
-    t.parse::<SignedDuration>()
-        .map_err(|e| format!("{s:?} is not an ISO 8601 or friendly duration: {e}"))
+    t.parse::<SignedDuration>().map_err(|_| {
+        let max = if allow_max { ", or max" } else { "" };
+        format!("{s:?} is not an ISO 8601 or friendly duration: write {DURATION_EXAMPLES}{max}")
+    })
 }
 
 impl FileConfig {
@@ -78,8 +86,14 @@ pub struct Config {
     pub listen: SocketAddr,
     /// PostgreSQL URL; `None`: memory store.
     pub database_url: Option<String>,
+    /// How long to wait for the database to accept connections (positive).
+    pub connect_timeout: SignedDuration,
     /// The grant policy.
     pub policy: GrantPolicy,
+    /// Whether `max_ttl` or `reclaim_grace` was given (flag, environment
+    /// or file) rather than defaulted: a read-only operator command takes
+    /// the recorded policy unless one was.
+    pub policy_given: bool,
     /// Pause between worker passes (positive).
     pub reclaim_interval: SignedDuration,
     /// Leases per batch.
@@ -174,9 +188,14 @@ impl Config {
         raw.database_url = raw
             .database_url
             .or(env_database_url.filter(|u| !u.is_empty()));
+        let policy_given = raw.max_ttl.is_some()
+            || raw.reclaim_grace.is_some()
+            || file.max_ttl.is_some()
+            || file.reclaim_grace.is_some();
         let mut s = Layers::new(raw, file);
         let listen = s.listen()?;
         let database_url = s.database_url()?;
+        let connect_timeout = s.connect_timeout()?;
         let policy =
             GrantPolicy::new(s.max_ttl()?, s.reclaim_grace()?).map_err(|e| err(e.to_string()))?;
         let reclaim_interval = s.reclaim_interval()?;
@@ -193,7 +212,9 @@ impl Config {
         Ok(Config {
             listen,
             database_url,
+            connect_timeout,
             policy,
+            policy_given,
             reclaim_interval,
             reclaim_batch,
             reclaim_worker,
@@ -235,6 +256,7 @@ impl Config {
         [
             l.listen(),
             l.database_url(),
+            l.connect_timeout(),
             l.max_ttl(),
             l.reclaim_grace(),
             l.reclaim_interval(),
@@ -271,6 +293,31 @@ pub fn read_secret_file(path: &Path) -> Result<CapabilityKey, ConfigError> {
         .map_or(0, |i| i + 1);
     CapabilityKey::new(&bytes[..end])
         .map_err(|e| err(format!("secret_file {}: {e}", path.display())))
+}
+
+/// The root of the git work tree that holds `path` (the nearest ancestor
+/// of its absolute, resolved path with a `.git` entry), if any: a secret
+/// file there is one `git add .` away from being published.
+pub fn git_work_tree_holding(path: &Path) -> Option<PathBuf> {
+    let resolved = std::fs::canonicalize(path).ok()?;
+    resolved
+        .ancestors()
+        .skip(1)
+        .find(|dir| dir.join(".git").exists())
+        .map(Path::to_path_buf)
+}
+
+/// Warns when the capability key file `path` lies inside a git work tree
+/// ([`git_work_tree_holding`]), naming the tree and where to keep it.
+pub fn warn_if_secret_in_work_tree(path: &Path) {
+    if let Some(root) = git_work_tree_holding(path) {
+        tracing::warn!(
+            secret_file = %path.display(),
+            work_tree = %root.display(),
+            "the capability key file is inside a git work tree; keep secrets out of \
+             repositories, e.g. in ~/.config/tollgate/capability.key (mode 600)"
+        );
+    }
 }
 
 #[cfg(test)]
@@ -313,7 +360,9 @@ mod tests {
     #[test]
     fn help_shows_the_defaults_merge_applies() {
         use clap::{Args as _, Command};
-        let cmd = ServiceSettings::augment_args(StoreSettings::augment_args(Command::new("t")));
+        let cmd = ServiceSettings::augment_args(StoreSettings::augment_args(
+            DatabaseSettings::augment_args(Command::new("t")),
+        ));
         let defaults = Config::merge(RawConfig::default(), FileConfig::default(), None)
             .expect("defaults")
             .render();
@@ -335,7 +384,27 @@ mod tests {
             );
             checked += 1;
         }
-        assert_eq!(checked, 12, "settings whose help shows a default");
+        assert_eq!(checked, 13, "settings whose help shows a default");
+    }
+
+    /// A file under a directory with `.git` is in a work tree; one outside
+    /// any is not.
+    #[test]
+    fn secret_files_in_a_work_tree_are_found() {
+        let base = std::env::temp_dir().join(format!("tg-gitcheck-{}", std::process::id()));
+        let repo = base.join("repo");
+        std::fs::create_dir_all(repo.join(".git")).expect("repo");
+        std::fs::create_dir_all(repo.join("sub")).expect("sub");
+        let inside = repo.join("sub").join("tollgate.key");
+        let outside = base.join("tollgate.key");
+        std::fs::write(&inside, [1u8; 32]).expect("inside");
+        std::fs::write(&outside, [1u8; 32]).expect("outside");
+        assert_eq!(
+            git_work_tree_holding(&inside),
+            Some(std::fs::canonicalize(&repo).expect("repo path"))
+        );
+        assert_eq!(git_work_tree_holding(&outside), None);
+        let _ = std::fs::remove_dir_all(&base);
     }
 
     /// The connection defaults are the connection layer's.

@@ -48,6 +48,12 @@ pub const DEFAULT_RECLAIM_INTERVAL: SignedDuration = SignedDuration::from_secs(1
 /// Default `--reclaim-batch` and `reclaim --limit`: leases per reclaim
 /// batch.
 pub const RECLAIM_BATCH_DEFAULT: usize = tollgate::RECLAIM_BATCH_DEFAULT;
+/// Default `--connect-timeout`: long enough for a database container
+/// started alongside the service, short enough that a wrong URL fails
+/// within a minute.
+pub const DEFAULT_CONNECT_TIMEOUT: SignedDuration = SignedDuration::from_secs(30);
+/// The largest `--connect-timeout`.
+pub const CONNECT_TIMEOUT_MAX: SignedDuration = SignedDuration::from_secs(3600);
 /// Default `--request-timeout`.
 pub const DEFAULT_REQUEST_TIMEOUT: SignedDuration = SignedDuration::from_secs(30);
 /// Default `--shutdown-timeout`.
@@ -214,15 +220,27 @@ macro_rules! settings {
 }
 
 settings! {
-    /// The settings of every command that opens the store: which store,
-    /// its grant policy, the capability key and the clock.
-    StoreSettings {
+    /// The settings of every command that connects to the database: its
+    /// URL and how long to wait for it.
+    DatabaseSettings {
         database_url: Option<String> => database_url: String,
             env DATABASE_URL_ENV,
             PostgresUrl::new(),
-            help "PostgreSQL URL (also DATABASE_URL); absent: the memory store",
+            help "PostgreSQL URL (also DATABASE_URL)",
             arg(value_name = "URL", hide_env_values = true),
             shown |c| c.database_url;
+        connect_timeout: Option<String> => connect_timeout: String,
+            env "TOLLGATE_CONNECT_TIMEOUT",
+            Duration::positive_at_most(DEFAULT_CONNECT_TIMEOUT, CONNECT_TIMEOUT_MAX),
+            help "PostgreSQL: how long to wait for the database to accept connections before \
+                  giving up (exit 1), at most PT1H {default}",
+            arg(value_name = "DURATION", allow_hyphen_values = true),
+            shown |c| c.connect_timeout;
+    }
+
+    /// The settings of every command that opens the store besides the
+    /// database's: its grant policy, the capability key and the clock.
+    StoreSettings {
         max_ttl: Option<String> => max_ttl: String,
             env "TOLLGATE_MAX_TTL",
             Duration::policy(DEFAULT_MAX_TTL),
