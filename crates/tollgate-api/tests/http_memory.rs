@@ -600,7 +600,9 @@ async fn not_ready_during_maintenance() {
             "readiness": {"ready": false, "store": "postgres", "storage_reachable": true,
                           "schema_version": 16, "expected_schema_version": 17, "maintenance": true},
             "active_leases": 3, "active_legacy_bounds": 2,
-            "policy": {"max_ttl": "PT1M", "reclaim_grace": "PT5S"}, "clock": "test"
+            "policy": {"max_ttl": "PT1M", "max_ttl_ns": "60000000000",
+                       "reclaim_grace": "PT5S", "reclaim_grace_ns": "5000000000"},
+            "clock": "test"
         })
     );
 }
