@@ -927,6 +927,28 @@ impl From<GrantPolicy> for PolicyView {
     }
 }
 
+/// The grant policy as `tollgate policy show|set` prints it (ISO 8601
+/// durations). Not an HTTP shape: HTTP answers carry [`PolicyView`], with
+/// the lossless `_ns` companions.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecordedPolicyView {
+    /// Longest granted TTL (ISO 8601).
+    #[serde(with = "dur")]
+    pub max_ttl: SignedDuration,
+    /// Grace after expiry before reclaim (ISO 8601).
+    #[serde(with = "dur")]
+    pub reclaim_grace: SignedDuration,
+}
+
+impl From<GrantPolicy> for RecordedPolicyView {
+    fn from(p: GrantPolicy) -> RecordedPolicyView {
+        RecordedPolicyView {
+            max_ttl: p.max_ttl(),
+            reclaim_grace: p.reclaim_grace(),
+        }
+    }
+}
+
 /// One recorded change of a database's policy (`tollgate policy set`
 /// prints it; `tollgate policy show` lists them). Not an HTTP shape.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -940,9 +962,9 @@ pub struct PolicyChangeView {
     #[serde(with = "ts")]
     pub recorded_at: Timestamp,
     /// The policy before (`null` for the first record).
-    pub old: Option<PolicyView>,
+    pub old: Option<RecordedPolicyView>,
     /// The policy after.
-    pub new: PolicyView,
+    pub new: RecordedPolicyView,
 }
 
 /// `tollgate policy show`: the recorded policy (`null` before any process
@@ -950,7 +972,7 @@ pub struct PolicyChangeView {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PolicyRecordView {
     /// The recorded policy.
-    pub policy: Option<PolicyView>,
+    pub policy: Option<RecordedPolicyView>,
     /// The most recent changes (at most 1000), oldest first.
     pub changes: Vec<PolicyChangeView>,
 }
