@@ -7,9 +7,11 @@ use std::time::Duration;
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
 use axum::http::{Method, StatusCode};
-use clock::{Clock, ClockReading, TestClock};
+use clock::{Clock, ClockReading, TestClock, UncertainReason};
 use httpkit::{RequestMetrics, ServiceState};
-use tollgate::SuppliedTime;
+use jiff::SignedDuration;
+use safetime::SafeTimeConfig;
+use tollgate::{GrantPolicy, SuppliedTime};
 
 use crate::auth::AdminToken;
 use crate::error::ApiError;
@@ -134,13 +136,76 @@ impl AppState {
                 self.inner
                     .metrics
                     .inc(metrics::SAFETIME_PAUSED, &[("operation", operation)]);
+                let retry_after_secs = self.inner.clock.retry_after_secs();
+                if reason == UncertainReason::InitialQuarantine
+                    && let Some(progress) = self.quarantine_progress()
+                {
+                    return Err(ApiError::Quarantined {
+                        progress,
+                        retry_after_secs,
+                    });
+                }
                 Err(ApiError::TimeUncertain {
                     reason,
-                    retry_after_secs: self.inner.clock.retry_after_secs(),
+                    retry_after_secs,
                 })
             }
         }
     }
+
+    /// What the initial quarantine still needs and how to shorten it, from
+    /// the clock's last reading of the cut ([`quarantine_progress`]);
+    /// `None` when that reading shows no quarantine (another request's read
+    /// saw it clear) or the clock keeps no cut.
+    fn quarantine_progress(&self) -> Option<String> {
+        let status = self.inner.clock.safe_time()?;
+        let row = status.row.as_ref()?;
+        quarantine_progress(row, self.inner.store.allocator.policy(), status.gap_max)
+    }
+}
+
+/// The detail of a `time_uncertain` answer in the initial quarantine read
+/// from `row`: how much uninterrupted trusted time its proof still needs,
+/// computed with the samplers' default tuning
+/// ([`SafeTimeConfig::default`]: 50 ppm drift allowance, 5 s recovery
+/// grace), and how to shorten it safely: with every sampler stopped, seal a
+/// shorter horizon, at least `max_ttl + reclaim_grace + gap_max` of this
+/// service (in whole milliseconds, rounded up; the service refuses to start
+/// on a shorter one) and at least the longest deadline a still-active
+/// lease was granted with (one granted under an earlier, longer policy is
+/// covered only by a horizon that long). `None` when `row` is not
+/// quarantined.
+pub(crate) fn quarantine_progress(
+    row: &clock::CutRow,
+    policy: GrantPolicy,
+    gap_max: SignedDuration,
+) -> Option<String> {
+    let progress = row.quarantine_progress(&SafeTimeConfig::default())?;
+    let least = policy
+        .max_ttl()
+        .checked_add(policy.reclaim_grace())
+        .and_then(|d| d.checked_add(gap_max))
+        .map(|d| {
+            let ms = d.as_nanos().div_euclid(1_000_000);
+            if d.as_nanos().rem_euclid(1_000_000) == 0 {
+                ms
+            } else {
+                ms + 1
+            }
+        });
+    let least = match least {
+        Some(ms) => format!("{ms} ms, "),
+        None => String::new(),
+    };
+    let bound = format!(
+        "at least {least}this service's max_ttl + reclaim_grace + safetime_gap_max, \
+         and no shorter than any active lease's granted TTL plus grace"
+    );
+    Some(format!(
+        "{progress}. To shorten it safely: stop every sampler, seal a shorter horizon \
+         ({bound}) with `tollgate-safetime policy seal --horizon-ms <ms> --sealed-by <name>`, \
+         then start the samplers again; the next epoch's proof runs for the new horizon"
+    ))
 }
 
 /// The supplied time of a reading: expiry judged at `reading.now`, new

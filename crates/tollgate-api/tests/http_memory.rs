@@ -709,3 +709,106 @@ async fn uncertain_reading_pauses_admission_and_reclaim() {
     }
     h.assert_audit_clean().await;
 }
+
+/// A safe-cut clock in its initial quarantine: every reading uncertain
+/// (`initial_quarantine`), its last reading the row `row`.
+#[derive(Debug)]
+struct QuarantinedClock {
+    row: clock::CutRow,
+}
+
+#[async_trait::async_trait]
+impl clock::Clock for QuarantinedClock {
+    async fn read(&self) -> Result<clock::ClockReading, clock::ClockError> {
+        Ok(clock::ClockReading {
+            uncertain: Some(clock::UncertainReason::InitialQuarantine),
+            ..clock::ClockReading::certain(self.row.cut)
+        })
+    }
+    fn kind(&self) -> clock::ClockKind {
+        clock::ClockKind::SafeCut
+    }
+    fn retry_after_secs(&self) -> u64 {
+        5
+    }
+    fn safe_time(&self) -> Option<clock::SafeTimeStatus> {
+        Some(clock::SafeTimeStatus {
+            uncertain: Some(clock::UncertainReason::InitialQuarantine),
+            read_error: false,
+            read_errors_total: 0,
+            row: Some(self.row.clone()),
+            gap_max: safetime::DEFAULT_GAP_MAX,
+        })
+    }
+}
+
+/// In the initial quarantine an acquire is refused with `time_uncertain`
+/// (`initial_quarantine`) whose detail says, exactly, how much trusted time
+/// the proof still needs (the default 3,650-day horizon plus the 50 ppm
+/// drift allowance, less the day and half second observed) and how to
+/// shorten it: a horizon of at least max_ttl + grace + gap (70,000 ms).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn initial_quarantine_says_what_it_still_needs() {
+    let horizon_ms = safetime::DEFAULT_HORIZON_MS;
+    assert_eq!(horizon_ms, 315_360_000_000);
+    let policy = safetime::HorizonPolicy::verified(
+        1,
+        horizon_ms,
+        &safetime::HorizonPolicy::digest_of(1, horizon_ms),
+    )
+    .expect("the default policy");
+    let row = clock::CutRow {
+        epoch: 1,
+        cut: jiff::Timestamp::UNIX_EPOCH,
+        uncertain: Some(clock::UncertainReason::InitialQuarantine),
+        quarantined: true,
+        publish_seq: 86_401,
+        published_at: ts("2026-11-30T12:00:00.5Z"),
+        proof_started_at: ts("2026-11-29T12:00:00Z"),
+        db_now: ts("2026-11-30T12:00:00.5Z"),
+        policy,
+    };
+    let store = ServiceStore::memory(
+        default_policy(),
+        tollgate::CapabilityKey::generate().expect("key"),
+    )
+    .expect("memory");
+    let st = state(
+        store.clone(),
+        Arc::new(QuarantinedClock { row }),
+        Duration::from_secs(5),
+    );
+    let h = Harness {
+        router: api::router(st.clone()),
+        state: st,
+        clock: Arc::new(clock::TestClock::new(ts(T0))),
+        store,
+    };
+    let (a, key) = h.account("a", 100).await;
+    let entries = h.ledger_len().await;
+    let r = h
+        .send(
+            Req::post(format!("/v1/accounts/{a}/leases"))
+                .token(&key)
+                .json(json!({"units": 1, "ttl": "PT1S"})),
+        )
+        .await;
+    r.uncertain("initial_quarantine", "5");
+    assert_eq!(
+        r.body["detail"],
+        json!(
+            "the safe expiry cut is uncertain (initial_quarantine): nothing that admits or \
+             expires a deadline runs until it is certain again; the initial quarantine needs \
+             PT87580H22M48.288439422S more of uninterrupted trusted time (a proof of \
+             PT87604H22M48.788439422S in all: the sealed horizon PT87600H plus the 50 ppm drift \
+             allowance; PT24H0.5S observed since it began; an anomaly, a sampler restart or a \
+             takeover restarts it). To shorten it safely: stop every sampler, seal a shorter \
+             horizon (at least 70000 ms, this service's max_ttl + reclaim_grace + \
+             safetime_gap_max, and no shorter than any active lease's granted TTL plus \
+             grace) with `tollgate-safetime policy seal --horizon-ms <ms> \
+             --sealed-by <name>`, then start the samplers again; the next epoch's proof runs \
+             for the new horizon"
+        )
+    );
+    assert_eq!(h.ledger_len().await, entries);
+}
