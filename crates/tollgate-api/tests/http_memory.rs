@@ -10,6 +10,7 @@ use axum::http::Method;
 use serde_json::json;
 use tollgate::{AllocatorError, PairError, RuleError, StorageError};
 use tollgate_api::api;
+use tollgate_api::dto::NS_PATTERN;
 use tollgate_api::error::{SERVICE_CODES, storage_status};
 use tollgate_api::storage::ServiceStore;
 use tollgate_api::testkit::*;
@@ -811,4 +812,91 @@ async fn initial_quarantine_says_what_it_still_needs() {
         )
     );
     assert_eq!(h.ledger_len().await, entries);
+}
+
+/// Every instant (`format: date-time`) and every duration of the OpenAPI
+/// document has its lossless companion `<name>_ns`: a string (nullable
+/// exactly when the instant or duration is) with the pattern
+/// `^-?[0-9]+$`, and every `_ns` property is such a companion.
+#[test]
+fn every_instant_and_duration_has_a_lossless_companion() {
+    let doc = serde_json::to_value(api::openapi()).expect("json");
+    // ISO 8601 durations are plain strings in the schema: named here.
+    const DURATIONS: &[&str] = &[
+        "granted_ttl",
+        "requested_ttl",
+        "expires_in",
+        "max_ttl",
+        "reclaim_grace",
+        "cut_lag",
+        "horizon",
+        "gap_max",
+        "le",
+        "sum",
+    ];
+    // Request bodies take ISO 8601 TTL strings, which no client truncates.
+    const REQUEST_TTLS: &[(&str, &str)] = &[
+        ("AcquireBody", "ttl"),
+        ("RenewBody", "ttl"),
+        ("ConsolidateBody", "ttl"),
+    ];
+    let mut companions = 0;
+    for (schema, def) in doc["components"]["schemas"].as_object().expect("schemas") {
+        let Some(props) = def["properties"].as_object() else {
+            continue;
+        };
+        for (name, prop) in props {
+            let is_instant = prop["format"] == json!("date-time");
+            let is_duration = DURATIONS.contains(&name.as_str());
+            if let Some(base) = name.strip_suffix("_ns") {
+                assert!(props.contains_key(base), "{schema}.{name} has no {base}");
+                assert_eq!(prop["pattern"], json!(NS_PATTERN), "{schema}.{name}");
+                let nullable = props[base]["type"].is_array();
+                let expected = if nullable {
+                    json!(["string", "null"])
+                } else {
+                    json!("string")
+                };
+                assert_eq!(prop["type"], expected, "{schema}.{name}");
+                companions += 1;
+            } else if is_instant || is_duration {
+                assert!(
+                    props.contains_key(&format!("{name}_ns")),
+                    "{schema}.{name} has no {name}_ns"
+                );
+            } else {
+                assert!(
+                    !REQUEST_TTLS.contains(&(schema.as_str(), name.as_str()))
+                        || prop["format"].is_null(),
+                    "{schema}.{name}"
+                );
+            }
+        }
+    }
+    // GrantView 4, LeaseView 2, RenewalView 4, SettlementView 1,
+    // ReclaimView 2, ClockView 1, TestClockBody 1, PolicyView 2,
+    // SafeTimeView 6, LateExpiryView 1, LateBucketView 1.
+    assert_eq!(companions, 25);
+    // The renewal's and the grant's own facts are documented.
+    let s = &doc["components"]["schemas"];
+    assert_eq!(
+        s["RenewalView"]["properties"]["extended"]["type"],
+        json!("boolean")
+    );
+    for view in ["RenewalView", "GrantView"] {
+        assert_eq!(
+            s[view]["properties"]["ttl_clamped"]["type"],
+            json!("boolean"),
+            "{view}"
+        );
+        for field in ["ttl_clamped", "requested_ttl", "requested_ttl_ns"] {
+            assert!(
+                s[view]["required"]
+                    .as_array()
+                    .expect("required")
+                    .contains(&json!(field)),
+                "{view}.{field}"
+            );
+        }
+    }
 }
