@@ -123,8 +123,9 @@ impl AppState {
 
     /// The clock's reading as supplied time for an operation that admits
     /// new deadline-bearing work (`operation`: `acquire` or `consolidate`):
-    /// refused with [`ApiError::TimeUncertain`], and counted as paused,
-    /// when the reading is uncertain.
+    /// refused with [`ApiError::TimeUncertain`] ([`ApiError::Quarantined`]
+    /// in the initial quarantine, saying what it still needs), and counted
+    /// as paused, when the reading is uncertain.
     pub(crate) async fn admission(
         &self,
         operation: &'static str,
@@ -286,5 +287,60 @@ impl FromRequestParts<AppState> for SettableClock {
             Some(_) => Ok(SettableClock(s.clock().clone())),
             None => Err(ApiError::TestClockDisabled),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use jiff::Timestamp;
+    use safetime::HorizonPolicy;
+
+    fn row(quarantined: bool) -> clock::CutRow {
+        let t: Timestamp = "2026-11-29T12:00:00Z".parse().unwrap();
+        clock::CutRow {
+            epoch: 1,
+            cut: Timestamp::UNIX_EPOCH,
+            uncertain: Some(UncertainReason::InitialQuarantine),
+            quarantined,
+            publish_seq: 1,
+            published_at: t,
+            proof_started_at: t,
+            db_now: t,
+            policy: HorizonPolicy::verified(2, 80_000, &HorizonPolicy::digest_of(2, 80_000))
+                .unwrap(),
+        }
+    }
+
+    /// The least horizon is rounded up to the millisecond; a row that is
+    /// not quarantined has no progress.
+    #[test]
+    fn quarantine_progress_rounds_the_least_horizon_up() {
+        let s = SignedDuration::from_secs;
+        let policy = GrantPolicy::new(s(60) + SignedDuration::from_nanos(1), s(5)).unwrap();
+        let detail = quarantine_progress(&row(true), policy, s(5)).unwrap();
+        assert!(
+            detail.starts_with(
+                "the initial quarantine needs PT1M20.004000201S more of uninterrupted trusted \
+                 time (a proof of PT1M20.004000201S in all: the sealed horizon PT1M20S plus the \
+                 50 ppm drift allowance; PT0S observed since it began;"
+            ),
+            "{detail}"
+        );
+        assert!(
+            detail.contains("(at least 70001 ms, this service's max_ttl"),
+            "{detail}"
+        );
+        let whole = GrantPolicy::new(s(60), s(5)).unwrap();
+        let detail = quarantine_progress(&row(true), whole, s(5)).unwrap();
+        assert!(detail.contains("(at least 70000 ms, "), "{detail}");
+        // A sum beyond the duration range: no number, the rule in words.
+        let huge = GrantPolicy::new(s(60), SignedDuration::MAX).unwrap();
+        let detail = quarantine_progress(&row(true), huge, s(5)).unwrap();
+        assert!(
+            detail.contains("(at least this service's max_ttl + reclaim_grace"),
+            "{detail}"
+        );
+        assert_eq!(quarantine_progress(&row(false), whole, s(5)), None);
     }
 }
