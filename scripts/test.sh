@@ -52,6 +52,29 @@ if [ -z "${TOLLGATE_PG18_BIN:-}" ]; then
   export TOLLGATE_PG18_BIN="$pg18_bin"
 fi
 
+# openapi-python-client for crates/tollgate-api/tests/generated_client.rs,
+# which generates a Python client from the served /openapi.json and runs it
+# against the service; pinned (a new generator version is taken on purpose),
+# pip-installed once into a venv. That test fails, never skips, without it.
+OPENAPI_PYTHON_CLIENT_VERSION="0.29.1"
+if [ -z "${TOLLGATE_OPENAPI_CLIENT_VENV:-}" ]; then
+  export TOLLGATE_OPENAPI_CLIENT_VENV=/var/tmp/tollgate-openapi-client-venv
+fi
+oapc_venv="$TOLLGATE_OPENAPI_CLIENT_VENV"
+if [ ! -x "$oapc_venv/bin/python" ]; then
+  echo "test.sh: creating a venv at $oapc_venv for openapi-python-client" >&2
+  mkdir -p "$(dirname "$oapc_venv")"
+  python3 -m venv "$oapc_venv" >&2 \
+    || { echo "test.sh: cannot create a venv (Debian: apt-get install python3-venv)" >&2; exit 1; }
+fi
+oapc_installed="$({ "$oapc_venv/bin/python" -m pip show openapi-python-client 2>/dev/null || true; } \
+  | sed -n 's/^Version: //p')"
+if [ "$oapc_installed" != "$OPENAPI_PYTHON_CLIENT_VERSION" ]; then
+  echo "test.sh: installing openapi-python-client==$OPENAPI_PYTHON_CLIENT_VERSION into $oapc_venv" >&2
+  "$oapc_venv/bin/python" -m pip install --quiet --disable-pip-version-check \
+    "openapi-python-client==$OPENAPI_PYTHON_CLIENT_VERSION" >&2
+fi
+
 # Two cores: bound parallel test threads so PostgreSQL-backed tests do not
 # starve each other (each test binary shares one cluster, one database per test).
 export RUST_TEST_THREADS="${RUST_TEST_THREADS:-4}"

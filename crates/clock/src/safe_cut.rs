@@ -353,6 +353,7 @@ mod tests {
             quarantined: false,
             publish_seq: seq,
             published_at: ts(published),
+            proof_started_at: ts(published),
             db_now: ts(db_now),
             policy: HorizonPolicy::verified(1, 1_000, &HorizonPolicy::digest_of(1, 1_000)).unwrap(),
         }

@@ -19,7 +19,8 @@
 use jiff::{SignedDuration, Timestamp};
 use pgkit::{FailureKind, UrlError};
 use safetime::{
-    HorizonPolicy, HorizonPolicyError, InstantPair, Topology, UncertainReason, Verdict,
+    HorizonPolicy, HorizonPolicyError, InstantPair, QuarantineProgress, SafeTimeConfig, Topology,
+    UncertainReason, Verdict,
 };
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{PgConnection, Row};
@@ -288,6 +289,9 @@ pub struct CutRow {
     pub publish_seq: i64,
     /// Database time of the last publish (microseconds).
     pub published_at: Timestamp,
+    /// Database time of the last anomaly, where the initial quarantine's
+    /// proof (re)began (microseconds; kept after the quarantine cleared).
+    pub proof_started_at: Timestamp,
     /// Database time of this read (microseconds).
     pub db_now: Timestamp,
     /// The horizon policy in force for the current epoch.
@@ -300,6 +304,20 @@ impl CutRow {
     /// database functions.
     pub fn lag(&self) -> SignedDuration {
         self.db_now.duration_since(self.cut)
+    }
+
+    /// How far the initial quarantine's proof has come at this read, for
+    /// samplers tuned as `config` (its drift allowance and recovery
+    /// grace); `None` once the quarantine cleared (or never began).
+    pub fn quarantine_progress(&self, config: &SafeTimeConfig) -> Option<QuarantineProgress> {
+        self.quarantined.then(|| {
+            QuarantineProgress::new(
+                config,
+                self.policy.horizon(),
+                self.proof_started_at,
+                self.db_now,
+            )
+        })
     }
 }
 
@@ -316,6 +334,7 @@ where
     let row = sqlx::query(
         "SELECT s.epoch, s.cut_floor_us, s.cut_submicro_ns, s.uncertain_reason, s.quarantined, \
                 s.publish_seq, tollgate_safetime_pair_us(s.published_at) AS published_us, \
+                tollgate_safetime_pair_us(s.proof_started_at) AS proof_started_us, \
                 tollgate_safetime_pair_us(clock_timestamp()) AS db_now_us, \
                 p.version, p.horizon_ms, p.digest \
            FROM tollgate_safetime s \
@@ -331,6 +350,7 @@ where
         quarantined: row.try_get("quarantined")?,
         publish_seq: row.try_get("publish_seq")?,
         published_at: us_to_timestamp(row.try_get("published_us")?)?,
+        proof_started_at: us_to_timestamp(row.try_get("proof_started_us")?)?,
         db_now: us_to_timestamp(row.try_get("db_now_us")?)?,
         policy: policy_from(&row)?,
     }))

@@ -16,6 +16,8 @@
 //! * [`reason`]: why the cut is uncertain ([`UncertainReason`]) and how a
 //!   reader judges a reading of it ([`judge_reading`]).
 //! * [`config`]: the sampler's tuning ([`SafeTimeConfig`]) and its bounds.
+//! * [`quarantine`]: how far the initial quarantine's proof has come
+//!   ([`QuarantineProgress`]) and the run it needs in all.
 //! * [`horizon`]: the owner-sealed maximum-deadline horizon
 //!   ([`HorizonPolicy`], digest verified) and the check that it covers the
 //!   longest deadline of every kind ([`HorizonPolicy::covers`] over
@@ -38,6 +40,7 @@ pub mod carry;
 pub mod config;
 pub mod horizon;
 pub mod instant_pair;
+pub mod quarantine;
 pub mod reason;
 pub mod timestamp;
 pub mod tracker;
@@ -53,6 +56,7 @@ pub use horizon::{
     HorizonShortfall,
 };
 pub use instant_pair::{InstantPair, PairError};
+pub use quarantine::QuarantineProgress;
 pub use reason::{UncertainReason, judge_reading};
 pub use timestamp::{TIMESTAMP_MAX_NS, TIMESTAMP_MIN_NS};
 pub use tracker::{CutTracker, Observation, Topology, Verdict};

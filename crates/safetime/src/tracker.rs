@@ -746,6 +746,32 @@ mod tests {
         assert!(!t.quarantined());
     }
 
+    /// The proof clears at exactly [`SafeTimeConfig::quarantine_run`] of
+    /// calm monotonic time after the anomaly that began it (what readers
+    /// report as the quarantine's need), and not one nanosecond before.
+    #[test]
+    fn quarantine_clears_at_exactly_the_reported_run() {
+        let horizon = SignedDuration::from_secs(10);
+        let run_ns = u64::try_from(cfg().quarantine_run(horizon).as_nanos()).unwrap();
+        assert_eq!(run_ns, 10_000_500_026);
+        for (late_ns, clears) in [(0u64, true), (1, false)] {
+            let mut t = CutTracker::new(cfg(), Timestamp::UNIX_EPOCH, true, horizon);
+            // The proof begins at the first observation's answer, 100.001 s.
+            t.observe(obs(100, T0));
+            for k in 101..=110u64 {
+                t.observe(obs(k, T0 + i128::from(k - 100) * S as i128));
+            }
+            let before = 100 * S + 1_000_000 + run_ns - late_ns;
+            let v = t.observe(Observation {
+                db_now: ts(T0 + i128::from(before - 100 * S)),
+                topology: topo(),
+                mono_before_ns: before,
+                mono_after_ns: before + 1_000_000,
+            });
+            assert_eq!(v.clears_quarantine, clears, "{late_ns} ns short");
+        }
+    }
+
     #[test]
     fn an_anomaly_restarts_the_quarantine_proof() {
         let horizon = SignedDuration::from_secs(10);

@@ -144,7 +144,10 @@ async fn acquire(
             at,
         )
         .await?;
-    Ok((StatusCode::CREATED, Json(GrantView::new(grant, at))))
+    Ok((
+        StatusCode::CREATED,
+        Json(GrantView::new(grant, at, req.ttl)),
+    ))
 }
 
 /// Settles several active leases of an account into one new lease.
@@ -174,7 +177,10 @@ async fn consolidate(
         .allocator
         .consolidate(account_id, &leases, req.ttl, at)
         .await?;
-    Ok((StatusCode::CREATED, Json(GrantView::new(grant, at))))
+    Ok((
+        StatusCode::CREATED,
+        Json(GrantView::new(grant, at, req.ttl)),
+    ))
 }
 
 /// Reads a lease (its capability).
@@ -194,7 +200,9 @@ async fn get_lease(
     Ok(Json(LeaseView::new(lease, at)))
 }
 
-/// Renews a lease (its capability): new fence, expiry never earlier.
+/// Renews a lease (its capability): new fence, expiry never earlier
+/// (`extended` says whether it moved; `ttl_clamped` whether `max_ttl`
+/// clamped the request).
 #[utoipa::path(post, path = "/v1/leases/{lease_id}/renew", tag = "leases",
     params(("lease_id" = i64, Path, minimum = 1, description = "The lease")),
     request_body = RenewBody,
@@ -212,7 +220,7 @@ async fn renew(
         .allocator
         .renew(LeaseId(lease_id), &cap, req.ttl, at)
         .await?;
-    Ok(Json(RenewalView::new(renewal, at)))
+    Ok(Json(RenewalView::new(renewal, at, req.ttl)))
 }
 
 /// Releases a lease (its capability), charging `consumed` (default: all).
@@ -307,10 +315,7 @@ pub async fn status_report(
         readiness: ready_view(&readiness),
         active_leases: counts.map(|c| c.active_leases),
         active_legacy_bounds: counts.map(|c| c.active_legacy_bounds),
-        policy: PolicyView {
-            max_ttl: policy.max_ttl(),
-            reclaim_grace: policy.reclaim_grace(),
-        },
+        policy: PolicyView::from(policy),
         clock: clock.kind().to_string(),
         safe_time: safe_time.as_ref().map(SafeTimeView::from),
         paused: metrics.map(paused_view),
@@ -340,11 +345,16 @@ async fn admin_test_clock(
     settable: SettableClock,
     JsonBody(req): JsonBody<TestClockBody>,
 ) -> Result<Json<ClockView>, ApiError> {
+    let now = req
+        .instant()
+        .map_err(|m| ApiError::Request(httpkit::Rejection::InvalidBody(m)))?;
     let clock = settable.test_clock();
-    clock.set(req.now);
-    tracing::info!(now = %req.now, "test clock set");
+    clock.set(now);
+    tracing::info!(now = %now, "test clock set");
+    let now = clock.get();
     Ok(Json(ClockView {
-        now: clock.get(),
+        now,
+        now_ns: now,
         clock: "test".into(),
     }))
 }
@@ -433,7 +443,7 @@ async fn openapi_json() -> Response {
 #[openapi(
     info(
         title = "Tollgate",
-        description = "Exact-time lease and credit allocator. Instants are RFC 3339 UTC, exact to the nanosecond; durations ISO 8601; errors RFC 9457 problem details with a stable `code`."
+        description = "Exact-time lease and credit allocator. Instants are RFC 3339 UTC, exact to the nanosecond; durations ISO 8601; every instant and duration of a response also has a lossless `_ns` companion, integer nanoseconds as a decimal string (instants since the Unix epoch), which clients whose date-time type is coarser than nanoseconds should use; errors RFC 9457 problem details with a stable `code`."
     ),
     modifiers(&BearerScheme)
 )]

@@ -6,6 +6,15 @@
 //!   digits are accepted (`2026-11-29T13:00:30.5+01:00`).
 //! * Durations are ISO 8601 strings on output (`PT30.000000001S`); on input
 //!   ISO 8601 or jiff's friendly format (`30s 1ns`, `1h`).
+//! * Every instant and duration of a response also has a lossless
+//!   companion named with `_ns`: integer nanoseconds as a decimal string
+//!   (instants since the Unix epoch, `"1796000000034484123"`; durations
+//!   `"30000000001"`), pattern `^-?[0-9]+$` in the OpenAPI document. A
+//!   client whose date-time type holds microseconds (Python's `datetime`,
+//!   what generated clients parse `format: date-time` into) loses the last
+//!   three digits of the RFC 3339 form; the `_ns` string cannot be
+//!   truncated, so programs should compute with it. `PUT
+//!   /v1/admin/test-clock` takes either `now` or `now_ns`.
 //! * Units, ids and fences are JSON integers. A value outside `i64` (or a
 //!   fraction, or a string) is a 422 `invalid_body`, never wrapped or
 //!   rounded; range rules (positive units, ...) are the core's.
@@ -105,6 +114,125 @@ pub mod dur_opt {
                 .map_err(|e| serde::de::Error::custom(format!("invalid duration {s:?}: {e}"))),
         }
     }
+}
+
+/// Serde for the lossless companion of a [`Timestamp`]: integer
+/// nanoseconds since the Unix epoch as a decimal string.
+pub mod ts_ns {
+    use jiff::Timestamp;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    /// Serializes as `"1796000000034484123"` (negative before 1970).
+    pub fn serialize<S: Serializer>(t: &Timestamp, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(&t.as_nanosecond())
+    }
+
+    /// Parses a decimal string of nanoseconds since the Unix epoch.
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Timestamp, D::Error> {
+        let s = String::deserialize(d)?;
+        parse(&s).map_err(serde::de::Error::custom)
+    }
+
+    /// `s` as nanoseconds since the Unix epoch, or why not.
+    pub(crate) fn parse(s: &str) -> Result<Timestamp, String> {
+        super::decimal(s)
+            .and_then(|ns| Timestamp::from_nanosecond(ns).ok())
+            .ok_or_else(|| {
+                format!(
+                    "invalid instant in nanoseconds {s:?}: expected a decimal integer of nanoseconds since 1970-01-01T00:00:00Z within the years -9999..=9999"
+                )
+            })
+    }
+}
+
+/// Serde for `Option<Timestamp>` as [`ts_ns`] (`null` for `None`).
+pub mod ts_ns_opt {
+    use jiff::Timestamp;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    /// Serializes like [`super::ts_ns`], or `null`.
+    pub fn serialize<S: Serializer>(t: &Option<Timestamp>, s: S) -> Result<S::Ok, S::Error> {
+        match t {
+            Some(t) => s.collect_str(&t.as_nanosecond()),
+            None => s.serialize_none(),
+        }
+    }
+
+    /// Parses like [`super::ts_ns`], or `null`.
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Timestamp>, D::Error> {
+        match Option::<String>::deserialize(d)? {
+            None => Ok(None),
+            Some(s) => super::ts_ns::parse(&s)
+                .map(Some)
+                .map_err(serde::de::Error::custom),
+        }
+    }
+}
+
+/// Serde for the lossless companion of a [`SignedDuration`]: integer
+/// nanoseconds as a decimal string.
+pub mod dur_ns {
+    use jiff::SignedDuration;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    /// Serializes as `"30000000001"`.
+    pub fn serialize<S: Serializer>(d: &SignedDuration, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(&d.as_nanos())
+    }
+
+    /// Parses a decimal string of nanoseconds.
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<SignedDuration, D::Error> {
+        let s = String::deserialize(d)?;
+        parse(&s).map_err(serde::de::Error::custom)
+    }
+
+    /// `s` as nanoseconds, or why not.
+    pub(crate) fn parse(s: &str) -> Result<SignedDuration, String> {
+        super::decimal(s)
+            .and_then(SignedDuration::try_from_nanos_i128)
+            .ok_or_else(|| {
+                format!("invalid duration in nanoseconds {s:?}: expected a decimal integer of nanoseconds")
+            })
+    }
+}
+
+/// Serde for `Option<SignedDuration>` as [`dur_ns`] (`null` for `None`).
+pub mod dur_ns_opt {
+    use jiff::SignedDuration;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    /// Serializes like [`super::dur_ns`], or `null`.
+    pub fn serialize<S: Serializer>(d: &Option<SignedDuration>, s: S) -> Result<S::Ok, S::Error> {
+        match d {
+            Some(d) => s.collect_str(&d.as_nanos()),
+            None => s.serialize_none(),
+        }
+    }
+
+    /// Parses like [`super::dur_ns`], or `null`.
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<SignedDuration>, D::Error> {
+        match Option::<String>::deserialize(d)? {
+            None => Ok(None),
+            Some(s) => super::dur_ns::parse(&s)
+                .map(Some)
+                .map_err(serde::de::Error::custom),
+        }
+    }
+}
+
+/// The pattern of every `_ns` companion in the OpenAPI document.
+pub const NS_PATTERN: &str = "^-?[0-9]+$";
+
+/// `s` as a decimal integer matching [`NS_PATTERN`] (at most 40 digits, so
+/// parsing is bounded), or `None`.
+fn decimal(s: &str) -> Option<i128> {
+    let digits = s.strip_prefix('-').unwrap_or(s);
+    if digits.is_empty() || digits.len() > 40 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    s.parse().ok()
 }
 
 /// Schema of integers that may exceed `i64` (sums across accounts).
@@ -225,14 +353,34 @@ pub struct ReclaimBody {
     pub limit: Option<usize>,
 }
 
-/// `PUT /v1/admin/test-clock`.
-#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+/// `PUT /v1/admin/test-clock`: exactly one of `now` and `now_ns`.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TestClockBody {
-    /// The instant the test clock stands at from now on.
-    #[serde(with = "ts")]
-    #[schema(value_type = String, format = DateTime, example = "2026-11-29T12:00:00.000000001Z")]
-    pub now: Timestamp,
+    /// The instant the test clock stands at from now on (RFC 3339).
+    #[serde(with = "ts_opt", default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>, format = DateTime, example = "2026-11-29T12:00:00.000000001Z")]
+    pub now: Option<Timestamp>,
+    /// The same instant as integer nanoseconds since the Unix epoch, a
+    /// decimal string (lossless where a client's date-time type is not).
+    #[serde(with = "ts_ns_opt", default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>, pattern = "^-?[0-9]+$", example = "1796040000000000001")]
+    pub now_ns: Option<Timestamp>,
+}
+
+impl TestClockBody {
+    /// The instant the body names.
+    ///
+    /// # Errors
+    /// A message for `invalid_body` when neither or both of `now` and
+    /// `now_ns` are given (both, even when equal: one field, one meaning).
+    pub fn instant(&self) -> Result<Timestamp, String> {
+        match (self.now, self.now_ns) {
+            (Some(t), None) | (None, Some(t)) => Ok(t),
+            (None, None) => Err("give the instant as `now` (RFC 3339) or `now_ns` (nanoseconds since the Unix epoch)".into()),
+            (Some(_), Some(_)) => Err("give `now` or `now_ns`, not both".into()),
+        }
+    }
 }
 
 // --------------------------------------------------------------- responses
@@ -321,10 +469,30 @@ pub struct GrantView {
     #[serde(with = "ts")]
     #[schema(value_type = String, format = DateTime)]
     pub expiry: Timestamp,
+    /// `expiry` as integer nanoseconds since the Unix epoch, a decimal
+    /// string: exact in every client (use it, not `expiry`, to compute).
+    #[serde(with = "ts_ns")]
+    #[schema(value_type = String, pattern = "^-?[0-9]+$", example = "1796000000034484123")]
+    pub expiry_ns: Timestamp,
     /// The TTL after clamping to `max_ttl` (ISO 8601).
     #[serde(with = "dur")]
     #[schema(value_type = String)]
     pub granted_ttl: SignedDuration,
+    /// `granted_ttl` in nanoseconds, a decimal string.
+    #[serde(with = "dur_ns")]
+    #[schema(value_type = String, pattern = "^-?[0-9]+$", example = "30000000001")]
+    pub granted_ttl_ns: SignedDuration,
+    /// The TTL the request asked for (ISO 8601).
+    #[serde(with = "dur")]
+    #[schema(value_type = String)]
+    pub requested_ttl: SignedDuration,
+    /// `requested_ttl` in nanoseconds, a decimal string.
+    #[serde(with = "dur_ns")]
+    #[schema(value_type = String, pattern = "^-?[0-9]+$", example = "30000000001")]
+    pub requested_ttl_ns: SignedDuration,
+    /// `true` when `max_ttl` clamped the request: `granted_ttl` is then
+    /// `max_ttl`, less than `requested_ttl`.
+    pub ttl_clamped: bool,
     /// The time the holder is guaranteed from when the service received
     /// this request, before the reclaim grace: `expiry` minus this
     /// request's grant base (ISO 8601, never negative). The lease is never
@@ -335,19 +503,31 @@ pub struct GrantView {
     #[serde(with = "dur")]
     #[schema(value_type = String)]
     pub expires_in: SignedDuration,
+    /// `expires_in` in nanoseconds, a decimal string.
+    #[serde(with = "dur_ns")]
+    #[schema(value_type = String, pattern = "^-?[0-9]+$", example = "30000000001")]
+    pub expires_in_ns: SignedDuration,
 }
 
 impl GrantView {
-    /// The view of `g` granted (or replayed) at supplied time `at`.
-    pub fn new(g: Grant, at: SuppliedTime) -> GrantView {
+    /// The view of `g` granted (or replayed) at supplied time `at` for a
+    /// request that asked for `requested_ttl`.
+    pub fn new(g: Grant, at: SuppliedTime, requested_ttl: SignedDuration) -> GrantView {
+        let expires_in = at.remaining(g.expiry);
         GrantView {
-            expires_in: at.remaining(g.expiry),
+            expires_in,
+            expires_in_ns: expires_in,
             lease_id: g.lease_id.0,
             capability: g.capability.expose().to_string(),
             fence: g.fence.0,
             units: g.units,
             expiry: g.expiry,
+            expiry_ns: g.expiry,
             granted_ttl: g.granted_ttl,
+            granted_ttl_ns: g.granted_ttl,
+            requested_ttl,
+            requested_ttl_ns: requested_ttl,
+            ttl_clamped: g.granted_ttl < requested_ttl,
         }
     }
 }
@@ -395,6 +575,11 @@ pub struct LeaseView {
     #[serde(with = "ts")]
     #[schema(value_type = String, format = DateTime)]
     pub expiry: Timestamp,
+    /// `expiry` as integer nanoseconds since the Unix epoch, a decimal
+    /// string: exact in every client.
+    #[serde(with = "ts_ns")]
+    #[schema(value_type = String, pattern = "^-?[0-9]+$", example = "1796000000034484123")]
+    pub expiry_ns: Timestamp,
     /// `true` only for a lease written before the exact-instant schema, whose
     /// expiry is a conservative upper bound.
     pub expiry_is_upper_bound: bool,
@@ -408,22 +593,29 @@ pub struct LeaseView {
     #[serde(with = "dur_opt", default)]
     #[schema(value_type = Option<String>)]
     pub expires_in: Option<SignedDuration>,
+    /// `expires_in` in nanoseconds, a decimal string (`null` like it).
+    #[serde(with = "dur_ns_opt", default)]
+    #[schema(value_type = Option<String>, pattern = "^-?[0-9]+$", example = "30000000001")]
+    pub expires_in_ns: Option<SignedDuration>,
 }
 
 impl LeaseView {
     /// The view of `l` read at supplied time `at` (`None`: the clock could
     /// not be read).
     pub fn new(l: Lease, at: Option<SuppliedTime>) -> LeaseView {
+        let expires_in = at
+            .filter(|_| l.state == LeaseState::Active)
+            .map(|at| at.remaining(l.expiry));
         LeaseView {
-            expires_in: at
-                .filter(|_| l.state == LeaseState::Active)
-                .map(|at| at.remaining(l.expiry)),
+            expires_in,
+            expires_in_ns: expires_in,
             lease_id: l.lease_id.0,
             account_id: l.account_id.0,
             state: l.state.into(),
             units: l.units,
             fence: l.fence.0,
             expiry: l.expiry,
+            expiry_ns: l.expiry,
             expiry_is_upper_bound: l.expiry_is_upper_bound,
             consumed: l.consumed,
         }
@@ -449,33 +641,72 @@ pub struct RenewalView {
     #[serde(with = "ts")]
     #[schema(value_type = String, format = DateTime)]
     pub expiry: Timestamp,
+    /// `expiry` as integer nanoseconds since the Unix epoch, a decimal
+    /// string: exact in every client.
+    #[serde(with = "ts_ns")]
+    #[schema(value_type = String, pattern = "^-?[0-9]+$", example = "1796000000034484123")]
+    pub expiry_ns: Timestamp,
+    /// Whether this renewal moved the expiry later. `false`: the lease
+    /// already ran at least as long as the grant base plus `granted_ttl`,
+    /// so its expiry is unchanged (a renewal never shortens a lease; the
+    /// fence is new either way).
+    pub extended: bool,
     /// See [`LeaseView::expiry_is_upper_bound`].
     pub expiry_is_upper_bound: bool,
-    /// The requested TTL after clamping.
+    /// The requested TTL after clamping to `max_ttl` (ISO 8601).
     #[serde(with = "dur")]
     #[schema(value_type = String)]
     pub granted_ttl: SignedDuration,
+    /// `granted_ttl` in nanoseconds, a decimal string.
+    #[serde(with = "dur_ns")]
+    #[schema(value_type = String, pattern = "^-?[0-9]+$", example = "30000000000")]
+    pub granted_ttl_ns: SignedDuration,
+    /// The TTL the request asked for (ISO 8601).
+    #[serde(with = "dur")]
+    #[schema(value_type = String)]
+    pub requested_ttl: SignedDuration,
+    /// `requested_ttl` in nanoseconds, a decimal string.
+    #[serde(with = "dur_ns")]
+    #[schema(value_type = String, pattern = "^-?[0-9]+$", example = "30000000000")]
+    pub requested_ttl_ns: SignedDuration,
+    /// `true` when `max_ttl` clamped the request: `granted_ttl` is then
+    /// `max_ttl`, less than `requested_ttl`.
+    pub ttl_clamped: bool,
     /// The time the holder is guaranteed from when the service received
     /// this request, before the reclaim grace: `expiry` minus this
-    /// request's grant base (ISO 8601; at least `granted_ttl`).
+    /// request's grant base (ISO 8601; at least `granted_ttl`, more when
+    /// the expiry was not extended).
     #[serde(with = "dur")]
     #[schema(value_type = String)]
     pub expires_in: SignedDuration,
+    /// `expires_in` in nanoseconds, a decimal string.
+    #[serde(with = "dur_ns")]
+    #[schema(value_type = String, pattern = "^-?[0-9]+$", example = "30000000000")]
+    pub expires_in_ns: SignedDuration,
 }
 
 impl RenewalView {
-    /// The view of `r` renewed at supplied time `at`.
-    pub fn new(r: Renewal, at: SuppliedTime) -> RenewalView {
+    /// The view of `r` renewed at supplied time `at` for a request that
+    /// asked for `requested_ttl`.
+    pub fn new(r: Renewal, at: SuppliedTime, requested_ttl: SignedDuration) -> RenewalView {
+        let expires_in = at.remaining(r.lease.expiry);
         RenewalView {
-            expires_in: at.remaining(r.lease.expiry),
+            expires_in,
+            expires_in_ns: expires_in,
             lease_id: r.lease.lease_id.0,
             account_id: r.lease.account_id.0,
             state: r.lease.state.into(),
             units: r.lease.units,
             fence: r.lease.fence.0,
             expiry: r.lease.expiry,
+            expiry_ns: r.lease.expiry,
+            extended: r.extended,
             expiry_is_upper_bound: r.lease.expiry_is_upper_bound,
             granted_ttl: r.granted_ttl,
+            granted_ttl_ns: r.granted_ttl,
+            requested_ttl,
+            requested_ttl_ns: requested_ttl,
+            ttl_clamped: r.granted_ttl < requested_ttl,
         }
     }
 }
@@ -499,6 +730,11 @@ pub struct SettlementView {
     #[serde(with = "ts")]
     #[schema(value_type = String, format = DateTime)]
     pub settled_at: Timestamp,
+    /// `settled_at` as integer nanoseconds since the Unix epoch, a decimal
+    /// string.
+    #[serde(with = "ts_ns")]
+    #[schema(value_type = String, pattern = "^-?[0-9]+$", example = "1796000000034484123")]
+    pub settled_at_ns: Timestamp,
     /// The account's balances afterwards.
     pub balances: BalancesView,
 }
@@ -513,6 +749,7 @@ impl From<Settlement> for SettlementView {
             consumed: s.consumed,
             returned: s.returned,
             settled_at: s.settled_at,
+            settled_at_ns: s.settled_at,
             balances: s.balances.into(),
         }
     }
@@ -528,6 +765,11 @@ pub struct ReclaimView {
     #[serde(with = "ts_opt")]
     #[schema(value_type = Option<String>, format = DateTime)]
     pub cutoff: Option<Timestamp>,
+    /// `cutoff` as integer nanoseconds since the Unix epoch, a decimal
+    /// string (`null` like it).
+    #[serde(with = "ts_ns_opt")]
+    #[schema(value_type = Option<String>, pattern = "^-?[0-9]+$")]
+    pub cutoff_ns: Option<Timestamp>,
     /// Units charged in total.
     #[schema(schema_with = big_integer)]
     pub units_charged: i128,
@@ -535,6 +777,10 @@ pub struct ReclaimView {
     #[serde(with = "ts")]
     #[schema(value_type = String, format = DateTime)]
     pub now: Timestamp,
+    /// `now` as integer nanoseconds since the Unix epoch, a decimal string.
+    #[serde(with = "ts_ns")]
+    #[schema(value_type = String, pattern = "^-?[0-9]+$")]
+    pub now_ns: Timestamp,
 }
 
 impl ReclaimView {
@@ -543,8 +789,10 @@ impl ReclaimView {
         ReclaimView {
             reclaimed: r.reclaimed.iter().map(|l| l.0).collect(),
             cutoff: r.cutoff,
+            cutoff_ns: r.cutoff,
             units_charged: r.units_charged,
             now,
+            now_ns: now,
         }
     }
 }
@@ -615,6 +863,10 @@ pub struct ClockView {
     #[serde(with = "ts")]
     #[schema(value_type = String, format = DateTime)]
     pub now: Timestamp,
+    /// `now` as integer nanoseconds since the Unix epoch, a decimal string.
+    #[serde(with = "ts_ns")]
+    #[schema(value_type = String, pattern = "^-?[0-9]+$")]
+    pub now_ns: Timestamp,
     /// Which clock (`test`).
     pub clock: String,
 }
@@ -650,15 +902,47 @@ pub struct PolicyView {
     #[serde(with = "dur")]
     #[schema(value_type = String)]
     pub max_ttl: SignedDuration,
+    /// `max_ttl` in nanoseconds, a decimal string.
+    #[serde(with = "dur_ns")]
+    #[schema(value_type = String, pattern = "^-?[0-9]+$")]
+    pub max_ttl_ns: SignedDuration,
     /// Grace after expiry before reclaim (ISO 8601).
     #[serde(with = "dur")]
     #[schema(value_type = String)]
     pub reclaim_grace: SignedDuration,
+    /// `reclaim_grace` in nanoseconds, a decimal string.
+    #[serde(with = "dur_ns")]
+    #[schema(value_type = String, pattern = "^-?[0-9]+$")]
+    pub reclaim_grace_ns: SignedDuration,
 }
 
 impl From<GrantPolicy> for PolicyView {
     fn from(p: GrantPolicy) -> PolicyView {
         PolicyView {
+            max_ttl: p.max_ttl(),
+            max_ttl_ns: p.max_ttl(),
+            reclaim_grace: p.reclaim_grace(),
+            reclaim_grace_ns: p.reclaim_grace(),
+        }
+    }
+}
+
+/// The grant policy as `tollgate policy show|set` prints it (ISO 8601
+/// durations). Not an HTTP shape: HTTP answers carry [`PolicyView`], with
+/// the lossless `_ns` companions.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecordedPolicyView {
+    /// Longest granted TTL (ISO 8601).
+    #[serde(with = "dur")]
+    pub max_ttl: SignedDuration,
+    /// Grace after expiry before reclaim (ISO 8601).
+    #[serde(with = "dur")]
+    pub reclaim_grace: SignedDuration,
+}
+
+impl From<GrantPolicy> for RecordedPolicyView {
+    fn from(p: GrantPolicy) -> RecordedPolicyView {
+        RecordedPolicyView {
             max_ttl: p.max_ttl(),
             reclaim_grace: p.reclaim_grace(),
         }
@@ -678,9 +962,9 @@ pub struct PolicyChangeView {
     #[serde(with = "ts")]
     pub recorded_at: Timestamp,
     /// The policy before (`null` for the first record).
-    pub old: Option<PolicyView>,
+    pub old: Option<RecordedPolicyView>,
     /// The policy after.
-    pub new: PolicyView,
+    pub new: RecordedPolicyView,
 }
 
 /// `tollgate policy show`: the recorded policy (`null` before any process
@@ -688,7 +972,7 @@ pub struct PolicyChangeView {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PolicyRecordView {
     /// The recorded policy.
-    pub policy: Option<PolicyView>,
+    pub policy: Option<RecordedPolicyView>,
     /// The most recent changes (at most 1000), oldest first.
     pub changes: Vec<PolicyChangeView>,
 }
@@ -740,14 +1024,27 @@ pub struct SafeTimeView {
     #[serde(with = "ts_opt")]
     #[schema(value_type = Option<String>, format = DateTime)]
     pub cut: Option<Timestamp>,
+    /// `cut` as integer nanoseconds since the Unix epoch, a decimal string.
+    #[serde(with = "ts_ns_opt", default)]
+    #[schema(value_type = Option<String>, pattern = "^-?[0-9]+$")]
+    pub cut_ns: Option<Timestamp>,
     /// Database time at the reading.
     #[serde(with = "ts_opt")]
     #[schema(value_type = Option<String>, format = DateTime)]
     pub db_now: Option<Timestamp>,
+    /// `db_now` as integer nanoseconds since the Unix epoch, a decimal
+    /// string.
+    #[serde(with = "ts_ns_opt", default)]
+    #[schema(value_type = Option<String>, pattern = "^-?[0-9]+$")]
+    pub db_now_ns: Option<Timestamp>,
     /// `db_now - cut` (ISO 8601).
     #[serde(with = "dur_opt")]
     #[schema(value_type = Option<String>)]
     pub cut_lag: Option<SignedDuration>,
+    /// `cut_lag` in nanoseconds, a decimal string.
+    #[serde(with = "dur_ns_opt", default)]
+    #[schema(value_type = Option<String>, pattern = "^-?[0-9]+$")]
+    pub cut_lag_ns: Option<SignedDuration>,
     /// The sampler's durable epoch.
     pub epoch: Option<i64>,
     /// The initial quarantine is in force.
@@ -758,16 +1055,29 @@ pub struct SafeTimeView {
     #[serde(with = "ts_opt")]
     #[schema(value_type = Option<String>, format = DateTime)]
     pub published_at: Option<Timestamp>,
+    /// `published_at` as integer nanoseconds since the Unix epoch, a
+    /// decimal string.
+    #[serde(with = "ts_ns_opt", default)]
+    #[schema(value_type = Option<String>, pattern = "^-?[0-9]+$")]
+    pub published_at_ns: Option<Timestamp>,
     /// Version of the sealed horizon policy of the current epoch.
     pub policy_version: Option<i64>,
     /// The sealed maximum-deadline horizon (ISO 8601).
     #[serde(with = "dur_opt")]
     #[schema(value_type = Option<String>)]
     pub horizon: Option<SignedDuration>,
+    /// `horizon` in nanoseconds, a decimal string.
+    #[serde(with = "dur_ns_opt", default)]
+    #[schema(value_type = Option<String>, pattern = "^-?[0-9]+$")]
+    pub horizon_ns: Option<SignedDuration>,
     /// The sampling-gap bound this service applies (ISO 8601).
     #[serde(with = "dur")]
     #[schema(value_type = String)]
     pub gap_max: SignedDuration,
+    /// `gap_max` in nanoseconds, a decimal string.
+    #[serde(with = "dur_ns")]
+    #[schema(value_type = String, pattern = "^-?[0-9]+$")]
+    pub gap_max_ns: SignedDuration,
 }
 
 impl From<&clock::SafeTimeStatus> for SafeTimeView {
@@ -783,15 +1093,21 @@ impl From<&clock::SafeTimeStatus> for SafeTimeView {
             read_error: s.read_error,
             read_errors: s.read_errors_total,
             cut: row.map(|r| r.cut),
+            cut_ns: row.map(|r| r.cut),
             db_now: row.map(|r| r.db_now),
+            db_now_ns: row.map(|r| r.db_now),
             cut_lag: row.map(|r| r.lag()),
+            cut_lag_ns: row.map(|r| r.lag()),
             epoch: row.map(|r| r.epoch),
             quarantined: row.map(|r| r.quarantined),
             publish_seq: row.map(|r| r.publish_seq),
             published_at: row.map(|r| r.published_at),
+            published_at_ns: row.map(|r| r.published_at),
             policy_version: row.map(|r| r.policy.version()),
             horizon: row.map(|r| r.policy.horizon()),
+            horizon_ns: row.map(|r| r.policy.horizon()),
             gap_max: s.gap_max,
+            gap_max_ns: s.gap_max,
         }
     }
 }
@@ -814,6 +1130,10 @@ pub struct LateBucketView {
     #[serde(with = "dur")]
     #[schema(value_type = String)]
     pub le: SignedDuration,
+    /// `le` in nanoseconds, a decimal string.
+    #[serde(with = "dur_ns")]
+    #[schema(value_type = String, pattern = "^-?[0-9]+$")]
+    pub le_ns: SignedDuration,
     /// Reclaimed leases at most this late (cumulative).
     pub count: u64,
 }
@@ -827,6 +1147,10 @@ pub struct LateExpiryView {
     #[serde(with = "dur")]
     #[schema(value_type = String)]
     pub sum: SignedDuration,
+    /// `sum` in nanoseconds, a decimal string.
+    #[serde(with = "dur_ns")]
+    #[schema(value_type = String, pattern = "^-?[0-9]+$")]
+    pub sum_ns: SignedDuration,
     /// Cumulative buckets (1 ms, 10 ms, 100 ms, 1 s, 10 s, 1 min, 10 min).
     pub buckets: Vec<LateBucketView>,
 }
@@ -836,10 +1160,15 @@ impl From<crate::metrics::LateExpiry> for LateExpiryView {
         LateExpiryView {
             count: l.count,
             sum: l.sum,
+            sum_ns: l.sum,
             buckets: l
                 .buckets
                 .into_iter()
-                .map(|(le, count)| LateBucketView { le, count })
+                .map(|(le, count)| LateBucketView {
+                    le,
+                    le_ns: le,
+                    count,
+                })
                 .collect(),
         }
     }

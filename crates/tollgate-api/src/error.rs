@@ -74,6 +74,12 @@
 //!  "code": "time_uncertain", "reason": "stale"}
 //! ```
 //!
+//! With reason `initial_quarantine` ([`ApiError::Quarantined`]) the detail
+//! instead says how much uninterrupted trusted time the quarantine still
+//! needs (the sealed horizon plus the samplers' drift allowance, less the
+//! database time since the proof began) and how to shorten it safely:
+//! stop every sampler, seal a shorter horizon, start the samplers again.
+//!
 //! The only 5xx responses are failures of the backend (storage, the time
 //! source, or a request that exceeded its time bound because the backend
 //! was slow) and the lease-write guard's refusals above; bad input of any
@@ -116,6 +122,18 @@ pub enum ApiError {
     TimeUncertain {
         /// Why the cut is uncertain.
         reason: UncertainReason,
+        /// The `Retry-After` to send, whole seconds.
+        retry_after_secs: u64,
+    },
+    /// [`ApiError::TimeUncertain`] for the initial quarantine (reason
+    /// `initial_quarantine`), whose detail also says how much trusted time
+    /// the quarantine still needs and how to shorten it safely.
+    #[error(
+        "the safe expiry cut is uncertain (initial_quarantine): nothing that admits or expires a deadline runs until it is certain again; {progress}"
+    )]
+    Quarantined {
+        /// The quarantine's progress and what to do, one sentence.
+        progress: String,
         /// The `Retry-After` to send, whole seconds.
         retry_after_secs: u64,
     },
@@ -210,7 +228,7 @@ impl ApiError {
             ApiError::TestClockDisabled => "test_clock_disabled",
             ApiError::Clock(ClockError::StorageUnavailable(_)) => "storage_unavailable",
             ApiError::Clock(_) => "clock_unavailable",
-            ApiError::TimeUncertain { .. } => "time_uncertain",
+            ApiError::TimeUncertain { .. } | ApiError::Quarantined { .. } => "time_uncertain",
             ApiError::NotReady(_) => "not_ready",
         }
     }
@@ -222,9 +240,10 @@ impl ApiError {
             ApiError::Request(r) => r.status(),
             ApiError::Forbidden => StatusCode::FORBIDDEN,
             ApiError::TestClockDisabled => StatusCode::CONFLICT,
-            ApiError::Clock(_) | ApiError::TimeUncertain { .. } | ApiError::NotReady(_) => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            ApiError::Clock(_)
+            | ApiError::TimeUncertain { .. }
+            | ApiError::Quarantined { .. }
+            | ApiError::NotReady(_) => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
@@ -296,6 +315,7 @@ impl ProblemSource for ApiError {
     fn reason(&self) -> Option<&'static str> {
         match self {
             ApiError::TimeUncertain { reason, .. } => Some(reason.code()),
+            ApiError::Quarantined { .. } => Some(UncertainReason::InitialQuarantine.code()),
             _ => None,
         }
     }
@@ -307,6 +327,9 @@ impl ProblemSource for ApiError {
     fn retry_after_secs(&self) -> Option<u64> {
         match self {
             ApiError::TimeUncertain {
+                retry_after_secs, ..
+            }
+            | ApiError::Quarantined {
                 retry_after_secs, ..
             } => Some(*retry_after_secs),
             ApiError::Request(r) => r.retry_after_secs(),
@@ -346,6 +369,10 @@ mod tests {
             ApiError::Clock(ClockError::Unavailable("down".into())),
             ApiError::TimeUncertain {
                 reason: UncertainReason::Stale,
+                retry_after_secs: 2,
+            },
+            ApiError::Quarantined {
+                progress: "it needs an hour more".into(),
                 retry_after_secs: 2,
             },
             ApiError::NotReady("not ready".into()),

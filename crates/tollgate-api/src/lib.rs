@@ -13,7 +13,8 @@
 //!   revealing existence);
 //! * [`error`]: the one error type and its RFC 9457 mapping;
 //! * [`dto`]: the JSON shapes (RFC 3339 instants and ISO 8601 durations,
-//!   exact to the nanosecond);
+//!   exact to the nanosecond, each with a lossless `_ns` companion of
+//!   integer nanoseconds in a decimal string);
 //! * [`worker`]: the reclaim worker, a loop around one `step()`;
 //! * [`storage`]: what the service needs beyond the allocator (readiness,
 //!   counts), with the memory implementation;

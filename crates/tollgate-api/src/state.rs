@@ -7,9 +7,11 @@ use std::time::Duration;
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
 use axum::http::{Method, StatusCode};
-use clock::{Clock, ClockReading, TestClock};
+use clock::{Clock, ClockReading, TestClock, UncertainReason};
 use httpkit::{RequestMetrics, ServiceState};
-use tollgate::SuppliedTime;
+use jiff::SignedDuration;
+use safetime::SafeTimeConfig;
+use tollgate::{GrantPolicy, SuppliedTime};
 
 use crate::auth::AdminToken;
 use crate::error::ApiError;
@@ -121,8 +123,9 @@ impl AppState {
 
     /// The clock's reading as supplied time for an operation that admits
     /// new deadline-bearing work (`operation`: `acquire` or `consolidate`):
-    /// refused with [`ApiError::TimeUncertain`], and counted as paused,
-    /// when the reading is uncertain.
+    /// refused with [`ApiError::TimeUncertain`] ([`ApiError::Quarantined`]
+    /// in the initial quarantine, saying what it still needs), and counted
+    /// as paused, when the reading is uncertain.
     pub(crate) async fn admission(
         &self,
         operation: &'static str,
@@ -134,13 +137,76 @@ impl AppState {
                 self.inner
                     .metrics
                     .inc(metrics::SAFETIME_PAUSED, &[("operation", operation)]);
+                let retry_after_secs = self.inner.clock.retry_after_secs();
+                if reason == UncertainReason::InitialQuarantine
+                    && let Some(progress) = self.quarantine_progress()
+                {
+                    return Err(ApiError::Quarantined {
+                        progress,
+                        retry_after_secs,
+                    });
+                }
                 Err(ApiError::TimeUncertain {
                     reason,
-                    retry_after_secs: self.inner.clock.retry_after_secs(),
+                    retry_after_secs,
                 })
             }
         }
     }
+
+    /// What the initial quarantine still needs and how to shorten it, from
+    /// the clock's last reading of the cut ([`quarantine_progress`]);
+    /// `None` when that reading shows no quarantine (another request's read
+    /// saw it clear) or the clock keeps no cut.
+    fn quarantine_progress(&self) -> Option<String> {
+        let status = self.inner.clock.safe_time()?;
+        let row = status.row.as_ref()?;
+        quarantine_progress(row, self.inner.store.allocator.policy(), status.gap_max)
+    }
+}
+
+/// The detail of a `time_uncertain` answer in the initial quarantine read
+/// from `row`: how much uninterrupted trusted time its proof still needs,
+/// computed with the samplers' default tuning
+/// ([`SafeTimeConfig::default`]: 50 ppm drift allowance, 5 s recovery
+/// grace), and how to shorten it safely: with every sampler stopped, seal a
+/// shorter horizon, at least `max_ttl + reclaim_grace + gap_max` of this
+/// service (in whole milliseconds, rounded up; the service refuses to start
+/// on a shorter one) and at least the longest deadline a still-active
+/// lease was granted with (one granted under an earlier, longer policy is
+/// covered only by a horizon that long). `None` when `row` is not
+/// quarantined.
+pub(crate) fn quarantine_progress(
+    row: &clock::CutRow,
+    policy: GrantPolicy,
+    gap_max: SignedDuration,
+) -> Option<String> {
+    let progress = row.quarantine_progress(&SafeTimeConfig::default())?;
+    let least = policy
+        .max_ttl()
+        .checked_add(policy.reclaim_grace())
+        .and_then(|d| d.checked_add(gap_max))
+        .map(|d| {
+            let ms = d.as_nanos().div_euclid(1_000_000);
+            if d.as_nanos().rem_euclid(1_000_000) == 0 {
+                ms
+            } else {
+                ms + 1
+            }
+        });
+    let least = match least {
+        Some(ms) => format!("{ms} ms, "),
+        None => String::new(),
+    };
+    let bound = format!(
+        "at least {least}this service's max_ttl + reclaim_grace + safetime_gap_max, \
+         and no shorter than any active lease's granted TTL plus grace"
+    );
+    Some(format!(
+        "{progress}. To shorten it safely: stop every sampler, seal a shorter horizon \
+         ({bound}) with `tollgate-safetime policy seal --horizon-ms <ms> --sealed-by <name>`, \
+         then start the samplers again; the next epoch's proof runs for the new horizon"
+    ))
 }
 
 /// The supplied time of a reading: expiry judged at `reading.now`, new
@@ -221,5 +287,60 @@ impl FromRequestParts<AppState> for SettableClock {
             Some(_) => Ok(SettableClock(s.clock().clone())),
             None => Err(ApiError::TestClockDisabled),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use jiff::Timestamp;
+    use safetime::HorizonPolicy;
+
+    fn row(quarantined: bool) -> clock::CutRow {
+        let t: Timestamp = "2026-11-29T12:00:00Z".parse().unwrap();
+        clock::CutRow {
+            epoch: 1,
+            cut: Timestamp::UNIX_EPOCH,
+            uncertain: Some(UncertainReason::InitialQuarantine),
+            quarantined,
+            publish_seq: 1,
+            published_at: t,
+            proof_started_at: t,
+            db_now: t,
+            policy: HorizonPolicy::verified(2, 80_000, &HorizonPolicy::digest_of(2, 80_000))
+                .unwrap(),
+        }
+    }
+
+    /// The least horizon is rounded up to the millisecond; a row that is
+    /// not quarantined has no progress.
+    #[test]
+    fn quarantine_progress_rounds_the_least_horizon_up() {
+        let s = SignedDuration::from_secs;
+        let policy = GrantPolicy::new(s(60) + SignedDuration::from_nanos(1), s(5)).unwrap();
+        let detail = quarantine_progress(&row(true), policy, s(5)).unwrap();
+        assert!(
+            detail.starts_with(
+                "the initial quarantine needs PT1M20.004000201S more of uninterrupted trusted \
+                 time (a proof of PT1M20.004000201S in all: the sealed horizon PT1M20S plus the \
+                 50 ppm drift allowance; PT0S observed since it began;"
+            ),
+            "{detail}"
+        );
+        assert!(
+            detail.contains("(at least 70001 ms, this service's max_ttl"),
+            "{detail}"
+        );
+        let whole = GrantPolicy::new(s(60), s(5)).unwrap();
+        let detail = quarantine_progress(&row(true), whole, s(5)).unwrap();
+        assert!(detail.contains("(at least 70000 ms, "), "{detail}");
+        // A sum beyond the duration range: no number, the rule in words.
+        let huge = GrantPolicy::new(s(60), SignedDuration::MAX).unwrap();
+        let detail = quarantine_progress(&row(true), huge, s(5)).unwrap();
+        assert!(
+            detail.contains("(at least this service's max_ttl + reclaim_grace"),
+            "{detail}"
+        );
+        assert_eq!(quarantine_progress(&row(false), whole, s(5)), None);
     }
 }

@@ -10,6 +10,7 @@ use axum::http::Method;
 use serde_json::json;
 use tollgate::{AllocatorError, PairError, RuleError, StorageError};
 use tollgate_api::api;
+use tollgate_api::dto::NS_PATTERN;
 use tollgate_api::error::{SERVICE_CODES, storage_status};
 use tollgate_api::storage::ServiceStore;
 use tollgate_api::testkit::*;
@@ -600,7 +601,9 @@ async fn not_ready_during_maintenance() {
             "readiness": {"ready": false, "store": "postgres", "storage_reachable": true,
                           "schema_version": 16, "expected_schema_version": 17, "maintenance": true},
             "active_leases": 3, "active_legacy_bounds": 2,
-            "policy": {"max_ttl": "PT1M", "reclaim_grace": "PT5S"}, "clock": "test"
+            "policy": {"max_ttl": "PT1M", "max_ttl_ns": "60000000000",
+                       "reclaim_grace": "PT5S", "reclaim_grace_ns": "5000000000"},
+            "clock": "test"
         })
     );
 }
@@ -706,4 +709,194 @@ async fn uncertain_reading_pauses_admission_and_reclaim() {
         assert!(m.text.lines().any(|l| l == line), "{line} in\n{}", m.text);
     }
     h.assert_audit_clean().await;
+}
+
+/// A safe-cut clock in its initial quarantine: every reading uncertain
+/// (`initial_quarantine`), its last reading the row `row`.
+#[derive(Debug)]
+struct QuarantinedClock {
+    row: clock::CutRow,
+}
+
+#[async_trait::async_trait]
+impl clock::Clock for QuarantinedClock {
+    async fn read(&self) -> Result<clock::ClockReading, clock::ClockError> {
+        Ok(clock::ClockReading {
+            uncertain: Some(clock::UncertainReason::InitialQuarantine),
+            ..clock::ClockReading::certain(self.row.cut)
+        })
+    }
+    fn kind(&self) -> clock::ClockKind {
+        clock::ClockKind::SafeCut
+    }
+    fn retry_after_secs(&self) -> u64 {
+        5
+    }
+    fn safe_time(&self) -> Option<clock::SafeTimeStatus> {
+        Some(clock::SafeTimeStatus {
+            uncertain: Some(clock::UncertainReason::InitialQuarantine),
+            read_error: false,
+            read_errors_total: 0,
+            row: Some(self.row.clone()),
+            gap_max: safetime::DEFAULT_GAP_MAX,
+        })
+    }
+}
+
+/// In the initial quarantine an acquire is refused with `time_uncertain`
+/// (`initial_quarantine`) whose detail says, exactly, how much trusted time
+/// the proof still needs (the default 3,650-day horizon plus the 50 ppm
+/// drift allowance, less the day and half second observed) and how to
+/// shorten it: a horizon of at least max_ttl + grace + gap (70,000 ms).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn initial_quarantine_says_what_it_still_needs() {
+    let horizon_ms = safetime::DEFAULT_HORIZON_MS;
+    assert_eq!(horizon_ms, 315_360_000_000);
+    let policy = safetime::HorizonPolicy::verified(
+        1,
+        horizon_ms,
+        &safetime::HorizonPolicy::digest_of(1, horizon_ms),
+    )
+    .expect("the default policy");
+    let row = clock::CutRow {
+        epoch: 1,
+        cut: jiff::Timestamp::UNIX_EPOCH,
+        uncertain: Some(clock::UncertainReason::InitialQuarantine),
+        quarantined: true,
+        publish_seq: 86_401,
+        published_at: ts("2026-11-30T12:00:00.5Z"),
+        proof_started_at: ts("2026-11-29T12:00:00Z"),
+        db_now: ts("2026-11-30T12:00:00.5Z"),
+        policy,
+    };
+    let store = ServiceStore::memory(
+        default_policy(),
+        tollgate::CapabilityKey::generate().expect("key"),
+    )
+    .expect("memory");
+    let st = state(
+        store.clone(),
+        Arc::new(QuarantinedClock { row }),
+        Duration::from_secs(5),
+    );
+    let h = Harness {
+        router: api::router(st.clone()),
+        state: st,
+        clock: Arc::new(clock::TestClock::new(ts(T0))),
+        store,
+    };
+    let (a, key) = h.account("a", 100).await;
+    let entries = h.ledger_len().await;
+    let r = h
+        .send(
+            Req::post(format!("/v1/accounts/{a}/leases"))
+                .token(&key)
+                .json(json!({"units": 1, "ttl": "PT1S"})),
+        )
+        .await;
+    r.uncertain("initial_quarantine", "5");
+    assert_eq!(
+        r.body["detail"],
+        json!(
+            "the safe expiry cut is uncertain (initial_quarantine): nothing that admits or \
+             expires a deadline runs until it is certain again; the initial quarantine needs \
+             PT87580H22M48.288439422S more of uninterrupted trusted time (a proof of \
+             PT87604H22M48.788439422S in all: the sealed horizon PT87600H plus the 50 ppm drift \
+             allowance; PT24H0.5S observed since it began; an anomaly, a sampler restart or a \
+             takeover restarts it). To shorten it safely: stop every sampler, seal a shorter \
+             horizon (at least 70000 ms, this service's max_ttl + reclaim_grace + \
+             safetime_gap_max, and no shorter than any active lease's granted TTL plus \
+             grace) with `tollgate-safetime policy seal --horizon-ms <ms> \
+             --sealed-by <name>`, then start the samplers again; the next epoch's proof runs \
+             for the new horizon"
+        )
+    );
+    assert_eq!(h.ledger_len().await, entries);
+}
+
+/// Every instant (`format: date-time`) and every duration of the OpenAPI
+/// document has its lossless companion `<name>_ns`: a string (nullable
+/// exactly when the instant or duration is) with the pattern
+/// `^-?[0-9]+$`, and every `_ns` property is such a companion.
+#[test]
+fn every_instant_and_duration_has_a_lossless_companion() {
+    let doc = serde_json::to_value(api::openapi()).expect("json");
+    // ISO 8601 durations are plain strings in the schema: named here.
+    const DURATIONS: &[&str] = &[
+        "granted_ttl",
+        "requested_ttl",
+        "expires_in",
+        "max_ttl",
+        "reclaim_grace",
+        "cut_lag",
+        "horizon",
+        "gap_max",
+        "le",
+        "sum",
+    ];
+    // Request bodies take ISO 8601 TTL strings, which no client truncates.
+    const REQUEST_TTLS: &[(&str, &str)] = &[
+        ("AcquireBody", "ttl"),
+        ("RenewBody", "ttl"),
+        ("ConsolidateBody", "ttl"),
+    ];
+    let mut companions = 0;
+    for (schema, def) in doc["components"]["schemas"].as_object().expect("schemas") {
+        let Some(props) = def["properties"].as_object() else {
+            continue;
+        };
+        for (name, prop) in props {
+            let is_instant = prop["format"] == json!("date-time");
+            let is_duration = DURATIONS.contains(&name.as_str());
+            if let Some(base) = name.strip_suffix("_ns") {
+                assert!(props.contains_key(base), "{schema}.{name} has no {base}");
+                assert_eq!(prop["pattern"], json!(NS_PATTERN), "{schema}.{name}");
+                let nullable = props[base]["type"].is_array();
+                let expected = if nullable {
+                    json!(["string", "null"])
+                } else {
+                    json!("string")
+                };
+                assert_eq!(prop["type"], expected, "{schema}.{name}");
+                companions += 1;
+            } else if is_instant || is_duration {
+                assert!(
+                    props.contains_key(&format!("{name}_ns")),
+                    "{schema}.{name} has no {name}_ns"
+                );
+            } else {
+                assert!(
+                    !REQUEST_TTLS.contains(&(schema.as_str(), name.as_str()))
+                        || prop["format"].is_null(),
+                    "{schema}.{name}"
+                );
+            }
+        }
+    }
+    // GrantView 4, LeaseView 2, RenewalView 4, SettlementView 1,
+    // ReclaimView 2, ClockView 1, TestClockBody 1, PolicyView 2,
+    // SafeTimeView 6, LateExpiryView 1, LateBucketView 1.
+    assert_eq!(companions, 25);
+    // The renewal's and the grant's own facts are documented.
+    let s = &doc["components"]["schemas"];
+    assert_eq!(
+        s["RenewalView"]["properties"]["extended"]["type"],
+        json!("boolean")
+    );
+    for view in ["RenewalView", "GrantView"] {
+        assert_eq!(
+            s[view]["properties"]["ttl_clamped"]["type"],
+            json!("boolean"),
+            "{view}"
+        );
+        for field in ["ttl_clamped", "requested_ttl", "requested_ttl_ns"] {
+            assert!(
+                s[view]["required"]
+                    .as_array()
+                    .expect("required")
+                    .contains(&json!(field)),
+                "{view}.{field}"
+            );
+        }
+    }
 }

@@ -244,6 +244,7 @@ pub async fn renew(
     Ok(Renewal {
         lease: plan.renewed(&lease, fence),
         granted_ttl: plan.granted_ttl,
+        extended: plan.extended,
     })
 }
 

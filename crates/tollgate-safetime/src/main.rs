@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! tollgate-safetime run      --database-url URL   # lead or stand by, until SIGINT/SIGTERM
-//! tollgate-safetime status   --database-url URL   # the persisted cut and its certainty (stale rule), as JSON
+//! tollgate-safetime status   --database-url URL   # the persisted cut, its certainty (stale rule) and any quarantine's progress, as JSON
 //! tollgate-safetime policy show|seal              # the sealed horizon policy
 //! tollgate-safetime evidence --database-url URL   # immutable evidence rows, as JSON lines
 //! ```
@@ -51,8 +51,8 @@ use clap::{Parser, Subcommand};
 use jiff::SignedDuration;
 use safetime::{
     DEFAULT_DRIFT_PPM, DEFAULT_GAP_MAX, DEFAULT_RECOVERY_GRACE, DEFAULT_ROUND_TRIP_MAX,
-    DEFAULT_SAMPLE_INTERVAL, DEFAULT_STABLE_OBSERVATIONS_MIN, GAP_MAX_MAX, SafeTimeConfig,
-    judge_reading,
+    DEFAULT_SAMPLE_INTERVAL, DEFAULT_STABLE_OBSERVATIONS_MIN, GAP_MAX_MAX, QuarantineProgress,
+    SafeTimeConfig, judge_reading,
 };
 use safetime_pg::sampler::{DEFAULT_RECONNECT_MAX, DEFAULT_STANDBY_POLL, Sampler, SamplerOptions};
 use safetime_pg::{EVIDENCE_MAX, SafeTimeError};
@@ -107,6 +107,11 @@ enum Command {
     /// `uncertain_reason` are judged as the service judges them: a cut not
     /// republished within `--gap-max` (database time since its last
     /// publish) is `stale`; `published_reason` is what the publisher said.
+    /// While the initial quarantine is in force, `quarantine` says how much
+    /// uninterrupted trusted time its proof still needs (`remaining`, of
+    /// `required`: the horizon plus the drift allowance; `observed` since
+    /// `proof_started_at`) and, in `hint`, how to shorten it safely (seal a
+    /// shorter horizon with every sampler stopped); `null` otherwise.
     Status {
         /// Sampling-gap bound to judge staleness by, at most one hour; give
         /// the service's `--safetime-gap-max` (the same default and cap).
@@ -117,6 +122,25 @@ enum Command {
             allow_hyphen_values = true,
         )]
         gap_max: SignedDuration,
+        /// The samplers' drift allowance, parts per million (at most
+        /// 100000): with `--recovery-grace`, what the initial quarantine's
+        /// proof needs (`quarantine`); give the samplers' `run` value.
+        #[arg(
+            long,
+            env = "TOLLGATE_SAFETIME_DRIFT_PPM",
+            default_value_t = DEFAULT_DRIFT_PPM,
+            allow_negative_numbers = true,
+        )]
+        drift_ppm: u32,
+        /// The samplers' recovery grace (zero to one hour); give the
+        /// samplers' `run` value.
+        #[arg(
+            long,
+            env = "TOLLGATE_SAFETIME_RECOVERY_GRACE",
+            default_value_t = DEFAULT_RECOVERY_GRACE,
+            allow_hyphen_values = true,
+        )]
+        recovery_grace: SignedDuration,
     },
     /// Show or seal the maximum-deadline horizon policy.
     #[command(subcommand)]
@@ -400,7 +424,11 @@ fn std_duration(name: &str, d: SignedDuration) -> Result<Duration, Failure> {
 async fn dispatch(command: Command, url: &str) -> Result<ExitCode, Failure> {
     match command {
         Command::Run(args) => run(args, url).await,
-        Command::Status { gap_max } => {
+        Command::Status {
+            gap_max,
+            drift_ppm,
+            recovery_grace,
+        } => {
             if gap_max <= SignedDuration::ZERO {
                 return Err(Failure::Usage(format!(
                     "--gap-max must be positive, got {gap_max}"
@@ -414,6 +442,18 @@ async fn dispatch(command: Command, url: &str) -> Result<ExitCode, Failure> {
                     "--gap-max must be at most {GAP_MAX_MAX}, got {gap_max}"
                 )));
             }
+            // Only the drift allowance and the recovery grace enter the
+            // quarantine's run; the other settings are the defaults, valid
+            // with each other.
+            let tuning = SafeTimeConfig::new(
+                drift_ppm,
+                DEFAULT_SAMPLE_INTERVAL,
+                DEFAULT_GAP_MAX,
+                DEFAULT_ROUND_TRIP_MAX,
+                DEFAULT_STABLE_OBSERVATIONS_MIN,
+                recovery_grace,
+            )
+            .map_err(|e| Failure::Usage(format!("--drift-ppm or --recovery-grace: {e}")))?;
             let mut c = connect(url).await?;
             let row = safetime_pg::read_cut(&mut c).await?;
             let json = match row {
@@ -445,6 +485,7 @@ async fn dispatch(command: Command, url: &str) -> Result<ExitCode, Failure> {
                     "policy_version": r.policy.version(),
                     "horizon_ms": r.policy.horizon_ms(),
                     "policy_digest": r.policy.digest(),
+                    "quarantine": r.quarantine_progress(&tuning).map(|q| quarantine_json(&q, r.proof_started_at)),
                     })
                 }
             };
@@ -526,6 +567,34 @@ fn standby_poll(d: SignedDuration) -> Result<Duration, Failure> {
         )));
     }
     Ok(poll)
+}
+
+/// The `quarantine` member of `status` while the initial quarantine is in
+/// force: what its proof still needs (`remaining`), needs in all
+/// (`required`: the horizon plus the drift allowance, at least the recovery
+/// grace) and has observed (`observed`: database time since
+/// `proof_started_at`), each in ISO 8601 and as integer nanoseconds in a
+/// decimal string, and `hint`, one sentence of the same with how to
+/// shorten it safely.
+fn quarantine_json(q: &QuarantineProgress, proof_started_at: jiff::Timestamp) -> serde_json::Value {
+    serde_json::json!({
+        "remaining": q.remaining.to_string(),
+        "remaining_ns": q.remaining.as_nanos().to_string(),
+        "required": q.required.to_string(),
+        "required_ns": q.required.as_nanos().to_string(),
+        "observed": q.observed.to_string(),
+        "observed_ns": q.observed.as_nanos().to_string(),
+        "drift_ppm": q.drift_ppm,
+        "proof_started_at": proof_started_at.to_string(),
+        "hint": format!(
+            "{q}. To shorten it safely: stop every sampler, seal a shorter horizon (at least \
+             the service's max_ttl + reclaim_grace + --safetime-gap-max, and no shorter than \
+             any active lease's granted TTL plus grace; the database refuses one below the \
+             recorded max_ttl + reclaim_grace) with `tollgate-safetime policy \
+             seal --horizon-ms <ms> --sealed-by <name>`, then start the samplers again; the \
+             next epoch's proof runs for the new horizon"
+        ),
+    })
 }
 
 async fn run(args: RunArgs, url: &str) -> Result<ExitCode, Failure> {

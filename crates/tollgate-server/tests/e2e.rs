@@ -169,7 +169,7 @@ fn walk_through(srv: &Server) -> (String, String, String, String) {
     let clock = srv.ok(&["clock", "set", "2026-11-29T12:00:00.5+00:00"], ADMIN);
     assert_eq!(
         clock,
-        json!({"now": "2026-11-29T12:00:00.5Z", "clock": "test"})
+        json!({"now": "2026-11-29T12:00:00.5Z", "now_ns": "1795953600500000000", "clock": "test"})
     );
     let created = srv.ok(&["account", "create", "--name", "team blue"], ADMIN);
     let account = s(&created, "account_id");
@@ -247,7 +247,8 @@ fn expire_and_reclaim(srv: &Server, account: &str, key: &str) {
     assert_eq!(
         r,
         json!({"reclaimed": [g["lease_id"]], "cutoff": "2026-11-29T12:00:11Z",
-               "units_charged": 20, "now": "2026-11-29T12:00:16Z"})
+               "cutoff_ns": "1795953611000000000", "units_charged": 20,
+               "now": "2026-11-29T12:00:16Z", "now_ns": "1795953616000000000"})
     );
     let shown = srv.ok(&["lease", "show", &lease], &cap);
     assert_eq!(shown["state"], json!("reclaimed"));

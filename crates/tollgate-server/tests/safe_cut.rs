@@ -169,9 +169,11 @@ async fn no_cut_refuses_acquire() {
         c.status().await["safe_time"],
         json!({
             "certain": false, "uncertain_reason": "no_cut", "read_error": false,
-            "read_errors": 0, "cut": null, "db_now": null, "cut_lag": null, "epoch": null,
+            "read_errors": 0, "cut": null, "cut_ns": null, "db_now": null, "db_now_ns": null,
+            "cut_lag": null, "cut_lag_ns": null, "epoch": null,
             "quarantined": null, "publish_seq": null, "published_at": null,
-            "policy_version": null, "horizon": null, "gap_max": "PT5S"
+            "published_at_ns": null, "policy_version": null, "horizon": null,
+            "horizon_ns": null, "gap_max": "PT5S", "gap_max_ns": "5000000000"
         })
     );
     let m = c.metrics().await;
@@ -200,16 +202,33 @@ async fn certain_cut_is_the_acquire_instant() {
     assert_eq!(g["granted_ttl"], json!("PT30.000000001S"));
     let mut st = c.status().await;
     let safe = st["safe_time"].as_object_mut().expect("safe_time");
-    // Database time: real, so only its shape is checked.
-    for field in ["db_now", "cut_lag", "published_at"] {
+    // Database time: real, so only its shape is checked, and that the
+    // lag's companion is exactly the difference of the instants' ones.
+    let ns = |field: &str| -> i128 {
+        safe[field]
+            .as_str()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("{field}: {:?}", safe[field]))
+    };
+    assert_eq!(ns("cut_lag_ns"), ns("db_now_ns") - ns("cut_ns"));
+    for field in [
+        "db_now",
+        "db_now_ns",
+        "cut_lag",
+        "cut_lag_ns",
+        "published_at",
+        "published_at_ns",
+    ] {
         assert!(safe.remove(field).is_some_and(|v| v.is_string()), "{field}");
     }
     assert_eq!(
         st["safe_time"],
         json!({
             "certain": true, "uncertain_reason": null, "read_error": false, "read_errors": 0,
-            "cut": "2026-11-29T12:00:00.123456789Z", "epoch": 1, "quarantined": false,
-            "publish_seq": 1, "policy_version": 1, "horizon": "PT87600H", "gap_max": "PT1M"
+            "cut": "2026-11-29T12:00:00.123456789Z", "cut_ns": "1795953600123456789",
+            "epoch": 1, "quarantined": false, "publish_seq": 1, "policy_version": 1,
+            "horizon": "PT87600H", "horizon_ns": "315360000000000000",
+            "gap_max": "PT1M", "gap_max_ns": "60000000000"
         })
     );
     assert_eq!(st["clock"], json!("safe-cut"));
@@ -394,11 +413,15 @@ async fn reclaims_late_once_certain(c: &mut Cut, a: i64, key: &str, gc: &Value) 
     let st = c.status().await;
     assert_eq!(
         st["late_expiry"],
-        json!({"count": 1, "sum": late.to_string(), "buckets": [
-            {"le": "PT0.001S", "count": 0}, {"le": "PT0.01S", "count": 0},
-            {"le": "PT0.1S", "count": 0}, {"le": "PT1S", "count": 0},
-            {"le": "PT10S", "count": 0}, {"le": "PT1M", "count": 1},
-            {"le": "PT10M", "count": 1}
+        json!({"count": 1, "sum": late.to_string(),
+               "sum_ns": late.as_nanos().to_string(), "buckets": [
+            {"le": "PT0.001S", "le_ns": "1000000", "count": 0},
+            {"le": "PT0.01S", "le_ns": "10000000", "count": 0},
+            {"le": "PT0.1S", "le_ns": "100000000", "count": 0},
+            {"le": "PT1S", "le_ns": "1000000000", "count": 0},
+            {"le": "PT10S", "le_ns": "10000000000", "count": 0},
+            {"le": "PT1M", "le_ns": "60000000000", "count": 1},
+            {"le": "PT10M", "le_ns": "600000000000", "count": 1}
         ]})
     );
     // Admission is back, at the cut.

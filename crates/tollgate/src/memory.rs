@@ -297,6 +297,7 @@ impl Allocator for MemoryStore {
         Ok(Renewal {
             lease: renewed,
             granted_ttl: plan.granted_ttl,
+            extended: plan.extended,
         })
     }
 

@@ -189,6 +189,10 @@ pub struct Renewal {
     pub lease: Lease,
     /// The TTL after clamping.
     pub granted_ttl: SignedDuration,
+    /// Whether the renewal moved the expiry later. `false` when the lease
+    /// already expired at or after the grant base plus `granted_ttl`: the
+    /// expiry is unchanged, because a renewal never shortens a lease.
+    pub extended: bool,
 }
 
 /// The terminal accounting of one lease.

@@ -643,6 +643,10 @@ pub struct RenewPlan {
     pub lease_id: LeaseId,
     /// Its new expiry: `max(expiry, grant_base + granted_ttl)`.
     pub expiry: Timestamp,
+    /// Whether the new expiry is later than the lease's before the
+    /// renewal (`false`: `grant_base + granted_ttl` did not pass it, so the
+    /// expiry is unchanged; a renewal never shortens a lease).
+    pub extended: bool,
     /// Whether the new expiry is still a legacy upper bound: only if the
     /// lease's was one and the renewal kept it.
     pub expiry_is_upper_bound: bool,
@@ -715,6 +719,7 @@ pub fn plan_renew(
     Ok(RenewPlan {
         lease_id: lease.lease_id,
         expiry,
+        extended: expiry > lease.expiry,
         expiry_is_upper_bound: lease.expiry_is_upper_bound && expiry == lease.expiry,
         granted_ttl,
         account_id: lease.account_id,
@@ -1753,6 +1758,7 @@ mod tests {
             RenewPlan {
                 lease_id: LeaseId(6),
                 expiry: at(1_040),
+                extended: true,
                 expiry_is_upper_bound: false,
                 granted_ttl: d(50),
                 account_id: ACCOUNT,
@@ -1776,6 +1782,13 @@ mod tests {
         );
         let kept = plan_renew(&p, &legacy, b, d(1), at(0).into()).unwrap();
         assert!(kept.entry(Fence(78)).expiry_is_upper_bound);
+        // 0 + 1 does not pass the expiry 1_000: kept, not extended.
+        assert_eq!((kept.expiry, kept.extended), (at(1_000), false));
+        // A candidate equal to the expiry does not extend it either.
+        let equal = plan_renew(&p, &l, b, d(10), at(990).into()).unwrap();
+        assert_eq!((equal.expiry, equal.extended), (at(1_000), false));
+        let one_more = plan_renew(&p, &l, b, d(11), at(990).into()).unwrap();
+        assert_eq!((one_more.expiry, one_more.extended), (at(1_001), true));
         assert_eq!(
             plan.renewed(&legacy, Fence(77)),
             Lease {

@@ -76,9 +76,25 @@ pub async fn acquire_fractional_ttl_exact(f: &dyn ServiceStoreFactory) {
     assert_eq!(g["granted_ttl"], json!("PT30.000000001S"));
     // The time remaining from the request: the whole TTL on an exact clock.
     assert_eq!(g["expires_in"], json!("PT30.000000001S"));
+    // The lossless companions: integer nanoseconds as decimal strings.
+    assert_eq!(g["expiry_ns"], json!("1795953630123456790"));
+    assert_eq!(g["granted_ttl_ns"], json!("30000000001"));
+    assert_eq!(g["expires_in_ns"], json!("30000000001"));
+    assert_eq!(
+        (
+            &g["requested_ttl"],
+            &g["requested_ttl_ns"],
+            &g["ttl_clamped"]
+        ),
+        (
+            &json!("PT30.000000001S"),
+            &json!("30000000001"),
+            &json!(false)
+        )
+    );
     assert_eq!(g["units"], json!(10));
     assert!(cap(&g).starts_with("tgc1."));
-    assert_eq!(g.as_object().map(|o| o.len()), Some(7));
+    assert_eq!(g.as_object().map(|o| o.len()), Some(13));
     let l = h
         .send(Req::get(format!("/v1/leases/{lease}")).token(&cap(&g)))
         .await;
@@ -87,8 +103,9 @@ pub async fn acquire_fractional_ttl_exact(f: &dyn ServiceStoreFactory) {
         &json!({
             "lease_id": lease, "account_id": a, "state": "active", "units": 10,
             "fence": fence(&g), "expiry": "2026-11-29T12:00:30.12345679Z",
+            "expiry_ns": "1795953630123456790",
             "expiry_is_upper_bound": false, "consumed": null,
-            "expires_in": "PT30.000000001S"
+            "expires_in": "PT30.000000001S", "expires_in_ns": "30000000001"
         })
     );
     // Read later, the lease has less left; past its expiry, nothing.
@@ -97,11 +114,13 @@ pub async fn acquire_fractional_ttl_exact(f: &dyn ServiceStoreFactory) {
         .send(Req::get(format!("/v1/leases/{lease}")).token(&cap(&g)))
         .await;
     assert_eq!(l.ok(200)["expires_in"], json!("PT10.000000001S"));
+    assert_eq!(l.ok(200)["expires_in_ns"], json!("10000000001"));
     h.set_now("2026-11-29T12:00:31Z");
     let l = h
         .send(Req::get(format!("/v1/leases/{lease}")).token(&cap(&g)))
         .await;
     assert_eq!(l.ok(200)["expires_in"], json!("PT0S"));
+    assert_eq!(l.ok(200)["expires_in_ns"], json!("0"));
     h.set_now("2026-11-29T12:00:00.123456789Z");
     assert_eq!(
         h.account_view(a).await,
@@ -113,32 +132,89 @@ pub async fn acquire_fractional_ttl_exact(f: &dyn ServiceStoreFactory) {
 pub async fn ttl_clamped_and_friendly_input(f: &dyn ServiceStoreFactory) {
     let h = Harness::new(f, default_policy()).await;
     let (a, key) = h.account("a", 100).await;
-    for (input, granted, expiry) in [
-        ("PT2H", "PT1M", "2026-11-29T12:01:00Z"),
-        ("PT60.000000001S", "PT1M", "2026-11-29T12:01:00Z"),
-        ("PT1M", "PT1M", "2026-11-29T12:01:00Z"),
+    // (input, granted, expiry, requested, requested_ns, clamped)
+    for (input, granted, expiry, requested, requested_ns, clamped) in [
+        (
+            "PT2H",
+            "PT1M",
+            "2026-11-29T12:01:00Z",
+            "PT2H",
+            "7200000000000",
+            true,
+        ),
+        (
+            "PT60.000000001S",
+            "PT1M",
+            "2026-11-29T12:01:00Z",
+            "PT1M0.000000001S",
+            "60000000001",
+            true,
+        ),
+        (
+            "PT1M",
+            "PT1M",
+            "2026-11-29T12:01:00Z",
+            "PT1M",
+            "60000000000",
+            false,
+        ),
         (
             "PT59.999999999S",
             "PT59.999999999S",
             "2026-11-29T12:00:59.999999999Z",
+            "PT59.999999999S",
+            "59999999999",
+            false,
         ),
         (
             "30s 1ns",
             "PT30.000000001S",
             "2026-11-29T12:00:30.000000001Z",
+            "PT30.000000001S",
+            "30000000001",
+            false,
         ),
-        ("1ns", "PT0.000000001S", "2026-11-29T12:00:00.000000001Z"),
-        ("1.5s", "PT1.5S", "2026-11-29T12:00:01.5Z"),
+        (
+            "1ns",
+            "PT0.000000001S",
+            "2026-11-29T12:00:00.000000001Z",
+            "PT0.000000001S",
+            "1",
+            false,
+        ),
+        (
+            "1.5s",
+            "PT1.5S",
+            "2026-11-29T12:00:01.5Z",
+            "PT1.5S",
+            "1500000000",
+            false,
+        ),
         (
             "PT2562047788015215H30M7.999999999S",
             "PT1M",
             "2026-11-29T12:01:00Z",
+            "PT2562047788015215H30M7.999999999S",
+            "9223372036854775807999999999",
+            true,
         ),
     ] {
         let g = h.acquire(a, &key, 1, input).await;
         assert_eq!(
-            (g["granted_ttl"].as_str(), g["expiry"].as_str()),
-            (Some(granted), Some(expiry)),
+            (
+                g["granted_ttl"].as_str(),
+                g["expiry"].as_str(),
+                g["requested_ttl"].as_str(),
+                g["requested_ttl_ns"].as_str(),
+                g["ttl_clamped"].as_bool(),
+            ),
+            (
+                Some(granted),
+                Some(expiry),
+                Some(requested),
+                Some(requested_ns),
+                Some(clamped)
+            ),
             "{input}"
         );
     }
@@ -167,8 +243,11 @@ pub async fn renew_extends_and_never_shortens(f: &dyn ServiceStoreFactory) {
         json!({
             "lease_id": lease, "account_id": a, "state": "active", "units": 10,
             "fence": fence(&r), "expiry": "2026-11-29T12:00:40.000000001Z",
+            "expiry_ns": "1795953640000000001", "extended": true,
             "expiry_is_upper_bound": false, "granted_ttl": "PT30.000000001S",
-            "expires_in": "PT30.000000001S"
+            "granted_ttl_ns": "30000000001", "requested_ttl": "PT30.000000001S",
+            "requested_ttl_ns": "30000000001", "ttl_clamped": false,
+            "expires_in": "PT30.000000001S", "expires_in_ns": "30000000001"
         })
     );
     // A shorter renewal keeps the expiry and still issues a new fence.
@@ -184,12 +263,64 @@ pub async fn renew_extends_and_never_shortens(f: &dyn ServiceStoreFactory) {
     assert!(fence(&r2) > fence(&r));
     assert_eq!(r2["expiry"], json!("2026-11-29T12:00:40.000000001Z"));
     assert_eq!(r2["granted_ttl"], json!("PT1S"));
+    // ... and says so: not extended, not clamped.
+    assert_eq!(
+        (&r2["extended"], &r2["ttl_clamped"], &r2["expiry_ns"]),
+        (&json!(false), &json!(false), &json!("1795953640000000001"))
+    );
     // The kept expiry is what the holder has left: more than asked for.
     assert_eq!(r2["expires_in"], json!("PT30.000000001S"));
+    // A renewal past max_ttl (1 min) is clamped, and says so: 12:00:10 +
+    // 1 min passes the kept expiry, so it is extended too.
+    let r3 = h
+        .send(
+            Req::post(format!("/v1/leases/{lease}/renew"))
+                .token(&c)
+                .json(json!({"ttl": "PT1H"})),
+        )
+        .await
+        .ok(200)
+        .clone();
+    assert_eq!(
+        (
+            &r3["expiry"],
+            &r3["expiry_ns"],
+            &r3["extended"],
+            &r3["ttl_clamped"],
+            &r3["requested_ttl"],
+            &r3["requested_ttl_ns"],
+            &r3["granted_ttl"],
+            &r3["granted_ttl_ns"],
+        ),
+        (
+            &json!("2026-11-29T12:01:10Z"),
+            &json!("1795953670000000000"),
+            &json!(true),
+            &json!(true),
+            &json!("PT1H"),
+            &json!("3600000000000"),
+            &json!("PT1M"),
+            &json!("60000000000"),
+        )
+    );
+    // Clamped and not extended: the same 1 h again keeps 12:01:10.
+    let r4 = h
+        .send(
+            Req::post(format!("/v1/leases/{lease}/renew"))
+                .token(&c)
+                .json(json!({"ttl": "PT1H"})),
+        )
+        .await
+        .ok(200)
+        .clone();
+    assert_eq!(
+        (&r4["expiry"], &r4["extended"], &r4["ttl_clamped"]),
+        (&json!("2026-11-29T12:01:10Z"), &json!(false), &json!(true))
+    );
     let l = h
         .send(Req::get(format!("/v1/leases/{lease}")).token(&c))
         .await;
-    assert_eq!(l.ok(200)["fence"], json!(fence(&r2)));
+    assert_eq!(l.ok(200)["fence"], json!(fence(&r4)));
 }
 
 /// Release with and without `consumed`: exact settlement and balances.
@@ -212,6 +343,7 @@ pub async fn release_settles_exactly(f: &dyn ServiceStoreFactory) {
             "lease_id": id(&g1, "lease_id"), "account_id": a, "state": "released",
             "units": 10, "consumed": 4, "returned": 6,
             "settled_at": "2026-11-29T12:00:01.000000001Z",
+            "settled_at_ns": "1795953601000000001",
             "balances": {"deposited": 100, "available": 76, "held": 20, "consumed": 4}
         })
     );
@@ -225,6 +357,7 @@ pub async fn release_settles_exactly(f: &dyn ServiceStoreFactory) {
             "lease_id": id(&g2, "lease_id"), "account_id": a, "state": "released",
             "units": 20, "consumed": 20, "returned": 0,
             "settled_at": "2026-11-29T12:00:01.000000001Z",
+            "settled_at_ns": "1795953601000000001",
             "balances": {"deposited": 100, "available": 76, "held": 0, "consumed": 24}
         })
     );
@@ -275,8 +408,9 @@ pub async fn release_and_reclaim_boundary(f: &dyn ServiceStoreFactory) {
         .await;
     assert_eq!(
         r.ok(200),
-        &json!({"reclaimed": [], "cutoff": "2026-11-29T12:00:30Z", "units_charged": 0,
-                "now": "2026-11-29T12:00:35Z"})
+        &json!({"reclaimed": [], "cutoff": "2026-11-29T12:00:30Z",
+                "cutoff_ns": "1795953630000000000", "units_charged": 0,
+                "now": "2026-11-29T12:00:35Z", "now_ns": "1795953635000000000"})
     );
     h.send(
         Req::post(format!("/v1/leases/{}/release", id(&early, "lease_id")))
@@ -313,7 +447,8 @@ pub async fn release_and_reclaim_boundary(f: &dyn ServiceStoreFactory) {
     assert_eq!(
         r.ok(200),
         &json!({"reclaimed": [late_id], "cutoff": "2026-11-29T12:00:30.000000001Z",
-                "units_charged": 20, "now": "2026-11-29T12:00:35.000000001Z"})
+                "cutoff_ns": "1795953630000000001", "units_charged": 20,
+                "now": "2026-11-29T12:00:35.000000001Z", "now_ns": "1795953635000000001"})
     );
     let l = h
         .send(Req::get(format!("/v1/leases/{late_id}")).token(&cap(&late)))
@@ -478,9 +613,12 @@ pub async fn idempotent_acquire(f: &dyn ServiceStoreFactory) {
     // The original grant, with the time left from the retry.
     assert_eq!(first["expires_in"], json!("PT30S"));
     assert_eq!(retry["expires_in"], json!("PT28S"));
+    assert_eq!(retry["expires_in_ns"], json!("28000000000"));
     let without = |v: &serde_json::Value| {
         let mut v = v.clone();
-        v.as_object_mut().expect("object").remove("expires_in");
+        let o = v.as_object_mut().expect("object");
+        o.remove("expires_in");
+        o.remove("expires_in_ns");
         v
     };
     assert_eq!(without(&first), without(&retry));
@@ -542,15 +680,19 @@ pub async fn audit_and_status(f: &dyn ServiceStoreFactory) {
                 "maintenance": false
             },
             "active_leases": 1, "active_legacy_bounds": 0,
-            "policy": {"max_ttl": "PT1M", "reclaim_grace": "PT5S"},
+            "policy": {"max_ttl": "PT1M", "max_ttl_ns": "60000000000",
+                       "reclaim_grace": "PT5S", "reclaim_grace_ns": "5000000000"},
             "clock": "test",
             "safe_time": null,
             "paused": {"acquire": 0, "consolidate": 0, "reclaim": 0},
-            "late_expiry": {"count": 0, "sum": "PT0S", "buckets": [
-                {"le": "PT0.001S", "count": 0}, {"le": "PT0.01S", "count": 0},
-                {"le": "PT0.1S", "count": 0}, {"le": "PT1S", "count": 0},
-                {"le": "PT10S", "count": 0}, {"le": "PT1M", "count": 0},
-                {"le": "PT10M", "count": 0}
+            "late_expiry": {"count": 0, "sum": "PT0S", "sum_ns": "0", "buckets": [
+                {"le": "PT0.001S", "le_ns": "1000000", "count": 0},
+                {"le": "PT0.01S", "le_ns": "10000000", "count": 0},
+                {"le": "PT0.1S", "le_ns": "100000000", "count": 0},
+                {"le": "PT1S", "le_ns": "1000000000", "count": 0},
+                {"le": "PT10S", "le_ns": "10000000000", "count": 0},
+                {"le": "PT1M", "le_ns": "60000000000", "count": 0},
+                {"le": "PT10M", "le_ns": "600000000000", "count": 0}
             ]}
         })
     );
@@ -1397,23 +1539,42 @@ pub async fn routes_and_methods(f: &dyn ServiceStoreFactory) {
 pub async fn timestamps_round_trip(f: &dyn ServiceStoreFactory) {
     let h = Harness::new(f, default_policy()).await;
     let (a, key) = h.account("a", 100).await;
-    for (input, output) in [
-        ("2026-11-29T12:00:00Z", "2026-11-29T12:00:00Z"),
-        ("2026-11-29T13:00:00.5+01:00", "2026-11-29T12:00:00.5Z"),
-        ("2026-11-29T06:30:00.123-05:30", "2026-11-29T12:00:00.123Z"),
+    for (input, output, output_ns) in [
+        (
+            "2026-11-29T12:00:00Z",
+            "2026-11-29T12:00:00Z",
+            "1795953600000000000",
+        ),
+        (
+            "2026-11-29T13:00:00.5+01:00",
+            "2026-11-29T12:00:00.5Z",
+            "1795953600500000000",
+        ),
+        (
+            "2026-11-29T06:30:00.123-05:30",
+            "2026-11-29T12:00:00.123Z",
+            "1795953600123000000",
+        ),
         (
             "2026-11-29T12:00:00.000000001Z",
             "2026-11-29T12:00:00.000000001Z",
+            "1795953600000000001",
         ),
         (
             "2026-11-29T12:00:00.999999999z",
             "2026-11-29T12:00:00.999999999Z",
+            "1795953600999999999",
         ),
-        ("2026-11-29T12:00:00.120000000Z", "2026-11-29T12:00:00.12Z"),
-        ("1970-01-01T00:00:00Z", "1970-01-01T00:00:00Z"),
+        (
+            "2026-11-29T12:00:00.120000000Z",
+            "2026-11-29T12:00:00.12Z",
+            "1795953600120000000",
+        ),
+        ("1970-01-01T00:00:00Z", "1970-01-01T00:00:00Z", "0"),
         (
             "1969-12-31T23:59:59.999999999Z",
             "1969-12-31T23:59:59.999999999Z",
+            "-1",
         ),
     ] {
         let r = h
@@ -1425,7 +1586,20 @@ pub async fn timestamps_round_trip(f: &dyn ServiceStoreFactory) {
             .await;
         assert_eq!(
             r.ok(200),
-            &json!({"now": output, "clock": "test"}),
+            &json!({"now": output, "now_ns": output_ns, "clock": "test"}),
+            "{input}"
+        );
+        // The lossless form sets the same instant.
+        let r = h
+            .send(
+                Req::put("/v1/admin/test-clock")
+                    .token(ADMIN)
+                    .json(json!({"now_ns": output_ns})),
+            )
+            .await;
+        assert_eq!(
+            r.ok(200),
+            &json!({"now": output, "now_ns": output_ns, "clock": "test"}),
             "{input}"
         );
         // The server's supplied time is exactly that instant.
@@ -1444,6 +1618,45 @@ pub async fn timestamps_round_trip(f: &dyn ServiceStoreFactory) {
     )
     .await
     .problem(422, "invalid_body");
+    // Exactly one of `now` and `now_ns`; `now_ns` is a decimal string.
+    for (body, detail) in [
+        (
+            json!({}),
+            "give the instant as `now` (RFC 3339) or `now_ns` (nanoseconds since the Unix epoch)",
+        ),
+        (
+            json!({"now": "1970-01-01T00:00:00Z", "now_ns": "0"}),
+            "give `now` or `now_ns`, not both",
+        ),
+        (
+            json!({"now_ns": "1.5"}),
+            "now_ns: invalid instant in nanoseconds \"1.5\": expected a decimal integer of nanoseconds since 1970-01-01T00:00:00Z within the years -9999..=9999",
+        ),
+        (
+            json!({"now_ns": "+1"}),
+            "now_ns: invalid instant in nanoseconds \"+1\": expected a decimal integer of nanoseconds since 1970-01-01T00:00:00Z within the years -9999..=9999",
+        ),
+        (
+            json!({"now_ns": "999999999999999999999999"}),
+            "now_ns: invalid instant in nanoseconds \"999999999999999999999999\": expected a decimal integer of nanoseconds since 1970-01-01T00:00:00Z within the years -9999..=9999",
+        ),
+    ] {
+        let r = h
+            .send(
+                Req::put("/v1/admin/test-clock")
+                    .token(ADMIN)
+                    .json(body.clone()),
+            )
+            .await;
+        r.problem(422, "invalid_body");
+        // A field's parse error names where the value ended.
+        let detail = if detail.starts_with("now_ns:") {
+            format!("{detail} at line 1 column {}", body.to_string().len())
+        } else {
+            detail.to_string()
+        };
+        assert_eq!(r.body["detail"], json!(detail), "{body}");
+    }
 }
 
 /// Durations: ISO 8601 out, ISO 8601 or friendly in, exact.
@@ -1503,15 +1716,20 @@ pub async fn unrepresentable_expiry(f: &dyn ServiceStoreFactory) {
     assert_eq!(h.account_view(a).await["available"], json!(100));
     let g = h.acquire(a, &key, 1, "PT0.499999999S").await;
     assert_eq!(g["expiry"], json!("9999-12-30T22:00:00.999999999Z"));
+    // Beyond 64 bits: the companion string holds it exactly.
+    assert_eq!(g["expiry_ns"], json!("253402207200999999999"));
     let r = h.send(Req::post("/v1/admin/reclaim").token(ADMIN)).await;
     assert_eq!(
         r.ok(200),
-        &json!({"reclaimed": [], "cutoff": null, "units_charged": 0, "now": "9999-12-30T22:00:00.5Z"})
+        &json!({"reclaimed": [], "cutoff": null, "cutoff_ns": null, "units_charged": 0,
+                "now": "9999-12-30T22:00:00.5Z", "now_ns": "253402207200500000000"})
     );
     let status = h.send(Req::get("/v1/admin/status").token(ADMIN)).await;
     assert_eq!(
         status.ok(200)["policy"],
-        json!({"max_ttl": "PT1M", "reclaim_grace": "PT2562047788015215H30M7.999999999S"})
+        json!({"max_ttl": "PT1M", "max_ttl_ns": "60000000000",
+               "reclaim_grace": "PT2562047788015215H30M7.999999999S",
+               "reclaim_grace_ns": "9223372036854775807999999999"})
     );
 }
 

@@ -381,12 +381,14 @@ pub async fn renew_never_shortens_and_fences_increase(f: &dyn StoreFactory) {
         .unwrap();
     assert_eq!(r.lease.expiry, g.expiry);
     assert_eq!(r.granted_ttl, dur(1, 0));
+    assert!(!r.extended, "now + 1 s does not pass the expiry: kept");
     assert!(r.lease.fence > g2.fence);
     let r2 = s
         .renew(g.lease_id, &g.capability, dur(60, 0), now.into())
         .await
         .unwrap();
     assert_eq!(r2.lease.expiry, ts("2026-11-29T12:01:00.123456789Z"));
+    assert!(r2.extended);
     assert!(r2.lease.fence > r.lease.fence);
     let c = s
         .consolidate(
