@@ -9,7 +9,7 @@
 //! [`pgkit::migrate`]). This binary's lines, in order:
 //!
 //! 1. **Tollgate's** ([`tollgate_line`]): `migrations/0001_*.sql` ..
-//!    `0019_*.sql`, bookkeeping in `_sqlx_migrations`, where sqlx's own
+//!    `0020_*.sql`, bookkeeping in `_sqlx_migrations`, where sqlx's own
 //!    migrator recorded them before the lines existed; its rows and
 //!    checksums are sqlx's, so databases migrated by older binaries carry
 //!    on unchanged. Versions 1 to 16 are the schema as it stood before exact
@@ -18,7 +18,9 @@
 //!    `migrations/0017_exact_instants.sql` and `docs/upgrade-0017.md`);
 //!    version 18 created safe time; version 19 guards lease writes (the
 //!    recorded grant policy and the sealed horizon, see
-//!    `migrations/0019_lease_write_guard.sql`).
+//!    `migrations/0019_lease_write_guard.sql`); version 20 refuses a seal
+//!    whose horizon does not cover every active lease
+//!    (`migrations/0020_seal_covers_active_leases.sql`).
 //! 2. **Safe time's** ([`safe_time_line`]): `migrations-safetime/`,
 //!    bookkeeping in `_safetime_migrations`. See [`safe_time_line`].
 //!
@@ -80,15 +82,20 @@ pub const SAFE_TIME_VERSION: i64 = 18;
 /// The version of migration 0019, the lease-write guard: the database
 /// refuses lease writes from a session that does not declare the recorded
 /// grant policy, and active leases whose expiry plus grace lies beyond
-/// the safe expiry cut plus the sealed horizon. The current version of
-/// Tollgate's line.
+/// the safe expiry cut plus the sealed horizon.
 pub const LEASE_WRITE_GUARD_VERSION: i64 = 19;
+
+/// The version of migration 0020, the seal guard: the database refuses to
+/// seal a horizon shorter than an active lease still needs (its expiry
+/// plus grace beyond the cut, or the database time before the first
+/// claim, plus the new horizon). The current version of Tollgate's line.
+pub const SEAL_GUARD_VERSION: i64 = 20;
 
 /// The `application_name` of the migration connection, so operators can see
 /// it in `pg_stat_activity` (for example while it waits for table locks).
 pub const MIGRATE_APPLICATION_NAME: &str = "tollgate-migrate";
 
-/// Tollgate's line: the allocator's tables, migrations 1 through 19 in
+/// Tollgate's line: the allocator's tables, migrations 1 through 20 in
 /// `_sqlx_migrations` (see the module docs).
 ///
 /// Migration 0018's opening comment was reworded after databases had
@@ -149,7 +156,7 @@ pub struct Schema {
 }
 
 impl Schema {
-    /// Every line of this binary: Tollgate's (1 through 19), then safe
+    /// Every line of this binary: Tollgate's (1 through 20), then safe
     /// time's.
     pub fn current() -> Schema {
         Schema {
@@ -462,7 +469,7 @@ mod tests {
         );
     }
 
-    const EXPECTED_CHECKSUMS: [(i64, &str, &str); 19] = [
+    const EXPECTED_CHECKSUMS: [(i64, &str, &str); 20] = [
         (
             1,
             "accounts",
@@ -558,6 +565,11 @@ mod tests {
             "lease write guard",
             "365ed69f9cff74bb602f919da5076d13ec3102d880f20930706fe689f27e08fb344418130e5945bceadff2604e8f4d77",
         ),
+        (
+            20,
+            "seal covers active leases",
+            "6a1509f38696b53adaeec6f16e6248ed04d851ee55033dc10d75d8cae084887c544e0b9d1629c736e4eb63d65a5352cb",
+        ),
     ];
 
     #[test]
@@ -576,8 +588,8 @@ mod tests {
                 ("safetime", "_safetime_migrations")
             ]
         );
-        assert_eq!(schema.latest_version(), LEASE_WRITE_GUARD_VERSION);
-        assert_eq!(tollgate_line().versions(), Some((1, 19)));
+        assert_eq!(schema.latest_version(), SEAL_GUARD_VERSION);
+        assert_eq!(tollgate_line().versions(), Some((1, 20)));
         let old = Schema::through(EXACT_INSTANTS_VERSION).unwrap();
         assert_eq!(
             old.lines().iter().map(|l| l.name()).collect::<Vec<_>>(),

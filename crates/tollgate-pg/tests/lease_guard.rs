@@ -166,8 +166,9 @@ fn request(account_id: tollgate::AccountId, units: i64, ttl: SignedDuration) -> 
 
 /// The scenario of a reliability tester: a service on the cut with max_ttl
 /// PT1H keeps running while the operator records PT20S/PT5S and seals a
-/// 25 s horizon; once the new epoch's cut is certain, its `acquire PT50M`
-/// (120 times the horizon), renewal, release, consolidation and reclaim
+/// horizon (refused while it does not cover the 10-minute lease still
+/// active, accepted at exactly 605 s); once the new epoch's cut is certain,
+/// its `acquire PT50M`, renewal, release, consolidation and reclaim
 /// are all refused by the database and change nothing. A store started
 /// with the recorded policy acquires PT20S.
 #[tokio::test]
@@ -184,17 +185,49 @@ async fn a_process_started_before_a_policy_change_writes_no_lease() {
     let short = tollgate::testkit::acquire(&old, a, 5, SignedDuration::from_secs(1), c1).await;
     assert_eq!(long.granted_ttl, SignedDuration::from_mins(10));
 
-    // The operator: stop the sampler, record the new policy, seal 25 s.
+    // The operator: stop the sampler, record the new policy, seal a horizon.
     stop_sampler(l, &mut owner).await;
     let pool = PgPool::connect(db.url()).await.unwrap();
     tollgate_pg::set_policy(&pool, new_policy(), "ops")
         .await
         .unwrap();
-    let sealed = safetime_pg::seal_policy(&mut owner, 25_000, "ops")
+    // A horizon that does not cover the 10-minute lease still active is
+    // refused, naming the lease and the shortest horizon that covers it:
+    // expiry c1 + 10 min plus the recorded grace 5 s, from the cut c1, is
+    // exactly 605,000 ms. Nothing is sealed.
+    let before_seal = state(&mut owner).await;
+    let err = safetime_pg::seal_policy(&mut owner, 604_999, "ops")
+        .await
+        .unwrap_err();
+    let expiry = c1 + SignedDuration::from_mins(10);
+    let due = expiry + SignedDuration::from_secs(5);
+    let bound = c1 + SignedDuration::from_millis(604_999);
+    assert_eq!(err.code(), "horizon_below_policy");
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "horizon below the grant policy: horizon 604999 ms does not cover active lease {}: \
+             its expiry {expiry} plus the recorded reclaim_grace PT5S is {due}, beyond cut {c1} + \
+             horizon = {bound} by PT0.001S; wait until it settles, or seal a horizon of at least \
+             605000 ms",
+            long.lease_id.0
+        )
+    );
+    assert_eq!(
+        safetime_pg::load_policy(&mut owner)
+            .await
+            .unwrap()
+            .version(),
+        1,
+        "a refused seal sealed"
+    );
+    assert_eq!(state(&mut owner).await, before_seal);
+    // Exactly the covering horizon is accepted.
+    let sealed = safetime_pg::seal_policy(&mut owner, 605_000, "ops")
         .await
         .unwrap();
-    assert_eq!((sealed.version(), sealed.horizon_ms()), (2, 25_000));
-    // The next epoch, under the 25 s horizon, certain.
+    assert_eq!((sealed.version(), sealed.horizon_ms()), (2, 605_000));
+    // The next epoch, under the 605 s horizon, certain.
     let (mut l2, claim2) = leader(db.url()).await;
     assert_eq!(claim2.epoch, 2);
     let c2 = publish_certain(&mut l2, 2, Timestamp::MAX).await;
@@ -730,4 +763,63 @@ async fn a_seal_waits_for_open_lease_writes() {
         .unwrap_err();
     assert_eq!(err.code(), "horizon_exceeded");
     owner.close().await.unwrap();
+}
+
+/// Before any sampler has claimed, a seal is judged from the database's
+/// time: after the grant policy was shortened, a horizon that covers the
+/// new policy but not a lease granted under the old one is refused (naming
+/// the lease), nothing is sealed, and once the lease has settled the same
+/// seal is accepted.
+#[tokio::test]
+async fn before_the_first_claim_a_seal_must_cover_active_leases_from_database_time() {
+    let db = support::migrated_db().await;
+    let old = support::store_on(&db, old_policy(), support::test_key()).await;
+    let mut owner = support::connect(&db).await;
+    let now: Timestamp = sqlx::query_scalar::<_, String>(
+        "SELECT to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')",
+    )
+    .fetch_one(&mut owner)
+    .await
+    .unwrap()
+    .parse()
+    .unwrap();
+    let a = tollgate::testkit::new_account(&old, "a", 10, now).await;
+    let g = tollgate::testkit::acquire(&old, a, 1, SignedDuration::from_hours(1), now).await;
+    let pool = PgPool::connect(db.url()).await.unwrap();
+    tollgate_pg::set_policy(&pool, new_policy(), "ops")
+        .await
+        .unwrap();
+    // Due: now + 1 h + the recorded 5 s, far beyond database time + 60 s,
+    // which covers the recorded policy (25 s).
+    let err = safetime_pg::seal_policy(&mut owner, 60_000, "ops")
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), "horizon_below_policy");
+    let text = err.to_string();
+    assert!(
+        text.starts_with(&format!(
+            "horizon below the grant policy: horizon 60000 ms does not cover active lease {}: \
+             its expiry {} plus the recorded reclaim_grace PT5S is {}, beyond database time ",
+            g.lease_id.0,
+            g.expiry,
+            g.expiry + SignedDuration::from_secs(5)
+        )),
+        "{text}"
+    );
+    assert_eq!(
+        safetime_pg::load_policy(&mut owner)
+            .await
+            .unwrap()
+            .version(),
+        1
+    );
+    let new = support::store_on(&db, new_policy(), support::test_key()).await;
+    new.release(g.lease_id, &g.capability, now, Some(0))
+        .await
+        .unwrap();
+    let sealed = safetime_pg::seal_policy(&mut owner, 60_000, "ops")
+        .await
+        .unwrap();
+    assert_eq!((sealed.version(), sealed.horizon_ms()), (2, 60_000));
+    pool.close().await;
 }

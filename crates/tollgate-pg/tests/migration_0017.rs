@@ -49,7 +49,7 @@ async fn migrate_17(db: &Db) {
     let report = tollgate_pg::migrate(db.url()).await.unwrap();
     assert_eq!(
         (report.from_version, report.to_version, report.applied),
-        (Some(16), Some(19), vec![17, 18, 19])
+        (Some(16), Some(20), vec![17, 18, 19, 20])
     );
 }
 
@@ -716,8 +716,8 @@ async fn binary_knowing_only_1_to_16_refuses_the_migrated_database() {
     assert_eq!(
         err,
         StorageError::Failure {
-            message: "database schema is at version 16 but this binary requires version 19; \
-                      pending migrations: 17, 18, 19; run the migrations first"
+            message: "database schema is at version 16 but this binary requires version 20; \
+                      pending migrations: 17, 18, 19, 20; run the migrations first"
                 .into()
         }
     );
@@ -737,7 +737,7 @@ async fn binary_knowing_only_1_to_16_refuses_the_migrated_database() {
     assert_eq!(old.pending(db.url()).await.unwrap_err(), refusal);
     // The current binary accepts it.
     Schema::current().check(&pool).await.unwrap();
-    assert_eq!(schema_version(&pool).await.unwrap(), Some(19));
+    assert_eq!(schema_version(&pool).await.unwrap(), Some(20));
     pool.close().await;
 }
 
@@ -776,7 +776,7 @@ async fn old_transaction_makes_the_migration_wait_for_its_lock() {
         .expect("migration did not finish after the old transaction committed")
         .unwrap()
         .unwrap();
-    assert_eq!(report.applied, vec![17, 18, 19]);
+    assert_eq!(report.applied, vec![17, 18, 19, 20]);
     // The old transaction's lease committed first and was backfilled.
     let row: (i64, i16, bool, i64) = sqlx::query_as(
         "SELECT expiry_floor_us, expiry_submicro_ns, expiry_is_upper_bound, units \
@@ -882,7 +882,7 @@ async fn new_format_is_invisible_to_other_sessions_until_the_migration_commits()
         .expect("migration did not finish")
         .unwrap()
         .unwrap();
-    assert_eq!(report.applied, vec![17, 18, 19]);
+    assert_eq!(report.applied, vec![17, 18, 19, 20]);
     assert_eq!(
         columns(&mut observer, "tollgate_leases").await,
         [
@@ -1171,11 +1171,12 @@ async fn pending_migrations_and_versions() {
     let all = tollgate_pg::pending_migrations(db.url()).await.unwrap();
     assert_eq!(
         all.iter().map(|m| m.version).collect::<Vec<_>>(),
-        (1..=19).collect::<Vec<i64>>()
+        (1..=20).collect::<Vec<i64>>()
     );
     assert_eq!(all[16].description, "exact instants");
     assert_eq!(all[17].description, "safe time");
     assert_eq!(all[18].description, "lease write guard");
+    assert_eq!(all[19].description, "seal covers active leases");
     assert_eq!(all[0].description, "accounts");
     Schema::through(16)
         .unwrap()
@@ -1197,6 +1198,10 @@ async fn pending_migrations_and_versions() {
             tollgate_pg::PendingMigration {
                 version: 19,
                 description: "lease write guard".into()
+            },
+            tollgate_pg::PendingMigration {
+                version: 20,
+                description: "seal covers active leases".into()
             }
         ]
     );
@@ -1209,17 +1214,17 @@ async fn pending_migrations_and_versions() {
     let again = tollgate_pg::migrate(db.url()).await.unwrap();
     assert_eq!(
         (again.from_version, again.to_version, again.applied),
-        (Some(19), Some(19), vec![])
+        (Some(20), Some(20), vec![])
     );
     assert_eq!(
-        Schema::through(20).unwrap_err(),
+        Schema::through(21).unwrap_err(),
         StorageError::Failure {
-            message: "this binary has no migration version 20".into()
+            message: "this binary has no migration version 21".into()
         }
     );
     assert_eq!(
         Schema::current().latest_version(),
-        tollgate_pg::LEASE_WRITE_GUARD_VERSION
+        tollgate_pg::SEAL_GUARD_VERSION
     );
 }
 

@@ -99,18 +99,18 @@ async fn a_database_at_18_with_leases_upgrades_without_a_changed_row() {
     let report = tollgate_pg::migrate(db.url()).await.unwrap();
     assert_eq!(
         (report.from_version, report.to_version, report.applied),
-        (Some(18), Some(19), vec![19])
+        (Some(18), Some(20), vec![19, 20])
     );
-    // No row changed; the bookkeeping gained 0019's row and safe time's
-    // (empty) table.
+    // No row changed; the bookkeeping gained the rows of 0019 and 0020 and
+    // safe time's (empty) table.
     let data_after = data(&mut c, &["_sqlx_migrations", "_safetime_migrations"]).await;
     let data_before_rows: Vec<_> = data_before
         .into_iter()
         .filter(|(t, _)| t != "_sqlx_migrations")
         .collect();
     assert_eq!(data_after, data_before_rows, "a row changed");
-    // The catalog gained exactly 0019's functions and triggers (and safe
-    // time's bookkeeping table), and lost nothing.
+    // The catalog gained exactly the functions and triggers of 0019 and
+    // 0020 (and safe time's bookkeeping table), and lost nothing.
     let catalog_after = catalog(&mut c).await;
     assert!(
         catalog_before.iter().all(|e| catalog_after.contains(e)),
@@ -135,10 +135,12 @@ async fn a_database_at_18_with_leases_upgrades_without_a_changed_row() {
             "function tollgate_leases_under_policy()",
             "function tollgate_leases_within_horizon()",
             "function tollgate_policy_change_waits()",
+            "function tollgate_seal_covers_active_leases()",
             "trigger tollgate_leases_under_policy tollgate_leases",
             "trigger tollgate_leases_within_horizon_insert tollgate_leases",
             "trigger tollgate_leases_within_horizon_update tollgate_leases",
             "trigger tollgate_policy_change_waits tollgate_policy",
+            "trigger tollgate_seal_covers_active_leases tollgate_safetime_policy",
         ]
     );
 
