@@ -15,7 +15,8 @@
 //!   command the marker does not record. It outlives the instance (a
 //!   failed start and a destroy remove only the instance directory): its
 //!   absence is what [`Provider::prove_not_sent`] signs, so it is never
-//!   removed;
+//!   removed. At open every instance with a record gets its marker if it
+//!   lacks one (instances started before markers were kept);
 //! * `instances/` (root's `0711`) `<lease>-<generation>/` (root's `0711`):
 //!   `instance.json` (root's `0600`: the request, written and fsynced
 //!   before anything starts, so a crash always leaves a trace to destroy),
@@ -486,7 +487,7 @@ impl BwrapProvider {
             &cfg.state_dir.join("workspaces"),
         )?;
         check_reachable(&account, &cfg.bwrap_bin, &cfg.runtime_dir)?;
-        Ok(BwrapProvider {
+        let provider = BwrapProvider {
             cfg,
             key,
             fences,
@@ -494,7 +495,28 @@ impl BwrapProvider {
             cgroups,
             account,
             lock: tokio::sync::Mutex::new(()),
-        })
+        };
+        provider.mark_recorded_instances_sent()?;
+        Ok(provider)
+    }
+
+    /// Writes the hand-off marker of every instance with a record that has
+    /// none: a state directory from before markers were kept may hold
+    /// instances whose command was handed over without one. An instance
+    /// whose start stopped between its record and its spawn is marked too,
+    /// which only refuses a proof (its allocate replays it as existing).
+    fn mark_recorded_instances_sent(&self) -> Result<(), ProviderError> {
+        let dir = self.cfg.state_dir.join("instances");
+        let entries = std::fs::read_dir(&dir).map_err(|e| io(dir.display(), e))?;
+        for e in entries.take(INSTANCES_SCANNED_MAX) {
+            let e = e.map_err(|e| io(dir.display(), e))?;
+            if let Some(rec) = self.read_record(&e.path())?
+                && !self.was_sent(rec.lease_id, rec.generation)?
+            {
+                self.record_sent(rec.lease_id, rec.generation)?;
+            }
+        }
+        Ok(())
     }
 
     /// The unprivileged host account every instance runs as.

@@ -809,6 +809,24 @@ async fn not_sent_is_proven_only_for_a_command_never_handed_to_a_supervisor() {
             .code(),
         "command_sent"
     );
+    // An instance started before hand-offs were recorded (its marker
+    // removed here) gets its marker when the provider opens.
+    assert!(e.provider.allocate(sh(33, "true")).await.unwrap().created);
+    std::fs::remove_file(e.dir.join("sent/33-1")).unwrap();
+    let reopened = BwrapProvider::open(config(&e.dir)).unwrap();
+    assert!(e.dir.join("sent/33-1").is_file());
+    assert_eq!(
+        reopened
+            .prove_not_sent(SandboxLeaseId(33), Generation(1))
+            .await
+            .unwrap_err()
+            .code(),
+        "command_sent"
+    );
+    reopened
+        .destroy(SandboxLeaseId(33), Generation(1))
+        .await
+        .unwrap();
     assert_eq!(
         e.provider
             .prove_not_sent(SandboxLeaseId(0), Generation(1))
