@@ -838,6 +838,54 @@ async fn not_sent_is_proven_only_for_a_command_never_handed_to_a_supervisor() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_allocate_racing_a_not_sent_proof_either_starts_or_is_proven_never_both() {
+    let e = env();
+    let provider = Arc::new(BwrapProvider::open(config(&e.dir)).unwrap());
+    let key = provider.public_key();
+    for lease in 40..44 {
+        let (p1, p2) = (provider.clone(), provider.clone());
+        let alloc = tokio::spawn(async move { p1.allocate(sh(lease, "true")).await });
+        let proof = tokio::spawn(async move {
+            p2.prove_not_sent(SandboxLeaseId(lease), Generation(1))
+                .await
+        });
+        let (alloc, proof) = (alloc.await.unwrap(), proof.await.unwrap());
+        match (alloc, proof) {
+            (Ok(a), Err(refused)) => {
+                assert!(a.created);
+                assert_eq!(
+                    refused,
+                    ProviderError::CommandSent {
+                        lease_id: lease,
+                        generation: 1
+                    }
+                );
+            }
+            (Err(fenced), Ok(env)) => {
+                assert_eq!(
+                    fenced,
+                    ProviderError::Fenced {
+                        lease_id: lease,
+                        generation: 1,
+                        fenced_through: 1
+                    }
+                );
+                assert_eq!(
+                    verify(&env, &key, expected(lease, 1)).unwrap().kind(),
+                    "not_sent"
+                );
+                assert!(!e.dir.join(format!("sent/{lease}-1")).exists());
+            }
+            other => panic!("lease {lease}: {other:?}"),
+        }
+        provider
+            .destroy(SandboxLeaseId(lease), Generation(1))
+            .await
+            .unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_http_client_is_the_same_provider() {
     let e = env();
     let key = e.provider.public_key();
