@@ -80,15 +80,30 @@ pub enum Statement {
         /// The observed state.
         state: InstanceState,
     },
+    /// Provider `provider_id` never gave the command of lease `lease_id`
+    /// generation `generation` to a supervisor, and refuses that generation
+    /// (and every earlier one) from now on, so no supervisor of it ever will
+    /// be given it: the command never ran and has no output. Only this
+    /// exact generation is covered.
+    NotSent {
+        /// The provider that signed.
+        provider_id: String,
+        /// The sandbox lease.
+        lease_id: i64,
+        /// The lease generation.
+        generation: i64,
+    },
 }
 
 impl Statement {
-    /// The statement's kind: `absence`, `fence` or `observation`.
+    /// The statement's kind: `absence`, `fence`, `observation` or
+    /// `not_sent`.
     pub fn kind(&self) -> &'static str {
         match self {
             Statement::Absence { .. } => "absence",
             Statement::Fence { .. } => "fence",
             Statement::Observation { .. } => "observation",
+            Statement::NotSent { .. } => "not_sent",
         }
     }
 
@@ -110,19 +125,33 @@ impl Statement {
                 lease_id,
                 generation,
                 ..
+            }
+            | Statement::NotSent {
+                provider_id,
+                lease_id,
+                generation,
             } => (provider_id, *lease_id, *generation),
         }
     }
 
     /// Whether the statement proves that no instance of `generation` runs
     /// and none will: an absence of exactly that generation, or a fence of
-    /// that generation or a later one.
+    /// that generation or a later one. A not-sent statement proves the
+    /// command never ran, not that the instance is destroyed: it is not a
+    /// destroy proof.
     pub fn proves_gone(&self, generation: i64) -> bool {
         match self {
             Statement::Absence { generation: g, .. } => *g == generation,
             Statement::Fence { generation: g, .. } => *g >= generation,
-            Statement::Observation { .. } => false,
+            Statement::Observation { .. } | Statement::NotSent { .. } => false,
         }
+    }
+
+    /// Whether the statement proves that the command of exactly
+    /// `generation` never reached a supervisor and never will: a not-sent
+    /// statement of that generation.
+    pub fn proves_not_sent(&self, generation: i64) -> bool {
+        matches!(self, Statement::NotSent { generation: g, .. } if *g == generation)
     }
 }
 
@@ -154,8 +183,8 @@ pub struct Expected<'a> {
     pub provider_id: &'a str,
     /// The lease.
     pub lease_id: i64,
-    /// The generation. An absence or observation must name exactly it; a
-    /// fence must name it or a later generation (a fence covers every
+    /// The generation. An absence, observation or not-sent statement must
+    /// name exactly it; a fence must name it or a later generation (a fence covers every
     /// generation up to its own).
     pub generation: i64,
 }
@@ -530,6 +559,60 @@ mod tests {
             verify(&env, &vk, expected(1)).unwrap_err().code(),
             "malformed_evidence"
         );
+    }
+
+    fn not_sent(generation: i64) -> Statement {
+        Statement::NotSent {
+            provider_id: "p1".into(),
+            lease_id: 7,
+            generation,
+        }
+    }
+
+    #[test]
+    fn not_sent_envelope_is_exact_and_verifies_for_its_generation_only() {
+        let k = key(7);
+        let vk = k.verifying_key();
+        assert_eq!(
+            String::from_utf8(canonical(&not_sent(2))).unwrap(),
+            r#"{"generation":2,"lease_id":7,"provider_id":"p1","statement":"not_sent"}"#
+        );
+        let env = sign(&not_sent(2), &k);
+        assert_eq!(
+            env.payload,
+            BASE64.encode(
+                br#"{"generation":2,"lease_id":7,"provider_id":"p1","statement":"not_sent"}"#
+            )
+        );
+        assert_eq!(
+            env.signatures[0].keyid,
+            "fe812c12f3ab4ce6ac5db69ac352f906cb1b11ef43fb33e252ef7ff552263889"
+        );
+        assert_eq!(
+            env.signatures[0].sig,
+            "FGRAIvK/yuJy3+jZUdXXB0Ag5g4BiVy2nrOKNodRmZLMcoIlWM8k3g+qJ1eFY7FKt0YX5oQOJC5+r0f7z/QODQ=="
+        );
+        assert_eq!(verify(&env, &vk, expected(2)).unwrap(), not_sent(2));
+        assert_eq!(not_sent(2).kind(), "not_sent");
+        // Exactly its generation: unlike a fence, it covers no other.
+        for g in [1, 3] {
+            assert_eq!(
+                verify(&env, &vk, expected(g)).unwrap_err().code(),
+                "evidence_mismatch"
+            );
+        }
+        assert!(not_sent(2).proves_not_sent(2));
+        assert!(!not_sent(2).proves_not_sent(1));
+        assert!(!not_sent(2).proves_not_sent(3));
+        // It is no destroy proof, and no other statement proves not-sent.
+        assert!(!not_sent(2).proves_gone(2));
+        let fence = Statement::Fence {
+            provider_id: "p1".into(),
+            lease_id: 7,
+            generation: 2,
+        };
+        assert!(!fence.proves_not_sent(2));
+        assert!(!absence(2).proves_not_sent(2));
     }
 
     #[test]

@@ -248,8 +248,11 @@ pub trait ReconcileStore: Send + Sync {
     /// Moves the lease to `release_pending` for `reason` (recorded on the
     /// exec; `expired` needs a certain cut past the deadline; `exited`
     /// needs the attempt's terminal page acknowledged, since a terminal
-    /// process state alone never releases) and renews its Reservation,
-    /// giving the destroy a full Reservation TTL to be proven. Idempotent.
+    /// process state alone never releases; `start_failed` needs the same,
+    /// or else the provider's proof that the command was never sent,
+    /// through [`ReconcileStore::begin_release_not_sent`]) and renews its
+    /// Reservation, giving the destroy a full Reservation TTL to be proven.
+    /// Idempotent: a lease already `release_pending` is returned as it is.
     ///
     /// # Errors
     /// `not_found`, `fenced`, `illegal_transition`, `time_uncertain`,
@@ -259,6 +262,27 @@ pub trait ReconcileStore: Send + Sync {
         lease: SandboxLeaseId,
         generation: Generation,
         reason: TerminalReason,
+        at: CutReading,
+    ) -> Result<LeaseWork, LcError>;
+
+    /// Moves the lease to `release_pending` with reason `start_failed`,
+    /// proven by `evidence`: a DSSE envelope (JSON) of a `not_sent`
+    /// statement ([`crate::evidence::Statement::NotSent`]) signed by the
+    /// registered key of the lease's provider, naming exactly this lease
+    /// and generation (the command never reached a supervisor and never
+    /// will). Renews the Reservation as [`ReconcileStore::begin_release`].
+    /// Idempotent: a lease already `release_pending` is returned as it is
+    /// (the evidence is still verified). A refusal changes nothing.
+    ///
+    /// # Errors
+    /// `evidence_rejected` (malformed, another key, another provider, lease
+    /// or generation, or a statement that is not `not_sent`), `not_found`,
+    /// `fenced`, `illegal_transition` (a released lease), storage errors.
+    async fn begin_release_not_sent(
+        &self,
+        lease: SandboxLeaseId,
+        generation: Generation,
+        evidence: &serde_json::Value,
         at: CutReading,
     ) -> Result<LeaseWork, LcError>;
 

@@ -510,6 +510,37 @@ fn verify_evidence(
     Ok(())
 }
 
+/// Verifies `evidence` (a DSSE envelope as JSON) with `provider`'s key:
+/// signed by it, a `not_sent` statement of exactly this lease and
+/// generation (the command never reached a supervisor and never will).
+fn verify_not_sent(
+    evidence: &serde_json::Value,
+    provider: &Provider,
+    lease: &LeaseRow,
+) -> Result<(), LcError> {
+    let envelope: Envelope = serde_json::from_value(evidence.clone())
+        .map_err(|_| evidence_rejected("malformed_evidence: not a DSSE envelope"))?;
+    let key = VerifyingKey::from_bytes(&provider.public_key)
+        .map_err(|_| evidence_rejected("the registered provider key is not an Ed25519 key"))?;
+    let statement = evidence::verify(
+        &envelope,
+        &key,
+        Expected {
+            provider_id: lease.provider_id.as_str(),
+            lease_id: lease.lease_id.0,
+            generation: lease.generation.0,
+        },
+    )
+    .map_err(|e| evidence_rejected(format!("{}: {e}", e.code())))?;
+    if !statement.proves_not_sent(lease.generation.0) {
+        return Err(evidence_rejected(format!(
+            "not_a_proof: the statement is {}, not not_sent: only the provider's not_sent proves the command never reached a supervisor",
+            statement.kind()
+        )));
+    }
+    Ok(())
+}
+
 // ---------------------------------------------------------------------------
 // Transaction bodies.
 
@@ -904,11 +935,40 @@ async fn begin_release_tx(
     work_of(conn, a.lease, a.at).await
 }
 
+struct BeginReleaseNotSentArgs<'a> {
+    lease: SandboxLeaseId,
+    generation: Generation,
+    evidence: &'a serde_json::Value,
+    at: CutReading,
+    store: &'a LcStore,
+}
+
+/// `start_failed` on the provider's proof: the evidence is verified under
+/// the Lease's lock, before anything is written.
+async fn begin_release_not_sent_tx(
+    conn: &mut PgConnection,
+    a: &BeginReleaseNotSentArgs<'_>,
+) -> Result<LeaseWork, Fail> {
+    check_reading(conn, a.at).await?;
+    let row = lock_generation(conn, a.lease, a.generation).await?;
+    let provider = db::read_provider(conn, row.provider_id.as_str())
+        .await?
+        .ok_or_else(|| crate::error::corrupt(format!("provider {} is gone", row.provider_id)))?;
+    verify_not_sent(a.evidence, &provider, &row)?;
+    let step = rules::plan_lease_transition(row.state, LeaseState::ReleasePending)?;
+    if step == Step::Changed {
+        owner::check_release(row.exec_id, None, true)?;
+        enter_release_pending(conn, a.store, &row, TerminalReason::StartFailed, a.at).await?;
+    }
+    work_of(conn, a.lease, a.at).await
+}
+
 /// Moves the locked Lease `row` to `release_pending` for `reason` unless it
 /// is there already, renewing its Reservation: `expired` needs a certain
-/// cut past a deadline, `exited` the attempt's terminal page acknowledged
-/// ([`owner::check_release`]: a terminal process state alone never
-/// releases).
+/// cut past a deadline, `exited` and `start_failed` the attempt's terminal
+/// page acknowledged ([`owner::check_release`]: a terminal process state
+/// alone never releases; a start failure without it is released only on
+/// the provider's not-sent proof, [`begin_release_not_sent_tx`]).
 async fn begin_release_locked(
     conn: &mut PgConnection,
     store: &LcStore,
@@ -933,18 +993,30 @@ async fn begin_release_locked(
                     .into());
                 }
             }
-            TerminalReason::Exited => {
+            TerminalReason::Exited | TerminalReason::StartFailed => {
                 let acked = db::acked_terminal_seq(conn, row.exec_id, row.attempt).await?;
                 owner::check_release(row.exec_id, acked, false)?;
             }
-            TerminalReason::Cancelled | TerminalReason::StartFailed => {}
+            TerminalReason::Cancelled => {}
         }
-        db::set_lease_state(conn, row.lease_id, LeaseState::ReleasePending).await?;
-        db::set_terminal_reason(conn, row.exec_id, reason).await?;
-        // A full Reservation TTL from here for the destroy to be proven.
-        renew_reservation(conn, store, row, at).await?;
+        enter_release_pending(conn, store, row, reason, at).await?;
     }
     Ok(step)
+}
+
+/// Writes the locked Lease `row` `release_pending` for `reason` and renews
+/// its Reservation; the caller checked that the release is allowed.
+async fn enter_release_pending(
+    conn: &mut PgConnection,
+    store: &LcStore,
+    row: &LeaseRow,
+    reason: TerminalReason,
+    at: CutReading,
+) -> Result<(), Fail> {
+    db::set_lease_state(conn, row.lease_id, LeaseState::ReleasePending).await?;
+    db::set_terminal_reason(conn, row.exec_id, reason).await?;
+    // A full Reservation TTL from here for the destroy to be proven.
+    renew_reservation(conn, store, row, at).await
 }
 
 struct AppendArgs<'a> {
@@ -1860,6 +1932,26 @@ impl ReconcileStore for LcStore {
         };
         self.run(Op::Transition, &args, |c, a| {
             Box::pin(begin_release_tx(c, a))
+        })
+        .await
+    }
+
+    async fn begin_release_not_sent(
+        &self,
+        lease: SandboxLeaseId,
+        generation: Generation,
+        evidence: &serde_json::Value,
+        at: CutReading,
+    ) -> Result<LeaseWork, LcError> {
+        let args = BeginReleaseNotSentArgs {
+            lease,
+            generation,
+            evidence,
+            at,
+            store: self,
+        };
+        self.run(Op::Transition, &args, |c, a| {
+            Box::pin(begin_release_not_sent_tx(c, a))
         })
         .await
     }

@@ -1124,11 +1124,17 @@ async fn a_start_failure_releases_from_allocating_and_cancel_of_a_terminal_exec_
         .await
         .unwrap();
     let (lease, g) = (e.canonical.lease_id, Generation(1));
-    // allocating -> release_pending directly; twice is the same.
+    // allocating -> release_pending directly on the provider's not-sent
+    // proof; twice is the same.
+    let proof = f.provider.sign(Statement::NotSent {
+        provider_id: "p1".into(),
+        lease_id: lease.0,
+        generation: 1,
+    });
     for _ in 0..2 {
         let w = f
             .store
-            .begin_release(lease, g, TerminalReason::StartFailed, at)
+            .begin_release_not_sent(lease, g, &proof, at)
             .await
             .unwrap();
         assert_eq!(w.state, LeaseState::ReleasePending);

@@ -9,6 +9,14 @@
 //! * `provider.key`: the Ed25519 seed ([`crate::identity`]), root's `0600`;
 //! * `fences/<lease>`: the highest fenced generation ([`crate::fence`]),
 //!   in root's `0700` directory;
+//! * `sent/<lease>-<generation>`: the hand-off marker, in root's `0700`
+//!   directory: created and fsynced (with its directory) before bubblewrap
+//!   is spawned for that generation, so the supervisor is never given a
+//!   command the marker does not record. It outlives the instance (a
+//!   failed start and a destroy remove only the instance directory): its
+//!   absence is what [`Provider::prove_not_sent`] signs, so it is never
+//!   removed. At open every instance with a record gets its marker if it
+//!   lacks one (instances started before markers were kept);
 //! * `instances/` (root's `0711`) `<lease>-<generation>/` (root's `0711`):
 //!   `instance.json` (root's `0600`: the request, written and fsynced
 //!   before anything starts, so a crash always leaves a trace to destroy),
@@ -76,6 +84,11 @@
 //! whole instance runs inside them. rlimits are only ever lowered, never
 //! above the current hard limit (raising needs `CAP_SYS_RESOURCE`).
 //!
+//! Prove-not-sent(L, G) persists the fence first, like destroy, so no
+//! later allocate of G can write its hand-off marker; then, under the same
+//! lock allocate holds from its fence check to its spawn, it signs
+//! `not_sent` only when that marker does not exist.
+//!
 //! Destroy(L, G) persists the fence first, then kills and removes every
 //! instance of L with a generation `<= G` (every process in its cgroups,
 //! `SIGKILL` until empty), then removes their directories (workspaces
@@ -133,6 +146,9 @@ pub const INSTANCES_SCANNED_MAX: usize = 100_000;
 
 /// The most bytes of `bwrap.log` quoted in a start failure.
 const LOG_TAIL_BYTES_MAX: usize = 2048;
+
+/// The directory of the hand-off markers, in the state directory.
+const SENT_DIR: &str = "sent";
 
 /// Top-level names of a runtime tree the provider mounts itself.
 const RESERVED_TOP: [&str; 5] = ["proc", "dev", "tmp", "workspace", ".lc"];
@@ -428,6 +444,7 @@ impl BwrapProvider {
         let key = identity::load_or_create(&cfg.state_dir.join(identity::KEY_FILE))?;
         let fences = Fences::open(&cfg.state_dir.join("fences"))?;
         provider_dir(&cfg.state_dir.join("fences"), 0o700)?;
+        provider_dir(&cfg.state_dir.join(SENT_DIR), 0o700)?;
         let runtimes =
             RuntimeStore::open(&cfg.runtime_dir).map_err(|e| io(cfg.runtime_dir.display(), e))?;
         searchable_by_others(&cfg.runtime_dir)?;
@@ -470,7 +487,7 @@ impl BwrapProvider {
             &cfg.state_dir.join("workspaces"),
         )?;
         check_reachable(&account, &cfg.bwrap_bin, &cfg.runtime_dir)?;
-        Ok(BwrapProvider {
+        let provider = BwrapProvider {
             cfg,
             key,
             fences,
@@ -478,7 +495,28 @@ impl BwrapProvider {
             cgroups,
             account,
             lock: tokio::sync::Mutex::new(()),
-        })
+        };
+        provider.mark_recorded_instances_sent()?;
+        Ok(provider)
+    }
+
+    /// Writes the hand-off marker of every instance with a record that has
+    /// none: a state directory from before markers were kept may hold
+    /// instances whose command was handed over without one. An instance
+    /// whose start stopped between its record and its spawn is marked too,
+    /// which only refuses a proof (its allocate replays it as existing).
+    fn mark_recorded_instances_sent(&self) -> Result<(), ProviderError> {
+        let dir = self.cfg.state_dir.join("instances");
+        let entries = std::fs::read_dir(&dir).map_err(|e| io(dir.display(), e))?;
+        for e in entries.take(INSTANCES_SCANNED_MAX) {
+            let e = e.map_err(|e| io(dir.display(), e))?;
+            if let Some(rec) = self.read_record(&e.path())?
+                && !self.was_sent(rec.lease_id, rec.generation)?
+            {
+                self.record_sent(rec.lease_id, rec.generation)?;
+            }
+        }
+        Ok(())
     }
 
     /// The unprivileged host account every instance runs as.
@@ -516,6 +554,46 @@ impl BwrapProvider {
             .state_dir
             .join("instances")
             .join(instance_name(lease_id, generation))
+    }
+
+    /// The hand-off marker of `(lease_id, generation)`.
+    fn sent_marker(&self, lease_id: i64, generation: i64) -> PathBuf {
+        self.cfg
+            .state_dir
+            .join(SENT_DIR)
+            .join(instance_name(lease_id, generation))
+    }
+
+    /// Records, durably, that the command of `(lease_id, generation)` is
+    /// being handed to a supervisor: the marker file is created (an
+    /// existing one is kept) and fsynced, then its directory.
+    fn record_sent(&self, lease_id: i64, generation: i64) -> Result<(), ProviderError> {
+        let path = self.sent_marker(lease_id, generation);
+        let io = |e: std::io::Error| io(path.display(), e);
+        {
+            use std::os::unix::fs::OpenOptionsExt as _;
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .mode(0o600)
+                .open(&path)
+                .and_then(|f| f.sync_all())
+                .map_err(io)?;
+        }
+        std::fs::File::open(self.cfg.state_dir.join(SENT_DIR))
+            .and_then(|d| d.sync_all())
+            .map_err(io)
+    }
+
+    /// Whether the hand-off marker of `(lease_id, generation)` exists.
+    fn was_sent(&self, lease_id: i64, generation: i64) -> Result<bool, ProviderError> {
+        let path = self.sent_marker(lease_id, generation);
+        match std::fs::symlink_metadata(&path) {
+            Ok(_) => Ok(true),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(io(path.display(), e)),
+        }
     }
 
     fn read_record(&self, dir: &Path) -> Result<Option<InstanceRecord>, ProviderError> {
@@ -713,6 +791,9 @@ impl BwrapProvider {
                 account::drop_to(uid, gid)
             });
         }
+        // From here the supervisor may be given the command: recorded
+        // first, so a not-sent proof is never signed for it.
+        self.record_sent(req.lease_id.0, req.generation.0)?;
         let mut child = cmd.spawn().map_err(|e| ProviderError::StartFailed {
             detail: format!("bwrap: {e}"),
         })?;
@@ -938,6 +1019,30 @@ impl Provider for BwrapProvider {
                 lease_id: l,
                 generation: g,
             }
+        }))
+    }
+
+    async fn prove_not_sent(
+        &self,
+        lease_id: SandboxLeaseId,
+        generation: Generation,
+    ) -> Result<Envelope, ProviderError> {
+        check_ids(lease_id, generation)?;
+        // The lock allocate holds from its fence check through its spawn:
+        // once the fence is raised here, no marker of G can appear.
+        let _guard = self.lock.lock().await;
+        let (l, g) = (lease_id.0, generation.0);
+        self.fences.raise(l, g)?;
+        if self.was_sent(l, g)? {
+            return Err(ProviderError::CommandSent {
+                lease_id: l,
+                generation: g,
+            });
+        }
+        Ok(self.signed(Statement::NotSent {
+            provider_id: self.cfg.provider_id.as_str().to_owned(),
+            lease_id: l,
+            generation: g,
         }))
     }
 

@@ -9,6 +9,7 @@
 //! | `POST /v1/instances` | [`AllocateBody`] | [`Allocation`] |
 //! | `GET /v1/instances` | | `{ "instances": [InstanceSummary] }` |
 //! | `POST /v1/instances/{lease}/{generation}/destroy` | | evidence [`Envelope`] |
+//! | `POST /v1/instances/{lease}/{generation}/not_sent` | | evidence [`Envelope`] (`not_sent`), or 409 `command_sent` |
 //! | `GET /v1/instances/{lease}/{generation}/observation` | | evidence [`Envelope`] |
 //! | `GET /v1/instances/{lease}/{generation}/pages?fence=F&after_seq=N&max=M` | | `{ "pages": [JsonPage] }` |
 //! | `POST /v1/instances/{lease}/{generation}/ack` | `{ "fence": F, "through_seq": N }` | `{}` |
@@ -235,7 +236,8 @@ impl ApiError {
             ProviderError::Fenced { .. }
             | ProviderError::AllocationConflict { .. }
             | ProviderError::StaleFence { .. }
-            | ProviderError::InputRefused { .. } => StatusCode::CONFLICT,
+            | ProviderError::InputRefused { .. }
+            | ProviderError::CommandSent { .. } => StatusCode::CONFLICT,
             ProviderError::NoInstance { .. } => StatusCode::NOT_FOUND,
             ProviderError::InstanceLost { .. } => StatusCode::GONE,
             ProviderError::UnknownRuntime { .. } | ProviderError::RuntimeRefused { .. } => {
@@ -403,6 +405,14 @@ async fn destroy(
     Ok(Json(p.destroy(l, g).await?))
 }
 
+async fn prove_not_sent(
+    State(Shared { provider: p }): State<Shared>,
+    Path(raw): Path<(String, String)>,
+) -> Result<Json<Envelope>, ApiError> {
+    let (l, g) = ids(raw)?;
+    Ok(Json(p.prove_not_sent(l, g).await?))
+}
+
 async fn observe(
     State(Shared { provider: p }): State<Shared>,
     Path(raw): Path<(String, String)>,
@@ -495,6 +505,10 @@ fn instance_routes() -> axum::Router<Shared> {
     axum::Router::new()
         .route("/v1/instances", post(allocate).get(inventory))
         .route("/v1/instances/{lease}/{generation}/destroy", post(destroy))
+        .route(
+            "/v1/instances/{lease}/{generation}/not_sent",
+            post(prove_not_sent),
+        )
         .route(
             "/v1/instances/{lease}/{generation}/observation",
             get(observe),
@@ -720,6 +734,19 @@ impl Provider for HttpProvider {
         self.call(
             reqwest::Method::POST,
             &Self::instance_path(lease_id, generation, "destroy"),
+            None::<&()>,
+        )
+        .await
+    }
+
+    async fn prove_not_sent(
+        &self,
+        lease_id: SandboxLeaseId,
+        generation: Generation,
+    ) -> Result<Envelope, ProviderError> {
+        self.call(
+            reqwest::Method::POST,
+            &Self::instance_path(lease_id, generation, "not_sent"),
             None::<&()>,
         )
         .await

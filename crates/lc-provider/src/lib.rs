@@ -2,7 +2,8 @@
 //! signs what it knows about them.
 //!
 //! * [`Provider`]: the trait the worker (and later the gateway) calls:
-//!   allocate, generation-scoped destroy, observe, and the page relay
+//!   allocate, generation-scoped destroy, the proof that a generation's
+//!   command was never sent, observe, and the page relay
 //!   (pages, ack, cancel, each carrying the caller's owner fence, which the
 //!   instance's supervisor checks against the highest it was shown).
 //! * [`BwrapProvider`] ([`bwrap`]): instances under bubblewrap, limited by
@@ -213,6 +214,19 @@ pub enum ProviderError {
         /// What to do next.
         detail: String,
     },
+    /// The provider handed the command of this lease generation to a
+    /// supervisor (or was about to when it stopped), so it cannot prove the
+    /// command never ran: destroy the generation and read its output
+    /// instead. Code `command_sent`.
+    #[error(
+        "lease {lease_id} generation {generation}: its command was handed to a supervisor; destroy the generation and read its output instead of proving it was never sent"
+    )]
+    CommandSent {
+        /// The lease.
+        lease_id: i64,
+        /// The generation.
+        generation: i64,
+    },
     /// The provider API refused the request's credential (HTTP only). Code
     /// `unauthorized`.
     #[error("the provider refused the credential")]
@@ -243,6 +257,7 @@ impl ProviderError {
             ProviderError::Io { .. } => "provider_io",
             ProviderError::StaleFence { .. } => "stale_fence",
             ProviderError::InputRefused { .. } => "input_refused",
+            ProviderError::CommandSent { .. } => "command_sent",
             ProviderError::Unauthorized => "unauthorized",
             ProviderError::Unreachable { .. } => "provider_unreachable",
         }
@@ -281,7 +296,10 @@ pub trait Provider: Send + Sync {
     fn public_key(&self) -> VerifyingKey;
 
     /// Starts the instance of `(req.lease_id, req.generation)`, or returns
-    /// the existing one for the same request.
+    /// the existing one for the same request. Before the command can reach
+    /// a supervisor the provider records the hand-off durably; from then on
+    /// [`Provider::prove_not_sent`] of that generation is refused, also
+    /// when the start then fails.
     ///
     /// # Errors
     /// [`ProviderError::Fenced`] for a fenced generation,
@@ -302,6 +320,32 @@ pub trait Provider: Send + Sync {
         lease_id: SandboxLeaseId,
         generation: Generation,
     ) -> Result<Envelope, ProviderError>;
+
+    /// Fences generation `generation` of `lease_id` (and every earlier
+    /// one, durably, as [`Provider::destroy`] does, so no later allocate of
+    /// it starts anything), then signs a `not_sent` statement
+    /// ([`lc_core::evidence::Statement::NotSent`]) when the provider never
+    /// handed that generation's command to a supervisor: the command never
+    /// ran and has no output. Kills nothing and removes nothing; the
+    /// generation is destroyed as usual afterwards. Idempotent. The
+    /// default refuses: a provider that keeps no record of what it handed
+    /// to supervisors can prove nothing.
+    ///
+    /// # Errors
+    /// [`ProviderError::CommandSent`] when the command was (or may have
+    /// been) handed over: destroy and wait for output instead (the fence
+    /// stays raised), [`ProviderError::InvalidRequest`] for ids below 1 or
+    /// a provider without that record, [`ProviderError::Io`] (retry).
+    async fn prove_not_sent(
+        &self,
+        lease_id: SandboxLeaseId,
+        generation: Generation,
+    ) -> Result<Envelope, ProviderError> {
+        let _ = (lease_id, generation);
+        Err(ProviderError::InvalidRequest {
+            detail: "this provider keeps no record of the commands it handed to supervisors".into(),
+        })
+    }
 
     /// A signed observation of the instance: `running` while any of its
     /// processes lives, `exited` when none does, `absent` when there is no

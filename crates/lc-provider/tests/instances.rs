@@ -698,6 +698,193 @@ async fn a_start_failure_leaves_nothing() {
     assert!(!e.dir.join("instances/10-1").exists());
 }
 
+#[tokio::test]
+async fn not_sent_is_proven_only_for_a_command_never_handed_to_a_supervisor() {
+    let e = env();
+    let key = e.provider.public_key();
+    let (l, g) = (SandboxLeaseId(30), Generation(1));
+    // An allocate that fails before bubblewrap: nothing was handed over.
+    let mut r = sh(30, "echo ran > /workspace/ran");
+    r.runtime = lc_core::Digest([7; 32]);
+    assert_eq!(
+        e.provider.allocate(r.clone()).await.unwrap_err().code(),
+        "unknown_runtime"
+    );
+    assert!(!e.dir.join("sent/30-1").exists());
+    let proof = e.provider.prove_not_sent(l, g).await.unwrap();
+    assert_eq!(
+        verify(&proof, &key, expected(30, 1)).unwrap(),
+        Statement::NotSent {
+            provider_id: "p-test".into(),
+            lease_id: 30,
+            generation: 1,
+        }
+    );
+    // Only that generation: a proof never names another.
+    assert_eq!(
+        verify(&proof, &key, expected(30, 2)).unwrap_err().code(),
+        "evidence_mismatch"
+    );
+    // The generation is fenced, durably: no later allocate of it starts
+    // anything, also after a restart; a second proof is the same one.
+    assert_eq!(
+        std::fs::read_to_string(e.dir.join("fences/30")).unwrap(),
+        "1\n"
+    );
+    let mut known = sh(30, "echo ran > /workspace/ran");
+    known.runtime = base_digest();
+    assert_eq!(
+        e.provider.allocate(known.clone()).await.unwrap_err(),
+        ProviderError::Fenced {
+            lease_id: 30,
+            generation: 1,
+            fenced_through: 1
+        }
+    );
+    let restarted = BwrapProvider::open(config(&e.dir)).unwrap();
+    assert_eq!(
+        restarted.allocate(known).await.unwrap_err().code(),
+        "fenced"
+    );
+    assert_eq!(restarted.prove_not_sent(l, g).await.unwrap(), proof);
+    assert!(!e.dir.join("sent/30-1").exists());
+    assert!(!e.dir.join("workspaces/30/ran").exists());
+
+    // After a successful allocate the command was handed over: refused,
+    // and the refusal still fences the generation.
+    let (l, g) = (SandboxLeaseId(31), Generation(1));
+    assert!(
+        e.provider
+            .allocate(sh(31, "printf hi"))
+            .await
+            .unwrap()
+            .created
+    );
+    assert!(e.dir.join("sent/31-1").is_file());
+    assert_eq!(
+        e.provider.prove_not_sent(l, g).await.unwrap_err(),
+        ProviderError::CommandSent {
+            lease_id: 31,
+            generation: 1
+        }
+    );
+    assert_eq!(
+        e.provider
+            .allocate(sh(31, "printf hi"))
+            .await
+            .unwrap_err()
+            .code(),
+        "fenced"
+    );
+    // The output is still there to read; a destroy does not forget the
+    // hand-off, so no proof is signed after it either.
+    let all = until_terminal(&e.provider, 31, 1).await;
+    assert_eq!(stream(&all, PageKind::Stdout), "hi");
+    e.provider.destroy(l, g).await.unwrap();
+    assert!(!e.dir.join("instances/31-1").exists());
+    assert_eq!(
+        e.provider.prove_not_sent(l, g).await.unwrap_err().code(),
+        "command_sent"
+    );
+
+    // A start that fails after bubblewrap was spawned may have run the
+    // command: refused too.
+    let mut cfg = config(&e.dir);
+    let fake = e.dir.join("fake-bwrap");
+    std::fs::write(&fake, "#!/bin/sh\nexit 1\n").unwrap();
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+    cfg.bwrap_bin = fake;
+    let failing = BwrapProvider::open(cfg).unwrap();
+    assert_eq!(
+        failing.allocate(sh(32, "true")).await.unwrap_err().code(),
+        "start_failed"
+    );
+    assert!(!e.dir.join("instances/32-1").exists());
+    assert_eq!(
+        failing
+            .prove_not_sent(SandboxLeaseId(32), Generation(1))
+            .await
+            .unwrap_err()
+            .code(),
+        "command_sent"
+    );
+    // An instance started before hand-offs were recorded (its marker
+    // removed here) gets its marker when the provider opens.
+    assert!(e.provider.allocate(sh(33, "true")).await.unwrap().created);
+    std::fs::remove_file(e.dir.join("sent/33-1")).unwrap();
+    let reopened = BwrapProvider::open(config(&e.dir)).unwrap();
+    assert!(e.dir.join("sent/33-1").is_file());
+    assert_eq!(
+        reopened
+            .prove_not_sent(SandboxLeaseId(33), Generation(1))
+            .await
+            .unwrap_err()
+            .code(),
+        "command_sent"
+    );
+    reopened
+        .destroy(SandboxLeaseId(33), Generation(1))
+        .await
+        .unwrap();
+    assert_eq!(
+        e.provider
+            .prove_not_sent(SandboxLeaseId(0), Generation(1))
+            .await
+            .unwrap_err()
+            .code(),
+        "invalid_request"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_allocate_racing_a_not_sent_proof_either_starts_or_is_proven_never_both() {
+    let e = env();
+    let provider = Arc::new(BwrapProvider::open(config(&e.dir)).unwrap());
+    let key = provider.public_key();
+    for lease in 40..44 {
+        let (p1, p2) = (provider.clone(), provider.clone());
+        let alloc = tokio::spawn(async move { p1.allocate(sh(lease, "true")).await });
+        let proof = tokio::spawn(async move {
+            p2.prove_not_sent(SandboxLeaseId(lease), Generation(1))
+                .await
+        });
+        let (alloc, proof) = (alloc.await.unwrap(), proof.await.unwrap());
+        match (alloc, proof) {
+            (Ok(a), Err(refused)) => {
+                assert!(a.created);
+                assert_eq!(
+                    refused,
+                    ProviderError::CommandSent {
+                        lease_id: lease,
+                        generation: 1
+                    }
+                );
+            }
+            (Err(fenced), Ok(env)) => {
+                assert_eq!(
+                    fenced,
+                    ProviderError::Fenced {
+                        lease_id: lease,
+                        generation: 1,
+                        fenced_through: 1
+                    }
+                );
+                assert_eq!(
+                    verify(&env, &key, expected(lease, 1)).unwrap().kind(),
+                    "not_sent"
+                );
+                assert!(!e.dir.join(format!("sent/{lease}-1")).exists());
+            }
+            other => panic!("lease {lease}: {other:?}"),
+        }
+        provider
+            .destroy(SandboxLeaseId(lease), Generation(1))
+            .await
+            .unwrap();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_http_client_is_the_same_provider() {
     let e = env();
@@ -747,6 +934,38 @@ async fn the_http_client_is_the_same_provider() {
         .await
         .unwrap();
     assert!(verify(&obs, &key, expected(12, 1)).is_ok());
+    // The command was handed over: no proof, a typed refusal over HTTP.
+    assert_eq!(
+        client
+            .prove_not_sent(SandboxLeaseId(12), Generation(1))
+            .await
+            .unwrap_err(),
+        ProviderError::CommandSent {
+            lease_id: 12,
+            generation: 1
+        }
+    );
+    let raw = reqwest::Client::new()
+        .post(format!("{url}/v1/instances/12/1/not_sent"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(raw.status(), 409);
+    let body: serde_json::Value = raw.json().await.unwrap();
+    assert_eq!(body["code"], "command_sent");
+    // A lease never allocated here: the proof, signed and verifying.
+    let proof = client
+        .prove_not_sent(SandboxLeaseId(13), Generation(2))
+        .await
+        .unwrap();
+    assert_eq!(
+        verify(&proof, &key, expected(13, 2)).unwrap(),
+        Statement::NotSent {
+            provider_id: "p-test".into(),
+            lease_id: 13,
+            generation: 2,
+        }
+    );
     let ev = client
         .destroy(SandboxLeaseId(12), Generation(1))
         .await

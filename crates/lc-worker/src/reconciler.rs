@@ -406,13 +406,14 @@ impl Reconciler {
                     }
                     Some((code, message)) => {
                         tracing::warn!(lease = w.lease_id.0, %code, %message, "instance could not start");
+                        // Released only on the provider's proof that the
+                        // command never reached a supervisor (which also
+                        // fences the generation); `command_sent` leaves the
+                        // lease to its expiry, destroy and proof.
+                        let proof = provider.prove_not_sent(w.lease_id, w.generation).await?;
+                        let evidence = serde_json::to_value(&proof).map_err(Fail::Evidence)?;
                         self.store
-                            .begin_release(
-                                w.lease_id,
-                                w.generation,
-                                TerminalReason::StartFailed,
-                                at,
-                            )
+                            .begin_release_not_sent(w.lease_id, w.generation, &evidence, at)
                             .await?;
                         report.start_failed += 1;
                     }
