@@ -117,15 +117,41 @@ async fn a_service_started_before_a_policy_change_writes_no_lease() {
     let g = old.acquire(a, &key, 10, "PT10M").await;
     assert_eq!(g["granted_ttl"], json!("PT10M"));
 
-    // The operator records the new policy and seals a 31 s horizon, the
-    // shortest a service with it can start under (max_ttl + grace + the
-    // 5 s gap bound a certain reading may be stale by, plus 1 s); no
-    // sampler holds the lock; the next epoch takes it and is certain.
+    // The operator records the new policy and seals a horizon; no sampler
+    // holds the lock; the next epoch takes it and is certain. A 31 s
+    // horizon (the shortest a service with the new policy can start under:
+    // max_ttl + grace + the 5 s gap bound, plus 1 s) does not cover the
+    // 10-minute lease still active (its expiry plus the recorded 5 s of
+    // grace, from the cut 12:00:00), so the database refuses it, naming the
+    // shortest horizon that does, and seals nothing; that one is accepted.
     let pool = sqlx::PgPool::connect(&url).await.expect("pool");
     tollgate_pg::set_policy(&pool, new_policy, "ops")
         .await
         .expect("policy set");
-    let sealed = safetime_pg::seal_policy(&mut conn, 31_000, "ops")
+    let long_expiry: jiff::Timestamp = g["expiry"]
+        .as_str()
+        .expect("expiry")
+        .parse()
+        .expect("instant");
+    let need_ns = (long_expiry + SignedDuration::from_secs(5))
+        .duration_since(ts("2026-11-29T12:00:00Z"))
+        .as_nanos();
+    let need_ms = i64::try_from((need_ns + 999_999) / 1_000_000).expect("ms");
+    assert!((600_000..=610_000).contains(&need_ms), "{need_ms}");
+    let refused = safetime_pg::seal_policy(&mut conn, 31_000, "ops")
+        .await
+        .expect_err("a seal that does not cover an active lease");
+    assert_eq!(refused.code(), "horizon_below_policy");
+    assert!(
+        refused
+            .to_string()
+            .ends_with(&format!("seal a horizon of at least {need_ms} ms")),
+        "{refused}"
+    );
+    safetime_pg::seal_policy(&mut conn, need_ms - 1, "ops")
+        .await
+        .expect_err("one millisecond short");
+    let sealed = safetime_pg::seal_policy(&mut conn, need_ms, "ops")
         .await
         .expect("seal");
     assert_eq!(sealed.version(), 2);
@@ -140,7 +166,7 @@ async fn a_service_started_before_a_policy_change_writes_no_lease() {
         )
         .await;
     // The old process's own reading knows the sealed horizon: its grace
-    // and a PT50M TTL exceed it (PT31S), so it refuses every new deadline
+    // and a PT50M TTL exceed it (about PT10M5S), so it refuses every new deadline
     // before it reaches the database.
     acquire.problem(503, "deadline_beyond_horizon");
     let cap = g["capability"].as_str().expect("capability");
