@@ -23,7 +23,9 @@ ALTER TABLE lc_execs ADD COLUMN stdin_open BOOLEAN NOT NULL DEFAULT false;
 -- An exec's inputs. bytes are at most one page (64 KiB); an input of no
 -- bytes closes stdin. op_key is the client's operation key (tenant
 -- scope) and request_sha256 the digest of its request (bytes' digest and
--- eof), so the same key with other bytes is refused. Once sent,
+-- eof), so the same key with other bytes is refused (op_key is not
+-- unique here: once its operation key is collected, a tenant may use the
+-- key again, as for every operation). Once sent,
 -- send_transition_id names the `send` receipt that recorded it.
 CREATE TABLE lc_exec_inputs (
     exec_id            BIGINT  NOT NULL REFERENCES lc_execs (exec_id),
@@ -38,7 +40,6 @@ CREATE TABLE lc_exec_inputs (
     queued_floor_us    BIGINT  NOT NULL,
     queued_submicro_ns INTEGER NOT NULL CHECK (queued_submicro_ns BETWEEN 0 AND 999),
     PRIMARY KEY (exec_id, input_seq),
-    UNIQUE (exec_id, op_key),
     CONSTRAINT lc_exec_inputs_carries CHECK (eof OR octet_length(bytes) > 0),
     CONSTRAINT lc_exec_inputs_sent CHECK ((state = 'sent') = (send_transition_id IS NOT NULL))
 );

@@ -34,6 +34,11 @@
 //! immutable receipt under their id, and a replay is decided by
 //! `lc_core::owner::plan_transition` against the stored receipt.
 //!
+//! Input for a command's stdin (`lc_core::input`): `send_input` locks the
+//! exec row, so each input's seq and the queue bound are decided one at a
+//! time; `record_send` locks the ownership row like every fenced write and
+//! marks the lowest queued input sent with its `send` receipt.
+//!
 //! Failure modes: a refusal or a database error rolls the whole
 //! transaction back, Tollgate's part included, so a failed operation
 //! changes nothing; sequence numbers it drew are skipped.
