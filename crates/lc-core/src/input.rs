@@ -27,10 +27,10 @@ use serde::{Deserialize, Serialize};
 use crate::error::LcError;
 use crate::model::{Digest, ExecId};
 
-/// The most bytes one input carries: one page
-/// ([`crate::page::PAGE_BYTES_MAX`], 64 KiB), what the supervisor takes in
-/// one request.
-pub const INPUT_BYTES_MAX: usize = crate::page::PAGE_BYTES_MAX;
+/// The most bytes one input carries: what the supervisor writes in one
+/// `send` request ([`crate::page::INPUT_BYTES_MAX`], 64 KiB), so each
+/// stored input is delivered whole under its own seq.
+pub const INPUT_BYTES_MAX: usize = crate::page::INPUT_BYTES_MAX;
 
 /// The most inputs queued (accepted, not yet delivered) per exec: 16. A
 /// live gateway drains the queue within a heartbeat; a client that keeps

@@ -6,8 +6,9 @@
 //! records each delivery in order with a `send` receipt, whose replay
 //! follows the owner rule (same owner: the receipt, nothing written;
 //! expired or replaced owner: refused; racing a takeover: one consistent
-//! outcome); a stale owner changes nothing; the database keeps the input
-//! order itself; a queued input quarantines the initial cut.
+//! outcome); a stale owner changes nothing; concurrent inputs get
+//! consecutive seqs; the database keeps the input order itself; a queued
+//! input quarantines the initial cut.
 
 mod support;
 
@@ -843,4 +844,55 @@ async fn the_database_keeps_the_input_order_and_a_queued_input_quarantines_the_i
         );
         assert_eq!(inv["queued_inputs"], i64::from(quarantined), "{state}");
     }
+}
+
+#[tokio::test]
+async fn concurrent_inputs_get_consecutive_seqs_and_a_racing_replay_one_input() {
+    let f = fixture(3).await;
+    let at = certain(&f.clock).await;
+    let e = active_exec(&f, "e", at, true).await;
+    let x = e.exec_id;
+    // Six distinct keys at once: seqs 1..=6, each once.
+    let s = |i: u8| {
+        let key = format!("k{i}");
+        let f = &f;
+        async move { send(f, &key, at, x, &[b'a' + i], false).await.unwrap() }
+    };
+    let (r0, r1, r2, r3, r4, r5) = tokio::join!(s(0), s(1), s(2), s(3), s(4), s(5));
+    let mut got: Vec<(i64, Vec<u8>)> = [r0, r1, r2, r3, r4, r5]
+        .into_iter()
+        .map(|r| (r.input_seq, r.bytes))
+        .collect();
+    got.sort();
+    assert_eq!(
+        got.iter().map(|(s, _)| *s).collect::<Vec<_>>(),
+        (1..=6).collect::<Vec<_>>()
+    );
+    let mut bytes: Vec<u8> = got.iter().map(|(_, b)| b[0]).collect();
+    bytes.sort();
+    assert_eq!(bytes, b"abcdef");
+    // The queue holds them in seq order with the bytes each got.
+    let a = token(0x66);
+    let o = f.store.take_over(&a, f.tenant, x, at, TTL).await.unwrap();
+    let q = f
+        .store
+        .queued_inputs(&cred_of(&o, &a), x, at, 10)
+        .await
+        .unwrap();
+    assert_eq!(
+        q.into_iter()
+            .map(|r| (r.input_seq, r.bytes))
+            .collect::<Vec<_>>(),
+        got
+    );
+    // One key twice at once: one input, the same record for both.
+    let (r1, r2) = tokio::join!(
+        send(&f, "same", at, x, b"once", false),
+        send(&f, "same", at, x, b"once", false),
+    );
+    let (r1, r2) = (r1.unwrap(), r2.unwrap());
+    assert_eq!(r1, r2);
+    assert_eq!(r1, queued(x, 7, b"once", false));
+    assert_eq!(counts(&f.db.url).await.0, 7);
+    f.sampler.stop().await;
 }
