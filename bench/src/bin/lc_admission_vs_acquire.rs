@@ -393,6 +393,7 @@ async fn profile(
         shape: "small".into(),
         command: vec!["true".into()],
         timeout_ms: None,
+        stdin_open: false,
     };
     let op = OperationKey::new("profile", Digest::of(b"profile")).map_err(|e| e.to_string())?;
     sqlx::raw_sql(&mark("admission"))
@@ -537,6 +538,7 @@ async fn client(
         shape: "small".into(),
         command: vec!["true".into()],
         timeout_ms: None,
+        stdin_open: false,
     };
     let mut samples = Vec::new();
     let mut refused = 0_u64;

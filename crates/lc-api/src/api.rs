@@ -247,6 +247,7 @@ async fn create_exec(
                 shape: req.shape,
                 command: req.command,
                 timeout_ms: req.timeout_ms,
+                stdin_open: false,
             },
         )
         .await

@@ -12,10 +12,10 @@
 //!
 //! | code | status |
 //! |---|---|
-//! | `invalid_command`, `invalid_shape`, `invalid_runtime`, `invalid_timeout`, `invalid_units`, `invalid_name`, `invalid_limit`, `invalid_digest`, `invalid_provider_id`, `invalid_provider`, `invalid_page`, `invalid_transition_id` | 422 |
+//! | `invalid_command`, `invalid_shape`, `invalid_runtime`, `invalid_timeout`, `invalid_units`, `invalid_name`, `invalid_limit`, `invalid_digest`, `invalid_provider_id`, `invalid_provider`, `invalid_page`, `invalid_transition_id`, `invalid_input` | 422 |
 //! | `invalid_operation_key` | 400 (it is a header) |
 //! | `not_found` | 404 (also for another tenant's exec: existence never leaks) |
-//! | `insufficient_capacity`, `idempotency_conflict`, `already_exists`, `exec_terminal`, `illegal_transition`, `fenced`, `page_conflict`, `owner_live`, `owner_stale`, `owner_expired`, `transition_replay_refused`, `release_not_proven` | 409 |
+//! | `insufficient_capacity`, `idempotency_conflict`, `already_exists`, `exec_terminal`, `illegal_transition`, `fenced`, `page_conflict`, `owner_live`, `owner_stale`, `owner_expired`, `transition_replay_refused`, `release_not_proven`, `stdin_not_open`, `input_closed`, `input_queue_full` | 409 |
 //! | `rate_limited` | 429 with `Retry-After` (the tenant's admission rate on the cut) |
 //! | `time_uncertain` | 503 with `Retry-After` (and `reason` when the service read it) |
 //! | `storage_unavailable`, `deadline_beyond_horizon`, `no_provider` | 503 (retry later; nothing was written) |
@@ -150,7 +150,8 @@ pub fn store_status(e: &LcError) -> StatusCode {
         | E::InvalidProvider { .. }
         | E::InvalidDigest { .. }
         | E::InvalidPage { .. }
-        | E::InvalidTransitionId { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+        | E::InvalidTransitionId { .. }
+        | E::InvalidInput { .. } => StatusCode::UNPROCESSABLE_ENTITY,
         E::InvalidOperationKey { .. } => StatusCode::BAD_REQUEST,
         E::NotFound { .. } => StatusCode::NOT_FOUND,
         E::InsufficientCapacity { .. }
@@ -164,7 +165,10 @@ pub fn store_status(e: &LcError) -> StatusCode {
         | E::OwnerStale { .. }
         | E::OwnerExpired { .. }
         | E::TransitionReplayRefused { .. }
-        | E::ReleaseNotProven { .. } => StatusCode::CONFLICT,
+        | E::ReleaseNotProven { .. }
+        | E::StdinNotOpen { .. }
+        | E::InputClosed { .. }
+        | E::InputQueueFull { .. } => StatusCode::CONFLICT,
         E::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
         E::TimeUncertain { .. }
         | E::StorageUnavailable { .. }

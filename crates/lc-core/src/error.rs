@@ -279,6 +279,47 @@ pub enum LcError {
         /// The exec.
         exec_id: ExecId,
     },
+    /// Input for a command's stdin that the rules refuse: too many bytes,
+    /// no bytes without `eof`, or a seq the owner may not record as sent
+    /// (`invalid_input`).
+    #[error("invalid input: {reason}")]
+    InvalidInput {
+        /// What is wrong.
+        reason: String,
+    },
+    /// The exec was admitted without `stdin_open`, so its command reads no
+    /// input (`stdin_not_open`). Admit it with `stdin_open: true`.
+    #[error("exec {exec_id} was admitted without stdin_open: its command reads no input")]
+    StdinNotOpen {
+        /// The exec.
+        exec_id: ExecId,
+    },
+    /// The exec's stdin is closed: an `eof` input is already queued or sent
+    /// (`input_closed`). Nothing more is accepted.
+    #[error("exec {exec_id}: stdin was closed by input {eof_seq}; nothing more is accepted")]
+    InputClosed {
+        /// The exec.
+        exec_id: ExecId,
+        /// The seq of the `eof` input.
+        eof_seq: i64,
+    },
+    /// The exec's input queue is at its bound (`input_queue_full`): retry
+    /// once its owner has delivered some of it.
+    #[error(
+        "exec {exec_id}: the input queue holds {queued_inputs} inputs of {queued_bytes} bytes (at most {inputs_max} inputs and {bytes_max} bytes); retry once some are delivered"
+    )]
+    InputQueueFull {
+        /// The exec.
+        exec_id: ExecId,
+        /// Inputs queued now.
+        queued_inputs: u32,
+        /// Bytes queued now.
+        queued_bytes: u64,
+        /// [`crate::input::INPUT_QUEUE_INPUTS_MAX`].
+        inputs_max: u32,
+        /// [`crate::input::INPUT_QUEUE_BYTES_MAX`].
+        bytes_max: u64,
+    },
     /// The database could not be reached (`storage_unavailable`, HTTP
     /// 503).
     #[error("storage unavailable: {message}")]
@@ -332,6 +373,10 @@ impl LcError {
             LcError::TransitionReplayRefused { .. } => "transition_replay_refused",
             LcError::InvalidTransitionId { .. } => "invalid_transition_id",
             LcError::ReleaseNotProven { .. } => "release_not_proven",
+            LcError::InvalidInput { .. } => "invalid_input",
+            LcError::StdinNotOpen { .. } => "stdin_not_open",
+            LcError::InputClosed { .. } => "input_closed",
+            LcError::InputQueueFull { .. } => "input_queue_full",
             LcError::StorageUnavailable { .. } => "storage_unavailable",
             LcError::StorageFailure { .. } => "storage_failure",
         }

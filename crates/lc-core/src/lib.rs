@@ -10,8 +10,11 @@
 //! * [`opkey`]: operation keys and their floor, receipt and GC rules.
 //! * [`owner`]: exec ownership by gateways, fenced writes, transition
 //!   receipts and their replay, the release rule for terminal execs.
+//! * [`input`]: input for a command's stdin: its order, its queue bound,
+//!   its delivery by the exec's owner.
 //! * [`error`]: [`LcError`] with stable codes.
-//! * [`store`]: the [`ControlStore`] and [`ReconcileStore`] traits.
+//! * [`store`]: the [`ControlStore`], [`ReconcileStore`] and
+//!   [`GatewayStore`] traits.
 //! * [`page`], [`evidence`], [`manifest`]: output pages, signed provider
 //!   evidence, runtime manifests.
 //!
@@ -24,6 +27,7 @@
 pub mod command;
 pub mod error;
 pub mod evidence;
+pub mod input;
 pub mod manifest;
 pub mod model;
 pub mod opkey;

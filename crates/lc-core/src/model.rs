@@ -332,6 +332,11 @@ pub struct ExecRequest {
     /// [`crate::rules::TIMEOUT_MS_MAX`]); `None`: until cancelled, while
     /// the Lease is renewed.
     pub timeout_ms: Option<u64>,
+    /// Whether the command's stdin stays open for input the tenant sends
+    /// ([`crate::ControlStore::send_input`]) until an `eof` input; `false`
+    /// (the default): the command's stdin is empty.
+    #[serde(default)]
+    pub stdin_open: bool,
 }
 
 /// An exec as the store reports it.
@@ -367,6 +372,10 @@ pub struct ExecRecord {
     pub admitted_cut: Timestamp,
     /// Whether the tenant asked to cancel it.
     pub cancel_requested: bool,
+    /// Whether its command's stdin takes input
+    /// ([`ExecRequest::stdin_open`]).
+    #[serde(default)]
+    pub stdin_open: bool,
 }
 
 /// A tenant with its Tollgate balances (units).
@@ -538,6 +547,10 @@ pub struct LeaseWork {
     pub last_seq: i64,
     /// Why the exec is going terminal, once `release_pending`.
     pub terminal_reason: Option<TerminalReason>,
+    /// Whether the command's stdin stays open for input
+    /// ([`ExecRequest::stdin_open`]): what the provider's allocation asks.
+    #[serde(default)]
+    pub stdin_open: bool,
 }
 
 /// What a `commit_release` did.

@@ -18,6 +18,7 @@
 use async_trait::async_trait;
 
 use crate::error::LcError;
+use crate::input::InputRecord;
 use crate::model::{
     AppendReport, CutReading, Digest, ExecId, ExecRecord, ExecRequest, Generation, LeaseWork,
     OpScope, OperationRecord, OutputPage, Provider, ProviderId, ReleaseOutcome, Runtime,
@@ -166,6 +167,32 @@ pub trait ControlStore: Send + Sync {
         tenant: TenantId,
         exec_id: ExecId,
     ) -> Result<ExecRecord, LcError>;
+
+    /// Queues input for the command's stdin: `bytes`
+    /// (`0..=`[`crate::input::INPUT_BYTES_MAX`]; none only with `eof`),
+    /// then, with `eof`, stdin closes. The input gets the exec's next input
+    /// seq (`1, 2, ...` without gaps) and state `queued`; the exec's owner
+    /// delivers it ([`GatewayStore::queued_inputs`],
+    /// [`GatewayStore::record_send`]). Tenant scope: a replay of `op`
+    /// returns the recorded input as it is now (queued or sent); the same
+    /// key with other bytes or another `eof` is `idempotency_conflict`.
+    ///
+    /// # Errors
+    /// `not_found` (also another tenant's exec), `exec_terminal`,
+    /// `stdin_not_open`, `invalid_input`, `input_closed`,
+    /// `input_queue_full` (at most [`crate::input::INPUT_QUEUE_INPUTS_MAX`]
+    /// inputs and [`crate::input::INPUT_QUEUE_BYTES_MAX`] bytes queued),
+    /// `idempotency_conflict`, `invalid_cut_reading`, `time_uncertain` (no
+    /// cut yet), storage errors. Nothing is written on any of them.
+    async fn send_input(
+        &self,
+        op: &OperationKey,
+        at: CutReading,
+        tenant: TenantId,
+        exec_id: ExecId,
+        bytes: &[u8],
+        eof: bool,
+    ) -> Result<InputRecord, LcError>;
 
     /// An operation key and its recorded result.
     ///
@@ -327,9 +354,10 @@ pub trait ReconcileStore: Send + Sync {
 /// [`OwnerCredential`] against the exec's current ownership
 /// ([`crate::owner::check_owner`]) in the same transaction as its write,
 /// and refuses a stale (`owner_stale`) or expired (`owner_expired`) owner
-/// with nothing changed. Transitions (`ack_pages`, `cancel`, `release`)
+/// with nothing changed. Transitions (`record_send`, `ack_pages`, `cancel`,
+/// `release`)
 /// commit an immutable [`TransitionReceipt`] under their transition id; a
-/// replay follows [`crate::owner::plan_transition`].
+/// replay follows [`crate::owner::plan_transition`]; so does `record_send`'s.
 #[async_trait]
 pub trait GatewayStore: Send + Sync {
     /// Takes ownership of up to `limit` execs that have an `active` Lease,
@@ -472,5 +500,44 @@ pub trait GatewayStore: Send + Sync {
         exec_id: ExecId,
         at: CutReading,
         transition_id: &str,
+    ) -> Result<TransitionReceipt, LcError>;
+
+    /// The exec's `queued` inputs (accepted, not yet recorded sent),
+    /// ascending by input seq, at most `limit`
+    /// (`1..=`[`crate::rules::LIST_LIMIT_MAX`]): what the owner delivers to
+    /// the supervisor next, in this order.
+    ///
+    /// # Errors
+    /// `owner_stale`, `owner_expired`, `invalid_limit`, `not_found`,
+    /// `invalid_cut_reading`, storage errors.
+    async fn queued_inputs(
+        &self,
+        cred: &OwnerCredential,
+        exec_id: ExecId,
+        at: CutReading,
+        limit: usize,
+    ) -> Result<Vec<InputRecord>, LcError>;
+
+    /// The send result: after the supervisor accepted input `input_seq`
+    /// (it writes each input seq to stdin once, so delivering a seq again
+    /// before this commits is harmless), marks the input `sent` and commits
+    /// the `send` receipt under `transition_id`, its request digest over
+    /// (`input_seq`, the bytes' SHA-256, `eof`). Inputs are recorded in seq
+    /// order: `input_seq` must be the lowest queued one. A replay follows
+    /// [`crate::owner::plan_transition`]: the same owner gets the same
+    /// receipt and nothing is written.
+    ///
+    /// # Errors
+    /// `owner_stale`, `owner_expired`, `transition_replay_refused`,
+    /// `idempotency_conflict`, `invalid_transition_id`, `invalid_input` (no
+    /// such input, already sent, or an earlier one still queued),
+    /// `not_found`, `invalid_cut_reading`, storage errors.
+    async fn record_send(
+        &self,
+        cred: &OwnerCredential,
+        exec_id: ExecId,
+        at: CutReading,
+        transition_id: &str,
+        input_seq: i64,
     ) -> Result<TransitionReceipt, LcError>;
 }

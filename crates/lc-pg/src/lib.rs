@@ -3,7 +3,9 @@
 //! Little Compute's PostgreSQL store: [`LcStore`] implements
 //! [`lc_core::ControlStore`], [`lc_core::ReconcileStore`] and
 //! [`lc_core::GatewayStore`] (exec ownership fenced on the cut, transition
-//! receipts, page metadata whose bytes live in the sink), composing
+//! receipts, page metadata whose bytes live in the sink, input for a
+//! command's stdin queued by its tenant and recorded sent by its owner),
+//! composing
 //! Tollgate's transaction-composable operations (`tollgate_pg::ops`) so a
 //! Reservation (a Tollgate grant) commits or rolls back with the exec,
 //! attempt and Lease rows it belongs to.

@@ -14,6 +14,7 @@
 use std::collections::BTreeMap;
 
 use jiff::Timestamp;
+use lc_core::input::{InputQueue, InputRecord, InputState};
 use lc_core::owner::{
     OwnerFence, OwnerGeneration, Ownership, PageMeta, StoredPage, TakeoverBasis, TransitionKind,
     TransitionReceipt,
@@ -586,6 +587,7 @@ pub(crate) struct NewExec<'a> {
     pub timeout_ms: Option<i64>,
     pub timeout_deadline: Option<Timestamp>,
     pub admitted: Timestamp,
+    pub stdin_open: bool,
 }
 
 /// Inserts the exec (`admitted`, attempt 1) and returns its id.
@@ -599,8 +601,8 @@ pub(crate) async fn insert_exec(conn: &mut PgConnection, e: &NewExec<'_>) -> Res
     let id: i64 = sqlx::query_scalar(
         "INSERT INTO lc_execs (tenant_id, lease_id, provider_id, runtime_digest, workspace_id, \
              shape, units, command, timeout_ms, timeout_floor_us, timeout_submicro_ns, \
-             admitted_floor_us, admitted_submicro_ns, state) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8::jsonb, $9, $10, $11, $12, $13, 'admitted') \
+             admitted_floor_us, admitted_submicro_ns, state, stdin_open) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8::jsonb, $9, $10, $11, $12, $13, 'admitted', $14) \
          RETURNING exec_id",
     )
     .bind(e.tenant.0)
@@ -616,6 +618,7 @@ pub(crate) async fn insert_exec(conn: &mut PgConnection, e: &NewExec<'_>) -> Res
     .bind(ts)
     .bind(af)
     .bind(asub)
+    .bind(e.stdin_open)
     .fetch_one(&mut *conn)
     .await?;
     Ok(ExecId(id))
@@ -699,7 +702,7 @@ const EXEC_SELECT: &str = "SELECT e.exec_id, e.tenant_id, e.lease_id, e.provider
         e.runtime_digest, e.workspace_id, e.shape, e.units, e.command::text AS command, \
         e.timeout_ms, e.timeout_floor_us, e.timeout_submicro_ns, e.admitted_floor_us, \
         e.admitted_submicro_ns, e.state, e.terminal_reason, e.exit_code, e.cancel_requested, \
-        e.current_attempt, l.state AS lease_state \
+        e.current_attempt, e.stdin_open, l.state AS lease_state \
    FROM lc_execs e \
    JOIN lc_attempts a ON a.exec_id = e.exec_id AND a.attempt = e.current_attempt \
    JOIN lc_sandbox_leases l ON l.exec_id = e.exec_id AND l.attempt = a.attempt \
@@ -739,6 +742,7 @@ fn exec_from(row: &PgRow) -> Result<ExecRecord, Fail> {
         timeout_deadline: opt_instant_at(row, "timeout_floor_us", "timeout_submicro_ns")?,
         admitted_cut: instant_at(row, "admitted_floor_us", "admitted_submicro_ns")?,
         cancel_requested: row.try_get("cancel_requested")?,
+        stdin_open: row.try_get("stdin_open")?,
     })
 }
 
@@ -883,13 +887,14 @@ pub(crate) struct DueRow {
     /// unacknowledged one does not count: it releases nothing).
     pub terminal_page: bool,
     pub reservation_expiry: Timestamp,
+    pub stdin_open: bool,
 }
 
 const DUE_SELECT: &str = "SELECT l.lease_id, l.exec_id, e.tenant_id, l.attempt, l.generation, \
         l.provider_id, l.state, l.expiry_floor_us, l.expiry_submicro_ns, l.released_floor_us, \
         l.released_submicro_ns, e.state AS exec_state, a.state AS attempt_state, \
         e.terminal_reason, e.cancel_requested, e.timeout_floor_us, e.timeout_submicro_ns, \
-        p.url, e.runtime_digest, e.shape, e.command::text AS command, e.workspace_id, \
+        p.url, e.runtime_digest, e.shape, e.command::text AS command, e.workspace_id, e.stdin_open, \
         r.expiry_floor_us AS reservation_floor_us, r.expiry_submicro_ns AS reservation_submicro_ns, \
         coalesce((SELECT max(o.seq) FROM lc_output_pages o \
                    WHERE o.exec_id = l.exec_id AND o.attempt = l.attempt), 0) AS last_seq, \
@@ -916,6 +921,7 @@ fn due_from(row: &PgRow) -> Result<DueRow, Fail> {
         last_seq: row.try_get("last_seq")?,
         terminal_page: row.try_get("terminal_page")?,
         reservation_expiry: instant_at(row, "reservation_floor_us", "reservation_submicro_ns")?,
+        stdin_open: row.try_get("stdin_open")?,
     })
 }
 
@@ -1676,6 +1682,151 @@ pub(crate) async fn has_transition_kind(
     .bind(kind.as_str())
     .fetch_one(&mut *conn)
     .await?)
+}
+
+// ---------------------------------------------------------------------------
+// Inputs for a command's stdin.
+
+const INPUT_COLUMNS: &str =
+    "exec_id, input_seq, bytes, sha256, eof, state, send_transition_id, request_sha256";
+
+fn input_from(row: &PgRow) -> Result<(InputRecord, Digest), Fail> {
+    let rec = InputRecord {
+        exec_id: ExecId(row.try_get("exec_id")?),
+        input_seq: row.try_get("input_seq")?,
+        bytes: row.try_get("bytes")?,
+        sha256: digest_at(row, "sha256")?,
+        eof: row.try_get("eof")?,
+        state: parse_enum(row, "state", InputState::parse)?,
+        send_transition_id: row.try_get("send_transition_id")?,
+    };
+    Ok((rec, digest_at(row, "request_sha256")?))
+}
+
+/// A new input's row.
+pub(crate) struct NewInput<'a> {
+    pub exec: ExecId,
+    pub input_seq: i64,
+    pub bytes: &'a [u8],
+    pub sha256: Digest,
+    pub eof: bool,
+    pub op_key: &'a str,
+    pub request_sha256: Digest,
+    pub queued: Timestamp,
+}
+
+/// Inserts a queued input.
+pub(crate) async fn insert_input(conn: &mut PgConnection, i: &NewInput<'_>) -> Result<(), Fail> {
+    let (f, s) = pair(i.queued);
+    sqlx::query(
+        "INSERT INTO lc_exec_inputs (exec_id, input_seq, bytes, sha256, eof, op_key, \
+             request_sha256, state, queued_floor_us, queued_submicro_ns) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, 'queued', $8, $9)",
+    )
+    .bind(i.exec.0)
+    .bind(i.input_seq)
+    .bind(i.bytes)
+    .bind(&i.sha256.0[..])
+    .bind(i.eof)
+    .bind(i.op_key)
+    .bind(&i.request_sha256.0[..])
+    .bind(f)
+    .bind(s)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
+/// The input `input_seq` of `exec` with its request digest, locked
+/// (`FOR UPDATE`) when `lock`.
+pub(crate) async fn read_input(
+    conn: &mut PgConnection,
+    exec: ExecId,
+    input_seq: i64,
+    lock: bool,
+) -> Result<Option<(InputRecord, Digest)>, Fail> {
+    let row = sqlx::query(&format!(
+        "SELECT {INPUT_COLUMNS} FROM lc_exec_inputs WHERE exec_id = $1 AND input_seq = $2{}",
+        if lock { " FOR UPDATE" } else { "" }
+    ))
+    .bind(exec.0)
+    .bind(input_seq)
+    .fetch_optional(&mut *conn)
+    .await?;
+    row.as_ref().map(input_from).transpose()
+}
+
+/// The exec's input queue: its last seq, its queued inputs and bytes, its
+/// eof input (the exec row is locked by the caller, so it stays so).
+pub(crate) async fn input_queue(conn: &mut PgConnection, exec: ExecId) -> Result<InputQueue, Fail> {
+    let row = sqlx::query(
+        "SELECT coalesce(max(input_seq), 0) AS last_seq, \
+                count(*) FILTER (WHERE state = 'queued') AS queued_inputs, \
+                coalesce(sum(octet_length(bytes)) FILTER (WHERE state = 'queued'), 0)::bigint \
+                    AS queued_bytes, \
+                min(input_seq) FILTER (WHERE eof) AS eof_seq \
+           FROM lc_exec_inputs WHERE exec_id = $1",
+    )
+    .bind(exec.0)
+    .fetch_one(&mut *conn)
+    .await?;
+    let queued_inputs: i64 = row.try_get("queued_inputs")?;
+    let queued_bytes: i64 = row.try_get("queued_bytes")?;
+    Ok(InputQueue {
+        last_seq: row.try_get("last_seq")?,
+        queued_inputs: u32::try_from(queued_inputs)
+            .map_err(|_| corrupt(format!("{queued_inputs} queued inputs of exec {exec}")))?,
+        queued_bytes: u64::try_from(queued_bytes)
+            .map_err(|_| corrupt(format!("{queued_bytes} queued bytes of exec {exec}")))?,
+        eof_seq: row.try_get("eof_seq")?,
+    })
+}
+
+/// The highest sent input seq of `exec` (0 if none).
+pub(crate) async fn sent_through(conn: &mut PgConnection, exec: ExecId) -> Result<i64, Fail> {
+    Ok(sqlx::query_scalar(
+        "SELECT coalesce(max(input_seq), 0) FROM lc_exec_inputs WHERE exec_id = $1 AND state = 'sent'",
+    )
+    .bind(exec.0)
+    .fetch_one(&mut *conn)
+    .await?)
+}
+
+/// Up to `limit` queued inputs of `exec`, by seq.
+pub(crate) async fn queued_inputs(
+    conn: &mut PgConnection,
+    exec: ExecId,
+    limit: usize,
+) -> Result<Vec<InputRecord>, Fail> {
+    let rows = sqlx::query(&format!(
+        "SELECT {INPUT_COLUMNS} FROM lc_exec_inputs WHERE exec_id = $1 AND state = 'queued' \
+          ORDER BY input_seq LIMIT $2"
+    ))
+    .bind(exec.0)
+    .bind(limit as i64)
+    .fetch_all(&mut *conn)
+    .await?;
+    rows.iter().map(|r| input_from(r).map(|(i, _)| i)).collect()
+}
+
+/// Marks a queued input sent by the receipt `transition_id` (inserted
+/// first); whether it was queued.
+pub(crate) async fn mark_input_sent(
+    conn: &mut PgConnection,
+    exec: ExecId,
+    input_seq: i64,
+    transition_id: &str,
+) -> Result<bool, Fail> {
+    let done = sqlx::query(
+        "UPDATE lc_exec_inputs SET state = 'sent', send_transition_id = $3 \
+          WHERE exec_id = $1 AND input_seq = $2 AND state = 'queued'",
+    )
+    .bind(exec.0)
+    .bind(input_seq)
+    .bind(transition_id)
+    .execute(&mut *conn)
+    .await?;
+    Ok(done.rows_affected() == 1)
 }
 
 #[cfg(test)]

@@ -23,13 +23,14 @@ pub const LC_LINE: &str = "lc";
 pub const LC_MIGRATIONS_TABLE: &str = "_lc_migrations";
 
 /// The current version of Little Compute's line.
-pub const LC_VERSION: i64 = 2;
+pub const LC_VERSION: i64 = 3;
 
 /// Little Compute's line: its tables, the deadline guard (LCS01), the
 /// canonical-identity guard (LCS02), its part of the initial-cut
 /// inventory, and (0002) exec ownership, transition receipts (immutable,
 /// LCS03), ownership that only moves forward (LCS04) and pages whose
-/// state only moves from pending to acked (LCS05).
+/// state only moves from pending to acked (LCS05), and (0003) inputs for
+/// a command's stdin, queued then sent in seq order (LCS06).
 pub fn lc_line() -> MigrationLine {
     MigrationLine::new(LC_LINE, LC_MIGRATIONS_TABLE, LC_MIGRATOR.migrations.clone())
 }

@@ -34,6 +34,11 @@
 //! immutable receipt under their id, and a replay is decided by
 //! `lc_core::owner::plan_transition` against the stored receipt.
 //!
+//! Input for a command's stdin (`lc_core::input`): `send_input` locks the
+//! exec row, so each input's seq and the queue bound are decided one at a
+//! time; `record_send` locks the ownership row like every fenced write and
+//! marks the lowest queued input sent with its `send` receipt.
+//!
 //! Failure modes: a refusal or a database error rolls the whole
 //! transaction back, Tollgate's part included, so a failed operation
 //! changes nothing; sequence numbers it drew are skipped.
@@ -44,6 +49,7 @@ use async_trait::async_trait;
 use ed25519_dalek::VerifyingKey;
 use jiff::{SignedDuration, Timestamp};
 use lc_core::evidence::{self, Envelope, Expected};
+use lc_core::input::{self, InputRecord};
 use lc_core::owner::{
     self, OwnedExec, OwnerCredential, OwnerGeneration, OwnerToken, Ownership, PageMeta,
     StageReport, StoredPage, TakeoverBasis, TransitionKind, TransitionPlan, TransitionReceipt,
@@ -144,9 +150,12 @@ pub enum Op {
     /// The owner's transitions: `ack_pages`, `cancel` (gateway),
     /// `release`.
     OwnerTransition,
+    /// Input for a command's stdin: `send_input`, `queued_inputs`,
+    /// `record_send`.
+    Input,
 }
 
-const OPS: [Op; 17] = [
+const OPS: [Op; 18] = [
     Op::CreateTenant,
     Op::Deposit,
     Op::Read,
@@ -164,6 +173,7 @@ const OPS: [Op; 17] = [
     Op::Heartbeat,
     Op::StagePages,
     Op::OwnerTransition,
+    Op::Input,
 ];
 
 impl pgkit::OpLabel for Op {
@@ -186,6 +196,7 @@ impl pgkit::OpLabel for Op {
             Op::Heartbeat => "heartbeat",
             Op::StagePages => "stage_pages",
             Op::OwnerTransition => "owner_transition",
+            Op::Input => "input",
         }
     }
 }
@@ -470,6 +481,7 @@ fn to_work(d: db::DueRow, at: CutReading) -> LeaseWork {
         workspace_id: d.workspace_id,
         last_seq: d.last_seq,
         terminal_reason: d.lease.terminal_reason,
+        stdin_open: d.stdin_open,
     }
 }
 
@@ -688,6 +700,7 @@ struct AdmitArgs<'a> {
     shape: Shape,
     command: Command,
     timeout: Option<(u64, SignedDuration)>,
+    stdin_open: bool,
 }
 
 async fn admit_tx(conn: &mut PgConnection, a: &AdmitArgs<'_>) -> Result<ExecRecord, Fail> {
@@ -751,6 +764,7 @@ async fn admit_tx(conn: &mut PgConnection, a: &AdmitArgs<'_>) -> Result<ExecReco
             timeout_ms: a.timeout.map(|(ms, _)| ms as i64),
             timeout_deadline,
             admitted: a.at.cut,
+            stdin_open: a.stdin_open,
         },
     )
     .await?;
@@ -1595,6 +1609,180 @@ async fn release_tx(
 }
 
 // ---------------------------------------------------------------------------
+// Input for a command's stdin: the tenant queues it (`send_input`, locked
+// on the exec row, so seqs and the queue bound are decided one input at a
+// time), the owner reads it (`queued_inputs`) and records its delivery
+// (`record_send`, fenced on the ownership row, in seq order).
+
+/// What a `send_input` records as its operation's result: the input it
+/// queued, which a replay reads again (as it is now).
+#[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize)]
+struct QueuedInput {
+    exec_id: ExecId,
+    input_seq: i64,
+}
+
+struct SendInputArgs<'a> {
+    store: &'a LcStore,
+    op: &'a OperationKey,
+    at: CutReading,
+    tenant: TenantId,
+    exec_id: ExecId,
+    bytes: &'a [u8],
+    eof: bool,
+}
+
+async fn read_queued(
+    conn: &mut PgConnection,
+    exec: ExecId,
+    input_seq: i64,
+) -> Result<(InputRecord, Digest), Fail> {
+    Ok(db::read_input(conn, exec, input_seq, false)
+        .await?
+        .ok_or_else(|| {
+            crate::error::corrupt(format!("input {input_seq} of exec {exec} vanished"))
+        })?)
+}
+
+async fn send_input_tx(
+    conn: &mut PgConnection,
+    a: &SendInputArgs<'_>,
+) -> Result<InputRecord, Fail> {
+    let cut = check_reading(conn, a.at).await?;
+    let scope = OpScope::Tenant(a.tenant);
+    let sha256 = Digest::of(a.bytes);
+    let request = input::input_request_sha256(sha256, a.eof);
+    if let Begun::Replay(q) =
+        begin_op::<QueuedInput>(conn, a.store, scope, a.op, "send_input", a.at, &cut).await?
+    {
+        let (rec, stored_request) = read_queued(conn, q.exec_id, q.input_seq).await?;
+        // The key's digest is the caller's; the input's own digest covers
+        // the bytes and eof whatever the caller hashed.
+        if q.exec_id != a.exec_id || stored_request != request {
+            return Err(LcError::IdempotencyConflict {
+                key: a.op.key().to_owned(),
+            }
+            .into());
+        }
+        return Ok(rec);
+    }
+    if !db::lock_exec(conn, a.tenant, a.exec_id).await? {
+        return Err(LcError::not_found("exec", a.exec_id).into());
+    }
+    let exec = db::read_exec(conn, a.tenant, a.exec_id)
+        .await?
+        .ok_or_else(|| LcError::not_found("exec", a.exec_id))?;
+    let queue = db::input_queue(conn, a.exec_id).await?;
+    let input_seq = input::plan_input(
+        a.exec_id,
+        exec.stdin_open,
+        exec.state == ExecState::Terminal,
+        &queue,
+        a.bytes.len(),
+        a.eof,
+    )?;
+    db::insert_input(
+        conn,
+        &db::NewInput {
+            exec: a.exec_id,
+            input_seq,
+            bytes: a.bytes,
+            sha256,
+            eof: a.eof,
+            op_key: a.op.key(),
+            request_sha256: request,
+            queued: a.at.cut,
+        },
+    )
+    .await?;
+    finish_op(
+        conn,
+        scope,
+        a.op,
+        &QueuedInput {
+            exec_id: a.exec_id,
+            input_seq,
+        },
+    )
+    .await?;
+    Ok(read_queued(conn, a.exec_id, input_seq).await?.0)
+}
+
+async fn queued_inputs_tx(
+    conn: &mut PgConnection,
+    a: &PendingArgs<'_>,
+) -> Result<Vec<InputRecord>, Fail> {
+    check_reading(conn, a.at).await?;
+    fence(conn, a.cred, a.exec_id, a.at).await?;
+    db::queued_inputs(conn, a.exec_id, a.limit).await
+}
+
+struct RecordSendArgs<'a> {
+    cred: &'a OwnerCredential,
+    exec_id: ExecId,
+    at: CutReading,
+    transition_id: &'a str,
+    input_seq: i64,
+}
+
+async fn record_send_tx(
+    conn: &mut PgConnection,
+    a: &RecordSendArgs<'_>,
+) -> Result<TransitionReceipt, Fail> {
+    check_reading(conn, a.at).await?;
+    let row = lock_owned(conn, a.exec_id).await?;
+    let Some((input, _)) = db::read_input(conn, a.exec_id, a.input_seq, true).await? else {
+        owner::check_owner(&row.ownership, a.cred, a.at)?;
+        return Err(LcError::InvalidInput {
+            reason: format!("exec {} has no input {}", a.exec_id, a.input_seq),
+        }
+        .into());
+    };
+    let request = owner::transition_request_sha256(
+        TransitionKind::Send,
+        a.exec_id,
+        &input::send_args(&input),
+    );
+    let stored = db::read_transition(conn, a.exec_id, a.transition_id).await?;
+    if let TransitionPlan::Replay(r) = owner::plan_transition(
+        stored.as_ref(),
+        TransitionKind::Send,
+        request,
+        &row.ownership,
+        a.cred,
+        a.at,
+    )? {
+        return Ok(r);
+    }
+    input::check_send(&input, db::sent_through(conn, a.exec_id).await?)?;
+    let receipt = TransitionReceipt {
+        exec_id: a.exec_id,
+        transition_id: a.transition_id.to_owned(),
+        kind: TransitionKind::Send,
+        token_sha256: row.ownership.token_sha256,
+        owner_generation: row.ownership.generation,
+        owner_fence: row.ownership.fence,
+        request_sha256: request,
+        committed_cut: a.at.cut,
+        detail: serde_json::json!({
+            "input_seq": input.input_seq,
+            "length": input.bytes.len(),
+            "sha256": input.sha256.to_hex(),
+            "eof": input.eof,
+        }),
+    };
+    db::insert_transition(conn, &receipt).await?;
+    if !db::mark_input_sent(conn, a.exec_id, a.input_seq, a.transition_id).await? {
+        return Err(crate::error::corrupt(format!(
+            "input {} of exec {} was queued and is not",
+            a.input_seq, a.exec_id
+        ))
+        .into());
+    }
+    Ok(receipt)
+}
+
+// ---------------------------------------------------------------------------
 // The traits.
 
 fn check_limit(limit: usize) -> Result<usize, LcError> {
@@ -1727,6 +1915,7 @@ impl ControlStore for LcStore {
             shape,
             command,
             timeout,
+            stdin_open: req.stdin_open,
         };
         self.run(Op::Admit, &args, |c, a| Box::pin(admit_tx(c, a)))
             .await
@@ -1794,6 +1983,28 @@ impl ControlStore for LcStore {
             exec_id,
         };
         self.run(Op::Cancel, &args, |c, a| Box::pin(cancel_tx(c, a)))
+            .await
+    }
+
+    async fn send_input(
+        &self,
+        op: &OperationKey,
+        at: CutReading,
+        tenant: TenantId,
+        exec_id: ExecId,
+        bytes: &[u8],
+        eof: bool,
+    ) -> Result<InputRecord, LcError> {
+        let args = SendInputArgs {
+            store: self,
+            op,
+            at,
+            tenant,
+            exec_id,
+            bytes,
+            eof,
+        };
+        self.run(Op::Input, &args, |c, a| Box::pin(send_input_tx(c, a)))
             .await
     }
 
@@ -2182,6 +2393,44 @@ impl GatewayStore for LcStore {
             Box::pin(release_tx(c, a))
         })
         .await
+    }
+
+    async fn queued_inputs(
+        &self,
+        cred: &OwnerCredential,
+        exec_id: ExecId,
+        at: CutReading,
+        limit: usize,
+    ) -> Result<Vec<InputRecord>, LcError> {
+        let limit = check_limit(limit)?;
+        let args = PendingArgs {
+            cred,
+            exec_id,
+            at,
+            limit,
+        };
+        self.run(Op::Input, &args, |c, a| Box::pin(queued_inputs_tx(c, a)))
+            .await
+    }
+
+    async fn record_send(
+        &self,
+        cred: &OwnerCredential,
+        exec_id: ExecId,
+        at: CutReading,
+        transition_id: &str,
+        input_seq: i64,
+    ) -> Result<TransitionReceipt, LcError> {
+        owner::check_transition_id(transition_id)?;
+        let args = RecordSendArgs {
+            cred,
+            exec_id,
+            at,
+            transition_id,
+            input_seq,
+        };
+        self.run(Op::Input, &args, |c, a| Box::pin(record_send_tx(c, a)))
+            .await
     }
 }
 

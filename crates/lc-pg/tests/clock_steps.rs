@@ -287,6 +287,7 @@ fn req(shape: &str, argv: &[&str]) -> ExecRequest {
         shape: shape.into(),
         command: argv.iter().map(|s| s.to_string()).collect(),
         timeout_ms: None,
+        stdin_open: false,
     }
 }
 

@@ -3,11 +3,15 @@
 //! without it): migrate (every version of the line), a certain cut from a
 //! real sampler, admission, release with evidence, exact balances and a
 //! clean audit; then a gateway's takeover, a racing one refused, and the
-//! owner's page staged and acknowledged.
+//! owner's page staged and acknowledged, and an input for its stdin queued
+//! and recorded sent.
 
 mod support;
 
-use lc_core::owner::{OwnerCredential, OwnerGeneration, OwnerToken, PageMeta, StoredPage};
+use lc_core::input::InputState;
+use lc_core::owner::{
+    OwnerCredential, OwnerGeneration, OwnerToken, PageMeta, StoredPage, TransitionKind,
+};
 use lc_core::page::{Page, PageKind};
 use lc_core::{
     AttemptNo, ControlStore, ExecRequest, GatewayStore, Generation, LcError, ReconcileStore,
@@ -67,6 +71,7 @@ async fn admission_and_release_on_postgresql_18() {
                 shape: "medium".into(),
                 command: vec!["true".into()],
                 timeout_ms: Some(1_000),
+                stdin_open: false,
             },
         )
         .await
@@ -114,8 +119,9 @@ async fn admission_and_release_on_postgresql_18() {
             &ExecRequest {
                 runtime: "base".into(),
                 shape: "small".into(),
-                command: vec!["true".into()],
+                command: vec!["cat".into()],
                 timeout_ms: None,
+                stdin_open: true,
             },
         )
         .await
@@ -173,6 +179,44 @@ async fn admission_and_release_on_postgresql_18() {
             meta: m,
             bytes: None
         }]
+    );
+    // Input for its stdin: queued by the tenant, read and recorded sent
+    // by the owner (migration 0003).
+    let input = store
+        .send_input(&op("in", "in"), at, t.tenant_id, e.exec_id, b"pg18\n", true)
+        .await
+        .unwrap();
+    assert_eq!(
+        (input.input_seq, input.state, input.eof),
+        (1, InputState::Queued, true)
+    );
+    assert_eq!(
+        store.queued_inputs(&cred, e.exec_id, at, 10).await.unwrap(),
+        vec![input.clone()]
+    );
+    let r = store
+        .record_send(&cred, e.exec_id, at, "send-1-1", 1)
+        .await
+        .unwrap();
+    assert_eq!(
+        (r.kind, r.owner_generation, r.owner_fence),
+        (
+            TransitionKind::Send,
+            OwnerGeneration(1),
+            won.ownership.fence
+        )
+    );
+    assert_eq!(
+        store.queued_inputs(&cred, e.exec_id, at, 10).await.unwrap(),
+        vec![]
+    );
+    assert_eq!(
+        store
+            .send_input(&op("in2", "in2"), at, t.tenant_id, e.exec_id, b"x", false)
+            .await
+            .unwrap_err()
+            .code(),
+        "input_closed"
     );
     sampler.stop().await;
     store.pool().close().await;

@@ -309,6 +309,7 @@ impl Rig {
                     shape: "small".into(),
                     command: argv.iter().map(|s| s.to_string()).collect(),
                     timeout_ms: None,
+                    stdin_open: false,
                 },
             )
             .await

@@ -242,6 +242,7 @@ async fn a_killed_worker_loses_nothing_and_returns_every_reservation_once() {
                     shape: "small".into(),
                     command: vec!["sh".into(), "-c".into(), script.clone()],
                     timeout_ms: None,
+                    stdin_open: false,
                 },
             )
             .await
@@ -482,6 +483,7 @@ async fn a_killed_provider_s_lease_expires_and_its_reservation_returns_once() {
                     "i=1; while :; do echo line $i; i=$((i+1)); sleep 0.005; done".into(),
                 ],
                 timeout_ms: None,
+                stdin_open: false,
             },
         )
         .await

@@ -286,6 +286,7 @@ pub fn req(shape: &str, argv: &[&str]) -> lc_core::ExecRequest {
         shape: shape.into(),
         command: argv.iter().map(|s| s.to_string()).collect(),
         timeout_ms: None,
+        stdin_open: false,
     }
 }
 
@@ -346,6 +347,7 @@ pub async fn snapshot(url: &str) -> Vec<(String, Vec<String>)> {
         "lc_operations",
         "lc_exec_owners",
         "lc_transitions",
+        "lc_exec_inputs",
         "tollgate_accounts",
         "tollgate_leases",
         "tollgate_ledger",
