@@ -184,7 +184,8 @@ async fn tenants_execs_and_output_through_the_cli() {
         .await
         .expect("the follower ends at the terminal page")
         .expect("join");
-    assert!(followed.status.success(), "{followed:?}");
+    // The follower exits with the command's own exit code.
+    assert_eq!(followed.status.code(), Some(3), "{followed:?}");
     assert_eq!(followed.stdout, [b"hi".as_slice(), &binary].concat());
     assert_eq!(followed.stderr, b"oops\n");
     // Without --stderr only stdout bytes, exactly.
