@@ -214,7 +214,7 @@ async fn provider_true(
     let mut after = 0;
     let terminal = loop {
         let pages = p
-            .pages(l, g, after, 64)
+            .pages(l, g, lc_core::owner::OwnerFence(1), after, 64)
             .await
             .map_err(|e| format!("pages: {e}"))?;
         if let Some(last) = pages.last() {

@@ -27,6 +27,8 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
 
+use crate::owner::OwnerFence;
+
 /// The most bytes one page carries: 64 KiB, the unit a pipe read fills and a
 /// row stores without toasting the page table's hot path.
 pub const PAGE_BYTES_MAX: usize = 65536;
@@ -36,6 +38,23 @@ pub const PAGE_BYTES_MAX: usize = 65536;
 /// reading the command's pipes, so the command blocks (back-pressure); no
 /// page is ever dropped.
 pub const SPOOL_BYTES_DEFAULT: u64 = 8 * 1024 * 1024;
+
+/// The spool's bound on pages a supervisor keeps when it is given none:
+/// 4096 pages not yet acknowledged, the terminal page included. The byte
+/// bound alone lets many tiny writes (one byte each, every one its own
+/// page) grow the page queue, and the memory each page's header and digest
+/// take, far beyond the bytes they carry; this bound caps that at a few
+/// hundred KiB of overhead. When it is reached the supervisor stops
+/// reading the pipes exactly as for a full byte bound (back-pressure); no
+/// page is ever dropped. One slot is always kept for the terminal page.
+pub const SPOOL_PAGES_DEFAULT: u64 = 4096;
+
+/// The smallest page bound a spool accepts: one data page plus the slot
+/// kept for the terminal page.
+pub const SPOOL_PAGES_MIN: u64 = 2;
+
+/// The largest page bound a spool accepts: 1 Mi pages.
+pub const SPOOL_PAGES_MAX: u64 = 1 << 20;
 
 /// The most pages one socket `pages` request returns: 64 pages, at most
 /// 4 MiB of bytes, so one response frame stays bounded.
@@ -148,6 +167,9 @@ pub enum PageError {
         "a terminal page has no bytes and exactly one of exit code or signal; other pages have no exit"
     )]
     BadExit,
+    /// An owner fence below 1 in a request. Code `bad_fence`.
+    #[error("an owner fence is >= 1, got {0}")]
+    BadFence(i64),
     /// A frame longer than [`FRAME_BYTES_MAX`]. Code `frame_too_large`.
     #[error("a frame holds at most {FRAME_BYTES_MAX} bytes, got {0}")]
     FrameTooLarge(usize),
@@ -167,6 +189,7 @@ impl PageError {
             PageError::BadSeq(_) => "bad_seq",
             PageError::DigestMismatch(_) => "digest_mismatch",
             PageError::BadExit => "bad_exit",
+            PageError::BadFence(_) => "bad_fence",
             PageError::FrameTooLarge(_) => "frame_too_large",
             PageError::Malformed(_) => "malformed_page",
             PageError::Io(_) => "page_io",
@@ -381,22 +404,94 @@ pub fn parse_hex32(s: &str) -> Option<[u8; 32]> {
 }
 
 /// A request from a provider to its supervisor over the unix socket.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+///
+/// Every request that can change the spool or the command (`pages` too,
+/// for uniformity) carries the owner fence of the caller
+/// ([`OwnerFence`], >= 1). The supervisor keeps the highest fence it was
+/// shown and refuses a lower one with [`SocketResponse::StaleFence`],
+/// changing nothing; an equal or higher fence is served (and becomes the
+/// highest). `status` changes nothing and carries none.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SocketRequest {
     /// The pages with `seq > after_seq`, in order, at most `max` (capped at
-    /// [`PAGES_PER_REQUEST_MAX`]). Socket form: tag 1, i64, u32 (big-endian).
+    /// [`PAGES_PER_REQUEST_MAX`]). Socket form: tag 1, fence i64,
+    /// after_seq i64, max u32 (big-endian).
     Pages {
+        /// The caller's owner fence.
+        fence: OwnerFence,
         /// Return pages after this seq (0 = from the first).
         after_seq: i64,
         /// The most pages to return.
         max: u32,
     },
     /// Drop every page with `seq <= through_seq` from the spool. Socket
-    /// form: tag 2, i64.
+    /// form: tag 2, fence i64, through_seq i64.
     Ack {
+        /// The caller's owner fence.
+        fence: OwnerFence,
         /// The last acknowledged seq.
         through_seq: i64,
     },
+    /// Kill every process of the command (`SIGKILL`); the terminal page
+    /// (signal 9, unless the command had already ended) follows once the
+    /// pipes are drained. Idempotent. Socket form: tag 3, fence i64.
+    Cancel {
+        /// The caller's owner fence.
+        fence: OwnerFence,
+    },
+    /// The spool's occupancy and the command's progress
+    /// ([`SpoolStatus`]). Socket form: tag 4.
+    Status,
+    /// Write `bytes` to the command's stdin as input `input_seq` (the
+    /// first is 1), then close stdin when `eof`. Exactly once per
+    /// `input_seq`, in order: a repeated seq answers [`SocketResponse::Sent`]
+    /// without writing again, a gap is refused `input_gap`. At most
+    /// [`INPUT_BYTES_MAX`] bytes. Socket form: tag 5, fence i64,
+    /// input_seq i64, eof u8 (0 or 1), u32 length, the bytes.
+    Send {
+        /// The caller's owner fence.
+        fence: OwnerFence,
+        /// The input's sequence number, >= 1.
+        input_seq: i64,
+        /// The bytes to write.
+        bytes: Vec<u8>,
+        /// Close the command's stdin after these bytes.
+        eof: bool,
+    },
+}
+
+/// The most bytes one `send` request writes to a command's stdin: 64 KiB,
+/// the size of one output page.
+pub const INPUT_BYTES_MAX: usize = 65536;
+
+/// A supervisor's spool occupancy and its command's progress, as the
+/// `status` socket request reports it (the gateway exports it as a
+/// metric). Socket form: ten big-endian fields, u64 pages, u64 bytes,
+/// u64 pages_max, u64 bytes_max, i64 next_seq, i64 acked_through,
+/// i64 highest_fence, i64 terminal_seq (0 = none yet), u8 command_exited,
+/// u8 cancelled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SpoolStatus {
+    /// Pages spooled and not yet acknowledged (the terminal page included).
+    pub pages: u64,
+    /// Bytes of page data spooled and not yet acknowledged.
+    pub bytes: u64,
+    /// The spool's bound on pages.
+    pub pages_max: u64,
+    /// The spool's bound on bytes.
+    pub bytes_max: u64,
+    /// The seq the next page gets.
+    pub next_seq: i64,
+    /// Every page up to this seq has been acknowledged and dropped.
+    pub acked_through: i64,
+    /// The highest owner fence shown (0 = none yet).
+    pub highest_fence: i64,
+    /// The terminal page's seq, 0 while it is not appended.
+    pub terminal_seq: i64,
+    /// Whether the command itself has exited (or was killed) and been reaped.
+    pub command_exited: bool,
+    /// Whether a `cancel` was accepted while the command ran.
+    pub cancelled: bool,
 }
 
 /// A supervisor's answer to one [`SocketRequest`].
@@ -409,6 +504,28 @@ pub enum SocketResponse {
         /// Every page with `seq <= acked_through` has been dropped.
         acked_through: i64,
     },
+    /// The cancel was accepted. Tag 3, u8.
+    Cancelled {
+        /// `true` when this request killed the command; `false` for a no-op
+        /// (already cancelled, or the command had already ended).
+        killed: bool,
+    },
+    /// The spool's status. Tag 4, the [`SpoolStatus`] form.
+    Status(SpoolStatus),
+    /// The input is written (now or by an earlier request with the same
+    /// seq). Tag 5, i64.
+    Sent {
+        /// The highest input seq written.
+        input_seq: i64,
+    },
+    /// The request's fence is below the highest the supervisor was shown;
+    /// nothing changed. Tag 254, presented i64, highest i64.
+    StaleFence {
+        /// The fence the request carried.
+        presented: OwnerFence,
+        /// The highest fence the supervisor was shown.
+        highest: OwnerFence,
+    },
     /// The request was refused. Tag 255, u16 length, the code in ASCII.
     Error {
         /// A stable snake_case code.
@@ -419,39 +536,148 @@ pub enum SocketResponse {
 impl SocketRequest {
     /// The request's frame body.
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(13);
-        match *self {
-            SocketRequest::Pages { after_seq, max } => {
+        let mut out = Vec::with_capacity(21);
+        match self {
+            SocketRequest::Pages {
+                fence,
+                after_seq,
+                max,
+            } => {
                 out.push(1);
+                out.extend_from_slice(&fence.0.to_be_bytes());
                 out.extend_from_slice(&after_seq.to_be_bytes());
                 out.extend_from_slice(&max.to_be_bytes());
             }
-            SocketRequest::Ack { through_seq } => {
+            SocketRequest::Ack { fence, through_seq } => {
                 out.push(2);
+                out.extend_from_slice(&fence.0.to_be_bytes());
                 out.extend_from_slice(&through_seq.to_be_bytes());
+            }
+            SocketRequest::Cancel { fence } => {
+                out.push(3);
+                out.extend_from_slice(&fence.0.to_be_bytes());
+            }
+            SocketRequest::Status => out.push(4),
+            SocketRequest::Send {
+                fence,
+                input_seq,
+                bytes,
+                eof,
+            } => {
+                out.push(5);
+                out.extend_from_slice(&fence.0.to_be_bytes());
+                out.extend_from_slice(&input_seq.to_be_bytes());
+                out.push(u8::from(*eof));
+                // At most INPUT_BYTES_MAX is decoded; a longer body is the
+                // caller's bug and is refused by the decoder.
+                out.extend_from_slice(&(bytes.len() as u32).to_be_bytes());
+                out.extend_from_slice(bytes);
             }
         }
         out
     }
 
+    /// The request's owner fence, `None` for `status`.
+    pub fn fence(&self) -> Option<OwnerFence> {
+        match self {
+            SocketRequest::Pages { fence, .. }
+            | SocketRequest::Ack { fence, .. }
+            | SocketRequest::Cancel { fence }
+            | SocketRequest::Send { fence, .. } => Some(*fence),
+            SocketRequest::Status => None,
+        }
+    }
+
     /// Decodes a request frame body.
     ///
     /// # Errors
-    /// [`PageError::Malformed`] for an unknown tag, a short body or trailing bytes.
+    /// [`PageError::Malformed`] for an unknown tag, a short body or trailing
+    /// bytes; [`PageError::BadFence`] for a fence below 1;
+    /// [`PageError::TooLarge`] for input over [`INPUT_BYTES_MAX`].
     pub fn decode(body: &[u8]) -> Result<SocketRequest, PageError> {
         let mut cur = Cursor { buf: body, pos: 0 };
+        let fence = |cur: &mut Cursor<'_>| -> Result<OwnerFence, PageError> {
+            let f = cur.i64()?;
+            if f < 1 {
+                return Err(PageError::BadFence(f));
+            }
+            Ok(OwnerFence(f))
+        };
         let req = match cur.u8()? {
             1 => SocketRequest::Pages {
+                fence: fence(&mut cur)?,
                 after_seq: cur.i64()?,
                 max: cur.u32()?,
             },
             2 => SocketRequest::Ack {
+                fence: fence(&mut cur)?,
                 through_seq: cur.i64()?,
             },
+            3 => SocketRequest::Cancel {
+                fence: fence(&mut cur)?,
+            },
+            4 => SocketRequest::Status,
+            5 => {
+                let fence = fence(&mut cur)?;
+                let input_seq = cur.i64()?;
+                let eof = match cur.u8()? {
+                    0 => false,
+                    1 => true,
+                    _ => return Err(PageError::Malformed("eof flag is not 0 or 1")),
+                };
+                let len = cur.u32()? as usize;
+                if len > INPUT_BYTES_MAX {
+                    return Err(PageError::TooLarge(len));
+                }
+                SocketRequest::Send {
+                    fence,
+                    input_seq,
+                    bytes: cur.take(len)?.to_vec(),
+                    eof,
+                }
+            }
             _ => return Err(PageError::Malformed("unknown request tag")),
         };
         cur.finish()?;
         Ok(req)
+    }
+}
+
+impl SpoolStatus {
+    fn encode(&self, out: &mut Vec<u8>) {
+        for v in [self.pages, self.bytes, self.pages_max, self.bytes_max] {
+            out.extend_from_slice(&v.to_be_bytes());
+        }
+        for v in [
+            self.next_seq,
+            self.acked_through,
+            self.highest_fence,
+            self.terminal_seq,
+        ] {
+            out.extend_from_slice(&v.to_be_bytes());
+        }
+        out.push(u8::from(self.command_exited));
+        out.push(u8::from(self.cancelled));
+    }
+
+    fn decode(cur: &mut Cursor<'_>) -> Result<SpoolStatus, PageError> {
+        let flag = |b: u8| match b {
+            0 => Ok(false),
+            1 => Ok(true),
+            _ => Err(PageError::Malformed("status flag is not 0 or 1")),
+        };
+        Ok(SpoolStatus {
+            pages: cur.u64()?,
+            bytes: cur.u64()?,
+            pages_max: cur.u64()?,
+            bytes_max: cur.u64()?,
+            next_seq: cur.i64()?,
+            acked_through: cur.i64()?,
+            highest_fence: cur.i64()?,
+            terminal_seq: cur.i64()?,
+            command_exited: flag(cur.u8()?)?,
+            cancelled: flag(cur.u8()?)?,
+        })
     }
 }
 
@@ -477,6 +703,23 @@ impl SocketResponse {
             SocketResponse::Acked { acked_through } => {
                 out.push(2);
                 out.extend_from_slice(&acked_through.to_be_bytes());
+            }
+            SocketResponse::Cancelled { killed } => {
+                out.push(3);
+                out.push(u8::from(*killed));
+            }
+            SocketResponse::Status(s) => {
+                out.push(4);
+                s.encode(&mut out);
+            }
+            SocketResponse::Sent { input_seq } => {
+                out.push(5);
+                out.extend_from_slice(&input_seq.to_be_bytes());
+            }
+            SocketResponse::StaleFence { presented, highest } => {
+                out.push(254);
+                out.extend_from_slice(&presented.0.to_be_bytes());
+                out.extend_from_slice(&highest.0.to_be_bytes());
             }
             SocketResponse::Error { code } => {
                 if code.len() > ERROR_CODE_BYTES_MAX {
@@ -510,6 +753,21 @@ impl SocketResponse {
             }
             2 => SocketResponse::Acked {
                 acked_through: cur.i64()?,
+            },
+            3 => SocketResponse::Cancelled {
+                killed: match cur.u8()? {
+                    0 => false,
+                    1 => true,
+                    _ => return Err(PageError::Malformed("killed flag is not 0 or 1")),
+                },
+            },
+            4 => SocketResponse::Status(SpoolStatus::decode(&mut cur)?),
+            5 => SocketResponse::Sent {
+                input_seq: cur.i64()?,
+            },
+            254 => SocketResponse::StaleFence {
+                presented: OwnerFence(cur.i64()?),
+                highest: OwnerFence(cur.i64()?),
             },
             255 => {
                 let len = usize::from(cur.u16()?);
@@ -608,6 +866,9 @@ impl<'a> Cursor<'a> {
     fn i64(&mut self) -> Result<i64, PageError> {
         Ok(i64::from_be_bytes(self.arr()?))
     }
+    fn u64(&mut self) -> Result<u64, PageError> {
+        Ok(u64::from_be_bytes(self.arr()?))
+    }
     fn finish(&self) -> Result<(), PageError> {
         if self.pos == self.buf.len() {
             Ok(())
@@ -658,17 +919,134 @@ mod tests {
     #[test]
     fn requests_round_trip_exactly() {
         let r = SocketRequest::Pages {
+            fence: OwnerFence(3),
             after_seq: 5,
             max: 7,
         };
-        assert_eq!(r.encode(), vec![1, 0, 0, 0, 0, 0, 0, 0, 5, 0, 0, 0, 7]);
+        assert_eq!(
+            r.encode(),
+            vec![
+                1, 0, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0, 0, 0, 0, 0, 5, 0, 0, 0, 7
+            ]
+        );
         assert_eq!(SocketRequest::decode(&r.encode()).unwrap(), r);
-        let a = SocketRequest::Ack { through_seq: 256 };
-        assert_eq!(a.encode(), vec![2, 0, 0, 0, 0, 0, 0, 1, 0]);
+        let a = SocketRequest::Ack {
+            fence: OwnerFence(1),
+            through_seq: 256,
+        };
+        assert_eq!(
+            a.encode(),
+            vec![2, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 1, 0]
+        );
         assert_eq!(SocketRequest::decode(&a.encode()).unwrap(), a);
+        let c = SocketRequest::Cancel {
+            fence: OwnerFence(258),
+        };
+        assert_eq!(c.encode(), vec![3, 0, 0, 0, 0, 0, 0, 1, 2]);
+        assert_eq!(SocketRequest::decode(&c.encode()).unwrap(), c);
+        assert_eq!(SocketRequest::Status.encode(), vec![4]);
+        assert_eq!(SocketRequest::decode(&[4]).unwrap(), SocketRequest::Status);
+        assert_eq!(SocketRequest::Status.fence(), None);
+        assert_eq!(c.fence(), Some(OwnerFence(258)));
+        let snd = SocketRequest::Send {
+            fence: OwnerFence(2),
+            input_seq: 1,
+            bytes: b"ab".to_vec(),
+            eof: true,
+        };
+        assert_eq!(
+            snd.encode(),
+            vec![
+                5, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 2, b'a', b'b'
+            ]
+        );
+        assert_eq!(SocketRequest::decode(&snd.encode()).unwrap(), snd);
         let e = SocketResponse::Error { code: "bad".into() };
         assert_eq!(e.encode().unwrap(), vec![255, 0, 3, b'b', b'a', b'd']);
         assert_eq!(SocketResponse::decode(&e.encode().unwrap()).unwrap(), e);
+        let stale = SocketResponse::StaleFence {
+            presented: OwnerFence(1),
+            highest: OwnerFence(2),
+        };
+        assert_eq!(
+            stale.encode().unwrap(),
+            vec![254, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 2]
+        );
+        assert_eq!(
+            SocketResponse::decode(&stale.encode().unwrap()).unwrap(),
+            stale
+        );
+        let k = SocketResponse::Cancelled { killed: true };
+        assert_eq!(k.encode().unwrap(), vec![3, 1]);
+        assert_eq!(SocketResponse::decode(&k.encode().unwrap()).unwrap(), k);
+        assert_eq!(
+            SocketResponse::decode(&[3, 2]).unwrap_err().code(),
+            "malformed_page"
+        );
+        let st = SocketResponse::Status(SpoolStatus {
+            pages: 1,
+            bytes: 2,
+            pages_max: 3,
+            bytes_max: 4,
+            next_seq: 5,
+            acked_through: 6,
+            highest_fence: 7,
+            terminal_seq: 8,
+            command_exited: true,
+            cancelled: false,
+        });
+        let body = st.encode().unwrap();
+        assert_eq!(body.len(), 1 + 8 * 8 + 2);
+        assert_eq!(&body[..9], &[4, 0, 0, 0, 0, 0, 0, 0, 1]);
+        assert_eq!(&body[body.len() - 2..], &[1, 0]);
+        assert_eq!(SocketResponse::decode(&body).unwrap(), st);
+        let sent = SocketResponse::Sent { input_seq: 9 };
+        assert_eq!(
+            SocketResponse::decode(&sent.encode().unwrap()).unwrap(),
+            sent
+        );
+    }
+
+    #[test]
+    fn fences_below_one_and_oversized_input_are_refused() {
+        let mut zero = SocketRequest::Cancel {
+            fence: OwnerFence(1),
+        }
+        .encode();
+        zero[8] = 0;
+        assert_eq!(
+            SocketRequest::decode(&zero).unwrap_err(),
+            PageError::BadFence(0)
+        );
+        let neg = SocketRequest::Ack {
+            fence: OwnerFence(-1),
+            through_seq: 1,
+        }
+        .encode();
+        assert_eq!(SocketRequest::decode(&neg).unwrap_err().code(), "bad_fence");
+        let big = SocketRequest::Send {
+            fence: OwnerFence(1),
+            input_seq: 1,
+            bytes: vec![0; INPUT_BYTES_MAX + 1],
+            eof: false,
+        }
+        .encode();
+        assert_eq!(
+            SocketRequest::decode(&big).unwrap_err(),
+            PageError::TooLarge(INPUT_BYTES_MAX + 1)
+        );
+        let mut bad_eof = SocketRequest::Send {
+            fence: OwnerFence(1),
+            input_seq: 1,
+            bytes: vec![],
+            eof: false,
+        }
+        .encode();
+        bad_eof[17] = 2;
+        assert_eq!(
+            SocketRequest::decode(&bad_eof).unwrap_err().code(),
+            "malformed_page"
+        );
     }
 
     #[test]
@@ -783,7 +1161,11 @@ mod tests {
             SocketResponse::decode(&body).unwrap_err(),
             PageError::DigestMismatch(1)
         );
-        let mut trailing = SocketRequest::Ack { through_seq: 1 }.encode();
+        let mut trailing = SocketRequest::Ack {
+            fence: OwnerFence(1),
+            through_seq: 1,
+        }
+        .encode();
         trailing.push(0);
         assert_eq!(
             SocketRequest::decode(&trailing).unwrap_err().code(),

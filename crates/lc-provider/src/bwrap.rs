@@ -91,8 +91,10 @@ use serde::{Deserialize, Serialize};
 
 use lc_core::evidence::{Envelope, InstanceState, Statement, sign};
 use lc_core::manifest::{EntryType, Manifest};
+use lc_core::owner::OwnerFence;
 use lc_core::page::{
-    PAGES_PER_REQUEST_MAX, Page, SPOOL_BYTES_DEFAULT, SocketRequest, SocketResponse,
+    PAGES_PER_REQUEST_MAX, Page, SPOOL_BYTES_DEFAULT, SPOOL_PAGES_DEFAULT, SocketRequest,
+    SocketResponse, SpoolStatus,
 };
 use lc_core::{Generation, ProviderId, SandboxLeaseId};
 
@@ -176,6 +178,9 @@ pub struct BwrapConfig {
     pub cgroup_parent: String,
     /// The supervisor's spool bound, bytes.
     pub spool_bytes_max: u64,
+    /// The supervisor's spool bound, pages (the terminal page's slot
+    /// included; see [`lc_core::page::SPOOL_PAGES_DEFAULT`]).
+    pub spool_pages_max: u64,
     /// The rlimits.
     pub rlimits: RlimitPolicy,
     /// How long allocate waits for the supervisor's socket.
@@ -200,6 +205,7 @@ impl BwrapConfig {
             cgroup_mount: PathBuf::from("/sys/fs/cgroup"),
             cgroup_parent: "little-compute".to_owned(),
             spool_bytes_max: SPOOL_BYTES_DEFAULT,
+            spool_pages_max: SPOOL_PAGES_DEFAULT,
             rlimits: RlimitPolicy::default(),
             start_wait_max: Duration::from_secs(10),
             sandbox_user: account::SANDBOX_USER_DEFAULT.to_owned(),
@@ -633,6 +639,8 @@ impl BwrapProvider {
             SOCKET_IN_SANDBOX,
             "--spool-bytes",
             &self.cfg.spool_bytes_max.to_string(),
+            "--spool-pages",
+            &self.cfg.spool_pages_max.to_string(),
             "--",
         ]);
         a.extend(req.command.argv().iter().cloned());
@@ -944,24 +952,26 @@ impl Provider for BwrapProvider {
         &self,
         lease_id: SandboxLeaseId,
         generation: Generation,
+        fence: OwnerFence,
         after_seq: i64,
         max: usize,
     ) -> Result<Vec<Page>, ProviderError> {
+        check_fence(fence)?;
         let sock = self.socket_of(lease_id, generation)?;
         if !sock.exists() {
             // The supervisor finished (its terminal page was acknowledged).
             return Ok(Vec::new());
         }
         let max = max.min(PAGES_PER_REQUEST_MAX as usize) as u32;
-        let answer = socket::call(sock, SocketRequest::Pages { after_seq, max }).await;
+        let req = SocketRequest::Pages {
+            fence,
+            after_seq,
+            max,
+        };
+        let answer = socket::call(sock, req).await;
         match answer.map_err(|e| self.lost_or(lease_id, generation, e))? {
             SocketResponse::Pages(p) => Ok(p),
-            SocketResponse::Error { code } => {
-                Err(ProviderError::SupervisorUnavailable { detail: code })
-            }
-            SocketResponse::Acked { .. } => Err(ProviderError::SupervisorUnavailable {
-                detail: "an ack answer to a pages request".into(),
-            }),
+            other => Err(refusal(other)),
         }
     }
 
@@ -988,26 +998,91 @@ impl Provider for BwrapProvider {
         &self,
         lease_id: SandboxLeaseId,
         generation: Generation,
+        fence: OwnerFence,
         through_seq: i64,
     ) -> Result<(), ProviderError> {
+        check_fence(fence)?;
         let sock = self.socket_of(lease_id, generation)?;
         if !sock.exists() {
             // The supervisor exits only after its terminal page was acknowledged.
             return Ok(());
         }
-        match socket::call(sock.clone(), SocketRequest::Ack { through_seq }).await {
+        let req = SocketRequest::Ack { fence, through_seq };
+        match socket::call(sock.clone(), req).await {
             Ok(SocketResponse::Acked { .. }) => Ok(()),
             Ok(SocketResponse::Error { code }) if code == "ack_ahead" => {
                 Err(ProviderError::InvalidRequest {
                     detail: format!("ack through {through_seq} is ahead of the spool"),
                 })
             }
-            Ok(other) => Err(ProviderError::SupervisorUnavailable {
-                detail: format!("{other:?}"),
-            }),
+            Ok(other) => Err(refusal(other)),
             // The supervisor may exit right after answering the terminal ack.
             Err(_) if !sock.exists() => Ok(()),
             Err(e) => Err(self.lost_or(lease_id, generation, e)),
         }
+    }
+
+    async fn cancel(
+        &self,
+        lease_id: SandboxLeaseId,
+        generation: Generation,
+        fence: OwnerFence,
+    ) -> Result<(), ProviderError> {
+        check_fence(fence)?;
+        let sock = self.socket_of(lease_id, generation)?;
+        if !sock.exists() {
+            // The supervisor finished: the command ended and its terminal
+            // page was acknowledged, so there is nothing left to cancel.
+            return Ok(());
+        }
+        match socket::call(sock.clone(), SocketRequest::Cancel { fence }).await {
+            Ok(SocketResponse::Cancelled { .. }) => Ok(()),
+            Ok(other) => Err(refusal(other)),
+            Err(_) if !sock.exists() => Ok(()),
+            Err(e) => Err(self.lost_or(lease_id, generation, e)),
+        }
+    }
+
+    async fn spool_status(
+        &self,
+        lease_id: SandboxLeaseId,
+        generation: Generation,
+    ) -> Result<Option<SpoolStatus>, ProviderError> {
+        let sock = self.socket_of(lease_id, generation)?;
+        if !sock.exists() {
+            return Ok(None);
+        }
+        match socket::call(sock.clone(), SocketRequest::Status).await {
+            Ok(SocketResponse::Status(s)) => Ok(Some(s)),
+            Ok(other) => Err(refusal(other)),
+            Err(_) if !sock.exists() => Ok(None),
+            Err(e) => Err(self.lost_or(lease_id, generation, e)),
+        }
+    }
+}
+
+/// An owner fence is >= 1.
+fn check_fence(fence: OwnerFence) -> Result<(), ProviderError> {
+    if fence.0 < 1 {
+        return Err(ProviderError::InvalidRequest {
+            detail: format!("owner fence must be >= 1, got {fence}"),
+        });
+    }
+    Ok(())
+}
+
+/// A supervisor answer that is not the one asked for: a stale fence as
+/// [`ProviderError::StaleFence`], anything else as
+/// [`ProviderError::SupervisorUnavailable`] with its code.
+fn refusal(answer: SocketResponse) -> ProviderError {
+    match answer {
+        SocketResponse::StaleFence { presented, highest } => ProviderError::StaleFence {
+            presented: presented.0,
+            highest: highest.0,
+        },
+        SocketResponse::Error { code } => ProviderError::SupervisorUnavailable { detail: code },
+        other => ProviderError::SupervisorUnavailable {
+            detail: format!("unexpected supervisor answer {other:?}"),
+        },
     }
 }

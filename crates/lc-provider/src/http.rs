@@ -10,8 +10,14 @@
 //! | `GET /v1/instances` | | `{ "instances": [InstanceSummary] }` |
 //! | `POST /v1/instances/{lease}/{generation}/destroy` | | evidence [`Envelope`] |
 //! | `GET /v1/instances/{lease}/{generation}/observation` | | evidence [`Envelope`] |
-//! | `GET /v1/instances/{lease}/{generation}/pages?after_seq=N&max=M` | | `{ "pages": [JsonPage] }` |
-//! | `POST /v1/instances/{lease}/{generation}/ack` | `{ "through_seq": N }` | `{}` |
+//! | `GET /v1/instances/{lease}/{generation}/pages?fence=F&after_seq=N&max=M` | | `{ "pages": [JsonPage] }` |
+//! | `POST /v1/instances/{lease}/{generation}/ack` | `{ "fence": F, "through_seq": N }` | `{}` |
+//! | `POST /v1/instances/{lease}/{generation}/cancel` | `{ "fence": F }` | `{}` |
+//! | `GET /v1/instances/{lease}/{generation}/spool` | | `{ "spool": SpoolStatus or null }` |
+//!
+//! `F` is the caller's owner fence (>= 1); a fence below the highest the
+//! instance's supervisor was shown is refused 409 `stale_fence` and changes
+//! nothing.
 //!
 //! [`HttpProvider`] implements [`Provider`] over these routes, so a worker
 //! treats a remote provider exactly like a local one. The service listens on
@@ -46,7 +52,8 @@ use httpkit::{ConnectionLimits, Rejection, RequestMetrics, ServiceState};
 use serde::{Deserialize, Serialize};
 
 use lc_core::evidence::Envelope;
-use lc_core::page::{JsonPage, Page};
+use lc_core::owner::OwnerFence;
+use lc_core::page::{JsonPage, Page, SpoolStatus};
 use lc_core::{
     AttemptNo, Command, Digest, ExecId, Generation, ProviderId, SandboxLeaseId, Shape, WorkspaceId,
 };
@@ -141,6 +148,7 @@ pub struct Identity {
 /// `GET .../pages` query.
 #[derive(Debug, Clone, Copy, Deserialize)]
 struct PagesQuery {
+    fence: i64,
     after_seq: i64,
     max: Option<usize>,
 }
@@ -156,8 +164,25 @@ pub struct PagesBody {
 #[derive(Debug, Clone, Copy, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AckBody {
+    /// The caller's owner fence, >= 1.
+    pub fence: i64,
     /// Drop every page with `seq <= through_seq`.
     pub through_seq: i64,
+}
+
+/// `POST .../cancel` body.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CancelBody {
+    /// The caller's owner fence, >= 1.
+    pub fence: i64,
+}
+
+/// `GET .../spool` answer.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub struct SpoolBody {
+    /// The spool's status; `null` once the supervisor has finished.
+    pub spool: Option<SpoolStatus>,
 }
 
 /// A provider error, or a refusal of the request layer, as an HTTP answer.
@@ -179,9 +204,9 @@ impl ApiError {
             ApiError::Provider(e) => e,
         };
         match e {
-            ProviderError::Fenced { .. } | ProviderError::AllocationConflict { .. } => {
-                StatusCode::CONFLICT
-            }
+            ProviderError::Fenced { .. }
+            | ProviderError::AllocationConflict { .. }
+            | ProviderError::StaleFence { .. } => StatusCode::CONFLICT,
             ProviderError::NoInstance { .. } => StatusCode::NOT_FOUND,
             ProviderError::InstanceLost { .. } => StatusCode::GONE,
             ProviderError::UnknownRuntime { .. } | ProviderError::RuntimeRefused { .. } => {
@@ -371,7 +396,7 @@ async fn pages(
     let max = q
         .max
         .unwrap_or(lc_core::page::PAGES_PER_REQUEST_MAX as usize);
-    let got = p.pages(l, g, q.after_seq, max).await?;
+    let got = p.pages(l, g, OwnerFence(q.fence), q.after_seq, max).await?;
     Ok(Json(PagesBody {
         pages: got.iter().map(Page::to_json).collect(),
     }))
@@ -384,8 +409,29 @@ async fn ack(
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let (l, g) = ids(raw)?;
     let b = body(b)?;
-    p.ack(l, g, b.through_seq).await?;
+    p.ack(l, g, OwnerFence(b.fence), b.through_seq).await?;
     Ok(Json(serde_json::json!({})))
+}
+
+async fn cancel(
+    State(Shared { provider: p }): State<Shared>,
+    Path(raw): Path<(String, String)>,
+    b: Result<Json<CancelBody>, JsonRejection>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let (l, g) = ids(raw)?;
+    let b = body(b)?;
+    p.cancel(l, g, OwnerFence(b.fence)).await?;
+    Ok(Json(serde_json::json!({})))
+}
+
+async fn spool(
+    State(Shared { provider: p }): State<Shared>,
+    Path(raw): Path<(String, String)>,
+) -> Result<Json<SpoolBody>, ApiError> {
+    let (l, g) = ids(raw)?;
+    Ok(Json(SpoolBody {
+        spool: p.spool_status(l, g).await?,
+    }))
 }
 
 /// The provider's router over `provider`, without a credential (see the
@@ -405,6 +451,8 @@ fn instance_routes() -> axum::Router<Shared> {
         )
         .route("/v1/instances/{lease}/{generation}/pages", get(pages))
         .route("/v1/instances/{lease}/{generation}/ack", post(ack))
+        .route("/v1/instances/{lease}/{generation}/cancel", post(cancel))
+        .route("/v1/instances/{lease}/{generation}/spool", get(spool))
 }
 
 /// Whether `a` and `b` are equal, in time independent of where they differ.
@@ -643,13 +691,14 @@ impl Provider for HttpProvider {
         &self,
         lease_id: SandboxLeaseId,
         generation: Generation,
+        fence: OwnerFence,
         after_seq: i64,
         max: usize,
     ) -> Result<Vec<Page>, ProviderError> {
         let path = Self::instance_path(
             lease_id,
             generation,
-            &format!("pages?after_seq={after_seq}&max={max}"),
+            &format!("pages?fence={fence}&after_seq={after_seq}&max={max}"),
         );
         let body: PagesBody = self.call(reqwest::Method::GET, &path, None::<&()>).await?;
         body.pages
@@ -671,15 +720,50 @@ impl Provider for HttpProvider {
         &self,
         lease_id: SandboxLeaseId,
         generation: Generation,
+        fence: OwnerFence,
         through_seq: i64,
     ) -> Result<(), ProviderError> {
         let _: serde_json::Value = self
             .call(
                 reqwest::Method::POST,
                 &Self::instance_path(lease_id, generation, "ack"),
-                Some(&AckBody { through_seq }),
+                Some(&AckBody {
+                    fence: fence.0,
+                    through_seq,
+                }),
             )
             .await?;
         Ok(())
+    }
+
+    async fn cancel(
+        &self,
+        lease_id: SandboxLeaseId,
+        generation: Generation,
+        fence: OwnerFence,
+    ) -> Result<(), ProviderError> {
+        let _: serde_json::Value = self
+            .call(
+                reqwest::Method::POST,
+                &Self::instance_path(lease_id, generation, "cancel"),
+                Some(&CancelBody { fence: fence.0 }),
+            )
+            .await?;
+        Ok(())
+    }
+
+    async fn spool_status(
+        &self,
+        lease_id: SandboxLeaseId,
+        generation: Generation,
+    ) -> Result<Option<SpoolStatus>, ProviderError> {
+        let body: SpoolBody = self
+            .call(
+                reqwest::Method::GET,
+                &Self::instance_path(lease_id, generation, "spool"),
+                None::<&()>,
+            )
+            .await?;
+        Ok(body.spool)
     }
 }

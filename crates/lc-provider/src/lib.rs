@@ -2,7 +2,9 @@
 //! signs what it knows about them.
 //!
 //! * [`Provider`]: the trait the worker (and later the gateway) calls:
-//!   allocate, generation-scoped destroy, observe, and the page relay.
+//!   allocate, generation-scoped destroy, observe, and the page relay
+//!   (pages, ack, cancel, each carrying the caller's owner fence, which the
+//!   instance's supervisor checks against the highest it was shown).
 //! * [`BwrapProvider`] ([`bwrap`]): instances under bubblewrap, limited by
 //!   cgroups ([`cgroup`], v1 and v2) and rlimits, each with the
 //!   `lc-supervisor` as its first process, each run as the unprivileged
@@ -24,7 +26,8 @@ use ed25519_dalek::VerifyingKey;
 use serde::{Deserialize, Serialize};
 
 use lc_core::evidence::{Envelope, InstanceState};
-use lc_core::page::Page;
+use lc_core::owner::OwnerFence;
+use lc_core::page::{Page, SpoolStatus};
 use lc_core::{
     AttemptNo, Command, Digest, ExecId, Generation, ProviderId, SandboxLeaseId, Shape, WorkspaceId,
 };
@@ -185,6 +188,16 @@ pub enum ProviderError {
         /// What failed.
         detail: String,
     },
+    /// The owner fence presented is below the highest the instance's
+    /// supervisor was shown: a newer owner serves this exec, and the
+    /// request changed nothing. Stop touching the exec. Code `stale_fence`.
+    #[error("owner fence {presented} is stale: the supervisor was shown fence {highest}")]
+    StaleFence {
+        /// The fence the request carried.
+        presented: i64,
+        /// The highest fence the supervisor was shown.
+        highest: i64,
+    },
     /// The provider API refused the request's credential (HTTP only). Code
     /// `unauthorized`.
     #[error("the provider refused the credential")]
@@ -213,6 +226,7 @@ impl ProviderError {
             ProviderError::InstanceLost { .. } => "instance_lost",
             ProviderError::RuntimeRefused { .. } => "runtime_refused",
             ProviderError::Io { .. } => "provider_io",
+            ProviderError::StaleFence { .. } => "stale_fence",
             ProviderError::Unauthorized => "unauthorized",
             ProviderError::Unreachable { .. } => "provider_unreachable",
         }
@@ -284,9 +298,13 @@ pub trait Provider: Send + Sync {
 
     /// The instance's spooled pages with `seq > after_seq`, in order, at most
     /// `max` (capped at [`lc_core::page::PAGES_PER_REQUEST_MAX`]); empty when
-    /// none is spooled yet or the supervisor has finished.
+    /// none is spooled yet or the supervisor has finished. Read-only, but
+    /// fenced like every spool request: `fence` (the caller's owner fence,
+    /// >= 1) becomes the supervisor's highest when it is above it.
     ///
     /// # Errors
+    /// [`ProviderError::StaleFence`] for a fence below the highest shown,
+    /// [`ProviderError::InvalidRequest`] for a fence below 1,
     /// [`ProviderError::NoInstance`], [`ProviderError::SupervisorUnavailable`]
     /// (retry), [`ProviderError::InstanceLost`] (the instance died with
     /// unacknowledged pages: destroy it).
@@ -294,6 +312,7 @@ pub trait Provider: Send + Sync {
         &self,
         lease_id: SandboxLeaseId,
         generation: Generation,
+        fence: OwnerFence,
         after_seq: i64,
         max: usize,
     ) -> Result<Vec<Page>, ProviderError>;
@@ -311,16 +330,51 @@ pub trait Provider: Send + Sync {
         })
     }
 
-    /// Lets the supervisor drop every page with `seq <= through_seq`.
+    /// Lets the supervisor drop every page with `seq <= through_seq`, for
+    /// the owner holding `fence` (>= 1). Idempotent; a no-op once the
+    /// supervisor has finished.
     ///
     /// # Errors
+    /// [`ProviderError::StaleFence`] (nothing was dropped),
     /// [`ProviderError::NoInstance`], [`ProviderError::InvalidRequest`] for
-    /// an ack beyond what was spooled, [`ProviderError::SupervisorUnavailable`],
-    /// [`ProviderError::InstanceLost`].
+    /// an ack beyond what was spooled or a fence below 1,
+    /// [`ProviderError::SupervisorUnavailable`], [`ProviderError::InstanceLost`].
     async fn ack(
         &self,
         lease_id: SandboxLeaseId,
         generation: Generation,
+        fence: OwnerFence,
         through_seq: i64,
     ) -> Result<(), ProviderError>;
+
+    /// Kills every process of the instance's command (`SIGKILL`), for the
+    /// owner holding `fence` (>= 1); the terminal page (signal 9, unless the
+    /// command had already ended) follows in the spool once its pipes are
+    /// drained, after every page written before it. Idempotent: a second
+    /// cancel, or one after the command ended, is a no-op that answers ok.
+    ///
+    /// # Errors
+    /// [`ProviderError::StaleFence`] (nothing was killed),
+    /// [`ProviderError::InvalidRequest`] for a fence below 1,
+    /// [`ProviderError::NoInstance`], [`ProviderError::SupervisorUnavailable`]
+    /// (retry), [`ProviderError::InstanceLost`].
+    async fn cancel(
+        &self,
+        lease_id: SandboxLeaseId,
+        generation: Generation,
+        fence: OwnerFence,
+    ) -> Result<(), ProviderError>;
+
+    /// The instance's spool occupancy (pages and bytes against their
+    /// bounds) and its command's progress; `None` once the supervisor has
+    /// finished. Read-only and unfenced.
+    ///
+    /// # Errors
+    /// [`ProviderError::NoInstance`], [`ProviderError::SupervisorUnavailable`]
+    /// (retry), [`ProviderError::InstanceLost`].
+    async fn spool_status(
+        &self,
+        lease_id: SandboxLeaseId,
+        generation: Generation,
+    ) -> Result<Option<SpoolStatus>, ProviderError>;
 }

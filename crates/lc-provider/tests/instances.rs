@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use lc_core::evidence::{Expected, InstanceState, Statement, verify, verify_signature};
+use lc_core::owner::OwnerFence;
 use lc_core::page::{ExitStatus, Page, PageKind};
 use lc_core::shape::{SMALL, SMALL_NET};
 use lc_core::{
@@ -20,6 +21,9 @@ use lc_provider::{
     AllocateRequest, BwrapConfig, BwrapProvider, HttpProvider, Provider, ProviderError,
     provider_router,
 };
+
+/// The owner fence these tests present unless a test is about fences.
+const F: OwnerFence = OwnerFence(1);
 
 /// Bound on every wait of these tests.
 const DEADLINE: Duration = Duration::from_secs(30);
@@ -189,7 +193,7 @@ async fn until_terminal(p: &dyn Provider, lease: i64, generation: i64) -> Vec<Pa
     loop {
         let after = all.last().map_or(0, |p| p.seq());
         let got = p
-            .pages(SandboxLeaseId(lease), Generation(generation), after, 64)
+            .pages(SandboxLeaseId(lease), Generation(generation), F, after, 64)
             .await
             .unwrap();
         for (i, pg) in got.iter().enumerate() {
@@ -342,7 +346,7 @@ async fn output_is_exact_and_destroy_fences_with_evidence() {
     );
     assert_eq!(
         e.provider
-            .pages(SandboxLeaseId(1), Generation(1), 0, 8)
+            .pages(SandboxLeaseId(1), Generation(1), F, 0, 8)
             .await
             .unwrap_err()
             .code(),
@@ -381,7 +385,7 @@ async fn acknowledged_terminal_ends_the_instance() {
     let all = until_terminal(&e.provider, 2, 1).await;
     let last = all.last().unwrap().seq();
     e.provider
-        .ack(SandboxLeaseId(2), Generation(2 - 1), last)
+        .ack(SandboxLeaseId(2), Generation(2 - 1), F, last)
         .await
         .unwrap();
     let cg = e.provider.instance_cgroup(SandboxLeaseId(2), Generation(1));
@@ -407,13 +411,13 @@ async fn acknowledged_terminal_ends_the_instance() {
     ));
     assert_eq!(
         e.provider
-            .pages(SandboxLeaseId(2), Generation(1), 0, 8)
+            .pages(SandboxLeaseId(2), Generation(1), F, 0, 8)
             .await
             .unwrap(),
         vec![]
     );
     e.provider
-        .ack(SandboxLeaseId(2), Generation(1), last)
+        .ack(SandboxLeaseId(2), Generation(1), F, last)
         .await
         .unwrap();
     e.provider
@@ -538,7 +542,7 @@ async fn pids_limit_bounds_a_fork_bomb() {
     let out = loop {
         let got = e
             .provider
-            .pages(SandboxLeaseId(7), Generation(1), 0, 64)
+            .pages(SandboxLeaseId(7), Generation(1), F, 0, 64)
             .await
             .unwrap();
         let out = stream(&got, PageKind::Stdout);
@@ -718,18 +722,18 @@ async fn the_http_client_is_the_same_provider() {
     let all = until_terminal(&client, 12, 1).await;
     assert_eq!(stream(&all, PageKind::Stdout), "over http");
     client
-        .ack(SandboxLeaseId(12), Generation(1), 1)
+        .ack(SandboxLeaseId(12), Generation(1), F, 1)
         .await
         .unwrap();
     let rest = client
-        .pages(SandboxLeaseId(12), Generation(1), 0, 64)
+        .pages(SandboxLeaseId(12), Generation(1), F, 0, 64)
         .await
         .unwrap();
     assert_eq!(rest.len(), 1);
     assert!(rest[0].is_terminal());
     assert_eq!(
         client
-            .ack(SandboxLeaseId(12), Generation(1), 50)
+            .ack(SandboxLeaseId(12), Generation(1), F, 50)
             .await
             .unwrap_err()
             .code(),
@@ -847,7 +851,7 @@ async fn a_symlink_planted_at_the_socket_is_not_followed() {
     }
     let err = e
         .provider
-        .pages(SandboxLeaseId(14), Generation(1), 0, 8)
+        .pages(SandboxLeaseId(14), Generation(1), F, 0, 8)
         .await
         .unwrap_err();
     assert_eq!(err.code(), "supervisor_unavailable");
@@ -971,7 +975,7 @@ async fn a_killed_provider_takes_its_instances_along_and_a_restart_destroys_them
     // its destroy removes what is left and fences the generation.
     assert_eq!(
         hosted
-            .pages(SandboxLeaseId(1), Generation(1), 0, 8)
+            .pages(SandboxLeaseId(1), Generation(1), F, 0, 8)
             .await
             .unwrap_err(),
         ProviderError::InstanceLost {
@@ -981,7 +985,7 @@ async fn a_killed_provider_takes_its_instances_along_and_a_restart_destroys_them
     );
     assert_eq!(
         hosted
-            .ack(SandboxLeaseId(1), Generation(1), 1)
+            .ack(SandboxLeaseId(1), Generation(1), F, 1)
             .await
             .unwrap_err()
             .code(),
@@ -1571,4 +1575,214 @@ print(" ".join(results))
     assert_eq!(out, "closed closed closed\n");
     assert_eq!(err, "");
     assert_eq!(exit, ExitStatus::exited(0));
+}
+
+/// Reads pages with `fence` until the terminal one (without acknowledging).
+async fn until_terminal_fenced(p: &dyn Provider, lease: i64, fence: OwnerFence) -> Vec<Page> {
+    let t = Instant::now();
+    let mut all: Vec<Page> = Vec::new();
+    loop {
+        let after = all.last().map_or(0, |p| p.seq());
+        let got = p
+            .pages(SandboxLeaseId(lease), Generation(1), fence, after, 64)
+            .await
+            .unwrap();
+        all.extend(got);
+        if all.last().is_some_and(|p| p.is_terminal()) {
+            return all;
+        }
+        assert!(t.elapsed() < DEADLINE, "no terminal page; so far {all:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn bytes_of(pages: &[Page], kind: PageKind) -> Vec<u8> {
+    pages
+        .iter()
+        .filter(|p| p.kind() == kind)
+        .flat_map(|p| p.bytes().to_vec())
+        .collect()
+}
+
+/// Through the real bubblewrap provider and its HTTP service: a fence below
+/// the highest the supervisor was shown is refused `stale_fence` (409 over
+/// HTTP) for pages, ack and cancel, and drops or kills nothing; binary
+/// output crosses the JSON form byte-exact; a cancel with the current
+/// fence kills the command and everything it started, and the terminal
+/// page says signal 9 after every page written before it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_fences_are_refused_and_cancel_kills_through_http() {
+    let e = env();
+    let provider: Arc<dyn Provider> = Arc::new(BwrapProvider::open(config(&e.dir)).unwrap());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let server = tokio::spawn(async move {
+        axum::serve(listener, provider_router(provider))
+            .await
+            .unwrap();
+    });
+    let client = HttpProvider::connect(&url).await.unwrap();
+    let (l, g) = (SandboxLeaseId(21), Generation(1));
+    client
+        .allocate(sh(
+            21,
+            "printf '\\377\\000\\300one'; sleep 1000 & exec sleep 1000",
+        ))
+        .await
+        .unwrap();
+    let t = Instant::now();
+    let s = loop {
+        let s = client.spool_status(l, g).await.unwrap().unwrap();
+        if s.pages == 1 {
+            break s;
+        }
+        assert!(t.elapsed() < DEADLINE, "no page: {s:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert_eq!(
+        (s.bytes, s.bytes_max, s.pages_max, s.highest_fence),
+        (
+            6,
+            lc_core::page::SPOOL_BYTES_DEFAULT,
+            lc_core::page::SPOOL_PAGES_DEFAULT,
+            0
+        )
+    );
+    let first = client.pages(l, g, OwnerFence(5), 0, 64).await.unwrap();
+    assert_eq!(bytes_of(&first, PageKind::Stdout), b"\xff\x00\xc0one");
+    let stale = |presented| ProviderError::StaleFence {
+        presented,
+        highest: 5,
+    };
+    let err = client.ack(l, g, OwnerFence(4), 1).await.unwrap_err();
+    assert_eq!(err, stale(4));
+    assert_eq!((err.code(), err.is_transient()), ("stale_fence", false));
+    assert_eq!(
+        e.provider.ack(l, g, OwnerFence(3), 1).await.unwrap_err(),
+        stale(3)
+    );
+    assert_eq!(
+        client.cancel(l, g, OwnerFence(4)).await.unwrap_err(),
+        stale(4)
+    );
+    assert_eq!(
+        e.provider
+            .pages(l, g, OwnerFence(2), 0, 64)
+            .await
+            .unwrap_err(),
+        stale(2)
+    );
+    let raw = reqwest::Client::new()
+        .post(format!("{url}/v1/instances/21/1/ack"))
+        .json(&serde_json::json!({ "fence": 4, "through_seq": 1 }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(raw.status(), 409);
+    let body: serde_json::Value = raw.json().await.unwrap();
+    assert_eq!(body["code"], "stale_fence");
+    assert_eq!(
+        body["error"],
+        serde_json::json!({ "code": "stale_fence", "presented": 4, "highest": 5 })
+    );
+    assert_eq!(
+        client.cancel(l, g, OwnerFence(0)).await.unwrap_err().code(),
+        "invalid_request"
+    );
+    // Nothing was dropped or killed by the refused requests.
+    let s = client.spool_status(l, g).await.unwrap().unwrap();
+    assert_eq!(
+        (
+            s.pages,
+            s.acked_through,
+            s.command_exited,
+            s.cancelled,
+            s.highest_fence
+        ),
+        (1, 0, false, false, 5)
+    );
+    assert_eq!(
+        client.pages(l, g, OwnerFence(5), 0, 64).await.unwrap(),
+        first
+    );
+    // Cancel with a newer fence: the command and its background child die.
+    client.cancel(l, g, OwnerFence(6)).await.unwrap();
+    client.cancel(l, g, OwnerFence(6)).await.unwrap();
+    let all = until_terminal_fenced(&client, 21, OwnerFence(6)).await;
+    assert_eq!(all.len(), 2);
+    assert_eq!(all[0], first[0]);
+    assert_eq!(all[1].exit(), Some(ExitStatus::signaled(9)));
+    let s = client.spool_status(l, g).await.unwrap().unwrap();
+    assert_eq!(
+        (
+            s.terminal_seq,
+            s.command_exited,
+            s.cancelled,
+            s.highest_fence
+        ),
+        (2, true, true, 6)
+    );
+    client.ack(l, g, OwnerFence(6), 2).await.unwrap();
+    // The supervisor ends once its terminal page is acknowledged; a late
+    // cancel is then a no-op.
+    let t = Instant::now();
+    while client.spool_status(l, g).await.unwrap().is_some() {
+        assert!(t.elapsed() < DEADLINE, "the supervisor did not finish");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    client.cancel(l, g, OwnerFence(6)).await.unwrap();
+    client.destroy(l, g).await.unwrap();
+    server.abort();
+}
+
+/// Inside a real sandbox (the supervisor is PID 2 of its PID namespace):
+/// children that outlive the command and hold its stdout open, one in a
+/// session of its own, are killed once the command exits, so the terminal
+/// page comes with the command's own status; and a small spool
+/// (pages and bytes) holds the flood back without losing a byte.
+#[tokio::test]
+async fn orphans_die_with_the_command_and_a_small_spool_loses_nothing() {
+    let e = env_with(|c| {
+        c.spool_bytes_max = 65536;
+        c.spool_pages_max = 8;
+    });
+    e.provider
+        .allocate(sh(
+            22,
+            "sleep 1000 & setsid sleep 1000 & head -c 2000000 /dev/zero; echo end; exit 3",
+        ))
+        .await
+        .unwrap();
+    let (l, g) = (SandboxLeaseId(22), Generation(1));
+    let t = Instant::now();
+    let mut all: Vec<Page> = Vec::new();
+    loop {
+        let s = e.provider.spool_status(l, g).await.unwrap().unwrap();
+        assert!(s.bytes <= 65536 && s.pages <= 8, "{s:?}");
+        let got = e
+            .provider
+            .pages(l, g, F, all.last().map_or(0, |p| p.seq()), 64)
+            .await
+            .unwrap();
+        all.extend(got);
+        if let Some(last) = all.last() {
+            if last.is_terminal() {
+                break;
+            }
+            e.provider.ack(l, g, F, last.seq()).await.unwrap();
+        }
+        assert!(t.elapsed() < DEADLINE, "no terminal page");
+    }
+    let mut want = vec![0u8; 2_000_000];
+    want.extend_from_slice(b"end\n");
+    assert_eq!(bytes_of(&all, PageKind::Stdout), want);
+    assert_eq!(all.last().unwrap().exit(), Some(ExitStatus::exited(3)));
+    for (i, p) in all.iter().enumerate() {
+        assert_eq!(p.seq(), i as i64 + 1);
+    }
+    e.provider
+        .ack(l, g, F, all.last().unwrap().seq())
+        .await
+        .unwrap();
+    e.provider.destroy(l, g).await.unwrap();
 }

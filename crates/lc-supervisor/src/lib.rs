@@ -1,32 +1,55 @@
 //! lc-supervisor: the first process of a Little Compute sandbox instance.
 //!
-//! `lc-supervisor --socket PATH [--spool-bytes N] -- ARGV...`
+//! `lc-supervisor --socket PATH [--spool-bytes N] [--spool-pages P] -- ARGV...`
 //!
 //! It binds the unix socket at `PATH` (under the temporary name `.b` in the
 //! same directory, renamed to `PATH` once it listens, so whoever sees
-//! `PATH` can connect at once), starts `ARGV` with its stdin on
-//! `/dev/null` and its stdout and stderr on pipes, and turns what the command
-//! writes into numbered [`Page`]s (seq from 1, no gaps) in a bounded
-//! in-memory spool. Design and failure modes:
+//! `PATH` can connect at once), starts `ARGV` in its own process group with
+//! its stdin on `/dev/null` and its stdout and stderr on pipes, and turns
+//! what the command writes into numbered [`Page`]s (seq from 1, no gaps) in
+//! a bounded in-memory spool. Design and failure modes:
 //!
 //! * **Back-pressure, never a drop.** The spool holds at most `N` bytes of
-//!   unacknowledged page data (default [`SPOOL_BYTES_DEFAULT`]). A pipe is
-//!   read only while the spool has room, and never more than the room left,
-//!   so the spool never exceeds `N`; when it is full the pipes are not read,
-//!   the kernel's pipe buffer fills and the command blocks in `write` until a
-//!   reader acknowledges pages.
+//!   unacknowledged page data (default [`SPOOL_BYTES_DEFAULT`]) and at most
+//!   `P` pages (default [`SPOOL_PAGES_DEFAULT`], one slot of which is kept
+//!   for the terminal page, so that many tiny writes cannot grow the queue
+//!   without bound). A pipe is read only while the spool has room, and
+//!   never more than the room left (one thread reads both pipes, so the
+//!   room it saw is the room it fills); when it is
+//!   full the pipes are not read, the kernel's pipe buffer fills and the
+//!   command blocks in `write` until a reader acknowledges pages.
 //! * **Terminal page.** After both pipes reached end of file and the command
 //!   itself was reaped, one terminal page with its exit code or signal is
-//!   appended (it carries no bytes, so it never waits for room). A command
-//!   that cannot be started yields a stderr page with the reason and exit
-//!   code 127, as a shell reports it.
+//!   appended (it carries no bytes and has its kept slot, so it never waits
+//!   for room). A command that cannot be started yields a stderr page with
+//!   the reason and exit code 127, as a shell reports it.
+//! * **Children that outlive the command.** Once the command itself has
+//!   exited (or was killed), the supervisor kills what is left of its
+//!   processes (`SIGKILL` to the command's process group, then to every
+//!   other process of its PID namespace but itself, then to every live
+//!   descendant it still finds), reads the pipes to end of file, and only
+//!   then appends the terminal page, which carries the command's own
+//!   status. So an orphan holding stdout open cannot keep an exec alive
+//!   forever, and what it wrote before it died is still paged.
 //! * **Reaping.** The supervisor marks itself a child subreaper and reaps
 //!   every child, so orphans of the command never linger as zombies, whether
 //!   the supervisor is PID 1 of its PID namespace or runs under an init.
 //! * **Socket protocol.** One request frame, one response frame
 //!   ([`lc_core::page::SocketRequest`] / [`SocketResponse`]): `pages after
 //!   seq S (max M)` returns what is spooled now (possibly nothing; the caller
-//!   polls), `ack through seq S` drops every page up to `S`. Connections are
+//!   polls), `ack through seq S` drops every page up to `S`, `cancel` kills
+//!   the command, `status` reports the spool's occupancy ([`SpoolStatus`]).
+//! * **Owner fences.** `pages`, `ack` and `cancel` carry the caller's owner
+//!   fence. The supervisor keeps the highest fence it was shown, in memory
+//!   (it lives exactly as long as the instance), and answers a lower one
+//!   `stale_fence` naming the highest, changing nothing: a gateway that
+//!   lost its ownership can neither drop a page nor cancel the command.
+//! * **Cancel.** `cancel` kills every process of the command as above;
+//!   the pipes are then drained into the spool (under the same bounds) and
+//!   the terminal page follows with signal 9, unless the command had
+//!   already ended. A second cancel, and a cancel after the command ended,
+//!   is a no-op that answers ok (`killed: false`).
+//! * **Peers.** Connections are
 //!   served one at a time, each read bounded by [`CONNECTION_IDLE_MAX`],
 //!   and only for a peer outside the supervisor's PID namespace (the
 //!   provider on the host): a connection from inside the sandbox, where
@@ -56,9 +79,11 @@ use std::process::{Child, ChildStderr, ChildStdout, Command, Stdio};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
+use lc_core::owner::OwnerFence;
 use lc_core::page::{
     ExitStatus, PAGE_BYTES_MAX, PAGES_PER_REQUEST_MAX, Page, PageKind, SPOOL_BYTES_DEFAULT,
-    SocketRequest, SocketResponse, read_frame, write_frame,
+    SPOOL_PAGES_DEFAULT, SPOOL_PAGES_MAX, SPOOL_PAGES_MIN, SocketRequest, SocketResponse,
+    SpoolStatus, read_frame, write_frame,
 };
 
 /// How long one connection may stay silent before the supervisor closes it
@@ -87,6 +112,8 @@ pub struct Args {
     pub socket: std::path::PathBuf,
     /// The spool bound in bytes.
     pub spool_bytes_max: u64,
+    /// The spool bound in pages, the terminal page's slot included.
+    pub spool_pages_max: u64,
     /// The command, `argv[0]` first.
     pub argv: Vec<String>,
     /// Serve every peer, not only those outside this process's PID
@@ -103,7 +130,7 @@ impl std::fmt::Display for UsageError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "usage_error: {}\nusage: lc-supervisor --socket PATH [--spool-bytes N] [--any-peer] -- ARGV...",
+            "usage_error: {}\nusage: lc-supervisor --socket PATH [--spool-bytes N] [--spool-pages N] [--any-peer] -- ARGV...",
             self.0
         )
     }
@@ -118,6 +145,7 @@ impl Args {
     pub fn parse(args: &[String]) -> Result<Args, UsageError> {
         let mut socket = None;
         let mut spool_bytes_max = SPOOL_BYTES_DEFAULT;
+        let mut spool_pages_max = SPOOL_PAGES_DEFAULT;
         let mut it = args.iter();
         let mut argv = Vec::new();
         let mut any_peer = false;
@@ -145,6 +173,20 @@ impl Args {
                             ))
                         })?;
                 }
+                "--spool-pages" => {
+                    let v = it
+                        .next()
+                        .ok_or_else(|| UsageError("--spool-pages needs a number".into()))?;
+                    spool_pages_max = v
+                        .parse::<u64>()
+                        .ok()
+                        .filter(|n| (SPOOL_PAGES_MIN..=SPOOL_PAGES_MAX).contains(n))
+                        .ok_or_else(|| {
+                            UsageError(format!(
+                                "--spool-pages must be {SPOOL_PAGES_MIN}..={SPOOL_PAGES_MAX}, got {v:?}"
+                            ))
+                        })?;
+                }
                 "--" => {
                     argv = it.by_ref().cloned().collect();
                 }
@@ -158,6 +200,7 @@ impl Args {
         Ok(Args {
             socket,
             spool_bytes_max,
+            spool_pages_max,
             argv,
             any_peer,
         })
@@ -171,16 +214,47 @@ struct State {
     /// Bytes of page data in `pages`; never above `bytes_max`.
     bytes: u64,
     bytes_max: u64,
+    /// `pages.len()` never exceeds it; one slot is the terminal page's.
+    pages_max: u64,
     /// The seq the next page gets.
     next_seq: i64,
     /// Every page up to this seq has been acknowledged and dropped.
     acked_through: i64,
     /// Pipes not yet at end of file.
     pipes_open: u8,
+    /// The command's pid (and process group), once started.
+    command_pid: Option<libc::pid_t>,
     /// The command's status once reaped.
     exit: Option<ExitStatus>,
     /// The terminal page's seq once appended.
     terminal_seq: Option<i64>,
+    /// The highest owner fence a request carried; 0 before the first.
+    highest_fence: i64,
+    /// Whether a cancel killed the command.
+    cancelled: bool,
+}
+
+impl State {
+    fn status(&self) -> SpoolStatus {
+        SpoolStatus {
+            pages: self.pages.len() as u64,
+            bytes: self.bytes,
+            pages_max: self.pages_max,
+            bytes_max: self.bytes_max,
+            next_seq: self.next_seq,
+            acked_through: self.acked_through,
+            highest_fence: self.highest_fence,
+            terminal_seq: self.terminal_seq.unwrap_or(0),
+            command_exited: self.exit.is_some(),
+            cancelled: self.cancelled,
+        }
+    }
+
+    /// Whether a pipe reader may claim room for one more data page: bytes
+    /// left, and a page slot left besides the one kept for the terminal page.
+    fn has_room(&self) -> bool {
+        self.bytes < self.bytes_max && self.pages.len() as u64 + 1 < self.pages_max
+    }
 }
 
 struct Spool {
@@ -196,7 +270,7 @@ impl Spool {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Appends a data page; the caller reserved the room.
+    /// Appends a data page; the caller checked the room (`State::has_room`).
     fn push(st: &mut State, kind: PageKind, bytes: Vec<u8>) {
         let len = bytes.len() as u64;
         match Page::data(st.next_seq, kind, bytes) {
@@ -228,73 +302,234 @@ impl Spool {
     }
 }
 
-/// Reads one pipe into the spool, never more than the room left.
-fn pump(spool: Arc<Spool>, mut pipe: impl Read, kind: PageKind) {
+/// Reads both pipes into the spool, in one thread, never more than the
+/// room left: it waits for room, then for a pipe to be readable (`poll`),
+/// then reads at most that room from one ready pipe (the two take turns),
+/// so the room it saw is the room it fills. Ends when both pipes reached
+/// end of file (or failed).
+fn pump(spool: Arc<Spool>, out: ChildStdout, err: ChildStderr) {
+    use std::os::fd::AsRawFd as _;
+    let fds = [out.as_raw_fd(), err.as_raw_fd()];
+    let mut pipes: [Option<Box<dyn Read>>; 2] = [Some(Box::new(out)), Some(Box::new(err))];
+    let kinds = [PageKind::Stdout, PageKind::Stderr];
     let mut buf = vec![0u8; PAGE_BYTES_MAX];
-    loop {
+    let mut turn = 0usize;
+    // Each pass reads at least one byte, ends a pipe, or waits: bounded by
+    // what the command writes.
+    while pipes.iter().any(Option::is_some) {
         let room = {
             let mut st = spool.lock();
-            while st.bytes >= st.bytes_max {
+            while !st.has_room() {
                 st = spool.changed.wait(st).unwrap_or_else(|p| p.into_inner());
             }
             (st.bytes_max - st.bytes).min(PAGE_BYTES_MAX as u64) as usize
         };
-        match pipe.read(&mut buf[..room]) {
-            Ok(0) => break,
-            Ok(n) => {
-                let mut st = spool.lock();
-                Spool::push(&mut st, kind, buf[..n].to_vec());
+        let mut polled = [0, 1].map(|i| libc::pollfd {
+            // poll ignores a negative descriptor: a pipe already at its end.
+            fd: if pipes[i].is_some() { fds[i] } else { -1 },
+            events: libc::POLLIN,
+            revents: 0,
+        });
+        // SAFETY: `polled` is a valid array of two pollfd.
+        let rc = unsafe { libc::poll(polled.as_mut_ptr(), 2, -1) };
+        if rc < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
             }
+            // Not expected (poll fails only on bad arguments): the pipes
+            // are given up so the terminal page still comes.
+            eprintln!("lc-supervisor: poll: {e}");
+            let mut st = spool.lock();
+            st.pipes_open = 0;
+            Spool::maybe_finish(&mut st);
+            spool.changed.notify_all();
+            return;
+        }
+        let ready = |i: usize| pipes[i].is_some() && polled[i].revents != 0;
+        let i = if ready(turn) {
+            turn
+        } else if ready(1 - turn) {
+            1 - turn
+        } else {
+            continue;
+        };
+        turn = 1 - i;
+        let Some(pipe) = pipes[i].as_mut() else {
+            continue;
+        };
+        let read = pipe.read(&mut buf[..room]);
+        let mut st = spool.lock();
+        match read {
+            Ok(0) => {
+                pipes[i] = None;
+                st.pipes_open -= 1;
+                Spool::maybe_finish(&mut st);
+                spool.changed.notify_all();
+            }
+            Ok(n) => Spool::push(&mut st, kinds[i], buf[..n].to_vec()),
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(e) => {
-                eprintln!("lc-supervisor: reading {}: {e}", kind.as_str());
-                break;
+                eprintln!("lc-supervisor: reading {}: {e}", kinds[i].as_str());
+                pipes[i] = None;
+                st.pipes_open -= 1;
+                Spool::maybe_finish(&mut st);
+                spool.changed.notify_all();
             }
         }
     }
-    let mut st = spool.lock();
-    st.pipes_open -= 1;
-    Spool::maybe_finish(&mut st);
-    spool.changed.notify_all();
+}
+
+/// Rounds of [`kill_descendants`] before it gives up on a process that
+/// keeps reappearing (one round a millisecond apart): 1000, one second.
+pub const KILL_ROUNDS_MAX: u32 = 1000;
+
+/// The most `/proc` entries one round of [`kill_descendants`] reads: the
+/// kernel's default `pid_max` (4 Mi) bounds every PID namespace.
+const PROC_ENTRIES_MAX: usize = 1 << 22;
+
+/// The live (not zombie) descendants of `root`, from `/proc`.
+fn live_descendants(root: libc::pid_t) -> Vec<libc::pid_t> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut parent_of: Vec<(libc::pid_t, libc::pid_t, bool)> = Vec::new();
+    for e in dir.flatten().take(PROC_ENTRIES_MAX) {
+        let Some(pid) = e
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<libc::pid_t>().ok())
+        else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        // `pid (comm) state ppid ...`; comm may hold spaces and parentheses,
+        // so the fields are read after the last `)`.
+        let mut rest = stat.rsplit(')').next().unwrap_or("").split_whitespace();
+        let state = rest.next().unwrap_or("");
+        let Some(ppid) = rest.next().and_then(|p| p.parse::<libc::pid_t>().ok()) else {
+            continue;
+        };
+        parent_of.push((pid, ppid, state == "Z" || state == "X"));
+    }
+    let mut tree = vec![root];
+    let mut live = Vec::new();
+    // Each pass adds the children of what is already in the tree; a pass
+    // that adds nothing ends it, so at most one pass per process.
+    let mut grew = true;
+    while grew {
+        grew = false;
+        for &(pid, ppid, dead) in &parent_of {
+            if tree.contains(&ppid) && !tree.contains(&pid) {
+                tree.push(pid);
+                grew = true;
+                if !dead {
+                    live.push(pid);
+                }
+            }
+        }
+    }
+    live
+}
+
+/// Kills every process of the command but the supervisor itself: its
+/// process group `pgid`, then (inside its own PID namespace, where the
+/// supervisor is PID 1 or 2) every process the namespace holds but
+/// itself and its init, then every live descendant of the supervisor
+/// found in `/proc` (it is their subreaper, so an orphan is still one),
+/// round after round until none is left, at most [`KILL_ROUNDS_MAX`].
+fn kill_descendants(pgid: Option<libc::pid_t>) {
+    if let Some(g) = pgid {
+        // SAFETY: kill takes plain integers.
+        unsafe { libc::kill(-g, libc::SIGKILL) };
+    }
+    // SAFETY: getpid and kill take no pointers.
+    let me = unsafe { libc::getpid() };
+    if me <= 2 {
+        // kill(-1) inside a PID namespace reaches that namespace only,
+        // sparing its PID 1 and the caller.
+        unsafe { libc::kill(-1, libc::SIGKILL) };
+    }
+    for _ in 0..KILL_ROUNDS_MAX {
+        let live = live_descendants(me);
+        if live.is_empty() {
+            return;
+        }
+        for pid in live {
+            // SAFETY: kill takes plain integers.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    eprintln!("lc-supervisor: processes still alive after {KILL_ROUNDS_MAX} kill rounds");
 }
 
 /// Reaps every child until none is left; records the command's status.
+///
+/// The command's zombie is inspected without reaping (`WNOWAIT`) and reaped
+/// only under the spool's lock with its status recorded, so a cancel that
+/// sees the command still running signals a process group whose id cannot
+/// have been reused. Once the command has ended, what is left of its
+/// processes is killed (see the crate docs: children that outlive the
+/// command).
 fn reap(spool: Arc<Spool>, command_pid: libc::pid_t) {
     // Bounded by the number of processes that can ever be our children:
     // each successful wait removes one, and ECHILD ends the loop.
     loop {
-        let mut status: libc::c_int = 0;
-        // SAFETY: waitpid writes only into `status`.
-        let pid = unsafe { libc::waitpid(-1, &mut status, 0) };
-        if pid < 0 {
+        // SAFETY: an all-zero siginfo_t is a valid value to be written into.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: waitid writes only into `info`.
+        let rc = unsafe { libc::waitid(libc::P_ALL, 0, &mut info, libc::WEXITED | libc::WNOWAIT) };
+        if rc < 0 {
             let err = std::io::Error::last_os_error();
             if err.kind() == std::io::ErrorKind::Interrupted {
                 continue;
             }
             break;
         }
-        if pid == command_pid {
+        // SAFETY: waitid filled `info` for a child state change.
+        let pid = unsafe { info.si_pid() };
+        if pid != command_pid {
+            let mut status: libc::c_int = 0;
+            // SAFETY: waitpid writes only into `status`.
+            unsafe { libc::waitpid(pid, &mut status, 0) };
+            continue;
+        }
+        let mut st = spool.lock();
+        // The command's group id stays reserved while its zombie exists:
+        // signal what is left of the group before reaping the leader.
+        // SAFETY: kill takes plain integers.
+        unsafe { libc::kill(-command_pid, libc::SIGKILL) };
+        let mut status: libc::c_int = 0;
+        // SAFETY: waitpid writes only into `status`.
+        let got = unsafe { libc::waitpid(command_pid, &mut status, 0) };
+        if got == command_pid {
             let es = std::process::ExitStatus::from_raw(status);
             let exit = match (es.code(), es.signal()) {
                 (Some(c), _) => ExitStatus::exited(c),
                 (None, Some(s)) => ExitStatus::signaled(s),
-                // Stopped/continued are not reported without WUNTRACED.
-                (None, None) => continue,
+                (None, None) => ExitStatus::signaled(libc::SIGKILL),
             };
-            let mut st = spool.lock();
             st.exit = Some(exit);
             Spool::maybe_finish(&mut st);
             spool.changed.notify_all();
         }
+        drop(st);
+        kill_descendants(None);
     }
 }
 
 fn start(argv: &[String]) -> std::io::Result<(Child, ChildStdout, ChildStderr)> {
+    use std::os::unix::process::CommandExt as _;
     let mut child = Command::new(&argv[0])
         .args(&argv[1..])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
+        // Its own process group, so a cancel can signal the group at once.
+        .process_group(0)
         .spawn()?;
     let out = child.stdout.take();
     let err = child.stderr.take();
@@ -308,8 +543,20 @@ fn start(argv: &[String]) -> std::io::Result<(Child, ChildStdout, ChildStderr)> 
 /// the terminal page has now been acknowledged.
 fn handle(spool: &Spool, req: SocketRequest) -> (SocketResponse, bool) {
     let mut st = spool.lock();
+    if let Some(fence) = req.fence() {
+        if fence.0 < st.highest_fence {
+            return (
+                SocketResponse::StaleFence {
+                    presented: fence,
+                    highest: OwnerFence(st.highest_fence),
+                },
+                false,
+            );
+        }
+        st.highest_fence = fence.0;
+    }
     match req {
-        SocketRequest::Pages { after_seq, max } => {
+        SocketRequest::Pages { after_seq, max, .. } => {
             let max = max.min(PAGES_PER_REQUEST_MAX) as usize;
             let pages = st
                 .pages
@@ -320,7 +567,7 @@ fn handle(spool: &Spool, req: SocketRequest) -> (SocketResponse, bool) {
                 .collect();
             (SocketResponse::Pages(pages), false)
         }
-        SocketRequest::Ack { through_seq } => {
+        SocketRequest::Ack { through_seq, .. } => {
             if through_seq >= st.next_seq {
                 return (
                     SocketResponse::Error {
@@ -342,6 +589,28 @@ fn handle(spool: &Spool, req: SocketRequest) -> (SocketResponse, bool) {
             spool.changed.notify_all();
             (SocketResponse::Acked { acked_through }, done)
         }
+        SocketRequest::Cancel { .. } => {
+            let pid = match st.command_pid {
+                Some(pid) if st.exit.is_none() && !st.cancelled => pid,
+                // Already cancelled, never started, or already ended.
+                _ => return (SocketResponse::Cancelled { killed: false }, false),
+            };
+            st.cancelled = true;
+            // Under the lock the command is alive or an unreaped zombie, so
+            // its group id is still its own.
+            // SAFETY: kill takes plain integers.
+            unsafe { libc::kill(-pid, libc::SIGKILL) };
+            drop(st);
+            kill_descendants(Some(pid));
+            (SocketResponse::Cancelled { killed: true }, false)
+        }
+        SocketRequest::Status => (SocketResponse::Status(st.status()), false),
+        SocketRequest::Send { .. } => (
+            SocketResponse::Error {
+                code: "input_closed".into(),
+            },
+            false,
+        ),
     }
 }
 
@@ -408,11 +677,15 @@ pub fn run(args: Args) -> i32 {
             pages: VecDeque::new(),
             bytes: 0,
             bytes_max: args.spool_bytes_max,
+            pages_max: args.spool_pages_max,
             next_seq: 1,
             acked_through: 0,
             pipes_open: 2,
+            command_pid: None,
             exit: None,
             terminal_seq: None,
+            highest_fence: 0,
+            cancelled: false,
         }),
         changed: Condvar::new(),
     });
@@ -421,10 +694,9 @@ pub fn run(args: Args) -> i32 {
             let pid = child.id() as libc::pid_t;
             // The reaper owns the wait; `child` is not waited on through std.
             std::mem::forget(child);
+            spool.lock().command_pid = Some(pid);
             let s = spool.clone();
-            std::thread::spawn(move || pump(s, out, PageKind::Stdout));
-            let s = spool.clone();
-            std::thread::spawn(move || pump(s, err, PageKind::Stderr));
+            std::thread::spawn(move || pump(s, out, err));
             let s = spool.clone();
             std::thread::spawn(move || reap(s, pid));
         }

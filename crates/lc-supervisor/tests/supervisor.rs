@@ -6,10 +6,14 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use lc_core::owner::OwnerFence;
 use lc_core::page::{
-    ExitStatus, PAGE_BYTES_MAX, Page, PageKind, SocketRequest, SocketResponse, read_frame,
-    write_frame,
+    ExitStatus, PAGE_BYTES_MAX, Page, PageKind, SocketRequest, SocketResponse, SpoolStatus,
+    read_frame, write_frame,
 };
+
+/// The fence these tests present unless a test is about fences.
+const F: OwnerFence = OwnerFence(1);
 
 /// Bound on every wait of these tests.
 const DEADLINE: Duration = Duration::from_secs(20);
@@ -36,12 +40,19 @@ fn tempdir(tag: &str) -> PathBuf {
 }
 
 fn start(tag: &str, spool: Option<u64>, argv: &[&str]) -> Sup {
+    start_bounded(tag, spool, None, argv)
+}
+
+fn start_bounded(tag: &str, spool: Option<u64>, spool_pages: Option<u64>, argv: &[&str]) -> Sup {
     let dir = tempdir(tag);
     let socket = dir.join("s.sock");
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_lc-supervisor"));
     cmd.arg("--socket").arg(&socket).arg("--any-peer");
     if let Some(n) = spool {
         cmd.arg("--spool-bytes").arg(n.to_string());
+    }
+    if let Some(n) = spool_pages {
+        cmd.arg("--spool-pages").arg(n.to_string());
     }
     cmd.arg("--").args(argv).stdin(Stdio::null());
     let child = cmd.spawn().unwrap();
@@ -67,8 +78,29 @@ fn call(sup: &Sup, req: SocketRequest) -> SocketResponse {
 }
 
 fn pages(sup: &Sup, after_seq: i64, max: u32) -> Vec<Page> {
-    match call(sup, SocketRequest::Pages { after_seq, max }) {
+    match call(
+        sup,
+        SocketRequest::Pages {
+            fence: F,
+            after_seq,
+            max,
+        },
+    ) {
         SocketResponse::Pages(p) => p,
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+fn ack(through_seq: i64) -> SocketRequest {
+    SocketRequest::Ack {
+        fence: F,
+        through_seq,
+    }
+}
+
+fn status(sup: &Sup) -> SpoolStatus {
+    match call(sup, SocketRequest::Status) {
+        SocketResponse::Status(s) => s,
         other => panic!("unexpected {other:?}"),
     }
 }
@@ -90,7 +122,7 @@ fn drain(sup: &Sup) -> Vec<Page> {
             let seq = last.seq();
             let terminal = last.is_terminal();
             assert_eq!(
-                call(sup, SocketRequest::Ack { through_seq: seq }),
+                call(sup, ack(seq)),
                 SocketResponse::Acked { acked_through: seq }
             );
             if terminal {
@@ -219,7 +251,7 @@ fn a_command_that_cannot_start_reports_127() {
 fn acks_ahead_of_the_spool_are_refused_and_acks_are_idempotent() {
     let mut sup = start("ack", None, &["sh", "-c", "printf a"]);
     assert_eq!(
-        call(&sup, SocketRequest::Ack { through_seq: 5 }),
+        call(&sup, ack(5)),
         SocketResponse::Error {
             code: "ack_ahead".into()
         }
@@ -230,11 +262,11 @@ fn acks_ahead_of_the_spool_are_refused_and_acks_are_idempotent() {
         std::thread::sleep(Duration::from_millis(2));
     }
     assert_eq!(
-        call(&sup, SocketRequest::Ack { through_seq: 1 }),
+        call(&sup, ack(1)),
         SocketResponse::Acked { acked_through: 1 }
     );
     assert_eq!(
-        call(&sup, SocketRequest::Ack { through_seq: 0 }),
+        call(&sup, ack(0)),
         SocketResponse::Acked { acked_through: 1 }
     );
     let rest = pages(&sup, 0, 64);
@@ -253,7 +285,7 @@ fn acks_ahead_of_the_spool_are_refused_and_acks_are_idempotent() {
     );
     drop(s);
     assert_eq!(
-        call(&sup, SocketRequest::Ack { through_seq: 2 }),
+        call(&sup, ack(2)),
         SocketResponse::Acked { acked_through: 2 }
     );
     assert_eq!(wait_exit(&mut sup), 0);
@@ -300,7 +332,7 @@ fn orphans_of_the_command_are_reaped() {
     }
     let last = all.last().unwrap().seq();
     assert_eq!(
-        call(&sup, SocketRequest::Ack { through_seq: last }),
+        call(&sup, ack(last)),
         SocketResponse::Acked {
             acked_through: last
         }
@@ -361,7 +393,7 @@ fn without_any_peer_a_reader_in_its_own_pid_namespace_is_closed_unread() {
         .unwrap();
     for _ in 0..3 {
         let mut s = connect(&socket);
-        let _ = write_frame(&mut s, &SocketRequest::Ack { through_seq: 1 }.encode());
+        let _ = write_frame(&mut s, &ack(1).encode());
         assert_eq!(read_frame(&mut s).ok().flatten(), None, "closed unread");
     }
     // Nothing was acknowledged: the command's terminal page is still
@@ -370,4 +402,364 @@ fn without_any_peer_a_reader_in_its_own_pid_namespace_is_closed_unread() {
     child.kill().unwrap();
     child.wait().unwrap();
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The exact output of `seq 1 n`.
+fn seq_output(n: u32) -> Vec<u8> {
+    let mut out = Vec::new();
+    for i in 1..=n {
+        out.extend_from_slice(format!("{i}\n").as_bytes());
+    }
+    out
+}
+
+/// Polls `status` until `done` holds for it; every status seen is checked
+/// against the spool's bounds.
+fn wait_status(sup: &Sup, what: &str, done: impl Fn(&SpoolStatus) -> bool) -> SpoolStatus {
+    let t = Instant::now();
+    loop {
+        let s = status(sup);
+        assert!(s.bytes <= s.bytes_max, "spool bytes above the bound: {s:?}");
+        assert!(s.pages <= s.pages_max, "spool pages above the bound: {s:?}");
+        if done(&s) {
+            return s;
+        }
+        assert!(t.elapsed() < DEADLINE, "{what}: last status {s:?}");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// Like [`drain`], checking the spool's bounds through `status` before
+/// every read.
+fn drain_bounded(sup: &Sup) -> Vec<Page> {
+    let t = Instant::now();
+    let mut all: Vec<Page> = Vec::new();
+    loop {
+        let s = status(sup);
+        assert!(s.bytes <= s.bytes_max, "spool bytes above the bound: {s:?}");
+        assert!(s.pages <= s.pages_max, "spool pages above the bound: {s:?}");
+        let after = all.last().map_or(0, |p| p.seq());
+        let got = pages(sup, after, 64);
+        for (i, p) in got.iter().enumerate() {
+            assert_eq!(p.seq(), (all.len() + i) as i64 + 1, "seq gap");
+        }
+        all.extend(got);
+        if let Some(last) = all.last() {
+            let seq = last.seq();
+            let terminal = last.is_terminal();
+            assert_eq!(
+                call(sup, ack(seq)),
+                SocketResponse::Acked { acked_through: seq }
+            );
+            if terminal {
+                return all;
+            }
+        }
+        assert!(t.elapsed() < DEADLINE * 3, "no terminal page");
+    }
+}
+
+/// Far more output than the spool holds, on both streams at once, while
+/// nobody reads: the spool stops at its byte bound (never above it, though
+/// two pipe readers race for the room), the command blocks unfinished, and
+/// once drained every byte of each stream arrives exactly once, in order.
+#[test]
+fn a_flood_through_a_small_spool_blocks_and_then_arrives_exactly() {
+    let spool_bytes = 1024 * 1024u64;
+    let n = 4_500_000u32;
+    let want = seq_output(n);
+    // 2 x 34.9 MB, above 64 MiB in all.
+    assert!(2 * want.len() > 64 * 1024 * 1024);
+    let mark = tempdir("flood-mark").join("done");
+    let script = format!("seq 1 {n} >&2 & seq 1 {n}; wait; touch {}", mark.display());
+    let mut sup = start("flood", Some(spool_bytes), &["sh", "-c", &script]);
+    let full = wait_status(&sup, "the spool never filled", |s| s.bytes == spool_bytes);
+    assert_eq!(
+        (full.bytes_max, full.pages_max, full.acked_through),
+        (spool_bytes, lc_core::page::SPOOL_PAGES_DEFAULT, 0)
+    );
+    // Nothing is read while the spool is full: the command stays blocked.
+    std::thread::sleep(Duration::from_millis(300));
+    let still = status(&sup);
+    assert_eq!(still, full, "the spool changed without an ack");
+    assert!(!still.command_exited && still.terminal_seq == 0);
+    assert!(!mark.exists(), "the command finished despite a full spool");
+    let all = drain_bounded(&sup);
+    assert!(mark.exists());
+    let out = stream(&all, PageKind::Stdout);
+    let err = stream(&all, PageKind::Stderr);
+    assert_eq!((out.len(), err.len()), (want.len(), want.len()));
+    assert_eq!(lc_core::page::sha256(&out), lc_core::page::sha256(&want));
+    assert_eq!(lc_core::page::sha256(&err), lc_core::page::sha256(&want));
+    assert_eq!(all.last().unwrap().exit(), Some(ExitStatus::exited(0)));
+    assert_eq!(wait_exit(&mut sup), 0);
+    std::fs::remove_dir_all(mark.parent().unwrap()).unwrap();
+}
+
+/// One-byte writes, each its own page while the reader keeps up: the page
+/// bound stops reading at `pages_max - 1` data pages (one slot is the
+/// terminal page's), the command blocks once the pipe buffer is full, and
+/// every byte still arrives.
+#[test]
+fn many_tiny_writes_stop_at_the_page_bound() {
+    let pages_max = 16u64;
+    let mark = tempdir("tiny-mark").join("done");
+    let script = format!(
+        "dd if=/dev/zero bs=1 count=200000 status=none; touch {}",
+        mark.display()
+    );
+    let mut sup = start_bounded("tiny", None, Some(pages_max), &["sh", "-c", &script]);
+    let full = wait_status(&sup, "the page bound was never reached", |s| {
+        s.pages == pages_max - 1
+    });
+    assert_eq!(full.pages_max, pages_max);
+    std::thread::sleep(Duration::from_millis(300));
+    let still = status(&sup);
+    assert_eq!(still, full, "the spool changed without an ack");
+    assert!(!mark.exists(), "the command finished despite a full spool");
+    let all = drain_bounded(&sup);
+    assert_eq!(stream(&all, PageKind::Stdout), vec![0u8; 200000]);
+    assert_eq!(all.last().unwrap().exit(), Some(ExitStatus::exited(0)));
+    assert_eq!(wait_exit(&mut sup), 0);
+    std::fs::remove_dir_all(mark.parent().unwrap()).unwrap();
+}
+
+#[test]
+fn binary_and_invalid_utf8_arrive_byte_exact() {
+    let dir = tempdir("binary-src");
+    let file = dir.join("data");
+    let data: Vec<u8> = (0..256 * 1000u32).map(|i| (i % 256) as u8).collect();
+    std::fs::write(&file, &data).unwrap();
+    let script = format!(
+        "printf '\\377\\376\\000\\001\\200abc\\300\\n'; cat {f} >&2; cat {f}",
+        f = file.display()
+    );
+    let mut sup = start("binary", None, &["sh", "-c", &script]);
+    let all = drain(&sup);
+    let mut want_out = b"\xff\xfe\x00\x01\x80abc\xc0\n".to_vec();
+    assert!(std::str::from_utf8(&want_out).is_err());
+    want_out.extend_from_slice(&data);
+    assert_eq!(stream(&all, PageKind::Stdout), want_out);
+    assert_eq!(stream(&all, PageKind::Stderr), data);
+    assert_eq!(all.last().unwrap().exit(), Some(ExitStatus::exited(0)));
+    assert_eq!(wait_exit(&mut sup), 0);
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// stdout reaches end of file long before stderr does: stderr keeps being
+/// paged (through a spool far smaller than it), and the terminal page waits
+/// for both.
+#[test]
+fn stdout_closed_early_while_stderr_keeps_writing() {
+    let mut sup = start(
+        "close-out",
+        Some(4096),
+        &[
+            "sh",
+            "-c",
+            "printf a; exec 1>&-; head -c 300000 /dev/zero >&2; printf z >&2; exit 4",
+        ],
+    );
+    let all = drain(&sup);
+    assert_eq!(stream(&all, PageKind::Stdout), b"a");
+    let mut want = vec![0u8; 300000];
+    want.push(b'z');
+    assert_eq!(stream(&all, PageKind::Stderr), want);
+    assert_eq!(all.last().unwrap().exit(), Some(ExitStatus::exited(4)));
+    assert_eq!(all.iter().filter(|p| p.is_terminal()).count(), 1);
+    assert_eq!(wait_exit(&mut sup), 0);
+}
+
+fn gone(pid: u32) {
+    let t = Instant::now();
+    while Path::new(&format!("/proc/{pid}")).exists() {
+        assert!(t.elapsed() < DEADLINE, "process {pid} still exists");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn pids_of(pages: &[Page]) -> Vec<u32> {
+    String::from_utf8(stream(pages, PageKind::Stdout))
+        .unwrap()
+        .split_whitespace()
+        .filter_map(|w| w.strip_prefix("pid="))
+        .map(|p| p.parse().unwrap())
+        .collect()
+}
+
+/// Children that outlive the command and hold its stdout open (one in the
+/// command's process group, one in a session of its own) are killed once
+/// the command exits, so the terminal page (with the command's own status)
+/// arrives instead of waiting for them forever.
+#[test]
+fn children_that_outlive_the_command_are_killed_when_it_exits() {
+    let mut sup = start(
+        "outlive",
+        None,
+        &[
+            "sh",
+            "-c",
+            "sleep 1000 & echo pid=$!; (setsid sleep 1000 & echo pid=$!); echo done; exit 5",
+        ],
+    );
+    let all = drain(&sup);
+    let pids = pids_of(&all);
+    assert_eq!(pids.len(), 2, "{all:?}");
+    assert!(
+        String::from_utf8(stream(&all, PageKind::Stdout))
+            .unwrap()
+            .ends_with("done\n")
+    );
+    assert_eq!(all.last().unwrap().exit(), Some(ExitStatus::exited(5)));
+    for pid in pids {
+        gone(pid);
+    }
+    assert_eq!(wait_exit(&mut sup), 0);
+}
+
+/// A fence below the highest shown is refused `stale_fence` naming the
+/// highest, for every fenced request, and changes nothing: the spool keeps
+/// its pages and the command keeps running.
+#[test]
+fn a_stale_fence_is_refused_and_changes_nothing() {
+    let sup = start("fence", None, &["sh", "-c", "printf one; exec sleep 1000"]);
+    wait_status(&sup, "no page", |s| s.pages == 1);
+    let p = |fence: i64| SocketRequest::Pages {
+        fence: OwnerFence(fence),
+        after_seq: 0,
+        max: 64,
+    };
+    let SocketResponse::Pages(first) = call(&sup, p(5)) else {
+        panic!("pages refused")
+    };
+    assert_eq!(stream(&first, PageKind::Stdout), b"one");
+    let stale = SocketResponse::StaleFence {
+        presented: OwnerFence(4),
+        highest: OwnerFence(5),
+    };
+    let refused = [
+        SocketRequest::Ack {
+            fence: OwnerFence(4),
+            through_seq: 1,
+        },
+        SocketRequest::Cancel {
+            fence: OwnerFence(4),
+        },
+        p(4),
+    ];
+    for req in refused {
+        assert_eq!(call(&sup, req), stale);
+    }
+    let s = status(&sup);
+    assert_eq!(
+        (s.pages, s.bytes, s.acked_through, s.highest_fence),
+        (1, 3, 0, 5)
+    );
+    assert!(!s.command_exited && !s.cancelled);
+    // An equal fence is served; a higher one becomes the highest.
+    assert_eq!(call(&sup, p(5)), SocketResponse::Pages(first.clone()));
+    assert_eq!(
+        call(
+            &sup,
+            SocketRequest::Ack {
+                fence: OwnerFence(7),
+                through_seq: 1,
+            }
+        ),
+        SocketResponse::Acked { acked_through: 1 }
+    );
+    assert_eq!(
+        call(&sup, p(5)),
+        SocketResponse::StaleFence {
+            presented: OwnerFence(5),
+            highest: OwnerFence(7),
+        }
+    );
+    // A fence below 1 is not a fence.
+    let mut zero = SocketRequest::Cancel {
+        fence: OwnerFence(1),
+    }
+    .encode();
+    zero[8] = 0;
+    let mut s = connect(&sup.socket);
+    write_frame(&mut s, &zero).unwrap();
+    let body = read_frame(&mut s).unwrap().unwrap();
+    assert_eq!(
+        SocketResponse::decode(&body).unwrap(),
+        SocketResponse::Error {
+            code: "bad_fence".into()
+        }
+    );
+    assert_eq!(status(&sup).highest_fence, 7);
+}
+
+/// Cancel kills the command and what it started, the terminal page says
+/// signal 9, and every byte spooled before the cancel (here a full spool)
+/// is still there and in order; a second cancel, and one after the
+/// terminal page, answer ok without killing anything.
+#[test]
+fn cancel_kills_everything_and_loses_nothing_before_the_terminal_page() {
+    let spool_bytes = 65536u64;
+    let n = 300_000u32;
+    let mut sup = start(
+        "cancel",
+        Some(spool_bytes),
+        &[
+            "sh",
+            "-c",
+            &format!("sleep 1000 & echo pid=$!; seq 1 {n}; sleep 1000"),
+        ],
+    );
+    let full = wait_status(&sup, "the spool never filled", |s| s.bytes == spool_bytes);
+    let before = pages(&sup, 0, 64);
+    let cancel = SocketRequest::Cancel { fence: F };
+    assert_eq!(
+        call(&sup, cancel.clone()),
+        SocketResponse::Cancelled { killed: true }
+    );
+    assert_eq!(
+        call(&sup, cancel.clone()),
+        SocketResponse::Cancelled { killed: false }
+    );
+    let all = drain_bounded(&sup);
+    assert_eq!(
+        &all[..before.len()],
+        &before[..],
+        "pages before the cancel changed"
+    );
+    let out = stream(&all, PageKind::Stdout);
+    let pid: u32 = pids_of(&all[..1])[0];
+    let mut want = format!("pid={pid}\n").into_bytes();
+    want.extend_from_slice(&seq_output(n));
+    assert!(out.len() as u64 >= full.bytes);
+    assert!(out.len() < want.len(), "seq was not cut short");
+    assert_eq!(
+        out,
+        want[..out.len()],
+        "the output is not a prefix of seq's"
+    );
+    assert_eq!(all.last().unwrap().exit(), Some(ExitStatus::signaled(9)));
+    assert_eq!(all.iter().filter(|p| p.is_terminal()).count(), 1);
+    gone(pid);
+    assert_eq!(wait_exit(&mut sup), 0);
+}
+
+#[test]
+fn cancel_after_the_terminal_page_is_a_no_op() {
+    let mut sup = start("cancel-late", None, &["sh", "-c", "printf x; exit 2"]);
+    let s = wait_status(&sup, "no terminal page", |s| s.terminal_seq != 0);
+    assert_eq!((s.terminal_seq, s.pages, s.command_exited), (2, 2, true));
+    assert_eq!(
+        call(&sup, SocketRequest::Cancel { fence: F }),
+        SocketResponse::Cancelled { killed: false }
+    );
+    let all = drain(&sup);
+    assert_eq!(all.last().unwrap().exit(), Some(ExitStatus::exited(2)));
+    assert!(!status_after_exit(&mut sup));
+}
+
+/// Waits for the supervisor to exit 0; `false` once it has.
+fn status_after_exit(sup: &mut Sup) -> bool {
+    assert_eq!(wait_exit(sup), 0);
+    sup.socket.exists()
 }

@@ -54,6 +54,7 @@ use std::time::Duration;
 
 use clock::Clock;
 use jiff::SignedDuration;
+use lc_core::owner::OwnerFence;
 use lc_core::page::PAGES_PER_REQUEST_MAX;
 use lc_core::rules::{APPEND_PAGES_MAX, LIST_LIMIT_MAX};
 use lc_core::store::ReconcileStore;
@@ -477,9 +478,13 @@ impl Reconciler {
         let mut stored = w.last_seq;
         let mut acked = false;
         let mut terminal = false;
+        // The worker owns no exec: it presents the lowest fence, which every
+        // gateway fence is at or above. This pump is removed once the
+        // gateway owns output.
+        let fence = OwnerFence(1);
         for _ in 0..PUMP_ROUNDS_MAX {
             let pages: Vec<OutputPage> = provider
-                .pages(lease, generation, stored, PAGES_PER_PUMP)
+                .pages(lease, generation, fence, stored, PAGES_PER_PUMP)
                 .await?
                 .iter()
                 .map(|p| OutputPage::from_page(w.exec_id, w.attempt, p))
@@ -497,7 +502,7 @@ impl Reconciler {
             let progressed = appended.last_seq > stored;
             stored = appended.last_seq;
             // Only what is committed leaves the spool.
-            provider.ack(lease, generation, stored).await?;
+            provider.ack(lease, generation, fence, stored).await?;
             report.acks += 1;
             acked = true;
             if terminal || !full || !progressed {
@@ -506,7 +511,7 @@ impl Reconciler {
         }
         if !acked && stored > 0 {
             // Pages stored by a step that died before its ack.
-            provider.ack(lease, generation, stored).await?;
+            provider.ack(lease, generation, fence, stored).await?;
             report.acks += 1;
         }
         Ok(terminal)

@@ -848,7 +848,11 @@ async fn pages_stored_before_a_lost_ack_are_acked_and_not_stored_twice() {
     // died before its ack.
     let deadline = Instant::now() + WAIT_MAX;
     let pages = loop {
-        let pages = rig.provider.pages(lease, generation, 0, 64).await.unwrap();
+        let pages = rig
+            .provider
+            .pages(lease, generation, lc_core::owner::OwnerFence(1), 0, 64)
+            .await
+            .unwrap();
         let bytes: Vec<u8> = pages.iter().flat_map(|p| p.bytes().to_vec()).collect();
         if bytes == b"one\ntwo\nthree\n" {
             break pages;
@@ -869,7 +873,7 @@ async fn pages_stored_before_a_lost_ack_are_acked_and_not_stored_twice() {
     assert_eq!((stored.appended, stored.last_seq), (n, n as i64));
     assert_eq!(
         rig.provider
-            .pages(lease, generation, 0, 64)
+            .pages(lease, generation, lc_core::owner::OwnerFence(1), 0, 64)
             .await
             .unwrap()
             .len(),
@@ -888,7 +892,10 @@ async fn pages_stored_before_a_lost_ack_are_acked_and_not_stored_twice() {
         (0, 0, 1, 0, vec![])
     );
     assert_eq!(
-        rig.provider.pages(lease, generation, 0, 64).await.unwrap(),
+        rig.provider
+            .pages(lease, generation, lc_core::owner::OwnerFence(1), 0, 64)
+            .await
+            .unwrap(),
         vec![],
         "the spool dropped what the store holds"
     );

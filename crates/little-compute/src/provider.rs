@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! little-compute provider --state-dir D --listen 127.0.0.1:P --id ID [--runtime-dir R]
-//!     [--supervisor PATH] [--cgroup-parent NAME] [--spool-bytes N] [--token-file F]
+//!     [--supervisor PATH] [--cgroup-parent NAME] [--spool-bytes N] [--spool-pages N] [--token-file F]
 //!     [--sandbox-user NAME] [--connections-max N]
 //! ```
 //!
@@ -67,6 +67,10 @@ pub struct ProviderArgs {
     /// The supervisor's spool bound in bytes.
     #[arg(long, default_value_t = lc_core::page::SPOOL_BYTES_DEFAULT)]
     pub spool_bytes: u64,
+    /// The supervisor's spool bound in pages (the terminal page's slot
+    /// included), 2 to 1048576.
+    #[arg(long, default_value_t = lc_core::page::SPOOL_PAGES_DEFAULT)]
+    pub spool_pages: u64,
     /// A file holding the bearer token every route but `/v1/identity`
     /// requires (see the module docs).
     #[arg(long)]
@@ -170,6 +174,15 @@ pub async fn serve(args: ProviderArgs) -> Result<(), ProviderRunError> {
             httpkit::server::CONNECTIONS_MAX_MAX
         )));
     }
+    let pages = lc_core::page::SPOOL_PAGES_MIN..=lc_core::page::SPOOL_PAGES_MAX;
+    if !pages.contains(&args.spool_pages) {
+        return Err(ProviderRunError::Usage(format!(
+            "--spool-pages must be {}..={}, got {}",
+            pages.start(),
+            pages.end(),
+            args.spool_pages
+        )));
+    }
     let token = args.token_file.as_deref().map(read_token).transpose()?;
     let id = ProviderId::new(args.id.clone())
         .map_err(|e| ProviderRunError::Usage(format!("--id: {e}")))?;
@@ -183,6 +196,7 @@ pub async fn serve(args: ProviderArgs) -> Result<(), ProviderRunError> {
     }
     cfg.cgroup_parent = args.cgroup_parent.clone();
     cfg.spool_bytes_max = args.spool_bytes;
+    cfg.spool_pages_max = args.spool_pages;
     cfg.sandbox_user = args.sandbox_user.clone();
     let cgroup = match CgroupRoot::detect(&cfg.cgroup_mount, &cfg.cgroup_parent)
         .map_err(|e| ProviderRunError::State(e.to_string()))?
