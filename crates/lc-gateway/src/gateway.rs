@@ -86,6 +86,10 @@ pub const PAGES_PER_STEP_MAX: usize = 64 * PAGES_PER_ROUND;
 /// Distinct provider URLs whose clients are kept (one provider per host).
 pub const PROVIDERS_MAX: usize = 64;
 
+/// How often the spool occupancy of the owned execs is sampled for the
+/// metrics (one unfenced status request per exec).
+pub const SPOOL_SAMPLE_EVERY: Duration = Duration::from_secs(1);
+
 /// The gateway's bounds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GatewayOptions {
@@ -279,6 +283,8 @@ pub struct Gateway {
     crash: Option<(CrashPoint, Arc<dyn FaultHook>)>,
     metrics: Arc<GatewayMetrics>,
     held: Mutex<BTreeMap<ExecId, Held>>,
+    /// When the spools were last sampled (monotonic; telemetry only).
+    spool_sampled: std::sync::Mutex<Option<Instant>>,
 }
 
 impl std::fmt::Debug for Gateway {
@@ -339,6 +345,7 @@ impl Gateway {
             crash: None,
             metrics: Arc::new(GatewayMetrics::default()),
             held: Mutex::new(BTreeMap::new()),
+            spool_sampled: std::sync::Mutex::new(None),
         })
     }
 
@@ -446,6 +453,7 @@ impl Gateway {
             }
         }
         report.owned = held.len();
+        self.sample_spools(&held).await;
         self.metrics.set_owned(held.len());
         self.metrics.set_pending(
             held.values()
@@ -454,6 +462,32 @@ impl Gateway {
         );
         log_report(&report);
         report
+    }
+
+    /// Sums the owned execs' spool occupancy into the metrics, at most every
+    /// [`SPOOL_SAMPLE_EVERY`]; a failed status request counts nothing.
+    async fn sample_spools(&self, held: &BTreeMap<ExecId, Held>) {
+        {
+            let mut last = self.spool_sampled.lock().unwrap_or_else(|p| p.into_inner());
+            if last.is_some_and(|t| t.elapsed() < SPOOL_SAMPLE_EVERY) {
+                return;
+            }
+            *last = Some(Instant::now());
+        }
+        let (mut pages, mut bytes) = (0u64, 0u64);
+        for h in held.values() {
+            let Ok(p) = self.provider(&h.view).await else {
+                continue;
+            };
+            if let Ok(Some(s)) = p
+                .spool_status(h.view.lease_id, h.view.lease_generation)
+                .await
+            {
+                pages = pages.saturating_add(s.pages);
+                bytes = bytes.saturating_add(s.bytes);
+            }
+        }
+        self.metrics.set_spool(pages, bytes);
     }
 
     fn adopt(&self, held: &mut BTreeMap<ExecId, Held>, view: OwnedExec, report: &mut StepReport) {

@@ -20,6 +20,11 @@ pub const STALE_REFUSED: &str = "lc_gateway_stale_refused_total";
 /// Pages whose metadata is committed but not yet acked, over the owned
 /// execs at the last step (gauge).
 pub const PENDING_PAGES: &str = "lc_gateway_pending_pages";
+/// Pages held in the spools of the owned execs' supervisors, at the last
+/// sample (gauge).
+pub const SPOOL_PAGES: &str = "lc_gateway_spool_pages";
+/// Bytes held in those spools, at the last sample (gauge).
+pub const SPOOL_BYTES: &str = "lc_gateway_spool_bytes";
 /// Pages whose ACK result this gateway committed (counter).
 pub const PAGES_ACKED: &str = "lc_gateway_pages_acked_total";
 /// Bytes of those pages (counter).
@@ -43,6 +48,8 @@ pub struct GatewayMetrics {
     claims: AtomicU64,
     stale_refused: AtomicU64,
     pending_pages: AtomicU64,
+    spool_pages: AtomicU64,
+    spool_bytes: AtomicU64,
     pages_acked: AtomicU64,
     bytes_acked: AtomicU64,
     sink_replaced: AtomicU64,
@@ -65,6 +72,10 @@ pub struct MetricsSnapshot {
     pub stale_refused: u64,
     /// [`PENDING_PAGES`].
     pub pending_pages: u64,
+    /// [`SPOOL_PAGES`].
+    pub spool_pages: u64,
+    /// [`SPOOL_BYTES`].
+    pub spool_bytes: u64,
     /// [`PAGES_ACKED`].
     pub pages_acked: u64,
     /// [`BYTES_ACKED`].
@@ -95,6 +106,10 @@ impl GatewayMetrics {
     }
     pub(crate) fn set_pending(&self, n: u64) {
         self.pending_pages.store(n, Ordering::Relaxed);
+    }
+    pub(crate) fn set_spool(&self, pages: u64, bytes: u64) {
+        self.spool_pages.store(pages, Ordering::Relaxed);
+        self.spool_bytes.store(bytes, Ordering::Relaxed);
     }
     pub(crate) fn takeover(&self) {
         add(&self.takeovers, 1);
@@ -135,6 +150,8 @@ impl GatewayMetrics {
             claims: g(&self.claims),
             stale_refused: g(&self.stale_refused),
             pending_pages: g(&self.pending_pages),
+            spool_pages: g(&self.spool_pages),
+            spool_bytes: g(&self.spool_bytes),
             pages_acked: g(&self.pages_acked),
             bytes_acked: g(&self.bytes_acked),
             sink_replaced: g(&self.sink_replaced),
@@ -149,7 +166,7 @@ impl GatewayMetrics {
     pub fn render(&self) -> String {
         const W: &str = "writing to a String never fails";
         let s = self.snapshot();
-        let rows: [(&str, &str, &str, u64); 12] = [
+        let rows: [(&str, &str, &str, u64); 14] = [
             (
                 OWNED_EXECS,
                 "gauge",
@@ -179,6 +196,18 @@ impl GatewayMetrics {
                 "gauge",
                 "Pages committed but not yet acked, over the owned execs.",
                 s.pending_pages,
+            ),
+            (
+                SPOOL_PAGES,
+                "gauge",
+                "Pages held in the owned execs' spools, at the last sample.",
+                s.spool_pages,
+            ),
+            (
+                SPOOL_BYTES,
+                "gauge",
+                "Bytes held in the owned execs' spools, at the last sample.",
+                s.spool_bytes,
             ),
             (
                 PAGES_ACKED,

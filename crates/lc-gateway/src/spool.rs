@@ -10,13 +10,9 @@ use lc_core::page::Page;
 use lc_core::{Generation, SandboxLeaseId};
 use lc_provider::{Provider, ProviderError};
 
-/// The code the provider and the supervisor answer for a fence below the
-/// highest they have seen: the caller is no longer the exec's owner.
-pub const STALE_FENCE_CODE: &str = "stale_fence";
-
 /// Whether `e` says that the presented fence is stale.
 pub fn is_stale_fence(e: &ProviderError) -> bool {
-    e.code() == STALE_FENCE_CODE
+    matches!(e, ProviderError::StaleFence { .. })
 }
 
 /// Finds the provider at a URL (the URL the store recorded for the exec).
@@ -66,8 +62,7 @@ pub(crate) async fn pages(
     after_seq: i64,
     max: usize,
 ) -> Result<Vec<Page>, ProviderError> {
-    let _ = fence;
-    p.pages(lease, generation, after_seq, max).await
+    p.pages(lease, generation, fence, after_seq, max).await
 }
 
 /// Lets the supervisor drop the pages through `through_seq`, under `fence`.
@@ -78,8 +73,7 @@ pub(crate) async fn ack(
     fence: OwnerFence,
     through_seq: i64,
 ) -> Result<(), ProviderError> {
-    let _ = fence;
-    p.ack(lease, generation, through_seq).await
+    p.ack(lease, generation, fence, through_seq).await
 }
 
 /// Asks the supervisor to stop the command, under `fence`.
@@ -89,8 +83,5 @@ pub(crate) async fn cancel(
     generation: Generation,
     fence: OwnerFence,
 ) -> Result<(), ProviderError> {
-    let _ = (p, lease, generation, fence);
-    Err(ProviderError::InvalidRequest {
-        detail: "this provider cannot cancel a running command".into(),
-    })
+    p.cancel(lease, generation, fence).await
 }

@@ -19,7 +19,7 @@ use lc_core::owner::{
     PageState, StageReport, TransitionKind, TransitionPlan, TransitionReceipt, check_owner,
     check_release, heartbeat_expiry, plan_takeover, plan_transition,
 };
-use lc_core::page::{ExitStatus, Page};
+use lc_core::page::{ExitStatus, Page, SpoolStatus};
 use lc_core::store::GatewayStore;
 use lc_core::{
     AttemptNo, CutReading, Digest, ExecId, Generation, LcError, LeaseState, PageKind, ProviderId,
@@ -427,6 +427,30 @@ struct SpoolState {
     acks: Vec<i64>,
     /// Refuse every call with `supervisor_unavailable` while set.
     down: bool,
+    /// The highest owner fence shown; a lower one is refused.
+    highest_fence: i64,
+    /// Fenced calls refused as stale.
+    stale: usize,
+    cancels: usize,
+}
+
+impl SpoolState {
+    fn fence(&mut self, fence: OwnerFence) -> Result<(), ProviderError> {
+        if self.down {
+            return Err(ProviderError::SupervisorUnavailable {
+                detail: "down".into(),
+            });
+        }
+        if fence.0 < self.highest_fence {
+            self.stale += 1;
+            return Err(ProviderError::StaleFence {
+                presented: fence.0,
+                highest: self.highest_fence,
+            });
+        }
+        self.highest_fence = fence.0;
+        Ok(())
+    }
 }
 
 struct FakeProvider {
@@ -485,15 +509,12 @@ impl Provider for FakeProvider {
         &self,
         _lease_id: SandboxLeaseId,
         _generation: Generation,
+        fence: OwnerFence,
         after_seq: i64,
         max: usize,
     ) -> Result<Vec<Page>, ProviderError> {
-        let s = self.spool.lock().unwrap();
-        if s.down {
-            return Err(ProviderError::SupervisorUnavailable {
-                detail: "down".into(),
-            });
-        }
+        let mut s = self.spool.lock().unwrap();
+        s.fence(fence)?;
         Ok(s.pages
             .range(after_seq + 1..)
             .take(max)
@@ -504,18 +525,67 @@ impl Provider for FakeProvider {
         &self,
         _lease_id: SandboxLeaseId,
         _generation: Generation,
+        fence: OwnerFence,
         through_seq: i64,
     ) -> Result<(), ProviderError> {
         let mut s = self.spool.lock().unwrap();
-        if s.down {
-            return Err(ProviderError::SupervisorUnavailable {
-                detail: "down".into(),
-            });
-        }
+        s.fence(fence)?;
         s.acks.push(through_seq);
         s.acked_through = s.acked_through.max(through_seq);
         s.pages.retain(|seq, _| *seq > through_seq);
         Ok(())
+    }
+    async fn cancel(
+        &self,
+        _lease_id: SandboxLeaseId,
+        _generation: Generation,
+        fence: OwnerFence,
+    ) -> Result<(), ProviderError> {
+        let mut s = self.spool.lock().unwrap();
+        s.fence(fence)?;
+        s.cancels += 1;
+        // The command dies by SIGKILL: its terminal page follows.
+        let next = s
+            .pages
+            .keys()
+            .next_back()
+            .copied()
+            .unwrap_or(s.acked_through)
+            + 1;
+        if !s.pages.values().any(Page::is_terminal) {
+            s.pages
+                .insert(next, Page::terminal(next, ExitStatus::signaled(9)).unwrap());
+        }
+        Ok(())
+    }
+    async fn spool_status(
+        &self,
+        _lease_id: SandboxLeaseId,
+        _generation: Generation,
+    ) -> Result<Option<SpoolStatus>, ProviderError> {
+        let s = self.spool.lock().unwrap();
+        Ok(Some(SpoolStatus {
+            pages: s.pages.len() as u64,
+            bytes: s.pages.values().map(|p| p.bytes().len() as u64).sum(),
+            pages_max: 1000,
+            bytes_max: 1 << 23,
+            next_seq: s
+                .pages
+                .keys()
+                .next_back()
+                .copied()
+                .unwrap_or(s.acked_through)
+                + 1,
+            acked_through: s.acked_through,
+            highest_fence: s.highest_fence,
+            terminal_seq: s
+                .pages
+                .values()
+                .find(|p| p.is_terminal())
+                .map_or(0, Page::seq),
+            command_exited: false,
+            cancelled: s.cancels > 0,
+        }))
     }
 }
 
@@ -951,4 +1021,77 @@ async fn bad_options_are_refused_with_their_codes() {
 #[allow(dead_code)]
 fn _report_is_debug(r: &StepReport) -> String {
     format!("{r:?}")
+}
+
+#[tokio::test]
+async fn a_cancel_commits_its_receipt_then_kills_and_releases_after_the_signal_page() {
+    let f = Fixture::new();
+    f.store.add_exec(1, "http://p1");
+    f.provider
+        .push(Page::data(1, PageKind::Stdout, b"started\n".to_vec()).unwrap());
+    let g = f.default_gateway();
+    let r = g.step().await;
+    assert_eq!((r.claimed, r.pages_acked, r.cancels), (1, 1, 0));
+    f.store
+        .with(|s| s.execs.get_mut(&ExecId(1)).unwrap().cancel_requested = true);
+    // The heartbeat sees the request; the receipt, then the supervisor.
+    let r = g.step().await;
+    assert_eq!((r.cancels, r.released), (1, 0));
+    let receipts: Vec<String> = f.store.with(|s| {
+        s.receipts
+            .values()
+            .filter(|r| r.kind == TransitionKind::Cancel)
+            .map(|r| r.transition_id.clone())
+            .collect()
+    });
+    assert_eq!(receipts, vec!["cancel-1-g1".to_string()]);
+    assert_eq!(f.provider.spool.lock().unwrap().cancels, 1);
+    // The signal-9 terminal page is acked and the Lease released as cancelled.
+    let r = g.step().await;
+    assert_eq!((r.pages_acked, r.cancels, r.released), (1, 0, 1));
+    assert_eq!(
+        f.output(),
+        (b"started\n".to_vec(), Some(ExitStatus::signaled(9)))
+    );
+    assert_eq!(
+        releases(&f),
+        (1, Some("cancelled"), LeaseState::ReleasePending)
+    );
+}
+
+#[tokio::test]
+async fn the_supervisor_refuses_a_stale_fence_and_the_gateway_forgets_the_exec() {
+    let f = Fixture::new();
+    stream(&f, 2);
+    let a = f.default_gateway();
+    f.provider.spool.lock().unwrap().down = true;
+    assert_eq!(a.step().await.claimed, 1);
+    // A newer owner's fence reached the supervisor (the store still names
+    // `a`, as it would between a takeover and `a`'s next store write).
+    {
+        let mut s = f.provider.spool.lock().unwrap();
+        s.down = false;
+        s.highest_fence = 5;
+    }
+    let r = a.step().await;
+    assert_eq!((r.stale_refused, r.owned, r.pages_acked), (1, 0, 0));
+    assert_eq!(f.provider.spool.lock().unwrap().stale, 1);
+    assert_eq!(a.metrics().snapshot().stale_refused, 1);
+    assert_eq!(f.provider.spooled(), vec![1, 2, 3]);
+}
+
+#[tokio::test]
+async fn spool_occupancy_is_sampled_into_the_metrics() {
+    let f = Fixture::new();
+    stream(&f, 3);
+    let g = f.gateway(GatewayOptions {
+        heartbeat_ttl: SignedDuration::from_secs(TTL_S),
+        owned_max: 1,
+        pages_per_step: 2,
+    });
+    let r = g.step().await;
+    assert_eq!(r.pages_acked, 2);
+    let m = g.metrics().snapshot();
+    // Pages 3 and 4 (the terminal page) are still spooled.
+    assert_eq!((m.spool_pages, m.spool_bytes), (2, 1000));
 }
