@@ -347,13 +347,34 @@ async fn exec_output(
         .store()
         .output(tenant, ExecId(exec_id), after_seq, limit)
         .await?;
-    let next_seq = pages.last().map_or(after_seq, |p| p.seq) + 1;
+    let next_seq = pages.last().map_or(after_seq, |p| p.meta.seq) + 1;
     let terminal = match pages.last() {
-        Some(p) => p.kind == PageKind::Terminal,
+        Some(p) => p.meta.kind == PageKind::Terminal,
         None => exec.state == ExecState::Terminal,
     };
+    // Only pages whose bytes the store holds can be served here; the
+    // others' bytes are in the sink.
+    let pages = pages
+        .into_iter()
+        .map(|p| match p.bytes {
+            Some(bytes) => Ok(lc_core::OutputPage {
+                exec_id: p.meta.exec_id,
+                attempt: p.meta.attempt,
+                seq: p.meta.seq,
+                kind: p.meta.kind,
+                bytes,
+                sha256: p.meta.sha256,
+                exit: p.meta.exit,
+            }
+            .into()),
+            None => Err(ApiError::Internal(format!(
+                "the bytes of page {} are in the sink, which this server does not read",
+                p.meta.seq
+            ))),
+        })
+        .collect::<Result<Vec<_>, ApiError>>()?;
     Ok(Json(OutputView {
-        pages: pages.into_iter().map(Into::into).collect(),
+        pages,
         terminal,
         next_seq,
     }))

@@ -328,6 +328,14 @@ pub fn check_transition_id(id: &str) -> Result<&str, LcError> {
     Ok(id)
 }
 
+/// SHA-256 of a transition request: its kind, its exec and its arguments
+/// in their canonical text (`args`, e.g. `attempt=1 through_seq=12`), one
+/// per line. Equal requests have equal digests; a transition id committed
+/// with one request refuses every other.
+pub fn transition_request_sha256(kind: TransitionKind, exec_id: ExecId, args: &str) -> Digest {
+    Digest::of(format!("{}\n{}\n{args}", kind.as_str(), exec_id.0).as_bytes())
+}
+
 /// The immutable record of one committed transition, bound to the
 /// ownership that committed it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -367,6 +375,11 @@ pub enum TransitionPlan {
 /// the exec whose ownership is `current`, given the receipt already stored
 /// under `id` (if any).
 ///
+/// A `release` receipt released the ownership that committed it, so its
+/// replay asks that ownership to be current and unexpired but not
+/// unreleased; every other receipt needs an owner that may still write
+/// ([`check_owner`]).
+///
 /// # Errors
 /// A stored receipt: [`LcError::TransitionReplayRefused`] unless it belongs
 /// to `cred`, `cred` is the current ownership and it is unexpired at `at`;
@@ -389,7 +402,14 @@ pub fn plan_transition(
             let bound_to_caller = r.token_sha256 == cred.token.sha256()
                 && r.owner_generation == cred.generation
                 && r.owner_fence == cred.fence;
-            let current_owner_ok = check_owner(current, cred, at).is_ok();
+            // A release receipt released its own ownership: it replays for
+            // that ownership while it is still current (not taken over)
+            // and unexpired, released or not.
+            let current_owner_ok = if r.kind == TransitionKind::Release && current.released {
+                current.is_held_by(cred) && !is_expired(current.heartbeat_expiry, at)
+            } else {
+                check_owner(current, cred, at).is_ok()
+            };
             if !bound_to_caller || !current_owner_ok {
                 return Err(LcError::TransitionReplayRefused {
                     exec_id: r.exec_id,
@@ -445,6 +465,47 @@ impl PageMeta {
         }
     }
 
+    /// Checks the metadata's own invariants: seq `>= 1`; length at most
+    /// [`crate::page::PAGE_BYTES_MAX`]; a page of length 0 has the digest
+    /// of no bytes; the terminal page has length 0 and an exit status with
+    /// exactly one of code and signal; a data page has no exit status.
+    ///
+    /// # Errors
+    /// [`LcError::InvalidPage`] naming the broken invariant.
+    pub fn check(&self) -> Result<&PageMeta, LcError> {
+        let bad = |reason: String| {
+            Err(LcError::InvalidPage {
+                reason: format!("page {} of exec {}: {reason}", self.seq, self.exec_id),
+            })
+        };
+        if self.seq < 1 {
+            return bad("seq must be at least 1".into());
+        }
+        if usize::try_from(self.length).map_or(true, |l| l > crate::page::PAGE_BYTES_MAX) {
+            return bad(format!(
+                "length {} is more than {} bytes",
+                self.length,
+                crate::page::PAGE_BYTES_MAX
+            ));
+        }
+        if self.length == 0 && self.sha256 != Digest::of(b"") {
+            return bad("a page of no bytes has the SHA-256 of no bytes".into());
+        }
+        match (self.kind, self.exit) {
+            (PageKind::Terminal, Some(e)) if self.length == 0 => {
+                if e.code.is_some() == e.signal.is_some() {
+                    return bad("an exit status has exactly one of code and signal".into());
+                }
+            }
+            (PageKind::Terminal, _) => {
+                return bad("the terminal page has no bytes and an exit status".into());
+            }
+            (_, Some(_)) => return bad("only the terminal page has an exit status".into()),
+            (_, None) => {}
+        }
+        Ok(self)
+    }
+
     /// Whether `page` is the page this metadata describes (seq, kind,
     /// length, digest and exit status all equal): what a successor checks
     /// when it re-reads a pending page from the spool.
@@ -455,6 +516,19 @@ impl PageMeta {
             && self.sha256.0 == page.sha256()
             && self.exit == page.exit()
     }
+}
+
+/// An acknowledged output page as the store returns it to readers: its
+/// metadata, and its bytes only when the store holds them (pages written
+/// before the sink existed). Every other page's bytes are in the sink
+/// under `meta.sha256`; a reader fetches them there and checks the digest.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredPage {
+    /// The page's metadata.
+    pub meta: PageMeta,
+    /// The page's bytes (`meta.length` of them, SHA-256 `meta.sha256`)
+    /// when the store holds them; `None` when they are in the sink.
+    pub bytes: Option<Vec<u8>>,
 }
 
 /// A page's place in the output protocol as the store records it.
@@ -811,6 +885,68 @@ mod tests {
     }
 
     #[test]
+    fn a_release_receipt_replays_for_its_released_ownership_until_expiry_or_takeover() {
+        let mut cur = owned(1, 3, 40, 100);
+        cur.released = true;
+        let c = CutReading::certain(ts(99));
+        let req = Digest::of(b"req");
+        let r = receipt(1, 3, 40, TransitionKind::Release);
+        assert_eq!(
+            plan_transition(
+                Some(&r),
+                TransitionKind::Release,
+                req,
+                &cur,
+                &cred(1, 3, 40),
+                c
+            ),
+            Ok(TransitionPlan::Replay(r.clone()))
+        );
+        // Uncertain: the owner never expires.
+        assert_eq!(
+            plan_transition(
+                Some(&r),
+                TransitionKind::Release,
+                req,
+                &cur,
+                &cred(1, 3, 40),
+                CutReading::uncertain(ts(500), 1)
+            ),
+            Ok(TransitionPlan::Replay(r.clone()))
+        );
+        for (cur, c) in [
+            (cur.clone(), CutReading::certain(ts(100))),
+            (owned(2, 4, 41, 100), c),
+        ] {
+            assert_eq!(
+                plan_transition(
+                    Some(&r),
+                    TransitionKind::Release,
+                    req,
+                    &cur,
+                    &cred(1, 3, 40),
+                    c
+                )
+                .map_err(|e| e.code()),
+                Err("transition_replay_refused")
+            );
+        }
+        // Any other receipt of a released owner is refused.
+        let a = receipt(1, 3, 40, TransitionKind::Ack);
+        assert_eq!(
+            plan_transition(Some(&a), TransitionKind::Ack, req, &cur, &cred(1, 3, 40), c)
+                .map_err(|e| e.code()),
+            Err("transition_replay_refused")
+        );
+        // And no new transition commits for it.
+        assert_eq!(
+            plan_transition(None, TransitionKind::Cancel, req, &cur, &cred(1, 3, 40), c)
+                .map_err(|e| e.code()),
+            Err("owner_stale")
+        );
+    }
+
+    #[test]
     fn transition_ids_are_bounded_printable_ascii() {
         assert_eq!(check_transition_id("ack-1-12"), Ok("ack-1-12"));
         let max = "x".repeat(TRANSITION_ID_BYTES_MAX);
@@ -854,6 +990,99 @@ mod tests {
         assert_eq!(
             check_release(ExecId(7), None, false),
             Err(LcError::ReleaseNotProven { exec_id: ExecId(7) })
+        );
+    }
+
+    #[test]
+    fn page_meta_checks_its_own_invariants() {
+        use crate::page::{ExitStatus, Page};
+        let d = PageMeta::of_page(
+            ExecId(7),
+            AttemptNo(1),
+            &Page::data(1, PageKind::Stdout, b"x".to_vec()).unwrap(),
+        );
+        let t = PageMeta::of_page(
+            ExecId(7),
+            AttemptNo(1),
+            &Page::terminal(2, ExitStatus::signaled(9)).unwrap(),
+        );
+        let empty = PageMeta::of_page(
+            ExecId(7),
+            AttemptNo(1),
+            &Page::data(3, PageKind::Stderr, Vec::new()).unwrap(),
+        );
+        for ok in [&d, &t, &empty] {
+            assert_eq!(ok.check(), Ok(ok));
+        }
+        let full = PageMeta {
+            length: 65_536,
+            ..d.clone()
+        };
+        assert!(full.check().is_ok());
+        let bad = [
+            PageMeta {
+                seq: 0,
+                ..d.clone()
+            },
+            PageMeta {
+                length: 65_537,
+                ..d.clone()
+            },
+            PageMeta {
+                sha256: Digest::of(b"x"),
+                ..empty.clone()
+            },
+            PageMeta {
+                exit: Some(ExitStatus::exited(0)),
+                ..d.clone()
+            },
+            PageMeta {
+                exit: None,
+                ..t.clone()
+            },
+            PageMeta {
+                length: 1,
+                ..t.clone()
+            },
+            PageMeta {
+                exit: Some(ExitStatus {
+                    code: Some(0),
+                    signal: Some(9),
+                }),
+                ..t.clone()
+            },
+        ];
+        for m in &bad {
+            assert_eq!(
+                m.check().map_err(|e| e.code()),
+                Err("invalid_page"),
+                "{m:?}"
+            );
+        }
+        assert_eq!(
+            bad[0].check(),
+            Err(LcError::InvalidPage {
+                reason: "page 0 of exec 7: seq must be at least 1".into()
+            })
+        );
+    }
+
+    #[test]
+    fn transition_requests_digest_their_kind_exec_and_arguments() {
+        let a =
+            transition_request_sha256(TransitionKind::Ack, ExecId(7), "attempt=1 through_seq=3");
+        assert_eq!(a, Digest::of(b"ack\n7\nattempt=1 through_seq=3"));
+        assert_ne!(
+            a,
+            transition_request_sha256(TransitionKind::Ack, ExecId(7), "attempt=1 through_seq=4")
+        );
+        assert_ne!(
+            a,
+            transition_request_sha256(TransitionKind::Ack, ExecId(8), "attempt=1 through_seq=3")
+        );
+        assert_ne!(
+            a,
+            transition_request_sha256(TransitionKind::Cancel, ExecId(7), "attempt=1 through_seq=3")
         );
     }
 

@@ -24,7 +24,7 @@ use crate::model::{
 };
 use crate::opkey::OperationKey;
 use crate::owner::{
-    OwnedExec, OwnerCredential, OwnerToken, PageMeta, StageReport, TransitionReceipt,
+    OwnedExec, OwnerCredential, OwnerToken, PageMeta, StageReport, StoredPage, TransitionReceipt,
 };
 
 /// What the control-plane API needs.
@@ -135,8 +135,12 @@ pub trait ControlStore: Send + Sync {
         limit: usize,
     ) -> Result<Vec<ExecRecord>, LcError>;
 
-    /// The current attempt's pages with seq `> after_seq`, ascending, at
-    /// most `limit` (`1..=`[`crate::rules::LIST_LIMIT_MAX`]).
+    /// The current attempt's acknowledged pages with seq `> after_seq`,
+    /// ascending, at most `limit` (`1..=`[`crate::rules::LIST_LIMIT_MAX`]):
+    /// metadata, with the bytes only for pages the store holds the bytes
+    /// of (the rest are in the sink under their digest). A page whose
+    /// metadata is committed but not yet acknowledged is not returned, nor
+    /// any page after it.
     ///
     /// # Errors
     /// `not_found`, `invalid_limit`, storage errors.
@@ -146,7 +150,7 @@ pub trait ControlStore: Send + Sync {
         exec_id: ExecId,
         after_seq: i64,
         limit: usize,
-    ) -> Result<Vec<OutputPage>, LcError>;
+    ) -> Result<Vec<StoredPage>, LcError>;
 
     /// Asks to cancel an exec (the reconciler releases its Lease). A
     /// terminal exec is returned as it is. Tenant scope.
@@ -224,7 +228,8 @@ pub trait ReconcileStore: Send + Sync {
         at: CutReading,
     ) -> Result<LeaseWork, LcError>;
 
-    /// Stores pages of the lease's attempt: a stored seq with the same
+    /// Stores pages of the lease's attempt, bytes included, as
+    /// acknowledged (readable at once): a stored seq with the same
     /// sha256 is a no-op, with another sha256 `page_conflict`; seqs must
     /// continue the stored ones without gaps; nothing after the terminal
     /// page. At most [`crate::rules::APPEND_PAGES_MAX`] pages.
@@ -240,13 +245,14 @@ pub trait ReconcileStore: Send + Sync {
     ) -> Result<AppendReport, LcError>;
 
     /// Moves the lease to `release_pending` for `reason` (recorded on the
-    /// exec; `expired` needs a certain cut past the deadline) and renews
-    /// its Reservation, giving the destroy a full Reservation TTL to be
-    /// proven. Idempotent.
+    /// exec; `expired` needs a certain cut past the deadline; `exited`
+    /// needs the attempt's terminal page acknowledged, since a terminal
+    /// process state alone never releases) and renews its Reservation,
+    /// giving the destroy a full Reservation TTL to be proven. Idempotent.
     ///
     /// # Errors
     /// `not_found`, `fenced`, `illegal_transition`, `time_uncertain`,
-    /// storage errors.
+    /// `release_not_proven`, storage errors.
     async fn begin_release(
         &self,
         lease: SandboxLeaseId,

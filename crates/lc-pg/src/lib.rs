@@ -1,7 +1,9 @@
 //! # lc-pg
 //!
 //! Little Compute's PostgreSQL store: [`LcStore`] implements
-//! [`lc_core::ControlStore`] and [`lc_core::ReconcileStore`], composing
+//! [`lc_core::ControlStore`], [`lc_core::ReconcileStore`] and
+//! [`lc_core::GatewayStore`] (exec ownership fenced on the cut, transition
+//! receipts, page metadata whose bytes live in the sink), composing
 //! Tollgate's transaction-composable operations (`tollgate_pg::ops`) so a
 //! Reservation (a Tollgate grant) commits or rolls back with the exec,
 //! attempt and Lease rows it belongs to.

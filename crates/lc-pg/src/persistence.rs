@@ -4,15 +4,20 @@
 //! Each function runs on a connection inside a transaction the store's
 //! wrapper opened ([`crate::store`]); none commits. Instants cross as exact
 //! instant pairs computed in Rust; no statement reads `now()`. Rows are
-//! locked in one order everywhere: the sandbox Lease, then its
-//! Reservation, then (through `tollgate_pg::ops`) the Tollgate account and
-//! lease; operation keys are taken before any of them.
+//! locked in one order everywhere: the sandbox Lease, then the exec, then
+//! its ownership, then its Reservation, then (through `tollgate_pg::ops`)
+//! the Tollgate account and lease; operation keys are taken before any of
+//! them.
 //! No statement here writes a Tollgate table: Tollgate's rows are written
 //! only through `tollgate_pg::ops`, in the same transaction.
 
 use std::collections::BTreeMap;
 
 use jiff::Timestamp;
+use lc_core::owner::{
+    OwnerFence, OwnerGeneration, Ownership, PageMeta, StoredPage, TakeoverBasis, TransitionKind,
+    TransitionReceipt,
+};
 use lc_core::page::ExitStatus;
 use lc_core::{
     AttemptNo, AttemptState, CanonicalIdentity, Digest, ExecId, ExecRecord, ExecState, Generation,
@@ -866,6 +871,8 @@ pub(crate) struct DueRow {
     pub command: Vec<String>,
     pub workspace_id: WorkspaceId,
     pub last_seq: i64,
+    /// Whether the attempt's terminal page is acknowledged (a staged but
+    /// unacknowledged one does not count: it releases nothing).
     pub terminal_page: bool,
     pub reservation_expiry: Timestamp,
 }
@@ -879,7 +886,8 @@ const DUE_SELECT: &str = "SELECT l.lease_id, l.exec_id, e.tenant_id, l.attempt, 
         coalesce((SELECT max(o.seq) FROM lc_output_pages o \
                    WHERE o.exec_id = l.exec_id AND o.attempt = l.attempt), 0) AS last_seq, \
         EXISTS (SELECT 1 FROM lc_output_pages o WHERE o.exec_id = l.exec_id \
-                   AND o.attempt = l.attempt AND o.kind = 'terminal') AS terminal_page \
+                   AND o.attempt = l.attempt AND o.kind = 'terminal' \
+                   AND o.state = 'acked') AS terminal_page \
    FROM lc_sandbox_leases l \
    JOIN lc_execs e ON e.exec_id = l.exec_id \
    JOIN lc_attempts a ON a.exec_id = l.exec_id AND a.attempt = l.attempt \
@@ -1115,35 +1123,42 @@ pub(crate) async fn set_terminal_reason(
 // ---------------------------------------------------------------------------
 // Output pages.
 
-const PAGE_COLUMNS: &str = "exec_id, attempt, seq, kind, bytes, sha256, exit_code, exit_signal";
+const PAGE_COLUMNS: &str =
+    "exec_id, attempt, seq, kind, bytes, sha256, length, exit_code, exit_signal";
 
-fn page_from(row: &PgRow) -> Result<OutputPage, Fail> {
+fn meta_from(row: &PgRow) -> Result<PageMeta, Fail> {
     let code: Option<i32> = row.try_get("exit_code")?;
     let signal: Option<i32> = row.try_get("exit_signal")?;
     let kind = parse_enum(row, "kind", page_kind)?;
-    Ok(OutputPage {
+    let length: i32 = row.try_get("length")?;
+    Ok(PageMeta {
         exec_id: ExecId(row.try_get("exec_id")?),
         attempt: AttemptNo(row.try_get("attempt")?),
         seq: row.try_get("seq")?,
         kind,
-        bytes: row.try_get("bytes")?,
+        length: u32::try_from(length).map_err(|_| corrupt(format!("page length {length}")))?,
         sha256: digest_at(row, "sha256")?,
         exit: (kind == PageKind::Terminal).then_some(ExitStatus { code, signal }),
     })
 }
 
-/// The pages of (exec, attempt) with seq `> after_seq`, ascending, at
-/// most `limit`.
+/// The acknowledged pages of (exec, attempt) with seq `> after_seq`,
+/// ascending, at most `limit`, none at or after the first pending page;
+/// bytes only where the store holds them.
 pub(crate) async fn read_pages(
     conn: &mut PgConnection,
     exec: ExecId,
     attempt: AttemptNo,
     after_seq: i64,
     limit: usize,
-) -> Result<Vec<OutputPage>, Fail> {
+) -> Result<Vec<StoredPage>, Fail> {
     let rows = sqlx::query(&format!(
         "SELECT {PAGE_COLUMNS} FROM lc_output_pages \
-          WHERE exec_id = $1 AND attempt = $2 AND seq > $3 ORDER BY seq LIMIT $4"
+          WHERE exec_id = $1 AND attempt = $2 AND seq > $3 AND state = 'acked' \
+            AND seq < coalesce((SELECT min(p.seq) FROM lc_output_pages p \
+                                 WHERE p.exec_id = $1 AND p.attempt = $2 \
+                                   AND p.state = 'pending'), 9223372036854775807) \
+          ORDER BY seq LIMIT $4"
     ))
     .bind(exec.0)
     .bind(attempt.0)
@@ -1151,7 +1166,14 @@ pub(crate) async fn read_pages(
     .bind(limit as i64)
     .fetch_all(&mut *conn)
     .await?;
-    rows.iter().map(page_from).collect()
+    rows.iter()
+        .map(|r| {
+            Ok(StoredPage {
+                meta: meta_from(r)?,
+                bytes: r.try_get("bytes")?,
+            })
+        })
+        .collect()
 }
 
 /// The stored sha256 of each of `seqs` that is stored.
@@ -1207,10 +1229,14 @@ pub(crate) async fn page_tail(
     Ok((row.try_get("last_seq")?, exit))
 }
 
-/// Inserts one page.
+/// Inserts one page with its bytes, acknowledged (the reconciler's
+/// pages: readable at once, no owner).
 pub(crate) async fn insert_page(conn: &mut PgConnection, p: &OutputPage) -> Result<(), Fail> {
+    let length = i32::try_from(p.bytes.len())
+        .map_err(|_| corrupt(format!("page {} is {} bytes", p.seq, p.bytes.len())))?;
     sqlx::query(&format!(
-        "INSERT INTO lc_output_pages ({PAGE_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"
+        "INSERT INTO lc_output_pages ({PAGE_COLUMNS}, state) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'acked')"
     ))
     .bind(p.exec_id.0)
     .bind(p.attempt.0)
@@ -1218,11 +1244,430 @@ pub(crate) async fn insert_page(conn: &mut PgConnection, p: &OutputPage) -> Resu
     .bind(p.kind.as_str())
     .bind(&p.bytes)
     .bind(&p.sha256.0[..])
+    .bind(length)
     .bind(p.exit.and_then(|e| e.code))
     .bind(p.exit.and_then(|e| e.signal))
     .execute(&mut *conn)
     .await?;
     Ok(())
+}
+
+/// The metadata of each of `seqs` that is stored for (exec, attempt).
+pub(crate) async fn page_metas(
+    conn: &mut PgConnection,
+    exec: ExecId,
+    attempt: AttemptNo,
+    seqs: &[i64],
+) -> Result<BTreeMap<i64, PageMeta>, Fail> {
+    let rows = sqlx::query(&format!(
+        "SELECT {PAGE_COLUMNS} FROM lc_output_pages \
+          WHERE exec_id = $1 AND attempt = $2 AND seq = ANY($3)"
+    ))
+    .bind(exec.0)
+    .bind(attempt.0)
+    .bind(seqs)
+    .fetch_all(&mut *conn)
+    .await?;
+    rows.iter()
+        .map(|r| {
+            let m = meta_from(r)?;
+            Ok((m.seq, m))
+        })
+        .collect()
+}
+
+/// Inserts one page's metadata as `pending`, staged by owner
+/// (`generation`, `fence`); its bytes go to the sink.
+pub(crate) async fn insert_page_meta(
+    conn: &mut PgConnection,
+    m: &PageMeta,
+    generation: OwnerGeneration,
+    fence: OwnerFence,
+) -> Result<(), Fail> {
+    let length =
+        i32::try_from(m.length).map_err(|_| corrupt(format!("page length {}", m.length)))?;
+    sqlx::query(
+        "INSERT INTO lc_output_pages (exec_id, attempt, seq, kind, bytes, sha256, length, \
+             exit_code, exit_signal, state, owner_generation, owner_fence) \
+         VALUES ($1, $2, $3, $4, NULL, $5, $6, $7, $8, 'pending', $9, $10)",
+    )
+    .bind(m.exec_id.0)
+    .bind(m.attempt.0)
+    .bind(m.seq)
+    .bind(m.kind.as_str())
+    .bind(&m.sha256.0[..])
+    .bind(length)
+    .bind(m.exit.and_then(|e| e.code))
+    .bind(m.exit.and_then(|e| e.signal))
+    .bind(generation.0)
+    .bind(fence.0)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
+/// The `pending` pages of (exec, attempt), by seq, at most `limit`.
+pub(crate) async fn pending_pages(
+    conn: &mut PgConnection,
+    exec: ExecId,
+    attempt: AttemptNo,
+    limit: usize,
+) -> Result<Vec<PageMeta>, Fail> {
+    let rows = sqlx::query(&format!(
+        "SELECT {PAGE_COLUMNS} FROM lc_output_pages \
+          WHERE exec_id = $1 AND attempt = $2 AND state = 'pending' ORDER BY seq LIMIT $3"
+    ))
+    .bind(exec.0)
+    .bind(attempt.0)
+    .bind(limit as i64)
+    .fetch_all(&mut *conn)
+    .await?;
+    rows.iter().map(meta_from).collect()
+}
+
+/// Marks every pending page of (exec, attempt) with `seq <= through_seq`
+/// acked; how many.
+pub(crate) async fn ack_pages_through(
+    conn: &mut PgConnection,
+    exec: ExecId,
+    attempt: AttemptNo,
+    through_seq: i64,
+) -> Result<u64, Fail> {
+    let done = sqlx::query(
+        "UPDATE lc_output_pages SET state = 'acked' \
+          WHERE exec_id = $1 AND attempt = $2 AND seq <= $3 AND state = 'pending'",
+    )
+    .bind(exec.0)
+    .bind(attempt.0)
+    .bind(through_seq)
+    .execute(&mut *conn)
+    .await?;
+    Ok(done.rows_affected())
+}
+
+/// The seq of the acknowledged terminal page of (exec, attempt), if any.
+pub(crate) async fn acked_terminal_seq(
+    conn: &mut PgConnection,
+    exec: ExecId,
+    attempt: AttemptNo,
+) -> Result<Option<i64>, Fail> {
+    Ok(sqlx::query_scalar(
+        "SELECT seq FROM lc_output_pages \
+          WHERE exec_id = $1 AND attempt = $2 AND kind = 'terminal' AND state = 'acked'",
+    )
+    .bind(exec.0)
+    .bind(attempt.0)
+    .fetch_optional(&mut *conn)
+    .await?)
+}
+
+// ---------------------------------------------------------------------------
+// Ownership and transition receipts. Rows are locked after the sandbox
+// Lease and the exec (when a transaction locks those) and before the
+// Reservation: Lease, exec, owner, Reservation, Tollgate.
+
+fn basis_of(s: &str) -> Option<TakeoverBasis> {
+    match s {
+        "unowned" => Some(TakeoverBasis::Unowned),
+        "released" => Some(TakeoverBasis::Released),
+        "expired" => Some(TakeoverBasis::Expired),
+        _ => None,
+    }
+}
+
+/// An exec's ownership row.
+#[derive(Debug, Clone)]
+pub(crate) struct OwnerRow {
+    pub ownership: Ownership,
+    pub basis: TakeoverBasis,
+}
+
+/// Locks and reads the ownership of `exec` (`FOR UPDATE`).
+pub(crate) async fn lock_owner(
+    conn: &mut PgConnection,
+    exec: ExecId,
+) -> Result<Option<OwnerRow>, Fail> {
+    let row = sqlx::query(
+        "SELECT exec_id, token_sha256, generation, fence, heartbeat_expiry_floor_us, \
+                heartbeat_expiry_submicro_ns, released, basis \
+           FROM lc_exec_owners WHERE exec_id = $1 FOR UPDATE",
+    )
+    .bind(exec.0)
+    .fetch_optional(&mut *conn)
+    .await?;
+    let Some(row) = row else { return Ok(None) };
+    Ok(Some(OwnerRow {
+        ownership: Ownership {
+            exec_id: ExecId(row.try_get("exec_id")?),
+            token_sha256: digest_at(&row, "token_sha256")?,
+            generation: OwnerGeneration(row.try_get("generation")?),
+            fence: OwnerFence(row.try_get("fence")?),
+            heartbeat_expiry: instant_at(
+                &row,
+                "heartbeat_expiry_floor_us",
+                "heartbeat_expiry_submicro_ns",
+            )?,
+            released: row.try_get("released")?,
+        },
+        basis: parse_enum(&row, "basis", basis_of)?,
+    }))
+}
+
+/// Locks exec `exec` of `tenant` (`FOR UPDATE`, waiting) and reads its
+/// state: what a takeover serializes on.
+pub(crate) async fn lock_exec_state(
+    conn: &mut PgConnection,
+    tenant: TenantId,
+    exec: ExecId,
+) -> Result<Option<ExecState>, Fail> {
+    let row =
+        sqlx::query("SELECT state FROM lc_execs WHERE exec_id = $1 AND tenant_id = $2 FOR UPDATE")
+            .bind(exec.0)
+            .bind(tenant.0)
+            .fetch_optional(&mut *conn)
+            .await?;
+    row.as_ref()
+        .map(|r| parse_enum(r, "state", ExecState::parse))
+        .transpose()
+}
+
+/// Up to `limit` execs a gateway may claim at certain cut `cut`: the
+/// current Lease `active`, the exec not terminal, and no owner, a
+/// released one, or one whose heartbeat expiry is at or before `cut`;
+/// by exec id, each exec row locked (`SKIP LOCKED`: another claimer's or
+/// a takeover's are skipped). The caller re-reads each ownership locked
+/// and decides by the rule.
+pub(crate) async fn claim_candidates(
+    conn: &mut PgConnection,
+    cut: Timestamp,
+    limit: usize,
+) -> Result<Vec<ExecId>, Fail> {
+    let (f, s) = pair(cut);
+    let rows = sqlx::query(
+        "SELECT e.exec_id FROM lc_execs e \
+           JOIN lc_attempts a ON a.exec_id = e.exec_id AND a.attempt = e.current_attempt \
+           JOIN lc_sandbox_leases l ON l.exec_id = e.exec_id AND l.attempt = a.attempt \
+                                   AND l.generation = a.generation \
+           LEFT JOIN lc_exec_owners o ON o.exec_id = e.exec_id \
+          WHERE l.state = 'active' AND e.state <> 'terminal' \
+            AND (o.exec_id IS NULL OR o.released \
+                 OR (o.heartbeat_expiry_floor_us, o.heartbeat_expiry_submicro_ns) <= ($1, $2)) \
+          ORDER BY e.exec_id LIMIT $3 FOR UPDATE OF e SKIP LOCKED",
+    )
+    .bind(f)
+    .bind(s)
+    .bind(limit as i64)
+    .fetch_all(&mut *conn)
+    .await?;
+    rows.iter()
+        .map(|r| Ok(ExecId(r.try_get("exec_id")?)))
+        .collect()
+}
+
+/// Writes a new ownership of `exec` (inserted, or replacing the previous
+/// one) with a fence drawn from `lc_owner_fence_seq`; returns the fence.
+pub(crate) async fn write_owner(
+    conn: &mut PgConnection,
+    exec: ExecId,
+    tenant: TenantId,
+    token_sha256: Digest,
+    generation: OwnerGeneration,
+    heartbeat_expiry: Timestamp,
+    basis: TakeoverBasis,
+) -> Result<OwnerFence, Fail> {
+    let (f, s) = pair(heartbeat_expiry);
+    let fence: i64 = sqlx::query_scalar(
+        "INSERT INTO lc_exec_owners (exec_id, tenant_id, token_sha256, generation, \
+             heartbeat_expiry_floor_us, heartbeat_expiry_submicro_ns, released, basis) \
+         VALUES ($1, $2, $3, $4, $5, $6, false, $7) \
+         ON CONFLICT (exec_id) DO UPDATE SET token_sha256 = EXCLUDED.token_sha256, \
+             generation = EXCLUDED.generation, fence = EXCLUDED.fence, \
+             heartbeat_expiry_floor_us = EXCLUDED.heartbeat_expiry_floor_us, \
+             heartbeat_expiry_submicro_ns = EXCLUDED.heartbeat_expiry_submicro_ns, \
+             released = false, basis = EXCLUDED.basis \
+         RETURNING fence",
+    )
+    .bind(exec.0)
+    .bind(tenant.0)
+    .bind(&token_sha256.0[..])
+    .bind(generation.0)
+    .bind(f)
+    .bind(s)
+    .bind(basis.as_str())
+    .fetch_one(&mut *conn)
+    .await?;
+    Ok(OwnerFence(fence))
+}
+
+/// Sets the heartbeat expiry of `exec`'s ownership.
+pub(crate) async fn set_owner_heartbeat(
+    conn: &mut PgConnection,
+    exec: ExecId,
+    expiry: Timestamp,
+) -> Result<(), Fail> {
+    let (f, s) = pair(expiry);
+    sqlx::query(
+        "UPDATE lc_exec_owners SET heartbeat_expiry_floor_us = $2, \
+                heartbeat_expiry_submicro_ns = $3 WHERE exec_id = $1",
+    )
+    .bind(exec.0)
+    .bind(f)
+    .bind(s)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
+/// Marks `exec`'s ownership released.
+pub(crate) async fn release_owner(conn: &mut PgConnection, exec: ExecId) -> Result<(), Fail> {
+    sqlx::query("UPDATE lc_exec_owners SET released = true WHERE exec_id = $1")
+        .bind(exec.0)
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}
+
+/// An exec as its owner sees it, without the ownership.
+#[derive(Debug, Clone)]
+pub(crate) struct OwnedView {
+    pub tenant_id: TenantId,
+    pub identity: CanonicalIdentity,
+    pub exec_state: ExecState,
+    pub attempt: AttemptNo,
+    pub lease_id: SandboxLeaseId,
+    pub lease_generation: Generation,
+    pub lease_state: LeaseState,
+    pub provider_url: String,
+    pub staged_through: i64,
+    pub acked_through: i64,
+    pub terminal_acked_seq: Option<i64>,
+    pub cancel_requested: bool,
+}
+
+/// Exec `exec` with its current attempt and Lease and where its output
+/// stands.
+pub(crate) async fn owned_view(
+    conn: &mut PgConnection,
+    exec: ExecId,
+) -> Result<Option<OwnedView>, Fail> {
+    let row = sqlx::query(
+        "SELECT e.exec_id, e.tenant_id, e.lease_id AS canonical_lease_id, e.provider_id, \
+                e.runtime_digest, e.workspace_id, e.state, e.cancel_requested, \
+                a.attempt, l.lease_id, l.generation, l.state AS lease_state, p.url, \
+                coalesce((SELECT max(o.seq) FROM lc_output_pages o \
+                           WHERE o.exec_id = e.exec_id AND o.attempt = a.attempt), 0) AS staged_through, \
+                coalesce((SELECT min(o.seq) FROM lc_output_pages o \
+                           WHERE o.exec_id = e.exec_id AND o.attempt = a.attempt \
+                             AND o.state = 'pending') - 1, \
+                         (SELECT max(o.seq) FROM lc_output_pages o \
+                           WHERE o.exec_id = e.exec_id AND o.attempt = a.attempt), 0) AS acked_through, \
+                (SELECT o.seq FROM lc_output_pages o \
+                  WHERE o.exec_id = e.exec_id AND o.attempt = a.attempt AND o.kind = 'terminal' \
+                    AND o.state = 'acked') AS terminal_acked_seq \
+           FROM lc_execs e \
+           JOIN lc_attempts a ON a.exec_id = e.exec_id AND a.attempt = e.current_attempt \
+           JOIN lc_sandbox_leases l ON l.exec_id = e.exec_id AND l.attempt = a.attempt \
+                                   AND l.generation = a.generation \
+           JOIN lc_providers p ON p.provider_id = l.provider_id \
+          WHERE e.exec_id = $1",
+    )
+    .bind(exec.0)
+    .fetch_optional(&mut *conn)
+    .await?;
+    let Some(row) = row else { return Ok(None) };
+    let exec_id = ExecId(row.try_get("exec_id")?);
+    Ok(Some(OwnedView {
+        tenant_id: TenantId(row.try_get("tenant_id")?),
+        identity: CanonicalIdentity {
+            exec_id,
+            lease_id: SandboxLeaseId(row.try_get("canonical_lease_id")?),
+            provider_id: provider_id_at(&row, "provider_id")?,
+            runtime: digest_at(&row, "runtime_digest")?,
+            workspace_id: WorkspaceId(row.try_get("workspace_id")?),
+        },
+        exec_state: parse_enum(&row, "state", ExecState::parse)?,
+        attempt: AttemptNo(row.try_get("attempt")?),
+        lease_id: SandboxLeaseId(row.try_get("lease_id")?),
+        lease_generation: Generation(row.try_get("generation")?),
+        lease_state: parse_enum(&row, "lease_state", LeaseState::parse)?,
+        provider_url: row.try_get("url")?,
+        staged_through: row.try_get("staged_through")?,
+        acked_through: row.try_get("acked_through")?,
+        terminal_acked_seq: row.try_get("terminal_acked_seq")?,
+        cancel_requested: row.try_get("cancel_requested")?,
+    }))
+}
+
+const TRANSITION_COLUMNS: &str = "exec_id, transition_id, kind, token_sha256, owner_generation, \
+     owner_fence, request_sha256, committed_floor_us, committed_submicro_ns, detail::text AS detail";
+
+/// The receipt of transition `id` of `exec`, if committed.
+pub(crate) async fn read_transition(
+    conn: &mut PgConnection,
+    exec: ExecId,
+    id: &str,
+) -> Result<Option<TransitionReceipt>, Fail> {
+    let row = sqlx::query(&format!(
+        "SELECT {TRANSITION_COLUMNS} FROM lc_transitions WHERE exec_id = $1 AND transition_id = $2"
+    ))
+    .bind(exec.0)
+    .bind(id)
+    .fetch_optional(&mut *conn)
+    .await?;
+    let Some(row) = row else { return Ok(None) };
+    Ok(Some(TransitionReceipt {
+        exec_id: ExecId(row.try_get("exec_id")?),
+        transition_id: row.try_get("transition_id")?,
+        kind: parse_enum(&row, "kind", TransitionKind::parse)?,
+        token_sha256: digest_at(&row, "token_sha256")?,
+        owner_generation: OwnerGeneration(row.try_get("owner_generation")?),
+        owner_fence: OwnerFence(row.try_get("owner_fence")?),
+        request_sha256: digest_at(&row, "request_sha256")?,
+        committed_cut: instant_at(&row, "committed_floor_us", "committed_submicro_ns")?,
+        detail: json_at(&row, "detail")?,
+    }))
+}
+
+/// Inserts a receipt.
+pub(crate) async fn insert_transition(
+    conn: &mut PgConnection,
+    r: &TransitionReceipt,
+) -> Result<(), Fail> {
+    let (f, s) = pair(r.committed_cut);
+    sqlx::query(
+        "INSERT INTO lc_transitions (exec_id, transition_id, kind, token_sha256, \
+             owner_generation, owner_fence, request_sha256, committed_floor_us, \
+             committed_submicro_ns, detail) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::jsonb)",
+    )
+    .bind(r.exec_id.0)
+    .bind(&r.transition_id)
+    .bind(r.kind.as_str())
+    .bind(&r.token_sha256.0[..])
+    .bind(r.owner_generation.0)
+    .bind(r.owner_fence.0)
+    .bind(&r.request_sha256.0[..])
+    .bind(f)
+    .bind(s)
+    .bind(r.detail.to_string())
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
+/// Whether `exec` has a receipt of `kind`.
+pub(crate) async fn has_transition_kind(
+    conn: &mut PgConnection,
+    exec: ExecId,
+    kind: TransitionKind,
+) -> Result<bool, Fail> {
+    Ok(sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM lc_transitions WHERE exec_id = $1 AND kind = $2)",
+    )
+    .bind(exec.0)
+    .bind(kind.as_str())
+    .fetch_one(&mut *conn)
+    .await?)
 }
 
 #[cfg(test)]

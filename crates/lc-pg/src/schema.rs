@@ -23,11 +23,13 @@ pub const LC_LINE: &str = "lc";
 pub const LC_MIGRATIONS_TABLE: &str = "_lc_migrations";
 
 /// The current version of Little Compute's line.
-pub const LC_VERSION: i64 = 1;
+pub const LC_VERSION: i64 = 2;
 
 /// Little Compute's line: its tables, the deadline guard (LCS01), the
-/// canonical-identity guard (LCS02) and its part of the initial-cut
-/// inventory.
+/// canonical-identity guard (LCS02), its part of the initial-cut
+/// inventory, and (0002) exec ownership, transition receipts (immutable,
+/// LCS03), ownership that only moves forward (LCS04) and pages whose
+/// state only moves from pending to acked (LCS05).
 pub fn lc_line() -> MigrationLine {
     MigrationLine::new(LC_LINE, LC_MIGRATIONS_TABLE, LC_MIGRATOR.migrations.clone())
 }

@@ -1,5 +1,5 @@
 //! [`LcStore`]: Little Compute's store on PostgreSQL, implementing
-//! [`ControlStore`] and [`ReconcileStore`].
+//! [`ControlStore`], [`ReconcileStore`] and [`GatewayStore`].
 //!
 //! # Design
 //!
@@ -25,6 +25,15 @@
 //! transaction, which is its terminal transition: the floor is the
 //! reading's cut.
 //!
+//! Exec ownership ([`GatewayStore`]): a takeover locks the exact exec row
+//! (`FOR UPDATE`, so of racing takeovers one wins and the others then find
+//! its ownership live); a claim skips exec rows another claimer holds
+//! (`SKIP LOCKED`) and re-decides each by the rule once it holds the
+//! ownership row. Every fenced write locks the ownership row and checks
+//! the caller in the same transaction as the write; transitions insert an
+//! immutable receipt under their id, and a replay is decided by
+//! `lc_core::owner::plan_transition` against the stored receipt.
+//!
 //! Failure modes: a refusal or a database error rolls the whole
 //! transaction back, Tollgate's part included, so a failed operation
 //! changes nothing; sequence numbers it drew are skipped.
@@ -35,12 +44,16 @@ use async_trait::async_trait;
 use ed25519_dalek::VerifyingKey;
 use jiff::{SignedDuration, Timestamp};
 use lc_core::evidence::{self, Envelope, Expected};
+use lc_core::owner::{
+    self, OwnedExec, OwnerCredential, OwnerGeneration, OwnerToken, Ownership, PageMeta,
+    StageReport, StoredPage, TakeoverBasis, TransitionKind, TransitionPlan, TransitionReceipt,
+};
 use lc_core::rate::AdmissionRate;
 use lc_core::rules::{self, LeaseView, Step};
 use lc_core::{
     AppendReport, AttemptNo, AttemptState, Command, ControlStore, CutReading, Digest, ExecId,
-    ExecRecord, ExecRequest, ExecState, Generation, LcError, LeaseAction, LeaseState, LeaseWork,
-    OpScope, OperationKey, OperationRecord, OutputPage, PageKind, Provider, ProviderId,
+    ExecRecord, ExecRequest, ExecState, GatewayStore, Generation, LcError, LeaseAction, LeaseState,
+    LeaseWork, OpScope, OperationKey, OperationRecord, OutputPage, PageKind, Provider, ProviderId,
     ReconcileStore, ReleaseOutcome, ReservationState, Runtime, SandboxLeaseId, Shape, Tenant,
     TenantId, TerminalReason, opkey,
 };
@@ -122,9 +135,18 @@ pub enum Op {
     CommitRelease,
     /// `attach_receipts`, `gc_operations`.
     OperationKeys,
+    /// `claim`, `take_over`.
+    Claim,
+    /// `heartbeat`.
+    Heartbeat,
+    /// `stage_pages`, `pending_pages`.
+    StagePages,
+    /// The owner's transitions: `ack_pages`, `cancel` (gateway),
+    /// `release`.
+    OwnerTransition,
 }
 
-const OPS: [Op; 13] = [
+const OPS: [Op; 17] = [
     Op::CreateTenant,
     Op::Deposit,
     Op::Read,
@@ -138,6 +160,10 @@ const OPS: [Op; 13] = [
     Op::AppendPages,
     Op::CommitRelease,
     Op::OperationKeys,
+    Op::Claim,
+    Op::Heartbeat,
+    Op::StagePages,
+    Op::OwnerTransition,
 ];
 
 impl pgkit::OpLabel for Op {
@@ -156,6 +182,10 @@ impl pgkit::OpLabel for Op {
             Op::AppendPages => "append_pages",
             Op::CommitRelease => "commit_release",
             Op::OperationKeys => "operation_keys",
+            Op::Claim => "claim",
+            Op::Heartbeat => "heartbeat",
+            Op::StagePages => "stage_pages",
+            Op::OwnerTransition => "owner_transition",
         }
     }
 }
@@ -870,28 +900,51 @@ async fn begin_release_tx(
 ) -> Result<LeaseWork, Fail> {
     check_reading(conn, a.at).await?;
     let row = lock_generation(conn, a.lease, a.generation).await?;
+    begin_release_locked(conn, a.store, &row, a.reason, a.at).await?;
+    work_of(conn, a.lease, a.at).await
+}
+
+/// Moves the locked Lease `row` to `release_pending` for `reason` unless it
+/// is there already, renewing its Reservation: `expired` needs a certain
+/// cut past a deadline, `exited` the attempt's terminal page acknowledged
+/// ([`owner::check_release`]: a terminal process state alone never
+/// releases).
+async fn begin_release_locked(
+    conn: &mut PgConnection,
+    store: &LcStore,
+    row: &LeaseRow,
+    reason: TerminalReason,
+    at: CutReading,
+) -> Result<Step, Fail> {
     let step = rules::plan_lease_transition(row.state, LeaseState::ReleasePending)?;
     if step == Step::Changed {
-        if a.reason == TerminalReason::Expired {
-            rules::require_certain(a.at)?;
-            let timed_out = row
-                .timeout_deadline
-                .is_some_and(|d| rules::is_expired(d, a.at));
-            if !timed_out && !rules::is_expired(row.expiry, a.at) {
-                return Err(LcError::IllegalTransition {
-                    what: "lease (not expired on the cut)",
-                    from: row.state.as_str(),
-                    to: LeaseState::ReleasePending.as_str(),
+        match reason {
+            TerminalReason::Expired => {
+                rules::require_certain(at)?;
+                let timed_out = row
+                    .timeout_deadline
+                    .is_some_and(|d| rules::is_expired(d, at));
+                if !timed_out && !rules::is_expired(row.expiry, at) {
+                    return Err(LcError::IllegalTransition {
+                        what: "lease (not expired on the cut)",
+                        from: row.state.as_str(),
+                        to: LeaseState::ReleasePending.as_str(),
+                    }
+                    .into());
                 }
-                .into());
             }
+            TerminalReason::Exited => {
+                let acked = db::acked_terminal_seq(conn, row.exec_id, row.attempt).await?;
+                owner::check_release(row.exec_id, acked, false)?;
+            }
+            TerminalReason::Cancelled | TerminalReason::StartFailed => {}
         }
-        db::set_lease_state(conn, a.lease, LeaseState::ReleasePending).await?;
-        db::set_terminal_reason(conn, row.exec_id, a.reason).await?;
+        db::set_lease_state(conn, row.lease_id, LeaseState::ReleasePending).await?;
+        db::set_terminal_reason(conn, row.exec_id, reason).await?;
         // A full Reservation TTL from here for the destroy to be proven.
-        renew_reservation(conn, a.store, &row, a.at).await?;
+        renew_reservation(conn, store, row, at).await?;
     }
-    work_of(conn, a.lease, a.at).await
+    Ok(step)
 }
 
 struct AppendArgs<'a> {
@@ -1038,6 +1091,426 @@ async fn commit_release_tx(
         released_cut: a.at.cut,
         replay: false,
     })
+}
+
+// ---------------------------------------------------------------------------
+// The gateway's transaction bodies. Locks, in the store's order: the
+// sandbox Lease (release only), the exec (takeover, claim and release),
+// the ownership, then the Reservation and Tollgate's rows. Every fenced
+// write locks the ownership row and checks the caller against it
+// ([`owner::check_owner`]) before it writes anything.
+
+/// `at.cut + ttl`, which must fit `cut + horizon`: an owner's heartbeat
+/// expiry is a deadline like every other.
+fn owner_expiry(at: CutReading, ttl: SignedDuration, cut: &CutState) -> Result<Timestamp, LcError> {
+    let deadline = rules::deadline_after(at, ttl)?;
+    match rules::deadline_bound(at, horizon(cut)) {
+        Some(bound) if deadline > bound => Err(LcError::DeadlineBeyondHorizon { deadline, bound }),
+        _ => Ok(deadline),
+    }
+}
+
+fn owned_exec(ownership: Ownership, basis: TakeoverBasis, v: db::OwnedView) -> OwnedExec {
+    OwnedExec {
+        ownership,
+        basis,
+        tenant_id: v.tenant_id,
+        identity: v.identity,
+        attempt: v.attempt,
+        lease_id: v.lease_id,
+        lease_generation: v.lease_generation,
+        lease_state: v.lease_state,
+        provider_url: v.provider_url,
+        staged_through: v.staged_through,
+        acked_through: v.acked_through,
+        terminal_acked_seq: v.terminal_acked_seq,
+        cancel_requested: v.cancel_requested,
+    }
+}
+
+async fn view_of(conn: &mut PgConnection, exec: ExecId) -> Result<db::OwnedView, Fail> {
+    Ok(db::owned_view(conn, exec)
+        .await?
+        .ok_or_else(|| LcError::not_found("exec", exec))?)
+}
+
+/// Writes the next ownership of the locked exec of `view` (whose current
+/// ownership, locked, is `current`) for the token with `token_sha256` on
+/// `basis`.
+async fn install_owner(
+    conn: &mut PgConnection,
+    current: Option<&db::OwnerRow>,
+    basis: TakeoverBasis,
+    token_sha256: Digest,
+    expiry: Timestamp,
+    view: db::OwnedView,
+) -> Result<OwnedExec, Fail> {
+    let exec = view.identity.exec_id;
+    let generation = OwnerGeneration(current.map_or(1, |o| o.ownership.generation.0 + 1));
+    let fence = db::write_owner(
+        conn,
+        exec,
+        view.tenant_id,
+        token_sha256,
+        generation,
+        expiry,
+        basis,
+    )
+    .await?;
+    let ownership = Ownership {
+        exec_id: exec,
+        token_sha256,
+        generation,
+        fence,
+        heartbeat_expiry: expiry,
+        released: false,
+    };
+    Ok(owned_exec(ownership, basis, view))
+}
+
+struct ClaimArgs {
+    token_sha256: Digest,
+    at: CutReading,
+    ttl: SignedDuration,
+    limit: usize,
+}
+
+async fn claim_tx(conn: &mut PgConnection, a: &ClaimArgs) -> Result<Vec<OwnedExec>, Fail> {
+    let cut = check_reading(conn, a.at).await?;
+    if !a.at.certain {
+        return Ok(Vec::new());
+    }
+    let expiry = owner_expiry(a.at, a.ttl, &cut)?;
+    let mut owned = Vec::new();
+    for exec in db::claim_candidates(conn, a.at.cut, a.limit).await? {
+        let current = db::lock_owner(conn, exec).await?;
+        let basis = match owner::plan_takeover(current.as_ref().map(|o| &o.ownership), a.at) {
+            Ok(b) => b,
+            // Renewed after the candidates were read: not claimable.
+            Err(LcError::OwnerLive { .. }) => continue,
+            Err(e) => return Err(e.into()),
+        };
+        let view = view_of(conn, exec).await?;
+        if view.lease_state != LeaseState::Active || view.exec_state == ExecState::Terminal {
+            continue;
+        }
+        owned.push(
+            install_owner(conn, current.as_ref(), basis, a.token_sha256, expiry, view).await?,
+        );
+    }
+    Ok(owned)
+}
+
+struct TakeOverArgs {
+    token_sha256: Digest,
+    tenant: TenantId,
+    exec_id: ExecId,
+    at: CutReading,
+    ttl: SignedDuration,
+}
+
+async fn take_over_tx(conn: &mut PgConnection, a: &TakeOverArgs) -> Result<OwnedExec, Fail> {
+    let cut = check_reading(conn, a.at).await?;
+    rules::require_certain(a.at)?;
+    // Serialize on the exact (tenant, exec) row: a racing takeover waits
+    // here and then finds this one's ownership live.
+    let state = db::lock_exec_state(conn, a.tenant, a.exec_id)
+        .await?
+        .ok_or_else(|| LcError::not_found("exec", a.exec_id))?;
+    if state == ExecState::Terminal {
+        return Err(LcError::ExecTerminal { exec_id: a.exec_id }.into());
+    }
+    let current = db::lock_owner(conn, a.exec_id).await?;
+    let basis = owner::plan_takeover(current.as_ref().map(|o| &o.ownership), a.at)?;
+    let view = view_of(conn, a.exec_id).await?;
+    if view.lease_state != LeaseState::Active {
+        return Err(LcError::IllegalTransition {
+            what: "exec ownership (the exec's Lease is not active)",
+            from: view.lease_state.as_str(),
+            to: "owned",
+        }
+        .into());
+    }
+    let expiry = owner_expiry(a.at, a.ttl, &cut)?;
+    install_owner(conn, current.as_ref(), basis, a.token_sha256, expiry, view).await
+}
+
+/// Locks the exec's ownership; `not_found` when it has none.
+async fn lock_owned(conn: &mut PgConnection, exec: ExecId) -> Result<db::OwnerRow, Fail> {
+    Ok(db::lock_owner(conn, exec)
+        .await?
+        .ok_or_else(|| LcError::not_found("exec ownership", exec))?)
+}
+
+/// Locks the exec's ownership and checks that `cred` may write at `at`.
+async fn fence(
+    conn: &mut PgConnection,
+    cred: &OwnerCredential,
+    exec: ExecId,
+    at: CutReading,
+) -> Result<db::OwnerRow, Fail> {
+    let row = lock_owned(conn, exec).await?;
+    owner::check_owner(&row.ownership, cred, at)?;
+    Ok(row)
+}
+
+struct HeartbeatArgs<'a> {
+    cred: &'a OwnerCredential,
+    exec_id: ExecId,
+    at: CutReading,
+    ttl: SignedDuration,
+}
+
+async fn heartbeat_tx(conn: &mut PgConnection, a: &HeartbeatArgs<'_>) -> Result<OwnedExec, Fail> {
+    let cut = check_reading(conn, a.at).await?;
+    let row = lock_owned(conn, a.exec_id).await?;
+    let expiry = owner::heartbeat_expiry(&row.ownership, a.cred, a.at, a.ttl)?;
+    owner_expiry(a.at, a.ttl, &cut)?;
+    if expiry != row.ownership.heartbeat_expiry {
+        db::set_owner_heartbeat(conn, a.exec_id, expiry).await?;
+    }
+    let view = view_of(conn, a.exec_id).await?;
+    let ownership = Ownership {
+        heartbeat_expiry: expiry,
+        ..row.ownership
+    };
+    Ok(owned_exec(ownership, row.basis, view))
+}
+
+struct StageArgs<'a> {
+    cred: &'a OwnerCredential,
+    exec_id: ExecId,
+    at: CutReading,
+    pages: &'a [PageMeta],
+}
+
+async fn stage_tx(conn: &mut PgConnection, a: &StageArgs<'_>) -> Result<StageReport, Fail> {
+    check_reading(conn, a.at).await?;
+    let owner_row = fence(conn, a.cred, a.exec_id, a.at).await?;
+    let view = view_of(conn, a.exec_id).await?;
+    let mut pages: Vec<&PageMeta> = a.pages.iter().collect();
+    pages.sort_by_key(|p| p.seq);
+    for p in &pages {
+        if p.exec_id != a.exec_id || p.attempt != view.attempt {
+            return Err(LcError::InvalidPage {
+                reason: format!(
+                    "page {} is of exec {} attempt {}, not of exec {} attempt {}",
+                    p.seq, p.exec_id, p.attempt, a.exec_id, view.attempt
+                ),
+            }
+            .into());
+        }
+        p.check()?;
+    }
+    let seqs: Vec<i64> = pages.iter().map(|p| p.seq).collect();
+    let stored = db::page_metas(conn, a.exec_id, view.attempt, &seqs).await?;
+    let (mut last_seq, exit) = db::page_tail(conn, a.exec_id, view.attempt).await?;
+    let mut terminal = exit.is_some();
+    let mut report = StageReport::default();
+    for p in pages {
+        if let Some(m) = stored.get(&p.seq) {
+            if m != p {
+                return Err(LcError::PageConflict {
+                    exec_id: p.exec_id,
+                    seq: p.seq,
+                }
+                .into());
+            }
+            report.duplicates += 1;
+            continue;
+        }
+        if p.seq <= last_seq {
+            return Err(LcError::InvalidPage {
+                reason: format!("page {} appears twice in one batch", p.seq),
+            }
+            .into());
+        }
+        if terminal {
+            return Err(LcError::InvalidPage {
+                reason: format!("page {} comes after the terminal page", p.seq),
+            }
+            .into());
+        }
+        if p.seq != last_seq + 1 {
+            return Err(LcError::InvalidPage {
+                reason: format!("page {} leaves a gap after page {last_seq}", p.seq),
+            }
+            .into());
+        }
+        db::insert_page_meta(
+            conn,
+            p,
+            owner_row.ownership.generation,
+            owner_row.ownership.fence,
+        )
+        .await?;
+        last_seq = p.seq;
+        terminal = p.kind == PageKind::Terminal;
+        report.staged += 1;
+    }
+    report.staged_through = last_seq;
+    Ok(report)
+}
+
+struct PendingArgs<'a> {
+    cred: &'a OwnerCredential,
+    exec_id: ExecId,
+    at: CutReading,
+    limit: usize,
+}
+
+async fn pending_tx(conn: &mut PgConnection, a: &PendingArgs<'_>) -> Result<Vec<PageMeta>, Fail> {
+    check_reading(conn, a.at).await?;
+    fence(conn, a.cred, a.exec_id, a.at).await?;
+    let view = view_of(conn, a.exec_id).await?;
+    db::pending_pages(conn, a.exec_id, view.attempt, a.limit).await
+}
+
+/// One owner transition request.
+struct TransitionArgs<'a> {
+    store: &'a LcStore,
+    cred: &'a OwnerCredential,
+    exec_id: ExecId,
+    at: CutReading,
+    transition_id: &'a str,
+    kind: TransitionKind,
+    /// The ACK's `through_seq` (ACK only).
+    through_seq: i64,
+}
+
+/// What a transition found once its ownership is locked.
+enum Planned {
+    Replay(TransitionReceipt),
+    Commit(db::OwnerRow, db::OwnedView, Digest),
+}
+
+/// Locks the ownership, then decides the request by
+/// [`owner::plan_transition`] against the receipt stored under its id.
+/// The request digest covers the kind, the exec, the attempt and (ACK)
+/// `through_seq`.
+async fn plan_owner_transition(
+    conn: &mut PgConnection,
+    a: &TransitionArgs<'_>,
+) -> Result<Planned, Fail> {
+    let row = lock_owned(conn, a.exec_id).await?;
+    let view = view_of(conn, a.exec_id).await?;
+    let args = match a.kind {
+        TransitionKind::Ack => format!("attempt={} through_seq={}", view.attempt, a.through_seq),
+        _ => format!("attempt={}", view.attempt),
+    };
+    let request = owner::transition_request_sha256(a.kind, a.exec_id, &args);
+    let stored = db::read_transition(conn, a.exec_id, a.transition_id).await?;
+    match owner::plan_transition(
+        stored.as_ref(),
+        a.kind,
+        request,
+        &row.ownership,
+        a.cred,
+        a.at,
+    )? {
+        TransitionPlan::Replay(r) => Ok(Planned::Replay(r)),
+        TransitionPlan::Commit => Ok(Planned::Commit(row, view, request)),
+    }
+}
+
+/// Commits the receipt of a planned transition.
+async fn commit_receipt(
+    conn: &mut PgConnection,
+    a: &TransitionArgs<'_>,
+    row: &db::OwnerRow,
+    request_sha256: Digest,
+    detail: serde_json::Value,
+) -> Result<TransitionReceipt, Fail> {
+    let receipt = TransitionReceipt {
+        exec_id: a.exec_id,
+        transition_id: a.transition_id.to_owned(),
+        kind: a.kind,
+        token_sha256: row.ownership.token_sha256,
+        owner_generation: row.ownership.generation,
+        owner_fence: row.ownership.fence,
+        request_sha256,
+        committed_cut: a.at.cut,
+        detail,
+    };
+    db::insert_transition(conn, &receipt).await?;
+    Ok(receipt)
+}
+
+async fn ack_tx(
+    conn: &mut PgConnection,
+    a: &TransitionArgs<'_>,
+) -> Result<TransitionReceipt, Fail> {
+    check_reading(conn, a.at).await?;
+    let (row, view, request) = match plan_owner_transition(conn, a).await? {
+        Planned::Replay(r) => return Ok(r),
+        Planned::Commit(row, view, request) => (row, view, request),
+    };
+    if a.through_seq < 1 || a.through_seq > view.staged_through {
+        return Err(LcError::InvalidPage {
+            reason: format!(
+                "an ACK through page {} of exec {} attempt {}: its staged metadata ends at page {}",
+                a.through_seq, a.exec_id, view.attempt, view.staged_through
+            ),
+        }
+        .into());
+    }
+    let acked = db::ack_pages_through(conn, a.exec_id, view.attempt, a.through_seq).await?;
+    let detail = serde_json::json!({
+        "attempt": view.attempt,
+        "through_seq": a.through_seq,
+        "pages_acked": acked,
+    });
+    commit_receipt(conn, a, &row, request, detail).await
+}
+
+async fn owner_cancel_tx(
+    conn: &mut PgConnection,
+    a: &TransitionArgs<'_>,
+) -> Result<TransitionReceipt, Fail> {
+    check_reading(conn, a.at).await?;
+    let (row, view, request) = match plan_owner_transition(conn, a).await? {
+        Planned::Replay(r) => return Ok(r),
+        Planned::Commit(row, view, request) => (row, view, request),
+    };
+    let detail = serde_json::json!({
+        "attempt": view.attempt,
+        "lease_id": view.lease_id,
+        "lease_generation": view.lease_generation,
+    });
+    commit_receipt(conn, a, &row, request, detail).await
+}
+
+async fn release_tx(
+    conn: &mut PgConnection,
+    a: &TransitionArgs<'_>,
+) -> Result<TransitionReceipt, Fail> {
+    check_reading(conn, a.at).await?;
+    // The store's lock order: the Lease, the exec, then the ownership.
+    let before = view_of(conn, a.exec_id).await?;
+    let lease = lock_generation(conn, before.lease_id, before.lease_generation).await?;
+    db::lock_exec_state(conn, before.tenant_id, a.exec_id)
+        .await?
+        .ok_or_else(|| LcError::not_found("exec", a.exec_id))?;
+    let (row, view, request) = match plan_owner_transition(conn, a).await? {
+        Planned::Replay(r) => return Ok(r),
+        Planned::Commit(row, view, request) => (row, view, request),
+    };
+    let basis = owner::check_release(a.exec_id, view.terminal_acked_seq, false)?;
+    let reason = if db::has_transition_kind(conn, a.exec_id, TransitionKind::Cancel).await? {
+        TerminalReason::Cancelled
+    } else {
+        TerminalReason::Exited
+    };
+    begin_release_locked(conn, a.store, &lease, reason, a.at).await?;
+    db::release_owner(conn, a.exec_id).await?;
+    let detail = serde_json::json!({
+        "attempt": view.attempt,
+        "lease_id": lease.lease_id,
+        "lease_generation": lease.generation,
+        "reason": reason.as_str(),
+        "basis": basis,
+    });
+    commit_receipt(conn, a, &row, request, detail).await
 }
 
 // ---------------------------------------------------------------------------
@@ -1208,7 +1681,7 @@ impl ControlStore for LcStore {
         exec_id: ExecId,
         after_seq: i64,
         limit: usize,
-    ) -> Result<Vec<OutputPage>, LcError> {
+    ) -> Result<Vec<StoredPage>, LcError> {
         let limit = check_limit(limit)?;
         self.run(
             Op::Read,
@@ -1442,6 +1915,170 @@ impl ReconcileStore for LcStore {
                 }
                 Ok(n)
             })
+        })
+        .await
+    }
+}
+
+#[async_trait]
+impl GatewayStore for LcStore {
+    async fn claim(
+        &self,
+        token: &OwnerToken,
+        at: CutReading,
+        ttl: SignedDuration,
+        limit: usize,
+    ) -> Result<Vec<OwnedExec>, LcError> {
+        let limit = check_limit(limit)?;
+        owner::check_heartbeat_ttl(ttl)?;
+        let args = ClaimArgs {
+            token_sha256: token.sha256(),
+            at,
+            ttl,
+            limit,
+        };
+        self.run(Op::Claim, &args, |c, a| Box::pin(claim_tx(c, a)))
+            .await
+    }
+
+    async fn take_over(
+        &self,
+        token: &OwnerToken,
+        tenant: TenantId,
+        exec_id: ExecId,
+        at: CutReading,
+        ttl: SignedDuration,
+    ) -> Result<OwnedExec, LcError> {
+        owner::check_heartbeat_ttl(ttl)?;
+        let args = TakeOverArgs {
+            token_sha256: token.sha256(),
+            tenant,
+            exec_id,
+            at,
+            ttl,
+        };
+        self.run(Op::Claim, &args, |c, a| Box::pin(take_over_tx(c, a)))
+            .await
+    }
+
+    async fn heartbeat(
+        &self,
+        cred: &OwnerCredential,
+        exec_id: ExecId,
+        at: CutReading,
+        ttl: SignedDuration,
+    ) -> Result<OwnedExec, LcError> {
+        owner::check_heartbeat_ttl(ttl)?;
+        let args = HeartbeatArgs {
+            cred,
+            exec_id,
+            at,
+            ttl,
+        };
+        self.run(Op::Heartbeat, &args, |c, a| Box::pin(heartbeat_tx(c, a)))
+            .await
+    }
+
+    async fn stage_pages(
+        &self,
+        cred: &OwnerCredential,
+        exec_id: ExecId,
+        at: CutReading,
+        pages: &[PageMeta],
+    ) -> Result<StageReport, LcError> {
+        rules::check_limit(pages.len(), rules::APPEND_PAGES_MAX)?;
+        let args = StageArgs {
+            cred,
+            exec_id,
+            at,
+            pages,
+        };
+        self.run(Op::StagePages, &args, |c, a| Box::pin(stage_tx(c, a)))
+            .await
+    }
+
+    async fn pending_pages(
+        &self,
+        cred: &OwnerCredential,
+        exec_id: ExecId,
+        at: CutReading,
+        limit: usize,
+    ) -> Result<Vec<PageMeta>, LcError> {
+        let limit = check_limit(limit)?;
+        let args = PendingArgs {
+            cred,
+            exec_id,
+            at,
+            limit,
+        };
+        self.run(Op::StagePages, &args, |c, a| Box::pin(pending_tx(c, a)))
+            .await
+    }
+
+    async fn ack_pages(
+        &self,
+        cred: &OwnerCredential,
+        exec_id: ExecId,
+        at: CutReading,
+        transition_id: &str,
+        through_seq: i64,
+    ) -> Result<TransitionReceipt, LcError> {
+        owner::check_transition_id(transition_id)?;
+        let args = TransitionArgs {
+            store: self,
+            cred,
+            exec_id,
+            at,
+            transition_id,
+            kind: TransitionKind::Ack,
+            through_seq,
+        };
+        self.run(Op::OwnerTransition, &args, |c, a| Box::pin(ack_tx(c, a)))
+            .await
+    }
+
+    async fn cancel(
+        &self,
+        cred: &OwnerCredential,
+        exec_id: ExecId,
+        at: CutReading,
+        transition_id: &str,
+    ) -> Result<TransitionReceipt, LcError> {
+        owner::check_transition_id(transition_id)?;
+        let args = TransitionArgs {
+            store: self,
+            cred,
+            exec_id,
+            at,
+            transition_id,
+            kind: TransitionKind::Cancel,
+            through_seq: 0,
+        };
+        self.run(Op::OwnerTransition, &args, |c, a| {
+            Box::pin(owner_cancel_tx(c, a))
+        })
+        .await
+    }
+
+    async fn release(
+        &self,
+        cred: &OwnerCredential,
+        exec_id: ExecId,
+        at: CutReading,
+        transition_id: &str,
+    ) -> Result<TransitionReceipt, LcError> {
+        owner::check_transition_id(transition_id)?;
+        let args = TransitionArgs {
+            store: self,
+            cred,
+            exec_id,
+            at,
+            transition_id,
+            kind: TransitionKind::Release,
+            through_seq: 0,
+        };
+        self.run(Op::OwnerTransition, &args, |c, a| {
+            Box::pin(release_tx(c, a))
         })
         .await
     }

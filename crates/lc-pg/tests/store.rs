@@ -11,86 +11,14 @@ use std::time::Duration;
 
 use jiff::{SignedDuration, Timestamp};
 use lc_core::evidence::{InstanceState, Statement};
+use lc_core::owner::{PageMeta, StoredPage};
 use lc_core::page::{ExitStatus, Page, PageKind};
 use lc_core::{
     ControlStore, CutReading, Digest, ExecId, ExecRequest, ExecState, Generation, LcError,
     LeaseAction, LeaseState, OpScope, OutputPage, ReconcileStore, TenantId, TerminalReason,
 };
-use lc_pg::LcStore;
 use sqlx::{Connection, PgConnection};
 use support::*;
-use tollgate::Allocator;
-
-struct Fixture {
-    db: Db,
-    store: LcStore,
-    clock: clock::safe_cut::SafeCutClock,
-    sampler: Running,
-    provider: TestProvider,
-    tenant: TenantId,
-}
-
-/// A migrated database with a certain cut, a store, a registered provider,
-/// the runtime `base` and a tenant holding `units`.
-async fn fixture(units: i64) -> Fixture {
-    fixture_with(units, config()).await
-}
-
-async fn fixture_with(units: i64, config: lc_pg::LcConfig) -> Fixture {
-    let db = migrated_db().await;
-    let sampler = start_sampler(&db.url);
-    let store = store_on(&db, config).await;
-    let clock = clock_on(store.pool());
-    let at = certain(&clock).await;
-    let provider = TestProvider::new("p1", 7);
-    provider.register(&store).await;
-    store
-        .register_runtime(
-            &op("rt-base", "base"),
-            at,
-            "base",
-            Digest::of(b"base manifest"),
-            serde_json::json!({"kind": "host-usr", "name": "base"}),
-        )
-        .await
-        .unwrap();
-    let tenant = store
-        .create_tenant(
-            &op("t-blue", "blue"),
-            at,
-            "blue",
-            (units > 0).then_some(units),
-            &api_key_of,
-        )
-        .await
-        .unwrap();
-    Fixture {
-        db,
-        store,
-        clock,
-        sampler,
-        provider,
-        tenant: tenant.tenant_id,
-    }
-}
-
-fn req(shape: &str, argv: &[&str]) -> ExecRequest {
-    ExecRequest {
-        runtime: "base".into(),
-        shape: shape.into(),
-        command: argv.iter().map(|s| s.to_string()).collect(),
-        timeout_ms: None,
-    }
-}
-
-fn balances(t: &lc_core::Tenant) -> (i64, i64, i64, i64) {
-    (t.deposited, t.available, t.held, t.consumed)
-}
-
-async fn assert_audit_clean(store: &LcStore) {
-    let audit = store.tollgate().audit().await.unwrap();
-    assert!(audit.is_clean(), "{:?}", audit.violations);
-}
 
 #[tokio::test]
 async fn admission_holds_the_shapes_units_and_replays_by_key() {
@@ -567,6 +495,14 @@ fn base64_of(s: &str) -> String {
     out
 }
 
+/// How the store returns `p`, a page it holds the bytes of.
+fn stored(p: &OutputPage) -> StoredPage {
+    StoredPage {
+        meta: PageMeta::of_page(p.exec_id, p.attempt, &p.to_page().unwrap()),
+        bytes: Some(p.bytes.clone()),
+    }
+}
+
 fn page(e: ExecId, p: Page) -> OutputPage {
     OutputPage::from_page(e, lc_core::AttemptNo(1), &p)
 }
@@ -681,9 +617,16 @@ async fn output_pages_are_idempotent_ordered_and_end_with_the_terminal_page() {
             .code(),
         "invalid_page"
     );
+    // The reconciler's pages are acknowledged and keep their bytes.
     let all = f.store.output(f.tenant, x, 0, 100).await.unwrap();
-    assert_eq!(all, vec![p1.clone(), p2.clone(), big.clone(), end.clone()]);
-    assert_eq!(f.store.output(f.tenant, x, 2, 1).await.unwrap(), vec![big]);
+    assert_eq!(
+        all,
+        vec![stored(&p1), stored(&p2), stored(&big), stored(&end)]
+    );
+    assert_eq!(
+        f.store.output(f.tenant, x, 2, 1).await.unwrap(),
+        vec![stored(&big)]
+    );
     assert_eq!(f.store.output(f.tenant, x, 4, 10).await.unwrap(), vec![]);
     assert_eq!(
         f.store

@@ -431,11 +431,15 @@ async fn output_of(
     kind: PageKind,
 ) -> (Vec<i64>, Vec<u8>) {
     let pages = store.output(tenant, exec, 0, 1000).await.expect("output");
-    let seqs = pages.iter().map(|p| p.seq).collect();
+    let seqs = pages.iter().map(|p| p.meta.seq).collect();
     let bytes = pages
         .iter()
-        .filter(|p| p.kind == kind)
-        .flat_map(|p| p.bytes.clone())
+        .filter(|p| p.meta.kind == kind)
+        .flat_map(|p| {
+            p.bytes
+                .clone()
+                .expect("the reconciler's pages keep their bytes")
+        })
         .collect();
     (seqs, bytes)
 }
@@ -487,7 +491,7 @@ async fn a_real_command_runs_to_terminal_and_its_units_return_once() {
     let (_, stderr) = output_of(&rig.store, tenant, exec, PageKind::Stderr).await;
     assert_eq!(stderr, b"done\n");
     let last = rig.store.output(tenant, exec, n - 1, 1).await.unwrap();
-    assert_eq!(last[0].kind, PageKind::Terminal);
+    assert_eq!(last[0].meta.kind, PageKind::Terminal);
     assert_eq!(rig.balances(tenant).await, (4, 4, 0, 0));
     assert_eq!(rig.provider.inventory().await.unwrap(), vec![]);
 
@@ -734,7 +738,7 @@ async fn an_instance_that_cannot_start_releases_with_start_failed() {
     );
     assert_eq!(
         rig.store.output(tenant, ghost, 0, 10).await.unwrap(),
-        Vec::<OutputPage>::new()
+        Vec::<lc_core::owner::StoredPage>::new()
     );
     let rec = rig.exec(tenant, missing).await;
     assert_eq!(

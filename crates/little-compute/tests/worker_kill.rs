@@ -306,21 +306,25 @@ async fn a_killed_worker_loses_nothing_and_returns_every_reservation_once() {
             if got.is_empty() {
                 break;
             }
-            after = got.last().unwrap().seq;
+            after = got.last().unwrap().meta.seq;
             pages.extend(got);
         }
-        let seqs: Vec<i64> = pages.iter().map(|p| p.seq).collect();
+        let seqs: Vec<i64> = pages.iter().map(|p| p.meta.seq).collect();
         let n = i64::try_from(seqs.len()).unwrap();
         assert_eq!(
             seqs,
             (1..=n).collect::<Vec<_>>(),
             "exec {e}: every page once, in order"
         );
-        assert_eq!(pages.last().unwrap().kind, PageKind::Terminal);
+        assert_eq!(pages.last().unwrap().meta.kind, PageKind::Terminal);
         let stdout: Vec<u8> = pages
             .iter()
-            .filter(|p| p.kind == PageKind::Stdout)
-            .flat_map(|p| p.bytes.clone())
+            .filter(|p| p.meta.kind == PageKind::Stdout)
+            .flat_map(|p| {
+                p.bytes
+                    .clone()
+                    .expect("the reconciler's pages keep their bytes")
+            })
             .collect();
         assert_eq!(
             String::from_utf8(stdout).unwrap(),
@@ -524,7 +528,7 @@ async fn a_killed_provider_s_lease_expires_and_its_reservation_returns_once() {
     assert_eq!(rec.terminal_reason, Some(lc_core::TerminalReason::Expired));
     assert_eq!(rec.exit_code, None);
     let pages = store.output(tenant, exec, 0, 1000).await.unwrap();
-    let seqs: Vec<i64> = pages.iter().map(|p| p.seq).collect();
+    let seqs: Vec<i64> = pages.iter().map(|p| p.meta.seq).collect();
     let n = i64::try_from(seqs.len()).unwrap();
     assert!(n >= 20);
     assert_eq!(
@@ -535,8 +539,12 @@ async fn a_killed_provider_s_lease_expires_and_its_reservation_returns_once() {
     let stdout = String::from_utf8(
         pages
             .iter()
-            .filter(|p| p.kind == PageKind::Stdout)
-            .flat_map(|p| p.bytes.clone())
+            .filter(|p| p.meta.kind == PageKind::Stdout)
+            .flat_map(|p| {
+                p.bytes
+                    .clone()
+                    .expect("the reconciler's pages keep their bytes")
+            })
             .collect(),
     )
     .unwrap();

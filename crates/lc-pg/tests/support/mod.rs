@@ -12,13 +12,15 @@ use clock::safe_cut::SafeCutClock;
 use ed25519_dalek::SigningKey;
 use jiff::SignedDuration;
 use lc_core::evidence::{self, Statement};
-use lc_core::{CutReading, Digest, OperationKey, ProviderId, ReconcileStore, SandboxLeaseId};
+use lc_core::{
+    ControlStore, CutReading, Digest, OperationKey, ProviderId, ReconcileStore, SandboxLeaseId,
+};
 use lc_pg::{LcConfig, LcStore};
 use safetime::SafeTimeConfig;
 use safetime_pg::sampler::{Sampler, SamplerOptions};
 use sqlx::{Connection, PgConnection, PgPool};
 use tokio::sync::watch;
-use tollgate::{CapabilityKey, GrantPolicy};
+use tollgate::{Allocator, CapabilityKey, GrantPolicy};
 
 /// A test database: its name and URL.
 #[derive(Debug, Clone)]
@@ -222,6 +224,80 @@ impl TestProvider {
     }
 }
 
+/// A store's test world (the fixture of the store tests): a migrated
+/// database with a certain cut, the store, its clock and sampler, a
+/// registered provider, the runtime `base` and a tenant.
+pub struct Fixture {
+    pub db: Db,
+    pub store: LcStore,
+    pub clock: SafeCutClock,
+    pub sampler: Running,
+    pub provider: TestProvider,
+    pub tenant: lc_core::TenantId,
+}
+
+/// A migrated database with a certain cut, a store, a registered provider,
+/// the runtime `base` and a tenant holding `units`.
+pub async fn fixture(units: i64) -> Fixture {
+    fixture_with(units, config()).await
+}
+
+pub async fn fixture_with(units: i64, config: lc_pg::LcConfig) -> Fixture {
+    let db = migrated_db().await;
+    let sampler = start_sampler(&db.url);
+    let store = store_on(&db, config).await;
+    let clock = clock_on(store.pool());
+    let at = certain(&clock).await;
+    let provider = TestProvider::new("p1", 7);
+    provider.register(&store).await;
+    store
+        .register_runtime(
+            &op("rt-base", "base"),
+            at,
+            "base",
+            Digest::of(b"base manifest"),
+            serde_json::json!({"kind": "host-usr", "name": "base"}),
+        )
+        .await
+        .unwrap();
+    let tenant = store
+        .create_tenant(
+            &op("t-blue", "blue"),
+            at,
+            "blue",
+            (units > 0).then_some(units),
+            &api_key_of,
+        )
+        .await
+        .unwrap();
+    Fixture {
+        db,
+        store,
+        clock,
+        sampler,
+        provider,
+        tenant: tenant.tenant_id,
+    }
+}
+
+pub fn req(shape: &str, argv: &[&str]) -> lc_core::ExecRequest {
+    lc_core::ExecRequest {
+        runtime: "base".into(),
+        shape: shape.into(),
+        command: argv.iter().map(|s| s.to_string()).collect(),
+        timeout_ms: None,
+    }
+}
+
+pub fn balances(t: &lc_core::Tenant) -> (i64, i64, i64, i64) {
+    (t.deposited, t.available, t.held, t.consumed)
+}
+
+pub async fn assert_audit_clean(store: &LcStore) {
+    let audit = store.tollgate().audit().await.unwrap();
+    assert!(audit.is_clean(), "{:?}", audit.violations);
+}
+
 /// Every row of every Little Compute and Tollgate table, as text, in a
 /// fixed order: two snapshots are equal exactly when nothing was written.
 pub async fn snapshot(url: &str) -> Vec<(String, Vec<String>)> {
@@ -237,6 +313,8 @@ pub async fn snapshot(url: &str) -> Vec<(String, Vec<String>)> {
         "lc_sandbox_leases",
         "lc_output_pages",
         "lc_operations",
+        "lc_exec_owners",
+        "lc_transitions",
         "tollgate_accounts",
         "tollgate_leases",
         "tollgate_ledger",
