@@ -1,7 +1,7 @@
 //! The appliance end to end, as a user runs it: from a clean data
 //! directory, `little-compute appliance up` as a real child process (its
 //! own PostgreSQL cluster, a real sampler as `lc-sampler`, the control
-//! plane, a bubblewrap provider and the worker); a tenant and a real
+//! plane, a bubblewrap provider, the worker and the gateway); a tenant and a real
 //! command through the `lc` client; the command's exact output, its
 //! terminal state and exit code, its units back and a clean Tollgate audit;
 //! then a stop (SIGTERM, every process gone), a second `up` on the same
@@ -282,6 +282,7 @@ async fn appliance_runs_a_real_command_and_keeps_it_across_a_restart() {
         "serve",
         "provider",
         "worker",
+        "gateway",
     ] {
         let pid = first_pids[name].as_u64().unwrap();
         assert!(alive(pid), "{name} ({pid}) runs");
@@ -444,7 +445,9 @@ async fn appliance_runs_a_real_command_and_keeps_it_across_a_restart() {
         .collect();
     assert_eq!(
         order,
-        ["worker", "provider", "serve", "sampler", "postgres"]
+        [
+            "gateway", "worker", "provider", "serve", "sampler", "postgres"
+        ]
     );
     for (name, pid) in &first_pids {
         assert!(!alive(pid.as_u64().unwrap()), "{name} is gone");

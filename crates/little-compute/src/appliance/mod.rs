@@ -8,12 +8,14 @@
 //! [`SAMPLER_USER`], started by the appliance directly: in no sandbox
 //! namespace or cgroup, and no path of it is under the trees sandboxes see),
 //! the control plane (`little-compute serve`), the provider (`little-compute
-//! provider`) and the worker (`little-compute worker`). It waits (bounded,
+//! provider`), the worker (`little-compute worker`) and one exec gateway
+//! (`little-compute gateway`, writing output to the sink `DIR/blobs`, which
+//! the control plane reads). It waits (bounded,
 //! printing progress) until the cut is certain, prints the URL, the admin
 //! token and the next commands, and writes `DIR/appliance.json`. Then it
 //! supervises: SIGINT or SIGTERM, or any child exiting on its own, stops
-//! everything in the reverse order (worker, provider, control plane,
-//! sampler, PostgreSQL), each within a bound, and removes
+//! everything in the reverse order (gateway, worker, provider, control
+//! plane, sampler, PostgreSQL), each within a bound, and removes
 //! `appliance.json`.
 //!
 //! This is a single-host installation: the sampler's monotonic clock is
@@ -399,6 +401,8 @@ async fn start_all(
             layout.server_secret_file().into(),
             "--runtime-dir".into(),
             layout.runtimes().into(),
+            "--blob-dir".into(),
+            layout.blobs().into(),
         ],
         env: db_env.clone(),
         run_as: None,
@@ -474,7 +478,7 @@ async fn start_all(
             "--secret-file".into(),
             layout.server_secret_file().into(),
         ],
-        env: db_env,
+        env: db_env.clone(),
         run_as: None,
         stop_signal: libc::SIGTERM,
         log: layout.logs().join("worker.log"),
@@ -483,6 +487,29 @@ async fn start_all(
     let w = child::spawn(&worker)?;
     pids.insert("worker".to_owned(), w.pid);
     started.push(w);
+    layout.write_running(&running(&pids))?;
+
+    let gateway = Spec {
+        name: "gateway",
+        program: exe.clone(),
+        args: vec![
+            "gateway".into(),
+            "--provider-token-file".into(),
+            layout.provider_token_file().into(),
+            "--secret-file".into(),
+            layout.server_secret_file().into(),
+            "--blob-dir".into(),
+            layout.blobs().into(),
+        ],
+        env: db_env,
+        run_as: None,
+        stop_signal: libc::SIGTERM,
+        log: layout.logs().join("gateway.log"),
+        cwd: layout.root.clone(),
+    };
+    let g = child::spawn(&gateway)?;
+    pids.insert("gateway".to_owned(), g.pid);
+    started.push(g);
     layout.write_running(&running(&pids))?;
 
     wait_for_certain_cut(&owner_url, args.sampler, started).await?;
@@ -520,7 +547,7 @@ async fn supervise(
     loop {
         tokio::select! {
             () = shutdown.as_mut() => {
-                say(format_args!("stopping (worker, provider, control plane, sampler, PostgreSQL)"));
+                say(format_args!("stopping (gateway, worker, provider, control plane, sampler, PostgreSQL)"));
                 return ExitCode::SUCCESS;
             }
             () = tokio::time::sleep(SUPERVISE_POLL) => {
@@ -535,8 +562,8 @@ async fn supervise(
     }
 }
 
-/// Stops `started` in reverse start order (worker, provider, control
-/// plane, sampler, PostgreSQL), each within [`STOP_BOUND`].
+/// Stops `started` in reverse start order (gateway, worker, provider,
+/// control plane, sampler, PostgreSQL), each within [`STOP_BOUND`].
 async fn stop_all(started: &mut Vec<Managed>) {
     while let Some(mut c) = started.pop() {
         let graceful = c.stop(STOP_BOUND).await;
@@ -967,7 +994,9 @@ async fn wait_for_certain_cut(
 }
 
 /// The stop order of `down`: the reverse of the start order.
-const STOP_ORDER: [&str; 5] = ["worker", "provider", "serve", "sampler", "postgres"];
+const STOP_ORDER: [&str; 6] = [
+    "gateway", "worker", "provider", "serve", "sampler", "postgres",
+];
 
 /// Runs `appliance down`.
 pub async fn down(args: DownArgs) -> ExitCode {
