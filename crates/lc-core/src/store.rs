@@ -1,6 +1,7 @@
 //! The store traits: what the control plane ([`ControlStore`], used by the
-//! HTTP API) and the reconciler ([`ReconcileStore`], used by the workers)
-//! ask of Little Compute's store. `lc-pg` implements both on PostgreSQL.
+//! HTTP API), the reconciler ([`ReconcileStore`], used by the workers) and
+//! the exec gateways ([`GatewayStore`]) ask of Little Compute's store.
+//! `lc-pg` implements all three on PostgreSQL.
 //!
 //! # Contract
 //!
@@ -327,10 +328,15 @@ pub trait GatewayStore: Send + Sync {
 
     /// Takes over one exec, serialized on its (tenant, exec) row: exactly
     /// one of several racing callers wins, the others get a typed refusal
-    /// and change nothing.
+    /// and change nothing. Needs a certain `at` and the exec's current
+    /// Lease `active`; the new ownership has generation + 1 (1 when
+    /// unowned), a new fence and the heartbeat expiry `at.cut + ttl`. The
+    /// exec's canonical identity is untouched.
     ///
     /// # Errors
-    /// `owner_live`, `time_uncertain`, `not_found`, `exec_terminal`,
+    /// `owner_live`, `time_uncertain`, `not_found` (also another tenant's
+    /// exec), `exec_terminal`, `illegal_transition` (the Lease is not
+    /// `active`: still allocating, or released by its owner),
     /// `invalid_timeout`, `invalid_cut_reading`, `deadline_beyond_horizon`,
     /// storage errors.
     async fn take_over(
@@ -346,7 +352,8 @@ pub trait GatewayStore: Send + Sync {
     /// cut) and returns the exec as the owner sees it now.
     ///
     /// # Errors
-    /// `owner_stale`, `owner_expired`, `not_found`, `invalid_timeout`,
+    /// `owner_stale`, `owner_expired`, `not_found` (the exec has no owner),
+    /// `invalid_timeout`,
     /// `invalid_cut_reading`, `deadline_beyond_horizon`, storage errors.
     async fn heartbeat(
         &self,
@@ -424,8 +431,11 @@ pub trait GatewayStore: Send + Sync {
     /// Releases the Lease of a terminal exec: needs its terminal page
     /// acknowledged ([`crate::owner::check_release`]); moves the Lease to
     /// `release_pending` (reason `exited`, or `cancelled` after a cancel
-    /// receipt) for the reconciler to destroy and prove, releases the
-    /// ownership, and commits the `release` receipt.
+    /// receipt) and renews its Reservation for the reconciler to destroy
+    /// and prove (the units return only with that proof), releases the
+    /// ownership, and commits the `release` receipt. Its replay returns
+    /// the receipt while the released ownership is still current and
+    /// unexpired.
     ///
     /// # Errors
     /// `release_not_proven`, `owner_stale`, `owner_expired`,

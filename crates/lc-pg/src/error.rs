@@ -85,6 +85,10 @@ pub(crate) fn map_db(e: &sqlx::Error) -> LcError {
     // horizon before writing, so the guard firing means a horizon sealed
     // between the check and the write; the message names the deadline.
     let _ = DEADLINE_BEYOND_HORIZON;
+    // LCS03 (a receipt rewritten), LCS04 (an ownership moved backward) and
+    // LCS05 (a page changed or un-acknowledged): the store's rules refuse
+    // all of these before writing, so the guard firing is a store fault,
+    // and it stays `storage_failure` with the guard's message.
     LcError::StorageFailure { message }
 }
 

@@ -61,6 +61,14 @@ fn opt_instant_at(row: &PgRow, floor: &str, sub: &str) -> Result<Option<Timestam
     }
 }
 
+/// Checks that a write changed exactly one row.
+fn one_row(done: sqlx::postgres::PgQueryResult, what: &str) -> Result<(), Fail> {
+    match done.rows_affected() {
+        1 => Ok(()),
+        n => Err(corrupt(format!("{what} changed {n} rows, not 1")).into()),
+    }
+}
+
 fn digest_at(row: &PgRow, col: &str) -> Result<Digest, Fail> {
     let b: Vec<u8> = row.try_get(col)?;
     let a: [u8; 32] = b
@@ -1286,7 +1294,7 @@ pub(crate) async fn insert_page_meta(
 ) -> Result<(), Fail> {
     let length =
         i32::try_from(m.length).map_err(|_| corrupt(format!("page length {}", m.length)))?;
-    sqlx::query(
+    let done = sqlx::query(
         "INSERT INTO lc_output_pages (exec_id, attempt, seq, kind, bytes, sha256, length, \
              exit_code, exit_signal, state, owner_generation, owner_fence) \
          VALUES ($1, $2, $3, $4, NULL, $5, $6, $7, $8, 'pending', $9, $10)",
@@ -1303,7 +1311,7 @@ pub(crate) async fn insert_page_meta(
     .bind(fence.0)
     .execute(&mut *conn)
     .await?;
-    Ok(())
+    one_row(done, "staging a page")
 }
 
 /// The `pending` pages of (exec, attempt), by seq, at most `limit`.
@@ -1506,7 +1514,7 @@ pub(crate) async fn set_owner_heartbeat(
     expiry: Timestamp,
 ) -> Result<(), Fail> {
     let (f, s) = pair(expiry);
-    sqlx::query(
+    let done = sqlx::query(
         "UPDATE lc_exec_owners SET heartbeat_expiry_floor_us = $2, \
                 heartbeat_expiry_submicro_ns = $3 WHERE exec_id = $1",
     )
@@ -1515,16 +1523,16 @@ pub(crate) async fn set_owner_heartbeat(
     .bind(s)
     .execute(&mut *conn)
     .await?;
-    Ok(())
+    one_row(done, "a heartbeat")
 }
 
 /// Marks `exec`'s ownership released.
 pub(crate) async fn release_owner(conn: &mut PgConnection, exec: ExecId) -> Result<(), Fail> {
-    sqlx::query("UPDATE lc_exec_owners SET released = true WHERE exec_id = $1")
+    let done = sqlx::query("UPDATE lc_exec_owners SET released = true WHERE exec_id = $1")
         .bind(exec.0)
         .execute(&mut *conn)
         .await?;
-    Ok(())
+    one_row(done, "releasing an ownership")
 }
 
 /// An exec as its owner sees it, without the ownership.
@@ -1634,7 +1642,7 @@ pub(crate) async fn insert_transition(
     r: &TransitionReceipt,
 ) -> Result<(), Fail> {
     let (f, s) = pair(r.committed_cut);
-    sqlx::query(
+    let done = sqlx::query(
         "INSERT INTO lc_transitions (exec_id, transition_id, kind, token_sha256, \
              owner_generation, owner_fence, request_sha256, committed_floor_us, \
              committed_submicro_ns, detail) \
@@ -1652,7 +1660,7 @@ pub(crate) async fn insert_transition(
     .bind(r.detail.to_string())
     .execute(&mut *conn)
     .await?;
-    Ok(())
+    one_row(done, "a transition receipt")
 }
 
 /// Whether `exec` has a receipt of `kind`.

@@ -1455,6 +1455,15 @@ async fn ack_tx(
         .into());
     }
     let acked = db::ack_pages_through(conn, a.exec_id, view.attempt, a.through_seq).await?;
+    // Pages are acked in seq order: exactly those after the acked prefix.
+    let expected = u64::try_from(a.through_seq - view.acked_through).unwrap_or(0);
+    if acked != expected {
+        return Err(crate::error::corrupt(format!(
+            "an ACK through page {} of exec {} acked {acked} pages, not {expected}",
+            a.through_seq, a.exec_id
+        ))
+        .into());
+    }
     let detail = serde_json::json!({
         "attempt": view.attempt,
         "through_seq": a.through_seq,

@@ -10,7 +10,9 @@
 //! admission is refused `time_uncertain` with the clock's retry-after and
 //! writes nothing; a release with valid evidence does not commit and the
 //! tenant's units stay held; renewals keep `max(current, cut + ttl)` to the
-//! nanosecond; a deadline that database time has passed is not expired.
+//! nanosecond; a deadline that database time has passed is not expired;
+//! no exec is claimed or taken over by a gateway, while the running exec's
+//! owner keeps renewing its heartbeat to `max(current, cut + ttl)`.
 //! Once a reading is certain again the same commit returns the units
 //! exactly once and Tollgate's audit is clean. Every read of the persisted
 //! cut checks that it never went backward.
@@ -23,9 +25,10 @@ use std::time::{Duration, Instant};
 use clock::safe_cut::SafeCutClock;
 use clock::{Clock, UncertainReason};
 use jiff::{SignedDuration, Timestamp};
+use lc_core::owner::{OwnerCredential, OwnerGeneration, OwnerToken};
 use lc_core::{
-    ControlStore, CutReading, ExecRecord, ExecRequest, ExecState, Generation, LcError, LeaseAction,
-    LeaseState, ReconcileStore, SandboxLeaseId, TenantId, TerminalReason,
+    ControlStore, CutReading, ExecRecord, ExecRequest, ExecState, GatewayStore, Generation,
+    LcError, LeaseAction, LeaseState, ReconcileStore, SandboxLeaseId, TenantId, TerminalReason,
 };
 use lc_pg::{LcConfig, LcStore};
 use safetime::SafeTimeConfig;
@@ -341,7 +344,16 @@ struct Execs {
     expiry: Timestamp,
     /// `running`'s Reservation expiry after its last renewal.
     reservation: Timestamp,
+    /// The gateway owner of `running` (taken over at the last certain
+    /// reading with the shortest heartbeat TTL).
+    owner: OwnerCredential,
+    /// Its heartbeat expiry after its last renewal.
+    heartbeat: Timestamp,
 }
+
+/// The shortest heartbeat TTL: the owner's expiry passes in database time
+/// long before the fault ends.
+const HEARTBEAT_TTL: SignedDuration = SignedDuration::from_secs(1);
 
 async fn start_execs(f: &Fixture, lease_ttl: SignedDuration) -> Execs {
     let at = certain(&f.clock).await;
@@ -366,8 +378,7 @@ async fn start_execs(f: &Fixture, lease_ttl: SignedDuration) -> Execs {
             .await
             .unwrap();
     }
-    f.store
-        .cancel(&op("cb", "cb"), at, f.tenant, releasing.exec_id)
+    ControlStore::cancel(&f.store, &op("cb", "cb"), at, f.tenant, releasing.exec_id)
         .await
         .unwrap();
     let w = f
@@ -401,12 +412,28 @@ async fn start_execs(f: &Fixture, lease_ttl: SignedDuration) -> Execs {
         (reservation, reservation)
     );
     let evidence = f.provider.absence(releasing.canonical.lease_id, 1);
+    let token = OwnerToken::from_bytes([0x0c; 32]);
+    let o = f
+        .store
+        .take_over(&token, f.tenant, running.exec_id, pre, HEARTBEAT_TTL)
+        .await
+        .unwrap();
+    assert_eq!(
+        (o.ownership.generation, o.ownership.heartbeat_expiry),
+        (OwnerGeneration(1), pre.cut + HEARTBEAT_TTL)
+    );
     Execs {
         running,
         releasing,
         evidence,
         expiry: w.expiry,
         reservation,
+        owner: OwnerCredential {
+            token,
+            generation: o.ownership.generation,
+            fence: o.ownership.fence,
+        },
+        heartbeat: o.ownership.heartbeat_expiry,
     }
 }
 
@@ -445,7 +472,30 @@ async fn while_uncertain(f: &Fixture, x: &mut Execs, u: CutReading, lease_ttl: S
     );
     assert_eq!(action_of(f, running, u).await, LeaseAction::Maintain);
     assert_eq!(action_of(f, releasing, u).await, LeaseAction::Destroy);
+    // No gateway claims or takes over anything, though database time is
+    // past the owner's heartbeat expiry.
+    let other = OwnerToken::from_bytes([0x0d; 32]);
+    assert_eq!(
+        f.store.claim(&other, u, HEARTBEAT_TTL, 10).await.unwrap(),
+        vec![]
+    );
+    assert_eq!(
+        f.store
+            .take_over(&other, f.tenant, x.running.exec_id, u, HEARTBEAT_TTL)
+            .await
+            .unwrap_err(),
+        refused
+    );
     assert_eq!(snapshot(&f.db.url).await, before);
+    // The owner keeps serving: its heartbeat renews, never shorter.
+    let heartbeat = x.heartbeat.max(u.cut + HEARTBEAT_TTL);
+    let h = f
+        .store
+        .heartbeat(&x.owner, x.running.exec_id, u, HEARTBEAT_TTL)
+        .await
+        .unwrap();
+    assert_eq!(h.ownership.heartbeat_expiry, heartbeat);
+    x.heartbeat = heartbeat;
     assert_eq!(balances(f).await, (4, 1, 3, 0));
     assert_eq!(
         f.store

@@ -1195,3 +1195,348 @@ async fn a_cancel_receipt_makes_the_release_cancelled_and_begin_release_exited_n
     );
     f.sampler.stop().await;
 }
+
+#[tokio::test]
+async fn concurrent_claims_take_disjoint_execs_and_together_all_of_them() {
+    let f = fixture(6).await;
+    let at = certain(&f.clock).await;
+    let mut all = Vec::new();
+    for i in 0..6 {
+        all.push(active_exec(&f, &format!("c{i}"), at).await.exec_id);
+    }
+    let (a, b) = (token(0x61), token(0x62));
+    let (ra, rb) = tokio::join!(f.store.claim(&a, at, TTL, 4), f.store.claim(&b, at, TTL, 4));
+    let (ra, rb) = (ra.unwrap(), rb.unwrap());
+    let mut got: Vec<ExecId> = ra
+        .iter()
+        .chain(rb.iter())
+        .map(|o| o.ownership.exec_id)
+        .collect();
+    got.sort();
+    // Each exec at most once. A claim skips the rows the other holds, and
+    // one that read its candidates before the other committed finds their
+    // owners live and skips them too; a third claim takes what is left.
+    assert!(ra.len() <= 4 && rb.len() <= 4);
+    let mut dedup = got.clone();
+    dedup.dedup();
+    assert_eq!(dedup, got, "no exec owned twice");
+    let rest = f.store.claim(&token(0x63), at, TTL, 10).await.unwrap();
+    let mut owned: Vec<ExecId> = got
+        .into_iter()
+        .chain(rest.iter().map(|o| o.ownership.exec_id))
+        .collect();
+    owned.sort();
+    assert_eq!(owned, all);
+    // Every ownership is generation 1 with its own fence.
+    let mut fences: Vec<i64> = ra
+        .iter()
+        .chain(rb.iter())
+        .chain(rest.iter())
+        .map(|o| {
+            assert_eq!(o.ownership.generation, OwnerGeneration(1));
+            o.ownership.fence.0
+        })
+        .collect();
+    fences.sort();
+    fences.dedup();
+    assert_eq!(fences.len(), 6);
+    assert_eq!(counts(&f.db.url).await, (6, 0, 0));
+    f.sampler.stop().await;
+}
+
+#[tokio::test]
+async fn the_database_bounds_the_heartbeat_by_the_horizon_and_the_inventory_counts_owners() {
+    let f = fixture(1).await;
+    let at = certain(&f.clock).await;
+    let e = active_exec(&f, "h", at).await;
+    let o = f
+        .store
+        .take_over(&token(0x71), f.tenant, e.exec_id, at, TTL)
+        .await
+        .unwrap();
+    let mut c = PgConnection::connect(&f.db.url).await.unwrap();
+    // The default horizon is 3650 days: one more is refused by the
+    // database, exactly cut + horizon is accepted.
+    let err = sqlx::query(
+        "UPDATE lc_exec_owners SET heartbeat_expiry_floor_us = \
+             (SELECT cut_floor_us FROM tollgate_safetime) + 3651::bigint * 86400 * 1000000 \
+          WHERE exec_id = $1",
+    )
+    .bind(e.exec_id.0)
+    .execute(&mut c)
+    .await
+    .unwrap_err();
+    assert_eq!(
+        err.as_database_error().unwrap().code().as_deref(),
+        Some("LCS01")
+    );
+    sqlx::query(
+        "UPDATE lc_exec_owners SET heartbeat_expiry_floor_us = s.cut_floor_us + 3650::bigint * 86400 * 1000000, \
+                heartbeat_expiry_submicro_ns = s.cut_submicro_ns \
+           FROM tollgate_safetime s WHERE exec_id = $1",
+    )
+    .bind(e.exec_id.0)
+    .execute(&mut c)
+    .await
+    .unwrap();
+    // A new owner with the same or a lower fence, or a skipped
+    // generation: refused.
+    for (generation, fence) in [(2, o.ownership.fence.0), (3, o.ownership.fence.0 + 1000)] {
+        let err = sqlx::query(
+            "UPDATE lc_exec_owners SET generation = $2, fence = $3, basis = 'expired' WHERE exec_id = $1",
+        )
+        .bind(e.exec_id.0)
+        .bind(generation)
+        .bind(fence)
+        .execute(&mut c)
+        .await
+        .unwrap_err();
+        assert_eq!(
+            err.as_database_error().unwrap().code().as_deref(),
+            Some("LCS04"),
+            "generation {generation} fence {fence}"
+        );
+    }
+    f.sampler.stop().await;
+
+    // The initial cut: an unreleased owner or a transition receipt alone
+    // (their other rows left out: only they are the authority under
+    // test) quarantines it.
+    let empty = migrated_db().await;
+    let (q, kind, inv) = first_claim(&empty.url).await;
+    assert_eq!((q, kind.as_str()), (false, "initial_cut"));
+    assert_eq!(
+        (&inv["unreleased_owners"], &inv["transition_receipts"]),
+        (&serde_json::json!(0), &serde_json::json!(0))
+    );
+    for (what, sql) in [
+        (
+            "unreleased_owners",
+            "INSERT INTO lc_exec_owners (exec_id, tenant_id, token_sha256, generation, \
+                 heartbeat_expiry_floor_us, heartbeat_expiry_submicro_ns, basis) \
+             VALUES (1, 1, decode(repeat('00', 32), 'hex'), 1, 5000000, 0, 'unowned')",
+        ),
+        (
+            "transition_receipts",
+            "INSERT INTO lc_transitions (exec_id, transition_id, kind, token_sha256, \
+                 owner_generation, owner_fence, request_sha256, committed_floor_us, \
+                 committed_submicro_ns, detail) \
+             VALUES (1, 'ack-1-1', 'ack', decode(repeat('00', 32), 'hex'), 1, 1, \
+                 decode(repeat('00', 32), 'hex'), 0, 0, '{}')",
+        ),
+    ] {
+        let db = migrated_db().await;
+        let mut c = PgConnection::connect(&db.url).await.unwrap();
+        sqlx::raw_sql(&format!(
+            "BEGIN; SET LOCAL session_replication_role = replica; {sql}; COMMIT;"
+        ))
+        .execute(&mut c)
+        .await
+        .unwrap();
+        let (q, kind, inv) = first_claim(&db.url).await;
+        assert_eq!((q, kind.as_str()), (true, "initial_quarantine"), "{what}");
+        assert_eq!(inv[what], 1, "{what}");
+    }
+}
+
+/// `(seq, bytes, length, state, owner_generation)` of a stored page.
+type PageRow = (i64, Option<Vec<u8>>, i32, String, Option<i64>);
+
+#[tokio::test]
+async fn migration_0002_keeps_the_pages_written_before_it_acknowledged_with_their_bytes() {
+    let db = fresh_db().await;
+    // The schema as it was before 0002: every line, Little Compute's at 1.
+    let all = sqlx::migrate!("./migrations");
+    let first: Vec<sqlx::migrate::Migration> = all.migrations[..1].to_vec();
+    assert_eq!(first[0].version, 1);
+    let before = tollgate_pg::Schema::current().with_line(pgkit::MigrationLine::new(
+        lc_pg::LC_LINE,
+        lc_pg::LC_MIGRATIONS_TABLE,
+        std::borrow::Cow::<[sqlx::migrate::Migration]>::Owned(first),
+    ));
+    before.migrate(&db.url).await.unwrap();
+    let mut c = PgConnection::connect(&db.url).await.unwrap();
+    // Two legacy pages (their other rows left out).
+    sqlx::raw_sql(
+        "BEGIN; SET LOCAL session_replication_role = replica; \
+         INSERT INTO lc_output_pages (exec_id, attempt, seq, kind, bytes, sha256) \
+         VALUES (1, 1, 1, 'stdout', '\\x6869', sha256('\\x6869'::bytea)); \
+         INSERT INTO lc_output_pages (exec_id, attempt, seq, kind, bytes, sha256, exit_code) \
+         VALUES (1, 1, 2, 'terminal', '\\x', sha256('\\x'::bytea), 0); \
+         COMMIT;",
+    )
+    .execute(&mut c)
+    .await
+    .unwrap();
+    lc_pg::migrate(&db.url).await.unwrap();
+    let rows: Vec<PageRow> = sqlx::query_as(
+        "SELECT seq, bytes, length, state, owner_generation FROM lc_output_pages ORDER BY seq",
+    )
+    .fetch_all(&mut c)
+    .await
+    .unwrap();
+    assert_eq!(
+        rows,
+        vec![
+            (1, Some(b"hi".to_vec()), 2, "acked".into(), None),
+            (2, Some(Vec::new()), 0, "acked".into(), None),
+        ]
+    );
+    // The checks that replace 0001's: each refused insert names its rule.
+    let mut tx = c.begin().await.unwrap();
+    sqlx::query("SET LOCAL session_replication_role = replica")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    for (what, sql) in [
+        (
+            "a digest that is not the bytes'",
+            "INSERT INTO lc_output_pages (exec_id, attempt, seq, kind, bytes, sha256, length, state) \
+             VALUES (1, 1, 3, 'stdout', '\\x01', sha256('\\x02'::bytea), 1, 'acked')",
+        ),
+        (
+            "a length that is not the bytes'",
+            "INSERT INTO lc_output_pages (exec_id, attempt, seq, kind, bytes, sha256, length, state) \
+             VALUES (1, 1, 3, 'stdout', '\\x01', sha256('\\x01'::bytea), 2, 'acked')",
+        ),
+        (
+            "no bytes and no owner",
+            "INSERT INTO lc_output_pages (exec_id, attempt, seq, kind, sha256, length, state) \
+             VALUES (1, 1, 3, 'stdout', sha256('\\x01'::bytea), 1, 'pending')",
+        ),
+        (
+            "a terminal page with a length",
+            "INSERT INTO lc_output_pages (exec_id, attempt, seq, kind, sha256, length, state, \
+                 exit_code, owner_generation, owner_fence) \
+             VALUES (1, 1, 3, 'terminal', sha256('\\x01'::bytea), 1, 'pending', 0, 1, 1)",
+        ),
+        (
+            "length 0 with another digest",
+            "INSERT INTO lc_output_pages (exec_id, attempt, seq, kind, sha256, length, state, \
+                 owner_generation, owner_fence) \
+             VALUES (1, 1, 3, 'stdout', sha256('\\x01'::bytea), 0, 'pending', 1, 1)",
+        ),
+    ] {
+        sqlx::query("SAVEPOINT s").execute(&mut *tx).await.unwrap();
+        let err = sqlx::query(sql).execute(&mut *tx).await.unwrap_err();
+        assert_eq!(
+            err.as_database_error().unwrap().code().as_deref(),
+            Some("23514"),
+            "{what}"
+        );
+        sqlx::query("ROLLBACK TO SAVEPOINT s")
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+    }
+    // A staged page without its bytes is accepted.
+    sqlx::query(
+        "INSERT INTO lc_output_pages (exec_id, attempt, seq, kind, sha256, length, state, \
+             owner_generation, owner_fence) \
+         VALUES (1, 1, 3, 'stdout', sha256('\\x01'::bytea), 1, 'pending', 1, 1)",
+    )
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    tx.rollback().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_successor_finishes_the_pending_pages_of_the_owner_it_replaced() {
+    let f = fixture(1).await;
+    let at = certain(&f.clock).await;
+    let e = active_exec(&f, "succ", at).await;
+    let x = e.exec_id;
+    let (a, b) = (token(0x81), token(0x82));
+    let oa = f
+        .store
+        .take_over(&a, f.tenant, x, at, TTL_MIN)
+        .await
+        .unwrap();
+    let ca = cred_of(&oa, &a);
+    let p1 = data(x, 1, PageKind::Stdout, b"one");
+    let p2 = data(x, 2, PageKind::Stdout, b"two");
+    f.store
+        .stage_pages(&ca, x, at, &[p1.clone(), p2.clone()])
+        .await
+        .unwrap();
+    f.store.ack_pages(&ca, x, at, "ack-1-1", 1).await.unwrap();
+    // A dies after committing page 2's metadata; B takes over once a
+    // certain cut passes A's heartbeat.
+    let past = certain_at(&f, at.cut + TTL_MIN).await;
+    let ob = f.store.take_over(&b, f.tenant, x, past, TTL).await.unwrap();
+    assert_eq!(
+        (ob.staged_through, ob.acked_through, ob.terminal_acked_seq),
+        (2, 1, None)
+    );
+    let cb = cred_of(&ob, &b);
+    assert_eq!(
+        f.store.pending_pages(&cb, x, past, 10).await.unwrap(),
+        vec![p2.clone()]
+    );
+    // Re-staging what the spool still holds is a no-op; A's late writes
+    // are refused and change nothing.
+    assert_eq!(
+        f.store
+            .stage_pages(&cb, x, past, std::slice::from_ref(&p2))
+            .await
+            .unwrap(),
+        StageReport {
+            staged: 0,
+            duplicates: 1,
+            staged_through: 2
+        }
+    );
+    let rows = counts(&f.db.url).await;
+    assert_eq!(rows, (1, 1, 2));
+    for r in [
+        f.store.ack_pages(&ca, x, at, "ack-1-2", 2).await,
+        f.store.ack_pages(&ca, x, past, "ack-1-2", 2).await,
+    ] {
+        assert_eq!(
+            r.unwrap_err(),
+            LcError::OwnerStale {
+                exec_id: x,
+                presented: OwnerGeneration(1),
+                current: OwnerGeneration(2),
+            }
+        );
+    }
+    assert_eq!(
+        f.store
+            .stage_pages(&ca, x, at, &[terminal(x, 3, 0)])
+            .await
+            .unwrap_err()
+            .code(),
+        "owner_stale"
+    );
+    assert_eq!(counts(&f.db.url).await, rows);
+    // B completes the ACK and the output reads both pages once, in order.
+    let r = f.store.ack_pages(&cb, x, past, "ack-1-2", 2).await.unwrap();
+    assert_eq!(
+        (r.owner_generation, r.owner_fence, r.token_sha256),
+        (OwnerGeneration(2), ob.ownership.fence, b.sha256())
+    );
+    assert_eq!(
+        r.detail,
+        serde_json::json!({"attempt": 1, "through_seq": 2, "pages_acked": 1})
+    );
+    assert_eq!(
+        f.store.output(f.tenant, x, 0, 10).await.unwrap(),
+        vec![acked(&p1), acked(&p2)]
+    );
+    // The staged rows keep the ownership that staged them.
+    let mut c = PgConnection::connect(&f.db.url).await.unwrap();
+    let by: Vec<(i64, i64, i64)> = sqlx::query_as(
+        "SELECT seq, owner_generation, owner_fence FROM lc_output_pages WHERE exec_id = $1 ORDER BY seq",
+    )
+    .bind(x.0)
+    .fetch_all(&mut c)
+    .await
+    .unwrap();
+    assert_eq!(
+        by,
+        vec![(1, 1, oa.ownership.fence.0), (2, 1, oa.ownership.fence.0)]
+    );
+    f.sampler.stop().await;
+}

@@ -1008,37 +1008,6 @@ async fn the_database_refuses_deadlines_beyond_the_horizon_and_identity_changes(
     f.sampler.stop().await;
 }
 
-/// Claims the first epoch with a real sampler and returns
-/// `(quarantined, evidence kind, little_compute inventory)`.
-async fn first_claim(url: &str) -> (bool, String, serde_json::Value) {
-    let s = start_sampler(url);
-    let mut c = PgConnection::connect(url).await.unwrap();
-    let mut row = None;
-    for _ in 0..500 {
-        row = safetime_pg::read_cut(&mut c).await.unwrap();
-        if row.is_some() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let row = row.expect("a claim within 10 s");
-    s.stop().await;
-    let (kind, detail): (String, String) = sqlx::query_as(
-        "SELECT kind, detail::text FROM tollgate_safetime_evidence \
-          WHERE kind IN ('initial_cut', 'initial_quarantine')",
-    )
-    .fetch_one(&mut c)
-    .await
-    .unwrap();
-    let detail: serde_json::Value = serde_json::from_str(&detail).unwrap();
-    assert_eq!(
-        row.quarantined,
-        row.cut == Timestamp::UNIX_EPOCH,
-        "a quarantined cut starts at the Unix epoch"
-    );
-    (row.quarantined, kind, detail["little_compute"].clone())
-}
-
 #[tokio::test]
 async fn the_initial_cut_is_quarantined_when_little_compute_holds_authority() {
     // Empty: the cut starts at database time.

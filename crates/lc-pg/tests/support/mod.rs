@@ -298,6 +298,37 @@ pub async fn assert_audit_clean(store: &LcStore) {
     assert!(audit.is_clean(), "{:?}", audit.violations);
 }
 
+/// Claims the first epoch with a real sampler and returns
+/// `(quarantined, evidence kind, little_compute inventory)`.
+pub async fn first_claim(url: &str) -> (bool, String, serde_json::Value) {
+    let s = start_sampler(url);
+    let mut c = PgConnection::connect(url).await.unwrap();
+    let mut row = None;
+    for _ in 0..500 {
+        row = safetime_pg::read_cut(&mut c).await.unwrap();
+        if row.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let row = row.expect("a claim within 10 s");
+    s.stop().await;
+    let (kind, detail): (String, String) = sqlx::query_as(
+        "SELECT kind, detail::text FROM tollgate_safetime_evidence \
+          WHERE kind IN ('initial_cut', 'initial_quarantine')",
+    )
+    .fetch_one(&mut c)
+    .await
+    .unwrap();
+    let detail: serde_json::Value = serde_json::from_str(&detail).unwrap();
+    assert_eq!(
+        row.quarantined,
+        row.cut == jiff::Timestamp::UNIX_EPOCH,
+        "a quarantined cut starts at the Unix epoch"
+    );
+    (row.quarantined, kind, detail["little_compute"].clone())
+}
+
 /// Every row of every Little Compute and Tollgate table, as text, in a
 /// fixed order: two snapshots are equal exactly when nothing was written.
 pub async fn snapshot(url: &str) -> Vec<(String, Vec<String>)> {
