@@ -205,6 +205,7 @@ async fn provider_true(
         shape: SMALL,
         command: Command::new(vec!["true".into()]).map_err(|e| e.to_string())?,
         workspace_id: WorkspaceId(1),
+        stdin_open: false,
     };
     let t0 = Instant::now();
     p.allocate(req)

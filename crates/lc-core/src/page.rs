@@ -466,10 +466,10 @@ pub const INPUT_BYTES_MAX: usize = 65536;
 
 /// A supervisor's spool occupancy and its command's progress, as the
 /// `status` socket request reports it (the gateway exports it as a
-/// metric). Socket form: ten big-endian fields, u64 pages, u64 bytes,
+/// metric). Socket form: eleven big-endian fields, u64 pages, u64 bytes,
 /// u64 pages_max, u64 bytes_max, i64 next_seq, i64 acked_through,
-/// i64 highest_fence, i64 terminal_seq (0 = none yet), u8 command_exited,
-/// u8 cancelled.
+/// i64 highest_fence, i64 terminal_seq (0 = none yet), i64 input_seq,
+/// u8 command_exited, u8 cancelled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SpoolStatus {
     /// Pages spooled and not yet acknowledged (the terminal page included).
@@ -492,6 +492,8 @@ pub struct SpoolStatus {
     pub command_exited: bool,
     /// Whether a `cancel` was accepted while the command ran.
     pub cancelled: bool,
+    /// The highest input seq a `send` had accepted (0 = none).
+    pub input_seq: i64,
 }
 
 /// A supervisor's answer to one [`SocketRequest`].
@@ -653,6 +655,7 @@ impl SpoolStatus {
             self.acked_through,
             self.highest_fence,
             self.terminal_seq,
+            self.input_seq,
         ] {
             out.extend_from_slice(&v.to_be_bytes());
         }
@@ -675,6 +678,7 @@ impl SpoolStatus {
             acked_through: cur.i64()?,
             highest_fence: cur.i64()?,
             terminal_seq: cur.i64()?,
+            input_seq: cur.i64()?,
             command_exited: flag(cur.u8()?)?,
             cancelled: flag(cur.u8()?)?,
         })
@@ -994,9 +998,10 @@ mod tests {
             terminal_seq: 8,
             command_exited: true,
             cancelled: false,
+            input_seq: 9,
         });
         let body = st.encode().unwrap();
-        assert_eq!(body.len(), 1 + 8 * 8 + 2);
+        assert_eq!(body.len(), 1 + 9 * 8 + 2);
         assert_eq!(&body[..9], &[4, 0, 0, 0, 0, 0, 0, 0, 1]);
         assert_eq!(&body[body.len() - 2..], &[1, 0]);
         assert_eq!(SocketResponse::decode(&body).unwrap(), st);

@@ -34,6 +34,7 @@ async fn main() {
             shape: SMALL,
             command: Command::new(vec!["sleep".into(), "300".into()]).unwrap(),
             workspace_id: WorkspaceId(1),
+            stdin_open: false,
         })
         .await
         .unwrap();

@@ -93,8 +93,8 @@ use lc_core::evidence::{Envelope, InstanceState, Statement, sign};
 use lc_core::manifest::{EntryType, Manifest};
 use lc_core::owner::OwnerFence;
 use lc_core::page::{
-    PAGES_PER_REQUEST_MAX, Page, SPOOL_BYTES_DEFAULT, SPOOL_PAGES_DEFAULT, SocketRequest,
-    SocketResponse, SpoolStatus,
+    INPUT_BYTES_MAX, PAGES_PER_REQUEST_MAX, Page, SPOOL_BYTES_DEFAULT, SPOOL_PAGES_DEFAULT,
+    SocketRequest, SocketResponse, SpoolStatus,
 };
 use lc_core::{Generation, ProviderId, SandboxLeaseId};
 
@@ -224,6 +224,9 @@ struct InstanceRecord {
     shape: String,
     command: Vec<String>,
     workspace_id: i64,
+    /// Absent in records written before stdin could be opened: closed.
+    #[serde(default)]
+    stdin_open: bool,
 }
 
 impl InstanceRecord {
@@ -237,6 +240,7 @@ impl InstanceRecord {
             shape: req.shape.name.to_owned(),
             command: req.command.argv().to_vec(),
             workspace_id: req.workspace_id.0,
+            stdin_open: req.stdin_open,
         }
     }
 }
@@ -641,8 +645,11 @@ impl BwrapProvider {
             &self.cfg.spool_bytes_max.to_string(),
             "--spool-pages",
             &self.cfg.spool_pages_max.to_string(),
-            "--",
         ]);
+        if req.stdin_open {
+            push(&["--stdin-open"]);
+        }
+        push(&["--"]);
         a.extend(req.command.argv().iter().cloned());
         Ok(a)
     }
@@ -1039,6 +1046,58 @@ impl Provider for BwrapProvider {
             Ok(SocketResponse::Cancelled { .. }) => Ok(()),
             Ok(other) => Err(refusal(other)),
             Err(_) if !sock.exists() => Ok(()),
+            Err(e) => Err(self.lost_or(lease_id, generation, e)),
+        }
+    }
+
+    async fn send(
+        &self,
+        lease_id: SandboxLeaseId,
+        generation: Generation,
+        fence: OwnerFence,
+        input_seq: i64,
+        bytes: Vec<u8>,
+        eof: bool,
+    ) -> Result<i64, ProviderError> {
+        check_fence(fence)?;
+        if bytes.len() > INPUT_BYTES_MAX {
+            return Err(ProviderError::InvalidRequest {
+                detail: format!(
+                    "an input holds at most {INPUT_BYTES_MAX} bytes, got {}",
+                    bytes.len()
+                ),
+            });
+        }
+        let sock = self.socket_of(lease_id, generation)?;
+        if !sock.exists() {
+            return Err(ProviderError::InputRefused {
+                reason: "input_closed".into(),
+                detail: "the command has ended and its output was read".into(),
+            });
+        }
+        let req = SocketRequest::Send {
+            fence,
+            input_seq,
+            bytes,
+            eof,
+        };
+        match socket::call(sock.clone(), req).await {
+            Ok(SocketResponse::Sent { input_seq }) => Ok(input_seq),
+            Ok(SocketResponse::Error { code })
+                if code.starts_with("input_") || code == "bad_input_seq" =>
+            {
+                let detail = match code.as_str() {
+                    "input_gap" => "send the inputs before this seq first",
+                    "input_busy" => "the command has not read its earlier input yet: retry later",
+                    "bad_input_seq" => "input seqs start at 1",
+                    _ => "the command's stdin is closed: nothing more can be sent",
+                };
+                Err(ProviderError::InputRefused {
+                    reason: code,
+                    detail: detail.into(),
+                })
+            }
+            Ok(other) => Err(refusal(other)),
             Err(e) => Err(self.lost_or(lease_id, generation, e)),
         }
     }

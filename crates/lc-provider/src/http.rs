@@ -13,6 +13,7 @@
 //! | `GET /v1/instances/{lease}/{generation}/pages?fence=F&after_seq=N&max=M` | | `{ "pages": [JsonPage] }` |
 //! | `POST /v1/instances/{lease}/{generation}/ack` | `{ "fence": F, "through_seq": N }` | `{}` |
 //! | `POST /v1/instances/{lease}/{generation}/cancel` | `{ "fence": F }` | `{}` |
+//! | `POST /v1/instances/{lease}/{generation}/input` | `{ "fence": F, "input_seq": S, "data_b64": "...", "eof": false }` | `{ "input_seq": S }` |
 //! | `GET /v1/instances/{lease}/{generation}/spool` | | `{ "spool": SpoolStatus or null }` |
 //!
 //! `F` is the caller's owner fence (>= 1); a fence below the highest the
@@ -98,6 +99,10 @@ pub struct AllocateBody {
     pub command: Vec<String>,
     /// The workspace.
     pub workspace_id: i64,
+    /// Whether the command's stdin is a pipe `.../input` writes to
+    /// (absent: `false`).
+    #[serde(default)]
+    pub stdin_open: bool,
 }
 
 impl AllocateBody {
@@ -112,6 +117,7 @@ impl AllocateBody {
             shape: req.shape.name.to_owned(),
             command: req.command.argv().to_vec(),
             workspace_id: req.workspace_id.0,
+            stdin_open: req.stdin_open,
         }
     }
 
@@ -132,6 +138,7 @@ impl AllocateBody {
             shape: Shape::by_name(&self.shape).map_err(bad)?,
             command: Command::new(self.command).map_err(bad)?,
             workspace_id: WorkspaceId(self.workspace_id),
+            stdin_open: self.stdin_open,
         })
     }
 }
@@ -178,6 +185,27 @@ pub struct CancelBody {
     pub fence: i64,
 }
 
+/// `POST .../input` body.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InputBody {
+    /// The caller's owner fence, >= 1.
+    pub fence: i64,
+    /// The input's seq, >= 1.
+    pub input_seq: i64,
+    /// The bytes, standard base64 with padding (at most 64 KiB decoded).
+    pub data_b64: String,
+    /// Close the command's stdin after these bytes.
+    pub eof: bool,
+}
+
+/// `POST .../input` answer.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub struct InputAnswer {
+    /// The highest input seq accepted.
+    pub input_seq: i64,
+}
+
 /// `GET .../spool` answer.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize)]
 pub struct SpoolBody {
@@ -206,7 +234,8 @@ impl ApiError {
         match e {
             ProviderError::Fenced { .. }
             | ProviderError::AllocationConflict { .. }
-            | ProviderError::StaleFence { .. } => StatusCode::CONFLICT,
+            | ProviderError::StaleFence { .. }
+            | ProviderError::InputRefused { .. } => StatusCode::CONFLICT,
             ProviderError::NoInstance { .. } => StatusCode::NOT_FOUND,
             ProviderError::InstanceLost { .. } => StatusCode::GONE,
             ProviderError::UnknownRuntime { .. } | ProviderError::RuntimeRefused { .. } => {
@@ -424,6 +453,27 @@ async fn cancel(
     Ok(Json(serde_json::json!({})))
 }
 
+async fn input(
+    State(Shared { provider: p }): State<Shared>,
+    Path(raw): Path<(String, String)>,
+    b: Result<Json<InputBody>, JsonRejection>,
+) -> Result<Json<InputAnswer>, ApiError> {
+    use base64::Engine as _;
+    let (l, g) = ids(raw)?;
+    let b = body(b)?;
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(b.data_b64.as_bytes())
+        .map_err(|_| {
+            ApiError::Provider(ProviderError::InvalidRequest {
+                detail: "data_b64 is not standard base64".into(),
+            })
+        })?;
+    let input_seq = p
+        .send(l, g, OwnerFence(b.fence), b.input_seq, bytes, b.eof)
+        .await?;
+    Ok(Json(InputAnswer { input_seq }))
+}
+
 async fn spool(
     State(Shared { provider: p }): State<Shared>,
     Path(raw): Path<(String, String)>,
@@ -452,6 +502,7 @@ fn instance_routes() -> axum::Router<Shared> {
         .route("/v1/instances/{lease}/{generation}/pages", get(pages))
         .route("/v1/instances/{lease}/{generation}/ack", post(ack))
         .route("/v1/instances/{lease}/{generation}/cancel", post(cancel))
+        .route("/v1/instances/{lease}/{generation}/input", post(input))
         .route("/v1/instances/{lease}/{generation}/spool", get(spool))
 }
 
@@ -750,6 +801,32 @@ impl Provider for HttpProvider {
             )
             .await?;
         Ok(())
+    }
+
+    async fn send(
+        &self,
+        lease_id: SandboxLeaseId,
+        generation: Generation,
+        fence: OwnerFence,
+        input_seq: i64,
+        bytes: Vec<u8>,
+        eof: bool,
+    ) -> Result<i64, ProviderError> {
+        use base64::Engine as _;
+        let body = InputBody {
+            fence: fence.0,
+            input_seq,
+            data_b64: base64::engine::general_purpose::STANDARD.encode(&bytes),
+            eof,
+        };
+        let answer: InputAnswer = self
+            .call(
+                reqwest::Method::POST,
+                &Self::instance_path(lease_id, generation, "input"),
+                Some(&body),
+            )
+            .await?;
+        Ok(answer.input_seq)
     }
 
     async fn spool_status(

@@ -67,6 +67,9 @@ pub struct AllocateRequest {
     pub command: Command,
     /// The workspace bound read-write at `/workspace`.
     pub workspace_id: WorkspaceId,
+    /// Whether the command's stdin is a pipe [`Provider::send`] writes to;
+    /// `false` puts it on `/dev/null`.
+    pub stdin_open: bool,
 }
 
 /// An allocated instance.
@@ -198,6 +201,18 @@ pub enum ProviderError {
         /// The highest fence the supervisor was shown.
         highest: i64,
     },
+    /// The instance's supervisor refused an input: `reason` is its code,
+    /// `input_gap` (an input seq skipped: send the missing ones first),
+    /// `input_closed` (stdin was not opened, is past its eof input, or the
+    /// command ended), `input_busy` (its input queue is full: retry later),
+    /// `bad_input_seq` (a seq below 1). Code `input_refused`.
+    #[error("input refused ({reason}): {detail}")]
+    InputRefused {
+        /// The supervisor's code.
+        reason: String,
+        /// What to do next.
+        detail: String,
+    },
     /// The provider API refused the request's credential (HTTP only). Code
     /// `unauthorized`.
     #[error("the provider refused the credential")]
@@ -227,6 +242,7 @@ impl ProviderError {
             ProviderError::RuntimeRefused { .. } => "runtime_refused",
             ProviderError::Io { .. } => "provider_io",
             ProviderError::StaleFence { .. } => "stale_fence",
+            ProviderError::InputRefused { .. } => "input_refused",
             ProviderError::Unauthorized => "unauthorized",
             ProviderError::Unreachable { .. } => "provider_unreachable",
         }
@@ -234,6 +250,9 @@ impl ProviderError {
 
     /// Whether retrying the same call later can succeed.
     pub fn is_transient(&self) -> bool {
+        if let ProviderError::InputRefused { reason, .. } = self {
+            return reason == "input_busy";
+        }
         matches!(
             self,
             ProviderError::DestroyIncomplete { .. }
@@ -364,6 +383,28 @@ pub trait Provider: Send + Sync {
         generation: Generation,
         fence: OwnerFence,
     ) -> Result<(), ProviderError>;
+
+    /// Writes `bytes` (at most [`lc_core::page::INPUT_BYTES_MAX`]) to the
+    /// command's stdin as input `input_seq` (the first is 1), then closes
+    /// stdin when `eof`, for the owner holding `fence` (>= 1). Exactly once
+    /// per input seq, in order: a repeated seq answers ok without writing
+    /// again. Returns the highest input seq accepted.
+    ///
+    /// # Errors
+    /// [`ProviderError::InputRefused`] (`input_gap`, `input_closed`,
+    /// `input_busy`: retry), [`ProviderError::StaleFence`] (nothing was
+    /// written), [`ProviderError::InvalidRequest`] for a fence below 1 or
+    /// too many bytes, [`ProviderError::NoInstance`],
+    /// [`ProviderError::SupervisorUnavailable`], [`ProviderError::InstanceLost`].
+    async fn send(
+        &self,
+        lease_id: SandboxLeaseId,
+        generation: Generation,
+        fence: OwnerFence,
+        input_seq: i64,
+        bytes: Vec<u8>,
+        eof: bool,
+    ) -> Result<i64, ProviderError>;
 
     /// The instance's spool occupancy (pages and bytes against their
     /// bounds) and its command's progress; `None` once the supervisor has

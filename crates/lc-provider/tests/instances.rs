@@ -179,6 +179,7 @@ fn req(lease: i64, generation: i64, shape: Shape, argv: &[&str]) -> AllocateRequ
         shape,
         command: Command::new(argv.iter().map(|s| s.to_string()).collect()).unwrap(),
         workspace_id: WorkspaceId(lease),
+        stdin_open: false,
     }
 }
 
@@ -527,7 +528,8 @@ const FORK_BOMB: &str = "import os, time\n\
 n = 0\n\
 err = None\n\
 while n < 200:\n    try:\n        pid = os.fork()\n    except OSError as e:\n        err = e.errno\n        break\n    if pid == 0:\n        time.sleep(60)\n        os._exit(0)\n    n += 1\n\
-print(n < 64, err)\n";
+print(n < 64, err, flush=True)\n\
+time.sleep(60)\n";
 
 #[tokio::test]
 async fn pids_limit_bounds_a_fork_bomb() {
@@ -559,7 +561,8 @@ async fn pids_limit_bounds_a_fork_bomb() {
         .parse()
         .unwrap();
     assert!(current <= 64, "{current}");
-    // The sleeping children keep running until destroy kills all of them.
+    // The command waits, so its sleeping children (which would die with it)
+    // keep running until destroy kills all of them.
     let pids = cg.pids();
     assert!(pids.len() > 10, "{pids:?}");
     e.provider
@@ -1785,4 +1788,102 @@ async fn orphans_die_with_the_command_and_a_small_spool_loses_nothing() {
         .await
         .unwrap();
     e.provider.destroy(l, g).await.unwrap();
+}
+
+/// Input through the HTTP service into a real sandbox: each input seq is
+/// written once, in order, replays answer ok, a gap and a stale fence are
+/// refused, and an instance allocated without stdin refuses every input.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn input_reaches_the_command_once_per_seq_through_http() {
+    let e = env();
+    let provider: Arc<dyn Provider> = Arc::new(BwrapProvider::open(config(&e.dir)).unwrap());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let server = tokio::spawn(async move {
+        axum::serve(listener, provider_router(provider))
+            .await
+            .unwrap();
+    });
+    let client = HttpProvider::connect(&url).await.unwrap();
+    let (l, g) = (SandboxLeaseId(23), Generation(1));
+    let mut r = req(23, 1, SMALL, &["cat"]);
+    r.stdin_open = true;
+    client.allocate(r).await.unwrap();
+    let f = OwnerFence(3);
+    assert_eq!(
+        client
+            .send(l, g, f, 1, b"in\x00".to_vec(), false)
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        client
+            .send(l, g, f, 1, b"in\x00".to_vec(), false)
+            .await
+            .unwrap(),
+        1
+    );
+    let gap = client
+        .send(l, g, f, 3, b"x".to_vec(), false)
+        .await
+        .unwrap_err();
+    assert_eq!((gap.code(), gap.is_transient()), ("input_refused", false));
+    assert!(matches!(gap, ProviderError::InputRefused { ref reason, .. } if reason == "input_gap"));
+    assert_eq!(
+        client
+            .send(l, g, OwnerFence(2), 2, b"x".to_vec(), false)
+            .await
+            .unwrap_err(),
+        ProviderError::StaleFence {
+            presented: 2,
+            highest: 3
+        }
+    );
+    assert_eq!(
+        client
+            .send(
+                l,
+                g,
+                f,
+                2,
+                vec![0; lc_core::page::INPUT_BYTES_MAX + 1],
+                false
+            )
+            .await
+            .unwrap_err()
+            .code(),
+        "invalid_request"
+    );
+    assert_eq!(
+        client
+            .send(l, g, f, 2, b"put".to_vec(), true)
+            .await
+            .unwrap(),
+        2
+    );
+    let all = until_terminal_fenced(&client, 23, f).await;
+    assert_eq!(bytes_of(&all, PageKind::Stdout), b"in\x00put");
+    assert_eq!(all.last().unwrap().exit(), Some(ExitStatus::exited(0)));
+    let s = client.spool_status(l, g).await.unwrap().unwrap();
+    assert_eq!((s.input_seq, s.highest_fence), (2, 3));
+    client.destroy(l, g).await.unwrap();
+
+    let (l2, g2) = (SandboxLeaseId(24), Generation(1));
+    client.allocate(sh(24, "exec sleep 1000")).await.unwrap();
+    let t = Instant::now();
+    while client.spool_status(l2, g2).await.is_err() {
+        assert!(t.elapsed() < DEADLINE, "no supervisor");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let closed = client
+        .send(l2, g2, f, 1, b"x".to_vec(), false)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(closed, ProviderError::InputRefused { ref reason, .. } if reason == "input_closed"),
+        "{closed:?}"
+    );
+    client.destroy(l2, g2).await.unwrap();
+    server.abort();
 }

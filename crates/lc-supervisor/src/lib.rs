@@ -1,6 +1,6 @@
 //! lc-supervisor: the first process of a Little Compute sandbox instance.
 //!
-//! `lc-supervisor --socket PATH [--spool-bytes N] [--spool-pages P] -- ARGV...`
+//! `lc-supervisor --socket PATH [--spool-bytes N] [--spool-pages P] [--stdin-open] -- ARGV...`
 //!
 //! It binds the unix socket at `PATH` (under the temporary name `.b` in the
 //! same directory, renamed to `PATH` once it listens, so whoever sees
@@ -49,6 +49,13 @@
 //!   the terminal page follows with signal 9, unless the command had
 //!   already ended. A second cancel, and a cancel after the command ended,
 //!   is a no-op that answers ok (`killed: false`).
+//! * **Input.** With `--stdin-open`, `send` (fenced) writes its bytes to
+//!   the command's stdin exactly once per input seq, in order: a repeated
+//!   seq answers ok without writing again, a gap is refused `input_gap`,
+//!   input after the eof one or after the command ended `input_closed`.
+//!   Accepted inputs wait in a queue of at most [`INPUT_QUEUE_BYTES_MAX`]
+//!   bytes (else `input_busy`), written by one thread, so a command that
+//!   does not read its stdin blocks nothing else.
 //! * **Peers.** Connections are
 //!   served one at a time, each read bounded by [`CONNECTION_IDLE_MAX`],
 //!   and only for a peer outside the supervisor's PID namespace (the
@@ -116,6 +123,9 @@ pub struct Args {
     pub spool_pages_max: u64,
     /// The command, `argv[0]` first.
     pub argv: Vec<String>,
+    /// Give the command a stdin pipe the `send` request writes to
+    /// (`--stdin-open`); without it stdin is `/dev/null`.
+    pub stdin_open: bool,
     /// Serve every peer, not only those outside this process's PID
     /// namespace (`--any-peer`: for a supervisor run outside a sandbox,
     /// where its reader shares its PID namespace).
@@ -130,7 +140,7 @@ impl std::fmt::Display for UsageError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "usage_error: {}\nusage: lc-supervisor --socket PATH [--spool-bytes N] [--spool-pages N] [--any-peer] -- ARGV...",
+            "usage_error: {}\nusage: lc-supervisor --socket PATH [--spool-bytes N] [--spool-pages N] [--stdin-open] [--any-peer] -- ARGV...",
             self.0
         )
     }
@@ -149,9 +159,11 @@ impl Args {
         let mut it = args.iter();
         let mut argv = Vec::new();
         let mut any_peer = false;
+        let mut stdin_open = false;
         while let Some(a) = it.next() {
             match a.as_str() {
                 "--any-peer" => any_peer = true,
+                "--stdin-open" => stdin_open = true,
                 "--socket" => {
                     socket = Some(
                         it.next()
@@ -202,6 +214,7 @@ impl Args {
             spool_bytes_max,
             spool_pages_max,
             argv,
+            stdin_open,
             any_peer,
         })
     }
@@ -232,6 +245,17 @@ struct State {
     highest_fence: i64,
     /// Whether a cancel killed the command.
     cancelled: bool,
+    /// Whether the command's stdin is a pipe the supervisor still writes
+    /// (`--stdin-open`, until end of input or a failed write).
+    input_open: bool,
+    /// The highest input seq accepted (queued or written); 0 before the first.
+    input_seq: i64,
+    /// Whether the input accepted last closes stdin.
+    input_eof: bool,
+    /// Inputs accepted and not yet written, in seq order: (bytes, eof).
+    input_queue: VecDeque<(Vec<u8>, bool)>,
+    /// Bytes in `input_queue`; never above [`INPUT_QUEUE_BYTES_MAX`].
+    input_queued_bytes: usize,
 }
 
 impl State {
@@ -247,6 +271,7 @@ impl State {
             terminal_seq: self.terminal_seq.unwrap_or(0),
             command_exited: self.exit.is_some(),
             cancelled: self.cancelled,
+            input_seq: self.input_seq,
         }
     }
 
@@ -414,7 +439,7 @@ fn live_descendants(root: libc::pid_t) -> Vec<libc::pid_t> {
         };
         parent_of.push((pid, ppid, state == "Z" || state == "X"));
     }
-    let mut tree = vec![root];
+    let mut tree = std::collections::HashSet::from([root]);
     let mut live = Vec::new();
     // Each pass adds the children of what is already in the tree; a pass
     // that adds nothing ends it, so at most one pass per process.
@@ -422,8 +447,7 @@ fn live_descendants(root: libc::pid_t) -> Vec<libc::pid_t> {
     while grew {
         grew = false;
         for &(pid, ppid, dead) in &parent_of {
-            if tree.contains(&ppid) && !tree.contains(&pid) {
-                tree.push(pid);
+            if tree.contains(&ppid) && tree.insert(pid) {
                 grew = true;
                 if !dead {
                     live.push(pid);
@@ -434,17 +458,14 @@ fn live_descendants(root: libc::pid_t) -> Vec<libc::pid_t> {
     live
 }
 
-/// Kills every process of the command but the supervisor itself: its
-/// process group `pgid`, then (inside its own PID namespace, where the
-/// supervisor is PID 1 or 2) every process the namespace holds but
-/// itself and its init, then every live descendant of the supervisor
-/// found in `/proc` (it is their subreaper, so an orphan is still one),
-/// round after round until none is left, at most [`KILL_ROUNDS_MAX`].
-fn kill_descendants(pgid: Option<libc::pid_t>) {
-    if let Some(g) = pgid {
-        // SAFETY: kill takes plain integers.
-        unsafe { libc::kill(-g, libc::SIGKILL) };
-    }
+/// Kills every process of the command but the supervisor itself, after
+/// the caller signalled the command's process group: (inside its own PID
+/// namespace, where the supervisor is PID 1 or 2) every process the
+/// namespace holds but itself and its init, then every live descendant of
+/// the supervisor found in `/proc` (it is their subreaper, so an orphan is
+/// still one), round after round until none is left, at most
+/// [`KILL_ROUNDS_MAX`].
+fn kill_descendants() {
     // SAFETY: getpid and kill take no pointers.
     let me = unsafe { libc::getpid() };
     if me <= 2 {
@@ -517,15 +538,57 @@ fn reap(spool: Arc<Spool>, command_pid: libc::pid_t) {
             spool.changed.notify_all();
         }
         drop(st);
-        kill_descendants(None);
+        kill_descendants();
     }
 }
 
-fn start(argv: &[String]) -> std::io::Result<(Child, ChildStdout, ChildStderr)> {
+/// The most input bytes accepted and not yet written to the command's
+/// stdin: 1 MiB, sixteen full inputs. A command that does not read its
+/// stdin makes further `send`s answer `input_busy` (retry later) rather
+/// than grow the supervisor's memory.
+pub const INPUT_QUEUE_BYTES_MAX: usize = 16 * lc_core::page::INPUT_BYTES_MAX;
+
+/// Writes accepted inputs to the command's stdin, in seq order, each once;
+/// closes stdin after the input marked eof. A failed write (the command
+/// closed its stdin or ended) closes the input: the rest of the queue is
+/// discarded and later sends are refused `input_closed`.
+fn feed(spool: Arc<Spool>, mut stdin: std::process::ChildStdin) {
+    use std::io::Write as _;
+    // Each pass writes one accepted input or ends: bounded by the inputs.
+    loop {
+        let (bytes, eof) = {
+            let mut st = spool.lock();
+            loop {
+                if let Some(next) = st.input_queue.pop_front() {
+                    break next;
+                }
+                if !st.input_open || st.exit.is_some() {
+                    return;
+                }
+                st = spool.changed.wait(st).unwrap_or_else(|p| p.into_inner());
+            }
+        };
+        let written = stdin.write_all(&bytes).and_then(|()| stdin.flush());
+        let mut st = spool.lock();
+        st.input_queued_bytes -= bytes.len();
+        if written.is_err() || eof {
+            st.input_open = false;
+            st.input_queue.clear();
+            st.input_queued_bytes = 0;
+            return;
+        }
+    }
+}
+
+fn start(argv: &[String], stdin_open: bool) -> std::io::Result<(Child, ChildStdout, ChildStderr)> {
     use std::os::unix::process::CommandExt as _;
     let mut child = Command::new(&argv[0])
         .args(&argv[1..])
-        .stdin(Stdio::null())
+        .stdin(if stdin_open {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         // Its own process group, so a cancel can signal the group at once.
@@ -601,16 +664,53 @@ fn handle(spool: &Spool, req: SocketRequest) -> (SocketResponse, bool) {
             // SAFETY: kill takes plain integers.
             unsafe { libc::kill(-pid, libc::SIGKILL) };
             drop(st);
-            kill_descendants(Some(pid));
+            kill_descendants();
             (SocketResponse::Cancelled { killed: true }, false)
         }
         SocketRequest::Status => (SocketResponse::Status(st.status()), false),
-        SocketRequest::Send { .. } => (
-            SocketResponse::Error {
-                code: "input_closed".into(),
-            },
-            false,
-        ),
+        SocketRequest::Send {
+            input_seq,
+            bytes,
+            eof,
+            ..
+        } => {
+            let refuse = |code: &str| {
+                (
+                    SocketResponse::Error {
+                        code: code.to_owned(),
+                    },
+                    false,
+                )
+            };
+            if input_seq < 1 {
+                return refuse("bad_input_seq");
+            }
+            if input_seq <= st.input_seq {
+                // Accepted before: written once, never again.
+                return (
+                    SocketResponse::Sent {
+                        input_seq: st.input_seq,
+                    },
+                    false,
+                );
+            }
+            if input_seq > st.input_seq + 1 {
+                return refuse("input_gap");
+            }
+            if !st.input_open || st.input_eof || st.exit.is_some() || st.cancelled {
+                return refuse("input_closed");
+            }
+            if st.input_queued_bytes + bytes.len() > INPUT_QUEUE_BYTES_MAX {
+                return refuse("input_busy");
+            }
+            st.input_queued_bytes += bytes.len();
+            st.input_queue.push_back((bytes, eof));
+            st.input_seq = input_seq;
+            st.input_eof = eof;
+            drop(st);
+            spool.changed.notify_all();
+            (SocketResponse::Sent { input_seq }, false)
+        }
     }
 }
 
@@ -686,12 +786,22 @@ pub fn run(args: Args) -> i32 {
             terminal_seq: None,
             highest_fence: 0,
             cancelled: false,
+            input_open: false,
+            input_seq: 0,
+            input_eof: false,
+            input_queue: VecDeque::new(),
+            input_queued_bytes: 0,
         }),
         changed: Condvar::new(),
     });
-    match start(&args.argv) {
-        Ok((child, out, err)) => {
+    match start(&args.argv, args.stdin_open) {
+        Ok((mut child, out, err)) => {
             let pid = child.id() as libc::pid_t;
+            if let Some(stdin) = child.stdin.take() {
+                spool.lock().input_open = true;
+                let s = spool.clone();
+                std::thread::spawn(move || feed(s, stdin));
+            }
             // The reaper owns the wait; `child` is not waited on through std.
             std::mem::forget(child);
             spool.lock().command_pid = Some(pid);

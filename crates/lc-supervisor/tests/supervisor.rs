@@ -44,10 +44,23 @@ fn start(tag: &str, spool: Option<u64>, argv: &[&str]) -> Sup {
 }
 
 fn start_bounded(tag: &str, spool: Option<u64>, spool_pages: Option<u64>, argv: &[&str]) -> Sup {
+    start_with(tag, spool, spool_pages, false, argv)
+}
+
+fn start_with(
+    tag: &str,
+    spool: Option<u64>,
+    spool_pages: Option<u64>,
+    stdin_open: bool,
+    argv: &[&str],
+) -> Sup {
     let dir = tempdir(tag);
     let socket = dir.join("s.sock");
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_lc-supervisor"));
     cmd.arg("--socket").arg(&socket).arg("--any-peer");
+    if stdin_open {
+        cmd.arg("--stdin-open");
+    }
     if let Some(n) = spool {
         cmd.arg("--spool-bytes").arg(n.to_string());
     }
@@ -314,8 +327,8 @@ fn orphans_of_the_command_are_reaped() {
         .trim()
         .parse()
         .unwrap();
-    // The orphan outlives its shell, is reparented to the supervisor, and is
-    // reaped when it exits: its /proc entry (a zombie keeps one) goes away.
+    // The orphan is reparented to the supervisor, killed once its shell
+    // has exited, and reaped: its /proc entry (a zombie keeps one) goes away.
     let t = Instant::now();
     while Path::new(&format!("/proc/{pid}")).exists() {
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
@@ -762,4 +775,152 @@ fn cancel_after_the_terminal_page_is_a_no_op() {
 fn status_after_exit(sup: &mut Sup) -> bool {
     assert_eq!(wait_exit(sup), 0);
     sup.socket.exists()
+}
+
+fn send(seq: i64, bytes: &[u8], eof: bool) -> SocketRequest {
+    SocketRequest::Send {
+        fence: F,
+        input_seq: seq,
+        bytes: bytes.to_vec(),
+        eof,
+    }
+}
+
+fn refused(code: &str) -> SocketResponse {
+    SocketResponse::Error { code: code.into() }
+}
+
+/// `send` writes each input seq once, in order: a replay answers ok without
+/// writing again, a gap and anything after the eof input are refused, and a
+/// stale fence writes nothing.
+#[test]
+fn send_writes_each_input_once_in_order() {
+    let mut sup = start_with("send", None, None, true, &["cat"]);
+    assert_eq!(
+        call(&sup, send(1, b"hello ", false)),
+        SocketResponse::Sent { input_seq: 1 }
+    );
+    assert_eq!(
+        call(&sup, send(1, b"hello ", false)),
+        SocketResponse::Sent { input_seq: 1 }
+    );
+    assert_eq!(call(&sup, send(3, b"!", false)), refused("input_gap"));
+    assert_eq!(call(&sup, send(0, b"", false)), refused("bad_input_seq"));
+    // A newer owner's fence makes the old one stale for input too (cat has
+    // echoed the first input, once).
+    wait_status(&sup, "no echo", |s| s.pages == 1);
+    assert_eq!(
+        call(
+            &sup,
+            SocketRequest::Pages {
+                fence: OwnerFence(2),
+                after_seq: 0,
+                max: 1
+            }
+        ),
+        SocketResponse::Pages(vec![
+            Page::data(1, PageKind::Stdout, b"hello ".to_vec()).unwrap()
+        ])
+    );
+    assert_eq!(
+        call(&sup, send(2, b"stale", false)),
+        SocketResponse::StaleFence {
+            presented: F,
+            highest: OwnerFence(2)
+        }
+    );
+    let send2 = |seq: i64, bytes: &[u8], eof: bool| SocketRequest::Send {
+        fence: OwnerFence(2),
+        input_seq: seq,
+        bytes: bytes.to_vec(),
+        eof,
+    };
+    assert_eq!(
+        call(&sup, send2(2, b"\xffworld", true)),
+        SocketResponse::Sent { input_seq: 2 }
+    );
+    assert_eq!(
+        call(&sup, send2(2, b"\xffworld", true)),
+        SocketResponse::Sent { input_seq: 2 }
+    );
+    assert_eq!(
+        call(&sup, send2(3, b"late", false)),
+        refused("input_closed")
+    );
+    assert_eq!(status(&sup).input_seq, 2);
+    let t = Instant::now();
+    let mut all: Vec<Page> = Vec::new();
+    loop {
+        let got = match call(
+            &sup,
+            SocketRequest::Pages {
+                fence: OwnerFence(2),
+                after_seq: all.last().map_or(0, |p| p.seq()),
+                max: 64,
+            },
+        ) {
+            SocketResponse::Pages(p) => p,
+            other => panic!("{other:?}"),
+        };
+        all.extend(got);
+        if all.last().is_some_and(|p| p.is_terminal()) {
+            break;
+        }
+        assert!(t.elapsed() < DEADLINE, "no terminal page");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert_eq!(stream(&all, PageKind::Stdout), b"hello \xffworld");
+    assert_eq!(all.last().unwrap().exit(), Some(ExitStatus::exited(0)));
+    let last = all.last().unwrap().seq();
+    assert_eq!(
+        call(
+            &sup,
+            SocketRequest::Ack {
+                fence: OwnerFence(2),
+                through_seq: last
+            }
+        ),
+        SocketResponse::Acked {
+            acked_through: last
+        }
+    );
+    assert_eq!(wait_exit(&mut sup), 0);
+}
+
+/// Input waits in a bounded queue: a command that never reads its stdin
+/// makes `send` answer `input_busy` (and accept nothing) once the queue
+/// is full; without `--stdin-open` every input is refused.
+#[test]
+fn input_is_bounded_and_closed_without_stdin_open() {
+    let sup = start_with("send-busy", None, None, true, &["sleep", "1000"]);
+    let chunk = vec![7u8; lc_core::page::INPUT_BYTES_MAX];
+    let bound = lc_supervisor::INPUT_QUEUE_BYTES_MAX / chunk.len() + 2;
+    let mut accepted = 0i64;
+    let busy = loop {
+        match call(&sup, send(accepted + 1, &chunk, false)) {
+            SocketResponse::Sent { input_seq } => {
+                assert_eq!(input_seq, accepted + 1);
+                accepted = input_seq;
+            }
+            other => break other,
+        }
+        assert!(accepted as usize <= bound, "the input queue is unbounded");
+    };
+    assert_eq!(busy, refused("input_busy"));
+    assert!(accepted as usize >= lc_supervisor::INPUT_QUEUE_BYTES_MAX / chunk.len());
+    assert_eq!(status(&sup).input_seq, accepted);
+    assert_eq!(
+        call(&sup, SocketRequest::Cancel { fence: F }),
+        SocketResponse::Cancelled { killed: true }
+    );
+    assert_eq!(
+        call(&sup, send(accepted + 1, b"x", false)),
+        refused("input_closed")
+    );
+    let all = drain(&sup);
+    assert_eq!(all.last().unwrap().exit(), Some(ExitStatus::signaled(9)));
+
+    let closed = start("send-closed", None, &["sh", "-c", "exec sleep 1000"]);
+    assert_eq!(call(&closed, send(1, b"x", false)), refused("input_closed"));
+    assert_eq!(status(&closed).input_seq, 0);
 }
