@@ -558,6 +558,17 @@ impl Provider for FakeProvider {
         }
         Ok(())
     }
+    async fn send(
+        &self,
+        _lease_id: SandboxLeaseId,
+        _generation: Generation,
+        _fence: OwnerFence,
+        _input_seq: i64,
+        _bytes: Vec<u8>,
+        _eof: bool,
+    ) -> Result<i64, ProviderError> {
+        Err(unsupported())
+    }
     async fn spool_status(
         &self,
         _lease_id: SandboxLeaseId,
@@ -585,6 +596,7 @@ impl Provider for FakeProvider {
                 .map_or(0, Page::seq),
             command_exited: false,
             cancelled: s.cancels > 0,
+            input_seq: 0,
         }))
     }
 }
