@@ -13,8 +13,11 @@
 //! the control plane reads). It waits (bounded,
 //! printing progress) until the cut is certain, prints the URL, the admin
 //! token and the next commands, and writes `DIR/appliance.json`. Then it
-//! supervises: SIGINT or SIGTERM, or any child exiting on its own, stops
-//! everything in the reverse order (gateway, worker, provider, control
+//! supervises: a gateway that exits on its own is started again (at most
+//! [`GATEWAY_RESTARTS_MAX`] times; the new one takes the old one's execs
+//! over once their heartbeat expires on a certain cut, and finishes their
+//! output exactly once); SIGINT or SIGTERM, or any other child exiting on
+//! its own, stops everything in the reverse order (gateway, worker, provider, control
 //! plane, sampler, PostgreSQL), each within a bound, and removes
 //! `appliance.json`.
 //!
@@ -73,6 +76,11 @@ pub const STOP_BOUND: Duration = Duration::from_secs(20);
 pub const DOWN_WAIT: Duration = Duration::from_secs(180);
 /// How often the supervisor checks its children.
 const SUPERVISE_POLL: Duration = Duration::from_millis(500);
+/// How many times one `up` starts a gateway again after it exited on its
+/// own: enough for any run of crashes an operator would sit through,
+/// bounded so a gateway that cannot start stops the appliance instead of
+/// looping.
+pub const GATEWAY_RESTARTS_MAX: u32 = 100;
 /// How often progress is printed while waiting.
 const PROGRESS_EVERY: Duration = Duration::from_secs(3);
 /// The sampling-gap bound the appliance judges certainty by (the sampler's default).
@@ -306,7 +314,7 @@ async fn up_inner(args: UpArgs) -> Result<ExitCode, ApplianceError> {
             say(format_args!("little-compute appliance: {e}"));
             ExitCode::FAILURE
         }
-        Some(Ok(())) => supervise(&mut started, &mut shutdown).await,
+        Some(Ok(gateway)) => supervise(&mut started, &mut shutdown, &layout, &gateway).await,
     };
     stop_all(&mut started).await;
     let _ = std::fs::remove_file(layout.running_file());
@@ -324,7 +332,7 @@ async fn start_all(
     creds: &Credentials,
     admin_token: &str,
     started: &mut Vec<Managed>,
-) -> Result<(), ApplianceError> {
+) -> Result<Spec, ApplianceError> {
     let cluster = Cluster {
         root: layout.pg(),
         bin: cluster::discover_bin()?,
@@ -536,14 +544,20 @@ async fn start_all(
         "stop with Ctrl-C, or `little-compute appliance down --data-dir {d}`"
     ));
     say(format_args!("appliance ready"));
-    Ok(())
+    Ok(gateway)
 }
 
-/// Waits for SIGINT or SIGTERM, or for any child to exit on its own.
+/// Waits for SIGINT or SIGTERM, or for any child but the gateway to exit
+/// on its own; a gateway that exits is started again from `gateway` (at
+/// most [`GATEWAY_RESTARTS_MAX`] times) and `appliance.json` names the new
+/// pid.
 async fn supervise(
     started: &mut [Managed],
     shutdown: &mut std::pin::Pin<Box<impl std::future::Future<Output = ()>>>,
+    layout: &Layout,
+    gateway: &Spec,
 ) -> ExitCode {
+    let mut restarts = 0u32;
     loop {
         tokio::select! {
             () = shutdown.as_mut() => {
@@ -552,10 +566,32 @@ async fn supervise(
             }
             () = tokio::time::sleep(SUPERVISE_POLL) => {
                 for c in started.iter_mut() {
-                    if let Some(status) = c.exited() {
-                        say(format_args!("{} (pid {}) exited on its own ({status}); stopping the appliance", c.name, c.pid));
-                        return ExitCode::FAILURE;
+                    let Some(status) = c.exited() else { continue };
+                    if c.name == gateway.name && restarts < GATEWAY_RESTARTS_MAX {
+                        restarts += 1;
+                        match child::spawn(gateway) {
+                            Ok(next) => {
+                                say(format_args!(
+                                    "gateway (pid {}) exited on its own ({status}); started gateway pid {} ({restarts} of at most {GATEWAY_RESTARTS_MAX} restarts): it takes the execs over once their heartbeat expires",
+                                    c.pid, next.pid
+                                ));
+                                *c = next;
+                                if let Ok(Some(mut r)) = layout.read_running() {
+                                    r.pids.insert(gateway.name.to_owned(), c.pid);
+                                    if let Err(e) = layout.write_running(&r) {
+                                        say(format_args!("cannot update appliance.json: {e}"));
+                                    }
+                                }
+                                continue;
+                            }
+                            Err(e) => {
+                                say(format_args!("gateway (pid {}) exited ({status}) and cannot be started again: {e}; stopping the appliance", c.pid));
+                                return ExitCode::FAILURE;
+                            }
+                        }
                     }
+                    say(format_args!("{} (pid {}) exited on its own ({status}); stopping the appliance", c.name, c.pid));
+                    return ExitCode::FAILURE;
                 }
             }
         }
