@@ -610,11 +610,16 @@ impl Gateway {
         let (lease, generation, fence) = (h.view.lease_id, h.view.lease_generation, h.cred.fence);
         let mut budget = self.options.pages_per_step;
 
-        // Pending pages first, re-read from the spool and checked.
+        // Pending pages first, re-read from the spool and checked: at most
+        // one spool request's worth per step. New pages wait until none is
+        // pending, since an ACK result acknowledges every pending page
+        // through its seq.
+        let limit = budget.min(PAGES_PER_ROUND);
         let pending = self
             .store
-            .pending_pages(&h.cred, id, self.reading().await?, budget)
+            .pending_pages(&h.cred, id, self.reading().await?, limit)
             .await?;
+        let more_pending = pending.len() >= limit;
         if let Some(first) = pending.first() {
             let fetched_at = Instant::now();
             let spooled =
@@ -646,6 +651,9 @@ impl Gateway {
             spool::ack(p, lease, generation, fence, h.view.acked_through).await?;
             h.supervisor_acked = h.view.acked_through;
             report.supervisor_acks += 1;
+        }
+        if more_pending {
+            return Ok(Served::Keep);
         }
 
         // New pages.

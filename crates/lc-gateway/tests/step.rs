@@ -1107,3 +1107,56 @@ async fn spool_occupancy_is_sampled_into_the_metrics() {
     // Pages 3 and 4 (the terminal page) are still spooled.
     assert_eq!((m.spool_pages, m.spool_bytes), (2, 1000));
 }
+
+#[tokio::test]
+async fn more_pending_pages_than_one_request_are_finished_before_any_new_page() {
+    let f = Fixture::new();
+    let expected = stream(&f, 100);
+    // A predecessor committed the metadata of pages 1..=100 and died.
+    let spooled: Vec<Page> = f
+        .provider
+        .spool
+        .lock()
+        .unwrap()
+        .pages
+        .values()
+        .cloned()
+        .collect();
+    f.store.with(|s| {
+        let e = s.execs.get_mut(&ExecId(1)).unwrap();
+        for p in spooled.iter().filter(|p| p.seq() <= 100) {
+            e.pages.insert(
+                p.seq(),
+                (
+                    PageMeta::of_page(ExecId(1), AttemptNo(1), p),
+                    PageState::Pending,
+                ),
+            );
+        }
+    });
+    let g = f.default_gateway();
+    let r = g.step().await;
+    assert_eq!(r.failures, vec![]);
+    assert_eq!(
+        (
+            r.claimed,
+            r.pending_finished,
+            r.pages_staged,
+            r.pages_acked,
+            r.released
+        ),
+        (1, 64, 0, 64, 0)
+    );
+    let r = g.step().await;
+    assert_eq!(
+        (
+            r.pending_finished,
+            r.pages_staged,
+            r.pages_acked,
+            r.released
+        ),
+        (36, 1, 37, 1)
+    );
+    assert_eq!(f.output(), (expected, Some(ExitStatus::exited(3))));
+    assert_eq!(f.provider.spool.lock().unwrap().acks, vec![64, 100, 101]);
+}
