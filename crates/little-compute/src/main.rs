@@ -8,9 +8,9 @@
 //! little-compute appliance up|down|status --data-dir DIR                        # all on one host
 //! ```
 //!
-//! The database URL of `serve`, `worker` and `gateway` comes from `--database-url` or
-//! `LC_DATABASE_URL` (prefer the variable: a command line is visible to
-//! every local user). Logs go to stderr at the level of `LC_LOG` (default
+//! The database URL of `serve`, `worker` and `gateway` comes from
+//! `--database-url` or `LC_DATABASE_URL` (prefer the variable: a command
+//! line is visible to every local user). Logs go to stderr at the level of `LC_LOG` (default
 //! `info`). Exit status: 0 after a clean shutdown, 2 for bad arguments, 1
 //! for any other failure.
 
