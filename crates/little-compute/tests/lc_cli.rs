@@ -1,7 +1,9 @@
 //! The real `lc` binary against the real router on the real store, served
 //! on loopback: `--json` outputs with the exact field names scripts rely
 //! on, human tables, `exec output` writing page bytes exactly (stderr's
-//! with `--stderr`, `--follow` until the terminal page), `exec create
+//! with `--stderr`, `--follow` until the terminal page, each seq once,
+//! resumed after the server went away, exiting with the command's code or
+//! 128 + its signal), `exec create
 //! --wait` exiting with the command's exit code, `--data-dir` reading
 //! `appliance.json`, and the server's refusals on stderr with exit 1.
 
