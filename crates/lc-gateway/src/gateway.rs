@@ -417,6 +417,7 @@ impl Gateway {
             }
         };
         report.at = Some(at);
+        self.metrics.step(at.certain);
         self.heartbeat_all(&mut held, at, &mut report).await;
         if at.certain && held.len() < self.options.owned_max {
             let limit = self.options.owned_max - held.len();

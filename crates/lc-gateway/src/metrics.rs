@@ -8,6 +8,11 @@
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+/// Steps taken (counter).
+pub const STEPS: &str = "lc_gateway_steps_total";
+/// Steps whose first reading of the cut was uncertain (counter): nothing
+/// was claimed, taken over or released in them.
+pub const STEPS_UNCERTAIN: &str = "lc_gateway_steps_uncertain_total";
 /// Execs this gateway owns now (gauge).
 pub const OWNED_EXECS: &str = "lc_gateway_owned_execs";
 /// Ownerships taken from an expired or released owner (counter).
@@ -43,6 +48,8 @@ pub const ACK_LATENCY_COUNT: &str = "lc_gateway_ack_latency_ns_count";
 /// The registry; every value starts at 0.
 #[derive(Debug, Default)]
 pub struct GatewayMetrics {
+    steps: AtomicU64,
+    steps_uncertain: AtomicU64,
     owned_execs: AtomicU64,
     takeovers: AtomicU64,
     claims: AtomicU64,
@@ -62,6 +69,10 @@ pub struct GatewayMetrics {
 /// A snapshot of every value, for tests and reports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct MetricsSnapshot {
+    /// [`STEPS`].
+    pub steps: u64,
+    /// [`STEPS_UNCERTAIN`].
+    pub steps_uncertain: u64,
     /// [`OWNED_EXECS`].
     pub owned_execs: u64,
     /// [`TAKEOVERS`].
@@ -100,6 +111,12 @@ fn add(a: &AtomicU64, n: u64) {
 }
 
 impl GatewayMetrics {
+    pub(crate) fn step(&self, certain: bool) {
+        add(&self.steps, 1);
+        if !certain {
+            add(&self.steps_uncertain, 1);
+        }
+    }
     pub(crate) fn set_owned(&self, n: usize) {
         self.owned_execs
             .store(u64::try_from(n).unwrap_or(u64::MAX), Ordering::Relaxed);
@@ -145,6 +162,8 @@ impl GatewayMetrics {
     pub fn snapshot(&self) -> MetricsSnapshot {
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
         MetricsSnapshot {
+            steps: g(&self.steps),
+            steps_uncertain: g(&self.steps_uncertain),
             owned_execs: g(&self.owned_execs),
             takeovers: g(&self.takeovers),
             claims: g(&self.claims),
@@ -166,7 +185,14 @@ impl GatewayMetrics {
     pub fn render(&self) -> String {
         const W: &str = "writing to a String never fails";
         let s = self.snapshot();
-        let rows: [(&str, &str, &str, u64); 14] = [
+        let rows: [(&str, &str, &str, u64); 16] = [
+            (STEPS, "counter", "Steps taken.", s.steps),
+            (
+                STEPS_UNCERTAIN,
+                "counter",
+                "Steps whose reading of the cut was uncertain (nothing claimed, taken over or released).",
+                s.steps_uncertain,
+            ),
             (
                 OWNED_EXECS,
                 "gauge",

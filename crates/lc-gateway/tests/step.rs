@@ -943,6 +943,8 @@ async fn while_uncertain_the_owner_keeps_serving_but_nothing_is_claimed_or_relea
     let r = g.step().await;
     assert_eq!((r.heartbeats, r.released, r.owned), (1, 1, 0));
     assert_eq!(f.output(), (expected, Some(ExitStatus::exited(3))));
+    let m = g.metrics().snapshot();
+    assert_eq!((m.steps, m.steps_uncertain), (4, 2));
 }
 
 #[tokio::test]

@@ -10,6 +10,10 @@
 //!   once, in order, with the right SHA-256 (the whole stdout is compared
 //!   with what the command wrote), the terminal page is acked, the Lease is
 //!   released once and the tenant's units return exactly once.
+//! * While the cut is uncertain (the sampler stopped), a dead gateway's
+//!   exec is not taken over by a successor stepping on it; once a new
+//!   sampler makes the cut certain the successor takes it over and
+//!   finishes it, nothing lost.
 //! * A gateway stopped (SIGSTOP) past its heartbeat, resumed (SIGCONT)
 //!   after a successor took over: its first write is refused, it counts
 //!   one `stale_refused` and forgets the exec; the output is still exactly
@@ -132,6 +136,7 @@ struct Rig {
     cgroup_parent: String,
     tenant: TenantId,
     sampler_stop: watch::Sender<bool>,
+    sampler: Option<tokio::task::JoinHandle<()>>,
     worker: Option<Proc>,
     provider: Option<Proc>,
 }
@@ -144,7 +149,7 @@ impl Rig {
         lc_pg::migrate(&url).await.unwrap();
         let sampler = Sampler::new(&url, sampler_options()).unwrap();
         let (sampler_stop, rx) = watch::channel(false);
-        tokio::spawn(async move { sampler.run(rx).await });
+        let sampler = Some(tokio::spawn(async move { sampler.run(rx).await }));
         let store = lc_pg::LcStore::connect(
             &url,
             tollgate::GrantPolicy::new(SignedDuration::from_hours(1), SignedDuration::from_secs(5))
@@ -250,9 +255,29 @@ impl Rig {
             cgroup_parent,
             tenant,
             sampler_stop,
+            sampler,
             worker: Some(worker),
             provider: Some(provider),
         }
+    }
+
+    /// Stops the sampler: its last cut goes stale, frozen and uncertain.
+    async fn stop_sampler(&mut self) {
+        let _ = self.sampler_stop.send(true);
+        if let Some(task) = self.sampler.take() {
+            tokio::time::timeout(WAIT_MAX, task)
+                .await
+                .expect("the sampler stops")
+                .unwrap();
+        }
+    }
+
+    /// Starts a new sampler (a new epoch, certain after its recovery).
+    fn start_sampler(&mut self) {
+        let sampler = Sampler::new(&self.url, sampler_options()).unwrap();
+        let (stop, rx) = watch::channel(false);
+        self.sampler = Some(tokio::spawn(async move { sampler.run(rx).await }));
+        self.sampler_stop = stop;
     }
 
     fn gateway(&self, name: &str, crash_at: Option<&str>, metrics_port: Option<u16>) -> Proc {
@@ -569,5 +594,84 @@ async fn a_paused_gateway_is_refused_after_a_takeover_and_output_stays_exactly_o
     // The resumed gateway owns nothing and stays that way.
     assert_eq!(stale_refused(port).await, Some(1));
     drop(first);
+    rig.finish().await;
+}
+
+/// A counter of the gateway's `/metrics` on `port`.
+async fn metric(port: u16, name: &str) -> Option<u64> {
+    let text = reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    let prefix = format!("{name} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .and_then(|v| v.parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn while_the_cut_is_uncertain_a_dead_gateway_s_exec_is_not_taken_over() {
+    let mut rig = Rig::new("uncertain").await;
+    // Long enough to outlast the sampler's stop and the cut's turn to
+    // uncertain (the sampling-gap bound, 2 s).
+    let (s, want) = script(500, "0.01");
+    let exec = rig.admit("e-uncertain", &s).await;
+    let mut first = rig.gateway("before", None, None);
+    rig.wait_for("the first gateway acks pages", async || {
+        rig.acked_pages(exec).await >= 3
+    })
+    .await;
+    // The sampler stops: the cut freezes and turns uncertain.
+    rig.stop_sampler().await;
+    rig.wait_for("an uncertain cut", async || {
+        rig.clock.read().await.is_ok_and(|r| !r.is_certain())
+    })
+    .await;
+    first.0.kill().unwrap();
+    assert_eq!(first.0.wait().unwrap().signal(), Some(libc::SIGKILL));
+    let port = free_port();
+    let _second = rig.gateway("during", None, Some(port));
+    // Fifty steps of the successor, every one on an uncertain cut: no
+    // takeover, no release.
+    rig.wait_for("fifty uncertain steps", async || {
+        metric(port, "lc_gateway_steps_uncertain_total")
+            .await
+            .is_some_and(|n| n >= 50)
+    })
+    .await;
+    assert_eq!(
+        metric(port, "lc_gateway_steps_total").await,
+        metric(port, "lc_gateway_steps_uncertain_total").await,
+        "every step of the successor read an uncertain cut"
+    );
+    assert_eq!(metric(port, "lc_gateway_takeovers_total").await, Some(0));
+    assert_eq!(metric(port, "lc_gateway_owned_execs").await, Some(0));
+    let (_, _, _, generation, releases) = rig.settled(exec).await;
+    assert_eq!((generation, releases), (1, 0));
+    assert_eq!(rig.balance().await, (UNITS, UNITS - 1, 1, 0));
+    // A new sampler: once the cut is certain again the successor takes the
+    // exec over and finishes it, nothing lost.
+    rig.start_sampler();
+    rig.wait_released(exec).await;
+    let (stdout, exit) = rig.output(exec).await;
+    assert_eq!(
+        String::from_utf8(stdout).unwrap(),
+        String::from_utf8(want).unwrap()
+    );
+    assert_eq!(exit, Some(3));
+    assert_eq!(
+        rig.settled(exec).await,
+        (
+            ExecState::Terminal,
+            Some(TerminalReason::Exited),
+            Some(3),
+            2,
+            1
+        )
+    );
+    assert_eq!(metric(port, "lc_gateway_takeovers_total").await, Some(1));
+    assert_eq!(rig.balance().await, (UNITS, UNITS, 0, 0));
     rig.finish().await;
 }
