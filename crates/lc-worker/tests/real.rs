@@ -20,6 +20,8 @@
 //! * An instance that cannot start releases as `start_failed`; a command
 //!   that does not exist is not one (it exits 127).
 //! * A cancel releases as `cancelled` and the instance's processes are gone.
+//! * A flood of binary output (twice the spool), a command that closes
+//!   stdout early and one that leaves a child behind lose no byte.
 //! * A step handles at most its batch.
 
 use std::path::{Path, PathBuf};
@@ -899,6 +901,82 @@ async fn a_cancel_releases_as_cancelled_and_kills_the_instance() {
     );
     assert_eq!(rig.balances(tenant).await, (1, 1, 0, 0));
     rig.assert_audit((1, 0, 0)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_binary_output_an_early_closed_stdout_and_an_orphan_lose_nothing() {
+    let rig = Rig::start(
+        lc_core::rules::LEASE_TTL_DEFAULT,
+        ReconcilerOptions::default(),
+    )
+    .await;
+    let tenant = rig.tenant(2).await;
+    // 16 MiB of every byte value (invalid UTF-8 throughout), twice the
+    // supervisor's default spool, from a command that leaves a child
+    // running behind it.
+    let flood = rig
+        .admit(
+            tenant,
+            "e-flood",
+            &[
+                "sh",
+                "-c",
+                "sleep 600 & python3 -c 'import sys; sys.stdout.buffer.write(bytes(range(256)) * 65536)'",
+            ],
+        )
+        .await;
+    // stdout closed early, stderr still written after it.
+    let closed = rig
+        .admit(
+            tenant,
+            "e-closed",
+            &["sh", "-c", "echo before; exec 1>&-; echo after >&2; exit 4"],
+        )
+        .await;
+    let totals = rig.step_until(|t| t.released == 2).await;
+    assert_eq!(totals.failures, Vec::<String>::new());
+    assert_eq!(
+        (
+            totals.gateway_released,
+            totals.releases_begun,
+            totals.units_returned
+        ),
+        (2, 0, 2)
+    );
+    let rec = rig.exec(tenant, flood).await;
+    assert_eq!(
+        (rec.state, rec.terminal_reason, rec.exit_code),
+        (ExecState::Terminal, Some(TerminalReason::Exited), Some(0))
+    );
+    let (seqs, stdout) = output_of(&rig, tenant, flood, PageKind::Stdout).await;
+    let n = i64::try_from(seqs.len()).unwrap();
+    assert_eq!(
+        seqs,
+        (1..=n).collect::<Vec<_>>(),
+        "every page once, in order"
+    );
+    assert_eq!(stdout.len(), 16 * 1024 * 1024);
+    assert!(
+        stdout == (0u8..=255).collect::<Vec<u8>>().repeat(65536),
+        "the flood's bytes, exactly"
+    );
+    let rec = rig.exec(tenant, closed).await;
+    assert_eq!(
+        (rec.state, rec.terminal_reason, rec.exit_code),
+        (ExecState::Terminal, Some(TerminalReason::Exited), Some(4))
+    );
+    assert_eq!(
+        output_of(&rig, tenant, closed, PageKind::Stdout).await.1,
+        b"before\n"
+    );
+    assert_eq!(
+        output_of(&rig, tenant, closed, PageKind::Stderr).await.1,
+        b"after\n"
+    );
+    // The orphan died with the instance.
+    assert_eq!(rig.provider.inventory().await.unwrap(), vec![]);
+    assert_eq!(rig.balances(tenant).await, (2, 2, 0, 0));
+    rig.assert_audit((2, 0, 0)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
