@@ -26,8 +26,11 @@
 //!   certain cut, which the plan already checked) move the lease to
 //!   `release_pending`. An exec whose terminal page is acknowledged
 //!   (`exited`) is left to its gateway's release, the only one that knows
-//!   the page is in the sink; until then its Lease is maintained like any
-//!   other.
+//!   the page is in the sink, and so is the cancel of an exec whose Lease
+//!   is `active` (its gateway commits the cancel, kills the command and
+//!   releases once the signal's terminal page is acked); until then their
+//!   Lease is maintained like any other. A cancel before the Lease is
+//!   active is released here.
 //! * `destroy`: the Reservation is renewed first when its expiry is
 //!   within `renew_ahead` of the cut (so the grant never reaches its
 //!   reclaim boundary while the proof waits); the provider destroys the
@@ -59,8 +62,8 @@ use jiff::SignedDuration;
 use lc_core::rules::LIST_LIMIT_MAX;
 use lc_core::store::ReconcileStore;
 use lc_core::{
-    Command, CutReading, Generation, LcError, LeaseAction, LeaseWork, ProviderId, SandboxLeaseId,
-    Shape, TerminalReason,
+    Command, CutReading, Generation, LcError, LeaseAction, LeaseState, LeaseWork, ProviderId,
+    SandboxLeaseId, Shape, TerminalReason,
 };
 use lc_provider::{AllocateRequest, Provider, ProviderError};
 use tokio::sync::watch;
@@ -136,6 +139,9 @@ pub struct StepReport {
     /// Leases whose exec exited, left to its gateway's release (renewed
     /// like any maintained Lease meanwhile).
     pub exited_left_to_gateway: usize,
+    /// Active Leases whose exec a client cancelled, left to its gateway's
+    /// cancel and release (renewed meanwhile).
+    pub cancels_left_to_gateway: usize,
     /// Destroys the providers confirmed with evidence.
     pub destroyed: usize,
     /// Releases committed now (capacity returned).
@@ -164,6 +170,7 @@ impl StepReport {
             renewed: 0,
             releases_begun: 0,
             exited_left_to_gateway: 0,
+            cancels_left_to_gateway: 0,
             destroyed: 0,
             released: 0,
             released_replay: 0,
@@ -405,6 +412,14 @@ impl Reconciler {
                 // The gateway releases it once the terminal page is in the
                 // sink; until then the Lease must not run out.
                 report.exited_left_to_gateway += 1;
+                self.maintain(w, at, report).await?;
+            }
+            LeaseAction::BeginRelease(TerminalReason::Cancelled)
+                if w.state == LeaseState::Active =>
+            {
+                // The owning gateway commits the cancel receipt, stops the
+                // command and releases once its terminal page is acked.
+                report.cancels_left_to_gateway += 1;
                 self.maintain(w, at, report).await?;
             }
             LeaseAction::BeginRelease(reason) => {

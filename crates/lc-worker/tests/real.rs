@@ -19,7 +19,10 @@
 //! * A certain cut past the Lease's expiry releases it as `expired`.
 //! * An instance that cannot start releases as `start_failed`; a command
 //!   that does not exist is not one (it exits 127).
-//! * A cancel releases as `cancelled` and the instance's processes are gone.
+//! * A cancel of a running exec goes through its gateway (the command is
+//!   killed, its signal-9 terminal page acked, the Lease released as
+//!   `cancelled`); one before the Lease is active is released by the
+//!   reconciler; the instance's processes are gone.
 //! * A flood of binary output (twice the spool), a command that closes
 //!   stdout early and one that leaves a child behind lose no byte.
 //! * A step handles at most its batch.
@@ -451,6 +454,7 @@ struct Totals {
     gateway_released: usize,
     releases_begun: usize,
     exited_left_to_gateway: usize,
+    cancels_left_to_gateway: usize,
     destroyed: usize,
     released: usize,
     released_replay: usize,
@@ -465,6 +469,7 @@ impl Totals {
         self.start_failed += r.start_failed;
         self.releases_begun += r.releases_begun;
         self.exited_left_to_gateway += r.exited_left_to_gateway;
+        self.cancels_left_to_gateway += r.cancels_left_to_gateway;
         self.destroyed += r.destroyed;
         self.released += r.released;
         self.released_replay += r.released_replay;
@@ -873,19 +878,29 @@ async fn a_cancel_releases_as_cancelled_and_kills_the_instance() {
         .await
         .unwrap();
     assert!(rec.cancel_requested);
-    let r = rig.step().await;
+    // The Lease is active: the gateway cancels (receipt, then the
+    // supervisor kills the command), acks the signal's terminal page and
+    // releases; the reconciler only destroys and proves.
+    let totals = rig.step_until(|t| t.released == 1).await;
+    assert_eq!(totals.failures, Vec::<String>::new());
     assert_eq!(
-        (r.releases_begun, r.destroyed, r.released, r.failures),
-        (1, 0, 0, vec![])
+        (
+            totals.gateway_released,
+            totals.releases_begun,
+            totals.destroyed,
+            totals.units_returned
+        ),
+        (1, 0, 1, 1)
     );
+    assert!(totals.cancels_left_to_gateway >= 1, "{totals:?}");
+    let pages = rig.store.output(tenant, exec, 0, 10).await.unwrap();
+    let last = pages.last().expect("the terminal page");
     assert_eq!(
-        rig.lease(exec).await.unwrap().terminal_reason,
-        Some(TerminalReason::Cancelled)
-    );
-    let r = rig.step().await;
-    assert_eq!(
-        (r.destroyed, r.released, r.units_returned, r.failures),
-        (1, 1, 1, vec![])
+        (last.meta.kind, last.meta.exit),
+        (
+            PageKind::Terminal,
+            Some(lc_core::page::ExitStatus::signaled(9))
+        )
     );
     assert_gone(&pids).await;
     assert!(
@@ -898,6 +913,29 @@ async fn a_cancel_releases_as_cancelled_and_kills_the_instance() {
     assert_eq!(
         (rec.state, rec.terminal_reason, rec.exit_code),
         (ExecState::Terminal, Some(TerminalReason::Cancelled), None)
+    );
+    assert_eq!(rig.balances(tenant).await, (1, 1, 0, 0));
+
+    // Cancelled before its Lease is active: the reconciler releases it.
+    let early = rig.admit(tenant, "e-2", &["sleep", "600"]).await;
+    let at = rig.reading().await;
+    rig.store
+        .cancel(
+            &OperationKey::new("c-2", Digest([4; 32])).unwrap(),
+            at,
+            tenant,
+            early,
+        )
+        .await
+        .unwrap();
+    let r = rig.step().await;
+    assert_eq!((r.allocated, r.releases_begun, r.failures), (0, 1, vec![]));
+    let totals = rig.step_until(|t| t.released == 1).await;
+    assert_eq!((totals.gateway_released, totals.units_returned), (0, 1));
+    let rec = rig.exec(tenant, early).await;
+    assert_eq!(
+        (rec.state, rec.terminal_reason),
+        (ExecState::Terminal, Some(TerminalReason::Cancelled))
     );
     assert_eq!(rig.balances(tenant).await, (1, 1, 0, 0));
     rig.assert_audit((1, 0, 0)).await;
