@@ -35,8 +35,11 @@ use axum::response::{IntoResponse, Response};
 use axum::{Json, Router};
 use clock::TELEMETRY_READ_MAX;
 use httpkit::{IdPath, JsonBody, Rejection};
+use lc_blob::{BlobError, BlobStore};
 use lc_core::LcError;
+use lc_core::OutputPage;
 use lc_core::model::{Digest, ExecId, ExecRequest, ExecState, PageKind, TenantId};
+use lc_core::owner::StoredPage;
 use serde::de::DeserializeOwned;
 use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
@@ -353,32 +356,85 @@ async fn exec_output(
         Some(p) => p.meta.kind == PageKind::Terminal,
         None => exec.state == ExecState::Terminal,
     };
-    // Only pages whose bytes the store holds can be served here; the
-    // others' bytes are in the sink.
-    let pages = pages
-        .into_iter()
-        .map(|p| match p.bytes {
-            Some(bytes) => Ok(lc_core::OutputPage {
-                exec_id: p.meta.exec_id,
-                attempt: p.meta.attempt,
-                seq: p.meta.seq,
-                kind: p.meta.kind,
-                bytes,
-                sha256: p.meta.sha256,
-                exit: p.meta.exit,
-            }
-            .into()),
-            None => Err(ApiError::Internal(format!(
-                "the bytes of page {} are in the sink, which this server does not read",
-                p.meta.seq
-            ))),
-        })
-        .collect::<Result<Vec<_>, ApiError>>()?;
+    let sink = s.options().sink.clone();
+    let pages = tokio::task::spawn_blocking(move || {
+        pages
+            .into_iter()
+            .map(|p| page_bytes(sink.as_deref(), p).map(PageView::from))
+            .collect::<Result<Vec<_>, ApiError>>()
+    })
+    .await
+    .map_err(|e| ApiError::Internal(format!("the output reader failed: {e}")))??;
     Ok(Json(OutputView {
         pages,
         terminal,
         next_seq,
     }))
+}
+
+/// The page with its bytes: the store's (rows written before the sink held
+/// output), else the sink's under the page's SHA-256, verified by the sink
+/// and checked against the page's length. Blocking file I/O.
+fn page_bytes(sink: Option<&dyn BlobStore>, p: StoredPage) -> Result<OutputPage, ApiError> {
+    let seq = p.meta.seq;
+    let bytes = match p.bytes {
+        Some(bytes) => bytes,
+        None => {
+            let sink = sink.ok_or_else(|| ApiError::Sink {
+                code: "sink_unavailable",
+                seq,
+                message: "this server was started without --blob-dir".into(),
+            })?;
+            match sink.get(&p.meta.sha256) {
+                Ok(Some(bytes)) => bytes,
+                Ok(None) => {
+                    return Err(ApiError::Sink {
+                        code: "blob_missing",
+                        seq,
+                        message: format!("no blob {} in the sink", p.meta.sha256),
+                    });
+                }
+                Err(e @ BlobError::Corrupt { .. }) => {
+                    return Err(ApiError::Sink {
+                        code: "blob_corrupt",
+                        seq,
+                        message: e.to_string(),
+                    });
+                }
+                Err(e) => {
+                    return Err(ApiError::Sink {
+                        code: "sink_unavailable",
+                        seq,
+                        message: e.to_string(),
+                    });
+                }
+            }
+        }
+    };
+    if usize::try_from(p.meta.length).ok() != Some(bytes.len())
+        || Digest::of(&bytes) != p.meta.sha256
+    {
+        return Err(ApiError::Sink {
+            code: "blob_corrupt",
+            seq,
+            message: format!(
+                "{} bytes hashing to {} do not match the page's {} bytes and digest {}",
+                bytes.len(),
+                Digest::of(&bytes),
+                p.meta.length,
+                p.meta.sha256
+            ),
+        });
+    }
+    Ok(OutputPage {
+        exec_id: p.meta.exec_id,
+        attempt: p.meta.attempt,
+        seq,
+        kind: p.meta.kind,
+        bytes,
+        sha256: p.meta.sha256,
+        exit: p.meta.exit,
+    })
 }
 
 /// Asks to cancel an exec of the acting tenant (a terminal one is returned

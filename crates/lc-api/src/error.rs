@@ -103,6 +103,19 @@ pub enum ApiError {
     /// A fault of the service itself (a random source, a file system).
     #[error("internal failure: {0}")]
     Internal(String),
+    /// An acknowledged page's bytes in the sink could not be served: the
+    /// sink is not configured or failed (`sink_unavailable`, 503), the blob
+    /// is missing (`blob_missing`, 500) or its bytes do not hash to its
+    /// digest (`blob_corrupt`, 500). Nothing is served in place of them.
+    #[error("output page {seq}: {message}")]
+    Sink {
+        /// The stable code.
+        code: &'static str,
+        /// The page.
+        seq: i64,
+        /// What failed.
+        message: String,
+    },
 }
 
 /// The service's own codes and their statuses (store codes are mapped by
@@ -119,6 +132,9 @@ pub const SERVICE_CODES: &[(&str, u16)] = &[
     ("time_uncertain", 503),
     ("not_ready", 503),
     ("internal_failure", 500),
+    ("sink_unavailable", 503),
+    ("blob_missing", 500),
+    ("blob_corrupt", 500),
     ("invalid_json", 400),
     ("invalid_body", 422),
     ("unsupported_media_type", 415),
@@ -198,6 +214,7 @@ impl ApiError {
             ApiError::TimeUncertain { .. } => "time_uncertain",
             ApiError::NotReady(_) => "not_ready",
             ApiError::Internal(_) => "internal_failure",
+            ApiError::Sink { code, .. } => code,
         }
     }
 
@@ -217,6 +234,10 @@ impl ApiError {
                 StatusCode::SERVICE_UNAVAILABLE
             }
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            ApiError::Sink { code, .. } if *code == "sink_unavailable" => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            ApiError::Sink { .. } => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 
@@ -234,6 +255,9 @@ impl ApiError {
                 | LcError::EvidenceRejected { .. },
             )
             | ApiError::Internal(_) => "the service failed; the operation changed nothing".into(),
+            ApiError::Sink { code, seq, .. } => format!(
+                "the bytes of output page {seq} cannot be served ({code}); retry later, or ask the operator to check the blob directory"
+            ),
             other => other.to_string(),
         }
     }

@@ -8,6 +8,7 @@ use std::time::Duration;
 use axum::http::{Method, StatusCode};
 use clock::{Clock, UncertainReason};
 use httpkit::{RequestMetrics, ServiceState};
+use lc_blob::BlobStore;
 use lc_core::LcError;
 use lc_core::model::CutReading;
 use lc_core::store::ControlStore;
@@ -32,7 +33,7 @@ pub const RUNTIME_TAR_BYTES_MAX: usize = 64 * 1024 * 1024;
 pub const REQUEST_TIMEOUT_DEFAULT: Duration = Duration::from_secs(30);
 
 /// How the service is configured beyond its store and clock.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ServiceOptions {
     /// Where imported runtimes are unpacked (shared with the provider on
     /// the same host); `None` refuses runtime import with
@@ -40,6 +41,20 @@ pub struct ServiceOptions {
     pub runtime_dir: Option<PathBuf>,
     /// Bound on every request's body and, separately, its handling.
     pub request_timeout: Duration,
+    /// The sink the gateways write output pages' bytes to (read-only
+    /// here); `None` serves only pages whose bytes the store holds, and
+    /// answers `sink_unavailable` for the others.
+    pub sink: Option<Arc<dyn BlobStore>>,
+}
+
+impl std::fmt::Debug for ServiceOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServiceOptions")
+            .field("runtime_dir", &self.runtime_dir)
+            .field("request_timeout", &self.request_timeout)
+            .field("sink", &self.sink.is_some())
+            .finish()
+    }
 }
 
 impl Default for ServiceOptions {
@@ -47,6 +62,7 @@ impl Default for ServiceOptions {
         ServiceOptions {
             runtime_dir: None,
             request_timeout: REQUEST_TIMEOUT_DEFAULT,
+            sink: None,
         }
     }
 }

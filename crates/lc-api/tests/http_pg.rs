@@ -627,3 +627,143 @@ async fn a_finished_exec_is_terminal_with_its_units_back() {
     .await;
     assert_eq!(c.ok(200)["state"], "terminal");
 }
+
+/// Output staged and acked by a gateway: the bytes live in the sink, and
+/// the API serves them verified, never a corrupt or missing blob.
+#[tokio::test]
+async fn gateway_output_is_served_from_the_sink_verified() {
+    use lc_blob::BlobStore as _;
+    use lc_core::owner::{OwnerCredential, OwnerToken, PageMeta};
+    use lc_core::page::Page;
+    use lc_core::store::GatewayStore as _;
+    let dir = std::env::temp_dir().join(format!("lc-api-sink-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let sink = std::sync::Arc::new(lc_blob::LocalBlobStore::open(&dir).expect("sink"));
+    let s = PgSvc::start_with(lc_api::ServiceOptions {
+        sink: Some(sink.clone()),
+        ..lc_api::ServiceOptions::default()
+    })
+    .await;
+    let (_, key) = tenant(&s, "blue", 2).await;
+    let exec = send(
+        &s.router,
+        Req::post("/v1/execs")
+            .token(&key)
+            .key("o-1")
+            .json(small(&["sh", "-c", "x"])),
+    )
+    .await;
+    let exec_id = ExecId(exec.ok(201)["exec_id"].as_i64().unwrap());
+    let at = s.reading().await;
+    let work = s.store.due_work(at, 10).await.expect("due work");
+    let lease = work.iter().find(|w| w.exec_id == exec_id).expect("lease");
+    s.store
+        .mark_active(lease.lease_id, lease.generation, at)
+        .await
+        .expect("active");
+    let token = OwnerToken::from_bytes([9; 32]);
+    let owned = s
+        .store
+        .claim(
+            &token,
+            s.reading().await,
+            jiff::SignedDuration::from_secs(30),
+            1,
+        )
+        .await
+        .expect("claim");
+    assert_eq!(owned.len(), 1);
+    let cred = OwnerCredential {
+        token,
+        generation: owned[0].ownership.generation,
+        fence: owned[0].ownership.fence,
+    };
+    let binary: Vec<u8> = (0u8..=255).rev().collect();
+    let pages = [
+        Page::data(1, PageKind::Stdout, b"hello\n".to_vec()).unwrap(),
+        Page::data(2, PageKind::Stderr, binary.clone()).unwrap(),
+        Page::data(3, PageKind::Stdout, b"pending".to_vec()).unwrap(),
+    ];
+    let metas: Vec<PageMeta> = pages
+        .iter()
+        .map(|p| PageMeta::of_page(exec_id, AttemptNo(1), p))
+        .collect();
+    s.store
+        .stage_pages(&cred, exec_id, s.reading().await, &metas)
+        .await
+        .expect("stage");
+    for p in &pages[..2] {
+        sink.put(&Digest(p.sha256()), p.bytes()).expect("put");
+    }
+    s.store
+        .ack_pages(&cred, exec_id, s.reading().await, "ack-1-2", 2)
+        .await
+        .expect("ack");
+    let get = || Req::get(format!("/v1/execs/{}/output", exec_id.0)).token(&key);
+    let b64 = |b: &[u8]| {
+        use base64::Engine as _;
+        base64::engine::general_purpose::STANDARD.encode(b)
+    };
+    let r = send(&s.router, get()).await;
+    let body = r.ok(200);
+    // Only the acked pages; the pending one is not readable yet.
+    assert_eq!(body["next_seq"], 3);
+    assert_eq!(body["terminal"], false);
+    let got: Vec<(i64, String, String, String)> = body["pages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p["seq"].as_i64().unwrap(),
+                p["kind"].as_str().unwrap().to_string(),
+                p["data_b64"].as_str().unwrap().to_string(),
+                p["sha256"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            (
+                1,
+                "stdout".into(),
+                b64(b"hello\n"),
+                Digest::of(b"hello\n").to_hex()
+            ),
+            (
+                2,
+                "stderr".into(),
+                b64(&binary),
+                Digest::of(&binary).to_hex()
+            ),
+        ]
+    );
+    // A damaged blob is refused, never served.
+    let blob = sink.path_of(&Digest::of(&binary));
+    std::fs::write(&blob, b"damaged").unwrap();
+    send(&s.router, get()).await.problem(500, "blob_corrupt");
+    std::fs::remove_file(&blob).unwrap();
+    send(&s.router, get()).await.problem(500, "blob_missing");
+    // From after the damaged page, the rest is still served.
+    let r = send(
+        &s.router,
+        Req::get(format!("/v1/execs/{}/output?after_seq=2", exec_id.0)).token(&key),
+    )
+    .await;
+    assert_eq!(r.ok(200)["pages"], json!([]));
+    let _ = std::fs::remove_dir_all(&dir);
+
+    // A service without a sink cannot serve the gateway's pages.
+    let (router, _) = lc_api::build(
+        s.store.clone(),
+        s.clock.clone(),
+        lc_api::auth::AdminDigest::of_token(ADMIN).expect("admin"),
+        s.secret.clone(),
+        lc_api::ServiceOptions::default(),
+    );
+    send(&router, get())
+        .await
+        .problem(503, "sink_unavailable")
+        .detail("the bytes of output page 1 cannot be served (sink_unavailable); retry later, or ask the operator to check the blob directory");
+}

@@ -1,5 +1,6 @@
-//! Little Compute's workers: the reconciler (allocate, renew, pump output,
-//! destroy, prove, release) as a loop around one [`Reconciler::step`].
+//! Little Compute's workers: the reconciler (allocate, renew, destroy,
+//! prove, release) as a loop around one [`Reconciler::step`]. Output and
+//! the release of an exited exec are the gateway's (`lc-gateway`).
 //!
 //! * [`reconciler`]: one step over a bounded batch of due leases, and the
 //!   loop that repeats it until shutdown. It drives any
@@ -12,6 +13,5 @@
 pub mod reconciler;
 
 pub use reconciler::{
-    BATCH_DEFAULT, LeaseFailure, PUMP_ROUNDS_MAX, Reconciler, ReconcilerOptions, StepError,
-    StepReport,
+    BATCH_DEFAULT, LeaseFailure, Reconciler, ReconcilerOptions, StepError, StepReport,
 };

@@ -14,17 +14,23 @@
 //!   state or the supervisor failing) and a refused credential (this
 //!   worker's configuration, not the instance's fault) are retried at the
 //!   next step instead ([`retried`]).
-//! * `maintain`: output pages move from the provider's spool into the
-//!   store: pages after the stored seq are fetched, appended (idempotent
-//!   on seq, checked by sha256), and only then acked through the stored
-//!   seq, so nothing leaves the spool before it is committed. A committed
-//!   terminal page moves the lease to `release_pending` (`exited`) at
-//!   once. Otherwise the Lease and its Reservation are renewed when their
+//! * `maintain`: the Lease and its Reservation are renewed when their
 //!   expiry is within `renew_ahead` of the cut (on any reading: a renewal
-//!   never shortens, `max(current, cut + ttl)`).
+//!   never shortens, `max(current, cut + ttl)`), once the provider
+//!   confirms that the instance still exists (a lost instance's Lease is
+//!   left to expire). Output is not the
+//!   reconciler's: the exec's owning gateway (`lc-gateway`) moves the pages
+//!   from the spool into the sink and the store, and releases the Lease
+//!   once the terminal page is acknowledged.
 //! * `begin_release`: cancel, timeout or expiry (the last two only on a
 //!   certain cut, which the plan already checked) move the lease to
-//!   `release_pending`.
+//!   `release_pending`. An exec whose terminal page is acknowledged
+//!   (`exited`) is left to its gateway's release, the only one that knows
+//!   the page is in the sink, and so is the cancel of an exec whose Lease
+//!   is `active` (its gateway commits the cancel, kills the command and
+//!   releases once the signal's terminal page is acked); until then their
+//!   Lease is maintained like any other. A cancel before the Lease is
+//!   active is released here.
 //! * `destroy`: the Reservation is renewed first when its expiry is
 //!   within `renew_ahead` of the cut (so the grant never reaches its
 //!   reclaim boundary while the proof waits); the provider destroys the
@@ -40,8 +46,7 @@
 //! Providers are [`lc_provider::Provider`]s, called directly (the
 //! bubblewrap provider in process, `lc_provider::HttpProvider` over
 //! loopback): the reconciler turns the store's [`LeaseWork`] into an
-//! [`AllocateRequest`] and the provider's pages into [`OutputPage`]s of the
-//! lease's exec and attempt itself.
+//! [`AllocateRequest`] itself.
 //!
 //! A failure on one lease is recorded in the report and does not stop the
 //! others: the next step retries from what the store says. Every store
@@ -54,32 +59,17 @@ use std::time::Duration;
 
 use clock::Clock;
 use jiff::SignedDuration;
-use lc_core::owner::OwnerFence;
-use lc_core::page::PAGES_PER_REQUEST_MAX;
-use lc_core::rules::{APPEND_PAGES_MAX, LIST_LIMIT_MAX};
+use lc_core::rules::LIST_LIMIT_MAX;
 use lc_core::store::ReconcileStore;
 use lc_core::{
-    Command, CutReading, Generation, LcError, LeaseAction, LeaseWork, OutputPage, PageKind,
-    ProviderId, SandboxLeaseId, Shape, TerminalReason,
+    Command, CutReading, Generation, LcError, LeaseAction, LeaseState, LeaseWork, ProviderId,
+    SandboxLeaseId, Shape, TerminalReason,
 };
 use lc_provider::{AllocateRequest, Provider, ProviderError};
 use tokio::sync::watch;
 
-/// Fetch-append-ack rounds per lease and step: with 64 pages of at most
-/// 64 KiB per round, one lease moves up to 16 MiB per step (twice the
-/// supervisor's default spool) without starving the rest of the batch.
-pub const PUMP_ROUNDS_MAX: usize = 4;
-
-/// Pages asked for per round: what one append stores and one provider
-/// request returns, whichever is smaller.
-pub const PAGES_PER_PUMP: usize = if APPEND_PAGES_MAX < PAGES_PER_REQUEST_MAX as usize {
-    APPEND_PAGES_MAX
-} else {
-    PAGES_PER_REQUEST_MAX as usize
-};
-
 /// The default batch: leases handled per step, the store's listing bound.
-/// Every live lease is due at every step (pumping, renewal), so the batch
+/// Every live lease is due at every step (renewal), so the batch
 /// bounds the live leases one worker serves.
 pub const BATCH_DEFAULT: usize = LIST_LIMIT_MAX;
 
@@ -142,16 +132,16 @@ pub struct StepReport {
     pub allocated: usize,
     /// Leases moved to `release_pending` because their instance could not start.
     pub start_failed: usize,
-    /// Pages newly stored.
-    pub pages_appended: usize,
-    /// Pages the store already had (a replay after a crash).
-    pub pages_duplicate: usize,
-    /// Acks sent to providers.
-    pub acks: usize,
     /// Leases renewed.
     pub renewed: usize,
-    /// Leases moved to `release_pending` (exited, cancelled, expired; not start failures).
+    /// Leases moved to `release_pending` (cancelled, expired; not start failures).
     pub releases_begun: usize,
+    /// Leases whose exec exited, left to its gateway's release (renewed
+    /// like any maintained Lease meanwhile).
+    pub exited_left_to_gateway: usize,
+    /// Active Leases whose exec a client cancelled, left to its gateway's
+    /// cancel and release (renewed meanwhile).
+    pub cancels_left_to_gateway: usize,
     /// Destroys the providers confirmed with evidence.
     pub destroyed: usize,
     /// Releases committed now (capacity returned).
@@ -177,11 +167,10 @@ impl StepReport {
             leases_seen: 0,
             allocated: 0,
             start_failed: 0,
-            pages_appended: 0,
-            pages_duplicate: 0,
-            acks: 0,
             renewed: 0,
             releases_begun: 0,
+            exited_left_to_gateway: 0,
+            cancels_left_to_gateway: 0,
             destroyed: 0,
             released: 0,
             released_replay: 0,
@@ -419,18 +408,20 @@ impl Reconciler {
                     }
                 }
             }
-            LeaseAction::Maintain => {
-                let provider = self.provider(w)?;
-                let terminal = self.pump(provider.as_ref(), w, report).await?;
-                if terminal {
-                    self.store
-                        .begin_release(w.lease_id, w.generation, TerminalReason::Exited, at)
-                        .await?;
-                    report.releases_begun += 1;
-                } else if w.expiry.duration_since(at.cut) <= self.options.renew_ahead {
-                    self.store.renew(w.lease_id, w.generation, at).await?;
-                    report.renewed += 1;
-                }
+            LeaseAction::Maintain => self.maintain(w, at, report).await?,
+            LeaseAction::BeginRelease(TerminalReason::Exited) => {
+                // The gateway releases it once the terminal page is in the
+                // sink; until then the Lease must not run out.
+                report.exited_left_to_gateway += 1;
+                self.maintain(w, at, report).await?;
+            }
+            LeaseAction::BeginRelease(TerminalReason::Cancelled)
+                if w.state == LeaseState::Active =>
+            {
+                // The owning gateway commits the cancel receipt, stops the
+                // command and releases once its terminal page is acked.
+                report.cancels_left_to_gateway += 1;
+                self.maintain(w, at, report).await?;
             }
             LeaseAction::BeginRelease(reason) => {
                 self.store
@@ -469,61 +460,31 @@ impl Reconciler {
         Ok(())
     }
 
-    /// Moves pages from the provider into the store, then acks through the
-    /// stored seq; returns whether the terminal page is now stored.
-    async fn pump(
+    /// Renews the Lease and its Reservation when the Lease's expiry is
+    /// within `renew_ahead` of the cut, once the provider confirms that the
+    /// instance's supervisor still holds its spool: a lost instance
+    /// (`no_instance`, `instance_lost`) or an unreachable provider is not
+    /// renewed, so its Lease expires on a certain cut and is released.
+    async fn maintain(
         &self,
-        provider: &dyn Provider,
         w: &LeaseWork,
+        at: CutReading,
         report: &mut StepReport,
-    ) -> Result<bool, Fail> {
-        let (lease, generation) = (w.lease_id, w.generation);
-        let mut stored = w.last_seq;
-        let mut acked = false;
-        let mut terminal = false;
-        // The worker owns no exec: it presents the lowest fence, which every
-        // gateway fence is at or above. This pump is removed once the
-        // gateway owns output.
-        let fence = OwnerFence(1);
-        for _ in 0..PUMP_ROUNDS_MAX {
-            let pages: Vec<OutputPage> = provider
-                .pages(lease, generation, fence, stored, PAGES_PER_PUMP)
-                .await?
-                .iter()
-                .map(|p| OutputPage::from_page(w.exec_id, w.attempt, p))
-                .collect();
-            if pages.is_empty() {
-                break;
-            }
-            let full = pages.len() >= PAGES_PER_PUMP;
-            let appended = self.store.append_pages(lease, generation, &pages).await?;
-            report.pages_appended += appended.appended;
-            report.pages_duplicate += appended.duplicates;
-            terminal |= pages
-                .iter()
-                .any(|p| p.kind == PageKind::Terminal && p.seq <= appended.last_seq);
-            let progressed = appended.last_seq > stored;
-            stored = appended.last_seq;
-            // Only what is committed leaves the spool.
-            provider.ack(lease, generation, fence, stored).await?;
-            report.acks += 1;
-            acked = true;
-            if terminal || !full || !progressed {
-                break;
-            }
+    ) -> Result<(), Fail> {
+        if w.expiry.duration_since(at.cut) <= self.options.renew_ahead {
+            self.provider(w)?
+                .spool_status(w.lease_id, w.generation)
+                .await?;
+            self.store.renew(w.lease_id, w.generation, at).await?;
+            report.renewed += 1;
         }
-        if !acked && stored > 0 {
-            // Pages stored by a step that died before its ack.
-            provider.ack(lease, generation, fence, stored).await?;
-            report.acks += 1;
-        }
-        Ok(terminal)
+        Ok(())
     }
 
     /// Steps every `interval` until `shutdown` turns `true` (or its sender
     /// goes away); returns after the step in progress. One step per tick:
-    /// the due leases include every live one (each needs pumping and
-    /// renewal), so stepping again at once would only repeat the batch.
+    /// the due leases include every live one (each needs renewal), so
+    /// stepping again at once would only repeat the batch.
     pub async fn run(&self, interval: Duration, mut shutdown: watch::Receiver<bool>) {
         tracing::info!(batch = self.options.batch, ?interval, "reconciler started");
         loop {
@@ -566,12 +527,7 @@ fn housekeeping_failure(action: &'static str, e: &LcError) -> LeaseFailure {
 }
 
 fn log_report(r: &StepReport) {
-    let busy = r.allocated
-        + r.start_failed
-        + r.pages_appended
-        + r.releases_begun
-        + r.destroyed
-        + r.released;
+    let busy = r.allocated + r.start_failed + r.releases_begun + r.destroyed + r.released;
     if busy == 0 {
         tracing::debug!(cut = %r.at.cut, certain = r.at.certain, leases = r.leases_seen, "reconciler step");
     } else {
@@ -581,7 +537,6 @@ fn log_report(r: &StepReport) {
             leases = r.leases_seen,
             allocated = r.allocated,
             start_failed = r.start_failed,
-            pages = r.pages_appended,
             releases_begun = r.releases_begun,
             destroyed = r.destroyed,
             released = r.released,

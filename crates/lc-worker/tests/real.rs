@@ -1,24 +1,30 @@
 //! The reconciler's step against the real parts: a fresh database per test
 //! on the harness's one cluster (Tollgate and Little Compute migrated), a
 //! real safe-time sampler publishing the cut in process, LcStore, and a real
-//! bubblewrap provider running real commands. Time is never simulated: a
+//! bubblewrap provider running real commands, with an in-process exec
+//! gateway (`lc-gateway`) beside the reconciler, since output and the
+//! release of an exited exec are the gateway's. Time is never simulated: a
 //! sampler stopped makes the cut stale (frozen and uncertain), a new
 //! sampler with a long recovery grace makes it advance while uncertain
 //! (`recovering`), and short Lease TTLs let a certain cut pass an expiry
 //! within seconds.
 //!
-//! * A command runs to its terminal page: its output lands exactly once and
-//!   in order, its Reservation returns exactly once (exact balances, a
-//!   clean Tollgate audit).
+//! * A command runs to its terminal page: the gateway moves its output
+//!   exactly once and in order and releases the Lease; the reconciler never
+//!   begins that release itself, destroys the instance and returns the
+//!   Reservation exactly once (exact balances, a clean Tollgate audit).
 //! * An uncertain cut: the destroy is retried but nothing is released and
 //!   no capacity returns; a Lease past its expiry is renewed, not expired,
 //!   and a renewal never shortens it.
 //! * A certain cut past the Lease's expiry releases it as `expired`.
 //! * An instance that cannot start releases as `start_failed`; a command
 //!   that does not exist is not one (it exits 127).
-//! * A cancel releases as `cancelled` and the instance's processes are gone.
-//! * Pages a previous worker stored but never acked are acked, not stored
-//!   twice.
+//! * A cancel of a running exec goes through its gateway (the command is
+//!   killed, its signal-9 terminal page acked, the Lease released as
+//!   `cancelled`); one before the Lease is active is released by the
+//!   reconciler; the instance's processes are gone.
+//! * A flood of binary output (twice the spool), a command that closes
+//!   stdout early and one that leaves a child behind lose no byte.
 //! * A step handles at most its batch.
 
 use std::path::{Path, PathBuf};
@@ -29,14 +35,15 @@ use std::time::{Duration, Instant};
 use clock::Clock;
 use clock::safe_cut::SafeCutClock;
 use jiff::SignedDuration;
+use lc_blob::BlobStore as _;
 use lc_core::rules::LIST_LIMIT_MAX;
 use lc_core::store::{ControlStore, ReconcileStore};
 use lc_core::{
     CutReading, Digest, ExecId, ExecRecord, ExecRequest, ExecState, Generation, LcError,
-    LeaseState, LeaseWork, OperationKey, OutputPage, PageKind, SandboxLeaseId, TenantId,
-    TerminalReason,
+    LeaseState, LeaseWork, OperationKey, PageKind, SandboxLeaseId, TenantId, TerminalReason,
 };
-use lc_provider::{BwrapConfig, BwrapProvider, Provider};
+use lc_gateway::{Gateway, GatewayOptions, ProviderConnector};
+use lc_provider::{BwrapConfig, BwrapProvider, Provider, ProviderError};
 use lc_worker::{Reconciler, ReconcilerOptions, StepReport};
 use safetime::{SafeTimeConfig, UncertainReason};
 use safetime_pg::sampler::{Sampler, SamplerOptions};
@@ -117,8 +124,21 @@ fn start_sampler(
     (stop, tokio::spawn(async move { sampler.run(rx).await }))
 }
 
+/// The rig's one in-process provider, whatever URL the store recorded.
+struct InProcess(Arc<BwrapProvider>);
+
+#[async_trait::async_trait]
+impl ProviderConnector for InProcess {
+    async fn connect(&self, _url: &str) -> Result<Arc<dyn Provider>, ProviderError> {
+        Ok(self.0.clone())
+    }
+}
+
 struct Rig {
     url: String,
+    /// The exec gateway beside the reconciler; its sink is `dir/blobs`.
+    gateway: Gateway,
+    sink: Arc<lc_blob::LocalBlobStore>,
     store: Arc<lc_pg::LcStore>,
     clock: Arc<SafeCutClock>,
     provider: Arc<BwrapProvider>,
@@ -189,8 +209,19 @@ impl Rig {
             options,
         )
         .unwrap();
+        let sink = Arc::new(lc_blob::LocalBlobStore::open(dir.join("blobs")).expect("sink"));
+        let gateway = Gateway::new(
+            store.clone(),
+            Arc::new(InProcess(provider.clone())),
+            sink.clone(),
+            clock.clone(),
+            GatewayOptions::default(),
+        )
+        .expect("gateway");
         let rig = Rig {
             url,
+            gateway,
+            sink,
             store,
             clock,
             provider,
@@ -332,8 +363,31 @@ impl Rig {
             .find(|w| w.exec_id == exec)
     }
 
+    /// A gateway step, then a reconciler step; the reconciler's report.
     async fn step(&self) -> StepReport {
-        self.rec.step().await.expect("step")
+        self.step_both().await.1
+    }
+
+    async fn step_both(&self) -> (lc_gateway::StepReport, StepReport) {
+        let g = self.gateway.step().await;
+        (g, self.rec.step().await.expect("step"))
+    }
+
+    /// Steps (gateway, then reconciler) until a gateway step released a
+    /// Lease; the reconciler has not stepped since (bounded).
+    async fn step_until_gateway_released(&self) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let g = self.gateway.step().await;
+            assert_eq!(g.failures, vec![]);
+            if g.released == 1 {
+                return;
+            }
+            assert!(Instant::now() < deadline, "no release within 60 s");
+            let r = self.rec.step().await.expect("step");
+            assert_eq!(r.failures, vec![]);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     /// Steps until `done` holds for the sum of the reports (bounded).
@@ -342,7 +396,9 @@ impl Rig {
         let deadline = Instant::now() + Duration::from_secs(60);
         while !done(&t) {
             assert!(Instant::now() < deadline, "not done within 60 s: {t:?}");
-            t.add(&self.step().await);
+            let (g, r) = self.step_both().await;
+            t.add_gateway(&g);
+            t.add(&r);
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         t
@@ -393,9 +449,13 @@ async fn assert_gone(pids: &[i32]) {
 struct Totals {
     allocated: usize,
     start_failed: usize,
-    pages_appended: usize,
-    pages_duplicate: usize,
+    /// Pages the gateway acked (sink-bound and committed).
+    pages_acked: usize,
+    /// Leases the gateway released after their terminal page was acked.
+    gateway_released: usize,
     releases_begun: usize,
+    exited_left_to_gateway: usize,
+    cancels_left_to_gateway: usize,
     destroyed: usize,
     released: usize,
     released_replay: usize,
@@ -408,9 +468,9 @@ impl Totals {
     fn add(&mut self, r: &StepReport) {
         self.allocated += r.allocated;
         self.start_failed += r.start_failed;
-        self.pages_appended += r.pages_appended;
-        self.pages_duplicate += r.pages_duplicate;
         self.releases_begun += r.releases_begun;
+        self.exited_left_to_gateway += r.exited_left_to_gateway;
+        self.cancels_left_to_gateway += r.cancels_left_to_gateway;
         self.destroyed += r.destroyed;
         self.released += r.released;
         self.released_replay += r.released_replay;
@@ -422,24 +482,44 @@ impl Totals {
                 .map(|f| format!("{}: {}", f.code, f.message)),
         );
     }
+
+    fn add_gateway(&mut self, r: &lc_gateway::StepReport) {
+        self.pages_acked += r.pages_acked;
+        self.gateway_released += r.released;
+        self.failures.extend(
+            r.failures
+                .iter()
+                .map(|f| format!("gateway {}: {}", f.code, f.message)),
+        );
+    }
 }
 
-/// The stored pages' seqs, and the bytes of the pages of `kind`.
+/// The acked pages' seqs, and the bytes of the pages of `kind`, read from
+/// the gateway's sink by digest (verified).
 async fn output_of(
-    store: &lc_pg::LcStore,
+    rig: &Rig,
     tenant: TenantId,
     exec: ExecId,
     kind: PageKind,
 ) -> (Vec<i64>, Vec<u8>) {
-    let pages = store.output(tenant, exec, 0, 1000).await.expect("output");
+    let pages = rig
+        .store
+        .output(tenant, exec, 0, 1000)
+        .await
+        .expect("output");
     let seqs = pages.iter().map(|p| p.meta.seq).collect();
     let bytes = pages
         .iter()
         .filter(|p| p.meta.kind == kind)
         .flat_map(|p| {
-            p.bytes
-                .clone()
-                .expect("the reconciler's pages keep their bytes")
+            assert_eq!(
+                p.bytes, None,
+                "the gateway's pages keep their bytes in the sink"
+            );
+            rig.sink
+                .get(&p.meta.sha256)
+                .unwrap()
+                .expect("the page's blob")
         })
         .collect();
     (seqs, bytes)
@@ -467,29 +547,29 @@ async fn a_real_command_runs_to_terminal_and_its_units_return_once() {
     assert_eq!(
         (
             totals.allocated,
+            totals.gateway_released,
             totals.releases_begun,
             totals.destroyed,
             totals.released,
             totals.units_returned,
-            totals.pages_duplicate
         ),
-        (1, 1, 1, 1, 1, 0)
+        (1, 1, 0, 1, 1, 1)
     );
     let rec = rig.exec(tenant, exec).await;
     assert_eq!(rec.state, ExecState::Terminal);
     assert_eq!(rec.terminal_reason, Some(TerminalReason::Exited));
     assert_eq!(rec.exit_code, Some(7));
-    let (seqs, stdout) = output_of(&rig.store, tenant, exec, PageKind::Stdout).await;
+    let (seqs, stdout) = output_of(&rig, tenant, exec, PageKind::Stdout).await;
     let n = i64::try_from(seqs.len()).unwrap();
     assert_eq!(
         seqs,
         (1..=n).collect::<Vec<_>>(),
         "every page once, in order"
     );
-    assert_eq!(totals.pages_appended, seqs.len());
+    assert_eq!(totals.pages_acked, seqs.len());
     let want: String = (1..=20000).map(|i| format!("{i}\n")).collect();
     assert_eq!(stdout, want.as_bytes());
-    let (_, stderr) = output_of(&rig.store, tenant, exec, PageKind::Stderr).await;
+    let (_, stderr) = output_of(&rig, tenant, exec, PageKind::Stderr).await;
     assert_eq!(stderr, b"done\n");
     let last = rig.store.output(tenant, exec, n - 1, 1).await.unwrap();
     assert_eq!(last[0].meta.kind, PageKind::Terminal);
@@ -514,7 +594,7 @@ async fn a_stopped_sampler_retries_the_destroy_but_returns_nothing_until_certain
     .await;
     let tenant = rig.tenant(2).await;
     let exec = rig.admit(tenant, "e-1", &["sh", "-c", "echo hi"]).await;
-    rig.step_until(|t| t.releases_begun == 1).await;
+    rig.step_until_gateway_released().await;
     assert_eq!(rig.balances(tenant).await, (2, 1, 1, 0));
 
     rig.stop_sampler().await;
@@ -746,7 +826,7 @@ async fn an_instance_that_cannot_start_releases_with_start_failed() {
         (rec.state, rec.terminal_reason, rec.exit_code),
         (ExecState::Terminal, Some(TerminalReason::Exited), Some(127))
     );
-    let (seqs, stderr) = output_of(&rig.store, tenant, missing, PageKind::Stderr).await;
+    let (seqs, stderr) = output_of(&rig, tenant, missing, PageKind::Stderr).await;
     assert_eq!(seqs, vec![1, 2]);
     assert_eq!(
         String::from_utf8(stderr).unwrap(),
@@ -799,19 +879,29 @@ async fn a_cancel_releases_as_cancelled_and_kills_the_instance() {
         .await
         .unwrap();
     assert!(rec.cancel_requested);
-    let r = rig.step().await;
+    // The Lease is active: the gateway cancels (receipt, then the
+    // supervisor kills the command), acks the signal's terminal page and
+    // releases; the reconciler only destroys and proves.
+    let totals = rig.step_until(|t| t.released == 1).await;
+    assert_eq!(totals.failures, Vec::<String>::new());
     assert_eq!(
-        (r.releases_begun, r.destroyed, r.released, r.failures),
-        (1, 0, 0, vec![])
+        (
+            totals.gateway_released,
+            totals.releases_begun,
+            totals.destroyed,
+            totals.units_returned
+        ),
+        (1, 0, 1, 1)
     );
+    assert!(totals.cancels_left_to_gateway >= 1, "{totals:?}");
+    let pages = rig.store.output(tenant, exec, 0, 10).await.unwrap();
+    let last = pages.last().expect("the terminal page");
     assert_eq!(
-        rig.lease(exec).await.unwrap().terminal_reason,
-        Some(TerminalReason::Cancelled)
-    );
-    let r = rig.step().await;
-    assert_eq!(
-        (r.destroyed, r.released, r.units_returned, r.failures),
-        (1, 1, 1, vec![])
+        (last.meta.kind, last.meta.exit),
+        (
+            PageKind::Terminal,
+            Some(lc_core::page::ExitStatus::signaled(9))
+        )
     );
     assert_gone(&pids).await;
     assert!(
@@ -826,88 +916,106 @@ async fn a_cancel_releases_as_cancelled_and_kills_the_instance() {
         (ExecState::Terminal, Some(TerminalReason::Cancelled), None)
     );
     assert_eq!(rig.balances(tenant).await, (1, 1, 0, 0));
+
+    // Cancelled before its Lease is active: the reconciler releases it.
+    let early = rig.admit(tenant, "e-2", &["sleep", "600"]).await;
+    let at = rig.reading().await;
+    rig.store
+        .cancel(
+            &OperationKey::new("c-2", Digest([4; 32])).unwrap(),
+            at,
+            tenant,
+            early,
+        )
+        .await
+        .unwrap();
+    let r = rig.step().await;
+    assert_eq!((r.allocated, r.releases_begun, r.failures), (0, 1, vec![]));
+    let totals = rig.step_until(|t| t.released == 1).await;
+    assert_eq!((totals.gateway_released, totals.units_returned), (0, 1));
+    let rec = rig.exec(tenant, early).await;
+    assert_eq!(
+        (rec.state, rec.terminal_reason),
+        (ExecState::Terminal, Some(TerminalReason::Cancelled))
+    );
+    assert_eq!(rig.balances(tenant).await, (1, 1, 0, 0));
     rig.assert_audit((1, 0, 0)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn pages_stored_before_a_lost_ack_are_acked_and_not_stored_twice() {
+async fn a_flood_of_binary_output_an_early_closed_stdout_and_an_orphan_lose_nothing() {
     let rig = Rig::start(
         lc_core::rules::LEASE_TTL_DEFAULT,
         ReconcilerOptions::default(),
     )
     .await;
-    let tenant = rig.tenant(1).await;
-    let exec = rig
+    let tenant = rig.tenant(2).await;
+    // 16 MiB of every byte value (invalid UTF-8 throughout), twice the
+    // supervisor's default spool, from a command that leaves a child
+    // running behind it.
+    let flood = rig
         .admit(
             tenant,
-            "e-1",
-            &["sh", "-c", "echo one; echo two; echo three; sleep 600"],
+            "e-flood",
+            &[
+                "sh",
+                "-c",
+                "sleep 600 & python3 -c 'import sys; sys.stdout.buffer.write(bytes(range(256)) * 65536)'",
+            ],
         )
         .await;
-    let r = rig.step().await;
-    assert_eq!((r.allocated, r.failures), (1, vec![]));
-    let w = rig.lease(exec).await.unwrap();
-    let (lease, generation) = (w.lease_id, w.generation);
-
-    // A previous worker's step: it fetched every page and stored them, then
-    // died before its ack.
-    let deadline = Instant::now() + WAIT_MAX;
-    let pages = loop {
-        let pages = rig
-            .provider
-            .pages(lease, generation, lc_core::owner::OwnerFence(1), 0, 64)
-            .await
-            .unwrap();
-        let bytes: Vec<u8> = pages.iter().flat_map(|p| p.bytes().to_vec()).collect();
-        if bytes == b"one\ntwo\nthree\n" {
-            break pages;
-        }
-        assert!(Instant::now() < deadline, "spooled: {bytes:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
-    let n = pages.len();
-    let pages: Vec<OutputPage> = pages
-        .iter()
-        .map(|p| OutputPage::from_page(exec, w.attempt, p))
-        .collect();
-    let stored = rig
-        .store
-        .append_pages(lease, generation, &pages)
-        .await
-        .unwrap();
-    assert_eq!((stored.appended, stored.last_seq), (n, n as i64));
-    assert_eq!(
-        rig.provider
-            .pages(lease, generation, lc_core::owner::OwnerFence(1), 0, 64)
-            .await
-            .unwrap()
-            .len(),
-        n
-    );
-
-    let r = rig.step().await;
+    // stdout closed early, stderr still written after it.
+    let closed = rig
+        .admit(
+            tenant,
+            "e-closed",
+            &["sh", "-c", "echo before; exec 1>&-; echo after >&2; exit 4"],
+        )
+        .await;
+    let totals = rig.step_until(|t| t.released == 2).await;
+    assert_eq!(totals.failures, Vec::<String>::new());
     assert_eq!(
         (
-            r.pages_appended,
-            r.pages_duplicate,
-            r.acks,
-            r.renewed,
-            r.failures
+            totals.gateway_released,
+            totals.releases_begun,
+            totals.units_returned
         ),
-        (0, 0, 1, 0, vec![])
+        (2, 0, 2)
+    );
+    let rec = rig.exec(tenant, flood).await;
+    assert_eq!(
+        (rec.state, rec.terminal_reason, rec.exit_code),
+        (ExecState::Terminal, Some(TerminalReason::Exited), Some(0))
+    );
+    let (seqs, stdout) = output_of(&rig, tenant, flood, PageKind::Stdout).await;
+    let n = i64::try_from(seqs.len()).unwrap();
+    assert_eq!(
+        seqs,
+        (1..=n).collect::<Vec<_>>(),
+        "every page once, in order"
+    );
+    assert_eq!(stdout.len(), 16 * 1024 * 1024);
+    assert!(
+        stdout == (0u8..=255).collect::<Vec<u8>>().repeat(65536),
+        "the flood's bytes, exactly"
+    );
+    let rec = rig.exec(tenant, closed).await;
+    assert_eq!(
+        (rec.state, rec.terminal_reason, rec.exit_code),
+        (ExecState::Terminal, Some(TerminalReason::Exited), Some(4))
     );
     assert_eq!(
-        rig.provider
-            .pages(lease, generation, lc_core::owner::OwnerFence(1), 0, 64)
-            .await
-            .unwrap(),
-        vec![],
-        "the spool dropped what the store holds"
+        output_of(&rig, tenant, closed, PageKind::Stdout).await.1,
+        b"before\n"
     );
-    let (seqs, stdout) = output_of(&rig.store, tenant, exec, PageKind::Stdout).await;
-    assert_eq!(seqs, (1..=n as i64).collect::<Vec<_>>());
-    assert_eq!(stdout, b"one\ntwo\nthree\n");
-    assert_eq!(rig.lease(exec).await.unwrap().last_seq, n as i64);
+    assert_eq!(
+        output_of(&rig, tenant, closed, PageKind::Stderr).await.1,
+        b"after\n"
+    );
+    // The orphan died with the instance.
+    assert_eq!(rig.provider.inventory().await.unwrap(), vec![]);
+    assert_eq!(rig.balances(tenant).await, (2, 2, 0, 0));
+    rig.assert_audit((2, 0, 0)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -973,7 +1081,7 @@ async fn a_deferred_destroy_keeps_its_reservation_renewed() {
     .await;
     let tenant = rig.tenant(1).await;
     let exec = rig.admit(tenant, "e-1", &["true"]).await;
-    rig.step_until(|t| t.releases_begun == 1).await;
+    rig.step_until_gateway_released().await;
     let before = rig.lease(exec).await.expect("release pending");
     assert_eq!(before.state, LeaseState::ReleasePending);
 

@@ -1,19 +1,21 @@
-//! The `little-compute` binary: serve, provider, worker, appliance.
+//! The `little-compute` binary: serve, provider, worker, gateway, appliance.
 //!
 //! ```text
 //! little-compute serve     --listen ADDR --admin-token-file F --secret-file F   # control plane
 //! little-compute provider  --state-dir D --listen ADDR --id ID --runtime-dir R  # one per host
 //! little-compute worker    --provider-url URL...                                # the reconciler
+//! little-compute gateway   --blob-dir DIR --secret-file F                       # owns running execs, moves output
 //! little-compute appliance up|down|status --data-dir DIR                        # all on one host
 //! ```
 //!
-//! The database URL of `serve` and `worker` comes from `--database-url` or
-//! `LC_DATABASE_URL` (prefer the variable: a command line is visible to
-//! every local user). Logs go to stderr at the level of `LC_LOG` (default
+//! The database URL of `serve`, `worker` and `gateway` comes from
+//! `--database-url` or `LC_DATABASE_URL` (prefer the variable: a command
+//! line is visible to every local user). Logs go to stderr at the level of `LC_LOG` (default
 //! `info`). Exit status: 0 after a clean shutdown, 2 for bad arguments, 1
 //! for any other failure.
 
 mod appliance;
+mod gateway;
 mod provider;
 mod retry;
 mod serve;
@@ -40,8 +42,11 @@ enum Command {
     Serve(serve::ServeArgs),
     /// A provider: runs sandbox instances on this host.
     Provider(provider::ProviderArgs),
-    /// The reconciler: allocates, renews, pumps output, destroys and releases.
+    /// The reconciler: allocates, renews, destroys and proves releases.
     Worker(worker::WorkerArgs),
+    /// The exec gateway: owns running execs, moves their output into the
+    /// sink exactly once, cancels and releases them.
+    Gateway(gateway::GatewayArgs),
     /// The whole service on one host.
     #[command(subcommand)]
     Appliance(ApplianceCommand),
@@ -94,6 +99,7 @@ async fn main() -> ExitCode {
         Command::Serve(args) => serve::command(args).await,
         Command::Provider(args) => provider::run(args).await,
         Command::Worker(args) => worker::run(args).await,
+        Command::Gateway(args) => gateway::run(args).await,
         Command::Appliance(ApplianceCommand::Up(args)) => appliance::up(args).await,
         Command::Appliance(ApplianceCommand::Down(args)) => appliance::down(args).await,
         Command::Appliance(ApplianceCommand::Status(args)) => appliance::status(args).await,

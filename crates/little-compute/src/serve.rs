@@ -64,6 +64,12 @@ pub struct ServeArgs {
     /// it, runtime import is refused.
     #[arg(long, value_name = "DIR")]
     pub runtime_dir: Option<PathBuf>,
+    /// The sink the gateways write output pages to (their `--blob-dir`):
+    /// `GET /v1/execs/{id}/output` reads each page's bytes from it by
+    /// SHA-256 and verifies them. Without it only pages whose bytes the
+    /// database holds are served (others answer `sink_unavailable`).
+    #[arg(long, value_name = "DIR")]
+    pub blob_dir: Option<PathBuf>,
     /// A reading of the cut older than this is stale (uncertain),
     /// milliseconds.
     #[arg(long, default_value_t = 5_000)]
@@ -297,6 +303,12 @@ pub async fn run(args: ServeArgs) -> Result<(), ServeError> {
         header_read_timeout: httpkit::server::HEADER_READ_TIMEOUT_DEFAULT,
         idle_timeout: httpkit::server::IDLE_TIMEOUT_DEFAULT,
     };
+    let sink: Option<Arc<dyn lc_blob::BlobStore>> = match &args.blob_dir {
+        Some(dir) => Some(Arc::new(lc_blob::LocalBlobStore::open(dir).map_err(
+            |e| ServeError::Config(format!("--blob-dir {}: {e}", dir.display())),
+        )?)),
+        None => None,
+    };
     let (router, state) = build(
         store,
         clock,
@@ -305,6 +317,7 @@ pub async fn run(args: ServeArgs) -> Result<(), ServeError> {
         ServiceOptions {
             runtime_dir: args.runtime_dir.clone(),
             request_timeout: Duration::from_millis(args.request_timeout_ms),
+            sink,
         },
     );
     let listener = TcpListener::bind(args.listen)

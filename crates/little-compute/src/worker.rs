@@ -27,13 +27,13 @@ pub const DATABASE_WAIT_MAX: Duration = Duration::from_secs(30);
 /// How long start-up waits for each provider's identity.
 pub const PROVIDER_WAIT_MAX: Duration = Duration::from_secs(30);
 /// Pause between attempts while waiting.
-const RETRY_PAUSE: Duration = Duration::from_millis(250);
+pub(crate) const RETRY_PAUSE: Duration = Duration::from_millis(250);
 /// How long the step in progress may take after a shutdown signal.
 pub const SHUTDOWN_MAX: Duration = Duration::from_secs(30);
 /// The largest credential file read, in bytes.
 const CREDENTIAL_FILE_BYTES_MAX: u64 = 4096;
 /// The fewest bytes a server secret has.
-const SECRET_BYTES_MIN: usize = 32;
+pub(crate) const SECRET_BYTES_MIN: usize = 32;
 /// Bounds of `--interval-ms`: a step at least every minute keeps 60 s
 /// Leases renewed; faster than 10 ms only burns the database.
 const INTERVAL_MS_RANGE: std::ops::RangeInclusive<u64> = 10..=60_000;
@@ -79,15 +79,17 @@ pub struct WorkerArgs {
     pub lease_ttl_ms: u64,
 }
 
+/// Why a worker or gateway start-up failed: bad arguments (exit 2) or
+/// anything else (exit 1).
 #[derive(Debug, thiserror::Error)]
-enum WorkerError {
+pub(crate) enum WorkerError {
     #[error("{0}")]
     Usage(String),
     #[error("{0}")]
     Failed(String),
 }
 
-fn read_credential(path: &std::path::Path, what: &str) -> Result<Vec<u8>, WorkerError> {
+pub(crate) fn read_credential(path: &std::path::Path, what: &str) -> Result<Vec<u8>, WorkerError> {
     use std::io::Read as _;
     let bad = |why: String| WorkerError::Usage(format!("{what} {}: {why}", path.display()));
     let f = std::fs::File::open(path).map_err(|e| bad(e.to_string()))?;
@@ -119,7 +121,7 @@ pub async fn run(args: WorkerArgs) -> ExitCode {
     }
 }
 
-async fn recorded_policy(url: &str) -> Result<tollgate::GrantPolicy, WorkerError> {
+pub(crate) async fn recorded_policy(url: &str) -> Result<tollgate::GrantPolicy, WorkerError> {
     let options: PgConnectOptions = pgkit::DatabaseUrl::parse(url)
         .map(pgkit::DatabaseUrl::into_connect_options)
         .map_err(|e| WorkerError::Usage(format!("--database-url: {e}")))?;
@@ -267,7 +269,7 @@ async fn serve(args: WorkerArgs) -> Result<(), WorkerError> {
     Ok(())
 }
 
-fn shutdown_signal() -> Result<impl std::future::Future<Output = ()>, WorkerError> {
+pub(crate) fn shutdown_signal() -> Result<impl std::future::Future<Output = ()>, WorkerError> {
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate())
         .map_err(|e| WorkerError::Failed(format!("cannot listen for SIGTERM: {e}")))?;

@@ -1,7 +1,7 @@
 //! The appliance end to end, as a user runs it: from a clean data
 //! directory, `little-compute appliance up` as a real child process (its
 //! own PostgreSQL cluster, a real sampler as `lc-sampler`, the control
-//! plane, a bubblewrap provider and the worker); a tenant and a real
+//! plane, a bubblewrap provider, the worker and the gateway); a tenant and a real
 //! command through the `lc` client; the command's exact output, its
 //! terminal state and exit code, its units back and a clean Tollgate audit;
 //! then a stop (SIGTERM, every process gone), a second `up` on the same
@@ -282,6 +282,7 @@ async fn appliance_runs_a_real_command_and_keeps_it_across_a_restart() {
         "serve",
         "provider",
         "worker",
+        "gateway",
     ] {
         let pid = first_pids[name].as_u64().unwrap();
         assert!(alive(pid), "{name} ({pid}) runs");
@@ -391,6 +392,56 @@ async fn appliance_runs_a_real_command_and_keeps_it_across_a_restart() {
     assert_eq!(code, 0, "{err}");
     assert_eq!(out, b"absent\nabsent\n");
 
+    // Output survives a gateway killed while the command streams: the
+    // appliance starts another, which takes the exec over once the dead
+    // one's heartbeat expires, and every line arrives exactly once.
+    let (code, _, err) = lc(
+        &dir,
+        &[
+            "--tenant",
+            &t,
+            "exec",
+            "create",
+            "--runtime",
+            "base",
+            "--shape",
+            "small",
+            "--",
+            "sh",
+            "-c",
+            "i=1; while [ $i -le 40 ]; do echo line $i; i=$((i+1)); sleep 0.1; done",
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while lc(&dir, &["--tenant", &t, "exec", "output", "3"])
+        .1
+        .is_empty()
+    {
+        assert!(Instant::now() < deadline, "no output of exec 3");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let dead = pids(&dir)["gateway"].as_u64().unwrap();
+    let killed = Command::new("kill")
+        .args(["-9", &dead.to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let next = loop {
+        let p = pids(&dir)["gateway"].as_u64().unwrap();
+        if p != dead {
+            break p;
+        }
+        assert!(Instant::now() < deadline, "no new gateway");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(alive(next), "the new gateway ({next}) runs");
+    let (code, out, err) = lc(&dir, &["--tenant", &t, "exec", "output", "3", "--follow"]);
+    assert_eq!(code, 0, "{err}");
+    let want: String = (1..=40).map(|i| format!("line {i}\n")).collect();
+    assert_eq!(String::from_utf8(out).unwrap(), want);
+
     // The Reservations' units come back once the worker commits the releases.
     let deadline = Instant::now() + Duration::from_secs(60);
     let balances = loop {
@@ -433,6 +484,15 @@ async fn appliance_runs_a_real_command_and_keeps_it_across_a_restart() {
     assert!(killed.success());
     let ended = up.wait_exit();
     assert!(ended.success(), "{ended}: {}", up.seen.join("\n"));
+    let restarted = format!("gateway (pid {dead}) exited on its own");
+    let started_next = format!("started gateway pid {next} (1 of at most 100 restarts)");
+    assert!(
+        up.seen
+            .iter()
+            .any(|l| l.contains(&restarted) && l.contains(&started_next)),
+        "{}",
+        up.seen.join("\n")
+    );
     let stops: Vec<&String> = up
         .seen
         .iter()
@@ -444,7 +504,9 @@ async fn appliance_runs_a_real_command_and_keeps_it_across_a_restart() {
         .collect();
     assert_eq!(
         order,
-        ["worker", "provider", "serve", "sampler", "postgres"]
+        [
+            "gateway", "worker", "provider", "serve", "sampler", "postgres"
+        ]
     );
     for (name, pid) in &first_pids {
         assert!(!alive(pid.as_u64().unwrap()), "{name} is gone");

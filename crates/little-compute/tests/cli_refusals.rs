@@ -1,11 +1,13 @@
-//! Refusals of the worker and appliance commands before they touch
-//! anything: exact exit codes and messages.
+//! Refusals of the worker, gateway and appliance commands before they
+//! touch anything: exact exit codes and messages.
 
 use std::process::Command;
 
 fn run(args: &[&str], env: &[(&str, &str)]) -> (i32, String) {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_little-compute"));
-    cmd.args(args).env_remove("LC_DATABASE_URL");
+    cmd.args(args)
+        .env_remove("LC_DATABASE_URL")
+        .env_remove("LC_GATEWAY_CRASH_AT");
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -58,6 +60,63 @@ fn the_worker_refuses_bad_arguments_with_exit_2() {
 
     let (code, out) = run(&base, &[]);
     assert_eq!(code, 2, "no database URL: {out}");
+}
+
+#[test]
+fn the_gateway_refuses_bad_arguments_with_exit_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let secret = dir.path().join("secret");
+    std::fs::write(&secret, "short\n").unwrap();
+    let s = secret.to_str().unwrap();
+    let blobs = dir.path().join("blobs");
+    let b = blobs.to_str().unwrap();
+    let db = [("LC_DATABASE_URL", "postgres://u:p@127.0.0.1:1/db")];
+    let base = ["gateway", "--secret-file", s, "--blob-dir", b];
+
+    let (code, out) = run(&["gateway", "--secret-file", s], &db);
+    assert_eq!(code, 2, "{out}");
+    assert!(out.contains("--blob-dir"), "{out}");
+
+    let with_crash = [db[0], ("LC_GATEWAY_CRASH_AT", "after_lunch")];
+    let (code, out) = run(&base, &with_crash);
+    assert_eq!(code, 2, "{out}");
+    assert_eq!(
+        out,
+        "little-compute gateway: LC_GATEWAY_CRASH_AT=\"after_lunch\" names no crash point; use after_metadata, after_sink, after_ack_result or before_supervisor_ack, or unset it\n"
+    );
+
+    let (code, out) = run(&[&base[..], &["--heartbeat-ttl-ms", "999"]].concat(), &db);
+    assert_eq!(code, 2, "{out}");
+    assert!(
+        out.contains("--heartbeat-ttl-ms must be in 1000..=600000, got 999"),
+        "{out}"
+    );
+
+    let (code, out) = run(&[&base[..], &["--interval-ms", "1001"]].concat(), &db);
+    assert_eq!(code, 2, "{out}");
+    assert!(
+        out.contains("--interval-ms must be in 10..=1000, got 1001"),
+        "{out}"
+    );
+
+    let (code, out) = run(
+        &[&base[..], &["--metrics-listen", "0.0.0.0:9100"]].concat(),
+        &db,
+    );
+    assert_eq!(code, 2, "{out}");
+    assert!(
+        out.contains("--metrics-listen must be a loopback address, got 0.0.0.0:9100"),
+        "{out}"
+    );
+
+    let (code, out) = run(&base, &db);
+    assert_eq!(code, 2, "{out}");
+    assert!(
+        out.contains("--secret-file: at least 32 bytes, got 5"),
+        "{out}"
+    );
+    // Nothing was created before the refusals.
+    assert!(!blobs.exists());
 }
 
 #[test]

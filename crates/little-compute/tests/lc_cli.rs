@@ -1,7 +1,9 @@
 //! The real `lc` binary against the real router on the real store, served
 //! on loopback: `--json` outputs with the exact field names scripts rely
 //! on, human tables, `exec output` writing page bytes exactly (stderr's
-//! with `--stderr`, `--follow` until the terminal page), `exec create
+//! with `--stderr`, `--follow` until the terminal page, each seq once,
+//! resumed after the server went away, exiting with the command's code or
+//! 128 + its signal), `exec create
 //! --wait` exiting with the command's exit code, `--data-dir` reading
 //! `appliance.json`, and the server's refusals on stderr with exit 1.
 
@@ -184,7 +186,8 @@ async fn tenants_execs_and_output_through_the_cli() {
         .await
         .expect("the follower ends at the terminal page")
         .expect("join");
-    assert!(followed.status.success(), "{followed:?}");
+    // The follower exits with the command's own exit code.
+    assert_eq!(followed.status.code(), Some(3), "{followed:?}");
     assert_eq!(followed.stdout, [b"hi".as_slice(), &binary].concat());
     assert_eq!(followed.stderr, b"oops\n");
     // Without --stderr only stdout bytes, exactly.
@@ -556,4 +559,167 @@ async fn wait_exits_with_the_commands_code_and_refusals_exit_1() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
     std::fs::remove_dir_all(s.runtime_dir()).unwrap();
+}
+
+/// Serves `s` on `addr` until `stop` fires; the task ends once every
+/// connection has closed.
+fn serve_on(
+    s: &PgSvc,
+    listener: TcpListener,
+    stop: tokio::sync::oneshot::Receiver<()>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(httpkit::serve(
+        listener,
+        s.router.clone(),
+        s.state.clone(),
+        httpkit::ConnectionLimits::default(),
+        async move {
+            let _ = stop.await;
+        },
+    ))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn follow_resumes_after_a_dropped_connection_and_writes_each_seq_once() {
+    use std::io::Read as _;
+    use std::sync::{Arc, Mutex};
+    let s = PgSvc::start().await;
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let url = format!("http://{addr}");
+    let (stop, rx) = tokio::sync::oneshot::channel();
+    let first = serve_on(&s, listener, rx);
+    let admin = ["--server", &url, "--token", ADMIN];
+    let t = json_of(
+        &lc(
+            &cat(
+                &admin,
+                &[
+                    "tenant", "create", "--name", "blue", "--units", "2", "--json",
+                ],
+            ),
+            &[],
+        )
+        .await,
+    );
+    let key = t["api_key"].as_str().unwrap().to_string();
+    let env = [("LC_SERVER", url.as_str()), ("LC_TOKEN", key.as_str())];
+    let e = json_of(&lc(&["exec", "create", "--json", "--", "sh", "-c", "x"], &env).await);
+    let exec_id = e["exec_id"].as_i64().unwrap();
+    s.run_exec(
+        exec_id,
+        &[
+            (PageKind::Stdout, b"one\n", None),
+            (PageKind::Stdout, b"two\n", None),
+        ],
+    )
+    .await;
+
+    // The follower, its stdout and stderr collected as they come.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_lc"))
+        .args([
+            "exec",
+            "output",
+            &exec_id.to_string(),
+            "--follow",
+            "--wait-timeout-s",
+            "60",
+        ])
+        .env("LC_SERVER", &url)
+        .env("LC_TOKEN", &key)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run lc");
+    let collect = |mut r: Box<dyn std::io::Read + Send>| {
+        let buf = Arc::new(Mutex::new(Vec::new()));
+        let b = buf.clone();
+        std::thread::spawn(move || {
+            let mut chunk = [0u8; 4096];
+            while let Ok(n) = r.read(&mut chunk) {
+                if n == 0 {
+                    break;
+                }
+                b.lock().unwrap().extend_from_slice(&chunk[..n]);
+            }
+        });
+        buf
+    };
+    let out = collect(Box::new(child.stdout.take().unwrap()));
+    let err = collect(Box::new(child.stderr.take().unwrap()));
+    let wait_for = |buf: &Arc<Mutex<Vec<u8>>>, what: &str| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            if String::from_utf8_lossy(&buf.lock().unwrap()).contains(what) {
+                return;
+            }
+            assert!(std::time::Instant::now() < deadline, "no {what:?}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    wait_for(&out, "one\ntwo\n");
+
+    // The server goes away; the follower retries from seq 2.
+    stop.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(30), first)
+        .await
+        .expect("the server stops")
+        .unwrap();
+    let at = s.reading().await;
+    let lease = {
+        use lc_core::store::ReconcileStore as _;
+        s.store
+            .due_work(at, 10)
+            .await
+            .unwrap()
+            .into_iter()
+            .find(|w| w.exec_id.0 == exec_id)
+            .unwrap()
+    };
+    let page = |seq: i64, kind, bytes: &[u8], exit| lc_core::OutputPage {
+        exec_id: lc_core::ExecId(exec_id),
+        attempt: lc_core::AttemptNo(1),
+        seq,
+        kind,
+        bytes: bytes.to_vec(),
+        sha256: lc_core::Digest::of(bytes),
+        exit,
+    };
+    {
+        use lc_core::store::ReconcileStore as _;
+        s.store
+            .append_pages(
+                lease.lease_id,
+                lease.generation,
+                &[
+                    page(3, PageKind::Stdout, b"three\n", None),
+                    page(4, PageKind::Terminal, b"", Some(PageExit::signaled(15))),
+                ],
+            )
+            .await
+            .unwrap();
+    }
+    wait_for(&err, "resuming after seq 2");
+
+    // The same address again: the follower resumes and ends at the
+    // terminal page with 128 + the signal.
+    let listener = TcpListener::bind(addr).await.expect("rebind");
+    let (_stop, rx) = tokio::sync::oneshot::channel();
+    let _second = serve_on(&s, listener, rx);
+    let status = tokio::task::spawn_blocking(move || child.wait().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(status.code(), Some(143));
+    // Let the reader threads drain what is left.
+    wait_for(&out, "three\n");
+    assert_eq!(
+        String::from_utf8(out.lock().unwrap().clone()).unwrap(),
+        "one\ntwo\nthree\n"
+    );
+    let errs = String::from_utf8(err.lock().unwrap().clone()).unwrap();
+    assert!(
+        errs.lines().all(|l| l.contains("resuming after seq 2")),
+        "{errs}"
+    );
 }

@@ -1,6 +1,7 @@
 //! kill -9 of the worker process (a real `little-compute worker`, a real
-//! SIGKILL) while commands run and their output is being pumped, twice,
-//! with a real `little-compute provider` and a real sampler: after the
+//! SIGKILL) while commands run and a real `little-compute gateway` moves
+//! their output, twice, with a real `little-compute provider` and a real
+//! sampler: after the
 //! restarts nothing is lost or doubled (every exec's pages are 1..n in
 //! order and its stdout is exactly what the command wrote), every
 //! Reservation returned exactly once (exact balances, a clean Tollgate
@@ -81,6 +82,46 @@ fn free_port() -> u16 {
         .local_addr()
         .unwrap()
         .port()
+}
+
+/// The exec gateway beside the workers: it moves output into `DIR/blobs`
+/// and releases exited execs.
+fn gateway(url: &str, secret: &Path, dir: &Path) -> Proc {
+    Proc(
+        Command::new(exe())
+            .args(["gateway", "--interval-ms", "20"])
+            .arg("--secret-file")
+            .arg(secret)
+            .arg("--blob-dir")
+            .arg(dir.join("blobs"))
+            .args(["--safetime-gap-max-ms", "2000"])
+            .env("LC_DATABASE_URL", url)
+            .env_remove("LC_GATEWAY_CRASH_AT")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(dir.join("gateway.log"))
+                    .unwrap(),
+            )
+            .spawn()
+            .unwrap(),
+    )
+}
+
+/// A page's bytes: the store's, else the sink's under its digest.
+fn page_bytes(dir: &Path, p: &lc_core::owner::StoredPage) -> Vec<u8> {
+    use lc_blob::BlobStore as _;
+    match &p.bytes {
+        Some(b) => b.clone(),
+        None => lc_blob::LocalBlobStore::open(dir.join("blobs"))
+            .unwrap()
+            .get(&p.meta.sha256)
+            .unwrap()
+            .expect("the page's blob"),
+    }
 }
 
 fn worker(url: &str, secret: &Path, provider_url: &str, log: &Path) -> Proc {
@@ -252,7 +293,8 @@ async fn a_killed_worker_loses_nothing_and_returns_every_reservation_once() {
     let t = store.tenant(tenant).await.unwrap();
     assert_eq!((t.available, t.held), (3, 3));
 
-    // Kill the worker twice while output is being pumped.
+    // Kill the worker twice while output is being moved.
+    let _gateway = gateway(&url, &secret, &dir);
     let log = dir.join("worker.log");
     for round in 1..=2 {
         let mut w = worker(&url, &secret, &provider_url, &log);
@@ -321,11 +363,7 @@ async fn a_killed_worker_loses_nothing_and_returns_every_reservation_once() {
         let stdout: Vec<u8> = pages
             .iter()
             .filter(|p| p.meta.kind == PageKind::Stdout)
-            .flat_map(|p| {
-                p.bytes
-                    .clone()
-                    .expect("the reconciler's pages keep their bytes")
-            })
+            .flat_map(|p| page_bytes(&dir, p))
             .collect();
         assert_eq!(
             String::from_utf8(stdout).unwrap(),
@@ -490,6 +528,7 @@ async fn a_killed_provider_s_lease_expires_and_its_reservation_returns_once() {
         .unwrap()
         .exec_id;
     let log = dir.join("worker.log");
+    let _gateway = gateway(&url, &secret, &dir);
     let _w = worker_with(
         &url,
         &secret,
@@ -542,11 +581,7 @@ async fn a_killed_provider_s_lease_expires_and_its_reservation_returns_once() {
         pages
             .iter()
             .filter(|p| p.meta.kind == PageKind::Stdout)
-            .flat_map(|p| {
-                p.bytes
-                    .clone()
-                    .expect("the reconciler's pages keep their bytes")
-            })
+            .flat_map(|p| page_bytes(&dir, p))
             .collect(),
     )
     .unwrap();

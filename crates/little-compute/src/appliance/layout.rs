@@ -58,7 +58,7 @@ pub struct Running {
     pub admin_token_file: PathBuf,
     /// The pids started, by name: `appliance` (the `up` process itself),
     /// `postgres`, `sampler` (absent with `--sampler external`), `serve`,
-    /// `provider`, `worker`.
+    /// `provider`, `worker`, `gateway`.
     pub pids: std::collections::BTreeMap<String, u32>,
 }
 
@@ -110,6 +110,11 @@ impl Layout {
     pub fn runtimes(&self) -> PathBuf {
         self.root.join("runtimes")
     }
+    /// `DIR/blobs`: the sink, written by the gateway, read by the control
+    /// plane.
+    pub fn blobs(&self) -> PathBuf {
+        self.root.join("blobs")
+    }
     /// `DIR/logs`.
     pub fn logs(&self) -> PathBuf {
         self.root.join("logs")
@@ -123,8 +128,8 @@ impl Layout {
         self.root.join("appliance.conf.json")
     }
 
-    /// Creates `DIR` (0711), `secrets/` (0700), `provider/`, `runtimes/`
-    /// and `logs/` (0700) when missing, and checks that every ancestor of
+    /// Creates `DIR` (0711), `secrets/` (0700), `provider/`, `runtimes/`,
+    /// `blobs/` and `logs/` (0700) when missing, and checks that every ancestor of
     /// `DIR` is searchable by others (PostgreSQL's account must reach
     /// `DIR/pg`).
     ///
@@ -137,6 +142,7 @@ impl Layout {
             self.secrets(),
             self.provider(),
             self.runtimes(),
+            self.blobs(),
             self.logs(),
         ] {
             mkdir(&d, 0o700)?;

@@ -8,12 +8,17 @@
 //! [`SAMPLER_USER`], started by the appliance directly: in no sandbox
 //! namespace or cgroup, and no path of it is under the trees sandboxes see),
 //! the control plane (`little-compute serve`), the provider (`little-compute
-//! provider`) and the worker (`little-compute worker`). It waits (bounded,
+//! provider`), the worker (`little-compute worker`) and one exec gateway
+//! (`little-compute gateway`, writing output to the sink `DIR/blobs`, which
+//! the control plane reads). It waits (bounded,
 //! printing progress) until the cut is certain, prints the URL, the admin
 //! token and the next commands, and writes `DIR/appliance.json`. Then it
-//! supervises: SIGINT or SIGTERM, or any child exiting on its own, stops
-//! everything in the reverse order (worker, provider, control plane,
-//! sampler, PostgreSQL), each within a bound, and removes
+//! supervises: a gateway that exits on its own is started again (at most
+//! [`GATEWAY_RESTARTS_MAX`] times; the new one takes the old one's execs
+//! over once their heartbeat expires on a certain cut, and finishes their
+//! output exactly once); SIGINT or SIGTERM, or any other child exiting on
+//! its own, stops everything in the reverse order (gateway, worker, provider, control
+//! plane, sampler, PostgreSQL), each within a bound, and removes
 //! `appliance.json`.
 //!
 //! This is a single-host installation: the sampler's monotonic clock is
@@ -71,6 +76,11 @@ pub const STOP_BOUND: Duration = Duration::from_secs(20);
 pub const DOWN_WAIT: Duration = Duration::from_secs(180);
 /// How often the supervisor checks its children.
 const SUPERVISE_POLL: Duration = Duration::from_millis(500);
+/// How many times one `up` starts a gateway again after it exited on its
+/// own: enough for any run of crashes an operator would sit through,
+/// bounded so a gateway that cannot start stops the appliance instead of
+/// looping.
+pub const GATEWAY_RESTARTS_MAX: u32 = 100;
 /// How often progress is printed while waiting.
 const PROGRESS_EVERY: Duration = Duration::from_secs(3);
 /// The sampling-gap bound the appliance judges certainty by (the sampler's default).
@@ -304,7 +314,7 @@ async fn up_inner(args: UpArgs) -> Result<ExitCode, ApplianceError> {
             say(format_args!("little-compute appliance: {e}"));
             ExitCode::FAILURE
         }
-        Some(Ok(())) => supervise(&mut started, &mut shutdown).await,
+        Some(Ok(gateway)) => supervise(&mut started, &mut shutdown, &layout, &gateway).await,
     };
     stop_all(&mut started).await;
     let _ = std::fs::remove_file(layout.running_file());
@@ -322,7 +332,7 @@ async fn start_all(
     creds: &Credentials,
     admin_token: &str,
     started: &mut Vec<Managed>,
-) -> Result<(), ApplianceError> {
+) -> Result<Spec, ApplianceError> {
     let cluster = Cluster {
         root: layout.pg(),
         bin: cluster::discover_bin()?,
@@ -399,6 +409,8 @@ async fn start_all(
             layout.server_secret_file().into(),
             "--runtime-dir".into(),
             layout.runtimes().into(),
+            "--blob-dir".into(),
+            layout.blobs().into(),
         ],
         env: db_env.clone(),
         run_as: None,
@@ -474,7 +486,7 @@ async fn start_all(
             "--secret-file".into(),
             layout.server_secret_file().into(),
         ],
-        env: db_env,
+        env: db_env.clone(),
         run_as: None,
         stop_signal: libc::SIGTERM,
         log: layout.logs().join("worker.log"),
@@ -483,6 +495,29 @@ async fn start_all(
     let w = child::spawn(&worker)?;
     pids.insert("worker".to_owned(), w.pid);
     started.push(w);
+    layout.write_running(&running(&pids))?;
+
+    let gateway = Spec {
+        name: "gateway",
+        program: exe.clone(),
+        args: vec![
+            "gateway".into(),
+            "--provider-token-file".into(),
+            layout.provider_token_file().into(),
+            "--secret-file".into(),
+            layout.server_secret_file().into(),
+            "--blob-dir".into(),
+            layout.blobs().into(),
+        ],
+        env: db_env,
+        run_as: None,
+        stop_signal: libc::SIGTERM,
+        log: layout.logs().join("gateway.log"),
+        cwd: layout.root.clone(),
+    };
+    let g = child::spawn(&gateway)?;
+    pids.insert("gateway".to_owned(), g.pid);
+    started.push(g);
     layout.write_running(&running(&pids))?;
 
     wait_for_certain_cut(&owner_url, args.sampler, started).await?;
@@ -509,34 +544,62 @@ async fn start_all(
         "stop with Ctrl-C, or `little-compute appliance down --data-dir {d}`"
     ));
     say(format_args!("appliance ready"));
-    Ok(())
+    Ok(gateway)
 }
 
-/// Waits for SIGINT or SIGTERM, or for any child to exit on its own.
+/// Waits for SIGINT or SIGTERM, or for any child but the gateway to exit
+/// on its own; a gateway that exits is started again from `gateway` (at
+/// most [`GATEWAY_RESTARTS_MAX`] times) and `appliance.json` names the new
+/// pid.
 async fn supervise(
     started: &mut [Managed],
     shutdown: &mut std::pin::Pin<Box<impl std::future::Future<Output = ()>>>,
+    layout: &Layout,
+    gateway: &Spec,
 ) -> ExitCode {
+    let mut restarts = 0u32;
     loop {
         tokio::select! {
             () = shutdown.as_mut() => {
-                say(format_args!("stopping (worker, provider, control plane, sampler, PostgreSQL)"));
+                say(format_args!("stopping (gateway, worker, provider, control plane, sampler, PostgreSQL)"));
                 return ExitCode::SUCCESS;
             }
             () = tokio::time::sleep(SUPERVISE_POLL) => {
                 for c in started.iter_mut() {
-                    if let Some(status) = c.exited() {
-                        say(format_args!("{} (pid {}) exited on its own ({status}); stopping the appliance", c.name, c.pid));
-                        return ExitCode::FAILURE;
+                    let Some(status) = c.exited() else { continue };
+                    if c.name == gateway.name && restarts < GATEWAY_RESTARTS_MAX {
+                        restarts += 1;
+                        match child::spawn(gateway) {
+                            Ok(next) => {
+                                say(format_args!(
+                                    "gateway (pid {}) exited on its own ({status}); started gateway pid {} ({restarts} of at most {GATEWAY_RESTARTS_MAX} restarts): it takes the execs over once their heartbeat expires",
+                                    c.pid, next.pid
+                                ));
+                                *c = next;
+                                if let Ok(Some(mut r)) = layout.read_running() {
+                                    r.pids.insert(gateway.name.to_owned(), c.pid);
+                                    if let Err(e) = layout.write_running(&r) {
+                                        say(format_args!("cannot update appliance.json: {e}"));
+                                    }
+                                }
+                                continue;
+                            }
+                            Err(e) => {
+                                say(format_args!("gateway (pid {}) exited ({status}) and cannot be started again: {e}; stopping the appliance", c.pid));
+                                return ExitCode::FAILURE;
+                            }
+                        }
                     }
+                    say(format_args!("{} (pid {}) exited on its own ({status}); stopping the appliance", c.name, c.pid));
+                    return ExitCode::FAILURE;
                 }
             }
         }
     }
 }
 
-/// Stops `started` in reverse start order (worker, provider, control
-/// plane, sampler, PostgreSQL), each within [`STOP_BOUND`].
+/// Stops `started` in reverse start order (gateway, worker, provider,
+/// control plane, sampler, PostgreSQL), each within [`STOP_BOUND`].
 async fn stop_all(started: &mut Vec<Managed>) {
     while let Some(mut c) = started.pop() {
         let graceful = c.stop(STOP_BOUND).await;
@@ -967,7 +1030,9 @@ async fn wait_for_certain_cut(
 }
 
 /// The stop order of `down`: the reverse of the start order.
-const STOP_ORDER: [&str; 5] = ["worker", "provider", "serve", "sampler", "postgres"];
+const STOP_ORDER: [&str; 6] = [
+    "gateway", "worker", "provider", "serve", "sampler", "postgres",
+];
 
 /// Runs `appliance down`.
 pub async fn down(args: DownArgs) -> ExitCode {

@@ -10,8 +10,9 @@
 //! Exit status: 0 on success; 1 when the server refused (its problem is
 //! printed on stderr as `error: <status> <code>: <detail>`) or the request
 //! failed; `exec create --wait` exits with the command's own exit code
-//! (1 when it ended without one, e.g. cancelled); 124 when `--wait` or
-//! `--follow` gave up.
+//! (1 when it ended without one, e.g. cancelled); `exec output --follow`
+//! exits with the command's exit code, or `128 + signal`; 124 when
+//! `--wait` or `--follow` gave up.
 
 pub mod args;
 pub mod http;
@@ -309,8 +310,12 @@ async fn wait_terminal(
 }
 
 /// `exec output`: pages after `after_seq` in order, stdout bytes to
-/// stdout exactly and (with `stderr`) stderr bytes to stderr; with
-/// `follow` until the terminal page (or `wait_s`).
+/// stdout exactly and (with `stderr`) stderr bytes to stderr, each seq
+/// written once (a page at or below the last written seq is skipped, a gap
+/// is an error). With `follow`: until the terminal page, then the
+/// command's exit code (`128 + signal` when a signal ended it); a dropped
+/// connection or a server error is retried from the last written seq every
+/// [`POLL_INTERVAL`]; both bounded by `wait_s` (then [`EXIT_TIMED_OUT`]).
 async fn exec_output(
     client: &Client,
     id: i64,
@@ -321,8 +326,15 @@ async fn exec_output(
 ) -> Result<ExitCode, ClientError> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(wait_s);
     let b64 = base64::engine::general_purpose::STANDARD;
+    let timed_out = || {
+        let _ = writeln!(
+            std::io::stderr(),
+            "exec {id}: no terminal page after {wait_s} s"
+        );
+        Ok(ExitCode::from(EXIT_TIMED_OUT))
+    };
     loop {
-        let v = client
+        let answer = client
             .call(
                 Method::GET,
                 &format!(
@@ -331,11 +343,38 @@ async fn exec_output(
                 Body::None,
                 None,
             )
-            .await?;
+            .await;
+        let v = match answer {
+            Ok(v) => v,
+            Err(e) if follow && resumable(&e) => {
+                if tokio::time::Instant::now() >= deadline {
+                    return timed_out();
+                }
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "exec {id}: {e}; resuming after seq {after_seq}"
+                );
+                tokio::time::sleep(POLL_INTERVAL).await;
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
         let pages = v["pages"]
             .as_array()
             .ok_or_else(|| ClientError::Failed(format!("no pages in {v}")))?;
+        let mut exit = None;
         for p in pages {
+            let seq = p["seq"]
+                .as_i64()
+                .ok_or_else(|| ClientError::Failed(format!("a page without a seq in {v}")))?;
+            if seq <= after_seq {
+                continue;
+            }
+            if seq != after_seq + 1 {
+                return Err(ClientError::Failed(format!(
+                    "exec {id}: page {seq} follows page {after_seq}; the server skipped pages"
+                )));
+            }
             let data = p["data_b64"].as_str().unwrap_or("");
             let bytes = b64.decode(data).map_err(|e| {
                 ClientError::Failed(format!("page {}: bad data_b64: {e}", p["seq"]))
@@ -343,6 +382,10 @@ async fn exec_output(
             let written = match p["kind"].as_str() {
                 Some("stdout") => write_all(&mut std::io::stdout().lock(), &bytes),
                 Some("stderr") if stderr => write_all(&mut std::io::stderr().lock(), &bytes),
+                Some("terminal") => {
+                    exit = Some(exit_status_of(&p["exit"]));
+                    Ok(())
+                }
                 _ => Ok(()),
             };
             if let Err(e) = written {
@@ -351,26 +394,46 @@ async fn exec_output(
                 }
                 return Err(ClientError::Failed(format!("writing output: {e}")));
             }
+            after_seq = seq;
         }
         let next_seq = v["next_seq"]
             .as_i64()
             .ok_or_else(|| ClientError::Failed(format!("no next_seq in {v}")))?;
-        let progressed = next_seq - 1 > after_seq;
-        after_seq = next_seq - 1;
+        let progressed = next_seq - 1 > after_seq || !pages.is_empty();
+        if follow && let Some(code) = exit {
+            return Ok(ExitCode::from(code));
+        }
         if v["terminal"] == true || (!follow && !progressed) {
             return Ok(ExitCode::SUCCESS);
         }
         if !progressed {
             if tokio::time::Instant::now() >= deadline {
-                let _ = writeln!(
-                    std::io::stderr(),
-                    "exec {id}: no terminal page after {wait_s} s"
-                );
-                return Ok(ExitCode::from(EXIT_TIMED_OUT));
+                return timed_out();
             }
             tokio::time::sleep(POLL_INTERVAL).await;
         }
     }
+}
+
+/// Whether a failed output request is worth sending again from the same
+/// seq: the connection failed, or the server answered 5xx.
+fn resumable(e: &ClientError) -> bool {
+    match e {
+        ClientError::Failed(_) => true,
+        ClientError::Problem(p) => p.status >= 500,
+    }
+}
+
+/// The exit status of a terminal page's `exit`: its code (0..=255), or
+/// `128 + signal`; 1 when it has neither.
+fn exit_status_of(exit: &Value) -> u8 {
+    if let Some(code) = exit["code"].as_i64() {
+        return u8::try_from(code.rem_euclid(256)).unwrap_or(1);
+    }
+    if let Some(signal) = exit["signal"].as_i64() {
+        return u8::try_from(128 + signal.clamp(1, 127)).unwrap_or(1);
+    }
+    1
 }
 
 fn write_all(w: &mut impl std::io::Write, bytes: &[u8]) -> std::io::Result<()> {
@@ -416,6 +479,16 @@ fn path_escape(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_terminal_page_gives_the_command_s_exit_status() {
+        assert_eq!(exit_status_of(&json!({"code": 0, "signal": null})), 0);
+        assert_eq!(exit_status_of(&json!({"code": 3, "signal": null})), 3);
+        assert_eq!(exit_status_of(&json!({"code": null, "signal": 9})), 137);
+        assert_eq!(exit_status_of(&json!({"code": null, "signal": 15})), 143);
+        assert_eq!(exit_status_of(&json!({"code": null, "signal": null})), 1);
+        assert_eq!(exit_status_of(&Value::Null), 1);
+    }
 
     #[test]
     fn escapes() {

@@ -1,0 +1,845 @@
+//! The gateway: a loop around one bounded [`Gateway::step`].
+//!
+//! A step, in order:
+//!
+//! 1. **Heartbeat** every owned exec (`max(current, cut + ttl)`, on any
+//!    cut). An exec whose heartbeat the store refuses `owner_stale` or
+//!    `owner_expired` is forgotten at once (counted `stale_refused`): this
+//!    activation never touches it again.
+//! 2. **Claim** new execs (active Lease, no live owner) up to
+//!    [`GatewayOptions::owned_max`], only on a certain cut.
+//! 3. For each owned exec, at most [`GatewayOptions::pages_per_step`]
+//!    pages:
+//!    * **pending pages first** (metadata committed by a previous owner or
+//!      a step that died): each is re-read from the spool, checked against
+//!      its committed metadata ([`PageMeta::matches`]), written to the sink,
+//!      its ACK result committed, and the supervisor told;
+//!    * pages acked in the store but not yet acked to the supervisor are
+//!      acked to it again (idempotent);
+//!    * **new pages**: read from the spool after the committed seq; their
+//!      metadata and ACK intent committed (`pending`)
+//!      \[`after_metadata`\]; their bytes made durable in the sink
+//!      \[`after_sink`\]; their ACK result committed (`acked`)
+//!      \[`after_ack_result`\] \[`before_supervisor_ack`\]; the supervisor
+//!      told to drop them. Each of these is a separate commit, so a crash
+//!      between any two leaves a state the next owner finishes;
+//!    * **cancel** when a client asked: the `cancel` receipt committed,
+//!      then the supervisor told (it kills the command, whose terminal page
+//!      follows);
+//!    * **release** once the terminal page is acked (store and
+//!      supervisor) and the cut is certain: the Lease moves to
+//!      `release_pending` for the worker to destroy and prove, and the
+//!      ownership ends.
+//!
+//! Every store write is fenced by the owner credential and judged at a
+//! reading of the cut taken just before it. Every provider call carries the
+//! ownership's fence, so a supervisor that has seen a newer owner refuses a
+//! stale one (`stale_fence`, also counted `stale_refused`). A failure of one
+//! exec is recorded in the report and retried at the next step from what
+//! the store says.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clock::Clock;
+use jiff::SignedDuration;
+use lc_blob::{BlobError, BlobStore, PutOutcome};
+use lc_core::owner::{
+    OWNER_TOKEN_BYTES, OwnedExec, OwnerCredential, OwnerToken, PageMeta, TakeoverBasis,
+    check_heartbeat_ttl,
+};
+use lc_core::page::{PAGES_PER_REQUEST_MAX, Page};
+use lc_core::rules::APPEND_PAGES_MAX;
+use lc_core::store::GatewayStore;
+use lc_core::{CutReading, ExecId, LcError, LeaseState, PageKind};
+use lc_provider::{Provider, ProviderError};
+use tokio::sync::{Mutex, watch};
+
+use crate::crash::{CrashPoint, FaultHook};
+use crate::metrics::GatewayMetrics;
+use crate::spool::{self, ProviderConnector};
+
+/// The default bound on execs one gateway owns (and so serves per step):
+/// each costs a heartbeat and a spool read per step.
+pub const OWNED_EXECS_DEFAULT: usize = 64;
+
+/// The largest accepted [`GatewayOptions::owned_max`].
+pub const OWNED_EXECS_MAX: usize = 1000;
+
+/// Pages read from a spool per round: what one provider request returns
+/// and one `stage_pages` commits, whichever is smaller.
+pub const PAGES_PER_ROUND: usize = if APPEND_PAGES_MAX < PAGES_PER_REQUEST_MAX as usize {
+    APPEND_PAGES_MAX
+} else {
+    PAGES_PER_REQUEST_MAX as usize
+};
+
+/// The default bound on pages moved per exec and step: four rounds, up to
+/// 16 MiB of 64 KiB pages, twice the supervisor's default spool, without
+/// starving the other execs of the step.
+pub const PAGES_PER_STEP_DEFAULT: usize = 4 * PAGES_PER_ROUND;
+
+/// The largest accepted [`GatewayOptions::pages_per_step`].
+pub const PAGES_PER_STEP_MAX: usize = 64 * PAGES_PER_ROUND;
+
+/// Distinct provider URLs whose clients are kept (one provider per host).
+pub const PROVIDERS_MAX: usize = 64;
+
+/// How often the spool occupancy of the owned execs is sampled for the
+/// metrics (one unfenced status request per exec).
+pub const SPOOL_SAMPLE_EVERY: Duration = Duration::from_secs(1);
+
+/// The gateway's bounds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GatewayOptions {
+    /// The heartbeat TTL: a heartbeat renews the ownership to
+    /// `max(current, cut + ttl)`; within
+    /// [`lc_core::owner::HEARTBEAT_TTL_MIN`]`..=`[`lc_core::owner::HEARTBEAT_TTL_MAX`].
+    pub heartbeat_ttl: SignedDuration,
+    /// Execs owned at once, `1..=`[`OWNED_EXECS_MAX`].
+    pub owned_max: usize,
+    /// Pages moved per exec and step, `1..=`[`PAGES_PER_STEP_MAX`].
+    pub pages_per_step: usize,
+}
+
+impl Default for GatewayOptions {
+    fn default() -> Self {
+        GatewayOptions {
+            heartbeat_ttl: lc_core::owner::HEARTBEAT_TTL_DEFAULT,
+            owned_max: OWNED_EXECS_DEFAULT,
+            pages_per_step: PAGES_PER_STEP_DEFAULT,
+        }
+    }
+}
+
+/// One exec (or the step itself) that failed in a step.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecFailure {
+    /// The exec, `None` for the step itself (clock, claim).
+    pub exec_id: Option<ExecId>,
+    /// The stable code (the store's, the provider's, the sink's, or
+    /// `page_mismatch`, `page_missing`, `provider_mismatch`,
+    /// `providers_full`, `clock_unavailable`).
+    pub code: String,
+    /// A message for the log.
+    pub message: String,
+}
+
+/// What one step did. Counts are of this step only.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct StepReport {
+    /// The first reading of the step (`None` when the clock failed).
+    pub at: Option<CutReading>,
+    /// Execs owned after the step.
+    pub owned: usize,
+    /// Heartbeats the store accepted.
+    pub heartbeats: usize,
+    /// Execs newly owned that no gateway owned before.
+    pub claimed: usize,
+    /// Execs newly owned from an expired or released owner.
+    pub taken_over: usize,
+    /// Writes refused because this gateway no longer owns the exec (each
+    /// such exec is forgotten).
+    pub stale_refused: usize,
+    /// Pending pages of earlier owners (or steps) finished.
+    pub pending_finished: usize,
+    /// Pages whose metadata was newly committed.
+    pub pages_staged: usize,
+    /// Pages whose ACK result was committed.
+    pub pages_acked: usize,
+    /// Bytes of those pages.
+    pub bytes_acked: u64,
+    /// Acks sent to supervisors.
+    pub supervisor_acks: usize,
+    /// Cancels told to supervisors.
+    pub cancels: usize,
+    /// Leases released (terminal page acked).
+    pub released: usize,
+    /// Execs forgotten because their Lease is no longer active.
+    pub dropped: usize,
+    /// The crash point reached (a test's fault hook returned).
+    pub crashed: Option<CrashPoint>,
+    /// What failed.
+    pub failures: Vec<ExecFailure>,
+}
+
+/// Why a gateway could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    /// An option outside its bounds (code `invalid_limit` or
+    /// `invalid_timeout`).
+    #[error("{0}")]
+    Options(LcError),
+    /// The operating system's random source failed (code `random_unavailable`).
+    #[error("the operating system's random source failed: {0}")]
+    Random(String),
+}
+
+impl GatewayError {
+    /// The stable code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            GatewayError::Options(e) => e.code(),
+            GatewayError::Random(_) => "random_unavailable",
+        }
+    }
+}
+
+/// Why one exec's handling stopped.
+enum Fail {
+    Store(LcError),
+    Provider(ProviderError),
+    Sink(BlobError),
+    Clock(clock::ClockError),
+    /// A pending page re-read from the spool differs from its metadata.
+    Mismatch(i64),
+    /// A pending page is no longer in the spool.
+    Missing(i64),
+    ProviderMismatch {
+        expected: String,
+        actual: String,
+    },
+    ProvidersFull,
+    Crashed(CrashPoint),
+    Join(String),
+}
+
+impl From<LcError> for Fail {
+    fn from(e: LcError) -> Self {
+        Fail::Store(e)
+    }
+}
+
+impl From<ProviderError> for Fail {
+    fn from(e: ProviderError) -> Self {
+        Fail::Provider(e)
+    }
+}
+
+impl From<clock::ClockError> for Fail {
+    fn from(e: clock::ClockError) -> Self {
+        Fail::Clock(e)
+    }
+}
+
+impl Fail {
+    /// Whether the failure says this gateway no longer owns the exec.
+    fn is_stale(&self) -> bool {
+        match self {
+            Fail::Store(e) => matches!(e.code(), "owner_stale" | "owner_expired"),
+            Fail::Provider(e) => spool::is_stale_fence(e),
+            _ => false,
+        }
+    }
+
+    fn code_message(&self) -> (String, String) {
+        match self {
+            Fail::Store(e) => (e.code().into(), e.to_string()),
+            Fail::Provider(e) => (e.code().into(), e.to_string()),
+            Fail::Sink(e) => (e.code().into(), e.to_string()),
+            Fail::Clock(e) => ("clock_unavailable".into(), e.to_string()),
+            Fail::Mismatch(seq) => (
+                "page_mismatch".into(),
+                format!("spooled page {seq} differs from its committed metadata; it is not acked"),
+            ),
+            Fail::Missing(seq) => (
+                "page_missing".into(),
+                format!("pending page {seq} is not in the spool"),
+            ),
+            Fail::ProviderMismatch { expected, actual } => (
+                "provider_mismatch".into(),
+                format!("the exec's provider is {expected} but its URL answers as {actual}"),
+            ),
+            Fail::ProvidersFull => (
+                "providers_full".into(),
+                format!("this gateway keeps clients for at most {PROVIDERS_MAX} providers"),
+            ),
+            Fail::Crashed(p) => ("crashed".into(), format!("fault injection at {p}")),
+            Fail::Join(m) => ("sink_task_failed".into(), m.clone()),
+        }
+    }
+}
+
+/// An owned exec as this activation holds it.
+struct Held {
+    cred: OwnerCredential,
+    view: OwnedExec,
+    /// The highest seq the supervisor was told to drop by this activation.
+    supervisor_acked: i64,
+    /// Whether this activation told the supervisor to cancel.
+    cancel_sent: bool,
+}
+
+/// The gateway; see the module docs.
+pub struct Gateway {
+    store: Arc<dyn GatewayStore>,
+    connector: Arc<dyn ProviderConnector>,
+    providers: Mutex<BTreeMap<String, Arc<dyn Provider>>>,
+    sink: Arc<dyn BlobStore>,
+    clock: Arc<dyn Clock>,
+    token: OwnerToken,
+    options: GatewayOptions,
+    crash: Option<(CrashPoint, Arc<dyn FaultHook>)>,
+    metrics: Arc<GatewayMetrics>,
+    held: Mutex<BTreeMap<ExecId, Held>>,
+    /// When the spools were last sampled (monotonic; telemetry only).
+    spool_sampled: std::sync::Mutex<Option<Instant>>,
+}
+
+impl std::fmt::Debug for Gateway {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gateway")
+            .field("options", &self.options)
+            .field("crash", &self.crash.as_ref().map(|(p, _)| *p))
+            .finish_non_exhaustive()
+    }
+}
+
+/// A fresh owner token: [`OWNER_TOKEN_BYTES`] bytes from the operating
+/// system's random source.
+///
+/// # Errors
+/// [`GatewayError::Random`] when the source fails.
+pub fn new_owner_token() -> Result<OwnerToken, GatewayError> {
+    let mut bytes = [0u8; OWNER_TOKEN_BYTES];
+    getrandom::fill(&mut bytes).map_err(|e| GatewayError::Random(e.to_string()))?;
+    Ok(OwnerToken::from_bytes(bytes))
+}
+
+impl Gateway {
+    /// A gateway over `store`, reaching providers through `connector`,
+    /// writing to `sink`, on `clock`, with a fresh owner token
+    /// ([`new_owner_token`]).
+    ///
+    /// # Errors
+    /// [`GatewayError::Options`] for an option outside its bounds,
+    /// [`GatewayError::Random`].
+    pub fn new(
+        store: Arc<dyn GatewayStore>,
+        connector: Arc<dyn ProviderConnector>,
+        sink: Arc<dyn BlobStore>,
+        clock: Arc<dyn Clock>,
+        options: GatewayOptions,
+    ) -> Result<Gateway, GatewayError> {
+        check_heartbeat_ttl(options.heartbeat_ttl).map_err(GatewayError::Options)?;
+        for (n, max) in [
+            (options.owned_max, OWNED_EXECS_MAX),
+            (options.pages_per_step, PAGES_PER_STEP_MAX),
+        ] {
+            if !(1..=max).contains(&n) {
+                return Err(GatewayError::Options(LcError::InvalidLimit {
+                    limit: n,
+                    max,
+                }));
+            }
+        }
+        Ok(Gateway {
+            store,
+            connector,
+            providers: Mutex::new(BTreeMap::new()),
+            sink,
+            clock,
+            token: new_owner_token()?,
+            options,
+            crash: None,
+            metrics: Arc::new(GatewayMetrics::default()),
+            held: Mutex::new(BTreeMap::new()),
+            spool_sampled: std::sync::Mutex::new(None),
+        })
+    }
+
+    /// The same gateway calling `hook` when it reaches `point` (see
+    /// [`crate::crash`]); `None` disables fault injection.
+    pub fn with_crash_point(
+        mut self,
+        point: Option<CrashPoint>,
+        hook: Arc<dyn FaultHook>,
+    ) -> Gateway {
+        self.crash = point.map(|p| (p, hook));
+        self
+    }
+
+    /// The gateway's metrics.
+    pub fn metrics(&self) -> Arc<GatewayMetrics> {
+        Arc::clone(&self.metrics)
+    }
+
+    /// The bounds.
+    pub fn options(&self) -> GatewayOptions {
+        self.options
+    }
+
+    /// The execs owned now, by id.
+    pub async fn owned(&self) -> Vec<ExecId> {
+        self.held.lock().await.keys().copied().collect()
+    }
+
+    /// Reads the clock once as a [`CutReading`] (the same conversion the
+    /// worker uses).
+    ///
+    /// # Errors
+    /// The clock's error.
+    pub async fn reading(&self) -> Result<CutReading, clock::ClockError> {
+        let r = self.clock.read().await?;
+        Ok(CutReading {
+            cut: r.now,
+            certain: r.uncertain.is_none(),
+            retry_after_s: self.clock.retry_after_secs(),
+        })
+    }
+
+    fn crash_point(&self, point: CrashPoint) -> Result<(), Fail> {
+        match &self.crash {
+            Some((p, hook)) if *p == point => {
+                tracing::warn!(
+                    point = point.as_str(),
+                    "fault injection: crash point reached"
+                );
+                hook.reached(point);
+                Err(Fail::Crashed(point))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// One step; see the module docs. Holds the gateway's state for its
+    /// whole duration, so steps never overlap.
+    pub async fn step(&self) -> StepReport {
+        let mut held = self.held.lock().await;
+        let mut report = StepReport::default();
+        let at = match self.reading().await {
+            Ok(at) => at,
+            Err(e) => {
+                self.fail(&mut report, None, &Fail::Clock(e));
+                report.owned = held.len();
+                return report;
+            }
+        };
+        report.at = Some(at);
+        self.metrics.step(at.certain);
+        self.heartbeat_all(&mut held, at, &mut report).await;
+        if at.certain && held.len() < self.options.owned_max {
+            let limit = self.options.owned_max - held.len();
+            match self
+                .store
+                .claim(&self.token, at, self.options.heartbeat_ttl, limit)
+                .await
+            {
+                Ok(claimed) => {
+                    for view in claimed {
+                        self.adopt(&mut held, view, &mut report);
+                    }
+                }
+                Err(e) => self.fail(&mut report, None, &Fail::Store(e)),
+            }
+        }
+        let ids: Vec<ExecId> = held.keys().copied().collect();
+        for id in ids {
+            let Some(h) = held.get_mut(&id) else { continue };
+            match self.serve(h, &mut report).await {
+                Ok(Served::Keep) => {}
+                Ok(Served::Released) => {
+                    held.remove(&id);
+                }
+                Err(Fail::Crashed(p)) => {
+                    report.crashed = Some(p);
+                    break;
+                }
+                Err(f) if f.is_stale() => {
+                    held.remove(&id);
+                    self.stale(&mut report, id, &f);
+                }
+                Err(f) => self.fail(&mut report, Some(id), &f),
+            }
+        }
+        report.owned = held.len();
+        self.sample_spools(&held).await;
+        self.metrics.set_owned(held.len());
+        self.metrics.set_pending(
+            held.values()
+                .map(|h| u64::try_from(h.view.staged_through - h.view.acked_through).unwrap_or(0))
+                .sum(),
+        );
+        log_report(&report);
+        report
+    }
+
+    /// Sums the owned execs' spool occupancy into the metrics, at most every
+    /// [`SPOOL_SAMPLE_EVERY`]; a failed status request counts nothing.
+    async fn sample_spools(&self, held: &BTreeMap<ExecId, Held>) {
+        {
+            let mut last = self.spool_sampled.lock().unwrap_or_else(|p| p.into_inner());
+            if last.is_some_and(|t| t.elapsed() < SPOOL_SAMPLE_EVERY) {
+                return;
+            }
+            *last = Some(Instant::now());
+        }
+        let (mut pages, mut bytes) = (0u64, 0u64);
+        for h in held.values() {
+            let Ok(p) = self.provider(&h.view).await else {
+                continue;
+            };
+            if let Ok(Some(s)) = p
+                .spool_status(h.view.lease_id, h.view.lease_generation)
+                .await
+            {
+                pages = pages.saturating_add(s.pages);
+                bytes = bytes.saturating_add(s.bytes);
+            }
+        }
+        self.metrics.set_spool(pages, bytes);
+    }
+
+    fn adopt(&self, held: &mut BTreeMap<ExecId, Held>, view: OwnedExec, report: &mut StepReport) {
+        let id = view.ownership.exec_id;
+        match view.basis {
+            TakeoverBasis::Unowned => {
+                report.claimed += 1;
+                self.metrics.claim();
+            }
+            TakeoverBasis::Released | TakeoverBasis::Expired => {
+                report.taken_over += 1;
+                self.metrics.takeover();
+            }
+        }
+        tracing::info!(
+            exec = id.0,
+            generation = view.ownership.generation.0,
+            fence = view.ownership.fence.0,
+            basis = view.basis.as_str(),
+            staged_through = view.staged_through,
+            acked_through = view.acked_through,
+            "exec owned"
+        );
+        let cred = OwnerCredential {
+            token: self.token.clone(),
+            generation: view.ownership.generation,
+            fence: view.ownership.fence,
+        };
+        held.insert(
+            id,
+            Held {
+                cred,
+                view,
+                supervisor_acked: 0,
+                cancel_sent: false,
+            },
+        );
+    }
+
+    async fn heartbeat_all(
+        &self,
+        held: &mut BTreeMap<ExecId, Held>,
+        at: CutReading,
+        report: &mut StepReport,
+    ) {
+        let ids: Vec<ExecId> = held.keys().copied().collect();
+        for id in ids {
+            let Some(h) = held.get_mut(&id) else { continue };
+            match self
+                .store
+                .heartbeat(&h.cred, id, at, self.options.heartbeat_ttl)
+                .await
+            {
+                Ok(view) => {
+                    report.heartbeats += 1;
+                    h.view = view;
+                    if h.view.lease_state != LeaseState::Active {
+                        tracing::info!(exec = id.0, lease_state = %h.view.lease_state, "exec's Lease is no longer active; forgotten");
+                        held.remove(&id);
+                        report.dropped += 1;
+                    }
+                }
+                Err(e) if matches!(e.code(), "owner_stale" | "owner_expired") => {
+                    held.remove(&id);
+                    self.stale(report, id, &Fail::Store(e));
+                }
+                Err(e) if e.code() == "not_found" => {
+                    held.remove(&id);
+                    report.dropped += 1;
+                }
+                Err(e) => self.fail(report, Some(id), &Fail::Store(e)),
+            }
+        }
+    }
+
+    fn stale(&self, report: &mut StepReport, id: ExecId, f: &Fail) {
+        let (code, message) = f.code_message();
+        tracing::warn!(exec = id.0, %code, %message, "stale_refused: this gateway no longer owns the exec; forgotten");
+        report.stale_refused += 1;
+        self.metrics.stale_refused();
+    }
+
+    fn fail(&self, report: &mut StepReport, id: Option<ExecId>, f: &Fail) {
+        let (code, message) = f.code_message();
+        tracing::warn!(exec = id.map(|i| i.0), %code, %message, "gateway step failed");
+        self.metrics.failure();
+        report.failures.push(ExecFailure {
+            exec_id: id,
+            code,
+            message,
+        });
+    }
+
+    async fn provider(&self, view: &OwnedExec) -> Result<Arc<dyn Provider>, Fail> {
+        let mut providers = self.providers.lock().await;
+        let p = match providers.get(&view.provider_url) {
+            Some(p) => Arc::clone(p),
+            None => {
+                if providers.len() >= PROVIDERS_MAX {
+                    return Err(Fail::ProvidersFull);
+                }
+                let p = self.connector.connect(&view.provider_url).await?;
+                providers.insert(view.provider_url.clone(), Arc::clone(&p));
+                p
+            }
+        };
+        if *p.id() != view.identity.provider_id {
+            return Err(Fail::ProviderMismatch {
+                expected: view.identity.provider_id.to_string(),
+                actual: p.id().to_string(),
+            });
+        }
+        Ok(p)
+    }
+
+    async fn serve(&self, h: &mut Held, report: &mut StepReport) -> Result<Served, Fail> {
+        let p = self.provider(&h.view).await?;
+        let p = p.as_ref();
+        let id = h.view.ownership.exec_id;
+        let (lease, generation, fence) = (h.view.lease_id, h.view.lease_generation, h.cred.fence);
+        let mut budget = self.options.pages_per_step;
+
+        // Pending pages first, re-read from the spool and checked: at most
+        // one spool request's worth per step. New pages wait until none is
+        // pending, since an ACK result acknowledges every pending page
+        // through its seq.
+        let limit = budget.min(PAGES_PER_ROUND);
+        let pending = self
+            .store
+            .pending_pages(&h.cred, id, self.reading().await?, limit)
+            .await?;
+        let more_pending = pending.len() >= limit;
+        if let Some(first) = pending.first() {
+            let fetched_at = Instant::now();
+            let spooled =
+                spool::pages(p, lease, generation, fence, first.seq - 1, pending.len()).await?;
+            let mut pages = Vec::with_capacity(pending.len());
+            for meta in &pending {
+                let page = spooled
+                    .iter()
+                    .find(|pg| pg.seq() == meta.seq)
+                    .ok_or(Fail::Missing(meta.seq))?;
+                if !meta.matches(page) {
+                    tracing::error!(
+                        exec = id.0,
+                        seq = meta.seq,
+                        "spooled page differs from its committed metadata"
+                    );
+                    return Err(Fail::Mismatch(meta.seq));
+                }
+                pages.push(page.clone());
+            }
+            budget = budget.saturating_sub(pages.len());
+            report.pending_finished += pages.len();
+            self.complete(h, p, pages, fetched_at, report).await?;
+        }
+
+        // Acked in the store, still in the spool (a crash before the
+        // supervisor's ack): ack again.
+        if h.view.acked_through > h.supervisor_acked {
+            spool::ack(p, lease, generation, fence, h.view.acked_through).await?;
+            h.supervisor_acked = h.view.acked_through;
+            report.supervisor_acks += 1;
+        }
+        if more_pending {
+            return Ok(Served::Keep);
+        }
+
+        // New pages.
+        while budget > 0 && h.view.terminal_acked_seq.is_none() {
+            let max = budget.min(PAGES_PER_ROUND);
+            let pages =
+                spool::pages(p, lease, generation, fence, h.view.staged_through, max).await?;
+            if pages.is_empty() {
+                break;
+            }
+            let fetched_at = Instant::now();
+            let n = pages.len();
+            let metas: Vec<PageMeta> = pages
+                .iter()
+                .map(|pg| PageMeta::of_page(id, h.view.attempt, pg))
+                .collect();
+            let staged = self
+                .store
+                .stage_pages(&h.cred, id, self.reading().await?, &metas)
+                .await?;
+            report.pages_staged += staged.staged;
+            h.view.staged_through = staged.staged_through;
+            self.crash_point(CrashPoint::AfterMetadata)?;
+            self.complete(h, p, pages, fetched_at, report).await?;
+            budget = budget.saturating_sub(n);
+            if n < max {
+                break;
+            }
+        }
+
+        // Cancel: the receipt first, then the supervisor.
+        if h.view.cancel_requested && !h.cancel_sent && h.view.terminal_acked_seq.is_none() {
+            let tid = format!("cancel-{}-g{}", h.view.attempt.0, h.cred.generation.0);
+            self.store
+                .cancel(&h.cred, id, self.reading().await?, &tid)
+                .await?;
+            spool::cancel(p, lease, generation, fence).await?;
+            h.cancel_sent = true;
+            report.cancels += 1;
+            tracing::info!(exec = id.0, "cancel told to the supervisor");
+        }
+
+        // Release once the terminal page is acked everywhere.
+        if let Some(seq) = h.view.terminal_acked_seq
+            && h.supervisor_acked >= seq
+        {
+            let at = self.reading().await?;
+            if !at.certain {
+                return Ok(Served::Keep);
+            }
+            let tid = format!("release-{}", h.view.attempt.0);
+            self.store.release(&h.cred, id, at, &tid).await?;
+            report.released += 1;
+            self.metrics.release();
+            tracing::info!(
+                exec = id.0,
+                terminal_seq = seq,
+                "Lease released after its terminal page was acked"
+            );
+            return Ok(Served::Released);
+        }
+        Ok(Served::Keep)
+    }
+
+    /// Steps 3 to 5 of the page protocol for `pages` (their metadata is
+    /// committed): sink, ACK result, supervisor ack.
+    async fn complete(
+        &self,
+        h: &mut Held,
+        p: &dyn Provider,
+        pages: Vec<Page>,
+        fetched_at: Instant,
+        report: &mut StepReport,
+    ) -> Result<(), Fail> {
+        let Some(last) = pages.last() else {
+            return Ok(());
+        };
+        let through = last.seq();
+        let terminal = pages
+            .iter()
+            .find(|pg| pg.kind() == PageKind::Terminal)
+            .map(Page::seq);
+        let n = pages.len();
+        let bytes: u64 = pages.iter().map(|pg| pg.bytes().len() as u64).sum();
+        let sink = Arc::clone(&self.sink);
+        let replaced = tokio::task::spawn_blocking(move || -> Result<usize, BlobError> {
+            let mut replaced = 0;
+            for pg in &pages {
+                let digest = lc_core::Digest(pg.sha256());
+                if sink.put(&digest, pg.bytes())? == PutOutcome::Replaced {
+                    replaced += 1;
+                }
+            }
+            Ok(replaced)
+        })
+        .await
+        .map_err(|e| Fail::Join(e.to_string()))?
+        .map_err(Fail::Sink)?;
+        for _ in 0..replaced {
+            self.metrics.sink_replaced();
+        }
+        self.crash_point(CrashPoint::AfterSink)?;
+        let id = h.view.ownership.exec_id;
+        let tid = format!("ack-{}-{through}", h.view.attempt.0);
+        self.store
+            .ack_pages(&h.cred, id, self.reading().await?, &tid, through)
+            .await?;
+        h.view.acked_through = h.view.acked_through.max(through);
+        if terminal.is_some() {
+            h.view.terminal_acked_seq = terminal;
+        }
+        report.pages_acked += n;
+        report.bytes_acked += bytes;
+        self.metrics.acked(n as u64, bytes);
+        self.crash_point(CrashPoint::AfterAckResult)?;
+        self.crash_point(CrashPoint::BeforeSupervisorAck)?;
+        let (lease, generation, fence) = (h.view.lease_id, h.view.lease_generation, h.cred.fence);
+        spool::ack(p, lease, generation, fence, through).await?;
+        h.supervisor_acked = h.supervisor_acked.max(through);
+        report.supervisor_acks += 1;
+        self.metrics.ack_latency(fetched_at.elapsed());
+        Ok(())
+    }
+
+    /// Steps every `interval` until `shutdown` turns `true` (or its sender
+    /// goes away); returns after the step in progress.
+    pub async fn run(&self, interval: Duration, mut shutdown: watch::Receiver<bool>) {
+        tracing::info!(
+            owned_max = self.options.owned_max,
+            heartbeat_ttl = %self.options.heartbeat_ttl,
+            ?interval,
+            "gateway started"
+        );
+        loop {
+            if *shutdown.borrow() {
+                break;
+            }
+            let r = self.step().await;
+            if let Some(p) = r.crashed {
+                tracing::error!(
+                    point = p.as_str(),
+                    "fault hook returned; stopping the gateway"
+                );
+                break;
+            }
+            tokio::select! {
+                () = tokio::time::sleep(interval) => {}
+                changed = shutdown.changed() => {
+                    if changed.is_err() || *shutdown.borrow() {
+                        break;
+                    }
+                }
+            }
+        }
+        tracing::info!("gateway stopped");
+    }
+}
+
+enum Served {
+    Keep,
+    Released,
+}
+
+fn log_report(r: &StepReport) {
+    let busy = r.claimed
+        + r.taken_over
+        + r.stale_refused
+        + r.pages_acked
+        + r.cancels
+        + r.released
+        + r.dropped;
+    if busy == 0 {
+        tracing::debug!(owned = r.owned, heartbeats = r.heartbeats, "gateway step");
+    } else {
+        tracing::info!(
+            owned = r.owned,
+            claimed = r.claimed,
+            taken_over = r.taken_over,
+            stale_refused = r.stale_refused,
+            pending_finished = r.pending_finished,
+            pages_acked = r.pages_acked,
+            bytes_acked = r.bytes_acked,
+            cancels = r.cancels,
+            released = r.released,
+            "gateway step"
+        );
+    }
+}

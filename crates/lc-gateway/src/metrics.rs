@@ -1,0 +1,312 @@
+//! The gateway's counters and gauges, rendered in the Prometheus text
+//! format. No label comes from input, so the series are fixed.
+//!
+//! The ACK latency is measured on the process's monotonic clock, from the
+//! moment a page was read from the spool to the moment the supervisor was
+//! told to drop it: telemetry only, never used for any decision.
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Steps taken (counter).
+pub const STEPS: &str = "lc_gateway_steps_total";
+/// Steps whose first reading of the cut was uncertain (counter): nothing
+/// was claimed, taken over or released in them.
+pub const STEPS_UNCERTAIN: &str = "lc_gateway_steps_uncertain_total";
+/// Execs this gateway owns now (gauge).
+pub const OWNED_EXECS: &str = "lc_gateway_owned_execs";
+/// Ownerships taken from an expired or released owner (counter).
+pub const TAKEOVERS: &str = "lc_gateway_takeovers_total";
+/// Ownerships taken of execs no gateway owned before (counter).
+pub const CLAIMS: &str = "lc_gateway_claims_total";
+/// Writes the store or the supervisor refused because this gateway no
+/// longer owns the exec (counter).
+pub const STALE_REFUSED: &str = "lc_gateway_stale_refused_total";
+/// Pages whose metadata is committed but not yet acked, over the owned
+/// execs at the last step (gauge).
+pub const PENDING_PAGES: &str = "lc_gateway_pending_pages";
+/// Pages held in the spools of the owned execs' supervisors, at the last
+/// sample (gauge).
+pub const SPOOL_PAGES: &str = "lc_gateway_spool_pages";
+/// Bytes held in those spools, at the last sample (gauge).
+pub const SPOOL_BYTES: &str = "lc_gateway_spool_bytes";
+/// Pages whose ACK result this gateway committed (counter).
+pub const PAGES_ACKED: &str = "lc_gateway_pages_acked_total";
+/// Bytes of those pages (counter).
+pub const BYTES_ACKED: &str = "lc_gateway_bytes_acked_total";
+/// Corrupt sink blobs replaced by a put (counter).
+pub const SINK_REPLACED: &str = "lc_gateway_sink_replaced_total";
+/// Leases released after their terminal page was acked (counter).
+pub const RELEASES: &str = "lc_gateway_releases_total";
+/// Per-exec step failures (counter).
+pub const FAILURES: &str = "lc_gateway_failures_total";
+/// Sum of ACK latencies, nanoseconds (with [`ACK_LATENCY_COUNT`]).
+pub const ACK_LATENCY_SUM: &str = "lc_gateway_ack_latency_ns_sum";
+/// Supervisor ACKs measured.
+pub const ACK_LATENCY_COUNT: &str = "lc_gateway_ack_latency_ns_count";
+
+/// The registry; every value starts at 0.
+#[derive(Debug, Default)]
+pub struct GatewayMetrics {
+    steps: AtomicU64,
+    steps_uncertain: AtomicU64,
+    owned_execs: AtomicU64,
+    takeovers: AtomicU64,
+    claims: AtomicU64,
+    stale_refused: AtomicU64,
+    pending_pages: AtomicU64,
+    spool_pages: AtomicU64,
+    spool_bytes: AtomicU64,
+    pages_acked: AtomicU64,
+    bytes_acked: AtomicU64,
+    sink_replaced: AtomicU64,
+    releases: AtomicU64,
+    failures: AtomicU64,
+    ack_latency_ns_sum: AtomicU64,
+    ack_latency_count: AtomicU64,
+}
+
+/// A snapshot of every value, for tests and reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MetricsSnapshot {
+    /// [`STEPS`].
+    pub steps: u64,
+    /// [`STEPS_UNCERTAIN`].
+    pub steps_uncertain: u64,
+    /// [`OWNED_EXECS`].
+    pub owned_execs: u64,
+    /// [`TAKEOVERS`].
+    pub takeovers: u64,
+    /// [`CLAIMS`].
+    pub claims: u64,
+    /// [`STALE_REFUSED`].
+    pub stale_refused: u64,
+    /// [`PENDING_PAGES`].
+    pub pending_pages: u64,
+    /// [`SPOOL_PAGES`].
+    pub spool_pages: u64,
+    /// [`SPOOL_BYTES`].
+    pub spool_bytes: u64,
+    /// [`PAGES_ACKED`].
+    pub pages_acked: u64,
+    /// [`BYTES_ACKED`].
+    pub bytes_acked: u64,
+    /// [`SINK_REPLACED`].
+    pub sink_replaced: u64,
+    /// [`RELEASES`].
+    pub releases: u64,
+    /// [`FAILURES`].
+    pub failures: u64,
+    /// [`ACK_LATENCY_SUM`].
+    pub ack_latency_ns_sum: u64,
+    /// [`ACK_LATENCY_COUNT`].
+    pub ack_latency_count: u64,
+}
+
+fn add(a: &AtomicU64, n: u64) {
+    // Counters saturate instead of wrapping.
+    let _ = a.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+        Some(v.saturating_add(n))
+    });
+}
+
+impl GatewayMetrics {
+    pub(crate) fn step(&self, certain: bool) {
+        add(&self.steps, 1);
+        if !certain {
+            add(&self.steps_uncertain, 1);
+        }
+    }
+    pub(crate) fn set_owned(&self, n: usize) {
+        self.owned_execs
+            .store(u64::try_from(n).unwrap_or(u64::MAX), Ordering::Relaxed);
+    }
+    pub(crate) fn set_pending(&self, n: u64) {
+        self.pending_pages.store(n, Ordering::Relaxed);
+    }
+    pub(crate) fn set_spool(&self, pages: u64, bytes: u64) {
+        self.spool_pages.store(pages, Ordering::Relaxed);
+        self.spool_bytes.store(bytes, Ordering::Relaxed);
+    }
+    pub(crate) fn takeover(&self) {
+        add(&self.takeovers, 1);
+    }
+    pub(crate) fn claim(&self) {
+        add(&self.claims, 1);
+    }
+    pub(crate) fn stale_refused(&self) {
+        add(&self.stale_refused, 1);
+    }
+    pub(crate) fn acked(&self, pages: u64, bytes: u64) {
+        add(&self.pages_acked, pages);
+        add(&self.bytes_acked, bytes);
+    }
+    pub(crate) fn sink_replaced(&self) {
+        add(&self.sink_replaced, 1);
+    }
+    pub(crate) fn release(&self) {
+        add(&self.releases, 1);
+    }
+    pub(crate) fn failure(&self) {
+        add(&self.failures, 1);
+    }
+    pub(crate) fn ack_latency(&self, d: std::time::Duration) {
+        add(
+            &self.ack_latency_ns_sum,
+            u64::try_from(d.as_nanos()).unwrap_or(u64::MAX),
+        );
+        add(&self.ack_latency_count, 1);
+    }
+
+    /// Every value now.
+    pub fn snapshot(&self) -> MetricsSnapshot {
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        MetricsSnapshot {
+            steps: g(&self.steps),
+            steps_uncertain: g(&self.steps_uncertain),
+            owned_execs: g(&self.owned_execs),
+            takeovers: g(&self.takeovers),
+            claims: g(&self.claims),
+            stale_refused: g(&self.stale_refused),
+            pending_pages: g(&self.pending_pages),
+            spool_pages: g(&self.spool_pages),
+            spool_bytes: g(&self.spool_bytes),
+            pages_acked: g(&self.pages_acked),
+            bytes_acked: g(&self.bytes_acked),
+            sink_replaced: g(&self.sink_replaced),
+            releases: g(&self.releases),
+            failures: g(&self.failures),
+            ack_latency_ns_sum: g(&self.ack_latency_ns_sum),
+            ack_latency_count: g(&self.ack_latency_count),
+        }
+    }
+
+    /// The Prometheus text exposition of every value.
+    pub fn render(&self) -> String {
+        const W: &str = "writing to a String never fails";
+        let s = self.snapshot();
+        let rows: [(&str, &str, &str, u64); 16] = [
+            (STEPS, "counter", "Steps taken.", s.steps),
+            (
+                STEPS_UNCERTAIN,
+                "counter",
+                "Steps whose reading of the cut was uncertain (nothing claimed, taken over or released).",
+                s.steps_uncertain,
+            ),
+            (
+                OWNED_EXECS,
+                "gauge",
+                "Execs this gateway owns.",
+                s.owned_execs,
+            ),
+            (
+                TAKEOVERS,
+                "counter",
+                "Ownerships taken from an expired or released owner.",
+                s.takeovers,
+            ),
+            (
+                CLAIMS,
+                "counter",
+                "Ownerships taken of execs no gateway owned before.",
+                s.claims,
+            ),
+            (
+                STALE_REFUSED,
+                "counter",
+                "Writes refused because this gateway no longer owns the exec.",
+                s.stale_refused,
+            ),
+            (
+                PENDING_PAGES,
+                "gauge",
+                "Pages committed but not yet acked, over the owned execs.",
+                s.pending_pages,
+            ),
+            (
+                SPOOL_PAGES,
+                "gauge",
+                "Pages held in the owned execs' spools, at the last sample.",
+                s.spool_pages,
+            ),
+            (
+                SPOOL_BYTES,
+                "gauge",
+                "Bytes held in the owned execs' spools, at the last sample.",
+                s.spool_bytes,
+            ),
+            (
+                PAGES_ACKED,
+                "counter",
+                "Pages whose ACK result this gateway committed.",
+                s.pages_acked,
+            ),
+            (
+                BYTES_ACKED,
+                "counter",
+                "Bytes of the pages this gateway acked.",
+                s.bytes_acked,
+            ),
+            (
+                SINK_REPLACED,
+                "counter",
+                "Corrupt sink blobs replaced by a put.",
+                s.sink_replaced,
+            ),
+            (
+                RELEASES,
+                "counter",
+                "Leases released after their terminal page was acked.",
+                s.releases,
+            ),
+            (FAILURES, "counter", "Per-exec step failures.", s.failures),
+            (
+                ACK_LATENCY_SUM,
+                "counter",
+                "Sum of spool-read-to-supervisor-ACK latencies, nanoseconds (monotonic clock, telemetry only).",
+                s.ack_latency_ns_sum,
+            ),
+            (
+                ACK_LATENCY_COUNT,
+                "counter",
+                "Supervisor ACKs whose latency was measured.",
+                s.ack_latency_count,
+            ),
+        ];
+        let mut out = String::new();
+        for (name, kind, help, v) in rows {
+            writeln!(out, "# HELP {name} {help}").expect(W);
+            writeln!(out, "# TYPE {name} {kind}").expect(W);
+            writeln!(out, "{name} {v}").expect(W);
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_every_value_exactly() {
+        let m = GatewayMetrics::default();
+        m.set_owned(3);
+        m.stale_refused();
+        m.stale_refused();
+        m.acked(4, 1000);
+        m.ack_latency(std::time::Duration::from_nanos(1500));
+        let text = m.render();
+        for line in [
+            "lc_gateway_owned_execs 3",
+            "lc_gateway_stale_refused_total 2",
+            "lc_gateway_pages_acked_total 4",
+            "lc_gateway_bytes_acked_total 1000",
+            "lc_gateway_ack_latency_ns_sum 1500",
+            "lc_gateway_ack_latency_ns_count 1",
+            "lc_gateway_takeovers_total 0",
+            "# TYPE lc_gateway_owned_execs gauge",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} in\n{text}");
+        }
+    }
+}
