@@ -139,6 +139,7 @@ impl Rig {
                     shape: "small".into(),
                     command: vec!["sh".into(), "-c".into(), script.into()],
                     timeout_ms: None,
+                    stdin_open: false,
                 },
             )
             .await

@@ -384,6 +384,27 @@ impl GatewayStore for FakeStore {
         })
     }
 
+    async fn queued_inputs(
+        &self,
+        _cred: &OwnerCredential,
+        _exec_id: ExecId,
+        _at: CutReading,
+        _limit: usize,
+    ) -> Result<Vec<lc_core::input::InputRecord>, LcError> {
+        Ok(Vec::new())
+    }
+
+    async fn record_send(
+        &self,
+        _cred: &OwnerCredential,
+        exec_id: ExecId,
+        _at: CutReading,
+        _transition_id: &str,
+        _input_seq: i64,
+    ) -> Result<TransitionReceipt, LcError> {
+        Err(LcError::not_found("input", exec_id))
+    }
+
     async fn release(
         &self,
         cred: &OwnerCredential,

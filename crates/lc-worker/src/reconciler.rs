@@ -245,8 +245,7 @@ fn allocate_request(w: &LeaseWork) -> Result<AllocateRequest, LcError> {
         shape: Shape::by_name(&w.shape)?,
         command: Command::new(w.command.clone())?,
         workspace_id: w.workspace_id,
-        // No exec is admitted with stdin open yet.
-        stdin_open: false,
+        stdin_open: w.stdin_open,
     })
 }
 
