@@ -154,8 +154,11 @@ pub trait ControlStore: Send + Sync {
         limit: usize,
     ) -> Result<Vec<StoredPage>, LcError>;
 
-    /// Asks to cancel an exec (the reconciler releases its Lease). A
-    /// terminal exec is returned as it is. Tenant scope.
+    /// Asks to cancel an exec: records the request. The exec's owning
+    /// gateway then commits the cancel, stops the command and releases the
+    /// Lease once the terminal page is acked; a Lease that is not active yet
+    /// is released by the reconciler. A terminal exec is returned as it is.
+    /// Tenant scope.
     ///
     /// # Errors
     /// `not_found`, `idempotency_conflict`, `invalid_cut_reading`, storage
