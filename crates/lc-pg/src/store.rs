@@ -491,19 +491,19 @@ fn evidence_rejected(reason: impl Into<String>) -> LcError {
     }
 }
 
-/// Verifies `evidence` (a DSSE envelope as JSON) with `provider`'s key:
-/// signed by it, about this lease and generation, and proving the
-/// instance gone (absence of the generation, or a fence covering it).
-fn verify_evidence(
+/// The statement `evidence` (a DSSE envelope as JSON) makes, once verified
+/// with `provider`'s key as signed by it about exactly this lease and
+/// generation.
+fn verified_statement(
     evidence: &serde_json::Value,
     provider: &Provider,
     lease: &LeaseRow,
-) -> Result<(), LcError> {
+) -> Result<evidence::Statement, LcError> {
     let envelope: Envelope = serde_json::from_value(evidence.clone())
         .map_err(|_| evidence_rejected("malformed_evidence: not a DSSE envelope"))?;
     let key = VerifyingKey::from_bytes(&provider.public_key)
         .map_err(|_| evidence_rejected("the registered provider key is not an Ed25519 key"))?;
-    let statement = evidence::verify(
+    evidence::verify(
         &envelope,
         &key,
         Expected {
@@ -512,7 +512,17 @@ fn verify_evidence(
             generation: lease.generation.0,
         },
     )
-    .map_err(|e| evidence_rejected(format!("{}: {e}", e.code())))?;
+    .map_err(|e| evidence_rejected(format!("{}: {e}", e.code())))
+}
+
+/// Verifies `evidence` ([`verified_statement`]) proving the instance gone
+/// (absence of the generation, or a fence covering it).
+fn verify_evidence(
+    evidence: &serde_json::Value,
+    provider: &Provider,
+    lease: &LeaseRow,
+) -> Result<(), LcError> {
+    let statement = verified_statement(evidence, provider, lease)?;
     if !statement.proves_gone(lease.generation.0) {
         return Err(evidence_rejected(format!(
             "not_a_proof: an {} does not prove the instance destroyed",
@@ -522,28 +532,15 @@ fn verify_evidence(
     Ok(())
 }
 
-/// Verifies `evidence` (a DSSE envelope as JSON) with `provider`'s key:
-/// signed by it, a `not_sent` statement of exactly this lease and
-/// generation (the command never reached a supervisor and never will).
+/// Verifies `evidence` ([`verified_statement`]) as a `not_sent` statement
+/// of exactly this generation (the command never reached a supervisor and
+/// never will).
 fn verify_not_sent(
     evidence: &serde_json::Value,
     provider: &Provider,
     lease: &LeaseRow,
 ) -> Result<(), LcError> {
-    let envelope: Envelope = serde_json::from_value(evidence.clone())
-        .map_err(|_| evidence_rejected("malformed_evidence: not a DSSE envelope"))?;
-    let key = VerifyingKey::from_bytes(&provider.public_key)
-        .map_err(|_| evidence_rejected("the registered provider key is not an Ed25519 key"))?;
-    let statement = evidence::verify(
-        &envelope,
-        &key,
-        Expected {
-            provider_id: lease.provider_id.as_str(),
-            lease_id: lease.lease_id.0,
-            generation: lease.generation.0,
-        },
-    )
-    .map_err(|e| evidence_rejected(format!("{}: {e}", e.code())))?;
+    let statement = verified_statement(evidence, provider, lease)?;
     if !statement.proves_not_sent(lease.generation.0) {
         return Err(evidence_rejected(format!(
             "not_a_proof: the statement is {}, not not_sent: only the provider's not_sent proves the command never reached a supervisor",
