@@ -188,9 +188,9 @@ async fn a_crash_before_the_supervisor_ack_is_finished_by_the_successor() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_owner_is_refused_on_every_write_after_a_takeover() {
     let f = Rig::start().await;
-    // Only the first two pages are there yet: the command pauses 6 s
-    // after its second page.
-    let (e, _) = f.stream(3, 2, 6).await;
+    // Only the first two pages are there yet: the command pauses past the
+    // heartbeat TTL after its second page.
+    let (e, _) = f.stream(3, 2, 8).await;
     f.spool_when(e, |s| s.pages == 2).await;
     let a = f.default_gateway();
     let r = a.step().await;

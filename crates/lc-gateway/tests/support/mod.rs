@@ -39,9 +39,10 @@ use safetime_pg::sampler::{Sampler, SamplerOptions};
 use sqlx::{Connection, PgConnection};
 use tokio::sync::watch;
 
-/// The tests' heartbeat TTL: a certain cut passes it within seconds, and
-/// the steps that must run inside it take milliseconds.
-pub const TTL: SignedDuration = SignedDuration::from_secs(3);
+/// The tests' heartbeat TTL (the default): a certain cut passes it within
+/// seconds, while the steps that must run inside it, and a new sampler's
+/// recovery to a certain cut, take well under a second.
+pub const TTL: SignedDuration = SignedDuration::from_secs(5);
 const GAP_MAX: SignedDuration = SignedDuration::from_secs(2);
 /// The sampler's recovery grace: certain again soon after a start.
 const RECOVERY_GRACE: SignedDuration = SignedDuration::from_millis(200);
