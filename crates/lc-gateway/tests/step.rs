@@ -484,6 +484,8 @@ async fn the_supervisor_refuses_a_stale_fence_and_the_gateway_forgets_the_exec()
     assert_eq!(newer.len(), 1);
     let r = a.step().await;
     assert_eq!((r.stale_refused, r.owned, r.pages_acked), (1, 0, 0));
+    // The store accepted the heartbeat: the refusal was the supervisor's.
+    assert_eq!((r.heartbeats, f.refused("owner_stale")), (1, None));
     assert_eq!(f.spool(e).await.highest_fence, 5);
     assert_eq!(a.metrics().snapshot().stale_refused, 1);
     assert_eq!(f.spooled(e).await, vec![1, 2, 3]);
