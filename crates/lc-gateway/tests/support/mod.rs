@@ -1,0 +1,699 @@
+//! The gateway tests' real world, after the rig of the reconciler's tests
+//! (crates/lc-worker/tests/real.rs, whose set-up is copied in part): a
+//! fresh database per test on the harness's one cluster, migrated to
+//! Little Compute's schema; a real safe-time sampler publishing the cut in
+//! process; `LcStore`; the safe-cut clock the gateway uses in production;
+//! the real bubblewrap provider running real commands (allocated by a real
+//! reconciler); the real local sink in the rig's directory. Time is never
+//! simulated: a sampler restarted with a long recovery grace makes the cut
+//! advance while uncertain, one with a short grace makes it certain again,
+//! and a short heartbeat TTL lets a certain cut pass an expiry within
+//! seconds.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use clock::safe_cut::SafeCutClock;
+use jiff::SignedDuration;
+use lc_blob::{BlobStore as _, LocalBlobStore};
+use lc_core::input::InputRecord;
+use lc_core::owner::{
+    OwnedExec, OwnerCredential, OwnerToken, PageMeta, StageReport, TransitionReceipt,
+};
+use lc_core::page::{ExitStatus, SpoolStatus};
+use lc_core::rules::LIST_LIMIT_MAX;
+use lc_core::store::{ControlStore, GatewayStore, ReconcileStore};
+use lc_core::{
+    CutReading, Digest, ExecId, ExecRequest, Generation, LcError, LeaseState, LeaseWork,
+    OperationKey, PageKind, SandboxLeaseId, TenantId, TerminalReason,
+};
+use lc_gateway::{Gateway, GatewayOptions, ProviderConnector};
+use lc_provider::{BwrapConfig, BwrapProvider, Provider, ProviderError};
+use lc_worker::{Reconciler, ReconcilerOptions};
+use safetime::SafeTimeConfig;
+use safetime_pg::sampler::{Sampler, SamplerOptions};
+use sqlx::{Connection, PgConnection};
+use tokio::sync::watch;
+
+/// The tests' heartbeat TTL (the default): a certain cut passes it within
+/// seconds, while the steps that must run inside it, and a new sampler's
+/// recovery to a certain cut, take well under a second.
+pub const TTL: SignedDuration = SignedDuration::from_secs(5);
+const GAP_MAX: SignedDuration = SignedDuration::from_secs(2);
+/// The sampler's recovery grace: certain again soon after a start.
+const RECOVERY_GRACE: SignedDuration = SignedDuration::from_millis(200);
+/// A recovery grace no test outlasts: the cut advances but stays uncertain.
+const RECOVERY_GRACE_LONG: SignedDuration = SignedDuration::from_mins(10);
+/// How long a test waits for anything real (a cut, a process, a page).
+const WAIT_MAX: Duration = Duration::from_secs(60);
+/// The pause between two pages a test command writes: the supervisor reads
+/// each write as its own page (checked before the gateway steps).
+const PAGE_PAUSE: &str = "0.05";
+const SECRET: [u8; 32] = [0x5a; 32];
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+
+fn sampler_options(recovery_grace: SignedDuration) -> SamplerOptions {
+    SamplerOptions {
+        config: SafeTimeConfig::new(
+            50,
+            SignedDuration::from_millis(50),
+            GAP_MAX,
+            SignedDuration::from_millis(500),
+            3,
+            recovery_grace,
+        )
+        .expect("sampler config"),
+        standby_poll: Duration::from_millis(100),
+        reconnect_max: Duration::from_millis(500),
+    }
+}
+
+fn start_sampler(
+    url: &str,
+    recovery_grace: SignedDuration,
+) -> (watch::Sender<bool>, tokio::task::JoinHandle<()>) {
+    let sampler = Sampler::new(url, sampler_options(recovery_grace)).expect("sampler");
+    let (stop, rx) = watch::channel(false);
+    (stop, tokio::spawn(async move { sampler.run(rx).await }))
+}
+
+/// `lc-supervisor` beside this test's profile directory, built when missing.
+fn supervisor_bin() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let profile = exe.parent().unwrap().parent().unwrap().to_path_buf();
+    let bin = profile.join("lc-supervisor");
+    if !bin.is_file() {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let mut cmd = std::process::Command::new(cargo);
+        cmd.args(["build", "-p", "lc-supervisor"]);
+        if profile.ends_with("release") {
+            cmd.arg("--release");
+        }
+        assert!(cmd.status().expect("cargo runs").success());
+    }
+    assert!(bin.is_file(), "{} missing", bin.display());
+    bin
+}
+
+/// The rig's one in-process provider, whatever URL the store recorded.
+pub struct InProcess(pub Arc<dyn Provider>);
+
+#[async_trait]
+impl ProviderConnector for InProcess {
+    async fn connect(&self, _url: &str) -> Result<Arc<dyn Provider>, ProviderError> {
+        Ok(self.0.clone())
+    }
+}
+
+/// The real store as the gateway sees it, recording the code of every
+/// write it refused as stale or expired (it changes no answer).
+pub struct Refusals {
+    inner: Arc<lc_pg::LcStore>,
+    refused: Mutex<BTreeMap<&'static str, usize>>,
+}
+
+impl Refusals {
+    fn note<T>(&self, r: Result<T, LcError>) -> Result<T, LcError> {
+        if let Err(e) = &r
+            && matches!(e.code(), "owner_stale" | "owner_expired")
+        {
+            *self.refused.lock().unwrap().entry(e.code()).or_insert(0) += 1;
+        }
+        r
+    }
+}
+
+#[async_trait]
+impl GatewayStore for Refusals {
+    async fn claim(
+        &self,
+        token: &OwnerToken,
+        at: CutReading,
+        ttl: SignedDuration,
+        limit: usize,
+    ) -> Result<Vec<OwnedExec>, LcError> {
+        self.note(self.inner.claim(token, at, ttl, limit).await)
+    }
+    async fn take_over(
+        &self,
+        token: &OwnerToken,
+        tenant: TenantId,
+        exec_id: ExecId,
+        at: CutReading,
+        ttl: SignedDuration,
+    ) -> Result<OwnedExec, LcError> {
+        self.note(self.inner.take_over(token, tenant, exec_id, at, ttl).await)
+    }
+    async fn heartbeat(
+        &self,
+        cred: &OwnerCredential,
+        exec_id: ExecId,
+        at: CutReading,
+        ttl: SignedDuration,
+    ) -> Result<OwnedExec, LcError> {
+        self.note(self.inner.heartbeat(cred, exec_id, at, ttl).await)
+    }
+    async fn stage_pages(
+        &self,
+        cred: &OwnerCredential,
+        exec_id: ExecId,
+        at: CutReading,
+        pages: &[PageMeta],
+    ) -> Result<StageReport, LcError> {
+        self.note(self.inner.stage_pages(cred, exec_id, at, pages).await)
+    }
+    async fn pending_pages(
+        &self,
+        cred: &OwnerCredential,
+        exec_id: ExecId,
+        at: CutReading,
+        limit: usize,
+    ) -> Result<Vec<PageMeta>, LcError> {
+        self.note(self.inner.pending_pages(cred, exec_id, at, limit).await)
+    }
+    async fn ack_pages(
+        &self,
+        cred: &OwnerCredential,
+        exec_id: ExecId,
+        at: CutReading,
+        transition_id: &str,
+        through_seq: i64,
+    ) -> Result<TransitionReceipt, LcError> {
+        let r = self
+            .inner
+            .ack_pages(cred, exec_id, at, transition_id, through_seq);
+        self.note(r.await)
+    }
+    async fn cancel(
+        &self,
+        cred: &OwnerCredential,
+        exec_id: ExecId,
+        at: CutReading,
+        transition_id: &str,
+    ) -> Result<TransitionReceipt, LcError> {
+        let r = GatewayStore::cancel(&*self.inner, cred, exec_id, at, transition_id);
+        self.note(r.await)
+    }
+    async fn queued_inputs(
+        &self,
+        cred: &OwnerCredential,
+        exec_id: ExecId,
+        at: CutReading,
+        limit: usize,
+    ) -> Result<Vec<InputRecord>, LcError> {
+        self.note(self.inner.queued_inputs(cred, exec_id, at, limit).await)
+    }
+    async fn record_send(
+        &self,
+        cred: &OwnerCredential,
+        exec_id: ExecId,
+        at: CutReading,
+        transition_id: &str,
+        input_seq: i64,
+    ) -> Result<TransitionReceipt, LcError> {
+        let r = self
+            .inner
+            .record_send(cred, exec_id, at, transition_id, input_seq);
+        self.note(r.await)
+    }
+    async fn release(
+        &self,
+        cred: &OwnerCredential,
+        exec_id: ExecId,
+        at: CutReading,
+        transition_id: &str,
+    ) -> Result<TransitionReceipt, LcError> {
+        self.note(self.inner.release(cred, exec_id, at, transition_id).await)
+    }
+}
+
+/// One test's world; see the module docs.
+pub struct Rig {
+    url: String,
+    pub store: Arc<lc_pg::LcStore>,
+    /// The store the rig's gateways use (the real one, refusals recorded).
+    pub gateway_store: Arc<Refusals>,
+    pub clock: Arc<SafeCutClock>,
+    pub provider: Arc<BwrapProvider>,
+    pub sink: Arc<LocalBlobStore>,
+    rec: Reconciler,
+    sampler_stop: watch::Sender<bool>,
+    sampler: Option<tokio::task::JoinHandle<()>>,
+    dir: PathBuf,
+    pub tenant: TenantId,
+}
+
+impl Drop for Rig {
+    /// Kills what a test left running (its instances' cgroups), then
+    /// removes the provider's state and parent cgroups.
+    fn drop(&mut self) {
+        let _ = self.sampler_stop.send(true);
+        if let Ok(entries) = std::fs::read_dir(self.dir.join("instances")) {
+            for e in entries.flatten().take(1000) {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if let Some((l, g)) = name.split_once('-')
+                    && let (Ok(l), Ok(g)) = (l.parse(), g.parse())
+                {
+                    let _ = self
+                        .provider
+                        .instance_cgroup(SandboxLeaseId(l), Generation(g))
+                        .kill_and_remove();
+                }
+            }
+        }
+        let parent = self.provider.config().cgroup_parent.clone();
+        let _ = std::fs::remove_dir_all(&self.dir);
+        for c in ["", "memory", "pids", "cpu"] {
+            let _ = std::fs::remove_dir(Path::new("/sys/fs/cgroup").join(c).join(&parent));
+        }
+    }
+}
+
+/// A running exec of the rig: its ids.
+#[derive(Debug, Clone, Copy)]
+pub struct Exec {
+    pub id: ExecId,
+    pub lease: SandboxLeaseId,
+    pub generation: Generation,
+}
+
+impl Rig {
+    /// A rig on a certain cut, with the runtime `base` and a tenant of 4 units.
+    pub async fn start() -> Rig {
+        let db = tollgate_pg_harness::shared().await.fresh_database().await;
+        let url = db.url().to_string();
+        lc_pg::migrate(&url).await.expect("migrate");
+        let (sampler_stop, sampler) = start_sampler(&url, RECOVERY_GRACE);
+        let store = Arc::new(
+            lc_pg::LcStore::connect(
+                &url,
+                tollgate::GrantPolicy::new(
+                    SignedDuration::from_hours(1),
+                    SignedDuration::from_secs(5),
+                )
+                .unwrap(),
+                tollgate::CapabilityKey::new(&SECRET).unwrap(),
+                lc_pg::LcConfig {
+                    max_connections: 4,
+                    acquire_timeout: Duration::from_secs(30),
+                    ..lc_pg::LcConfig::default()
+                },
+            )
+            .await
+            .expect("store"),
+        );
+        let clock = Arc::new(SafeCutClock::new(store.pool().clone(), GAP_MAX));
+        let n = COUNTER.fetch_add(1, Ordering::SeqCst);
+        let dir = PathBuf::from(format!("/tmp/lcg-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let mut cfg = BwrapConfig::new(
+            lc_core::ProviderId::new("local").unwrap(),
+            &dir,
+            &supervisor_bin(),
+        );
+        cfg.cgroup_parent = format!("little-compute-gtest-{}-{n}", std::process::id());
+        let provider = Arc::new(BwrapProvider::open(cfg).expect("provider"));
+        store
+            .register_provider(
+                provider.id(),
+                "http://127.0.0.1:9",
+                provider.public_key().to_bytes(),
+            )
+            .await
+            .expect("register provider");
+        let rec = Reconciler::new(
+            store.clone(),
+            vec![provider.clone() as Arc<dyn Provider>],
+            clock.clone(),
+            ReconcilerOptions::default(),
+        )
+        .unwrap();
+        let sink = Arc::new(LocalBlobStore::open(dir.join("blobs")).expect("sink"));
+        let mut rig = Rig {
+            url,
+            gateway_store: Arc::new(Refusals {
+                inner: store.clone(),
+                refused: Mutex::new(BTreeMap::new()),
+            }),
+            store,
+            clock,
+            provider,
+            sink,
+            rec,
+            sampler_stop,
+            sampler: Some(sampler),
+            dir,
+            tenant: TenantId(0),
+        };
+        let at = rig.wait_reading(|r| r.certain).await;
+        let base = lc_core::manifest::Manifest::base();
+        rig.store
+            .register_runtime(
+                &OperationKey::new("setup-base", Digest::of(b"base")).unwrap(),
+                at,
+                "base",
+                Digest(base.digest()),
+                serde_json::from_slice(&base.canonical()).unwrap(),
+            )
+            .await
+            .expect("runtime");
+        rig.tenant = rig
+            .store
+            .create_tenant(
+                &OperationKey::new("t-1", Digest([2; 32])).unwrap(),
+                at,
+                "blue",
+                Some(4),
+                &|id| Digest::of(format!("key-{}", id.0).as_bytes()),
+            )
+            .await
+            .expect("tenant")
+            .tenant_id;
+        rig
+    }
+
+    /// A gateway over the rig's store, sink and clock, reaching `provider`.
+    pub fn gateway_on(&self, provider: Arc<dyn Provider>, options: GatewayOptions) -> Gateway {
+        Gateway::new(
+            self.gateway_store.clone(),
+            Arc::new(InProcess(provider)),
+            self.sink.clone(),
+            self.clock.clone(),
+            options,
+        )
+        .expect("gateway")
+    }
+
+    /// A gateway with `options` on the real provider.
+    pub fn gateway(&self, options: GatewayOptions) -> Gateway {
+        self.gateway_on(self.provider.clone(), options)
+    }
+
+    /// A gateway with the default options and [`TTL`].
+    pub fn default_gateway(&self) -> Gateway {
+        self.gateway(GatewayOptions {
+            heartbeat_ttl: TTL,
+            ..GatewayOptions::default()
+        })
+    }
+
+    /// Writes refused with `code` so far.
+    pub fn refused(&self, code: &str) -> Option<usize> {
+        self.gateway_store
+            .refused
+            .lock()
+            .unwrap()
+            .get(code)
+            .copied()
+    }
+
+    /// Polls the clock (bounded by [`WAIT_MAX`]) until a reading satisfies
+    /// `want`; returns it.
+    pub async fn wait_reading(&self, want: impl Fn(&CutReading) -> bool) -> CutReading {
+        let deadline = Instant::now() + WAIT_MAX;
+        loop {
+            if let Ok(r) = self.rec.reading().await
+                && want(&r)
+            {
+                return r;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no such reading within {WAIT_MAX:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// A new sampler (a new epoch) whose cut stays uncertain while it
+    /// advances; returns once a reading is uncertain with a cut past `after`.
+    pub async fn uncertain_past(&mut self, after: jiff::Timestamp) -> CutReading {
+        self.restart_sampler(RECOVERY_GRACE_LONG).await;
+        self.wait_reading(|r| !r.certain && r.cut > after).await
+    }
+
+    /// A new sampler with a short recovery grace; returns its first certain
+    /// reading.
+    pub async fn certain_again(&mut self) -> CutReading {
+        self.restart_sampler(RECOVERY_GRACE).await;
+        self.wait_reading(|r| r.certain).await
+    }
+
+    async fn restart_sampler(&mut self, recovery_grace: SignedDuration) {
+        let _ = self.sampler_stop.send(true);
+        if let Some(task) = self.sampler.take() {
+            tokio::time::timeout(Duration::from_secs(10), task)
+                .await
+                .expect("the sampler stops")
+                .unwrap();
+        }
+        let (stop, task) = start_sampler(&self.url, recovery_grace);
+        self.sampler_stop = stop;
+        self.sampler = Some(task);
+    }
+
+    /// A certain reading at or past `t` (waits for one).
+    pub async fn certain_at(&self, t: jiff::Timestamp) -> CutReading {
+        self.wait_reading(|r| r.certain && r.cut >= t).await
+    }
+
+    /// Admits `argv` and lets the real reconciler allocate its instance
+    /// (the Lease active, the command started).
+    pub async fn run(&self, argv: &[&str]) -> Exec {
+        let at = self.wait_reading(|r| r.certain).await;
+        let id = self
+            .store
+            .admit_exec(
+                &OperationKey::new("e-1", Digest::of(b"e-1")).unwrap(),
+                at,
+                self.tenant,
+                &ExecRequest {
+                    runtime: "base".into(),
+                    shape: "small".into(),
+                    command: argv.iter().map(|s| s.to_string()).collect(),
+                    timeout_ms: None,
+                    stdin_open: false,
+                },
+            )
+            .await
+            .expect("admit")
+            .exec_id;
+        let r = self.rec.step().await.expect("reconciler step");
+        assert_eq!((r.allocated, r.failures), (1, vec![]));
+        let w = self.lease(id).await.expect("the exec's Lease");
+        assert_eq!(w.state, LeaseState::Active);
+        Exec {
+            id,
+            lease: w.lease_id,
+            generation: w.generation,
+        }
+    }
+
+    /// Runs a command writing `data_pages` pages of 1000 distinct bytes
+    /// each (a pause between two), pausing `pause_s` seconds after page
+    /// `pause_after`, then exiting 3. Returns the exec and every byte it
+    /// writes.
+    pub async fn stream(&self, data_pages: i64, pause_after: i64, pause_s: u32) -> (Exec, Vec<u8>) {
+        let script = format!(
+            "i=1; while [ $i -le {data_pages} ]; do printf '%0999d\\n' $i; \
+             if [ $i -eq {pause_after} ]; then sleep {pause_s}; else sleep {PAGE_PAUSE}; fi; \
+             i=$((i+1)); done; exit 3"
+        );
+        let e = self.run(&["sh", "-c", &script]).await;
+        let expected = (1..=data_pages)
+            .flat_map(|i| format!("{i:0999}\n").into_bytes())
+            .collect();
+        (e, expected)
+    }
+
+    /// [`Rig::stream`] without a long pause, once the command has ended:
+    /// the spool then holds exactly its `data_pages` pages and the
+    /// terminal page.
+    pub async fn streamed(&self, data_pages: i64) -> (Exec, Vec<u8>) {
+        let (e, expected) = self.stream(data_pages, 0, 0).await;
+        let s = self.spool_when(e, |s| s.terminal_seq != 0).await;
+        assert_eq!(
+            (s.pages, s.bytes, s.terminal_seq),
+            (
+                data_pages as u64 + 1,
+                data_pages as u64 * 1000,
+                data_pages + 1
+            ),
+            "each write of the command is one page"
+        );
+        (e, expected)
+    }
+
+    /// The spool's status (unfenced).
+    pub async fn spool(&self, e: Exec) -> SpoolStatus {
+        self.provider
+            .spool_status(e.lease, e.generation)
+            .await
+            .expect("spool status")
+            .expect("the instance has a supervisor")
+    }
+
+    /// Polls the spool (bounded) until `want` holds; returns its status.
+    pub async fn spool_when(&self, e: Exec, want: impl Fn(&SpoolStatus) -> bool) -> SpoolStatus {
+        let deadline = Instant::now() + WAIT_MAX;
+        loop {
+            let s = self.spool(e).await;
+            if want(&s) {
+                return s;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "spool not so within {WAIT_MAX:?}: {s:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// The seqs spooled now (acked through excluded).
+    pub async fn spooled(&self, e: Exec) -> Vec<i64> {
+        let s = self.spool(e).await;
+        (s.acked_through + 1..).take(s.pages as usize).collect()
+    }
+
+    /// Makes the supervisor unreachable or reachable again: its socket is
+    /// moved aside and something that is not a socket put at its name (as
+    /// a sandboxed command could), so every request fails at once
+    /// `supervisor_unavailable` while the supervisor runs on.
+    pub fn supervisor_reachable(&self, e: Exec, reachable: bool) {
+        let run = self
+            .dir
+            .join(format!("instances/{}-{}/run", e.lease.0, e.generation.0));
+        let (sock, away) = (
+            run.join("supervisor.sock"),
+            run.join("supervisor.sock.away"),
+        );
+        if reachable {
+            std::fs::remove_file(&sock).expect("remove the stand-in");
+            std::fs::rename(&away, &sock).expect("put the socket back");
+        } else {
+            std::fs::rename(&sock, &away).expect("move the socket aside");
+            std::fs::write(&sock, b"not a socket").expect("a stand-in");
+        }
+    }
+
+    /// Waits (bounded) until the supervisor has exited, which it does only
+    /// once its terminal page was acked (its socket then goes away): the
+    /// spool dropped every page through the terminal page.
+    pub async fn supervisor_done(&self, e: Exec) {
+        let deadline = Instant::now() + WAIT_MAX;
+        loop {
+            let s = self.provider.spool_status(e.lease, e.generation).await;
+            match s {
+                Ok(None) => return,
+                _ => assert!(
+                    Instant::now() < deadline,
+                    "the supervisor still runs: {s:?}"
+                ),
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// The exec's Lease as the store has it now (`None` once released).
+    pub async fn lease(&self, exec: ExecId) -> Option<LeaseWork> {
+        let at = self.rec.reading().await.expect("clock");
+        self.store
+            .due_work(at, LIST_LIMIT_MAX)
+            .await
+            .expect("due work")
+            .into_iter()
+            .find(|w| w.exec_id == exec)
+    }
+
+    /// Asks to cancel the exec, as a client does.
+    pub async fn cancel(&self, e: Exec) {
+        let at = self.wait_reading(|r| r.certain).await;
+        ControlStore::cancel(
+            &*self.store,
+            &OperationKey::new("c-1", Digest::of(b"c-1")).unwrap(),
+            at,
+            self.tenant,
+            e.id,
+        )
+        .await
+        .expect("cancel");
+    }
+
+    async fn sql(&self) -> PgConnection {
+        PgConnection::connect(&self.url).await.expect("connect")
+    }
+
+    /// `(staged, acked)` pages of the exec in the store.
+    pub async fn page_counts(&self, e: Exec) -> (i64, i64) {
+        sqlx::query_as(
+            "SELECT count(*), count(*) FILTER (WHERE state = 'acked') \
+             FROM lc_output_pages WHERE exec_id = $1",
+        )
+        .bind(e.id.0)
+        .fetch_one(&mut self.sql().await)
+        .await
+        .unwrap()
+    }
+
+    /// The transition ids of the exec's receipts of `kind`, in order.
+    pub async fn receipts(&self, e: Exec, kind: &str) -> Vec<String> {
+        sqlx::query_scalar(
+            "SELECT transition_id FROM lc_transitions WHERE exec_id = $1 AND kind = $2 \
+             ORDER BY transition_id",
+        )
+        .bind(e.id.0)
+        .bind(kind)
+        .fetch_all(&mut self.sql().await)
+        .await
+        .unwrap()
+    }
+
+    /// The exec's `(owner generation, owner fence)`.
+    pub async fn owner(&self, e: Exec) -> (i64, i64) {
+        sqlx::query_as("SELECT generation, fence FROM lc_exec_owners WHERE exec_id = $1")
+            .bind(e.id.0)
+            .fetch_one(&mut self.sql().await)
+            .await
+            .unwrap()
+    }
+
+    /// `(releases, the Lease's terminal reason, its state)`.
+    pub async fn releases(&self, e: Exec) -> (usize, Option<TerminalReason>, LeaseState) {
+        let w = self.lease(e.id).await.expect("the exec's Lease");
+        (
+            self.receipts(e, "release").await.len(),
+            w.terminal_reason,
+            w.state,
+        )
+    }
+
+    /// The acked pages of the exec concatenated from the sink, verified,
+    /// with no gap from seq 1, and the terminal page's exit.
+    pub async fn output(&self, e: Exec) -> (Vec<u8>, Option<ExitStatus>) {
+        let pages = self
+            .store
+            .output(self.tenant, e.id, 0, 1000)
+            .await
+            .expect("output");
+        let mut out = Vec::new();
+        let mut exit = None;
+        for (expect, p) in (1..).zip(&pages) {
+            assert_eq!(p.meta.seq, expect, "no gap");
+            if p.meta.kind == PageKind::Terminal {
+                exit = p.meta.exit;
+            } else {
+                out.extend(
+                    self.sink
+                        .get(&p.meta.sha256)
+                        .unwrap()
+                        .expect("the page's blob"),
+                );
+            }
+        }
+        (out, exit)
+    }
+}
