@@ -10,7 +10,9 @@
 # machines, the reconciler's lease plan, the input bounds; opkey.rs: the
 # operation key's floor, receipt attachment and GC instant; shape.rs and
 # command.rs: the shapes and the argv bounds; rate.rs: the admission rate's
-# window) must be caught by the unit
+# window; owner.rs: exec ownership, fenced writes, receipt replay and the
+# release rule; input.rs: stdin input's bounds and order) must be caught by
+# the unit
 # tests of the crate it is in. Scope, exclusions and reasons:
 # docs/testing.md and .cargo/mutants.toml.
 #

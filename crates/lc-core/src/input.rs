@@ -39,7 +39,7 @@ pub const INPUT_QUEUE_INPUTS_MAX: u32 = 16;
 
 /// The most bytes queued per exec: 256 KiB (4 full inputs), so many small
 /// inputs meet [`INPUT_QUEUE_INPUTS_MAX`] first and a few large ones this.
-pub const INPUT_QUEUE_BYTES_MAX: u64 = 256 << 10;
+pub const INPUT_QUEUE_BYTES_MAX: u64 = 262_144;
 
 /// Where an input is in its delivery.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -273,6 +273,10 @@ mod tests {
 
     #[test]
     fn the_queue_is_bounded_by_inputs_and_bytes() {
+        assert_eq!(
+            (INPUT_QUEUE_INPUTS_MAX, INPUT_QUEUE_BYTES_MAX),
+            (16, 256 * 1024)
+        );
         let full = |q: InputQueue, len: usize| {
             plan_input(E, true, false, &q, len, false)
                 == Err(LcError::InputQueueFull {

@@ -1103,4 +1103,43 @@ mod tests {
         assert_eq!((tm.length, tm.exit), (0, Some(ExitStatus::exited(0))));
         assert!(!tm.matches(&Page::terminal(4, ExitStatus::exited(1)).unwrap()));
     }
+
+    #[test]
+    fn a_receipt_differing_from_the_caller_in_any_one_part_is_refused() {
+        let req = Digest::of(b"req");
+        let c = CutReading::certain(ts(99));
+        // The caller is the current, unexpired owner (token 1, generation 3,
+        // fence 40); each receipt matches it in all parts but one.
+        let cur = owned(1, 3, 40, 100);
+        for (token, generation, fence) in [(2, 3, 40), (1, 2, 40), (1, 3, 39)] {
+            let r = receipt(token, generation, fence, TransitionKind::Ack);
+            assert_eq!(
+                plan_transition(Some(&r), TransitionKind::Ack, req, &cur, &cred(1, 3, 40), c)
+                    .map_err(|e| e.code()),
+                Err("transition_replay_refused"),
+                "receipt of ({token}, {generation}, {fence})"
+            );
+        }
+    }
+
+    #[test]
+    fn names_and_accessors_are_exact() {
+        let b = [9u8; OWNER_TOKEN_BYTES];
+        assert_eq!(OwnerToken::from_bytes(b).as_bytes(), &b);
+        assert_eq!(OwnerGeneration(12).to_string(), "12");
+        assert_eq!(OwnerFence(-3).to_string(), "-3");
+        assert_eq!(
+            [
+                TakeoverBasis::Unowned,
+                TakeoverBasis::Released,
+                TakeoverBasis::Expired
+            ]
+            .map(TakeoverBasis::as_str),
+            ["unowned", "released", "expired"]
+        );
+        assert_eq!(
+            [PageState::Pending, PageState::Acked].map(PageState::as_str),
+            ["pending", "acked"]
+        );
+    }
 }

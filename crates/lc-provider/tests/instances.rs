@@ -31,8 +31,8 @@ const DEADLINE: Duration = Duration::from_secs(30);
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 
 /// The `lc-supervisor` binary (`target/<profile>/lc-supervisor`: a
-/// workspace test run builds it for its own crate's tests), built with
-/// cargo once when missing.
+/// workspace test run builds it for its own crate's tests), built fresh
+/// with cargo once per process.
 fn supervisor_bin() -> PathBuf {
     static BIN: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     BIN.get_or_init(|| built("lc-supervisor", &["-p", "lc-supervisor"]))
@@ -40,8 +40,8 @@ fn supervisor_bin() -> PathBuf {
 }
 
 /// The example `provider_host` as a program (`cargo test --all-targets`
-/// builds examples as test harnesses, under other names), built with
-/// cargo once when missing.
+/// builds examples as test harnesses, under other names), built fresh
+/// with cargo once per process.
 fn provider_host_bin() -> PathBuf {
     static BIN: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     BIN.get_or_init(|| {
@@ -53,23 +53,9 @@ fn provider_host_bin() -> PathBuf {
     .clone()
 }
 
-/// `target/<profile>/<relative>`, first built by `cargo build <args>` (in
-/// this profile) when it is not there.
+/// `target/<profile>/<relative>`, built fresh by `cargo build <args>`.
 fn built(relative: &str, args: &[&str]) -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let profile = exe.parent().unwrap().parent().unwrap().to_path_buf();
-    let bin = profile.join(relative);
-    if !bin.is_file() {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let mut cmd = std::process::Command::new(cargo);
-        cmd.arg("build").args(args);
-        if profile.ends_with("release") {
-            cmd.arg("--release");
-        }
-        assert!(cmd.status().expect("cargo runs").success());
-    }
-    assert!(bin.is_file(), "{} missing", bin.display());
-    bin
+    tollgate_pg_harness::cargo_built(relative, args)
 }
 
 struct Env {

@@ -78,22 +78,9 @@ fn sampler_options(recovery_grace: SignedDuration) -> SamplerOptions {
     }
 }
 
-/// `lc-supervisor` beside this test's profile directory, built when missing.
+/// `lc-supervisor` beside this test's profile directory, built fresh once per process.
 fn supervisor_bin() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let profile = exe.parent().unwrap().parent().unwrap().to_path_buf();
-    let bin = profile.join("lc-supervisor");
-    if !bin.is_file() {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let mut cmd = std::process::Command::new(cargo);
-        cmd.args(["build", "-p", "lc-supervisor"]);
-        if profile.ends_with("release") {
-            cmd.arg("--release");
-        }
-        assert!(cmd.status().expect("cargo runs").success());
-    }
-    assert!(bin.is_file(), "{} missing", bin.display());
-    bin
+    tollgate_pg_harness::cargo_built("lc-supervisor", &["-p", "lc-supervisor"])
 }
 
 async fn connect_store(url: &str, lease_ttl: SignedDuration) -> Arc<lc_pg::LcStore> {

@@ -37,18 +37,11 @@ fn exe() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_little-compute"))
 }
 
+/// Builds `lc-supervisor` fresh (once per process) beside the
+/// `little-compute` binary, where the provider looks for it.
 fn ensure_supervisor() {
-    let dir = exe().parent().unwrap().to_path_buf();
-    if !dir.join("lc-supervisor").is_file() {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let mut cmd = Command::new(cargo);
-        cmd.args(["build", "-p", "lc-supervisor"]);
-        if dir.ends_with("release") {
-            cmd.arg("--release");
-        }
-        assert!(cmd.status().unwrap().success());
-    }
-    assert!(dir.join("lc-supervisor").is_file());
+    let built = tollgate_pg_harness::cargo_built("lc-supervisor", &["-p", "lc-supervisor"]);
+    assert_eq!(built.parent(), exe().parent());
 }
 
 fn sampler_options() -> SamplerOptions {

@@ -19,6 +19,9 @@
 //!   [`wait_replay_caught_up`](PgPair::wait_replay_caught_up) and
 //!   [`promote_standby`](PgPair::promote_standby).
 //!
+//! Besides servers, [`cargo_built`] gives a test a workspace program (the
+//! `lc-supervisor` binary, an example) freshly built for its profile.
+//!
 //! Each dedicated kind has a `_with(PgBinaries)` form, so the same tests can
 //! run on another major version (`tests/pg18.rs` runs them on 18).
 //!
@@ -131,6 +134,7 @@
 #![warn(missing_docs)]
 
 mod binaries;
+mod cargo_built;
 mod cleanup;
 mod cluster;
 mod db;
@@ -142,6 +146,7 @@ mod server;
 mod sys;
 
 pub use binaries::{DEFAULT_PG_BIN, PG_BIN_ENV, PG_LIB_ROOT, PREFERRED_MAJOR, PgBinaries};
+pub use cargo_built::cargo_built;
 pub use cleanup::{DIR_PREFIX, TMPDIR_ENV, base_dir, sweep_stale_dirs};
 pub use cluster::{PgCluster, shared};
 pub use db::{DbFuture, TestDb};

@@ -50,9 +50,10 @@ const RECOVERY_GRACE: SignedDuration = SignedDuration::from_millis(200);
 const RECOVERY_GRACE_LONG: SignedDuration = SignedDuration::from_mins(10);
 /// How long a test waits for anything real (a cut, a process, a page).
 const WAIT_MAX: Duration = Duration::from_secs(60);
-/// The pause between two pages a test command writes: the supervisor reads
-/// each write as its own page (checked before the gateway steps).
-const PAGE_PAUSE: &str = "0.05";
+/// How many 10 ms polls a streaming command waits for its go-file before
+/// it writes on regardless (30 s: a pacing task that died must not hang
+/// the command forever; the test's exact page count then reports it).
+const GO_POLLS_MAX: u32 = 3000;
 const SECRET: [u8; 32] = [0x5a; 32];
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 
@@ -81,22 +82,9 @@ fn start_sampler(
     (stop, tokio::spawn(async move { sampler.run(rx).await }))
 }
 
-/// `lc-supervisor` beside this test's profile directory, built when missing.
+/// `lc-supervisor` beside this test's profile directory, built fresh once per process.
 fn supervisor_bin() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let profile = exe.parent().unwrap().parent().unwrap().to_path_buf();
-    let bin = profile.join("lc-supervisor");
-    if !bin.is_file() {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let mut cmd = std::process::Command::new(cargo);
-        cmd.args(["build", "-p", "lc-supervisor"]);
-        if profile.ends_with("release") {
-            cmd.arg("--release");
-        }
-        assert!(cmd.status().expect("cargo runs").success());
-    }
-    assert!(bin.is_file(), "{} missing", bin.display());
-    bin
+    tollgate_pg_harness::cargo_built("lc-supervisor", &["-p", "lc-supervisor"])
 }
 
 /// The rig's one in-process provider, whatever URL the store recorded.
@@ -494,16 +482,52 @@ impl Rig {
     }
 
     /// Runs a command writing `data_pages` pages of 1000 distinct bytes
-    /// each (a pause between two), pausing `pause_s` seconds after page
-    /// `pause_after`, then exiting 3. Returns the exec and every byte it
-    /// writes.
+    /// each, pausing `pause_s` seconds after page `pause_after`, then
+    /// exiting 3. Returns the exec and every byte it writes.
+    ///
+    /// Each page is its own write of 1000 bytes (below `PIPE_BUF`, so one
+    /// pipe read takes it whole), and the command writes the next one only
+    /// once the supervisor has spooled this one: after write `i` it waits
+    /// for the file `.go<i>` in its workspace, which a pacing task creates
+    /// when the spool's next seq has passed `i`. So every write is exactly
+    /// one page however loaded the machine is, with no timing assumption.
     pub async fn stream(&self, data_pages: i64, pause_after: i64, pause_s: u32) -> (Exec, Vec<u8>) {
         let script = format!(
             "i=1; while [ $i -le {data_pages} ]; do printf '%0999d\\n' $i; \
-             if [ $i -eq {pause_after} ]; then sleep {pause_s}; else sleep {PAGE_PAUSE}; fi; \
+             n=0; while [ ! -e /workspace/.go$i ] && [ $n -lt {GO_POLLS_MAX} ]; do \
+             sleep 0.01; n=$((n+1)); done; \
+             if [ $i -eq {pause_after} ]; then sleep {pause_s}; fi; \
              i=$((i+1)); done; exit 3"
         );
         let e = self.run(&["sh", "-c", &script]).await;
+        let workspace = self
+            .store
+            .exec(self.tenant, e.id)
+            .await
+            .expect("the exec")
+            .canonical
+            .workspace_id;
+        let dir = self.provider.workspace_dir(workspace);
+        let provider = self.provider.clone();
+        tokio::spawn(async move {
+            let deadline = tokio::time::Instant::now() + WAIT_MAX;
+            for i in 1..=data_pages {
+                loop {
+                    match provider.spool_status(e.lease, e.generation).await {
+                        Ok(Some(st)) if st.next_seq > i => break,
+                        Ok(Some(_)) if tokio::time::Instant::now() < deadline => {
+                            tokio::time::sleep(Duration::from_millis(5)).await
+                        }
+                        // Gone, failed or past the bound: the test's own
+                        // waits report what is missing.
+                        _ => return,
+                    }
+                }
+                if std::fs::write(dir.join(format!(".go{i}")), b"").is_err() {
+                    return;
+                }
+            }
+        });
         let expected = (1..=data_pages)
             .flat_map(|i| format!("{i:0999}\n").into_bytes())
             .collect();
