@@ -16,9 +16,12 @@
 //!    that delivers again an input its dead predecessor delivered but did
 //!    not record commits its own receipt instead of being refused as the
 //!    predecessor's replay). A supervisor that cannot take more input yet
-//!    (`input_busy`) ends the exec's inputs for this step; any other
-//!    non-stale failure is recorded and the pages still move, so a command
-//!    that stopped reading stdin is still finished and released. Then at
+//!    (`input_busy`) ends the exec's inputs for this step; one whose
+//!    command's stdin is closed (`input_closed`: it ended or closed it)
+//!    ends them for this activation, the inputs left queued; any other
+//!    non-stale failure is recorded and retried at the next step. In every
+//!    case the pages still move, so a command that stopped reading stdin is
+//!    still finished and released. Then at
 //!    most [`GatewayOptions::pages_per_step`] pages:
 //!    * **pending pages first** (metadata committed by a previous owner or
 //!      a step that died): each is re-read from the spool, checked against
@@ -286,8 +289,10 @@ struct Held {
     supervisor_acked: i64,
     /// Whether this activation told the supervisor to cancel.
     cancel_sent: bool,
-    /// Whether this activation recorded the exec's `eof` input sent (no
-    /// input can follow it, so the queue is not read again).
+    /// Whether this activation recorded the exec's `eof` input sent, or the
+    /// supervisor answered `input_closed` (the command ended or closed its
+    /// stdin): no input can be written after either, so the queue is not
+    /// read again.
     input_closed: bool,
 }
 
@@ -771,6 +776,14 @@ impl Gateway {
             let len = input.bytes.len() as u64;
             match spool::send(p, lease, generation, fence, seq, input.bytes, input.eof).await {
                 Ok(_) => {}
+                Err(ProviderError::InputRefused { reason, detail }) if reason == "input_closed" => {
+                    // Permanent: the command ended or closed its stdin, so
+                    // no later input can be written either. The inputs
+                    // stay queued; this activation stops offering them.
+                    tracing::warn!(exec = id.0, input_seq = seq, %detail, "input_closed: the command's stdin is closed; its queued inputs are not delivered");
+                    h.input_closed = true;
+                    return Ok(());
+                }
                 Err(e) if e.is_transient() => {
                     tracing::debug!(
                         exec = id.0,

@@ -17,6 +17,9 @@
 //!   and records each. The command, numbering the lines it reads, shows
 //!   each input exactly once, in order; the `eof` input ends it; the
 //!   terminal page is acked, the Lease released once, the units back once.
+//! * A command that ended without reading its stdin: the supervisor
+//!   refuses its queued input (`input_closed`), which stays queued, and the
+//!   gateway still moves its output and releases its Lease.
 //! * While the cut is uncertain (the sampler stopped), a dead gateway's
 //!   exec is not taken over by a successor stepping on it; once a new
 //!   sampler makes the cut certain the successor takes it over and
@@ -140,6 +143,7 @@ struct Rig {
     dir: PathBuf,
     secret: PathBuf,
     blob_dir: PathBuf,
+    provider_url: String,
     cgroup_parent: String,
     tenant: TenantId,
     sampler_stop: watch::Sender<bool>,
@@ -259,6 +263,7 @@ impl Rig {
             dir,
             secret,
             blob_dir,
+            provider_url,
             cgroup_parent,
             tenant,
             sampler_stop,
@@ -655,6 +660,71 @@ async fn input_sent_by_a_gateway_killed_before_its_receipt_reaches_the_command_o
         ),
         "taken over once (generation 2), released once"
     );
+    assert_eq!(rig.balance().await, (UNITS, UNITS, 0, 0));
+    rig.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn input_to_a_command_that_ended_does_not_hold_its_release() {
+    let rig = Rig::new("ended").await;
+    let exec = rig.admit_with("e-ended", "echo bye; exit 4", true).await;
+    let lease = rig
+        .store
+        .exec(rig.tenant, exec)
+        .await
+        .unwrap()
+        .canonical
+        .lease_id;
+    let provider = HttpProvider::connect(&rig.provider_url).await.unwrap();
+    // No gateway yet: the command runs, ends, and its pages wait in the
+    // spool.
+    rig.wait_for("the command ends", async || {
+        provider
+            .spool_status(lease, lc_core::Generation(1))
+            .await
+            .ok()
+            .flatten()
+            .is_some_and(|s| s.command_exited && s.terminal_seq > 0)
+    })
+    .await;
+    assert_eq!(rig.send_input("in-late", exec, b"late\n", false).await, 1);
+    let port = free_port();
+    let _gateway = rig.gateway("ended", None, Some(port));
+    rig.wait_released(exec).await;
+    let (stdout, exit) = rig.output(exec).await;
+    assert_eq!(stdout, b"bye\n");
+    assert_eq!(exit, Some(4));
+    assert_eq!(
+        rig.settled(exec).await,
+        (
+            ExecState::Terminal,
+            Some(TerminalReason::Exited),
+            Some(4),
+            1,
+            1
+        )
+    );
+    // The input was never written: it stays queued, without a receipt.
+    assert_eq!(
+        sqlx::query_as::<_, (String, Option<String>)>(
+            "SELECT state, send_transition_id FROM lc_exec_inputs WHERE exec_id = $1"
+        )
+        .bind(exec.0)
+        .fetch_all(rig.store.pool())
+        .await
+        .unwrap(),
+        vec![("queued".to_string(), None)]
+    );
+    assert_eq!(metric(port, "lc_gateway_inputs_sent_total").await, Some(0));
+    // Refused once: the gateway stops offering input to a closed stdin.
+    let log = std::fs::read_to_string(rig.log("ended")).unwrap();
+    assert_eq!(
+        log.matches("input_closed: the command's stdin is closed")
+            .count(),
+        1,
+        "{log}"
+    );
+    assert_eq!(metric(port, "lc_gateway_failures_total").await, Some(0));
     assert_eq!(rig.balance().await, (UNITS, UNITS, 0, 0));
     rig.finish().await;
 }

@@ -748,15 +748,13 @@ async fn exec_send_splits_into_inputs_and_a_retried_command_sends_nothing_twice(
     );
     let key = t["api_key"].as_str().unwrap().to_string();
     let env = [("LC_SERVER", url.as_str()), ("LC_TOKEN", key.as_str())];
-    let create = |open: bool| {
-        async move {
-            let mut args = vec!["exec", "create", "--json"];
-            if open {
-                args.push("--stdin-open");
-            }
-            args.extend(["--", "cat"]);
-            json_of(&lc(&args, &env).await)["exec_id"].as_i64().unwrap()
+    let create = |open: bool| async move {
+        let mut args = vec!["exec", "create", "--json"];
+        if open {
+            args.push("--stdin-open");
         }
+        args.extend(["--", "cat"]);
+        json_of(&lc(&args, &env).await)["exec_id"].as_i64().unwrap()
     };
     let exec = create(true).await;
     let exec_s = exec.to_string();
