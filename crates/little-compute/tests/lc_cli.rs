@@ -897,6 +897,14 @@ async fn exec_send_splits_into_inputs_and_a_retried_command_sends_nothing_twice(
         String::from_utf8_lossy(&o.stderr),
         "error: nothing to send: name the bytes with --data TEXT, --file PATH or - for stdin, or close stdin with --eof alone\n"
     );
+    let o = lc(&["exec", "send", &exec_s, "stdin"], &env).await;
+    assert_eq!(
+        (o.status.code(), String::from_utf8_lossy(&o.stderr).into_owned()),
+        (
+            Some(1),
+            "error: unexpected argument \"stdin\": name the bytes with --data TEXT, --file PATH, or - for stdin\n".to_string()
+        )
+    );
     let other = create(true).await;
     let other_s = other.to_string();
     // `-` reads stdin (empty here): without --eof that is nothing to send.

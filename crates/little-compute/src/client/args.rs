@@ -181,7 +181,8 @@ pub enum ExecCmd {
     /// than one input's worth (65536 bytes) is sent as several inputs in
     /// order, each under its own idempotency key derived from
     /// `--idempotency-key` (KEY-1, KEY-2, ...), so running the same command
-    /// again with the same key sends nothing twice.
+    /// again with the same key sends nothing twice. Prints a table of the
+    /// inputs (with `--json`: `{"inputs": [...]}`, each the server's answer).
     Send {
         /// The exec.
         id: i64,
