@@ -250,7 +250,7 @@ async fn create_exec(
                 shape: req.shape,
                 command: req.command,
                 timeout_ms: req.timeout_ms,
-                stdin_open: false,
+                stdin_open: req.stdin_open,
             },
         )
         .await
@@ -463,6 +463,58 @@ async fn cancel_exec(
     Ok(Json(exec.into()))
 }
 
+/// Queues input for the stdin of an exec of the acting tenant admitted with
+/// `stdin_open`: the bytes get the exec's next input seq and the exec's
+/// gateway delivers them in seq order, each exactly once; `eof` closes
+/// stdin after them. A replay of the key returns the input as it is now
+/// (`queued` or `sent`); the key with other bytes or another `eof` is `409
+/// idempotency_conflict`. Refusals: `422 invalid_input` (not base64, more
+/// than 65536 bytes, or none without `eof`), `409 stdin_not_open`, `409
+/// input_closed` (an `eof` input was accepted), `409 exec_terminal`, `429
+/// input_queue_full` with `Retry-After` (16 inputs or 256 KiB queued).
+/// Nothing is written on any refusal.
+#[utoipa::path(post, path = "/v1/execs/{exec_id}/input", tag = "execs",
+    params(
+        ("exec_id" = i64, Path, minimum = 1, description = "The exec"),
+        ("Idempotency-Key" = String, Header, description = "Required: a replay returns the same input, as it is now"),
+        ("Lc-Tenant" = Option<i64>, Header, description = "With the admin token: the tenant to act for"),
+    ),
+    request_body = SendInputBody,
+    responses(
+        (status = 201, description = "The input, queued (or sent, on a replay)", body = InputView),
+        (status = 429, description = "input_queue_full: retry after Retry-After seconds", body = httpkit::Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = [])))]
+async fn send_input(
+    State(s): State<AppState>,
+    IdPath(exec_id): IdPath,
+    Acting(tenant): Acting,
+    key: RequiredKey,
+    JsonBody(req): JsonBody<SendInputBody>,
+) -> Result<(StatusCode, Json<InputView>), ApiError> {
+    use base64::Engine as _;
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(req.data_b64.as_bytes())
+        .map_err(|e| LcError::InvalidInput {
+            reason: format!("data_b64 is not standard base64 ({e}); encode the bytes with padding"),
+        })?;
+    let op = key.operation(
+        "send_input",
+        Some(tenant),
+        &serde_json::json!({
+            "exec_id": exec_id,
+            "sha256": Digest::of(&bytes).to_hex(),
+            "eof": req.eof,
+        }),
+    )?;
+    let at = s.reading().await?.at;
+    let input = s
+        .store()
+        .send_input(&op, at, tenant, ExecId(exec_id), &bytes, req.eof)
+        .await?;
+    Ok((StatusCode::CREATED, Json(input.into())))
+}
+
 /// An operation key and its recorded result: the admin's own keys without
 /// `Lc-Tenant`, else the acting tenant's.
 #[utoipa::path(get, path = "/v1/operations/{key}", tag = "operations",
@@ -581,6 +633,7 @@ pub fn api_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(get_exec))
         .routes(routes!(exec_output))
         .routes(routes!(cancel_exec))
+        .routes(routes!(send_input))
         .routes(routes!(get_operation))
         .routes(routes!(healthz))
         .routes(routes!(readyz))

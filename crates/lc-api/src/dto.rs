@@ -4,6 +4,7 @@
 
 use base64::Engine as _;
 use jiff::Timestamp;
+use lc_core::input::InputRecord;
 use lc_core::model::{
     CanonicalIdentity, ExecRecord, OpScope, OperationRecord, OutputPage, Runtime, Tenant,
 };
@@ -125,6 +126,12 @@ pub struct CreateExecBody {
     /// How long the command may run, milliseconds (at most one day).
     #[serde(default)]
     pub timeout_ms: Option<u64>,
+    /// Whether the command's stdin stays open for input
+    /// (`POST /v1/execs/{id}/input`) until an `eof` input; default `false`:
+    /// stdin is empty. Left out of the canonical request when `false`, so
+    /// a request without it keeps its idempotency digest.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub stdin_open: bool,
 }
 
 /// The canonical identity of an exec, fixed at admission.
@@ -203,6 +210,50 @@ impl From<ExecRecord> for ExecView {
             timeout_deadline: e.timeout_deadline,
             admitted_cut: e.admitted_cut,
             cancel_requested: e.cancel_requested,
+        }
+    }
+}
+
+/// `POST /v1/execs/{id}/input`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SendInputBody {
+    /// The bytes for the command's stdin, standard base64: at most 65536
+    /// bytes decoded; empty only with `eof`.
+    pub data_b64: String,
+    /// Whether stdin closes after these bytes (default `false`); nothing
+    /// is accepted after it.
+    #[serde(default)]
+    pub eof: bool,
+}
+
+/// One input of an exec.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct InputView {
+    /// The exec.
+    pub exec_id: i64,
+    /// From 1, no gaps: the order the command reads the inputs in.
+    pub input_seq: i64,
+    /// Bytes in the input.
+    pub length: u64,
+    /// SHA-256 of the bytes, 64 hex digits.
+    pub sha256: String,
+    /// Whether stdin closes after it.
+    pub eof: bool,
+    /// `queued` (accepted, not yet delivered) or `sent` (delivered to the
+    /// command's supervisor, which writes it to stdin once).
+    pub state: String,
+}
+
+impl From<InputRecord> for InputView {
+    fn from(i: InputRecord) -> InputView {
+        InputView {
+            exec_id: i.exec_id.0,
+            input_seq: i.input_seq,
+            length: i.bytes.len() as u64,
+            sha256: i.sha256.to_hex(),
+            eof: i.eof,
+            state: i.state.as_str().to_string(),
         }
     }
 }

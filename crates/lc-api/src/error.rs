@@ -15,8 +15,9 @@
 //! | `invalid_command`, `invalid_shape`, `invalid_runtime`, `invalid_timeout`, `invalid_units`, `invalid_name`, `invalid_limit`, `invalid_digest`, `invalid_provider_id`, `invalid_provider`, `invalid_page`, `invalid_transition_id`, `invalid_input` | 422 |
 //! | `invalid_operation_key` | 400 (it is a header) |
 //! | `not_found` | 404 (also for another tenant's exec: existence never leaks) |
-//! | `insufficient_capacity`, `idempotency_conflict`, `already_exists`, `exec_terminal`, `illegal_transition`, `fenced`, `page_conflict`, `owner_live`, `owner_stale`, `owner_expired`, `transition_replay_refused`, `release_not_proven`, `stdin_not_open`, `input_closed`, `input_queue_full` | 409 |
+//! | `insufficient_capacity`, `idempotency_conflict`, `already_exists`, `exec_terminal`, `illegal_transition`, `fenced`, `page_conflict`, `owner_live`, `owner_stale`, `owner_expired`, `transition_replay_refused`, `release_not_proven`, `stdin_not_open`, `input_closed` | 409 |
 //! | `rate_limited` | 429 with `Retry-After` (the tenant's admission rate on the cut) |
+//! | `input_queue_full` | 429 with `Retry-After` [`INPUT_QUEUE_RETRY_AFTER_SECS`] (the exec's owner drains its input queue at its next step) |
 //! | `time_uncertain` | 503 with `Retry-After` (and `reason` when the service read it) |
 //! | `storage_unavailable`, `deadline_beyond_horizon`, `no_provider` | 503 (retry later; nothing was written) |
 //! | `storage_failure`, `invalid_cut_reading`, `evidence_rejected`, `invalid_rate` | 500 (the service's fault, never the client's) |
@@ -49,6 +50,10 @@ use clock::{ClockError, UncertainReason};
 pub use httpkit::{ErrorCode, PROBLEM_JSON, Problem};
 use httpkit::{ProblemSource, Rejection};
 use lc_core::error::LcError;
+
+/// The `Retry-After` of `input_queue_full`, whole seconds: a live gateway
+/// steps about once a second and delivers a full queue in one step.
+pub const INPUT_QUEUE_RETRY_AFTER_SECS: u64 = 1;
 
 /// Every failure a request can end in; see the module docs.
 #[derive(Debug, thiserror::Error)]
@@ -183,9 +188,8 @@ pub fn store_status(e: &LcError) -> StatusCode {
         | E::TransitionReplayRefused { .. }
         | E::ReleaseNotProven { .. }
         | E::StdinNotOpen { .. }
-        | E::InputClosed { .. }
-        | E::InputQueueFull { .. } => StatusCode::CONFLICT,
-        E::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
+        | E::InputClosed { .. } => StatusCode::CONFLICT,
+        E::RateLimited { .. } | E::InputQueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,
         E::TimeUncertain { .. }
         | E::StorageUnavailable { .. }
         | E::DeadlineBeyondHorizon { .. }
@@ -300,6 +304,7 @@ impl ProblemSource for ApiError {
                 LcError::TimeUncertain { retry_after_s }
                 | LcError::RateLimited { retry_after_s, .. },
             ) => Some((*retry_after_s).max(1)),
+            ApiError::Store(LcError::InputQueueFull { .. }) => Some(INPUT_QUEUE_RETRY_AFTER_SECS),
             ApiError::Request(r) => r.retry_after_secs(),
             _ => None,
         }
@@ -388,6 +393,35 @@ mod tests {
                 None,
             ),
             (LcError::not_found("exec", 7), "not_found", 404, None),
+            (
+                LcError::InputQueueFull {
+                    exec_id: lc_core::ExecId(3),
+                    queued_inputs: 16,
+                    queued_bytes: 32,
+                    inputs_max: 16,
+                    bytes_max: 262_144,
+                },
+                "input_queue_full",
+                429,
+                Some(1),
+            ),
+            (
+                LcError::InputClosed {
+                    exec_id: lc_core::ExecId(3),
+                    eof_seq: 2,
+                },
+                "input_closed",
+                409,
+                None,
+            ),
+            (
+                LcError::StdinNotOpen {
+                    exec_id: lc_core::ExecId(3),
+                },
+                "stdin_not_open",
+                409,
+                None,
+            ),
             (
                 LcError::StorageFailure {
                     message: "host db.internal".into(),

@@ -767,3 +767,284 @@ async fn gateway_output_is_served_from_the_sink_verified() {
         .problem(503, "sink_unavailable")
         .detail("the bytes of output page 1 cannot be served (sink_unavailable); retry later, or ask the operator to check the blob directory");
 }
+
+#[tokio::test]
+async fn stdin_input_is_queued_replayed_delivered_and_refused() {
+    use base64::Engine as _;
+    use lc_core::owner::{OwnerCredential, OwnerToken};
+    use lc_core::store::GatewayStore as _;
+    let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
+    let s = PgSvc::start().await;
+    let (_, key) = tenant(&s, "blue", 4).await;
+    let admit = |k: &str, body: Value| Req::post("/v1/execs").token(&key).key(k).json(body);
+    let mut open_body = small(&["cat"]);
+    open_body["stdin_open"] = json!(true);
+    let open = send(&s.router, admit("e-open", open_body.clone())).await;
+    let open_id = open.ok(201)["exec_id"].as_i64().unwrap();
+    let closed = send(&s.router, admit("e-closed", small(&["cat"]))).await;
+    let closed_id = closed.ok(201)["exec_id"].as_i64().unwrap();
+    // `stdin_open: false` is the default and keeps the request's digest.
+    let mut explicit = small(&["cat"]);
+    explicit["stdin_open"] = json!(false);
+    assert_eq!(
+        send(&s.router, admit("e-closed", explicit)).await.ok(201)["exec_id"],
+        json!(closed_id)
+    );
+    // The body with stdin_open under another key is another exec.
+    send(&s.router, admit("e-open", small(&["cat"])))
+        .await
+        .problem(409, "idempotency_conflict");
+
+    let input = |exec: i64, k: &str, body: Value| {
+        Req::post(format!("/v1/execs/{exec}/input"))
+            .token(&key)
+            .key(k)
+            .json(body)
+    };
+    let hello = b"hello\n";
+    let r = send(
+        &s.router,
+        input(open_id, "i-1", json!({"data_b64": b64(hello)})),
+    )
+    .await;
+    let first = json!({
+        "exec_id": open_id,
+        "input_seq": 1,
+        "length": 6,
+        "sha256": Digest::of(hello).to_hex(),
+        "eof": false,
+        "state": "queued",
+    });
+    assert_eq!(r.ok(201), &first);
+    // A replay answers the same input; other bytes under the key conflict.
+    assert_eq!(
+        send(
+            &s.router,
+            input(
+                open_id,
+                "i-1",
+                json!({"data_b64": b64(hello), "eof": false})
+            )
+        )
+        .await
+        .ok(201),
+        &first
+    );
+    send(
+        &s.router,
+        input(open_id, "i-1", json!({"data_b64": b64(b"other")})),
+    )
+    .await
+    .problem(409, "idempotency_conflict");
+    send(
+        &s.router,
+        input(open_id, "i-1", json!({"data_b64": b64(hello), "eof": true})),
+    )
+    .await
+    .problem(409, "idempotency_conflict");
+    // Bad bodies: nothing queued.
+    send(
+        &s.router,
+        input(open_id, "i-bad", json!({"data_b64": "not base64!"})),
+    )
+    .await
+    .problem(422, "invalid_input");
+    send(
+        &s.router,
+        input(
+            open_id,
+            "i-big",
+            json!({"data_b64": b64(&vec![b'x'; lc_core::page::INPUT_BYTES_MAX + 1])}),
+        ),
+    )
+    .await
+    .problem(422, "invalid_input")
+    .detail("invalid input: 65537 bytes is more than the 65536 one input carries; split it");
+    send(
+        &s.router,
+        input(open_id, "i-empty", json!({"data_b64": ""})),
+    )
+    .await
+    .problem(422, "invalid_input")
+    .detail("invalid input: an input of no bytes must close stdin (eof: true)");
+    send(
+        &s.router,
+        input(open_id, "i-x", json!({"data_b64": "", "extra": 1})),
+    )
+    .await
+    .problem(422, "invalid_body");
+    send(
+        &s.router,
+        input(closed_id, "i-c", json!({"data_b64": b64(hello)})),
+    )
+    .await
+    .problem(409, "stdin_not_open")
+    .detail(&format!(
+        "exec {closed_id} was admitted without stdin_open: its command reads no input"
+    ));
+    send(
+        &s.router,
+        input(999, "i-404", json!({"data_b64": b64(hello)})),
+    )
+    .await
+    .problem(404, "not_found");
+
+    // The owner delivers input 1: a replay of its key now says `sent`.
+    let at = s.reading().await;
+    let work = s.store.due_work(at, 10).await.expect("due work");
+    let lease = work
+        .iter()
+        .find(|w| w.exec_id == ExecId(open_id))
+        .expect("lease");
+    s.store
+        .mark_active(lease.lease_id, lease.generation, at)
+        .await
+        .expect("active");
+    let token = OwnerToken::from_bytes([7; 32]);
+    let owned = s
+        .store
+        .claim(
+            &token,
+            s.reading().await,
+            jiff::SignedDuration::from_secs(30),
+            1,
+        )
+        .await
+        .expect("claim");
+    assert_eq!(owned.len(), 1);
+    let cred = OwnerCredential {
+        token,
+        generation: owned[0].ownership.generation,
+        fence: owned[0].ownership.fence,
+    };
+    let queued = s
+        .store
+        .queued_inputs(&cred, ExecId(open_id), s.reading().await, 16)
+        .await
+        .expect("queued");
+    assert_eq!(
+        queued
+            .iter()
+            .map(|i| (i.input_seq, i.bytes.clone()))
+            .collect::<Vec<_>>(),
+        vec![(1, hello.to_vec())]
+    );
+    s.store
+        .record_send(&cred, ExecId(open_id), s.reading().await, "send-1-1-g1", 1)
+        .await
+        .expect("record send");
+    let mut sent = first.clone();
+    sent["state"] = json!("sent");
+    assert_eq!(
+        send(
+            &s.router,
+            input(open_id, "i-1", json!({"data_b64": b64(hello)}))
+        )
+        .await
+        .ok(201),
+        &sent
+    );
+
+    // The queue holds at most 16 inputs: the 17th waits (429, Retry-After).
+    for n in 2..=17 {
+        let r = send(
+            &s.router,
+            input(
+                open_id,
+                &format!("i-{n}"),
+                json!({"data_b64": b64(format!("{n}\n").as_bytes())}),
+            ),
+        )
+        .await;
+        assert_eq!(r.ok(201)["input_seq"], json!(n));
+    }
+    let full = send(
+        &s.router,
+        input(open_id, "i-18", json!({"data_b64": b64(b"18\n")})),
+    )
+    .await;
+    full.problem(429, "input_queue_full").detail(&format!(
+        "exec {open_id}: the input queue holds 16 inputs of 40 bytes (at most 16 inputs and 262144 bytes); retry once some are delivered"
+    ));
+    assert_eq!(
+        full.headers
+            .get(axum::http::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok()),
+        Some("1")
+    );
+    // Once one is delivered there is room again; eof closes stdin.
+    s.store
+        .record_send(&cred, ExecId(open_id), s.reading().await, "send-1-2-g1", 2)
+        .await
+        .expect("record send 2");
+    let eof = send(
+        &s.router,
+        input(
+            open_id,
+            "i-18",
+            json!({"data_b64": b64(b"18\n"), "eof": true}),
+        ),
+    )
+    .await;
+    assert_eq!(
+        (eof.ok(201)["input_seq"].clone(), eof.body["eof"].clone()),
+        (json!(18), json!(true))
+    );
+    send(
+        &s.router,
+        input(open_id, "i-19", json!({"data_b64": b64(b"19\n")})),
+    )
+    .await
+    .problem(409, "input_closed")
+    .detail(&format!(
+        "exec {open_id}: stdin was closed by input 18; nothing more is accepted"
+    ));
+
+    // A terminal exec takes no input.
+    let mut done_body = small(&["cat"]);
+    done_body["stdin_open"] = json!(true);
+    let done = send(&s.router, admit("e-done", done_body)).await;
+    let done_id = done.ok(201)["exec_id"].as_i64().unwrap();
+    s.run_exec(
+        done_id,
+        &[(
+            PageKind::Terminal,
+            b"",
+            Some(PageExit {
+                code: Some(0),
+                signal: None,
+            }),
+        )],
+    )
+    .await;
+    send(
+        &s.router,
+        input(done_id, "i-d", json!({"data_b64": b64(hello)})),
+    )
+    .await
+    .problem(409, "exec_terminal");
+
+    // The route is in the OpenAPI document, with the body's members.
+    let doc = send(&s.router, Req::get("/v1/openapi.json")).await;
+    let doc = doc.ok(200);
+    let post = &doc["paths"]["/v1/execs/{exec_id}/input"]["post"];
+    assert_eq!(
+        post["requestBody"]["content"]["application/json"]["schema"]["$ref"],
+        json!("#/components/schemas/SendInputBody")
+    );
+    assert!(post["responses"]["201"].is_object(), "{post}");
+    assert!(post["responses"]["429"].is_object(), "{post}");
+    let body_schema = &doc["components"]["schemas"]["SendInputBody"]["properties"];
+    assert_eq!(
+        body_schema.as_object().map(|o| {
+            let mut k: Vec<&str> = o.keys().map(String::as_str).collect();
+            k.sort_unstable();
+            k
+        }),
+        Some(vec!["data_b64", "eof"])
+    );
+    assert_eq!(
+        doc["components"]["schemas"]["CreateExecBody"]["properties"]["stdin_open"]["type"],
+        json!("boolean")
+    );
+}

@@ -467,6 +467,7 @@ fn service_routes() {
                 "/v1/execs",
                 "/v1/execs/{exec_id}",
                 "/v1/execs/{exec_id}/cancel",
+                "/v1/execs/{exec_id}/input",
                 "/v1/execs/{exec_id}/output",
                 "/v1/openapi.json",
                 "/v1/operations/{key}",

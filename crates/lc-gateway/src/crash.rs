@@ -1,6 +1,7 @@
 //! Fault injection: named points between the steps of the page protocol
-//! where a gateway can be made to die, so tests on real processes can prove
-//! that a successor finishes every page exactly once.
+//! (and of input delivery) where a gateway can be made to die, so tests on
+//! real processes can prove that a successor finishes every page, and
+//! delivers every input, exactly once.
 //!
 //! The switch is the environment variable [`CRASH_AT_ENV`]
 //! (`LC_GATEWAY_CRASH_AT=<point>`), read once at start-up
@@ -14,7 +15,7 @@ use std::fmt;
 /// The environment variable naming the crash point.
 pub const CRASH_AT_ENV: &str = "LC_GATEWAY_CRASH_AT";
 
-/// A point between two steps of the page protocol.
+/// A point between two steps of the page protocol or of input delivery.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum CrashPoint {
     /// The pages' metadata and ACK intent are committed; nothing is in the
@@ -28,25 +29,32 @@ pub enum CrashPoint {
     /// Just before the supervisor is told to drop the acked pages (after
     /// [`CrashPoint::AfterAckResult`] and anything between).
     BeforeSupervisorAck,
+    /// The supervisor accepted an input (`send`); its `send` receipt is not
+    /// committed, so the input is still `queued` in the store and a
+    /// successor delivers the same input seq again (the supervisor writes
+    /// it to stdin once).
+    AfterSend,
 }
 
 impl CrashPoint {
     /// Every point, in protocol order.
-    pub const ALL: [CrashPoint; 4] = [
+    pub const ALL: [CrashPoint; 5] = [
         CrashPoint::AfterMetadata,
         CrashPoint::AfterSink,
         CrashPoint::AfterAckResult,
         CrashPoint::BeforeSupervisorAck,
+        CrashPoint::AfterSend,
     ];
 
-    /// The point's name: `after_metadata`, `after_sink`, `after_ack_result`
-    /// or `before_supervisor_ack`.
+    /// The point's name: `after_metadata`, `after_sink`, `after_ack_result`,
+    /// `before_supervisor_ack` or `after_send`.
     pub fn as_str(self) -> &'static str {
         match self {
             CrashPoint::AfterMetadata => "after_metadata",
             CrashPoint::AfterSink => "after_sink",
             CrashPoint::AfterAckResult => "after_ack_result",
             CrashPoint::BeforeSupervisorAck => "before_supervisor_ack",
+            CrashPoint::AfterSend => "after_send",
         }
     }
 
@@ -88,7 +96,7 @@ impl fmt::Display for CrashPoint {
 /// A [`CRASH_AT_ENV`] value that names no [`CrashPoint`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "{CRASH_AT_ENV}={0:?} names no crash point; use after_metadata, after_sink, after_ack_result or before_supervisor_ack, or unset it"
+    "{CRASH_AT_ENV}={0:?} names no crash point; use after_metadata, after_sink, after_ack_result, before_supervisor_ack or after_send, or unset it"
 )]
 pub struct UnknownCrashPoint(pub String);
 
@@ -121,7 +129,7 @@ mod tests {
         assert_eq!(e.code(), "invalid_crash_point");
         assert_eq!(
             e.to_string(),
-            "LC_GATEWAY_CRASH_AT=\"after_everything\" names no crash point; use after_metadata, after_sink, after_ack_result or before_supervisor_ack, or unset it"
+            "LC_GATEWAY_CRASH_AT=\"after_everything\" names no crash point; use after_metadata, after_sink, after_ack_result, before_supervisor_ack or after_send, or unset it"
         );
         assert!(CrashPoint::parse("AFTER_SINK").is_err());
     }

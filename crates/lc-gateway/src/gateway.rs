@@ -8,8 +8,21 @@
 //!    activation never touches it again.
 //! 2. **Claim** new execs (active Lease, no live owner) up to
 //!    [`GatewayOptions::owned_max`], only on a certain cut.
-//! 3. For each owned exec, at most [`GatewayOptions::pages_per_step`]
-//!    pages:
+//! 3. For each owned exec, **inputs** first: at most [`INPUTS_PER_STEP`]
+//!    of its queued stdin inputs, in input seq order, each delivered to the
+//!    supervisor (`send`, which writes an input seq to stdin once)
+//!    \[`after_send`\] and then recorded sent (the `send` receipt, its
+//!    transition id `send-{attempt}-{seq}-g{generation}`, so a successor
+//!    that delivers again an input its dead predecessor delivered but did
+//!    not record commits its own receipt instead of being refused as the
+//!    predecessor's replay). A supervisor that cannot take more input yet
+//!    (`input_busy`) ends the exec's inputs for this step; one whose
+//!    command's stdin is closed (`input_closed`: it ended or closed it)
+//!    ends them for this activation, the inputs left queued; any other
+//!    non-stale failure is recorded and retried at the next step. In every
+//!    case the pages still move, so a command that stopped reading stdin is
+//!    still finished and released. Then at
+//!    most [`GatewayOptions::pages_per_step`] pages:
 //!    * **pending pages first** (metadata committed by a previous owner or
 //!      a step that died): each is re-read from the spool, checked against
 //!      its committed metadata ([`PageMeta::matches`]), written to the sink,
@@ -83,6 +96,11 @@ pub const PAGES_PER_STEP_DEFAULT: usize = 4 * PAGES_PER_ROUND;
 /// The largest accepted [`GatewayOptions::pages_per_step`].
 pub const PAGES_PER_STEP_MAX: usize = 64 * PAGES_PER_ROUND;
 
+/// Inputs delivered per exec and step: the most an exec may have queued
+/// ([`lc_core::input::INPUT_QUEUE_INPUTS_MAX`]), so a full queue drains in
+/// one step.
+pub const INPUTS_PER_STEP: usize = lc_core::input::INPUT_QUEUE_INPUTS_MAX as usize;
+
 /// Distinct provider URLs whose clients are kept (one provider per host).
 pub const PROVIDERS_MAX: usize = 64;
 
@@ -152,6 +170,8 @@ pub struct StepReport {
     pub bytes_acked: u64,
     /// Acks sent to supervisors.
     pub supervisor_acks: usize,
+    /// Inputs delivered to supervisors and recorded sent.
+    pub inputs_sent: usize,
     /// Cancels told to supervisors.
     pub cancels: usize,
     /// Leases released (terminal page acked).
@@ -269,6 +289,11 @@ struct Held {
     supervisor_acked: i64,
     /// Whether this activation told the supervisor to cancel.
     cancel_sent: bool,
+    /// Whether this activation recorded the exec's `eof` input sent, or the
+    /// supervisor answered `input_closed` (the command ended or closed its
+    /// stdin): no input can be written after either, so the queue is not
+    /// read again.
+    input_closed: bool,
 }
 
 /// The gateway; see the module docs.
@@ -524,6 +549,7 @@ impl Gateway {
                 view,
                 supervisor_acked: 0,
                 cancel_sent: false,
+                input_closed: false,
             },
         );
     }
@@ -610,6 +636,17 @@ impl Gateway {
         let id = h.view.ownership.exec_id;
         let (lease, generation, fence) = (h.view.lease_id, h.view.lease_generation, h.cred.fence);
         let mut budget = self.options.pages_per_step;
+
+        // Inputs: a failure here other than a lost ownership or a crash
+        // point is recorded and the pages still move.
+        if !h.input_closed && h.view.terminal_acked_seq.is_none() {
+            match self.deliver_inputs(h, p, report).await {
+                Ok(()) => {}
+                Err(f @ Fail::Crashed(_)) => return Err(f),
+                Err(f) if f.is_stale() => return Err(f),
+                Err(f) => self.fail(report, Some(id), &f),
+            }
+        }
 
         // Pending pages first, re-read from the spool and checked: at most
         // one spool request's worth per step. New pages wait until none is
@@ -719,6 +756,67 @@ impl Gateway {
         Ok(Served::Keep)
     }
 
+    /// Delivers up to [`INPUTS_PER_STEP`] queued inputs of the exec in seq
+    /// order: `send` to the supervisor, then the `send` receipt. Stops at
+    /// the first input the supervisor cannot take yet (`input_busy`).
+    async fn deliver_inputs(
+        &self,
+        h: &mut Held,
+        p: &dyn Provider,
+        report: &mut StepReport,
+    ) -> Result<(), Fail> {
+        let id = h.view.ownership.exec_id;
+        let (lease, generation, fence) = (h.view.lease_id, h.view.lease_generation, h.cred.fence);
+        let inputs = self
+            .store
+            .queued_inputs(&h.cred, id, self.reading().await?, INPUTS_PER_STEP)
+            .await?;
+        for input in inputs {
+            let seq = input.input_seq;
+            let len = input.bytes.len() as u64;
+            match spool::send(p, lease, generation, fence, seq, input.bytes, input.eof).await {
+                Ok(_) => {}
+                Err(ProviderError::InputRefused { reason, detail }) if reason == "input_closed" => {
+                    // Permanent: the command ended or closed its stdin, so
+                    // no later input can be written either. The inputs
+                    // stay queued; this activation stops offering them.
+                    tracing::warn!(exec = id.0, input_seq = seq, %detail, "input_closed: the command's stdin is closed; its queued inputs are not delivered");
+                    h.input_closed = true;
+                    return Ok(());
+                }
+                Err(e) if e.is_transient() => {
+                    tracing::debug!(
+                        exec = id.0,
+                        input_seq = seq,
+                        code = e.code(),
+                        "input not taken yet; retried at the next step"
+                    );
+                    return Ok(());
+                }
+                Err(e) => return Err(Fail::Provider(e)),
+            }
+            self.crash_point(CrashPoint::AfterSend)?;
+            let tid = format!("send-{}-{seq}-g{}", h.view.attempt.0, h.cred.generation.0);
+            self.store
+                .record_send(&h.cred, id, self.reading().await?, &tid, seq)
+                .await?;
+            report.inputs_sent += 1;
+            self.metrics.input_sent(len);
+            tracing::info!(
+                exec = id.0,
+                input_seq = seq,
+                bytes = len,
+                eof = input.eof,
+                "input delivered"
+            );
+            if input.eof {
+                h.input_closed = true;
+                break;
+            }
+        }
+        Ok(())
+    }
+
     /// Steps 3 to 5 of the page protocol for `pages` (their metadata is
     /// committed): sink, ACK result, supervisor ack.
     async fn complete(
@@ -823,6 +921,7 @@ fn log_report(r: &StepReport) {
         + r.taken_over
         + r.stale_refused
         + r.pages_acked
+        + r.inputs_sent
         + r.cancels
         + r.released
         + r.dropped;
@@ -837,6 +936,7 @@ fn log_report(r: &StepReport) {
             pending_finished = r.pending_finished,
             pages_acked = r.pages_acked,
             bytes_acked = r.bytes_acked,
+            inputs_sent = r.inputs_sent,
             cancels = r.cancels,
             released = r.released,
             "gateway step"

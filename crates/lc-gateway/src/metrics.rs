@@ -38,6 +38,11 @@ pub const BYTES_ACKED: &str = "lc_gateway_bytes_acked_total";
 pub const SINK_REPLACED: &str = "lc_gateway_sink_replaced_total";
 /// Leases released after their terminal page was acked (counter).
 pub const RELEASES: &str = "lc_gateway_releases_total";
+/// Inputs delivered to supervisors whose `send` receipt this gateway
+/// committed (counter).
+pub const INPUTS_SENT: &str = "lc_gateway_inputs_sent_total";
+/// Bytes of those inputs (counter).
+pub const INPUT_BYTES_SENT: &str = "lc_gateway_input_bytes_sent_total";
 /// Per-exec step failures (counter).
 pub const FAILURES: &str = "lc_gateway_failures_total";
 /// Sum of ACK latencies, nanoseconds (with [`ACK_LATENCY_COUNT`]).
@@ -61,6 +66,8 @@ pub struct GatewayMetrics {
     bytes_acked: AtomicU64,
     sink_replaced: AtomicU64,
     releases: AtomicU64,
+    inputs_sent: AtomicU64,
+    input_bytes_sent: AtomicU64,
     failures: AtomicU64,
     ack_latency_ns_sum: AtomicU64,
     ack_latency_count: AtomicU64,
@@ -95,6 +102,10 @@ pub struct MetricsSnapshot {
     pub sink_replaced: u64,
     /// [`RELEASES`].
     pub releases: u64,
+    /// [`INPUTS_SENT`].
+    pub inputs_sent: u64,
+    /// [`INPUT_BYTES_SENT`].
+    pub input_bytes_sent: u64,
     /// [`FAILURES`].
     pub failures: u64,
     /// [`ACK_LATENCY_SUM`].
@@ -147,6 +158,10 @@ impl GatewayMetrics {
     pub(crate) fn release(&self) {
         add(&self.releases, 1);
     }
+    pub(crate) fn input_sent(&self, bytes: u64) {
+        add(&self.inputs_sent, 1);
+        add(&self.input_bytes_sent, bytes);
+    }
     pub(crate) fn failure(&self) {
         add(&self.failures, 1);
     }
@@ -175,6 +190,8 @@ impl GatewayMetrics {
             bytes_acked: g(&self.bytes_acked),
             sink_replaced: g(&self.sink_replaced),
             releases: g(&self.releases),
+            inputs_sent: g(&self.inputs_sent),
+            input_bytes_sent: g(&self.input_bytes_sent),
             failures: g(&self.failures),
             ack_latency_ns_sum: g(&self.ack_latency_ns_sum),
             ack_latency_count: g(&self.ack_latency_count),
@@ -185,7 +202,7 @@ impl GatewayMetrics {
     pub fn render(&self) -> String {
         const W: &str = "writing to a String never fails";
         let s = self.snapshot();
-        let rows: [(&str, &str, &str, u64); 16] = [
+        let rows: [(&str, &str, &str, u64); 18] = [
             (STEPS, "counter", "Steps taken.", s.steps),
             (
                 STEPS_UNCERTAIN,
@@ -259,6 +276,18 @@ impl GatewayMetrics {
                 "Leases released after their terminal page was acked.",
                 s.releases,
             ),
+            (
+                INPUTS_SENT,
+                "counter",
+                "Inputs delivered to supervisors whose send receipt this gateway committed.",
+                s.inputs_sent,
+            ),
+            (
+                INPUT_BYTES_SENT,
+                "counter",
+                "Bytes of the inputs this gateway delivered.",
+                s.input_bytes_sent,
+            ),
             (FAILURES, "counter", "Per-exec step failures.", s.failures),
             (
                 ACK_LATENCY_SUM,
@@ -294,6 +323,7 @@ mod tests {
         m.stale_refused();
         m.stale_refused();
         m.acked(4, 1000);
+        m.input_sent(6);
         m.ack_latency(std::time::Duration::from_nanos(1500));
         let text = m.render();
         for line in [
@@ -304,6 +334,8 @@ mod tests {
             "lc_gateway_ack_latency_ns_sum 1500",
             "lc_gateway_ack_latency_ns_count 1",
             "lc_gateway_takeovers_total 0",
+            "lc_gateway_inputs_sent_total 1",
+            "lc_gateway_input_bytes_sent_total 6",
             "# TYPE lc_gateway_owned_execs gauge",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} in\n{text}");

@@ -85,3 +85,19 @@ pub(crate) async fn cancel(
 ) -> Result<(), ProviderError> {
     p.cancel(lease, generation, fence).await
 }
+
+/// Delivers input `input_seq` (its `bytes`, then stdin closes when `eof`)
+/// to the command's stdin, under `fence`; the supervisor writes each input
+/// seq once, so delivering a seq again answers ok without writing.
+pub(crate) async fn send(
+    p: &dyn Provider,
+    lease: SandboxLeaseId,
+    generation: Generation,
+    fence: OwnerFence,
+    input_seq: i64,
+    bytes: Vec<u8>,
+    eof: bool,
+) -> Result<i64, ProviderError> {
+    p.send(lease, generation, fence, input_seq, bytes, eof)
+        .await
+}

@@ -82,7 +82,7 @@ fn the_gateway_refuses_bad_arguments_with_exit_2() {
     assert_eq!(code, 2, "{out}");
     assert_eq!(
         out,
-        "little-compute gateway: LC_GATEWAY_CRASH_AT=\"after_lunch\" names no crash point; use after_metadata, after_sink, after_ack_result or before_supervisor_ack, or unset it\n"
+        "little-compute gateway: LC_GATEWAY_CRASH_AT=\"after_lunch\" names no crash point; use after_metadata, after_sink, after_ack_result, before_supervisor_ack or after_send, or unset it\n"
     );
 
     let (code, out) = run(&[&base[..], &["--heartbeat-ttl-ms", "999"]].concat(), &db);

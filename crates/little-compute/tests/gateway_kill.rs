@@ -10,6 +10,16 @@
 //!   once, in order, with the right SHA-256 (the whole stdout is compared
 //!   with what the command wrote), the terminal page is acked, the Lease is
 //!   released once and the tenant's units return exactly once.
+//! * Stdin input: a gateway started with `LC_GATEWAY_CRASH_AT=after_send`
+//!   dies after the supervisor accepted the first input and before its
+//!   `send` receipt committed; the successor takes over, delivers that
+//!   input again (the supervisor writes each input seq once) and the rest,
+//!   and records each. The command, numbering the lines it reads, shows
+//!   each input exactly once, in order; the `eof` input ends it; the
+//!   terminal page is acked, the Lease released once, the units back once.
+//! * A command that ended without reading its stdin: the supervisor
+//!   refuses its queued input (`input_closed`), which stays queued, and the
+//!   gateway still moves its output and releases its Lease.
 //! * While the cut is uncertain (the sampler stopped), a dead gateway's
 //!   exec is not taken over by a successor stepping on it; once a new
 //!   sampler makes the cut certain the successor takes it over and
@@ -126,6 +136,7 @@ struct Rig {
     dir: PathBuf,
     secret: PathBuf,
     blob_dir: PathBuf,
+    provider_url: String,
     cgroup_parent: String,
     tenant: TenantId,
     sampler_stop: watch::Sender<bool>,
@@ -245,6 +256,7 @@ impl Rig {
             dir,
             secret,
             blob_dir,
+            provider_url,
             cgroup_parent,
             tenant,
             sampler_stop,
@@ -316,6 +328,11 @@ impl Rig {
     }
 
     async fn admit(&self, key: &str, script: &str) -> ExecId {
+        self.admit_with(key, script, false).await
+    }
+
+    /// Admits `sh -c script`, its stdin open for input when `stdin_open`.
+    async fn admit_with(&self, key: &str, script: &str, stdin_open: bool) -> ExecId {
         self.store
             .admit_exec(
                 &OperationKey::new(key, Digest::of(key.as_bytes())).unwrap(),
@@ -326,12 +343,29 @@ impl Rig {
                     shape: "small".into(),
                     command: vec!["sh".into(), "-c".into(), script.into()],
                     timeout_ms: None,
-                    stdin_open: false,
+                    stdin_open,
                 },
             )
             .await
             .unwrap()
             .exec_id
+    }
+
+    /// Queues `bytes` (then `eof`) for the stdin of `exec` under `key`;
+    /// returns the input seq.
+    async fn send_input(&self, key: &str, exec: ExecId, bytes: &[u8], eof: bool) -> i64 {
+        self.store
+            .send_input(
+                &OperationKey::new(key, Digest::of(key.as_bytes())).unwrap(),
+                reading(&self.clock).await,
+                self.tenant,
+                exec,
+                bytes,
+                eof,
+            )
+            .await
+            .unwrap()
+            .input_seq
     }
 
     async fn scalar(&self, sql: &str, exec: ExecId) -> i64 {
@@ -497,7 +531,12 @@ async fn wait_exit(rig: &Rig, p: &mut Proc, what: &str) -> std::process::ExitSta
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gateway_killed_at_each_crash_point_is_finished_by_a_successor() {
     let rig = Rig::new("crash").await;
-    for (round, point) in lc_gateway::CrashPoint::ALL.into_iter().enumerate() {
+    // The points of the page protocol; `after_send` is reached only with
+    // input, in its own test.
+    let points = lc_gateway::CrashPoint::ALL
+        .into_iter()
+        .filter(|p| *p != lc_gateway::CrashPoint::AfterSend);
+    for (round, point) in points.enumerate() {
         let (s, want) = script(80, "0.01");
         let exec = rig.admit(&format!("e-{round}"), &s).await;
         let mut first = rig.gateway(&format!("first-{point}"), Some(point.as_str()), None);
@@ -530,6 +569,156 @@ async fn a_gateway_killed_at_each_crash_point_is_finished_by_a_successor() {
         );
         assert_eq!(rig.balance().await, (UNITS, UNITS, 0, 0), "{point}");
     }
+    rig.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn input_sent_by_a_gateway_killed_before_its_receipt_reaches_the_command_once() {
+    let rig = Rig::new("send").await;
+    // Numbers each line it reads, so an input written twice would show.
+    let script =
+        "n=0; while IFS= read -r l; do n=$((n+1)); echo \"$n: $l\"; done; echo done; exit 5";
+    let exec = rig.admit_with("e-send", script, true).await;
+    assert_eq!(rig.send_input("in-1", exec, b"alpha\n", false).await, 1);
+    assert_eq!(rig.send_input("in-2", exec, b"beta two\n", false).await, 2);
+    assert_eq!(rig.send_input("in-3", exec, b"gamma\n", false).await, 3);
+    let mut first = rig.gateway("first-send", Some("after_send"), None);
+    let status = wait_exit(&rig, &mut first, "the gateway dies after its first send").await;
+    assert_eq!(status.signal(), Some(libc::SIGKILL), "{status:?}");
+    let log = std::fs::read_to_string(rig.log("first-send")).unwrap();
+    assert!(
+        log.contains("fault injection: SIGKILL at after_send"),
+        "{log}"
+    );
+    let inputs = async || -> Vec<(i64, String, Option<String>)> {
+        sqlx::query_as::<_, (i64, String, Option<String>)>(
+            "SELECT input_seq, state, send_transition_id FROM lc_exec_inputs \
+              WHERE exec_id = $1 ORDER BY input_seq",
+        )
+        .bind(exec.0)
+        .fetch_all(rig.store.pool())
+        .await
+        .unwrap()
+    };
+    // Input 1 reached the supervisor, but its receipt never committed.
+    assert_eq!(
+        inputs().await,
+        vec![
+            (1, "queued".into(), None),
+            (2, "queued".into(), None),
+            (3, "queued".into(), None),
+        ]
+    );
+    // More input while no gateway runs: the last closes stdin.
+    assert_eq!(rig.send_input("in-4", exec, b"delta\n", true).await, 4);
+    let port = free_port();
+    let _second = rig.gateway("second-send", None, Some(port));
+    rig.wait_released(exec).await;
+    let (stdout, exit) = rig.output(exec).await;
+    assert_eq!(
+        String::from_utf8(stdout).unwrap(),
+        "1: alpha\n2: beta two\n3: gamma\n4: delta\ndone\n",
+        "each input exactly once, in order"
+    );
+    assert_eq!(exit, Some(5), "the terminal page is acked");
+    // The successor recorded every input under its own generation,
+    // including the one its predecessor delivered.
+    assert_eq!(
+        inputs().await,
+        (1..=4)
+            .map(|n| (n, "sent".to_string(), Some(format!("send-1-{n}-g2"))))
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(
+        rig.scalar(
+            "SELECT count(*) FROM lc_transitions WHERE exec_id = $1 AND kind = 'send'",
+            exec
+        )
+        .await,
+        4
+    );
+    assert_eq!(metric(port, "lc_gateway_inputs_sent_total").await, Some(4));
+    assert_eq!(
+        metric(port, "lc_gateway_input_bytes_sent_total").await,
+        Some(6 + 9 + 6 + 6)
+    );
+    assert_eq!(
+        rig.settled(exec).await,
+        (
+            ExecState::Terminal,
+            Some(TerminalReason::Exited),
+            Some(5),
+            2,
+            1
+        ),
+        "taken over once (generation 2), released once"
+    );
+    assert_eq!(rig.balance().await, (UNITS, UNITS, 0, 0));
+    rig.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn input_to_a_command_that_ended_does_not_hold_its_release() {
+    let rig = Rig::new("ended").await;
+    let exec = rig.admit_with("e-ended", "echo bye; exit 4", true).await;
+    let lease = rig
+        .store
+        .exec(rig.tenant, exec)
+        .await
+        .unwrap()
+        .canonical
+        .lease_id;
+    let provider = HttpProvider::connect(&rig.provider_url).await.unwrap();
+    // No gateway yet: the command runs, ends, and its pages wait in the
+    // spool.
+    rig.wait_for("the command ends", async || {
+        provider
+            .spool_status(lease, lc_core::Generation(1))
+            .await
+            .ok()
+            .flatten()
+            .is_some_and(|s| s.command_exited && s.terminal_seq > 0)
+    })
+    .await;
+    assert_eq!(rig.send_input("in-late", exec, b"late\n", false).await, 1);
+    let port = free_port();
+    let _gateway = rig.gateway("ended", None, Some(port));
+    rig.wait_released(exec).await;
+    let (stdout, exit) = rig.output(exec).await;
+    assert_eq!(stdout, b"bye\n");
+    assert_eq!(exit, Some(4));
+    assert_eq!(
+        rig.settled(exec).await,
+        (
+            ExecState::Terminal,
+            Some(TerminalReason::Exited),
+            Some(4),
+            1,
+            1
+        )
+    );
+    // The input was never written: it stays queued, without a receipt.
+    assert_eq!(
+        sqlx::query_as::<_, (String, Option<String>)>(
+            "SELECT state, send_transition_id FROM lc_exec_inputs WHERE exec_id = $1"
+        )
+        .bind(exec.0)
+        .fetch_all(rig.store.pool())
+        .await
+        .unwrap(),
+        vec![("queued".to_string(), None)]
+    );
+    assert_eq!(metric(port, "lc_gateway_inputs_sent_total").await, Some(0));
+    // Refused once: the gateway stops offering input to a closed stdin.
+    let log = std::fs::read_to_string(rig.log("ended")).unwrap();
+    assert_eq!(
+        log.matches("input_closed: the command's stdin is closed")
+            .count(),
+        1,
+        "{log}"
+    );
+    assert_eq!(metric(port, "lc_gateway_failures_total").await, Some(0));
+    assert_eq!(rig.balance().await, (UNITS, UNITS, 0, 0));
     rig.finish().await;
 }
 

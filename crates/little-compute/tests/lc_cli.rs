@@ -5,7 +5,9 @@
 //! resumed after the server went away, exiting with the command's code or
 //! 128 + its signal), `exec create
 //! --wait` exiting with the command's exit code, `--data-dir` reading
-//! `appliance.json`, and the server's refusals on stderr with exit 1.
+//! `appliance.json`, `exec send` splitting a file into inputs with keys
+//! derived from one base key (a retried command sends nothing twice), and
+//! the server's refusals on stderr with exit 1.
 
 #[path = "../../lc-api/tests/support/mod.rs"]
 mod support;
@@ -722,4 +724,261 @@ async fn follow_resumes_after_a_dropped_connection_and_writes_each_seq_once() {
         errs.lines().all(|l| l.contains("resuming after seq 2")),
         "{errs}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exec_send_splits_into_inputs_and_a_retried_command_sends_nothing_twice() {
+    use lc_core::owner::{OwnerCredential, OwnerToken};
+    use lc_core::page::INPUT_BYTES_MAX;
+    use lc_core::store::{GatewayStore as _, ReconcileStore as _};
+    let s = PgSvc::start().await;
+    let url = serve(&s).await;
+    let admin = ["--server", &url, "--token", ADMIN];
+    let t = json_of(
+        &lc(
+            &cat(
+                &admin,
+                &[
+                    "tenant", "create", "--name", "blue", "--units", "4", "--json",
+                ],
+            ),
+            &[],
+        )
+        .await,
+    );
+    let key = t["api_key"].as_str().unwrap().to_string();
+    let env = [("LC_SERVER", url.as_str()), ("LC_TOKEN", key.as_str())];
+    let create = |open: bool| async move {
+        let mut args = vec!["exec", "create", "--json"];
+        if open {
+            args.push("--stdin-open");
+        }
+        args.extend(["--", "cat"]);
+        json_of(&lc(&args, &env).await)["exec_id"].as_i64().unwrap()
+    };
+    let exec = create(true).await;
+    let exec_s = exec.to_string();
+
+    // Two full inputs and 10 bytes more: three inputs, in order.
+    let bytes: Vec<u8> = (0..2 * INPUT_BYTES_MAX + 10)
+        .map(|i| u8::try_from(i % 251).unwrap())
+        .collect();
+    let dir = std::env::temp_dir().join(format!("lc-cli-send-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("input.bin");
+    std::fs::write(&file, &bytes).unwrap();
+    let file_s = file.to_str().unwrap().to_string();
+    let send_file = [
+        "--idempotency-key",
+        "feed-1",
+        "exec",
+        "send",
+        &exec_s,
+        "--file",
+        &file_s,
+        "--json",
+    ];
+    let want_inputs: Vec<Value> = bytes
+        .chunks(INPUT_BYTES_MAX)
+        .enumerate()
+        .map(|(i, c)| {
+            json!({
+                "exec_id": exec,
+                "input_seq": i + 1,
+                "length": c.len(),
+                "sha256": lc_core::Digest::of(c).to_hex(),
+                "eof": false,
+                "state": "queued",
+            })
+        })
+        .collect();
+    let first = json_of(&lc(&send_file, &env).await);
+    assert_eq!(first, json!({ "inputs": want_inputs }));
+    // The same command again: the same inputs, none sent twice.
+    assert_eq!(json_of(&lc(&send_file, &env).await), first);
+    // The human table.
+    let o = lc(
+        &[
+            "--idempotency-key",
+            "feed-1",
+            "exec",
+            "send",
+            &exec_s,
+            "--file",
+            &file_s,
+        ],
+        &env,
+    )
+    .await;
+    assert!(o.status.success());
+    let text = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert_eq!(
+        text.lines()
+            .map(|l| l.split_whitespace().take(5).collect::<Vec<_>>().join(" "))
+            .collect::<Vec<_>>(),
+        vec![
+            "EXEC_ID INPUT_SEQ LENGTH EOF STATE".to_string(),
+            format!("{exec} 1 65536 false queued"),
+            format!("{exec} 2 65536 false queued"),
+            format!("{exec} 3 10 false queued"),
+        ],
+        "{text}"
+    );
+
+    // Text and eof: the fourth input closes stdin; nothing follows it.
+    let o = lc(
+        &[
+            "exec", "send", &exec_s, "--data", "tail\n", "--eof", "--json",
+        ],
+        &env,
+    )
+    .await;
+    assert_eq!(
+        json_of(&o),
+        json!({"inputs": [{
+            "exec_id": exec,
+            "input_seq": 4,
+            "length": 5,
+            "sha256": lc_core::Digest::of(b"tail\n").to_hex(),
+            "eof": true,
+            "state": "queued",
+        }]})
+    );
+    let o = lc(&["exec", "send", &exec_s, "--data", "more"], &env).await;
+    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8_lossy(&o.stderr),
+        format!(
+            "error: 409 input_closed: exec {exec}: stdin was closed by input 4; nothing more is accepted\n"
+        )
+    );
+
+    // The store holds exactly those four inputs, the file's bytes in order.
+    let at = s.reading().await;
+    let work = s.store.due_work(at, 10).await.expect("due work");
+    let lease = work.iter().find(|w| w.exec_id.0 == exec).expect("lease");
+    s.store
+        .mark_active(lease.lease_id, lease.generation, at)
+        .await
+        .expect("active");
+    let token = OwnerToken::from_bytes([5; 32]);
+    let owned = s
+        .store
+        .claim(
+            &token,
+            s.reading().await,
+            jiff::SignedDuration::from_secs(30),
+            1,
+        )
+        .await
+        .expect("claim");
+    let cred = OwnerCredential {
+        token,
+        generation: owned[0].ownership.generation,
+        fence: owned[0].ownership.fence,
+    };
+    let queued = s
+        .store
+        .queued_inputs(&cred, lc_core::ExecId(exec), s.reading().await, 16)
+        .await
+        .expect("queued");
+    assert_eq!(
+        queued.iter().map(|i| i.input_seq).collect::<Vec<_>>(),
+        vec![1, 2, 3, 4]
+    );
+    let mut want = bytes.clone();
+    want.extend_from_slice(b"tail\n");
+    assert_eq!(queued.concat_bytes(), want);
+
+    // Refusals with what to do next.
+    let o = lc(&["exec", "send", &exec_s], &env).await;
+    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8_lossy(&o.stderr),
+        "error: nothing to send: name the bytes with --data TEXT, --file PATH or - for stdin, or close stdin with --eof alone\n"
+    );
+    let o = lc(&["exec", "send", &exec_s, "stdin"], &env).await;
+    assert_eq!(
+        (o.status.code(), String::from_utf8_lossy(&o.stderr).into_owned()),
+        (
+            Some(1),
+            "error: unexpected argument \"stdin\": name the bytes with --data TEXT, --file PATH, or - for stdin\n".to_string()
+        )
+    );
+    let other = create(true).await;
+    let other_s = other.to_string();
+    // `-` reads stdin (empty here): without --eof that is nothing to send.
+    let o = lc(&["exec", "send", &other_s, "-"], &env).await;
+    assert_eq!(
+        (
+            o.status.code(),
+            String::from_utf8_lossy(&o.stderr).into_owned()
+        ),
+        (
+            Some(1),
+            "error: nothing to send: the bytes are empty; add --eof to close stdin\n".to_string()
+        )
+    );
+    let o = lc(&["exec", "send", &other_s, "-", "--eof", "--json"], &env).await;
+    assert_eq!(json_of(&o)["inputs"][0]["length"], json!(0));
+    assert_eq!(json_of(&o)["inputs"][0]["eof"], json!(true));
+    let shut = create(false).await;
+    let o = lc(&["exec", "send", &shut.to_string(), "--data", "x"], &env).await;
+    assert_eq!(
+        (
+            o.status.code(),
+            String::from_utf8_lossy(&o.stderr).into_owned()
+        ),
+        (
+            Some(1),
+            format!(
+                "error: 409 stdin_not_open: exec {shut} was admitted without stdin_open: its command reads no input\n"
+            )
+        )
+    );
+
+    // A queue no gateway drains: 4 full inputs fit (256 KiB), the fifth
+    // waits and the command gives up with exit 124, naming the key to
+    // run it again with.
+    let full = create(true).await;
+    std::fs::write(&file, vec![b'z'; 5 * INPUT_BYTES_MAX]).unwrap();
+    let o = lc(
+        &[
+            "--idempotency-key",
+            "feed-2",
+            "exec",
+            "send",
+            &full.to_string(),
+            "--file",
+            &file_s,
+            "--wait-timeout-s",
+            "0",
+        ],
+        &env,
+    )
+    .await;
+    assert_eq!(
+        (
+            o.status.code(),
+            String::from_utf8_lossy(&o.stderr).into_owned()
+        ),
+        (
+            Some(124),
+            format!(
+                "exec {full}: the input queue stayed full for 0 s (is a gateway running?); 4 of 5 inputs were accepted; run the same command again to send the rest (nothing is sent twice)\n"
+            )
+        )
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The bytes of inputs, concatenated in their order.
+trait ConcatBytes {
+    fn concat_bytes(&self) -> Vec<u8>;
+}
+
+impl ConcatBytes for Vec<lc_core::input::InputRecord> {
+    fn concat_bytes(&self) -> Vec<u8> {
+        self.iter().flat_map(|i| i.bytes.iter().copied()).collect()
+    }
 }

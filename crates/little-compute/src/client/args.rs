@@ -130,6 +130,10 @@ pub enum ExecCmd {
         /// How long the command may run, milliseconds.
         #[arg(long)]
         timeout_ms: Option<u64>,
+        /// Keep the command's stdin open for `lc exec send` until an
+        /// `--eof` input (default: stdin is empty).
+        #[arg(long)]
+        stdin_open: bool,
         /// Wait until the exec is terminal and exit with the command's
         /// exit code.
         #[arg(long)]
@@ -172,6 +176,33 @@ pub enum ExecCmd {
         #[arg(long, default_value_t = WAIT_SECS_DEFAULT)]
         wait_timeout_s: u64,
     },
+    /// Send bytes to the stdin of an exec created with `--stdin-open`:
+    /// `--data TEXT`, `--file PATH`, or `-` to read them from stdin. More
+    /// than one input's worth (65536 bytes) is sent as several inputs in
+    /// order, each under its own idempotency key derived from
+    /// `--idempotency-key` (KEY-1, KEY-2, ...), so running the same command
+    /// again with the same key sends nothing twice. Prints a table of the
+    /// inputs (with `--json`: `{"inputs": [...]}`, each the server's answer).
+    Send {
+        /// The exec.
+        id: i64,
+        /// `-`: read the bytes from stdin (until it ends).
+        #[arg(value_name = "-", conflicts_with_all = ["data", "file"])]
+        stdin: Option<String>,
+        /// The bytes, as this text.
+        #[arg(long, value_name = "TEXT", conflicts_with = "file")]
+        data: Option<String>,
+        /// The bytes of this file.
+        #[arg(long, value_name = "PATH")]
+        file: Option<PathBuf>,
+        /// Close the command's stdin after the bytes (alone: close it now).
+        #[arg(long)]
+        eof: bool,
+        /// While the exec's input queue is full, keep retrying for this many
+        /// seconds, then give up (exit 124).
+        #[arg(long, default_value_t = SEND_WAIT_SECS_DEFAULT)]
+        wait_timeout_s: u64,
+    },
     /// Cancel an exec.
     Cancel {
         /// The exec.
@@ -188,6 +219,11 @@ pub enum OperationCmd {
         key: String,
     },
 }
+
+/// Default bound on `exec send` waiting for room in a full input queue:
+/// a live gateway drains a full queue within a step (about a second), so
+/// a minute of no room means no gateway is delivering.
+pub const SEND_WAIT_SECS_DEFAULT: u64 = 60;
 
 /// Default bound on `--wait` and `--follow`: one day, the longest an exec
 /// is expected to live in this version.

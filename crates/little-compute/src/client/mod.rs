@@ -12,7 +12,8 @@
 //! failed; `exec create --wait` exits with the command's own exit code
 //! (1 when it ended without one, e.g. cancelled); `exec output --follow`
 //! exits with the command's exit code, or `128 + signal`; 124 when
-//! `--wait` or `--follow` gave up.
+//! `--wait` or `--follow` gave up, or `exec send` found the exec's input
+//! queue full for its `--wait-timeout-s`.
 
 pub mod args;
 pub mod http;
@@ -191,6 +192,7 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, ClientError> {
             runtime,
             shape,
             timeout_ms,
+            stdin_open,
             wait,
             wait_timeout_s,
             command,
@@ -198,6 +200,9 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, ClientError> {
             let mut body = json!({ "runtime": runtime, "shape": shape, "command": command });
             if let Some(t) = timeout_ms {
                 body["timeout_ms"] = json!(t);
+            }
+            if stdin_open {
+                body["stdin_open"] = json!(true);
             }
             let v = client
                 .call(Method::POST, "v1/execs", Body::Json(body), Some(&op_key()?))
@@ -248,6 +253,19 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, ClientError> {
             after_seq,
             wait_timeout_s,
         }) => return exec_output(&client, id, stderr, follow, after_seq, wait_timeout_s).await,
+        Command::Exec(ExecCmd::Send {
+            id,
+            stdin,
+            data,
+            file,
+            eof,
+            wait_timeout_s,
+        }) => {
+            let bytes = send_bytes(stdin.as_deref(), data, file.as_deref(), eof)?;
+            let base = op_key()?;
+            let given = cli.conn.idempotency_key.is_some();
+            return exec_send(&client, id, &bytes, eof, &base, given, wait_timeout_s, json).await;
+        }
         Command::Exec(ExecCmd::Cancel { id }) => {
             client
                 .call(
@@ -415,6 +433,173 @@ async fn exec_output(
     }
 }
 
+/// The most bytes one `exec send` reads and sends: they are held in memory
+/// at once, and 64 MiB is 1024 inputs, minutes of delivery at the input
+/// queue's bound.
+pub const SEND_BYTES_MAX: u64 = 64 << 20;
+
+/// Pause before sending an input again while the exec's input queue is
+/// full (the server's `Retry-After` for it).
+pub const INPUT_QUEUE_PAUSE: Duration = Duration::from_secs(1);
+
+/// The bytes `exec send` sends: `--data`, `--file`, or stdin (`-`), at most
+/// [`SEND_BYTES_MAX`]; none with `--eof` alone.
+fn send_bytes(
+    stdin: Option<&str>,
+    data: Option<String>,
+    file: Option<&Path>,
+    eof: bool,
+) -> Result<Vec<u8>, ClientError> {
+    use std::io::Read as _;
+    let too_large = |what: &str| {
+        ClientError::Failed(format!(
+            "{what} holds more than {SEND_BYTES_MAX} bytes, the most one `lc exec send` sends; split it into several commands"
+        ))
+    };
+    let bytes = match (stdin, data, file) {
+        (Some("-"), None, None) => {
+            let mut b = Vec::new();
+            std::io::stdin()
+                .lock()
+                .take(SEND_BYTES_MAX + 1)
+                .read_to_end(&mut b)
+                .map_err(|e| ClientError::Failed(format!("reading stdin: {e}")))?;
+            if b.len() as u64 > SEND_BYTES_MAX {
+                return Err(too_large("stdin"));
+            }
+            b
+        }
+        (Some(other), _, _) => {
+            return Err(ClientError::Failed(format!(
+                "unexpected argument {other:?}: name the bytes with --data TEXT, --file PATH, or - for stdin"
+            )));
+        }
+        (None, Some(d), None) => d.into_bytes(),
+        (None, None, Some(path)) => {
+            let fail = |e: std::io::Error| ClientError::Failed(format!("{}: {e}", path.display()));
+            let len = std::fs::metadata(path).map_err(fail)?.len();
+            if len > SEND_BYTES_MAX {
+                return Err(too_large(&path.display().to_string()));
+            }
+            std::fs::read(path).map_err(fail)?
+        }
+        (None, None, None) if eof => Vec::new(),
+        (None, None, None) => {
+            return Err(ClientError::Failed(
+                "nothing to send: name the bytes with --data TEXT, --file PATH or - for stdin, or close stdin with --eof alone".into(),
+            ));
+        }
+        (None, Some(_), Some(_)) => {
+            return Err(ClientError::Failed(
+                "--data and --file both name the bytes; give one".into(),
+            ));
+        }
+    };
+    if bytes.is_empty() && !eof {
+        return Err(ClientError::Failed(
+            "nothing to send: the bytes are empty; add --eof to close stdin".into(),
+        ));
+    }
+    Ok(bytes)
+}
+
+/// The idempotency key of input `n` (from 1) of one `exec send`:
+/// `BASE-n`.
+///
+/// # Errors
+/// [`ClientError::Failed`] when it would exceed the longest key the server
+/// accepts.
+pub fn input_key(base: &str, n: usize) -> Result<String, ClientError> {
+    let key = format!("{base}-{n}");
+    if key.len() > lc_core::opkey::OPERATION_KEY_BYTES_MAX {
+        return Err(ClientError::Failed(format!(
+            "--idempotency-key is too long to derive the input keys ({key:?} is over {} bytes); use a shorter one",
+            lc_core::opkey::OPERATION_KEY_BYTES_MAX
+        )));
+    }
+    Ok(key)
+}
+
+/// `exec send`: `bytes` in inputs of at most
+/// [`lc_core::page::INPUT_BYTES_MAX`], in order, input `n` under
+/// [`input_key`]`(base, n)`; `eof` on the last (an empty `eof` input when
+/// there are no bytes). While the input queue is full the same input is
+/// sent again after [`INPUT_QUEUE_PAUSE`], for at most `wait_s` (then
+/// [`EXIT_TIMED_OUT`]). Any other failure names the base key to run the
+/// command again with, which sends nothing twice.
+#[allow(clippy::too_many_arguments)]
+async fn exec_send(
+    client: &Client,
+    id: i64,
+    bytes: &[u8],
+    eof: bool,
+    base: &str,
+    key_given: bool,
+    wait_s: u64,
+    json: bool,
+) -> Result<ExitCode, ClientError> {
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(wait_s);
+    let chunks: Vec<&[u8]> = if bytes.is_empty() {
+        vec![&[]]
+    } else {
+        bytes.chunks(lc_core::page::INPUT_BYTES_MAX).collect()
+    };
+    let n = chunks.len();
+    let again = |done: usize| {
+        if key_given {
+            format!(
+                "{done} of {n} inputs were accepted; run the same command again to send the rest (nothing is sent twice)"
+            )
+        } else {
+            format!(
+                "{done} of {n} inputs were accepted; run the same command again with --idempotency-key {base} to send the rest (nothing is sent twice)"
+            )
+        }
+    };
+    let mut inputs = Vec::with_capacity(n);
+    for (i, chunk) in chunks.iter().enumerate() {
+        let key = input_key(base, i + 1)?;
+        let body = json!({ "data_b64": b64.encode(chunk), "eof": eof && i + 1 == n });
+        let v = loop {
+            match client
+                .call(
+                    Method::POST,
+                    &format!("v1/execs/{id}/input"),
+                    Body::Json(body.clone()),
+                    Some(&key),
+                )
+                .await
+            {
+                Ok(v) => break v,
+                Err(ClientError::Problem(p)) if p.code == "input_queue_full" => {
+                    if tokio::time::Instant::now() >= deadline {
+                        let _ = writeln!(
+                            std::io::stderr(),
+                            "exec {id}: the input queue stayed full for {wait_s} s (is a gateway running?); {}",
+                            again(i)
+                        );
+                        return Ok(ExitCode::from(EXIT_TIMED_OUT));
+                    }
+                    tokio::time::sleep(INPUT_QUEUE_PAUSE).await;
+                }
+                Err(e) if i > 0 || matches!(e, ClientError::Failed(_)) => {
+                    return Err(ClientError::Failed(format!("{e}; {}", again(i))));
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        inputs.push(v);
+    }
+    output::list(
+        &json!({ "inputs": inputs }),
+        "inputs",
+        json,
+        output::INPUT_FIELDS,
+    )?;
+    Ok(ExitCode::SUCCESS)
+}
+
 /// Whether a failed output request is worth sending again from the same
 /// seq: the connection failed, or the server answered 5xx.
 fn resumable(e: &ClientError) -> bool {
@@ -488,6 +673,20 @@ mod tests {
         assert_eq!(exit_status_of(&json!({"code": null, "signal": 15})), 143);
         assert_eq!(exit_status_of(&json!({"code": null, "signal": null})), 1);
         assert_eq!(exit_status_of(&Value::Null), 1);
+    }
+
+    #[test]
+    fn input_keys_derive_from_the_base_within_the_bound() {
+        assert_eq!(input_key("k", 1).unwrap(), "k-1");
+        assert_eq!(input_key("run.7", 12).unwrap(), "run.7-12");
+        let base = "a".repeat(253);
+        assert_eq!(input_key(&base, 9).unwrap().len(), 255);
+        assert_eq!(
+            input_key(&base, 10).unwrap_err().to_string(),
+            format!(
+                "--idempotency-key is too long to derive the input keys (\"{base}-10\" is over 255 bytes); use a shorter one"
+            )
+        );
     }
 
     #[test]

@@ -34,6 +34,9 @@ pub const EXEC_FIELDS: &[&str] = &[
     "command",
 ];
 
+/// The fields shown for a stdin input.
+pub const INPUT_FIELDS: &[&str] = &["exec_id", "input_seq", "length", "eof", "state", "sha256"];
+
 /// The fields shown for an operation key.
 pub const OPERATION_FIELDS: &[&str] = &[
     "key",
