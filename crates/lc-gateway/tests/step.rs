@@ -118,6 +118,7 @@ async fn crash_and_take_over(point: CrashPoint) {
     let want_acked = match point {
         CrashPoint::AfterMetadata | CrashPoint::AfterSink => 0,
         CrashPoint::AfterAckResult | CrashPoint::BeforeSupervisorAck => 6,
+        CrashPoint::AfterSend => unreachable!("this exec has no input"),
     };
     assert_eq!(acked, want_acked, "{point}");
     // The spool still holds every page: nothing was acked to the supervisor.
