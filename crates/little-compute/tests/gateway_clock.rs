@@ -13,9 +13,10 @@
 //!   expiry, every step of the successor reads an uncertain cut and it
 //!   takes nothing over (owner generation, fence and basis unchanged in the
 //!   database), and no Lease is released. Once the cut is certain again the
-//!   successor takes the exec over (generation 2) and finishes it: the
-//!   whole stdout exactly once, the terminal page acked, the Lease released
-//!   once, the tenant's unit back once.
+//!   successor takes the exec over (generation 2) and finishes it, keeping
+//!   its ownership while it works off the backlog (never refused stale):
+//!   the whole stdout exactly once, the terminal page acked, the Lease
+//!   released once, the tenant's unit back once.
 //! * **A paused sampler.** The sampler process is stopped (SIGSTOP) past
 //!   its staleness bound: every reading is `stale`. The owner keeps
 //!   serving, as the ownership rules say (a heartbeat renews to
@@ -128,22 +129,16 @@ struct Proc(Child);
 
 impl Drop for Proc {
     fn drop(&mut self) {
-        // A stopped process would not die of SIGKILL before SIGCONT on
-        // every kernel path that matters to wait(2); resume it first.
-        let _ = signal_pid(self.0.id(), libc::SIGCONT);
+        // SIGKILL ends a stopped process too.
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
 }
 
-fn signal_pid(pid: u32, sig: i32) -> i32 {
-    let pid = i32::try_from(pid).unwrap();
-    // SAFETY: kill(2) on a child this test started and has not reaped.
-    unsafe { libc::kill(pid, sig) }
-}
-
 fn signal(p: &Proc, sig: i32) {
-    assert_eq!(signal_pid(p.0.id(), sig), 0);
+    let pid = i32::try_from(p.0.id()).unwrap();
+    // SAFETY: kill(2) on a child this test started and has not reaped.
+    assert_eq!(unsafe { libc::kill(pid, sig) }, 0);
 }
 
 fn free_port() -> u16 {
