@@ -662,8 +662,8 @@ impl Rig {
     }
 
     /// Asserts that Tollgate's audit is clean with every unit back, then
-    /// stops the processes and removes the rig's files and cgroups.
-    async fn finish(mut self) {
+    /// removes the rig's files (dropping it stops its processes).
+    async fn finish(self) {
         use tollgate::Allocator as _;
         let audit = self.store.tollgate().audit().await.unwrap();
         assert!(audit.is_clean(), "{:?}", audit.violations);
@@ -675,17 +675,30 @@ impl Rig {
             ),
             (i128::from(UNITS), 0, 0)
         );
+        self.store.pool().close().await;
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl Drop for Rig {
+    /// Stops the rig's processes and removes its cgroups, whether the test
+    /// passed or not (a failed test keeps its logs in `dir`).
+    fn drop(&mut self) {
         drop(self.worker.take());
         drop(self.provider.take());
         drop(self.sampler.take());
-        self.store.pool().close().await;
-        let _ = std::fs::remove_dir_all(&self.dir);
         for c in ["memory", "pids", "cpu"] {
-            let _ = std::fs::remove_dir(
-                Path::new("/sys/fs/cgroup")
-                    .join(c)
-                    .join(&self.cgroup_parent),
-            );
+            let parent = Path::new("/sys/fs/cgroup")
+                .join(c)
+                .join(&self.cgroup_parent);
+            if let Ok(children) = std::fs::read_dir(&parent) {
+                for child in children.flatten() {
+                    if child.path().is_dir() {
+                        let _ = std::fs::remove_dir(child.path());
+                    }
+                }
+            }
+            let _ = std::fs::remove_dir(&parent);
         }
     }
 }
