@@ -22,7 +22,11 @@
 //!    non-stale failure is recorded and retried at the next step. In every
 //!    case the pages still move, so a command that stopped reading stdin is
 //!    still finished and released. Then at
-//!    most [`GatewayOptions::pages_per_step`] pages:
+//!    most [`GatewayOptions::pages_per_step`] pages, renewing the heartbeat
+//!    again before each round and before each round's ACK once a third of
+//!    the TTL has passed since the last renewal
+//!    ([`RENEW_EVERY_TTL_FRACTION`]), so a long step never outlives its own
+//!    ownership:
 //!    * **pending pages first** (metadata committed by a previous owner or
 //!      a step that died): each is re-read from the spool, checked against
 //!      its committed metadata ([`PageMeta::matches`]), written to the sink,
@@ -151,8 +155,11 @@ pub struct StepReport {
     pub at: Option<CutReading>,
     /// Execs owned after the step.
     pub owned: usize,
-    /// Heartbeats the store accepted.
+    /// Heartbeats the store accepted at the start of the step.
     pub heartbeats: usize,
+    /// Heartbeats renewed again within the step, while it worked off a
+    /// backlog ([`RENEW_EVERY_TTL_FRACTION`]).
+    pub renewals_mid_step: usize,
     /// Execs newly owned that no gateway owned before.
     pub claimed: usize,
     /// Execs newly owned from an expired or released owner.
@@ -294,7 +301,20 @@ struct Held {
     /// stdin): no input can be written after either, so the queue is not
     /// read again.
     input_closed: bool,
+    /// When this activation last renewed the ownership's heartbeat, on the
+    /// process's monotonic clock: it schedules renewals within a long step
+    /// ([`RENEW_EVERY_TTL_FRACTION`]); the expiry itself is decided by the
+    /// store on the cut.
+    renewed_at: Instant,
 }
+
+/// Within one step the gateway renews an exec's heartbeat again once this
+/// fraction of the TTL (one third) has passed since the last renewal, before
+/// each round of pages and between a round's sink writes and its ACK: a step
+/// that works off a backlog of hundreds of fsynced pages can take longer
+/// than the TTL, and an owner that renewed only at the start of its step
+/// would expire while still serving and be taken over by the next step.
+pub const RENEW_EVERY_TTL_FRACTION: u32 = 3;
 
 /// The gateway; see the module docs.
 pub struct Gateway {
@@ -550,6 +570,7 @@ impl Gateway {
                 supervisor_acked: 0,
                 cancel_sent: false,
                 input_closed: false,
+                renewed_at: Instant::now(),
             },
         );
     }
@@ -571,6 +592,7 @@ impl Gateway {
                 Ok(view) => {
                     report.heartbeats += 1;
                     h.view = view;
+                    h.renewed_at = Instant::now();
                     if h.view.lease_state != LeaseState::Active {
                         tracing::info!(exec = id.0, lease_state = %h.view.lease_state, "exec's Lease is no longer active; forgotten");
                         held.remove(&id);
@@ -630,6 +652,34 @@ impl Gateway {
         Ok(p)
     }
 
+    /// Renews `h`'s heartbeat when a [`RENEW_EVERY_TTL_FRACTION`] of the
+    /// TTL has passed since its last renewal (on any cut: renewal never
+    /// shortens), and takes the store's view of the exec.
+    ///
+    /// # Errors
+    /// The store's refusal: `owner_stale` or `owner_expired` (the caller
+    /// forgets the exec), or a storage or clock failure.
+    async fn renew_if_due(&self, h: &mut Held, report: &mut StepReport) -> Result<(), Fail> {
+        let every = self.options.heartbeat_ttl.unsigned_abs() / RENEW_EVERY_TTL_FRACTION;
+        if h.renewed_at.elapsed() < every {
+            return Ok(());
+        }
+        let id = h.view.ownership.exec_id;
+        let view = self
+            .store
+            .heartbeat(
+                &h.cred,
+                id,
+                self.reading().await?,
+                self.options.heartbeat_ttl,
+            )
+            .await?;
+        h.view = view;
+        h.renewed_at = Instant::now();
+        report.renewals_mid_step += 1;
+        Ok(())
+    }
+
     async fn serve(&self, h: &mut Held, report: &mut StepReport) -> Result<Served, Fail> {
         let p = self.provider(&h.view).await?;
         let p = p.as_ref();
@@ -653,6 +703,7 @@ impl Gateway {
         // pending, since an ACK result acknowledges every pending page
         // through its seq.
         let limit = budget.min(PAGES_PER_ROUND);
+        self.renew_if_due(h, report).await?;
         let pending = self
             .store
             .pending_pages(&h.cred, id, self.reading().await?, limit)
@@ -696,6 +747,7 @@ impl Gateway {
 
         // New pages.
         while budget > 0 && h.view.terminal_acked_seq.is_none() {
+            self.renew_if_due(h, report).await?;
             let max = budget.min(PAGES_PER_ROUND);
             let pages =
                 spool::pages(p, lease, generation, fence, h.view.staged_through, max).await?;
@@ -855,6 +907,7 @@ impl Gateway {
             self.metrics.sink_replaced();
         }
         self.crash_point(CrashPoint::AfterSink)?;
+        self.renew_if_due(h, report).await?;
         let id = h.view.ownership.exec_id;
         let tid = format!("ack-{}-{through}", h.view.attempt.0);
         self.store

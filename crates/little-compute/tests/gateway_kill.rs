@@ -782,12 +782,21 @@ async fn a_paused_gateway_is_refused_after_a_takeover_and_output_stays_exactly_o
 
 /// A counter of the gateway's `/metrics` on `port`.
 async fn metric(port: u16, name: &str) -> Option<u64> {
-    let text = reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
+    metric_in(&scrape(port).await?, name)
+}
+
+/// The gateway's `/metrics` text, if it answers.
+async fn scrape(port: u16) -> Option<String> {
+    reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
         .await
         .ok()?
         .text()
         .await
-        .ok()?;
+        .ok()
+}
+
+/// The value of the unlabelled sample `name` in a metrics text.
+fn metric_in(text: &str, name: &str) -> Option<u64> {
     let prefix = format!("{name} ");
     text.lines()
         .find_map(|l| l.strip_prefix(prefix.as_str()))
@@ -824,11 +833,26 @@ async fn while_the_cut_is_uncertain_a_dead_gateway_s_exec_is_not_taken_over() {
             .is_some_and(|n| n >= 50)
     })
     .await;
-    assert_eq!(
-        metric(port, "lc_gateway_steps_total").await,
-        metric(port, "lc_gateway_steps_uncertain_total").await,
-        "every step of the successor read an uncertain cut"
-    );
+    // Both counters from one scrape, polled until no step is half counted
+    // (a step bumps one, then the other); a certain step of the successor
+    // would keep them apart for good and fail this wait.
+    rig.wait_for(
+        "every step of the successor read an uncertain cut",
+        async || {
+            let Some(text) = scrape(port).await else {
+                return false;
+            };
+            let (all, uncertain) = (
+                metric_in(&text, "lc_gateway_steps_total"),
+                metric_in(&text, "lc_gateway_steps_uncertain_total"),
+            );
+            // A scrape may fall between the two increments of one step: they
+            // differ by at most one then; a certain step would keep them apart
+            // and time this wait out.
+            all.is_some() && all == uncertain
+        },
+    )
+    .await;
     assert_eq!(metric(port, "lc_gateway_takeovers_total").await, Some(0));
     assert_eq!(metric(port, "lc_gateway_owned_execs").await, Some(0));
     let (_, _, _, generation, releases) = rig.settled(exec).await;
