@@ -4,24 +4,20 @@
 //! echoes its stdin, so what the command received is read back from its
 //! acked output pages. The supervisor's rules are its own: a repeated seq
 //! answers ok without writing again, a gap is refused `input_gap`, input
-//! after the command ended `input_closed`, a lower fence `stale_fence`.
-//! Only `input_busy`, which needs a full supervisor input queue at one
-//! exact input, comes from a wrapper (see [`BusyOnce`]).
+//! after the command ended `input_closed`, a lower fence `stale_fence`,
+//! and a full input queue `input_busy`.
 
 mod support;
 
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
-use ed25519_dalek::VerifyingKey;
-use lc_core::evidence::Envelope;
 use lc_core::owner::{OwnerCredential, OwnerFence, OwnerToken};
-use lc_core::page::{ExitStatus, Page, SpoolStatus};
-use lc_core::store::GatewayStore;
-use lc_core::{Generation, ProviderId, SandboxLeaseId};
-use lc_gateway::{CrashPoint, FaultHook, GatewayOptions, INPUTS_PER_STEP};
-use lc_provider::{AllocateRequest, Allocation, Provider, ProviderError};
-use support::{Exec, Rig, TTL};
+use lc_core::page::ExitStatus;
+use lc_core::store::{ControlStore as _, GatewayStore};
+use lc_gateway::{CrashPoint, FaultHook, INPUTS_PER_STEP};
+use lc_provider::{Provider as _, ProviderError};
+use support::{Exec, GO_POLLS_MAX, Rig, TTL, WAIT_MAX};
 
 #[derive(Default)]
 struct Recorder(Mutex<Vec<CrashPoint>>);
@@ -98,129 +94,90 @@ async fn inputs_are_delivered_once_in_seq_order_at_most_a_bound_per_step() {
     assert_eq!(m.input_bytes_sent, want.len() as u64);
 }
 
-/// The real provider, except that the first `send` of input `busy_seq`
-/// answers `input_busy` without reaching the supervisor: a real supervisor
-/// answers it only while its input queue is full, and how much of that
-/// queue its feeding thread has written into the command's pipe at a given
-/// moment is not observable, so no input can be made to meet it on demand.
-/// It records every `send` as `(input seq, eof)`.
-struct BusyOnce {
-    real: Arc<dyn Provider>,
-    busy_seq: i64,
-    calls: Mutex<Vec<(i64, bool)>>,
-}
-
-#[async_trait]
-impl Provider for BusyOnce {
-    fn id(&self) -> &ProviderId {
-        self.real.id()
-    }
-    fn public_key(&self) -> VerifyingKey {
-        self.real.public_key()
-    }
-    async fn allocate(&self, req: AllocateRequest) -> Result<Allocation, ProviderError> {
-        self.real.allocate(req).await
-    }
-    async fn destroy(&self, l: SandboxLeaseId, g: Generation) -> Result<Envelope, ProviderError> {
-        self.real.destroy(l, g).await
-    }
-    async fn observe(&self, l: SandboxLeaseId, g: Generation) -> Result<Envelope, ProviderError> {
-        self.real.observe(l, g).await
-    }
-    async fn pages(
-        &self,
-        l: SandboxLeaseId,
-        g: Generation,
-        fence: OwnerFence,
-        after_seq: i64,
-        max: usize,
-    ) -> Result<Vec<Page>, ProviderError> {
-        self.real.pages(l, g, fence, after_seq, max).await
-    }
-    async fn ack(
-        &self,
-        l: SandboxLeaseId,
-        g: Generation,
-        fence: OwnerFence,
-        through_seq: i64,
-    ) -> Result<(), ProviderError> {
-        self.real.ack(l, g, fence, through_seq).await
-    }
-    async fn cancel(
-        &self,
-        l: SandboxLeaseId,
-        g: Generation,
-        fence: OwnerFence,
-    ) -> Result<(), ProviderError> {
-        self.real.cancel(l, g, fence).await
-    }
-    async fn send(
-        &self,
-        l: SandboxLeaseId,
-        g: Generation,
-        fence: OwnerFence,
-        input_seq: i64,
-        bytes: Vec<u8>,
-        eof: bool,
-    ) -> Result<i64, ProviderError> {
-        let first = {
-            let mut calls = self.calls.lock().unwrap();
-            calls.push((input_seq, eof));
-            calls.iter().filter(|c| c.0 == self.busy_seq).count() == 1
-        };
-        if input_seq == self.busy_seq && first {
-            return Err(ProviderError::InputRefused {
-                reason: "input_busy".into(),
-                detail: "the command has not read its earlier input yet: retry later".into(),
-            });
-        }
-        self.real.send(l, g, fence, input_seq, bytes, eof).await
-    }
-    async fn spool_status(
-        &self,
-        l: SandboxLeaseId,
-        g: Generation,
-    ) -> Result<Option<SpoolStatus>, ProviderError> {
-        self.real.spool_status(l, g).await
-    }
-}
-
-/// Input 2 meets a full supervisor queue once, through [`BusyOnce`].
+/// The supervisor's input queue fills for real: the command does not read
+/// its stdin until its workspace holds `.go`. Input 1 (1 byte) may or may
+/// not have been written into the command's stdin pipe (64 KiB, Linux's
+/// default) by the time the later ones arrive; input 2 (64 KiB) then
+/// cannot be written whole, so it and every later input stay counted in
+/// the supervisor's input queue of 1 MiB (its `INPUT_QUEUE_BYTES_MAX`).
+/// Inputs 2..=16 (64 KiB each) and 17 (64 KiB - 1) fit in it with or
+/// without input 1; input 18 (64 KiB) does not with either, so the
+/// supervisor answers it `input_busy` until the command reads.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_busy_supervisor_ends_the_step_s_inputs_and_the_next_step_resumes() {
     let f = Rig::start().await;
-    let e = cat(&f).await;
-    for (n, b) in [&b"a\n"[..], b"b\n", b"c\n"].into_iter().enumerate() {
-        let seq = f.queue(e, &format!("in-{n}"), b, n == 2).await;
-        assert_eq!(seq, Ok(n as i64 + 1));
+    let script = format!(
+        "n=0; while [ ! -e /workspace/.go ] && [ $n -lt {GO_POLLS_MAX} ]; do \
+         sleep 0.01; n=$((n+1)); done; exec cat"
+    );
+    let e = f.run_stdin(&["sh", "-c", &script], true).await;
+    let full = lc_core::input::INPUT_BYTES_MAX;
+    let input = |n: usize| {
+        let len = match n {
+            1 => 1,
+            17 => full - 1,
+            19 => 0,
+            _ => full,
+        };
+        vec![b'a' + (n % 26) as u8; len]
+    };
+    let g = f.default_gateway();
+    // Queued a store queue's worth at a time, each delivered whole.
+    for round in [1..=4, 5..=8, 9..=12, 13..=16, 17..=17] {
+        for n in round.clone() {
+            let seq = f.queue(e, &format!("in-{n}"), &input(n), false).await;
+            assert_eq!(seq, Ok(n as i64));
+        }
+        let r = g.step().await;
+        assert_eq!((r.inputs_sent, r.failures), (round.count(), vec![]));
     }
-    let busy = Arc::new(BusyOnce {
-        real: f.provider.clone(),
-        busy_seq: 2,
-        calls: Mutex::new(Vec::new()),
-    });
-    let g = f.gateway_on(
-        busy.clone(),
-        GatewayOptions {
-            heartbeat_ttl: TTL,
-            ..GatewayOptions::default()
-        },
-    );
-    let r = g.step().await;
-    assert_eq!((r.inputs_sent, r.failures.clone()), (1, vec![]));
-    assert_eq!(f.recorded(e).await, tids(1..=1, 1));
-    let r = g.step().await;
-    assert_eq!((r.inputs_sent, r.failures), (2, vec![]));
-    assert_eq!(f.recorded(e).await, tids(1..=3, 1));
-    assert_eq!(f.released_by(&g, e).await, 0);
-    assert_eq!(
-        f.output(e).await,
-        (b"a\nb\nc\n".to_vec(), Some(ExitStatus::exited(0)))
-    );
-    assert_eq!(
-        *busy.calls.lock().unwrap(),
-        vec![(1, false), (2, false), (2, false), (3, true)]
-    );
+    assert_eq!(f.recorded(e).await, tids(1..=17, 1));
+    assert_eq!(f.queue(e, "in-18", &input(18), false).await, Ok(18));
+    assert_eq!(f.queue(e, "in-19", &input(19), true).await, Ok(19));
+    // Input 18 is not taken, and input 19 is not offered (the supervisor
+    // would refuse it `input_gap`, a failure): both stay queued, at every
+    // step while the command does not read.
+    for _ in 0..2 {
+        let r = g.step().await;
+        assert_eq!((r.inputs_sent, r.failures, r.owned), (0, vec![], 1));
+        assert_eq!(f.still_queued(e).await, vec![18, 19]);
+    }
+    // The supervisor's own answer to input 18 (a refusal changes nothing).
+    let busy = f
+        .provider
+        .send(e.lease, e.generation, OwnerFence(1), 18, input(18), false);
+    match busy.await {
+        Err(ProviderError::InputRefused { reason, detail }) => assert_eq!(
+            (reason.as_str(), detail.as_str()),
+            (
+                "input_busy",
+                "the command has not read its earlier input yet: retry later"
+            )
+        ),
+        other => panic!("input 18 is not refused input_busy: {other:?}"),
+    }
+    let workspace = f
+        .store
+        .exec(f.tenant, e.id)
+        .await
+        .unwrap()
+        .canonical
+        .workspace_id;
+    std::fs::write(f.provider.workspace_dir(workspace).join(".go"), b"").unwrap();
+    // Once the command reads, a next step delivers both.
+    let deadline = Instant::now() + WAIT_MAX;
+    while !f.still_queued(e).await.is_empty() {
+        assert!(Instant::now() < deadline, "inputs 18 and 19 still queued");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let r = g.step().await;
+        assert_eq!(r.failures, vec![]);
+    }
+    assert_eq!(f.recorded(e).await, tids(1..=19, 1));
+    f.released_by(&g, e).await;
+    let want: Vec<u8> = (1..=19).flat_map(input).collect();
+    assert_eq!(want.len(), 17 * full);
+    assert_eq!(f.output(e).await, (want, Some(ExitStatus::exited(0))));
+    assert_eq!(g.metrics().snapshot().inputs_sent, 19);
 }
 
 /// The command ended without reading its stdin before the input was

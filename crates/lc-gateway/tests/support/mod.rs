@@ -52,11 +52,11 @@ const RECOVERY_GRACE: SignedDuration = SignedDuration::from_millis(200);
 /// A recovery grace no test outlasts: the cut advances but stays uncertain.
 const RECOVERY_GRACE_LONG: SignedDuration = SignedDuration::from_mins(10);
 /// How long a test waits for anything real (a cut, a process, a page).
-const WAIT_MAX: Duration = Duration::from_secs(60);
+pub const WAIT_MAX: Duration = Duration::from_secs(60);
 /// How many 10 ms polls a streaming command waits for its go-file before
 /// it writes on regardless (30 s: a pacing task that died must not hang
 /// the command forever; the test's exact page count then reports it).
-const GO_POLLS_MAX: u32 = 3000;
+pub const GO_POLLS_MAX: u32 = 3000;
 const SECRET: [u8; 32] = [0x5a; 32];
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 
