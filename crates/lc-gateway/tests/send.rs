@@ -1,415 +1,23 @@
-//! Input delivery of `Gateway::step` against an in-memory store holding
-//! one exec with queued stdin inputs and an in-memory supervisor behind the
-//! `Provider` trait that answers `send` as the real one does (a repeated
-//! seq is ok without writing again, a gap is refused) or as a test scripts
-//! it (`input_busy`, `input_closed`, a stale fence). No page ever appears:
-//! these tests are about input only.
+//! Input delivery of `Gateway::step` on real parts (see `support`): inputs
+//! queued in `LcStore` as a client queues them, delivered by the gateway to
+//! a real supervisor whose command (`cat`, unless a test says otherwise)
+//! echoes its stdin, so what the command received is read back from its
+//! acked output pages. The supervisor's rules are its own: a repeated seq
+//! answers ok without writing again, a gap is refused `input_gap`, input
+//! after the command ended `input_closed`, a lower fence `stale_fence`,
+//! and a full input queue `input_busy`.
 
-use std::collections::VecDeque;
+mod support;
+
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
-use clock::{Clock, ClockError, ClockKind, ClockReading};
-use ed25519_dalek::VerifyingKey;
-use jiff::{SignedDuration, Timestamp};
-use lc_blob::LocalBlobStore;
-use lc_core::evidence::Envelope;
-use lc_core::input::{InputRecord, InputState};
-use lc_core::model::{CanonicalIdentity, TenantId, WorkspaceId};
-use lc_core::owner::{
-    OwnedExec, OwnerCredential, OwnerFence, OwnerGeneration, OwnerToken, Ownership, PageMeta,
-    StageReport, TakeoverBasis, TransitionKind, TransitionReceipt,
-};
-use lc_core::page::{Page, SpoolStatus};
-use lc_core::store::GatewayStore;
-use lc_core::{
-    AttemptNo, CutReading, Digest, ExecId, Generation, LcError, LeaseState, ProviderId,
-    SandboxLeaseId,
-};
-use lc_gateway::{
-    CrashPoint, FaultHook, Gateway, GatewayOptions, INPUTS_PER_STEP, ProviderConnector,
-};
-use lc_provider::{AllocateRequest, Allocation, Provider, ProviderError};
-
-const EXEC: ExecId = ExecId(1);
-
-#[derive(Debug)]
-struct FixedClock;
-
-#[async_trait]
-impl Clock for FixedClock {
-    async fn read(&self) -> Result<ClockReading, ClockError> {
-        Ok(ClockReading::certain(
-            Timestamp::from_second(1_000).unwrap(),
-        ))
-    }
-    fn kind(&self) -> ClockKind {
-        ClockKind::Test
-    }
-}
-
-// ---------------------------------------------------------------- store
-
-#[derive(Default)]
-struct StoreState {
-    ownership: Option<Ownership>,
-    /// Ownerships granted so far (the last one's generation and fence).
-    claims: i64,
-    inputs: Vec<InputRecord>,
-    /// `record_send` calls accepted: (transition id, input seq).
-    recorded: Vec<(String, i64)>,
-    /// `queued_inputs` calls.
-    queued_reads: usize,
-}
-
-#[derive(Default)]
-struct InputStore {
-    s: Mutex<StoreState>,
-}
-
-impl InputStore {
-    fn queue(&self, bytes: &[u8], eof: bool) {
-        let mut s = self.s.lock().unwrap();
-        let seq = i64::try_from(s.inputs.len()).unwrap() + 1;
-        s.inputs.push(InputRecord {
-            exec_id: EXEC,
-            input_seq: seq,
-            bytes: bytes.to_vec(),
-            sha256: Digest::of(bytes),
-            eof,
-            state: InputState::Queued,
-            send_transition_id: None,
-        });
-    }
-
-    fn view(s: &StoreState) -> OwnedExec {
-        OwnedExec {
-            ownership: s.ownership.clone().unwrap(),
-            basis: TakeoverBasis::Unowned,
-            tenant_id: TenantId(1),
-            identity: CanonicalIdentity {
-                exec_id: EXEC,
-                lease_id: SandboxLeaseId(100),
-                provider_id: ProviderId::new("p1").unwrap(),
-                runtime: Digest::of(b"runtime"),
-                workspace_id: WorkspaceId(7),
-            },
-            attempt: AttemptNo(1),
-            lease_id: SandboxLeaseId(100),
-            lease_generation: Generation(1),
-            lease_state: LeaseState::Active,
-            provider_url: "http://p1".into(),
-            staged_through: 0,
-            acked_through: 0,
-            terminal_acked_seq: None,
-            cancel_requested: false,
-        }
-    }
-
-    fn owned_by(s: &StoreState, cred: &OwnerCredential) -> Result<(), LcError> {
-        let o = s.ownership.as_ref().unwrap();
-        if o.token_sha256 != cred.token.sha256() || o.generation != cred.generation {
-            return Err(LcError::OwnerStale {
-                exec_id: EXEC,
-                presented: cred.generation,
-                current: o.generation,
-            });
-        }
-        Ok(())
-    }
-
-    fn recorded(&self) -> Vec<(String, i64)> {
-        self.s.lock().unwrap().recorded.clone()
-    }
-
-    fn queued_reads(&self) -> usize {
-        self.s.lock().unwrap().queued_reads
-    }
-}
-
-fn not_here(what: &str) -> LcError {
-    LcError::StorageFailure {
-        message: format!("{what} is not in this fake"),
-    }
-}
-
-#[async_trait]
-impl GatewayStore for InputStore {
-    async fn claim(
-        &self,
-        token: &OwnerToken,
-        at: CutReading,
-        ttl: SignedDuration,
-        _limit: usize,
-    ) -> Result<Vec<OwnedExec>, LcError> {
-        let mut s = self.s.lock().unwrap();
-        if s.ownership.is_some() {
-            return Ok(Vec::new());
-        }
-        s.claims += 1;
-        s.ownership = Some(Ownership {
-            exec_id: EXEC,
-            token_sha256: token.sha256(),
-            generation: OwnerGeneration(s.claims),
-            fence: OwnerFence(s.claims),
-            heartbeat_expiry: at.cut + ttl,
-            released: false,
-        });
-        Ok(vec![InputStore::view(&s)])
-    }
-    async fn take_over(
-        &self,
-        _token: &OwnerToken,
-        _tenant: TenantId,
-        _exec_id: ExecId,
-        _at: CutReading,
-        _ttl: SignedDuration,
-    ) -> Result<OwnedExec, LcError> {
-        Err(not_here("take_over"))
-    }
-    async fn heartbeat(
-        &self,
-        cred: &OwnerCredential,
-        _exec_id: ExecId,
-        _at: CutReading,
-        _ttl: SignedDuration,
-    ) -> Result<OwnedExec, LcError> {
-        let s = self.s.lock().unwrap();
-        InputStore::owned_by(&s, cred)?;
-        Ok(InputStore::view(&s))
-    }
-    async fn stage_pages(
-        &self,
-        _cred: &OwnerCredential,
-        _exec_id: ExecId,
-        _at: CutReading,
-        _pages: &[PageMeta],
-    ) -> Result<StageReport, LcError> {
-        Err(not_here("stage_pages"))
-    }
-    async fn pending_pages(
-        &self,
-        cred: &OwnerCredential,
-        _exec_id: ExecId,
-        _at: CutReading,
-        _limit: usize,
-    ) -> Result<Vec<PageMeta>, LcError> {
-        InputStore::owned_by(&self.s.lock().unwrap(), cred)?;
-        Ok(Vec::new())
-    }
-    async fn ack_pages(
-        &self,
-        _cred: &OwnerCredential,
-        _exec_id: ExecId,
-        _at: CutReading,
-        _transition_id: &str,
-        _through_seq: i64,
-    ) -> Result<TransitionReceipt, LcError> {
-        Err(not_here("ack_pages"))
-    }
-    async fn cancel(
-        &self,
-        _cred: &OwnerCredential,
-        _exec_id: ExecId,
-        _at: CutReading,
-        _transition_id: &str,
-    ) -> Result<TransitionReceipt, LcError> {
-        Err(not_here("cancel"))
-    }
-    async fn release(
-        &self,
-        _cred: &OwnerCredential,
-        _exec_id: ExecId,
-        _at: CutReading,
-        _transition_id: &str,
-    ) -> Result<TransitionReceipt, LcError> {
-        Err(not_here("release"))
-    }
-    async fn queued_inputs(
-        &self,
-        cred: &OwnerCredential,
-        _exec_id: ExecId,
-        _at: CutReading,
-        limit: usize,
-    ) -> Result<Vec<InputRecord>, LcError> {
-        let mut s = self.s.lock().unwrap();
-        InputStore::owned_by(&s, cred)?;
-        s.queued_reads += 1;
-        Ok(s.inputs
-            .iter()
-            .filter(|i| i.state == InputState::Queued)
-            .take(limit)
-            .cloned()
-            .collect())
-    }
-    async fn record_send(
-        &self,
-        cred: &OwnerCredential,
-        exec_id: ExecId,
-        at: CutReading,
-        transition_id: &str,
-        input_seq: i64,
-    ) -> Result<TransitionReceipt, LcError> {
-        let mut s = self.s.lock().unwrap();
-        InputStore::owned_by(&s, cred)?;
-        let sent_through = s
-            .inputs
-            .iter()
-            .filter(|i| i.state == InputState::Sent)
-            .map(|i| i.input_seq)
-            .max()
-            .unwrap_or(0);
-        let idx = usize::try_from(input_seq - 1).unwrap();
-        lc_core::input::check_send(&s.inputs[idx], sent_through)?;
-        s.inputs[idx].state = InputState::Sent;
-        s.inputs[idx].send_transition_id = Some(transition_id.to_owned());
-        s.recorded.push((transition_id.to_owned(), input_seq));
-        Ok(TransitionReceipt {
-            exec_id,
-            transition_id: transition_id.to_owned(),
-            kind: TransitionKind::Send,
-            token_sha256: cred.token.sha256(),
-            owner_generation: cred.generation,
-            owner_fence: cred.fence,
-            request_sha256: Digest::of(transition_id.as_bytes()),
-            committed_cut: at.cut,
-            detail: serde_json::json!({ "input_seq": input_seq }),
-        })
-    }
-}
-
-// ---------------------------------------------------------------- supervisor
-
-#[derive(Default)]
-struct Stdin {
-    /// The highest input seq accepted.
-    input_seq: i64,
-    /// The bytes written to the command's stdin, in order.
-    written: Vec<u8>,
-    /// Whether stdin was closed (after an `eof` input).
-    closed: bool,
-    /// Answers to the next `send`s, in order: `Some` is given instead of
-    /// the real rules, `None` applies them.
-    scripted: VecDeque<Option<ProviderError>>,
-    /// `send` calls: (input seq, eof).
-    calls: Vec<(i64, bool)>,
-}
-
-struct FakeSupervisor {
-    id: ProviderId,
-    stdin: Mutex<Stdin>,
-}
-
-fn unsupported() -> ProviderError {
-    ProviderError::InvalidRequest {
-        detail: "not in this fake".into(),
-    }
-}
-
-fn refused(reason: &str) -> ProviderError {
-    ProviderError::InputRefused {
-        reason: reason.into(),
-        detail: format!("{reason} from the fake"),
-    }
-}
-
-#[async_trait]
-impl Provider for FakeSupervisor {
-    fn id(&self) -> &ProviderId {
-        &self.id
-    }
-    fn public_key(&self) -> VerifyingKey {
-        ed25519_dalek::SigningKey::from_bytes(&[7u8; 32]).verifying_key()
-    }
-    async fn allocate(&self, _req: AllocateRequest) -> Result<Allocation, ProviderError> {
-        Err(unsupported())
-    }
-    async fn destroy(
-        &self,
-        _lease_id: SandboxLeaseId,
-        _generation: Generation,
-    ) -> Result<Envelope, ProviderError> {
-        Err(unsupported())
-    }
-    async fn observe(
-        &self,
-        _lease_id: SandboxLeaseId,
-        _generation: Generation,
-    ) -> Result<Envelope, ProviderError> {
-        Err(unsupported())
-    }
-    async fn pages(
-        &self,
-        _lease_id: SandboxLeaseId,
-        _generation: Generation,
-        _fence: OwnerFence,
-        _after_seq: i64,
-        _max: usize,
-    ) -> Result<Vec<Page>, ProviderError> {
-        Ok(Vec::new())
-    }
-    async fn ack(
-        &self,
-        _lease_id: SandboxLeaseId,
-        _generation: Generation,
-        _fence: OwnerFence,
-        _through_seq: i64,
-    ) -> Result<(), ProviderError> {
-        Ok(())
-    }
-    async fn cancel(
-        &self,
-        _lease_id: SandboxLeaseId,
-        _generation: Generation,
-        _fence: OwnerFence,
-    ) -> Result<(), ProviderError> {
-        Err(unsupported())
-    }
-    async fn send(
-        &self,
-        _lease_id: SandboxLeaseId,
-        _generation: Generation,
-        _fence: OwnerFence,
-        input_seq: i64,
-        bytes: Vec<u8>,
-        eof: bool,
-    ) -> Result<i64, ProviderError> {
-        let mut st = self.stdin.lock().unwrap();
-        st.calls.push((input_seq, eof));
-        if let Some(Some(e)) = st.scripted.pop_front() {
-            return Err(e);
-        }
-        if input_seq <= st.input_seq {
-            return Ok(st.input_seq);
-        }
-        if input_seq > st.input_seq + 1 {
-            return Err(refused("input_gap"));
-        }
-        if st.closed {
-            return Err(refused("input_closed"));
-        }
-        st.written.extend_from_slice(&bytes);
-        st.input_seq = input_seq;
-        st.closed = eof;
-        Ok(input_seq)
-    }
-    async fn spool_status(
-        &self,
-        _lease_id: SandboxLeaseId,
-        _generation: Generation,
-    ) -> Result<Option<SpoolStatus>, ProviderError> {
-        Ok(None)
-    }
-}
-
-struct OneProvider(Arc<FakeSupervisor>);
-
-#[async_trait]
-impl ProviderConnector for OneProvider {
-    async fn connect(&self, _url: &str) -> Result<Arc<dyn Provider>, ProviderError> {
-        Ok(self.0.clone())
-    }
-}
+use lc_core::owner::{OwnerCredential, OwnerFence, OwnerToken};
+use lc_core::page::ExitStatus;
+use lc_core::store::{ControlStore as _, GatewayStore};
+use lc_gateway::{CrashPoint, FaultHook, INPUTS_PER_STEP};
+use lc_provider::{Provider as _, ProviderError};
+use support::{Exec, GO_POLLS_MAX, Rig, TTL, WAIT_MAX};
 
 #[derive(Default)]
 struct Recorder(Mutex<Vec<CrashPoint>>);
@@ -420,210 +28,312 @@ impl FaultHook for Recorder {
     }
 }
 
-struct Fixture {
-    store: Arc<InputStore>,
-    supervisor: Arc<FakeSupervisor>,
-    sink_dir: std::path::PathBuf,
-}
-
-impl Fixture {
-    fn new(name: &str) -> Fixture {
-        let sink_dir =
-            std::env::temp_dir().join(format!("lc-gw-send-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&sink_dir);
-        Fixture {
-            store: Arc::new(InputStore::default()),
-            supervisor: Arc::new(FakeSupervisor {
-                id: ProviderId::new("p1").unwrap(),
-                stdin: Mutex::new(Stdin::default()),
-            }),
-            sink_dir,
-        }
-    }
-
-    fn gateway(&self) -> Gateway {
-        Gateway::new(
-            self.store.clone(),
-            Arc::new(OneProvider(self.supervisor.clone())),
-            Arc::new(LocalBlobStore::open(&self.sink_dir).unwrap()),
-            Arc::new(FixedClock),
-            GatewayOptions::default(),
-        )
-        .unwrap()
-    }
-
-    fn written(&self) -> Vec<u8> {
-        self.supervisor.stdin.lock().unwrap().written.clone()
-    }
-
-    fn calls(&self) -> Vec<(i64, bool)> {
-        self.supervisor.stdin.lock().unwrap().calls.clone()
-    }
-
-    /// The answers to the next `send`s ([`Stdin::scripted`]).
-    fn script(&self, answers: impl IntoIterator<Item = Option<ProviderError>>) {
-        self.supervisor
-            .stdin
-            .lock()
-            .unwrap()
-            .scripted
-            .extend(answers);
-    }
-}
-
-impl Drop for Fixture {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.sink_dir);
-    }
-}
-
 fn tids(seqs: std::ops::RangeInclusive<i64>, generation: i64) -> Vec<(String, i64)> {
     seqs.map(|n| (format!("send-1-{n}-g{generation}"), n))
         .collect()
 }
 
-#[tokio::test]
-async fn inputs_are_delivered_in_seq_order_at_most_a_bound_per_step() {
-    let f = Fixture::new("order");
-    let extra = 4;
-    let total = INPUTS_PER_STEP + extra;
-    for n in 1..=total {
-        f.store.queue(format!("{n}\n").as_bytes(), n == total);
+/// A running `cat` reading the inputs queued for it.
+async fn cat(f: &Rig) -> Exec {
+    f.run_stdin(&["cat"], true).await
+}
+
+/// Queues the line `{n}\n` under the operation key `in-{n}`; its seq or
+/// the store's error code.
+async fn line(f: &Rig, e: Exec, n: i64, eof: bool) -> Result<i64, &'static str> {
+    let key = format!("in-{n}");
+    let bytes = format!("{n}\n");
+    f.queue(e, &key, bytes.as_bytes(), eof)
+        .await
+        .map_err(|e| e.code())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inputs_are_delivered_once_in_seq_order_at_most_a_bound_per_step() {
+    let f = Rig::start().await;
+    let e = cat(&f).await;
+    // The store queues at most the per-step bound: a full queue is drained
+    // by one step, and one more input is refused until it is.
+    let bound = i64::try_from(INPUTS_PER_STEP).unwrap();
+    for n in 1..=bound {
+        assert_eq!(line(&f, e, n, false).await, Ok(n));
     }
-    let g = f.gateway();
+    let full = f.queue(e, "in-full", b"x", false).await;
+    assert_eq!(full.map_err(|e| e.code()), Err("input_queue_full"));
+    let g = f.default_gateway();
     let r = g.step().await;
     assert_eq!(r.failures, vec![]);
-    assert_eq!(r.inputs_sent, INPUTS_PER_STEP);
-    let bound = i64::try_from(INPUTS_PER_STEP).unwrap();
-    assert_eq!(f.store.recorded(), tids(1..=bound, 1));
+    assert_eq!((r.claimed, r.inputs_sent), (1, INPUTS_PER_STEP));
+    assert_eq!(f.recorded(e).await, tids(1..=bound, 1));
+    let extra = 4;
+    let total = bound + extra;
+    for n in bound + 1..=total {
+        assert_eq!(line(&f, e, n, n == total).await, Ok(n));
+    }
     let r = g.step().await;
-    assert_eq!((r.inputs_sent, r.failures.len()), (extra, 0));
-    let all = i64::try_from(total).unwrap();
-    assert_eq!(f.store.recorded(), tids(1..=all, 1));
-    let want: String = (1..=total).map(|n| format!("{n}\n")).collect();
-    assert_eq!(f.written(), want.into_bytes());
+    assert_eq!(
+        (r.inputs_sent, r.failures.clone()),
+        (extra as usize, vec![])
+    );
+    assert_eq!(f.recorded(e).await, tids(1..=total, 1));
     // After the eof input nothing more can follow: the queue is not read
-    // again.
-    let reads = f.store.queued_reads();
+    // again, and the command, its stdin closed, ends and is released.
+    let reads = f.queued_reads();
     assert_eq!(reads, 2);
     let r = g.step().await;
-    assert_eq!((r.inputs_sent, r.failures.len()), (0, 0));
-    assert_eq!(f.store.queued_reads(), reads);
+    assert_eq!((r.inputs_sent, r.failures.clone()), (0, vec![]));
+    assert_eq!(f.released_by(&g, e).await, 0);
+    assert_eq!(f.queued_reads(), reads);
+    let want: String = (1..=total).map(|n| format!("{n}\n")).collect();
+    assert_eq!(
+        f.output(e).await,
+        (want.clone().into_bytes(), Some(ExitStatus::exited(0)))
+    );
     let m = g.metrics().snapshot();
     assert_eq!(m.inputs_sent, u64::try_from(total).unwrap());
-    assert_eq!(
-        m.input_bytes_sent,
-        (1..=total)
-            .map(|n| format!("{n}\n").len() as u64)
-            .sum::<u64>()
-    );
+    assert_eq!(m.input_bytes_sent, want.len() as u64);
 }
 
-#[tokio::test]
+/// The supervisor's input queue fills for real: the command does not read
+/// its stdin until its workspace holds `.go`. Input 1 (1 byte) may or may
+/// not have been written into the command's stdin pipe (64 KiB, Linux's
+/// default) by the time the later ones arrive; input 2 (64 KiB) then
+/// cannot be written whole, so it and every later input stay counted in
+/// the supervisor's input queue of 1 MiB (its `INPUT_QUEUE_BYTES_MAX`).
+/// Inputs 2..=16 (64 KiB each) and 17 (64 KiB - 1) fit in it with or
+/// without input 1; input 18 (64 KiB) does not with either, so the
+/// supervisor answers it `input_busy` until the command reads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_busy_supervisor_ends_the_step_s_inputs_and_the_next_step_resumes() {
-    let f = Fixture::new("busy");
-    for b in [&b"a\n"[..], b"b\n", b"c\n"] {
-        f.store.queue(b, false);
+    let f = Rig::start().await;
+    let script = format!(
+        "n=0; while [ ! -e /workspace/.go ] && [ $n -lt {GO_POLLS_MAX} ]; do \
+         sleep 0.01; n=$((n+1)); done; exec cat"
+    );
+    let e = f.run_stdin(&["sh", "-c", &script], true).await;
+    let full = lc_core::input::INPUT_BYTES_MAX;
+    let input = |n: usize| {
+        let len = match n {
+            1 => 1,
+            17 => full - 1,
+            19 => 0,
+            _ => full,
+        };
+        vec![b'a' + (n % 26) as u8; len]
+    };
+    let g = f.default_gateway();
+    // Queued a store queue's worth at a time, each delivered whole.
+    for round in [1..=4, 5..=8, 9..=12, 13..=16, 17..=17] {
+        for n in round.clone() {
+            let seq = f.queue(e, &format!("in-{n}"), &input(n), false).await;
+            assert_eq!(seq, Ok(n as i64));
+        }
+        let r = g.step().await;
+        assert_eq!((r.inputs_sent, r.failures), (round.count(), vec![]));
     }
-    // Input 1 is taken; input 2 meets a full supervisor queue.
-    f.script([None, Some(refused("input_busy"))]);
-    let g = f.gateway();
-    let r = g.step().await;
-    assert_eq!((r.inputs_sent, r.failures.clone()), (1, vec![]));
-    assert_eq!(f.store.recorded(), tids(1..=1, 1));
-    let r = g.step().await;
-    assert_eq!((r.inputs_sent, r.failures), (2, vec![]));
-    assert_eq!(f.store.recorded(), tids(1..=3, 1));
-    assert_eq!(f.written(), b"a\nb\nc\n");
-    assert_eq!(
-        f.calls(),
-        vec![(1, false), (2, false), (2, false), (3, false)]
-    );
+    assert_eq!(f.recorded(e).await, tids(1..=17, 1));
+    assert_eq!(f.queue(e, "in-18", &input(18), false).await, Ok(18));
+    assert_eq!(f.queue(e, "in-19", &input(19), true).await, Ok(19));
+    // Input 18 is not taken, and input 19 is not offered (the supervisor
+    // would refuse it `input_gap`, a failure): both stay queued, at every
+    // step while the command does not read.
+    for _ in 0..2 {
+        let r = g.step().await;
+        assert_eq!((r.inputs_sent, r.failures, r.owned), (0, vec![], 1));
+        assert_eq!(f.still_queued(e).await, vec![18, 19]);
+    }
+    // The supervisor's own answer to input 18 (a refusal changes nothing).
+    let busy = f
+        .provider
+        .send(e.lease, e.generation, OwnerFence(1), 18, input(18), false);
+    match busy.await {
+        Err(ProviderError::InputRefused { reason, detail }) => assert_eq!(
+            (reason.as_str(), detail.as_str()),
+            (
+                "input_busy",
+                "the command has not read its earlier input yet: retry later"
+            )
+        ),
+        other => panic!("input 18 is not refused input_busy: {other:?}"),
+    }
+    let workspace = f
+        .store
+        .exec(f.tenant, e.id)
+        .await
+        .unwrap()
+        .canonical
+        .workspace_id;
+    std::fs::write(f.provider.workspace_dir(workspace).join(".go"), b"").unwrap();
+    // Once the command reads, a next step delivers both.
+    let deadline = Instant::now() + WAIT_MAX;
+    while !f.still_queued(e).await.is_empty() {
+        assert!(Instant::now() < deadline, "inputs 18 and 19 still queued");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let r = g.step().await;
+        assert_eq!(r.failures, vec![]);
+    }
+    assert_eq!(f.recorded(e).await, tids(1..=19, 1));
+    f.released_by(&g, e).await;
+    let want: Vec<u8> = (1..=19).flat_map(input).collect();
+    assert_eq!(want.len(), 17 * full);
+    assert_eq!(f.output(e).await, (want, Some(ExitStatus::exited(0))));
+    assert_eq!(g.metrics().snapshot().inputs_sent, 19);
 }
 
-#[tokio::test]
-async fn a_closed_stdin_ends_delivery_for_the_activation_without_a_failure() {
-    let f = Fixture::new("closed");
-    f.store.queue(b"late\n", false);
-    f.script([Some(refused("input_closed"))]);
-    let g = f.gateway();
+/// The command ended without reading its stdin before the input was
+/// queued: the supervisor answers `input_closed`, and the exec's pages
+/// move and it is released in the same step.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_stdin_ends_delivery_for_the_activation_without_holding_up_the_release() {
+    let f = Rig::start().await;
+    let e = f.run_stdin(&["sh", "-c", "echo bye"], true).await;
+    f.spool_when(e, |s| s.terminal_seq != 0).await;
+    assert_eq!(f.queue(e, "late", b"late\n", false).await, Ok(1));
+    let g = f.default_gateway();
     let r = g.step().await;
-    assert_eq!((r.inputs_sent, r.failures.clone(), r.owned), (0, vec![], 1));
+    assert_eq!(
+        (r.inputs_sent, r.failures.clone(), r.released, r.owned),
+        (0, vec![], 1, 0)
+    );
     let r = g.step().await;
-    assert_eq!((r.inputs_sent, r.failures, r.owned), (0, vec![], 1));
+    assert_eq!((r.claimed, r.inputs_sent, r.owned), (0, 0, 0));
     // Offered once; the input stays queued, without a receipt.
-    assert_eq!(f.calls(), vec![(1, false)]);
-    assert_eq!(f.store.queued_reads(), 1);
-    assert_eq!(f.store.recorded(), vec![]);
+    assert_eq!(f.queued_reads(), 1);
+    assert_eq!(f.still_queued(e).await, vec![1]);
+    assert_eq!(f.recorded(e).await, vec![]);
+    assert_eq!(
+        f.output(e).await,
+        (b"bye\n".to_vec(), Some(ExitStatus::exited(0)))
+    );
 }
 
-#[tokio::test]
+/// A real gap: a predecessor (this test, on the real store with its own
+/// owner token) recorded input 1 sent although it never reached the
+/// supervisor, so the successor's `send` of input 2 is refused `input_gap`
+/// until input 1 is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_refusal_is_a_failure_retried_at_the_next_step() {
-    let f = Fixture::new("gap");
-    f.store.queue(b"x", false);
-    f.script([Some(refused("input_gap"))]);
-    let g = f.gateway();
-    let r = g.step().await;
-    assert_eq!(r.inputs_sent, 0);
-    assert_eq!(
-        r.failures
-            .iter()
-            .map(|e| (e.exec_id, e.code.as_str(), e.message.as_str()))
-            .collect::<Vec<_>>(),
-        vec![(
-            Some(EXEC),
-            "input_refused",
-            "input refused (input_gap): input_gap from the fake"
-        )]
+    let f = Rig::start().await;
+    let e = cat(&f).await;
+    assert_eq!(f.queue(e, "in-1", b"1\n", false).await, Ok(1));
+    assert_eq!(f.queue(e, "in-2", b"2\n", true).await, Ok(2));
+    let token = OwnerToken::from_bytes([0xa1; 32]);
+    let at = f.wait_reading(|r| r.certain).await;
+    let owned = f.gateway_store.claim(&token, at, TTL, 1).await.unwrap();
+    let o = &owned[0].ownership;
+    let cred = OwnerCredential {
+        token,
+        generation: o.generation,
+        fence: o.fence,
+    };
+    f.gateway_store
+        .record_send(&cred, e.id, at, "send-1-1-g1", 1)
+        .await
+        .unwrap();
+    f.certain_at(o.heartbeat_expiry).await;
+    let g = f.default_gateway();
+    let want = vec![(
+        Some(e.id),
+        "input_refused",
+        "input refused (input_gap): send the inputs before this seq first",
+    )];
+    for step in 0..2 {
+        let r = g.step().await;
+        assert_eq!((r.taken_over, r.inputs_sent), (1 - step, 0));
+        assert_eq!(
+            r.failures
+                .iter()
+                .map(|e| (e.exec_id, e.code.as_str(), e.message.as_str()))
+                .collect::<Vec<_>>(),
+            want
+        );
+        assert_eq!(r.owned, 1, "the exec is kept");
+    }
+    // Input 1 reaches the supervisor under the owner's fence; input 2
+    // follows at the next step.
+    assert_eq!(f.owner(e).await, (2, 2));
+    let written = f.provider.send(
+        e.lease,
+        e.generation,
+        OwnerFence(2),
+        1,
+        b"1\n".to_vec(),
+        false,
     );
-    assert_eq!(r.owned, 1, "the exec is kept");
+    assert_eq!(written.await.unwrap(), 1);
     let r = g.step().await;
     assert_eq!((r.inputs_sent, r.failures), (1, vec![]));
-    assert_eq!(f.store.recorded(), tids(1..=1, 1));
+    assert_eq!(
+        f.recorded(e).await,
+        vec![("send-1-1-g1".into(), 1), ("send-1-2-g2".into(), 2)]
+    );
+    f.released_by(&g, e).await;
+    assert_eq!(
+        f.output(e).await,
+        (b"1\n2\n".to_vec(), Some(ExitStatus::exited(0)))
+    );
 }
 
-#[tokio::test]
+/// A newer owner's fence reached the supervisor before the gateway's
+/// first `send` (the store still names the gateway, as it would between a
+/// takeover and its next store write).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stale_fence_on_send_forgets_the_exec() {
-    let f = Fixture::new("stale");
-    f.store.queue(b"x", false);
-    f.script([Some(ProviderError::StaleFence {
-        presented: 1,
-        highest: 2,
-    })]);
-    let g = f.gateway();
+    let f = Rig::start().await;
+    let e = cat(&f).await;
+    assert_eq!(f.queue(e, "in-1", b"x", false).await, Ok(1));
+    let newer = f.provider.pages(e.lease, e.generation, OwnerFence(5), 0, 1);
+    assert_eq!(newer.await.unwrap().len(), 0);
+    let g = f.default_gateway();
     let r = g.step().await;
     assert_eq!(
-        (r.inputs_sent, r.stale_refused, r.owned, r.failures),
-        (0, 1, 0, vec![])
+        (
+            r.claimed,
+            r.inputs_sent,
+            r.stale_refused,
+            r.owned,
+            r.failures
+        ),
+        (1, 0, 1, 0, vec![])
     );
-    assert_eq!(f.store.recorded(), vec![]);
+    assert_eq!(f.owner(e).await, (1, 1));
+    assert_eq!(f.refused("owner_stale"), None);
+    assert_eq!(f.recorded(e).await, vec![]);
+    assert_eq!(f.still_queued(e).await, vec![1]);
+    assert_eq!(f.spool(e).await.highest_fence, 5);
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crash_after_send_leaves_the_input_queued_for_a_successor() {
-    let f = Fixture::new("crash");
-    f.store.queue(b"one\n", false);
-    f.store.queue(b"two\n", true);
+    let f = Rig::start().await;
+    let e = cat(&f).await;
+    assert_eq!(f.queue(e, "in-1", b"one\n", false).await, Ok(1));
+    assert_eq!(f.queue(e, "in-2", b"two\n", true).await, Ok(2));
     let hook = Arc::new(Recorder::default());
-    let g = f
-        .gateway()
+    let a = f
+        .default_gateway()
         .with_crash_point(Some(CrashPoint::AfterSend), hook.clone());
-    let r = g.step().await;
+    let r = a.step().await;
     assert_eq!(r.crashed, Some(CrashPoint::AfterSend));
     assert_eq!(*hook.0.lock().unwrap(), vec![CrashPoint::AfterSend]);
-    // The supervisor wrote input 1; the store still has it queued.
-    assert_eq!(f.written(), b"one\n");
-    assert_eq!(f.store.recorded(), vec![]);
-    // Its ownership ends; the successor (generation 2) delivers input 1
+    // The supervisor wrote input 1 (the command echoed its 4 bytes); the
+    // store still has it queued.
+    f.spool_when(e, |s| s.bytes == 4).await;
+    assert_eq!(f.recorded(e).await, vec![]);
+    assert_eq!(f.still_queued(e).await, vec![1, 2]);
+    // Past its heartbeat the successor (generation 2) delivers input 1
     // again, which writes nothing twice, and records it under its own
     // transition id.
-    f.store.s.lock().unwrap().ownership = None;
-    let successor = f.gateway();
-    let r = successor.step().await;
-    assert_eq!((r.inputs_sent, r.failures), (2, vec![]));
-    assert_eq!(f.written(), b"one\ntwo\n");
-    assert_eq!(f.calls(), vec![(1, false), (1, false), (2, true)]);
-    assert_eq!(f.store.recorded(), tids(1..=2, 2));
+    f.certain_at(r.at.unwrap().cut + TTL).await;
+    let b = f.default_gateway();
+    let r = b.step().await;
+    assert_eq!((r.taken_over, r.inputs_sent, r.failures), (1, 2, vec![]));
+    assert_eq!(f.recorded(e).await, tids(1..=2, 2));
+    assert_eq!(f.released_by(&b, e).await, 0);
+    assert_eq!(
+        f.output(e).await,
+        (b"one\ntwo\n".to_vec(), Some(ExitStatus::exited(0)))
+    );
     // The dead owner is refused from here on.
-    assert_eq!(g.step().await.stale_refused, 1);
+    assert_eq!(a.step().await.stale_refused, 1);
 }

@@ -10,9 +10,12 @@
 //! and a short heartbeat TTL lets a certain cut pass an expiry within
 //! seconds.
 
+// Each test binary uses a part of the rig.
+#![allow(dead_code)]
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -49,11 +52,11 @@ const RECOVERY_GRACE: SignedDuration = SignedDuration::from_millis(200);
 /// A recovery grace no test outlasts: the cut advances but stays uncertain.
 const RECOVERY_GRACE_LONG: SignedDuration = SignedDuration::from_mins(10);
 /// How long a test waits for anything real (a cut, a process, a page).
-const WAIT_MAX: Duration = Duration::from_secs(60);
+pub const WAIT_MAX: Duration = Duration::from_secs(60);
 /// How many 10 ms polls a streaming command waits for its go-file before
 /// it writes on regardless (30 s: a pacing task that died must not hang
 /// the command forever; the test's exact page count then reports it).
-const GO_POLLS_MAX: u32 = 3000;
+pub const GO_POLLS_MAX: u32 = 3000;
 const SECRET: [u8; 32] = [0x5a; 32];
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 
@@ -98,10 +101,12 @@ impl ProviderConnector for InProcess {
 }
 
 /// The real store as the gateway sees it, recording the code of every
-/// write it refused as stale or expired (it changes no answer).
+/// write it refused as stale or expired and counting the reads of queued
+/// inputs (it changes no answer).
 pub struct Refusals {
     inner: Arc<lc_pg::LcStore>,
     refused: Mutex<BTreeMap<&'static str, usize>>,
+    queued_reads: AtomicUsize,
 }
 
 impl Refusals {
@@ -193,6 +198,7 @@ impl GatewayStore for Refusals {
         at: CutReading,
         limit: usize,
     ) -> Result<Vec<InputRecord>, LcError> {
+        self.queued_reads.fetch_add(1, Ordering::SeqCst);
         self.note(self.inner.queued_inputs(cred, exec_id, at, limit).await)
     }
     async fn record_send(
@@ -326,6 +332,7 @@ impl Rig {
             gateway_store: Arc::new(Refusals {
                 inner: store.clone(),
                 refused: Mutex::new(BTreeMap::new()),
+                queued_reads: AtomicUsize::new(0),
             }),
             store,
             clock,
@@ -387,6 +394,65 @@ impl Rig {
             heartbeat_ttl: TTL,
             ..GatewayOptions::default()
         })
+    }
+
+    /// Queues `bytes` (closing stdin after them when `eof`) for the exec's
+    /// stdin, as a client does, under the operation key `key`.
+    pub async fn queue(&self, e: Exec, key: &str, bytes: &[u8], eof: bool) -> Result<i64, LcError> {
+        let at = self.wait_reading(|r| r.certain).await;
+        let op = OperationKey::new(key, Digest::of(key.as_bytes())).unwrap();
+        ControlStore::send_input(&*self.store, &op, at, self.tenant, e.id, bytes, eof)
+            .await
+            .map(|i| i.input_seq)
+    }
+
+    /// How many times the rig's gateways read queued inputs.
+    pub fn queued_reads(&self) -> usize {
+        self.gateway_store.queued_reads.load(Ordering::SeqCst)
+    }
+
+    /// `(send receipt, input seq)` of every input of the exec recorded
+    /// sent, by seq.
+    pub async fn recorded(&self, e: Exec) -> Vec<(String, i64)> {
+        sqlx::query_as(
+            "SELECT send_transition_id, input_seq FROM lc_exec_inputs \
+             WHERE exec_id = $1 AND state = 'sent' ORDER BY input_seq",
+        )
+        .bind(e.id.0)
+        .fetch_all(&mut self.sql().await)
+        .await
+        .unwrap()
+    }
+
+    /// The seqs of the exec's inputs still queued.
+    pub async fn still_queued(&self, e: Exec) -> Vec<i64> {
+        sqlx::query_scalar(
+            "SELECT input_seq FROM lc_exec_inputs \
+             WHERE exec_id = $1 AND state = 'queued' ORDER BY input_seq",
+        )
+        .bind(e.id.0)
+        .fetch_all(&mut self.sql().await)
+        .await
+        .unwrap()
+    }
+
+    /// Steps `g` (bounded by [`WAIT_MAX`], polling), each step without a
+    /// failure, until the exec has its release receipt (at once if it has
+    /// one); returns how many inputs those steps delivered.
+    pub async fn released_by(&self, g: &Gateway, e: Exec) -> usize {
+        let deadline = Instant::now() + WAIT_MAX;
+        let mut sent = 0;
+        while self.receipts(e, "release").await.is_empty() {
+            assert!(
+                Instant::now() < deadline,
+                "not released within {WAIT_MAX:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            let r = g.step().await;
+            assert_eq!(r.failures, vec![]);
+            sent += r.inputs_sent;
+        }
+        sent
     }
 
     /// Writes refused with `code` so far.
@@ -452,6 +518,12 @@ impl Rig {
     /// Admits `argv` and lets the real reconciler allocate its instance
     /// (the Lease active, the command started).
     pub async fn run(&self, argv: &[&str]) -> Exec {
+        self.run_stdin(argv, false).await
+    }
+
+    /// [`Rig::run`], the command's stdin a pipe fed by queued inputs when
+    /// `stdin_open` (else `/dev/null`).
+    pub async fn run_stdin(&self, argv: &[&str], stdin_open: bool) -> Exec {
         let at = self.wait_reading(|r| r.certain).await;
         let id = self
             .store
@@ -464,7 +536,7 @@ impl Rig {
                     shape: "small".into(),
                     command: argv.iter().map(|s| s.to_string()).collect(),
                     timeout_ms: None,
-                    stdin_open: false,
+                    stdin_open,
                 },
             )
             .await
