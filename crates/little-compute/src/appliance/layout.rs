@@ -45,7 +45,8 @@ pub struct Ports {
     pub postgres: u16,
     /// The control plane on 127.0.0.1.
     pub control_plane: u16,
-    /// The provider on 127.0.0.1.
+    /// The provider on 127.0.0.1 (0 until [`Layout::provider_port`]
+    /// chooses it, just before the provider first starts).
     pub provider: u16,
 }
 
@@ -203,8 +204,9 @@ impl Layout {
     }
 
     /// The ports: those recorded at the first `up`, or (first `up`) the
-    /// control plane's `requested` port (0: a free one) and free ports for
-    /// PostgreSQL and the provider, recorded now.
+    /// control plane's `requested` port (0: a free one) and a free port for
+    /// PostgreSQL, recorded now. The provider's is chosen later
+    /// ([`Layout::provider_port`]).
     ///
     /// # Errors
     /// [`ApplianceError::Io`]; a malformed record.
@@ -220,7 +222,7 @@ impl Layout {
             Ports {
                 postgres: free_port()?,
                 control_plane: 0,
-                provider: free_port()?,
+                provider: 0,
             }
         };
         match requested_control_plane {
@@ -232,6 +234,24 @@ impl Layout {
         let json = serde_json::to_vec_pretty(&ports).expect("ports serialize");
         write_replace(&path, &json, 0o644)?;
         Ok(ports)
+    }
+
+    /// The provider's port: the recorded one, or (the first time) a free
+    /// port chosen now and recorded. It is chosen just before the provider
+    /// starts rather than at the first `ports` call, so the seconds
+    /// PostgreSQL, the migrations and the control plane take to start are
+    /// not a window in which another process's connection can take the
+    /// port between its choice and the provider's bind.
+    ///
+    /// # Errors
+    /// [`ApplianceError::Io`]; a malformed record.
+    pub fn provider_port(&self, ports: &mut Ports) -> Result<u16, ApplianceError> {
+        if ports.provider == 0 {
+            ports.provider = free_port()?;
+            let json = serde_json::to_vec_pretty(&*ports).expect("ports serialize");
+            write_replace(&self.ports_file(), &json, 0o644)?;
+        }
+        Ok(ports.provider)
     }
 
     /// Reads `DIR/appliance.json`; `Ok(None)` when absent.
@@ -367,8 +387,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let l = Layout::new(dir.path()).unwrap();
         l.prepare(false).unwrap();
-        let first = l.ports(Some(0)).unwrap();
+        let mut first = l.ports(Some(0)).unwrap();
         assert_ne!(first.control_plane, 0);
+        assert_eq!(first.provider, 0);
+        let provider = l.provider_port(&mut first).unwrap();
+        assert_ne!(provider, 0);
+        assert_eq!(l.provider_port(&mut first).unwrap(), provider);
         let again = l.ports(None).unwrap();
         assert_eq!(first, again);
     }

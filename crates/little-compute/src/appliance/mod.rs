@@ -327,7 +327,7 @@ async fn up_inner(args: UpArgs) -> Result<ExitCode, ApplianceError> {
 async fn start_all(
     args: &UpArgs,
     layout: &Layout,
-    ports: layout::Ports,
+    mut ports: layout::Ports,
     pg_account: Option<sys::Account>,
     creds: &Credentials,
     admin_token: &str,
@@ -431,8 +431,9 @@ async fn start_all(
     .await?;
     say(format_args!("control plane is up at {url_cp}"));
 
-    let provider_url = format!("http://127.0.0.1:{}", ports.provider);
     let supervisor = supervisor_bin(layout, &exe)?;
+    let provider_port = layout.provider_port(&mut ports)?;
+    let provider_url = format!("http://127.0.0.1:{provider_port}");
     let provider = Spec {
         name: "provider",
         program: exe.clone(),
@@ -441,7 +442,7 @@ async fn start_all(
             "--state-dir".into(),
             layout.provider().into(),
             "--listen".into(),
-            format!("127.0.0.1:{}", ports.provider).into(),
+            format!("127.0.0.1:{provider_port}").into(),
             "--id".into(),
             PROVIDER_ID.into(),
             "--runtime-dir".into(),
