@@ -268,8 +268,9 @@ impl ApiError {
     }
 
     /// The level the response logs this error at: refusals by the rules
-    /// are not faults, so `time_uncertain` (the cut is uncertain: expected
-    /// while a sampler recovers) at `INFO`; the lease-write guard's
+    /// are not faults, so every `time_uncertain` (the cut is uncertain, in
+    /// the initial quarantine or after: expected while a sampler proves or
+    /// recovers) at `INFO`; the lease-write guard's
     /// refusals and a deadline beyond the horizon (`policy_mismatch`,
     /// `horizon_exceeded`, `deadline_beyond_horizon`: an operator must act)
     /// and `not_ready` at `WARN`; every other 5xx (storage, the time
@@ -277,7 +278,7 @@ impl ApiError {
     pub fn log_level(&self) -> tracing::Level {
         use tracing::Level;
         match self {
-            ApiError::TimeUncertain { .. } => Level::INFO,
+            ApiError::TimeUncertain { .. } | ApiError::Quarantined { .. } => Level::INFO,
             ApiError::NotReady(_)
             | ApiError::Storage(AllocatorError::Storage(
                 StorageError::PolicyMismatch(_) | StorageError::HorizonExceeded { .. },
@@ -425,6 +426,11 @@ mod tests {
             retry_after_secs: 5,
         };
         assert_eq!(uncertain.log_level(), Level::INFO);
+        let quarantined = ApiError::Quarantined {
+            progress: "needs PT1H more trusted time".into(),
+            retry_after_secs: 5,
+        };
+        assert_eq!(quarantined.log_level(), Level::INFO);
         let mismatch = ApiError::from(StorageError::PolicyMismatch("old policy".into()));
         assert_eq!(mismatch.log_level(), Level::WARN);
         let down = ApiError::from(StorageError::Unavailable {
