@@ -75,14 +75,13 @@ struct Cli {
         hide_env_values = true
     )]
     database_url: Option<String>,
-    /// Log level: error, warn, info, debug, trace.
-    #[arg(
-        long,
-        global = true,
-        env = "TOLLGATE_LOG_LEVEL",
-        default_value = "info"
-    )]
-    log_level: tracing::Level,
+    /// Log level (logs go to stderr), the same setting and grammar as
+    /// `tollgate`'s: a level (`error`, `warn`, `info`, `debug`, `trace`,
+    /// `off`) or `target=level` directives (`info,safetime_pg=debug`).
+    /// Default: `info`. The former variable TOLLGATE_LOG is still read,
+    /// with a warning.
+    #[arg(long, global = true, env = "TOLLGATE_LOG_LEVEL", value_name = "LEVEL")]
+    log_level: Option<String>,
     /// Longest wait for the database of a one-shot command (`status`,
     /// `policy`, `evidence`), connection included; `run` waits as long as
     /// it runs. 1 s to 1 h.
@@ -271,26 +270,13 @@ fn main() -> ExitCode {
             };
         }
     };
-    {
-        use tracing_subscriber::prelude::*;
-        // sqlx warns about a connection-URL parameter it does not know with
-        // the parameter's value (`?sslpassword=...`), so its URL parser logs
-        // errors only.
-        let filter = tracing_subscriber::filter::Targets::new()
-            .with_default(cli.log_level)
-            .with_target("sqlx_postgres::options::parse", tracing::Level::ERROR);
-        let layer = tracing_subscriber::fmt::layer()
-            .with_writer(std::io::stderr)
-            // A log that cannot be written (a full disk, a closed pipe) is
-            // dropped: the default would report it with `eprintln!`, which
-            // panics on that same stderr and would kill the sampler.
-            .log_internal_errors(false)
-            .with_ansi(false);
-        tracing_subscriber::registry()
-            .with(filter)
-            .with(layer)
-            .init();
-    }
+    // One logging setup for both binaries: the same variable, grammar,
+    // deprecated alias and quieting of sqlx's routine lines.
+    tollgate_server::cli::init_logging(
+        tollgate_server::cli::LogFormat::Human,
+        cli.log_level.clone(),
+        tracing::Level::INFO,
+    );
     let Some(url) = cli.database_url.clone() else {
         say(format_args!(
             "tollgate-safetime: --database-url (or TOLLGATE_DATABASE_URL) is required"

@@ -545,3 +545,61 @@ fn a_silent_database_does_not_hang_a_command() {
     );
     drop(silent);
 }
+
+/// Runs `tollgate-safetime status` with no database URL and the log
+/// environment `env`, returning its exit code and standard error.
+fn status_with_log_env(env: &[(&str, &str)]) -> (Option<i32>, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tollgate-safetime"));
+    cmd.arg("status")
+        .env_remove("TOLLGATE_DATABASE_URL")
+        .env_remove("TOLLGATE_LOG_LEVEL")
+        .env_remove("TOLLGATE_LOG")
+        .stdin(Stdio::null());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("run tollgate-safetime");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).trim_end().to_string(),
+    )
+}
+
+/// The log setting has `tollgate`'s grammar and alias: directives and `off`
+/// are accepted (the command goes on to its own check, here the missing
+/// URL, exit 2), a value that is neither is warned about and the default
+/// applies, and the former `TOLLGATE_LOG` is read with the same
+/// deprecation warning `tollgate` prints.
+#[test]
+fn the_log_setting_has_the_grammar_and_alias_of_tollgate() {
+    let missing = "tollgate-safetime: --database-url (or TOLLGATE_DATABASE_URL) is required";
+    for spec in ["info,tollgate_pg=debug", "off", "warn", "safetime_pg=trace"] {
+        assert_eq!(
+            status_with_log_env(&[("TOLLGATE_LOG_LEVEL", spec)]),
+            (Some(2), missing.to_string()),
+            "{spec}"
+        );
+    }
+    assert_eq!(
+        status_with_log_env(&[("TOLLGATE_LOG_LEVEL", "loud")]),
+        (
+            Some(2),
+            format!(
+                "warning: --log-level (or TOLLGATE_LOG_LEVEL) \"loud\" is neither a level \
+                 (error, warn, info, debug, trace, off) nor target=level directives; \
+                 logging at info\n{missing}"
+            )
+        )
+    );
+    assert_eq!(
+        status_with_log_env(&[("TOLLGATE_LOG", "debug")]),
+        (
+            Some(2),
+            format!(
+                "warning: TOLLGATE_LOG is deprecated; set TOLLGATE_LOG_LEVEL (or \
+                 --log-level) instead, the name both tollgate and tollgate-safetime read\n\
+                 {missing}"
+            )
+        )
+    );
+}
