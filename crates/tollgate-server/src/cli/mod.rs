@@ -65,6 +65,7 @@ pub use args::{
     LOG_LEVEL_ENV, LeaseCmd, LogFormat, MigrateArgs, OpsArgs, PolicyCmd, PolicyDbArgs, ReclaimArgs,
     ServeArgs, StoreArgs,
 };
+pub use direct::{READ_ONLY_IGNORES_POLICY, READ_ONLY_IGNORES_SECRET_FILE};
 pub use dispatch::run;
 pub use logging::init_logging;
 
