@@ -34,9 +34,11 @@
 //! (default 30 s: how long a one-shot command, `status`, `policy` or
 //! `evidence`, waits for a database that does not answer, then exit 1).
 //! A negative value is the value of
-//! its flag, not another flag: `--interval -1s` is refused as "interval
-//! must be positive, got -PT1S" (`run` names a setting as
-//! `SafeTimeConfig` does, e.g. `gap_max`).
+//! its flag, not another flag: `--interval -1s` is refused as "--interval
+//! must be positive, got -PT1S". Every duration flag is read by
+//! `tollgate`'s own checker: ISO 8601 (`PT30S`) or the friendly format
+//! (`30s`, `1h 30m`); anything else is refused naming the flag, the value
+//! and the accepted forms.
 //! A `run` that cannot take leadership because of such a misconfiguration
 //! does not exit: it logs "cannot take safe-time leadership" with the code
 //! and retries with back-off (up to 5 s), so it starts leading once the
@@ -52,7 +54,7 @@ use jiff::SignedDuration;
 use safetime::{
     DEFAULT_DRIFT_PPM, DEFAULT_GAP_MAX, DEFAULT_RECOVERY_GRACE, DEFAULT_ROUND_TRIP_MAX,
     DEFAULT_SAMPLE_INTERVAL, DEFAULT_STABLE_OBSERVATIONS_MIN, GAP_MAX_MAX, QuarantineProgress,
-    SafeTimeConfig, judge_reading,
+    SafeTimeConfig, SafeTimeConfigError, judge_reading,
 };
 use safetime_pg::sampler::{DEFAULT_RECONNECT_MAX, DEFAULT_STANDBY_POLL, Sampler, SamplerOptions};
 use safetime_pg::{EVIDENCE_MAX, SafeTimeError};
@@ -90,9 +92,10 @@ struct Cli {
         global = true,
         env = "TOLLGATE_SAFETIME_COMMAND_TIMEOUT",
         default_value = "30s",
-        allow_hyphen_values = true
+        allow_hyphen_values = true,
+        value_name = "DURATION"
     )]
-    command_timeout: SignedDuration,
+    command_timeout: String,
     #[command(subcommand)]
     command: Command,
 }
@@ -117,10 +120,11 @@ enum Command {
         #[arg(
             long,
             env = "TOLLGATE_SAFETIME_GAP_MAX",
-            default_value_t = DEFAULT_GAP_MAX,
+            default_value_t = DEFAULT_GAP_MAX.to_string(),
             allow_hyphen_values = true,
+            value_name = "DURATION",
         )]
-        gap_max: SignedDuration,
+        gap_max: String,
         /// The samplers' drift allowance, parts per million (at most
         /// 100000): with `--recovery-grace`, what the initial quarantine's
         /// proof needs (`quarantine`); give the samplers' `run` value.
@@ -136,10 +140,11 @@ enum Command {
         #[arg(
             long,
             env = "TOLLGATE_SAFETIME_RECOVERY_GRACE",
-            default_value_t = DEFAULT_RECOVERY_GRACE,
+            default_value_t = DEFAULT_RECOVERY_GRACE.to_string(),
             allow_hyphen_values = true,
+            value_name = "DURATION",
         )]
-        recovery_grace: SignedDuration,
+        recovery_grace: String,
     },
     /// Show or seal the maximum-deadline horizon policy.
     #[command(subcommand)]
@@ -177,10 +182,11 @@ struct RunArgs {
     #[arg(
         long,
         env = "TOLLGATE_SAFETIME_INTERVAL",
-        default_value_t = DEFAULT_SAMPLE_INTERVAL,
+        default_value_t = DEFAULT_SAMPLE_INTERVAL.to_string(),
         allow_hyphen_values = true,
+        value_name = "DURATION",
     )]
-    interval: SignedDuration,
+    interval: String,
     /// Drift allowance between database and monotonic time, parts per million.
     #[arg(
         long,
@@ -194,18 +200,20 @@ struct RunArgs {
     #[arg(
         long,
         env = "TOLLGATE_SAFETIME_GAP_MAX",
-        default_value_t = DEFAULT_GAP_MAX,
+        default_value_t = DEFAULT_GAP_MAX.to_string(),
         allow_hyphen_values = true,
+        value_name = "DURATION",
     )]
-    gap_max: SignedDuration,
+    gap_max: String,
     /// Longest plausible round trip of one observation (below `--gap-max`).
     #[arg(
         long,
         env = "TOLLGATE_SAFETIME_ROUND_TRIP_MAX",
-        default_value_t = DEFAULT_ROUND_TRIP_MAX,
+        default_value_t = DEFAULT_ROUND_TRIP_MAX.to_string(),
         allow_hyphen_values = true,
+        value_name = "DURATION",
     )]
-    round_trip_max: SignedDuration,
+    round_trip_max: String,
     /// Consecutive consistent observations needed to become certain again
     /// (1..=10000).
     #[arg(
@@ -220,19 +228,21 @@ struct RunArgs {
     #[arg(
         long,
         env = "TOLLGATE_SAFETIME_RECOVERY_GRACE",
-        default_value_t = DEFAULT_RECOVERY_GRACE,
+        default_value_t = DEFAULT_RECOVERY_GRACE.to_string(),
         allow_hyphen_values = true,
+        value_name = "DURATION",
     )]
-    recovery_grace: SignedDuration,
+    recovery_grace: String,
     /// Interval between a standby's attempts to take leadership (positive,
     /// at most one hour).
     #[arg(
         long,
         env = "TOLLGATE_SAFETIME_STANDBY_POLL",
-        default_value_t = STANDBY_POLL_DEFAULT,
+        default_value_t = STANDBY_POLL_DEFAULT.to_string(),
         allow_hyphen_values = true,
+        value_name = "DURATION",
     )]
-    standby_poll: SignedDuration,
+    standby_poll: String,
 }
 
 /// The largest `--standby-poll`: a standby that polls less often than
@@ -295,12 +305,19 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let bound = match Duration::try_from(cli.command_timeout) {
+    let command_timeout = match flag_duration("--command-timeout", &cli.command_timeout) {
+        Ok(d) => d,
+        Err(Failure::Usage(msg)) => {
+            say(format_args!("tollgate-safetime: {msg}"));
+            return ExitCode::from(2);
+        }
+        Err(_) => return ExitCode::from(2),
+    };
+    let bound = match Duration::try_from(command_timeout) {
         Ok(d) if (Duration::from_secs(1)..=Duration::from_secs(3_600)).contains(&d) => d,
         _ => {
             say(format_args!(
-                "tollgate-safetime: --command-timeout must be in 1s..=1h, got {}",
-                cli.command_timeout
+                "tollgate-safetime: --command-timeout must be in 1s..=1h, got {command_timeout}"
             ));
             return ExitCode::from(2);
         }
@@ -314,8 +331,7 @@ fn main() -> ExitCode {
                 .await
                 .unwrap_or_else(|_| {
                     Err(Failure::SafeTime(SafeTimeError::Backend(format!(
-                        "the database did not answer within {}",
-                        cli.command_timeout
+                        "the database did not answer within {command_timeout}"
                     ))))
                 })
         } else {
@@ -400,6 +416,48 @@ async fn connect(url: &str) -> Result<PgConnection, Failure> {
     })
 }
 
+/// The duration of flag `flag` (e.g. `--gap-max`) written `value`: ISO
+/// 8601 or the friendly format, read by the same checker as `tollgate`'s
+/// flags ([`tollgate_server::config::parse_duration`]).
+///
+/// # Errors
+/// [`Failure::Usage`] naming the flag, the value and the accepted forms.
+fn flag_duration(flag: &str, value: &str) -> Result<SignedDuration, Failure> {
+    tollgate_server::config::parse_duration(value, false)
+        .map_err(|e| Failure::Usage(format!("{flag}: {e}")))
+}
+
+/// The sampler's settings error `e` in the terms of `run`'s flags
+/// (`gap_max` is `--gap-max`, `stable_observations_min` is
+/// `--stable-observations`).
+fn run_flags_error(e: &SafeTimeConfigError) -> String {
+    let flag = |name: &str| format!("--{}", name.replace('_', "-"));
+    match e {
+        SafeTimeConfigError::DriftTooLarge { got, max } => {
+            format!("--drift-ppm must be at most {max}, got {got}")
+        }
+        SafeTimeConfigError::NonPositive { name, got } => {
+            format!("{} must be positive, got {got}", flag(name))
+        }
+        SafeTimeConfigError::TooLong { name, got, max } => {
+            format!("{} must be at most {max}, got {got}", flag(name))
+        }
+        SafeTimeConfigError::TooManyStableObservations { got, max } => {
+            format!("--stable-observations must be at most {max}, got {got}")
+        }
+        SafeTimeConfigError::RoundTripNotBelowGap {
+            round_trip_max,
+            gap_max,
+        } => format!("--round-trip-max ({round_trip_max}) must be below --gap-max ({gap_max})"),
+        SafeTimeConfigError::IntervalNotBelowGap { interval, gap_max } => {
+            format!("--interval ({interval}) must be below --gap-max ({gap_max})")
+        }
+        SafeTimeConfigError::NoStableObservations => {
+            "--stable-observations must be at least 1".to_string()
+        }
+    }
+}
+
 fn std_duration(name: &str, d: SignedDuration) -> Result<Duration, Failure> {
     Duration::try_from(d)
         .ok()
@@ -415,6 +473,8 @@ async fn dispatch(command: Command, url: &str) -> Result<ExitCode, Failure> {
             drift_ppm,
             recovery_grace,
         } => {
+            let gap_max = flag_duration("--gap-max", &gap_max)?;
+            let recovery_grace = flag_duration("--recovery-grace", &recovery_grace)?;
             if gap_max <= SignedDuration::ZERO {
                 return Err(Failure::Usage(format!(
                     "--gap-max must be positive, got {gap_max}"
@@ -439,7 +499,7 @@ async fn dispatch(command: Command, url: &str) -> Result<ExitCode, Failure> {
                 DEFAULT_STABLE_OBSERVATIONS_MIN,
                 recovery_grace,
             )
-            .map_err(|e| Failure::Usage(format!("--drift-ppm or --recovery-grace: {e}")))?;
+            .map_err(|e| Failure::Usage(run_flags_error(&e)))?;
             let mut c = connect(url).await?;
             let row = safetime_pg::read_cut(&mut c).await?;
             let json = match row {
@@ -586,16 +646,16 @@ fn quarantine_json(q: &QuarantineProgress, proof_started_at: jiff::Timestamp) ->
 async fn run(args: RunArgs, url: &str) -> Result<ExitCode, Failure> {
     let config = SafeTimeConfig::new(
         args.drift_ppm,
-        args.interval,
-        args.gap_max,
-        args.round_trip_max,
+        flag_duration("--interval", &args.interval)?,
+        flag_duration("--gap-max", &args.gap_max)?,
+        flag_duration("--round-trip-max", &args.round_trip_max)?,
         args.stable_observations,
-        args.recovery_grace,
+        flag_duration("--recovery-grace", &args.recovery_grace)?,
     )
-    .map_err(|e| Failure::Usage(e.to_string()))?;
+    .map_err(|e| Failure::Usage(run_flags_error(&e)))?;
     let options = SamplerOptions {
         config,
-        standby_poll: standby_poll(args.standby_poll)?,
+        standby_poll: standby_poll(flag_duration("--standby-poll", &args.standby_poll)?)?,
         reconnect_max: DEFAULT_RECONNECT_MAX,
     };
     let sampler = Sampler::new(url, options)?;
