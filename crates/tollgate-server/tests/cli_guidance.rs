@@ -117,6 +117,11 @@ fn durations_and_instants_are_refused_in_the_flags_terms() {
              2026-11-29T12:00:00Z or 2026-11-29T12:00:00.000000001+00:00\n",
         ),
         (
+            vec!["clock", "set", "9999-12-31T23:59:59.999999999Z"],
+            "error: clock set: \"9999-12-31T23:59:59.999999999Z\" is outside the supported \
+             range of instants, -009999-01-02T01:59:59Z to 9999-12-30T22:00:00.999999999Z\n",
+        ),
+        (
             vec!["reclaim", "--loop", "--interval", "often"],
             "error: --interval: \"often\" is not an ISO 8601 or friendly duration: write e.g. \
              PT30S, PT0.000000001S, 30s, 1h 30m or 250ms\n",

@@ -46,26 +46,9 @@ fn err(msg: impl Into<String>) -> ConfigError {
     ConfigError(msg.into())
 }
 
-/// What a duration may look like, for messages.
-pub const DURATION_EXAMPLES: &str = "e.g. PT30S, PT0.000000001S, 30s, 1h 30m or 250ms";
-
-/// Parses a duration: ISO 8601 or jiff's friendly format; with `allow_max`
-/// also the keyword `max` ([`SignedDuration::MAX`]).
-///
-/// # Errors
-/// A message naming the value and showing the accepted forms
-/// ([`DURATION_EXAMPLES`]); the parser's own text, which speaks of its
-/// types, is not repeated.
-pub fn parse_duration(s: &str, allow_max: bool) -> Result<SignedDuration, String> {
-    let t = s.trim();
-    if allow_max && t.eq_ignore_ascii_case("max") {
-        return Ok(SignedDuration::MAX);
-    }
-    t.parse::<SignedDuration>().map_err(|_| {
-        let max = if allow_max { ", or max" } else { "" };
-        format!("{s:?} is not an ISO 8601 or friendly duration: write {DURATION_EXAMPLES}{max}")
-    })
-}
+/// The duration checker and its examples, shared with the JSON API (one
+/// wording for flags, configuration keys and body fields).
+pub use tollgate_api::dto::{DURATION_EXAMPLES, parse_duration};
 
 impl FileConfig {
     /// Reads and parses `path`.
