@@ -68,7 +68,8 @@ use tokio::sync::watch;
     about = "Tollgate's safe-time sampler: publishes the safe expiry cut"
 )]
 struct Cli {
-    /// PostgreSQL URL of the Tollgate database (migrated to schema 18).
+    /// PostgreSQL URL of the Tollgate database, migrated with `tollgate
+    /// migrate` (the sampler needs migration 0018, safe time, or later).
     #[arg(
         long,
         global = true,

@@ -673,3 +673,27 @@ fn unreadable_durations_are_refused_in_the_flags_terms() {
         "tollgate-safetime: --drift-ppm must be at most 100000, got 100001",
     );
 }
+
+/// The help names the migration the sampler needs, not a schema version
+/// that later migrations outdate.
+#[test]
+fn the_help_names_the_migration_the_sampler_needs() {
+    let out = Command::new(env!("CARGO_BIN_EXE_tollgate-safetime"))
+        .arg("--help")
+        .env_clear()
+        .output()
+        .expect("run tollgate-safetime");
+    assert_eq!(out.status.code(), Some(0));
+    let help = String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    assert!(
+        help.contains(
+            "PostgreSQL URL of the Tollgate database, migrated with `tollgate migrate` (the \
+             sampler needs migration 0018, safe time, or later)"
+        ),
+        "{help}"
+    );
+    assert!(!help.contains("schema 18"), "{help}");
+}

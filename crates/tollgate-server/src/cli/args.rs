@@ -33,6 +33,12 @@ pub(crate) const DATABASE_URL_HELP_SERVE: &str =
 /// What `--database-url` means for `status`, `audit` and `reclaim`.
 pub(crate) const DATABASE_URL_HELP_OPS: &str = "PostgreSQL URL (also DATABASE_URL): run against \
      the database directly; absent: ask the service at --server over HTTP";
+/// What `--max-ttl` and `--reclaim-grace` mean for `status` and `audit`.
+pub(crate) const READ_ONLY_POLICY_HELP: &str = "Not needed: a direct status or audit only reads, \
+     with the policy recorded in the database (a different value is ignored, with a warning)";
+/// What `--secret-file` means for `status` and `audit`.
+pub(crate) const READ_ONLY_SECRET_FILE_HELP: &str = "Not needed: a direct status or audit checks \
+     no capability (the file is not read; given, it is ignored with a warning)";
 /// What `--database-url` means for `migrate` and `policy`.
 pub(crate) const DATABASE_URL_HELP_REQUIRED: &str = "PostgreSQL URL (also DATABASE_URL); required";
 
@@ -73,10 +79,20 @@ pub enum Command {
     #[command(mut_arg("database_url", |a| a.help(DATABASE_URL_HELP_REQUIRED)))]
     Migrate(MigrateArgs),
     /// Schema version, readiness, counts of active leases and legacy bounds.
-    #[command(mut_arg("database_url", |a| a.help(DATABASE_URL_HELP_OPS)))]
+    #[command(
+        mut_arg("database_url", |a| a.help(DATABASE_URL_HELP_OPS)),
+        mut_arg("max_ttl", |a| a.help(READ_ONLY_POLICY_HELP)),
+        mut_arg("reclaim_grace", |a| a.help(READ_ONLY_POLICY_HELP)),
+        mut_arg("secret_file", |a| a.help(READ_ONLY_SECRET_FILE_HELP))
+    )]
     Status(OpsArgs),
     /// Recompute every account from the ledger; exit 1 on any violation.
-    #[command(mut_arg("database_url", |a| a.help(DATABASE_URL_HELP_OPS)))]
+    #[command(
+        mut_arg("database_url", |a| a.help(DATABASE_URL_HELP_OPS)),
+        mut_arg("max_ttl", |a| a.help(READ_ONLY_POLICY_HELP)),
+        mut_arg("reclaim_grace", |a| a.help(READ_ONLY_POLICY_HELP)),
+        mut_arg("secret_file", |a| a.help(READ_ONLY_SECRET_FILE_HELP))
+    )]
     Audit(OpsArgs),
     /// Settle reclaimable leases.
     #[command(mut_arg("database_url", |a| a.help(DATABASE_URL_HELP_OPS)))]
