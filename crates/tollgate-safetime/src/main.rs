@@ -374,6 +374,16 @@ fn say(args: std::fmt::Arguments<'_>) {
 /// Writes one line of output to standard output. A reader that went away
 /// (broken pipe) ends the command quietly; any other write failure (a full
 /// disk) is an error, so lost output never exits 0.
+/// Prints `v` as `tollgate` prints a result
+/// ([`tollgate_server::cli::JsonStyle`]): indented on a terminal, one line
+/// otherwise (a pipe or a file gets one JSON document per line).
+fn emit_json(v: &serde_json::Value) -> Result<(), Failure> {
+    let text = tollgate_server::cli::JsonStyle::of_stdout()
+        .render(v)
+        .map_err(|e| Failure::Output(e.to_string()))?;
+    emit(&text)
+}
+
 fn emit(line: &str) -> Result<(), Failure> {
     use std::io::Write as _;
     let mut out = std::io::stdout().lock();
@@ -536,13 +546,15 @@ async fn dispatch(command: Command, url: &str) -> Result<ExitCode, Failure> {
                     })
                 }
             };
-            emit(&json.to_string())?;
+            emit_json(&json)?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Policy(PolicyCommand::Show) => {
             let mut c = connect(url).await?;
             let p = safetime_pg::load_policy(&mut c).await?;
-            emit(&serde_json::json!({ "version": p.version(), "horizon_ms": p.horizon_ms(), "digest": p.digest() }).to_string())?;
+            emit_json(
+                &serde_json::json!({ "version": p.version(), "horizon_ms": p.horizon_ms(), "digest": p.digest() }),
+            )?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Policy(PolicyCommand::Seal {
@@ -552,7 +564,9 @@ async fn dispatch(command: Command, url: &str) -> Result<ExitCode, Failure> {
             check_seal(horizon_ms, &sealed_by)?;
             let mut c = connect(url).await?;
             let p = safetime_pg::seal_policy(&mut c, horizon_ms, &sealed_by).await?;
-            emit(&serde_json::json!({ "version": p.version(), "horizon_ms": p.horizon_ms(), "digest": p.digest() }).to_string())?;
+            emit_json(
+                &serde_json::json!({ "version": p.version(), "horizon_ms": p.horizon_ms(), "digest": p.digest() }),
+            )?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Evidence { limit } => {
@@ -565,7 +579,9 @@ async fn dispatch(command: Command, url: &str) -> Result<ExitCode, Failure> {
             for e in safetime_pg::evidence(&mut c, limit).await? {
                 let detail: serde_json::Value = serde_json::from_str(&e.detail)
                     .unwrap_or(serde_json::Value::String(e.detail.clone()));
-                emit(&serde_json::json!({ "evidence_id": e.evidence_id, "kind": e.kind, "epoch": e.epoch, "detail": detail }).to_string())?;
+                emit_json(
+                    &serde_json::json!({ "evidence_id": e.evidence_id, "kind": e.kind, "epoch": e.epoch, "detail": detail }),
+                )?;
             }
             Ok(ExitCode::SUCCESS)
         }

@@ -67,6 +67,7 @@ pub use args::{
 };
 pub use direct::{READ_ONLY_IGNORES_POLICY, READ_ONLY_IGNORES_SECRET_FILE};
 pub use dispatch::run;
+pub use report::JsonStyle;
 pub use logging::init_logging;
 
 use crate::client::ClientError;
