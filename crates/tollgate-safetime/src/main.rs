@@ -530,14 +530,19 @@ async fn dispatch(command: Command, url: &str) -> Result<ExitCode, Failure> {
                     serde_json::json!({
                     "epoch": r.epoch,
                     "cut": r.cut.to_string(),
+                    "cut_ns": r.cut.as_nanosecond().to_string(),
                     "certain": judged.is_none(),
                     "uncertain_reason": judged.map(|u| u.code()),
                     "published_reason": r.uncertain.map(|u| u.code()),
                     "gap_max": gap_max.to_string(),
+                    "gap_max_ns": gap_max.as_nanos().to_string(),
                     "quarantined": r.quarantined,
                     "publish_seq": r.publish_seq,
                     "published_at": r.published_at.to_string(),
+                    "published_at_ns": r.published_at.as_nanosecond().to_string(),
                     "database_time": r.db_now.to_string(),
+                    "database_time_ns": r.db_now.as_nanosecond().to_string(),
+                    "cut_lag": r.lag().to_string(),
                     "cut_lag_ns": r.lag().as_nanos().to_string(),
                     "policy_version": r.policy.version(),
                     "horizon_ms": r.policy.horizon_ms(),
@@ -577,14 +582,46 @@ async fn dispatch(command: Command, url: &str) -> Result<ExitCode, Failure> {
             }
             let mut c = connect(url).await?;
             for e in safetime_pg::evidence(&mut c, limit).await? {
-                let detail: serde_json::Value = serde_json::from_str(&e.detail)
+                let mut detail: serde_json::Value = serde_json::from_str(&e.detail)
                     .unwrap_or(serde_json::Value::String(e.detail.clone()));
+                evidence_instants(&mut detail);
                 emit_json(
                     &serde_json::json!({ "evidence_id": e.evidence_id, "kind": e.kind, "epoch": e.epoch, "detail": detail }),
                 )?;
             }
             Ok(ExitCode::SUCCESS)
         }
+    }
+}
+
+/// Rewrites the instants of an evidence row's `detail` (as PostgreSQL
+/// wrote them, `2026-12-01T15:25:09.43013+00:00`) in the form of every
+/// other instant Tollgate prints, UTC with `Z`, each with its lossless
+/// `_ns` companion (nanoseconds since the Unix epoch, a decimal string).
+/// An instant is a string member named `cut` or ending in `_at` or `_time`
+/// that parses as RFC 3339, at any depth; everything else is left as is.
+fn evidence_instants(v: &mut serde_json::Value) {
+    match v {
+        serde_json::Value::Object(map) => {
+            let mut companions = Vec::new();
+            for (key, member) in map.iter_mut() {
+                let named = key == "cut" || key.ends_with("_at") || key.ends_with("_time");
+                match member {
+                    serde_json::Value::String(text) if named => {
+                        if let Ok(t) = text.parse::<jiff::Timestamp>() {
+                            *text = t.to_string();
+                            companions.push((format!("{key}_ns"), t.as_nanosecond().to_string()));
+                        }
+                    }
+                    other => evidence_instants(other),
+                }
+            }
+            for (key, ns) in companions {
+                map.entry(key).or_insert(serde_json::Value::String(ns));
+            }
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(evidence_instants),
+        _ => {}
     }
 }
 
@@ -649,6 +686,7 @@ fn quarantine_json(q: &QuarantineProgress, proof_started_at: jiff::Timestamp) ->
         "observed_ns": q.observed.as_nanos().to_string(),
         "drift_ppm": q.drift_ppm,
         "proof_started_at": proof_started_at.to_string(),
+        "proof_started_at_ns": proof_started_at.as_nanosecond().to_string(),
         "hint": format!(
             "{q}. To shorten it safely: stop every sampler, seal a shorter horizon (at least \
              the service's max_ttl + reclaim_grace + --safetime-gap-max, and no shorter than \
@@ -721,6 +759,33 @@ mod tests {
 
     /// `policy seal` bounds its horizon and refuses control characters in
     /// `--sealed-by`, naming the flag and the value.
+    #[test]
+    fn evidence_instants_are_z_with_ns_companions() {
+        let mut detail = serde_json::json!({
+            "database_time": "2026-12-01T15:25:09.43013+00:00",
+            "proof_started_at": "2026-12-01T16:25:09.000001+01:00",
+            "cut": "database_time",
+            "sealed_by": "2026-12-01T15:25:09Z",
+            "nested": [{"database_time": "2026-12-01T15:25:09+00:00"}],
+        });
+        evidence_instants(&mut detail);
+        assert_eq!(
+            detail,
+            serde_json::json!({
+                "database_time": "2026-12-01T15:25:09.43013Z",
+                "database_time_ns": "1796138709430130000",
+                "proof_started_at": "2026-12-01T15:25:09.000001Z",
+                "proof_started_at_ns": "1796138709000001000",
+                "cut": "database_time",
+                "sealed_by": "2026-12-01T15:25:09Z",
+                "nested": [{
+                    "database_time": "2026-12-01T15:25:09Z",
+                    "database_time_ns": "1796138709000000000",
+                }],
+            })
+        );
+    }
+
     #[test]
     fn seal_bounds() {
         assert!(check_seal(1, "ops: alice").is_ok());

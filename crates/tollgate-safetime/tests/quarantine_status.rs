@@ -115,6 +115,32 @@ async fn status_reports_the_quarantine_progress() {
     w.until(30, "the quarantined cut", |r| r.epoch == 1 && r.quarantined)
         .await;
     let st = status(db.url());
+    // Every instant and duration has its lossless companion, and each
+    // instant is UTC with `Z`.
+    for key in ["cut", "published_at", "database_time"] {
+        let text = st[key].as_str().expect(key);
+        assert!(text.ends_with('Z'), "{key}: {text}");
+        let t: Timestamp = text.parse().expect(key);
+        assert_eq!(
+            ns(&st[format!("{key}_ns").as_str()]),
+            t.as_nanosecond(),
+            "{key}"
+        );
+    }
+    for key in ["cut_lag", "gap_max"] {
+        let d: SignedDuration = st[key].as_str().expect(key).parse().expect(key);
+        assert_eq!(ns(&st[format!("{key}_ns").as_str()]), d.as_nanos(), "{key}");
+    }
+    assert_eq!(st["gap_max_ns"], "2000000000", "{st}");
+    let started: Timestamp = st["quarantine"]["proof_started_at"]
+        .as_str()
+        .expect("proof_started_at")
+        .parse()
+        .expect("instant");
+    assert_eq!(
+        ns(&st["quarantine"]["proof_started_at_ns"]),
+        started.as_nanosecond()
+    );
     assert_eq!(
         (
             &st["quarantined"],
