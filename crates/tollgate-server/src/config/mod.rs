@@ -230,6 +230,20 @@ impl Config {
             .unwrap_or_else(|e| panic!("{d} is not a nonnegative duration: {e}"))
     }
 
+    /// `line` of the unset setting `key` (flag `flag`), which only the
+    /// memory store can do without: on PostgreSQL the comment says it is
+    /// required instead of what the memory store would do.
+    fn on_postgres(&self, line: String, key: &str, flag: &str) -> String {
+        if self.database_url.is_some() && line.starts_with(&format!("# {key} unset:")) {
+            format!(
+                "# {key} unset: required with PostgreSQL (serve refuses to start without \
+                 {flag})"
+            )
+        } else {
+            line
+        }
+    }
+
     /// The effective configuration as TOML, secrets redacted (what
     /// `serve --print-config` prints; usable as a `--config` file once the
     /// redacted values are filled in): one line per setting, in this
@@ -246,9 +260,9 @@ impl Config {
             l.reclaim_batch(),
             l.reclaim_worker(),
             l.migrate_on_start(),
-            l.admin_token(),
+            self.on_postgres(l.admin_token(), "admin_token", "--admin-token"),
             l.clock(),
-            l.secret_file(),
+            self.on_postgres(l.secret_file(), "secret_file", "--secret-file"),
             l.request_timeout(),
             l.header_read_timeout(),
             l.idle_timeout(),
@@ -324,6 +338,40 @@ mod tests {
 
     /// The rendering has one line per declared setting, each under its
     /// TOML key, and reads back as a file.
+    /// Unset, the key file and the admin token are the memory store's to
+    /// make up; on PostgreSQL the printed configuration says they are
+    /// required.
+    #[test]
+    fn render_says_postgres_requires_the_key_and_the_token() {
+        let memory = Config::merge(RawConfig::default(), FileConfig::default(), None)
+            .expect("memory config")
+            .render();
+        assert!(
+            memory
+                .lines()
+                .any(|l| l == "# secret_file unset: a fresh random capability key (memory store)"),
+            "{memory}"
+        );
+        let pg = Config::merge(
+            RawConfig {
+                database_url: Some("postgres://u@localhost/db".into()),
+                ..RawConfig::default()
+            },
+            FileConfig::default(),
+            None,
+        )
+        .expect("postgres config")
+        .render();
+        for line in [
+            "# secret_file unset: required with PostgreSQL (serve refuses to start without \
+             --secret-file)",
+            "# admin_token unset: required with PostgreSQL (serve refuses to start without \
+             --admin-token)",
+        ] {
+            assert!(pg.lines().any(|l| l == line), "{line} in\n{pg}");
+        }
+    }
+
     #[test]
     fn render_writes_every_setting_once() {
         let text = full().render();
