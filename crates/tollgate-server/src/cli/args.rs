@@ -304,6 +304,21 @@ pub enum PolicyCmd {
     },
 }
 
+/// A path id of the command line (`account show 1`): read as the service
+/// reads its path ids ([`httpkit::extract::parse_id`]), so `01`, `+1` and `0` are
+/// refused here as the service would refuse them.
+///
+/// # Errors
+/// The value and the accepted form.
+fn id_arg(raw: &str) -> Result<i64, String> {
+    httpkit::extract::parse_id(raw).ok_or_else(|| {
+        format!(
+            "{raw:?} is not a positive integer in canonical decimal \
+             (1..=9223372036854775807, no sign or leading zero)"
+        )
+    })
+}
+
 /// `tollgate account ...`.
 #[derive(Debug, Subcommand)]
 pub enum AccountCmd {
@@ -318,7 +333,8 @@ pub enum AccountCmd {
     },
     /// Deposit units (admin token).
     Deposit {
-        /// The account.
+        /// The account: a positive integer in canonical decimal.
+        #[arg(value_parser = id_arg)]
         account_id: i64,
         /// Units to deposit.
         #[arg(long, allow_negative_numbers = true)]
@@ -329,7 +345,8 @@ pub enum AccountCmd {
     },
     /// Show an account (admin token or its API key).
     Show {
-        /// The account.
+        /// The account: a positive integer in canonical decimal.
+        #[arg(value_parser = id_arg)]
         account_id: i64,
         #[command(flatten)]
         /// Server settings.
@@ -342,7 +359,8 @@ pub enum AccountCmd {
 pub enum LeaseCmd {
     /// Acquire a lease (the account's API key).
     Acquire {
-        /// The account.
+        /// The account: a positive integer in canonical decimal.
+        #[arg(value_parser = id_arg)]
         account_id: i64,
         /// Units to hold.
         #[arg(long, allow_negative_numbers = true)]
@@ -359,7 +377,8 @@ pub enum LeaseCmd {
     },
     /// Renew a lease (its capability).
     Renew {
-        /// The lease.
+        /// The lease: a positive integer in canonical decimal.
+        #[arg(value_parser = id_arg)]
         lease_id: i64,
         /// Requested TTL from now.
         #[arg(long, allow_hyphen_values = true)]
@@ -370,7 +389,8 @@ pub enum LeaseCmd {
     },
     /// Release a lease (its capability).
     Release {
-        /// The lease.
+        /// The lease: a positive integer in canonical decimal.
+        #[arg(value_parser = id_arg)]
         lease_id: i64,
         /// Units consumed [default: all].
         #[arg(long, allow_negative_numbers = true)]
@@ -381,7 +401,8 @@ pub enum LeaseCmd {
     },
     /// Show a lease (its capability).
     Show {
-        /// The lease.
+        /// The lease: a positive integer in canonical decimal.
+        #[arg(value_parser = id_arg)]
         lease_id: i64,
         #[command(flatten)]
         /// Server settings.

@@ -100,7 +100,7 @@ impl CliError {
         match self {
             CliError::Config(_)
             | CliError::Serve(ServeError::Config(_))
-            | CliError::Client(ClientError::BadServer { .. })
+            | CliError::Client(ClientError::BadServer { .. } | ClientError::BadToken { .. })
             | CliError::Usage(_) => ExitCode::from(2),
             _ => ExitCode::from(1),
         }

@@ -25,6 +25,10 @@ use tollgate_api::dto::{AuditView, ReclaimView, StatusView};
 pub(super) async fn account(cmd: AccountCmd) -> Result<Value, CliError> {
     Ok(match cmd {
         AccountCmd::Create { name, client } => {
+            // The core's rule, checked before sending: a name the service
+            // refuses (or a body over its limit) is a usage error here.
+            tollgate::rules::check_account_name(&name)
+                .map_err(|e| CliError::Usage(format!("--name: {e}")))?;
             client
                 .client()?
                 .call(
