@@ -627,7 +627,8 @@ fn print_config_merges_flags_env_and_file() {
          migrate_on_start = true\n\
          admin_token = \"<redacted>\"\n\
          clock = \"system\"\n\
-         # secret_file unset: a fresh random capability key (memory store)\n\
+         # secret_file unset: required with PostgreSQL (serve refuses to start without \
+         --secret-file)\n\
          request_timeout = \"PT30S\"\n\
          header_read_timeout = \"PT10S\"\n\
          idle_timeout = \"PT1M\"\n\
