@@ -242,15 +242,10 @@ fn parse_json<T: DeserializeOwned>(is_json: bool, body: &[u8]) -> Result<Option<
         let inner = e.into_inner();
         match inner.classify() {
             serde_json::error::Category::Data => {
-                // The field's path says where; the parser's position in a
-                // body the client may never have seen as text does not.
-                let text = inner.to_string();
-                let position = format!(" at line {} column {}", inner.line(), inner.column());
-                let message = text.strip_suffix(&position).unwrap_or(&text);
                 if path == "." {
-                    Rejection::InvalidBody(message.to_string())
+                    Rejection::InvalidBody(inner.to_string())
                 } else {
-                    Rejection::InvalidBody(format!("{path}: {message}"))
+                    Rejection::InvalidBody(format!("{path}: {inner}"))
                 }
             }
             _ => Rejection::InvalidJson(format!("request body is not valid JSON: {inner}")),

@@ -263,6 +263,9 @@ impl ApiError {
             | ApiError::Storage(AllocatorError::Rule(RuleError::CorruptHolding { .. })) => {
                 "the storage backend failed; the operation changed nothing".into()
             }
+            ApiError::Request(r @ Rejection::InvalidBody(_)) => {
+                without_position(&r.to_string()).to_string()
+            }
             other => other.to_string(),
         }
     }
@@ -345,6 +348,26 @@ impl IntoResponse for ApiError {
     }
 }
 
+/// `detail` without the JSON parser's trailing position (` at line 1
+/// column 34`): a body field's error names the field, and the client may
+/// never have seen the body as text.
+fn without_position(detail: &str) -> &str {
+    let Some((head, tail)) = detail.rsplit_once(" at line ") else {
+        return detail;
+    };
+    match tail.split_once(" column ") {
+        Some((line, column))
+            if !line.is_empty()
+                && !column.is_empty()
+                && line.bytes().all(|b| b.is_ascii_digit())
+                && column.bytes().all(|b| b.is_ascii_digit()) =>
+        {
+            head
+        }
+        _ => detail,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -418,6 +441,24 @@ mod tests {
     }
 
     /// Refusals by the rules are logged below `ERROR`; faults at `ERROR`.
+    #[test]
+    fn body_details_leave_out_the_parser_position() {
+        assert_eq!(
+            without_position("ttl: \"x\" is not a duration at line 1 column 10"),
+            "ttl: \"x\" is not a duration"
+        );
+        assert_eq!(without_position("units: at line 1"), "units: at line 1");
+        assert_eq!(
+            without_position("name: at line x column 3"),
+            "name: at line x column 3"
+        );
+        let detail = ApiError::Request(Rejection::InvalidBody(
+            "missing field `units` at line 1 column 2".into(),
+        ))
+        .client_detail();
+        assert_eq!(detail, "missing field `units`");
+    }
+
     #[test]
     fn refusals_are_not_logged_as_faults() {
         use tracing::Level;
