@@ -682,6 +682,15 @@ fn migrate_all(url: &str) {
     );
 }
 
+/// One run of a read-only direct command: the command, its extra flags,
+/// its extra environment and the whole standard error it must print.
+type ReadOnlyCase = (
+    &'static str,
+    &'static [&'static str],
+    &'static [(&'static str, &'static str)],
+    String,
+);
+
 /// Direct operator commands against the database (at policy `PT1M`,
 /// `PT5S`): status and audit only read, so they need no policy flags (they
 /// take the recorded policy); reclaim writes, so it runs with the service's
@@ -743,7 +752,7 @@ fn direct_operator_commands(url: &str) {
          (and TOLLGATE_MAX_TTL, TOLLGATE_RECLAIM_GRACE, the config file's max_ttl and \
          reclaim_grace) and use the policy recorded in the database"
     );
-    let cases: [(&str, &[&str], &[(&str, &str)], String); 4] = [
+    let cases: [ReadOnlyCase; 4] = [
         (
             "audit",
             &["--max-ttl", "PT2M", "--reclaim-grace", "PT5S"],
