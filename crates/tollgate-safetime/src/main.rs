@@ -46,6 +46,8 @@
 
 #![forbid(unsafe_code)]
 
+mod shared;
+
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -283,11 +285,7 @@ fn main() -> ExitCode {
     };
     // One logging setup for both binaries: the same variable, grammar,
     // deprecated alias and quieting of sqlx's routine lines.
-    tollgate_server::cli::init_logging(
-        tollgate_server::cli::LogFormat::Human,
-        cli.log_level.clone(),
-        tracing::Level::INFO,
-    );
+    shared::init_logging(cli.log_level.clone(), tracing::Level::INFO);
     let Some(url) = cli.database_url.clone() else {
         say(format_args!(
             "tollgate-safetime: --database-url (or TOLLGATE_DATABASE_URL) is required"
@@ -375,12 +373,10 @@ fn say(args: std::fmt::Arguments<'_>) {
 /// (broken pipe) ends the command quietly; any other write failure (a full
 /// disk) is an error, so lost output never exits 0.
 /// Prints `v` as `tollgate` prints a result
-/// ([`tollgate_server::cli::JsonStyle`]): indented on a terminal, one line
+/// ([`shared::render_json`]): indented on a terminal, one line
 /// otherwise (a pipe or a file gets one JSON document per line).
 fn emit_json(v: &serde_json::Value) -> Result<(), Failure> {
-    let text = tollgate_server::cli::JsonStyle::of_stdout()
-        .render(v)
-        .map_err(|e| Failure::Output(e.to_string()))?;
+    let text = shared::render_json(v).map_err(|e| Failure::Output(e.to_string()))?;
     emit(&text)
 }
 
@@ -429,13 +425,12 @@ async fn connect(url: &str) -> Result<PgConnection, Failure> {
 
 /// The duration of flag `flag` (e.g. `--gap-max`) written `value`: ISO
 /// 8601 or the friendly format, read by the same checker as `tollgate`'s
-/// flags ([`tollgate_server::config::parse_duration`]).
+/// flags ([`shared::parse_duration`]).
 ///
 /// # Errors
 /// [`Failure::Usage`] naming the flag, the value and the accepted forms.
 fn flag_duration(flag: &str, value: &str) -> Result<SignedDuration, Failure> {
-    tollgate_server::config::parse_duration(value, false)
-        .map_err(|e| Failure::Usage(format!("{flag}: {e}")))
+    shared::parse_duration(value).map_err(|e| Failure::Usage(format!("{flag}: {e}")))
 }
 
 /// The sampler's settings error `e` in the terms of `run`'s flags

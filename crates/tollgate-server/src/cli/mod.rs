@@ -68,7 +68,6 @@ pub use args::{
 pub use direct::{READ_ONLY_IGNORES_POLICY, READ_ONLY_IGNORES_SECRET_FILE};
 pub use dispatch::run;
 pub use logging::init_logging;
-pub use report::JsonStyle;
 
 use crate::client::ClientError;
 use crate::config::ConfigError;
