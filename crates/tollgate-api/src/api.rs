@@ -33,7 +33,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::Response;
 use axum::{Json, Router};
-use clock::TELEMETRY_READ_MAX;
+use clock::{ClockError, TELEMETRY_READ_MAX};
 use httpkit::{IdPath, IdempotencyKey, JsonBody, OptionalJsonBody};
 use tollgate::{AccountId, AcquireRequest, Capability, LeaseId, NewAccount, StorageError};
 use utoipa::OpenApi;
@@ -194,8 +194,16 @@ async fn get_lease(
     LeaseCapability(cap): LeaseCapability,
 ) -> Result<Json<LeaseView>, ApiError> {
     // Read first, so the time remaining errs short. A clock that cannot be
-    // read leaves `expires_in` null rather than failing a read of the lease.
-    let at = s.supplied().await.ok();
+    // read leaves `expires_in` null rather than failing a read of the lease,
+    // except when its database does not answer: the store shares that
+    // database, so the answer is `storage_unavailable` at once instead of a
+    // second wait on the store (and before the capability is judged, as on
+    // every other route of the safe-cut clock).
+    let at = match s.supplied().await {
+        Ok(at) => Some(at),
+        Err(e @ ApiError::Clock(ClockError::StorageUnavailable(_))) => return Err(e),
+        Err(_) => None,
+    };
     let lease = s.store().allocator.lease(LeaseId(lease_id), &cap).await?;
     Ok(Json(LeaseView::new(lease, at)))
 }

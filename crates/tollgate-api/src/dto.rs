@@ -28,6 +28,63 @@ use tollgate::{
 };
 use utoipa::ToSchema;
 
+/// What a duration may look like, for messages.
+pub const DURATION_EXAMPLES: &str = "e.g. PT30S, PT0.000000001S, 30s, 1h 30m or 250ms";
+
+/// What an instant may look like, for messages.
+pub const INSTANT_EXAMPLES: &str =
+    "e.g. 2026-11-29T12:00:00Z or 2026-11-29T12:00:00.000000001+00:00";
+
+/// Why `s` is not a duration, in the terms of whoever wrote it (a flag, a
+/// configuration key or a JSON field prefixes its own name): the value and
+/// the accepted forms ([`DURATION_EXAMPLES`]), not the parser's own text,
+/// which speaks of its types. `allow_max` adds the keyword `max`.
+pub fn not_a_duration(s: &str, allow_max: bool) -> String {
+    let max = if allow_max { ", or max" } else { "" };
+    format!("{s:?} is not an ISO 8601 or friendly duration: write {DURATION_EXAMPLES}{max}")
+}
+
+/// Parses a duration as every command line and configuration file of
+/// Tollgate does: ISO 8601 or jiff's friendly format, surrounding spaces
+/// ignored; with `allow_max` also the keyword `max` ([`SignedDuration::MAX`]).
+///
+/// # Errors
+/// [`not_a_duration`]'s message.
+pub fn parse_duration(s: &str, allow_max: bool) -> Result<SignedDuration, String> {
+    let t = s.trim();
+    if allow_max && t.eq_ignore_ascii_case("max") {
+        return Ok(SignedDuration::MAX);
+    }
+    t.parse::<SignedDuration>()
+        .map_err(|_| not_a_duration(s, allow_max))
+}
+
+/// Parses an RFC 3339 instant with any offset and 0 to 9 fractional
+/// digits, as the JSON API and the command line read it.
+///
+/// # Errors
+/// A message naming the value: not RFC 3339 at all (with
+/// [`INSTANT_EXAMPLES`]), or well formed but outside the supported range
+/// (`Timestamp::MIN` to `Timestamp::MAX`, which it names).
+pub fn parse_instant(s: &str) -> Result<Timestamp, String> {
+    if let Ok(t) = s.parse::<Timestamp>() {
+        return Ok(t);
+    }
+    let well_formed = jiff::fmt::temporal::Pieces::parse(s)
+        .is_ok_and(|p| p.time().is_some() && p.offset().is_some());
+    if well_formed {
+        Err(format!(
+            "{s:?} is outside the supported range of instants, {} to {}",
+            Timestamp::MIN,
+            Timestamp::MAX
+        ))
+    } else {
+        Err(format!(
+            "{s:?} is not an RFC 3339 instant: write {INSTANT_EXAMPLES}"
+        ))
+    }
+}
+
 /// Serde for [`Timestamp`] as RFC 3339 (see the module docs).
 pub mod ts {
     use jiff::Timestamp;
@@ -41,8 +98,7 @@ pub mod ts {
     /// Parses RFC 3339 with any offset.
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Timestamp, D::Error> {
         let s = String::deserialize(d)?;
-        s.parse::<Timestamp>()
-            .map_err(|e| serde::de::Error::custom(format!("invalid instant {s:?}: {e}")))
+        super::parse_instant(&s).map_err(serde::de::Error::custom)
     }
 }
 
@@ -63,10 +119,9 @@ pub mod ts_opt {
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Timestamp>, D::Error> {
         match Option::<String>::deserialize(d)? {
             None => Ok(None),
-            Some(s) => s
-                .parse::<Timestamp>()
+            Some(s) => super::parse_instant(&s)
                 .map(Some)
-                .map_err(|e| serde::de::Error::custom(format!("invalid instant {s:?}: {e}"))),
+                .map_err(serde::de::Error::custom),
         }
     }
 }
@@ -85,7 +140,7 @@ pub mod dur {
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<SignedDuration, D::Error> {
         let s = String::deserialize(d)?;
         s.parse::<SignedDuration>()
-            .map_err(|e| serde::de::Error::custom(format!("invalid duration {s:?}: {e}")))
+            .map_err(|_| serde::de::Error::custom(super::not_a_duration(&s, false)))
     }
 }
 
@@ -111,7 +166,7 @@ pub mod dur_opt {
             Some(s) => s
                 .parse::<SignedDuration>()
                 .map(Some)
-                .map_err(|e| serde::de::Error::custom(format!("invalid duration {s:?}: {e}"))),
+                .map_err(|_| serde::de::Error::custom(super::not_a_duration(&s, false))),
         }
     }
 }

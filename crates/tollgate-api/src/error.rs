@@ -263,13 +263,17 @@ impl ApiError {
             | ApiError::Storage(AllocatorError::Rule(RuleError::CorruptHolding { .. })) => {
                 "the storage backend failed; the operation changed nothing".into()
             }
+            ApiError::Request(r @ Rejection::InvalidBody(_)) => {
+                without_position(&r.to_string()).to_string()
+            }
             other => other.to_string(),
         }
     }
 
     /// The level the response logs this error at: refusals by the rules
-    /// are not faults, so `time_uncertain` (the cut is uncertain: expected
-    /// while a sampler recovers) at `INFO`; the lease-write guard's
+    /// are not faults, so every `time_uncertain` (the cut is uncertain, in
+    /// the initial quarantine or after: expected while a sampler proves or
+    /// recovers) at `INFO`; the lease-write guard's
     /// refusals and a deadline beyond the horizon (`policy_mismatch`,
     /// `horizon_exceeded`, `deadline_beyond_horizon`: an operator must act)
     /// and `not_ready` at `WARN`; every other 5xx (storage, the time
@@ -277,7 +281,7 @@ impl ApiError {
     pub fn log_level(&self) -> tracing::Level {
         use tracing::Level;
         match self {
-            ApiError::TimeUncertain { .. } => Level::INFO,
+            ApiError::TimeUncertain { .. } | ApiError::Quarantined { .. } => Level::INFO,
             ApiError::NotReady(_)
             | ApiError::Storage(AllocatorError::Storage(
                 StorageError::PolicyMismatch(_) | StorageError::HorizonExceeded { .. },
@@ -341,6 +345,26 @@ impl ProblemSource for ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         httpkit::problem_response(&self)
+    }
+}
+
+/// `detail` without the JSON parser's trailing position (` at line 1
+/// column 34`): a body field's error names the field, and the client may
+/// never have seen the body as text.
+fn without_position(detail: &str) -> &str {
+    let Some((head, tail)) = detail.rsplit_once(" at line ") else {
+        return detail;
+    };
+    match tail.split_once(" column ") {
+        Some((line, column))
+            if !line.is_empty()
+                && !column.is_empty()
+                && line.bytes().all(|b| b.is_ascii_digit())
+                && column.bytes().all(|b| b.is_ascii_digit()) =>
+        {
+            head
+        }
+        _ => detail,
     }
 }
 
@@ -418,6 +442,24 @@ mod tests {
 
     /// Refusals by the rules are logged below `ERROR`; faults at `ERROR`.
     #[test]
+    fn body_details_leave_out_the_parser_position() {
+        assert_eq!(
+            without_position("ttl: \"x\" is not a duration at line 1 column 10"),
+            "ttl: \"x\" is not a duration"
+        );
+        assert_eq!(without_position("units: at line 1"), "units: at line 1");
+        assert_eq!(
+            without_position("name: at line x column 3"),
+            "name: at line x column 3"
+        );
+        let detail = ApiError::Request(Rejection::InvalidBody(
+            "missing field `units` at line 1 column 2".into(),
+        ))
+        .client_detail();
+        assert_eq!(detail, "missing field `units`");
+    }
+
+    #[test]
     fn refusals_are_not_logged_as_faults() {
         use tracing::Level;
         let uncertain = ApiError::TimeUncertain {
@@ -425,6 +467,11 @@ mod tests {
             retry_after_secs: 5,
         };
         assert_eq!(uncertain.log_level(), Level::INFO);
+        let quarantined = ApiError::Quarantined {
+            progress: "needs PT1H more trusted time".into(),
+            retry_after_secs: 5,
+        };
+        assert_eq!(quarantined.log_level(), Level::INFO);
         let mismatch = ApiError::from(StorageError::PolicyMismatch("old policy".into()));
         assert_eq!(mismatch.log_level(), Level::WARN);
         let down = ApiError::from(StorageError::Unavailable {

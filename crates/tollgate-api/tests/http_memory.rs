@@ -900,3 +900,91 @@ fn every_instant_and_duration_has_a_lossless_companion() {
         }
     }
 }
+
+/// A clock that reads `clock` until `down` is set, then fails as a safe-cut
+/// clock whose database does not answer.
+#[derive(Debug)]
+struct DatabaseDownClock {
+    clock: clock::TestClock,
+    down: std::sync::atomic::AtomicBool,
+}
+
+#[async_trait::async_trait]
+impl clock::Clock for DatabaseDownClock {
+    async fn read(&self) -> Result<clock::ClockReading, clock::ClockError> {
+        if self.down.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(clock::ClockError::StorageUnavailable(
+                "the database did not answer".into(),
+            ));
+        }
+        self.clock.read().await
+    }
+    fn kind(&self) -> clock::ClockKind {
+        clock::ClockKind::SafeCut
+    }
+}
+
+/// `GET /v1/leases/{id}` on a clock whose database does not answer is 503
+/// `storage_unavailable` from the clock's one bounded wait, without a second
+/// wait on the store (the memory store here would answer, so a 200 would
+/// show the store was asked) and before the capability is judged: a lease's
+/// own capability and another lease's both get the 503.
+#[tokio::test]
+async fn lease_show_with_the_clock_database_down_is_storage_unavailable() {
+    let store = ServiceStore::memory(
+        default_policy(),
+        tollgate::CapabilityKey::generate().expect("key"),
+    )
+    .expect("memory");
+    let clock = Arc::new(DatabaseDownClock {
+        clock: clock::TestClock::new(ts(T0)),
+        down: std::sync::atomic::AtomicBool::new(false),
+    });
+    let router = api::router(state(store, clock.clone(), Duration::from_secs(5)));
+    let created = send(
+        &router,
+        Req::post("/v1/accounts")
+            .token(ADMIN)
+            .json(json!({"name": "a"})),
+    )
+    .await;
+    let key = created.ok(201)["api_key"]
+        .as_str()
+        .expect("key")
+        .to_string();
+    send(
+        &router,
+        Req::post("/v1/accounts/1/deposits")
+            .token(ADMIN)
+            .json(json!({"units": 5})),
+    )
+    .await
+    .ok(200);
+    let mut caps = Vec::new();
+    for _ in 0..2 {
+        let grant = send(
+            &router,
+            Req::post("/v1/accounts/1/leases")
+                .token(&key)
+                .json(json!({"units": 1, "ttl": "PT30S"})),
+        )
+        .await;
+        caps.push(
+            grant.ok(201)["capability"]
+                .as_str()
+                .expect("cap")
+                .to_string(),
+        );
+    }
+    // While the clock answers, another lease's capability is refused.
+    send(&router, Req::get("/v1/leases/1").token(&caps[1]))
+        .await
+        .problem(403, "capability_mismatch");
+    clock.down.store(true, std::sync::atomic::Ordering::SeqCst);
+    send(&router, Req::get("/v1/leases/1").token(&caps[0]))
+        .await
+        .problem(503, "storage_unavailable");
+    send(&router, Req::get("/v1/leases/1").token(&caps[1]))
+        .await
+        .problem(503, "storage_unavailable");
+}

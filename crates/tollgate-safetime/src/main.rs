@@ -34,15 +34,19 @@
 //! (default 30 s: how long a one-shot command, `status`, `policy` or
 //! `evidence`, waits for a database that does not answer, then exit 1).
 //! A negative value is the value of
-//! its flag, not another flag: `--interval -1s` is refused as "interval
-//! must be positive, got -PT1S" (`run` names a setting as
-//! `SafeTimeConfig` does, e.g. `gap_max`).
+//! its flag, not another flag: `--interval -1s` is refused as "--interval
+//! must be positive, got -PT1S". Every duration flag is read by
+//! `tollgate`'s own checker: ISO 8601 (`PT30S`) or the friendly format
+//! (`30s`, `1h 30m`); anything else is refused naming the flag, the value
+//! and the accepted forms.
 //! A `run` that cannot take leadership because of such a misconfiguration
 //! does not exit: it logs "cannot take safe-time leadership" with the code
 //! and retries with back-off (up to 5 s), so it starts leading once the
 //! database is fixed.
 
 #![forbid(unsafe_code)]
+
+mod shared;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -52,7 +56,7 @@ use jiff::SignedDuration;
 use safetime::{
     DEFAULT_DRIFT_PPM, DEFAULT_GAP_MAX, DEFAULT_RECOVERY_GRACE, DEFAULT_ROUND_TRIP_MAX,
     DEFAULT_SAMPLE_INTERVAL, DEFAULT_STABLE_OBSERVATIONS_MIN, GAP_MAX_MAX, QuarantineProgress,
-    SafeTimeConfig, judge_reading,
+    SafeTimeConfig, SafeTimeConfigError, judge_reading,
 };
 use safetime_pg::sampler::{DEFAULT_RECONNECT_MAX, DEFAULT_STANDBY_POLL, Sampler, SamplerOptions};
 use safetime_pg::{EVIDENCE_MAX, SafeTimeError};
@@ -66,7 +70,8 @@ use tokio::sync::watch;
     about = "Tollgate's safe-time sampler: publishes the safe expiry cut"
 )]
 struct Cli {
-    /// PostgreSQL URL of the Tollgate database (migrated to schema 18).
+    /// PostgreSQL URL of the Tollgate database, migrated with `tollgate
+    /// migrate` (the sampler needs migration 0018, safe time, or later).
     #[arg(
         long,
         global = true,
@@ -75,14 +80,13 @@ struct Cli {
         hide_env_values = true
     )]
     database_url: Option<String>,
-    /// Log level: error, warn, info, debug, trace.
-    #[arg(
-        long,
-        global = true,
-        env = "TOLLGATE_LOG_LEVEL",
-        default_value = "info"
-    )]
-    log_level: tracing::Level,
+    /// Log level (logs go to stderr), the same setting and grammar as
+    /// `tollgate`'s: a level (`error`, `warn`, `info`, `debug`, `trace`,
+    /// `off`) or `target=level` directives (`info,safetime_pg=debug`).
+    /// Default: `info`. The former variable TOLLGATE_LOG is still read,
+    /// with a warning.
+    #[arg(long, global = true, env = "TOLLGATE_LOG_LEVEL", value_name = "LEVEL")]
+    log_level: Option<String>,
     /// Longest wait for the database of a one-shot command (`status`,
     /// `policy`, `evidence`), connection included; `run` waits as long as
     /// it runs. 1 s to 1 h.
@@ -91,9 +95,10 @@ struct Cli {
         global = true,
         env = "TOLLGATE_SAFETIME_COMMAND_TIMEOUT",
         default_value = "30s",
-        allow_hyphen_values = true
+        allow_hyphen_values = true,
+        value_name = "DURATION"
     )]
-    command_timeout: SignedDuration,
+    command_timeout: String,
     #[command(subcommand)]
     command: Command,
 }
@@ -118,10 +123,11 @@ enum Command {
         #[arg(
             long,
             env = "TOLLGATE_SAFETIME_GAP_MAX",
-            default_value_t = DEFAULT_GAP_MAX,
+            default_value_t = DEFAULT_GAP_MAX.to_string(),
             allow_hyphen_values = true,
+            value_name = "DURATION",
         )]
-        gap_max: SignedDuration,
+        gap_max: String,
         /// The samplers' drift allowance, parts per million (at most
         /// 100000): with `--recovery-grace`, what the initial quarantine's
         /// proof needs (`quarantine`); give the samplers' `run` value.
@@ -137,10 +143,11 @@ enum Command {
         #[arg(
             long,
             env = "TOLLGATE_SAFETIME_RECOVERY_GRACE",
-            default_value_t = DEFAULT_RECOVERY_GRACE,
+            default_value_t = DEFAULT_RECOVERY_GRACE.to_string(),
             allow_hyphen_values = true,
+            value_name = "DURATION",
         )]
-        recovery_grace: SignedDuration,
+        recovery_grace: String,
     },
     /// Show or seal the maximum-deadline horizon policy.
     #[command(subcommand)]
@@ -178,10 +185,11 @@ struct RunArgs {
     #[arg(
         long,
         env = "TOLLGATE_SAFETIME_INTERVAL",
-        default_value_t = DEFAULT_SAMPLE_INTERVAL,
+        default_value_t = DEFAULT_SAMPLE_INTERVAL.to_string(),
         allow_hyphen_values = true,
+        value_name = "DURATION",
     )]
-    interval: SignedDuration,
+    interval: String,
     /// Drift allowance between database and monotonic time, parts per million.
     #[arg(
         long,
@@ -195,18 +203,20 @@ struct RunArgs {
     #[arg(
         long,
         env = "TOLLGATE_SAFETIME_GAP_MAX",
-        default_value_t = DEFAULT_GAP_MAX,
+        default_value_t = DEFAULT_GAP_MAX.to_string(),
         allow_hyphen_values = true,
+        value_name = "DURATION",
     )]
-    gap_max: SignedDuration,
+    gap_max: String,
     /// Longest plausible round trip of one observation (below `--gap-max`).
     #[arg(
         long,
         env = "TOLLGATE_SAFETIME_ROUND_TRIP_MAX",
-        default_value_t = DEFAULT_ROUND_TRIP_MAX,
+        default_value_t = DEFAULT_ROUND_TRIP_MAX.to_string(),
         allow_hyphen_values = true,
+        value_name = "DURATION",
     )]
-    round_trip_max: SignedDuration,
+    round_trip_max: String,
     /// Consecutive consistent observations needed to become certain again
     /// (1..=10000).
     #[arg(
@@ -221,19 +231,21 @@ struct RunArgs {
     #[arg(
         long,
         env = "TOLLGATE_SAFETIME_RECOVERY_GRACE",
-        default_value_t = DEFAULT_RECOVERY_GRACE,
+        default_value_t = DEFAULT_RECOVERY_GRACE.to_string(),
         allow_hyphen_values = true,
+        value_name = "DURATION",
     )]
-    recovery_grace: SignedDuration,
+    recovery_grace: String,
     /// Interval between a standby's attempts to take leadership (positive,
     /// at most one hour).
     #[arg(
         long,
         env = "TOLLGATE_SAFETIME_STANDBY_POLL",
-        default_value_t = STANDBY_POLL_DEFAULT,
+        default_value_t = STANDBY_POLL_DEFAULT.to_string(),
         allow_hyphen_values = true,
+        value_name = "DURATION",
     )]
-    standby_poll: SignedDuration,
+    standby_poll: String,
 }
 
 /// The largest `--standby-poll`: a standby that polls less often than
@@ -271,26 +283,9 @@ fn main() -> ExitCode {
             };
         }
     };
-    {
-        use tracing_subscriber::prelude::*;
-        // sqlx warns about a connection-URL parameter it does not know with
-        // the parameter's value (`?sslpassword=...`), so its URL parser logs
-        // errors only.
-        let filter = tracing_subscriber::filter::Targets::new()
-            .with_default(cli.log_level)
-            .with_target("sqlx_postgres::options::parse", tracing::Level::ERROR);
-        let layer = tracing_subscriber::fmt::layer()
-            .with_writer(std::io::stderr)
-            // A log that cannot be written (a full disk, a closed pipe) is
-            // dropped: the default would report it with `eprintln!`, which
-            // panics on that same stderr and would kill the sampler.
-            .log_internal_errors(false)
-            .with_ansi(false);
-        tracing_subscriber::registry()
-            .with(filter)
-            .with(layer)
-            .init();
-    }
+    // One logging setup for both binaries: the same variable, grammar,
+    // deprecated alias and quieting of sqlx's routine lines.
+    shared::init_logging(cli.log_level.clone(), tracing::Level::INFO);
     let Some(url) = cli.database_url.clone() else {
         say(format_args!(
             "tollgate-safetime: --database-url (or TOLLGATE_DATABASE_URL) is required"
@@ -309,12 +304,19 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let bound = match Duration::try_from(cli.command_timeout) {
+    let command_timeout = match flag_duration("--command-timeout", &cli.command_timeout) {
+        Ok(d) => d,
+        Err(Failure::Usage(msg)) => {
+            say(format_args!("tollgate-safetime: {msg}"));
+            return ExitCode::from(2);
+        }
+        Err(_) => return ExitCode::from(2),
+    };
+    let bound = match Duration::try_from(command_timeout) {
         Ok(d) if (Duration::from_secs(1)..=Duration::from_secs(3_600)).contains(&d) => d,
         _ => {
             say(format_args!(
-                "tollgate-safetime: --command-timeout must be in 1s..=1h, got {}",
-                cli.command_timeout
+                "tollgate-safetime: --command-timeout must be in 1s..=1h, got {command_timeout}"
             ));
             return ExitCode::from(2);
         }
@@ -328,8 +330,7 @@ fn main() -> ExitCode {
                 .await
                 .unwrap_or_else(|_| {
                     Err(Failure::SafeTime(SafeTimeError::Backend(format!(
-                        "the database did not answer within {}",
-                        cli.command_timeout
+                        "the database did not answer within {command_timeout}"
                     ))))
                 })
         } else {
@@ -371,6 +372,14 @@ fn say(args: std::fmt::Arguments<'_>) {
 /// Writes one line of output to standard output. A reader that went away
 /// (broken pipe) ends the command quietly; any other write failure (a full
 /// disk) is an error, so lost output never exits 0.
+/// Prints `v` as `tollgate` prints a result
+/// ([`shared::render_json`]): indented on a terminal, one line
+/// otherwise (a pipe or a file gets one JSON document per line).
+fn emit_json(v: &serde_json::Value) -> Result<(), Failure> {
+    let text = shared::render_json(v).map_err(|e| Failure::Output(e.to_string()))?;
+    emit(&text)
+}
+
 fn emit(line: &str) -> Result<(), Failure> {
     use std::io::Write as _;
     let mut out = std::io::stdout().lock();
@@ -414,6 +423,47 @@ async fn connect(url: &str) -> Result<PgConnection, Failure> {
     })
 }
 
+/// The duration of flag `flag` (e.g. `--gap-max`) written `value`: ISO
+/// 8601 or the friendly format, read by the same checker as `tollgate`'s
+/// flags ([`shared::parse_duration`]).
+///
+/// # Errors
+/// [`Failure::Usage`] naming the flag, the value and the accepted forms.
+fn flag_duration(flag: &str, value: &str) -> Result<SignedDuration, Failure> {
+    shared::parse_duration(value).map_err(|e| Failure::Usage(format!("{flag}: {e}")))
+}
+
+/// The sampler's settings error `e` in the terms of `run`'s flags
+/// (`gap_max` is `--gap-max`, `stable_observations_min` is
+/// `--stable-observations`).
+fn run_flags_error(e: &SafeTimeConfigError) -> String {
+    let flag = |name: &str| format!("--{}", name.replace('_', "-"));
+    match e {
+        SafeTimeConfigError::DriftTooLarge { got, max } => {
+            format!("--drift-ppm must be at most {max}, got {got}")
+        }
+        SafeTimeConfigError::NonPositive { name, got } => {
+            format!("{} must be positive, got {got}", flag(name))
+        }
+        SafeTimeConfigError::TooLong { name, got, max } => {
+            format!("{} must be at most {max}, got {got}", flag(name))
+        }
+        SafeTimeConfigError::TooManyStableObservations { got, max } => {
+            format!("--stable-observations must be at most {max}, got {got}")
+        }
+        SafeTimeConfigError::RoundTripNotBelowGap {
+            round_trip_max,
+            gap_max,
+        } => format!("--round-trip-max ({round_trip_max}) must be below --gap-max ({gap_max})"),
+        SafeTimeConfigError::IntervalNotBelowGap { interval, gap_max } => {
+            format!("--interval ({interval}) must be below --gap-max ({gap_max})")
+        }
+        SafeTimeConfigError::NoStableObservations => {
+            "--stable-observations must be at least 1".to_string()
+        }
+    }
+}
+
 fn std_duration(name: &str, d: SignedDuration) -> Result<Duration, Failure> {
     Duration::try_from(d)
         .ok()
@@ -429,6 +479,8 @@ async fn dispatch(command: Command, url: &str) -> Result<ExitCode, Failure> {
             drift_ppm,
             recovery_grace,
         } => {
+            let gap_max = flag_duration("--gap-max", &gap_max)?;
+            let recovery_grace = flag_duration("--recovery-grace", &recovery_grace)?;
             if gap_max <= SignedDuration::ZERO {
                 return Err(Failure::Usage(format!(
                     "--gap-max must be positive, got {gap_max}"
@@ -453,7 +505,7 @@ async fn dispatch(command: Command, url: &str) -> Result<ExitCode, Failure> {
                 DEFAULT_STABLE_OBSERVATIONS_MIN,
                 recovery_grace,
             )
-            .map_err(|e| Failure::Usage(format!("--drift-ppm or --recovery-grace: {e}")))?;
+            .map_err(|e| Failure::Usage(run_flags_error(&e)))?;
             let mut c = connect(url).await?;
             let row = safetime_pg::read_cut(&mut c).await?;
             let json = match row {
@@ -473,14 +525,19 @@ async fn dispatch(command: Command, url: &str) -> Result<ExitCode, Failure> {
                     serde_json::json!({
                     "epoch": r.epoch,
                     "cut": r.cut.to_string(),
+                    "cut_ns": r.cut.as_nanosecond().to_string(),
                     "certain": judged.is_none(),
                     "uncertain_reason": judged.map(|u| u.code()),
                     "published_reason": r.uncertain.map(|u| u.code()),
                     "gap_max": gap_max.to_string(),
+                    "gap_max_ns": gap_max.as_nanos().to_string(),
                     "quarantined": r.quarantined,
                     "publish_seq": r.publish_seq,
                     "published_at": r.published_at.to_string(),
+                    "published_at_ns": r.published_at.as_nanosecond().to_string(),
                     "database_time": r.db_now.to_string(),
+                    "database_time_ns": r.db_now.as_nanosecond().to_string(),
+                    "cut_lag": r.lag().to_string(),
                     "cut_lag_ns": r.lag().as_nanos().to_string(),
                     "policy_version": r.policy.version(),
                     "horizon_ms": r.policy.horizon_ms(),
@@ -489,13 +546,15 @@ async fn dispatch(command: Command, url: &str) -> Result<ExitCode, Failure> {
                     })
                 }
             };
-            emit(&json.to_string())?;
+            emit_json(&json)?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Policy(PolicyCommand::Show) => {
             let mut c = connect(url).await?;
             let p = safetime_pg::load_policy(&mut c).await?;
-            emit(&serde_json::json!({ "version": p.version(), "horizon_ms": p.horizon_ms(), "digest": p.digest() }).to_string())?;
+            emit_json(
+                &serde_json::json!({ "version": p.version(), "horizon_ms": p.horizon_ms(), "digest": p.digest() }),
+            )?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Policy(PolicyCommand::Seal {
@@ -505,7 +564,9 @@ async fn dispatch(command: Command, url: &str) -> Result<ExitCode, Failure> {
             check_seal(horizon_ms, &sealed_by)?;
             let mut c = connect(url).await?;
             let p = safetime_pg::seal_policy(&mut c, horizon_ms, &sealed_by).await?;
-            emit(&serde_json::json!({ "version": p.version(), "horizon_ms": p.horizon_ms(), "digest": p.digest() }).to_string())?;
+            emit_json(
+                &serde_json::json!({ "version": p.version(), "horizon_ms": p.horizon_ms(), "digest": p.digest() }),
+            )?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Evidence { limit } => {
@@ -516,12 +577,46 @@ async fn dispatch(command: Command, url: &str) -> Result<ExitCode, Failure> {
             }
             let mut c = connect(url).await?;
             for e in safetime_pg::evidence(&mut c, limit).await? {
-                let detail: serde_json::Value = serde_json::from_str(&e.detail)
+                let mut detail: serde_json::Value = serde_json::from_str(&e.detail)
                     .unwrap_or(serde_json::Value::String(e.detail.clone()));
-                emit(&serde_json::json!({ "evidence_id": e.evidence_id, "kind": e.kind, "epoch": e.epoch, "detail": detail }).to_string())?;
+                evidence_instants(&mut detail);
+                emit_json(
+                    &serde_json::json!({ "evidence_id": e.evidence_id, "kind": e.kind, "epoch": e.epoch, "detail": detail }),
+                )?;
             }
             Ok(ExitCode::SUCCESS)
         }
+    }
+}
+
+/// Rewrites the instants of an evidence row's `detail` (as PostgreSQL
+/// wrote them, `2026-12-01T15:25:09.43013+00:00`) in the form of every
+/// other instant Tollgate prints, UTC with `Z`, each with its lossless
+/// `_ns` companion (nanoseconds since the Unix epoch, a decimal string).
+/// An instant is a string member named `cut` or ending in `_at` or `_time`
+/// that parses as RFC 3339, at any depth; everything else is left as is.
+fn evidence_instants(v: &mut serde_json::Value) {
+    match v {
+        serde_json::Value::Object(map) => {
+            let mut companions = Vec::new();
+            for (key, member) in map.iter_mut() {
+                let named = key == "cut" || key.ends_with("_at") || key.ends_with("_time");
+                match member {
+                    serde_json::Value::String(text) if named => {
+                        if let Ok(t) = text.parse::<jiff::Timestamp>() {
+                            *text = t.to_string();
+                            companions.push((format!("{key}_ns"), t.as_nanosecond().to_string()));
+                        }
+                    }
+                    other => evidence_instants(other),
+                }
+            }
+            for (key, ns) in companions {
+                map.entry(key).or_insert(serde_json::Value::String(ns));
+            }
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(evidence_instants),
+        _ => {}
     }
 }
 
@@ -586,6 +681,7 @@ fn quarantine_json(q: &QuarantineProgress, proof_started_at: jiff::Timestamp) ->
         "observed_ns": q.observed.as_nanos().to_string(),
         "drift_ppm": q.drift_ppm,
         "proof_started_at": proof_started_at.to_string(),
+        "proof_started_at_ns": proof_started_at.as_nanosecond().to_string(),
         "hint": format!(
             "{q}. To shorten it safely: stop every sampler, seal a shorter horizon (at least \
              the service's max_ttl + reclaim_grace + --safetime-gap-max, and no shorter than \
@@ -600,16 +696,16 @@ fn quarantine_json(q: &QuarantineProgress, proof_started_at: jiff::Timestamp) ->
 async fn run(args: RunArgs, url: &str) -> Result<ExitCode, Failure> {
     let config = SafeTimeConfig::new(
         args.drift_ppm,
-        args.interval,
-        args.gap_max,
-        args.round_trip_max,
+        flag_duration("--interval", &args.interval)?,
+        flag_duration("--gap-max", &args.gap_max)?,
+        flag_duration("--round-trip-max", &args.round_trip_max)?,
         args.stable_observations,
-        args.recovery_grace,
+        flag_duration("--recovery-grace", &args.recovery_grace)?,
     )
-    .map_err(|e| Failure::Usage(e.to_string()))?;
+    .map_err(|e| Failure::Usage(run_flags_error(&e)))?;
     let options = SamplerOptions {
         config,
-        standby_poll: standby_poll(args.standby_poll)?,
+        standby_poll: standby_poll(flag_duration("--standby-poll", &args.standby_poll)?)?,
         reconnect_max: DEFAULT_RECONNECT_MAX,
     };
     let sampler = Sampler::new(url, options)?;
@@ -658,6 +754,33 @@ mod tests {
 
     /// `policy seal` bounds its horizon and refuses control characters in
     /// `--sealed-by`, naming the flag and the value.
+    #[test]
+    fn evidence_instants_are_z_with_ns_companions() {
+        let mut detail = serde_json::json!({
+            "database_time": "2026-12-01T15:25:09.43013+00:00",
+            "proof_started_at": "2026-12-01T16:25:09.000001+01:00",
+            "cut": "database_time",
+            "sealed_by": "2026-12-01T15:25:09Z",
+            "nested": [{"database_time": "2026-12-01T15:25:09+00:00"}],
+        });
+        evidence_instants(&mut detail);
+        assert_eq!(
+            detail,
+            serde_json::json!({
+                "database_time": "2026-12-01T15:25:09.43013Z",
+                "database_time_ns": "1796138709430130000",
+                "proof_started_at": "2026-12-01T15:25:09.000001Z",
+                "proof_started_at_ns": "1796138709000001000",
+                "cut": "database_time",
+                "sealed_by": "2026-12-01T15:25:09Z",
+                "nested": [{
+                    "database_time": "2026-12-01T15:25:09Z",
+                    "database_time_ns": "1796138709000000000",
+                }],
+            })
+        );
+    }
+
     #[test]
     fn seal_bounds() {
         assert!(check_seal(1, "ops: alice").is_ok());

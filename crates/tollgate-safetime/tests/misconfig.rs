@@ -333,7 +333,8 @@ const NOWHERE: &str = "postgres://nobody@127.0.0.1:1/none";
 
 /// A negative duration or count is the value of its flag (clap does not
 /// take `-1s` for a flag) and reaches the command's own check: exit 2 with
-/// the value in ISO 8601; an unsigned count gets clap's range message.
+/// the flag and the value in ISO 8601; an unsigned count gets clap's range
+/// message.
 #[test]
 fn negative_values_reach_the_checks_and_exit_2() {
     let cases: &[(&[&str], &str)] = &[
@@ -343,19 +344,19 @@ fn negative_values_reach_the_checks_and_exit_2() {
         ),
         (
             &["run", "--interval", "-1s"],
-            "tollgate-safetime: interval must be positive, got -PT1S",
+            "tollgate-safetime: --interval must be positive, got -PT1S",
         ),
         (
             &["run", "--gap-max", "-1s"],
-            "tollgate-safetime: gap_max must be positive, got -PT1S",
+            "tollgate-safetime: --gap-max must be positive, got -PT1S",
         ),
         (
             &["run", "--round-trip-max", "-PT1S"],
-            "tollgate-safetime: round_trip_max must be positive, got -PT1S",
+            "tollgate-safetime: --round-trip-max must be positive, got -PT1S",
         ),
         (
             &["run", "--recovery-grace", "-1ns"],
-            "tollgate-safetime: recovery_grace must be positive, got -PT0.000000001S",
+            "tollgate-safetime: --recovery-grace must be positive, got -PT0.000000001S",
         ),
         (
             &["run", "--standby-poll", "-1s"],
@@ -403,19 +404,19 @@ fn upper_bounds_exit_2_before_connecting() {
         ),
         (
             &["run", "--gap-max", "1000000000000s"],
-            "tollgate-safetime: gap_max must be at most PT1H, got PT277777777H46M40S",
+            "tollgate-safetime: --gap-max must be at most PT1H, got PT277777777H46M40S",
         ),
         (
             &["run", "--recovery-grace", "10000000000000s"],
-            "tollgate-safetime: recovery_grace must be at most PT1H, got PT2777777777H46M40S",
+            "tollgate-safetime: --recovery-grace must be at most PT1H, got PT2777777777H46M40S",
         ),
         (
             &["run", "--stable-observations", "4294967295"],
-            "tollgate-safetime: stable_observations_min must be at most 10000, got 4294967295",
+            "tollgate-safetime: --stable-observations must be at most 10000, got 4294967295",
         ),
         (
             &["run", "--stable-observations", "10001"],
-            "tollgate-safetime: stable_observations_min must be at most 10000, got 10001",
+            "tollgate-safetime: --stable-observations must be at most 10000, got 10001",
         ),
         (
             &["evidence", "--limit", "0"],
@@ -544,4 +545,155 @@ fn a_silent_database_does_not_hang_a_command() {
         )
     );
     drop(silent);
+}
+
+/// Runs `tollgate-safetime status` with no database URL and the log
+/// environment `env`, returning its exit code and standard error.
+fn status_with_log_env(env: &[(&str, &str)]) -> (Option<i32>, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tollgate-safetime"));
+    cmd.arg("status")
+        .env_remove("TOLLGATE_DATABASE_URL")
+        .env_remove("TOLLGATE_LOG_LEVEL")
+        .env_remove("TOLLGATE_LOG")
+        .stdin(Stdio::null());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("run tollgate-safetime");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).trim_end().to_string(),
+    )
+}
+
+/// The log setting has `tollgate`'s grammar and alias: directives and `off`
+/// are accepted (the command goes on to its own check, here the missing
+/// URL, exit 2), a value that is neither is warned about and the default
+/// applies, and the former `TOLLGATE_LOG` is read with the same
+/// deprecation warning `tollgate` prints.
+#[test]
+fn the_log_setting_has_the_grammar_and_alias_of_tollgate() {
+    let missing = "tollgate-safetime: --database-url (or TOLLGATE_DATABASE_URL) is required";
+    for spec in ["info,tollgate_pg=debug", "off", "warn", "safetime_pg=trace"] {
+        assert_eq!(
+            status_with_log_env(&[("TOLLGATE_LOG_LEVEL", spec)]),
+            (Some(2), missing.to_string()),
+            "{spec}"
+        );
+    }
+    assert_eq!(
+        status_with_log_env(&[("TOLLGATE_LOG_LEVEL", "loud")]),
+        (
+            Some(2),
+            format!(
+                "warning: --log-level (or TOLLGATE_LOG_LEVEL) \"loud\" is neither a level \
+                 (error, warn, info, debug, trace, off) nor target=level directives; \
+                 logging at info\n{missing}"
+            )
+        )
+    );
+    assert_eq!(
+        status_with_log_env(&[("TOLLGATE_LOG", "debug")]),
+        (
+            Some(2),
+            format!(
+                "warning: TOLLGATE_LOG is deprecated; set TOLLGATE_LOG_LEVEL (or \
+                 --log-level) instead, the name both tollgate and tollgate-safetime read\n\
+                 {missing}"
+            )
+        )
+    );
+}
+
+/// A duration that is neither ISO 8601 nor the friendly format is refused
+/// in the flag's terms with the accepted forms, by the same checker and in
+/// the same words as `tollgate`'s (`--ttl: ...`), for every duration flag
+/// and before connecting; no parser internals leak.
+#[test]
+fn unreadable_durations_are_refused_in_the_flags_terms() {
+    let forms = "is not an ISO 8601 or friendly duration: write e.g. PT30S, PT0.000000001S, \
+                 30s, 1h 30m or 250ms";
+    let cases: &[(&[&str], &str, &str)] = &[
+        (
+            &["run", "--gap-max", "10 parsecs"],
+            "--gap-max",
+            "10 parsecs",
+        ),
+        (&["run", "--interval", ""], "--interval", ""),
+        (
+            &["run", "--round-trip-max", "soon"],
+            "--round-trip-max",
+            "soon",
+        ),
+        (
+            &["run", "--recovery-grace", "5 sec later"],
+            "--recovery-grace",
+            "5 sec later",
+        ),
+        (
+            &["run", "--standby-poll", "often"],
+            "--standby-poll",
+            "often",
+        ),
+        (
+            &["status", "--gap-max", "10 parsecs"],
+            "--gap-max",
+            "10 parsecs",
+        ),
+        (
+            &["status", "--recovery-grace", "x"],
+            "--recovery-grace",
+            "x",
+        ),
+        (
+            &["status", "--command-timeout", "forever"],
+            "--command-timeout",
+            "forever",
+        ),
+    ];
+    for (args, flag, value) in cases {
+        check(
+            NOWHERE,
+            args,
+            2,
+            &format!("tollgate-safetime: {flag}: {value:?} {forms}"),
+        );
+    }
+    // Settings judged together are named by their flags too.
+    check(
+        NOWHERE,
+        &["run", "--interval", "10s", "--gap-max", "5s"],
+        2,
+        "tollgate-safetime: --interval (PT10S) must be below --gap-max (PT5S)",
+    );
+    check(
+        NOWHERE,
+        &["run", "--drift-ppm", "100001"],
+        2,
+        "tollgate-safetime: --drift-ppm must be at most 100000, got 100001",
+    );
+}
+
+/// The help names the migration the sampler needs, not a schema version
+/// that later migrations outdate.
+#[test]
+fn the_help_names_the_migration_the_sampler_needs() {
+    let out = Command::new(env!("CARGO_BIN_EXE_tollgate-safetime"))
+        .arg("--help")
+        .env_clear()
+        .output()
+        .expect("run tollgate-safetime");
+    assert_eq!(out.status.code(), Some(0));
+    let help = String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    assert!(
+        help.contains(
+            "PostgreSQL URL of the Tollgate database, migrated with `tollgate migrate` (the \
+             sampler needs migration 0018, safe time, or later)"
+        ),
+        "{help}"
+    );
+    assert!(!help.contains("schema 18"), "{help}");
 }

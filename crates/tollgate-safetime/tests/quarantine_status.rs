@@ -40,6 +40,33 @@ fn status(url: &str) -> Value {
     serde_json::from_slice(&out.stdout).expect("status JSON")
 }
 
+/// `tollgate-safetime policy show` with standard output on a terminal (a
+/// pseudo-terminal of `script`) or on a pipe: its raw output.
+fn policy_show(url: &str, terminal: bool) -> String {
+    let bin = env!("CARGO_BIN_EXE_tollgate-safetime");
+    let mut cmd = if terminal {
+        let mut c = std::process::Command::new("script");
+        c.args([
+            "-qec",
+            &format!("'{bin}' policy show --database-url '{url}'"),
+            "/dev/null",
+        ]);
+        c
+    } else {
+        let mut c = std::process::Command::new(bin);
+        c.args(["policy", "show", "--database-url", url]);
+        c
+    };
+    let out = cmd.output().expect("run tollgate-safetime policy show");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).replace("\r\n", "\n")
+}
+
 fn ns(v: &Value) -> i128 {
     v.as_str()
         .and_then(|s| s.parse().ok())
@@ -66,6 +93,19 @@ async fn status_reports_the_quarantine_progress() {
         .await
         .unwrap();
 
+    // Results print as `tollgate` prints them: indented on a terminal, one
+    // line on a pipe, the same document either way.
+    let pretty = policy_show(db.url(), true);
+    let line = policy_show(db.url(), false);
+    assert_eq!(line.lines().count(), 1, "{line}");
+    assert_eq!(pretty.lines().count(), 5, "{pretty}");
+    let doc: Value = serde_json::from_str(&line).expect("policy JSON");
+    assert_eq!(doc["horizon_ms"], 3_600_000, "{doc}");
+    assert_eq!(
+        serde_json::from_str::<Value>(&pretty).expect("policy JSON"),
+        doc
+    );
+
     // Before any sampler: no row, no quarantine member at all.
     let before = status(db.url());
     assert_eq!(before["uncertain_reason"], "no_cut", "{before}");
@@ -75,6 +115,32 @@ async fn status_reports_the_quarantine_progress() {
     w.until(30, "the quarantined cut", |r| r.epoch == 1 && r.quarantined)
         .await;
     let st = status(db.url());
+    // Every instant and duration has its lossless companion, and each
+    // instant is UTC with `Z`.
+    for key in ["cut", "published_at", "database_time"] {
+        let text = st[key].as_str().expect(key);
+        assert!(text.ends_with('Z'), "{key}: {text}");
+        let t: Timestamp = text.parse().expect(key);
+        assert_eq!(
+            ns(&st[format!("{key}_ns").as_str()]),
+            t.as_nanosecond(),
+            "{key}"
+        );
+    }
+    for key in ["cut_lag", "gap_max"] {
+        let d: SignedDuration = st[key].as_str().expect(key).parse().expect(key);
+        assert_eq!(ns(&st[format!("{key}_ns").as_str()]), d.as_nanos(), "{key}");
+    }
+    assert_eq!(st["gap_max_ns"], "2000000000", "{st}");
+    let started: Timestamp = st["quarantine"]["proof_started_at"]
+        .as_str()
+        .expect("proof_started_at")
+        .parse()
+        .expect("instant");
+    assert_eq!(
+        ns(&st["quarantine"]["proof_started_at_ns"]),
+        started.as_nanosecond()
+    );
     assert_eq!(
         (
             &st["quarantined"],

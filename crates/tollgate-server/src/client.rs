@@ -42,6 +42,18 @@ pub enum ClientError {
         /// What is wrong with it.
         reason: String,
     },
+    /// The credential cannot be a bearer token: empty, or with a character
+    /// outside printable ASCII (a usage error, exit 2). The value itself is
+    /// not repeated.
+    #[error(
+        "--token (or TOLLGATE_TOKEN; aliases --api-key and --capability) {reason}: admin \
+         tokens, API keys and capabilities are printable ASCII without spaces; copy it again \
+         from the answer that issued it"
+    )]
+    BadToken {
+        /// What is wrong with it.
+        reason: String,
+    },
     /// Nothing answered at the server's URL (refused, unresolvable host,
     /// timed out).
     #[error(
@@ -78,6 +90,30 @@ fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
     cause.to_string()
 }
 
+/// Whether `token` can be sent as `Authorization: Bearer <token>`: not
+/// empty, every character printable ASCII other than a space.
+///
+/// # Errors
+/// [`ClientError::BadToken`] naming the first offending character by its
+/// position (1-based), not the token.
+fn check_token(token: &str) -> Result<(), ClientError> {
+    if token.is_empty() {
+        return Err(ClientError::BadToken {
+            reason: "is empty".into(),
+        });
+    }
+    match token.chars().position(|c| !c.is_ascii_graphic()) {
+        None => Ok(()),
+        Some(i) => Err(ClientError::BadToken {
+            reason: format!(
+                "has a character that is not printable ASCII (character {} of {})",
+                i + 1,
+                token.chars().count()
+            ),
+        }),
+    }
+}
+
 /// The client; see the module docs.
 #[derive(Debug, Clone)]
 pub struct Client {
@@ -106,6 +142,9 @@ impl Client {
         }
         if base.host_str().is_none_or(str::is_empty) {
             return Err(bad("has no host".into()));
+        }
+        if let Some(t) = &token {
+            check_token(t)?;
         }
         let http = reqwest::Client::builder()
             .timeout(CLIENT_TIMEOUT)

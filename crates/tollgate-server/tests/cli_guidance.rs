@@ -117,6 +117,11 @@ fn durations_and_instants_are_refused_in_the_flags_terms() {
              2026-11-29T12:00:00Z or 2026-11-29T12:00:00.000000001+00:00\n",
         ),
         (
+            vec!["clock", "set", "9999-12-31T23:59:59.999999999Z"],
+            "error: clock set: \"9999-12-31T23:59:59.999999999Z\" is outside the supported \
+             range of instants, -009999-01-02T01:59:59Z to 9999-12-30T22:00:00.999999999Z\n",
+        ),
+        (
             vec!["reclaim", "--loop", "--interval", "often"],
             "error: --interval: \"often\" is not an ISO 8601 or friendly duration: write e.g. \
              PT30S, PT0.000000001S, 30s, 1h 30m or 250ms\n",
@@ -128,6 +133,89 @@ fn durations_and_instants_are_refused_in_the_flags_terms() {
         assert_eq!(out.status.code(), Some(2), "{all:?}: {}", stderr(&out));
         assert_eq!(stderr(&out), message, "{all:?}");
         assert!(!stderr(&out).contains("jiff"), "{all:?}");
+    }
+}
+
+/// What the service would refuse is refused by the CLI first (exit 2,
+/// nothing sent; the server here does not exist): a credential that cannot
+/// be a bearer token (not repeated in the message), an id that is not in
+/// canonical decimal (the service's own rule for path ids), and an account
+/// name outside the core's bound.
+#[test]
+fn malformed_credentials_ids_and_names_are_usage_errors() {
+    let server = format!("http://127.0.0.1:{}", closed_port());
+    let id = |raw: &str, arg: &str| {
+        format!(
+            "error: invalid value '{raw}' for '{arg}': \"{raw}\" is not a positive integer in \
+             canonical decimal (1..=9223372036854775807, no sign or leading zero)\n\n\
+             For more information, try '--help'.\n"
+        )
+    };
+    let long_name = "n".repeat(100_000);
+    for (args, message) in [
+        (
+            vec![
+                "lease",
+                "renew",
+                "1",
+                "--ttl",
+                "1s",
+                "--capability",
+                "tgc1.\u{fc}",
+            ],
+            "error: --token (or TOLLGATE_TOKEN; aliases --api-key and --capability) has a \
+             character that is not printable ASCII (character 6 of 6): admin tokens, API keys \
+             and capabilities are printable ASCII without spaces; copy it again from the answer \
+             that issued it\n"
+                .to_string(),
+        ),
+        (
+            vec!["account", "show", "1", "--api-key", "tga1 x"],
+            "error: --token (or TOLLGATE_TOKEN; aliases --api-key and --capability) has a \
+             character that is not printable ASCII (character 5 of 6): admin tokens, API keys \
+             and capabilities are printable ASCII without spaces; copy it again from the answer \
+             that issued it\n"
+                .to_string(),
+        ),
+        (
+            vec!["account", "show", "01", "--token", ADMIN],
+            id("01", "<ACCOUNT_ID>"),
+        ),
+        (
+            vec!["lease", "show", "+1", "--token", ADMIN],
+            id("+1", "<LEASE_ID>"),
+        ),
+        (
+            vec!["account", "deposit", "0", "--units", "1", "--token", ADMIN],
+            id("0", "<ACCOUNT_ID>"),
+        ),
+        (
+            vec![
+                "account",
+                "create",
+                "--name",
+                long_name.as_str(),
+                "--token",
+                ADMIN,
+            ],
+            "error: --name: account name must be 1..=200 characters without control \
+             characters\n"
+                .to_string(),
+        ),
+        (
+            vec!["account", "create", "--name", "a\u{7}b", "--token", ADMIN],
+            "error: --name: account name must be 1..=200 characters without control \
+             characters\n"
+                .to_string(),
+        ),
+    ] {
+        let mut all = args.clone();
+        all.extend(["--server", server.as_str()]);
+        let out = run(&all);
+        let shown: Vec<String> = all.iter().map(|a| a.chars().take(40).collect()).collect();
+        assert_eq!(out.status.code(), Some(2), "{shown:?}: {}", stderr(&out));
+        assert_eq!(stderr(&out), message, "{shown:?}");
+        assert_eq!(out.stdout, b"", "{shown:?}");
     }
 }
 

@@ -3,8 +3,11 @@
 //! readiness probe's) with the documented code, whatever its route or
 //! clock: `/readyz` 503 `not_ready`, status 200 reporting the store
 //! unreachable, and every other request 503 `storage_unavailable`, on the
-//! system clock and on the safe-cut clock alike. A dedicated PostgreSQL
-//! server is started, used, then stopped by the test.
+//! system clock and on the safe-cut clock alike (`GET /v1/leases/{id}`
+//! included, with one wait: on the safe-cut clock a clock read that finds
+//! the database down answers at once, even for another lease's capability;
+//! on the system clock that capability is refused, 403, without storage).
+//! A dedicated PostgreSQL server is started, used, then stopped by the test.
 
 mod common;
 
@@ -76,6 +79,7 @@ async fn answered(h: &Harness, req: Req, what: &str) -> Resp {
 /// makes an account and a lease, stops the server, and checks every
 /// answer.
 async fn every_request_answers_with_the_database_down(clock: ClockKind) {
+    let clock_kind = clock;
     let mut server = PgServer::start_dedicated().expect("dedicated PostgreSQL server");
     let db = server.fresh_database().await;
     let url = db.url().to_string();
@@ -131,6 +135,17 @@ async fn every_request_answers_with_the_database_down(clock: ClockKind) {
         .as_str()
         .expect("capability")
         .to_string();
+    let other = h
+        .send(
+            Req::post("/v1/accounts/1/leases")
+                .token(&key)
+                .json(json!({"units": 1, "ttl": "PT50S"})),
+        )
+        .await;
+    let other_cap = other.ok(201)["capability"]
+        .as_str()
+        .expect("capability")
+        .to_string();
 
     server.stop().expect("stop the server");
 
@@ -179,6 +194,10 @@ async fn every_request_answers_with_the_database_down(clock: ClockKind) {
         ),
         ("reclaim", Req::post("/v1/admin/reclaim").token(ADMIN)),
         ("audit", Req::get("/v1/admin/audit").token(ADMIN)),
+        (
+            "lease show, another lease's capability",
+            Req::get("/v1/leases/1").token(&other_cap),
+        ),
     ];
     let mut codes: Vec<(&str, u16, Value)> = Vec::new();
     for (what, req) in requests {
@@ -198,6 +217,23 @@ async fn every_request_answers_with_the_database_down(clock: ClockKind) {
     ]
     .into_iter()
     .map(|w| (w, 503, json!("storage_unavailable")))
+    .chain([(
+        "lease show, another lease's capability",
+        // The safe-cut clock reads the database first, so the answer is
+        // its 503; the system clock needs no storage to see that the
+        // capability is not this lease's, so it is refused as any request
+        // with the wrong credential is.
+        if clock_kind == ClockKind::SafeCut {
+            503
+        } else {
+            403
+        },
+        if clock_kind == ClockKind::SafeCut {
+            json!("storage_unavailable")
+        } else {
+            json!("capability_mismatch")
+        },
+    )])
     .collect();
     assert_eq!(codes, expected);
 }

@@ -33,6 +33,12 @@ pub(crate) const DATABASE_URL_HELP_SERVE: &str =
 /// What `--database-url` means for `status`, `audit` and `reclaim`.
 pub(crate) const DATABASE_URL_HELP_OPS: &str = "PostgreSQL URL (also DATABASE_URL): run against \
      the database directly; absent: ask the service at --server over HTTP";
+/// What `--max-ttl` and `--reclaim-grace` mean for `status` and `audit`.
+pub(crate) const READ_ONLY_POLICY_HELP: &str = "Not needed: a direct status or audit only reads, \
+     with the policy recorded in the database (a different value is ignored, with a warning)";
+/// What `--secret-file` means for `status` and `audit`.
+pub(crate) const READ_ONLY_SECRET_FILE_HELP: &str = "Not needed: a direct status or audit checks \
+     no capability (the file is not read; given, it is ignored with a warning)";
 /// What `--database-url` means for `migrate` and `policy`.
 pub(crate) const DATABASE_URL_HELP_REQUIRED: &str = "PostgreSQL URL (also DATABASE_URL); required";
 
@@ -73,10 +79,20 @@ pub enum Command {
     #[command(mut_arg("database_url", |a| a.help(DATABASE_URL_HELP_REQUIRED)))]
     Migrate(MigrateArgs),
     /// Schema version, readiness, counts of active leases and legacy bounds.
-    #[command(mut_arg("database_url", |a| a.help(DATABASE_URL_HELP_OPS)))]
+    #[command(
+        mut_arg("database_url", |a| a.help(DATABASE_URL_HELP_OPS)),
+        mut_arg("max_ttl", |a| a.help(READ_ONLY_POLICY_HELP)),
+        mut_arg("reclaim_grace", |a| a.help(READ_ONLY_POLICY_HELP)),
+        mut_arg("secret_file", |a| a.help(READ_ONLY_SECRET_FILE_HELP))
+    )]
     Status(OpsArgs),
     /// Recompute every account from the ledger; exit 1 on any violation.
-    #[command(mut_arg("database_url", |a| a.help(DATABASE_URL_HELP_OPS)))]
+    #[command(
+        mut_arg("database_url", |a| a.help(DATABASE_URL_HELP_OPS)),
+        mut_arg("max_ttl", |a| a.help(READ_ONLY_POLICY_HELP)),
+        mut_arg("reclaim_grace", |a| a.help(READ_ONLY_POLICY_HELP)),
+        mut_arg("secret_file", |a| a.help(READ_ONLY_SECRET_FILE_HELP))
+    )]
     Audit(OpsArgs),
     /// Settle reclaimable leases.
     #[command(mut_arg("database_url", |a| a.help(DATABASE_URL_HELP_OPS)))]
@@ -288,6 +304,21 @@ pub enum PolicyCmd {
     },
 }
 
+/// A path id of the command line (`account show 1`): read as the service
+/// reads its path ids ([`httpkit::extract::parse_id`]), so `01`, `+1` and `0` are
+/// refused here as the service would refuse them.
+///
+/// # Errors
+/// The value and the accepted form.
+fn id_arg(raw: &str) -> Result<i64, String> {
+    httpkit::extract::parse_id(raw).ok_or_else(|| {
+        format!(
+            "{raw:?} is not a positive integer in canonical decimal \
+             (1..=9223372036854775807, no sign or leading zero)"
+        )
+    })
+}
+
 /// `tollgate account ...`.
 #[derive(Debug, Subcommand)]
 pub enum AccountCmd {
@@ -302,7 +333,8 @@ pub enum AccountCmd {
     },
     /// Deposit units (admin token).
     Deposit {
-        /// The account.
+        /// The account: a positive integer in canonical decimal.
+        #[arg(value_parser = id_arg)]
         account_id: i64,
         /// Units to deposit.
         #[arg(long, allow_negative_numbers = true)]
@@ -313,7 +345,8 @@ pub enum AccountCmd {
     },
     /// Show an account (admin token or its API key).
     Show {
-        /// The account.
+        /// The account: a positive integer in canonical decimal.
+        #[arg(value_parser = id_arg)]
         account_id: i64,
         #[command(flatten)]
         /// Server settings.
@@ -326,7 +359,8 @@ pub enum AccountCmd {
 pub enum LeaseCmd {
     /// Acquire a lease (the account's API key).
     Acquire {
-        /// The account.
+        /// The account: a positive integer in canonical decimal.
+        #[arg(value_parser = id_arg)]
         account_id: i64,
         /// Units to hold.
         #[arg(long, allow_negative_numbers = true)]
@@ -343,7 +377,8 @@ pub enum LeaseCmd {
     },
     /// Renew a lease (its capability).
     Renew {
-        /// The lease.
+        /// The lease: a positive integer in canonical decimal.
+        #[arg(value_parser = id_arg)]
         lease_id: i64,
         /// Requested TTL from now.
         #[arg(long, allow_hyphen_values = true)]
@@ -354,7 +389,8 @@ pub enum LeaseCmd {
     },
     /// Release a lease (its capability).
     Release {
-        /// The lease.
+        /// The lease: a positive integer in canonical decimal.
+        #[arg(value_parser = id_arg)]
         lease_id: i64,
         /// Units consumed [default: all].
         #[arg(long, allow_negative_numbers = true)]
@@ -365,7 +401,8 @@ pub enum LeaseCmd {
     },
     /// Show a lease (its capability).
     Show {
-        /// The lease.
+        /// The lease: a positive integer in canonical decimal.
+        #[arg(value_parser = id_arg)]
         lease_id: i64,
         #[command(flatten)]
         /// Server settings.

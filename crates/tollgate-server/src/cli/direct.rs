@@ -5,9 +5,9 @@
 //! `status` builds the same report as `GET /v1/admin/status`
 //! ([`tollgate_api::api::status_report`]), without the service's counters.
 //! `status` and `audit` only read, so they open the store whatever the
-//! clock ([`pg::Access::ReadOnly`]) and, unless `--max-ttl` or
-//! `--reclaim-grace` is given, with the policy recorded in the database
-//! (they need not repeat the service's policy flags); `reclaim` writes, so
+//! clock ([`pg::Access::ReadOnly`]) with the policy recorded in the
+//! database (they need not repeat the service's policy flags, and ignore
+//! them and `--secret-file`, with a warning, when given); `reclaim` writes, so
 //! it runs with the configured policy and, on a database on the safe
 //! expiry cut, with `--clock safe-cut` (and then pauses while the cut is
 //! uncertain, like the service's worker). The test clock exists only
@@ -164,11 +164,25 @@ pub(super) async fn policy(cmd: PolicyCmd) -> Result<ExitCode, CliError> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// The warning of a read-only command (`status`, `audit`) given a policy
+/// that differs from the recorded one: it is not applied.
+pub const READ_ONLY_IGNORES_POLICY: &str = "warning: status and audit only read, so they \
+     ignore --max-ttl and --reclaim-grace (and TOLLGATE_MAX_TTL, TOLLGATE_RECLAIM_GRACE, the \
+     config file's max_ttl and reclaim_grace) and use the policy recorded in the database";
+
+/// The warning of a read-only command (`status`, `audit`) given a
+/// capability key file: it is not read.
+pub const READ_ONLY_IGNORES_SECRET_FILE: &str = "warning: status and audit only read and \
+     check no capability, so they ignore --secret-file (and TOLLGATE_SECRET_FILE, the config \
+     file's secret_file)";
+
 /// The PostgreSQL store for a direct operator command (dispatch sends only
 /// a configuration with a database URL here), opened without migrating:
 /// the capability key does not matter for status, audit and reclaim, so a
 /// random one stands in when no `--secret-file` is given. A
-/// [`pg::Access::ReadOnly`] command without policy flags opens it with the
+/// [`pg::Access::ReadOnly`] command ignores `--secret-file` and any policy
+/// flags (one warning line each, [`READ_ONLY_IGNORES_SECRET_FILE`],
+/// [`READ_ONLY_IGNORES_POLICY`]) and opens it with the
 /// recorded policy ([`pg::recorded_policy`]), or, before any is recorded,
 /// reads through a view that records none ([`pg::unrecorded_view`]: its
 /// status shows the configured policy, the one a first start records).
@@ -188,14 +202,25 @@ async fn open(cfg: &Config, access: pg::Access) -> Result<ServiceStore, CliError
         migrate_on_start: false,
         ..cfg.clone()
     };
-    if access == pg::Access::ReadOnly && !cfg.policy_given {
+    if access == pg::Access::ReadOnly {
+        if cfg.secret_file.is_some() {
+            // Only reads: no capability is issued or checked, so the key
+            // file is neither needed nor read.
+            say!("{}", READ_ONLY_IGNORES_SECRET_FILE);
+            cfg.secret_file = None;
+        }
         let url = cfg.database_url.as_deref().unwrap_or_default();
         let wait = Config::std(cfg.connect_timeout);
         match pg::recorded_policy(url, wait)
             .await
             .map_err(ServeError::from)?
         {
-            Some(recorded) => cfg.policy = recorded,
+            Some(recorded) => {
+                if cfg.policy_given && cfg.policy != recorded {
+                    say!("{}", READ_ONLY_IGNORES_POLICY);
+                }
+                cfg.policy = recorded;
+            }
             None => {
                 return Ok(pg::unrecorded_view(url, cfg.policy, wait)
                     .await

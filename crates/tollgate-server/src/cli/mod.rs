@@ -65,6 +65,7 @@ pub use args::{
     LOG_LEVEL_ENV, LeaseCmd, LogFormat, MigrateArgs, OpsArgs, PolicyCmd, PolicyDbArgs, ReclaimArgs,
     ServeArgs, StoreArgs,
 };
+pub use direct::{READ_ONLY_IGNORES_POLICY, READ_ONLY_IGNORES_SECRET_FILE};
 pub use dispatch::run;
 pub use logging::init_logging;
 
@@ -98,7 +99,7 @@ impl CliError {
         match self {
             CliError::Config(_)
             | CliError::Serve(ServeError::Config(_))
-            | CliError::Client(ClientError::BadServer { .. })
+            | CliError::Client(ClientError::BadServer { .. } | ClientError::BadToken { .. })
             | CliError::Usage(_) => ExitCode::from(2),
             _ => ExitCode::from(1),
         }

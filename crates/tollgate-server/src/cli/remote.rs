@@ -25,6 +25,10 @@ use tollgate_api::dto::{AuditView, ReclaimView, StatusView};
 pub(super) async fn account(cmd: AccountCmd) -> Result<Value, CliError> {
     Ok(match cmd {
         AccountCmd::Create { name, client } => {
+            // The core's rule, checked before sending: a name the service
+            // refuses (or a body over its limit) is a usage error here.
+            tollgate::rules::check_account_name(&name)
+                .map_err(|e| CliError::Usage(format!("--name: {e}")))?;
             client
                 .client()?
                 .call(
@@ -135,12 +139,8 @@ pub(super) async fn lease(cmd: LeaseCmd) -> Result<Value, CliError> {
 /// As [`account`].
 pub(super) async fn clock(cmd: ClockCmd) -> Result<Value, CliError> {
     let ClockCmd::Set { now, client } = cmd;
-    let now: jiff::Timestamp = now.trim().parse().map_err(|_| {
-        CliError::Usage(format!(
-            "clock set: {now:?} is not an RFC 3339 instant: write e.g. 2026-11-29T12:00:00Z or \
-             2026-11-29T12:00:00.000000001+00:00"
-        ))
-    })?;
+    let now = tollgate_api::dto::parse_instant(now.trim())
+        .map_err(|e| CliError::Usage(format!("clock set: {e}")))?;
     Ok(client
         .client()?
         .call(

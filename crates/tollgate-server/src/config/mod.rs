@@ -46,26 +46,9 @@ fn err(msg: impl Into<String>) -> ConfigError {
     ConfigError(msg.into())
 }
 
-/// What a duration may look like, for messages.
-pub const DURATION_EXAMPLES: &str = "e.g. PT30S, PT0.000000001S, 30s, 1h 30m or 250ms";
-
-/// Parses a duration: ISO 8601 or jiff's friendly format; with `allow_max`
-/// also the keyword `max` ([`SignedDuration::MAX`]).
-///
-/// # Errors
-/// A message naming the value and showing the accepted forms
-/// ([`DURATION_EXAMPLES`]); the parser's own text, which speaks of its
-/// types, is not repeated.
-pub fn parse_duration(s: &str, allow_max: bool) -> Result<SignedDuration, String> {
-    let t = s.trim();
-    if allow_max && t.eq_ignore_ascii_case("max") {
-        return Ok(SignedDuration::MAX);
-    }
-    t.parse::<SignedDuration>().map_err(|_| {
-        let max = if allow_max { ", or max" } else { "" };
-        format!("{s:?} is not an ISO 8601 or friendly duration: write {DURATION_EXAMPLES}{max}")
-    })
-}
+/// The duration checker and its examples, shared with the JSON API (one
+/// wording for flags, configuration keys and body fields).
+pub use tollgate_api::dto::{DURATION_EXAMPLES, parse_duration};
 
 impl FileConfig {
     /// Reads and parses `path`.
@@ -247,6 +230,20 @@ impl Config {
             .unwrap_or_else(|e| panic!("{d} is not a nonnegative duration: {e}"))
     }
 
+    /// `line` of the unset setting `key` (flag `flag`), which only the
+    /// memory store can do without: on PostgreSQL the comment says it is
+    /// required instead of what the memory store would do.
+    fn on_postgres(&self, line: String, key: &str, flag: &str) -> String {
+        if self.database_url.is_some() && line.starts_with(&format!("# {key} unset:")) {
+            format!(
+                "# {key} unset: required with PostgreSQL (serve refuses to start without \
+                 {flag})"
+            )
+        } else {
+            line
+        }
+    }
+
     /// The effective configuration as TOML, secrets redacted (what
     /// `serve --print-config` prints; usable as a `--config` file once the
     /// redacted values are filled in): one line per setting, in this
@@ -263,9 +260,9 @@ impl Config {
             l.reclaim_batch(),
             l.reclaim_worker(),
             l.migrate_on_start(),
-            l.admin_token(),
+            self.on_postgres(l.admin_token(), "admin_token", "--admin-token"),
             l.clock(),
-            l.secret_file(),
+            self.on_postgres(l.secret_file(), "secret_file", "--secret-file"),
             l.request_timeout(),
             l.header_read_timeout(),
             l.idle_timeout(),
@@ -341,6 +338,40 @@ mod tests {
 
     /// The rendering has one line per declared setting, each under its
     /// TOML key, and reads back as a file.
+    /// Unset, the key file and the admin token are the memory store's to
+    /// make up; on PostgreSQL the printed configuration says they are
+    /// required.
+    #[test]
+    fn render_says_postgres_requires_the_key_and_the_token() {
+        let memory = Config::merge(RawConfig::default(), FileConfig::default(), None)
+            .expect("memory config")
+            .render();
+        assert!(
+            memory
+                .lines()
+                .any(|l| l == "# secret_file unset: a fresh random capability key (memory store)"),
+            "{memory}"
+        );
+        let pg = Config::merge(
+            RawConfig {
+                database_url: Some("postgres://u@localhost/db".into()),
+                ..RawConfig::default()
+            },
+            FileConfig::default(),
+            None,
+        )
+        .expect("postgres config")
+        .render();
+        for line in [
+            "# secret_file unset: required with PostgreSQL (serve refuses to start without \
+             --secret-file)",
+            "# admin_token unset: required with PostgreSQL (serve refuses to start without \
+             --admin-token)",
+        ] {
+            assert!(pg.lines().any(|l| l == line), "{line} in\n{pg}");
+        }
+    }
+
     #[test]
     fn render_writes_every_setting_once() {
         let text = full().render();
