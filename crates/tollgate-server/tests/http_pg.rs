@@ -176,7 +176,22 @@ async fn readiness_probe_is_bounded() {
     .await
     .expect("store");
     let h = Harness::over(tollgate_server::pg::service_store(Arc::new(store)));
-    h.send(Req::get("/readyz")).await.ok(200);
+    // Ready once the migration's own session has left the server (its
+    // backend exits a moment after the client closed it, and until then
+    // readiness reports maintenance in progress): bounded.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let r = h.send(Req::get("/readyz")).await;
+        if r.status == 200 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not ready 10 s after the migration: {:?}",
+            r.body
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
     let mut conn = sqlx::PgConnection::connect(&url).await.expect("connect");
     sqlx::query("BEGIN")
         .execute(&mut conn)
