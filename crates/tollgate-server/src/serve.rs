@@ -51,31 +51,37 @@ pub enum ServeError {
     Io(String),
 }
 
-/// The store named by `cfg`.
+/// The capability key `cfg` names: the `--secret-file`'s, or (memory
+/// store only) a fresh random one.
 ///
 /// # Errors
-/// Configuration errors (PostgreSQL without `--secret-file`), store errors.
-pub async fn build_store(cfg: &Config) -> Result<ServiceStore, ServeError> {
-    if cfg.is_postgres() {
-        let Some(path) = &cfg.secret_file else {
-            return Err(ConfigError(
-                "the PostgreSQL store needs a stable capability key: set --secret-file (at least 32 bytes)"
-                    .into(),
-            )
-            .into());
-        };
-        let key = config::read_secret_file(path)?;
-        config::warn_if_secret_in_work_tree(path);
-        return Ok(pg::connect(cfg, key).await?);
-    }
-    let key = match &cfg.secret_file {
+/// Configuration errors: PostgreSQL without `--secret-file`, an unreadable
+/// or short key file.
+pub fn capability_key(cfg: &Config) -> Result<CapabilityKey, ServeError> {
+    match &cfg.secret_file {
         Some(path) => {
             let key = config::read_secret_file(path)?;
             config::warn_if_secret_in_work_tree(path);
-            key
+            Ok(key)
         }
-        None => CapabilityKey::generate().map_err(|e| ConfigError(e.to_string()))?,
-    };
+        None if cfg.is_postgres() => Err(ConfigError(
+            "the PostgreSQL store needs a stable capability key: set --secret-file (at least 32 bytes)"
+                .into(),
+        )
+        .into()),
+        None => Ok(CapabilityKey::generate().map_err(|e| ConfigError(e.to_string()))?),
+    }
+}
+
+/// The store named by `cfg`, with the capability key `key`
+/// ([`capability_key`]).
+///
+/// # Errors
+/// Store errors.
+pub async fn build_store(cfg: &Config, key: CapabilityKey) -> Result<ServiceStore, ServeError> {
+    if cfg.is_postgres() {
+        return Ok(pg::connect(cfg, key).await?);
+    }
     Ok(ServiceStore::memory(cfg.policy, key)?)
 }
 
@@ -212,8 +218,12 @@ pub fn listen_for_shutdown()
 ///
 /// # Errors
 /// As [`build_store`] and [`build_clock`].
-async fn app_state(cfg: &Config, token: &AdminToken) -> Result<AppState, ServeError> {
-    let backend = build_store(cfg).await?;
+async fn app_state(
+    cfg: &Config,
+    token: &AdminToken,
+    key: CapabilityKey,
+) -> Result<AppState, ServeError> {
+    let backend = build_store(cfg, key).await?;
     let clock = build_clock(cfg, &backend)?;
     match cfg.clock {
         ClockKind::Test => {
@@ -279,11 +289,13 @@ pub fn connection_limits(cfg: &Config) -> Result<ConnectionLimits, ServeError> {
 /// Start-up failures; a server that stops on its own.
 pub async fn serve(cfg: Config) -> Result<(), ServeError> {
     let limits = connection_limits(&cfg)?;
-    // The token first (a PostgreSQL configuration without one is refused
-    // before any connection is made), the listener next (a busy port fails
-    // at once, before the database is waited for), and a generated token
-    // is shown only once both the listener and the store are up.
+    // The token and the key first (a configuration error is refused, exit
+    // 2, before the port or the database is touched), the listener next (a
+    // busy port fails at once, before the database is waited for), and a
+    // generated token is shown only once both the listener and the store
+    // are up.
     let token = admin_token(&cfg)?;
+    let key = capability_key(&cfg)?;
     let listener = TcpListener::bind(cfg.listen).await.map_err(|e| {
         ServeError::Io(format!(
             "cannot listen on {}: {e}; stop what holds the port or give another --listen \
@@ -294,7 +306,7 @@ pub async fn serve(cfg: Config) -> Result<(), ServeError> {
     let addr = listener
         .local_addr()
         .map_err(|e| ServeError::Io(e.to_string()))?;
-    let state = app_state(&cfg, &token).await?;
+    let state = app_state(&cfg, &token, key).await?;
     let shutdown = listen_for_shutdown()?;
     token.show()?;
     tracing::info!(%addr, store = state.store().ops.kind(), clock = %cfg.clock, "tollgate listening");

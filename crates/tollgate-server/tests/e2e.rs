@@ -522,7 +522,24 @@ fn reqwest_blocking_get(url: &str) -> String {
 
 #[test]
 fn configuration_errors_exit_2() {
+    // A configuration error is refused before the port is touched: with
+    // the port held by someone else it is still the configuration error,
+    // exit 2, not the busy port.
+    let held = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let held_addr = held.local_addr().expect("addr").to_string();
     for (args, message) in [
+        (
+            vec![
+                "serve",
+                "--listen",
+                held_addr.as_str(),
+                "--database-url",
+                "postgres://u:pw@127.0.0.1:1/db",
+                "--admin-token",
+                ADMIN,
+            ],
+            "--secret-file",
+        ),
         (
             vec!["serve", "--reclaim-grace", "-PT1S", "--print-config"],
             "reclaim_grace must be nonnegative",
@@ -590,6 +607,7 @@ fn configuration_errors_exit_2() {
         assert!(err.contains(message), "{args:?}: {err}");
         assert!(!err.contains("pw@"), "password printed: {err}");
     }
+    drop(held);
 }
 
 #[test]
