@@ -65,9 +65,9 @@ pub use schema::{
     pending_migrations, safe_time_line, schema_version, tollgate_line,
 };
 pub use store::{
-    CHANGED_BY_MAX_CHARS, FIRST_START, GRANT_POLICY_SETTING, PostgresStore, RECLAIM_BATCH_DEFAULT,
-    StoreOptions, declare_session, grant_policy_declaration, lease_counts, migration_in_progress,
-    policy_changes, recorded_policy, set_policy,
+    CHANGED_BY_MAX_CHARS, FIRST_START, GRANT_POLICY_SETTING, IDLE_IN_TRANSACTION_TIMEOUT,
+    PostgresStore, RECLAIM_BATCH_DEFAULT, StoreOptions, declare_session, grant_policy_declaration,
+    lease_counts, migration_in_progress, policy_changes, recorded_policy, set_policy,
 };
 
 /// Boxes a future as `Send` inside this crate, where its lifetimes are

@@ -36,6 +36,15 @@ pub const FIRST_START: &str = "first start";
 
 pub use tollgate::{CHANGED_BY_MAX_CHARS, RECLAIM_BATCH_DEFAULT};
 
+/// The longest a connection of a store's pool may sit idle inside an open
+/// transaction before the server ends its session: 10 s. No transaction of
+/// a store waits on its client for more than a round trip, so only a
+/// process that was paused (SIGSTOP), swapped out or cut off mid-transaction
+/// reaches it; the server then rolls the transaction back and frees its row
+/// locks, so one stalled process cannot keep another from an account, a
+/// lease or an exec's ownership (a claim skips locked rows) for longer.
+pub const IDLE_IN_TRANSACTION_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Connection pool settings of a [`PostgresStore`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StoreOptions {
@@ -131,7 +140,17 @@ impl PostgresStore {
             .max_connections(options.max_connections)
             .acquire_timeout(options.acquire_timeout)
             .after_connect(move |conn, _meta| {
-                Box::pin(async move { declare(conn, &policy, on_safe_cut).await })
+                Box::pin(async move {
+                    declare(conn, &policy, on_safe_cut).await?;
+                    sqlx::query(&format!(
+                        "SET idle_in_transaction_session_timeout = {}",
+                        IDLE_IN_TRANSACTION_TIMEOUT.as_millis()
+                    ))
+                    .persistent(false)
+                    .execute(&mut *conn)
+                    .await?;
+                    Ok(())
+                })
             })
             .connect_with(connect)
             .await

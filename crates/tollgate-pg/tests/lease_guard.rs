@@ -823,3 +823,21 @@ async fn before_the_first_claim_a_seal_must_cover_active_leases_from_database_ti
     assert_eq!((sealed.version(), sealed.horizon_ms()), (2, 60_000));
     pool.close().await;
 }
+
+/// Every connection of a store's pool has the server end a transaction
+/// left idle for `IDLE_IN_TRANSACTION_TIMEOUT` (10 s), so a process paused
+/// mid-transaction frees its row locks within that bound.
+#[tokio::test]
+async fn a_store_s_sessions_end_a_transaction_left_idle() {
+    let db = support::migrated_db().await;
+    let store = support::store_on(&db, new_policy(), support::test_key()).await;
+    let shown: String = sqlx::query_scalar("SHOW idle_in_transaction_session_timeout")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(shown, "10s");
+    assert_eq!(
+        tollgate_pg::IDLE_IN_TRANSACTION_TIMEOUT,
+        Duration::from_secs(10)
+    );
+}
