@@ -5,8 +5,7 @@
 //! needs, and [`Plane`], one test's database, files and tenant with the
 //! waits and readings its checks are made of.
 //!
-//! Every wait polls with a bound and fails with the rig's logs; nothing
-//! here sleeps for a fixed time to let something happen.
+//! Every wait polls with a bound and fails saying what it waited for.
 
 // Each test binary uses a part of the rig.
 #![allow(dead_code)]
@@ -281,8 +280,11 @@ pub fn spawn_worker(url: &str, secret: &Path, provider_url: &str, log: &Path) ->
 
 /// What a `little-compute gateway` process is started with.
 pub struct GatewayArgs<'a> {
+    /// The database URL (`LC_DATABASE_URL`).
     pub url: &'a str,
+    /// `--secret-file`.
     pub secret: &'a Path,
+    /// `--blob-dir`: the sink its output pages go to.
     pub blob_dir: &'a Path,
     /// The file its stderr is appended to.
     pub log: PathBuf,
@@ -427,13 +429,21 @@ pub async fn metrics(port: u16) -> Option<BTreeMap<String, u64>> {
 /// the provider's URL and cgroup parent, the tenant, and how long its
 /// waits poll.
 pub struct Plane {
+    /// The migrated database's URL.
     pub url: String,
     pub store: lc_pg::LcStore,
+    /// The test's directory: the secret, the sink, the provider's state,
+    /// the processes' `*.log`.
     pub dir: PathBuf,
+    /// The secret file, [`SECRET_TEXT`].
     pub secret: PathBuf,
+    /// The gateways' sink, `dir/blobs`.
     pub blob_dir: PathBuf,
+    /// `http://127.0.0.1:<port>` of the provider process.
     pub provider_url: String,
+    /// The cgroup the provider puts its instances under.
     pub cgroup_parent: String,
+    /// The test's tenant.
     pub tenant: TenantId,
     /// The longest any wait of [`Plane::wait_for`] polls for.
     pub wait_max: Duration,
