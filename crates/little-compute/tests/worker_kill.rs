@@ -277,6 +277,8 @@ async fn a_killed_worker_loses_nothing_and_returns_every_reservation_once() {
                     command: vec!["sh".into(), "-c".into(), script.clone()],
                     timeout_ms: None,
                     stdin_open: false,
+                    idle_ttl_ms: None,
+                    on_timeout: lc_core::OnTimeout::Terminate,
                 },
             )
             .await
@@ -515,6 +517,8 @@ async fn a_killed_provider_s_lease_expires_and_its_reservation_returns_once() {
                 ],
                 timeout_ms: None,
                 stdin_open: false,
+                idle_ttl_ms: None,
+                on_timeout: lc_core::OnTimeout::Terminate,
             },
         )
         .await
