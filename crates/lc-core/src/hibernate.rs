@@ -261,7 +261,8 @@ pub struct QuiescenceExpected<'a> {
 ///
 /// # Errors
 /// [`LcError::EvidenceRejected`] for another statement kind or subject
-/// (provider, lease, generation, workspace); [`LcError::WorkspaceHeadMismatch`]
+/// (provider, lease, generation, workspace); [`LcError::InvalidInput`] for
+/// a manifest over [`MANIFEST_BYTES_MAX`]; [`LcError::WorkspaceHeadMismatch`]
 /// when `head` is not `sha256(manifest)` or the statement's head, or when
 /// `parent` is not the current head.
 pub fn check_quiescence(
@@ -295,6 +296,14 @@ pub fn check_quiescence(
             ),
         });
     }
+    if manifest.len() > MANIFEST_BYTES_MAX {
+        return Err(LcError::InvalidInput {
+            reason: format!(
+                "a manifest is at most {MANIFEST_BYTES_MAX} bytes, not {}",
+                manifest.len()
+            ),
+        });
+    }
     let computed = Digest::of(manifest);
     if computed != head || stated.as_str() != head.to_hex() {
         return Err(LcError::WorkspaceHeadMismatch {
@@ -312,14 +321,6 @@ pub fn check_quiescence(
             expected: expected.current_head,
             found: parent,
             reason: "the snapshot's parent is not the workspace's current head: snapshot again from the current head".into(),
-        });
-    }
-    if manifest.len() > MANIFEST_BYTES_MAX {
-        return Err(LcError::InvalidInput {
-            reason: format!(
-                "a manifest is at most {MANIFEST_BYTES_MAX} bytes, not {}",
-                manifest.len()
-            ),
         });
     }
     Ok(head)
@@ -617,6 +618,14 @@ mod tests {
             );
         }
         let v = HibernationView {
+            attempt_state: AttemptState::Parked,
+            ..view()
+        };
+        assert_eq!(
+            plan_hibernation(v, at).unwrap_err().code(),
+            "exec_not_hibernatable"
+        );
+        let v = HibernationView {
             exec_state: ExecState::Terminal,
             ..view()
         };
@@ -686,6 +695,48 @@ mod tests {
                 .code(),
             "evidence_rejected"
         );
+        // The size bound: exactly the bound passes the size check.
+        let big = vec![b' '; MANIFEST_BYTES_MAX + 1];
+        let big_head = Digest::of(&big);
+        assert_eq!(
+            check_quiescence(
+                &quiescence(&big_head.to_hex()),
+                q_expected(parent),
+                &big,
+                big_head,
+                parent
+            )
+            .unwrap_err()
+            .code(),
+            "invalid_input"
+        );
+        let max = &big[..MANIFEST_BYTES_MAX];
+        let max_head = Digest::of(max);
+        assert_eq!(
+            check_quiescence(
+                &quiescence(&max_head.to_hex()),
+                q_expected(parent),
+                max,
+                max_head,
+                parent
+            ),
+            Ok(max_head)
+        );
+        for (lease, generation, provider) in [(5, 2, "p1"), (4, 3, "p1"), (4, 2, "p2")] {
+            let s = Statement::Quiescence {
+                provider_id: provider.into(),
+                lease_id: lease,
+                generation,
+                workspace_id: 9,
+                head: head.to_hex(),
+            };
+            assert_eq!(
+                check_quiescence(&s, q_expected(parent), bytes, head, parent)
+                    .unwrap_err()
+                    .code(),
+                "evidence_rejected"
+            );
+        }
         let absence = Statement::Absence {
             provider_id: "p1".into(),
             lease_id: 4,
@@ -740,6 +791,29 @@ mod tests {
         };
         assert_eq!(
             check_attachment(&g3, exp).unwrap_err().code(),
+            "evidence_rejected"
+        );
+        for (lease, ws, provider) in [(5, 9, "p1"), (4, 10, "p1"), (4, 9, "p2")] {
+            let s = Statement::Attachment {
+                provider_id: provider.into(),
+                lease_id: lease,
+                generation: 2,
+                workspace_id: ws,
+                head: head.to_hex(),
+                writable: true,
+            };
+            assert_eq!(
+                check_attachment(&s, exp).unwrap_err().code(),
+                "evidence_rejected"
+            );
+        }
+        let absence = Statement::Absence {
+            provider_id: "p1".into(),
+            lease_id: 4,
+            generation: 2,
+        };
+        assert_eq!(
+            check_attachment(&absence, exp).unwrap_err().code(),
             "evidence_rejected"
         );
         let other_head = Statement::Attachment {
@@ -823,6 +897,19 @@ mod tests {
         assert_eq!(code(v, at), "workspace_head_mismatch");
         let mut v = resume_view();
         v.lease_state = LeaseState::ReleasePending;
+        assert_eq!(code(v, at), "competing_right");
+        let mut v = resume_view();
+        v.lease_state = LeaseState::Active;
+        assert_eq!(check_resume(&v, at), Ok(()));
+        let mut v = resume_view();
+        v.exec_state = ExecState::Running;
+        assert_eq!(code(v, at), "exec_not_parked");
+        let mut v = resume_view();
+        v.restore_head = Some(Digest([8; 32]));
+        assert_eq!(code(v, at), "workspace_head_mismatch");
+        let mut v = resume_view();
+        v.lease_generation = Generation(3);
+        v.attachment = Some((Generation(3), Digest([7; 32])));
         assert_eq!(code(v, at), "competing_right");
     }
 }

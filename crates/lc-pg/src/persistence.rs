@@ -110,13 +110,10 @@ fn provider_id_at(row: &PgRow, col: &str) -> Result<ProviderId, Fail> {
     ProviderId::new(text).map_err(|e| corrupt(format!("{col}: {e}")).into())
 }
 
+/// The page kind stored as `s`, by its wire name (every kind the page
+/// module knows, so a kind it gains is read without a change here).
 fn page_kind(s: &str) -> Option<PageKind> {
-    match s {
-        "stdout" => Some(PageKind::Stdout),
-        "stderr" => Some(PageKind::Stderr),
-        "terminal" => Some(PageKind::Terminal),
-        _ => None,
-    }
+    serde_json::from_value(serde_json::Value::String(s.to_owned())).ok()
 }
 
 /// The scope column of an operation key: 0 for the administrator, the
@@ -1206,7 +1203,9 @@ fn meta_from(row: &PgRow) -> Result<PageMeta, Fail> {
         kind,
         length: u32::try_from(length).map_err(|_| corrupt(format!("page length {length}")))?,
         sha256: digest_at(row, "sha256")?,
-        exit: (kind == PageKind::Terminal).then_some(ExitStatus { code, signal }),
+        // The database's check: exactly the last page of a generation
+        // (terminal or stopped) carries an exit status.
+        exit: (code.is_some() || signal.is_some()).then_some(ExitStatus { code, signal }),
     })
 }
 
@@ -2461,23 +2460,6 @@ pub(crate) async fn next_lease_id(conn: &mut PgConnection) -> Result<SandboxLeas
             .fetch_one(&mut *conn)
             .await?,
     ))
-}
-
-/// The generation of the attempt's newest parked hibernation, if any.
-pub(crate) async fn parked_generation(
-    conn: &mut PgConnection,
-    exec: ExecId,
-    attempt: AttemptNo,
-) -> Result<Option<Generation>, Fail> {
-    Ok(sqlx::query_scalar::<_, Option<i64>>(
-        "SELECT max(generation) FROM lc_hibernations \
-          WHERE exec_id = $1 AND attempt = $2 AND step = 'parked'",
-    )
-    .bind(exec.0)
-    .bind(attempt.0)
-    .fetch_one(&mut *conn)
-    .await?
-    .map(Generation))
 }
 
 #[cfg(test)]

@@ -1041,6 +1041,13 @@ async fn begin_release_locked(
     Ok(step)
 }
 
+/// Whether releasing the locked Lease `row` leaves its attempt parked: a
+/// prepared resume's Lease whose resume never committed, without a cancel
+/// request.
+fn keeps_parked(row: &LeaseRow) -> bool {
+    row.attempt_state == AttemptState::Parked && !row.cancel_requested
+}
+
 /// Writes the locked Lease `row` `release_pending` for `reason` and renews
 /// its Reservation; the caller checked that the release is allowed.
 async fn enter_release_pending(
@@ -1051,7 +1058,12 @@ async fn enter_release_pending(
     at: CutReading,
 ) -> Result<(), Fail> {
     db::set_lease_state(conn, row.lease_id, LeaseState::ReleasePending).await?;
-    db::set_terminal_reason(conn, row.exec_id, reason).await?;
+    // A resume's Lease released before its resume committed ends the
+    // generation, not the exec (unless the tenant cancelled): the attempt
+    // stays parked on its head.
+    if !keeps_parked(row) {
+        db::set_terminal_reason(conn, row.exec_id, reason).await?;
+    }
     // A full Reservation TTL from here for the destroy to be proven.
     renew_reservation(conn, store, row, at).await
 }
@@ -1157,7 +1169,8 @@ async fn commit_release_tx(
                 .released
                 .ok_or_else(|| crate::error::corrupt("a released lease without its cut"))?,
             replay: true,
-            parked: hib.is_some_and(|h| h.step == HibernationStep::Parked),
+            parked: hib.is_some_and(|h| h.step == HibernationStep::Parked)
+                || row.attempt_state == AttemptState::Parked,
         });
     }
     rules::plan_lease_transition(row.state, LeaseState::Released)?;
@@ -1184,6 +1197,17 @@ async fn commit_release_tx(
         db::set_attempt_state(conn, row.exec_id, row.attempt, AttemptState::Parked).await?;
         db::set_exec_state(conn, row.exec_id, ExecState::Hibernated, None).await?;
         db::set_hibernation_parked(conn, row.exec_id, row.attempt, row.generation).await?;
+        return Ok(ReleaseOutcome {
+            lease_id: row.lease_id,
+            generation: row.generation,
+            exec_id: row.exec_id,
+            units_returned,
+            released_cut: a.at.cut,
+            replay: false,
+            parked: true,
+        });
+    }
+    if keeps_parked(&row) {
         return Ok(ReleaseOutcome {
             lease_id: row.lease_id,
             generation: row.generation,
@@ -2133,14 +2157,9 @@ async fn request_resume_tx(
         }
         .into());
     }
-    let from_generation = db::parked_generation(conn, a.exec_id, pv.attempt)
-        .await?
-        .ok_or_else(|| {
-            crate::error::corrupt(format!(
-                "parked exec {} has no parked hibernation",
-                a.exec_id
-            ))
-        })?;
+    // The attempt's current generation: the parked one, or a prepared
+    // resume's whose Lease was released without a commit.
+    let from_generation = pv.generation;
     let intent = ResumeIntent {
         exec_id: a.exec_id,
         op_key: a.op.key().to_owned(),

@@ -987,3 +987,184 @@ async fn activity_moves_the_idle_boundary() {
         vec![(x, HibernationReason::Idle, later.cut + ms(5))]
     );
 }
+
+#[tokio::test]
+async fn a_resume_whose_lease_is_released_uncommitted_stays_parked_and_resumes_again() {
+    let f = fixture(3).await;
+    let at = certain(&f.clock).await;
+    let p = prepared(&f, at).await;
+    let x = p.exec.exec_id;
+    let ws = p.exec.canonical.workspace_id.0;
+    assert_eq!(available(&f).await, (1, 2));
+    // The restored instance never got its command: released with the
+    // provider's not-sent proof, the units return once, the attempt stays
+    // parked and the exec hibernated, with no terminal reason.
+    let not_sent = f.provider.sign(lc_core::evidence::Statement::NotSent {
+        provider_id: "p1".into(),
+        lease_id: p.lease2.0,
+        generation: 2,
+    });
+    f.store
+        .begin_release_not_sent(p.lease2, Generation(2), &not_sent, at)
+        .await
+        .unwrap();
+    let out = f
+        .store
+        .commit_release(
+            p.lease2,
+            Generation(2),
+            &f.provider.absence(p.lease2, 2),
+            at,
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (out.units_returned, out.parked, out.replay),
+        (2, true, false)
+    );
+    assert_eq!(available(&f).await, (3, 0));
+    let e = f.store.exec(f.tenant, x).await.unwrap();
+    assert_eq!(
+        (e.state, e.lease_state, e.terminal_reason),
+        (ExecState::Hibernated, LeaseState::Released, None)
+    );
+    assert_eq!(attempt_state(&f.db.url, x).await, ("parked".into(), 2));
+    // The old request's Lease is gone: it cannot commit.
+    assert_eq!(
+        f.store
+            .commit_resume(&p.cred, x, at, "pr")
+            .await
+            .unwrap_err()
+            .code(),
+        "competing_right"
+    );
+    // A new request resumes from generation 2 to 3 on the same head.
+    let i = f
+        .store
+        .request_resume(&resume_op("pr2", x, p.head), at, f.tenant, x, p.head)
+        .await
+        .unwrap();
+    assert_eq!(i.from_generation, Generation(2));
+    let w3 = f.store.prepare_resume(&p.cred, x, at, "pr2").await.unwrap();
+    assert_eq!(
+        (w3.generation, w3.restore_head, w3.state),
+        (Generation(3), Some(p.head), LeaseState::Allocating)
+    );
+    assert_eq!(available(&f).await, (1, 2));
+    f.store
+        .record_attachment(
+            w3.lease_id,
+            Generation(3),
+            &f.provider.attachment(w3.lease_id, 3, ws, p.head),
+            at,
+        )
+        .await
+        .unwrap();
+    let r = f.store.commit_resume(&p.cred, x, at, "pr2").await.unwrap();
+    assert_eq!(
+        (r.from_generation, r.to_generation, r.lease_id),
+        (Generation(2), Generation(3), w3.lease_id)
+    );
+    assert_eq!(attempt_state(&f.db.url, x).await, ("runnable".into(), 3));
+    assert_audit_clean(&f.store).await;
+}
+
+#[tokio::test]
+async fn migration_0004_backfills_one_workspace_per_exec_and_admits_the_new_states() {
+    let db = fresh_db().await;
+    tollgate_pg::Schema::current()
+        .with_line(lc_pg::lc_line().through(3).unwrap())
+        .migrate(&db.url)
+        .await
+        .expect("migrate through 3");
+    let mut c = PgConnection::connect(&db.url).await.unwrap();
+    // Two execs as a version-3 store left them (their other rows left
+    // out: only the backfill is under test).
+    sqlx::raw_sql(
+        "BEGIN; SET LOCAL session_replication_role = replica; \
+         INSERT INTO lc_execs (tenant_id, lease_id, provider_id, runtime_digest, workspace_id, shape, \
+             units, command, admitted_floor_us, admitted_submicro_ns, state) \
+         VALUES (1, 1, 'p1', decode(repeat('00', 32), 'hex'), 41, 'small', 1, '[\"true\"]', 5, 7, 'running'), \
+                (1, 2, 'p1', decode(repeat('00', 32), 'hex'), 42, 'small', 1, '[\"true\"]', 6, 8, 'admitted'); \
+         COMMIT;",
+    )
+    .execute(&mut c)
+    .await
+    .unwrap();
+    lc_pg::migrate(&db.url)
+        .await
+        .expect("migrate to the current version");
+    let rows: Vec<(i64, i64, Option<Vec<u8>>, i64)> = sqlx::query_as(
+        "SELECT workspace_id, exec_id, head, snapshots FROM lc_workspaces ORDER BY workspace_id",
+    )
+    .fetch_all(&mut c)
+    .await
+    .unwrap();
+    assert_eq!(rows, vec![(41, 1, None, 0), (42, 2, None, 0)]);
+    let (idle, on_timeout, last): (Option<i64>, String, Option<i64>) = sqlx::query_as(
+        "SELECT idle_ttl_ms, on_timeout, last_activity_floor_us FROM lc_execs WHERE exec_id = 1",
+    )
+    .fetch_one(&mut c)
+    .await
+    .unwrap();
+    assert_eq!((idle, on_timeout.as_str(), last), (None, "terminate", None));
+    // The state and page-kind checks take the new values, and only them.
+    let mut tx = c.begin().await.unwrap();
+    sqlx::query("SET LOCAL session_replication_role = replica")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    sqlx::query("UPDATE lc_execs SET state = 'hibernated' WHERE exec_id = 1")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    sqlx::query(
+        "INSERT INTO lc_output_pages (exec_id, attempt, seq, kind, bytes, sha256, length, \
+             exit_code, exit_signal, state) \
+         VALUES (1, 1, 1, 'stopped', '', sha256(''), 0, NULL, 15, 'acked')",
+    )
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    tx.rollback().await.unwrap();
+    for sql in [
+        "UPDATE lc_execs SET state = 'sleeping' WHERE exec_id = 1",
+        "INSERT INTO lc_output_pages (exec_id, attempt, seq, kind, bytes, sha256, length, \
+             exit_code, exit_signal, state) \
+         VALUES (1, 1, 1, 'stopped', '', sha256(''), 0, NULL, NULL, 'acked')",
+        "INSERT INTO lc_output_pages (exec_id, attempt, seq, kind, bytes, sha256, length, \
+             exit_code, exit_signal, state) \
+         VALUES (1, 1, 1, 'paused', '', sha256(''), 0, NULL, NULL, 'acked')",
+    ] {
+        let mut tx = c.begin().await.unwrap();
+        sqlx::query("SET LOCAL session_replication_role = replica")
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        let err = sqlx::query(sql).execute(&mut *tx).await.unwrap_err();
+        assert_eq!(
+            err.as_database_error().and_then(|d| d.code()).as_deref(),
+            Some("23514"),
+            "{sql}"
+        );
+        tx.rollback().await.unwrap();
+    }
+    // A snapshot whose bytes are not its digest is refused by the database.
+    let mut tx = c.begin().await.unwrap();
+    sqlx::query("SET LOCAL session_replication_role = replica")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let err = sqlx::query(
+        "INSERT INTO lc_snapshots (workspace_id, digest, seq, parent, manifest, lease_id, generation, \
+             committed_floor_us, committed_submicro_ns) \
+         VALUES (41, sha256('a'), 1, NULL, 'b', 1, 1, 0, 0)",
+    )
+    .execute(&mut *tx)
+    .await
+    .unwrap_err();
+    assert_eq!(
+        err.as_database_error().and_then(|d| d.constraint()),
+        Some("lc_snapshots_digest")
+    );
+}
