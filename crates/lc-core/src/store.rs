@@ -160,7 +160,9 @@ pub trait ControlStore: Send + Sync {
     /// Asks to cancel an exec: records the request. The exec's owning
     /// gateway then commits the cancel, stops the command and releases the
     /// Lease once the terminal page is acked; a Lease that is not active yet
-    /// is released by the reconciler. A terminal exec is returned as it is.
+    /// is released by the reconciler. A hibernated exec with no unreleased
+    /// Lease becomes terminal (`cancelled`) at once. A terminal exec is
+    /// returned as it is.
     /// Tenant scope.
     ///
     /// # Errors
@@ -492,8 +494,9 @@ pub trait ReconcileStore: Send + Sync {
 /// replay follows [`crate::owner::plan_transition`]; so does `record_send`'s.
 #[async_trait]
 pub trait GatewayStore: Send + Sync {
-    /// Takes ownership of up to `limit` execs that have an `active` Lease,
-    /// are not terminal, and have no owner, a released owner, or an owner
+    /// Takes ownership of up to `limit` execs that have an `active` Lease
+    /// (or are hibernated with a resume request not yet committed), are
+    /// not terminal, and have no owner, a released owner, or an owner
     /// whose heartbeat expiry a certain `at` reached; skips rows another
     /// gateway is claiming at the same moment. Each gets generation + 1, a
     /// new fence and the heartbeat expiry `at.cut + ttl` (which must fit
@@ -513,7 +516,7 @@ pub trait GatewayStore: Send + Sync {
     /// Takes over one exec, serialized on its (tenant, exec) row: exactly
     /// one of several racing callers wins, the others get a typed refusal
     /// and change nothing. Needs a certain `at` and the exec's current
-    /// Lease `active`; the new ownership has generation + 1 (1 when
+    /// Lease `active` (or the exec hibernated: its owner resumes it); the new ownership has generation + 1 (1 when
     /// unowned), a new fence and the heartbeat expiry `at.cut + ttl`. The
     /// exec's canonical identity is untouched.
     ///

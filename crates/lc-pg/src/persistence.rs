@@ -1499,7 +1499,8 @@ pub(crate) async fn lock_exec_state(
 }
 
 /// Up to `limit` execs a gateway may claim at certain cut `cut`: the
-/// current Lease `active`, the exec not terminal, and no owner, a
+/// current Lease `active` (or the exec hibernated with a resume request
+/// not yet committed), the exec not terminal, and no owner, a
 /// released one, or one whose heartbeat expiry is at or before `cut`;
 /// by exec id, each exec row locked (`SKIP LOCKED`: another claimer's or
 /// a takeover's are skipped). The caller re-reads each ownership locked
@@ -1516,7 +1517,12 @@ pub(crate) async fn claim_candidates(
            JOIN lc_sandbox_leases l ON l.exec_id = e.exec_id AND l.attempt = a.attempt \
                                    AND l.generation = a.generation \
            LEFT JOIN lc_exec_owners o ON o.exec_id = e.exec_id \
-          WHERE l.state = 'active' AND e.state <> 'terminal' \
+          WHERE e.state <> 'terminal' \
+            AND (l.state = 'active' \
+                 OR (e.state = 'hibernated' AND EXISTS ( \
+                        SELECT 1 FROM lc_resume_intents i WHERE i.exec_id = e.exec_id \
+                           AND NOT EXISTS (SELECT 1 FROM lc_resume_receipts r \
+                                            WHERE r.exec_id = i.exec_id AND r.op_key = i.op_key)))) \
             AND (o.exec_id IS NULL OR o.released \
                  OR (o.heartbeat_expiry_floor_us, o.heartbeat_expiry_submicro_ns) <= ($1, $2)) \
           ORDER BY e.exec_id LIMIT $3 FOR UPDATE OF e SKIP LOCKED",

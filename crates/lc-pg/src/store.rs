@@ -860,11 +860,35 @@ async fn cancel_tx(conn: &mut PgConnection, a: &CancelArgs<'_>) -> Result<ExecRe
     if before.state != ExecState::Terminal {
         db::set_cancel_requested(conn, a.exec_id).await?;
     }
+    if before.state == ExecState::Hibernated {
+        cancel_parked(conn, a.exec_id).await?;
+    }
     let rec = db::read_exec(conn, a.tenant, a.exec_id)
         .await?
         .ok_or_else(|| LcError::not_found("exec", a.exec_id))?;
     finish_op(conn, scope, a.op, &rec).await?;
     Ok(rec)
+}
+
+/// Ends the locked hibernated exec `exec` as cancelled when its attempt is
+/// parked and none of its Leases is unreleased: nothing runs and no units
+/// are held, so no destroy is left to prove. With a prepared resume's Lease
+/// still unreleased, the reconciler releases it for the cancel and its
+/// release ends the exec.
+async fn cancel_parked(conn: &mut PgConnection, exec: ExecId) -> Result<(), Fail> {
+    let pv = db::parked_view(conn, exec)
+        .await?
+        .ok_or_else(|| LcError::not_found("exec", exec))?;
+    if pv.attempt_state != AttemptState::Parked
+        || db::other_live_leases(conn, exec, None).await? > 0
+    {
+        return Ok(());
+    }
+    rules::plan_attempt_transition(pv.attempt_state, AttemptState::Terminal)?;
+    rules::plan_exec_transition(pv.exec_state, ExecState::Terminal)?;
+    db::set_attempt_state(conn, exec, pv.attempt, AttemptState::Terminal).await?;
+    db::set_terminal_reason(conn, exec, TerminalReason::Cancelled).await?;
+    db::set_exec_state(conn, exec, ExecState::Terminal, None).await
 }
 
 struct LeaseArgs<'a> {
@@ -1345,7 +1369,10 @@ async fn claim_tx(conn: &mut PgConnection, a: &ClaimArgs) -> Result<Vec<OwnedExe
             Err(e) => return Err(e.into()),
         };
         let view = view_of(conn, exec).await?;
-        if view.lease_state != LeaseState::Active || view.exec_state == ExecState::Terminal {
+        let hibernated = view.exec_state == ExecState::Hibernated;
+        if (view.lease_state != LeaseState::Active && !hibernated)
+            || view.exec_state == ExecState::Terminal
+        {
             continue;
         }
         owned.push(

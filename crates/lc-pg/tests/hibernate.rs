@@ -90,8 +90,9 @@ struct Parked {
     at: CutReading,
 }
 
-/// Runs an exec to a prepared, attached resume (generation 2).
-async fn prepared(f: &Fixture, at: CutReading) -> Parked {
+/// Runs an exec to parked (generation 1 hibernated, destroy proven):
+/// the exec, its owner, the manifest and head.
+async fn parked(f: &Fixture, at: CutReading) -> (ExecRecord, OwnerCredential, Vec<u8>, Digest) {
     let e = running_exec(f, "px", at, None, None, OnTimeout::Terminate).await;
     let tok = token(0x77);
     let owned = f
@@ -125,6 +126,13 @@ async fn prepared(f: &Fixture, at: CutReading) -> Parked {
         .commit_release(lease1, Generation(1), &f.provider.absence(lease1, 1), at)
         .await
         .unwrap();
+    (e, cred, manifest, head)
+}
+
+/// Runs an exec to a prepared, attached resume (generation 2).
+async fn prepared(f: &Fixture, at: CutReading) -> Parked {
+    let (e, cred, manifest, head) = parked(f, at).await;
+    let ws = e.canonical.workspace_id.0;
     f.store
         .request_resume(
             &resume_op("pr", e.exec_id, head),
@@ -1167,4 +1175,75 @@ async fn migration_0004_backfills_one_workspace_per_exec_and_admits_the_new_stat
         err.as_database_error().and_then(|d| d.constraint()),
         Some("lc_snapshots_digest")
     );
+}
+
+#[tokio::test]
+async fn a_pending_resume_is_claimable_and_a_cancel_ends_a_parked_exec() {
+    let f = fixture(3).await;
+    let at = certain(&f.clock).await;
+    let (e, _cred, _manifest, head) = parked(&f, at).await;
+    let x = e.exec_id;
+    // Its owner released: a parked exec without a resume request is not
+    // claimed; with one it is.
+    let mut c = PgConnection::connect(&f.db.url).await.unwrap();
+    sqlx::query("UPDATE lc_exec_owners SET released = true WHERE exec_id = $1")
+        .bind(x.0)
+        .execute(&mut c)
+        .await
+        .unwrap();
+    let b = token(0xd4);
+    assert_eq!(f.store.claim(&b, at, TTL, 10).await.unwrap(), vec![]);
+    f.store
+        .request_resume(&resume_op("q1", x, head), at, f.tenant, x, head)
+        .await
+        .unwrap();
+    let got = f.store.claim(&b, at, TTL, 10).await.unwrap();
+    assert_eq!(
+        got.iter()
+            .map(|o| (o.ownership.exec_id, o.basis, o.lease_state))
+            .collect::<Vec<_>>(),
+        vec![(
+            x,
+            lc_core::owner::TakeoverBasis::Released,
+            LeaseState::Released
+        )]
+    );
+    // A cancel ends it at once: nothing runs, no units are held.
+    let rec = ControlStore::cancel(&f.store, &op("c1", "c1"), at, f.tenant, x)
+        .await
+        .unwrap();
+    assert_eq!(
+        (rec.state, rec.terminal_reason, rec.cancel_requested),
+        (
+            ExecState::Terminal,
+            Some(lc_core::TerminalReason::Cancelled),
+            true
+        )
+    );
+    assert_eq!(attempt_state(&f.db.url, x).await, ("terminal".into(), 1));
+    assert_eq!(available(&f).await, (3, 0));
+    let before = snapshot(&f.db.url).await;
+    assert_eq!(
+        f.store
+            .request_resume(&resume_op("q2", x, head), at, f.tenant, x, head)
+            .await
+            .unwrap_err(),
+        LcError::ExecNotParked {
+            exec_id: x,
+            state: "terminal"
+        }
+    );
+    let cred_b = cred_of(&got[0], &b);
+    assert_eq!(
+        f.store
+            .prepare_resume(&cred_b, x, at, "q1")
+            .await
+            .unwrap_err(),
+        LcError::ExecNotParked {
+            exec_id: x,
+            state: "terminal"
+        }
+    );
+    assert_eq!(snapshot(&f.db.url).await, before);
+    assert_audit_clean(&f.store).await;
 }
