@@ -27,6 +27,11 @@ ALTER TABLE lc_execs
     ADD CONSTRAINT lc_execs_last_activity_pair CHECK (
         (last_activity_floor_us IS NULL) = (last_activity_submicro_ns IS NULL));
 
+-- The reconciler's search for execs due to hibernate reads only the
+-- running execs that can hibernate by time.
+CREATE INDEX lc_execs_hibernatable ON lc_execs (exec_id)
+    WHERE state = 'running' AND (idle_ttl_ms IS NOT NULL OR on_timeout = 'hibernate');
+
 -- 0001's state checks were declared on their columns and named by the
 -- server: find each by its definition (exactly one) and replace it.
 DO $$

@@ -1247,3 +1247,69 @@ async fn a_pending_resume_is_claimable_and_a_cancel_ends_a_parked_exec() {
     assert_eq!(snapshot(&f.db.url).await, before);
     assert_audit_clean(&f.store).await;
 }
+
+#[tokio::test]
+async fn an_input_sent_moves_the_idle_boundary() {
+    let f = fixture(3).await;
+    let at = certain(&f.clock).await;
+    let mut r = req("small", &["cat"]);
+    r.stdin_open = true;
+    r.idle_ttl_ms = Some(5);
+    let e = f
+        .store
+        .admit_exec(&op("in", "in"), at, f.tenant, &r)
+        .await
+        .unwrap();
+    let x = e.exec_id;
+    f.store
+        .mark_active(e.canonical.lease_id, Generation(1), at)
+        .await
+        .unwrap();
+    let tok = token(0xe5);
+    let owned = f
+        .store
+        .take_over(&tok, f.tenant, x, at, SignedDuration::from_secs(60))
+        .await
+        .unwrap();
+    let cred = cred_of(&owned, &tok);
+    f.store
+        .send_input(&op("i1", "i1"), at, f.tenant, x, b"hi\n", false)
+        .await
+        .unwrap();
+    let ms = |n: i64| SignedDuration::from_millis(n);
+    let ns = SignedDuration::from_nanos(1);
+    let later = wait_reading(&f.clock, 20, "a certain cut 1 ms later", |r| {
+        r.certain && r.cut >= at.cut + ms(1)
+    })
+    .await;
+    // Queuing input is the tenant's act, not the command's: only the
+    // owner's send moves the boundary.
+    f.store
+        .record_send(&cred, x, later, "send-1", 1)
+        .await
+        .unwrap();
+    wait_reading(&f.clock, 20, "a certain cut past the new boundary", |r| {
+        r.certain && r.cut >= later.cut + ms(5)
+    })
+    .await;
+    for reading in [at.cut + ms(5), later.cut + ms(5) - ns] {
+        assert_eq!(
+            f.store
+                .due_hibernations(CutReading::certain(reading), 10)
+                .await
+                .unwrap(),
+            vec![]
+        );
+    }
+    let got = f
+        .store
+        .due_hibernations(CutReading::certain(later.cut + ms(5)), 10)
+        .await
+        .unwrap();
+    assert_eq!(
+        got.iter()
+            .map(|h| (h.exec_id, h.reason, h.sealed_cut))
+            .collect::<Vec<_>>(),
+        vec![(x, HibernationReason::Idle, later.cut + ms(5))]
+    );
+}
