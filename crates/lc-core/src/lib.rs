@@ -12,6 +12,8 @@
 //!   receipts and their replay, the release rule for terminal execs.
 //! * [`input`]: input for a command's stdin: its order, its queue bound,
 //!   its delivery by the exec's owner.
+//! * [`hibernate`]: hibernation and resume: the records and the checks of
+//!   each step (seal, quiescence, attachment, resume).
 //! * [`error`]: [`LcError`] with stable codes.
 //! * [`store`]: the [`ControlStore`], [`ReconcileStore`] and
 //!   [`GatewayStore`] traits.
@@ -27,6 +29,7 @@
 pub mod command;
 pub mod error;
 pub mod evidence;
+pub mod hibernate;
 pub mod input;
 pub mod manifest;
 pub mod model;
@@ -40,11 +43,15 @@ pub mod store;
 
 pub use command::Command;
 pub use error::LcError;
+pub use hibernate::{
+    HibernationRecord, ResumeIntent, ResumeReceipt, SnapshotMeta, WorkspaceRecord,
+};
 pub use model::{
     AppendReport, AttemptNo, AttemptState, CanonicalIdentity, CutReading, Digest, ExecId,
-    ExecRecord, ExecRequest, ExecState, Generation, LeaseAction, LeaseState, LeaseWork, OpScope,
-    OperationRecord, OutputPage, PageExit, PageKind, Provider, ProviderId, ReleaseOutcome,
-    ReservationState, Runtime, SandboxLeaseId, Tenant, TenantId, TerminalReason, WorkspaceId,
+    ExecRecord, ExecRequest, ExecState, Generation, HibernationReason, HibernationStep,
+    LeaseAction, LeaseState, LeaseWork, OnTimeout, OpScope, OperationRecord, OutputPage, PageExit,
+    PageKind, Provider, ProviderId, ReleaseOutcome, ReservationState, Runtime, SandboxLeaseId,
+    Tenant, TenantId, TerminalReason, WorkspaceId,
 };
 pub use opkey::OperationKey;
 pub use shape::Shape;

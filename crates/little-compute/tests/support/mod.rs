@@ -343,6 +343,8 @@ pub fn sh_request(script: &str, stdin_open: bool) -> ExecRequest {
         command: vec!["sh".into(), "-c".into(), script.into()],
         timeout_ms: None,
         stdin_open,
+        idle_ttl_ms: None,
+        on_timeout: lc_core::OnTimeout::Terminate,
     }
 }
 
