@@ -17,6 +17,8 @@
 //!   [`GatewayStore`] traits.
 //! * [`page`], [`evidence`], [`manifest`]: output pages, signed provider
 //!   evidence, runtime manifests.
+//! * [`snapshot`]: file snapshots of a workspace, their canonical manifest
+//!   and digest.
 //!
 //! Invariants, stated as absences: nothing here reads a clock (every rule
 //! takes a [`CutReading`]); nothing panics on input; no instant is rounded.
@@ -36,6 +38,7 @@ pub mod page;
 pub mod rate;
 pub mod rules;
 pub mod shape;
+pub mod snapshot;
 pub mod store;
 
 pub use command::Command;
@@ -48,4 +51,5 @@ pub use model::{
 };
 pub use opkey::OperationKey;
 pub use shape::Shape;
+pub use snapshot::SnapshotError;
 pub use store::{ControlStore, GatewayStore, ReconcileStore};
