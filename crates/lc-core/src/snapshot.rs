@@ -315,11 +315,7 @@ impl SnapshotError {
 /// `s` cut to at most [`ERROR_TEXT_BYTES_MAX`] bytes at a character
 /// boundary.
 fn clip(s: &str) -> String {
-    let mut end = s.len().min(ERROR_TEXT_BYTES_MAX);
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    s[..end].to_owned()
+    s[..s.floor_char_boundary(ERROR_TEXT_BYTES_MAX)].to_owned()
 }
 
 /// Checks `path` against the path rules of the module docs.
