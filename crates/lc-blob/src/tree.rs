@@ -620,3 +620,51 @@ fn remove_tree(top: &Path) {
     }
     let _ = fs::remove_dir_all(top);
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_final_rename_never_replaces_even_an_empty_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let (from, to) = (dir.path().join("from"), dir.path().join("to"));
+        fs::create_dir(&from).unwrap();
+        fs::write(from.join("f"), b"x").unwrap();
+        // A plain rename(2) would replace this empty directory.
+        fs::create_dir(&to).unwrap();
+        let e = rename_no_replace(&from, &to).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::AlreadyExists);
+        assert_eq!(fs::read(from.join("f")).unwrap(), b"x");
+        fs::remove_dir(&to).unwrap();
+        rename_no_replace(&from, &to).unwrap();
+        assert_eq!(fs::read(to.join("f")).unwrap(), b"x");
+        assert!(!from.exists());
+    }
+
+    #[test]
+    fn remove_tree_removes_read_only_directories_and_not_link_targets() {
+        let dir = tempfile::tempdir().unwrap();
+        let top = dir.path().join("top");
+        let outside = dir.path().join("outside");
+        fs::create_dir(&outside).unwrap();
+        fs::set_permissions(&outside, Permissions::from_mode(0o555)).unwrap();
+        fs::create_dir_all(top.join("ro/deeper")).unwrap();
+        fs::write(top.join("ro/deeper/f"), b"x").unwrap();
+        symlink(&outside, top.join("ro/link")).unwrap();
+        for d in ["ro/deeper", "ro"] {
+            fs::set_permissions(top.join(d), Permissions::from_mode(0o555)).unwrap();
+        }
+        remove_tree(&top);
+        assert!(fs::symlink_metadata(&top).is_err());
+        // The link's target is neither removed nor given new permissions.
+        assert_eq!(fs::metadata(&outside).unwrap().mode() & 0o7777, 0o555);
+    }
+
+    #[test]
+    fn join_puts_names_below_the_root_without_a_leading_slash() {
+        assert_eq!(join("", "a"), "a");
+        assert_eq!(join("a", "b"), "a/b");
+        assert_eq!(join("a/b", "c"), "a/b/c");
+    }
+}
