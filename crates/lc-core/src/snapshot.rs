@@ -529,6 +529,16 @@ impl Manifest {
     pub fn new(
         workspace_id: WorkspaceId,
         parent: Option<Digest>,
+        entries: Vec<Entry>,
+    ) -> Result<Manifest, SnapshotError> {
+        Manifest::checked(workspace_id, parent, entries)
+    }
+
+    /// The body of [`Manifest::new`] (its own function so that the
+    /// mutation gate, which skips every `new`, tests these rules).
+    fn checked(
+        workspace_id: WorkspaceId,
+        parent: Option<Digest>,
         mut entries: Vec<Entry>,
     ) -> Result<Manifest, SnapshotError> {
         if !(1..=WORKSPACE_ID_MAX).contains(&workspace_id.0) {
@@ -568,13 +578,14 @@ impl Manifest {
             }
             previous = Some(&e.path);
             // A parent is a proper prefix of its child, so it sorts first.
-            if let Some(parent) = parent_of(&e.path)
-                && !dirs.contains(parent)
-            {
-                return Err(SnapshotError::ParentMissing {
-                    path: e.path.clone(),
-                    parent: parent.to_owned(),
-                });
+            match parent_of(&e.path) {
+                Some(parent) if !dirs.contains(parent) => {
+                    return Err(SnapshotError::ParentMissing {
+                        path: e.path.clone(),
+                        parent: parent.to_owned(),
+                    });
+                }
+                _ => {}
             }
             if e.kind == EntryKind::Dir {
                 dirs.insert(&e.path);
