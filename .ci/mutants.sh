@@ -13,9 +13,9 @@
 # window; owner.rs: exec ownership, fenced writes, receipt replay and the
 # release rule; input.rs: stdin input's bounds and order; hibernate.rs:
 # sealing only on a certain cut, the exact idle boundary, the quiescence,
-# attachment and resume checks) must be caught by
-# the unit
-# tests of the crate it is in. Scope, exclusions and reasons:
+# attachment and resume checks; snapshot.rs: the snapshot manifest's path,
+# parent, mode and size rules and its canonical form) must be caught by the
+# unit tests of the crate it is in. Scope, exclusions and reasons:
 # docs/testing.md and .cargo/mutants.toml.
 #
 # Fails when any mutant is missed, times out, or is unviable (a mutant that

@@ -19,6 +19,8 @@
 //!   [`GatewayStore`] traits.
 //! * [`page`], [`evidence`], [`manifest`]: output pages, signed provider
 //!   evidence, runtime manifests.
+//! * [`snapshot`]: file snapshots of a workspace, their canonical manifest
+//!   and digest.
 //!
 //! Invariants, stated as absences: nothing here reads a clock (every rule
 //! takes a [`CutReading`]); nothing panics on input; no instant is rounded.
@@ -39,6 +41,7 @@ pub mod page;
 pub mod rate;
 pub mod rules;
 pub mod shape;
+pub mod snapshot;
 pub mod store;
 
 pub use command::Command;
@@ -55,4 +58,5 @@ pub use model::{
 };
 pub use opkey::OperationKey;
 pub use shape::Shape;
+pub use snapshot::SnapshotError;
 pub use store::{ControlStore, GatewayStore, ReconcileStore};
