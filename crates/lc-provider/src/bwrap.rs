@@ -20,8 +20,12 @@
 //! * `instances/` (root's `0711`) `<lease>-<generation>/` (root's `0711`):
 //!   `instance.json` (root's `0600`: the request, written and fsynced
 //!   before anything starts, so a crash always leaves a trace to destroy),
-//!   `run/` (the account's `0700`, bound at `/.lc/run` inside; the
-//!   supervisor's socket `supervisor.sock`), `bwrap.log` (root's `0600`:
+//!   `run/` (root's `0700`, not bound into the instance): the supervisor's
+//!   listening socket `supervisor.sock` (root's `0600`), bound by the
+//!   provider before bubblewrap starts and handed to the supervisor as an
+//!   inherited descriptor (`--listen-fd`), and `done` (root's `0600`,
+//!   inherited as `--done-fd`), which the supervisor writes once its
+//!   terminal page is acknowledged; `bwrap.log` (root's `0600`:
 //!   bubblewrap's and the supervisor's own stderr);
 //! * `workspaces/` (root's `0711`) `<id>/`: the workspace trees, each the
 //!   account's `0700`, bound read-write at `/workspace`;
@@ -29,10 +33,14 @@
 //!   the provider makes searchable by others when it owns it and they
 //!   cannot (bubblewrap binds the trees below it as the account).
 //!
-//! So the only host directories an instance can write are its `run/` and
-//! its workspace, both made by the provider for the account (through a
-//! descriptor opened without following symlinks); nothing else of the
-//! state directory is readable by the account.
+//! So the only host directory an instance can write is its workspace, made
+//! by the provider for the account (through a descriptor opened without
+//! following symlinks); nothing else of the state directory is readable by
+//! the account. The command cannot remove, replace or reach the socket the
+//! provider talks to (its name is not in the sandbox, the root is
+//! read-only), nor take the supervisor's descriptor of it (the supervisor
+//! is not dumpable and marks it close-on-exec): whoever answers there is
+//! the supervisor.
 //!
 //! # Host identity
 //!
@@ -59,7 +67,7 @@
 //!
 //! # Instances
 //!
-//! An instance is `bwrap ... -- /.lc/supervisor --socket ... -- ARGV`:
+//! An instance is `bwrap ... -- /.lc/supervisor --listen-fd N --done-fd M ... -- ARGV`:
 //! every namespace unshared (`--unshare-all`, the network shared back only
 //! when the shape has it), a user namespace with uid and gid 1000 inside,
 //! every capability dropped, `--die-with-parent` (a dead provider takes its
@@ -123,8 +131,12 @@ use crate::{
 /// the sandbox account's ([`BwrapProvider::sandbox_account`]).
 pub const SANDBOX_UID: u32 = 1000;
 
-/// The socket path inside the instance.
-const SOCKET_IN_SANDBOX: &str = "/.lc/run/supervisor.sock";
+/// The supervisor's socket in an instance's `run/` directory.
+const SOCKET_FILE: &str = "supervisor.sock";
+
+/// The file in an instance's `run/` directory the supervisor writes (through
+/// a descriptor it inherits) once its terminal page is acknowledged.
+const DONE_FILE: &str = "done";
 
 /// The longest unix socket path (`sun_path` less its NUL).
 const SOCKET_PATH_BYTES_MAX: usize = 107;
@@ -136,7 +148,8 @@ const SOCKET_PATH_BYTES_MAX: usize = 107;
 pub fn state_dir_bytes_max() -> usize {
     let below = std::path::Path::new("/instances")
         .join(instance_name(i64::MAX, i64::MAX))
-        .join("run/supervisor.sock");
+        .join("run")
+        .join(SOCKET_FILE);
     SOCKET_PATH_BYTES_MAX.saturating_sub(below.as_os_str().len())
 }
 
@@ -152,6 +165,10 @@ const SENT_DIR: &str = "sent";
 
 /// Top-level names of a runtime tree the provider mounts itself.
 const RESERVED_TOP: [&str; 5] = ["proc", "dev", "tmp", "workspace", ".lc"];
+
+/// `close_range`'s flag that marks the range close-on-exec instead of
+/// closing it (Linux 5.11).
+const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
 
 /// The rlimits of every instance (each also capped at the current hard limit).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -624,7 +641,8 @@ impl BwrapProvider {
         req: &AllocateRequest,
         root: &RuntimeRoot,
         workspace: &Path,
-        run: &Path,
+        listen_fd: i32,
+        done_fd: i32,
     ) -> Result<Vec<String>, ProviderError> {
         let p = |p: &Path| p.to_string_lossy().into_owned();
         let mut a: Vec<String> = Vec::new();
@@ -708,17 +726,16 @@ impl BwrapProvider {
             "--ro-bind",
             &p(&self.cfg.supervisor_bin),
             "/.lc/supervisor",
-            "--bind",
-            &p(run),
-            "/.lc/run",
             "--remount-ro",
             "/",
             "--chdir",
             "/workspace",
             "--",
             "/.lc/supervisor",
-            "--socket",
-            SOCKET_IN_SANDBOX,
+            "--listen-fd",
+            &listen_fd.to_string(),
+            "--done-fd",
+            &done_fd.to_string(),
             "--spool-bytes",
             &self.cfg.spool_bytes_max.to_string(),
             "--spool-pages",
@@ -742,9 +759,32 @@ impl BwrapProvider {
         // The only host directories the sandbox writes: its own.
         let workspace = self.workspace_dir(req.workspace_id);
         own_dir(&workspace, &self.account)?;
+        // The provider's own: the sandbox neither sees nor writes it.
         let run = dir.join("run");
-        own_dir(&run, &self.account)?;
-        let args = self.bwrap_args(req, &root, &workspace, &run)?;
+        provider_dir(&run, 0o700)?;
+        let socket = run.join(SOCKET_FILE);
+        let listener =
+            std::os::unix::net::UnixListener::bind(&socket).map_err(|e| io(socket.display(), e))?;
+        {
+            use std::os::unix::fs::PermissionsExt as _;
+            std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600))
+                .map_err(|e| io(socket.display(), e))?;
+        }
+        let done_path = run.join(DONE_FILE);
+        let done = {
+            use std::os::unix::fs::OpenOptionsExt as _;
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&done_path)
+                .map_err(|e| io(done_path.display(), e))?
+        };
+        let (listen_fd, done_fd) = {
+            use std::os::fd::AsRawFd as _;
+            (listener.as_raw_fd(), done.as_raw_fd())
+        };
+        let args = self.bwrap_args(req, &root, &workspace, listen_fd, done_fd)?;
         let cg = self.cgroups.create(
             &instance_name(req.lease_id.0, req.generation.0),
             Limits {
@@ -781,11 +821,27 @@ impl BwrapProvider {
         // Joining the groups and setting the limits need root; then the
         // process becomes the sandbox account for good, so bubblewrap
         // builds the instance unprivileged.
-        // SAFETY: the closure only calls open/write/close (join_self),
-        // getrlimit/setrlimit and the id system calls of drop_to, all
-        // async-signal-safe; it allocates nothing.
+        // SAFETY: the closure only calls close_range, fcntl, open/write/close
+        // (join_self), getrlimit/setrlimit and the id system calls of
+        // drop_to, all async-signal-safe; it allocates nothing.
         unsafe {
             cmd.pre_exec(move || {
+                // Bubblewrap inherits the two descriptors it passes on to
+                // the supervisor and nothing else the provider has open.
+                if libc::syscall(
+                    libc::SYS_close_range,
+                    3 as libc::c_uint,
+                    libc::c_uint::MAX,
+                    CLOSE_RANGE_CLOEXEC,
+                ) != 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+                for fd in [listen_fd, done_fd] {
+                    if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
                 InstanceCgroup::join_self(&procs)?;
                 apply_rlimits(rl)?;
                 account::drop_to(uid, gid)
@@ -794,16 +850,19 @@ impl BwrapProvider {
         // From here the supervisor may be given the command: recorded
         // first, so a not-sent proof is never signed for it.
         self.record_sent(req.lease_id.0, req.generation.0)?;
-        let mut child = cmd.spawn().map_err(|e| ProviderError::StartFailed {
+        let spawned = cmd.spawn();
+        // Bubblewrap holds them now: once it is gone, nothing listens.
+        drop(listener);
+        drop(done);
+        let mut child = spawned.map_err(|e| ProviderError::StartFailed {
             detail: format!("bwrap: {e}"),
         })?;
-        let socket = run.join("supervisor.sock");
         let t = Instant::now();
-        // Bounded by start_wait_max.
+        // Bounded by start_wait_max. Connections queue on the socket from
+        // its bind on; the supervisor answers once it runs the command,
+        // and a bubblewrap that exits closes the socket, failing the call.
         loop {
-            if socket.exists() {
-                break;
-            }
+            let left = self.cfg.start_wait_max.saturating_sub(t.elapsed());
             if let Ok(Some(status)) = child.try_wait() {
                 let log = std::fs::read(&log_path).unwrap_or_default();
                 let tail = &log[log.len().saturating_sub(LOG_TAIL_BYTES_MAX)..];
@@ -814,13 +873,17 @@ impl BwrapProvider {
                     ),
                 });
             }
-            if t.elapsed() > self.cfg.start_wait_max {
+            if left.is_zero() {
                 return Err(ProviderError::StartFailed {
                     detail: format!(
-                        "the supervisor's socket did not appear within {:?}",
+                        "the supervisor did not answer within {:?}",
                         self.cfg.start_wait_max
                     ),
                 });
+            }
+            let probe = socket::call_within(socket.clone(), SocketRequest::Status, left).await;
+            if let Ok(SocketResponse::Status(_)) = probe {
+                break;
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
@@ -903,7 +966,7 @@ impl BwrapProvider {
                 generation: generation.0,
             });
         }
-        Ok(dir.join("run/supervisor.sock"))
+        Ok(dir.join("run").join(SOCKET_FILE))
     }
 }
 
@@ -1070,7 +1133,7 @@ impl Provider for BwrapProvider {
     ) -> Result<Vec<Page>, ProviderError> {
         check_fence(fence)?;
         let sock = self.socket_of(lease_id, generation)?;
-        if !sock.exists() {
+        if finished(&sock) {
             // The supervisor finished (its terminal page was acknowledged).
             return Ok(Vec::new());
         }
@@ -1115,7 +1178,7 @@ impl Provider for BwrapProvider {
     ) -> Result<(), ProviderError> {
         check_fence(fence)?;
         let sock = self.socket_of(lease_id, generation)?;
-        if !sock.exists() {
+        if finished(&sock) {
             // The supervisor exits only after its terminal page was acknowledged.
             return Ok(());
         }
@@ -1129,7 +1192,7 @@ impl Provider for BwrapProvider {
             }
             Ok(other) => Err(refusal(other)),
             // The supervisor may exit right after answering the terminal ack.
-            Err(_) if !sock.exists() => Ok(()),
+            Err(_) if finished(&sock) => Ok(()),
             Err(e) => Err(self.lost_or(lease_id, generation, e)),
         }
     }
@@ -1142,7 +1205,7 @@ impl Provider for BwrapProvider {
     ) -> Result<(), ProviderError> {
         check_fence(fence)?;
         let sock = self.socket_of(lease_id, generation)?;
-        if !sock.exists() {
+        if finished(&sock) {
             // The supervisor finished: the command ended and its terminal
             // page was acknowledged, so there is nothing left to cancel.
             return Ok(());
@@ -1150,7 +1213,7 @@ impl Provider for BwrapProvider {
         match socket::call(sock.clone(), SocketRequest::Cancel { fence }).await {
             Ok(SocketResponse::Cancelled { .. }) => Ok(()),
             Ok(other) => Err(refusal(other)),
-            Err(_) if !sock.exists() => Ok(()),
+            Err(_) if finished(&sock) => Ok(()),
             Err(e) => Err(self.lost_or(lease_id, generation, e)),
         }
     }
@@ -1174,7 +1237,7 @@ impl Provider for BwrapProvider {
             });
         }
         let sock = self.socket_of(lease_id, generation)?;
-        if !sock.exists() {
+        if finished(&sock) {
             return Err(ProviderError::InputRefused {
                 reason: "input_closed".into(),
                 detail: "the command has ended and its output was read".into(),
@@ -1213,16 +1276,23 @@ impl Provider for BwrapProvider {
         generation: Generation,
     ) -> Result<Option<SpoolStatus>, ProviderError> {
         let sock = self.socket_of(lease_id, generation)?;
-        if !sock.exists() {
+        if finished(&sock) {
             return Ok(None);
         }
         match socket::call(sock.clone(), SocketRequest::Status).await {
             Ok(SocketResponse::Status(s)) => Ok(Some(s)),
             Ok(other) => Err(refusal(other)),
-            Err(_) if !sock.exists() => Ok(None),
+            Err(_) if finished(&sock) => Ok(None),
             Err(e) => Err(self.lost_or(lease_id, generation, e)),
         }
     }
+}
+
+/// Whether the supervisor whose socket is `sock` has finished: its
+/// terminal page was acknowledged (it wrote its done file before
+/// answering that ack), so it exits, or has, and nothing is left to read.
+fn finished(sock: &Path) -> bool {
+    std::fs::metadata(sock.with_file_name(DONE_FILE)).is_ok_and(|m| m.len() > 0)
 }
 
 /// An owner fence is >= 1.

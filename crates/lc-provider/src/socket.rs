@@ -19,9 +19,10 @@ fn unavailable(e: impl std::fmt::Display) -> ProviderError {
 }
 
 /// Connects to the socket at `path` without following a symlink in its
-/// last component: the directory is shared with the instance, so whatever
-/// sits at that name was possibly put there by the sandboxed command, and a
-/// symlink to a host socket must not make the provider talk to it. The name
+/// last component: the provider binds the socket itself in a directory
+/// only it can write, and a symlink found at that name anyway (an operator's
+/// mistake, a state directory from an older provider) must not make the
+/// provider talk to whatever it points at. The name
 /// is opened `O_PATH | O_NOFOLLOW`, checked to be a socket, and connected
 /// through `/proc/self/fd`, so the checked inode is the one connected to.
 fn connect_no_follow(path: &std::path::Path) -> std::io::Result<UnixStream> {
@@ -56,12 +57,20 @@ pub(crate) async fn call(
     path: PathBuf,
     req: SocketRequest,
 ) -> Result<SocketResponse, ProviderError> {
+    call_within(path, req, SOCKET_TIMEOUT).await
+}
+
+/// [`call`] with each read and write bounded by `timeout` (not zero).
+pub(crate) async fn call_within(
+    path: PathBuf,
+    req: SocketRequest,
+    timeout: Duration,
+) -> Result<SocketResponse, ProviderError> {
+    let timeout = timeout.max(Duration::from_millis(1));
     tokio::task::spawn_blocking(move || {
         let mut s = connect_no_follow(&path).map_err(unavailable)?;
-        s.set_read_timeout(Some(SOCKET_TIMEOUT))
-            .map_err(unavailable)?;
-        s.set_write_timeout(Some(SOCKET_TIMEOUT))
-            .map_err(unavailable)?;
+        s.set_read_timeout(Some(timeout)).map_err(unavailable)?;
+        s.set_write_timeout(Some(timeout)).map_err(unavailable)?;
         write_frame(&mut s, &req.encode()).map_err(unavailable)?;
         let body = read_frame(&mut s)
             .map_err(unavailable)?

@@ -1036,44 +1036,118 @@ async fn an_imported_tree_is_the_instance_root() {
         .unwrap();
 }
 
+/// What the command of the socket-hijack test tries: to remove, move or
+/// replace its supervisor's socket, to plant files beside it, and to
+/// listen where the provider connects (each failure's message is printed).
+const HIJACK: &str = r#"
+for op in "rm /.lc/run/supervisor.sock" "mv /.lc/run/supervisor.sock /.lc/run/x" \
+    "touch /.lc/run/planted" "ln -s /tmp/h /.lc/run/supervisor.sock" "mkdir /.lc/run"; do
+  $op; echo "rc=$?"
+done
+ls -A /.lc
+python3 -c '
+import socket
+for path in ("/.lc/run/supervisor.sock", "/.lc/run/.b", "/.lc/supervisor.sock"):
+    s = socket.socket(socket.AF_UNIX)
+    try:
+        s.bind(path)
+        s.listen()
+        print("listening", path)
+    except OSError as e:
+        print(path, e.strerror)
+'
+echo real output
+exit 3
+"#;
+
 #[tokio::test]
-async fn a_symlink_planted_at_the_socket_is_not_followed() {
+async fn the_command_can_neither_replace_nor_reach_its_supervisor_socket() {
     let e = env();
-    let host_sock = PathBuf::from(format!("/tmp/lc-hostsock-{}", std::process::id()));
-    let _ = std::fs::remove_file(&host_sock);
-    let listener = std::os::unix::net::UnixListener::bind(&host_sock).unwrap();
-    listener.set_nonblocking(true).unwrap();
-    let script = format!(
-        "rm -f /.lc/run/supervisor.sock && ln -s {} /.lc/run/supervisor.sock && touch /workspace/planted; sleep 30",
-        host_sock.display()
+    let (out, err, exit) = run(&e, 14, sh(14, HIJACK)).await;
+    // The socket the provider connects to is not in the sandbox at all:
+    // the run directory is not bound, and the root is read-only.
+    assert_eq!(
+        out,
+        "rc=1\nrc=1\nrc=1\nrc=1\nrc=1\nsupervisor\n\
+         /.lc/run/supervisor.sock No such file or directory\n\
+         /.lc/run/.b No such file or directory\n\
+         /.lc/supervisor.sock Read-only file system\n\
+         real output\n"
     );
-    e.provider.allocate(sh(14, &script)).await.unwrap();
-    let planted = e.provider.workspace_dir(WorkspaceId(14)).join("planted");
+    assert_eq!(
+        err,
+        "rm: cannot remove '/.lc/run/supervisor.sock': No such file or directory\n\
+         mv: cannot stat '/.lc/run/supervisor.sock': No such file or directory\n\
+         touch: cannot touch '/.lc/run/planted': No such file or directory\n\
+         ln: failed to create symbolic link '/.lc/run/supervisor.sock': No such file or directory\n\
+         mkdir: cannot create directory ‘/.lc/run’: Read-only file system\n"
+    );
+    assert_eq!(exit, ExitStatus::exited(3));
+    // On the host the socket is root's, in root's directory: the sandbox
+    // account cannot remove or replace it either.
+    let run_dir = e.dir.join("instances/14-1/run");
+    let sock = run_dir.join("supervisor.sock");
+    let a = e.provider.sandbox_account().clone();
+    assert_eq!(
+        as_account(&a, "rm", &["-f", sock.to_str().unwrap()]),
+        (
+            1,
+            String::new(),
+            format!(
+                "rm: cannot remove '{}': Permission denied\n",
+                sock.display()
+            )
+        )
+    );
+    {
+        use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _, PermissionsExt as _};
+        let m = std::fs::symlink_metadata(&sock).unwrap();
+        assert!(m.file_type().is_socket());
+        assert_eq!((m.uid(), m.permissions().mode() & 0o7777), (0, 0o600));
+        let m = std::fs::symlink_metadata(&run_dir).unwrap();
+        assert_eq!((m.uid(), m.permissions().mode() & 0o7777), (0, 0o700));
+    }
+    // The pages read were the supervisor's; acknowledging the terminal one
+    // ends the instance, and the provider then answers without it.
+    let all = until_terminal(&e.provider, 14, 1).await;
+    let last = all.last().unwrap().seq();
+    e.provider
+        .ack(SandboxLeaseId(14), Generation(1), F, last)
+        .await
+        .unwrap();
+    assert_eq!(
+        e.provider
+            .pages(SandboxLeaseId(14), Generation(1), F, 0, 8)
+            .await
+            .unwrap(),
+        vec![]
+    );
+    let cg = e
+        .provider
+        .instance_cgroup(SandboxLeaseId(14), Generation(1));
     let t = Instant::now();
-    while !planted.exists() {
+    while !cg.pids().is_empty() {
         assert!(
             t.elapsed() < DEADLINE,
-            "the command never planted its symlink"
+            "the instance outlived its terminal ack"
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let err = e
-        .provider
-        .pages(SandboxLeaseId(14), Generation(1), F, 0, 8)
-        .await
-        .unwrap_err();
-    assert_eq!(err.code(), "supervisor_unavailable");
-    assert!(err.to_string().contains("is not a socket"), "{err}");
     assert_eq!(
-        listener.accept().unwrap_err().kind(),
-        std::io::ErrorKind::WouldBlock,
-        "the provider connected to a host socket"
+        e.provider
+            .pages(SandboxLeaseId(14), Generation(1), F, 0, 8)
+            .await
+            .unwrap(),
+        vec![]
     );
+    e.provider
+        .ack(SandboxLeaseId(14), Generation(1), F, last)
+        .await
+        .unwrap();
     e.provider
         .destroy(SandboxLeaseId(14), Generation(1))
         .await
         .unwrap();
-    std::fs::remove_file(&host_sock).unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1344,7 +1418,7 @@ async fn the_sandbox_is_the_unprivileged_account_on_the_host() {
         (inst.clone(), 0, 0o711),
         (inst.join("instance.json"), 0, 0o600),
         (inst.join("bwrap.log"), 0, 0o600),
-        (inst.join("run"), a.uid, 0o700),
+        (inst.join("run"), 0, 0o700),
         (ws.clone(), a.uid, 0o700),
     ] {
         let m = std::fs::symlink_metadata(&path).unwrap();
@@ -1754,33 +1828,48 @@ async fn every_process_of_an_instance_is_the_account_on_the_host() {
 
 #[tokio::test]
 async fn the_command_cannot_talk_to_its_supervisor() {
-    // The socket is reachable from inside (the run directory is bound), but
-    // the supervisor closes every connection from its own PID namespace
-    // unread: an ack frame (length-prefixed, any body) gets no answer, and
-    // the provider's reads still see every page.
+    // The socket's name is not in the sandbox, and the supervisor (PID 2,
+    // the same uid) is not dumpable: the command can neither list its
+    // descriptors nor copy one (pidfd_getfd) to accept the provider's
+    // connections itself; it inherits no descriptor but its stdio (none
+    // of whatever the provider or bubblewrap had open). (Were the socket
+    // reached, the supervisor would still close every connection from its
+    // own PID namespace unread.)
     let e = env();
     let script = r#"
-import os, socket, struct, sys
-results = []
-for _ in range(3):
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+import ctypes, os, socket
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+try:
     s.connect("/.lc/run/supervisor.sock")
-    body = b'{"ack":{"through_seq":1}}'
-    try:
-        s.sendall(struct.pack(">I", len(body)) + body)
-    except OSError:
-        pass
-    s.settimeout(10)
-    try:
-        got = s.recv(1)
-        results.append("answered" if got else "closed")
-    except (ConnectionResetError, BrokenPipeError):
-        results.append("closed")
-    s.close()
-print(" ".join(results))
+    print("connected")
+except OSError as e:
+    print("connect", e.strerror)
+s.close()
+argv = open("/proc/2/cmdline").read().split("\0")
+print(argv[0], argv[1], argv[3])
+try:
+    print(os.listdir("/proc/2/fd"))
+except OSError as e:
+    print("fds", e.strerror)
+libc = ctypes.CDLL(None, use_errno=True)
+pidfd = os.pidfd_open(2)
+for fd in (int(argv[2]), int(argv[4])):
+    r = libc.syscall(438, pidfd, fd, 0)
+    print("pidfd_getfd", os.strerror(ctypes.get_errno()) if r < 0 else "copied")
+os.close(pidfd)
+# Its own descriptors: stdin, stdout, stderr, and the one listing them.
+print(sorted(os.listdir("/proc/self/fd"), key=int))
 "#;
     let (out, err, exit) = run(&e, 1, req(1, 1, SMALL, &["python3", "-c", script])).await;
-    assert_eq!(out, "closed closed closed\n");
+    assert_eq!(
+        out,
+        "connect No such file or directory\n\
+         /.lc/supervisor --listen-fd --done-fd\n\
+         fds Permission denied\n\
+         pidfd_getfd Operation not permitted\n\
+         pidfd_getfd Operation not permitted\n\
+         ['0', '1', '2', '3']\n"
+    );
     assert_eq!(err, "");
     assert_eq!(exit, ExitStatus::exited(0));
 }

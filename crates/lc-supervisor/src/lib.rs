@@ -1,10 +1,13 @@
 //! lc-supervisor: the first process of a Little Compute sandbox instance.
 //!
-//! `lc-supervisor --socket PATH [--spool-bytes N] [--spool-pages P] [--stdin-open] -- ARGV...`
+//! `lc-supervisor (--socket PATH | --listen-fd FD [--done-fd FD]) [--spool-bytes N] [--spool-pages P] [--stdin-open] -- ARGV...`
 //!
-//! It binds the unix socket at `PATH` (under the temporary name `.b` in the
-//! same directory, renamed to `PATH` once it listens, so whoever sees
-//! `PATH` can connect at once), starts `ARGV` in its own process group with
+//! It serves a listening unix socket: the one it inherited as descriptor
+//! `--listen-fd` (the bubblewrap provider binds it on the host, where the
+//! command cannot reach its name), or one it binds at `PATH` itself (under
+//! the temporary name `.b` in the same directory, renamed to `PATH` once
+//! it listens, so whoever sees `PATH` can connect at once). It starts
+//! `ARGV` in its own process group with
 //! its stdin on `/dev/null` and its stdout and stderr on pipes, and turns
 //! what the command writes into numbered [`Page`]s (seq from 1, no gaps) in
 //! a bounded in-memory spool. Design and failure modes:
@@ -64,7 +67,15 @@
 //!   closed unread, so the command can neither acknowledge its own pages
 //!   nor hold the connection (`--any-peer` lifts this for a supervisor run
 //!   outside a sandbox).
-//!   Once the terminal page is acknowledged the supervisor exits 0.
+//!   Once the terminal page is acknowledged the supervisor writes
+//!   `terminal_acked` to the inherited file `--done-fd` (before it answers
+//!   that ack, so a reader that got the answer finds the file written),
+//!   removes a socket it bound itself, and exits 0.
+//! * **Nothing inherited reaches the command.** Every descriptor above
+//!   stderr (those of `--listen-fd` and `--done-fd` among them) is made
+//!   close-on-exec before the command starts, and the supervisor makes itself non-dumpable, so the
+//!   command (the same uid in the same user namespace) can neither
+//!   `ptrace` it nor copy its descriptors (`pidfd_getfd`, `/proc/PID/fd`).
 //! * The supervisor's clock is never consulted for anything but that
 //!   connection timeout; it holds no credential.
 //! * **Identity.** Under the bubblewrap provider the supervisor and the
@@ -72,11 +83,12 @@
 //!   with no capability and no supplementary group. On the host that uid
 //!   is the provider's unprivileged sandbox account (`lc-sandbox` by
 //!   default), never root: the provider drops to it before bubblewrap
-//!   starts, so the socket, the pages and every file the command writes
-//!   are that account's, and a host file bound in is read with that
-//!   account's credentials. The supervisor needs nothing more: it only
-//!   binds its socket in the directory the provider made for it and runs
-//!   the command.
+//!   starts, so the pages and every file the command writes are that
+//!   account's, and a host file bound in is read with that account's
+//!   credentials. The supervisor needs nothing more: it only serves the
+//!   socket the provider bound for it (root's, in a host directory that is
+//!   not bound into the sandbox), writes the done file the provider opened
+//!   for it, and runs the command.
 
 use std::collections::VecDeque;
 use std::io::Read;
@@ -112,11 +124,23 @@ pub const BINDING_NAME: &str = ".b";
 /// Exit code of a command that could not be started.
 pub const START_FAILED_CODE: i32 = 127;
 
+/// What the supervisor writes to `--done-fd` once the terminal page is
+/// acknowledged.
+pub const DONE_TEXT: &str = "terminal_acked\n";
+
 /// Parsed command line.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Args {
-    /// The unix socket to bind.
-    pub socket: std::path::PathBuf,
+    /// The unix socket to bind (`--socket`); exactly one of it and
+    /// `listen_fd` is given.
+    pub socket: Option<std::path::PathBuf>,
+    /// An inherited descriptor of a listening unix socket to serve
+    /// (`--listen-fd`, >= 3).
+    pub listen_fd: Option<i32>,
+    /// An inherited descriptor of a file opened for writing, where
+    /// [`DONE_TEXT`] is written once the terminal page is acknowledged
+    /// (`--done-fd`, >= 3).
+    pub done_fd: Option<i32>,
     /// The spool bound in bytes.
     pub spool_bytes_max: u64,
     /// The spool bound in pages, the terminal page's slot included.
@@ -140,7 +164,7 @@ impl std::fmt::Display for UsageError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "usage_error: {}\nusage: lc-supervisor --socket PATH [--spool-bytes N] [--spool-pages N] [--stdin-open] [--any-peer] -- ARGV...",
+            "usage_error: {}\nusage: lc-supervisor (--socket PATH | --listen-fd FD [--done-fd FD]) [--spool-bytes N] [--spool-pages N] [--stdin-open] [--any-peer] -- ARGV...",
             self.0
         )
     }
@@ -150,10 +174,13 @@ impl Args {
     /// Parses `args` (without the program name).
     ///
     /// # Errors
-    /// [`UsageError`] for a missing `--socket` or command, an unknown flag,
-    /// or a spool bound outside `SPOOL_BYTES_MIN..=SPOOL_BYTES_LIMIT`.
+    /// [`UsageError`] for a missing command, neither or both of `--socket`
+    /// and `--listen-fd`, a descriptor below 3, an unknown flag, or a
+    /// spool bound outside `SPOOL_BYTES_MIN..=SPOOL_BYTES_LIMIT`.
     pub fn parse(args: &[String]) -> Result<Args, UsageError> {
         let mut socket = None;
+        let mut listen_fd = None;
+        let mut done_fd = None;
         let mut spool_bytes_max = SPOOL_BYTES_DEFAULT;
         let mut spool_pages_max = SPOOL_PAGES_DEFAULT;
         let mut it = args.iter();
@@ -170,6 +197,20 @@ impl Args {
                             .ok_or_else(|| UsageError("--socket needs a path".into()))?
                             .into(),
                     )
+                }
+                flag @ ("--listen-fd" | "--done-fd") => {
+                    let v = it
+                        .next()
+                        .ok_or_else(|| UsageError(format!("{flag} needs a descriptor")))?;
+                    // 0, 1 and 2 are the supervisor's own stdin, stdout, stderr.
+                    let fd = v.parse::<i32>().ok().filter(|fd| *fd >= 3).ok_or_else(|| {
+                        UsageError(format!("{flag} must be a descriptor >= 3, got {v:?}"))
+                    })?;
+                    if flag == "--listen-fd" {
+                        listen_fd = Some(fd);
+                    } else {
+                        done_fd = Some(fd);
+                    }
                 }
                 "--spool-bytes" => {
                     let v = it
@@ -205,12 +246,18 @@ impl Args {
                 other => return Err(UsageError(format!("unknown argument {other:?}"))),
             }
         }
-        let socket = socket.ok_or_else(|| UsageError("--socket is required".into()))?;
+        if socket.is_some() == listen_fd.is_some() {
+            return Err(UsageError(
+                "exactly one of --socket and --listen-fd is required".into(),
+            ));
+        }
         if argv.is_empty() || argv[0].is_empty() {
             return Err(UsageError("a command is required after --".into()));
         }
         Ok(Args {
             socket,
+            listen_fd,
+            done_fd,
             spool_bytes_max,
             spool_pages_max,
             argv,
@@ -580,10 +627,14 @@ fn feed(spool: Arc<Spool>, mut stdin: std::process::ChildStdin) {
     }
 }
 
+/// `close_range`'s flag that marks the range close-on-exec instead of
+/// closing it (Linux 5.11).
+const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
+
 fn start(argv: &[String], stdin_open: bool) -> std::io::Result<(Child, ChildStdout, ChildStderr)> {
     use std::os::unix::process::CommandExt as _;
-    let mut child = Command::new(&argv[0])
-        .args(&argv[1..])
+    let mut cmd = Command::new(&argv[0]);
+    cmd.args(&argv[1..])
         .stdin(if stdin_open {
             Stdio::piped()
         } else {
@@ -592,8 +643,8 @@ fn start(argv: &[String], stdin_open: bool) -> std::io::Result<(Child, ChildStdo
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         // Its own process group, so a cancel can signal the group at once.
-        .process_group(0)
-        .spawn()?;
+        .process_group(0);
+    let mut child = cmd.spawn()?;
     let out = child.stdout.take();
     let err = child.stderr.take();
     match (out, err) {
@@ -714,8 +765,9 @@ fn handle(spool: &Spool, req: SocketRequest) -> (SocketResponse, bool) {
     }
 }
 
-/// Serves one connection; returns whether the terminal page was acknowledged.
-fn serve_connection(spool: &Spool, mut conn: UnixStream) -> bool {
+/// Serves one connection; returns whether the terminal page was
+/// acknowledged. [`DONE_TEXT`] goes to `done` before that ack is answered.
+fn serve_connection(spool: &Spool, mut conn: UnixStream, done: Option<&std::fs::File>) -> bool {
     if conn.set_read_timeout(Some(CONNECTION_IDLE_MAX)).is_err() {
         return false;
     }
@@ -724,7 +776,7 @@ fn serve_connection(spool: &Spool, mut conn: UnixStream) -> bool {
             Ok(Some(b)) => b,
             Ok(None) | Err(_) => return false,
         };
-        let (resp, done) = match SocketRequest::decode(&body) {
+        let (resp, finished) = match SocketRequest::decode(&body) {
             Ok(req) => handle(spool, req),
             Err(e) => (
                 SocketResponse::Error {
@@ -733,11 +785,17 @@ fn serve_connection(spool: &Spool, mut conn: UnixStream) -> bool {
                 false,
             ),
         };
+        if finished && let Some(mut f) = done {
+            use std::io::Write as _;
+            if let Err(e) = f.write_all(DONE_TEXT.as_bytes()).and_then(|()| f.flush()) {
+                eprintln!("lc-supervisor: done_fd_write_failed: {e}");
+            }
+        }
         let sent = resp
             .encode()
             .and_then(|b| write_frame(&mut conn, &b))
             .is_ok();
-        if done {
+        if finished {
             return true;
         }
         if !sent {
@@ -753,23 +811,58 @@ pub fn run(args: Args) -> i32 {
     unsafe {
         libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
     }
-    // A socket file exists from bind on but refuses connections until
-    // listen: bound under a temporary name, it appears at its name only
-    // once it listens.
-    let binding = args.socket.with_file_name(BINDING_NAME);
-    let _ = std::fs::remove_file(&args.socket);
-    let _ = std::fs::remove_file(&binding);
-    let listener = match UnixListener::bind(&binding)
-        .and_then(|l| std::fs::rename(&binding, &args.socket).map(|()| l))
-    {
-        Ok(l) => l,
+    // Not dumpable: the command, the same uid in the same user namespace,
+    // can neither trace this process nor copy its descriptors.
+    // SAFETY: prctl with PR_SET_DUMPABLE takes an integer argument.
+    unsafe {
+        libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
+    }
+    // The command inherits its stdin, stdout and stderr, nothing else of
+    // what this process was given.
+    // SAFETY: close_range with CLOSE_RANGE_CLOEXEC only sets descriptor flags.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            3 as libc::c_uint,
+            libc::c_uint::MAX,
+            CLOSE_RANGE_CLOEXEC,
+        )
+    };
+    if rc != 0 {
+        eprintln!(
+            "lc-supervisor: close_range_failed: {}",
+            std::io::Error::last_os_error()
+        );
+        return 1;
+    }
+    let done = match args.done_fd.map(adopt_done_file).transpose() {
+        Ok(d) => d,
         Err(e) => {
-            eprintln!(
-                "lc-supervisor: socket_bind_failed: {}: {e}",
-                args.socket.display()
-            );
-            let _ = std::fs::remove_file(&binding);
+            eprintln!("lc-supervisor: done_fd_unusable: {e}");
             return 1;
+        }
+    };
+    let listener = match (&args.socket, args.listen_fd) {
+        (_, Some(fd)) => match adopt_listener(fd) {
+            Ok(l) => l,
+            Err(e) => {
+                eprintln!("lc-supervisor: listen_fd_unusable: {e}");
+                return 1;
+            }
+        },
+        (Some(socket), None) => match bind_listener(socket) {
+            Ok(l) => l,
+            Err(e) => {
+                eprintln!(
+                    "lc-supervisor: socket_bind_failed: {}: {e}",
+                    socket.display()
+                );
+                return 1;
+            }
+        },
+        (None, None) => {
+            eprintln!("lc-supervisor: usage_error: no socket to serve");
+            return 2;
         }
     };
     let spool = Arc::new(Spool {
@@ -830,12 +923,81 @@ pub fn run(args: Args) -> i32 {
             // pages nor hold the one connection the provider needs.
             continue;
         }
-        if serve_connection(&spool, conn) {
-            let _ = std::fs::remove_file(&args.socket);
+        if serve_connection(&spool, conn, done.as_ref()) {
+            if let Some(socket) = &args.socket {
+                let _ = std::fs::remove_file(socket);
+            }
             return 0;
         }
     }
     1
+}
+
+/// Binds a listening socket at `socket`. A socket file exists from bind on
+/// but refuses connections until listen: bound under a temporary name, it
+/// appears at its name only once it listens.
+fn bind_listener(socket: &std::path::Path) -> std::io::Result<UnixListener> {
+    let binding = socket.with_file_name(BINDING_NAME);
+    let _ = std::fs::remove_file(socket);
+    let _ = std::fs::remove_file(&binding);
+    let bound =
+        UnixListener::bind(&binding).and_then(|l| std::fs::rename(&binding, socket).map(|()| l));
+    if bound.is_err() {
+        let _ = std::fs::remove_file(&binding);
+    }
+    bound
+}
+
+/// Marks the inherited descriptor `fd` close-on-exec, so the command never
+/// inherits it.
+fn close_on_exec(fd: i32) -> std::io::Result<()> {
+    // SAFETY: fcntl on an integer descriptor touches no memory.
+    if unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Takes the inherited descriptor `fd` as the listening socket: it must
+/// be an open unix stream socket that listens.
+fn adopt_listener(fd: i32) -> Result<UnixListener, String> {
+    use std::os::fd::FromRawFd as _;
+    let what = |e: &dyn std::fmt::Display| format!("descriptor {fd}: {e}");
+    close_on_exec(fd).map_err(|e| what(&e))?;
+    let int_opt = |opt: libc::c_int| -> std::io::Result<libc::c_int> {
+        let mut v: libc::c_int = 0;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: `v` and `len` are valid for writes of the sizes given.
+        let rc = unsafe {
+            libc::getsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                opt,
+                (&mut v as *mut libc::c_int).cast::<libc::c_void>(),
+                &mut len,
+            )
+        };
+        if rc != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(v)
+    };
+    let domain = int_opt(libc::SO_DOMAIN).map_err(|e| what(&e))?;
+    let kind = int_opt(libc::SO_TYPE).map_err(|e| what(&e))?;
+    let listening = int_opt(libc::SO_ACCEPTCONN).map_err(|e| what(&e))?;
+    if domain != libc::AF_UNIX || kind != libc::SOCK_STREAM || listening != 1 {
+        return Err(what(&"not a listening unix stream socket"));
+    }
+    // SAFETY: `fd` is an open socket nothing else in this process owns.
+    Ok(unsafe { UnixListener::from_raw_fd(fd) })
+}
+
+/// Takes the inherited descriptor `fd` as the done file.
+fn adopt_done_file(fd: i32) -> Result<std::fs::File, String> {
+    use std::os::fd::FromRawFd as _;
+    close_on_exec(fd).map_err(|e| format!("descriptor {fd}: {e}"))?;
+    // SAFETY: `fd` is open (fcntl succeeded) and owned by nothing else here.
+    Ok(unsafe { std::fs::File::from_raw_fd(fd) })
 }
 
 /// Whether the peer of `conn` lives outside this process's PID namespace:

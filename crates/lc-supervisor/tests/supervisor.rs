@@ -924,3 +924,111 @@ fn input_is_bounded_and_closed_without_stdin_open() {
     assert_eq!(call(&closed, send(1, b"x", false)), refused("input_closed"));
     assert_eq!(status(&closed).input_seq, 0);
 }
+
+/// A supervisor serving a listening socket it inherited (`--listen-fd`),
+/// reporting the terminal ack through an inherited file (`--done-fd`):
+/// the socket's path is the caller's, and neither descriptor reaches the
+/// command.
+#[test]
+fn an_inherited_listener_and_done_file_serve_and_never_reach_the_command() {
+    use std::os::fd::AsRawFd as _;
+    use std::os::unix::process::CommandExt as _;
+    let dir = tempdir("listen-fd");
+    let socket = dir.join("s.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    let done_path = dir.join("done");
+    let done = std::fs::File::create(&done_path).unwrap();
+    let (lfd, dfd) = (listener.as_raw_fd(), done.as_raw_fd());
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_lc-supervisor"));
+    cmd.args([
+        "--listen-fd",
+        &lfd.to_string(),
+        "--done-fd",
+        &dfd.to_string(),
+    ])
+    .args(["--any-peer", "--", "sh", "-c"])
+    .arg(format!(
+        "ls /proc/self/fd/{lfd} /proc/self/fd/{dfd} 2>&1; true"
+    ))
+    .stdin(Stdio::null());
+    // SAFETY: fcntl only changes the descriptors' close-on-exec flags.
+    unsafe {
+        cmd.pre_exec(move || {
+            for fd in [lfd, dfd] {
+                if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
+    let child = cmd.spawn().unwrap();
+    // The supervisor holds them now; the socket keeps its path.
+    drop(listener);
+    drop(done);
+    let mut sup = Sup {
+        child,
+        socket,
+        dir: dir.clone(),
+    };
+    let t = Instant::now();
+    let all = loop {
+        let got = pages(&sup, 0, 64);
+        if got.last().is_some_and(|p| p.is_terminal()) {
+            break got;
+        }
+        assert!(t.elapsed() < DEADLINE, "no terminal page");
+        std::thread::sleep(Duration::from_millis(2));
+    };
+    assert_eq!(
+        String::from_utf8(stream(&all, PageKind::Stdout)).unwrap(),
+        format!(
+            "ls: cannot access '/proc/self/fd/{lfd}': No such file or directory\n\
+             ls: cannot access '/proc/self/fd/{dfd}': No such file or directory\n"
+        )
+    );
+    assert_eq!(all.last().unwrap().exit(), Some(ExitStatus::exited(0)));
+    assert_eq!(std::fs::read(&done_path).unwrap(), b"");
+    let last = all.last().unwrap().seq();
+    // The done file is written before the terminal ack is answered.
+    assert_eq!(
+        call(&sup, ack(last)),
+        SocketResponse::Acked {
+            acked_through: last
+        }
+    );
+    assert_eq!(
+        std::fs::read_to_string(&done_path).unwrap(),
+        "terminal_acked\n"
+    );
+    assert_eq!(wait_exit(&mut sup), 0);
+    // The socket's path is the caller's: the supervisor leaves it.
+    assert!(sup.socket.exists());
+}
+
+#[test]
+fn an_unusable_listen_fd_is_refused() {
+    let out = Command::new(env!("CARGO_BIN_EXE_lc-supervisor"))
+        .args(["--listen-fd", "250", "--", "true"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8(out.stderr).unwrap(),
+        "lc-supervisor: listen_fd_unusable: descriptor 250: Bad file descriptor (os error 9)\n"
+    );
+    for args in [
+        vec!["--listen-fd", "3", "--socket", "/tmp/x", "--", "true"],
+        vec!["--listen-fd", "x", "--", "true"],
+        vec!["--listen-fd", "2", "--", "true"],
+        vec!["--socket", "/tmp/x", "--done-fd", "-1", "--", "true"],
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_lc-supervisor"))
+            .args(&args)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        assert!(String::from_utf8_lossy(&out.stderr).starts_with("usage_error: "));
+    }
+}
