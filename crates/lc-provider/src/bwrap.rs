@@ -76,8 +76,10 @@
 //! (the `base` runtime: the host's `/usr` plus `/bin`, `/lib`, `/lib64`,
 //! `/sbin` as symlinks into it; an imported tree: each top-level entry
 //! bound read-only, the reserved names `proc`, `dev`, `tmp`, `workspace`
-//! and `.lc` left to the provider), `/proc`, a minimal `/dev`, a tmpfs
-//! `/tmp`, the workspace at `/workspace`, the supervisor binary read-only at
+//! and `.lc` left to the provider), `/proc`, a minimal `/dev` (read-only
+//! but for its devices and a tmpfs `/dev/shm`), a tmpfs `/tmp` (each tmpfs
+//! bounded to [`tmpfs_bytes_max`] of the shape's memory: a full one is the
+//! command's `ENOSPC`), the workspace at `/workspace`, the supervisor binary read-only at
 //! `/.lc/supervisor`, and a clean environment. Each of these works
 //! unprivileged. bubblewrap's own init is PID 1
 //! of the instance's PID namespace and reaps orphans; the supervisor is its
@@ -90,7 +92,11 @@
 //! Limits: the bwrap process joins the instance's cgroups
 //! ([`crate::cgroup`]) and sets its rlimits between fork and exec, so the
 //! whole instance runs inside them. rlimits are only ever lowered, never
-//! above the current hard limit (raising needs `CAP_SYS_RESOURCE`).
+//! above the current hard limit (raising needs `CAP_SYS_RESOURCE`). When
+//! the memory limit is reached the kernel's OOM killer takes the command:
+//! the supervisor starts it with `oom_score_adj` 1000 and keeps the
+//! default itself, so the supervisor lives to page the command's output
+//! and its terminal status (signal 9).
 //!
 //! Prove-not-sent(L, G) persists the fence first, like destroy, so no
 //! later allocate of G can write its hand-off marker; then, under the same
@@ -169,6 +175,21 @@ const RESERVED_TOP: [&str; 5] = ["proc", "dev", "tmp", "workspace", ".lc"];
 /// `close_range`'s flag that marks the range close-on-exec instead of
 /// closing it (Linux 5.11).
 const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
+
+/// Each of an instance's two writable tmpfs mounts, `/tmp` and `/dev/shm`,
+/// holds at most `1 / TMPFS_MEMORY_DIVISOR` of the shape's memory. Their
+/// pages are charged to the instance's memory cgroup and no process owns
+/// them, so the OOM killer cannot free them by killing anyone: bounded so,
+/// both full still leave half of the limit to the processes (the
+/// supervisor's spool among them), and a full one answers the command's
+/// write `ENOSPC` instead of making the kernel kill the supervisor.
+pub const TMPFS_MEMORY_DIVISOR: u64 = 4;
+
+/// The size of each writable tmpfs of an instance with `memory_bytes`, in
+/// bytes: [`TMPFS_MEMORY_DIVISOR`]'s share, in whole 4 KiB pages.
+pub fn tmpfs_bytes_max(memory_bytes: u64) -> u64 {
+    (memory_bytes / TMPFS_MEMORY_DIVISOR) & !4095
+}
 
 /// The rlimits of every instance (each also capped at the current hard limit).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -713,11 +734,20 @@ impl BwrapProvider {
                 }
             }
         }
+        let tmpfs_bytes = tmpfs_bytes_max(req.shape.memory_bytes).to_string();
         push(&[
             "--proc",
             "/proc",
             "--dev",
             "/dev",
+            "--size",
+            &tmpfs_bytes,
+            "--tmpfs",
+            "/dev/shm",
+            "--remount-ro",
+            "/dev",
+            "--size",
+            &tmpfs_bytes,
             "--tmpfs",
             "/tmp",
             "--bind",

@@ -510,6 +510,64 @@ async fn memory_limit_is_exact_and_enforced() {
         .unwrap();
 }
 
+/// Fills the instance's two writable tmpfs mounts and tries a third
+/// place, then prints its own `oom_score_adj`.
+const FILL: &str = "head -c 400M /dev/zero > /tmp/fill; echo tmp=$?; stat -c %s /tmp/fill; \
+head -c 400M /dev/zero > /dev/shm/fill; echo shm=$?; stat -c %s /dev/shm/fill; \
+touch /dev/fill; echo dev=$?; cat /proc/self/oom_score_adj";
+
+#[tokio::test]
+async fn a_full_tmp_is_the_commands_enospc_and_the_oom_killer_picks_the_command() {
+    let e = env();
+    // `/tmp` and `/dev/shm` each hold a quarter of small's 256 MiB, so a
+    // 400 MiB file is cut at 64 MiB with ENOSPC (their pages count against
+    // the instance's memory limit: unbounded, they made the OOM killer
+    // take the supervisor), and `/dev` itself is read-only.
+    let (out, err, exit) = run(&e, 50, sh(50, &format!("{FILL}; exit 4"))).await;
+    assert_eq!(out, "tmp=1\n67108864\nshm=1\n67108864\ndev=1\n1000\n");
+    assert_eq!(
+        err,
+        "head: error writing 'standard output': No space left on device\n\
+         head: error writing 'standard output': No space left on device\n\
+         touch: cannot touch '/dev/fill': Read-only file system\n"
+    );
+    assert_eq!(exit, ExitStatus::exited(4));
+    // The supervisor, still waiting for its terminal ack, keeps the
+    // default score: the command (1000) is always the OOM killer's choice.
+    let cg = e
+        .provider
+        .instance_cgroup(SandboxLeaseId(50), Generation(1));
+    let supervisors: Vec<String> = cg
+        .pids()
+        .into_iter()
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .unwrap_or_default()
+                .starts_with(b"/.lc/supervisor\0")
+        })
+        .map(|pid| std::fs::read_to_string(format!("/proc/{pid}/oom_score_adj")).unwrap())
+        .collect();
+    assert_eq!(supervisors, vec!["0\n".to_owned()]);
+    e.provider
+        .destroy(SandboxLeaseId(50), Generation(1))
+        .await
+        .unwrap();
+    // With both mounts full, a command allocating past what is left of the
+    // limit is killed, and the supervisor lives to page its output and its
+    // terminal status.
+    let hog = format!(
+        "{{ {FILL}; }} >/dev/null 2>&1; echo filled; exec python3 -c \"b = b'x' * (400 << 20); print('survived')\""
+    );
+    let (out, err, exit) = run(&e, 51, sh(51, &hog)).await;
+    assert_eq!(out, "filled\n");
+    assert_eq!(err, "");
+    assert_eq!(exit, ExitStatus::signaled(9));
+    e.provider
+        .destroy(SandboxLeaseId(51), Generation(1))
+        .await
+        .unwrap();
+}
+
 const FORK_BOMB: &str = "import os, time\n\
 n = 0\n\
 err = None\n\

@@ -76,6 +76,14 @@
 //!   close-on-exec before the command starts, and the supervisor makes itself non-dumpable, so the
 //!   command (the same uid in the same user namespace) can neither
 //!   `ptrace` it nor copy its descriptors (`pidfd_getfd`, `/proc/PID/fd`).
+//! * **The OOM killer's choice.** The command starts with `oom_score_adj`
+//!   [`COMMAND_OOM_SCORE_ADJ`] (its descendants inherit it), the supervisor
+//!   keeps its own: when the instance's memory limit is reached, the
+//!   kernel kills the command, and the supervisor lives to page what it
+//!   wrote and its terminal status (signal 9). Raising one's own score
+//!   needs no privilege; the command may lower it back to the
+//!   supervisor's, which only makes its own instance's supervisor a
+//!   candidate.
 //! * The supervisor's clock is never consulted for anything but that
 //!   connection timeout; it holds no credential.
 //! * **Identity.** Under the bubblewrap provider the supervisor and the
@@ -123,6 +131,11 @@ pub const BINDING_NAME: &str = ".b";
 
 /// Exit code of a command that could not be started.
 pub const START_FAILED_CODE: i32 = 127;
+
+/// The `oom_score_adj` the command starts with: the kernel's highest, so
+/// the OOM killer picks the command (and its descendants) before the
+/// supervisor, which keeps the default.
+pub const COMMAND_OOM_SCORE_ADJ: i32 = 1000;
 
 /// What the supervisor writes to `--done-fd` once the terminal page is
 /// acknowledged.
@@ -631,6 +644,9 @@ fn feed(spool: Arc<Spool>, mut stdin: std::process::ChildStdin) {
 /// closing it (Linux 5.11).
 const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
 
+/// [`COMMAND_OOM_SCORE_ADJ`] as written to `oom_score_adj`.
+const OOM_SCORE_ADJ_TEXT: &[u8] = b"1000";
+
 fn start(argv: &[String], stdin_open: bool) -> std::io::Result<(Child, ChildStdout, ChildStderr)> {
     use std::os::unix::process::CommandExt as _;
     let mut cmd = Command::new(&argv[0]);
@@ -644,6 +660,36 @@ fn start(argv: &[String], stdin_open: bool) -> std::io::Result<(Child, ChildStdo
         .stderr(Stdio::piped())
         // Its own process group, so a cancel can signal the group at once.
         .process_group(0);
+    // SAFETY: the closure only calls prctl, open, write and close, all
+    // async-signal-safe, on static data; it allocates nothing.
+    unsafe {
+        cmd.pre_exec(|| {
+            // The supervisor is not dumpable, so neither is this child
+            // until it executes: /proc/self is not its own to write until
+            // it is made dumpable again (exec would do so anyway).
+            if libc::prctl(libc::PR_SET_DUMPABLE, 1, 0, 0, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            let fd = libc::open(
+                c"/proc/self/oom_score_adj".as_ptr(),
+                libc::O_WRONLY | libc::O_CLOEXEC,
+            );
+            if fd < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            let n = libc::write(
+                fd,
+                OOM_SCORE_ADJ_TEXT.as_ptr().cast(),
+                OOM_SCORE_ADJ_TEXT.len(),
+            );
+            let err = std::io::Error::last_os_error();
+            libc::close(fd);
+            if n != OOM_SCORE_ADJ_TEXT.len() as isize {
+                return Err(err);
+            }
+            Ok(())
+        });
+    }
     let mut child = cmd.spawn()?;
     let out = child.stdout.take();
     let err = child.stderr.take();

@@ -928,7 +928,8 @@ fn input_is_bounded_and_closed_without_stdin_open() {
 /// A supervisor serving a listening socket it inherited (`--listen-fd`),
 /// reporting the terminal ack through an inherited file (`--done-fd`):
 /// the socket's path is the caller's, and neither descriptor reaches the
-/// command.
+/// command, which the kernel's OOM killer prefers (`oom_score_adj` 1000)
+/// over the supervisor (left at its default).
 #[test]
 fn an_inherited_listener_and_done_file_serve_and_never_reach_the_command() {
     use std::os::fd::AsRawFd as _;
@@ -948,7 +949,7 @@ fn an_inherited_listener_and_done_file_serve_and_never_reach_the_command() {
     ])
     .args(["--any-peer", "--", "sh", "-c"])
     .arg(format!(
-        "ls /proc/self/fd/{lfd} /proc/self/fd/{dfd} 2>&1; true"
+        "cat /proc/self/oom_score_adj; ls /proc/self/fd/{lfd} /proc/self/fd/{dfd} 2>&1; true"
     ))
     .stdin(Stdio::null());
     // SAFETY: fcntl only changes the descriptors' close-on-exec flags.
@@ -971,6 +972,11 @@ fn an_inherited_listener_and_done_file_serve_and_never_reach_the_command() {
         socket,
         dir: dir.clone(),
     };
+    let pid = sup.child.id();
+    assert_eq!(
+        std::fs::read_to_string(format!("/proc/{pid}/oom_score_adj")).unwrap(),
+        "0\n"
+    );
     let t = Instant::now();
     let all = loop {
         let got = pages(&sup, 0, 64);
@@ -983,7 +989,7 @@ fn an_inherited_listener_and_done_file_serve_and_never_reach_the_command() {
     assert_eq!(
         String::from_utf8(stream(&all, PageKind::Stdout)).unwrap(),
         format!(
-            "ls: cannot access '/proc/self/fd/{lfd}': No such file or directory\n\
+            "1000\nls: cannot access '/proc/self/fd/{lfd}': No such file or directory\n\
              ls: cannot access '/proc/self/fd/{dfd}': No such file or directory\n"
         )
     );
