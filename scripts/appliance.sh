@@ -4,7 +4,7 @@
 #   bash scripts/appliance.sh [DIR] [appliance up options...]
 #
 # Installs the Debian packages the appliance needs when they are missing
-# (postgresql-15 for the server binaries, bubblewrap for the sandboxes,
+# (postgresql-15 for the server binaries, bubblewrap and slirp4netns for the sandboxes,
 # util-linux for setpriv), builds the release binaries (little-compute, lc,
 # lc-supervisor, tollgate-safetime), and runs `little-compute appliance up
 # --data-dir DIR` (default /var/lib/little-compute) in the foreground until
@@ -29,6 +29,10 @@ fi
 if ! command -v bwrap >/dev/null 2>&1; then
   echo "appliance.sh: bwrap missing; installing bubblewrap (the sandboxes run in it)" >&2
   missing+=(bubblewrap)
+fi
+if ! command -v slirp4netns >/dev/null 2>&1; then
+  echo "appliance.sh: slirp4netns missing; installing slirp4netns (the network shapes' NAT)" >&2
+  missing+=(slirp4netns)
 fi
 if ! command -v setpriv >/dev/null 2>&1; then
   echo "appliance.sh: setpriv missing; installing util-linux" >&2

@@ -12,7 +12,8 @@ cd "$(dirname "$0")/.."
 # whose wall clock a test steps, PgServer::start_dedicated_faketime) and
 # pgbouncer (crates/tollgate-safetime/tests/pgbouncer.rs runs the sampler
 # through a real PgBouncer) and bubblewrap (Little Compute's provider runs
-# every sandbox instance in it; its tests start real instances).
+# every sandbox instance in it; its tests start real instances) and
+# slirp4netns (the network shapes' outbound-only NAT).
 missing=()
 pg_bin="${TOLLGATE_PG_BIN:-/usr/lib/postgresql/15/bin}"
 if [ ! -x "$pg_bin/initdb" ] || [ ! -x "$pg_bin/postgres" ]; then
@@ -26,6 +27,10 @@ fi
 if ! command -v bwrap >/dev/null 2>&1; then
   echo "test.sh: bwrap missing; installing bubblewrap (Little Compute's sandboxes)" >&2
   missing+=(bubblewrap)
+fi
+if ! command -v slirp4netns >/dev/null 2>&1; then
+  echo "test.sh: slirp4netns missing; installing slirp4netns (the network shapes' NAT)" >&2
+  missing+=(slirp4netns)
 fi
 if [ ! -x /usr/sbin/pgbouncer ] && [ ! -x /usr/bin/pgbouncer ]; then
   echo "test.sh: pgbouncer missing; installing pgbouncer" >&2

@@ -61,6 +61,22 @@
 //! checks the account can reach what bubblewrap binds (the supervisor
 //! binary, the instance and workspace directories, the runtime store).
 //!
+//! # What a network shape reaches
+//!
+//! Its own network namespace with `lo` and `tap0`, NATed by slirp4netns
+//! running on the host as the sandbox account ([`crate::slirp`]): outbound
+//! TCP and UDP to any address the host itself can reach, the host's own
+//! addresses other than loopback included (so a host service that must
+//! stay private listens on loopback only, or is firewalled for the
+//! sandbox account's uid); DNS through `10.0.2.3`, slirp4netns's forwarder
+//! to the host's resolver (the sandbox has no `/etc/resolv.conf` unless its
+//! runtime brings one). It cannot reach the host's loopback (not its own
+//! `127.0.0.1`, and not through the gateway `10.0.2.2`:
+//! `--disable-host-loopback`), another instance (each has its own
+//! namespace and nothing listens for it on the host), abstract unix
+//! sockets of the host (they belong to the host's network namespace), or
+//! be connected to from outside (nothing is forwarded in). No IPv6.
+//!
 //! All instances share the one account: they are kept apart by their
 //! namespaces (none sees another's processes, mounts or network), not by
 //! host uids.
@@ -68,8 +84,9 @@
 //! # Instances
 //!
 //! An instance is `bwrap ... -- /.lc/supervisor --listen-fd N --done-fd M ... -- ARGV`:
-//! every namespace unshared (`--unshare-all`, the network shared back only
-//! when the shape has it), a user namespace with uid and gid 1000 inside,
+//! every namespace unshared (`--unshare-all`, the network's too: a shape
+//! without the network has only its own loopback, a network shape gets
+//! outbound-only NAT through slirp4netns, [`crate::slirp`]), a user namespace with uid and gid 1000 inside,
 //! every capability dropped, `--die-with-parent` (a dead provider takes its
 //! instances with it), `--new-session` (no terminal to inject into), a tmpfs
 //! root remounted read-only after setup, the runtime's tree bound read-only
@@ -129,6 +146,7 @@ use crate::account::{self, SandboxAccount};
 use crate::cgroup::{CgroupRoot, InstanceCgroup, Limits};
 use crate::fence::Fences;
 use crate::runtime::{RuntimeRoot, RuntimeStore};
+use crate::slirp;
 use crate::{
     AllocateRequest, Allocation, InstanceSummary, Provider, ProviderError, identity, socket,
 };
@@ -226,6 +244,9 @@ pub struct BwrapConfig {
     pub supervisor_bin: PathBuf,
     /// The bubblewrap binary.
     pub bwrap_bin: PathBuf,
+    /// The slirp4netns binary, started for every instance of a network
+    /// shape ([`crate::slirp`]).
+    pub slirp_bin: PathBuf,
     /// Where cgroups are mounted (`/sys/fs/cgroup`).
     pub cgroup_mount: PathBuf,
     /// The provider's parent group name (`little-compute`).
@@ -246,7 +267,8 @@ pub struct BwrapConfig {
 
 impl BwrapConfig {
     /// The defaults for `provider_id` with state in `state_dir`: runtimes in
-    /// `state_dir/runtimes`, `/usr/bin/bwrap`, `/sys/fs/cgroup`, parent
+    /// `state_dir/runtimes`, `/usr/bin/bwrap`, `/usr/bin/slirp4netns`,
+    /// `/sys/fs/cgroup`, parent
     /// group `little-compute`, the default spool and rlimits, 10 s to
     /// start, instances as [`account::SANDBOX_USER_DEFAULT`].
     pub fn new(provider_id: ProviderId, state_dir: &Path, supervisor_bin: &Path) -> BwrapConfig {
@@ -256,6 +278,7 @@ impl BwrapConfig {
             runtime_dir: state_dir.join("runtimes"),
             supervisor_bin: supervisor_bin.to_owned(),
             bwrap_bin: PathBuf::from("/usr/bin/bwrap"),
+            slirp_bin: PathBuf::from("/usr/bin/slirp4netns"),
             cgroup_mount: PathBuf::from("/sys/fs/cgroup"),
             cgroup_parent: "little-compute".to_owned(),
             spool_bytes_max: SPOOL_BYTES_DEFAULT,
@@ -664,13 +687,22 @@ impl BwrapProvider {
         workspace: &Path,
         listen_fd: i32,
         done_fd: i32,
+        net: Option<(i32, i32)>,
     ) -> Result<Vec<String>, ProviderError> {
         let p = |p: &Path| p.to_string_lossy().into_owned();
         let mut a: Vec<String> = Vec::new();
         let mut push = |xs: &[&str]| a.extend(xs.iter().map(|s| s.to_string()));
+        // Its own network namespace, always; a network shape's gets
+        // slirp4netns, which needs the sandbox's pid (info) before the
+        // command runs (block).
         push(&["--unshare-all"]);
-        if req.shape.network {
-            push(&["--share-net"]);
+        if let Some((info_fd, block_fd)) = net {
+            push(&[
+                "--info-fd",
+                &info_fd.to_string(),
+                "--block-fd",
+                &block_fd.to_string(),
+            ]);
         }
         push(&[
             "--unshare-user",
@@ -814,7 +846,24 @@ impl BwrapProvider {
             use std::os::fd::AsRawFd as _;
             (listener.as_raw_fd(), done.as_raw_fd())
         };
-        let args = self.bwrap_args(req, &root, &workspace, listen_fd, done_fd)?;
+        // A network shape's pipes: bubblewrap's info (it writes), its block
+        // (it reads); the provider keeps the other ends.
+        let net_pipes = if req.shape.network {
+            let (info_r, info_w) = slirp::pipe().map_err(|e| io("a pipe", e))?;
+            let (block_r, block_w) = slirp::pipe().map_err(|e| io("a pipe", e))?;
+            Some((info_r, info_w, block_r, block_w))
+        } else {
+            None
+        };
+        let net_fds = net_pipes.as_ref().map(|(_, info_w, block_r, _)| {
+            use std::os::fd::AsRawFd as _;
+            (info_w.as_raw_fd(), block_r.as_raw_fd())
+        });
+        let args = self.bwrap_args(req, &root, &workspace, listen_fd, done_fd, net_fds)?;
+        let inherited: [i32; 4] = match net_fds {
+            Some((i, b)) => [listen_fd, done_fd, i, b],
+            None => [listen_fd, done_fd, -1, -1],
+        };
         let cg = self.cgroups.create(
             &instance_name(req.lease_id.0, req.generation.0),
             Limits {
@@ -836,6 +885,7 @@ impl BwrapProvider {
                 .map_err(|e| io(log_path.display(), e))?
         };
         let log2 = log.try_clone().map_err(|e| io(log_path.display(), e))?;
+        let log3 = log.try_clone().map_err(|e| io(log_path.display(), e))?;
         let mut cmd = tokio::process::Command::new(&self.cfg.bwrap_bin);
         // The process becomes the account, whose other processes may read
         // its environment: it gets none of the provider's.
@@ -854,24 +904,13 @@ impl BwrapProvider {
         // SAFETY: the closure only calls close_range, fcntl, open/write/close
         // (join_self), getrlimit/setrlimit and the id system calls of
         // drop_to, all async-signal-safe; it allocates nothing.
+        let procs2 = procs.clone();
         unsafe {
             cmd.pre_exec(move || {
-                // Bubblewrap inherits the two descriptors it passes on to
-                // the supervisor and nothing else the provider has open.
-                if libc::syscall(
-                    libc::SYS_close_range,
-                    3 as libc::c_uint,
-                    libc::c_uint::MAX,
-                    CLOSE_RANGE_CLOEXEC,
-                ) != 0
-                {
-                    return Err(std::io::Error::last_os_error());
-                }
-                for fd in [listen_fd, done_fd] {
-                    if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                }
+                // Bubblewrap inherits the descriptors it passes on to the
+                // supervisor (and its network pipes), nothing else the
+                // provider has open.
+                inherit_only(&inherited)?;
                 InstanceCgroup::join_self(&procs)?;
                 apply_rlimits(rl)?;
                 account::drop_to(uid, gid)
@@ -884,24 +923,45 @@ impl BwrapProvider {
         // Bubblewrap holds them now: once it is gone, nothing listens.
         drop(listener);
         drop(done);
+        let (info_r, block_w) = match net_pipes {
+            Some((info_r, info_w, block_r, block_w)) => {
+                drop((info_w, block_r));
+                (Some(info_r), Some(block_w))
+            }
+            None => (None, None),
+        };
         let mut child = spawned.map_err(|e| ProviderError::StartFailed {
             detail: format!("bwrap: {e}"),
         })?;
         let t = Instant::now();
+        let slirp = match (info_r, block_w) {
+            (Some(info_r), Some(block_w)) => {
+                let deadline = Instant::now() + self.cfg.start_wait_max;
+                match self
+                    .start_slirp(info_r, block_w, procs2, log3, deadline)
+                    .await
+                {
+                    Ok(s) => Some(s),
+                    Err(detail) => {
+                        // A bubblewrap that failed says why in its log.
+                        if let Ok(Ok(status)) =
+                            tokio::time::timeout(Duration::from_millis(500), child.wait()).await
+                        {
+                            return Err(start_failed(status, &log_path));
+                        }
+                        return Err(ProviderError::StartFailed { detail });
+                    }
+                }
+            }
+            _ => None,
+        };
         // Bounded by start_wait_max. Connections queue on the socket from
         // its bind on; the supervisor answers once it runs the command,
         // and a bubblewrap that exits closes the socket, failing the call.
         loop {
             let left = self.cfg.start_wait_max.saturating_sub(t.elapsed());
             if let Ok(Some(status)) = child.try_wait() {
-                let log = std::fs::read(&log_path).unwrap_or_default();
-                let tail = &log[log.len().saturating_sub(LOG_TAIL_BYTES_MAX)..];
-                return Err(ProviderError::StartFailed {
-                    detail: format!(
-                        "bwrap exited with {status}: {}",
-                        String::from_utf8_lossy(tail).trim_end()
-                    ),
-                });
+                return Err(start_failed(status, &log_path));
             }
             if left.is_zero() {
                 return Err(ProviderError::StartFailed {
@@ -917,11 +977,82 @@ impl BwrapProvider {
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        // The outer bwrap process is our child: reap it when it ends.
+        // The outer bwrap process is our child: reap it when it ends, and
+        // end its slirp4netns with it.
         tokio::spawn(async move {
             let _ = child.wait().await;
+            if let Some((mut slirp, exit_w)) = slirp {
+                drop(exit_w);
+                let _ = slirp.start_kill();
+                let _ = tokio::time::timeout(slirp::KILL_WAIT_MAX, slirp.wait()).await;
+            }
         });
         Ok(())
+    }
+
+    /// Starts slirp4netns for the sandbox bubblewrap reports on `info_r`
+    /// and releases the sandbox through `block_w` once the network is up,
+    /// by `deadline` (see [`crate::slirp`]). Returns slirp4netns and the
+    /// write end of its exit pipe.
+    async fn start_slirp(
+        &self,
+        info_r: std::os::fd::OwnedFd,
+        block_w: std::os::fd::OwnedFd,
+        procs: Vec<CString>,
+        log: std::fs::File,
+        deadline: Instant,
+    ) -> Result<(tokio::process::Child, std::os::fd::OwnedFd), String> {
+        use std::os::fd::AsRawFd as _;
+        let (pid, net_ino) =
+            tokio::task::spawn_blocking(move || slirp::read_info(&info_r, deadline))
+                .await
+                .map_err(|e| e.to_string())??;
+        let (net, user) = slirp::open_namespaces(pid, net_ino)?;
+        let (ready_r, ready_w) = slirp::pipe().map_err(|e| format!("a pipe: {e}"))?;
+        let (exit_r, exit_w) = slirp::pipe().map_err(|e| format!("a pipe: {e}"))?;
+        let inherited = [
+            net.as_raw_fd(),
+            user.as_raw_fd(),
+            ready_w.as_raw_fd(),
+            exit_r.as_raw_fd(),
+        ];
+        let mut cmd = tokio::process::Command::new(&self.cfg.slirp_bin);
+        cmd.args(slirp::args(
+            inherited[0],
+            inherited[1],
+            inherited[2],
+            inherited[3],
+        ))
+        .env_clear()
+        .current_dir("/")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(log)
+        .kill_on_drop(true);
+        let rl = self.cfg.rlimits;
+        let (uid, gid) = (self.account.uid, self.account.gid);
+        // SAFETY: as for bubblewrap; private_tun only makes system calls
+        // on static strings.
+        unsafe {
+            cmd.pre_exec(move || {
+                inherit_only(&inherited)?;
+                InstanceCgroup::join_self(&procs)?;
+                apply_rlimits(rl)?;
+                slirp::private_tun(uid, gid)?;
+                account::drop_to(uid, gid)
+            });
+        }
+        let child = cmd
+            .spawn()
+            .map_err(|e| format!("{}: {e}", self.cfg.slirp_bin.display()))?;
+        drop((net, user, ready_w, exit_r));
+        tokio::task::spawn_blocking(move || {
+            slirp::wait_ready(&ready_r, deadline)?;
+            slirp::release(block_w)
+        })
+        .await
+        .map_err(|e| e.to_string())??;
+        Ok((child, exit_w))
     }
 
     /// Kills and removes the instance `(lease_id, generation)`; returns
@@ -1315,6 +1446,45 @@ impl Provider for BwrapProvider {
             Err(_) if finished(&sock) => Ok(None),
             Err(e) => Err(self.lost_or(lease_id, generation, e)),
         }
+    }
+}
+
+/// Marks every descriptor above stderr close-on-exec but those of
+/// `inherited` (negative entries skipped), which it makes inheritable.
+/// Async-signal-safe: close_range and fcntl only; for a child between
+/// fork and exec.
+fn inherit_only(inherited: &[i32]) -> std::io::Result<()> {
+    // SAFETY: close_range with CLOSE_RANGE_CLOEXEC and fcntl only change
+    // descriptor flags.
+    unsafe {
+        if libc::syscall(
+            libc::SYS_close_range,
+            3 as libc::c_uint,
+            libc::c_uint::MAX,
+            CLOSE_RANGE_CLOEXEC,
+        ) != 0
+        {
+            return Err(std::io::Error::last_os_error());
+        }
+        for &fd in inherited.iter().filter(|fd| **fd >= 0) {
+            if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The start failure of a bubblewrap that exited with `status`, quoting
+/// the tail of its log.
+fn start_failed(status: std::process::ExitStatus, log_path: &Path) -> ProviderError {
+    let log = std::fs::read(log_path).unwrap_or_default();
+    let tail = &log[log.len().saturating_sub(LOG_TAIL_BYTES_MAX)..];
+    ProviderError::StartFailed {
+        detail: format!(
+            "bwrap exited with {status}: {}",
+            String::from_utf8_lossy(tail).trim_end()
+        ),
     }
 }
 

@@ -40,6 +40,7 @@ pub mod fence;
 pub mod http;
 pub mod identity;
 pub mod runtime;
+pub mod slirp;
 mod socket;
 
 pub use bwrap::{BwrapConfig, BwrapProvider};

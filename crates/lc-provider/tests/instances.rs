@@ -462,20 +462,153 @@ async fn no_network_unless_the_shape_has_it() {
         .destroy(SandboxLeaseId(4), Generation(1))
         .await
         .unwrap();
-    // The same program with the network shared reaches the host listener.
-    let (out, _, _) = run(
-        &e,
-        5,
-        req(5, 1, SMALL_NET, &["python3", "-c", CONNECT, &port]),
-    )
-    .await;
-    assert!(out.ends_with("connected\n"), "{out}");
-    listener.set_nonblocking(true).unwrap();
-    assert!(listener.accept().is_ok());
+}
+
+/// What a network shape's command probes: its interfaces (twice: by name
+/// index and in `/proc/net/dev`), its own loopback at the port the host's
+/// loopback listens on, the host's loopback through the gateway, and a
+/// host address that is not loopback.
+const NET_PROBE: &str = "import socket, sys\n\
+print(sorted(n for _, n in socket.if_nameindex()))\n\
+print(sorted(l.split(':')[0].strip() for l in open('/proc/net/dev').readlines()[2:]))\n\
+def probe(host, port):\n    s = socket.socket()\n    s.settimeout(10)\n    try:\n        s.connect((host, port))\n        print(host, 'connected')\n    except OSError as e:\n        print(host, e.strerror)\n    s.close()\n\
+probe('127.0.0.1', int(sys.argv[1]))\n\
+probe('10.0.2.2', int(sys.argv[1]))\n\
+probe(sys.argv[2], int(sys.argv[3]))\n";
+
+/// The host's first address that is not loopback (`hostname -I`).
+fn host_address() -> std::net::IpAddr {
+    let out = std::process::Command::new("hostname")
+        .arg("-I")
+        .output()
+        .unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    text.split_whitespace()
+        .filter_map(|a| a.parse::<std::net::IpAddr>().ok())
+        .find(|a| a.is_ipv4() && !a.is_loopback())
+        .unwrap_or_else(|| panic!("this host has no IPv4 address but loopback: {text:?}"))
+}
+
+/// The pids of `cg` whose command line starts with `prefix`.
+fn pids_running(cg: &lc_provider::cgroup::InstanceCgroup, prefix: &[u8]) -> Vec<i32> {
+    cg.pids()
+        .into_iter()
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .unwrap_or_default()
+                .starts_with(prefix)
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_network_shape_has_its_own_namespace_with_outbound_nat_only() {
+    let e = env();
+    let loopback = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = loopback.local_addr().unwrap().port().to_string();
+    let host = host_address();
+    let outside = std::net::TcpListener::bind((host, 0)).unwrap();
+    let outside_port = outside.local_addr().unwrap().port().to_string();
+    let host_text = host.to_string();
+    e.provider
+        .allocate(req(
+            5,
+            1,
+            SMALL_NET,
+            &["python3", "-c", NET_PROBE, &port, &host_text, &outside_port],
+        ))
+        .await
+        .unwrap();
+    let cg = e.provider.instance_cgroup(SandboxLeaseId(5), Generation(1));
+    // slirp4netns, in the instance's groups, as the sandbox account.
+    let slirp = pids_running(&cg, b"/usr/bin/slirp4netns\0");
+    assert_eq!(slirp.len(), 1, "{:?}", cg.pids());
+    let a = e.provider.sandbox_account().clone();
+    assert_eq!(
+        credentials(slirp[0])[..2],
+        [
+            format!("Uid: {0} {0} {0} {0}", a.uid),
+            format!("Gid: {0} {0} {0} {0}", a.gid)
+        ]
+    );
+    let all = until_terminal(&e.provider, 5, 1).await;
+    // Its own interfaces; the host's loopback is neither its own nor
+    // reachable through the gateway; outbound connections leave through
+    // the host (here to the host's own address, the only one outside).
+    assert_eq!(
+        stream(&all, PageKind::Stdout),
+        format!(
+            "['lo', 'tap0']\n['lo', 'tap0']\n127.0.0.1 Connection refused\n\
+             10.0.2.2 Network is unreachable\n{host} connected\n"
+        )
+    );
+    assert_eq!(stream(&all, PageKind::Stderr), "");
+    assert_eq!(all.last().unwrap().exit(), Some(ExitStatus::exited(0)));
+    loopback.set_nonblocking(true).unwrap();
+    assert_eq!(
+        loopback.accept().unwrap_err().kind(),
+        std::io::ErrorKind::WouldBlock,
+        "the host's loopback was reached"
+    );
+    // The connection came from the host itself: slirp4netns's own socket.
+    let (_, peer) = outside.accept().unwrap();
+    assert_eq!(peer.ip(), host);
+    // The terminal ack ends the instance, slirp4netns with it.
+    e.provider
+        .ack(
+            SandboxLeaseId(5),
+            Generation(1),
+            F,
+            all.last().unwrap().seq(),
+        )
+        .await
+        .unwrap();
+    let t = Instant::now();
+    while !cg.pids().is_empty() || pid_running(slirp[0]) {
+        assert!(t.elapsed() < DEADLINE, "left running: {:?}", cg.pids());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     e.provider
         .destroy(SandboxLeaseId(5), Generation(1))
         .await
         .unwrap();
+    // A destroy kills it along with the instance.
+    e.provider
+        .allocate(req(6, 1, SMALL_NET, &["sleep", "300"]))
+        .await
+        .unwrap();
+    let cg = e.provider.instance_cgroup(SandboxLeaseId(6), Generation(1));
+    let slirp = pids_running(&cg, b"/usr/bin/slirp4netns\0");
+    assert_eq!(slirp.len(), 1, "{:?}", cg.pids());
+    e.provider
+        .destroy(SandboxLeaseId(6), Generation(1))
+        .await
+        .unwrap();
+    let t = Instant::now();
+    while pid_running(slirp[0]) {
+        assert!(t.elapsed() < DEADLINE, "slirp4netns outlived destroy");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(!cg.exists());
+    // Without slirp4netns a network shape does not start, and leaves nothing.
+    let mut cfg = config(&e.dir);
+    cfg.slirp_bin = PathBuf::from("/nonexistent/slirp4netns");
+    let without = BwrapProvider::open(cfg).unwrap();
+    assert_eq!(
+        without
+            .allocate(req(7, 1, SMALL_NET, &["true"]))
+            .await
+            .unwrap_err(),
+        ProviderError::StartFailed {
+            detail: "/nonexistent/slirp4netns: No such file or directory (os error 2)".into()
+        }
+    );
+    assert!(!e.dir.join("instances/7-1").exists());
+    assert!(
+        !without
+            .instance_cgroup(SandboxLeaseId(7), Generation(1))
+            .exists()
+    );
 }
 
 #[tokio::test]
