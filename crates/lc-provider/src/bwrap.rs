@@ -106,8 +106,8 @@ use lc_core::evidence::{Envelope, InstanceState, Statement, sign};
 use lc_core::manifest::{EntryType, Manifest};
 use lc_core::owner::OwnerFence;
 use lc_core::page::{
-    INPUT_BYTES_MAX, PAGES_PER_REQUEST_MAX, Page, SPOOL_BYTES_DEFAULT, SPOOL_PAGES_DEFAULT,
-    SocketRequest, SocketResponse, SpoolStatus,
+    FIRST_SEQ_MAX, INPUT_BYTES_MAX, PAGES_PER_REQUEST_MAX, Page, SPOOL_BYTES_DEFAULT,
+    SPOOL_PAGES_DEFAULT, SocketRequest, SocketResponse, SpoolStatus, StopOutcome,
 };
 use lc_core::{Generation, ProviderId, SandboxLeaseId};
 
@@ -243,6 +243,20 @@ struct InstanceRecord {
     /// Absent in records written before stdin could be opened: closed.
     #[serde(default)]
     stdin_open: bool,
+    /// Absent in records written before numbering could start later: 1.
+    #[serde(default = "one")]
+    first_seq: i64,
+    /// Absent in records written before numbering could start later: 1.
+    #[serde(default = "one")]
+    first_input_seq: i64,
+    /// The head (64 hex) the workspace was restored from; absent for a
+    /// fresh workspace.
+    #[serde(default)]
+    restore_head: Option<String>,
+}
+
+fn one() -> i64 {
+    1
 }
 
 impl InstanceRecord {
@@ -257,6 +271,12 @@ impl InstanceRecord {
             command: req.command.argv().to_vec(),
             workspace_id: req.workspace_id.0,
             stdin_open: req.stdin_open,
+            first_seq: req.first_seq,
+            first_input_seq: req.first_input_seq,
+            restore_head: req
+                .restore
+                .as_ref()
+                .map(|r| lc_core::Digest::of(&r.manifest).to_hex()),
         }
     }
 }
@@ -723,6 +743,10 @@ impl BwrapProvider {
             &self.cfg.spool_bytes_max.to_string(),
             "--spool-pages",
             &self.cfg.spool_pages_max.to_string(),
+            "--first-seq",
+            &req.first_seq.to_string(),
+            "--first-input-seq",
+            &req.first_input_seq.to_string(),
         ]);
         if req.stdin_open {
             push(&["--stdin-open"]);
@@ -924,6 +948,16 @@ impl Provider for BwrapProvider {
                 detail: format!("workspace {} must be >= 1", req.workspace_id),
             });
         }
+        for (name, seq) in [
+            ("first_seq", req.first_seq),
+            ("first_input_seq", req.first_input_seq),
+        ] {
+            if !(1..=FIRST_SEQ_MAX).contains(&seq) {
+                return Err(ProviderError::InvalidRequest {
+                    detail: format!("{name} must be 1..={FIRST_SEQ_MAX}, got {seq}"),
+                });
+            }
+        }
         let _guard = self.lock.lock().await;
         let (l, g) = (req.lease_id.0, req.generation.0);
         let fenced_through = self.fences.get(l)?;
@@ -948,6 +982,7 @@ impl Provider for BwrapProvider {
                 generation: req.generation,
                 state: self.state_of(l, g),
                 created: false,
+                attachment: None,
             });
         }
         if self.runtimes.resolve(&req.runtime).is_none() {
@@ -984,6 +1019,7 @@ impl Provider for BwrapProvider {
             generation: req.generation,
             state: self.state_of(l, g),
             created: true,
+            attachment: None,
         })
     }
 
@@ -1151,6 +1187,26 @@ impl Provider for BwrapProvider {
             Ok(SocketResponse::Cancelled { .. }) => Ok(()),
             Ok(other) => Err(refusal(other)),
             Err(_) if !sock.exists() => Ok(()),
+            Err(e) => Err(self.lost_or(lease_id, generation, e)),
+        }
+    }
+
+    async fn stop(
+        &self,
+        lease_id: SandboxLeaseId,
+        generation: Generation,
+        fence: OwnerFence,
+    ) -> Result<Option<StopOutcome>, ProviderError> {
+        check_fence(fence)?;
+        let sock = self.socket_of(lease_id, generation)?;
+        if !sock.exists() {
+            // The supervisor finished: its last page was acknowledged.
+            return Ok(None);
+        }
+        match socket::call(sock.clone(), SocketRequest::Stop { fence }).await {
+            Ok(SocketResponse::Stopped { outcome }) => Ok(Some(outcome)),
+            Ok(other) => Err(refusal(other)),
+            Err(_) if !sock.exists() => Ok(None),
             Err(e) => Err(self.lost_or(lease_id, generation, e)),
         }
     }

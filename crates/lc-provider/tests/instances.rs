@@ -166,6 +166,9 @@ fn req(lease: i64, generation: i64, shape: Shape, argv: &[&str]) -> AllocateRequ
         command: Command::new(argv.iter().map(|s| s.to_string()).collect()).unwrap(),
         workspace_id: WorkspaceId(lease),
         stdin_open: false,
+        first_seq: 1,
+        first_input_seq: 1,
+        restore: None,
     }
 }
 
@@ -2091,4 +2094,282 @@ async fn input_reaches_the_command_once_per_seq_through_http() {
     );
     client.destroy(l2, g2).await.unwrap();
     server.abort();
+}
+
+/// Reads pages after `after` with `fence` until the last one (terminal or
+/// stopped), without acknowledging; checks the seqs follow `after` without
+/// a gap.
+async fn until_last(
+    p: &dyn Provider,
+    lease: i64,
+    generation: i64,
+    fence: OwnerFence,
+    after: i64,
+) -> Vec<Page> {
+    let t = Instant::now();
+    let mut all: Vec<Page> = Vec::new();
+    loop {
+        let from = all.last().map_or(after, |p| p.seq());
+        let got = p
+            .pages(
+                SandboxLeaseId(lease),
+                Generation(generation),
+                fence,
+                from,
+                64,
+            )
+            .await
+            .unwrap();
+        for (i, pg) in got.iter().enumerate() {
+            assert_eq!(pg.seq(), from + 1 + i as i64, "seq gap");
+        }
+        all.extend(got);
+        if all.last().is_some_and(|p| p.is_last()) {
+            return all;
+        }
+        assert!(t.elapsed() < DEADLINE, "no last page; so far {all:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Waits until the instance's spool shows `done`.
+async fn spool_when(
+    p: &dyn Provider,
+    lease: i64,
+    generation: i64,
+    done: impl Fn(&lc_core::page::SpoolStatus) -> bool,
+) -> lc_core::page::SpoolStatus {
+    let t = Instant::now();
+    loop {
+        if let Ok(Some(s)) = p
+            .spool_status(SandboxLeaseId(lease), Generation(generation))
+            .await
+            && done(&s)
+        {
+            return s;
+        }
+        assert!(t.elapsed() < DEADLINE, "spool never reached the state");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Through the HTTP service into a real sandbox: with first_seq 41 and
+/// first_input_seq 5 the pages are 41, 42, ... and the first input is 5; a
+/// stop kills the command (`sleep 100`) and whatever it started, and the
+/// generation ends with the stopped page (signal 9, the next seq) instead
+/// of the terminal page; a stale fence is refused `stale_fence` and kills
+/// nothing; a repeated stop answers `already_stopped`; once the stopped
+/// page is acknowledged the supervisor finishes and a stop answers
+/// `null`. Seqs outside 1..=FIRST_SEQ_MAX are refused before anything
+/// starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stop_ends_the_generation_with_the_stopped_page_and_numbering_starts_at_first_seq() {
+    use lc_core::page::StopOutcome;
+    let e = env();
+    let provider: Arc<dyn Provider> = Arc::new(BwrapProvider::open(config(&e.dir)).unwrap());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let server = tokio::spawn(async move {
+        axum::serve(listener, provider_router(provider))
+            .await
+            .unwrap();
+    });
+    let client = HttpProvider::connect(&url).await.unwrap();
+    for (first_seq, first_input_seq) in [(0, 1), (1, 0), (lc_core::page::FIRST_SEQ_MAX + 1, 1)] {
+        let mut r = sh(31, "true");
+        r.first_seq = first_seq;
+        r.first_input_seq = first_input_seq;
+        let err = client.allocate(r).await.unwrap_err();
+        assert_eq!(err.code(), "invalid_request", "{err:?}");
+    }
+    assert_eq!(
+        client
+            .observe(SandboxLeaseId(31), Generation(1))
+            .await
+            .map(|env| verify(&env, &client.public_key(), expected(31, 1)).unwrap()),
+        Ok(Statement::Observation {
+            provider_id: "p-test".into(),
+            lease_id: 31,
+            generation: 1,
+            state: InstanceState::Absent,
+        })
+    );
+    let (l, g) = (SandboxLeaseId(31), Generation(1));
+    let mut r = req(
+        31,
+        1,
+        SMALL,
+        &[
+            "sh",
+            "-c",
+            "read x; echo got=$x; sleep 1000 & echo pid=$!; exec sleep 100",
+        ],
+    );
+    r.first_seq = 41;
+    r.first_input_seq = 5;
+    r.stdin_open = true;
+    client.allocate(r).await.unwrap();
+    let f = OwnerFence(3);
+    let s = spool_when(&client, 31, 1, |_| true).await;
+    assert_eq!((s.next_seq, s.acked_through, s.input_seq), (41, 40, 4));
+    assert_eq!(
+        client
+            .send(l, g, f, 5, b"in\n".to_vec(), false)
+            .await
+            .unwrap(),
+        5
+    );
+    let t = Instant::now();
+    let first = loop {
+        let got = client.pages(l, g, f, 40, 64).await.unwrap();
+        let out = String::from_utf8(bytes_of(&got, PageKind::Stdout)).unwrap();
+        if out.contains("pid=") && out.ends_with('\n') {
+            assert!(out.starts_with("got=in\npid="), "{out:?}");
+            break got;
+        }
+        assert!(t.elapsed() < DEADLINE, "output so far {out:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert_eq!(first[0].seq(), 41);
+    let s = client.spool_status(l, g).await.unwrap().unwrap();
+    assert_eq!(s.next_seq, 41 + first.len() as i64);
+    let cg = e.provider.instance_cgroup(l, g);
+    assert!(!cg.pids().is_empty());
+    // A stale fence stops nothing.
+    client.pages(l, g, OwnerFence(4), 40, 1).await.unwrap();
+    assert_eq!(
+        client.stop(l, g, f).await.unwrap_err(),
+        ProviderError::StaleFence {
+            presented: 3,
+            highest: 4
+        }
+    );
+    let s = client.spool_status(l, g).await.unwrap().unwrap();
+    assert_eq!(
+        (s.stopped, s.command_exited, s.stopped_seq),
+        (false, false, 0)
+    );
+    let f = OwnerFence(4);
+    assert_eq!(
+        client.stop(l, g, f).await.unwrap(),
+        Some(StopOutcome::Killed)
+    );
+    assert_eq!(
+        client.stop(l, g, f).await.unwrap(),
+        Some(StopOutcome::AlreadyStopped)
+    );
+    let all = until_last(&client, 31, 1, f, 40).await;
+    assert_eq!(&all[..first.len()], &first[..]);
+    let last = all.last().unwrap();
+    let want_seq = 41 + first.len() as i64;
+    assert_eq!(all.len(), first.len() + 1);
+    assert_eq!(
+        (last.seq(), last.kind(), last.bytes().len(), last.exit()),
+        (
+            want_seq,
+            PageKind::Stopped,
+            0,
+            Some(ExitStatus::signaled(9))
+        )
+    );
+    // Every process of the instance's command is gone; only bubblewrap
+    // (its host process and the sandbox's init) and the supervisor are left.
+    let s = client.spool_status(l, g).await.unwrap().unwrap();
+    assert_eq!(
+        (
+            s.stopped,
+            s.stopped_seq,
+            s.terminal_seq,
+            s.command_exited,
+            s.cancelled
+        ),
+        (true, want_seq, 0, true, false)
+    );
+    let mut left: Vec<String> = cg
+        .pids()
+        .iter()
+        .map(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .unwrap_or_default()
+                .trim_end()
+                .to_owned()
+        })
+        .collect();
+    left.sort();
+    assert_eq!(left, ["bwrap", "bwrap", "supervisor"]);
+    let refused = client
+        .send(l, g, f, 6, b"x".to_vec(), false)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(refused, ProviderError::InputRefused { ref reason, .. } if reason == "input_closed"),
+        "{refused:?}"
+    );
+    let raw = reqwest::Client::new()
+        .post(format!("{url}/v1/instances/31/1/stop"))
+        .json(&serde_json::json!({ "fence": 2 }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(raw.status(), 409);
+    let body: serde_json::Value = raw.json().await.unwrap();
+    assert_eq!(
+        body["error"],
+        serde_json::json!({ "code": "stale_fence", "presented": 2, "highest": 4 })
+    );
+    client.ack(l, g, f, want_seq).await.unwrap();
+    let t = Instant::now();
+    while client.spool_status(l, g).await.unwrap().is_some() {
+        assert!(t.elapsed() < DEADLINE, "the supervisor did not finish");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(client.stop(l, g, f).await.unwrap(), None);
+    let raw = reqwest::Client::new()
+        .post(format!("{url}/v1/instances/31/1/stop"))
+        .json(&serde_json::json!({ "fence": 4 }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(raw.status(), 200);
+    assert_eq!(
+        raw.json::<serde_json::Value>().await.unwrap(),
+        serde_json::json!({ "outcome": null })
+    );
+    assert_eq!(
+        client
+            .stop(SandboxLeaseId(99), g, f)
+            .await
+            .unwrap_err()
+            .code(),
+        "no_instance"
+    );
+    client.destroy(l, g).await.unwrap();
+    server.abort();
+}
+
+/// A stop after the command exited kills nothing, answers `ended`, and the
+/// terminal page stays the generation's last page.
+#[tokio::test]
+async fn a_stop_after_exit_leaves_the_terminal_page() {
+    use lc_core::page::StopOutcome;
+    let e = env();
+    let (l, g) = (SandboxLeaseId(32), Generation(1));
+    e.provider
+        .allocate(sh(32, "printf x; exit 6"))
+        .await
+        .unwrap();
+    spool_when(&e.provider, 32, 1, |s| s.terminal_seq == 2).await;
+    assert_eq!(
+        e.provider.stop(l, g, F).await.unwrap(),
+        Some(StopOutcome::Ended)
+    );
+    let all = until_last(&e.provider, 32, 1, F, 0).await;
+    assert_eq!(all.len(), 2);
+    assert_eq!(
+        (all[1].kind(), all[1].exit()),
+        (PageKind::Terminal, Some(ExitStatus::exited(6)))
+    );
+    let s = e.provider.spool_status(l, g).await.unwrap().unwrap();
+    assert_eq!((s.stopped, s.stopped_seq, s.terminal_seq), (false, 0, 2));
+    e.provider.destroy(l, g).await.unwrap();
 }
