@@ -11,9 +11,11 @@
 # operation key's floor, receipt attachment and GC instant; shape.rs and
 # command.rs: the shapes and the argv bounds; rate.rs: the admission rate's
 # window; owner.rs: exec ownership, fenced writes, receipt replay and the
-# release rule; input.rs: stdin input's bounds and order) must be caught by
-# the unit
-# tests of the crate it is in. Scope, exclusions and reasons:
+# release rule; input.rs: stdin input's bounds and order; hibernate.rs:
+# sealing only on a certain cut, the exact idle boundary, the quiescence,
+# attachment and resume checks; snapshot.rs: the snapshot manifest's path,
+# parent, mode and size rules and its canonical form) must be caught by the
+# unit tests of the crate it is in. Scope, exclusions and reasons:
 # docs/testing.md and .cargo/mutants.toml.
 #
 # Fails when any mutant is missed, times out, or is unviable (a mutant that

@@ -394,6 +394,8 @@ async fn profile(
         command: vec!["true".into()],
         timeout_ms: None,
         stdin_open: false,
+        idle_ttl_ms: None,
+        on_timeout: lc_core::OnTimeout::Terminate,
     };
     let op = OperationKey::new("profile", Digest::of(b"profile")).map_err(|e| e.to_string())?;
     sqlx::raw_sql(&mark("admission"))
@@ -539,6 +541,8 @@ async fn client(
         command: vec!["true".into()],
         timeout_ms: None,
         stdin_open: false,
+        idle_ttl_ms: None,
+        on_timeout: lc_core::OnTimeout::Terminate,
     };
     let mut samples = Vec::new();
     let mut refused = 0_u64;

@@ -140,6 +140,8 @@ impl Rig {
                     command: vec!["sh".into(), "-c".into(), script.into()],
                     timeout_ms: None,
                     stdin_open: false,
+                    idle_ttl_ms: None,
+                    on_timeout: lc_core::OnTimeout::Terminate,
                 },
             )
             .await

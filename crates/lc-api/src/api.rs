@@ -251,6 +251,8 @@ async fn create_exec(
                 command: req.command,
                 timeout_ms: req.timeout_ms,
                 stdin_open: req.stdin_open,
+                idle_ttl_ms: None,
+                on_timeout: lc_core::OnTimeout::Terminate,
             },
         )
         .await

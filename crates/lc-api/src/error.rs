@@ -12,10 +12,10 @@
 //!
 //! | code | status |
 //! |---|---|
-//! | `invalid_command`, `invalid_shape`, `invalid_runtime`, `invalid_timeout`, `invalid_units`, `invalid_name`, `invalid_limit`, `invalid_digest`, `invalid_provider_id`, `invalid_provider`, `invalid_page`, `invalid_transition_id`, `invalid_input` | 422 |
+//! | `invalid_command`, `invalid_shape`, `invalid_runtime`, `invalid_timeout`, `invalid_units`, `invalid_name`, `invalid_limit`, `invalid_digest`, `invalid_provider_id`, `invalid_provider`, `invalid_page`, `invalid_transition_id`, `invalid_input`, `request_digest_mismatch` | 422 |
 //! | `invalid_operation_key` | 400 (it is a header) |
 //! | `not_found` | 404 (also for another tenant's exec: existence never leaks) |
-//! | `insufficient_capacity`, `idempotency_conflict`, `already_exists`, `exec_terminal`, `illegal_transition`, `fenced`, `page_conflict`, `owner_live`, `owner_stale`, `owner_expired`, `transition_replay_refused`, `release_not_proven`, `stdin_not_open`, `input_closed` | 409 |
+//! | `insufficient_capacity`, `idempotency_conflict`, `already_exists`, `exec_terminal`, `illegal_transition`, `fenced`, `page_conflict`, `owner_live`, `owner_stale`, `owner_expired`, `transition_replay_refused`, `release_not_proven`, `stdin_not_open`, `input_closed`, `workspace_head_mismatch`, `competing_right`, `exec_not_parked`, `exec_not_hibernatable`, `hibernation_in_progress` | 409 |
 //! | `rate_limited` | 429 with `Retry-After` (the tenant's admission rate on the cut) |
 //! | `input_queue_full` | 429 with `Retry-After` [`INPUT_QUEUE_RETRY_AFTER_SECS`] (the exec's owner drains its input queue at its next step) |
 //! | `time_uncertain` | 503 with `Retry-After` (and `reason` when the service read it) |
@@ -172,7 +172,8 @@ pub fn store_status(e: &LcError) -> StatusCode {
         | E::InvalidDigest { .. }
         | E::InvalidPage { .. }
         | E::InvalidTransitionId { .. }
-        | E::InvalidInput { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+        | E::InvalidInput { .. }
+        | E::RequestDigestMismatch { .. } => StatusCode::UNPROCESSABLE_ENTITY,
         E::InvalidOperationKey { .. } => StatusCode::BAD_REQUEST,
         E::NotFound { .. } => StatusCode::NOT_FOUND,
         E::InsufficientCapacity { .. }
@@ -188,7 +189,12 @@ pub fn store_status(e: &LcError) -> StatusCode {
         | E::TransitionReplayRefused { .. }
         | E::ReleaseNotProven { .. }
         | E::StdinNotOpen { .. }
-        | E::InputClosed { .. } => StatusCode::CONFLICT,
+        | E::InputClosed { .. }
+        | E::WorkspaceHeadMismatch { .. }
+        | E::CompetingRight { .. }
+        | E::ExecNotParked { .. }
+        | E::ExecNotHibernatable { .. }
+        | E::HibernationInProgress { .. } => StatusCode::CONFLICT,
         E::RateLimited { .. } | E::InputQueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,
         E::TimeUncertain { .. }
         | E::StorageUnavailable { .. }

@@ -35,6 +35,8 @@ use std::path::{Path, PathBuf};
 
 use lc_core::Digest;
 
+pub mod tree;
+
 /// The largest blob stored or read, in bytes: 16 MiB, far above one output
 /// page (64 KiB), so a damaged file system can never make a read allocate
 /// without bound.

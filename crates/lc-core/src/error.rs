@@ -4,7 +4,7 @@
 
 use jiff::Timestamp;
 
-use crate::model::{ExecId, Generation, SandboxLeaseId};
+use crate::model::{Digest, ExecId, Generation, SandboxLeaseId, WorkspaceId};
 use crate::owner::OwnerGeneration;
 
 /// A refusal by the rules, or a storage fault. Every variant has a stable
@@ -320,6 +320,73 @@ pub enum LcError {
         /// [`crate::input::INPUT_QUEUE_BYTES_MAX`].
         bytes_max: u64,
     },
+    /// A snapshot or resume that names another head than the workspace
+    /// holds, or a snapshot whose bytes are not its digest
+    /// (`workspace_head_mismatch`). Read the workspace's head and start
+    /// from it.
+    #[error(
+        "workspace {workspace_id}: head mismatch (expected {expected:?}, found {found:?}): {reason}"
+    )]
+    WorkspaceHeadMismatch {
+        /// The workspace.
+        workspace_id: WorkspaceId,
+        /// The head that had to be named.
+        expected: Option<Digest>,
+        /// The head that was named.
+        found: Option<Digest>,
+        /// Which check failed.
+        reason: String,
+    },
+    /// A resume request whose digest is not the SHA-256 of the JCS of
+    /// `{exec_id, head}` (`request_digest_mismatch`). Send the digest of
+    /// exactly the request.
+    #[error("request digest {found} is not the request's digest {expected}")]
+    RequestDigestMismatch {
+        /// The digest of the request.
+        expected: Digest,
+        /// The digest presented or recorded.
+        found: Digest,
+    },
+    /// Another live right of the exec exists (an unreleased Lease of
+    /// another generation, or no live attachment of the prepared one), so
+    /// the resume may not proceed (`competing_right`). Wait for the other
+    /// right to be released.
+    #[error("exec {exec_id}: a competing right exists: {reason}")]
+    CompetingRight {
+        /// The exec.
+        exec_id: ExecId,
+        /// Which right.
+        reason: String,
+    },
+    /// The exec's attempt is not parked, so it cannot be resumed
+    /// (`exec_not_parked`).
+    #[error(
+        "exec {exec_id} is not parked (its attempt is {state}); only a hibernated exec resumes"
+    )]
+    ExecNotParked {
+        /// The exec.
+        exec_id: ExecId,
+        /// The attempt's state.
+        state: &'static str,
+    },
+    /// The exec cannot hibernate now: it does not run with an active Lease
+    /// (`exec_not_hibernatable`).
+    #[error("exec {exec_id} cannot hibernate: {reason}")]
+    ExecNotHibernatable {
+        /// The exec.
+        exec_id: ExecId,
+        /// Why.
+        reason: String,
+    },
+    /// A hibernation of the exec's current generation is already recorded
+    /// (`hibernation_in_progress`): it proceeds on its own.
+    #[error("exec {exec_id}: a hibernation is in progress (step {step})")]
+    HibernationInProgress {
+        /// The exec.
+        exec_id: ExecId,
+        /// Its step.
+        step: &'static str,
+    },
     /// The database could not be reached (`storage_unavailable`, HTTP
     /// 503).
     #[error("storage unavailable: {message}")]
@@ -377,6 +444,12 @@ impl LcError {
             LcError::StdinNotOpen { .. } => "stdin_not_open",
             LcError::InputClosed { .. } => "input_closed",
             LcError::InputQueueFull { .. } => "input_queue_full",
+            LcError::WorkspaceHeadMismatch { .. } => "workspace_head_mismatch",
+            LcError::RequestDigestMismatch { .. } => "request_digest_mismatch",
+            LcError::CompetingRight { .. } => "competing_right",
+            LcError::ExecNotParked { .. } => "exec_not_parked",
+            LcError::ExecNotHibernatable { .. } => "exec_not_hibernatable",
+            LcError::HibernationInProgress { .. } => "hibernation_in_progress",
             LcError::StorageUnavailable { .. } => "storage_unavailable",
             LcError::StorageFailure { .. } => "storage_failure",
         }

@@ -93,17 +93,52 @@ pub enum Statement {
         /// The lease generation.
         generation: i64,
     },
+    /// Provider `provider_id` stopped every process of lease `lease_id`
+    /// generation `generation` and walked workspace `workspace_id` into
+    /// the snapshot whose manifest's SHA-256 is `head`: that tree is the
+    /// generation's final workspace state.
+    Quiescence {
+        /// The provider that signed.
+        provider_id: String,
+        /// The sandbox lease.
+        lease_id: i64,
+        /// The lease generation.
+        generation: i64,
+        /// The workspace.
+        workspace_id: i64,
+        /// The snapshot's digest, 64 lower-case hex digits.
+        head: String,
+    },
+    /// Provider `provider_id` started lease `lease_id` generation
+    /// `generation` on workspace `workspace_id` restored from the snapshot
+    /// `head` (every blob verified), mounted writable when `writable`.
+    Attachment {
+        /// The provider that signed.
+        provider_id: String,
+        /// The sandbox lease.
+        lease_id: i64,
+        /// The lease generation.
+        generation: i64,
+        /// The workspace.
+        workspace_id: i64,
+        /// The restored snapshot's digest, 64 lower-case hex digits.
+        head: String,
+        /// Whether the workspace is writable.
+        writable: bool,
+    },
 }
 
 impl Statement {
-    /// The statement's kind: `absence`, `fence`, `observation` or
-    /// `not_sent`.
+    /// The statement's kind: `absence`, `fence`, `observation`,
+    /// `not_sent`, `quiescence` or `attachment`.
     pub fn kind(&self) -> &'static str {
         match self {
             Statement::Absence { .. } => "absence",
             Statement::Fence { .. } => "fence",
             Statement::Observation { .. } => "observation",
             Statement::NotSent { .. } => "not_sent",
+            Statement::Quiescence { .. } => "quiescence",
+            Statement::Attachment { .. } => "attachment",
         }
     }
 
@@ -130,6 +165,18 @@ impl Statement {
                 provider_id,
                 lease_id,
                 generation,
+            }
+            | Statement::Quiescence {
+                provider_id,
+                lease_id,
+                generation,
+                ..
+            }
+            | Statement::Attachment {
+                provider_id,
+                lease_id,
+                generation,
+                ..
             } => (provider_id, *lease_id, *generation),
         }
     }
@@ -143,7 +190,10 @@ impl Statement {
         match self {
             Statement::Absence { generation: g, .. } => *g == generation,
             Statement::Fence { generation: g, .. } => *g >= generation,
-            Statement::Observation { .. } | Statement::NotSent { .. } => false,
+            Statement::Observation { .. }
+            | Statement::NotSent { .. }
+            | Statement::Quiescence { .. }
+            | Statement::Attachment { .. } => false,
         }
     }
 
@@ -627,5 +677,61 @@ mod tests {
         assert!(fence.proves_gone(1));
         assert!(fence.proves_gone(2));
         assert!(!fence.proves_gone(3));
+    }
+
+    #[test]
+    fn quiescence_and_attachment_are_exact_and_prove_nothing_gone() {
+        let head = "ab".repeat(32);
+        let q = Statement::Quiescence {
+            provider_id: "p1".into(),
+            lease_id: 7,
+            generation: 2,
+            workspace_id: 9,
+            head: head.clone(),
+        };
+        assert_eq!(
+            String::from_utf8(canonical(&q)).unwrap(),
+            format!(
+                r#"{{"generation":2,"head":"{head}","lease_id":7,"provider_id":"p1","statement":"quiescence","workspace_id":9}}"#
+            )
+        );
+        let a = Statement::Attachment {
+            provider_id: "p1".into(),
+            lease_id: 7,
+            generation: 3,
+            workspace_id: 9,
+            head: head.clone(),
+            writable: true,
+        };
+        assert_eq!(
+            String::from_utf8(canonical(&a)).unwrap(),
+            format!(
+                r#"{{"generation":3,"head":"{head}","lease_id":7,"provider_id":"p1","statement":"attachment","workspace_id":9,"writable":true}}"#
+            )
+        );
+        assert_eq!((q.kind(), a.kind()), ("quiescence", "attachment"));
+        assert_eq!(q.subject(), ("p1", 7, 2));
+        assert_eq!(a.subject(), ("p1", 7, 3));
+        for g in 1..=3 {
+            assert!(!q.proves_gone(g) && !a.proves_gone(g));
+            assert!(!q.proves_not_sent(g) && !a.proves_not_sent(g));
+        }
+        let k = key(7);
+        assert_eq!(
+            verify(&sign(&a, &k), &k.verifying_key(), expected(3)),
+            Ok(a.clone())
+        );
+        assert_eq!(
+            verify(&sign(&a, &k), &k.verifying_key(), expected(2))
+                .unwrap_err()
+                .code(),
+            "evidence_mismatch"
+        );
+        assert_eq!(
+            verify(&sign(&q, &key(8)), &k.verifying_key(), expected(2))
+                .unwrap_err()
+                .code(),
+            "wrong_key"
+        );
     }
 }

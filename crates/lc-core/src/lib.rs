@@ -12,11 +12,15 @@
 //!   receipts and their replay, the release rule for terminal execs.
 //! * [`input`]: input for a command's stdin: its order, its queue bound,
 //!   its delivery by the exec's owner.
+//! * [`hibernate`]: hibernation and resume: the records and the checks of
+//!   each step (seal, quiescence, attachment, resume).
 //! * [`error`]: [`LcError`] with stable codes.
 //! * [`store`]: the [`ControlStore`], [`ReconcileStore`] and
 //!   [`GatewayStore`] traits.
 //! * [`page`], [`evidence`], [`manifest`]: output pages, signed provider
 //!   evidence, runtime manifests.
+//! * [`snapshot`]: file snapshots of a workspace, their canonical manifest
+//!   and digest.
 //!
 //! Invariants, stated as absences: nothing here reads a clock (every rule
 //! takes a [`CutReading`]); nothing panics on input; no instant is rounded.
@@ -27,6 +31,7 @@
 pub mod command;
 pub mod error;
 pub mod evidence;
+pub mod hibernate;
 pub mod input;
 pub mod manifest;
 pub mod model;
@@ -36,16 +41,22 @@ pub mod page;
 pub mod rate;
 pub mod rules;
 pub mod shape;
+pub mod snapshot;
 pub mod store;
 
 pub use command::Command;
 pub use error::LcError;
+pub use hibernate::{
+    HibernationRecord, ResumeIntent, ResumeReceipt, SnapshotMeta, WorkspaceRecord,
+};
 pub use model::{
     AppendReport, AttemptNo, AttemptState, CanonicalIdentity, CutReading, Digest, ExecId,
-    ExecRecord, ExecRequest, ExecState, Generation, LeaseAction, LeaseState, LeaseWork, OpScope,
-    OperationRecord, OutputPage, PageExit, PageKind, Provider, ProviderId, ReleaseOutcome,
-    ReservationState, Runtime, SandboxLeaseId, Tenant, TenantId, TerminalReason, WorkspaceId,
+    ExecRecord, ExecRequest, ExecState, Generation, HibernationReason, HibernationStep,
+    LeaseAction, LeaseState, LeaseWork, OnTimeout, OpScope, OperationRecord, OutputPage, PageExit,
+    PageKind, Provider, ProviderId, ReleaseOutcome, ReservationState, Runtime, SandboxLeaseId,
+    Tenant, TenantId, TerminalReason, WorkspaceId,
 };
 pub use opkey::OperationKey;
 pub use shape::Shape;
+pub use snapshot::SnapshotError;
 pub use store::{ControlStore, GatewayStore, ReconcileStore};

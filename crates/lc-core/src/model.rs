@@ -244,8 +244,54 @@ text_enum!(
         Admitted = "admitted",
         /// An instance of the current attempt is running.
         Running = "running",
+        /// Its attempt is parked on a saved workspace head: no instance
+        /// runs and its Reservation is returned; a resume continues it.
+        Hibernated = "hibernated",
         /// Finished; see [`TerminalReason`].
         Terminal = "terminal",
+    }
+);
+
+text_enum!(
+    /// What happens when an exec's timeout passes on a certain cut.
+    OnTimeout {
+        /// The exec is released and becomes terminal (`expired`).
+        Terminate = "terminate",
+        /// The exec hibernates (reason `deadline`) and may be resumed.
+        Hibernate = "hibernate",
+    }
+);
+
+#[allow(clippy::derivable_impls)] // the enum is written by a macro
+impl Default for OnTimeout {
+    fn default() -> OnTimeout {
+        OnTimeout::Terminate
+    }
+}
+
+text_enum!(
+    /// Why an exec's attempt generation hibernates.
+    HibernationReason {
+        /// The tenant asked for it.
+        Requested = "requested",
+        /// No activity for the exec's idle TTL on a certain cut.
+        Idle = "idle",
+        /// Its timeout passed on a certain cut with `on_timeout = hibernate`.
+        Deadline = "deadline",
+    }
+);
+
+text_enum!(
+    /// Where a hibernation stands: `sealed -> quiesced -> parked`.
+    HibernationStep {
+        /// Recorded with its sealed cut; the owner stops the command.
+        Sealed = "sealed",
+        /// The provider's quiescence is committed: the snapshot is the
+        /// workspace head and the Lease is `release_pending`.
+        Quiesced = "quiesced",
+        /// The destroy is proven: the Reservation is returned and the
+        /// attempt parked.
+        Parked = "parked",
     }
 );
 
@@ -337,6 +383,15 @@ pub struct ExecRequest {
     /// (the default): the command's stdin is empty.
     #[serde(default)]
     pub stdin_open: bool,
+    /// How long the exec may go without activity (an output page staged
+    /// or an input sent) before it hibernates, in milliseconds
+    /// (`1..=`[`crate::rules::TIMEOUT_MS_MAX`]); `None` (the default):
+    /// never for idleness.
+    #[serde(default)]
+    pub idle_ttl_ms: Option<u64>,
+    /// What its timeout does ([`OnTimeout::Terminate`] by default).
+    #[serde(default)]
+    pub on_timeout: OnTimeout,
 }
 
 /// An exec as the store reports it.
@@ -551,6 +606,24 @@ pub struct LeaseWork {
     /// ([`ExecRequest::stdin_open`]): what the provider's allocation asks.
     #[serde(default)]
     pub stdin_open: bool,
+    /// The workspace head this generation restores (a resumed
+    /// generation); `None` for a fresh workspace.
+    #[serde(default)]
+    pub restore_head: Option<Digest>,
+    /// The first output page seq this generation's supervisor numbers
+    /// from: the attempt's last stored page seq + 1 (1 for a fresh
+    /// attempt). The manifest of `restore_head` is read with
+    /// [`crate::ControlStore::snapshot_manifest`] or
+    /// [`crate::ReconcileStore::restore_manifest`].
+    #[serde(default = "first_seq_default")]
+    pub first_seq: i64,
+    /// Whether the provider's attachment is recorded on this Lease.
+    #[serde(default)]
+    pub attached: bool,
+}
+
+fn first_seq_default() -> i64 {
+    1
 }
 
 /// What a `commit_release` did.
@@ -560,7 +633,7 @@ pub struct ReleaseOutcome {
     pub lease_id: SandboxLeaseId,
     /// Its generation.
     pub generation: Generation,
-    /// The exec, now terminal.
+    /// The exec, now terminal (or hibernated, see `parked`).
     pub exec_id: ExecId,
     /// Units returned to the tenant by this release (the same number on a
     /// replay, which returns nothing again).
@@ -570,6 +643,10 @@ pub struct ReleaseOutcome {
     /// `true` when this call found the release already committed and
     /// changed nothing.
     pub replay: bool,
+    /// `true` when the release parked the attempt (a quiesced
+    /// hibernation of this generation) instead of ending the exec.
+    #[serde(default)]
+    pub parked: bool,
 }
 
 /// What an `append_pages` did.

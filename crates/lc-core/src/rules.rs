@@ -272,7 +272,8 @@ pub fn plan_attempt_transition(from: AttemptState, to: AttemptState) -> Result<S
     step("attempt", from, to, AttemptState::as_str, legal)
 }
 
-/// An exec step: `admitted -> running | terminal`, `running -> terminal`.
+/// An exec step: `admitted -> running | terminal`, `running -> hibernated
+/// | terminal`, `hibernated -> running | terminal`.
 ///
 /// # Errors
 /// [`LcError::IllegalTransition`] for any other change.
@@ -280,7 +281,12 @@ pub fn plan_exec_transition(from: ExecState, to: ExecState) -> Result<Step, LcEr
     use ExecState::*;
     let legal = matches!(
         (from, to),
-        (Admitted, Running) | (Admitted, Terminal) | (Running, Terminal)
+        (Admitted, Running)
+            | (Admitted, Terminal)
+            | (Running, Hibernated)
+            | (Running, Terminal)
+            | (Hibernated, Running)
+            | (Hibernated, Terminal)
     );
     step("exec", from, to, ExecState::as_str, legal)
 }
@@ -1074,11 +1080,14 @@ mod tests {
         );
         check_machine(
             "exec",
-            &[E::Admitted, E::Running, E::Terminal],
+            &[E::Admitted, E::Running, E::Hibernated, E::Terminal],
             &[
                 (E::Admitted, E::Running),
                 (E::Admitted, E::Terminal),
+                (E::Running, E::Hibernated),
                 (E::Running, E::Terminal),
+                (E::Hibernated, E::Running),
+                (E::Hibernated, E::Terminal),
             ],
             ExecState::as_str,
             plan_exec_transition,

@@ -18,6 +18,9 @@
 use async_trait::async_trait;
 
 use crate::error::LcError;
+use crate::hibernate::{
+    HibernationRecord, ResumeIntent, ResumeReceipt, SnapshotMeta, WorkspaceRecord,
+};
 use crate::input::InputRecord;
 use crate::model::{
     AppendReport, CutReading, Digest, ExecId, ExecRecord, ExecRequest, Generation, LeaseWork,
@@ -157,7 +160,9 @@ pub trait ControlStore: Send + Sync {
     /// Asks to cancel an exec: records the request. The exec's owning
     /// gateway then commits the cancel, stops the command and releases the
     /// Lease once the terminal page is acked; a Lease that is not active yet
-    /// is released by the reconciler. A terminal exec is returned as it is.
+    /// is released by the reconciler. A hibernated exec with no unreleased
+    /// Lease becomes terminal (`cancelled`) at once. A terminal exec is
+    /// returned as it is.
     /// Tenant scope.
     ///
     /// # Errors
@@ -202,6 +207,82 @@ pub trait ControlStore: Send + Sync {
     /// # Errors
     /// `not_found`, storage errors.
     async fn operation(&self, scope: OpScope, key: &str) -> Result<OperationRecord, LcError>;
+
+    /// Seals a hibernation of the exec's current attempt generation
+    /// (reason `requested`) at a certain `at`: the exec runs with an
+    /// `active` Lease and no hibernation of that generation exists. The
+    /// sealed cut is `at.cut`. Tenant scope: a replay of `op` returns the
+    /// recorded hibernation as it is now.
+    ///
+    /// # Errors
+    /// `time_uncertain`, `not_found` (also another tenant's exec),
+    /// `exec_terminal`, `exec_not_hibernatable`, `hibernation_in_progress`,
+    /// `idempotency_conflict`, `invalid_cut_reading`, storage errors.
+    /// Nothing is written on any of them.
+    async fn request_hibernation(
+        &self,
+        op: &OperationKey,
+        at: CutReading,
+        tenant: TenantId,
+        exec_id: ExecId,
+    ) -> Result<HibernationRecord, LcError>;
+
+    /// Records a request to resume the parked exec from `head`; the attempt
+    /// stays parked until its owner commits the resume
+    /// ([`GatewayStore::prepare_resume`], [`GatewayStore::commit_resume`]).
+    /// `op`'s request digest must be
+    /// [`crate::hibernate::resume_request_sha256`]`(exec_id, head)`. Tenant
+    /// scope: a replay of `op` returns the recorded intent.
+    ///
+    /// # Errors
+    /// `request_digest_mismatch`, `not_found`, `exec_not_parked`,
+    /// `workspace_head_mismatch` (`head` is not the workspace's head),
+    /// `idempotency_conflict`, `invalid_cut_reading`, `time_uncertain` (no
+    /// cut yet), storage errors. Nothing is written on any of them.
+    async fn request_resume(
+        &self,
+        op: &OperationKey,
+        at: CutReading,
+        tenant: TenantId,
+        exec_id: ExecId,
+        head: Digest,
+    ) -> Result<ResumeIntent, LcError>;
+
+    /// The exec's workspace: its head and how many snapshots it holds.
+    ///
+    /// # Errors
+    /// `not_found`, storage errors.
+    async fn workspace(
+        &self,
+        tenant: TenantId,
+        exec_id: ExecId,
+    ) -> Result<WorkspaceRecord, LcError>;
+
+    /// The exec's snapshots with chain seq `> after_seq`, ascending, at most
+    /// `limit` (`1..=`[`crate::rules::LIST_LIMIT_MAX`]), without their
+    /// manifest bytes.
+    ///
+    /// # Errors
+    /// `not_found`, `invalid_limit`, storage errors.
+    async fn snapshots(
+        &self,
+        tenant: TenantId,
+        exec_id: ExecId,
+        after_seq: i64,
+        limit: usize,
+    ) -> Result<Vec<SnapshotMeta>, LcError>;
+
+    /// The canonical manifest bytes of the exec's snapshot `digest`
+    /// (`sha256(bytes) == digest`).
+    ///
+    /// # Errors
+    /// `not_found` (exec or snapshot), storage errors.
+    async fn snapshot_manifest(
+        &self,
+        tenant: TenantId,
+        exec_id: ExecId,
+        digest: Digest,
+    ) -> Result<Vec<u8>, LcError>;
 }
 
 /// What the reconciler needs.
@@ -350,6 +431,56 @@ pub trait ReconcileStore: Send + Sync {
     /// # Errors
     /// `invalid_limit`, `invalid_cut_reading`, storage errors.
     async fn gc_operations(&self, at: CutReading, limit: usize) -> Result<usize, LcError>;
+
+    /// Seals the hibernations due at a certain `at` and returns up to
+    /// `limit` unfinished ones (`sealed` or `quiesced`), by exec id: an
+    /// exec running with an `active` Lease and no hibernation of its
+    /// generation is due when idle (`at.cut >= last_activity + idle_ttl`,
+    /// reason `idle`) or past its timeout with `on_timeout = hibernate` and
+    /// no activity since (reason `deadline`). At most `limit` are sealed
+    /// per call. Nothing is sealed on an uncertain `at` (the unfinished
+    /// ones are still returned).
+    ///
+    /// # Errors
+    /// `invalid_limit`, `invalid_cut_reading`, storage errors.
+    async fn due_hibernations(
+        &self,
+        at: CutReading,
+        limit: usize,
+    ) -> Result<Vec<HibernationRecord>, LcError>;
+
+    /// Records the provider's attachment on a restoring Lease (one with a
+    /// restore head): `evidence` is a DSSE envelope (JSON) of an
+    /// `attachment` statement signed by the registered key of the Lease's
+    /// provider naming exactly this Lease, generation, the exec's
+    /// workspace and the Lease's restore head, writable. Idempotent for the
+    /// same envelope.
+    ///
+    /// # Errors
+    /// `evidence_rejected` (signature, key, subject, kind, not writable, or
+    /// another attachment already recorded), `workspace_head_mismatch`,
+    /// `not_found`, `fenced`, `illegal_transition` (not a restoring Lease,
+    /// or not `allocating`/`active`), `invalid_cut_reading`, storage
+    /// errors.
+    async fn record_attachment(
+        &self,
+        lease: SandboxLeaseId,
+        generation: Generation,
+        evidence: &serde_json::Value,
+        at: CutReading,
+    ) -> Result<LeaseWork, LcError>;
+
+    /// The canonical manifest bytes a restoring Lease restores (its
+    /// restore head's snapshot).
+    ///
+    /// # Errors
+    /// `not_found` (lease, or a Lease without a restore head), `fenced`,
+    /// storage errors.
+    async fn restore_manifest(
+        &self,
+        lease: SandboxLeaseId,
+        generation: Generation,
+    ) -> Result<Vec<u8>, LcError>;
 }
 
 /// What an exec gateway needs. Every method but [`GatewayStore::claim`]
@@ -363,8 +494,9 @@ pub trait ReconcileStore: Send + Sync {
 /// replay follows [`crate::owner::plan_transition`]; so does `record_send`'s.
 #[async_trait]
 pub trait GatewayStore: Send + Sync {
-    /// Takes ownership of up to `limit` execs that have an `active` Lease,
-    /// are not terminal, and have no owner, a released owner, or an owner
+    /// Takes ownership of up to `limit` execs that have an `active` Lease
+    /// (or are hibernated with a resume request not yet committed), are
+    /// not terminal, and have no owner, a released owner, or an owner
     /// whose heartbeat expiry a certain `at` reached; skips rows another
     /// gateway is claiming at the same moment. Each gets generation + 1, a
     /// new fence and the heartbeat expiry `at.cut + ttl` (which must fit
@@ -384,7 +516,7 @@ pub trait GatewayStore: Send + Sync {
     /// Takes over one exec, serialized on its (tenant, exec) row: exactly
     /// one of several racing callers wins, the others get a typed refusal
     /// and change nothing. Needs a certain `at` and the exec's current
-    /// Lease `active`; the new ownership has generation + 1 (1 when
+    /// Lease `active` (or the exec hibernated: its owner resumes it); the new ownership has generation + 1 (1 when
     /// unowned), a new fence and the heartbeat expiry `at.cut + ttl`. The
     /// exec's canonical identity is untouched.
     ///
@@ -543,4 +675,75 @@ pub trait GatewayStore: Send + Sync {
         transition_id: &str,
         input_seq: i64,
     ) -> Result<TransitionReceipt, LcError>;
+
+    /// Commits the provider's quiescence of the sealed hibernation of
+    /// `generation`: verifies `evidence` (a DSSE envelope, JSON, of a
+    /// `quiescence` statement) with the registered key of the Lease's
+    /// provider, its subject exactly (provider, Lease, `generation`, the
+    /// exec's workspace) and its head `== head == sha256(manifest)`, and
+    /// `parent` is the workspace's current head; then inserts the
+    /// immutable snapshot, moves the workspace head to `head`, moves the
+    /// Lease `active -> release_pending` (no terminal reason) renewing its
+    /// Reservation, and the hibernation to `quiesced`. A replay with the
+    /// same head returns the record and changes nothing.
+    ///
+    /// # Errors
+    /// `owner_stale`, `owner_expired`, `not_found` (no hibernation of that
+    /// generation), `evidence_rejected`, `workspace_head_mismatch`,
+    /// `invalid_input` (a manifest over
+    /// [`crate::hibernate::MANIFEST_BYTES_MAX`]), `fenced`,
+    /// `illegal_transition`, `invalid_cut_reading`, storage errors.
+    #[allow(clippy::too_many_arguments)]
+    async fn commit_quiescence(
+        &self,
+        cred: &OwnerCredential,
+        exec_id: ExecId,
+        at: CutReading,
+        generation: Generation,
+        manifest: &[u8],
+        head: Digest,
+        parent: Option<Digest>,
+        evidence: &serde_json::Value,
+    ) -> Result<HibernationRecord, LcError>;
+
+    /// Prepares the resume recorded under the tenant's operation key
+    /// `op_key` on a certain `at`: a new Tollgate grant (Reservation g+1,
+    /// the shape's units) and Lease g+1 `allocating` restoring the parked
+    /// head, the attempt's generation g+1 (still parked). Refused while any
+    /// Lease of the exec is unreleased (`competing_right`). A replay of the
+    /// same intent returns the prepared Lease.
+    ///
+    /// # Errors
+    /// `owner_stale`, `owner_expired`, `time_uncertain`, `not_found` (no
+    /// such intent), `exec_not_parked`, `request_digest_mismatch`,
+    /// `workspace_head_mismatch`, `competing_right`,
+    /// `insufficient_capacity`, `deadline_beyond_horizon`,
+    /// `invalid_cut_reading`, storage errors. Nothing is written on any of
+    /// them.
+    async fn prepare_resume(
+        &self,
+        cred: &OwnerCredential,
+        exec_id: ExecId,
+        at: CutReading,
+        op_key: &str,
+    ) -> Result<LeaseWork, LcError>;
+
+    /// Commits the resume recorded under `op_key` on a certain `at`, in one
+    /// transaction: the checks of [`crate::hibernate::check_resume`], then
+    /// the immutable [`ResumeReceipt`] and the attempt `parked ->
+    /// runnable`; the exec's last activity becomes `at.cut`. A replay of
+    /// `op_key` returns the one receipt and changes nothing.
+    ///
+    /// # Errors
+    /// `owner_stale`, `owner_expired`, `time_uncertain`, `not_found`,
+    /// `exec_not_parked`, `request_digest_mismatch`,
+    /// `workspace_head_mismatch`, `competing_right`, `invalid_cut_reading`,
+    /// storage errors. Nothing is written on any of them.
+    async fn commit_resume(
+        &self,
+        cred: &OwnerCredential,
+        exec_id: ExecId,
+        at: CutReading,
+        op_key: &str,
+    ) -> Result<ResumeReceipt, LcError>;
 }

@@ -14,6 +14,9 @@
 use std::collections::BTreeMap;
 
 use jiff::Timestamp;
+use lc_core::hibernate::{
+    HibernationRecord, ResumeIntent, ResumeReceipt, SnapshotMeta, WorkspaceRecord,
+};
 use lc_core::input::{InputQueue, InputRecord, InputState};
 use lc_core::owner::{
     OwnerFence, OwnerGeneration, Ownership, PageMeta, StoredPage, TakeoverBasis, TransitionKind,
@@ -22,8 +25,9 @@ use lc_core::owner::{
 use lc_core::page::ExitStatus;
 use lc_core::{
     AttemptNo, AttemptState, CanonicalIdentity, Digest, ExecId, ExecRecord, ExecState, Generation,
-    LeaseState, OpScope, OperationRecord, OutputPage, PageKind, Provider, ProviderId,
-    ReservationState, Runtime, SandboxLeaseId, Tenant, TenantId, TerminalReason, WorkspaceId,
+    HibernationReason, HibernationStep, LeaseState, OnTimeout, OpScope, OperationRecord,
+    OutputPage, PageKind, Provider, ProviderId, ReservationState, Runtime, SandboxLeaseId, Tenant,
+    TenantId, TerminalReason, WorkspaceId,
 };
 use safetime::InstantPair;
 use sqlx::postgres::PgRow;
@@ -70,6 +74,18 @@ fn one_row(done: sqlx::postgres::PgQueryResult, what: &str) -> Result<(), Fail> 
     }
 }
 
+fn opt_digest_at(row: &PgRow, col: &str) -> Result<Option<Digest>, Fail> {
+    let b: Option<Vec<u8>> = row.try_get(col)?;
+    b.map(|b| {
+        let a: [u8; 32] = b
+            .as_slice()
+            .try_into()
+            .map_err(|_| corrupt(format!("{col} is {} bytes, not 32", b.len())))?;
+        Ok(Digest(a))
+    })
+    .transpose()
+}
+
 fn digest_at(row: &PgRow, col: &str) -> Result<Digest, Fail> {
     let b: Vec<u8> = row.try_get(col)?;
     let a: [u8; 32] = b
@@ -94,13 +110,10 @@ fn provider_id_at(row: &PgRow, col: &str) -> Result<ProviderId, Fail> {
     ProviderId::new(text).map_err(|e| corrupt(format!("{col}: {e}")).into())
 }
 
+/// The page kind stored as `s`, by its wire name (every kind the page
+/// module knows, so a kind it gains is read without a change here).
 fn page_kind(s: &str) -> Option<PageKind> {
-    match s {
-        "stdout" => Some(PageKind::Stdout),
-        "stderr" => Some(PageKind::Stderr),
-        "terminal" => Some(PageKind::Terminal),
-        _ => None,
-    }
+    serde_json::from_value(serde_json::Value::String(s.to_owned())).ok()
 }
 
 /// The scope column of an operation key: 0 for the administrator, the
@@ -588,6 +601,8 @@ pub(crate) struct NewExec<'a> {
     pub timeout_deadline: Option<Timestamp>,
     pub admitted: Timestamp,
     pub stdin_open: bool,
+    pub idle_ttl_ms: Option<i64>,
+    pub on_timeout: OnTimeout,
 }
 
 /// Inserts the exec (`admitted`, attempt 1) and returns its id.
@@ -601,8 +616,10 @@ pub(crate) async fn insert_exec(conn: &mut PgConnection, e: &NewExec<'_>) -> Res
     let id: i64 = sqlx::query_scalar(
         "INSERT INTO lc_execs (tenant_id, lease_id, provider_id, runtime_digest, workspace_id, \
              shape, units, command, timeout_ms, timeout_floor_us, timeout_submicro_ns, \
-             admitted_floor_us, admitted_submicro_ns, state, stdin_open) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8::jsonb, $9, $10, $11, $12, $13, 'admitted', $14) \
+             admitted_floor_us, admitted_submicro_ns, state, stdin_open, idle_ttl_ms, on_timeout, \
+             last_activity_floor_us, last_activity_submicro_ns) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8::jsonb, $9, $10, $11, $12, $13, 'admitted', $14, \
+                 $15, $16, $12, $13) \
          RETURNING exec_id",
     )
     .bind(e.tenant.0)
@@ -619,8 +636,15 @@ pub(crate) async fn insert_exec(conn: &mut PgConnection, e: &NewExec<'_>) -> Res
     .bind(af)
     .bind(asub)
     .bind(e.stdin_open)
+    .bind(e.idle_ttl_ms)
+    .bind(e.on_timeout.as_str())
     .fetch_one(&mut *conn)
     .await?;
+    sqlx::query("INSERT INTO lc_workspaces (workspace_id, exec_id) VALUES ($1, $2)")
+        .bind(e.workspace_id.0)
+        .bind(id)
+        .execute(&mut *conn)
+        .await?;
     Ok(ExecId(id))
 }
 
@@ -670,21 +694,34 @@ pub(crate) async fn insert_reservation(
     Ok(())
 }
 
+/// A new sandbox Lease's row.
+pub(crate) struct NewLease<'a> {
+    pub lease: SandboxLeaseId,
+    pub exec: ExecId,
+    pub attempt: AttemptNo,
+    pub generation: Generation,
+    pub provider: &'a ProviderId,
+    pub expiry: Timestamp,
+    /// The head it restores (a resumed generation).
+    pub restore_head: Option<Digest>,
+}
+
 /// Inserts an `allocating` sandbox Lease.
-pub(crate) async fn insert_lease(
-    conn: &mut PgConnection,
-    lease: SandboxLeaseId,
-    exec: ExecId,
-    attempt: AttemptNo,
-    generation: Generation,
-    provider: &ProviderId,
-    expiry: Timestamp,
-) -> Result<(), Fail> {
+pub(crate) async fn insert_lease(conn: &mut PgConnection, n: &NewLease<'_>) -> Result<(), Fail> {
+    let NewLease {
+        lease,
+        exec,
+        attempt,
+        generation,
+        provider,
+        expiry,
+        restore_head,
+    } = *n;
     let (f, s) = pair(expiry);
     sqlx::query(
         "INSERT INTO lc_sandbox_leases (lease_id, exec_id, attempt, generation, provider_id, state, \
-             expiry_floor_us, expiry_submicro_ns) \
-         VALUES ($1, $2, $3, $4, $5, 'allocating', $6, $7)",
+             expiry_floor_us, expiry_submicro_ns, restore_head) \
+         VALUES ($1, $2, $3, $4, $5, 'allocating', $6, $7, $8)",
     )
     .bind(lease.0)
     .bind(exec.0)
@@ -693,6 +730,7 @@ pub(crate) async fn insert_lease(
     .bind(provider.as_str())
     .bind(f)
     .bind(s)
+    .bind(restore_head.map(|d| d.0.to_vec()))
     .execute(&mut *conn)
     .await?;
     Ok(())
@@ -825,12 +863,17 @@ pub(crate) struct LeaseRow {
     pub terminal_reason: Option<TerminalReason>,
     pub cancel_requested: bool,
     pub timeout_deadline: Option<Timestamp>,
+    pub on_timeout: OnTimeout,
+    pub restore_head: Option<Digest>,
+    pub attachment: Option<serde_json::Value>,
+    pub workspace_id: WorkspaceId,
 }
 
 const LEASE_SELECT: &str = "SELECT l.lease_id, l.exec_id, e.tenant_id, l.attempt, l.generation, \
         l.provider_id, l.state, l.expiry_floor_us, l.expiry_submicro_ns, l.released_floor_us, \
         l.released_submicro_ns, e.state AS exec_state, a.state AS attempt_state, \
-        e.terminal_reason, e.cancel_requested, e.timeout_floor_us, e.timeout_submicro_ns \
+        e.terminal_reason, e.cancel_requested, e.timeout_floor_us, e.timeout_submicro_ns, \
+        e.on_timeout, l.restore_head, l.attachment::text AS attachment, e.workspace_id \
    FROM lc_sandbox_leases l \
    JOIN lc_execs e ON e.exec_id = l.exec_id \
    JOIN lc_attempts a ON a.exec_id = l.exec_id AND a.attempt = l.attempt";
@@ -856,6 +899,13 @@ fn lease_from(row: &PgRow) -> Result<LeaseRow, Fail> {
             .transpose()?,
         cancel_requested: row.try_get("cancel_requested")?,
         timeout_deadline: opt_instant_at(row, "timeout_floor_us", "timeout_submicro_ns")?,
+        on_timeout: parse_enum(row, "on_timeout", OnTimeout::parse)?,
+        restore_head: opt_digest_at(row, "restore_head")?,
+        attachment: row
+            .try_get::<Option<String>, _>("attachment")?
+            .map(|t| serde_json::from_str(&t).map_err(|e| corrupt(format!("attachment: {e}"))))
+            .transpose()?,
+        workspace_id: WorkspaceId(row.try_get("workspace_id")?),
     })
 }
 
@@ -894,6 +944,7 @@ const DUE_SELECT: &str = "SELECT l.lease_id, l.exec_id, e.tenant_id, l.attempt, 
         l.provider_id, l.state, l.expiry_floor_us, l.expiry_submicro_ns, l.released_floor_us, \
         l.released_submicro_ns, e.state AS exec_state, a.state AS attempt_state, \
         e.terminal_reason, e.cancel_requested, e.timeout_floor_us, e.timeout_submicro_ns, \
+        e.on_timeout, l.restore_head, l.attachment::text AS attachment, \
         p.url, e.runtime_digest, e.shape, e.command::text AS command, e.workspace_id, e.stdin_open, \
         r.expiry_floor_us AS reservation_floor_us, r.expiry_submicro_ns AS reservation_submicro_ns, \
         coalesce((SELECT max(o.seq) FROM lc_output_pages o \
@@ -1152,7 +1203,9 @@ fn meta_from(row: &PgRow) -> Result<PageMeta, Fail> {
         kind,
         length: u32::try_from(length).map_err(|_| corrupt(format!("page length {length}")))?,
         sha256: digest_at(row, "sha256")?,
-        exit: (kind == PageKind::Terminal).then_some(ExitStatus { code, signal }),
+        // The database's check: exactly the last page of a generation
+        // (terminal or stopped) carries an exit status.
+        exit: (code.is_some() || signal.is_some()).then_some(ExitStatus { code, signal }),
     })
 }
 
@@ -1446,7 +1499,8 @@ pub(crate) async fn lock_exec_state(
 }
 
 /// Up to `limit` execs a gateway may claim at certain cut `cut`: the
-/// current Lease `active`, the exec not terminal, and no owner, a
+/// current Lease `active` (or the exec hibernated with a resume request
+/// not yet committed), the exec not terminal, and no owner, a
 /// released one, or one whose heartbeat expiry is at or before `cut`;
 /// by exec id, each exec row locked (`SKIP LOCKED`: another claimer's or
 /// a takeover's are skipped). The caller re-reads each ownership locked
@@ -1463,7 +1517,12 @@ pub(crate) async fn claim_candidates(
            JOIN lc_sandbox_leases l ON l.exec_id = e.exec_id AND l.attempt = a.attempt \
                                    AND l.generation = a.generation \
            LEFT JOIN lc_exec_owners o ON o.exec_id = e.exec_id \
-          WHERE l.state = 'active' AND e.state <> 'terminal' \
+          WHERE e.state <> 'terminal' \
+            AND (l.state = 'active' \
+                 OR (e.state = 'hibernated' AND EXISTS ( \
+                        SELECT 1 FROM lc_resume_intents i WHERE i.exec_id = e.exec_id \
+                           AND NOT EXISTS (SELECT 1 FROM lc_resume_receipts r \
+                                            WHERE r.exec_id = i.exec_id AND r.op_key = i.op_key)))) \
             AND (o.exec_id IS NULL OR o.released \
                  OR (o.heartbeat_expiry_floor_us, o.heartbeat_expiry_submicro_ns) <= ($1, $2)) \
           ORDER BY e.exec_id LIMIT $3 FOR UPDATE OF e SKIP LOCKED",
@@ -1827,6 +1886,586 @@ pub(crate) async fn mark_input_sent(
     .execute(&mut *conn)
     .await?;
     Ok(done.rows_affected() == 1)
+}
+
+// ---------------------------------------------------------------------------
+// Workspaces, snapshots, hibernations and resumes.
+
+/// Moves the exec's last activity to `at` unless it is later already.
+pub(crate) async fn touch_activity(
+    conn: &mut PgConnection,
+    exec: ExecId,
+    at: Timestamp,
+) -> Result<(), Fail> {
+    let (f, s) = pair(at);
+    sqlx::query(
+        "UPDATE lc_execs SET last_activity_floor_us = $2, last_activity_submicro_ns = $3 \
+          WHERE exec_id = $1 \
+            AND (coalesce(last_activity_floor_us, admitted_floor_us), \
+                 coalesce(last_activity_submicro_ns, admitted_submicro_ns)) < ($2, $3)",
+    )
+    .bind(exec.0)
+    .bind(f)
+    .bind(s)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
+/// The exec's workspace, locked (`FOR UPDATE`) when `lock`.
+pub(crate) async fn workspace_of(
+    conn: &mut PgConnection,
+    exec: ExecId,
+    lock: bool,
+) -> Result<Option<WorkspaceRecord>, Fail> {
+    let row = sqlx::query(&format!(
+        "SELECT workspace_id, exec_id, head, snapshots FROM lc_workspaces WHERE exec_id = $1{}",
+        if lock { " FOR UPDATE" } else { "" }
+    ))
+    .bind(exec.0)
+    .fetch_optional(&mut *conn)
+    .await?;
+    let Some(row) = row else { return Ok(None) };
+    Ok(Some(WorkspaceRecord {
+        workspace_id: WorkspaceId(row.try_get("workspace_id")?),
+        exec_id: ExecId(row.try_get("exec_id")?),
+        head: opt_digest_at(&row, "head")?,
+        snapshots: row.try_get("snapshots")?,
+    }))
+}
+
+/// A new snapshot.
+pub(crate) struct NewSnapshot<'a> {
+    pub workspace_id: WorkspaceId,
+    pub digest: Digest,
+    pub parent: Option<Digest>,
+    pub manifest: &'a [u8],
+    pub lease_id: SandboxLeaseId,
+    pub generation: Generation,
+    pub committed: Timestamp,
+}
+
+/// Inserts the snapshot as the workspace's next and moves its head to it.
+pub(crate) async fn insert_snapshot(
+    conn: &mut PgConnection,
+    n: &NewSnapshot<'_>,
+) -> Result<(), Fail> {
+    let (f, s) = pair(n.committed);
+    let done = sqlx::query(
+        "INSERT INTO lc_snapshots (workspace_id, digest, seq, parent, manifest, lease_id, generation, \
+             committed_floor_us, committed_submicro_ns) \
+         SELECT $1, $2, w.snapshots + 1, $3, $4, $5, $6, $7, $8 FROM lc_workspaces w \
+          WHERE w.workspace_id = $1",
+    )
+    .bind(n.workspace_id.0)
+    .bind(&n.digest.0[..])
+    .bind(n.parent.map(|d| d.0.to_vec()))
+    .bind(n.manifest)
+    .bind(n.lease_id.0)
+    .bind(n.generation.0)
+    .bind(f)
+    .bind(s)
+    .execute(&mut *conn)
+    .await?;
+    one_row(done, "a snapshot")?;
+    let done = sqlx::query(
+        "UPDATE lc_workspaces SET head = $2, snapshots = snapshots + 1 WHERE workspace_id = $1",
+    )
+    .bind(n.workspace_id.0)
+    .bind(&n.digest.0[..])
+    .execute(&mut *conn)
+    .await?;
+    one_row(done, "a workspace head")
+}
+
+fn snapshot_from(row: &PgRow) -> Result<SnapshotMeta, Fail> {
+    Ok(SnapshotMeta {
+        workspace_id: WorkspaceId(row.try_get("workspace_id")?),
+        seq: row.try_get("seq")?,
+        digest: digest_at(row, "digest")?,
+        parent: opt_digest_at(row, "parent")?,
+        manifest_bytes: row.try_get::<i32, _>("manifest_bytes")?.into(),
+        lease_id: SandboxLeaseId(row.try_get("lease_id")?),
+        generation: Generation(row.try_get("generation")?),
+        committed_cut: instant_at(row, "committed_floor_us", "committed_submicro_ns")?,
+    })
+}
+
+/// The workspace's snapshots with seq `> after_seq`, ascending, at most
+/// `limit`.
+pub(crate) async fn list_snapshots(
+    conn: &mut PgConnection,
+    workspace: WorkspaceId,
+    after_seq: i64,
+    limit: usize,
+) -> Result<Vec<SnapshotMeta>, Fail> {
+    let rows = sqlx::query(
+        "SELECT workspace_id, seq, digest, parent, octet_length(manifest) AS manifest_bytes, \
+                lease_id, generation, committed_floor_us, committed_submicro_ns \
+           FROM lc_snapshots WHERE workspace_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
+    )
+    .bind(workspace.0)
+    .bind(after_seq)
+    .bind(limit as i64)
+    .fetch_all(&mut *conn)
+    .await?;
+    rows.iter().map(snapshot_from).collect()
+}
+
+/// The manifest bytes of snapshot `digest` of `workspace`.
+pub(crate) async fn snapshot_manifest(
+    conn: &mut PgConnection,
+    workspace: WorkspaceId,
+    digest: Digest,
+) -> Result<Option<Vec<u8>>, Fail> {
+    Ok(sqlx::query_scalar(
+        "SELECT manifest FROM lc_snapshots WHERE workspace_id = $1 AND digest = $2",
+    )
+    .bind(workspace.0)
+    .bind(&digest.0[..])
+    .fetch_optional(&mut *conn)
+    .await?)
+}
+
+const HIBERNATION_COLUMNS: &str = "exec_id, attempt, generation, lease_id, reason, sealed_floor_us, \
+     sealed_submicro_ns, step, head";
+
+fn hibernation_from(row: &PgRow) -> Result<HibernationRecord, Fail> {
+    Ok(HibernationRecord {
+        exec_id: ExecId(row.try_get("exec_id")?),
+        attempt: AttemptNo(row.try_get("attempt")?),
+        generation: Generation(row.try_get("generation")?),
+        lease_id: SandboxLeaseId(row.try_get("lease_id")?),
+        reason: parse_enum(row, "reason", HibernationReason::parse)?,
+        sealed_cut: instant_at(row, "sealed_floor_us", "sealed_submicro_ns")?,
+        step: parse_enum(row, "step", HibernationStep::parse)?,
+        head: opt_digest_at(row, "head")?,
+    })
+}
+
+/// The hibernation of (exec, attempt, generation), locked when `lock`.
+pub(crate) async fn hibernation(
+    conn: &mut PgConnection,
+    exec: ExecId,
+    attempt: AttemptNo,
+    generation: Generation,
+    lock: bool,
+) -> Result<Option<HibernationRecord>, Fail> {
+    let row = sqlx::query(&format!(
+        "SELECT {HIBERNATION_COLUMNS} FROM lc_hibernations \
+          WHERE exec_id = $1 AND attempt = $2 AND generation = $3{}",
+        if lock { " FOR UPDATE" } else { "" }
+    ))
+    .bind(exec.0)
+    .bind(attempt.0)
+    .bind(generation.0)
+    .fetch_optional(&mut *conn)
+    .await?;
+    row.as_ref().map(hibernation_from).transpose()
+}
+
+/// Inserts a `sealed` hibernation.
+pub(crate) async fn insert_hibernation(
+    conn: &mut PgConnection,
+    h: &HibernationRecord,
+) -> Result<(), Fail> {
+    let (f, s) = pair(h.sealed_cut);
+    let done = sqlx::query(
+        "INSERT INTO lc_hibernations (exec_id, attempt, generation, lease_id, reason, \
+             sealed_floor_us, sealed_submicro_ns, step) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, 'sealed')",
+    )
+    .bind(h.exec_id.0)
+    .bind(h.attempt.0)
+    .bind(h.generation.0)
+    .bind(h.lease_id.0)
+    .bind(h.reason.as_str())
+    .bind(f)
+    .bind(s)
+    .execute(&mut *conn)
+    .await?;
+    one_row(done, "a hibernation")
+}
+
+/// Moves a sealed hibernation to `quiesced` with its head and evidence.
+pub(crate) async fn set_hibernation_quiesced(
+    conn: &mut PgConnection,
+    h: &HibernationRecord,
+    head: Digest,
+    evidence: &serde_json::Value,
+) -> Result<(), Fail> {
+    let done = sqlx::query(
+        "UPDATE lc_hibernations SET step = 'quiesced', head = $4, quiescence = $5::jsonb \
+          WHERE exec_id = $1 AND attempt = $2 AND generation = $3 AND step = 'sealed'",
+    )
+    .bind(h.exec_id.0)
+    .bind(h.attempt.0)
+    .bind(h.generation.0)
+    .bind(&head.0[..])
+    .bind(evidence.to_string())
+    .execute(&mut *conn)
+    .await?;
+    one_row(done, "quiescing a hibernation")
+}
+
+/// Moves a quiesced hibernation to `parked`.
+pub(crate) async fn set_hibernation_parked(
+    conn: &mut PgConnection,
+    exec: ExecId,
+    attempt: AttemptNo,
+    generation: Generation,
+) -> Result<(), Fail> {
+    let done = sqlx::query(
+        "UPDATE lc_hibernations SET step = 'parked' \
+          WHERE exec_id = $1 AND attempt = $2 AND generation = $3 AND step = 'quiesced'",
+    )
+    .bind(exec.0)
+    .bind(attempt.0)
+    .bind(generation.0)
+    .execute(&mut *conn)
+    .await?;
+    one_row(done, "parking a hibernation")
+}
+
+/// An exec that may be due to hibernate, with what the rule decides by.
+pub(crate) struct HibernationCandidate {
+    pub exec_id: ExecId,
+    pub attempt: AttemptNo,
+    pub generation: Generation,
+    pub lease_id: SandboxLeaseId,
+    pub last_activity: Timestamp,
+    pub idle_ttl_ms: Option<i64>,
+    pub on_timeout: OnTimeout,
+    pub timeout_deadline: Option<Timestamp>,
+}
+
+/// Up to `limit` execs running with an active Lease, no cancel request
+/// and no hibernation of their current generation, idle at `cut` or past
+/// their timeout with `on_timeout = hibernate` (exact nanoseconds,
+/// numeric arithmetic), by exec id, each exec row locked (`SKIP
+/// LOCKED`). The caller decides each again by the rule.
+pub(crate) async fn hibernation_candidates(
+    conn: &mut PgConnection,
+    cut: Timestamp,
+    limit: usize,
+) -> Result<Vec<HibernationCandidate>, Fail> {
+    let (f, s) = pair(cut);
+    let rows = sqlx::query(
+        "SELECT e.exec_id, a.attempt, a.generation, l.lease_id, \
+                coalesce(e.last_activity_floor_us, e.admitted_floor_us) AS last_activity_floor_us, \
+                coalesce(e.last_activity_submicro_ns, e.admitted_submicro_ns) AS last_activity_submicro_ns, \
+                e.idle_ttl_ms, e.on_timeout, e.timeout_floor_us, \
+                e.timeout_submicro_ns \
+           FROM lc_execs e \
+           JOIN lc_attempts a ON a.exec_id = e.exec_id AND a.attempt = e.current_attempt \
+           JOIN lc_sandbox_leases l ON l.exec_id = e.exec_id AND l.attempt = a.attempt \
+                                   AND l.generation = a.generation \
+          WHERE e.state = 'running' AND a.state = 'running' AND l.state = 'active' \
+            AND NOT e.cancel_requested \
+            AND NOT EXISTS (SELECT 1 FROM lc_hibernations h WHERE h.exec_id = e.exec_id \
+                               AND h.attempt = a.attempt AND h.generation = a.generation) \
+            AND ((e.idle_ttl_ms IS NOT NULL \
+                  AND coalesce(e.last_activity_floor_us, e.admitted_floor_us)::numeric * 1000 \
+                      + coalesce(e.last_activity_submicro_ns, e.admitted_submicro_ns) \
+                      + e.idle_ttl_ms::numeric * 1000000 <= $1::numeric * 1000 + $2) \
+              OR (e.on_timeout = 'hibernate' AND e.timeout_floor_us IS NOT NULL \
+                  AND (e.timeout_floor_us, e.timeout_submicro_ns) <= ($1, $2) \
+                  AND (coalesce(e.last_activity_floor_us, e.admitted_floor_us), \
+                       coalesce(e.last_activity_submicro_ns, e.admitted_submicro_ns)) \
+                      < (e.timeout_floor_us, e.timeout_submicro_ns))) \
+          ORDER BY e.exec_id LIMIT $3 FOR UPDATE OF e SKIP LOCKED",
+    )
+    .bind(f)
+    .bind(s)
+    .bind(limit as i64)
+    .fetch_all(&mut *conn)
+    .await?;
+    rows.iter()
+        .map(|r| {
+            Ok(HibernationCandidate {
+                exec_id: ExecId(r.try_get("exec_id")?),
+                attempt: AttemptNo(r.try_get("attempt")?),
+                generation: Generation(r.try_get("generation")?),
+                lease_id: SandboxLeaseId(r.try_get("lease_id")?),
+                last_activity: instant_at(
+                    r,
+                    "last_activity_floor_us",
+                    "last_activity_submicro_ns",
+                )?,
+                idle_ttl_ms: r.try_get("idle_ttl_ms")?,
+                on_timeout: parse_enum(r, "on_timeout", OnTimeout::parse)?,
+                timeout_deadline: opt_instant_at(r, "timeout_floor_us", "timeout_submicro_ns")?,
+            })
+        })
+        .collect()
+}
+
+/// Up to `limit` hibernations not yet parked, by exec id.
+pub(crate) async fn unfinished_hibernations(
+    conn: &mut PgConnection,
+    limit: usize,
+) -> Result<Vec<HibernationRecord>, Fail> {
+    let rows = sqlx::query(&format!(
+        "SELECT {HIBERNATION_COLUMNS} FROM lc_hibernations WHERE step <> 'parked' \
+          ORDER BY exec_id, attempt, generation LIMIT $1"
+    ))
+    .bind(limit as i64)
+    .fetch_all(&mut *conn)
+    .await?;
+    rows.iter().map(hibernation_from).collect()
+}
+
+fn intent_from(row: &PgRow) -> Result<(ResumeIntent, Option<SandboxLeaseId>), Fail> {
+    Ok((
+        ResumeIntent {
+            exec_id: ExecId(row.try_get("exec_id")?),
+            op_key: row.try_get("op_key")?,
+            request_sha256: digest_at(row, "request_sha256")?,
+            head: digest_at(row, "head")?,
+            attempt: AttemptNo(row.try_get("attempt")?),
+            from_generation: Generation(row.try_get("from_generation")?),
+            recorded_cut: instant_at(row, "recorded_floor_us", "recorded_submicro_ns")?,
+        },
+        row.try_get::<Option<i64>, _>("prepared_lease_id")?
+            .map(SandboxLeaseId),
+    ))
+}
+
+/// The resume intent of (exec, op_key) and the Lease its prepare made,
+/// locked when `lock`.
+pub(crate) async fn resume_intent(
+    conn: &mut PgConnection,
+    exec: ExecId,
+    op_key: &str,
+    lock: bool,
+) -> Result<Option<(ResumeIntent, Option<SandboxLeaseId>)>, Fail> {
+    let row = sqlx::query(&format!(
+        "SELECT exec_id, op_key, request_sha256, head, attempt, from_generation, \
+                recorded_floor_us, recorded_submicro_ns, prepared_lease_id \
+           FROM lc_resume_intents WHERE exec_id = $1 AND op_key = $2{}",
+        if lock { " FOR UPDATE" } else { "" }
+    ))
+    .bind(exec.0)
+    .bind(op_key)
+    .fetch_optional(&mut *conn)
+    .await?;
+    row.as_ref().map(intent_from).transpose()
+}
+
+/// Inserts a resume intent.
+pub(crate) async fn insert_resume_intent(
+    conn: &mut PgConnection,
+    i: &ResumeIntent,
+) -> Result<(), Fail> {
+    let (f, s) = pair(i.recorded_cut);
+    let done = sqlx::query(
+        "INSERT INTO lc_resume_intents (exec_id, op_key, request_sha256, head, attempt, \
+             from_generation, recorded_floor_us, recorded_submicro_ns) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+    )
+    .bind(i.exec_id.0)
+    .bind(&i.op_key)
+    .bind(&i.request_sha256.0[..])
+    .bind(&i.head.0[..])
+    .bind(i.attempt.0)
+    .bind(i.from_generation.0)
+    .bind(f)
+    .bind(s)
+    .execute(&mut *conn)
+    .await?;
+    one_row(done, "a resume intent")
+}
+
+/// Names the Lease the intent's prepare created.
+pub(crate) async fn set_intent_prepared(
+    conn: &mut PgConnection,
+    exec: ExecId,
+    op_key: &str,
+    lease: SandboxLeaseId,
+) -> Result<(), Fail> {
+    let done = sqlx::query(
+        "UPDATE lc_resume_intents SET prepared_lease_id = $3 \
+          WHERE exec_id = $1 AND op_key = $2 AND prepared_lease_id IS NULL",
+    )
+    .bind(exec.0)
+    .bind(op_key)
+    .bind(lease.0)
+    .execute(&mut *conn)
+    .await?;
+    one_row(done, "preparing a resume intent")
+}
+
+/// The resume receipt of (exec, op_key).
+pub(crate) async fn resume_receipt(
+    conn: &mut PgConnection,
+    exec: ExecId,
+    op_key: &str,
+) -> Result<Option<ResumeReceipt>, Fail> {
+    let row = sqlx::query(
+        "SELECT exec_id, op_key, attempt, from_generation, to_generation, lease_id, head, \
+                request_sha256, token_sha256, owner_generation, owner_fence, committed_floor_us, \
+                committed_submicro_ns \
+           FROM lc_resume_receipts WHERE exec_id = $1 AND op_key = $2",
+    )
+    .bind(exec.0)
+    .bind(op_key)
+    .fetch_optional(&mut *conn)
+    .await?;
+    let Some(row) = row else { return Ok(None) };
+    Ok(Some(ResumeReceipt {
+        exec_id: ExecId(row.try_get("exec_id")?),
+        op_key: row.try_get("op_key")?,
+        attempt: AttemptNo(row.try_get("attempt")?),
+        from_generation: Generation(row.try_get("from_generation")?),
+        to_generation: Generation(row.try_get("to_generation")?),
+        lease_id: SandboxLeaseId(row.try_get("lease_id")?),
+        head: digest_at(&row, "head")?,
+        request_sha256: digest_at(&row, "request_sha256")?,
+        token_sha256: digest_at(&row, "token_sha256")?,
+        owner_generation: row.try_get("owner_generation")?,
+        owner_fence: row.try_get("owner_fence")?,
+        committed_cut: instant_at(&row, "committed_floor_us", "committed_submicro_ns")?,
+    }))
+}
+
+/// Inserts a resume receipt.
+pub(crate) async fn insert_resume_receipt(
+    conn: &mut PgConnection,
+    r: &ResumeReceipt,
+) -> Result<(), Fail> {
+    let (f, s) = pair(r.committed_cut);
+    let done = sqlx::query(
+        "INSERT INTO lc_resume_receipts (exec_id, op_key, attempt, from_generation, to_generation, \
+             lease_id, head, request_sha256, token_sha256, owner_generation, owner_fence, \
+             committed_floor_us, committed_submicro_ns) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
+    )
+    .bind(r.exec_id.0)
+    .bind(&r.op_key)
+    .bind(r.attempt.0)
+    .bind(r.from_generation.0)
+    .bind(r.to_generation.0)
+    .bind(r.lease_id.0)
+    .bind(&r.head.0[..])
+    .bind(&r.request_sha256.0[..])
+    .bind(&r.token_sha256.0[..])
+    .bind(r.owner_generation)
+    .bind(r.owner_fence)
+    .bind(f)
+    .bind(s)
+    .execute(&mut *conn)
+    .await?;
+    one_row(done, "a resume receipt")
+}
+
+/// How many Leases of `exec` other than `except` are unreleased.
+pub(crate) async fn other_live_leases(
+    conn: &mut PgConnection,
+    exec: ExecId,
+    except: Option<SandboxLeaseId>,
+) -> Result<i64, Fail> {
+    Ok(sqlx::query_scalar(
+        "SELECT count(*) FROM lc_sandbox_leases \
+          WHERE exec_id = $1 AND state <> 'released' AND lease_id IS DISTINCT FROM $2",
+    )
+    .bind(exec.0)
+    .bind(except.map(|l| l.0))
+    .fetch_one(&mut *conn)
+    .await?)
+}
+
+/// Records the provider's attachment on a Lease.
+pub(crate) async fn set_lease_attachment(
+    conn: &mut PgConnection,
+    lease: SandboxLeaseId,
+    evidence: &serde_json::Value,
+) -> Result<(), Fail> {
+    let done = sqlx::query(
+        "UPDATE lc_sandbox_leases SET attachment = $2::jsonb WHERE lease_id = $1 AND attachment IS NULL",
+    )
+    .bind(lease.0)
+    .bind(evidence.to_string())
+    .execute(&mut *conn)
+    .await?;
+    one_row(done, "recording an attachment")
+}
+
+/// Sets an attempt's current generation.
+pub(crate) async fn set_attempt_generation(
+    conn: &mut PgConnection,
+    exec: ExecId,
+    attempt: AttemptNo,
+    generation: Generation,
+) -> Result<(), Fail> {
+    let done =
+        sqlx::query("UPDATE lc_attempts SET generation = $3 WHERE exec_id = $1 AND attempt = $2")
+            .bind(exec.0)
+            .bind(attempt.0)
+            .bind(generation.0)
+            .execute(&mut *conn)
+            .await?;
+    one_row(done, "an attempt's generation")
+}
+
+/// The exec's current attempt with its state and generation, and the
+/// exec's state, shape units and provider: what a resume decides by.
+pub(crate) struct ParkedView {
+    pub exec_state: ExecState,
+    pub attempt: AttemptNo,
+    pub attempt_state: AttemptState,
+    pub generation: Generation,
+    pub units: i64,
+    pub provider_id: ProviderId,
+}
+
+/// Reads the exec as [`ParkedView`] (no lock; the caller holds the exec
+/// row).
+pub(crate) async fn parked_view(
+    conn: &mut PgConnection,
+    exec: ExecId,
+) -> Result<Option<ParkedView>, Fail> {
+    let row = sqlx::query(
+        "SELECT e.state, a.attempt, a.state AS attempt_state, a.generation, e.units, \
+                e.provider_id \
+           FROM lc_execs e \
+           JOIN lc_attempts a ON a.exec_id = e.exec_id AND a.attempt = e.current_attempt \
+          WHERE e.exec_id = $1",
+    )
+    .bind(exec.0)
+    .fetch_optional(&mut *conn)
+    .await?;
+    let Some(row) = row else { return Ok(None) };
+    Ok(Some(ParkedView {
+        exec_state: parse_enum(&row, "state", ExecState::parse)?,
+        attempt: AttemptNo(row.try_get("attempt")?),
+        attempt_state: parse_enum(&row, "attempt_state", AttemptState::parse)?,
+        generation: Generation(row.try_get("generation")?),
+        units: row.try_get("units")?,
+        provider_id: provider_id_at(&row, "provider_id")?,
+    }))
+}
+
+/// The exec's tenant, when it exists (no lock).
+pub(crate) async fn exec_tenant(
+    conn: &mut PgConnection,
+    exec: ExecId,
+) -> Result<Option<TenantId>, Fail> {
+    Ok(
+        sqlx::query_scalar::<_, i64>("SELECT tenant_id FROM lc_execs WHERE exec_id = $1")
+            .bind(exec.0)
+            .fetch_optional(&mut *conn)
+            .await?
+            .map(TenantId),
+    )
+}
+
+/// The next sandbox Lease id.
+pub(crate) async fn next_lease_id(conn: &mut PgConnection) -> Result<SandboxLeaseId, Fail> {
+    Ok(SandboxLeaseId(
+        sqlx::query_scalar("SELECT nextval('lc_sandbox_lease_ids')")
+            .fetch_one(&mut *conn)
+            .await?,
+    ))
 }
 
 #[cfg(test)]

@@ -23,14 +23,17 @@ pub const LC_LINE: &str = "lc";
 pub const LC_MIGRATIONS_TABLE: &str = "_lc_migrations";
 
 /// The current version of Little Compute's line.
-pub const LC_VERSION: i64 = 3;
+pub const LC_VERSION: i64 = 4;
 
 /// Little Compute's line: its tables, the deadline guard (LCS01), the
 /// canonical-identity guard (LCS02), its part of the initial-cut
 /// inventory, and (0002) exec ownership, transition receipts (immutable,
 /// LCS03), ownership that only moves forward (LCS04) and pages whose
 /// state only moves from pending to acked (LCS05), and (0003) inputs for
-/// a command's stdin, queued then sent in seq order (LCS06).
+/// a command's stdin, queued then sent in seq order (LCS06), and (0004)
+/// workspaces with immutable snapshots (LCS07), hibernations, resume
+/// requests and immutable resume receipts (LCS08), the attempt's resume
+/// guard (LCS09).
 pub fn lc_line() -> MigrationLine {
     MigrationLine::new(LC_LINE, LC_MIGRATIONS_TABLE, LC_MIGRATOR.migrations.clone())
 }

@@ -49,6 +49,10 @@ use async_trait::async_trait;
 use ed25519_dalek::VerifyingKey;
 use jiff::{SignedDuration, Timestamp};
 use lc_core::evidence::{self, Envelope, Expected};
+use lc_core::hibernate::{
+    self, AttachmentExpected, HibernationRecord, HibernationView, QuiescenceExpected, ResumeIntent,
+    ResumeReceipt, ResumeView, SnapshotMeta, WorkspaceRecord,
+};
 use lc_core::input::{self, InputRecord};
 use lc_core::owner::{
     self, OwnedExec, OwnerCredential, OwnerGeneration, OwnerToken, Ownership, PageMeta,
@@ -58,10 +62,10 @@ use lc_core::rate::AdmissionRate;
 use lc_core::rules::{self, LeaseView, Step};
 use lc_core::{
     AppendReport, AttemptNo, AttemptState, Command, ControlStore, CutReading, Digest, ExecId,
-    ExecRecord, ExecRequest, ExecState, GatewayStore, Generation, LcError, LeaseAction, LeaseState,
-    LeaseWork, OpScope, OperationKey, OperationRecord, OutputPage, PageKind, Provider, ProviderId,
-    ReconcileStore, ReleaseOutcome, ReservationState, Runtime, SandboxLeaseId, Shape, Tenant,
-    TenantId, TerminalReason, opkey,
+    ExecRecord, ExecRequest, ExecState, GatewayStore, Generation, HibernationReason,
+    HibernationStep, LcError, LeaseAction, LeaseState, LeaseWork, OnTimeout, OpScope, OperationKey,
+    OperationRecord, OutputPage, PageKind, Provider, ProviderId, ReconcileStore, ReleaseOutcome,
+    ReservationState, Runtime, SandboxLeaseId, Shape, Tenant, TenantId, TerminalReason, opkey,
 };
 use pgkit::{OpCounters, TxFuture};
 use sqlx::{PgConnection, PgPool};
@@ -153,9 +157,13 @@ pub enum Op {
     /// Input for a command's stdin: `send_input`, `queued_inputs`,
     /// `record_send`.
     Input,
+    /// Hibernation and resume: `request_hibernation`, `due_hibernations`,
+    /// `commit_quiescence`, `request_resume`, `prepare_resume`,
+    /// `record_attachment`, `commit_resume`, and the workspace reads.
+    Hibernation,
 }
 
-const OPS: [Op; 18] = [
+const OPS: [Op; 19] = [
     Op::CreateTenant,
     Op::Deposit,
     Op::Read,
@@ -174,6 +182,7 @@ const OPS: [Op; 18] = [
     Op::StagePages,
     Op::OwnerTransition,
     Op::Input,
+    Op::Hibernation,
 ];
 
 impl pgkit::OpLabel for Op {
@@ -197,6 +206,7 @@ impl pgkit::OpLabel for Op {
             Op::StagePages => "stage_pages",
             Op::OwnerTransition => "owner_transition",
             Op::Input => "input",
+            Op::Hibernation => "hibernation",
         }
     }
 }
@@ -453,11 +463,17 @@ async fn work_of(
 }
 
 fn to_work(d: db::DueRow, at: CutReading) -> LeaseWork {
+    // An exec whose timeout hibernates it is not released for its
+    // timeout: `due_hibernations` seals its hibernation instead.
+    let timeout_deadline = match d.lease.on_timeout {
+        OnTimeout::Terminate => d.lease.timeout_deadline,
+        OnTimeout::Hibernate => None,
+    };
     let view = LeaseView {
         state: d.lease.state,
         expiry: d.lease.expiry,
         cancel_requested: d.lease.cancel_requested,
-        timeout_deadline: d.lease.timeout_deadline,
+        timeout_deadline,
         terminal_page: d.terminal_page,
     };
     // A released lease is never due; its work record says so by Destroy's
@@ -482,6 +498,9 @@ fn to_work(d: db::DueRow, at: CutReading) -> LeaseWork {
         last_seq: d.last_seq,
         terminal_reason: d.lease.terminal_reason,
         stdin_open: d.stdin_open,
+        restore_head: d.lease.restore_head,
+        first_seq: d.last_seq + 1,
+        attached: d.lease.attachment.is_some(),
     }
 }
 
@@ -698,6 +717,8 @@ struct AdmitArgs<'a> {
     command: Command,
     timeout: Option<(u64, SignedDuration)>,
     stdin_open: bool,
+    idle_ttl_ms: Option<u64>,
+    on_timeout: OnTimeout,
 }
 
 async fn admit_tx(conn: &mut PgConnection, a: &AdmitArgs<'_>) -> Result<ExecRecord, Fail> {
@@ -762,6 +783,8 @@ async fn admit_tx(conn: &mut PgConnection, a: &AdmitArgs<'_>) -> Result<ExecReco
             timeout_deadline,
             admitted: a.at.cut,
             stdin_open: a.stdin_open,
+            idle_ttl_ms: a.idle_ttl_ms.map(|ms| ms as i64),
+            on_timeout: a.on_timeout,
         },
     )
     .await?;
@@ -796,12 +819,15 @@ async fn admit_tx(conn: &mut PgConnection, a: &AdmitArgs<'_>) -> Result<ExecReco
     .await?;
     db::insert_lease(
         conn,
-        lease_id,
-        exec_id,
-        attempt,
-        generation,
-        &provider,
-        lease_expiry,
+        &db::NewLease {
+            lease: lease_id,
+            exec: exec_id,
+            attempt,
+            generation,
+            provider: &provider,
+            expiry: lease_expiry,
+            restore_head: None,
+        },
     )
     .await?;
     let rec = db::read_exec(conn, a.tenant, exec_id)
@@ -834,11 +860,35 @@ async fn cancel_tx(conn: &mut PgConnection, a: &CancelArgs<'_>) -> Result<ExecRe
     if before.state != ExecState::Terminal {
         db::set_cancel_requested(conn, a.exec_id).await?;
     }
+    if before.state == ExecState::Hibernated {
+        cancel_parked(conn, a.exec_id).await?;
+    }
     let rec = db::read_exec(conn, a.tenant, a.exec_id)
         .await?
         .ok_or_else(|| LcError::not_found("exec", a.exec_id))?;
     finish_op(conn, scope, a.op, &rec).await?;
     Ok(rec)
+}
+
+/// Ends the locked hibernated exec `exec` as cancelled when its attempt is
+/// parked and none of its Leases is unreleased: nothing runs and no units
+/// are held, so no destroy is left to prove. With a prepared resume's Lease
+/// still unreleased, the reconciler releases it for the cancel and its
+/// release ends the exec.
+async fn cancel_parked(conn: &mut PgConnection, exec: ExecId) -> Result<(), Fail> {
+    let pv = db::parked_view(conn, exec)
+        .await?
+        .ok_or_else(|| LcError::not_found("exec", exec))?;
+    if pv.attempt_state != AttemptState::Parked
+        || db::other_live_leases(conn, exec, None).await? > 0
+    {
+        return Ok(());
+    }
+    rules::plan_attempt_transition(pv.attempt_state, AttemptState::Terminal)?;
+    rules::plan_exec_transition(pv.exec_state, ExecState::Terminal)?;
+    db::set_attempt_state(conn, exec, pv.attempt, AttemptState::Terminal).await?;
+    db::set_terminal_reason(conn, exec, TerminalReason::Cancelled).await?;
+    db::set_exec_state(conn, exec, ExecState::Terminal, None).await
 }
 
 struct LeaseArgs<'a> {
@@ -1015,6 +1065,13 @@ async fn begin_release_locked(
     Ok(step)
 }
 
+/// Whether releasing the locked Lease `row` leaves its attempt parked: a
+/// prepared resume's Lease whose resume never committed, without a cancel
+/// request.
+fn keeps_parked(row: &LeaseRow) -> bool {
+    row.attempt_state == AttemptState::Parked && !row.cancel_requested
+}
+
 /// Writes the locked Lease `row` `release_pending` for `reason` and renews
 /// its Reservation; the caller checked that the release is allowed.
 async fn enter_release_pending(
@@ -1025,7 +1082,12 @@ async fn enter_release_pending(
     at: CutReading,
 ) -> Result<(), Fail> {
     db::set_lease_state(conn, row.lease_id, LeaseState::ReleasePending).await?;
-    db::set_terminal_reason(conn, row.exec_id, reason).await?;
+    // A resume's Lease released before its resume committed ends the
+    // generation, not the exec (unless the tenant cancelled): the attempt
+    // stays parked on its head.
+    if !keeps_parked(row) {
+        db::set_terminal_reason(conn, row.exec_id, reason).await?;
+    }
     // A full Reservation TTL from here for the destroy to be proven.
     renew_reservation(conn, store, row, at).await
 }
@@ -1120,6 +1182,7 @@ async fn commit_release_tx(
     let res = db::lock_reservation(conn, row.exec_id, row.attempt, row.generation)
         .await?
         .ok_or_else(|| crate::error::corrupt(format!("lease {} has no reservation", a.lease)))?;
+    let hib = db::hibernation(conn, row.exec_id, row.attempt, row.generation, true).await?;
     if row.state == LeaseState::Released {
         return Ok(ReleaseOutcome {
             lease_id: row.lease_id,
@@ -1130,6 +1193,8 @@ async fn commit_release_tx(
                 .released
                 .ok_or_else(|| crate::error::corrupt("a released lease without its cut"))?,
             replay: true,
+            parked: hib.is_some_and(|h| h.step == HibernationStep::Parked)
+                || row.attempt_state == AttemptState::Parked,
         });
     }
     rules::plan_lease_transition(row.state, LeaseState::Released)?;
@@ -1148,6 +1213,35 @@ async fn commit_release_tx(
         db::return_reservation(conn, row.exec_id, row.attempt, row.generation, a.at.cut).await?;
     }
     db::release_lease(conn, a.lease, a.evidence, a.at.cut).await?;
+    if hib.is_some_and(|h| h.step == HibernationStep::Quiesced) {
+        // A quiesced hibernation of this generation: the attempt parks on
+        // the workspace head and the exec hibernates; nothing is terminal.
+        rules::plan_attempt_transition(row.attempt_state, AttemptState::Parked)?;
+        rules::plan_exec_transition(row.exec_state, ExecState::Hibernated)?;
+        db::set_attempt_state(conn, row.exec_id, row.attempt, AttemptState::Parked).await?;
+        db::set_exec_state(conn, row.exec_id, ExecState::Hibernated, None).await?;
+        db::set_hibernation_parked(conn, row.exec_id, row.attempt, row.generation).await?;
+        return Ok(ReleaseOutcome {
+            lease_id: row.lease_id,
+            generation: row.generation,
+            exec_id: row.exec_id,
+            units_returned,
+            released_cut: a.at.cut,
+            replay: false,
+            parked: true,
+        });
+    }
+    if keeps_parked(&row) {
+        return Ok(ReleaseOutcome {
+            lease_id: row.lease_id,
+            generation: row.generation,
+            exec_id: row.exec_id,
+            units_returned,
+            released_cut: a.at.cut,
+            replay: false,
+            parked: true,
+        });
+    }
     if rules::plan_attempt_transition(row.attempt_state, AttemptState::Terminal)? == Step::Changed {
         db::set_attempt_state(conn, row.exec_id, row.attempt, AttemptState::Terminal).await?;
     }
@@ -1173,6 +1267,7 @@ async fn commit_release_tx(
         units_returned,
         released_cut: a.at.cut,
         replay: false,
+        parked: false,
     })
 }
 
@@ -1274,7 +1369,10 @@ async fn claim_tx(conn: &mut PgConnection, a: &ClaimArgs) -> Result<Vec<OwnedExe
             Err(e) => return Err(e.into()),
         };
         let view = view_of(conn, exec).await?;
-        if view.lease_state != LeaseState::Active || view.exec_state == ExecState::Terminal {
+        let hibernated = view.exec_state == ExecState::Hibernated;
+        if (view.lease_state != LeaseState::Active && !hibernated)
+            || view.exec_state == ExecState::Terminal
+        {
             continue;
         }
         owned.push(
@@ -1306,7 +1404,9 @@ async fn take_over_tx(conn: &mut PgConnection, a: &TakeOverArgs) -> Result<Owned
     let current = db::lock_owner(conn, a.exec_id).await?;
     let basis = owner::plan_takeover(current.as_ref().map(|o| &o.ownership), a.at)?;
     let view = view_of(conn, a.exec_id).await?;
-    if view.lease_state != LeaseState::Active {
+    // A hibernated exec has no active Lease; its owner prepares and
+    // commits its resume.
+    if view.lease_state != LeaseState::Active && view.exec_state != ExecState::Hibernated {
         return Err(LcError::IllegalTransition {
             what: "exec ownership (the exec's Lease is not active)",
             from: view.lease_state.as_str(),
@@ -1431,6 +1531,7 @@ async fn stage_tx(conn: &mut PgConnection, a: &StageArgs<'_>) -> Result<StageRep
         terminal = p.kind == PageKind::Terminal;
         report.staged += 1;
     }
+    db::touch_activity(conn, a.exec_id, a.at.cut).await?;
     report.staged_through = last_seq;
     Ok(report)
 }
@@ -1769,6 +1870,7 @@ async fn record_send_tx(
         }),
     };
     db::insert_transition(conn, &receipt).await?;
+    db::touch_activity(conn, a.exec_id, a.at.cut).await?;
     if !db::mark_input_sent(conn, a.exec_id, a.input_seq, a.transition_id).await? {
         return Err(crate::error::corrupt(format!(
             "input {} of exec {} was queued and is not",
@@ -1777,6 +1879,600 @@ async fn record_send_tx(
         .into());
     }
     Ok(receipt)
+}
+
+// ---------------------------------------------------------------------------
+// Hibernation and resume (`lc_core::hibernate`). Locks in the store's
+// order: the sandbox Lease, the exec, the ownership, the workspace and
+// hibernation rows, the Reservation, then Tollgate's rows.
+
+/// What a `request_hibernation` records as its operation's result: the
+/// hibernation it sealed, which a replay reads again (as it is now).
+#[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize)]
+struct SealedHibernation {
+    exec_id: ExecId,
+    attempt: AttemptNo,
+    generation: Generation,
+}
+
+/// What a `request_resume` records as its operation's result.
+#[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize)]
+struct RecordedResume {
+    exec_id: ExecId,
+}
+
+async fn read_hibernation(
+    conn: &mut PgConnection,
+    exec: ExecId,
+    attempt: AttemptNo,
+    generation: Generation,
+) -> Result<HibernationRecord, Fail> {
+    Ok(db::hibernation(conn, exec, attempt, generation, false)
+        .await?
+        .ok_or_else(|| {
+            crate::error::corrupt(format!(
+                "the hibernation of exec {exec} attempt {attempt} generation {generation} vanished"
+            ))
+        })?)
+}
+
+struct RequestHibernationArgs<'a> {
+    store: &'a LcStore,
+    op: &'a OperationKey,
+    at: CutReading,
+    tenant: TenantId,
+    exec_id: ExecId,
+}
+
+async fn request_hibernation_tx(
+    conn: &mut PgConnection,
+    a: &RequestHibernationArgs<'_>,
+) -> Result<HibernationRecord, Fail> {
+    let cut = check_reading(conn, a.at).await?;
+    let scope = OpScope::Tenant(a.tenant);
+    if let Begun::Replay(h) = begin_op::<SealedHibernation>(
+        conn,
+        a.store,
+        scope,
+        a.op,
+        "request_hibernation",
+        a.at,
+        &cut,
+    )
+    .await?
+    {
+        if h.exec_id != a.exec_id {
+            return Err(LcError::IdempotencyConflict {
+                key: a.op.key().to_owned(),
+            }
+            .into());
+        }
+        return read_hibernation(conn, h.exec_id, h.attempt, h.generation).await;
+    }
+    rules::require_certain(a.at)?;
+    if !db::lock_exec(conn, a.tenant, a.exec_id).await? {
+        return Err(LcError::not_found("exec", a.exec_id).into());
+    }
+    let view = view_of(conn, a.exec_id).await?;
+    let pv = db::parked_view(conn, a.exec_id)
+        .await?
+        .ok_or_else(|| LcError::not_found("exec", a.exec_id))?;
+    let existing = db::hibernation(conn, a.exec_id, pv.attempt, pv.generation, true).await?;
+    hibernate::plan_hibernation(
+        HibernationView {
+            exec_id: a.exec_id,
+            exec_state: view.exec_state,
+            attempt_state: pv.attempt_state,
+            lease_state: view.lease_state,
+            cancel_requested: view.cancel_requested,
+            existing: existing.map(|h| h.step),
+        },
+        a.at,
+    )?;
+    let rec = HibernationRecord {
+        exec_id: a.exec_id,
+        attempt: pv.attempt,
+        generation: pv.generation,
+        lease_id: view.lease_id,
+        reason: HibernationReason::Requested,
+        sealed_cut: a.at.cut,
+        step: HibernationStep::Sealed,
+        head: None,
+    };
+    db::insert_hibernation(conn, &rec).await?;
+    finish_op(
+        conn,
+        scope,
+        a.op,
+        &SealedHibernation {
+            exec_id: rec.exec_id,
+            attempt: rec.attempt,
+            generation: rec.generation,
+        },
+    )
+    .await?;
+    Ok(rec)
+}
+
+async fn due_hibernations_tx(
+    conn: &mut PgConnection,
+    a: &(CutReading, usize),
+) -> Result<Vec<HibernationRecord>, Fail> {
+    let (at, limit) = *a;
+    check_reading(conn, at).await?;
+    if at.certain {
+        for c in db::hibernation_candidates(conn, at.cut, limit).await? {
+            let idle = c.idle_ttl_ms.is_some_and(|ms| {
+                hibernate::idle_due(c.last_activity, SignedDuration::from_millis(ms), at)
+            });
+            let deadline = c.on_timeout == OnTimeout::Hibernate
+                && c.timeout_deadline
+                    .is_some_and(|d| hibernate::deadline_due(d, c.last_activity, at));
+            let reason = if idle {
+                HibernationReason::Idle
+            } else if deadline {
+                HibernationReason::Deadline
+            } else {
+                continue;
+            };
+            db::insert_hibernation(
+                conn,
+                &HibernationRecord {
+                    exec_id: c.exec_id,
+                    attempt: c.attempt,
+                    generation: c.generation,
+                    lease_id: c.lease_id,
+                    reason,
+                    sealed_cut: at.cut,
+                    step: HibernationStep::Sealed,
+                    head: None,
+                },
+            )
+            .await?;
+        }
+    }
+    db::unfinished_hibernations(conn, limit).await
+}
+
+struct QuiescenceArgs<'a> {
+    store: &'a LcStore,
+    cred: &'a OwnerCredential,
+    exec_id: ExecId,
+    at: CutReading,
+    generation: Generation,
+    manifest: &'a [u8],
+    head: Digest,
+    parent: Option<Digest>,
+    evidence: &'a serde_json::Value,
+}
+
+/// The verified statement of `evidence` (a DSSE envelope as JSON) signed
+/// by `provider` about exactly `lease`'s id and generation.
+async fn provider_statement(
+    conn: &mut PgConnection,
+    evidence: &serde_json::Value,
+    lease: &LeaseRow,
+) -> Result<evidence::Statement, Fail> {
+    let provider = db::read_provider(conn, lease.provider_id.as_str())
+        .await?
+        .ok_or_else(|| crate::error::corrupt(format!("provider {} is gone", lease.provider_id)))?;
+    Ok(verified_statement(evidence, &provider, lease)?)
+}
+
+async fn commit_quiescence_tx(
+    conn: &mut PgConnection,
+    a: &QuiescenceArgs<'_>,
+) -> Result<HibernationRecord, Fail> {
+    check_reading(conn, a.at).await?;
+    let before = view_of(conn, a.exec_id).await?;
+    let lease = lock_generation(conn, before.lease_id, a.generation).await?;
+    db::lock_exec_state(conn, before.tenant_id, a.exec_id)
+        .await?
+        .ok_or_else(|| LcError::not_found("exec", a.exec_id))?;
+    fence(conn, a.cred, a.exec_id, a.at).await?;
+    let hib = db::hibernation(conn, a.exec_id, lease.attempt, lease.generation, true)
+        .await?
+        .ok_or_else(|| LcError::not_found("hibernation of generation", lease.generation))?;
+    let statement = provider_statement(conn, a.evidence, &lease).await?;
+    let ws = db::workspace_of(conn, a.exec_id, true)
+        .await?
+        .ok_or_else(|| crate::error::corrupt(format!("exec {} has no workspace", a.exec_id)))?;
+    if hib.step != HibernationStep::Sealed {
+        // A replay: the same head is the committed record.
+        if hib.head == Some(a.head) && ws.head == Some(a.head) {
+            return Ok(hib);
+        }
+        return Err(LcError::WorkspaceHeadMismatch {
+            workspace_id: ws.workspace_id,
+            expected: hib.head,
+            found: Some(a.head),
+            reason: "this generation's quiescence is committed with another head".into(),
+        }
+        .into());
+    }
+    rules::plan_lease_transition(lease.state, LeaseState::ReleasePending)?;
+    if lease.state != LeaseState::Active {
+        return Err(LcError::IllegalTransition {
+            what: "lease (quiescence needs an active Lease)",
+            from: lease.state.as_str(),
+            to: LeaseState::ReleasePending.as_str(),
+        }
+        .into());
+    }
+    let head = hibernate::check_quiescence(
+        &statement,
+        QuiescenceExpected {
+            provider_id: lease.provider_id.as_str(),
+            lease_id: lease.lease_id,
+            generation: lease.generation,
+            workspace_id: ws.workspace_id,
+            current_head: ws.head,
+        },
+        a.manifest,
+        a.head,
+        a.parent,
+    )?;
+    db::insert_snapshot(
+        conn,
+        &db::NewSnapshot {
+            workspace_id: ws.workspace_id,
+            digest: head,
+            parent: a.parent,
+            manifest: a.manifest,
+            lease_id: lease.lease_id,
+            generation: lease.generation,
+            committed: a.at.cut,
+        },
+    )
+    .await?;
+    db::set_lease_state(conn, lease.lease_id, LeaseState::ReleasePending).await?;
+    // A full Reservation TTL from here for the destroy to be proven.
+    renew_reservation(conn, a.store, &lease, a.at).await?;
+    db::set_hibernation_quiesced(conn, &hib, head, a.evidence).await?;
+    read_hibernation(conn, a.exec_id, lease.attempt, lease.generation).await
+}
+
+struct RequestResumeArgs<'a> {
+    store: &'a LcStore,
+    op: &'a OperationKey,
+    at: CutReading,
+    tenant: TenantId,
+    exec_id: ExecId,
+    head: Digest,
+}
+
+async fn request_resume_tx(
+    conn: &mut PgConnection,
+    a: &RequestResumeArgs<'_>,
+) -> Result<ResumeIntent, Fail> {
+    let cut = check_reading(conn, a.at).await?;
+    let scope = OpScope::Tenant(a.tenant);
+    if let Begun::Replay(r) =
+        begin_op::<RecordedResume>(conn, a.store, scope, a.op, "request_resume", a.at, &cut).await?
+    {
+        let intent = db::resume_intent(conn, r.exec_id, a.op.key(), false).await?;
+        return match intent {
+            Some((i, _)) if i.exec_id == a.exec_id && i.head == a.head => Ok(i),
+            _ => Err(LcError::IdempotencyConflict {
+                key: a.op.key().to_owned(),
+            }
+            .into()),
+        };
+    }
+    if !db::lock_exec(conn, a.tenant, a.exec_id).await? {
+        return Err(LcError::not_found("exec", a.exec_id).into());
+    }
+    let pv = db::parked_view(conn, a.exec_id)
+        .await?
+        .ok_or_else(|| LcError::not_found("exec", a.exec_id))?;
+    if pv.exec_state != ExecState::Hibernated || pv.attempt_state != AttemptState::Parked {
+        return Err(LcError::ExecNotParked {
+            exec_id: a.exec_id,
+            state: pv.attempt_state.as_str(),
+        }
+        .into());
+    }
+    let ws = db::workspace_of(conn, a.exec_id, false)
+        .await?
+        .ok_or_else(|| crate::error::corrupt(format!("exec {} has no workspace", a.exec_id)))?;
+    if ws.head != Some(a.head) {
+        return Err(LcError::WorkspaceHeadMismatch {
+            workspace_id: ws.workspace_id,
+            expected: ws.head,
+            found: Some(a.head),
+            reason: "a resume names the workspace's head: read it and resume from it".into(),
+        }
+        .into());
+    }
+    // The attempt's current generation: the parked one, or a prepared
+    // resume's whose Lease was released without a commit.
+    let from_generation = pv.generation;
+    let intent = ResumeIntent {
+        exec_id: a.exec_id,
+        op_key: a.op.key().to_owned(),
+        request_sha256: a.op.request_sha256(),
+        head: a.head,
+        attempt: pv.attempt,
+        from_generation,
+        recorded_cut: a.at.cut,
+    };
+    db::insert_resume_intent(conn, &intent).await?;
+    finish_op(conn, scope, a.op, &RecordedResume { exec_id: a.exec_id }).await?;
+    Ok(intent)
+}
+
+struct ResumeArgs<'a> {
+    store: &'a LcStore,
+    cred: &'a OwnerCredential,
+    exec_id: ExecId,
+    at: CutReading,
+    op_key: &'a str,
+}
+
+async fn prepare_resume_tx(conn: &mut PgConnection, a: &ResumeArgs<'_>) -> Result<LeaseWork, Fail> {
+    let store = a.store;
+    let cut = check_reading(conn, a.at).await?;
+    let tenant = db::exec_tenant(conn, a.exec_id)
+        .await?
+        .ok_or_else(|| LcError::not_found("exec", a.exec_id))?;
+    db::lock_exec_state(conn, tenant, a.exec_id)
+        .await?
+        .ok_or_else(|| LcError::not_found("exec", a.exec_id))?;
+    fence(conn, a.cred, a.exec_id, a.at).await?;
+    rules::require_certain(a.at)?;
+    let (intent, prepared) = db::resume_intent(conn, a.exec_id, a.op_key, true)
+        .await?
+        .ok_or_else(|| LcError::not_found("resume request", a.op_key))?;
+    if let Some(lease) = prepared {
+        return work_of(conn, lease, a.at).await;
+    }
+    let pv = db::parked_view(conn, a.exec_id)
+        .await?
+        .ok_or_else(|| LcError::not_found("exec", a.exec_id))?;
+    if pv.exec_state != ExecState::Hibernated || pv.attempt_state != AttemptState::Parked {
+        return Err(LcError::ExecNotParked {
+            exec_id: a.exec_id,
+            state: pv.attempt_state.as_str(),
+        }
+        .into());
+    }
+    let want = hibernate::resume_request_sha256(a.exec_id, intent.head);
+    if intent.request_sha256 != want {
+        return Err(LcError::RequestDigestMismatch {
+            expected: want,
+            found: intent.request_sha256,
+        }
+        .into());
+    }
+    let ws = db::workspace_of(conn, a.exec_id, true)
+        .await?
+        .ok_or_else(|| crate::error::corrupt(format!("exec {} has no workspace", a.exec_id)))?;
+    if ws.head != Some(intent.head) {
+        return Err(LcError::WorkspaceHeadMismatch {
+            workspace_id: ws.workspace_id,
+            expected: ws.head,
+            found: Some(intent.head),
+            reason: "the resume names another head than the workspace's".into(),
+        }
+        .into());
+    }
+    let live = db::other_live_leases(conn, a.exec_id, None).await?;
+    if live > 0 || pv.generation != intent.from_generation {
+        return Err(LcError::CompetingRight {
+            exec_id: a.exec_id,
+            reason: format!(
+                "{live} unreleased Lease(s); the attempt is at generation {}, the resume parks generation {}",
+                pv.generation, intent.from_generation
+            ),
+        }
+        .into());
+    }
+    let lease_expiry = rules::deadline_after(a.at, store.config.lease_ttl)?;
+    let reservation_ttl = store.config.reservation_ttl.min(store.policy.max_ttl());
+    let reservation_deadline = rules::deadline_after(a.at, reservation_ttl)?
+        .checked_add(store.policy.reclaim_grace())
+        .unwrap_or(Timestamp::MAX);
+    rules::check_admission(a.at, horizon(&cut), &[lease_expiry, reservation_deadline])?;
+    let generation = Generation(intent.from_generation.0 + 1);
+    let mut supplied = SuppliedTime::exact(a.at.cut);
+    if let Some(bound) = rules::deadline_bound(a.at, horizon(&cut)) {
+        supplied = supplied.with_deadline_limit(bound);
+    }
+    let grant = tollgate_pg::ops::acquire(
+        conn,
+        &store.tollgate,
+        &AcquireRequest {
+            account_id: AccountId(tenant.0),
+            units: pv.units,
+            ttl: reservation_ttl,
+            idempotency_key: None,
+        },
+        supplied,
+    )
+    .await?;
+    db::insert_reservation(
+        conn,
+        a.exec_id,
+        pv.attempt,
+        generation,
+        grant.lease_id.0,
+        grant.units,
+        grant.expiry,
+    )
+    .await?;
+    let lease_id = db::next_lease_id(conn).await?;
+    db::insert_lease(
+        conn,
+        &db::NewLease {
+            lease: lease_id,
+            exec: a.exec_id,
+            attempt: pv.attempt,
+            generation,
+            provider: &pv.provider_id,
+            expiry: lease_expiry,
+            restore_head: Some(intent.head),
+        },
+    )
+    .await?;
+    db::set_attempt_generation(conn, a.exec_id, pv.attempt, generation).await?;
+    db::set_intent_prepared(conn, a.exec_id, a.op_key, lease_id).await?;
+    work_of(conn, lease_id, a.at).await
+}
+
+async fn commit_resume_tx(
+    conn: &mut PgConnection,
+    a: &ResumeArgs<'_>,
+) -> Result<ResumeReceipt, Fail> {
+    check_reading(conn, a.at).await?;
+    let before = view_of(conn, a.exec_id).await?;
+    let lease = lock_generation(conn, before.lease_id, before.lease_generation).await?;
+    db::lock_exec_state(conn, before.tenant_id, a.exec_id)
+        .await?
+        .ok_or_else(|| LcError::not_found("exec", a.exec_id))?;
+    let owner_row = fence(conn, a.cred, a.exec_id, a.at).await?;
+    if let Some(r) = db::resume_receipt(conn, a.exec_id, a.op_key).await? {
+        return Ok(r);
+    }
+    rules::require_certain(a.at)?;
+    let (intent, prepared) = db::resume_intent(conn, a.exec_id, a.op_key, true)
+        .await?
+        .ok_or_else(|| LcError::not_found("resume request", a.op_key))?;
+    let pv = db::parked_view(conn, a.exec_id)
+        .await?
+        .ok_or_else(|| LcError::not_found("exec", a.exec_id))?;
+    let ws = db::workspace_of(conn, a.exec_id, true)
+        .await?
+        .ok_or_else(|| crate::error::corrupt(format!("exec {} has no workspace", a.exec_id)))?;
+    let attachment = match &lease.attachment {
+        Some(ev) => match provider_statement(conn, ev, &lease).await? {
+            evidence::Statement::Attachment {
+                generation, head, ..
+            } => Some((
+                Generation(generation),
+                Digest::from_hex(&head).map_err(|_| {
+                    evidence_rejected("the recorded attachment's head is not a digest")
+                })?,
+            )),
+            other => {
+                return Err(evidence_rejected(format!(
+                    "the recorded attachment is a {}",
+                    other.kind()
+                ))
+                .into());
+            }
+        },
+        None => None,
+    };
+    let other = db::other_live_leases(conn, a.exec_id, Some(lease.lease_id)).await?;
+    let view = ResumeView {
+        exec_id: a.exec_id,
+        exec_state: pv.exec_state,
+        attempt_state: pv.attempt_state,
+        workspace_id: ws.workspace_id,
+        workspace_head: ws.head,
+        intent: intent.clone(),
+        lease_generation: lease.generation,
+        lease_state: lease.state,
+        lease_expiry: lease.expiry,
+        restore_head: lease.restore_head,
+        attachment,
+        other_live_leases: other,
+    };
+    hibernate::check_resume(&view, a.at)?;
+    if prepared != Some(lease.lease_id) {
+        return Err(LcError::CompetingRight {
+            exec_id: a.exec_id,
+            reason: format!(
+                "Lease {} generation {} was prepared by another resume request",
+                lease.lease_id, lease.generation
+            ),
+        }
+        .into());
+    }
+    let receipt = ResumeReceipt {
+        exec_id: a.exec_id,
+        op_key: a.op_key.to_owned(),
+        attempt: pv.attempt,
+        from_generation: intent.from_generation,
+        to_generation: lease.generation,
+        lease_id: lease.lease_id,
+        head: intent.head,
+        request_sha256: intent.request_sha256,
+        token_sha256: owner_row.ownership.token_sha256,
+        owner_generation: owner_row.ownership.generation.0,
+        owner_fence: owner_row.ownership.fence.0,
+        committed_cut: a.at.cut,
+    };
+    db::insert_resume_receipt(conn, &receipt).await?;
+    db::set_attempt_state(conn, a.exec_id, pv.attempt, AttemptState::Runnable).await?;
+    db::touch_activity(conn, a.exec_id, a.at.cut).await?;
+    Ok(receipt)
+}
+
+struct AttachmentArgs<'a> {
+    lease: SandboxLeaseId,
+    generation: Generation,
+    evidence: &'a serde_json::Value,
+    at: CutReading,
+}
+
+async fn record_attachment_tx(
+    conn: &mut PgConnection,
+    a: &AttachmentArgs<'_>,
+) -> Result<LeaseWork, Fail> {
+    check_reading(conn, a.at).await?;
+    let lease = lock_generation(conn, a.lease, a.generation).await?;
+    let Some(restore_head) = lease.restore_head else {
+        return Err(LcError::IllegalTransition {
+            what: "lease (only a restoring Lease takes an attachment)",
+            from: lease.state.as_str(),
+            to: "attached",
+        }
+        .into());
+    };
+    if !matches!(lease.state, LeaseState::Allocating | LeaseState::Active) {
+        return Err(LcError::IllegalTransition {
+            what: "lease (an attachment is recorded while allocating or active)",
+            from: lease.state.as_str(),
+            to: "attached",
+        }
+        .into());
+    }
+    let statement = provider_statement(conn, a.evidence, &lease).await?;
+    hibernate::check_attachment(
+        &statement,
+        AttachmentExpected {
+            provider_id: lease.provider_id.as_str(),
+            lease_id: lease.lease_id,
+            generation: lease.generation,
+            workspace_id: lease.workspace_id,
+            restore_head,
+        },
+    )?;
+    match &lease.attachment {
+        Some(stored) if stored == a.evidence => {}
+        Some(_) => {
+            return Err(evidence_rejected(
+                "another attachment is recorded on this Lease generation",
+            )
+            .into());
+        }
+        None => db::set_lease_attachment(conn, lease.lease_id, a.evidence).await?,
+    }
+    work_of(conn, a.lease, a.at).await
+}
+
+async fn tenant_workspace(
+    conn: &mut PgConnection,
+    tenant: TenantId,
+    exec: ExecId,
+) -> Result<WorkspaceRecord, Fail> {
+    if db::exec_tenant(conn, exec).await? != Some(tenant) {
+        return Err(LcError::not_found("exec", exec).into());
+    }
+    Ok(db::workspace_of(conn, exec, false)
+        .await?
+        .ok_or_else(|| crate::error::corrupt(format!("exec {exec} has no workspace")))?)
 }
 
 // ---------------------------------------------------------------------------
@@ -1897,6 +2593,9 @@ impl ControlStore for LcStore {
             .timeout_ms
             .map(|ms| rules::check_timeout_ms(ms).map(|d| (ms, d)))
             .transpose()?;
+        if let Some(ms) = req.idle_ttl_ms {
+            hibernate::check_idle_ttl_ms(ms)?;
+        }
         if Digest::from_hex(&req.runtime).is_err() {
             rules::check_runtime_name(&req.runtime).map_err(|_| LcError::InvalidRuntime {
                 reason: "a runtime is a name ([a-z0-9._-], 1 to 63) or a 64-hex-digit digest"
@@ -1913,6 +2612,8 @@ impl ControlStore for LcStore {
             command,
             timeout,
             stdin_open: req.stdin_open,
+            idle_ttl_ms: req.idle_ttl_ms,
+            on_timeout: req.on_timeout,
         };
         self.run(Op::Admit, &args, |c, a| Box::pin(admit_tx(c, a)))
             .await
@@ -2011,6 +2712,104 @@ impl ControlStore for LcStore {
                 db::read_operation(c, *s, k)
                     .await?
                     .ok_or_else(|| LcError::not_found("operation", *k).into())
+            })
+        })
+        .await
+    }
+
+    async fn request_hibernation(
+        &self,
+        op: &OperationKey,
+        at: CutReading,
+        tenant: TenantId,
+        exec_id: ExecId,
+    ) -> Result<HibernationRecord, LcError> {
+        let args = RequestHibernationArgs {
+            store: self,
+            op,
+            at,
+            tenant,
+            exec_id,
+        };
+        self.run(Op::Hibernation, &args, |c, a| {
+            Box::pin(request_hibernation_tx(c, a))
+        })
+        .await
+    }
+
+    async fn request_resume(
+        &self,
+        op: &OperationKey,
+        at: CutReading,
+        tenant: TenantId,
+        exec_id: ExecId,
+        head: Digest,
+    ) -> Result<ResumeIntent, LcError> {
+        let want = hibernate::resume_request_sha256(exec_id, head);
+        if op.request_sha256() != want {
+            return Err(LcError::RequestDigestMismatch {
+                expected: want,
+                found: op.request_sha256(),
+            });
+        }
+        let args = RequestResumeArgs {
+            store: self,
+            op,
+            at,
+            tenant,
+            exec_id,
+            head,
+        };
+        self.run(Op::Hibernation, &args, |c, a| {
+            Box::pin(request_resume_tx(c, a))
+        })
+        .await
+    }
+
+    async fn workspace(
+        &self,
+        tenant: TenantId,
+        exec_id: ExecId,
+    ) -> Result<WorkspaceRecord, LcError> {
+        self.run(Op::Read, &(tenant, exec_id), |c, (t, e)| {
+            Box::pin(tenant_workspace(c, *t, *e))
+        })
+        .await
+    }
+
+    async fn snapshots(
+        &self,
+        tenant: TenantId,
+        exec_id: ExecId,
+        after_seq: i64,
+        limit: usize,
+    ) -> Result<Vec<SnapshotMeta>, LcError> {
+        let limit = check_limit(limit)?;
+        self.run(
+            Op::Read,
+            &(tenant, exec_id, after_seq, limit),
+            |c, (t, e, s, l)| {
+                Box::pin(async move {
+                    let ws = tenant_workspace(c, *t, *e).await?;
+                    db::list_snapshots(c, ws.workspace_id, (*s).max(0), *l).await
+                })
+            },
+        )
+        .await
+    }
+
+    async fn snapshot_manifest(
+        &self,
+        tenant: TenantId,
+        exec_id: ExecId,
+        digest: Digest,
+    ) -> Result<Vec<u8>, LcError> {
+        self.run(Op::Read, &(tenant, exec_id, digest), |c, (t, e, d)| {
+            Box::pin(async move {
+                let ws = tenant_workspace(c, *t, *e).await?;
+                db::snapshot_manifest(c, ws.workspace_id, *d)
+                    .await?
+                    .ok_or_else(|| LcError::not_found("snapshot", *d).into())
             })
         })
         .await
@@ -2227,6 +3026,62 @@ impl ReconcileStore for LcStore {
         })
         .await
     }
+
+    async fn due_hibernations(
+        &self,
+        at: CutReading,
+        limit: usize,
+    ) -> Result<Vec<HibernationRecord>, LcError> {
+        let limit = check_limit(limit)?;
+        self.run(Op::Hibernation, &(at, limit), |c, a| {
+            Box::pin(due_hibernations_tx(c, a))
+        })
+        .await
+    }
+
+    async fn record_attachment(
+        &self,
+        lease: SandboxLeaseId,
+        generation: Generation,
+        evidence: &serde_json::Value,
+        at: CutReading,
+    ) -> Result<LeaseWork, LcError> {
+        let args = AttachmentArgs {
+            lease,
+            generation,
+            evidence,
+            at,
+        };
+        self.run(Op::Hibernation, &args, |c, a| {
+            Box::pin(record_attachment_tx(c, a))
+        })
+        .await
+    }
+
+    async fn restore_manifest(
+        &self,
+        lease: SandboxLeaseId,
+        generation: Generation,
+    ) -> Result<Vec<u8>, LcError> {
+        self.run(Op::Read, &(lease, generation), |c, (l, g)| {
+            Box::pin(async move {
+                let d = db::due_lease(c, *l)
+                    .await?
+                    .ok_or_else(|| LcError::not_found("lease", *l))?;
+                if d.lease.generation != *g {
+                    return Err(fenced(&d.lease, *g));
+                }
+                let head = d
+                    .lease
+                    .restore_head
+                    .ok_or_else(|| LcError::not_found("restore head of lease", *l))?;
+                db::snapshot_manifest(c, d.workspace_id, head)
+                    .await?
+                    .ok_or_else(|| LcError::not_found("snapshot", head).into())
+            })
+        })
+        .await
+    }
 }
 
 #[async_trait]
@@ -2428,6 +3283,83 @@ impl GatewayStore for LcStore {
         };
         self.run(Op::Input, &args, |c, a| Box::pin(record_send_tx(c, a)))
             .await
+    }
+
+    async fn commit_quiescence(
+        &self,
+        cred: &OwnerCredential,
+        exec_id: ExecId,
+        at: CutReading,
+        generation: Generation,
+        manifest: &[u8],
+        head: Digest,
+        parent: Option<Digest>,
+        evidence: &serde_json::Value,
+    ) -> Result<HibernationRecord, LcError> {
+        if manifest.len() > hibernate::MANIFEST_BYTES_MAX {
+            return Err(LcError::InvalidInput {
+                reason: format!(
+                    "a manifest is at most {} bytes, not {}",
+                    hibernate::MANIFEST_BYTES_MAX,
+                    manifest.len()
+                ),
+            });
+        }
+        let args = QuiescenceArgs {
+            store: self,
+            cred,
+            exec_id,
+            at,
+            generation,
+            manifest,
+            head,
+            parent,
+            evidence,
+        };
+        self.run(Op::Hibernation, &args, |c, a| {
+            Box::pin(commit_quiescence_tx(c, a))
+        })
+        .await
+    }
+
+    async fn prepare_resume(
+        &self,
+        cred: &OwnerCredential,
+        exec_id: ExecId,
+        at: CutReading,
+        op_key: &str,
+    ) -> Result<LeaseWork, LcError> {
+        let args = ResumeArgs {
+            store: self,
+            cred,
+            exec_id,
+            at,
+            op_key,
+        };
+        self.run(Op::Hibernation, &args, |c, a| {
+            Box::pin(prepare_resume_tx(c, a))
+        })
+        .await
+    }
+
+    async fn commit_resume(
+        &self,
+        cred: &OwnerCredential,
+        exec_id: ExecId,
+        at: CutReading,
+        op_key: &str,
+    ) -> Result<ResumeReceipt, LcError> {
+        let args = ResumeArgs {
+            store: self,
+            cred,
+            exec_id,
+            at,
+            op_key,
+        };
+        self.run(Op::Hibernation, &args, |c, a| {
+            Box::pin(commit_resume_tx(c, a))
+        })
+        .await
     }
 }
 

@@ -54,6 +54,8 @@ async fn active_exec(f: &Fixture, key: &str, at: CutReading, stdin_open: bool) -
             f.tenant,
             &lc_core::ExecRequest {
                 stdin_open,
+                idle_ttl_ms: None,
+                on_timeout: lc_core::OnTimeout::Terminate,
                 ..req("small", &["cat"])
             },
         )

@@ -72,6 +72,8 @@ async fn admission_and_release_on_postgresql_18() {
                 command: vec!["true".into()],
                 timeout_ms: Some(1_000),
                 stdin_open: false,
+                idle_ttl_ms: None,
+                on_timeout: lc_core::OnTimeout::Terminate,
             },
         )
         .await
@@ -122,6 +124,8 @@ async fn admission_and_release_on_postgresql_18() {
                 command: vec!["cat".into()],
                 timeout_ms: None,
                 stdin_open: true,
+                idle_ttl_ms: None,
+                on_timeout: lc_core::OnTimeout::Terminate,
             },
         )
         .await

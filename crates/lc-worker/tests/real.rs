@@ -328,6 +328,8 @@ impl Rig {
                     command: argv.iter().map(|s| s.to_string()).collect(),
                     timeout_ms: None,
                     stdin_open: false,
+                    idle_ttl_ms: None,
+                    on_timeout: lc_core::OnTimeout::Terminate,
                 },
             )
             .await

@@ -33,29 +33,22 @@
 //! a bound; nothing is timed. Every reading of the cut this test takes
 //! checks that the cut never went backward.
 
+mod support;
+
+use std::ops::Deref;
 use std::os::unix::process::ExitStatusExt as _;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use clock::safe_cut::SafeCutClock;
 use clock::{Clock, ClockReading, UncertainReason};
 use jiff::{SignedDuration, Timestamp};
-use lc_blob::BlobStore as _;
 use lc_core::store::ControlStore;
-use lc_core::{
-    CutReading, Digest, ExecId, ExecRequest, ExecState, LeaseState, OperationKey, PageKind,
-    TenantId, TerminalReason,
-};
-use lc_provider::{HttpProvider, Provider};
+use lc_core::{CutReading, ExecId, ExecState, LeaseState, TerminalReason};
+use support::{GAP_MAX, POLL, Plane, Proc, exe, free_port, metric, metrics, signal};
 use tollgate_pg_harness::PgServer;
 
-/// The sampling-gap bound of the sampler, the gateways, the worker and
-/// this test's clock: a reading older than this is stale.
-const GAP_MAX: SignedDuration = SignedDuration::from_secs(2);
-const GAP_MAX_MS: &str = "2000";
-/// 64 hex digits: the server secret file's text, whose bytes are the key.
-const SECRET_TEXT: &str = "5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a";
 /// The gateways' heartbeat TTL: the shortest accepted, so a certain cut
 /// would pass a dead owner's heartbeat within about a second.
 const HEARTBEAT_TTL: SignedDuration = SignedDuration::from_secs(1);
@@ -64,8 +57,6 @@ const HEARTBEAT_TTL_MS: &str = "1000";
 const UNITS: i64 = 2;
 /// The longest any wait of these tests polls for.
 const WAIT_MAX: Duration = Duration::from_secs(120);
-/// Pause between two polls.
-const POLL: Duration = Duration::from_millis(20);
 /// The sampler's recovery grace in the clock-step scenarios: how long the
 /// cut stays uncertain after a step. Long enough for the owner to ack on
 /// the uncertain cut, its death, a successor's start, the uncertain cut
@@ -90,10 +81,6 @@ const BACKWARD_STEP_NS: i64 = -2 * 1_000_000_000;
 /// database of its own; the harness stops the server when the binary
 /// exits.
 static SERVER: tokio::sync::Mutex<Option<PgServer>> = tokio::sync::Mutex::const_new(None);
-
-fn exe() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_little-compute"))
-}
 
 /// The supervisor and the sampler are other packages' binaries, found
 /// beside `little-compute`; built when missing.
@@ -125,88 +112,6 @@ fn ensure_sibling_binaries() {
     }
 }
 
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        // SIGKILL ends a stopped process too.
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn signal(p: &Proc, sig: i32) {
-    let pid = i32::try_from(p.0.id()).unwrap();
-    // SAFETY: kill(2) on a child this test started and has not reaped.
-    assert_eq!(unsafe { libc::kill(pid, sig) }, 0);
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn append(path: &Path) -> std::fs::File {
-    std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
-        .unwrap()
-}
-
-/// A counter or gauge of the gateway's `/metrics` on `port`.
-async fn metric(port: u16, name: &str) -> Option<u64> {
-    metrics(port).await?.get(name).copied()
-}
-
-/// Every series of the gateway's `/metrics` on `port`, from one scrape.
-async fn metrics(port: u16) -> Option<std::collections::BTreeMap<String, u64>> {
-    let text = reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
-        .await
-        .ok()?
-        .text()
-        .await
-        .ok()?;
-    Some(
-        text.lines()
-            .filter(|l| !l.starts_with('#'))
-            .filter_map(|l| {
-                let (k, v) = l.split_once(' ')?;
-                Some((k.to_string(), v.parse().ok()?))
-            })
-            .collect(),
-    )
-}
-
-/// Waits for one scrape of the gateway on `port` in which its steps equal
-/// its uncertain steps: no step of it read a certain cut. (The two counters
-/// are bumped one after the other, so a scrape between the two bumps shows
-/// one more step; a step on a certain cut would show it in every scrape.)
-async fn every_step_uncertain(rig: &Rig, port: u16) {
-    rig.wait_for(
-        "every step of the successor read an uncertain cut",
-        async || {
-            metrics(port).await.is_some_and(|m| {
-                m.get("lc_gateway_steps_total") == m.get("lc_gateway_steps_uncertain_total")
-            })
-        },
-    )
-    .await;
-}
-
-/// `lines` lines `line N`, a 10 ms pause after each so the output spans
-/// many pages and the command runs at least `lines * 10 ms`, then exit 3.
-fn script(lines: usize) -> (String, Vec<u8>) {
-    let s = format!(
-        "i=1; while [ $i -le {lines} ]; do echo line $i; i=$((i+1)); sleep 0.01; done; exit 3"
-    );
-    let want: String = (1..=lines).map(|i| format!("line {i}\n")).collect();
-    (s, want.into_bytes())
-}
-
 /// An exec's ownership row: generation, fence, released, basis, and the
 /// heartbeat expiry.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -220,19 +125,21 @@ struct OwnerRow {
 
 struct Rig {
     server: tokio::sync::MutexGuard<'static, Option<PgServer>>,
-    url: String,
-    store: lc_pg::LcStore,
+    plane: Plane,
     clock: SafeCutClock,
     /// The latest cut this test read: no later read may be earlier.
     last_cut: std::sync::Mutex<Option<Timestamp>>,
-    dir: PathBuf,
-    secret: PathBuf,
-    blob_dir: PathBuf,
-    cgroup_parent: String,
-    tenant: TenantId,
     sampler: Option<Proc>,
     worker: Option<Proc>,
     provider: Option<Proc>,
+}
+
+impl Deref for Rig {
+    type Target = Plane;
+
+    fn deref(&self) -> &Plane {
+        &self.plane
+    }
 }
 
 impl Rig {
@@ -252,9 +159,7 @@ impl Rig {
         let db = server.as_ref().unwrap().fresh_database().await;
         let url = db.url().to_string();
         lc_pg::migrate(&url).await.unwrap();
-        let dir = PathBuf::from(format!("/tmp/lcgc-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = support::fresh_dir(&format!("lcgc-{name}"));
         let sampler = Proc(
             Command::new(exe().parent().unwrap().join("tollgate-safetime"))
                 .arg("run")
@@ -265,37 +170,29 @@ impl Rig {
                 .env("TOLLGATE_DATABASE_URL", &url)
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
-                .stderr(append(&dir.join("sampler.log")))
+                .stderr(support::append(&dir.join("sampler.log")))
                 .spawn()
                 .unwrap(),
         );
-        let store = lc_pg::LcStore::connect(
-            &url,
-            tollgate::GrantPolicy::new(SignedDuration::from_hours(1), SignedDuration::from_secs(5))
-                .unwrap(),
-            tollgate::CapabilityKey::new(SECRET_TEXT.as_bytes()).unwrap(),
-            lc_pg::LcConfig {
-                max_connections: 4,
-                ..lc_pg::LcConfig::default()
-            },
-        )
-        .await
-        .unwrap();
+        let store = support::connect_store(&url, support::store_config()).await;
         let clock = SafeCutClock::new(store.pool().clone(), GAP_MAX);
-        let secret = dir.join("secret");
-        std::fs::write(&secret, format!("{SECRET_TEXT}\n")).unwrap();
+        let secret = support::write_secret(&dir);
         let cgroup_parent = format!("lc-gwclock-{name}-{}", std::process::id());
         let mut rig = Rig {
             server,
-            url,
-            store,
+            plane: Plane {
+                url,
+                store,
+                blob_dir: dir.join("blobs"),
+                dir,
+                secret,
+                provider_url: String::new(),
+                cgroup_parent,
+                tenant: lc_core::TenantId(0),
+                wait_max: WAIT_MAX,
+            },
             clock,
             last_cut: std::sync::Mutex::new(None),
-            blob_dir: dir.join("blobs"),
-            dir,
-            secret,
-            cgroup_parent,
-            tenant: TenantId(0),
             sampler: Some(sampler),
             worker: None,
             provider: None,
@@ -305,78 +202,31 @@ impl Rig {
         })
         .await;
         let port = free_port();
-        let provider_url = format!("http://127.0.0.1:{port}");
-        rig.provider = Some(Proc(
-            Command::new(exe())
-                .args(["provider", "--id", "local", "--listen"])
-                .arg(format!("127.0.0.1:{port}"))
-                .arg("--state-dir")
-                .arg(rig.dir.join("provider"))
-                .args(["--cgroup-parent", &rig.cgroup_parent])
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(append(&rig.dir.join("provider.log")))
-                .spawn()
-                .unwrap(),
+        rig.plane.provider_url = format!("http://127.0.0.1:{port}");
+        rig.provider = Some(support::spawn_provider(
+            port,
+            &rig.dir,
+            &rig.cgroup_parent,
+            "provider.log",
         ));
-        let deadline = Instant::now() + WAIT_MAX;
-        let http = loop {
-            match HttpProvider::connect(&provider_url).await {
-                Ok(p) => break p,
-                Err(e) => {
-                    assert!(Instant::now() < deadline, "provider: {e}");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-            }
-        };
+        let http = support::connect_provider(&rig.provider_url, WAIT_MAX).await;
         let at = rig.certain().await;
-        let base = lc_core::manifest::Manifest::base();
-        rig.store
-            .register_runtime(
-                &OperationKey::new("base", Digest([1; 32])).unwrap(),
-                at,
-                "base",
-                Digest(base.digest()),
-                serde_json::from_slice(&base.canonical()).unwrap(),
-            )
-            .await
-            .unwrap();
-        {
-            use lc_core::store::ReconcileStore as _;
-            rig.store
-                .register_provider(http.id(), &provider_url, http.public_key().to_bytes())
-                .await
-                .unwrap();
-        }
-        rig.tenant = rig
-            .store
-            .create_tenant(
-                &OperationKey::new("t", Digest([2; 32])).unwrap(),
-                at,
-                "blue",
-                Some(UNITS),
-                &|id| Digest::of(format!("k{}", id.0).as_bytes()),
-            )
-            .await
-            .unwrap()
-            .tenant_id;
-        rig.worker = Some(Proc(
-            Command::new(exe())
-                .args(["worker", "--provider-url", &provider_url])
-                .args(["--interval-ms", "20"])
-                .arg("--secret-file")
-                .arg(&rig.secret)
-                .args(["--safetime-gap-max-ms", GAP_MAX_MS])
-                .env("LC_DATABASE_URL", &rig.url)
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(append(&rig.dir.join("worker.log")))
-                .spawn()
-                .unwrap(),
+        rig.plane.tenant = support::register_base_provider_and_tenant(
+            &rig.store,
+            at,
+            &http,
+            &rig.provider_url,
+            UNITS,
+        )
+        .await;
+        rig.worker = Some(support::spawn_worker(
+            &rig.url,
+            &rig.secret,
+            &rig.provider_url,
+            &rig.dir.join("worker.log"),
         ));
         rig
     }
-
     /// One reading of the clock; asserts that the cut did not go backward
     /// since the previous reading of this test.
     async fn read(&self) -> ClockReading {
@@ -451,73 +301,17 @@ impl Rig {
     }
 
     fn gateway(&self, name: &str, metrics_port: u16) -> Proc {
-        let mut cmd = Command::new(exe());
-        cmd.args(["gateway", "--interval-ms", "20"])
-            .args(["--heartbeat-ttl-ms", HEARTBEAT_TTL_MS])
-            .args(["--safetime-gap-max-ms", GAP_MAX_MS])
-            .arg("--secret-file")
-            .arg(&self.secret)
-            .arg("--blob-dir")
-            .arg(&self.blob_dir)
-            .arg("--metrics-listen")
-            .arg(format!("127.0.0.1:{metrics_port}"))
-            .env("LC_DATABASE_URL", &self.url)
-            .env_remove("LC_GATEWAY_CRASH_AT")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(append(&self.dir.join(format!("{name}.log"))));
-        Proc(cmd.spawn().unwrap())
-    }
-
-    fn logs(&self) -> String {
-        let mut out = String::new();
-        for entry in std::fs::read_dir(&self.dir).unwrap() {
-            let p = entry.unwrap().path();
-            if p.extension().is_some_and(|e| e == "log") {
-                out.push_str(&format!(
-                    "==== {}\n{}\n",
-                    p.display(),
-                    std::fs::read_to_string(&p).unwrap_or_default()
-                ));
-            }
-        }
-        out
+        support::spawn_gateway(&support::GatewayArgs {
+            heartbeat_ttl_ms: Some(HEARTBEAT_TTL_MS),
+            metrics_port: Some(metrics_port),
+            ..self.gateway_args(name)
+        })
     }
 
     async fn admit(&self, key: &str, script: &str) -> ExecId {
-        self.store
-            .admit_exec(
-                &OperationKey::new(key, Digest::of(key.as_bytes())).unwrap(),
-                self.certain().await,
-                self.tenant,
-                &ExecRequest {
-                    runtime: "base".into(),
-                    shape: "small".into(),
-                    command: vec!["sh".into(), "-c".into(), script.into()],
-                    timeout_ms: None,
-                    stdin_open: false,
-                },
-            )
+        self.plane
+            .admit(key, self.certain().await, script, false)
             .await
-            .unwrap()
-            .exec_id
-    }
-
-    async fn scalar(&self, sql: &str, exec: ExecId) -> i64 {
-        sqlx::query_scalar::<_, i64>(sql)
-            .bind(exec.0)
-            .fetch_one(self.store.pool())
-            .await
-            .unwrap()
-    }
-
-    /// Acked pages of `exec` so far.
-    async fn acked_pages(&self, exec: ExecId) -> i64 {
-        self.scalar(
-            "SELECT count(*) FROM lc_output_pages WHERE exec_id = $1 AND state = 'acked'",
-            exec,
-        )
-        .await
     }
 
     /// Acked terminal pages of `exec` (0 or 1).
@@ -525,15 +319,6 @@ impl Rig {
         self.scalar(
             "SELECT count(*) FROM lc_output_pages \
               WHERE exec_id = $1 AND state = 'acked' AND kind = 'terminal'",
-            exec,
-        )
-        .await
-    }
-
-    /// Release receipts of `exec`.
-    async fn releases(&self, exec: ExecId) -> i64 {
-        self.scalar(
-            "SELECT count(*) FROM lc_transitions WHERE exec_id = $1 AND kind = 'release'",
             exec,
         )
         .await
@@ -568,87 +353,6 @@ impl Rig {
         }
     }
 
-    async fn wait_for(&self, what: &str, mut done: impl AsyncFnMut() -> bool) {
-        let deadline = Instant::now() + WAIT_MAX;
-        while !done().await {
-            assert!(Instant::now() < deadline, "{what}:\n{}", self.logs());
-            tokio::time::sleep(POLL).await;
-        }
-    }
-
-    /// Waits until `exec` is terminal and the tenant holds nothing.
-    async fn wait_released(&self, exec: ExecId) {
-        self.wait_for("the exec is released", async || {
-            let t = self.store.tenant(self.tenant).await.unwrap();
-            let e = self.store.exec(self.tenant, exec).await.unwrap();
-            t.held == 0 && e.state == ExecState::Terminal
-        })
-        .await;
-    }
-
-    /// The exec's stdout from its acked pages (each page's bytes from the
-    /// store or the sink, each checked against its SHA-256 and length), and
-    /// the terminal page's exit code; asserts the seqs are 1..=n once each
-    /// and the terminal page is the last.
-    async fn output(&self, exec: ExecId) -> (Vec<u8>, Option<i32>) {
-        let sink = lc_blob::LocalBlobStore::open(&self.blob_dir).unwrap();
-        let mut pages = Vec::new();
-        let mut after = 0;
-        loop {
-            let got = self
-                .store
-                .output(self.tenant, exec, after, 1000)
-                .await
-                .unwrap();
-            let Some(last) = got.last() else { break };
-            after = last.meta.seq;
-            pages.extend(got);
-        }
-        let seqs: Vec<i64> = pages.iter().map(|p| p.meta.seq).collect();
-        let n = i64::try_from(seqs.len()).unwrap();
-        assert_eq!(
-            seqs,
-            (1..=n).collect::<Vec<_>>(),
-            "every page once, in order"
-        );
-        let mut stdout = Vec::new();
-        let mut exit = None;
-        for p in &pages {
-            let bytes = match &p.bytes {
-                Some(b) => b.clone(),
-                None => sink.get(&p.meta.sha256).unwrap().expect("the page's blob"),
-            };
-            assert_eq!(Digest::of(&bytes), p.meta.sha256, "page {}", p.meta.seq);
-            assert_eq!(bytes.len(), p.meta.length as usize, "page {}", p.meta.seq);
-            match p.meta.kind {
-                PageKind::Stdout => stdout.extend(bytes),
-                PageKind::Stderr => {}
-                PageKind::Terminal => {
-                    assert_eq!(p.meta.seq, n, "the terminal page is the last");
-                    exit = p.meta.exit.and_then(|e| e.code);
-                }
-                PageKind::Stopped => panic!("page {}: no exec here is stopped", p.meta.seq),
-            }
-        }
-        (stdout, exit)
-    }
-
-    /// The exec's end as the store records it, its owner generation, and
-    /// its release receipts.
-    async fn settled(
-        &self,
-        exec: ExecId,
-    ) -> (ExecState, Option<TerminalReason>, Option<i32>, i64, i64) {
-        let e = self.store.exec(self.tenant, exec).await.unwrap();
-        (
-            e.state,
-            e.terminal_reason,
-            e.exit_code,
-            self.owner(exec).await.generation,
-            self.releases(exec).await,
-        )
-    }
-
     async fn lease_state(&self, exec: ExecId) -> LeaseState {
         self.store
             .exec(self.tenant, exec)
@@ -657,25 +361,10 @@ impl Rig {
             .lease_state
     }
 
-    async fn balance(&self) -> (i64, i64, i64, i64) {
-        let t = self.store.tenant(self.tenant).await.unwrap();
-        (t.deposited, t.available, t.held, t.consumed)
-    }
-
     /// Asserts that Tollgate's audit is clean with every unit back, then
     /// removes the rig's files (dropping it stops its processes).
     async fn finish(self) {
-        use tollgate::Allocator as _;
-        let audit = self.store.tollgate().audit().await.unwrap();
-        assert!(audit.is_clean(), "{:?}", audit.violations);
-        assert_eq!(
-            (
-                audit.total_deposited,
-                audit.total_held,
-                audit.total_consumed
-            ),
-            (i128::from(UNITS), 0, 0)
-        );
+        support::assert_audit_clean(&self.store, UNITS).await;
         self.store.pool().close().await;
         let _ = std::fs::remove_dir_all(&self.dir);
     }
@@ -709,7 +398,7 @@ impl Drop for Rig {
 async fn a_clock_step(name: &str, step_ns: i64, reason: UncertainReason) {
     let mut rig = Rig::new(name, STEP_RECOVERY_GRACE).await;
     // At least 20 s of output: it outlasts the uncertain period.
-    let (s, want) = script(2000);
+    let (s, want) = support::script(2000, "0.01");
     let exec = rig.admit(&format!("e-{name}"), &s).await;
     let first_port = free_port();
     let mut first = rig.gateway("first", first_port);
@@ -776,7 +465,7 @@ async fn a_clock_step(name: &str, step_ns: i64, reason: UncertainReason) {
             .is_some_and(|n| n >= steps_then + SUCCESSOR_STEPS)
     })
     .await;
-    every_step_uncertain(&rig, port).await;
+    rig.every_step_uncertain(port).await;
     assert_eq!(metric(port, "lc_gateway_takeovers_total").await, Some(0));
     assert_eq!(metric(port, "lc_gateway_claims_total").await, Some(0));
     assert_eq!(metric(port, "lc_gateway_owned_execs").await, Some(0));
@@ -846,7 +535,7 @@ async fn a_paused_sampler_keeps_the_owner_serving_and_releases_only_on_a_certain
     let rig = Rig::new("pause", PAUSE_RECOVERY_GRACE).await;
     // At least 6 s of output: it is still streaming when the readings turn
     // stale (the 2 s gap bound after the pause).
-    let (s, want) = script(600);
+    let (s, want) = support::script(600, "0.01");
     let exec = rig.admit("e-paused", &s).await;
     let first_port = free_port();
     let _first = rig.gateway("owner", first_port);
@@ -897,7 +586,7 @@ async fn a_paused_sampler_keeps_the_owner_serving_and_releases_only_on_a_certain
         metric(first_port, "lc_gateway_stale_refused_total").await,
         Some(0)
     );
-    every_step_uncertain(&rig, port).await;
+    rig.every_step_uncertain(port).await;
     assert_eq!(metric(port, "lc_gateway_takeovers_total").await, Some(0));
     assert_eq!(metric(port, "lc_gateway_claims_total").await, Some(0));
     assert_eq!(

@@ -12,109 +12,38 @@
 //! and is released with the restarted provider's fence, returning its
 //! Reservation once; the pages stored before the crash stay, in order.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+mod support;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use clock::Clock;
 use clock::safe_cut::SafeCutClock;
 use jiff::SignedDuration;
+use lc_blob::LocalBlobStore;
 use lc_core::evidence::{InstanceState, Statement};
 use lc_core::store::ControlStore;
-use lc_core::{CutReading, Digest, ExecId, ExecRequest, ExecState, OperationKey, PageKind};
-use lc_provider::{HttpProvider, Provider};
-use safetime::SafeTimeConfig;
-use safetime_pg::sampler::{Sampler, SamplerOptions};
-use tokio::sync::watch;
+use lc_core::{Digest, ExecId, ExecState, OperationKey, PageKind};
+use lc_provider::Provider as _;
+use support::{GAP_MAX, Proc, exe, free_port, page_bytes, reading};
 
-const GAP_MAX: SignedDuration = SignedDuration::from_secs(2);
-/// 64 hex digits: the server secret file's text, whose bytes are the key.
-const SECRET_TEXT: &str = "5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a";
 const EXECS: usize = 3;
 const LINES: usize = 400;
-
-fn exe() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_little-compute"))
-}
-
-/// Builds `lc-supervisor` fresh (once per process) beside the
-/// `little-compute` binary, where the provider looks for it.
-fn ensure_supervisor() {
-    let built = tollgate_pg_harness::cargo_built("lc-supervisor", &["-p", "lc-supervisor"]);
-    assert_eq!(built.parent(), exe().parent());
-}
-
-fn sampler_options() -> SamplerOptions {
-    SamplerOptions {
-        config: SafeTimeConfig::new(
-            50,
-            SignedDuration::from_millis(50),
-            GAP_MAX,
-            SignedDuration::from_millis(500),
-            3,
-            SignedDuration::from_millis(200),
-        )
-        .unwrap(),
-        standby_poll: Duration::from_millis(100),
-        reconnect_max: Duration::from_millis(500),
-    }
-}
-
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+/// The longest the set-up waits for a certain cut or the provider.
+const SETUP_WAIT_MAX: Duration = Duration::from_secs(30);
 
 /// The exec gateway beside the workers: it moves output into `DIR/blobs`
 /// and releases exited execs.
 fn gateway(url: &str, secret: &Path, dir: &Path) -> Proc {
-    Proc(
-        Command::new(exe())
-            .args(["gateway", "--interval-ms", "20"])
-            .arg("--secret-file")
-            .arg(secret)
-            .arg("--blob-dir")
-            .arg(dir.join("blobs"))
-            .args(["--safetime-gap-max-ms", "2000"])
-            .env("LC_DATABASE_URL", url)
-            .env_remove("LC_GATEWAY_CRASH_AT")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(
-                std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(dir.join("gateway.log"))
-                    .unwrap(),
-            )
-            .spawn()
-            .unwrap(),
-    )
-}
-
-/// A page's bytes: the store's, else the sink's under its digest.
-fn page_bytes(dir: &Path, p: &lc_core::owner::StoredPage) -> Vec<u8> {
-    use lc_blob::BlobStore as _;
-    match &p.bytes {
-        Some(b) => b.clone(),
-        None => lc_blob::LocalBlobStore::open(dir.join("blobs"))
-            .unwrap()
-            .get(&p.meta.sha256)
-            .unwrap()
-            .expect("the page's blob"),
-    }
+    support::spawn_gateway(&support::GatewayArgs {
+        url,
+        secret,
+        blob_dir: &dir.join("blobs"),
+        log: dir.join("gateway.log"),
+        heartbeat_ttl_ms: None,
+        crash_at: None,
+        metrics_port: None,
+    })
 }
 
 fn worker(url: &str, secret: &Path, provider_url: &str, log: &Path) -> Proc {
@@ -149,15 +78,6 @@ fn worker_with(url: &str, secret: &Path, provider_url: &str, log: &Path, extra: 
     )
 }
 
-async fn reading(clock: &SafeCutClock) -> CutReading {
-    let r = clock.read().await.unwrap();
-    CutReading {
-        cut: r.now,
-        certain: r.is_certain(),
-        retry_after_s: 1,
-    }
-}
-
 /// Pages stored so far over all execs.
 async fn stored_pages(store: &lc_pg::LcStore, tenant: lc_core::TenantId) -> usize {
     let mut n = 0;
@@ -173,95 +93,26 @@ async fn stored_pages(store: &lc_pg::LcStore, tenant: lc_core::TenantId) -> usiz
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_worker_loses_nothing_and_returns_every_reservation_once() {
-    ensure_supervisor();
+    support::ensure_supervisor();
     let db = tollgate_pg_harness::shared().await.fresh_database().await;
     let url = db.url().to_string();
     lc_pg::migrate(&url).await.unwrap();
-    let sampler = Sampler::new(&url, sampler_options()).unwrap();
-    let (sampler_stop, rx) = watch::channel(false);
-    tokio::spawn(async move { sampler.run(rx).await });
-    let store = lc_pg::LcStore::connect(
-        &url,
-        tollgate::GrantPolicy::new(SignedDuration::from_hours(1), SignedDuration::from_secs(5))
-            .unwrap(),
-        tollgate::CapabilityKey::new(SECRET_TEXT.as_bytes()).unwrap(),
-        lc_pg::LcConfig {
-            max_connections: 4,
-            ..lc_pg::LcConfig::default()
-        },
-    )
-    .await
-    .unwrap();
+    let (sampler_stop, _sampler) = support::start_sampler(&url);
+    let store = support::connect_store(&url, support::store_config()).await;
     let clock = SafeCutClock::new(store.pool().clone(), GAP_MAX);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !clock.read().await.is_ok_and(|r| r.is_certain()) {
-        assert!(Instant::now() < deadline, "no certain cut");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    support::wait_certain(&clock, SETUP_WAIT_MAX, Duration::from_millis(50)).await;
 
-    let dir = PathBuf::from(format!("/tmp/lc-wkill-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let secret = dir.join("secret");
-    std::fs::write(&secret, format!("{SECRET_TEXT}\n")).unwrap();
+    let dir = support::fresh_dir("lc-wkill");
+    let secret = support::write_secret(&dir);
     let port = free_port();
     let provider_url = format!("http://127.0.0.1:{port}");
     let cgroup_parent = format!("little-compute-wkill-{}", std::process::id());
-    let _provider = Proc(
-        Command::new(exe())
-            .args(["provider", "--id", "local", "--listen"])
-            .arg(format!("127.0.0.1:{port}"))
-            .arg("--state-dir")
-            .arg(dir.join("provider"))
-            .args(["--cgroup-parent", &cgroup_parent])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(dir.join("provider.log")).unwrap())
-            .spawn()
-            .unwrap(),
-    );
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let http = loop {
-        match HttpProvider::connect(&provider_url).await {
-            Ok(p) => break p,
-            Err(e) => {
-                assert!(Instant::now() < deadline, "provider: {e}");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }
-    };
+    let _provider = support::spawn_provider(port, &dir, &cgroup_parent, "provider.log");
+    let http = support::connect_provider(&provider_url, SETUP_WAIT_MAX).await;
 
     let at = reading(&clock).await;
-    let base = lc_core::manifest::Manifest::base();
-    store
-        .register_runtime(
-            &OperationKey::new("base", Digest([1; 32])).unwrap(),
-            at,
-            "base",
-            Digest(base.digest()),
-            serde_json::from_slice(&base.canonical()).unwrap(),
-        )
-        .await
-        .unwrap();
-    // The provider must be registered before admission names it.
-    {
-        use lc_core::store::ReconcileStore as _;
-        store
-            .register_provider(http.id(), &provider_url, http.public_key().to_bytes())
-            .await
-            .unwrap();
-    }
-    let tenant = store
-        .create_tenant(
-            &OperationKey::new("t", Digest([2; 32])).unwrap(),
-            at,
-            "blue",
-            Some(6),
-            &|id| Digest::of(format!("k{}", id.0).as_bytes()),
-        )
-        .await
-        .unwrap()
-        .tenant_id;
+    let tenant =
+        support::register_base_provider_and_tenant(&store, at, &http, &provider_url, 6).await;
     let script =
         format!("i=1; while [ $i -le {LINES} ]; do echo line $i; i=$((i+1)); sleep 0.005; done");
     for e in 1..=EXECS {
@@ -271,13 +122,7 @@ async fn a_killed_worker_loses_nothing_and_returns_every_reservation_once() {
                 &OperationKey::new(&key, Digest::of(key.as_bytes())).unwrap(),
                 reading(&clock).await,
                 tenant,
-                &ExecRequest {
-                    runtime: "base".into(),
-                    shape: "small".into(),
-                    command: vec!["sh".into(), "-c".into(), script.clone()],
-                    timeout_ms: None,
-                    stdin_open: false,
-                },
+                &support::sh_request(&script, false),
             )
             .await
             .unwrap();
@@ -327,6 +172,7 @@ async fn a_killed_worker_loses_nothing_and_returns_every_reservation_once() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let want: String = (1..=LINES).map(|i| format!("line {i}\n")).collect();
+    let sink = LocalBlobStore::open(dir.join("blobs")).unwrap();
     for e in 1..=EXECS {
         let exec = ExecId(i64::try_from(e).unwrap());
         let rec = store.exec(tenant, exec).await.unwrap();
@@ -335,16 +181,7 @@ async fn a_killed_worker_loses_nothing_and_returns_every_reservation_once() {
             (ExecState::Terminal, Some(0)),
             "{rec:?}"
         );
-        let mut pages = Vec::new();
-        let mut after = 0;
-        loop {
-            let got = store.output(tenant, exec, after, 1000).await.unwrap();
-            if got.is_empty() {
-                break;
-            }
-            after = got.last().unwrap().meta.seq;
-            pages.extend(got);
-        }
+        let pages = support::all_pages(&store, tenant, exec).await;
         let seqs: Vec<i64> = pages.iter().map(|p| p.meta.seq).collect();
         let n = i64::try_from(seqs.len()).unwrap();
         assert_eq!(
@@ -356,7 +193,7 @@ async fn a_killed_worker_loses_nothing_and_returns_every_reservation_once() {
         let stdout: Vec<u8> = pages
             .iter()
             .filter(|p| p.meta.kind == PageKind::Stdout)
-            .flat_map(|p| page_bytes(&dir, p))
+            .flat_map(|p| page_bytes(&sink, p))
             .collect();
         assert_eq!(
             String::from_utf8(stdout).unwrap(),
@@ -376,146 +213,51 @@ async fn a_killed_worker_loses_nothing_and_returns_every_reservation_once() {
     }
     let t = store.tenant(tenant).await.unwrap();
     assert_eq!((t.deposited, t.available, t.held, t.consumed), (6, 6, 0, 0));
-    use tollgate::Allocator as _;
-    let audit = store.tollgate().audit().await.unwrap();
-    assert!(audit.is_clean(), "{:?}", audit.violations);
-    assert_eq!(
-        (
-            audit.total_deposited,
-            audit.total_held,
-            audit.total_consumed
-        ),
-        (6, 0, 0)
-    );
+    support::assert_audit_clean(&store, 6).await;
     let _ = sampler_stop.send(true);
     drop(_w);
     drop(_provider);
     let _ = std::fs::remove_dir_all(&dir);
-    for c in ["memory", "pids", "cpu"] {
-        let _ = std::fs::remove_dir(Path::new("/sys/fs/cgroup").join(c).join(&cgroup_parent));
-    }
-}
-
-fn provider(exe_dir_port: u16, dir: &Path, cgroup_parent: &str, log: &str) -> Proc {
-    Proc(
-        Command::new(exe())
-            .args(["provider", "--id", "local", "--listen"])
-            .arg(format!("127.0.0.1:{exe_dir_port}"))
-            .arg("--state-dir")
-            .arg(dir.join("provider"))
-            .args(["--cgroup-parent", cgroup_parent])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(
-                std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(dir.join(log))
-                    .unwrap(),
-            )
-            .spawn()
-            .unwrap(),
-    )
-}
-
-async fn connect(url: &str) -> HttpProvider {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        match HttpProvider::connect(url).await {
-            Ok(p) => return p,
-            Err(e) => {
-                assert!(Instant::now() < deadline, "provider: {e}");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }
-    }
+    support::remove_cgroup_parent(&cgroup_parent);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_provider_s_lease_expires_and_its_reservation_returns_once() {
-    ensure_supervisor();
+    support::ensure_supervisor();
     let db = tollgate_pg_harness::shared().await.fresh_database().await;
     let url = db.url().to_string();
     lc_pg::migrate(&url).await.unwrap();
-    let sampler = Sampler::new(&url, sampler_options()).unwrap();
-    let (sampler_stop, rx) = watch::channel(false);
-    tokio::spawn(async move { sampler.run(rx).await });
+    let (sampler_stop, _sampler) = support::start_sampler(&url);
     let lease_ttl = SignedDuration::from_secs(3);
-    let store = lc_pg::LcStore::connect(
+    let store = support::connect_store(
         &url,
-        tollgate::GrantPolicy::new(SignedDuration::from_hours(1), SignedDuration::from_secs(5))
-            .unwrap(),
-        tollgate::CapabilityKey::new(SECRET_TEXT.as_bytes()).unwrap(),
         lc_pg::LcConfig {
-            max_connections: 4,
             lease_ttl,
-            ..lc_pg::LcConfig::default()
+            ..support::store_config()
         },
     )
-    .await
-    .unwrap();
+    .await;
     let clock = SafeCutClock::new(store.pool().clone(), GAP_MAX);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !clock.read().await.is_ok_and(|r| r.is_certain()) {
-        assert!(Instant::now() < deadline, "no certain cut");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let dir = PathBuf::from(format!("/tmp/lc-pkill-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let secret = dir.join("secret");
-    std::fs::write(&secret, format!("{SECRET_TEXT}\n")).unwrap();
+    support::wait_certain(&clock, SETUP_WAIT_MAX, Duration::from_millis(50)).await;
+    let dir = support::fresh_dir("lc-pkill");
+    let secret = support::write_secret(&dir);
     let port = free_port();
     let provider_url = format!("http://127.0.0.1:{port}");
     let cgroup_parent = format!("little-compute-pkill-{}", std::process::id());
-    let mut first = provider(port, &dir, &cgroup_parent, "provider.log");
-    let http = connect(&provider_url).await;
+    let mut first = support::spawn_provider(port, &dir, &cgroup_parent, "provider.log");
+    let http = support::connect_provider(&provider_url, SETUP_WAIT_MAX).await;
     let at = reading(&clock).await;
-    let base = lc_core::manifest::Manifest::base();
-    store
-        .register_runtime(
-            &OperationKey::new("base", Digest([1; 32])).unwrap(),
-            at,
-            "base",
-            Digest(base.digest()),
-            serde_json::from_slice(&base.canonical()).unwrap(),
-        )
-        .await
-        .unwrap();
-    {
-        use lc_core::store::ReconcileStore as _;
-        store
-            .register_provider(http.id(), &provider_url, http.public_key().to_bytes())
-            .await
-            .unwrap();
-    }
-    let tenant = store
-        .create_tenant(
-            &OperationKey::new("t", Digest([2; 32])).unwrap(),
-            at,
-            "blue",
-            Some(2),
-            &|id| Digest::of(format!("k{}", id.0).as_bytes()),
-        )
-        .await
-        .unwrap()
-        .tenant_id;
+    let tenant =
+        support::register_base_provider_and_tenant(&store, at, &http, &provider_url, 2).await;
     let exec = store
         .admit_exec(
             &OperationKey::new("e", Digest([3; 32])).unwrap(),
             reading(&clock).await,
             tenant,
-            &ExecRequest {
-                runtime: "base".into(),
-                shape: "small".into(),
-                command: vec![
-                    "sh".into(),
-                    "-c".into(),
-                    "i=1; while :; do echo line $i; i=$((i+1)); sleep 0.005; done".into(),
-                ],
-                timeout_ms: None,
-                stdin_open: false,
-            },
+            &support::sh_request(
+                "i=1; while :; do echo line $i; i=$((i+1)); sleep 0.005; done",
+                false,
+            ),
         )
         .await
         .unwrap()
@@ -541,8 +283,8 @@ async fn a_killed_provider_s_lease_expires_and_its_reservation_returns_once() {
     first.0.kill().unwrap(); // SIGKILL: the instance dies with it
     first.0.wait().unwrap();
     drop(first);
-    let _second = provider(port, &dir, &cgroup_parent, "provider.log");
-    let http = connect(&provider_url).await;
+    let _second = support::spawn_provider(port, &dir, &cgroup_parent, "provider.log");
+    let http = support::connect_provider(&provider_url, SETUP_WAIT_MAX).await;
 
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
@@ -562,6 +304,7 @@ async fn a_killed_provider_s_lease_expires_and_its_reservation_returns_once() {
     assert_eq!(rec.terminal_reason, Some(lc_core::TerminalReason::Expired));
     assert_eq!(rec.exit_code, None);
     let pages = store.output(tenant, exec, 0, 1000).await.unwrap();
+    let sink = LocalBlobStore::open(dir.join("blobs")).unwrap();
     let seqs: Vec<i64> = pages.iter().map(|p| p.meta.seq).collect();
     let n = i64::try_from(seqs.len()).unwrap();
     assert!(n >= 20);
@@ -574,7 +317,7 @@ async fn a_killed_provider_s_lease_expires_and_its_reservation_returns_once() {
         pages
             .iter()
             .filter(|p| p.meta.kind == PageKind::Stdout)
-            .flat_map(|p| page_bytes(&dir, p))
+            .flat_map(|p| page_bytes(&sink, p))
             .collect(),
     )
     .unwrap();
@@ -598,7 +341,5 @@ async fn a_killed_provider_s_lease_expires_and_its_reservation_returns_once() {
     drop(_w);
     drop(_second);
     let _ = std::fs::remove_dir_all(&dir);
-    for c in ["memory", "pids", "cpu"] {
-        let _ = std::fs::remove_dir(Path::new("/sys/fs/cgroup").join(c).join(&cgroup_parent));
-    }
+    support::remove_cgroup_parent(&cgroup_parent);
 }

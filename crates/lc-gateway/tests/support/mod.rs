@@ -223,6 +223,41 @@ impl GatewayStore for Refusals {
     ) -> Result<TransitionReceipt, LcError> {
         self.note(self.inner.release(cred, exec_id, at, transition_id).await)
     }
+    #[allow(clippy::too_many_arguments)]
+    async fn commit_quiescence(
+        &self,
+        cred: &OwnerCredential,
+        exec_id: ExecId,
+        at: CutReading,
+        generation: Generation,
+        manifest: &[u8],
+        head: Digest,
+        parent: Option<Digest>,
+        evidence: &serde_json::Value,
+    ) -> Result<lc_core::HibernationRecord, LcError> {
+        let r = self.inner.commit_quiescence(
+            cred, exec_id, at, generation, manifest, head, parent, evidence,
+        );
+        self.note(r.await)
+    }
+    async fn prepare_resume(
+        &self,
+        cred: &OwnerCredential,
+        exec_id: ExecId,
+        at: CutReading,
+        op_key: &str,
+    ) -> Result<LeaseWork, LcError> {
+        self.note(self.inner.prepare_resume(cred, exec_id, at, op_key).await)
+    }
+    async fn commit_resume(
+        &self,
+        cred: &OwnerCredential,
+        exec_id: ExecId,
+        at: CutReading,
+        op_key: &str,
+    ) -> Result<lc_core::ResumeReceipt, LcError> {
+        self.note(self.inner.commit_resume(cred, exec_id, at, op_key).await)
+    }
 }
 
 /// One test's world; see the module docs.
@@ -537,6 +572,8 @@ impl Rig {
                     command: argv.iter().map(|s| s.to_string()).collect(),
                     timeout_ms: None,
                     stdin_open,
+                    idle_ttl_ms: None,
+                    on_timeout: lc_core::OnTimeout::Terminate,
                 },
             )
             .await

@@ -218,6 +218,42 @@ impl TestProvider {
         })
     }
 
+    /// Signed quiescence of (lease, generation, workspace) at `head`.
+    pub fn quiescence(
+        &self,
+        lease: SandboxLeaseId,
+        generation: i64,
+        workspace: i64,
+        head: Digest,
+    ) -> serde_json::Value {
+        self.sign(Statement::Quiescence {
+            provider_id: self.id.to_string(),
+            lease_id: lease.0,
+            generation,
+            workspace_id: workspace,
+            head: head.to_hex(),
+        })
+    }
+
+    /// Signed writable attachment of (lease, generation, workspace) at
+    /// `head`.
+    pub fn attachment(
+        &self,
+        lease: SandboxLeaseId,
+        generation: i64,
+        workspace: i64,
+        head: Digest,
+    ) -> serde_json::Value {
+        self.sign(Statement::Attachment {
+            provider_id: self.id.to_string(),
+            lease_id: lease.0,
+            generation,
+            workspace_id: workspace,
+            head: head.to_hex(),
+            writable: true,
+        })
+    }
+
     /// `statement` signed, as JSON.
     pub fn sign(&self, statement: Statement) -> serde_json::Value {
         serde_json::to_value(evidence::sign(&statement, &self.key)).unwrap()
@@ -243,7 +279,11 @@ pub async fn fixture(units: i64) -> Fixture {
 }
 
 pub async fn fixture_with(units: i64, config: lc_pg::LcConfig) -> Fixture {
-    let db = migrated_db().await;
+    fixture_on(migrated_db().await, units, config).await
+}
+
+/// The fixture on `db` (migrated), wherever its cluster runs.
+pub async fn fixture_on(db: Db, units: i64, config: lc_pg::LcConfig) -> Fixture {
     let sampler = start_sampler(&db.url);
     let store = store_on(&db, config).await;
     let clock = clock_on(store.pool());
@@ -287,6 +327,8 @@ pub fn req(shape: &str, argv: &[&str]) -> lc_core::ExecRequest {
         command: argv.iter().map(|s| s.to_string()).collect(),
         timeout_ms: None,
         stdin_open: false,
+        idle_ttl_ms: None,
+        on_timeout: lc_core::OnTimeout::Terminate,
     }
 }
 
@@ -348,6 +390,11 @@ pub async fn snapshot(url: &str) -> Vec<(String, Vec<String>)> {
         "lc_exec_owners",
         "lc_transitions",
         "lc_exec_inputs",
+        "lc_workspaces",
+        "lc_snapshots",
+        "lc_hibernations",
+        "lc_resume_intents",
+        "lc_resume_receipts",
         "tollgate_accounts",
         "tollgate_leases",
         "tollgate_ledger",

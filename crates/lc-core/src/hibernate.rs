@@ -1,0 +1,915 @@
+//! Hibernation and resume: the records the store keeps and the pure rules
+//! that decide each step.
+//!
+//! # Rules
+//!
+//! * **Seal** ([`plan_hibernation`], [`idle_due`], [`deadline_due`]): a
+//!   hibernation of (exec, attempt, generation) is recorded only on a
+//!   certain cut, of an exec `running` with an `active` Lease, at most one
+//!   per generation. Idleness is `at.cut >= last_activity + idle_ttl`
+//!   exactly; nothing is due on an uncertain cut.
+//! * **Quiescence** ([`check_quiescence`]): the provider's signed
+//!   statement names exactly the Lease, generation and workspace, its head
+//!   is the SHA-256 of the manifest bytes committed, and the snapshot's
+//!   parent is the workspace's current head (a stale chain is refused).
+//! * **Resume request** ([`resume_request_sha256`]): its digest is the
+//!   SHA-256 of the canonical JSON (JCS) of `{"exec_id", "head"}`; the
+//!   operation key must carry exactly it.
+//! * **Commit of a resume** ([`check_resume`]): the attempt is parked, the
+//!   intent's digest and head match, the attachment is of exactly the
+//!   prepared generation, live, and names the parked head; no other right
+//!   of the exec is unreleased.
+//!
+//! No function here reads a clock or does I/O.
+
+use jiff::{SignedDuration, Timestamp};
+use serde::{Deserialize, Serialize};
+
+use crate::error::LcError;
+use crate::evidence::Statement;
+use crate::model::{
+    AttemptNo, AttemptState, CutReading, Digest, ExecId, ExecState, Generation, HibernationReason,
+    HibernationStep, LeaseState, SandboxLeaseId, WorkspaceId,
+};
+use crate::rules::is_expired;
+
+/// The largest manifest the store keeps, in bytes of its canonical JSON
+/// (64 MiB: a manifest of the most entries with long paths fits).
+pub const MANIFEST_BYTES_MAX: usize = 64 << 20;
+
+/// The longest idle TTL, in milliseconds (as the exec timeout's bound).
+pub const IDLE_TTL_MS_MAX: u64 = crate::rules::TIMEOUT_MS_MAX;
+
+/// One recorded hibernation of an exec's attempt generation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HibernationRecord {
+    /// The exec.
+    pub exec_id: ExecId,
+    /// The attempt.
+    pub attempt: AttemptNo,
+    /// The generation that hibernates.
+    pub generation: Generation,
+    /// That generation's sandbox Lease.
+    pub lease_id: SandboxLeaseId,
+    /// Why.
+    pub reason: HibernationReason,
+    /// The certain cut it was sealed at.
+    pub sealed_cut: Timestamp,
+    /// Where it stands.
+    pub step: HibernationStep,
+    /// The snapshot committed by its quiescence (once `quiesced`).
+    pub head: Option<Digest>,
+}
+
+/// A tenant's request to resume a parked exec, as recorded.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResumeIntent {
+    /// The exec.
+    pub exec_id: ExecId,
+    /// The request's operation key (tenant scope).
+    pub op_key: String,
+    /// [`resume_request_sha256`] of (`exec_id`, `head`).
+    pub request_sha256: Digest,
+    /// The parked head it resumes.
+    pub head: Digest,
+    /// The parked attempt.
+    pub attempt: AttemptNo,
+    /// The parked generation.
+    pub from_generation: Generation,
+    /// The cut it was recorded at.
+    pub recorded_cut: Timestamp,
+}
+
+/// The immutable receipt of a committed resume.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResumeReceipt {
+    /// The exec.
+    pub exec_id: ExecId,
+    /// The resume's operation key.
+    pub op_key: String,
+    /// The resumed attempt.
+    pub attempt: AttemptNo,
+    /// The parked generation.
+    pub from_generation: Generation,
+    /// The new generation, now runnable.
+    pub to_generation: Generation,
+    /// Its sandbox Lease.
+    pub lease_id: SandboxLeaseId,
+    /// The workspace head it restored.
+    pub head: Digest,
+    /// The intent's request digest.
+    pub request_sha256: Digest,
+    /// SHA-256 of the owner token that committed it.
+    pub token_sha256: Digest,
+    /// The owner's generation.
+    pub owner_generation: i64,
+    /// The owner's fence.
+    pub owner_fence: i64,
+    /// The certain cut it committed at.
+    pub committed_cut: Timestamp,
+}
+
+/// An exec's workspace.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkspaceRecord {
+    /// The workspace.
+    pub workspace_id: WorkspaceId,
+    /// Its exec.
+    pub exec_id: ExecId,
+    /// The newest snapshot's digest; `None` before the first.
+    pub head: Option<Digest>,
+    /// How many snapshots its chain holds.
+    pub snapshots: i64,
+}
+
+/// One snapshot of a workspace, without its manifest bytes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotMeta {
+    /// The workspace.
+    pub workspace_id: WorkspaceId,
+    /// Its place in the chain, from 1.
+    pub seq: i64,
+    /// SHA-256 of the manifest's canonical bytes.
+    pub digest: Digest,
+    /// The previous head; `None` for the first.
+    pub parent: Option<Digest>,
+    /// Bytes of the manifest.
+    pub manifest_bytes: i64,
+    /// The Lease whose quiescence committed it.
+    pub lease_id: SandboxLeaseId,
+    /// That Lease's generation.
+    pub generation: Generation,
+    /// The certain cut it committed at.
+    pub committed_cut: Timestamp,
+}
+
+/// The resume request digest: SHA-256 of the JCS of
+/// `{"exec_id": <int>, "head": "<64 hex>"}`.
+pub fn resume_request_sha256(exec_id: ExecId, head: Digest) -> Digest {
+    let body = serde_json::json!({"exec_id": exec_id.0, "head": head.to_hex()});
+    // Integers and a hex string: JCS cannot fail on it.
+    Digest::of(&serde_jcs::to_vec(&body).unwrap_or_default())
+}
+
+/// Checks an idle TTL in milliseconds.
+///
+/// # Errors
+/// [`LcError::InvalidTimeout`] outside `1..=`[`IDLE_TTL_MS_MAX`].
+pub fn check_idle_ttl_ms(ms: u64) -> Result<SignedDuration, LcError> {
+    if (1..=IDLE_TTL_MS_MAX).contains(&ms) {
+        Ok(SignedDuration::from_millis(ms as i64))
+    } else {
+        Err(LcError::InvalidTimeout {
+            reason: format!("an idle ttl is 1..={IDLE_TTL_MS_MAX} ms, not {ms}"),
+        })
+    }
+}
+
+/// Whether an exec last active at `last_activity` is idle past `idle_ttl`
+/// at `at`: a certain cut at or after `last_activity + idle_ttl`.
+pub fn idle_due(last_activity: Timestamp, idle_ttl: SignedDuration, at: CutReading) -> bool {
+    match last_activity.checked_add(idle_ttl) {
+        Ok(due) => is_expired(due, at),
+        Err(_) => false,
+    }
+}
+
+/// Whether an exec with `on_timeout = hibernate` hibernates for its
+/// deadline at `at`: a certain cut at or after the deadline, with no
+/// activity since it (a resumed exec's activity starts after its
+/// deadline, so the deadline hibernates it once).
+pub fn deadline_due(deadline: Timestamp, last_activity: Timestamp, at: CutReading) -> bool {
+    last_activity < deadline && is_expired(deadline, at)
+}
+
+/// What [`plan_hibernation`] decides from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HibernationView {
+    /// The exec.
+    pub exec_id: ExecId,
+    /// Its state.
+    pub exec_state: ExecState,
+    /// Its current attempt's state.
+    pub attempt_state: AttemptState,
+    /// Its current Lease's state.
+    pub lease_state: LeaseState,
+    /// Whether the tenant asked to cancel it.
+    pub cancel_requested: bool,
+    /// The hibernation of the current generation, if one is recorded.
+    pub existing: Option<HibernationStep>,
+}
+
+/// Whether a hibernation may be sealed at `at`.
+///
+/// # Errors
+/// [`LcError::TimeUncertain`] on an uncertain cut;
+/// [`LcError::ExecTerminal`] for a terminal exec;
+/// [`LcError::HibernationInProgress`] when the current generation has one;
+/// [`LcError::ExecNotHibernatable`] unless the exec runs with an active
+/// Lease and no cancel request.
+pub fn plan_hibernation(v: HibernationView, at: CutReading) -> Result<(), LcError> {
+    crate::rules::require_certain(at)?;
+    if v.exec_state == ExecState::Terminal {
+        return Err(LcError::ExecTerminal { exec_id: v.exec_id });
+    }
+    if let Some(step) = v.existing {
+        return Err(LcError::HibernationInProgress {
+            exec_id: v.exec_id,
+            step: step.as_str(),
+        });
+    }
+    if v.exec_state != ExecState::Running
+        || v.attempt_state != AttemptState::Running
+        || v.lease_state != LeaseState::Active
+        || v.cancel_requested
+    {
+        return Err(LcError::ExecNotHibernatable {
+            exec_id: v.exec_id,
+            reason: format!(
+                "exec {} attempt {} lease {}{}: only a running exec with an active Lease hibernates",
+                v.exec_state,
+                v.attempt_state,
+                v.lease_state,
+                if v.cancel_requested {
+                    " (cancel requested)"
+                } else {
+                    ""
+                }
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// What a quiescence must name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QuiescenceExpected<'a> {
+    /// The Lease's provider.
+    pub provider_id: &'a str,
+    /// The Lease.
+    pub lease_id: SandboxLeaseId,
+    /// Its generation.
+    pub generation: Generation,
+    /// The exec's workspace.
+    pub workspace_id: WorkspaceId,
+    /// The workspace's current head.
+    pub current_head: Option<Digest>,
+}
+
+/// Checks a verified quiescence statement against the Lease, the manifest
+/// bytes and the chain: returns the new head.
+///
+/// # Errors
+/// [`LcError::EvidenceRejected`] for another statement kind or subject
+/// (provider, lease, generation, workspace); [`LcError::InvalidInput`] for
+/// a manifest over [`MANIFEST_BYTES_MAX`]; [`LcError::WorkspaceHeadMismatch`]
+/// when `head` is not `sha256(manifest)` or the statement's head, or when
+/// `parent` is not the current head.
+pub fn check_quiescence(
+    statement: &Statement,
+    expected: QuiescenceExpected<'_>,
+    manifest: &[u8],
+    head: Digest,
+    parent: Option<Digest>,
+) -> Result<Digest, LcError> {
+    let Statement::Quiescence {
+        provider_id,
+        lease_id,
+        generation,
+        workspace_id,
+        head: stated,
+    } = statement
+    else {
+        return Err(LcError::EvidenceRejected {
+            reason: format!("not_a_proof: a {} is not a quiescence", statement.kind()),
+        });
+    };
+    if provider_id != expected.provider_id
+        || *lease_id != expected.lease_id.0
+        || *generation != expected.generation.0
+        || *workspace_id != expected.workspace_id.0
+    {
+        return Err(LcError::EvidenceRejected {
+            reason: format!(
+                "evidence_mismatch: quiescence of provider {provider_id:?} lease {lease_id} generation {generation} workspace {workspace_id}, not of lease {} generation {} workspace {}",
+                expected.lease_id, expected.generation, expected.workspace_id
+            ),
+        });
+    }
+    if manifest.len() > MANIFEST_BYTES_MAX {
+        return Err(LcError::InvalidInput {
+            reason: format!(
+                "a manifest is at most {MANIFEST_BYTES_MAX} bytes, not {}",
+                manifest.len()
+            ),
+        });
+    }
+    let computed = Digest::of(manifest);
+    if computed != head || stated.as_str() != head.to_hex() {
+        return Err(LcError::WorkspaceHeadMismatch {
+            workspace_id: expected.workspace_id,
+            expected: Some(head),
+            found: Some(computed),
+            reason: format!(
+                "the manifest's sha256 is {computed}, the statement's head {stated}, the head given {head}; all three must be equal"
+            ),
+        });
+    }
+    if parent != expected.current_head {
+        return Err(LcError::WorkspaceHeadMismatch {
+            workspace_id: expected.workspace_id,
+            expected: expected.current_head,
+            found: parent,
+            reason: "the snapshot's parent is not the workspace's current head: snapshot again from the current head".into(),
+        });
+    }
+    Ok(head)
+}
+
+/// What an attachment must name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AttachmentExpected<'a> {
+    /// The Lease's provider.
+    pub provider_id: &'a str,
+    /// The Lease.
+    pub lease_id: SandboxLeaseId,
+    /// Its generation.
+    pub generation: Generation,
+    /// The exec's workspace.
+    pub workspace_id: WorkspaceId,
+    /// The head the Lease restores.
+    pub restore_head: Digest,
+}
+
+/// Checks a verified attachment statement against the Lease it is recorded
+/// on.
+///
+/// # Errors
+/// [`LcError::EvidenceRejected`] for another statement kind or subject, or
+/// a read-only attachment; [`LcError::WorkspaceHeadMismatch`] for another
+/// head.
+pub fn check_attachment(
+    statement: &Statement,
+    expected: AttachmentExpected<'_>,
+) -> Result<(), LcError> {
+    let Statement::Attachment {
+        provider_id,
+        lease_id,
+        generation,
+        workspace_id,
+        head,
+        writable,
+    } = statement
+    else {
+        return Err(LcError::EvidenceRejected {
+            reason: format!("not_a_proof: a {} is not an attachment", statement.kind()),
+        });
+    };
+    if provider_id != expected.provider_id
+        || *lease_id != expected.lease_id.0
+        || *generation != expected.generation.0
+        || *workspace_id != expected.workspace_id.0
+        || !*writable
+    {
+        return Err(LcError::EvidenceRejected {
+            reason: format!(
+                "evidence_mismatch: attachment of provider {provider_id:?} lease {lease_id} generation {generation} workspace {workspace_id} (writable {writable}), not a writable attachment of lease {} generation {} workspace {}",
+                expected.lease_id, expected.generation, expected.workspace_id
+            ),
+        });
+    }
+    if head.as_str() != expected.restore_head.to_hex() {
+        return Err(LcError::WorkspaceHeadMismatch {
+            workspace_id: expected.workspace_id,
+            expected: Some(expected.restore_head),
+            found: Digest::from_hex(head).ok(),
+            reason: "the attachment names another head than the Lease restores".into(),
+        });
+    }
+    Ok(())
+}
+
+/// What [`check_resume`] decides from, read under the locks of the
+/// commit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResumeView {
+    /// The exec.
+    pub exec_id: ExecId,
+    /// Its state.
+    pub exec_state: ExecState,
+    /// The attempt's state.
+    pub attempt_state: AttemptState,
+    /// The exec's workspace.
+    pub workspace_id: WorkspaceId,
+    /// The workspace's head.
+    pub workspace_head: Option<Digest>,
+    /// The recorded intent.
+    pub intent: ResumeIntent,
+    /// The prepared Lease's generation (the attempt's current one).
+    pub lease_generation: Generation,
+    /// Its state.
+    pub lease_state: LeaseState,
+    /// Its expiry on the cut.
+    pub lease_expiry: Timestamp,
+    /// The head it restores.
+    pub restore_head: Option<Digest>,
+    /// The head and generation its recorded attachment names.
+    pub attachment: Option<(Generation, Digest)>,
+    /// Unreleased Leases of the exec other than the prepared one.
+    pub other_live_leases: i64,
+}
+
+/// Checks a resume commit.
+///
+/// # Errors
+/// [`LcError::TimeUncertain`]; [`LcError::ExecNotParked`];
+/// [`LcError::RequestDigestMismatch`] when the intent's digest is not
+/// [`resume_request_sha256`] of its exec and head;
+/// [`LcError::WorkspaceHeadMismatch`] when the intent, the workspace, the
+/// Lease's restore head and the attachment do not all name one head;
+/// [`LcError::CompetingRight`] when another Lease of the exec is
+/// unreleased, the Lease is not the next generation, not live, or has no
+/// attachment of exactly its generation.
+pub fn check_resume(v: &ResumeView, at: CutReading) -> Result<(), LcError> {
+    crate::rules::require_certain(at)?;
+    if v.exec_state != ExecState::Hibernated || v.attempt_state != AttemptState::Parked {
+        return Err(LcError::ExecNotParked {
+            exec_id: v.exec_id,
+            state: v.attempt_state.as_str(),
+        });
+    }
+    let want = resume_request_sha256(v.exec_id, v.intent.head);
+    if v.intent.request_sha256 != want {
+        return Err(LcError::RequestDigestMismatch {
+            expected: want,
+            found: v.intent.request_sha256,
+        });
+    }
+    let head = v.intent.head;
+    if v.workspace_head != Some(head) || v.restore_head != Some(head) {
+        return Err(LcError::WorkspaceHeadMismatch {
+            workspace_id: v.workspace_id,
+            expected: Some(head),
+            found: v.workspace_head,
+            reason: format!(
+                "the resume names head {head}; the workspace's head is {:?} and the Lease restores {:?}",
+                v.workspace_head.map(|d| d.to_hex()),
+                v.restore_head.map(|d| d.to_hex())
+            ),
+        });
+    }
+    if v.other_live_leases > 0 {
+        return Err(LcError::CompetingRight {
+            exec_id: v.exec_id,
+            reason: format!(
+                "{} other unreleased Lease(s) of the exec",
+                v.other_live_leases
+            ),
+        });
+    }
+    let live = matches!(v.lease_state, LeaseState::Allocating | LeaseState::Active)
+        && !is_expired(v.lease_expiry, at);
+    if v.lease_generation.0 != v.intent.from_generation.0 + 1 || !live {
+        return Err(LcError::CompetingRight {
+            exec_id: v.exec_id,
+            reason: format!(
+                "the prepared Lease is generation {} ({}), not a live generation {}",
+                v.lease_generation,
+                v.lease_state,
+                v.intent.from_generation.0 + 1
+            ),
+        });
+    }
+    match v.attachment {
+        Some((g, h)) if g == v.lease_generation && h == head => Ok(()),
+        Some((g, h)) if g == v.lease_generation => Err(LcError::WorkspaceHeadMismatch {
+            workspace_id: v.workspace_id,
+            expected: Some(head),
+            found: Some(h),
+            reason: "the attachment names another head".into(),
+        }),
+        other => Err(LcError::CompetingRight {
+            exec_id: v.exec_id,
+            reason: format!(
+                "no attachment of generation {} is recorded (found {:?}): allocate with restore first",
+                v.lease_generation,
+                other.map(|(g, _)| g.0)
+            ),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::evidence::Statement;
+
+    fn ts(ns: i128) -> Timestamp {
+        Timestamp::from_nanosecond(ns).unwrap()
+    }
+
+    #[test]
+    fn idle_boundary_is_exact_and_never_on_an_uncertain_cut() {
+        let last = ts(1_000_000_000_000_000_123);
+        let ttl = SignedDuration::from_millis(1500);
+        let due = ts(1_000_000_001_500_000_123);
+        assert!(!idle_due(
+            last,
+            ttl,
+            CutReading::certain(ts(1_000_000_001_500_000_122))
+        ));
+        assert!(idle_due(last, ttl, CutReading::certain(due)));
+        assert!(!idle_due(last, ttl, CutReading::uncertain(due, 1)));
+        assert!(!idle_due(Timestamp::MAX, ttl, CutReading::certain(due)));
+    }
+
+    #[test]
+    fn deadline_hibernates_once() {
+        let d = ts(2_000);
+        assert!(deadline_due(d, ts(1_000), CutReading::certain(d)));
+        assert!(!deadline_due(d, ts(1_000), CutReading::certain(ts(1_999))));
+        assert!(!deadline_due(d, ts(1_000), CutReading::uncertain(d, 1)));
+        assert!(!deadline_due(d, d, CutReading::certain(ts(3_000))));
+    }
+
+    #[test]
+    fn the_request_digest_is_of_the_jcs_body() {
+        let head = Digest([0xab; 32]);
+        let body = format!(r#"{{"exec_id":7,"head":"{}"}}"#, "ab".repeat(32));
+        assert_eq!(
+            resume_request_sha256(ExecId(7), head),
+            Digest::of(body.as_bytes())
+        );
+        assert_ne!(
+            resume_request_sha256(ExecId(8), head),
+            resume_request_sha256(ExecId(7), head)
+        );
+    }
+
+    #[test]
+    fn idle_ttl_bounds() {
+        assert_eq!(
+            check_idle_ttl_ms(1).unwrap(),
+            SignedDuration::from_millis(1)
+        );
+        assert_eq!(
+            check_idle_ttl_ms(IDLE_TTL_MS_MAX).unwrap(),
+            SignedDuration::from_millis(IDLE_TTL_MS_MAX as i64)
+        );
+        for bad in [0, IDLE_TTL_MS_MAX + 1] {
+            assert_eq!(
+                check_idle_ttl_ms(bad).unwrap_err().code(),
+                "invalid_timeout"
+            );
+        }
+    }
+
+    fn view() -> HibernationView {
+        HibernationView {
+            exec_id: ExecId(3),
+            exec_state: ExecState::Running,
+            attempt_state: AttemptState::Running,
+            lease_state: LeaseState::Active,
+            cancel_requested: false,
+            existing: None,
+        }
+    }
+
+    #[test]
+    fn hibernation_plan_refusals() {
+        let at = CutReading::certain(ts(5));
+        assert_eq!(plan_hibernation(view(), at), Ok(()));
+        assert_eq!(
+            plan_hibernation(view(), CutReading::uncertain(ts(5), 3)),
+            Err(LcError::TimeUncertain { retry_after_s: 3 })
+        );
+        let v = HibernationView {
+            existing: Some(HibernationStep::Sealed),
+            ..view()
+        };
+        assert_eq!(
+            plan_hibernation(v, at),
+            Err(LcError::HibernationInProgress {
+                exec_id: ExecId(3),
+                step: "sealed"
+            })
+        );
+        for v in [
+            HibernationView {
+                lease_state: LeaseState::Allocating,
+                ..view()
+            },
+            HibernationView {
+                exec_state: ExecState::Admitted,
+                ..view()
+            },
+            HibernationView {
+                cancel_requested: true,
+                ..view()
+            },
+            HibernationView {
+                exec_state: ExecState::Hibernated,
+                ..view()
+            },
+        ] {
+            assert_eq!(
+                plan_hibernation(v, at).unwrap_err().code(),
+                "exec_not_hibernatable"
+            );
+        }
+        let v = HibernationView {
+            attempt_state: AttemptState::Parked,
+            ..view()
+        };
+        assert_eq!(
+            plan_hibernation(v, at).unwrap_err().code(),
+            "exec_not_hibernatable"
+        );
+        let v = HibernationView {
+            exec_state: ExecState::Terminal,
+            ..view()
+        };
+        assert_eq!(plan_hibernation(v, at).unwrap_err().code(), "exec_terminal");
+    }
+
+    fn quiescence(head: &str) -> Statement {
+        Statement::Quiescence {
+            provider_id: "p1".into(),
+            lease_id: 4,
+            generation: 2,
+            workspace_id: 9,
+            head: head.into(),
+        }
+    }
+
+    fn q_expected(current: Option<Digest>) -> QuiescenceExpected<'static> {
+        QuiescenceExpected {
+            provider_id: "p1",
+            lease_id: SandboxLeaseId(4),
+            generation: Generation(2),
+            workspace_id: WorkspaceId(9),
+            current_head: current,
+        }
+    }
+
+    #[test]
+    fn quiescence_checks_subject_head_and_parent() {
+        let bytes = b"{\"manifest\":1}";
+        let head = Digest::of(bytes);
+        let parent = Some(Digest([1; 32]));
+        let s = quiescence(&head.to_hex());
+        assert_eq!(
+            check_quiescence(&s, q_expected(parent), bytes, head, parent),
+            Ok(head)
+        );
+        // A stale parent.
+        assert_eq!(
+            check_quiescence(&s, q_expected(parent), bytes, head, None)
+                .unwrap_err()
+                .code(),
+            "workspace_head_mismatch"
+        );
+        // Bytes that are not the head.
+        assert_eq!(
+            check_quiescence(&s, q_expected(parent), b"other", head, parent)
+                .unwrap_err()
+                .code(),
+            "workspace_head_mismatch"
+        );
+        // A statement naming another head.
+        let other = quiescence(&Digest([2; 32]).to_hex());
+        assert_eq!(
+            check_quiescence(&other, q_expected(parent), bytes, head, parent)
+                .unwrap_err()
+                .code(),
+            "workspace_head_mismatch"
+        );
+        // Another workspace, or another kind.
+        let mut wrong = quiescence(&head.to_hex());
+        if let Statement::Quiescence { workspace_id, .. } = &mut wrong {
+            *workspace_id = 10;
+        }
+        assert_eq!(
+            check_quiescence(&wrong, q_expected(parent), bytes, head, parent)
+                .unwrap_err()
+                .code(),
+            "evidence_rejected"
+        );
+        // The size bound: exactly the bound passes the size check.
+        let big = vec![b' '; MANIFEST_BYTES_MAX + 1];
+        let big_head = Digest::of(&big);
+        assert_eq!(
+            check_quiescence(
+                &quiescence(&big_head.to_hex()),
+                q_expected(parent),
+                &big,
+                big_head,
+                parent
+            )
+            .unwrap_err()
+            .code(),
+            "invalid_input"
+        );
+        let max = &big[..MANIFEST_BYTES_MAX];
+        let max_head = Digest::of(max);
+        assert_eq!(
+            check_quiescence(
+                &quiescence(&max_head.to_hex()),
+                q_expected(parent),
+                max,
+                max_head,
+                parent
+            ),
+            Ok(max_head)
+        );
+        for (lease, generation, provider) in [(5, 2, "p1"), (4, 3, "p1"), (4, 2, "p2")] {
+            let s = Statement::Quiescence {
+                provider_id: provider.into(),
+                lease_id: lease,
+                generation,
+                workspace_id: 9,
+                head: head.to_hex(),
+            };
+            assert_eq!(
+                check_quiescence(&s, q_expected(parent), bytes, head, parent)
+                    .unwrap_err()
+                    .code(),
+                "evidence_rejected"
+            );
+        }
+        let absence = Statement::Absence {
+            provider_id: "p1".into(),
+            lease_id: 4,
+            generation: 2,
+        };
+        assert_eq!(
+            check_quiescence(&absence, q_expected(parent), bytes, head, parent)
+                .unwrap_err()
+                .code(),
+            "evidence_rejected"
+        );
+    }
+
+    #[test]
+    fn attachment_checks_subject_head_and_writable() {
+        let head = Digest([5; 32]);
+        let exp = AttachmentExpected {
+            provider_id: "p1",
+            lease_id: SandboxLeaseId(4),
+            generation: Generation(2),
+            workspace_id: WorkspaceId(9),
+            restore_head: head,
+        };
+        let ok = Statement::Attachment {
+            provider_id: "p1".into(),
+            lease_id: 4,
+            generation: 2,
+            workspace_id: 9,
+            head: head.to_hex(),
+            writable: true,
+        };
+        assert_eq!(check_attachment(&ok, exp), Ok(()));
+        let ro = Statement::Attachment {
+            provider_id: "p1".into(),
+            lease_id: 4,
+            generation: 2,
+            workspace_id: 9,
+            head: head.to_hex(),
+            writable: false,
+        };
+        assert_eq!(
+            check_attachment(&ro, exp).unwrap_err().code(),
+            "evidence_rejected"
+        );
+        let g3 = Statement::Attachment {
+            provider_id: "p1".into(),
+            lease_id: 4,
+            generation: 3,
+            workspace_id: 9,
+            head: head.to_hex(),
+            writable: true,
+        };
+        assert_eq!(
+            check_attachment(&g3, exp).unwrap_err().code(),
+            "evidence_rejected"
+        );
+        for (lease, ws, provider) in [(5, 9, "p1"), (4, 10, "p1"), (4, 9, "p2")] {
+            let s = Statement::Attachment {
+                provider_id: provider.into(),
+                lease_id: lease,
+                generation: 2,
+                workspace_id: ws,
+                head: head.to_hex(),
+                writable: true,
+            };
+            assert_eq!(
+                check_attachment(&s, exp).unwrap_err().code(),
+                "evidence_rejected"
+            );
+        }
+        let absence = Statement::Absence {
+            provider_id: "p1".into(),
+            lease_id: 4,
+            generation: 2,
+        };
+        assert_eq!(
+            check_attachment(&absence, exp).unwrap_err().code(),
+            "evidence_rejected"
+        );
+        let other_head = Statement::Attachment {
+            provider_id: "p1".into(),
+            lease_id: 4,
+            generation: 2,
+            workspace_id: 9,
+            head: Digest([6; 32]).to_hex(),
+            writable: true,
+        };
+        assert_eq!(
+            check_attachment(&other_head, exp).unwrap_err().code(),
+            "workspace_head_mismatch"
+        );
+    }
+
+    fn resume_view() -> ResumeView {
+        let head = Digest([7; 32]);
+        ResumeView {
+            exec_id: ExecId(3),
+            exec_state: ExecState::Hibernated,
+            attempt_state: AttemptState::Parked,
+            workspace_id: WorkspaceId(9),
+            workspace_head: Some(head),
+            intent: ResumeIntent {
+                exec_id: ExecId(3),
+                op_key: "r1".into(),
+                request_sha256: resume_request_sha256(ExecId(3), head),
+                head,
+                attempt: AttemptNo(1),
+                from_generation: Generation(1),
+                recorded_cut: ts(1),
+            },
+            lease_generation: Generation(2),
+            lease_state: LeaseState::Allocating,
+            lease_expiry: ts(100),
+            restore_head: Some(head),
+            attachment: Some((Generation(2), head)),
+            other_live_leases: 0,
+        }
+    }
+
+    #[test]
+    fn resume_checks_each_refusal() {
+        let at = CutReading::certain(ts(50));
+        assert_eq!(check_resume(&resume_view(), at), Ok(()));
+        let code = |v: ResumeView, at| check_resume(&v, at).unwrap_err().code();
+        assert_eq!(
+            code(resume_view(), CutReading::uncertain(ts(50), 1)),
+            "time_uncertain"
+        );
+        let mut v = resume_view();
+        v.attempt_state = AttemptState::Runnable;
+        assert_eq!(code(v, at), "exec_not_parked");
+        let mut v = resume_view();
+        v.intent.request_sha256 = Digest([0; 32]);
+        assert_eq!(code(v, at), "request_digest_mismatch");
+        let mut v = resume_view();
+        v.workspace_head = Some(Digest([8; 32]));
+        assert_eq!(code(v, at), "workspace_head_mismatch");
+        let mut v = resume_view();
+        v.other_live_leases = 1;
+        assert_eq!(code(v, at), "competing_right");
+        // Expired exactly at its expiry on a certain cut.
+        assert_eq!(
+            code(resume_view(), CutReading::certain(ts(100))),
+            "competing_right"
+        );
+        assert_eq!(
+            check_resume(&resume_view(), CutReading::certain(ts(99))),
+            Ok(())
+        );
+        let mut v = resume_view();
+        v.attachment = None;
+        assert_eq!(code(v, at), "competing_right");
+        let mut v = resume_view();
+        v.attachment = Some((Generation(1), Digest([7; 32])));
+        assert_eq!(code(v, at), "competing_right");
+        let mut v = resume_view();
+        v.attachment = Some((Generation(2), Digest([9; 32])));
+        assert_eq!(code(v, at), "workspace_head_mismatch");
+        let mut v = resume_view();
+        v.lease_state = LeaseState::ReleasePending;
+        assert_eq!(code(v, at), "competing_right");
+        let mut v = resume_view();
+        v.lease_state = LeaseState::Active;
+        assert_eq!(check_resume(&v, at), Ok(()));
+        let mut v = resume_view();
+        v.exec_state = ExecState::Running;
+        assert_eq!(code(v, at), "exec_not_parked");
+        let mut v = resume_view();
+        v.restore_head = Some(Digest([8; 32]));
+        assert_eq!(code(v, at), "workspace_head_mismatch");
+        let mut v = resume_view();
+        v.lease_generation = Generation(3);
+        v.attachment = Some((Generation(3), Digest([7; 32])));
+        assert_eq!(code(v, at), "competing_right");
+    }
+}

@@ -1,0 +1,1315 @@
+//! Hibernation and resume against a real PostgreSQL with a real in-process
+//! sampler: the whole sequence hibernate -> quiesce -> park -> resume ->
+//! runnable at store level with real signed envelopes and the tenant's
+//! units exact at each step; every refusal with its code and nothing
+//! changed; a replayed resume returning the identical receipt; 16
+//! concurrent commits giving exactly one receipt; the database's guards
+//! (the resume guard, immutable snapshots and receipts); and idle and
+//! deadline detection exact to the nanosecond, never on an uncertain cut.
+
+mod support;
+
+use jiff::SignedDuration;
+use lc_core::hibernate::{self, HibernationRecord, ResumeReceipt, SnapshotMeta, WorkspaceRecord};
+use lc_core::owner::{OwnedExec, OwnerCredential, OwnerGeneration, OwnerToken, PageMeta};
+use lc_core::page::{Page, PageKind};
+use lc_core::{
+    AttemptNo, ControlStore, CutReading, Digest, ExecId, ExecRecord, ExecState, GatewayStore,
+    Generation, HibernationReason, HibernationStep, LcError, LeaseAction, LeaseState, OnTimeout,
+    OperationKey, ReconcileStore, SandboxLeaseId,
+};
+use sqlx::{Connection, PgConnection};
+use support::*;
+use tollgate_pg_harness::{PgBinaries, PgServer};
+
+const TTL: SignedDuration = SignedDuration::from_secs(1);
+
+fn token(b: u8) -> OwnerToken {
+    OwnerToken::from_bytes([b; 32])
+}
+
+fn cred_of(o: &OwnedExec, t: &OwnerToken) -> OwnerCredential {
+    OwnerCredential {
+        token: t.clone(),
+        generation: o.ownership.generation,
+        fence: o.ownership.fence,
+    }
+}
+
+fn resume_op(key: &str, exec: ExecId, head: Digest) -> OperationKey {
+    OperationKey::new(key, hibernate::resume_request_sha256(exec, head)).unwrap()
+}
+
+async fn available(f: &Fixture) -> (i64, i64) {
+    let t = f.store.tenant(f.tenant).await.unwrap();
+    (t.available, t.held)
+}
+
+async fn attempt_state(url: &str, exec: ExecId) -> (String, i64) {
+    let mut c = PgConnection::connect(url).await.unwrap();
+    sqlx::query_as("SELECT state, generation FROM lc_attempts WHERE exec_id = $1")
+        .bind(exec.0)
+        .fetch_one(&mut c)
+        .await
+        .unwrap()
+}
+
+/// Admits a medium exec (2 units) with the given idle TTL, timeout and
+/// on_timeout, and marks its Lease active.
+async fn running_exec(
+    f: &Fixture,
+    key: &str,
+    at: CutReading,
+    idle_ttl_ms: Option<u64>,
+    timeout_ms: Option<u64>,
+    on_timeout: OnTimeout,
+) -> ExecRecord {
+    let mut r = req("medium", &["sleep", "9"]);
+    r.idle_ttl_ms = idle_ttl_ms;
+    r.timeout_ms = timeout_ms;
+    r.on_timeout = on_timeout;
+    let e = f
+        .store
+        .admit_exec(&op(key, key), at, f.tenant, &r)
+        .await
+        .unwrap();
+    f.store
+        .mark_active(e.canonical.lease_id, Generation(1), at)
+        .await
+        .unwrap();
+    f.store.exec(f.tenant, e.exec_id).await.unwrap()
+}
+
+/// Everything a resume commit needs, set up through the store's steps.
+struct Parked {
+    exec: ExecRecord,
+    cred: OwnerCredential,
+    manifest: Vec<u8>,
+    head: Digest,
+    lease2: SandboxLeaseId,
+    at: CutReading,
+}
+
+/// Runs an exec to parked (generation 1 hibernated, destroy proven):
+/// the exec, its owner, the manifest and head.
+async fn parked(f: &Fixture, at: CutReading) -> (ExecRecord, OwnerCredential, Vec<u8>, Digest) {
+    let e = running_exec(f, "px", at, None, None, OnTimeout::Terminate).await;
+    let tok = token(0x77);
+    let owned = f
+        .store
+        .take_over(&tok, f.tenant, e.exec_id, at, SignedDuration::from_secs(60))
+        .await
+        .unwrap();
+    let cred = cred_of(&owned, &tok);
+    f.store
+        .request_hibernation(&op("ph", "ph"), at, f.tenant, e.exec_id)
+        .await
+        .unwrap();
+    let manifest = br#"{"entries":[],"parent":null,"version":1,"workspace_id":1}"#.to_vec();
+    let head = Digest::of(&manifest);
+    let ws = e.canonical.workspace_id.0;
+    let lease1 = e.canonical.lease_id;
+    f.store
+        .commit_quiescence(
+            &cred,
+            e.exec_id,
+            at,
+            Generation(1),
+            &manifest,
+            head,
+            None,
+            &f.provider.quiescence(lease1, 1, ws, head),
+        )
+        .await
+        .unwrap();
+    f.store
+        .commit_release(lease1, Generation(1), &f.provider.absence(lease1, 1), at)
+        .await
+        .unwrap();
+    (e, cred, manifest, head)
+}
+
+/// Runs an exec to a prepared, attached resume (generation 2).
+async fn prepared(f: &Fixture, at: CutReading) -> Parked {
+    let (e, cred, manifest, head) = parked(f, at).await;
+    let ws = e.canonical.workspace_id.0;
+    f.store
+        .request_resume(
+            &resume_op("pr", e.exec_id, head),
+            at,
+            f.tenant,
+            e.exec_id,
+            head,
+        )
+        .await
+        .unwrap();
+    let w = f
+        .store
+        .prepare_resume(&cred, e.exec_id, at, "pr")
+        .await
+        .unwrap();
+    f.store
+        .record_attachment(
+            w.lease_id,
+            Generation(2),
+            &f.provider.attachment(w.lease_id, 2, ws, head),
+            at,
+        )
+        .await
+        .unwrap();
+    Parked {
+        exec: e,
+        cred,
+        manifest,
+        head,
+        lease2: w.lease_id,
+        at,
+    }
+}
+
+/// A fixture on a dedicated PostgreSQL 18 server (`TOLLGATE_PG18_BIN`
+/// names its binaries; the test fails without it), kept alive with it.
+async fn fixture_pg18(units: i64) -> (PgServer, Fixture) {
+    let dir = std::env::var_os("TOLLGATE_PG18_BIN")
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| panic!("TOLLGATE_PG18_BIN is not set: this test needs PostgreSQL 18"));
+    let bins = PgBinaries::from_dir(&dir).expect("PostgreSQL 18 binaries");
+    assert_eq!(bins.major_version().unwrap(), 18);
+    let server = tokio::task::spawn_blocking(|| PgServer::start_dedicated_with(bins))
+        .await
+        .unwrap()
+        .expect("start PostgreSQL 18");
+    let db = fresh_db_on(&server.admin_url(), |n| server.url_for(n)).await;
+    lc_pg::migrate(&db.url).await.expect("migrate");
+    let f = fixture_on(db, units, config()).await;
+    (server, f)
+}
+
+#[tokio::test]
+async fn the_full_sequence_on_postgresql_15() {
+    full_sequence(fixture(3).await).await;
+}
+
+#[tokio::test]
+async fn the_full_sequence_on_postgresql_18() {
+    let (_server, f) = fixture_pg18(3).await;
+    full_sequence(f).await;
+}
+
+#[tokio::test]
+async fn the_resume_guard_on_postgresql_15() {
+    resume_guard(fixture(3).await).await;
+}
+
+#[tokio::test]
+async fn the_resume_guard_on_postgresql_18() {
+    let (_server, f) = fixture_pg18(3).await;
+    resume_guard(f).await;
+}
+
+/// Hibernate, quiesce, park, resume, runnable, running: exact units at
+/// each step and every refusal changing nothing.
+async fn full_sequence(f: Fixture) {
+    let at = certain(&f.clock).await;
+    let e = running_exec(&f, "e1", at, None, None, OnTimeout::Terminate).await;
+    let x = e.exec_id;
+    let lease1 = e.canonical.lease_id;
+    let ws = e.canonical.workspace_id;
+    assert_eq!(available(&f).await, (1, 2));
+    assert_eq!(
+        f.store.workspace(f.tenant, x).await.unwrap(),
+        WorkspaceRecord {
+            workspace_id: ws,
+            exec_id: x,
+            head: None,
+            snapshots: 0
+        }
+    );
+    let tok = token(0xa1);
+    let owned = f.store.take_over(&tok, f.tenant, x, at, TTL).await.unwrap();
+    let cred = cred_of(&owned, &tok);
+    let heartbeat_expiry = owned.ownership.heartbeat_expiry;
+    let stale = OwnerCredential {
+        generation: OwnerGeneration(cred.generation.0 + 1),
+        ..cred.clone()
+    };
+    // One page staged, so generation 2 numbers from seq 2.
+    let page = PageMeta::of_page(
+        x,
+        AttemptNo(1),
+        &Page::data(1, PageKind::Stdout, b"hello".to_vec()).unwrap(),
+    );
+    f.store.stage_pages(&cred, x, at, &[page]).await.unwrap();
+
+    // Seal.
+    let before = snapshot(&f.db.url).await;
+    assert_eq!(
+        f.store
+            .request_hibernation(
+                &op("h1", "h1"),
+                CutReading::uncertain(at.cut, 4),
+                f.tenant,
+                x
+            )
+            .await
+            .unwrap_err(),
+        LcError::TimeUncertain { retry_after_s: 4 }
+    );
+    assert_eq!(snapshot(&f.db.url).await, before);
+    let sealed = f
+        .store
+        .request_hibernation(&op("h1", "h1"), at, f.tenant, x)
+        .await
+        .unwrap();
+    let want_sealed = HibernationRecord {
+        exec_id: x,
+        attempt: AttemptNo(1),
+        generation: Generation(1),
+        lease_id: lease1,
+        reason: HibernationReason::Requested,
+        sealed_cut: at.cut,
+        step: HibernationStep::Sealed,
+        head: None,
+    };
+    assert_eq!(sealed, want_sealed);
+    assert_eq!(
+        f.store
+            .request_hibernation(&op("h1", "h1"), at, f.tenant, x)
+            .await
+            .unwrap(),
+        want_sealed
+    );
+    let before = snapshot(&f.db.url).await;
+    assert_eq!(
+        f.store
+            .request_hibernation(&op("h2", "h2"), at, f.tenant, x)
+            .await
+            .unwrap_err(),
+        LcError::HibernationInProgress {
+            exec_id: x,
+            step: "sealed"
+        }
+    );
+    assert_eq!(snapshot(&f.db.url).await, before);
+
+    // Quiesce: every refusal first, each changing nothing.
+    let manifest = br#"{"entries":[{"kind":"dir","mode":493,"path":"a"}],"parent":null,"version":1,"workspace_id":1}"#.to_vec();
+    let head = Digest::of(&manifest);
+    let good = f.provider.quiescence(lease1, 1, ws.0, head);
+    let forged = TestProvider::new("p1", 99).quiescence(lease1, 1, ws.0, head);
+    let other_ws = f.provider.quiescence(lease1, 1, ws.0 + 1, head);
+    let cases: Vec<(
+        &str,
+        OwnerCredential,
+        Digest,
+        Option<Digest>,
+        serde_json::Value,
+    )> = vec![
+        (
+            "workspace_head_mismatch",
+            cred.clone(),
+            Digest([9; 32]),
+            None,
+            good.clone(),
+        ),
+        (
+            "workspace_head_mismatch",
+            cred.clone(),
+            head,
+            Some(Digest([8; 32])),
+            good.clone(),
+        ),
+        ("evidence_rejected", cred.clone(), head, None, forged),
+        ("evidence_rejected", cred.clone(), head, None, other_ws),
+        ("owner_stale", stale.clone(), head, None, good.clone()),
+    ];
+    for (code, c, h, parent, ev) in cases {
+        let before = snapshot(&f.db.url).await;
+        let err = f
+            .store
+            .commit_quiescence(&c, x, at, Generation(1), &manifest, h, parent, &ev)
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), code, "{err}");
+        assert_eq!(snapshot(&f.db.url).await, before, "{code}");
+    }
+    let quiesced = f
+        .store
+        .commit_quiescence(&cred, x, at, Generation(1), &manifest, head, None, &good)
+        .await
+        .unwrap();
+    let want_quiesced = HibernationRecord {
+        step: HibernationStep::Quiesced,
+        head: Some(head),
+        ..want_sealed.clone()
+    };
+    assert_eq!(quiesced, want_quiesced);
+    let before = snapshot(&f.db.url).await;
+    assert_eq!(
+        f.store
+            .commit_quiescence(&cred, x, at, Generation(1), &manifest, head, None, &good)
+            .await
+            .unwrap(),
+        want_quiesced
+    );
+    assert_eq!(snapshot(&f.db.url).await, before);
+    assert_eq!(
+        f.store.workspace(f.tenant, x).await.unwrap(),
+        WorkspaceRecord {
+            workspace_id: ws,
+            exec_id: x,
+            head: Some(head),
+            snapshots: 1
+        }
+    );
+    assert_eq!(
+        f.store.snapshots(f.tenant, x, 0, 10).await.unwrap(),
+        vec![SnapshotMeta {
+            workspace_id: ws,
+            seq: 1,
+            digest: head,
+            parent: None,
+            manifest_bytes: manifest.len() as i64,
+            lease_id: lease1,
+            generation: Generation(1),
+            committed_cut: at.cut,
+        }]
+    );
+    assert_eq!(f.store.snapshots(f.tenant, x, 1, 10).await.unwrap(), vec![]);
+    assert_eq!(
+        f.store.snapshot_manifest(f.tenant, x, head).await.unwrap(),
+        manifest
+    );
+    assert_eq!(
+        f.store
+            .snapshot_manifest(f.tenant, x, Digest([1; 32]))
+            .await
+            .unwrap_err()
+            .code(),
+        "not_found"
+    );
+    let e_now = f.store.exec(f.tenant, x).await.unwrap();
+    assert_eq!(
+        (e_now.state, e_now.lease_state, e_now.terminal_reason),
+        (ExecState::Running, LeaseState::ReleasePending, None)
+    );
+    // Units are still held until the destroy is proven.
+    assert_eq!(available(&f).await, (1, 2));
+
+    // Prove and return: the attempt parks, the units come back once.
+    let w = f.store.due_work(at, 10).await.unwrap();
+    assert_eq!(
+        w.iter().map(|w| (w.lease_id, w.action)).collect::<Vec<_>>(),
+        vec![(lease1, LeaseAction::Destroy)]
+    );
+    let out = f
+        .store
+        .commit_release(lease1, Generation(1), &f.provider.absence(lease1, 1), at)
+        .await
+        .unwrap();
+    assert_eq!(
+        (out.units_returned, out.replay, out.parked, out.released_cut),
+        (2, false, true, at.cut)
+    );
+    assert_eq!(available(&f).await, (3, 0));
+    let again = f
+        .store
+        .commit_release(lease1, Generation(1), &f.provider.absence(lease1, 1), at)
+        .await
+        .unwrap();
+    assert_eq!(
+        (again.units_returned, again.replay, again.parked),
+        (2, true, true)
+    );
+    assert_eq!(available(&f).await, (3, 0));
+    let e_now = f.store.exec(f.tenant, x).await.unwrap();
+    assert_eq!(
+        (e_now.state, e_now.lease_state, e_now.terminal_reason),
+        (ExecState::Hibernated, LeaseState::Released, None)
+    );
+    assert_eq!(attempt_state(&f.db.url, x).await, ("parked".into(), 1));
+    assert_eq!(f.store.due_hibernations(at, 10).await.unwrap(), vec![]);
+
+    // Resume intent.
+    let before = snapshot(&f.db.url).await;
+    let forged_digest = OperationKey::new("r1", Digest([3; 32])).unwrap();
+    assert_eq!(
+        f.store
+            .request_resume(&forged_digest, at, f.tenant, x, head)
+            .await
+            .unwrap_err(),
+        LcError::RequestDigestMismatch {
+            expected: hibernate::resume_request_sha256(x, head),
+            found: Digest([3; 32]),
+        }
+    );
+    let wrong = Digest([4; 32]);
+    assert_eq!(
+        f.store
+            .request_resume(&resume_op("r1", x, wrong), at, f.tenant, x, wrong)
+            .await
+            .unwrap_err()
+            .code(),
+        "workspace_head_mismatch"
+    );
+    assert_eq!(
+        f.store
+            .request_resume(
+                &resume_op("r1", x, head),
+                at,
+                lc_core::TenantId(f.tenant.0 + 1),
+                x,
+                head
+            )
+            .await
+            .unwrap_err(),
+        LcError::not_found("exec", x)
+    );
+    assert_eq!(snapshot(&f.db.url).await, before);
+    let intent = f
+        .store
+        .request_resume(&resume_op("r1", x, head), at, f.tenant, x, head)
+        .await
+        .unwrap();
+    assert_eq!(
+        (
+            intent.head,
+            intent.attempt,
+            intent.from_generation,
+            intent.request_sha256,
+            intent.recorded_cut
+        ),
+        (
+            head,
+            AttemptNo(1),
+            Generation(1),
+            hibernate::resume_request_sha256(x, head),
+            at.cut
+        )
+    );
+    assert_eq!(
+        f.store
+            .request_resume(&resume_op("r1", x, head), at, f.tenant, x, head)
+            .await
+            .unwrap(),
+        intent
+    );
+
+    // Prepare: refusals, then Reservation 2 and Lease 2.
+    for (code, c, reading) in [
+        (
+            "time_uncertain",
+            cred.clone(),
+            CutReading::uncertain(at.cut, 1),
+        ),
+        ("owner_stale", stale.clone(), at),
+    ] {
+        let before = snapshot(&f.db.url).await;
+        assert_eq!(
+            f.store
+                .prepare_resume(&c, x, reading, "r1")
+                .await
+                .unwrap_err()
+                .code(),
+            code
+        );
+        assert_eq!(snapshot(&f.db.url).await, before, "{code}");
+    }
+    let w2 = f.store.prepare_resume(&cred, x, at, "r1").await.unwrap();
+    assert_eq!(
+        (
+            w2.generation,
+            w2.state,
+            w2.action,
+            w2.restore_head,
+            w2.first_seq,
+            w2.last_seq,
+            w2.attached,
+            w2.expiry
+        ),
+        (
+            Generation(2),
+            LeaseState::Allocating,
+            LeaseAction::Allocate,
+            Some(head),
+            2,
+            1,
+            false,
+            at.cut + f.store.config().lease_ttl
+        )
+    );
+    let lease2 = w2.lease_id;
+    assert_ne!(lease2, lease1);
+    assert_eq!(available(&f).await, (1, 2));
+    assert_eq!(
+        f.store.prepare_resume(&cred, x, at, "r1").await.unwrap(),
+        w2
+    );
+    assert_eq!(available(&f).await, (1, 2));
+    assert_eq!(
+        f.store
+            .restore_manifest(lease2, Generation(2))
+            .await
+            .unwrap(),
+        manifest
+    );
+    // A second intent competes with the prepared Lease.
+    f.store
+        .request_resume(&resume_op("r2", x, head), at, f.tenant, x, head)
+        .await
+        .unwrap();
+    let before = snapshot(&f.db.url).await;
+    assert_eq!(
+        f.store
+            .prepare_resume(&cred, x, at, "r2")
+            .await
+            .unwrap_err()
+            .code(),
+        "competing_right"
+    );
+    // No attachment yet: not resumable.
+    assert_eq!(
+        f.store
+            .commit_resume(&cred, x, at, "r1")
+            .await
+            .unwrap_err()
+            .code(),
+        "competing_right"
+    );
+    assert_eq!(snapshot(&f.db.url).await, before);
+
+    // Attachment: a forged signature and another head are refused.
+    for (code, ev) in [
+        (
+            "evidence_rejected",
+            TestProvider::new("p1", 98).attachment(lease2, 2, ws.0, head),
+        ),
+        (
+            "workspace_head_mismatch",
+            f.provider.attachment(lease2, 2, ws.0, Digest([5; 32])),
+        ),
+        (
+            "evidence_rejected",
+            f.provider.attachment(lease2, 1, ws.0, head),
+        ),
+    ] {
+        let before = snapshot(&f.db.url).await;
+        assert_eq!(
+            f.store
+                .record_attachment(lease2, Generation(2), &ev, at)
+                .await
+                .unwrap_err()
+                .code(),
+            code
+        );
+        assert_eq!(snapshot(&f.db.url).await, before, "{code}");
+    }
+    let attach = f.provider.attachment(lease2, 2, ws.0, head);
+    let w = f
+        .store
+        .record_attachment(lease2, Generation(2), &attach, at)
+        .await
+        .unwrap();
+    assert!(w.attached);
+    assert_eq!(
+        f.store
+            .record_attachment(lease2, Generation(2), &attach, at)
+            .await
+            .unwrap(),
+        w
+    );
+
+    // Commit: uncertain, stale, a tampered intent digest, then an
+    // expired owner; each changes nothing.
+    let before = snapshot(&f.db.url).await;
+    assert_eq!(
+        f.store
+            .commit_resume(&cred, x, CutReading::uncertain(at.cut, 2), "r1")
+            .await
+            .unwrap_err(),
+        LcError::TimeUncertain { retry_after_s: 2 }
+    );
+    assert_eq!(
+        f.store
+            .commit_resume(&stale, x, at, "r1")
+            .await
+            .unwrap_err()
+            .code(),
+        "owner_stale"
+    );
+    assert_eq!(snapshot(&f.db.url).await, before);
+    {
+        let mut c = PgConnection::connect(&f.db.url).await.unwrap();
+        sqlx::query(
+            "UPDATE lc_resume_intents SET request_sha256 = $3 WHERE exec_id = $1 AND op_key = $2",
+        )
+        .bind(x.0)
+        .bind("r1")
+        .bind(&[6u8; 32][..])
+        .execute(&mut c)
+        .await
+        .unwrap();
+        let tampered = snapshot(&f.db.url).await;
+        assert_eq!(
+            f.store
+                .commit_resume(&cred, x, at, "r1")
+                .await
+                .unwrap_err()
+                .code(),
+            "request_digest_mismatch"
+        );
+        assert_eq!(snapshot(&f.db.url).await, tampered);
+        sqlx::query(
+            "UPDATE lc_resume_intents SET request_sha256 = $3 WHERE exec_id = $1 AND op_key = $2",
+        )
+        .bind(x.0)
+        .bind("r1")
+        .bind(&hibernate::resume_request_sha256(x, head).0[..])
+        .execute(&mut c)
+        .await
+        .unwrap();
+    }
+    let late = wait_reading(&f.clock, 20, "a certain cut past the heartbeat", |r| {
+        r.certain && r.cut >= heartbeat_expiry
+    })
+    .await;
+    let before = snapshot(&f.db.url).await;
+    assert_eq!(
+        f.store
+            .commit_resume(&cred, x, late, "r1")
+            .await
+            .unwrap_err(),
+        LcError::OwnerExpired {
+            exec_id: x,
+            generation: cred.generation,
+            heartbeat_expiry,
+        }
+    );
+    assert_eq!(snapshot(&f.db.url).await, before);
+    // A successor takes the hibernated exec over and commits.
+    let tok2 = token(0xb2);
+    let owned2 = f
+        .store
+        .take_over(&tok2, f.tenant, x, late, SignedDuration::from_secs(30))
+        .await
+        .unwrap();
+    let cred2 = cred_of(&owned2, &tok2);
+    let receipt = f.store.commit_resume(&cred2, x, late, "r1").await.unwrap();
+    assert_eq!(
+        receipt,
+        ResumeReceipt {
+            exec_id: x,
+            op_key: "r1".into(),
+            attempt: AttemptNo(1),
+            from_generation: Generation(1),
+            to_generation: Generation(2),
+            lease_id: lease2,
+            head,
+            request_sha256: hibernate::resume_request_sha256(x, head),
+            token_sha256: tok2.sha256(),
+            owner_generation: owned2.ownership.generation.0,
+            owner_fence: owned2.ownership.fence.0,
+            committed_cut: late.cut,
+        }
+    );
+    assert_eq!(attempt_state(&f.db.url, x).await, ("runnable".into(), 2));
+    let before = snapshot(&f.db.url).await;
+    assert_eq!(
+        f.store.commit_resume(&cred2, x, late, "r1").await.unwrap(),
+        receipt
+    );
+    assert_eq!(snapshot(&f.db.url).await, before);
+    // Another resume of the runnable exec is refused.
+    assert_eq!(
+        f.store
+            .request_resume(&resume_op("r3", x, head), late, f.tenant, x, head)
+            .await
+            .unwrap_err(),
+        LcError::ExecNotParked {
+            exec_id: x,
+            state: "runnable"
+        }
+    );
+    assert_eq!(
+        f.store
+            .commit_resume(&cred2, x, late, "r2")
+            .await
+            .unwrap_err()
+            .code(),
+        "exec_not_parked"
+    );
+    assert_eq!(snapshot(&f.db.url).await, before);
+
+    // The instance runs: generation 2 active, exec running again.
+    f.store
+        .mark_active(lease2, Generation(2), late)
+        .await
+        .unwrap();
+    let e_now = f.store.exec(f.tenant, x).await.unwrap();
+    assert_eq!(
+        (e_now.state, e_now.lease_state, e_now.attempt),
+        (ExecState::Running, LeaseState::Active, AttemptNo(1))
+    );
+    assert_eq!(attempt_state(&f.db.url, x).await, ("running".into(), 2));
+    assert_eq!(available(&f).await, (1, 2));
+
+    // The database's guards.
+    let before = snapshot(&f.db.url).await;
+    let mut c = PgConnection::connect(&f.db.url).await.unwrap();
+    for (sql, code) in [
+        ("UPDATE lc_snapshots SET generation = 7", "LCS07"),
+        ("DELETE FROM lc_snapshots", "LCS07"),
+        ("UPDATE lc_resume_receipts SET owner_fence = 7", "LCS08"),
+        ("DELETE FROM lc_resume_receipts", "LCS08"),
+    ] {
+        let err = sqlx::query(sql).execute(&mut c).await.unwrap_err();
+        assert_eq!(
+            err.as_database_error().and_then(|d| d.code()).as_deref(),
+            Some(code),
+            "{sql}"
+        );
+    }
+    assert_eq!(snapshot(&f.db.url).await, before);
+    assert_audit_clean(&f.store).await;
+}
+
+/// The resume guard refuses a raw update of a parked attempt to
+/// runnable; the store's routine passes it.
+async fn resume_guard(f: Fixture) {
+    let at = certain(&f.clock).await;
+    let p = prepared(&f, at).await;
+    let x = p.exec.exec_id;
+    assert_eq!(attempt_state(&f.db.url, x).await, ("parked".into(), 2));
+    let before = snapshot(&f.db.url).await;
+    let mut c = PgConnection::connect(&f.db.url).await.unwrap();
+    let err = sqlx::query("UPDATE lc_attempts SET state = 'runnable' WHERE exec_id = $1")
+        .bind(x.0)
+        .execute(&mut c)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.as_database_error().and_then(|d| d.code()).as_deref(),
+        Some("LCS09")
+    );
+    assert!(err.to_string().contains("resume_not_committed"), "{err}");
+    assert_eq!(snapshot(&f.db.url).await, before);
+    // The store's routine is the way: its receipt and the CAS commit together.
+    let r = f.store.commit_resume(&p.cred, x, p.at, "pr").await.unwrap();
+    assert_eq!(
+        (r.to_generation, r.lease_id, r.head),
+        (Generation(2), p.lease2, p.head)
+    );
+    assert_eq!(attempt_state(&f.db.url, x).await, ("runnable".into(), 2));
+    assert_eq!(
+        f.store
+            .restore_manifest(p.lease2, Generation(2))
+            .await
+            .unwrap(),
+        p.manifest
+    );
+}
+
+#[tokio::test]
+async fn sixteen_concurrent_commits_make_one_receipt_and_one_transition() {
+    let f = fixture_with(
+        3,
+        lc_pg::LcConfig {
+            max_connections: 17,
+            ..config()
+        },
+    )
+    .await;
+    let at = certain(&f.clock).await;
+    let p = prepared(&f, at).await;
+    let x = p.exec.exec_id;
+    let store = std::sync::Arc::new(f.store);
+    let mut tasks = Vec::new();
+    for _ in 0..16 {
+        let store = store.clone();
+        let cred = p.cred.clone();
+        tasks.push(tokio::spawn(async move {
+            store.commit_resume(&cred, x, at, "pr").await
+        }));
+    }
+    let mut receipts = Vec::new();
+    for t in tasks {
+        receipts.push(t.await.unwrap().unwrap());
+    }
+    assert_eq!(receipts.len(), 16);
+    assert!(receipts.iter().all(|r| *r == receipts[0]), "{receipts:?}");
+    let mut c = PgConnection::connect(&f.db.url).await.unwrap();
+    let (n, runnable): (i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM lc_resume_receipts WHERE exec_id = $1), \
+                (SELECT count(*) FROM lc_attempts WHERE exec_id = $1 AND state = 'runnable')",
+    )
+    .bind(x.0)
+    .fetch_one(&mut c)
+    .await
+    .unwrap();
+    assert_eq!((n, runnable), (1, 1));
+    assert_eq!(receipts[0].committed_cut, at.cut);
+}
+
+#[tokio::test]
+async fn idle_and_deadline_are_due_exactly_and_never_on_an_uncertain_cut() {
+    let f = fixture(6).await;
+    let at = certain(&f.clock).await;
+    let idle = running_exec(&f, "idle", at, Some(5), None, OnTimeout::Terminate).await;
+    let deadline = running_exec(&f, "dl", at, None, Some(7), OnTimeout::Hibernate).await;
+    let never = running_exec(&f, "never", at, None, Some(3), OnTimeout::Terminate).await;
+    let base = at.cut;
+    let ms = |n: i64| SignedDuration::from_millis(n);
+    let ns = SignedDuration::from_nanos(1);
+    wait_reading(&f.clock, 20, "a certain cut 10 ms past admission", |r| {
+        r.certain && r.cut >= base + ms(10)
+    })
+    .await;
+    // The exec that terminates on timeout is released for it, not hibernated.
+    let w = f
+        .store
+        .due_work(CutReading::certain(base + ms(3)), 10)
+        .await
+        .unwrap();
+    let action = |l: SandboxLeaseId| w.iter().find(|w| w.lease_id == l).unwrap().action;
+    assert_eq!(
+        action(never.canonical.lease_id),
+        LeaseAction::BeginRelease(lc_core::TerminalReason::Expired)
+    );
+    assert_eq!(action(deadline.canonical.lease_id), LeaseAction::Maintain);
+
+    let before = snapshot(&f.db.url).await;
+    for reading in [
+        CutReading::certain(base + ms(5) - ns),
+        CutReading::uncertain(base + ms(10), 1),
+    ] {
+        assert_eq!(f.store.due_hibernations(reading, 10).await.unwrap(), vec![]);
+        assert_eq!(snapshot(&f.db.url).await, before, "{reading:?}");
+    }
+    let sealed = |e: &ExecRecord, reason, cut| HibernationRecord {
+        exec_id: e.exec_id,
+        attempt: AttemptNo(1),
+        generation: Generation(1),
+        lease_id: e.canonical.lease_id,
+        reason,
+        sealed_cut: cut,
+        step: HibernationStep::Sealed,
+        head: None,
+    };
+    let at_idle = base + ms(5);
+    assert_eq!(
+        f.store
+            .due_hibernations(CutReading::certain(at_idle), 10)
+            .await
+            .unwrap(),
+        vec![sealed(&idle, HibernationReason::Idle, at_idle)]
+    );
+    assert_eq!(
+        f.store
+            .due_hibernations(CutReading::certain(base + ms(7) - ns), 10)
+            .await
+            .unwrap(),
+        vec![sealed(&idle, HibernationReason::Idle, at_idle)]
+    );
+    let at_dl = base + ms(7);
+    assert_eq!(
+        f.store
+            .due_hibernations(CutReading::certain(at_dl), 10)
+            .await
+            .unwrap(),
+        vec![
+            sealed(&idle, HibernationReason::Idle, at_idle),
+            sealed(&deadline, HibernationReason::Deadline, at_dl)
+        ]
+    );
+    // Bounded.
+    assert_eq!(
+        f.store
+            .due_hibernations(CutReading::certain(at_dl), 1)
+            .await
+            .unwrap(),
+        vec![sealed(&idle, HibernationReason::Idle, at_idle)]
+    );
+    assert_eq!(
+        f.store
+            .due_hibernations(CutReading::certain(at_dl), 0)
+            .await
+            .unwrap_err()
+            .code(),
+        "invalid_limit"
+    );
+}
+
+#[tokio::test]
+async fn activity_moves_the_idle_boundary() {
+    let f = fixture(3).await;
+    let at = certain(&f.clock).await;
+    let e = running_exec(&f, "busy", at, Some(5), None, OnTimeout::Terminate).await;
+    let x = e.exec_id;
+    let tok = token(0xc3);
+    let owned = f
+        .store
+        .take_over(&tok, f.tenant, x, at, SignedDuration::from_secs(60))
+        .await
+        .unwrap();
+    let cred = cred_of(&owned, &tok);
+    let ms = |n: i64| SignedDuration::from_millis(n);
+    let ns = SignedDuration::from_nanos(1);
+    let later = wait_reading(&f.clock, 20, "a certain cut 1 ms later", |r| {
+        r.certain && r.cut >= at.cut + ms(1)
+    })
+    .await;
+    let page = PageMeta::of_page(
+        x,
+        AttemptNo(1),
+        &Page::data(1, PageKind::Stdout, b"tick".to_vec()).unwrap(),
+    );
+    f.store.stage_pages(&cred, x, later, &[page]).await.unwrap();
+    wait_reading(&f.clock, 20, "a certain cut past the new boundary", |r| {
+        r.certain && r.cut >= later.cut + ms(5)
+    })
+    .await;
+    // Due at the admission's boundary no more; exactly at the page's.
+    assert_eq!(
+        f.store
+            .due_hibernations(CutReading::certain(at.cut + ms(5)), 10)
+            .await
+            .unwrap(),
+        vec![]
+    );
+    assert_eq!(
+        f.store
+            .due_hibernations(CutReading::certain(later.cut + ms(5) - ns), 10)
+            .await
+            .unwrap(),
+        vec![]
+    );
+    let got = f
+        .store
+        .due_hibernations(CutReading::certain(later.cut + ms(5)), 10)
+        .await
+        .unwrap();
+    assert_eq!(
+        got.iter()
+            .map(|h| (h.exec_id, h.reason, h.sealed_cut))
+            .collect::<Vec<_>>(),
+        vec![(x, HibernationReason::Idle, later.cut + ms(5))]
+    );
+}
+
+#[tokio::test]
+async fn a_resume_whose_lease_is_released_uncommitted_stays_parked_and_resumes_again() {
+    let f = fixture(3).await;
+    let at = certain(&f.clock).await;
+    let p = prepared(&f, at).await;
+    let x = p.exec.exec_id;
+    let ws = p.exec.canonical.workspace_id.0;
+    assert_eq!(available(&f).await, (1, 2));
+    // The restored instance never got its command: released with the
+    // provider's not-sent proof, the units return once, the attempt stays
+    // parked and the exec hibernated, with no terminal reason.
+    let not_sent = f.provider.sign(lc_core::evidence::Statement::NotSent {
+        provider_id: "p1".into(),
+        lease_id: p.lease2.0,
+        generation: 2,
+    });
+    f.store
+        .begin_release_not_sent(p.lease2, Generation(2), &not_sent, at)
+        .await
+        .unwrap();
+    let out = f
+        .store
+        .commit_release(
+            p.lease2,
+            Generation(2),
+            &f.provider.absence(p.lease2, 2),
+            at,
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (out.units_returned, out.parked, out.replay),
+        (2, true, false)
+    );
+    assert_eq!(available(&f).await, (3, 0));
+    let e = f.store.exec(f.tenant, x).await.unwrap();
+    assert_eq!(
+        (e.state, e.lease_state, e.terminal_reason),
+        (ExecState::Hibernated, LeaseState::Released, None)
+    );
+    assert_eq!(attempt_state(&f.db.url, x).await, ("parked".into(), 2));
+    // The old request's Lease is gone: it cannot commit.
+    assert_eq!(
+        f.store
+            .commit_resume(&p.cred, x, at, "pr")
+            .await
+            .unwrap_err()
+            .code(),
+        "competing_right"
+    );
+    // A new request resumes from generation 2 to 3 on the same head.
+    let i = f
+        .store
+        .request_resume(&resume_op("pr2", x, p.head), at, f.tenant, x, p.head)
+        .await
+        .unwrap();
+    assert_eq!(i.from_generation, Generation(2));
+    let w3 = f.store.prepare_resume(&p.cred, x, at, "pr2").await.unwrap();
+    assert_eq!(
+        (w3.generation, w3.restore_head, w3.state),
+        (Generation(3), Some(p.head), LeaseState::Allocating)
+    );
+    assert_eq!(available(&f).await, (1, 2));
+    f.store
+        .record_attachment(
+            w3.lease_id,
+            Generation(3),
+            &f.provider.attachment(w3.lease_id, 3, ws, p.head),
+            at,
+        )
+        .await
+        .unwrap();
+    let r = f.store.commit_resume(&p.cred, x, at, "pr2").await.unwrap();
+    assert_eq!(
+        (r.from_generation, r.to_generation, r.lease_id),
+        (Generation(2), Generation(3), w3.lease_id)
+    );
+    assert_eq!(attempt_state(&f.db.url, x).await, ("runnable".into(), 3));
+    assert_audit_clean(&f.store).await;
+}
+
+#[tokio::test]
+async fn migration_0004_backfills_one_workspace_per_exec_and_admits_the_new_states() {
+    let db = fresh_db().await;
+    tollgate_pg::Schema::current()
+        .with_line(lc_pg::lc_line().through(3).unwrap())
+        .migrate(&db.url)
+        .await
+        .expect("migrate through 3");
+    let mut c = PgConnection::connect(&db.url).await.unwrap();
+    // Two execs as a version-3 store left them (their other rows left
+    // out: only the backfill is under test).
+    sqlx::raw_sql(
+        "BEGIN; SET LOCAL session_replication_role = replica; \
+         INSERT INTO lc_execs (tenant_id, lease_id, provider_id, runtime_digest, workspace_id, shape, \
+             units, command, admitted_floor_us, admitted_submicro_ns, state) \
+         VALUES (1, 1, 'p1', decode(repeat('00', 32), 'hex'), 41, 'small', 1, '[\"true\"]', 5, 7, 'running'), \
+                (1, 2, 'p1', decode(repeat('00', 32), 'hex'), 42, 'small', 1, '[\"true\"]', 6, 8, 'admitted'); \
+         COMMIT;",
+    )
+    .execute(&mut c)
+    .await
+    .unwrap();
+    lc_pg::migrate(&db.url)
+        .await
+        .expect("migrate to the current version");
+    let rows: Vec<(i64, i64, Option<Vec<u8>>, i64)> = sqlx::query_as(
+        "SELECT workspace_id, exec_id, head, snapshots FROM lc_workspaces ORDER BY workspace_id",
+    )
+    .fetch_all(&mut c)
+    .await
+    .unwrap();
+    assert_eq!(rows, vec![(41, 1, None, 0), (42, 2, None, 0)]);
+    let (idle, on_timeout, last): (Option<i64>, String, Option<i64>) = sqlx::query_as(
+        "SELECT idle_ttl_ms, on_timeout, last_activity_floor_us FROM lc_execs WHERE exec_id = 1",
+    )
+    .fetch_one(&mut c)
+    .await
+    .unwrap();
+    assert_eq!((idle, on_timeout.as_str(), last), (None, "terminate", None));
+    // The state and page-kind checks take the new values, and only them.
+    let mut tx = c.begin().await.unwrap();
+    sqlx::query("SET LOCAL session_replication_role = replica")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    sqlx::query("UPDATE lc_execs SET state = 'hibernated' WHERE exec_id = 1")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    sqlx::query(
+        "INSERT INTO lc_output_pages (exec_id, attempt, seq, kind, bytes, sha256, length, \
+             exit_code, exit_signal, state) \
+         VALUES (1, 1, 1, 'stopped', '', sha256(''), 0, NULL, 15, 'acked')",
+    )
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    tx.rollback().await.unwrap();
+    for sql in [
+        "UPDATE lc_execs SET state = 'sleeping' WHERE exec_id = 1",
+        "INSERT INTO lc_output_pages (exec_id, attempt, seq, kind, bytes, sha256, length, \
+             exit_code, exit_signal, state) \
+         VALUES (1, 1, 1, 'stopped', '', sha256(''), 0, NULL, NULL, 'acked')",
+        "INSERT INTO lc_output_pages (exec_id, attempt, seq, kind, bytes, sha256, length, \
+             exit_code, exit_signal, state) \
+         VALUES (1, 1, 1, 'paused', '', sha256(''), 0, NULL, NULL, 'acked')",
+    ] {
+        let mut tx = c.begin().await.unwrap();
+        sqlx::query("SET LOCAL session_replication_role = replica")
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        let err = sqlx::query(sql).execute(&mut *tx).await.unwrap_err();
+        assert_eq!(
+            err.as_database_error().and_then(|d| d.code()).as_deref(),
+            Some("23514"),
+            "{sql}"
+        );
+        tx.rollback().await.unwrap();
+    }
+    // A snapshot whose bytes are not its digest is refused by the database.
+    let mut tx = c.begin().await.unwrap();
+    sqlx::query("SET LOCAL session_replication_role = replica")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let err = sqlx::query(
+        "INSERT INTO lc_snapshots (workspace_id, digest, seq, parent, manifest, lease_id, generation, \
+             committed_floor_us, committed_submicro_ns) \
+         VALUES (41, sha256('a'), 1, NULL, 'b', 1, 1, 0, 0)",
+    )
+    .execute(&mut *tx)
+    .await
+    .unwrap_err();
+    assert_eq!(
+        err.as_database_error().and_then(|d| d.constraint()),
+        Some("lc_snapshots_digest")
+    );
+}
+
+#[tokio::test]
+async fn a_pending_resume_is_claimable_and_a_cancel_ends_a_parked_exec() {
+    let f = fixture(3).await;
+    let at = certain(&f.clock).await;
+    let (e, _cred, _manifest, head) = parked(&f, at).await;
+    let x = e.exec_id;
+    // Its owner released: a parked exec without a resume request is not
+    // claimed; with one it is.
+    let mut c = PgConnection::connect(&f.db.url).await.unwrap();
+    sqlx::query("UPDATE lc_exec_owners SET released = true WHERE exec_id = $1")
+        .bind(x.0)
+        .execute(&mut c)
+        .await
+        .unwrap();
+    let b = token(0xd4);
+    assert_eq!(f.store.claim(&b, at, TTL, 10).await.unwrap(), vec![]);
+    f.store
+        .request_resume(&resume_op("q1", x, head), at, f.tenant, x, head)
+        .await
+        .unwrap();
+    let got = f.store.claim(&b, at, TTL, 10).await.unwrap();
+    assert_eq!(
+        got.iter()
+            .map(|o| (o.ownership.exec_id, o.basis, o.lease_state))
+            .collect::<Vec<_>>(),
+        vec![(
+            x,
+            lc_core::owner::TakeoverBasis::Released,
+            LeaseState::Released
+        )]
+    );
+    // A cancel ends it at once: nothing runs, no units are held.
+    let rec = ControlStore::cancel(&f.store, &op("c1", "c1"), at, f.tenant, x)
+        .await
+        .unwrap();
+    assert_eq!(
+        (rec.state, rec.terminal_reason, rec.cancel_requested),
+        (
+            ExecState::Terminal,
+            Some(lc_core::TerminalReason::Cancelled),
+            true
+        )
+    );
+    assert_eq!(attempt_state(&f.db.url, x).await, ("terminal".into(), 1));
+    assert_eq!(available(&f).await, (3, 0));
+    let before = snapshot(&f.db.url).await;
+    assert_eq!(
+        f.store
+            .request_resume(&resume_op("q2", x, head), at, f.tenant, x, head)
+            .await
+            .unwrap_err(),
+        LcError::ExecNotParked {
+            exec_id: x,
+            state: "terminal"
+        }
+    );
+    let cred_b = cred_of(&got[0], &b);
+    assert_eq!(
+        f.store
+            .prepare_resume(&cred_b, x, at, "q1")
+            .await
+            .unwrap_err(),
+        LcError::ExecNotParked {
+            exec_id: x,
+            state: "terminal"
+        }
+    );
+    assert_eq!(snapshot(&f.db.url).await, before);
+    assert_audit_clean(&f.store).await;
+}
+
+#[tokio::test]
+async fn an_input_sent_moves_the_idle_boundary() {
+    let f = fixture(3).await;
+    let at = certain(&f.clock).await;
+    let mut r = req("small", &["cat"]);
+    r.stdin_open = true;
+    r.idle_ttl_ms = Some(5);
+    let e = f
+        .store
+        .admit_exec(&op("in", "in"), at, f.tenant, &r)
+        .await
+        .unwrap();
+    let x = e.exec_id;
+    f.store
+        .mark_active(e.canonical.lease_id, Generation(1), at)
+        .await
+        .unwrap();
+    let tok = token(0xe5);
+    let owned = f
+        .store
+        .take_over(&tok, f.tenant, x, at, SignedDuration::from_secs(60))
+        .await
+        .unwrap();
+    let cred = cred_of(&owned, &tok);
+    f.store
+        .send_input(&op("i1", "i1"), at, f.tenant, x, b"hi\n", false)
+        .await
+        .unwrap();
+    let ms = |n: i64| SignedDuration::from_millis(n);
+    let ns = SignedDuration::from_nanos(1);
+    let later = wait_reading(&f.clock, 20, "a certain cut 1 ms later", |r| {
+        r.certain && r.cut >= at.cut + ms(1)
+    })
+    .await;
+    // Queuing input is the tenant's act, not the command's: only the
+    // owner's send moves the boundary.
+    f.store
+        .record_send(&cred, x, later, "send-1", 1)
+        .await
+        .unwrap();
+    wait_reading(&f.clock, 20, "a certain cut past the new boundary", |r| {
+        r.certain && r.cut >= later.cut + ms(5)
+    })
+    .await;
+    for reading in [at.cut + ms(5), later.cut + ms(5) - ns] {
+        assert_eq!(
+            f.store
+                .due_hibernations(CutReading::certain(reading), 10)
+                .await
+                .unwrap(),
+            vec![]
+        );
+    }
+    let got = f
+        .store
+        .due_hibernations(CutReading::certain(later.cut + ms(5)), 10)
+        .await
+        .unwrap();
+    assert_eq!(
+        got.iter()
+            .map(|h| (h.exec_id, h.reason, h.sealed_cut))
+            .collect::<Vec<_>>(),
+        vec![(x, HibernationReason::Idle, later.cut + ms(5))]
+    );
+}
