@@ -398,10 +398,18 @@ pub trait Provider: Send + Sync {
     /// [`Provider::prove_not_sent`] of that generation is refused, also
     /// when the start then fails.
     ///
+    /// With `req.restore` the workspace is first replaced by the
+    /// snapshot's tree (every blob verified) and the answer carries the
+    /// signed attachment naming the restored head.
+    ///
     /// # Errors
     /// [`ProviderError::Fenced`] for a fenced generation,
     /// [`ProviderError::AllocationConflict`] for another request with the
-    /// same lease generation, [`ProviderError::UnknownRuntime`],
+    /// same lease generation, [`ProviderError::InvalidRequest`] for ids or
+    /// first seqs out of range or a restore manifest of another workspace,
+    /// [`ProviderError::RestoreFailed`] (a missing or corrupt blob, a
+    /// malformed manifest: no instance and no workspace directory is
+    /// left), [`ProviderError::UnknownRuntime`],
     /// [`ProviderError::StartFailed`], [`ProviderError::Io`].
     async fn allocate(&self, req: AllocateRequest) -> Result<Allocation, ProviderError>;
 

@@ -1,13 +1,18 @@
 //! `little-compute provider`: one per host. Opens the provider's state
-//! (key, fences, instances, workspaces, runtime store), prints its identity
+//! (key, fences, instances, workspaces, runtime store, blob store), prints its identity
 //! as one JSON line on stdout, and serves the provider API on a loopback
 //! address until SIGINT or SIGTERM.
 //!
 //! ```text
 //! little-compute provider --state-dir D --listen 127.0.0.1:P --id ID [--runtime-dir R]
 //!     [--supervisor PATH] [--cgroup-parent NAME] [--spool-bytes N] [--spool-pages N] [--token-file F]
-//!     [--sandbox-user NAME] [--connections-max N]
+//!     [--sandbox-user NAME] [--connections-max N] [--blob-dir B]
 //! ```
+//!
+//! The blob store (`--blob-dir`, default `STATE_DIR/blobs`) holds the file
+//! bytes of workspace snapshots: a quiesce puts every file of a stopped
+//! instance's workspace there before it signs the snapshot, and an
+//! allocate that restores a snapshot reads them back (each verified).
 //!
 //! The provider runs as root; every sandbox runs as the unprivileged host
 //! account `--sandbox-user` (default `lc-sandbox`, created as a system
@@ -57,6 +62,10 @@ pub struct ProviderArgs {
     /// The runtime store (default: `STATE_DIR/runtimes`).
     #[arg(long)]
     pub runtime_dir: Option<PathBuf>,
+    /// The blob store of workspace snapshots (default: `STATE_DIR/blobs`;
+    /// created if missing).
+    #[arg(long)]
+    pub blob_dir: Option<PathBuf>,
     /// The `lc-supervisor` binary bound into every instance (default: the
     /// `lc-supervisor` next to this executable).
     #[arg(long)]
@@ -193,6 +202,9 @@ pub async fn serve(args: ProviderArgs) -> Result<(), ProviderRunError> {
     let mut cfg = BwrapConfig::new(id, &args.state_dir, &supervisor);
     if let Some(r) = &args.runtime_dir {
         cfg.runtime_dir = r.clone();
+    }
+    if let Some(b) = &args.blob_dir {
+        cfg.blob_dir = b.clone();
     }
     cfg.cgroup_parent = args.cgroup_parent.clone();
     cfg.spool_bytes_max = args.spool_bytes;
