@@ -283,3 +283,54 @@ async fn shutdown_signal() {
         _ = int.recv() => {}
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `--blob-dir` reaches the provider's configuration: a blob directory
+    /// that is a regular file is refused `provider_state` naming it, before
+    /// anything is served.
+    #[tokio::test]
+    async fn a_blob_dir_that_is_a_file_is_refused_naming_it() {
+        let dir = tempfile::Builder::new()
+            .prefix("lcpb")
+            .tempdir_in("/tmp")
+            .unwrap();
+        let blob_file = dir.path().join("blobs-file");
+        std::fs::write(&blob_file, b"not a directory").unwrap();
+        let parent = format!(
+            "little-compute-test-{}",
+            dir.path().file_name().unwrap().to_str().unwrap()
+        );
+        let args = ProviderArgs {
+            state_dir: dir.path().join("s"),
+            listen: "127.0.0.1:0".parse().unwrap(),
+            id: "p-blob".into(),
+            runtime_dir: None,
+            blob_dir: Some(blob_file.clone()),
+            supervisor: Some(PathBuf::from("/bin/true")),
+            cgroup_parent: parent.clone(),
+            spool_bytes: lc_core::page::SPOOL_BYTES_DEFAULT,
+            spool_pages: lc_core::page::SPOOL_PAGES_DEFAULT,
+            token_file: None,
+            sandbox_user: lc_provider::account::SANDBOX_USER_DEFAULT.into(),
+            connections_max: 4,
+        };
+        let err = serve(args).await.unwrap_err();
+        for c in ["memory", "pids", "cpu", ""] {
+            let _ =
+                std::fs::remove_dir(std::path::Path::new("/sys/fs/cgroup").join(c).join(&parent));
+        }
+        match err {
+            ProviderRunError::State(msg) => assert_eq!(
+                msg,
+                format!(
+                    "provider state: {b}: blob store I/O on {b}/sha256: Not a directory (os error 20)",
+                    b = blob_file.display()
+                )
+            ),
+            other => panic!("{other:?}"),
+        }
+    }
+}
