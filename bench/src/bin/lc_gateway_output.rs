@@ -167,6 +167,9 @@ impl Rig {
                 command: lc_core::Command::new(w.command.clone()).map_err(e)?,
                 workspace_id: w.workspace_id,
                 stdin_open: false,
+                first_seq: 1,
+                first_input_seq: 1,
+                restore: None,
             })
             .await
             .map_err(e)?;

@@ -206,6 +206,9 @@ async fn provider_true(
         command: Command::new(vec!["true".into()]).map_err(|e| e.to_string())?,
         workspace_id: WorkspaceId(1),
         stdin_open: false,
+        first_seq: 1,
+        first_input_seq: 1,
+        restore: None,
     };
     let t0 = Instant::now();
     p.allocate(req)

@@ -467,8 +467,9 @@ impl PageMeta {
 
     /// Checks the metadata's own invariants: seq `>= 1`; length at most
     /// [`crate::page::PAGE_BYTES_MAX`]; a page of length 0 has the digest
-    /// of no bytes; the terminal page has length 0 and an exit status with
-    /// exactly one of code and signal; a data page has no exit status.
+    /// of no bytes; the terminal and the stopped page have length 0 and an
+    /// exit status with exactly one of code and signal; a data page has no
+    /// exit status.
     ///
     /// # Errors
     /// [`LcError::InvalidPage`] naming the broken invariant.
@@ -492,15 +493,17 @@ impl PageMeta {
             return bad("a page of no bytes has the SHA-256 of no bytes".into());
         }
         match (self.kind, self.exit) {
-            (PageKind::Terminal, Some(e)) if self.length == 0 => {
+            (k, Some(e)) if k.is_last() && self.length == 0 => {
                 if e.code.is_some() == e.signal.is_some() {
                     return bad("an exit status has exactly one of code and signal".into());
                 }
             }
-            (PageKind::Terminal, _) => {
-                return bad("the terminal page has no bytes and an exit status".into());
+            (k, _) if k.is_last() => {
+                return bad("the terminal or stopped page has no bytes and an exit status".into());
             }
-            (_, Some(_)) => return bad("only the terminal page has an exit status".into()),
+            (_, Some(_)) => {
+                return bad("only the terminal or stopped page has an exit status".into());
+            }
             (_, None) => {}
         }
         Ok(self)

@@ -1,13 +1,20 @@
-//! Output pages: the numbered chunks of a command's stdout and stderr, and
-//! the terminal page that carries its exit status.
+//! Output pages: the numbered chunks of a command's stdout and stderr, the
+//! terminal page that carries its exit status, and the stopped page that
+//! ends a generation stopped for hibernation.
 //!
-//! One sequence space per (exec, attempt), starting at 1, without gaps. The
+//! One sequence space per (exec, attempt), without gaps: it starts at 1 and
+//! continues across the generations of the attempt (a resumed generation's
+//! supervisor starts at the seq after the last stored page). The
 //! (exec, attempt) a page belongs to is the context of the stream it is read
 //! from (a supervisor runs one command; a provider instance is one attempt),
 //! so a [`Page`] carries only what the stream itself numbers: its `seq`, its
 //! [`PageKind`], its bytes (at most [`PAGE_BYTES_MAX`]), the SHA-256 of those
-//! bytes, and, for the terminal page only, the [`ExitStatus`]. The terminal
-//! page is the last of its stream and has no bytes.
+//! bytes, and, for the terminal and the stopped page only, the
+//! [`ExitStatus`]. The terminal page is the last page of its attempt; the
+//! stopped page ([`PageKind::Stopped`]) is the last page of its generation
+//! (every process of the command was killed by a `stop`, the exec is not
+//! terminal and a later generation continues the seqs). Both have no bytes
+//! ([`Page::is_last`]).
 //!
 //! Two wire forms:
 //! * the socket form between a provider and its supervisor: length-prefixed
@@ -56,6 +63,11 @@ pub const SPOOL_PAGES_MIN: u64 = 2;
 /// The largest page bound a spool accepts: 1 Mi pages.
 pub const SPOOL_PAGES_MAX: u64 = 1 << 20;
 
+/// The largest first page seq and first input seq a supervisor starts a
+/// generation at: 2^62, far above what any attempt writes, so a seq never
+/// overflows.
+pub const FIRST_SEQ_MAX: i64 = 1 << 62;
+
 /// The most pages one socket `pages` request returns: 64 pages, at most
 /// 4 MiB of bytes, so one response frame stays bounded.
 pub const PAGES_PER_REQUEST_MAX: u32 = 64;
@@ -73,7 +85,7 @@ const PAGE_HEADER_BYTES: usize = 8 + 1 + 1 + 4 + 4 + 4 + 32;
 /// The longest error code a socket error response carries, in bytes.
 const ERROR_CODE_BYTES_MAX: usize = 64;
 
-/// Which stream a page comes from, or the terminal page.
+/// Which stream a page comes from, or the terminal or stopped page.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum PageKind {
@@ -83,23 +95,37 @@ pub enum PageKind {
     Stderr,
     /// The last page: the command's exit status, no bytes.
     Terminal,
+    /// The last page of a generation whose command a `stop` killed: the
+    /// status it ended with (the signal), no bytes. The exec is not
+    /// terminal; a later generation continues after it.
+    Stopped,
 }
 
 impl PageKind {
-    /// The kind's wire name: `stdout`, `stderr` or `terminal`.
+    /// The kind's wire name: `stdout`, `stderr`, `terminal` or `stopped`.
     pub fn as_str(self) -> &'static str {
         match self {
             PageKind::Stdout => "stdout",
             PageKind::Stderr => "stderr",
             PageKind::Terminal => "terminal",
+            PageKind::Stopped => "stopped",
         }
     }
 
-    fn tag(self) -> u8 {
+    /// Whether a page of this kind is the last of its stream and carries
+    /// an exit status and no bytes: `terminal` and `stopped`.
+    pub fn is_last(self) -> bool {
+        matches!(self, PageKind::Terminal | PageKind::Stopped)
+    }
+
+    /// The kind's tag in the socket form: 1 stdout, 2 stderr, 3 terminal,
+    /// 4 stopped.
+    pub fn tag(self) -> u8 {
         match self {
             PageKind::Stdout => 1,
             PageKind::Stderr => 2,
             PageKind::Terminal => 3,
+            PageKind::Stopped => 4,
         }
     }
 
@@ -108,6 +134,7 @@ impl PageKind {
             1 => Ok(PageKind::Stdout),
             2 => Ok(PageKind::Stderr),
             3 => Ok(PageKind::Terminal),
+            4 => Ok(PageKind::Stopped),
             _ => Err(PageError::Malformed("unknown page kind")),
         }
     }
@@ -160,11 +187,11 @@ pub enum PageError {
     /// The carried SHA-256 is not the SHA-256 of the bytes. Code `digest_mismatch`.
     #[error("page {0}: sha256 does not match its bytes")]
     DigestMismatch(i64),
-    /// A terminal page with bytes or without an exit status, a data page with
-    /// one, or an exit status with both or neither of code and signal. Code
-    /// `bad_exit`.
+    /// A terminal or stopped page with bytes or without an exit status, a
+    /// data page with one, or an exit status with both or neither of code
+    /// and signal. Code `bad_exit`.
     #[error(
-        "a terminal page has no bytes and exactly one of exit code or signal; other pages have no exit"
+        "a terminal or stopped page has no bytes and exactly one of exit code or signal; other pages have no exit"
     )]
     BadExit,
     /// An owner fence below 1 in a request. Code `bad_fence`.
@@ -218,7 +245,8 @@ impl Page {
     ///
     /// # Errors
     /// [`PageError::BadSeq`] for `seq < 1`, [`PageError::TooLarge`] over
-    /// [`PAGE_BYTES_MAX`], [`PageError::BadExit`] for `kind == Terminal`.
+    /// [`PAGE_BYTES_MAX`], [`PageError::BadExit`] for a `terminal` or
+    /// `stopped` kind.
     pub fn data(seq: i64, kind: PageKind, bytes: Vec<u8>) -> Result<Page, PageError> {
         let sha = sha256(&bytes);
         Page::from_parts(seq, kind, bytes, sha, None)
@@ -231,6 +259,16 @@ impl Page {
     /// exactly one of code and signal is set.
     pub fn terminal(seq: i64, exit: ExitStatus) -> Result<Page, PageError> {
         Page::from_parts(seq, PageKind::Terminal, Vec::new(), sha256(&[]), Some(exit))
+    }
+
+    /// The stopped page `seq` carrying `exit`, the status the stopped
+    /// command ended with (the signal that killed it).
+    ///
+    /// # Errors
+    /// [`PageError::BadSeq`] for `seq < 1`, [`PageError::BadExit`] unless
+    /// exactly one of code and signal is set.
+    pub fn stopped(seq: i64, exit: ExitStatus) -> Result<Page, PageError> {
+        Page::from_parts(seq, PageKind::Stopped, Vec::new(), sha256(&[]), Some(exit))
     }
 
     /// A page from its parts, as a decoder read them; every invariant is
@@ -253,10 +291,10 @@ impl Page {
             return Err(PageError::TooLarge(bytes.len()));
         }
         match (kind, exit) {
-            (PageKind::Terminal, Some(e)) if bytes.is_empty() => {
+            (k, Some(e)) if k.is_last() && bytes.is_empty() => {
                 e.check()?;
             }
-            (PageKind::Terminal, _) => return Err(PageError::BadExit),
+            (k, _) if k.is_last() => return Err(PageError::BadExit),
             (_, Some(_)) => return Err(PageError::BadExit),
             (_, None) => {}
         }
@@ -282,7 +320,7 @@ impl Page {
         self.kind
     }
 
-    /// The page's bytes (empty for the terminal page).
+    /// The page's bytes (empty for the terminal and the stopped page).
     pub fn bytes(&self) -> &[u8] {
         &self.bytes
     }
@@ -292,14 +330,20 @@ impl Page {
         self.sha256
     }
 
-    /// The exit status: `Some` exactly on the terminal page.
+    /// The exit status: `Some` exactly on the terminal and the stopped page.
     pub fn exit(&self) -> Option<ExitStatus> {
         self.exit
     }
 
-    /// Whether this is the terminal page.
+    /// Whether this is the terminal page (the attempt's last).
     pub fn is_terminal(&self) -> bool {
         self.kind == PageKind::Terminal
+    }
+
+    /// Whether this is the last page of its stream: the terminal page or
+    /// the stopped page (the generation's last).
+    pub fn is_last(&self) -> bool {
+        self.kind.is_last()
     }
 
     /// The page's JSON form.
@@ -367,13 +411,13 @@ impl Page {
 pub struct JsonPage {
     /// Sequence number, >= 1.
     pub seq: i64,
-    /// `stdout`, `stderr` or `terminal`.
+    /// `stdout`, `stderr`, `terminal` or `stopped`.
     pub kind: PageKind,
     /// The page's bytes, base64.
     pub data_b64: String,
     /// SHA-256 of the bytes, lowercase hex.
     pub sha256: String,
-    /// The exit status on the terminal page, else `null`.
+    /// The exit status on the terminal and the stopped page, else `null`.
     pub exit: Option<ExitStatus>,
 }
 
@@ -458,6 +502,50 @@ pub enum SocketRequest {
         /// Close the command's stdin after these bytes.
         eof: bool,
     },
+    /// Kill every process of the command (`SIGKILL`, exactly as `cancel`)
+    /// and end the stream with the stopped page ([`PageKind::Stopped`],
+    /// the status the command ended with) instead of the terminal page,
+    /// once the pipes are drained. Idempotent; a stop after the command
+    /// ended (or after a cancel) kills nothing and the terminal page
+    /// stays. Answered [`SocketResponse::Stopped`]. Socket form: tag 6,
+    /// fence i64.
+    Stop {
+        /// The caller's owner fence.
+        fence: OwnerFence,
+    },
+}
+
+/// What a `stop` did ([`SocketResponse::Stopped`]). Socket form: u8,
+/// 0 `killed`, 1 `already_stopped`, 2 `ended`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StopOutcome {
+    /// This request killed the command; the stopped page follows.
+    Killed,
+    /// An earlier stop killed it; nothing changed.
+    AlreadyStopped,
+    /// The command had ended (or a cancel was accepted) before any stop:
+    /// nothing was killed and the terminal page is its last page.
+    Ended,
+}
+
+impl StopOutcome {
+    fn tag(self) -> u8 {
+        match self {
+            StopOutcome::Killed => 0,
+            StopOutcome::AlreadyStopped => 1,
+            StopOutcome::Ended => 2,
+        }
+    }
+
+    fn from_tag(tag: u8) -> Result<StopOutcome, PageError> {
+        match tag {
+            0 => Ok(StopOutcome::Killed),
+            1 => Ok(StopOutcome::AlreadyStopped),
+            2 => Ok(StopOutcome::Ended),
+            _ => Err(PageError::Malformed("unknown stop outcome")),
+        }
+    }
 }
 
 /// The most bytes one `send` request writes to a command's stdin: 64 KiB,
@@ -466,10 +554,11 @@ pub const INPUT_BYTES_MAX: usize = 65536;
 
 /// A supervisor's spool occupancy and its command's progress, as the
 /// `status` socket request reports it (the gateway exports it as a
-/// metric). Socket form: eleven big-endian fields, u64 pages, u64 bytes,
+/// metric). Socket form: thirteen big-endian fields, u64 pages, u64 bytes,
 /// u64 pages_max, u64 bytes_max, i64 next_seq, i64 acked_through,
 /// i64 highest_fence, i64 terminal_seq (0 = none yet), i64 input_seq,
-/// u8 command_exited, u8 cancelled.
+/// i64 stopped_seq (0 = none yet), u8 command_exited, u8 cancelled,
+/// u8 stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SpoolStatus {
     /// Pages spooled and not yet acknowledged (the terminal page included).
@@ -492,8 +581,15 @@ pub struct SpoolStatus {
     pub command_exited: bool,
     /// Whether a `cancel` was accepted while the command ran.
     pub cancelled: bool,
-    /// The highest input seq a `send` had accepted (0 = none).
+    /// The highest input seq a `send` had accepted (`first_input_seq - 1`
+    /// before the first).
     pub input_seq: i64,
+    /// The stopped page's seq, 0 while it is not appended.
+    #[serde(default)]
+    pub stopped_seq: i64,
+    /// Whether a `stop` was accepted while the command ran.
+    #[serde(default)]
+    pub stopped: bool,
 }
 
 /// A supervisor's answer to one [`SocketRequest`].
@@ -519,6 +615,11 @@ pub enum SocketResponse {
     Sent {
         /// The highest input seq written.
         input_seq: i64,
+    },
+    /// The stop was accepted. Tag 6, the [`StopOutcome`] form.
+    Stopped {
+        /// What it did.
+        outcome: StopOutcome,
     },
     /// The request's fence is below the highest the supervisor was shown;
     /// nothing changed. Tag 254, presented i64, highest i64.
@@ -575,6 +676,10 @@ impl SocketRequest {
                 out.extend_from_slice(&(bytes.len() as u32).to_be_bytes());
                 out.extend_from_slice(bytes);
             }
+            SocketRequest::Stop { fence } => {
+                out.push(6);
+                out.extend_from_slice(&fence.0.to_be_bytes());
+            }
         }
         out
     }
@@ -585,6 +690,7 @@ impl SocketRequest {
             SocketRequest::Pages { fence, .. }
             | SocketRequest::Ack { fence, .. }
             | SocketRequest::Cancel { fence }
+            | SocketRequest::Stop { fence }
             | SocketRequest::Send { fence, .. } => Some(*fence),
             SocketRequest::Status => None,
         }
@@ -638,6 +744,9 @@ impl SocketRequest {
                     eof,
                 }
             }
+            6 => SocketRequest::Stop {
+                fence: fence(&mut cur)?,
+            },
             _ => return Err(PageError::Malformed("unknown request tag")),
         };
         cur.finish()?;
@@ -656,11 +765,13 @@ impl SpoolStatus {
             self.highest_fence,
             self.terminal_seq,
             self.input_seq,
+            self.stopped_seq,
         ] {
             out.extend_from_slice(&v.to_be_bytes());
         }
         out.push(u8::from(self.command_exited));
         out.push(u8::from(self.cancelled));
+        out.push(u8::from(self.stopped));
     }
 
     fn decode(cur: &mut Cursor<'_>) -> Result<SpoolStatus, PageError> {
@@ -679,8 +790,10 @@ impl SpoolStatus {
             highest_fence: cur.i64()?,
             terminal_seq: cur.i64()?,
             input_seq: cur.i64()?,
+            stopped_seq: cur.i64()?,
             command_exited: flag(cur.u8()?)?,
             cancelled: flag(cur.u8()?)?,
+            stopped: flag(cur.u8()?)?,
         })
     }
 }
@@ -719,6 +832,10 @@ impl SocketResponse {
             SocketResponse::Sent { input_seq } => {
                 out.push(5);
                 out.extend_from_slice(&input_seq.to_be_bytes());
+            }
+            SocketResponse::Stopped { outcome } => {
+                out.push(6);
+                out.push(outcome.tag());
             }
             SocketResponse::StaleFence { presented, highest } => {
                 out.push(254);
@@ -768,6 +885,9 @@ impl SocketResponse {
             4 => SocketResponse::Status(SpoolStatus::decode(&mut cur)?),
             5 => SocketResponse::Sent {
                 input_seq: cur.i64()?,
+            },
+            6 => SocketResponse::Stopped {
+                outcome: StopOutcome::from_tag(cur.u8()?)?,
             },
             254 => SocketResponse::StaleFence {
                 presented: OwnerFence(cur.i64()?),
@@ -999,16 +1119,112 @@ mod tests {
             command_exited: true,
             cancelled: false,
             input_seq: 9,
+            stopped_seq: 10,
+            stopped: true,
         });
         let body = st.encode().unwrap();
-        assert_eq!(body.len(), 1 + 9 * 8 + 2);
+        assert_eq!(body.len(), 1 + 10 * 8 + 3);
         assert_eq!(&body[..9], &[4, 0, 0, 0, 0, 0, 0, 0, 1]);
-        assert_eq!(&body[body.len() - 2..], &[1, 0]);
+        assert_eq!(
+            &body[body.len() - 11..],
+            &[0, 0, 0, 0, 0, 0, 0, 10, 1, 0, 1]
+        );
         assert_eq!(SocketResponse::decode(&body).unwrap(), st);
         let sent = SocketResponse::Sent { input_seq: 9 };
         assert_eq!(
             SocketResponse::decode(&sent.encode().unwrap()).unwrap(),
             sent
+        );
+        let stop = SocketRequest::Stop {
+            fence: OwnerFence(258),
+        };
+        assert_eq!(stop.encode(), vec![6, 0, 0, 0, 0, 0, 0, 1, 2]);
+        assert_eq!(SocketRequest::decode(&stop.encode()).unwrap(), stop);
+        assert_eq!(stop.fence(), Some(OwnerFence(258)));
+        for (outcome, tag) in [
+            (StopOutcome::Killed, 0),
+            (StopOutcome::AlreadyStopped, 1),
+            (StopOutcome::Ended, 2),
+        ] {
+            let r = SocketResponse::Stopped { outcome };
+            assert_eq!(r.encode().unwrap(), vec![6, tag]);
+            assert_eq!(SocketResponse::decode(&[6, tag]).unwrap(), r);
+        }
+        assert_eq!(
+            SocketResponse::decode(&[6, 3]).unwrap_err().code(),
+            "malformed_page"
+        );
+        let mut zero = stop.encode();
+        zero[7] = 0;
+        zero[8] = 0;
+        assert_eq!(
+            SocketRequest::decode(&zero).unwrap_err(),
+            PageError::BadFence(0)
+        );
+    }
+
+    #[test]
+    fn the_stopped_page_is_last_has_no_bytes_and_crosses_both_forms() {
+        let s = Page::stopped(41, ExitStatus::signaled(9)).unwrap();
+        assert_eq!(
+            (s.seq(), s.kind(), s.bytes(), s.exit()),
+            (
+                41,
+                PageKind::Stopped,
+                &b""[..],
+                Some(ExitStatus::signaled(9))
+            )
+        );
+        assert_eq!(hex::encode(s.sha256()), EMPTY_SHA);
+        assert!(s.is_last() && !s.is_terminal());
+        assert!(Page::terminal(1, ExitStatus::exited(0)).unwrap().is_last());
+        assert!(!Page::data(1, PageKind::Stdout, vec![]).unwrap().is_last());
+        assert_eq!(
+            (PageKind::Stopped.as_str(), PageKind::Stopped.tag()),
+            ("stopped", 4)
+        );
+        let body = SocketResponse::Pages(vec![s.clone()]).encode().unwrap();
+        let mut want = vec![1, 0, 0, 0, 1];
+        want.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0, 41, 4, 2, 0, 0, 0, 0, 0, 0, 0, 9]);
+        want.extend_from_slice(&[0, 0, 0, 0]);
+        want.extend_from_slice(&hex::decode(EMPTY_SHA).unwrap());
+        assert_eq!(body, want);
+        assert_eq!(
+            SocketResponse::decode(&body).unwrap(),
+            SocketResponse::Pages(vec![s.clone()])
+        );
+        let j = serde_json::to_string(&s.to_json()).unwrap();
+        assert_eq!(
+            j,
+            format!(
+                r#"{{"seq":41,"kind":"stopped","data_b64":"","sha256":"{EMPTY_SHA}","exit":{{"code":null,"signal":9}}}}"#
+            )
+        );
+        let back: JsonPage = serde_json::from_str(&j).unwrap();
+        assert_eq!(Page::try_from(back).unwrap(), s);
+        let check =
+            |r: Result<Page, PageError>, code: &str| assert_eq!(r.unwrap_err().code(), code);
+        check(Page::data(1, PageKind::Stopped, vec![]), "bad_exit");
+        check(Page::stopped(0, ExitStatus::signaled(9)), "bad_seq");
+        check(
+            Page::from_parts(
+                1,
+                PageKind::Stopped,
+                b"x".to_vec(),
+                sha256(b"x"),
+                Some(ExitStatus::signaled(9)),
+            ),
+            "bad_exit",
+        );
+        check(
+            Page::stopped(
+                1,
+                ExitStatus {
+                    code: None,
+                    signal: None,
+                },
+            ),
+            "bad_exit",
         );
     }
 

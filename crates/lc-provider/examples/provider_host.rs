@@ -35,6 +35,9 @@ async fn main() {
             command: Command::new(vec!["sleep".into(), "300".into()]).unwrap(),
             workspace_id: WorkspaceId(1),
             stdin_open: false,
+            first_seq: 1,
+            first_input_seq: 1,
+            restore: None,
         })
         .await
         .unwrap();

@@ -24,11 +24,16 @@
 //!   listening socket `supervisor.sock` (root's `0600`), bound by the
 //!   provider before bubblewrap starts and handed to the supervisor as an
 //!   inherited descriptor (`--listen-fd`), and `done` (root's `0600`,
-//!   inherited as `--done-fd`), which the supervisor writes once its
-//!   terminal page is acknowledged; `bwrap.log` (root's `0600`:
-//!   bubblewrap's and the supervisor's own stderr);
+//!   inherited as `--done-fd`), which the supervisor writes once its last
+//!   page is acknowledged; `bwrap.log` (root's `0600`: bubblewrap's and the
+//!   supervisor's own stderr), `quiesced.json` (root's `0600`, once
+//!   quiesced: the manifest and the signed quiescence, answered again to
+//!   every repeated quiesce);
 //! * `workspaces/` (root's `0711`) `<id>/`: the workspace trees, each the
 //!   account's `0700`, bound read-write at `/workspace`;
+//! * `blobs/` (or the configured blob directory): the content-addressed
+//!   blob store ([`lc_blob::LocalBlobStore`]) of workspace snapshots'
+//!   file bytes, root's;
 //! * the runtime store ([`crate::runtime`]) in its own directory, which
 //!   the provider makes searchable by others when it owns it and they
 //!   cannot (bubblewrap binds the trees below it as the account).
@@ -120,6 +125,24 @@
 //! lock allocate holds from its fence check to its spawn, it signs
 //! `not_sent` only when that marker does not exist.
 //!
+//! Quiesce(L, G) asks the supervisor (with the caller's fence) whether the
+//! command has ended and its last page is acknowledged (a supervisor that
+//! finished has written its done file, which means exactly that), else it
+//! refuses `command_running` and changes nothing; then it kills what is
+//! left of the instance (its directory and workspace stay), walks the
+//! workspace ([`lc_blob::tree::snapshot_tree`], no link followed, every
+//! blob put and fsynced first) with the head the generation was restored
+//! from as parent, signs `quiescence` and persists the answer before it
+//! returns it.
+//!
+//! Allocate with a restore removes the workspace's old directory (the
+//! snapshot supersedes it) and rebuilds the snapshot's tree
+//! ([`lc_blob::tree::restore_tree`], all or nothing, every blob's digest and
+//! size checked, every entry the account's) before the instance record is
+//! written, then starts as usual and signs `attachment` (the head,
+//! writable); a replay signs the same statement again (Ed25519 signatures
+//! are deterministic, so the envelope is byte-identical).
+//!
 //! Destroy(L, G) persists the fence first, then kills and removes every
 //! instance of L with a generation `<= G` (every process in its cgroups,
 //! `SIGKILL` until empty), then removes their directories (workspaces
@@ -127,7 +150,13 @@
 
 use std::ffi::CString;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use lc_blob::LocalBlobStore;
+use lc_blob::tree::{TreeError, restore_tree, snapshot_tree};
+use lc_core::snapshot::Manifest as SnapshotManifest;
+use lc_core::{Digest, WorkspaceId};
 
 use async_trait::async_trait;
 use ed25519_dalek::{SigningKey, VerifyingKey};
@@ -137,8 +166,8 @@ use lc_core::evidence::{Envelope, InstanceState, Statement, sign};
 use lc_core::manifest::{EntryType, Manifest};
 use lc_core::owner::OwnerFence;
 use lc_core::page::{
-    INPUT_BYTES_MAX, PAGES_PER_REQUEST_MAX, Page, SPOOL_BYTES_DEFAULT, SPOOL_PAGES_DEFAULT,
-    SocketRequest, SocketResponse, SpoolStatus,
+    FIRST_SEQ_MAX, INPUT_BYTES_MAX, PAGES_PER_REQUEST_MAX, Page, SPOOL_BYTES_DEFAULT,
+    SPOOL_PAGES_DEFAULT, SocketRequest, SocketResponse, SpoolStatus, StopOutcome,
 };
 use lc_core::{Generation, ProviderId, SandboxLeaseId};
 
@@ -148,7 +177,8 @@ use crate::fence::Fences;
 use crate::runtime::{RuntimeRoot, RuntimeStore};
 use crate::slirp;
 use crate::{
-    AllocateRequest, Allocation, InstanceSummary, Provider, ProviderError, identity, socket,
+    AllocateRequest, Allocation, InstanceSummary, MANIFEST_BYTES_MAX, Provider, ProviderError,
+    Quiesced, Restore, identity, socket,
 };
 
 /// The uid and gid of the command inside an instance; on the host they are
@@ -159,8 +189,11 @@ pub const SANDBOX_UID: u32 = 1000;
 const SOCKET_FILE: &str = "supervisor.sock";
 
 /// The file in an instance's `run/` directory the supervisor writes (through
-/// a descriptor it inherits) once its terminal page is acknowledged.
+/// a descriptor it inherits) once its last page is acknowledged.
 const DONE_FILE: &str = "done";
+
+/// What a finished supervisor's done file holds (`lc_supervisor::DONE_TEXT`).
+const DONE_TEXT: &str = "last_page_acked\n";
 
 /// The longest unix socket path (`sun_path` less its NUL).
 const SOCKET_PATH_BYTES_MAX: usize = 107;
@@ -263,6 +296,10 @@ pub struct BwrapConfig {
     /// The unprivileged host account every instance runs as (see
     /// [`crate::account`]); created at [`BwrapProvider::open`] when missing.
     pub sandbox_user: String,
+    /// The blob store's directory ([`lc_blob::LocalBlobStore`]): where a
+    /// quiesce puts a workspace snapshot's file bytes and a restore reads
+    /// them.
+    pub blob_dir: PathBuf,
 }
 
 impl BwrapConfig {
@@ -270,7 +307,8 @@ impl BwrapConfig {
     /// `state_dir/runtimes`, `/usr/bin/bwrap`, `/usr/bin/slirp4netns`,
     /// `/sys/fs/cgroup`, parent
     /// group `little-compute`, the default spool and rlimits, 10 s to
-    /// start, instances as [`account::SANDBOX_USER_DEFAULT`].
+    /// start, instances as [`account::SANDBOX_USER_DEFAULT`], blobs in
+    /// `state_dir/blobs`.
     pub fn new(provider_id: ProviderId, state_dir: &Path, supervisor_bin: &Path) -> BwrapConfig {
         BwrapConfig {
             provider_id,
@@ -286,6 +324,7 @@ impl BwrapConfig {
             rlimits: RlimitPolicy::default(),
             start_wait_max: Duration::from_secs(10),
             sandbox_user: account::SANDBOX_USER_DEFAULT.to_owned(),
+            blob_dir: state_dir.join("blobs"),
         }
     }
 }
@@ -304,6 +343,20 @@ struct InstanceRecord {
     /// Absent in records written before stdin could be opened: closed.
     #[serde(default)]
     stdin_open: bool,
+    /// Absent in records written before numbering could start later: 1.
+    #[serde(default = "one")]
+    first_seq: i64,
+    /// Absent in records written before numbering could start later: 1.
+    #[serde(default = "one")]
+    first_input_seq: i64,
+    /// The head (64 hex) the workspace was restored from; absent for a
+    /// fresh workspace.
+    #[serde(default)]
+    restore_head: Option<String>,
+}
+
+fn one() -> i64 {
+    1
 }
 
 impl InstanceRecord {
@@ -318,6 +371,12 @@ impl InstanceRecord {
             command: req.command.argv().to_vec(),
             workspace_id: req.workspace_id.0,
             stdin_open: req.stdin_open,
+            first_seq: req.first_seq,
+            first_input_seq: req.first_input_seq,
+            restore_head: req
+                .restore
+                .as_ref()
+                .map(|r| lc_core::Digest::of(&r.manifest).to_hex()),
         }
     }
 }
@@ -330,9 +389,29 @@ pub struct BwrapProvider {
     runtimes: RuntimeStore,
     cgroups: CgroupRoot,
     account: SandboxAccount,
-    /// Serializes allocate and destroy.
-    lock: tokio::sync::Mutex<()>,
+    blobs: Arc<LocalBlobStore>,
+    /// Serializes allocate, destroy and quiesce; a restore or a snapshot
+    /// holds it on its blocking thread until it ends, even when the
+    /// request that started it was abandoned.
+    lock: Arc<tokio::sync::Mutex<()>>,
 }
+
+/// What `quiesced.json` holds: a quiesce's answer, returned again to every
+/// repeated quiesce.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct QuiescedRecord {
+    /// The manifest's canonical bytes, standard base64.
+    manifest_b64: String,
+    /// The signed quiescence statement.
+    evidence: Envelope,
+}
+
+/// The name prefix of [`restore_tree`]'s temporary directory, built next
+/// to the workspace directory it becomes.
+const RESTORE_TEMP_PREFIX: &[u8] = b".lc-restore-";
+
+/// The file of a quiesce's answer in the instance directory.
+const QUIESCED_FILE: &str = "quiesced.json";
 
 fn instance_name(lease_id: i64, generation: i64) -> String {
     format!("{lease_id}-{generation}")
@@ -548,6 +627,8 @@ impl BwrapProvider {
             &cfg.state_dir.join("workspaces"),
         )?;
         check_reachable(&account, &cfg.bwrap_bin, &cfg.runtime_dir)?;
+        let blobs =
+            LocalBlobStore::open(&cfg.blob_dir).map_err(|e| io(cfg.blob_dir.display(), e))?;
         let provider = BwrapProvider {
             cfg,
             key,
@@ -555,10 +636,31 @@ impl BwrapProvider {
             runtimes,
             cgroups,
             account,
-            lock: tokio::sync::Mutex::new(()),
+            blobs: Arc::new(blobs),
+            lock: Arc::new(tokio::sync::Mutex::new(())),
         };
         provider.mark_recorded_instances_sent()?;
+        provider.remove_restore_leftovers()?;
         Ok(provider)
+    }
+
+    /// Removes the temporary directories of restores a crash interrupted
+    /// (`workspaces/.lc-restore-*`, never a workspace: their names are not
+    /// workspace ids). No restore runs while the provider opens.
+    fn remove_restore_leftovers(&self) -> Result<(), ProviderError> {
+        let dir = self.cfg.state_dir.join("workspaces");
+        let entries = std::fs::read_dir(&dir).map_err(|e| io(dir.display(), e))?;
+        for e in entries.take(INSTANCES_SCANNED_MAX) {
+            let e = e.map_err(|e| io(dir.display(), e))?;
+            if e.file_name()
+                .as_encoded_bytes()
+                .starts_with(RESTORE_TEMP_PREFIX)
+            {
+                let path = e.path();
+                std::fs::remove_dir_all(&path).map_err(|e| io(path.display(), e))?;
+            }
+        }
+        Ok(())
     }
 
     /// Writes the hand-off marker of every instance with a record that has
@@ -583,6 +685,11 @@ impl BwrapProvider {
     /// The unprivileged host account every instance runs as.
     pub fn sandbox_account(&self) -> &SandboxAccount {
         &self.account
+    }
+
+    /// The blob store workspace snapshots are put into and restored from.
+    pub fn blobs(&self) -> &LocalBlobStore {
+        &self.blobs
     }
 
     /// The runtime store the provider runs instances from.
@@ -802,6 +909,10 @@ impl BwrapProvider {
             &self.cfg.spool_bytes_max.to_string(),
             "--spool-pages",
             &self.cfg.spool_pages_max.to_string(),
+            "--first-seq",
+            &req.first_seq.to_string(),
+            "--first-input-seq",
+            &req.first_input_seq.to_string(),
         ]);
         if req.stdin_open {
             push(&["--stdin-open"]);
@@ -1129,6 +1240,240 @@ impl BwrapProvider {
         }
         Ok(dir.join("run").join(SOCKET_FILE))
     }
+
+    /// The signed attachment of `(lease_id, generation)` to workspace
+    /// `workspace_id` restored from `head`.
+    fn attachment(&self, rec: &InstanceRecord, head: &str) -> Envelope {
+        self.signed(Statement::Attachment {
+            provider_id: self.cfg.provider_id.as_str().to_owned(),
+            lease_id: rec.lease_id,
+            generation: rec.generation,
+            workspace_id: rec.workspace_id,
+            head: head.to_owned(),
+            writable: true,
+        })
+    }
+
+    /// Replaces workspace `workspace_id`'s directory by the tree of
+    /// `restore`'s manifest, owned by the sandbox account, holding `guard`
+    /// (the provider's lock) until the restore ends; returns the guard.
+    /// On any error no workspace directory is left.
+    async fn restore_workspace(
+        &self,
+        guard: tokio::sync::OwnedMutexGuard<()>,
+        workspace_id: WorkspaceId,
+        restore: &Restore,
+    ) -> Result<tokio::sync::OwnedMutexGuard<()>, ProviderError> {
+        let manifest = SnapshotManifest::from_canonical(&restore.manifest).map_err(|e| {
+            ProviderError::RestoreFailed {
+                path: String::new(),
+                digest: Digest::of(&restore.manifest).to_hex(),
+                reason: e.code().to_owned(),
+                detail: format!("the restore manifest is refused: {e}"),
+            }
+        })?;
+        if manifest.workspace_id != workspace_id {
+            return Err(ProviderError::InvalidRequest {
+                detail: format!(
+                    "the restore manifest is of workspace {}, the request's workspace is {workspace_id}",
+                    manifest.workspace_id
+                ),
+            });
+        }
+        // The snapshot supersedes whatever the directory held.
+        let ws = self.workspace_dir(workspace_id);
+        match std::fs::remove_dir_all(&ws) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io(ws.display(), e)),
+        }
+        let store = self.blobs.clone();
+        let owner = Some((self.account.uid, self.account.gid));
+        let dest = ws.clone();
+        let (guard, restored) = tokio::task::spawn_blocking(move || {
+            let restored = restore_tree(&manifest, store.as_ref(), &dest, owner);
+            (guard, restored)
+        })
+        .await
+        .map_err(|e| io(ws.display(), e))?;
+        match restored {
+            Ok(_) => Ok(guard),
+            Err(e) => {
+                // restore_tree leaves no destination behind; make sure.
+                let _ = std::fs::remove_dir_all(&ws);
+                Err(restore_error(e))
+            }
+        }
+    }
+
+    /// The persisted answer of an earlier quiesce of the instance in `dir`.
+    fn read_quiesced(&self, dir: &Path) -> Result<Option<Quiesced>, ProviderError> {
+        use base64::Engine as _;
+        let p = dir.join(QUIESCED_FILE);
+        let bytes = match std::fs::read(&p) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(io(p.display(), e)),
+        };
+        let rec: QuiescedRecord = serde_json::from_slice(&bytes).map_err(|e| io(p.display(), e))?;
+        let manifest = base64::engine::general_purpose::STANDARD
+            .decode(rec.manifest_b64.as_bytes())
+            .map_err(|e| io(p.display(), e))?;
+        Ok(Some(Quiesced {
+            manifest,
+            evidence: rec.evidence,
+        }))
+    }
+
+    /// Whether the instance's command has ended and its last page is
+    /// acknowledged, asked of its supervisor with `fence` (which it checks)
+    /// while the supervisor still runs; the supervisor exits once its last
+    /// page is acknowledged, writing its done file first, so a written done
+    /// file means exactly that.
+    async fn check_ended(
+        &self,
+        lease_id: SandboxLeaseId,
+        generation: Generation,
+        fence: OwnerFence,
+    ) -> Result<(), ProviderError> {
+        let sock = self.socket_of(lease_id, generation)?;
+        if finished(&sock) {
+            return Ok(());
+        }
+        let running = |detail: String| ProviderError::CommandRunning {
+            lease_id: lease_id.0,
+            generation: generation.0,
+            detail,
+        };
+        // A fenced request first, so a stale owner learns it is stale.
+        let probe = SocketRequest::Pages {
+            fence,
+            after_seq: i64::MAX,
+            max: 0,
+        };
+        let status = match socket::call(sock.clone(), probe).await {
+            Ok(SocketResponse::Pages(_)) => socket::call(sock.clone(), SocketRequest::Status).await,
+            Ok(other) => return Err(refusal(other)),
+            Err(e) => Err(e),
+        };
+        let s = match status {
+            Ok(SocketResponse::Status(s)) => s,
+            Ok(other) => return Err(refusal(other)),
+            Err(_) if finished(&sock) => return Ok(()),
+            Err(e) => return Err(self.lost_or(lease_id, generation, e)),
+        };
+        let last = s.terminal_seq.max(s.stopped_seq);
+        if !s.command_exited || last == 0 {
+            return Err(running(
+                "the command is running: stop it (or wait for its terminal page), acknowledge every page, then quiesce".into(),
+            ));
+        }
+        if s.acked_through < last {
+            return Err(running(format!(
+                "the command ended but its pages are acknowledged only through seq {}: acknowledge through seq {last}, then quiesce",
+                s.acked_through
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Persists `q` as the answer of the quiesce of the instance in `dir`: a
+/// fresh temporary file, fsynced, renamed into place, then the directory
+/// fsynced. Two concurrent writers each rename a complete file of the
+/// same answer.
+fn write_quiesced(dir: &Path, q: &Quiesced) -> Result<(), ProviderError> {
+    use base64::Engine as _;
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let p = dir.join(QUIESCED_FILE);
+    let mut random = [0u8; 8];
+    getrandom::fill(&mut random).map_err(|e| io(p.display(), e))?;
+    let tmp = dir.join(format!(".{QUIESCED_FILE}.{}", hex::encode(random)));
+    let rec = QuiescedRecord {
+        manifest_b64: base64::engine::general_purpose::STANDARD.encode(&q.manifest),
+        evidence: q.evidence.clone(),
+    };
+    let bytes = serde_json::to_vec(&rec).map_err(|e| io(p.display(), e))?;
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&tmp)
+        .and_then(|mut f| {
+            f.write_all(&bytes)?;
+            f.sync_all()
+        })
+        .and_then(|()| std::fs::rename(&tmp, &p));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
+        .and_then(|()| std::fs::File::open(dir)?.sync_all())
+        .map_err(|e| io(p.display(), e))
+}
+
+/// A restore's failure as the provider answers it: a missing or corrupt
+/// blob, or a manifest broken, as [`ProviderError::RestoreFailed`] naming
+/// the path and digest; a failing file system or blob store as
+/// [`ProviderError::Io`] (retry).
+fn restore_error(e: TreeError) -> ProviderError {
+    let reason = e.code().to_owned();
+    let detail = e.to_string();
+    match e {
+        TreeError::BlobMissing { path, digest } | TreeError::BlobCorrupt { path, digest } => {
+            ProviderError::RestoreFailed {
+                path,
+                digest: digest.to_hex(),
+                reason,
+                detail,
+            }
+        }
+        TreeError::Blob { path, digest, .. } if reason != "blob_io" => {
+            ProviderError::RestoreFailed {
+                path,
+                digest: digest.to_hex(),
+                reason,
+                detail,
+            }
+        }
+        TreeError::Blob { .. } | TreeError::Io { .. } => ProviderError::Io { detail },
+        other => ProviderError::RestoreFailed {
+            path: String::new(),
+            digest: String::new(),
+            reason,
+            detail: other.to_string(),
+        },
+    }
+}
+
+/// A snapshot's failure as the provider answers it: a failing file system
+/// or blob store as [`ProviderError::Io`] (retry), anything the tree itself
+/// breaks as [`ProviderError::SnapshotRefused`].
+fn snapshot_error(e: TreeError) -> ProviderError {
+    let reason = e.code().to_owned();
+    let detail = e.to_string();
+    match e {
+        TreeError::Io { .. } => ProviderError::Io { detail },
+        TreeError::Blob { .. } if reason == "blob_io" => ProviderError::Io { detail },
+        TreeError::SpecialFile { path } | TreeError::PathNotUtf8 { path } => {
+            ProviderError::SnapshotRefused {
+                path,
+                reason,
+                detail,
+            }
+        }
+        TreeError::Blob { path, .. } => ProviderError::SnapshotRefused {
+            path,
+            reason,
+            detail,
+        },
+        _ => ProviderError::SnapshotRefused {
+            path: String::new(),
+            reason,
+            detail,
+        },
+    }
 }
 
 #[async_trait]
@@ -1148,7 +1493,17 @@ impl Provider for BwrapProvider {
                 detail: format!("workspace {} must be >= 1", req.workspace_id),
             });
         }
-        let _guard = self.lock.lock().await;
+        for (name, seq) in [
+            ("first_seq", req.first_seq),
+            ("first_input_seq", req.first_input_seq),
+        ] {
+            if !(1..=FIRST_SEQ_MAX).contains(&seq) {
+                return Err(ProviderError::InvalidRequest {
+                    detail: format!("{name} must be 1..={FIRST_SEQ_MAX}, got {seq}"),
+                });
+            }
+        }
+        let mut guard = self.lock.clone().lock_owned().await;
         let (l, g) = (req.lease_id.0, req.generation.0);
         let fenced_through = self.fences.get(l)?;
         if fenced_through >= g {
@@ -1172,6 +1527,10 @@ impl Provider for BwrapProvider {
                 generation: req.generation,
                 state: self.state_of(l, g),
                 created: false,
+                attachment: existing
+                    .restore_head
+                    .as_deref()
+                    .map(|head| self.attachment(&existing, head)),
             });
         }
         if self.runtimes.resolve(&req.runtime).is_none() {
@@ -1181,6 +1540,12 @@ impl Provider for BwrapProvider {
         }
         // A directory without a record is a start that never completed.
         self.remove_instance(l, g)?;
+        // Restored before the record is written: a failed restore leaves
+        // no instance, and a crash before the record only a workspace the
+        // next allocate restores again.
+        if let Some(r) = &req.restore {
+            guard = self.restore_workspace(guard, req.workspace_id, r).await?;
+        }
         provider_dir(&dir, 0o711)?;
         let rec_path = dir.join("instance.json");
         let bytes = serde_json::to_vec(&record).map_err(|e| io(rec_path.display(), e))?;
@@ -1203,11 +1568,16 @@ impl Provider for BwrapProvider {
             let _ = self.remove_instance(l, g);
             return Err(e);
         }
+        drop(guard);
         Ok(Allocation {
             lease_id: req.lease_id,
             generation: req.generation,
             state: self.state_of(l, g),
             created: true,
+            attachment: record
+                .restore_head
+                .as_deref()
+                .map(|head| self.attachment(&record, head)),
         })
     }
 
@@ -1379,6 +1749,107 @@ impl Provider for BwrapProvider {
         }
     }
 
+    async fn stop(
+        &self,
+        lease_id: SandboxLeaseId,
+        generation: Generation,
+        fence: OwnerFence,
+    ) -> Result<Option<StopOutcome>, ProviderError> {
+        check_fence(fence)?;
+        let sock = self.socket_of(lease_id, generation)?;
+        if finished(&sock) {
+            // The supervisor finished: its last page was acknowledged.
+            return Ok(None);
+        }
+        match socket::call(sock.clone(), SocketRequest::Stop { fence }).await {
+            Ok(SocketResponse::Stopped { outcome }) => Ok(Some(outcome)),
+            Ok(other) => Err(refusal(other)),
+            Err(_) if finished(&sock) => Ok(None),
+            Err(e) => Err(self.lost_or(lease_id, generation, e)),
+        }
+    }
+
+    async fn quiesce(
+        &self,
+        lease_id: SandboxLeaseId,
+        generation: Generation,
+        fence: OwnerFence,
+    ) -> Result<Quiesced, ProviderError> {
+        check_fence(fence)?;
+        check_ids(lease_id, generation)?;
+        let guard = self.lock.clone().lock_owned().await;
+        let (l, g) = (lease_id.0, generation.0);
+        let dir = self.instance_dir(l, g);
+        let Some(rec) = self.read_record(&dir)? else {
+            return Err(ProviderError::NoInstance {
+                lease_id: l,
+                generation: g,
+            });
+        };
+        if let Some(done) = self.read_quiesced(&dir)? {
+            return Ok(done);
+        }
+        self.check_ended(lease_id, generation, fence).await?;
+        // Nothing of the instance may still write its workspace: what is
+        // left (bubblewrap, an idle supervisor) is killed, the instance
+        // directory and the workspace stay.
+        self.cgroups
+            .instance(&instance_name(l, g))
+            .kill_and_remove()?;
+        // Every page was acknowledged: a supervisor killed before it wrote
+        // its done file has finished all the same.
+        mark_finished(&dir.join("run").join(SOCKET_FILE))?;
+        let parent = rec
+            .restore_head
+            .as_deref()
+            .map(Digest::from_hex)
+            .transpose()
+            .map_err(|e| io(dir.join("instance.json").display(), e))?;
+        let workspace_id = WorkspaceId(rec.workspace_id);
+        let ws = self.workspace_dir(workspace_id);
+        let store = self.blobs.clone();
+        let key = self.key.clone();
+        let provider_id = self.cfg.provider_id.as_str().to_owned();
+        // The walk, the signature and the persisted answer run to their end
+        // on a blocking thread even when the request is abandoned (a large
+        // workspace outlasting a client's timeout): its retry then finds
+        // the answer.
+        tokio::task::spawn_blocking(move || {
+            let _guard = guard;
+            let manifest =
+                snapshot_tree(&ws, workspace_id, parent, store.as_ref()).map_err(snapshot_error)?;
+            let bytes = manifest.canonical_bytes();
+            if bytes.len() > MANIFEST_BYTES_MAX {
+                return Err(ProviderError::SnapshotRefused {
+                    path: String::new(),
+                    reason: "manifest_too_large".into(),
+                    detail: format!(
+                        "the workspace's manifest is {} bytes, at most {MANIFEST_BYTES_MAX} are signed: remove files from the workspace",
+                        bytes.len()
+                    ),
+                });
+            }
+            let evidence = sign(
+                &Statement::Quiescence {
+                    provider_id,
+                    lease_id: l,
+                    generation: g,
+                    workspace_id: workspace_id.0,
+                    head: manifest.digest().to_hex(),
+                },
+                &key,
+            );
+            let done = Quiesced {
+                manifest: bytes,
+                evidence,
+            };
+            write_quiesced(&dir, &done)?;
+            Ok(done)
+        })
+        .await
+        .map_err(|e| io(self.workspace_dir(workspace_id).display(), e))?
+    }
+
     async fn send(
         &self,
         lease_id: SandboxLeaseId,
@@ -1488,11 +1959,22 @@ fn start_failed(status: std::process::ExitStatus, log_path: &Path) -> ProviderEr
     }
 }
 
-/// Whether the supervisor whose socket is `sock` has finished: its
-/// terminal page was acknowledged (it wrote its done file before
-/// answering that ack), so it exits, or has, and nothing is left to read.
+/// Whether the supervisor whose socket is `sock` has finished: its last
+/// page was acknowledged (it wrote its done file before answering that
+/// ack, or quiesce did after killing it), so it exits, or has, and nothing
+/// is left to read.
 fn finished(sock: &Path) -> bool {
     std::fs::metadata(sock.with_file_name(DONE_FILE)).is_ok_and(|m| m.len() > 0)
+}
+
+/// Records that the supervisor whose socket is `sock` has finished, as it
+/// does itself (its done file holds the supervisor's [`DONE_TEXT`]).
+fn mark_finished(sock: &Path) -> Result<(), ProviderError> {
+    let done = sock.with_file_name(DONE_FILE);
+    if finished(sock) {
+        return Ok(());
+    }
+    std::fs::write(&done, DONE_TEXT).map_err(|e| io(done.display(), e))
 }
 
 /// An owner fence is >= 1.

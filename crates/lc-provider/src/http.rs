@@ -14,6 +14,8 @@
 //! | `GET /v1/instances/{lease}/{generation}/pages?fence=F&after_seq=N&max=M` | | `{ "pages": [JsonPage] }` |
 //! | `POST /v1/instances/{lease}/{generation}/ack` | `{ "fence": F, "through_seq": N }` | `{}` |
 //! | `POST /v1/instances/{lease}/{generation}/cancel` | `{ "fence": F }` | `{}` |
+//! | `POST /v1/instances/{lease}/{generation}/stop` | `{ "fence": F }` | `{ "outcome": "killed" \| "already_stopped" \| "ended" \| null }` |
+//! | `POST /v1/instances/{lease}/{generation}/quiesce` | `{ "fence": F }` | [`QuiescedBody`] |
 //! | `POST /v1/instances/{lease}/{generation}/input` | `{ "fence": F, "input_seq": S, "data_b64": "...", "eof": false }` | `{ "input_seq": S }` |
 //! | `GET /v1/instances/{lease}/{generation}/spool` | | `{ "spool": SpoolStatus or null }` |
 //!
@@ -55,12 +57,14 @@ use serde::{Deserialize, Serialize};
 
 use lc_core::evidence::Envelope;
 use lc_core::owner::OwnerFence;
-use lc_core::page::{JsonPage, Page, SpoolStatus};
+use lc_core::page::{JsonPage, Page, SpoolStatus, StopOutcome};
 use lc_core::{
     AttemptNo, Command, Digest, ExecId, Generation, ProviderId, SandboxLeaseId, Shape, WorkspaceId,
 };
 
-use crate::{AllocateRequest, Allocation, InstanceSummary, Provider, ProviderError};
+use crate::{
+    AllocateRequest, Allocation, InstanceSummary, Provider, ProviderError, Quiesced, Restore,
+};
 
 /// Bound on one client request, connection included: above the slowest
 /// provider call (a destroy's kill bound plus an allocate's start wait)
@@ -70,9 +74,10 @@ pub const CLIENT_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The largest request body the service accepts, bytes (else 413
 /// `payload_too_large`): an allocate body's argv is at most 64 KiB, which
-/// JSON escaping grows at most six-fold (`\u001f`); 512 KiB holds that and
-/// the other fields.
-pub const BODY_MAX_BYTES: usize = 512 * 1024;
+/// JSON escaping grows at most six-fold (`\u001f`), and its restore
+/// manifest at most [`crate::MANIFEST_BYTES_MAX`] in base64 (4/3 of it);
+/// 24 MiB holds both and the other fields.
+pub const BODY_MAX_BYTES: usize = 24 * 1024 * 1024;
 
 /// Bound on receiving a request's body and, separately, on handling it
 /// (else 408 `body_timeout` or 503 `request_timeout`): above the slowest
@@ -104,6 +109,57 @@ pub struct AllocateBody {
     /// (absent: `false`).
     #[serde(default)]
     pub stdin_open: bool,
+    /// The first page's seq (absent: 1).
+    #[serde(default = "one")]
+    pub first_seq: i64,
+    /// The first input's seq (absent: 1).
+    #[serde(default = "one")]
+    pub first_input_seq: i64,
+    /// The snapshot to restore the workspace from (absent: none).
+    #[serde(default)]
+    pub restore: Option<RestoreBody>,
+}
+
+fn one() -> i64 {
+    1
+}
+
+/// The `restore` member of [`AllocateBody`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RestoreBody {
+    /// The manifest's canonical bytes, standard base64 with padding.
+    pub manifest_b64: String,
+}
+
+/// `POST .../quiesce` answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QuiescedBody {
+    /// The manifest's canonical bytes, standard base64 with padding.
+    pub manifest_b64: String,
+    /// The signed quiescence statement.
+    pub evidence: Envelope,
+}
+
+/// `POST .../stop` answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StopAnswer {
+    /// What the stop did; `null` once the supervisor has finished.
+    pub outcome: Option<StopOutcome>,
+}
+
+fn b64_decode(what: &str, s: &str) -> Result<Vec<u8>, ProviderError> {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD
+        .decode(s.as_bytes())
+        .map_err(|_| ProviderError::InvalidRequest {
+            detail: format!("{what} is not standard base64"),
+        })
+}
+
+fn b64_encode(bytes: &[u8]) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(bytes)
 }
 
 impl AllocateBody {
@@ -119,13 +175,19 @@ impl AllocateBody {
             command: req.command.argv().to_vec(),
             workspace_id: req.workspace_id.0,
             stdin_open: req.stdin_open,
+            first_seq: req.first_seq,
+            first_input_seq: req.first_input_seq,
+            restore: req.restore.as_ref().map(|r| RestoreBody {
+                manifest_b64: b64_encode(&r.manifest),
+            }),
         }
     }
 
     /// The checked request.
     ///
     /// # Errors
-    /// [`ProviderError::InvalidRequest`] for a bad digest, shape or command.
+    /// [`ProviderError::InvalidRequest`] for a bad digest, shape, command
+    /// or restore manifest encoding.
     pub fn into_request(self) -> Result<AllocateRequest, ProviderError> {
         let bad = |e: lc_core::LcError| ProviderError::InvalidRequest {
             detail: e.to_string(),
@@ -140,6 +202,15 @@ impl AllocateBody {
             command: Command::new(self.command).map_err(bad)?,
             workspace_id: WorkspaceId(self.workspace_id),
             stdin_open: self.stdin_open,
+            first_seq: self.first_seq,
+            first_input_seq: self.first_input_seq,
+            restore: self
+                .restore
+                .map(|r| {
+                    b64_decode("restore.manifest_b64", &r.manifest_b64)
+                        .map(|manifest| Restore { manifest })
+                })
+                .transpose()?,
         })
     }
 }
@@ -178,7 +249,7 @@ pub struct AckBody {
     pub through_seq: i64,
 }
 
-/// `POST .../cancel` body.
+/// `POST .../cancel`, `.../stop` and `.../quiesce` body.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CancelBody {
@@ -237,12 +308,14 @@ impl ApiError {
             | ProviderError::AllocationConflict { .. }
             | ProviderError::StaleFence { .. }
             | ProviderError::InputRefused { .. }
-            | ProviderError::CommandSent { .. } => StatusCode::CONFLICT,
+            | ProviderError::CommandSent { .. }
+            | ProviderError::CommandRunning { .. } => StatusCode::CONFLICT,
             ProviderError::NoInstance { .. } => StatusCode::NOT_FOUND,
             ProviderError::InstanceLost { .. } => StatusCode::GONE,
-            ProviderError::UnknownRuntime { .. } | ProviderError::RuntimeRefused { .. } => {
-                StatusCode::UNPROCESSABLE_ENTITY
-            }
+            ProviderError::UnknownRuntime { .. }
+            | ProviderError::RuntimeRefused { .. }
+            | ProviderError::RestoreFailed { .. }
+            | ProviderError::SnapshotRefused { .. } => StatusCode::UNPROCESSABLE_ENTITY,
             ProviderError::InvalidRequest { .. } => StatusCode::BAD_REQUEST,
             ProviderError::StartFailed { .. } | ProviderError::Unreachable { .. } => {
                 StatusCode::BAD_GATEWAY
@@ -463,6 +536,32 @@ async fn cancel(
     Ok(Json(serde_json::json!({})))
 }
 
+async fn stop(
+    State(Shared { provider: p }): State<Shared>,
+    Path(raw): Path<(String, String)>,
+    b: Result<Json<CancelBody>, JsonRejection>,
+) -> Result<Json<StopAnswer>, ApiError> {
+    let (l, g) = ids(raw)?;
+    let b = body(b)?;
+    Ok(Json(StopAnswer {
+        outcome: p.stop(l, g, OwnerFence(b.fence)).await?,
+    }))
+}
+
+async fn quiesce(
+    State(Shared { provider: p }): State<Shared>,
+    Path(raw): Path<(String, String)>,
+    b: Result<Json<CancelBody>, JsonRejection>,
+) -> Result<Json<QuiescedBody>, ApiError> {
+    let (l, g) = ids(raw)?;
+    let b = body(b)?;
+    let q = p.quiesce(l, g, OwnerFence(b.fence)).await?;
+    Ok(Json(QuiescedBody {
+        manifest_b64: b64_encode(&q.manifest),
+        evidence: q.evidence,
+    }))
+}
+
 async fn input(
     State(Shared { provider: p }): State<Shared>,
     Path(raw): Path<(String, String)>,
@@ -516,6 +615,8 @@ fn instance_routes() -> axum::Router<Shared> {
         .route("/v1/instances/{lease}/{generation}/pages", get(pages))
         .route("/v1/instances/{lease}/{generation}/ack", post(ack))
         .route("/v1/instances/{lease}/{generation}/cancel", post(cancel))
+        .route("/v1/instances/{lease}/{generation}/stop", post(stop))
+        .route("/v1/instances/{lease}/{generation}/quiesce", post(quiesce))
         .route("/v1/instances/{lease}/{generation}/input", post(input))
         .route("/v1/instances/{lease}/{generation}/spool", get(spool))
 }
@@ -828,6 +929,43 @@ impl Provider for HttpProvider {
             )
             .await?;
         Ok(())
+    }
+
+    async fn stop(
+        &self,
+        lease_id: SandboxLeaseId,
+        generation: Generation,
+        fence: OwnerFence,
+    ) -> Result<Option<StopOutcome>, ProviderError> {
+        let answer: StopAnswer = self
+            .call(
+                reqwest::Method::POST,
+                &Self::instance_path(lease_id, generation, "stop"),
+                Some(&CancelBody { fence: fence.0 }),
+            )
+            .await?;
+        Ok(answer.outcome)
+    }
+
+    async fn quiesce(
+        &self,
+        lease_id: SandboxLeaseId,
+        generation: Generation,
+        fence: OwnerFence,
+    ) -> Result<Quiesced, ProviderError> {
+        let answer: QuiescedBody = self
+            .call(
+                reqwest::Method::POST,
+                &Self::instance_path(lease_id, generation, "quiesce"),
+                Some(&CancelBody { fence: fence.0 }),
+            )
+            .await?;
+        let manifest = b64_decode("manifest_b64", &answer.manifest_b64)
+            .map_err(|e| unreachable(format!("provider sent a bad quiescence: {e}")))?;
+        Ok(Quiesced {
+            manifest,
+            evidence: answer.evidence,
+        })
     }
 
     async fn send(

@@ -2,10 +2,12 @@
 //! signs what it knows about them.
 //!
 //! * [`Provider`]: the trait the worker (and later the gateway) calls:
-//!   allocate, generation-scoped destroy, the proof that a generation's
-//!   command was never sent, observe, and the page relay
-//!   (pages, ack, cancel, each carrying the caller's owner fence, which the
-//!   instance's supervisor checks against the highest it was shown).
+//!   allocate (fresh, or restoring a workspace snapshot), generation-scoped
+//!   destroy, the proof that a generation's command was never sent,
+//!   observe, the page relay (pages, ack, cancel, send, stop, each
+//!   carrying the caller's owner fence, which the instance's supervisor
+//!   checks against the highest it was shown), and quiesce (the
+//!   workspace of a stopped instance walked into a signed snapshot).
 //! * [`BwrapProvider`] ([`bwrap`]): instances under bubblewrap, limited by
 //!   cgroups ([`cgroup`], v1 and v2) and rlimits, each with the
 //!   `lc-supervisor` as its first process, each run as the unprivileged
@@ -28,7 +30,7 @@ use serde::{Deserialize, Serialize};
 
 use lc_core::evidence::{Envelope, InstanceState};
 use lc_core::owner::OwnerFence;
-use lc_core::page::{Page, SpoolStatus};
+use lc_core::page::{Page, SpoolStatus, StopOutcome};
 use lc_core::{
     AttemptNo, Command, Digest, ExecId, Generation, ProviderId, SandboxLeaseId, Shape, WorkspaceId,
 };
@@ -49,7 +51,9 @@ pub use http::{HttpProvider, provider_router, provider_router_with_token};
 /// What to start: the instance of lease `lease_id` generation `generation`
 /// running `command` of exec `exec_id` attempt `attempt` in runtime
 /// `runtime` with `shape`'s limits and workspace `workspace_id` at
-/// `/workspace`.
+/// `/workspace` (restored from a snapshot first when `restore` is given),
+/// its pages numbered from `first_seq` and its inputs from
+/// `first_input_seq`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AllocateRequest {
     /// The sandbox lease.
@@ -72,6 +76,46 @@ pub struct AllocateRequest {
     /// Whether the command's stdin is a pipe [`Provider::send`] writes to;
     /// `false` puts it on `/dev/null`.
     pub stdin_open: bool,
+    /// The seq of the instance's first page, `1..=`[`lc_core::page::FIRST_SEQ_MAX`]:
+    /// 1 for an attempt's first generation, the seq after the last stored
+    /// page for a resumed one.
+    pub first_seq: i64,
+    /// The seq of the first input [`Provider::send`] writes,
+    /// `1..=`[`lc_core::page::FIRST_SEQ_MAX`]: 1 for an attempt's first
+    /// generation, the input seq after the last accepted one for a resumed
+    /// one.
+    pub first_input_seq: i64,
+    /// The snapshot the workspace is restored from before the command
+    /// starts; `None` keeps the workspace directory as it is (created
+    /// empty when missing).
+    pub restore: Option<Restore>,
+}
+
+/// The largest manifest a snapshot may have, in canonical bytes: 16 MiB
+/// (some 80 000 entries of ordinary path lengths), so every snapshot a
+/// quiesce signs fits an allocate request ([`http::BODY_MAX_BYTES`]). A
+/// workspace whose manifest would be larger is refused at quiesce
+/// (`snapshot_refused`, reason `manifest_too_large`).
+pub const MANIFEST_BYTES_MAX: usize = 16 << 20;
+
+/// A workspace snapshot to restore: its manifest in canonical bytes
+/// (`lc_core::snapshot::Manifest::canonical_bytes`), whose SHA-256 is the
+/// head restored. Every blob it names must be in the provider's blob store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Restore {
+    /// The manifest's canonical JSON bytes.
+    pub manifest: Vec<u8>,
+}
+
+/// A quiesced instance's workspace: the snapshot's manifest (canonical
+/// bytes; its SHA-256 is the head) and the signed
+/// `lc_core::evidence::Statement::Quiescence` naming that head.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Quiesced {
+    /// The manifest's canonical JSON bytes.
+    pub manifest: Vec<u8>,
+    /// The signed quiescence statement.
+    pub evidence: Envelope,
 }
 
 /// An allocated instance.
@@ -85,6 +129,11 @@ pub struct Allocation {
     pub state: InstanceState,
     /// `false` when the instance already existed (an idempotent replay).
     pub created: bool,
+    /// For a request with a restore: the signed
+    /// `lc_core::evidence::Statement::Attachment` (the restored head,
+    /// writable); `None` for a fresh workspace.
+    #[serde(default)]
+    pub attachment: Option<Envelope>,
 }
 
 /// One instance in a provider's inventory.
@@ -228,6 +277,51 @@ pub enum ProviderError {
         /// The generation.
         generation: i64,
     },
+    /// Quiesce of an instance whose command has not ended, or whose last
+    /// page is not acknowledged yet: stop it (or wait for its terminal
+    /// page), acknowledge every page, then quiesce again. Nothing changed.
+    /// Code `command_running`.
+    #[error("lease {lease_id} generation {generation}: {detail}")]
+    CommandRunning {
+        /// The lease.
+        lease_id: i64,
+        /// The generation.
+        generation: i64,
+        /// What to do next.
+        detail: String,
+    },
+    /// A workspace snapshot could not be restored: `reason` is the stable
+    /// code of the failure (`blob_missing`, `blob_corrupt`,
+    /// `manifest_malformed`, ...), `path` the entry and `digest` the blob
+    /// concerned (empty when not about one). No instance was started and
+    /// no workspace directory was left. Put the blob again from its source
+    /// (or restore another snapshot). Code `restore_failed`.
+    #[error("restore failed ({reason}) at {path:?} blob {digest}: {detail}")]
+    RestoreFailed {
+        /// The entry's path in the snapshot (empty when not about one).
+        path: String,
+        /// The blob's SHA-256, 64 hex (empty when not about one).
+        digest: String,
+        /// The failure's stable code.
+        reason: String,
+        /// What is wrong.
+        detail: String,
+    },
+    /// A quiesce found a workspace it cannot snapshot: `reason` is the
+    /// stable code (`special_file` for a device, fifo or socket,
+    /// `path_not_utf8`, `too_many_entries`, `too_many_bytes`,
+    /// `manifest_too_large`, ...), `path` the entry concerned (empty when
+    /// not about one). Retrying does not help; nothing was signed. Code
+    /// `snapshot_refused`.
+    #[error("snapshot refused ({reason}) at {path:?}: {detail}")]
+    SnapshotRefused {
+        /// The entry's path in the workspace (empty when not about one).
+        path: String,
+        /// The failure's stable code.
+        reason: String,
+        /// What is wrong.
+        detail: String,
+    },
     /// The provider API refused the request's credential (HTTP only). Code
     /// `unauthorized`.
     #[error("the provider refused the credential")]
@@ -259,6 +353,9 @@ impl ProviderError {
             ProviderError::StaleFence { .. } => "stale_fence",
             ProviderError::InputRefused { .. } => "input_refused",
             ProviderError::CommandSent { .. } => "command_sent",
+            ProviderError::CommandRunning { .. } => "command_running",
+            ProviderError::RestoreFailed { .. } => "restore_failed",
+            ProviderError::SnapshotRefused { .. } => "snapshot_refused",
             ProviderError::Unauthorized => "unauthorized",
             ProviderError::Unreachable { .. } => "provider_unreachable",
         }
@@ -302,10 +399,18 @@ pub trait Provider: Send + Sync {
     /// [`Provider::prove_not_sent`] of that generation is refused, also
     /// when the start then fails.
     ///
+    /// With `req.restore` the workspace is first replaced by the
+    /// snapshot's tree (every blob verified) and the answer carries the
+    /// signed attachment naming the restored head.
+    ///
     /// # Errors
     /// [`ProviderError::Fenced`] for a fenced generation,
     /// [`ProviderError::AllocationConflict`] for another request with the
-    /// same lease generation, [`ProviderError::UnknownRuntime`],
+    /// same lease generation, [`ProviderError::InvalidRequest`] for ids or
+    /// first seqs out of range or a restore manifest of another workspace,
+    /// [`ProviderError::RestoreFailed`] (a missing or corrupt blob, a
+    /// malformed manifest: no instance and no workspace directory is
+    /// left), [`ProviderError::UnknownRuntime`],
     /// [`ProviderError::StartFailed`], [`ProviderError::Io`].
     async fn allocate(&self, req: AllocateRequest) -> Result<Allocation, ProviderError>;
 
@@ -450,6 +555,66 @@ pub trait Provider: Send + Sync {
         bytes: Vec<u8>,
         eof: bool,
     ) -> Result<i64, ProviderError>;
+
+    /// Stops the instance's command for hibernation, for the owner holding
+    /// `fence` (>= 1): kills every process of it exactly as
+    /// [`Provider::cancel`] does, and the stream ends with the stopped page
+    /// (`lc_core::page::PageKind::Stopped`, the status the command ended
+    /// with) instead of the terminal page, after every page written before
+    /// it. Idempotent. Answers [`StopOutcome::Killed`] when this call
+    /// killed the command, [`StopOutcome::AlreadyStopped`] after an earlier
+    /// stop, [`StopOutcome::Ended`] when the command had ended (or was
+    /// cancelled) first, whose terminal page stays its last page; `None`
+    /// once the supervisor has finished (its last page was acknowledged:
+    /// the stored pages say which it was). The default refuses: a provider
+    /// without stop.
+    ///
+    /// # Errors
+    /// [`ProviderError::StaleFence`] (nothing was killed),
+    /// [`ProviderError::InvalidRequest`] for a fence below 1,
+    /// [`ProviderError::NoInstance`], [`ProviderError::SupervisorUnavailable`]
+    /// (retry), [`ProviderError::InstanceLost`].
+    async fn stop(
+        &self,
+        lease_id: SandboxLeaseId,
+        generation: Generation,
+        fence: OwnerFence,
+    ) -> Result<Option<StopOutcome>, ProviderError> {
+        let _ = (lease_id, generation, fence);
+        Err(ProviderError::InvalidRequest {
+            detail: "this provider cannot stop an instance for hibernation".into(),
+        })
+    }
+
+    /// Quiesces the instance of a generation whose command has ended
+    /// (stopped or exited) and whose last page is acknowledged: kills
+    /// whatever of the instance is left (its workspace stays), walks the
+    /// workspace into a snapshot whose blobs are all put in the provider's
+    /// blob store, and signs `lc_core::evidence::Statement::Quiescence`
+    /// naming its head (parent: the head the generation was restored from,
+    /// if any). The result is persisted in the instance's state: a
+    /// repeated quiesce (also by a stale owner, which learns nothing new)
+    /// answers byte-identical manifest and evidence. `fence` is checked
+    /// against the supervisor while it still runs. The default refuses.
+    ///
+    /// # Errors
+    /// [`ProviderError::CommandRunning`] (nothing changed: stop, ack, retry),
+    /// [`ProviderError::StaleFence`], [`ProviderError::InvalidRequest`],
+    /// [`ProviderError::NoInstance`], [`ProviderError::InstanceLost`] (the
+    /// instance died with unacknowledged pages), [`ProviderError::DestroyIncomplete`]
+    /// (retry), [`ProviderError::Io`] (a workspace that cannot be walked,
+    /// for example a device file in it, or a blob store that fails).
+    async fn quiesce(
+        &self,
+        lease_id: SandboxLeaseId,
+        generation: Generation,
+        fence: OwnerFence,
+    ) -> Result<Quiesced, ProviderError> {
+        let _ = (lease_id, generation, fence);
+        Err(ProviderError::InvalidRequest {
+            detail: "this provider cannot quiesce an instance".into(),
+        })
+    }
 
     /// The instance's spool occupancy (pages and bytes against their
     /// bounds) and its command's progress; `None` once the supervisor has

@@ -166,6 +166,9 @@ fn req(lease: i64, generation: i64, shape: Shape, argv: &[&str]) -> AllocateRequ
         command: Command::new(argv.iter().map(|s| s.to_string()).collect()).unwrap(),
         workspace_id: WorkspaceId(lease),
         stdin_open: false,
+        first_seq: 1,
+        first_input_seq: 1,
+        restore: None,
     }
 }
 
@@ -2370,5 +2373,747 @@ async fn input_reaches_the_command_once_per_seq_through_http() {
         "{closed:?}"
     );
     client.destroy(l2, g2).await.unwrap();
+    server.abort();
+}
+
+/// Reads pages after `after` with `fence` until the last one (terminal or
+/// stopped), without acknowledging; checks the seqs follow `after` without
+/// a gap.
+async fn until_last(
+    p: &dyn Provider,
+    lease: i64,
+    generation: i64,
+    fence: OwnerFence,
+    after: i64,
+) -> Vec<Page> {
+    let t = Instant::now();
+    let mut all: Vec<Page> = Vec::new();
+    loop {
+        let from = all.last().map_or(after, |p| p.seq());
+        let got = p
+            .pages(
+                SandboxLeaseId(lease),
+                Generation(generation),
+                fence,
+                from,
+                64,
+            )
+            .await
+            .unwrap();
+        for (i, pg) in got.iter().enumerate() {
+            assert_eq!(pg.seq(), from + 1 + i as i64, "seq gap");
+        }
+        all.extend(got);
+        if all.last().is_some_and(|p| p.is_last()) {
+            return all;
+        }
+        assert!(t.elapsed() < DEADLINE, "no last page; so far {all:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Waits until the instance's spool shows `done`.
+async fn spool_when(
+    p: &dyn Provider,
+    lease: i64,
+    generation: i64,
+    done: impl Fn(&lc_core::page::SpoolStatus) -> bool,
+) -> lc_core::page::SpoolStatus {
+    let t = Instant::now();
+    loop {
+        if let Ok(Some(s)) = p
+            .spool_status(SandboxLeaseId(lease), Generation(generation))
+            .await
+            && done(&s)
+        {
+            return s;
+        }
+        assert!(t.elapsed() < DEADLINE, "spool never reached the state");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Through the HTTP service into a real sandbox: with first_seq 41 and
+/// first_input_seq 5 the pages are 41, 42, ... and the first input is 5; a
+/// stop kills the command (`sleep 100`) and whatever it started, and the
+/// generation ends with the stopped page (signal 9, the next seq) instead
+/// of the terminal page; a stale fence is refused `stale_fence` and kills
+/// nothing; a repeated stop answers `already_stopped`; once the stopped
+/// page is acknowledged the supervisor finishes and a stop answers
+/// `null`. Seqs outside 1..=FIRST_SEQ_MAX are refused before anything
+/// starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stop_ends_the_generation_with_the_stopped_page_and_numbering_starts_at_first_seq() {
+    use lc_core::page::StopOutcome;
+    let e = env();
+    let provider: Arc<dyn Provider> = Arc::new(BwrapProvider::open(config(&e.dir)).unwrap());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let server = tokio::spawn(async move {
+        axum::serve(listener, provider_router(provider))
+            .await
+            .unwrap();
+    });
+    let client = HttpProvider::connect(&url).await.unwrap();
+    for (first_seq, first_input_seq) in [(0, 1), (1, 0), (lc_core::page::FIRST_SEQ_MAX + 1, 1)] {
+        let mut r = sh(31, "true");
+        r.first_seq = first_seq;
+        r.first_input_seq = first_input_seq;
+        let err = client.allocate(r).await.unwrap_err();
+        assert_eq!(err.code(), "invalid_request", "{err:?}");
+    }
+    assert_eq!(
+        client
+            .observe(SandboxLeaseId(31), Generation(1))
+            .await
+            .map(|env| verify(&env, &client.public_key(), expected(31, 1)).unwrap()),
+        Ok(Statement::Observation {
+            provider_id: "p-test".into(),
+            lease_id: 31,
+            generation: 1,
+            state: InstanceState::Absent,
+        })
+    );
+    let (l, g) = (SandboxLeaseId(31), Generation(1));
+    let mut r = req(
+        31,
+        1,
+        SMALL,
+        &[
+            "sh",
+            "-c",
+            "read x; echo got=$x; sleep 1000 & echo pid=$!; exec sleep 100",
+        ],
+    );
+    r.first_seq = 41;
+    r.first_input_seq = 5;
+    r.stdin_open = true;
+    client.allocate(r).await.unwrap();
+    let f = OwnerFence(3);
+    let s = spool_when(&client, 31, 1, |_| true).await;
+    assert_eq!((s.next_seq, s.acked_through, s.input_seq), (41, 40, 4));
+    assert_eq!(
+        client
+            .send(l, g, f, 5, b"in\n".to_vec(), false)
+            .await
+            .unwrap(),
+        5
+    );
+    let t = Instant::now();
+    let first = loop {
+        let got = client.pages(l, g, f, 40, 64).await.unwrap();
+        let out = String::from_utf8(bytes_of(&got, PageKind::Stdout)).unwrap();
+        if out.contains("pid=") && out.ends_with('\n') {
+            assert!(out.starts_with("got=in\npid="), "{out:?}");
+            break got;
+        }
+        assert!(t.elapsed() < DEADLINE, "output so far {out:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert_eq!(first[0].seq(), 41);
+    let s = client.spool_status(l, g).await.unwrap().unwrap();
+    assert_eq!(s.next_seq, 41 + first.len() as i64);
+    let cg = e.provider.instance_cgroup(l, g);
+    assert!(!cg.pids().is_empty());
+    // A stale fence stops nothing.
+    client.pages(l, g, OwnerFence(4), 40, 1).await.unwrap();
+    assert_eq!(
+        client.stop(l, g, f).await.unwrap_err(),
+        ProviderError::StaleFence {
+            presented: 3,
+            highest: 4
+        }
+    );
+    let s = client.spool_status(l, g).await.unwrap().unwrap();
+    assert_eq!(
+        (s.stopped, s.command_exited, s.stopped_seq),
+        (false, false, 0)
+    );
+    let f = OwnerFence(4);
+    assert_eq!(
+        client.stop(l, g, f).await.unwrap(),
+        Some(StopOutcome::Killed)
+    );
+    assert_eq!(
+        client.stop(l, g, f).await.unwrap(),
+        Some(StopOutcome::AlreadyStopped)
+    );
+    let all = until_last(&client, 31, 1, f, 40).await;
+    assert_eq!(&all[..first.len()], &first[..]);
+    let last = all.last().unwrap();
+    let want_seq = 41 + first.len() as i64;
+    assert_eq!(all.len(), first.len() + 1);
+    assert_eq!(
+        (last.seq(), last.kind(), last.bytes().len(), last.exit()),
+        (
+            want_seq,
+            PageKind::Stopped,
+            0,
+            Some(ExitStatus::signaled(9))
+        )
+    );
+    // Every process of the instance's command is gone; only bubblewrap
+    // (its host process and the sandbox's init) and the supervisor are left.
+    let s = client.spool_status(l, g).await.unwrap().unwrap();
+    assert_eq!(
+        (
+            s.stopped,
+            s.stopped_seq,
+            s.terminal_seq,
+            s.command_exited,
+            s.cancelled
+        ),
+        (true, want_seq, 0, true, false)
+    );
+    let mut left: Vec<String> = cg
+        .pids()
+        .iter()
+        .map(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .unwrap_or_default()
+                .trim_end()
+                .to_owned()
+        })
+        .collect();
+    left.sort();
+    assert_eq!(left, ["bwrap", "bwrap", "supervisor"]);
+    let refused = client
+        .send(l, g, f, 6, b"x".to_vec(), false)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(refused, ProviderError::InputRefused { ref reason, .. } if reason == "input_closed"),
+        "{refused:?}"
+    );
+    let raw = reqwest::Client::new()
+        .post(format!("{url}/v1/instances/31/1/stop"))
+        .json(&serde_json::json!({ "fence": 2 }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(raw.status(), 409);
+    let body: serde_json::Value = raw.json().await.unwrap();
+    assert_eq!(
+        body["error"],
+        serde_json::json!({ "code": "stale_fence", "presented": 2, "highest": 4 })
+    );
+    client.ack(l, g, f, want_seq).await.unwrap();
+    let t = Instant::now();
+    while client.spool_status(l, g).await.unwrap().is_some() {
+        assert!(t.elapsed() < DEADLINE, "the supervisor did not finish");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(client.stop(l, g, f).await.unwrap(), None);
+    let raw = reqwest::Client::new()
+        .post(format!("{url}/v1/instances/31/1/stop"))
+        .json(&serde_json::json!({ "fence": 4 }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(raw.status(), 200);
+    assert_eq!(
+        raw.json::<serde_json::Value>().await.unwrap(),
+        serde_json::json!({ "outcome": null })
+    );
+    assert_eq!(
+        client
+            .stop(SandboxLeaseId(99), g, f)
+            .await
+            .unwrap_err()
+            .code(),
+        "no_instance"
+    );
+    client.destroy(l, g).await.unwrap();
+    server.abort();
+}
+
+/// A stop after the command exited kills nothing, answers `ended`, and the
+/// terminal page stays the generation's last page.
+#[tokio::test]
+async fn a_stop_after_exit_leaves_the_terminal_page() {
+    use lc_core::page::StopOutcome;
+    let e = env();
+    let (l, g) = (SandboxLeaseId(32), Generation(1));
+    e.provider
+        .allocate(sh(32, "printf x; exit 6"))
+        .await
+        .unwrap();
+    spool_when(&e.provider, 32, 1, |s| s.terminal_seq == 2).await;
+    assert_eq!(
+        e.provider.stop(l, g, F).await.unwrap(),
+        Some(StopOutcome::Ended)
+    );
+    let all = until_last(&e.provider, 32, 1, F, 0).await;
+    assert_eq!(all.len(), 2);
+    assert_eq!(
+        (all[1].kind(), all[1].exit()),
+        (PageKind::Terminal, Some(ExitStatus::exited(6)))
+    );
+    let s = e.provider.spool_status(l, g).await.unwrap().unwrap();
+    assert_eq!((s.stopped, s.stopped_seq, s.terminal_seq), (false, 0, 2));
+    e.provider.destroy(l, g).await.unwrap();
+}
+
+/// An HTTP service over a second provider on `e`'s state directory, and a
+/// client of it.
+async fn served(e: &Env) -> (HttpProvider, String, tokio::task::JoinHandle<()>) {
+    let provider: Arc<dyn Provider> = Arc::new(BwrapProvider::open(config(&e.dir)).unwrap());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let server = tokio::spawn(async move {
+        axum::serve(listener, provider_router(provider))
+            .await
+            .unwrap();
+    });
+    (HttpProvider::connect(&url).await.unwrap(), url, server)
+}
+
+/// Waits until the supervisor of (lease, generation) has finished (its
+/// last page acknowledged).
+async fn finished(p: &dyn Provider, lease: i64, generation: i64) {
+    let t = Instant::now();
+    while p
+        .spool_status(SandboxLeaseId(lease), Generation(generation))
+        .await
+        .unwrap()
+        .is_some()
+    {
+        assert!(t.elapsed() < DEADLINE, "the supervisor did not finish");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// The exact output of `seq 1 n`.
+fn seq_text(n: u32) -> Vec<u8> {
+    (1..=n)
+        .flat_map(|i| format!("{i}\n").into_bytes())
+        .collect()
+}
+
+fn entries_of(m: &lc_core::snapshot::Manifest) -> Vec<(String, u32, String)> {
+    use lc_core::snapshot::EntryKind;
+    m.entries
+        .iter()
+        .map(|e| {
+            let kind = match &e.kind {
+                EntryKind::Dir => "dir".to_owned(),
+                EntryKind::File { size, sha256 } => format!("file {size} {}", sha256.to_hex()),
+                EntryKind::Symlink { target } => format!("symlink {target}"),
+            };
+            (e.path.clone(), e.mode, kind)
+        })
+        .collect()
+}
+
+/// Hibernation and resume of one workspace with real instances: a command
+/// writes files (modes, symlinks, nested and empty directories), a
+/// quiesce before the stop (and before the stopped page is acknowledged)
+/// is refused `command_running` and changes nothing; after it the
+/// manifest lists exactly those entries, the evidence verifies and names
+/// its head, a repeated quiesce (also of a restarted provider, and over
+/// HTTP) is byte-identical; generation 2 allocated with the snapshot (a
+/// stale file in the workspace directory is gone) sees every file byte for
+/// byte, mode for mode, owned by the sandbox uid, its pages continue at
+/// first_seq, and its attachment verifies and names the head; its own
+/// quiesce names that head as parent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quiesce_snapshots_the_workspace_and_a_restore_resumes_it_exactly() {
+    use lc_core::snapshot::{Entry, Manifest};
+    let e = env();
+    let (client, _url, server) = served(&e).await;
+    let (l, g1, g2) = (SandboxLeaseId(41), Generation(1), Generation(2));
+    let script = "mkdir -p a/b/c empty && printf hello > a/b/c/f.txt && printf '\\000\\377bin' > top.bin \
+        && seq 1 20000 > big && ln -s a/b/c/f.txt link && ln -s /etc/passwd abs \
+        && chmod 640 a/b/c/f.txt && chmod 755 top.bin && chmod 600 big \
+        && chmod 750 a && chmod 705 a/b && chmod 700 a/b/c && chmod 711 empty \
+        && echo done; exec sleep 100";
+    let mut r1 = req(41, 1, SMALL, &["sh", "-c", script]);
+    r1.workspace_id = WorkspaceId(41);
+    let a1 = e.provider.allocate(r1).await.unwrap();
+    assert_eq!(a1.attachment, None);
+    let f = OwnerFence(2);
+    let t = Instant::now();
+    while bytes_of(
+        &e.provider.pages(l, g1, f, 0, 64).await.unwrap(),
+        PageKind::Stdout,
+    ) != b"done\n"
+    {
+        assert!(t.elapsed() < DEADLINE, "the command never wrote its files");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let running = e.provider.quiesce(l, g1, f).await.unwrap_err();
+    assert_eq!(running.code(), "command_running", "{running:?}");
+    let s = e.provider.spool_status(l, g1).await.unwrap().unwrap();
+    assert_eq!((s.command_exited, s.stopped), (false, false));
+    assert_eq!(
+        e.provider.quiesce(l, g1, OwnerFence(1)).await.unwrap_err(),
+        ProviderError::StaleFence {
+            presented: 1,
+            highest: 2
+        }
+    );
+    assert_eq!(
+        e.provider.stop(l, g1, f).await.unwrap(),
+        Some(lc_core::page::StopOutcome::Killed)
+    );
+    let all = until_last(&e.provider, 41, 1, f, 0).await;
+    let last = all.last().unwrap();
+    assert_eq!(
+        (last.seq(), last.kind(), last.exit()),
+        (2, PageKind::Stopped, Some(ExitStatus::signaled(9)))
+    );
+    let unacked = e.provider.quiesce(l, g1, f).await.unwrap_err();
+    assert!(
+        matches!(unacked, ProviderError::CommandRunning { ref detail, .. } if detail.contains("acknowledge through seq 2")),
+        "{unacked:?}"
+    );
+    e.provider.ack(l, g1, f, 2).await.unwrap();
+    finished(&e.provider, 41, 1).await;
+
+    let q = e.provider.quiesce(l, g1, f).await.unwrap();
+    let m = Manifest::from_canonical(&q.manifest).unwrap();
+    let hello = lc_core::Digest::of(b"hello");
+    let bin = lc_core::Digest::of(b"\x00\xffbin");
+    let big_bytes = seq_text(20000);
+    let big = lc_core::Digest::of(&big_bytes);
+    let want = Manifest::new(
+        WorkspaceId(41),
+        None,
+        vec![
+            Entry::dir("a", 0o750),
+            Entry::dir("a/b", 0o705),
+            Entry::dir("a/b/c", 0o700),
+            Entry::file("a/b/c/f.txt", 0o640, 5, hello),
+            Entry::symlink("abs", "/etc/passwd"),
+            Entry::file("big", 0o600, big_bytes.len() as u64, big),
+            Entry::dir("empty", 0o711),
+            Entry::symlink("link", "a/b/c/f.txt"),
+            Entry::file("top.bin", 0o755, 5, bin),
+        ],
+    )
+    .unwrap();
+    assert_eq!(entries_of(&m), entries_of(&want));
+    assert_eq!(q.manifest, want.canonical_bytes());
+    let head = want.digest().to_hex();
+    assert_eq!(
+        verify(&q.evidence, &e.provider.public_key(), expected(41, 1)).unwrap(),
+        Statement::Quiescence {
+            provider_id: "p-test".into(),
+            lease_id: 41,
+            generation: 1,
+            workspace_id: 41,
+            head: head.clone(),
+        }
+    );
+    {
+        use lc_blob::BlobStore as _;
+        assert_eq!(
+            e.provider.blobs().get(&big).unwrap(),
+            Some(big_bytes.clone())
+        );
+        assert_eq!(
+            e.provider.blobs().get(&hello).unwrap(),
+            Some(b"hello".to_vec())
+        );
+    }
+    // Repeated: the same bytes, from this provider, a restarted one, and HTTP.
+    assert_eq!(e.provider.quiesce(l, g1, f).await.unwrap(), q);
+    let restarted = BwrapProvider::open(config(&e.dir)).unwrap();
+    assert_eq!(restarted.quiesce(l, g1, OwnerFence(1)).await.unwrap(), q);
+    assert_eq!(client.quiesce(l, g1, f).await.unwrap(), q);
+    // Nothing of the instance runs; its workspace stays.
+    assert!(e.provider.instance_cgroup(l, g1).pids().is_empty());
+    assert_eq!(
+        verify_signature(
+            &e.provider.observe(l, g1).await.unwrap(),
+            &e.provider.public_key()
+        )
+        .unwrap(),
+        Statement::Observation {
+            provider_id: "p-test".into(),
+            lease_id: 41,
+            generation: 1,
+            state: InstanceState::Exited,
+        }
+    );
+    e.provider.destroy(l, g1).await.unwrap();
+    let ws = e.provider.workspace_dir(WorkspaceId(41));
+    std::fs::write(ws.join("stale"), b"superseded").unwrap();
+
+    let check = "sha256sum a/b/c/f.txt top.bin big; readlink link abs; \
+        stat -c '%n %a %u %F' a a/b a/b/c a/b/c/f.txt big empty top.bin; ls -A; printf x > new";
+    let mut r2 = req(41, 2, SMALL, &["sh", "-c", check]);
+    r2.workspace_id = WorkspaceId(41);
+    r2.first_seq = 3;
+    r2.first_input_seq = 1;
+    r2.restore = Some(lc_provider::Restore {
+        manifest: q.manifest.clone(),
+    });
+    let a2 = client.allocate(r2.clone()).await.unwrap();
+    assert!(a2.created);
+    let attachment = a2.attachment.clone().unwrap();
+    assert_eq!(
+        verify(&attachment, &e.provider.public_key(), expected(41, 2)).unwrap(),
+        Statement::Attachment {
+            provider_id: "p-test".into(),
+            lease_id: 41,
+            generation: 2,
+            workspace_id: 41,
+            head: head.clone(),
+            writable: true,
+        }
+    );
+    let mut other = r2.clone();
+    other.first_seq = 4;
+    assert_eq!(
+        e.provider.allocate(other).await.unwrap_err(),
+        ProviderError::AllocationConflict {
+            lease_id: 41,
+            generation: 2
+        }
+    );
+    let replay = e.provider.allocate(r2).await.unwrap();
+    assert_eq!(
+        (replay.created, replay.attachment),
+        (false, Some(attachment))
+    );
+    let all = until_last(&client, 41, 2, f, 2).await;
+    assert_eq!(all[0].seq(), 3);
+    let out = String::from_utf8(bytes_of(&all, PageKind::Stdout)).unwrap();
+    let want_out = format!(
+        "{}  a/b/c/f.txt\n{}  top.bin\n{}  big\na/b/c/f.txt\n/etc/passwd\n\
+         a 750 1000 directory\na/b 705 1000 directory\na/b/c 700 1000 directory\n\
+         a/b/c/f.txt 640 1000 regular file\nbig 600 1000 regular file\n\
+         empty 711 1000 directory\ntop.bin 755 1000 regular file\n\
+         a\nabs\nbig\nempty\nlink\ntop.bin\n",
+        hello.to_hex(),
+        bin.to_hex(),
+        big.to_hex()
+    );
+    assert_eq!(out, want_out);
+    assert_eq!(bytes_of(&all, PageKind::Stderr), b"");
+    let last = all.last().unwrap();
+    assert_eq!(
+        (last.kind(), last.exit()),
+        (PageKind::Terminal, Some(ExitStatus::exited(0)))
+    );
+    // The host files are the sandbox account's.
+    {
+        use std::os::unix::fs::MetadataExt as _;
+        let acct = e.provider.sandbox_account();
+        let meta = std::fs::symlink_metadata(ws.join("a/b/c/f.txt")).unwrap();
+        assert_eq!((meta.uid(), meta.gid()), (acct.uid, acct.gid));
+    }
+    client.ack(l, g2, f, last.seq()).await.unwrap();
+    finished(&client, 41, 2).await;
+    let q2 = client.quiesce(l, g2, f).await.unwrap();
+    let m2 = Manifest::from_canonical(&q2.manifest).unwrap();
+    assert_eq!(m2.parent, Some(want.digest()));
+    let mut want2 = want.entries.clone();
+    want2.push(Entry::file("new", 0o644, 1, lc_core::Digest::of(b"x")));
+    assert_eq!(
+        entries_of(&m2),
+        entries_of(&Manifest::new(WorkspaceId(41), Some(want.digest()), want2).unwrap())
+    );
+    client.destroy(l, g2).await.unwrap();
+    server.abort();
+}
+
+/// A restore whose blob is corrupt, or missing, answers `restore_failed`
+/// naming the path and digest (over HTTP too) and leaves no instance and
+/// no workspace directory; a manifest of another workspace is
+/// `invalid_request` and a malformed one `restore_failed`; a workspace
+/// holding a fifo is refused `snapshot_refused` naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrupt_or_missing_blob_fails_the_restore_and_leaves_nothing() {
+    use lc_core::snapshot::Manifest;
+    let e = env();
+    let (client, url, server) = served(&e).await;
+    let (l, g1) = (SandboxLeaseId(42), Generation(1));
+    let mut r1 = req(
+        42,
+        1,
+        SMALL,
+        &["sh", "-c", "mkdir d && printf one > d/f && printf two > g"],
+    );
+    r1.workspace_id = WorkspaceId(42);
+    e.provider.allocate(r1).await.unwrap();
+    let all = until_last(&e.provider, 42, 1, F, 0).await;
+    e.provider
+        .ack(l, g1, F, all.last().unwrap().seq())
+        .await
+        .unwrap();
+    finished(&e.provider, 42, 1).await;
+    let q = e.provider.quiesce(l, g1, F).await.unwrap();
+    let m = Manifest::from_canonical(&q.manifest).unwrap();
+    assert_eq!(m.entries.len(), 3);
+    e.provider.destroy(l, g1).await.unwrap();
+    let one = lc_core::Digest::of(b"one");
+    let two = lc_core::Digest::of(b"two");
+    std::fs::write(e.provider.blobs().path_of(&one), b"eno").unwrap();
+    std::fs::remove_file(e.provider.blobs().path_of(&two)).unwrap();
+    let ws = e.provider.workspace_dir(WorkspaceId(42));
+    let restore = |generation: i64, manifest: Vec<u8>| {
+        let mut r = req(42, generation, SMALL, &["true"]);
+        r.workspace_id = WorkspaceId(42);
+        r.restore = Some(lc_provider::Restore { manifest });
+        r
+    };
+    let leaves_nothing = |generation: i64| {
+        let e = &e;
+        let ws = ws.clone();
+        async move {
+            assert!(!ws.exists(), "a workspace directory was left");
+            let left: Vec<_> = std::fs::read_dir(e.dir.join("workspaces"))
+                .unwrap()
+                .map(|d| d.unwrap().file_name())
+                .collect();
+            assert!(left.is_empty(), "{left:?}");
+            assert!(!e.dir.join(format!("instances/42-{generation}")).exists());
+            assert_eq!(
+                verify_signature(
+                    &e.provider
+                        .observe(SandboxLeaseId(42), Generation(generation))
+                        .await
+                        .unwrap(),
+                    &e.provider.public_key()
+                )
+                .unwrap(),
+                Statement::Observation {
+                    provider_id: "p-test".into(),
+                    lease_id: 42,
+                    generation,
+                    state: InstanceState::Absent,
+                }
+            );
+        }
+    };
+    let err = client
+        .allocate(restore(2, q.manifest.clone()))
+        .await
+        .unwrap_err();
+    match &err {
+        ProviderError::RestoreFailed {
+            path,
+            digest,
+            reason,
+            ..
+        } => assert_eq!(
+            (path.as_str(), digest.as_str(), reason.as_str()),
+            ("d/f", one.to_hex().as_str(), "blob_corrupt")
+        ),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(err.code(), "restore_failed");
+    leaves_nothing(2).await;
+    let raw = reqwest::Client::new()
+        .post(format!("{url}/v1/instances"))
+        .json(&lc_provider::http::AllocateBody::of(&restore(
+            2,
+            q.manifest.clone(),
+        )))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(raw.status(), 422);
+    let body: serde_json::Value = raw.json().await.unwrap();
+    assert_eq!(
+        (
+            &body["error"]["code"],
+            &body["error"]["path"],
+            &body["error"]["digest"]
+        ),
+        (
+            &serde_json::json!("restore_failed"),
+            &serde_json::json!("d/f"),
+            &serde_json::json!(one.to_hex())
+        )
+    );
+    // The corrupt blob put right: the missing one is named next.
+    {
+        use lc_blob::BlobStore as _;
+        e.provider.blobs().put(&one, b"one").unwrap();
+    }
+    let err = e
+        .provider
+        .allocate(restore(2, q.manifest.clone()))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, ProviderError::RestoreFailed { path, digest, reason, .. }
+            if path == "g" && *digest == two.to_hex() && reason == "blob_missing"),
+        "{err:?}"
+    );
+    leaves_nothing(2).await;
+    let other = Manifest::new(WorkspaceId(7), None, Vec::new()).unwrap();
+    assert_eq!(
+        e.provider
+            .allocate(restore(2, other.canonical_bytes()))
+            .await
+            .unwrap_err()
+            .code(),
+        "invalid_request"
+    );
+    let mut bad = q.manifest.clone();
+    bad.push(b' ');
+    let err = e.provider.allocate(restore(2, bad)).await.unwrap_err();
+    assert!(
+        matches!(&err, ProviderError::RestoreFailed { reason, .. } if reason == "manifest_not_canonical" || reason == "manifest_malformed"),
+        "{err:?}"
+    );
+    leaves_nothing(2).await;
+    // A restore a crash interrupted leaves its temporary directory; the
+    // next open removes it (and nothing else).
+    let leftover = e.dir.join("workspaces/.lc-restore-0011223344556677");
+    std::fs::create_dir_all(leftover.join("d")).unwrap();
+    std::fs::create_dir_all(e.dir.join("workspaces/77")).unwrap();
+    drop(BwrapProvider::open(config(&e.dir)).unwrap());
+    assert!(!leftover.exists());
+    std::fs::remove_dir(e.dir.join("workspaces/77")).unwrap();
+    leaves_nothing(2).await;
+    // Put right entirely, the restore succeeds.
+    {
+        use lc_blob::BlobStore as _;
+        e.provider.blobs().put(&two, b"two").unwrap();
+    }
+    let a = e
+        .provider
+        .allocate(restore(2, q.manifest.clone()))
+        .await
+        .unwrap();
+    assert!(a.attachment.is_some());
+    let all = until_last(&e.provider, 42, 2, F, 0).await;
+    e.provider
+        .ack(
+            SandboxLeaseId(42),
+            Generation(2),
+            F,
+            all.last().unwrap().seq(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(std::fs::read(ws.join("d/f")).unwrap(), b"one");
+    e.provider
+        .destroy(SandboxLeaseId(42), Generation(2))
+        .await
+        .unwrap();
+
+    // A fifo cannot be snapshotted.
+    let (l3, g3) = (SandboxLeaseId(43), Generation(1));
+    e.provider.allocate(sh(43, "mkfifo pipe")).await.unwrap();
+    let all = until_last(&e.provider, 43, 1, F, 0).await;
+    assert_eq!(all.last().unwrap().exit(), Some(ExitStatus::exited(0)));
+    e.provider
+        .ack(l3, g3, F, all.last().unwrap().seq())
+        .await
+        .unwrap();
+    finished(&e.provider, 43, 1).await;
+    let err = e.provider.quiesce(l3, g3, F).await.unwrap_err();
+    assert!(
+        matches!(&err, ProviderError::SnapshotRefused { path, reason, .. } if path == "pipe" && reason == "special_file"),
+        "{err:?}"
+    );
+    assert!(!err.is_transient());
+    e.provider.destroy(l3, g3).await.unwrap();
     server.abort();
 }

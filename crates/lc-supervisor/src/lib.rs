@@ -1,6 +1,7 @@
 //! lc-supervisor: the first process of a Little Compute sandbox instance.
 //!
-//! `lc-supervisor (--socket PATH | --listen-fd FD [--done-fd FD]) [--spool-bytes N] [--spool-pages P] [--stdin-open] -- ARGV...`
+//! `lc-supervisor (--socket PATH | --listen-fd FD [--done-fd FD]) [--spool-bytes N] [--spool-pages P]
+//! [--stdin-open] [--first-seq S] [--first-input-seq I] -- ARGV...`
 //!
 //! It serves a listening unix socket: the one it inherited as descriptor
 //! `--listen-fd` (the bubblewrap provider binds it on the host, where the
@@ -9,8 +10,12 @@
 //! it listens, so whoever sees `PATH` can connect at once). It starts
 //! `ARGV` in its own process group with
 //! its stdin on `/dev/null` and its stdout and stderr on pipes, and turns
-//! what the command writes into numbered [`Page`]s (seq from 1, no gaps) in
-//! a bounded in-memory spool. Design and failure modes:
+//! what the command writes into numbered [`Page`]s (seq from `S`, default
+//! 1, no gaps) in a bounded in-memory spool. A resumed generation of an
+//! attempt is started with `S` = the seq after the last page its earlier
+//! generations stored, and `I` = the input seq after the last input they
+//! accepted, so both sequences continue across generations. Design and
+//! failure modes:
 //!
 //! * **Back-pressure, never a drop.** The spool holds at most `N` bytes of
 //!   unacknowledged page data (default [`SPOOL_BYTES_DEFAULT`]) and at most
@@ -41,8 +46,9 @@
 //!   ([`lc_core::page::SocketRequest`] / [`SocketResponse`]): `pages after
 //!   seq S (max M)` returns what is spooled now (possibly nothing; the caller
 //!   polls), `ack through seq S` drops every page up to `S`, `cancel` kills
-//!   the command, `status` reports the spool's occupancy ([`SpoolStatus`]).
-//! * **Owner fences.** `pages`, `ack` and `cancel` carry the caller's owner
+//!   the command, `stop` kills it for hibernation, `status` reports the
+//!   spool's occupancy ([`SpoolStatus`]).
+//! * **Owner fences.** `pages`, `ack`, `cancel`, `stop` and `send` carry the caller's owner
 //!   fence. The supervisor keeps the highest fence it was shown, in memory
 //!   (it lives exactly as long as the instance), and answers a lower one
 //!   `stale_fence` naming the highest, changing nothing: a gateway that
@@ -52,6 +58,14 @@
 //!   the terminal page follows with signal 9, unless the command had
 //!   already ended. A second cancel, and a cancel after the command ended,
 //!   is a no-op that answers ok (`killed: false`).
+//! * **Stop.** `stop` kills every process of the command exactly as
+//!   `cancel` does and drains the pipes the same way, but the stream ends
+//!   with the **stopped page** ([`PageKind::Stopped`], no bytes, the status
+//!   the command was reaped with: signal 9) instead of the terminal page:
+//!   the generation ends, the exec does not. It answers `killed`; a second
+//!   stop answers `already_stopped`; a stop after the command ended, or
+//!   after a cancel, kills nothing, answers `ended`, and the terminal page
+//!   stays the last page. A cancel after a stop is a no-op.
 //! * **Input.** With `--stdin-open`, `send` (fenced) writes its bytes to
 //!   the command's stdin exactly once per input seq, in order: a repeated
 //!   seq answers ok without writing again, a gap is refused `input_gap`,
@@ -67,15 +81,16 @@
 //!   closed unread, so the command can neither acknowledge its own pages
 //!   nor hold the connection (`--any-peer` lifts this for a supervisor run
 //!   outside a sandbox).
-//!   Once the terminal page is acknowledged the supervisor writes
-//!   `terminal_acked` to the inherited file `--done-fd` (before it answers
-//!   that ack, so a reader that got the answer finds the file written),
-//!   removes a socket it bound itself, and exits 0.
+//!   Once the last page (terminal or stopped) is acknowledged the
+//!   supervisor writes `last_page_acked` to the inherited file `--done-fd`
+//!   (before it answers that ack, so a reader that got the answer finds
+//!   the file written), removes a socket it bound itself, and exits 0.
 //! * **Nothing inherited reaches the command.** Every descriptor above
 //!   stderr (those of `--listen-fd` and `--done-fd` among them) is made
-//!   close-on-exec before the command starts, and the supervisor makes itself non-dumpable, so the
-//!   command (the same uid in the same user namespace) can neither
-//!   `ptrace` it nor copy its descriptors (`pidfd_getfd`, `/proc/PID/fd`).
+//!   close-on-exec before the command starts, and the supervisor makes
+//!   itself non-dumpable, so the command (the same uid in the same user
+//!   namespace) can neither `ptrace` it nor copy its descriptors
+//!   (`pidfd_getfd`, `/proc/PID/fd`).
 //! * **The OOM killer's choice.** The command starts with `oom_score_adj`
 //!   [`COMMAND_OOM_SCORE_ADJ`] (its descendants inherit it), the supervisor
 //!   keeps its own: when the instance's memory limit is reached, the
@@ -108,9 +123,9 @@ use std::time::Duration;
 
 use lc_core::owner::OwnerFence;
 use lc_core::page::{
-    ExitStatus, PAGE_BYTES_MAX, PAGES_PER_REQUEST_MAX, Page, PageKind, SPOOL_BYTES_DEFAULT,
-    SPOOL_PAGES_DEFAULT, SPOOL_PAGES_MAX, SPOOL_PAGES_MIN, SocketRequest, SocketResponse,
-    SpoolStatus, read_frame, write_frame,
+    ExitStatus, FIRST_SEQ_MAX, PAGE_BYTES_MAX, PAGES_PER_REQUEST_MAX, Page, PageKind,
+    SPOOL_BYTES_DEFAULT, SPOOL_PAGES_DEFAULT, SPOOL_PAGES_MAX, SPOOL_PAGES_MIN, SocketRequest,
+    SocketResponse, SpoolStatus, StopOutcome, read_frame, write_frame,
 };
 
 /// How long one connection may stay silent before the supervisor closes it
@@ -137,9 +152,9 @@ pub const START_FAILED_CODE: i32 = 127;
 /// supervisor, which keeps the default.
 pub const COMMAND_OOM_SCORE_ADJ: i32 = 1000;
 
-/// What the supervisor writes to `--done-fd` once the terminal page is
-/// acknowledged.
-pub const DONE_TEXT: &str = "terminal_acked\n";
+/// What the supervisor writes to `--done-fd` once the last page (terminal
+/// or stopped) is acknowledged.
+pub const DONE_TEXT: &str = "last_page_acked\n";
 
 /// Parsed command line.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -151,7 +166,7 @@ pub struct Args {
     /// (`--listen-fd`, >= 3).
     pub listen_fd: Option<i32>,
     /// An inherited descriptor of a file opened for writing, where
-    /// [`DONE_TEXT`] is written once the terminal page is acknowledged
+    /// [`DONE_TEXT`] is written once the last page is acknowledged
     /// (`--done-fd`, >= 3).
     pub done_fd: Option<i32>,
     /// The spool bound in bytes.
@@ -167,6 +182,13 @@ pub struct Args {
     /// namespace (`--any-peer`: for a supervisor run outside a sandbox,
     /// where its reader shares its PID namespace).
     pub any_peer: bool,
+    /// The seq of the first page (`--first-seq`, `1..=FIRST_SEQ_MAX`,
+    /// default 1).
+    pub first_seq: i64,
+    /// The seq of the first input `send` writes (`--first-input-seq`,
+    /// `1..=FIRST_SEQ_MAX`, default 1); a `send` of a lower seq was
+    /// accepted by an earlier generation and answers ok without writing.
+    pub first_input_seq: i64,
 }
 
 /// A refused command line. Codes are stable.
@@ -177,7 +199,7 @@ impl std::fmt::Display for UsageError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "usage_error: {}\nusage: lc-supervisor (--socket PATH | --listen-fd FD [--done-fd FD]) [--spool-bytes N] [--spool-pages N] [--stdin-open] [--any-peer] -- ARGV...",
+            "usage_error: {}\nusage: lc-supervisor (--socket PATH | --listen-fd FD [--done-fd FD]) [--spool-bytes N] [--spool-pages N] [--stdin-open] [--any-peer] [--first-seq S] [--first-input-seq I] -- ARGV...",
             self.0
         )
     }
@@ -188,8 +210,9 @@ impl Args {
     ///
     /// # Errors
     /// [`UsageError`] for a missing command, neither or both of `--socket`
-    /// and `--listen-fd`, a descriptor below 3, an unknown flag, or a
-    /// spool bound outside `SPOOL_BYTES_MIN..=SPOOL_BYTES_LIMIT`.
+    /// and `--listen-fd`, a descriptor below 3, an unknown flag, a spool
+    /// bound outside `SPOOL_BYTES_MIN..=SPOOL_BYTES_LIMIT`, or a first seq
+    /// or first input seq outside `1..=FIRST_SEQ_MAX`.
     pub fn parse(args: &[String]) -> Result<Args, UsageError> {
         let mut socket = None;
         let mut listen_fd = None;
@@ -200,9 +223,24 @@ impl Args {
         let mut argv = Vec::new();
         let mut any_peer = false;
         let mut stdin_open = false;
+        let mut first_seq = 1;
+        let mut first_input_seq = 1;
+        let seq_flag = |flag: &str, v: Option<&String>| -> Result<i64, UsageError> {
+            let v = v.ok_or_else(|| UsageError(format!("{flag} needs a number")))?;
+            v.parse::<i64>()
+                .ok()
+                .filter(|n| (1..=FIRST_SEQ_MAX).contains(n))
+                .ok_or_else(|| {
+                    UsageError(format!(
+                        "{flag} must be an integer 1..={FIRST_SEQ_MAX}, got {v:?}"
+                    ))
+                })
+        };
         while let Some(a) = it.next() {
             match a.as_str() {
                 "--any-peer" => any_peer = true,
+                "--first-seq" => first_seq = seq_flag("--first-seq", it.next())?,
+                "--first-input-seq" => first_input_seq = seq_flag("--first-input-seq", it.next())?,
                 "--stdin-open" => stdin_open = true,
                 "--socket" => {
                     socket = Some(
@@ -276,6 +314,8 @@ impl Args {
             argv,
             stdin_open,
             any_peer,
+            first_seq,
+            first_input_seq,
         })
     }
 }
@@ -287,7 +327,7 @@ struct State {
     /// Bytes of page data in `pages`; never above `bytes_max`.
     bytes: u64,
     bytes_max: u64,
-    /// `pages.len()` never exceeds it; one slot is the terminal page's.
+    /// `pages.len()` never exceeds it; one slot is the last page's.
     pages_max: u64,
     /// The seq the next page gets.
     next_seq: i64,
@@ -301,14 +341,19 @@ struct State {
     exit: Option<ExitStatus>,
     /// The terminal page's seq once appended.
     terminal_seq: Option<i64>,
+    /// The stopped page's seq once appended.
+    stopped_seq: Option<i64>,
     /// The highest owner fence a request carried; 0 before the first.
     highest_fence: i64,
     /// Whether a cancel killed the command.
     cancelled: bool,
+    /// Whether a stop killed the command: its last page is the stopped page.
+    stopped: bool,
     /// Whether the command's stdin is a pipe the supervisor still writes
     /// (`--stdin-open`, until end of input or a failed write).
     input_open: bool,
-    /// The highest input seq accepted (queued or written); 0 before the first.
+    /// The highest input seq accepted (queued or written);
+    /// `first_input_seq - 1` before the first.
     input_seq: i64,
     /// Whether the input accepted last closes stdin.
     input_eof: bool,
@@ -332,11 +377,18 @@ impl State {
             command_exited: self.exit.is_some(),
             cancelled: self.cancelled,
             input_seq: self.input_seq,
+            stopped_seq: self.stopped_seq.unwrap_or(0),
+            stopped: self.stopped,
         }
     }
 
+    /// The last page's seq (terminal or stopped) once appended.
+    fn last_seq(&self) -> Option<i64> {
+        self.terminal_seq.or(self.stopped_seq)
+    }
+
     /// Whether a pipe reader may claim room for one more data page: bytes
-    /// left, and a page slot left besides the one kept for the terminal page.
+    /// left, and a page slot left besides the one kept for the last page.
     fn has_room(&self) -> bool {
         self.bytes < self.bytes_max && self.pages.len() as u64 + 1 < self.pages_max
     }
@@ -369,20 +421,31 @@ impl Spool {
         }
     }
 
-    /// Appends the terminal page once the command is reaped and both pipes
-    /// are closed.
+    /// Appends the last page once the command is reaped and both pipes
+    /// are closed: the stopped page when a stop killed the command, else
+    /// the terminal page.
     fn maybe_finish(st: &mut State) {
-        if st.terminal_seq.is_some() || st.pipes_open > 0 {
+        if st.last_seq().is_some() || st.pipes_open > 0 {
             return;
         }
         let Some(exit) = st.exit else { return };
-        match Page::terminal(st.next_seq, exit) {
+        let seq = st.next_seq;
+        let page = if st.stopped {
+            Page::stopped(seq, exit)
+        } else {
+            Page::terminal(seq, exit)
+        };
+        match page {
             Ok(p) => {
-                st.terminal_seq = Some(st.next_seq);
+                if st.stopped {
+                    st.stopped_seq = Some(seq);
+                } else {
+                    st.terminal_seq = Some(seq);
+                }
                 st.pages.push_back(p);
                 st.next_seq += 1;
             }
-            Err(e) => eprintln!("lc-supervisor: terminal page refused: {e}"),
+            Err(e) => eprintln!("lc-supervisor: last page refused: {e}"),
         }
     }
 }
@@ -700,7 +763,7 @@ fn start(argv: &[String], stdin_open: bool) -> std::io::Result<(Child, ChildStdo
 }
 
 /// Handles one request against the spool. Returns the response and whether
-/// the terminal page has now been acknowledged.
+/// the last page (terminal or stopped) has now been acknowledged.
 fn handle(spool: &Spool, req: SocketRequest) -> (SocketResponse, bool) {
     let mut st = spool.lock();
     if let Some(fence) = req.fence() {
@@ -743,7 +806,7 @@ fn handle(spool: &Spool, req: SocketRequest) -> (SocketResponse, bool) {
                 }
             }
             st.acked_through = st.acked_through.max(through_seq);
-            let done = st.terminal_seq.is_some_and(|t| st.acked_through >= t);
+            let done = st.last_seq().is_some_and(|t| st.acked_through >= t);
             let acked_through = st.acked_through;
             drop(st);
             spool.changed.notify_all();
@@ -751,8 +814,8 @@ fn handle(spool: &Spool, req: SocketRequest) -> (SocketResponse, bool) {
         }
         SocketRequest::Cancel { .. } => {
             let pid = match st.command_pid {
-                Some(pid) if st.exit.is_none() && !st.cancelled => pid,
-                // Already cancelled, never started, or already ended.
+                Some(pid) if st.exit.is_none() && !st.cancelled && !st.stopped => pid,
+                // Already cancelled or stopped, never started, or already ended.
                 _ => return (SocketResponse::Cancelled { killed: false }, false),
             };
             st.cancelled = true;
@@ -763,6 +826,26 @@ fn handle(spool: &Spool, req: SocketRequest) -> (SocketResponse, bool) {
             drop(st);
             kill_descendants();
             (SocketResponse::Cancelled { killed: true }, false)
+        }
+        SocketRequest::Stop { .. } => {
+            let outcome = |outcome| (SocketResponse::Stopped { outcome }, false);
+            if st.stopped {
+                return outcome(StopOutcome::AlreadyStopped);
+            }
+            let pid = match st.command_pid {
+                Some(pid) if st.exit.is_none() && !st.cancelled => pid,
+                // Never started, cancelled, or already ended: the terminal
+                // page is (or will be) its last page.
+                _ => return outcome(StopOutcome::Ended),
+            };
+            st.stopped = true;
+            // Under the lock the command is alive or an unreaped zombie, so
+            // its group id is still its own.
+            // SAFETY: kill takes plain integers.
+            unsafe { libc::kill(-pid, libc::SIGKILL) };
+            drop(st);
+            kill_descendants();
+            outcome(StopOutcome::Killed)
         }
         SocketRequest::Status => (SocketResponse::Status(st.status()), false),
         SocketRequest::Send {
@@ -794,7 +877,7 @@ fn handle(spool: &Spool, req: SocketRequest) -> (SocketResponse, bool) {
             if input_seq > st.input_seq + 1 {
                 return refuse("input_gap");
             }
-            if !st.input_open || st.input_eof || st.exit.is_some() || st.cancelled {
+            if !st.input_open || st.input_eof || st.exit.is_some() || st.cancelled || st.stopped {
                 return refuse("input_closed");
             }
             if st.input_queued_bytes + bytes.len() > INPUT_QUEUE_BYTES_MAX {
@@ -811,7 +894,7 @@ fn handle(spool: &Spool, req: SocketRequest) -> (SocketResponse, bool) {
     }
 }
 
-/// Serves one connection; returns whether the terminal page was
+/// Serves one connection; returns whether the last page was
 /// acknowledged. [`DONE_TEXT`] goes to `done` before that ack is answered.
 fn serve_connection(spool: &Spool, mut conn: UnixStream, done: Option<&std::fs::File>) -> bool {
     if conn.set_read_timeout(Some(CONNECTION_IDLE_MAX)).is_err() {
@@ -850,7 +933,7 @@ fn serve_connection(spool: &Spool, mut conn: UnixStream, done: Option<&std::fs::
     }
 }
 
-/// Runs the supervisor; returns the process exit code (0 once the terminal
+/// Runs the supervisor; returns the process exit code (0 once the last
 /// page is acknowledged, 2 for bad usage, 1 if the socket cannot be bound).
 pub fn run(args: Args) -> i32 {
     // SAFETY: prctl with PR_SET_CHILD_SUBREAPER takes an integer argument.
@@ -917,16 +1000,18 @@ pub fn run(args: Args) -> i32 {
             bytes: 0,
             bytes_max: args.spool_bytes_max,
             pages_max: args.spool_pages_max,
-            next_seq: 1,
-            acked_through: 0,
+            next_seq: args.first_seq,
+            acked_through: args.first_seq - 1,
             pipes_open: 2,
             command_pid: None,
             exit: None,
             terminal_seq: None,
+            stopped_seq: None,
             highest_fence: 0,
             cancelled: false,
+            stopped: false,
             input_open: false,
-            input_seq: 0,
+            input_seq: args.first_input_seq - 1,
             input_eof: false,
             input_queue: VecDeque::new(),
             input_queued_bytes: 0,

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use lc_core::owner::OwnerFence;
 use lc_core::page::{
     ExitStatus, PAGE_BYTES_MAX, Page, PageKind, SocketRequest, SocketResponse, SpoolStatus,
-    read_frame, write_frame,
+    StopOutcome, read_frame, write_frame,
 };
 
 /// The fence these tests present unless a test is about fences.
@@ -54,10 +54,25 @@ fn start_with(
     stdin_open: bool,
     argv: &[&str],
 ) -> Sup {
+    start_flags(tag, spool, spool_pages, stdin_open, &[], argv)
+}
+
+/// A supervisor with `flags` besides the spool bounds and `--stdin-open`.
+fn start_flags(
+    tag: &str,
+    spool: Option<u64>,
+    spool_pages: Option<u64>,
+    stdin_open: bool,
+    flags: &[&str],
+    argv: &[&str],
+) -> Sup {
     let dir = tempdir(tag);
     let socket = dir.join("s.sock");
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_lc-supervisor"));
-    cmd.arg("--socket").arg(&socket).arg("--any-peer");
+    cmd.arg("--socket")
+        .arg(&socket)
+        .arg("--any-peer")
+        .args(flags);
     if stdin_open {
         cmd.arg("--stdin-open");
     }
@@ -360,6 +375,18 @@ fn bad_usage_exits_2() {
         vec!["--socket", "/tmp/x"],
         vec!["--socket", "/tmp/x", "--spool-bytes", "0", "--", "true"],
         vec!["--bogus"],
+        vec!["--socket", "/tmp/x", "--first-seq", "0", "--", "true"],
+        vec!["--socket", "/tmp/x", "--first-seq", "-3", "--", "true"],
+        vec!["--socket", "/tmp/x", "--first-input-seq", "0", "--", "true"],
+        vec![
+            "--socket",
+            "/tmp/x",
+            "--first-seq",
+            "4611686018427387905",
+            "--",
+            "true",
+        ],
+        vec!["--socket", "/tmp/x", "--first-seq"],
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_lc-supervisor"))
             .args(&args)
@@ -1005,7 +1032,7 @@ fn an_inherited_listener_and_done_file_serve_and_never_reach_the_command() {
     );
     assert_eq!(
         std::fs::read_to_string(&done_path).unwrap(),
-        "terminal_acked\n"
+        "last_page_acked\n"
     );
     assert_eq!(wait_exit(&mut sup), 0);
     // The socket's path is the caller's: the supervisor leaves it.
@@ -1037,4 +1064,261 @@ fn an_unusable_listen_fd_is_refused() {
         assert_eq!(out.status.code(), Some(2), "{args:?}");
         assert!(String::from_utf8_lossy(&out.stderr).starts_with("usage_error: "));
     }
+}
+
+fn stop(fence: i64) -> SocketRequest {
+    SocketRequest::Stop {
+        fence: OwnerFence(fence),
+    }
+}
+
+fn stopped(outcome: StopOutcome) -> SocketResponse {
+    SocketResponse::Stopped { outcome }
+}
+
+/// Reads (with fence `fence`) every page after `after` to the last one
+/// (terminal or stopped), without acknowledging.
+fn until_last(sup: &Sup, fence: i64, after: i64) -> Vec<Page> {
+    let t = Instant::now();
+    let mut all: Vec<Page> = Vec::new();
+    loop {
+        let got = match call(
+            sup,
+            SocketRequest::Pages {
+                fence: OwnerFence(fence),
+                after_seq: all.last().map_or(after, |p| p.seq()),
+                max: 64,
+            },
+        ) {
+            SocketResponse::Pages(p) => p,
+            other => panic!("{other:?}"),
+        };
+        all.extend(got);
+        if all.last().is_some_and(|p| p.is_last()) {
+            return all;
+        }
+        assert!(t.elapsed() < DEADLINE, "no last page; so far {all:?}");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// Stop kills the command and what it started, the pages written before
+/// it stay in order, the stream ends with the stopped page (signal 9, the
+/// next seq, no terminal page); a second stop answers `already_stopped`,
+/// a stale fence is refused and changes nothing, a cancel and an input
+/// after the stop do nothing, and the supervisor exits once the stopped
+/// page is acknowledged.
+#[test]
+fn stop_kills_everything_and_ends_with_the_stopped_page() {
+    let mut sup = start_with(
+        "stop",
+        None,
+        None,
+        true,
+        &[
+            "sh",
+            "-c",
+            "sleep 1000 & echo pid=$!; echo two; exec sleep 100",
+        ],
+    );
+    let before = until_bytes(&sup, b"two\n");
+    let s = status(&sup);
+    assert!(!s.stopped && s.stopped_seq == 0 && !s.command_exited);
+    // Fence 5 becomes the highest; a stop with fence 4 is stale.
+    assert_eq!(
+        call(&sup, stop(5)),
+        stopped(StopOutcome::Killed),
+        "the first stop kills"
+    );
+    assert_eq!(
+        call(&sup, stop(4)),
+        SocketResponse::StaleFence {
+            presented: OwnerFence(4),
+            highest: OwnerFence(5)
+        }
+    );
+    assert_eq!(call(&sup, stop(5)), stopped(StopOutcome::AlreadyStopped));
+    assert_eq!(
+        call(
+            &sup,
+            SocketRequest::Cancel {
+                fence: OwnerFence(5)
+            }
+        ),
+        SocketResponse::Cancelled { killed: false }
+    );
+    let all = until_last(&sup, 5, 0);
+    assert_eq!(&all[..before.len()], &before[..]);
+    let last = all.last().unwrap();
+    let n = all.len() as i64;
+    assert_eq!(
+        (last.seq(), last.kind(), last.bytes(), last.exit()),
+        (
+            n,
+            PageKind::Stopped,
+            &b""[..],
+            Some(ExitStatus::signaled(9))
+        )
+    );
+    assert_eq!(all.iter().filter(|p| p.is_last()).count(), 1);
+    assert!(!all.iter().any(Page::is_terminal));
+    let pid = pids_of(&all)[0];
+    gone(pid);
+    let s = status(&sup);
+    assert_eq!(
+        (
+            s.stopped,
+            s.stopped_seq,
+            s.terminal_seq,
+            s.cancelled,
+            s.command_exited
+        ),
+        (true, n, 0, false, true)
+    );
+    assert_eq!(
+        call(
+            &sup,
+            SocketRequest::Send {
+                fence: OwnerFence(5),
+                input_seq: 1,
+                bytes: b"x".to_vec(),
+                eof: false,
+            }
+        ),
+        refused("input_closed")
+    );
+    assert_eq!(call(&sup, stop(6)), stopped(StopOutcome::AlreadyStopped));
+    assert_eq!(
+        call(
+            &sup,
+            SocketRequest::Ack {
+                fence: OwnerFence(6),
+                through_seq: n
+            }
+        ),
+        SocketResponse::Acked { acked_through: n }
+    );
+    assert_eq!(wait_exit(&mut sup), 0);
+    assert!(!sup.socket.exists());
+}
+
+/// Pages (fence 5) until the stdout stream is exactly `want`.
+fn until_bytes(sup: &Sup, want: &[u8]) -> Vec<Page> {
+    let t = Instant::now();
+    loop {
+        let got = match call(
+            sup,
+            SocketRequest::Pages {
+                fence: OwnerFence(5),
+                after_seq: 0,
+                max: 64,
+            },
+        ) {
+            SocketResponse::Pages(p) => p,
+            other => panic!("{other:?}"),
+        };
+        let out = stream(&got, PageKind::Stdout);
+        if out.ends_with(want) {
+            return got;
+        }
+        assert!(t.elapsed() < DEADLINE, "output so far {out:?}");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// A stop after the command exited kills nothing, answers `ended`, and the
+/// terminal page stays its last page; so does a stop after a cancel.
+#[test]
+fn a_stop_after_the_command_ended_leaves_the_terminal_page() {
+    let mut sup = start("stop-late", None, &["sh", "-c", "printf x; exit 4"]);
+    let s = wait_status(&sup, "no terminal page", |s| s.terminal_seq != 0);
+    assert_eq!((s.terminal_seq, s.pages), (2, 2));
+    assert_eq!(call(&sup, stop(1)), stopped(StopOutcome::Ended));
+    assert_eq!(call(&sup, stop(1)), stopped(StopOutcome::Ended));
+    let s = status(&sup);
+    assert_eq!((s.stopped, s.stopped_seq, s.terminal_seq), (false, 0, 2));
+    let all = drain(&sup);
+    assert_eq!(all.len(), 2);
+    assert_eq!(all[1].kind(), PageKind::Terminal);
+    assert_eq!(all[1].exit(), Some(ExitStatus::exited(4)));
+    assert_eq!(wait_exit(&mut sup), 0);
+
+    let mut sup = start("stop-cancelled", None, &["sleep", "1000"]);
+    assert_eq!(
+        call(&sup, SocketRequest::Cancel { fence: F }),
+        SocketResponse::Cancelled { killed: true }
+    );
+    assert_eq!(call(&sup, stop(1)), stopped(StopOutcome::Ended));
+    let all = drain(&sup);
+    assert_eq!(
+        (all.len(), all[0].kind(), all[0].exit()),
+        (1, PageKind::Terminal, Some(ExitStatus::signaled(9)))
+    );
+    assert_eq!(wait_exit(&mut sup), 0);
+}
+
+/// With `--first-seq 41` the pages are 41, 42, ... (the stopped page
+/// included), an ack below 41 changes nothing and one at 41 or above what
+/// was spooled is checked as usual; with `--first-input-seq 7` the first
+/// input written is 7, a lower seq (accepted by an earlier generation)
+/// answers ok without writing, and the status reports both.
+#[test]
+fn numbering_starts_at_the_first_seqs() {
+    let mut sup = start_flags(
+        "first-seq",
+        None,
+        None,
+        true,
+        &["--first-seq", "41", "--first-input-seq", "7"],
+        &["cat"],
+    );
+    let s = status(&sup);
+    assert_eq!(
+        (s.next_seq, s.acked_through, s.input_seq, s.terminal_seq),
+        (41, 40, 6, 0)
+    );
+    assert_eq!(
+        call(&sup, send(3, b"old", false)),
+        SocketResponse::Sent { input_seq: 6 }
+    );
+    assert_eq!(call(&sup, send(8, b"gap", false)), refused("input_gap"));
+    assert_eq!(
+        call(&sup, send(7, b"one\n", false)),
+        SocketResponse::Sent { input_seq: 7 }
+    );
+    wait_status(&sup, "no echo", |s| s.next_seq == 42);
+    assert_eq!(call(&sup, ack(42)), refused("ack_ahead"));
+    assert_eq!(
+        call(&sup, ack(12)),
+        SocketResponse::Acked { acked_through: 40 }
+    );
+    assert_eq!(
+        pages(&sup, 0, 64),
+        vec![Page::data(41, PageKind::Stdout, b"one\n".to_vec()).unwrap()]
+    );
+    assert_eq!(
+        call(&sup, ack(41)),
+        SocketResponse::Acked { acked_through: 41 }
+    );
+    assert_eq!(
+        call(&sup, send(8, b"two\n", false)),
+        SocketResponse::Sent { input_seq: 8 }
+    );
+    wait_status(&sup, "no second echo", |s| s.next_seq == 43);
+    assert_eq!(call(&sup, stop(1)), stopped(StopOutcome::Killed));
+    let all = until_last(&sup, 1, 41);
+    assert_eq!(
+        all,
+        vec![
+            Page::data(42, PageKind::Stdout, b"two\n".to_vec()).unwrap(),
+            Page::stopped(43, ExitStatus::signaled(9)).unwrap(),
+        ]
+    );
+    let s = status(&sup);
+    assert_eq!((s.input_seq, s.stopped_seq, s.next_seq), (8, 43, 44));
+    assert_eq!(
+        call(&sup, ack(43)),
+        SocketResponse::Acked { acked_through: 43 }
+    );
+    assert_eq!(wait_exit(&mut sup), 0);
 }

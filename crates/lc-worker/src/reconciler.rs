@@ -246,6 +246,9 @@ fn allocate_request(w: &LeaseWork) -> Result<AllocateRequest, LcError> {
         command: Command::new(w.command.clone())?,
         workspace_id: w.workspace_id,
         stdin_open: w.stdin_open,
+        first_seq: 1,
+        first_input_seq: 1,
+        restore: None,
     })
 }
 

@@ -1,13 +1,18 @@
 //! `little-compute provider`: one per host. Opens the provider's state
-//! (key, fences, instances, workspaces, runtime store), prints its identity
+//! (key, fences, instances, workspaces, runtime store, blob store), prints its identity
 //! as one JSON line on stdout, and serves the provider API on a loopback
 //! address until SIGINT or SIGTERM.
 //!
 //! ```text
 //! little-compute provider --state-dir D --listen 127.0.0.1:P --id ID [--runtime-dir R]
 //!     [--supervisor PATH] [--cgroup-parent NAME] [--spool-bytes N] [--spool-pages N] [--token-file F]
-//!     [--sandbox-user NAME] [--connections-max N]
+//!     [--sandbox-user NAME] [--connections-max N] [--blob-dir B]
 //! ```
+//!
+//! The blob store (`--blob-dir`, default `STATE_DIR/blobs`) holds the file
+//! bytes of workspace snapshots: a quiesce puts every file of a stopped
+//! instance's workspace there before it signs the snapshot, and an
+//! allocate that restores a snapshot reads them back (each verified).
 //!
 //! The provider runs as root; every sandbox runs as the unprivileged host
 //! account `--sandbox-user` (default `lc-sandbox`, created as a system
@@ -57,6 +62,10 @@ pub struct ProviderArgs {
     /// The runtime store (default: `STATE_DIR/runtimes`).
     #[arg(long)]
     pub runtime_dir: Option<PathBuf>,
+    /// The blob store of workspace snapshots (default: `STATE_DIR/blobs`;
+    /// created if missing).
+    #[arg(long)]
+    pub blob_dir: Option<PathBuf>,
     /// The `lc-supervisor` binary bound into every instance (default: the
     /// `lc-supervisor` next to this executable).
     #[arg(long)]
@@ -194,6 +203,9 @@ pub async fn serve(args: ProviderArgs) -> Result<(), ProviderRunError> {
     if let Some(r) = &args.runtime_dir {
         cfg.runtime_dir = r.clone();
     }
+    if let Some(b) = &args.blob_dir {
+        cfg.blob_dir = b.clone();
+    }
     cfg.cgroup_parent = args.cgroup_parent.clone();
     cfg.spool_bytes_max = args.spool_bytes;
     cfg.spool_pages_max = args.spool_pages;
@@ -269,5 +281,56 @@ async fn shutdown_signal() {
     tokio::select! {
         _ = term.recv() => {}
         _ = int.recv() => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `--blob-dir` reaches the provider's configuration: a blob directory
+    /// that is a regular file is refused `provider_state` naming it, before
+    /// anything is served.
+    #[tokio::test]
+    async fn a_blob_dir_that_is_a_file_is_refused_naming_it() {
+        let dir = tempfile::Builder::new()
+            .prefix("lcpb")
+            .tempdir_in("/tmp")
+            .unwrap();
+        let blob_file = dir.path().join("blobs-file");
+        std::fs::write(&blob_file, b"not a directory").unwrap();
+        let parent = format!(
+            "little-compute-test-{}",
+            dir.path().file_name().unwrap().to_str().unwrap()
+        );
+        let args = ProviderArgs {
+            state_dir: dir.path().join("s"),
+            listen: "127.0.0.1:0".parse().unwrap(),
+            id: "p-blob".into(),
+            runtime_dir: None,
+            blob_dir: Some(blob_file.clone()),
+            supervisor: Some(PathBuf::from("/bin/true")),
+            cgroup_parent: parent.clone(),
+            spool_bytes: lc_core::page::SPOOL_BYTES_DEFAULT,
+            spool_pages: lc_core::page::SPOOL_PAGES_DEFAULT,
+            token_file: None,
+            sandbox_user: lc_provider::account::SANDBOX_USER_DEFAULT.into(),
+            connections_max: 4,
+        };
+        let err = serve(args).await.unwrap_err();
+        for c in ["memory", "pids", "cpu", ""] {
+            let _ =
+                std::fs::remove_dir(std::path::Path::new("/sys/fs/cgroup").join(c).join(&parent));
+        }
+        match err {
+            ProviderRunError::State(msg) => assert_eq!(
+                msg,
+                format!(
+                    "provider state: {b}: blob store I/O on {b}/sha256: Not a directory (os error 20)",
+                    b = blob_file.display()
+                )
+            ),
+            other => panic!("{other:?}"),
+        }
     }
 }

@@ -618,6 +618,7 @@ impl Plane {
                     assert_eq!(p.meta.seq, n, "the terminal page is the last");
                     exit = p.meta.exit.and_then(|e| e.code);
                 }
+                PageKind::Stopped => panic!("page {}: no exec here is stopped", p.meta.seq),
             }
         }
         (stdout, exit)
