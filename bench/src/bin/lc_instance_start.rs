@@ -11,8 +11,9 @@
 //!    `lc_provider::bwrap` builds it: every namespace unshared, uid/gid
 //!    1000, `--cap-drop ALL`, `--die-with-parent`, `--new-session`, a clean
 //!    environment, a tmpfs root remounted read-only, `/usr` read-only with
-//!    the `/bin`, `/lib*`, `/sbin` links, `/proc`, `/dev`, a tmpfs `/tmp`,
-//!    the workspace, the supervisor binary and the run directory bound),
+//!    the `/bin`, `/lib*`, `/sbin` links, `/proc`, a read-only `/dev`,
+//!    `/dev/shm` and `/tmp` as tmpfs of a quarter of the shape's memory
+//!    each, the workspace and the supervisor binary bound),
 //!    but exec'ing `true` where the provider execs the supervisor, and with
 //!    no cgroups or rlimits; spawn to exit.
 //! 3. **provider**: `BwrapProvider::allocate` of `true` (lease `i`,
@@ -33,6 +34,7 @@ use clap::Parser;
 use jiff::Timestamp;
 use lc_core::shape::SMALL;
 use lc_core::{AttemptNo, Command, ExecId, Generation, ProviderId, SandboxLeaseId, WorkspaceId};
+use lc_provider::bwrap::tmpfs_bytes_max;
 use lc_provider::runtime::base_digest;
 use lc_provider::{AllocateRequest, BwrapConfig, BwrapProvider, Provider};
 use tollgate_bench::{LatencySummary, micros};
@@ -100,7 +102,7 @@ fn bare_args() -> Vec<String> {
 
 /// The provider's command line for a `base`, `small` instance, with `true`
 /// in place of the supervisor and its arguments.
-fn provider_flag_args(workspace: &Path, supervisor: &Path, run: &Path) -> Vec<String> {
+fn provider_flag_args(workspace: &Path, supervisor: &Path) -> Vec<String> {
     let p = |p: &Path| p.to_string_lossy().into_owned();
     let mut a: Vec<String> = [
         "--unshare-all",
@@ -144,22 +146,28 @@ fn provider_flag_args(workspace: &Path, supervisor: &Path, run: &Path) -> Vec<St
         "/proc",
         "--dev",
         "/dev",
-        "--tmpfs",
-        "/tmp",
     ]
     .iter()
     .map(|s| s.to_string())
     .collect();
+    let tmpfs_bytes = tmpfs_bytes_max(SMALL.memory_bytes).to_string();
     a.extend([
+        "--size".into(),
+        tmpfs_bytes.clone(),
+        "--tmpfs".into(),
+        "/dev/shm".into(),
+        "--remount-ro".into(),
+        "/dev".into(),
+        "--size".into(),
+        tmpfs_bytes,
+        "--tmpfs".into(),
+        "/tmp".into(),
         "--bind".into(),
         p(workspace),
         "/workspace".into(),
         "--ro-bind".into(),
         p(supervisor),
         "/.lc/supervisor".into(),
-        "--bind".into(),
-        p(run),
-        "/.lc/run".into(),
     ]);
     a.extend(
         ["--remount-ro", "/", "--chdir", "/workspace", "--", "true"]
@@ -276,12 +284,10 @@ async fn run(args: &Args) -> Result<(), String> {
     cfg.cgroup_parent = format!("little-compute-bench-{}", std::process::id());
     let provider = BwrapProvider::open(cfg).map_err(|e| e.to_string())?;
     let scratch = dir.join("scratch");
-    let (workspace, run_dir) = (scratch.join("workspace"), scratch.join("run"));
-    for d in [&workspace, &run_dir] {
-        std::fs::create_dir_all(d).map_err(|e| format!("{}: {e}", d.display()))?;
-    }
+    let workspace = scratch.join("workspace");
+    std::fs::create_dir_all(&workspace).map_err(|e| format!("{}: {e}", workspace.display()))?;
     let bare = bare_args();
-    let flags = provider_flag_args(&workspace, &supervisor, &run_dir);
+    let flags = provider_flag_args(&workspace, &supervisor);
 
     println!("# Sandbox instance start: bubblewrap provider vs bare bwrap true");
     println!("date: {}", Timestamp::now());
