@@ -36,8 +36,8 @@ use crate::worker::{
 /// 1 s), and no faster than 10 ms.
 const INTERVAL_MS_RANGE: std::ops::RangeInclusive<u64> = 10..=1_000;
 
-/// The default of `--provider-call-timeout-ms`: the library's
-/// [`lc_gateway::PROVIDER_CALL_TIMEOUT_DEFAULT`].
+/// The default of `--provider-call-timeout-ms` (unless a third of the TTL
+/// is smaller): the library's [`lc_gateway::PROVIDER_CALL_TIMEOUT_DEFAULT`].
 const PROVIDER_CALL_TIMEOUT_MS_DEFAULT: u64 =
     lc_gateway::PROVIDER_CALL_TIMEOUT_DEFAULT.as_millis() as u64;
 
@@ -71,9 +71,10 @@ pub struct GatewayArgs {
     /// (10 up to a third of `--heartbeat-ttl-ms`): a call that does not
     /// answer within it counts as a failure `provider_timeout` of its exec
     /// only, retried at the next step, so a supervisor that stops answering
-    /// delays the other execs by at most this per step.
-    #[arg(long, default_value_t = PROVIDER_CALL_TIMEOUT_MS_DEFAULT)]
-    pub provider_call_timeout_ms: u64,
+    /// delays the other execs by at most this per step. Default: 1000 or a
+    /// third of `--heartbeat-ttl-ms`, whichever is smaller.
+    #[arg(long, value_name = "MS")]
+    pub provider_call_timeout_ms: Option<u64>,
     /// Milliseconds between steps (10..=1000).
     #[arg(long, default_value_t = 200)]
     pub interval_ms: u64,
@@ -139,10 +140,12 @@ async fn serve(args: GatewayArgs) -> Result<(), WorkerError> {
     let call_ms_max =
         args.heartbeat_ttl_ms / u64::from(lc_gateway::gateway::RENEW_EVERY_TTL_FRACTION);
     let call_ms_min = lc_gateway::PROVIDER_CALL_TIMEOUT_MIN.as_millis() as u64;
-    if !(call_ms_min..=call_ms_max).contains(&args.provider_call_timeout_ms) {
+    let call_ms = args
+        .provider_call_timeout_ms
+        .unwrap_or(PROVIDER_CALL_TIMEOUT_MS_DEFAULT.min(call_ms_max));
+    if !(call_ms_min..=call_ms_max).contains(&call_ms) {
         return Err(WorkerError::Usage(format!(
-            "--provider-call-timeout-ms must be in {call_ms_min}..={call_ms_max} (at most a third of --heartbeat-ttl-ms), got {}",
-            args.provider_call_timeout_ms
+            "--provider-call-timeout-ms must be in {call_ms_min}..={call_ms_max} (at most a third of --heartbeat-ttl-ms), got {call_ms}"
         )));
     }
     let gap_ms = i64::try_from(args.safetime_gap_max_ms)
@@ -202,7 +205,7 @@ async fn serve(args: GatewayArgs) -> Result<(), WorkerError> {
         GatewayOptions {
             heartbeat_ttl: ttl,
             owned_max: args.owned_max,
-            provider_call_timeout: Duration::from_millis(args.provider_call_timeout_ms),
+            provider_call_timeout: Duration::from_millis(call_ms),
             ..GatewayOptions::default()
         },
     )
