@@ -897,6 +897,9 @@ impl Gateway {
     }
 
     async fn serve(&self, h: &mut Held, report: &mut StepReport) -> Result<Served, Fail> {
+        // An exec that waited for its turn may be due (the keeper renews
+        // it up to a quarter of the interval late).
+        self.renew_if_due(h, report).await?;
         let p = self.provider(&h.view).await?;
         let p = p.as_ref();
         let id = h.view.ownership.exec_id;
@@ -1207,7 +1210,8 @@ fn log_report(r: &StepReport) {
         + r.inputs_sent
         + r.cancels
         + r.released
-        + r.dropped;
+        + r.dropped
+        + r.provider_timeouts;
     if busy == 0 {
         tracing::debug!(owned = r.owned, heartbeats = r.heartbeats, "gateway step");
     } else {
@@ -1222,6 +1226,8 @@ fn log_report(r: &StepReport) {
             inputs_sent = r.inputs_sent,
             cancels = r.cancels,
             released = r.released,
+            provider_timeouts = r.provider_timeouts,
+            renewals_kept = r.renewals_kept,
             "gateway step"
         );
     }

@@ -10,21 +10,27 @@
 
 mod support;
 
+use jiff::SignedDuration;
 use lc_core::ExecId;
 use lc_core::page::ExitStatus;
 use lc_gateway::{GatewayOptions, PROVIDER_CALL_TIMEOUT_DEFAULT};
-use support::{Rig, TTL};
+use support::Rig;
 
-/// Stalled execs: with the default bound, three of them cost a step more
-/// than half the heartbeat TTL, and without a bound (the supervisor
-/// socket's own 10 s timeout) far more than the TTL.
-const STALLED: usize = 3;
+/// The heartbeat TTL of this test: the default provider call bound (1 s)
+/// is a third of it.
+const TTL: SignedDuration = SignedDuration::from_secs(3);
+/// Stalled execs: at the default bound each costs a step at least 1 s, so
+/// four of them keep the step serving longer than the TTL: every exec
+/// served after them, and the last of them, keeps its ownership only
+/// because the keeper renews it meanwhile. (Without a bound, each costs
+/// the supervisor socket's own 10 s timeout.)
+const STALLED: usize = 4;
 /// A bound on the steps a test drives.
 const STEPS_MAX: usize = 40;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopped_supervisor_costs_no_other_exec_its_ownership_or_its_pages() {
-    let f = Rig::start().await;
+    let f = Rig::start_with_units(STALLED as i64 + 1).await;
     // The stalled execs are admitted first, so they are served before the
     // other one in every step.
     let mut stalled = Vec::new();
@@ -38,8 +44,8 @@ async fn a_stopped_supervisor_costs_no_other_exec_its_ownership_or_its_pages() {
             .await;
         stalled.push(e);
     }
-    // The other exec writes two pages, pauses past the TTL's third, then
-    // two more: its output arrives over several steps.
+    // The other exec writes two pages, pauses for a TTL, then two more:
+    // its output arrives over several steps.
     let (other, expected) = f.stream(4, 2, 3).await;
     assert!(stalled.iter().all(|s| s.id < other.id));
     for &s in &stalled {

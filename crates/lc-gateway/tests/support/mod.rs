@@ -313,6 +313,11 @@ pub struct Exec {
 impl Rig {
     /// A rig on a certain cut, with the runtime `base` and a tenant of 4 units.
     pub async fn start() -> Rig {
+        Rig::start_with_units(4).await
+    }
+
+    /// [`Rig::start`] with a tenant of `units` units.
+    pub async fn start_with_units(units: i64) -> Rig {
         let db = tollgate_pg_harness::shared().await.fresh_database().await;
         let url = db.url().to_string();
         lc_pg::migrate(&url).await.expect("migrate");
@@ -397,7 +402,7 @@ impl Rig {
                 &OperationKey::new("t-1", Digest([2; 32])).unwrap(),
                 at,
                 "blue",
-                Some(4),
+                Some(units),
                 &|id| Digest::of(format!("key-{}", id.0).as_bytes()),
             )
             .await
