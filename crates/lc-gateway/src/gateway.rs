@@ -8,8 +8,9 @@
 //!    activation never touches it again.
 //! 2. **Claim** new execs (active Lease, no live owner) up to
 //!    [`GatewayOptions::owned_max`], only on a certain cut.
-//! 3. For each owned exec in id order (while the **heartbeat keeper** runs
-//!    beside it, below), **inputs** first: at most [`INPUTS_PER_STEP`]
+//! 3. For each owned exec, at most [`GatewayOptions::serve_concurrency`]
+//!    at once, started in id order (while the **heartbeat keeper** runs
+//!    beside them, below), **inputs** first: at most [`INPUTS_PER_STEP`]
 //!    of its queued stdin inputs, in input seq order, each delivered to the
 //!    supervisor (`send`, which writes an input seq to stdin once)
 //!    \[`after_send`\] and then recorded sent (the `send` receipt, its
@@ -24,8 +25,8 @@
 //!    case the pages still move, so a command that stopped reading stdin is
 //!    still finished and released. Then at
 //!    most [`GatewayOptions::pages_per_step`] pages, renewing the heartbeat
-//!    again before each round and before each round's ACK once a third of
-//!    the TTL has passed since the last renewal
+//!    again before each round, while its sink writes run and before its
+//!    ACK, once a third of the TTL has passed since the last renewal
 //!    ([`RENEW_EVERY_TTL_FRACTION`]), so a long step never outlives its own
 //!    ownership:
 //!    * **pending pages first** (metadata committed by a previous owner or
@@ -56,13 +57,16 @@
 //! work for the step as a failure `provider_timeout` of that exec only
 //! (counted in [`StepReport::provider_timeouts`] and the metrics), retried
 //! at the next step from what the store says; so a supervisor that stopped
-//! answering delays the execs served after it by at most one bound per
-//! step. While step 3 serves, a keeper in the same step renews, every
+//! answering costs its exec one bound per step and delays no other exec
+//! unless more than [`GatewayOptions::serve_concurrency`] such execs fill
+//! every place at once (then by one bound per step for each
+//! `serve_concurrency` of them). While step 3 serves, a keeper in the same step renews, every
 //! [`KEEPER_CHECKS_PER_RENEWAL`]th of the renewal interval, the heartbeat of
 //! every owned exec that is not being served and was last renewed a
 //! [`RENEW_EVERY_TTL_FRACTION`] of the TTL ago ([`StepReport::renewals_kept`]);
 //! it makes no provider call, so no exec's heartbeat waits on another
-//! exec's supervisor. Each exec is held by one of the two at a time; an
+//! exec's supervisor. Each exec is held by one server or the keeper at a
+//! time; an
 //! exec whose renewal the keeper sees refused is forgotten at once and not
 //! served.
 //!
@@ -140,6 +144,15 @@ pub const SPOOL_SAMPLE_EVERY: Duration = Duration::from_secs(1);
 /// served still renews its heartbeat between two of its calls.
 pub const PROVIDER_CALL_TIMEOUT_DEFAULT: Duration = Duration::from_secs(1);
 
+/// The default bound on execs served at once within a step: each holds at
+/// most one provider call, one store connection or one sink write at a
+/// time, so this many supervisors that stop answering together cost the
+/// others one bound per step, and fewer cost them nothing.
+pub const SERVE_CONCURRENCY_DEFAULT: usize = 16;
+
+/// The largest accepted [`GatewayOptions::serve_concurrency`].
+pub const SERVE_CONCURRENCY_MAX: usize = 256;
+
 /// The smallest accepted [`GatewayOptions::provider_call_timeout`]: below
 /// it a healthy provider's answer could not arrive in time.
 pub const PROVIDER_CALL_TIMEOUT_MIN: Duration = Duration::from_millis(10);
@@ -161,6 +174,9 @@ pub struct GatewayOptions {
     pub owned_max: usize,
     /// Pages moved per exec and step, `1..=`[`PAGES_PER_STEP_MAX`].
     pub pages_per_step: usize,
+    /// Execs served at once within a step,
+    /// `1..=`[`SERVE_CONCURRENCY_MAX`] (see [`SERVE_CONCURRENCY_DEFAULT`]).
+    pub serve_concurrency: usize,
     /// The bound on each provider call of the gateway (connect, pages,
     /// ack, send, cancel, spool status), from
     /// [`PROVIDER_CALL_TIMEOUT_MIN`] to a third of
@@ -176,6 +192,7 @@ impl Default for GatewayOptions {
             owned_max: OWNED_EXECS_DEFAULT,
             pages_per_step: PAGES_PER_STEP_DEFAULT,
             provider_call_timeout: PROVIDER_CALL_TIMEOUT_DEFAULT,
+            serve_concurrency: SERVE_CONCURRENCY_DEFAULT,
         }
     }
 }
@@ -244,6 +261,31 @@ pub struct StepReport {
     pub crashed: Option<CrashPoint>,
     /// What failed.
     pub failures: Vec<ExecFailure>,
+}
+
+impl StepReport {
+    /// Adds the counts and failures of `part` (a part of this step: one
+    /// exec's serve, or the keeper's) to this report.
+    fn absorb(&mut self, part: StepReport) {
+        self.heartbeats += part.heartbeats;
+        self.renewals_mid_step += part.renewals_mid_step;
+        self.renewals_kept += part.renewals_kept;
+        self.provider_timeouts += part.provider_timeouts;
+        self.claimed += part.claimed;
+        self.taken_over += part.taken_over;
+        self.stale_refused += part.stale_refused;
+        self.pending_finished += part.pending_finished;
+        self.pages_staged += part.pages_staged;
+        self.pages_acked += part.pages_acked;
+        self.bytes_acked += part.bytes_acked;
+        self.supervisor_acks += part.supervisor_acks;
+        self.inputs_sent += part.inputs_sent;
+        self.cancels += part.cancels;
+        self.released += part.released;
+        self.dropped += part.dropped;
+        self.crashed = self.crashed.or(part.crashed);
+        self.failures.extend(part.failures);
+    }
 }
 
 /// Why a gateway could not be built.
@@ -457,6 +499,7 @@ impl Gateway {
         for (n, max) in [
             (options.owned_max, OWNED_EXECS_MAX),
             (options.pages_per_step, PAGES_PER_STEP_MAX),
+            (options.serve_concurrency, SERVE_CONCURRENCY_MAX),
         ] {
             if !(1..=max).contains(&n) {
                 return Err(GatewayError::Options(LcError::InvalidLimit {
@@ -587,10 +630,7 @@ impl Gateway {
             let _ = done.send(true);
         };
         let ((), kept) = tokio::join!(serving, self.keep_alive(&slots, done_rx));
-        report.renewals_kept += kept.renewals_kept;
-        report.stale_refused += kept.stale_refused;
-        report.dropped += kept.dropped;
-        report.failures.extend(kept.failures);
+        report.absorb(kept);
         for (id, slot) in slots {
             let h = slot.into_inner();
             if !h.ended {
@@ -609,34 +649,62 @@ impl Gateway {
         report
     }
 
-    /// Serves each owned exec in id order (see the module docs); an exec
-    /// the keeper ended meanwhile is skipped.
+    /// Serves the owned execs, at most
+    /// [`GatewayOptions::serve_concurrency`] at once, started in id order
+    /// (see the module docs); an exec the keeper ended meanwhile is
+    /// skipped, and none is started once one reached a crash point. Each
+    /// exec's counts are added to `report` in id order.
     async fn serve_all(&self, slots: &[(ExecId, Mutex<Held>)], report: &mut StepReport) {
-        for (id, slot) in slots {
-            let id = *id;
-            let mut h = slot.lock().await;
-            if h.ended {
-                continue;
-            }
-            match self.serve(&mut h, report).await {
-                Ok(Served::Keep) => h.unresponsive = false,
-                Ok(Served::Released) => h.ended = true,
-                Err(Fail::Crashed(p)) => {
-                    report.crashed = Some(p);
-                    break;
-                }
-                Err(f) if f.is_stale() => {
-                    h.ended = true;
-                    self.stale(report, id, &f);
-                }
-                Err(f) => {
-                    if matches!(f, Fail::Timeout { .. }) {
-                        h.unresponsive = true;
-                        report.provider_timeouts += 1;
-                        self.metrics.provider_timeout();
+        use futures_util::StreamExt as _;
+        let crashed = std::sync::atomic::AtomicBool::new(false);
+        let parts = std::sync::Mutex::new(Vec::with_capacity(slots.len()));
+        futures_util::stream::iter(slots)
+            .for_each_concurrent(self.options.serve_concurrency, |(id, slot)| {
+                let (crashed, parts) = (&crashed, &parts);
+                async move {
+                    if crashed.load(std::sync::atomic::Ordering::SeqCst) {
+                        return;
                     }
-                    self.fail(report, Some(id), &f);
+                    let mut part = StepReport::default();
+                    self.serve_one(*id, slot, &mut part).await;
+                    if part.crashed.is_some() {
+                        crashed.store(true, std::sync::atomic::Ordering::SeqCst);
+                    }
+                    parts
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .push((*id, part));
                 }
+            })
+            .await;
+        let mut parts = parts.into_inner().unwrap_or_else(|p| p.into_inner());
+        parts.sort_by_key(|(id, _)| *id);
+        for (_, part) in parts {
+            report.absorb(part);
+        }
+    }
+
+    /// Serves one exec unless it ended; records the outcome in `report`.
+    async fn serve_one(&self, id: ExecId, slot: &Mutex<Held>, report: &mut StepReport) {
+        let mut h = slot.lock().await;
+        if h.ended {
+            return;
+        }
+        match self.serve(&mut h, report).await {
+            Ok(Served::Keep) => h.unresponsive = false,
+            Ok(Served::Released) => h.ended = true,
+            Err(Fail::Crashed(p)) => report.crashed = Some(p),
+            Err(f) if f.is_stale() => {
+                h.ended = true;
+                self.stale(report, id, &f);
+            }
+            Err(f) => {
+                if matches!(f, Fail::Timeout { .. }) {
+                    h.unresponsive = true;
+                    report.provider_timeouts += 1;
+                    self.metrics.provider_timeout();
+                }
+                self.fail(report, Some(id), &f);
             }
         }
     }
@@ -1122,7 +1190,7 @@ impl Gateway {
         let n = pages.len();
         let bytes: u64 = pages.iter().map(|pg| pg.bytes().len() as u64).sum();
         let sink = Arc::clone(&self.sink);
-        let replaced = tokio::task::spawn_blocking(move || -> Result<usize, BlobError> {
+        let mut writes = tokio::task::spawn_blocking(move || -> Result<usize, BlobError> {
             let mut replaced = 0;
             for pg in &pages {
                 let digest = lc_core::Digest(pg.sha256());
@@ -1131,10 +1199,21 @@ impl Gateway {
                 }
             }
             Ok(replaced)
-        })
-        .await
-        .map_err(|e| Fail::Join(e.to_string()))?
-        .map_err(Fail::Sink)?;
+        });
+        // A round of fsynced writes can outlast the TTL on a loaded host:
+        // the heartbeat is renewed while they run, as the keeper would.
+        // An exec refused meanwhile is abandoned at once; the writes left
+        // running only put content-addressed blobs a successor puts again.
+        let tick = self.renew_every() / KEEPER_CHECKS_PER_RENEWAL;
+        let written = loop {
+            tokio::select! {
+                r = &mut writes => break r,
+                () = tokio::time::sleep(tick) => self.renew_if_due(h, report).await?,
+            }
+        };
+        let replaced = written
+            .map_err(|e| Fail::Join(e.to_string()))?
+            .map_err(Fail::Sink)?;
         for _ in 0..replaced {
             self.metrics.sink_replaced();
         }

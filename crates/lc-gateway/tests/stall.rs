@@ -1,12 +1,12 @@
 //! A supervisor that stops answering costs only its own exec: on real
-//! parts (see `support`), three instances' supervisors are stopped with a
+//! parts (see `support`), four instances' supervisors are stopped with a
 //! real `SIGSTOP` (their sockets still accept, no request is answered)
-//! while another exec streams output through the same gateway. Every
-//! provider call of the stalled execs hits the gateway's bound and is
-//! counted; the other exec keeps its first ownership (no heartbeat of any
-//! exec lapses), gets every page once in order and is released; after
-//! `SIGCONT` the stalled execs finish too, still under their first
-//! ownership.
+//! while another exec streams output through the same gateway, once with
+//! the execs served one at a time and once served at once. Every provider
+//! call of the stalled execs hits the gateway's bound and is counted; the
+//! other exec keeps its first ownership (no heartbeat of any exec lapses),
+//! gets every page once in order and is released; after `SIGCONT` the
+//! stalled execs finish too, still under their first ownership.
 
 mod support;
 
@@ -19,17 +19,27 @@ use support::Rig;
 /// The heartbeat TTL of this test: the default provider call bound (1 s)
 /// is a third of it.
 const TTL: SignedDuration = SignedDuration::from_secs(3);
-/// Stalled execs: at the default bound each costs a step at least 1 s, so
-/// four of them keep the step serving longer than the TTL: every exec
-/// served after them, and the last of them, keeps its ownership only
-/// because the keeper renews it meanwhile. (Without a bound, each costs
-/// the supervisor socket's own 10 s timeout.)
+/// Stalled execs: at the default bound each costs its step at least 1 s,
+/// so served one at a time four of them keep the step serving longer than
+/// the TTL: every exec served after them, and the last of them, keeps its
+/// ownership only because the keeper renews it meanwhile. (Without a
+/// bound, each cost the supervisor socket's own 10 s timeout.)
 const STALLED: usize = 4;
 /// A bound on the steps a test drives.
 const STEPS_MAX: usize = 40;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stopped_supervisor_costs_no_other_exec_its_ownership_or_its_pages() {
+async fn stopped_supervisors_served_one_at_a_time_cost_no_other_exec_its_ownership() {
+    stopped_supervisors(1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stopped_supervisors_served_at_once_cost_no_other_exec_its_ownership() {
+    stopped_supervisors(lc_gateway::SERVE_CONCURRENCY_DEFAULT).await;
+}
+
+/// The scenario of the module docs, `serve_concurrency` execs served at once.
+async fn stopped_supervisors(serve_concurrency: usize) {
     let f = Rig::start_with_units(STALLED as i64 + 1).await;
     // The stalled execs are admitted first, so they are served before the
     // other one in every step.
@@ -55,6 +65,7 @@ async fn a_stopped_supervisor_costs_no_other_exec_its_ownership_or_its_pages() {
 
     let g = f.gateway(GatewayOptions {
         heartbeat_ttl: TTL,
+        serve_concurrency,
         ..GatewayOptions::default()
     });
     let stalled_ids: Vec<ExecId> = stalled.iter().map(|s| s.id).collect();

@@ -430,6 +430,15 @@ async fn bad_options_are_refused_with_their_codes() {
         }),
         Err("invalid_limit")
     );
+    for n in [0, lc_gateway::SERVE_CONCURRENCY_MAX + 1] {
+        assert_eq!(
+            build(GatewayOptions {
+                serve_concurrency: n,
+                ..d
+            }),
+            Err("invalid_limit")
+        );
+    }
     // Each provider call's bound: at least the minimum, at most a third
     // of the heartbeat TTL, so an exec being served renews its heartbeat
     // between two calls.
