@@ -58,17 +58,16 @@
 //! (counted in [`StepReport::provider_timeouts`] and the metrics), retried
 //! at the next step from what the store says; so a supervisor that stopped
 //! answering costs its exec one bound per step and delays no other exec
-//! unless more than [`GatewayOptions::serve_concurrency`] such execs fill
-//! every place at once (then by one bound per step for each
-//! `serve_concurrency` of them). While step 3 serves, a keeper in the same step renews, every
-//! [`KEEPER_CHECKS_PER_RENEWAL`]th of the renewal interval, the heartbeat of
-//! every owned exec that is not being served and was last renewed a
-//! [`RENEW_EVERY_TTL_FRACTION`] of the TTL ago ([`StepReport::renewals_kept`]);
-//! it makes no provider call, so no exec's heartbeat waits on another
-//! exec's supervisor. Each exec is held by one server or the keeper at a
-//! time; an
-//! exec whose renewal the keeper sees refused is forgotten at once and not
-//! served.
+//! unless [`GatewayOptions::serve_concurrency`] such execs fill every place
+//! at once (then by one bound per step for each `serve_concurrency` of
+//! them). While step 3 serves, a keeper in the same step renews, every
+//! [`KEEPER_CHECKS_PER_RENEWAL`]th of the renewal interval, the heartbeat
+//! of every owned exec that is not being served and was last renewed a
+//! [`RENEW_EVERY_TTL_FRACTION`] of the TTL ago
+//! ([`StepReport::renewals_kept`]); it makes no provider call, so no exec's
+//! heartbeat waits on another exec's supervisor. Each exec is held by one
+//! server or the keeper at a time; an exec whose renewal the keeper sees
+//! refused is forgotten at once and not served.
 //!
 //! Every store write is fenced by the owner credential and judged at a
 //! reading of the cut taken just before it. Every provider call carries the
@@ -617,9 +616,9 @@ impl Gateway {
                 Err(e) => self.fail(&mut report, None, &Fail::Store(e)),
             }
         }
-        // Serve the execs one after another while the keeper renews the
-        // heartbeats of those not being served; each exec sits in its own
-        // lock, held by whichever of the two works on it.
+        // Serve the execs (a bounded number at once) while the keeper
+        // renews the heartbeats of those not being served; each exec sits
+        // in its own lock, held by whichever works on it.
         let slots: Vec<(ExecId, Mutex<Held>)> = std::mem::take(&mut *held)
             .into_iter()
             .map(|(id, h)| (id, Mutex::new(h)))
