@@ -8,7 +8,9 @@
 //!    activation never touches it again.
 //! 2. **Claim** new execs (active Lease, no live owner) up to
 //!    [`GatewayOptions::owned_max`], only on a certain cut.
-//! 3. For each owned exec, **inputs** first: at most [`INPUTS_PER_STEP`]
+//! 3. For each owned exec, at most [`GatewayOptions::serve_concurrency`]
+//!    at once, started in id order (while the **heartbeat keeper** runs
+//!    beside them, below), **inputs** first: at most [`INPUTS_PER_STEP`]
 //!    of its queued stdin inputs, in input seq order, each delivered to the
 //!    supervisor (`send`, which writes an input seq to stdin once)
 //!    \[`after_send`\] and then recorded sent (the `send` receipt, its
@@ -23,8 +25,8 @@
 //!    case the pages still move, so a command that stopped reading stdin is
 //!    still finished and released. Then at
 //!    most [`GatewayOptions::pages_per_step`] pages, renewing the heartbeat
-//!    again before each round and before each round's ACK once a third of
-//!    the TTL has passed since the last renewal
+//!    again before each round, while its sink writes run and before its
+//!    ACK, once a third of the TTL has passed since the last renewal
 //!    ([`RENEW_EVERY_TTL_FRACTION`]), so a long step never outlives its own
 //!    ownership:
 //!    * **pending pages first** (metadata committed by a previous owner or
@@ -47,6 +49,25 @@
 //!      supervisor) and the cut is certain: the Lease moves to
 //!      `release_pending` for the worker to destroy and prove, and the
 //!      ownership ends.
+//!
+//! **Bounded provider calls and the keeper.** Every provider call (connect,
+//! pages, ack, send, cancel, spool status) is bounded by
+//! [`GatewayOptions::provider_call_timeout`] (at most a third of the TTL,
+//! [`PROVIDER_CALL_TIMEOUT_DEFAULT`]). A call that hits it ends its exec's
+//! work for the step as a failure `provider_timeout` of that exec only
+//! (counted in [`StepReport::provider_timeouts`] and the metrics), retried
+//! at the next step from what the store says; so a supervisor that stopped
+//! answering costs its exec one bound per step and delays no other exec
+//! unless [`GatewayOptions::serve_concurrency`] such execs fill every place
+//! at once (then by one bound per step for each `serve_concurrency` of
+//! them). While step 3 serves, a keeper in the same step renews, every
+//! [`KEEPER_CHECKS_PER_RENEWAL`]th of the renewal interval, the heartbeat
+//! of every owned exec that is not being served and was last renewed a
+//! [`RENEW_EVERY_TTL_FRACTION`] of the TTL ago
+//! ([`StepReport::renewals_kept`]); it makes no provider call, so no exec's
+//! heartbeat waits on another exec's supervisor. Each exec is held by one
+//! server or the keeper at a time; an exec whose renewal the keeper sees
+//! refused is forgotten at once and not served.
 //!
 //! Every store write is fenced by the owner credential and judged at a
 //! reading of the cut taken just before it. Every provider call carries the
@@ -112,6 +133,35 @@ pub const PROVIDERS_MAX: usize = 64;
 /// metrics (one unfenced status request per exec).
 pub const SPOOL_SAMPLE_EVERY: Duration = Duration::from_secs(1);
 
+/// The default bound on one provider call of the gateway: a supervisor
+/// answers a request on its local socket within milliseconds and a
+/// provider serves one round of pages (at most [`PAGES_PER_ROUND`] pages)
+/// well within it, while a supervisor that stopped answering (stopped,
+/// wedged, or its socket replaced by a listener that never answers) costs
+/// its exec this much per step instead of the provider's own socket
+/// timeout. It is a fifth of the default heartbeat TTL, so an exec being
+/// served still renews its heartbeat between two of its calls.
+pub const PROVIDER_CALL_TIMEOUT_DEFAULT: Duration = Duration::from_secs(1);
+
+/// The default bound on execs served at once within a step: each holds at
+/// most one provider call, one store connection or one sink write at a
+/// time, so this many supervisors that stop answering together cost the
+/// others one bound per step, and fewer cost them nothing.
+pub const SERVE_CONCURRENCY_DEFAULT: usize = 16;
+
+/// The largest accepted [`GatewayOptions::serve_concurrency`].
+pub const SERVE_CONCURRENCY_MAX: usize = 256;
+
+/// The smallest accepted [`GatewayOptions::provider_call_timeout`]: below
+/// it a healthy provider's answer could not arrive in time.
+pub const PROVIDER_CALL_TIMEOUT_MIN: Duration = Duration::from_millis(10);
+
+/// How many times per renewal interval (a [`RENEW_EVERY_TTL_FRACTION`] of
+/// the TTL) the heartbeat keeper looks for owned execs due for renewal
+/// while a step serves: an exec waiting for its turn is renewed at most a
+/// quarter of that interval late.
+pub const KEEPER_CHECKS_PER_RENEWAL: u32 = 4;
+
 /// The gateway's bounds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GatewayOptions {
@@ -123,6 +173,15 @@ pub struct GatewayOptions {
     pub owned_max: usize,
     /// Pages moved per exec and step, `1..=`[`PAGES_PER_STEP_MAX`].
     pub pages_per_step: usize,
+    /// Execs served at once within a step,
+    /// `1..=`[`SERVE_CONCURRENCY_MAX`] (see [`SERVE_CONCURRENCY_DEFAULT`]).
+    pub serve_concurrency: usize,
+    /// The bound on each provider call of the gateway (connect, pages,
+    /// ack, send, cancel, spool status), from
+    /// [`PROVIDER_CALL_TIMEOUT_MIN`] to a third of
+    /// [`GatewayOptions::heartbeat_ttl`] (see
+    /// [`PROVIDER_CALL_TIMEOUT_DEFAULT`]).
+    pub provider_call_timeout: Duration,
 }
 
 impl Default for GatewayOptions {
@@ -131,6 +190,8 @@ impl Default for GatewayOptions {
             heartbeat_ttl: lc_core::owner::HEARTBEAT_TTL_DEFAULT,
             owned_max: OWNED_EXECS_DEFAULT,
             pages_per_step: PAGES_PER_STEP_DEFAULT,
+            provider_call_timeout: PROVIDER_CALL_TIMEOUT_DEFAULT,
+            serve_concurrency: SERVE_CONCURRENCY_DEFAULT,
         }
     }
 }
@@ -142,7 +203,7 @@ pub struct ExecFailure {
     pub exec_id: Option<ExecId>,
     /// The stable code (the store's, the provider's, the sink's, or
     /// `page_mismatch`, `page_missing`, `provider_mismatch`,
-    /// `providers_full`, `clock_unavailable`).
+    /// `providers_full`, `provider_timeout`, `clock_unavailable`).
     pub code: String,
     /// A message for the log.
     pub message: String,
@@ -160,6 +221,16 @@ pub struct StepReport {
     /// Heartbeats renewed again within the step, while it worked off a
     /// backlog ([`RENEW_EVERY_TTL_FRACTION`]).
     pub renewals_mid_step: usize,
+    /// Heartbeats the keeper renewed within the step for owned execs that
+    /// were not being served at that moment (waiting for their turn, or
+    /// served already), so no exec's heartbeat waits on another exec's
+    /// provider calls.
+    pub renewals_kept: usize,
+    /// Provider calls that did not answer within
+    /// [`GatewayOptions::provider_call_timeout`] (each also a failure
+    /// `provider_timeout` of its exec, which is served again at the next
+    /// step).
+    pub provider_timeouts: usize,
     /// Execs newly owned that no gateway owned before.
     pub claimed: usize,
     /// Execs newly owned from an expired or released owner.
@@ -189,6 +260,31 @@ pub struct StepReport {
     pub crashed: Option<CrashPoint>,
     /// What failed.
     pub failures: Vec<ExecFailure>,
+}
+
+impl StepReport {
+    /// Adds the counts and failures of `part` (a part of this step: one
+    /// exec's serve, or the keeper's) to this report.
+    fn absorb(&mut self, part: StepReport) {
+        self.heartbeats += part.heartbeats;
+        self.renewals_mid_step += part.renewals_mid_step;
+        self.renewals_kept += part.renewals_kept;
+        self.provider_timeouts += part.provider_timeouts;
+        self.claimed += part.claimed;
+        self.taken_over += part.taken_over;
+        self.stale_refused += part.stale_refused;
+        self.pending_finished += part.pending_finished;
+        self.pages_staged += part.pages_staged;
+        self.pages_acked += part.pages_acked;
+        self.bytes_acked += part.bytes_acked;
+        self.supervisor_acks += part.supervisor_acks;
+        self.inputs_sent += part.inputs_sent;
+        self.cancels += part.cancels;
+        self.released += part.released;
+        self.dropped += part.dropped;
+        self.crashed = self.crashed.or(part.crashed);
+        self.failures.extend(part.failures);
+    }
 }
 
 /// Why a gateway could not be built.
@@ -228,6 +324,11 @@ enum Fail {
         actual: String,
     },
     ProvidersFull,
+    /// A provider call (named) did not answer within the bound.
+    Timeout {
+        call: &'static str,
+        after: Duration,
+    },
     Crashed(CrashPoint),
     Join(String),
 }
@@ -282,6 +383,12 @@ impl Fail {
                 "providers_full".into(),
                 format!("this gateway keeps clients for at most {PROVIDERS_MAX} providers"),
             ),
+            Fail::Timeout { call, after } => (
+                "provider_timeout".into(),
+                format!(
+                    "the provider's {call} call did not answer within {after:?}; the exec is served again at the next step"
+                ),
+            ),
             Fail::Crashed(p) => ("crashed".into(), format!("fault injection at {p}")),
             Fail::Join(m) => ("sink_task_failed".into(), m.clone()),
         }
@@ -306,6 +413,26 @@ struct Held {
     /// ([`RENEW_EVERY_TTL_FRACTION`]); the expiry itself is decided by the
     /// store on the cut.
     renewed_at: Instant,
+    /// Whether this activation is done with the exec (released, refused
+    /// as stale, or its Lease no longer active): nothing touches it again
+    /// and the step forgets it.
+    ended: bool,
+    /// Whether the exec's last serve ended at a provider call that hit
+    /// its bound: its spool is not sampled until a serve succeeds.
+    unresponsive: bool,
+}
+
+/// Runs a provider call under the bound `after`, naming it `call` in the
+/// failure.
+async fn bounded<T>(
+    call: &'static str,
+    after: Duration,
+    fut: impl std::future::Future<Output = Result<T, ProviderError>>,
+) -> Result<T, Fail> {
+    match tokio::time::timeout(after, fut).await {
+        Ok(r) => r.map_err(Fail::Provider),
+        Err(_) => Err(Fail::Timeout { call, after }),
+    }
 }
 
 /// Within one step the gateway renews an exec's heartbeat again once this
@@ -371,6 +498,7 @@ impl Gateway {
         for (n, max) in [
             (options.owned_max, OWNED_EXECS_MAX),
             (options.pages_per_step, PAGES_PER_STEP_MAX),
+            (options.serve_concurrency, SERVE_CONCURRENCY_MAX),
         ] {
             if !(1..=max).contains(&n) {
                 return Err(GatewayError::Options(LcError::InvalidLimit {
@@ -378,6 +506,15 @@ impl Gateway {
                     max,
                 }));
             }
+        }
+        let call_max = options.heartbeat_ttl.unsigned_abs() / RENEW_EVERY_TTL_FRACTION;
+        if !(PROVIDER_CALL_TIMEOUT_MIN..=call_max).contains(&options.provider_call_timeout) {
+            return Err(GatewayError::Options(LcError::InvalidTimeout {
+                reason: format!(
+                    "the provider call timeout {:?} must be in {PROVIDER_CALL_TIMEOUT_MIN:?}..={call_max:?} (a third of the heartbeat TTL); lower it or raise the TTL",
+                    options.provider_call_timeout
+                ),
+            }));
         }
         Ok(Gateway {
             store,
@@ -479,23 +616,24 @@ impl Gateway {
                 Err(e) => self.fail(&mut report, None, &Fail::Store(e)),
             }
         }
-        let ids: Vec<ExecId> = held.keys().copied().collect();
-        for id in ids {
-            let Some(h) = held.get_mut(&id) else { continue };
-            match self.serve(h, &mut report).await {
-                Ok(Served::Keep) => {}
-                Ok(Served::Released) => {
-                    held.remove(&id);
-                }
-                Err(Fail::Crashed(p)) => {
-                    report.crashed = Some(p);
-                    break;
-                }
-                Err(f) if f.is_stale() => {
-                    held.remove(&id);
-                    self.stale(&mut report, id, &f);
-                }
-                Err(f) => self.fail(&mut report, Some(id), &f),
+        // Serve the execs (a bounded number at once) while the keeper
+        // renews the heartbeats of those not being served; each exec sits
+        // in its own lock, held by whichever works on it.
+        let slots: Vec<(ExecId, Mutex<Held>)> = std::mem::take(&mut *held)
+            .into_iter()
+            .map(|(id, h)| (id, Mutex::new(h)))
+            .collect();
+        let (done, done_rx) = watch::channel(false);
+        let serving = async {
+            self.serve_all(&slots, &mut report).await;
+            let _ = done.send(true);
+        };
+        let ((), kept) = tokio::join!(serving, self.keep_alive(&slots, done_rx));
+        report.absorb(kept);
+        for (id, slot) in slots {
+            let h = slot.into_inner();
+            if !h.ended {
+                held.insert(id, h);
             }
         }
         report.owned = held.len();
@@ -510,8 +648,148 @@ impl Gateway {
         report
     }
 
+    /// Serves the owned execs, at most
+    /// [`GatewayOptions::serve_concurrency`] at once, started in id order
+    /// (see the module docs); an exec the keeper ended meanwhile is
+    /// skipped, and none is started once one reached a crash point. Each
+    /// exec's counts are added to `report` in id order.
+    async fn serve_all(&self, slots: &[(ExecId, Mutex<Held>)], report: &mut StepReport) {
+        use futures_util::StreamExt as _;
+        let crashed = std::sync::atomic::AtomicBool::new(false);
+        let parts = std::sync::Mutex::new(Vec::with_capacity(slots.len()));
+        futures_util::stream::iter(slots)
+            .for_each_concurrent(self.options.serve_concurrency, |(id, slot)| {
+                let (crashed, parts) = (&crashed, &parts);
+                async move {
+                    if crashed.load(std::sync::atomic::Ordering::SeqCst) {
+                        return;
+                    }
+                    let mut part = StepReport::default();
+                    self.serve_one(*id, slot, &mut part).await;
+                    if part.crashed.is_some() {
+                        crashed.store(true, std::sync::atomic::Ordering::SeqCst);
+                    }
+                    parts
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .push((*id, part));
+                }
+            })
+            .await;
+        let mut parts = parts.into_inner().unwrap_or_else(|p| p.into_inner());
+        parts.sort_by_key(|(id, _)| *id);
+        for (_, part) in parts {
+            report.absorb(part);
+        }
+    }
+
+    /// Serves one exec unless it ended; records the outcome in `report`.
+    async fn serve_one(&self, id: ExecId, slot: &Mutex<Held>, report: &mut StepReport) {
+        let mut h = slot.lock().await;
+        if h.ended {
+            return;
+        }
+        match self.serve(&mut h, report).await {
+            Ok(Served::Keep) => h.unresponsive = false,
+            Ok(Served::Released) => h.ended = true,
+            Err(Fail::Crashed(p)) => report.crashed = Some(p),
+            Err(f) if f.is_stale() => {
+                h.ended = true;
+                self.stale(report, id, &f);
+            }
+            Err(f) => {
+                if matches!(f, Fail::Timeout { .. }) {
+                    h.unresponsive = true;
+                    report.provider_timeouts += 1;
+                    self.metrics.provider_timeout();
+                }
+                self.fail(report, Some(id), &f);
+            }
+        }
+    }
+
+    /// The heartbeat keeper of a step: until `done` turns `true`, every
+    /// [`KEEPER_CHECKS_PER_RENEWAL`]th of the renewal interval, renews the
+    /// heartbeat of each owned exec that is not being served (its lock is
+    /// free), not ended, and last renewed a [`RENEW_EVERY_TTL_FRACTION`]
+    /// of the TTL ago. It makes no provider call, so no exec's heartbeat
+    /// waits on any exec's provider; the exec being served renews its own
+    /// between its calls, each bounded well below the TTL. Each renewal is
+    /// a fenced store write judged at a reading taken just before it, and
+    /// an exec whose renewal is refused is ended at once, as at the start
+    /// of a step. Returns its counts (renewals, refusals, drops, failures).
+    async fn keep_alive(
+        &self,
+        slots: &[(ExecId, Mutex<Held>)],
+        mut done: watch::Receiver<bool>,
+    ) -> StepReport {
+        let mut report = StepReport::default();
+        let every = self.renew_every();
+        let tick = every / KEEPER_CHECKS_PER_RENEWAL;
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep(tick) => {}
+                changed = done.changed() => {
+                    if changed.is_err() {
+                        break;
+                    }
+                }
+            }
+            if *done.borrow() {
+                break;
+            }
+            for (id, slot) in slots {
+                let Ok(mut h) = slot.try_lock() else { continue };
+                if h.ended || h.renewed_at.elapsed() < every {
+                    continue;
+                }
+                self.keep(*id, &mut h, &mut report).await;
+            }
+        }
+        report
+    }
+
+    /// One renewal by the keeper; see [`Gateway::keep_alive`].
+    async fn keep(&self, id: ExecId, h: &mut Held, report: &mut StepReport) {
+        let at = match self.reading().await {
+            Ok(at) => at,
+            Err(e) => return self.fail(report, Some(id), &Fail::Clock(e)),
+        };
+        match self
+            .store
+            .heartbeat(&h.cred, id, at, self.options.heartbeat_ttl)
+            .await
+        {
+            Ok(view) => {
+                report.renewals_kept += 1;
+                h.view = view;
+                h.renewed_at = Instant::now();
+                if h.view.lease_state != LeaseState::Active {
+                    tracing::info!(exec = id.0, lease_state = %h.view.lease_state, "exec's Lease is no longer active; forgotten");
+                    h.ended = true;
+                    report.dropped += 1;
+                }
+            }
+            Err(e) if matches!(e.code(), "owner_stale" | "owner_expired") => {
+                h.ended = true;
+                self.stale(report, id, &Fail::Store(e));
+            }
+            Err(e) if e.code() == "not_found" => {
+                h.ended = true;
+                report.dropped += 1;
+            }
+            Err(e) => self.fail(report, Some(id), &Fail::Store(e)),
+        }
+    }
+
+    /// A [`RENEW_EVERY_TTL_FRACTION`] of the heartbeat TTL.
+    fn renew_every(&self) -> Duration {
+        self.options.heartbeat_ttl.unsigned_abs() / RENEW_EVERY_TTL_FRACTION
+    }
+
     /// Sums the owned execs' spool occupancy into the metrics, at most every
-    /// [`SPOOL_SAMPLE_EVERY`]; a failed status request counts nothing.
+    /// [`SPOOL_SAMPLE_EVERY`]; a failed or timed-out status request counts
+    /// nothing, and an exec whose last serve timed out is not asked.
     async fn sample_spools(&self, held: &BTreeMap<ExecId, Held>) {
         {
             let mut last = self.spool_sampled.lock().unwrap_or_else(|p| p.into_inner());
@@ -521,14 +799,13 @@ impl Gateway {
             *last = Some(Instant::now());
         }
         let (mut pages, mut bytes) = (0u64, 0u64);
-        for h in held.values() {
+        let after = self.options.provider_call_timeout;
+        for h in held.values().filter(|h| !h.unresponsive) {
             let Ok(p) = self.provider(&h.view).await else {
                 continue;
             };
-            if let Ok(Some(s)) = p
-                .spool_status(h.view.lease_id, h.view.lease_generation)
-                .await
-            {
+            let status = p.spool_status(h.view.lease_id, h.view.lease_generation);
+            if let Ok(Some(s)) = bounded("spool_status", after, status).await {
                 pages = pages.saturating_add(s.pages);
                 bytes = bytes.saturating_add(s.bytes);
             }
@@ -571,6 +848,8 @@ impl Gateway {
                 cancel_sent: false,
                 input_closed: false,
                 renewed_at: Instant::now(),
+                ended: false,
+                unresponsive: false,
             },
         );
     }
@@ -638,7 +917,12 @@ impl Gateway {
                 if providers.len() >= PROVIDERS_MAX {
                     return Err(Fail::ProvidersFull);
                 }
-                let p = self.connector.connect(&view.provider_url).await?;
+                let p = bounded(
+                    "connect",
+                    self.options.provider_call_timeout,
+                    self.connector.connect(&view.provider_url),
+                )
+                .await?;
                 providers.insert(view.provider_url.clone(), Arc::clone(&p));
                 p
             }
@@ -660,8 +944,7 @@ impl Gateway {
     /// The store's refusal: `owner_stale` or `owner_expired` (the caller
     /// forgets the exec), or a storage or clock failure.
     async fn renew_if_due(&self, h: &mut Held, report: &mut StepReport) -> Result<(), Fail> {
-        let every = self.options.heartbeat_ttl.unsigned_abs() / RENEW_EVERY_TTL_FRACTION;
-        if h.renewed_at.elapsed() < every {
+        if h.renewed_at.elapsed() < self.renew_every() {
             return Ok(());
         }
         let id = h.view.ownership.exec_id;
@@ -681,18 +964,24 @@ impl Gateway {
     }
 
     async fn serve(&self, h: &mut Held, report: &mut StepReport) -> Result<Served, Fail> {
+        // An exec that waited for its turn may be due (the keeper renews
+        // it up to a quarter of the interval late).
+        self.renew_if_due(h, report).await?;
         let p = self.provider(&h.view).await?;
         let p = p.as_ref();
         let id = h.view.ownership.exec_id;
         let (lease, generation, fence) = (h.view.lease_id, h.view.lease_generation, h.cred.fence);
         let mut budget = self.options.pages_per_step;
+        let after = self.options.provider_call_timeout;
 
-        // Inputs: a failure here other than a lost ownership or a crash
-        // point is recorded and the pages still move.
+        // Inputs: a failure here other than a lost ownership, a crash
+        // point or a call past its bound is recorded and the pages still
+        // move; a call past its bound ends the exec's step, so a
+        // supervisor that does not answer costs the step one bound.
         if !h.input_closed && h.view.terminal_acked_seq.is_none() {
             match self.deliver_inputs(h, p, report).await {
                 Ok(()) => {}
-                Err(f @ Fail::Crashed(_)) => return Err(f),
+                Err(f @ (Fail::Crashed(_) | Fail::Timeout { .. })) => return Err(f),
                 Err(f) if f.is_stale() => return Err(f),
                 Err(f) => self.fail(report, Some(id), &f),
             }
@@ -711,8 +1000,8 @@ impl Gateway {
         let more_pending = pending.len() >= limit;
         if let Some(first) = pending.first() {
             let fetched_at = Instant::now();
-            let spooled =
-                spool::pages(p, lease, generation, fence, first.seq - 1, pending.len()).await?;
+            let read = spool::pages(p, lease, generation, fence, first.seq - 1, pending.len());
+            let spooled = bounded("pages", after, read).await?;
             let mut pages = Vec::with_capacity(pending.len());
             for meta in &pending {
                 let page = spooled
@@ -737,7 +1026,8 @@ impl Gateway {
         // Acked in the store, still in the spool (a crash before the
         // supervisor's ack): ack again.
         if h.view.acked_through > h.supervisor_acked {
-            spool::ack(p, lease, generation, fence, h.view.acked_through).await?;
+            let ack = spool::ack(p, lease, generation, fence, h.view.acked_through);
+            bounded("ack", after, ack).await?;
             h.supervisor_acked = h.view.acked_through;
             report.supervisor_acks += 1;
         }
@@ -749,8 +1039,8 @@ impl Gateway {
         while budget > 0 && h.view.terminal_acked_seq.is_none() {
             self.renew_if_due(h, report).await?;
             let max = budget.min(PAGES_PER_ROUND);
-            let pages =
-                spool::pages(p, lease, generation, fence, h.view.staged_through, max).await?;
+            let read = spool::pages(p, lease, generation, fence, h.view.staged_through, max);
+            let pages = bounded("pages", after, read).await?;
             if pages.is_empty() {
                 break;
             }
@@ -780,7 +1070,7 @@ impl Gateway {
             self.store
                 .cancel(&h.cred, id, self.reading().await?, &tid)
                 .await?;
-            spool::cancel(p, lease, generation, fence).await?;
+            bounded("cancel", after, spool::cancel(p, lease, generation, fence)).await?;
             h.cancel_sent = true;
             report.cancels += 1;
             tracing::info!(exec = id.0, "cancel told to the supervisor");
@@ -823,10 +1113,19 @@ impl Gateway {
             .store
             .queued_inputs(&h.cred, id, self.reading().await?, INPUTS_PER_STEP)
             .await?;
+        let after = self.options.provider_call_timeout;
         for input in inputs {
             let seq = input.input_seq;
             let len = input.bytes.len() as u64;
-            match spool::send(p, lease, generation, fence, seq, input.bytes, input.eof).await {
+            self.renew_if_due(h, report).await?;
+            let send = spool::send(p, lease, generation, fence, seq, input.bytes, input.eof);
+            let Ok(sent) = tokio::time::timeout(after, send).await else {
+                return Err(Fail::Timeout {
+                    call: "send",
+                    after,
+                });
+            };
+            match sent {
                 Ok(_) => {}
                 Err(ProviderError::InputRefused { reason, detail }) if reason == "input_closed" => {
                     // Permanent: the command ended or closed its stdin, so
@@ -890,7 +1189,7 @@ impl Gateway {
         let n = pages.len();
         let bytes: u64 = pages.iter().map(|pg| pg.bytes().len() as u64).sum();
         let sink = Arc::clone(&self.sink);
-        let replaced = tokio::task::spawn_blocking(move || -> Result<usize, BlobError> {
+        let mut writes = tokio::task::spawn_blocking(move || -> Result<usize, BlobError> {
             let mut replaced = 0;
             for pg in &pages {
                 let digest = lc_core::Digest(pg.sha256());
@@ -899,10 +1198,21 @@ impl Gateway {
                 }
             }
             Ok(replaced)
-        })
-        .await
-        .map_err(|e| Fail::Join(e.to_string()))?
-        .map_err(Fail::Sink)?;
+        });
+        // A round of fsynced writes can outlast the TTL on a loaded host:
+        // the heartbeat is renewed while they run, as the keeper would.
+        // An exec refused meanwhile is abandoned at once; the writes left
+        // running only put content-addressed blobs a successor puts again.
+        let tick = self.renew_every() / KEEPER_CHECKS_PER_RENEWAL;
+        let written = loop {
+            tokio::select! {
+                r = &mut writes => break r,
+                () = tokio::time::sleep(tick) => self.renew_if_due(h, report).await?,
+            }
+        };
+        let replaced = written
+            .map_err(|e| Fail::Join(e.to_string()))?
+            .map_err(Fail::Sink)?;
         for _ in 0..replaced {
             self.metrics.sink_replaced();
         }
@@ -923,7 +1233,8 @@ impl Gateway {
         self.crash_point(CrashPoint::AfterAckResult)?;
         self.crash_point(CrashPoint::BeforeSupervisorAck)?;
         let (lease, generation, fence) = (h.view.lease_id, h.view.lease_generation, h.cred.fence);
-        spool::ack(p, lease, generation, fence, through).await?;
+        let ack = spool::ack(p, lease, generation, fence, through);
+        bounded("ack", self.options.provider_call_timeout, ack).await?;
         h.supervisor_acked = h.supervisor_acked.max(through);
         report.supervisor_acks += 1;
         self.metrics.ack_latency(fetched_at.elapsed());
@@ -977,7 +1288,8 @@ fn log_report(r: &StepReport) {
         + r.inputs_sent
         + r.cancels
         + r.released
-        + r.dropped;
+        + r.dropped
+        + r.provider_timeouts;
     if busy == 0 {
         tracing::debug!(owned = r.owned, heartbeats = r.heartbeats, "gateway step");
     } else {
@@ -992,6 +1304,8 @@ fn log_report(r: &StepReport) {
             inputs_sent = r.inputs_sent,
             cancels = r.cancels,
             released = r.released,
+            provider_timeouts = r.provider_timeouts,
+            renewals_kept = r.renewals_kept,
             "gateway step"
         );
     }

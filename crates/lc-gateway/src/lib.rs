@@ -26,9 +26,10 @@ pub mod spool;
 
 pub use crash::{CRASH_AT_ENV, CrashPoint, FaultHook, UnknownCrashPoint};
 pub use gateway::{
-    ExecFailure, Gateway, GatewayError, GatewayOptions, INPUTS_PER_STEP, OWNED_EXECS_DEFAULT,
-    OWNED_EXECS_MAX, PAGES_PER_ROUND, PAGES_PER_STEP_DEFAULT, PAGES_PER_STEP_MAX, StepReport,
-    new_owner_token,
+    ExecFailure, Gateway, GatewayError, GatewayOptions, INPUTS_PER_STEP, KEEPER_CHECKS_PER_RENEWAL,
+    OWNED_EXECS_DEFAULT, OWNED_EXECS_MAX, PAGES_PER_ROUND, PAGES_PER_STEP_DEFAULT,
+    PAGES_PER_STEP_MAX, PROVIDER_CALL_TIMEOUT_DEFAULT, PROVIDER_CALL_TIMEOUT_MIN,
+    SERVE_CONCURRENCY_DEFAULT, SERVE_CONCURRENCY_MAX, StepReport, new_owner_token,
 };
 pub use metrics::{GatewayMetrics, MetricsSnapshot};
 pub use spool::{HttpConnector, ProviderConnector};

@@ -43,6 +43,9 @@ pub const RELEASES: &str = "lc_gateway_releases_total";
 pub const INPUTS_SENT: &str = "lc_gateway_inputs_sent_total";
 /// Bytes of those inputs (counter).
 pub const INPUT_BYTES_SENT: &str = "lc_gateway_input_bytes_sent_total";
+/// Provider calls that did not answer within the gateway's bound (counter;
+/// each is also a failure).
+pub const PROVIDER_TIMEOUTS: &str = "lc_gateway_provider_timeouts_total";
 /// Per-exec step failures (counter).
 pub const FAILURES: &str = "lc_gateway_failures_total";
 /// Sum of ACK latencies, nanoseconds (with [`ACK_LATENCY_COUNT`]).
@@ -69,6 +72,7 @@ pub struct GatewayMetrics {
     inputs_sent: AtomicU64,
     input_bytes_sent: AtomicU64,
     failures: AtomicU64,
+    provider_timeouts: AtomicU64,
     ack_latency_ns_sum: AtomicU64,
     ack_latency_count: AtomicU64,
 }
@@ -108,6 +112,8 @@ pub struct MetricsSnapshot {
     pub input_bytes_sent: u64,
     /// [`FAILURES`].
     pub failures: u64,
+    /// [`PROVIDER_TIMEOUTS`].
+    pub provider_timeouts: u64,
     /// [`ACK_LATENCY_SUM`].
     pub ack_latency_ns_sum: u64,
     /// [`ACK_LATENCY_COUNT`].
@@ -165,6 +171,9 @@ impl GatewayMetrics {
     pub(crate) fn failure(&self) {
         add(&self.failures, 1);
     }
+    pub(crate) fn provider_timeout(&self) {
+        add(&self.provider_timeouts, 1);
+    }
     pub(crate) fn ack_latency(&self, d: std::time::Duration) {
         add(
             &self.ack_latency_ns_sum,
@@ -193,6 +202,7 @@ impl GatewayMetrics {
             inputs_sent: g(&self.inputs_sent),
             input_bytes_sent: g(&self.input_bytes_sent),
             failures: g(&self.failures),
+            provider_timeouts: g(&self.provider_timeouts),
             ack_latency_ns_sum: g(&self.ack_latency_ns_sum),
             ack_latency_count: g(&self.ack_latency_count),
         }
@@ -202,7 +212,7 @@ impl GatewayMetrics {
     pub fn render(&self) -> String {
         const W: &str = "writing to a String never fails";
         let s = self.snapshot();
-        let rows: [(&str, &str, &str, u64); 18] = [
+        let rows: [(&str, &str, &str, u64); 19] = [
             (STEPS, "counter", "Steps taken.", s.steps),
             (
                 STEPS_UNCERTAIN,
@@ -290,6 +300,12 @@ impl GatewayMetrics {
             ),
             (FAILURES, "counter", "Per-exec step failures.", s.failures),
             (
+                PROVIDER_TIMEOUTS,
+                "counter",
+                "Provider calls that did not answer within the gateway's bound.",
+                s.provider_timeouts,
+            ),
+            (
                 ACK_LATENCY_SUM,
                 "counter",
                 "Sum of spool-read-to-supervisor-ACK latencies, nanoseconds (monotonic clock, telemetry only).",
@@ -324,6 +340,7 @@ mod tests {
         m.stale_refused();
         m.acked(4, 1000);
         m.input_sent(6);
+        m.provider_timeout();
         m.ack_latency(std::time::Duration::from_nanos(1500));
         let text = m.render();
         for line in [
@@ -336,6 +353,7 @@ mod tests {
             "lc_gateway_takeovers_total 0",
             "lc_gateway_inputs_sent_total 1",
             "lc_gateway_input_bytes_sent_total 6",
+            "lc_gateway_provider_timeouts_total 1",
             "# TYPE lc_gateway_owned_execs gauge",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} in\n{text}");

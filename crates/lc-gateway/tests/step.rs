@@ -79,6 +79,7 @@ async fn pages_are_bounded_per_exec_and_step() {
         heartbeat_ttl: TTL,
         owned_max: 1,
         pages_per_step: 64,
+        ..GatewayOptions::default()
     });
     // Each step acks the supervisor once: through 64, 128, then the
     // terminal page 151, after which the supervisor exits.
@@ -429,6 +430,54 @@ async fn bad_options_are_refused_with_their_codes() {
         }),
         Err("invalid_limit")
     );
+    for n in [0, lc_gateway::SERVE_CONCURRENCY_MAX + 1] {
+        assert_eq!(
+            build(GatewayOptions {
+                serve_concurrency: n,
+                ..d
+            }),
+            Err("invalid_limit")
+        );
+    }
+    // Each provider call's bound: at least the minimum, at most a third
+    // of the heartbeat TTL, so an exec being served renews its heartbeat
+    // between two calls.
+    let third = std::time::Duration::from_nanos(1_666_666_666);
+    assert_eq!(
+        build(GatewayOptions {
+            provider_call_timeout: third,
+            ..d
+        }),
+        Ok(())
+    );
+    for bad in [
+        lc_gateway::PROVIDER_CALL_TIMEOUT_MIN - std::time::Duration::from_nanos(1),
+        third + std::time::Duration::from_nanos(1),
+    ] {
+        assert_eq!(
+            build(GatewayOptions {
+                provider_call_timeout: bad,
+                ..d
+            }),
+            Err("invalid_timeout")
+        );
+    }
+    let e = Gateway::new(
+        f.gateway_store.clone(),
+        Arc::new(support::InProcess(f.provider.clone())),
+        f.sink.clone(),
+        f.clock.clone(),
+        GatewayOptions {
+            heartbeat_ttl: jiff::SignedDuration::from_secs(1),
+            ..d
+        },
+    )
+    .map(|_| ())
+    .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "invalid timeout: the provider call timeout 1s must be in 10ms..=333.333333ms (a third of the heartbeat TTL); lower it or raise the TTL"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -500,6 +549,7 @@ async fn spool_occupancy_is_sampled_into_the_metrics() {
         heartbeat_ttl: TTL,
         owned_max: 1,
         pages_per_step: 2,
+        ..GatewayOptions::default()
     });
     let r = g.step().await;
     assert_eq!(r.pages_acked, 2);

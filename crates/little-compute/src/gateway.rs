@@ -36,6 +36,11 @@ use crate::worker::{
 /// 1 s), and no faster than 10 ms.
 const INTERVAL_MS_RANGE: std::ops::RangeInclusive<u64> = 10..=1_000;
 
+/// The default of `--provider-call-timeout-ms` (unless a third of the TTL
+/// is smaller): the library's [`lc_gateway::PROVIDER_CALL_TIMEOUT_DEFAULT`].
+const PROVIDER_CALL_TIMEOUT_MS_DEFAULT: u64 =
+    lc_gateway::PROVIDER_CALL_TIMEOUT_DEFAULT.as_millis() as u64;
+
 /// `little-compute gateway`.
 #[derive(Debug, clap::Args)]
 pub struct GatewayArgs {
@@ -62,6 +67,14 @@ pub struct GatewayArgs {
     /// heartbeat plus this.
     #[arg(long, default_value_t = 5_000)]
     pub heartbeat_ttl_ms: u64,
+    /// The bound on each call the gateway makes to a provider, milliseconds
+    /// (10 up to a third of `--heartbeat-ttl-ms`): a call that does not
+    /// answer within it counts as a failure `provider_timeout` of its exec
+    /// only, retried at the next step, so a supervisor that stops answering
+    /// delays the other execs by at most this per step. Default: 1000 or a
+    /// third of `--heartbeat-ttl-ms`, whichever is smaller.
+    #[arg(long, value_name = "MS")]
+    pub provider_call_timeout_ms: Option<u64>,
     /// Milliseconds between steps (10..=1000).
     #[arg(long, default_value_t = 200)]
     pub interval_ms: u64,
@@ -124,6 +137,17 @@ async fn serve(args: GatewayArgs) -> Result<(), WorkerError> {
                 args.heartbeat_ttl_ms
             ))
         })?;
+    let call_ms_max =
+        args.heartbeat_ttl_ms / u64::from(lc_gateway::gateway::RENEW_EVERY_TTL_FRACTION);
+    let call_ms_min = lc_gateway::PROVIDER_CALL_TIMEOUT_MIN.as_millis() as u64;
+    let call_ms = args
+        .provider_call_timeout_ms
+        .unwrap_or(PROVIDER_CALL_TIMEOUT_MS_DEFAULT.min(call_ms_max));
+    if !(call_ms_min..=call_ms_max).contains(&call_ms) {
+        return Err(WorkerError::Usage(format!(
+            "--provider-call-timeout-ms must be in {call_ms_min}..={call_ms_max} (at most a third of --heartbeat-ttl-ms), got {call_ms}"
+        )));
+    }
     let gap_ms = i64::try_from(args.safetime_gap_max_ms)
         .ok()
         .filter(|ms| (1..=3_600_000).contains(ms))
@@ -181,10 +205,11 @@ async fn serve(args: GatewayArgs) -> Result<(), WorkerError> {
         GatewayOptions {
             heartbeat_ttl: ttl,
             owned_max: args.owned_max,
+            provider_call_timeout: Duration::from_millis(call_ms),
             ..GatewayOptions::default()
         },
     )
-    .map_err(|e| WorkerError::Usage(format!("--owned-max: {e}")))?
+    .map_err(|e| WorkerError::Usage(format!("the gateway's options: {e}")))?
     .with_crash_point(crash_at, Arc::new(KillSelf));
     if let Some(p) = crash_at {
         tracing::warn!(

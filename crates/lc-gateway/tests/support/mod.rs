@@ -313,6 +313,11 @@ pub struct Exec {
 impl Rig {
     /// A rig on a certain cut, with the runtime `base` and a tenant of 4 units.
     pub async fn start() -> Rig {
+        Rig::start_with_units(4).await
+    }
+
+    /// [`Rig::start`] with a tenant of `units` units.
+    pub async fn start_with_units(units: i64) -> Rig {
         let db = tollgate_pg_harness::shared().await.fresh_database().await;
         let url = db.url().to_string();
         lc_pg::migrate(&url).await.expect("migrate");
@@ -397,7 +402,7 @@ impl Rig {
                 &OperationKey::new("t-1", Digest([2; 32])).unwrap(),
                 at,
                 "blue",
-                Some(4),
+                Some(units),
                 &|id| Digest::of(format!("key-{}", id.0).as_bytes()),
             )
             .await
@@ -559,11 +564,17 @@ impl Rig {
     /// [`Rig::run`], the command's stdin a pipe fed by queued inputs when
     /// `stdin_open` (else `/dev/null`).
     pub async fn run_stdin(&self, argv: &[&str], stdin_open: bool) -> Exec {
+        self.run_keyed("e-1", argv, stdin_open).await
+    }
+
+    /// [`Rig::run_stdin`] admitted under the operation key `key`, so a
+    /// test can run several execs at once.
+    pub async fn run_keyed(&self, key: &str, argv: &[&str], stdin_open: bool) -> Exec {
         let at = self.wait_reading(|r| r.certain).await;
         let id = self
             .store
             .admit_exec(
-                &OperationKey::new("e-1", Digest::of(b"e-1")).unwrap(),
+                &OperationKey::new(key, Digest::of(key.as_bytes())).unwrap(),
                 at,
                 self.tenant,
                 &ExecRequest {
@@ -711,6 +722,34 @@ impl Rig {
             std::fs::rename(&sock, &away).expect("move the socket aside");
             std::fs::write(&sock, b"not a socket").expect("a stand-in");
         }
+    }
+
+    /// The pid of the exec's supervisor: the process of the instance's
+    /// cgroup whose `argv[0]` is the supervisor's path in the sandbox.
+    pub fn supervisor_pid(&self, e: Exec) -> i32 {
+        let pids = self.provider.instance_cgroup(e.lease, e.generation).pids();
+        let found: Vec<i32> = pids
+            .iter()
+            .copied()
+            .filter(|pid| {
+                std::fs::read(format!("/proc/{pid}/cmdline"))
+                    .is_ok_and(|c| c.split(|b| *b == 0).next() == Some(b"/.lc/supervisor"))
+            })
+            .collect();
+        assert_eq!(found.len(), 1, "one supervisor among {pids:?}");
+        found[0]
+    }
+
+    /// Sends the real signal `signal` (`STOP`, `CONT`) to the exec's
+    /// supervisor: a stopped supervisor's socket still accepts connections,
+    /// but no request is answered until it continues.
+    pub fn signal_supervisor(&self, e: Exec, signal: &str) {
+        let pid = self.supervisor_pid(e);
+        let status = std::process::Command::new("kill")
+            .args(["-s", signal, &pid.to_string()])
+            .status()
+            .expect("kill runs");
+        assert!(status.success(), "kill -s {signal} {pid}: {status}");
     }
 
     /// Waits (bounded) until the supervisor has exited, which it does only
