@@ -83,32 +83,12 @@ const BACKWARD_STEP_NS: i64 = -2 * 1_000_000_000;
 static SERVER: tokio::sync::Mutex<Option<PgServer>> = tokio::sync::Mutex::const_new(None);
 
 /// The supervisor and the sampler are other packages' binaries, found
-/// beside `little-compute`; built when missing.
+/// beside `little-compute`: built fresh (once per process), so a test never
+/// runs a stale copy of either.
 fn ensure_sibling_binaries() {
-    let dir = exe().parent().unwrap().to_path_buf();
-    let missing: Vec<&str> = ["tollgate-safetime", "lc-supervisor"]
-        .into_iter()
-        .filter(|b| !dir.join(b).is_file())
-        .collect();
-    if missing.is_empty() {
-        return;
-    }
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let mut cmd = Command::new(cargo);
-    cmd.arg("build");
-    for b in &missing {
-        cmd.args(["-p", b]);
-    }
-    if dir.ends_with("release") {
-        cmd.arg("--release");
-    }
-    assert!(cmd.status().unwrap().success(), "building {missing:?}");
-    for b in &missing {
-        assert!(
-            dir.join(b).is_file(),
-            "{b} not built into {}",
-            dir.display()
-        );
+    for b in ["tollgate-safetime", "lc-supervisor"] {
+        let built = tollgate_pg_harness::cargo_built(b, &["-p", b]);
+        assert_eq!(built.parent(), exe().parent(), "{b} beside little-compute");
     }
 }
 
