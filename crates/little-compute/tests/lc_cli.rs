@@ -982,3 +982,96 @@ impl ConcatBytes for Vec<lc_core::input::InputRecord> {
         self.iter().flat_map(|i| i.bytes.iter().copied()).collect()
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn follow_of_an_exec_that_did_not_finish_exits_1_naming_its_reason() {
+    use lc_core::model::TerminalReason;
+    let s = PgSvc::start().await;
+    let url = serve(&s).await;
+    let admin = ["--server", &url, "--token", ADMIN];
+    let t = json_of(
+        &lc(
+            &cat(
+                &admin,
+                &[
+                    "tenant", "create", "--name", "gray", "--units", "4", "--json",
+                ],
+            ),
+            &[],
+        )
+        .await,
+    );
+    let tenant = t["tenant_id"].as_i64().unwrap().to_string();
+    let acting = cat(&admin, &["--tenant", &tenant]);
+    // Cancelled before it started: no page at all.
+    let cancelled = json_of(
+        &lc(
+            &cat(&acting, &["exec", "create", "--json", "--", "sleep", "100"]),
+            &[],
+        )
+        .await,
+    )["exec_id"]
+        .as_i64()
+        .unwrap();
+    let c = cancelled.to_string();
+    json_of(&lc(&cat(&acting, &["exec", "cancel", &c, "--json"]), &[]).await);
+    s.end_exec_unstarted(cancelled, TerminalReason::Cancelled)
+        .await;
+    // Expired (its 1 ms timeout passed on a certain cut) before it started.
+    let expired = json_of(
+        &lc(
+            &cat(
+                &acting,
+                &[
+                    "exec",
+                    "create",
+                    "--timeout-ms",
+                    "1",
+                    "--json",
+                    "--",
+                    "sleep",
+                    "100",
+                ],
+            ),
+            &[],
+        )
+        .await,
+    )["exec_id"]
+        .as_i64()
+        .unwrap();
+    let x = expired.to_string();
+    s.end_exec_unstarted(expired, TerminalReason::Expired).await;
+    let o = lc(&cat(&acting, &["exec", "output", &c, "--follow"]), &[]).await;
+    assert_eq!(
+        (
+            o.status.code(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+            o.stdout.len()
+        ),
+        (
+            Some(1),
+            format!(
+                "exec {c} ended cancelled: it was cancelled before its command exited; the output it wrote is kept (lc exec output {c})\n"
+            ),
+            0
+        )
+    );
+    let o = lc(&cat(&acting, &["exec", "output", &x, "--follow"]), &[]).await;
+    assert_eq!(
+        (
+            o.status.code(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+            o.stdout.len()
+        ),
+        (
+            Some(1),
+            format!(
+                "exec {x} ended expired: its Lease or its --timeout-ms ran out before its command exited (check that a worker and a gateway run: little-compute appliance status); the output it wrote is kept (lc exec output {x}); run it again with lc exec create\n"
+            ),
+            0
+        )
+    );
+    // Without --follow the bytes are all there is to write: exit 0.
+    let o = lc(&cat(&acting, &["exec", "output", &x]), &[]).await;
+    assert_eq!((o.status.code(), o.stderr.len()), (Some(0), 0));
+}
