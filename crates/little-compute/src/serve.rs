@@ -71,16 +71,16 @@ pub struct ServeArgs {
     #[arg(long, value_name = "DIR")]
     pub blob_dir: Option<PathBuf>,
     /// A reading of the cut older than this is stale (uncertain),
-    /// milliseconds.
-    #[arg(long, default_value_t = 5_000)]
+    /// milliseconds (1..=3600000).
+    #[arg(long, default_value_t = 5_000, value_parser = clap::value_parser!(u64).range(1..=DURATION_MS_MAX))]
     pub safetime_gap_max_ms: u64,
     /// Bound on receiving a request's body and, separately, on handling it,
-    /// milliseconds.
-    #[arg(long, default_value_t = 30_000)]
+    /// milliseconds (1..=3600000).
+    #[arg(long, default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(1..=DURATION_MS_MAX))]
     pub request_timeout_ms: u64,
     /// How long in-flight requests may finish after SIGTERM/SIGINT,
-    /// milliseconds.
-    #[arg(long, default_value_t = 10_000)]
+    /// milliseconds (0..=3600000).
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(0..=DURATION_MS_MAX))]
     pub shutdown_timeout_ms: u64,
     /// Connections served at once.
     #[arg(long, default_value_t = httpkit::server::CONNECTIONS_MAX_DEFAULT)]
@@ -105,6 +105,13 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 60_000)]
     pub admission_rate_window_ms: u64,
 }
+
+/// The largest `--safetime-gap-max-ms`, `--request-timeout-ms` and
+/// `--shutdown-timeout-ms`: an hour (the worker's bound on its gap too). A
+/// gap, a request or a shutdown that long is already a broken
+/// installation, and the bound keeps every deadline computed from them
+/// representable.
+pub const DURATION_MS_MAX: u64 = 3_600_000;
 
 /// How long reading the recorded grant policy may take.
 pub const POLICY_READ_MAX: Duration = Duration::from_secs(10);

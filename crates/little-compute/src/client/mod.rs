@@ -408,6 +408,22 @@ async fn terminal_signal(client: &Client, id: i64) -> Result<Option<i64>, Client
     Ok(None)
 }
 
+/// The instant `wait_s` seconds from now on the monotonic clock.
+///
+/// # Errors
+/// [`ClientError::Failed`] when it is not representable (clap bounds
+/// `--wait-timeout-s` to [`args::WAIT_SECS_MAX`], so only a platform whose
+/// clock cannot hold a year ahead gets it).
+fn deadline_after(wait_s: u64) -> Result<tokio::time::Instant, ClientError> {
+    tokio::time::Instant::now()
+        .checked_add(Duration::from_secs(wait_s))
+        .ok_or_else(|| {
+            ClientError::Failed(format!(
+                "--wait-timeout-s {wait_s} lies beyond this system's clock; give a smaller one"
+            ))
+        })
+}
+
 /// Polls `GET /v1/execs/{id}` until its state is `terminal` (the exec) or
 /// `wait_s` passed (`None`).
 async fn wait_terminal(
@@ -415,7 +431,7 @@ async fn wait_terminal(
     id: i64,
     wait_s: u64,
 ) -> Result<Option<Value>, ClientError> {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(wait_s);
+    let deadline = deadline_after(wait_s)?;
     loop {
         let v = client
             .call(Method::GET, &format!("v1/execs/{id}"), Body::None, None)
@@ -446,7 +462,7 @@ async fn exec_output(
     mut after_seq: i64,
     wait_s: u64,
 ) -> Result<ExitCode, ClientError> {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(wait_s);
+    let deadline = deadline_after(wait_s)?;
     let b64 = base64::engine::general_purpose::STANDARD;
     let timed_out = || {
         let _ = writeln!(
@@ -663,7 +679,7 @@ async fn exec_send(
     json: bool,
 ) -> Result<ExitCode, ClientError> {
     let b64 = base64::engine::general_purpose::STANDARD;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(wait_s);
+    let deadline = deadline_after(wait_s)?;
     let chunks: Vec<&[u8]> = if bytes.is_empty() {
         vec![&[]]
     } else {
