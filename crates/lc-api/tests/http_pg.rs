@@ -345,7 +345,7 @@ async fn insufficient_capacity_changes_nothing() {
     )
     .await;
     r.problem(409, "insufficient_capacity")
-        .detail("insufficient capacity: 2 units requested, 1 available");
+        .detail("insufficient capacity: 2 units requested, 1 available; wait for the tenant's running execs to end (their units return) or cancel one, or have the admin deposit more units");
     assert_eq!(balances(&s, id).await, before);
     let list = send(&s.router, Req::get("/v1/execs").token(&key)).await;
     assert_eq!(list.ok(200), &json!({"execs": [], "next_after": null}));
@@ -373,7 +373,7 @@ async fn insufficient_capacity_changes_nothing() {
     )
     .await
     .problem(409, "insufficient_capacity")
-    .detail("insufficient capacity: 1 units requested, 0 available");
+    .detail("insufficient capacity: 1 units requested, 0 available; wait for the tenant's running execs to end (their units return) or cancel one, or have the admin deposit more units");
 }
 
 #[tokio::test]

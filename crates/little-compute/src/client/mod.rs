@@ -111,9 +111,23 @@ pub async fn run(cli: Cli) -> ExitCode {
     match dispatch(cli).await {
         Ok(code) => code,
         Err(e) => {
-            let _ = writeln!(std::io::stderr(), "error: {e}");
+            let _ = writeln!(std::io::stderr(), "error: {}", explain(&e));
             ExitCode::from(1)
         }
+    }
+}
+
+/// The line `lc` prints for a failure: the server's problem as `<status>
+/// <code>: <detail>`, with a detail in `lc`'s terms where the server's
+/// names HTTP (`tenant_required` names the `Lc-Tenant` header, which `lc`
+/// sends for `--tenant`).
+pub fn explain(e: &ClientError) -> String {
+    match e {
+        ClientError::Problem(p) if p.code == "tenant_required" => format!(
+            "{} tenant_required: the admin token acts for one tenant on this command: name it with --tenant N",
+            p.status
+        ),
+        other => other.to_string(),
     }
 }
 
