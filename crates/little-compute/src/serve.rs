@@ -33,6 +33,9 @@ use tokio::net::TcpListener;
 /// beyond the host is an explicit choice.
 pub const LISTEN_DEFAULT: &str = "127.0.0.1:8090";
 
+/// The response header carrying `--instance-id`.
+pub const INSTANCE_HEADER: &str = "lc-instance";
+
 /// How long start-up waits for the database to accept connections.
 pub const DATABASE_WAIT_MAX: Duration = Duration::from_secs(30);
 
@@ -99,6 +102,13 @@ pub struct ServeArgs {
     /// beyond it, with `Retry-After`).
     #[arg(long, default_value_t = lc_core::rate::DEFAULT.admissions_max())]
     pub admission_rate_max: u32,
+
+    /// Sent back as the `Lc-Instance` header of every response (visible
+    /// ASCII), so the process that started this one can tell its answers
+    /// from another process's on the same port (the appliance passes a
+    /// fresh random one at each start).
+    #[arg(long, value_name = "TEXT")]
+    pub instance_id: Option<String>,
 
     /// The admission-rate window, in milliseconds on the cut (at most one
     /// day).
@@ -327,6 +337,24 @@ pub async fn run(args: ServeArgs) -> Result<(), ServeError> {
             sink,
         },
     );
+    let router = match &args.instance_id {
+        None => router,
+        Some(id) => {
+            let value = axum::http::HeaderValue::from_str(id)
+                .ok()
+                .filter(|_| !id.is_empty() && id.bytes().all(|b| b.is_ascii_graphic()))
+                .ok_or_else(|| ServeError::Config("--instance-id must be visible ASCII".into()))?;
+            router.layer(axum::middleware::map_response(
+                move |mut r: axum::response::Response| {
+                    let value = value.clone();
+                    async move {
+                        r.headers_mut().insert(INSTANCE_HEADER, value);
+                        r
+                    }
+                },
+            ))
+        }
+    };
     let listener = TcpListener::bind(args.listen)
         .await
         .map_err(|e| ServeError::Io(format!("cannot listen on {}: {e}", args.listen)))?;
@@ -513,6 +541,7 @@ mod tests {
             .expect("a free port")
             .port();
         args.listen = SocketAddr::from(([127, 0, 0, 1], port));
+        args.instance_id = Some("start-7f3a".into());
         let server = tokio::spawn(run(args));
         let http = reqwest::Client::new();
         let base = format!("http://127.0.0.1:{port}");
@@ -521,6 +550,13 @@ mod tests {
             if let Ok(r) = http.get(format!("{base}/readyz")).send().await
                 && r.status() == 200
             {
+                // Every answer names the instance it came from.
+                assert_eq!(
+                    r.headers()
+                        .get(INSTANCE_HEADER)
+                        .and_then(|v| v.to_str().ok()),
+                    Some("start-7f3a")
+                );
                 ready = Some(r.json::<serde_json::Value>().await.expect("json"));
                 break;
             }

@@ -273,3 +273,56 @@ fn the_control_plane_s_duration_flags_are_bounded() {
         );
     }
 }
+
+#[test]
+fn an_unsearchable_ancestor_is_refused_before_anything_is_created() {
+    // As root PostgreSQL runs as its own account, which must reach DIR/pg:
+    // a temporary directory is mode 0700.
+    assert!(
+        std::fs::read_to_string("/proc/self/status")
+            .unwrap()
+            .lines()
+            .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0")),
+        "this test runs as root, where PostgreSQL needs its own account"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let parent = dir.path();
+    std::fs::set_permissions(parent, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+    let d = parent.join("lc");
+    let (code, out) = run(&["appliance", "up", "--data-dir", d.to_str().unwrap()], &[]);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains(&format!(
+            "little-compute appliance: {} is not searchable by other users (mode 700), so PostgreSQL's account cannot reach {}/pg; choose a data directory under a searchable path or chmod o+x it\n",
+            parent.display(),
+            d.display()
+        )),
+        "{out}"
+    );
+    assert!(!d.exists(), "nothing was created");
+}
+
+#[test]
+fn a_busy_control_plane_port_is_refused_before_anything_starts() {
+    // Another process (here: this test) holds the port and answers
+    // nothing; an appliance must not take any answer on it for its own.
+    let held = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = held.local_addr().unwrap().port();
+    let d = format!("/tmp/lc-busy-{}", std::process::id());
+    let _ = std::fs::remove_dir_all(&d);
+    let listen = format!("127.0.0.1:{port}");
+    let (code, out) = run(
+        &["appliance", "up", "--data-dir", &d, "--listen", &listen],
+        &[],
+    );
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains(&format!(
+            "little-compute appliance: the control plane's address 127.0.0.1:{port} is in use by another process; stop that process (another appliance: `little-compute appliance down --data-dir ITS_DIR`) or choose another port with --listen 127.0.0.1:PORT (0 picks a free one)\n"
+        )),
+        "{out}"
+    );
+    assert!(!out.contains("control plane is up"), "{out}");
+    assert!(!std::path::Path::new(&d).exists(), "nothing was created");
+    drop(held);
+}
