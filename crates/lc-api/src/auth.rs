@@ -22,8 +22,10 @@
 //!
 //! 1. No `Authorization` header, or not `Bearer <visible ASCII token>`:
 //!    **401 `unauthenticated`** on every protected route, before anything
-//!    is looked up; on routes open to tenants also a token that is neither
-//!    the admin token nor a known tenant key.
+//!    is looked up ("a bearer credential is required"); on routes open to
+//!    tenants also a token that is neither the admin token nor a known
+//!    tenant key, whose detail says the credential was not accepted and
+//!    what to check.
 //! 2. Admin-only routes (tenant creation, deposits, runtime import): any
 //!    token but the admin token gets **403 `forbidden`**; nothing is
 //!    looked up.
@@ -31,8 +33,9 @@
 //!    tenant: a tenant key for its own tenant; the admin token for the
 //!    tenant named by the `Lc-Tenant: N` header (400 `tenant_required`
 //!    without it). A tenant key with an `Lc-Tenant` of another tenant is
-//!    **403 `forbidden`**. Another tenant's exec is **404
-//!    `exec_not_found`**, byte for byte as for an exec that does not exist.
+//!    **403 `forbidden`**. Another tenant's exec is **404 `not_found`**
+//!    (`exec N not found`), byte for byte as for an exec that does not
+//!    exist.
 //! 4. `GET /v1/tenants/{id}`: the admin token, or the key of that tenant;
 //!    another tenant's key is **403 `forbidden`**, the same for existing
 //!    and missing tenants.
@@ -233,7 +236,7 @@ async fn caller(parts: &Parts, s: &AppState) -> Result<Caller, ApiError> {
     {
         return Ok(Caller::Tenant(t));
     }
-    Err(Rejection::Unauthenticated.into())
+    Err(ApiError::CredentialRefused)
 }
 
 /// The `Lc-Tenant` header, if sent: once, a canonical positive decimal id.

@@ -15,7 +15,7 @@
 //! | `invalid_command`, `invalid_shape`, `invalid_runtime`, `invalid_timeout`, `invalid_units`, `invalid_name`, `invalid_limit`, `invalid_digest`, `invalid_provider_id`, `invalid_provider`, `invalid_page`, `invalid_transition_id`, `invalid_input`, `request_digest_mismatch` | 422 |
 //! | `invalid_operation_key` | 400 (it is a header) |
 //! | `not_found` | 404 (also for another tenant's exec: existence never leaks) |
-//! | `insufficient_capacity`, `idempotency_conflict`, `already_exists`, `exec_terminal`, `illegal_transition`, `fenced`, `page_conflict`, `owner_live`, `owner_stale`, `owner_expired`, `transition_replay_refused`, `release_not_proven`, `stdin_not_open`, `input_closed`, `workspace_head_mismatch`, `competing_right`, `exec_not_parked`, `exec_not_hibernatable`, `hibernation_in_progress` | 409 |
+//! | `insufficient_capacity`, `units_overflow`, `idempotency_conflict`, `already_exists`, `exec_terminal`, `illegal_transition`, `fenced`, `page_conflict`, `owner_live`, `owner_stale`, `owner_expired`, `transition_replay_refused`, `release_not_proven`, `stdin_not_open`, `input_closed`, `workspace_head_mismatch`, `competing_right`, `exec_not_parked`, `exec_not_hibernatable`, `hibernation_in_progress` | 409 |
 //! | `rate_limited` | 429 with `Retry-After` (the tenant's admission rate on the cut) |
 //! | `input_queue_full` | 429 with `Retry-After` [`INPUT_QUEUE_RETRY_AFTER_SECS`] (the exec's owner drains its input queue at its next step) |
 //! | `time_uncertain` | 503 with `Retry-After` (and `reason` when the service read it) |
@@ -65,6 +65,14 @@ pub enum ApiError {
     /// router gives it.
     #[error(transparent)]
     Request(#[from] Rejection),
+    /// A bearer credential was sent but is neither the admin token nor a
+    /// tenant API key the store knows (`unauthenticated`, 401, like a
+    /// missing one, with a detail saying it was refused and what to
+    /// check).
+    #[error(
+        "the bearer credential was not accepted: it is neither this service's admin token nor a tenant API key it issued; check the token sent (lc takes it from --token, LC_TOKEN or the admin token file of --data-dir) and that it belongs to this control plane"
+    )]
+    CredentialRefused,
     /// The credential may not perform this operation (or act for this
     /// tenant).
     #[error("this credential may not perform this operation")]
@@ -177,6 +185,7 @@ pub fn store_status(e: &LcError) -> StatusCode {
         E::InvalidOperationKey { .. } => StatusCode::BAD_REQUEST,
         E::NotFound { .. } => StatusCode::NOT_FOUND,
         E::InsufficientCapacity { .. }
+        | E::UnitsOverflow { .. }
         | E::IdempotencyConflict { .. }
         | E::AlreadyExists { .. }
         | E::ExecTerminal { .. }
@@ -213,6 +222,7 @@ impl ApiError {
         match self {
             ApiError::Store(e) => e.code(),
             ApiError::Request(r) => r.code(),
+            ApiError::CredentialRefused => "unauthenticated",
             ApiError::Forbidden => "forbidden",
             ApiError::TenantRequired => "tenant_required",
             ApiError::IdempotencyKeyRequired => "idempotency_key_required",
@@ -233,6 +243,7 @@ impl ApiError {
         match self {
             ApiError::Store(e) => store_status(e),
             ApiError::Request(r) => r.status(),
+            ApiError::CredentialRefused => StatusCode::UNAUTHORIZED,
             ApiError::Forbidden => StatusCode::FORBIDDEN,
             ApiError::TenantRequired
             | ApiError::IdempotencyKeyRequired
@@ -252,10 +263,23 @@ impl ApiError {
     }
 
     /// The detail sent to the client: the message for every 4xx and for
-    /// the 503s that say what to wait for; a fixed sentence for the other
-    /// 5xx (backend messages may name hosts or SQL).
+    /// the 503s that say what to wait for (`insufficient_capacity` and
+    /// `idempotency_conflict` with the next step); a fixed sentence for
+    /// the other 5xx (backend messages may name hosts or SQL). At most
+    /// [`DETAIL_BYTES_MAX`] bytes ([`bounded_detail`]), so a refusal never
+    /// echoes kilobytes of the request back.
     pub fn client_detail(&self) -> String {
+        bounded_detail(self.full_detail())
+    }
+
+    fn full_detail(&self) -> String {
         match self {
+            ApiError::Store(e @ LcError::InsufficientCapacity { .. }) => format!(
+                "{e}; wait for the tenant's running execs to end (their units return) or cancel one, or have the admin deposit more units"
+            ),
+            ApiError::Store(e @ LcError::IdempotencyConflict { .. }) => format!(
+                "{e}; send this request under a new Idempotency-Key, or repeat the original request to read its answer"
+            ),
             ApiError::Store(LcError::StorageUnavailable { .. }) | ApiError::Clock(_) => {
                 "the database is unavailable; retry later".into()
             }
@@ -276,6 +300,42 @@ impl ApiError {
     pub fn problem(&self) -> Problem {
         Problem::of(self)
     }
+}
+
+/// The longest `detail` sent, in bytes. Details quote what was wrong
+/// (a path id, a tarball entry's name, a query), and those parts of a
+/// request may be kilobytes long.
+pub const DETAIL_BYTES_MAX: usize = 1024;
+
+/// Bytes kept from the start of a detail longer than [`DETAIL_BYTES_MAX`]
+/// (what was refused, and how its quoted part begins).
+pub const DETAIL_HEAD_BYTES: usize = 384;
+
+/// Bytes kept from the end of such a detail (how the quoted part ends,
+/// and the rule it broke).
+pub const DETAIL_TAIL_BYTES: usize = 512;
+
+/// `detail` within [`DETAIL_BYTES_MAX`]: unchanged when it fits, else its
+/// first [`DETAIL_HEAD_BYTES`] and last [`DETAIL_TAIL_BYTES`] (each shrunk
+/// to a character boundary) around `…[N bytes left out]…`.
+pub fn bounded_detail(detail: String) -> String {
+    if detail.len() <= DETAIL_BYTES_MAX {
+        return detail;
+    }
+    let mut head = DETAIL_HEAD_BYTES;
+    while !detail.is_char_boundary(head) {
+        head -= 1;
+    }
+    let mut tail = detail.len() - DETAIL_TAIL_BYTES;
+    while !detail.is_char_boundary(tail) {
+        tail += 1;
+    }
+    format!(
+        "{}…[{} bytes left out]…{}",
+        &detail[..head],
+        tail - head,
+        &detail[tail..]
+    )
 }
 
 impl ProblemSource for ApiError {
@@ -328,6 +388,26 @@ mod tests {
     use super::*;
 
     #[test]
+    fn long_details_keep_their_start_and_end_within_the_bound() {
+        let short = "x".repeat(DETAIL_BYTES_MAX);
+        assert_eq!(bounded_detail(short.clone()), short);
+        let long = format!("{}{}", "a".repeat(1000), "é".repeat(500));
+        let b = bounded_detail(long.clone());
+        assert_eq!(
+            b,
+            format!(
+                "{}…[1104 bytes left out]…{}",
+                "a".repeat(384),
+                "é".repeat(256)
+            )
+        );
+        assert!(b.len() <= DETAIL_BYTES_MAX);
+        // A head that ends inside a character shrinks to its boundary.
+        let split = format!("{}é{}", "a".repeat(383), "z".repeat(2000));
+        assert!(bounded_detail(split).starts_with(&format!("{}…[", "a".repeat(383))));
+    }
+
+    #[test]
     fn service_codes_include_every_rejection() {
         for (code, status) in Rejection::CODES {
             assert_eq!(
@@ -341,6 +421,7 @@ mod tests {
     #[test]
     fn service_variants_match_the_table() {
         let errors = [
+            ApiError::CredentialRefused,
             ApiError::Forbidden,
             ApiError::TenantRequired,
             ApiError::IdempotencyKeyRequired,

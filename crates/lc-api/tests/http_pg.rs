@@ -345,7 +345,7 @@ async fn insufficient_capacity_changes_nothing() {
     )
     .await;
     r.problem(409, "insufficient_capacity")
-        .detail("insufficient capacity: 2 units requested, 1 available");
+        .detail("insufficient capacity: 2 units requested, 1 available; wait for the tenant's running execs to end (their units return) or cancel one, or have the admin deposit more units");
     assert_eq!(balances(&s, id).await, before);
     let list = send(&s.router, Req::get("/v1/execs").token(&key)).await;
     assert_eq!(list.ok(200), &json!({"execs": [], "next_after": null}));
@@ -373,7 +373,7 @@ async fn insufficient_capacity_changes_nothing() {
     )
     .await
     .problem(409, "insufficient_capacity")
-    .detail("insufficient capacity: 1 units requested, 0 available");
+    .detail("insufficient capacity: 1 units requested, 0 available; wait for the tenant's running execs to end (their units return) or cancel one, or have the admin deposit more units");
 }
 
 #[tokio::test]
@@ -1047,4 +1047,41 @@ async fn stdin_input_is_queued_replayed_delivered_and_refused() {
         doc["components"]["schemas"]["CreateExecBody"]["properties"]["stdin_open"]["type"],
         json!("boolean")
     );
+}
+
+#[tokio::test]
+async fn a_deposit_past_the_balance_limit_says_so_and_changes_nothing() {
+    let s = PgSvc::start().await;
+    let (id, _) = tenant(&s, "full", 8).await;
+    let dep = |key: &str, units: i64| {
+        Req::post(format!("/v1/tenants/{id}/deposits"))
+            .token(ADMIN)
+            .key(key)
+            .json(json!({"units": units}))
+    };
+    let largest = i64::MAX - 8;
+    send(&s.router, dep("d-over", 4_611_686_018_427_387_904)).await;
+    let r = send(&s.router, dep("d-huge", i64::MAX)).await;
+    r.problem(409, "units_overflow").detail(&format!(
+        "a deposit of {} units into tenant {id} would carry its balance past the limit of {} units: it holds 4611686018427387912 deposited units, so the largest deposit it accepts now is {}",
+        i64::MAX,
+        i64::MAX,
+        largest - 4_611_686_018_427_387_904
+    ));
+    let want = json!({"tenant_id": id, "name": "full", "deposited": 4_611_686_018_427_387_912_i64, "available": 4_611_686_018_427_387_912_i64, "held": 0, "consumed": 0});
+    assert_eq!(balances(&s, id).await, want);
+    // The largest deposit it accepts is accepted.
+    let d = send(
+        &s.router,
+        dep("d-last", largest - 4_611_686_018_427_387_904),
+    )
+    .await;
+    assert_eq!(d.ok(200)["deposited"], json!(i64::MAX));
+    let r = send(&s.router, dep("d-one", 1)).await;
+    r.problem(409, "units_overflow").detail(&format!(
+        "a deposit of 1 units into tenant {id} would carry its balance past the limit of {} units: it holds {} deposited units, so the largest deposit it accepts now is 0",
+        i64::MAX,
+        i64::MAX
+    ));
+    assert_eq!(balances(&s, id).await["deposited"], json!(i64::MAX));
 }

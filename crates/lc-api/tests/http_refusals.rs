@@ -504,3 +504,55 @@ fn service_routes() {
         assert_eq!(f.snapshot().await, before);
     });
 }
+
+#[test]
+fn refusals_say_what_to_check_and_echo_a_bounded_part_of_the_request() {
+    with_fixture(|f| async move {
+        let before = f.snapshot().await;
+        let r = &f.svc.router;
+        // A token was sent but not accepted: said so, with what to check.
+        let refused = "the bearer credential was not accepted: it is neither this service's admin token nor a tenant API key it issued; check the token sent (lc takes it from --token, LC_TOKEN or the admin token file of --data-dir) and that it belongs to this control plane";
+        for token in [format!("lc_{}", "A".repeat(43)), "not-a-key-at-all".into()] {
+            let resp = send(r, Req::get("/v1/execs").token(&token)).await;
+            resp.problem(401, "unauthenticated").detail(refused);
+            assert_eq!(
+                resp.headers["www-authenticate"],
+                "Bearer realm=\"little-compute\""
+            );
+        }
+        // None sent: the request needs one.
+        send(r, Req::get("/v1/execs"))
+            .await
+            .problem(401, "unauthenticated")
+            .detail("a bearer credential is required");
+        // The same key with another request: what to do instead.
+        send(
+            r,
+            Req::post("/v1/execs")
+                .token(&f.a_key)
+                .key("admit-a")
+                .json(json!({"runtime": "base", "shape": "small", "command": ["false"]})),
+        )
+        .await
+        .problem(409, "idempotency_conflict")
+        .detail("idempotency key \"admit-a\" was already used with a different request; send this request under a new Idempotency-Key, or repeat the original request to read its answer");
+        // A path of kilobytes is echoed within the bound: its start, how
+        // much was left out, and its end.
+        let id = "9".repeat(4000);
+        let full = format!(
+            "path id \"{id}\" is not a positive integer in canonical decimal (1..=9223372036854775807, no sign or leading zero)"
+        );
+        let head = &full[..lc_api::error::DETAIL_HEAD_BYTES];
+        let tail = &full[full.len() - lc_api::error::DETAIL_TAIL_BYTES..];
+        let left_out = full.len() - head.len() - tail.len();
+        let resp = send(r, Req::get(format!("/v1/execs/{id}")).token(&f.a_key)).await;
+        resp.problem(400, "invalid_path")
+            .detail(&format!("{head}…[{left_out} bytes left out]…{tail}"));
+        assert!(
+            resp.body["detail"].as_str().unwrap().len() <= lc_api::error::DETAIL_BYTES_MAX,
+            "{}",
+            resp.text
+        );
+        assert_eq!(f.snapshot().await, before);
+    });
+}

@@ -182,3 +182,36 @@ async fn import_register_replay_refuse_and_run() {
         .problem(403, "forbidden");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[tokio::test]
+async fn a_refused_tarball_s_detail_echoes_a_bounded_part_of_it() {
+    let dir = std::env::temp_dir().join(format!("lc-api-runtimes-echo-{}", std::process::id()));
+    let s = PgSvc::start_with(ServiceOptions {
+        runtime_dir: Some(dir.clone()),
+        ..ServiceOptions::default()
+    })
+    .await;
+    // A device file under a 3000-byte name (a GNU long name entry).
+    let name = "d".repeat(3000);
+    let mut b = tar::Builder::new(Vec::new());
+    let mut h = tar::Header::new_gnu();
+    h.set_entry_type(tar::EntryType::Char);
+    h.set_size(0);
+    h.set_mode(0o644);
+    b.append_data(&mut h, &name, &[][..]).expect("append");
+    let body = b.into_inner().expect("tar");
+    let r = send(&s.router, import("long", "r-long", body)).await;
+    r.problem(422, "invalid_tarball");
+    let detail = r.body["detail"].as_str().unwrap();
+    assert!(
+        detail.len() <= lc_api::error::DETAIL_BYTES_MAX,
+        "{} bytes: {detail}",
+        detail.len()
+    );
+    assert!(
+        detail.starts_with("invalid tarball: special_file: ")
+            && detail.contains(" bytes left out]…"),
+        "{detail}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -4,7 +4,7 @@
 
 use jiff::Timestamp;
 
-use crate::model::{Digest, ExecId, Generation, SandboxLeaseId, WorkspaceId};
+use crate::model::{Digest, ExecId, Generation, SandboxLeaseId, TenantId, WorkspaceId};
 use crate::owner::OwnerGeneration;
 
 /// A refusal by the rules, or a storage fault. Every variant has a stable
@@ -41,6 +41,23 @@ pub enum LcError {
     InvalidUnits {
         /// The units asked for.
         units: i64,
+    },
+    /// A deposit that would carry the tenant's balance past `i64::MAX`
+    /// units (`units_overflow`, Tollgate's code for it): nothing is
+    /// written; at most `i64::MAX - deposited` units are accepted now.
+    #[error(
+        "a deposit of {units} units into tenant {tenant_id} would carry its balance past the limit of {} units: it holds {deposited} deposited units, so the largest deposit it accepts now is {}",
+        i64::MAX,
+        i64::MAX - .deposited
+    )]
+    UnitsOverflow {
+        /// The tenant.
+        tenant_id: TenantId,
+        /// The units asked for.
+        units: i64,
+        /// The units it holds deposited (at most `i64::MAX`; its
+        /// available units are at most this).
+        deposited: i64,
     },
     /// A tenant or runtime name the rules refuse (`invalid_name`).
     #[error("invalid name: {reason}")]
@@ -412,6 +429,7 @@ impl LcError {
             LcError::InvalidRuntime { .. } => "invalid_runtime",
             LcError::InvalidTimeout { .. } => "invalid_timeout",
             LcError::InvalidUnits { .. } => "invalid_units",
+            LcError::UnitsOverflow { .. } => "units_overflow",
             LcError::InvalidName { .. } => "invalid_name",
             LcError::InvalidOperationKey { .. } => "invalid_operation_key",
             LcError::InvalidLimit { .. } => "invalid_limit",

@@ -641,16 +641,21 @@ async fn deposit_tx(conn: &mut PgConnection, a: &DepositArgs<'_>) -> Result<Tena
     if let Begun::Replay(t) = begin_op(conn, a.store, scope, a.op, "deposit", a.at, &cut).await? {
         return Ok(t);
     }
-    if db::read_tenant(conn, a.tenant).await?.is_none() {
+    let Some(before) = db::read_tenant(conn, a.tenant).await? else {
         return Err(LcError::not_found("tenant", a.tenant).into());
-    }
-    // A deposit that would carry the balance past i64::MAX is a unit count
-    // this tenant cannot take: the caller's error, and nothing is written.
+    };
+    // A deposit that would carry the balance past i64::MAX is refused with
+    // the balance it would overflow (read under the same transaction), and
+    // nothing is written.
     tollgate_pg::ops::deposit(conn, AccountId(a.tenant.0), a.units, a.at.cut)
         .await
         .map_err(|e| match e {
             tollgate_pg::ops::TxError::Rule(tollgate::RuleError::UnitsOverflow { .. }) => {
-                Fail::Lc(LcError::InvalidUnits { units: a.units })
+                Fail::Lc(LcError::UnitsOverflow {
+                    tenant_id: a.tenant,
+                    units: a.units,
+                    deposited: before.deposited,
+                })
             }
             other => Fail::from(other),
         })?;

@@ -1312,7 +1312,7 @@ async fn concurrent_admissions_of_one_tenant_respect_the_rate_exactly() {
 }
 
 #[tokio::test]
-async fn a_deposit_past_i64_max_is_invalid_units_and_writes_nothing() {
+async fn a_deposit_past_i64_max_is_units_overflow_and_writes_nothing() {
     let f = fixture(4).await;
     let at = certain(&f.clock).await;
     let e = f
@@ -1320,7 +1320,14 @@ async fn a_deposit_past_i64_max_is_invalid_units_and_writes_nothing() {
         .deposit(&op("d-max", "max"), at, f.tenant, i64::MAX)
         .await
         .unwrap_err();
-    assert_eq!(e, LcError::InvalidUnits { units: i64::MAX });
+    assert_eq!(
+        e,
+        LcError::UnitsOverflow {
+            tenant_id: f.tenant,
+            units: i64::MAX,
+            deposited: 4
+        }
+    );
     assert_eq!(
         balances(&f.store.tenant(f.tenant).await.unwrap()),
         (4, 4, 0, 0)

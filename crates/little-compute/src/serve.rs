@@ -33,6 +33,9 @@ use tokio::net::TcpListener;
 /// beyond the host is an explicit choice.
 pub const LISTEN_DEFAULT: &str = "127.0.0.1:8090";
 
+/// The response header carrying `--instance-id`.
+pub const INSTANCE_HEADER: &str = "lc-instance";
+
 /// How long start-up waits for the database to accept connections.
 pub const DATABASE_WAIT_MAX: Duration = Duration::from_secs(30);
 
@@ -71,16 +74,16 @@ pub struct ServeArgs {
     #[arg(long, value_name = "DIR")]
     pub blob_dir: Option<PathBuf>,
     /// A reading of the cut older than this is stale (uncertain),
-    /// milliseconds.
-    #[arg(long, default_value_t = 5_000)]
+    /// milliseconds (1..=3600000).
+    #[arg(long, default_value_t = 5_000, value_parser = clap::value_parser!(u64).range(1..=DURATION_MS_MAX))]
     pub safetime_gap_max_ms: u64,
     /// Bound on receiving a request's body and, separately, on handling it,
-    /// milliseconds.
-    #[arg(long, default_value_t = 30_000)]
+    /// milliseconds (1..=3600000).
+    #[arg(long, default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(1..=DURATION_MS_MAX))]
     pub request_timeout_ms: u64,
     /// How long in-flight requests may finish after SIGTERM/SIGINT,
-    /// milliseconds.
-    #[arg(long, default_value_t = 10_000)]
+    /// milliseconds (0..=3600000).
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(0..=DURATION_MS_MAX))]
     pub shutdown_timeout_ms: u64,
     /// Connections served at once.
     #[arg(long, default_value_t = httpkit::server::CONNECTIONS_MAX_DEFAULT)]
@@ -100,11 +103,25 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = lc_core::rate::DEFAULT.admissions_max())]
     pub admission_rate_max: u32,
 
+    /// Sent back as the `Lc-Instance` header of every response (visible
+    /// ASCII), so the process that started this one can tell its answers
+    /// from another process's on the same port (the appliance passes a
+    /// fresh random one at each start).
+    #[arg(long, value_name = "TEXT")]
+    pub instance_id: Option<String>,
+
     /// The admission-rate window, in milliseconds on the cut (at most one
     /// day).
     #[arg(long, default_value_t = 60_000)]
     pub admission_rate_window_ms: u64,
 }
+
+/// The largest `--safetime-gap-max-ms`, `--request-timeout-ms` and
+/// `--shutdown-timeout-ms`: an hour (the worker's bound on its gap too). A
+/// gap, a request or a shutdown that long is already a broken
+/// installation, and the bound keeps every deadline computed from them
+/// representable.
+pub const DURATION_MS_MAX: u64 = 3_600_000;
 
 /// How long reading the recorded grant policy may take.
 pub const POLICY_READ_MAX: Duration = Duration::from_secs(10);
@@ -320,6 +337,24 @@ pub async fn run(args: ServeArgs) -> Result<(), ServeError> {
             sink,
         },
     );
+    let router = match &args.instance_id {
+        None => router,
+        Some(id) => {
+            let value = axum::http::HeaderValue::from_str(id)
+                .ok()
+                .filter(|_| !id.is_empty() && id.bytes().all(|b| b.is_ascii_graphic()))
+                .ok_or_else(|| ServeError::Config("--instance-id must be visible ASCII".into()))?;
+            router.layer(axum::middleware::map_response(
+                move |mut r: axum::response::Response| {
+                    let value = value.clone();
+                    async move {
+                        r.headers_mut().insert(INSTANCE_HEADER, value);
+                        r
+                    }
+                },
+            ))
+        }
+    };
     let listener = TcpListener::bind(args.listen)
         .await
         .map_err(|e| ServeError::Io(format!("cannot listen on {}: {e}", args.listen)))?;
@@ -506,6 +541,7 @@ mod tests {
             .expect("a free port")
             .port();
         args.listen = SocketAddr::from(([127, 0, 0, 1], port));
+        args.instance_id = Some("start-7f3a".into());
         let server = tokio::spawn(run(args));
         let http = reqwest::Client::new();
         let base = format!("http://127.0.0.1:{port}");
@@ -514,6 +550,13 @@ mod tests {
             if let Ok(r) = http.get(format!("{base}/readyz")).send().await
                 && r.status() == 200
             {
+                // Every answer names the instance it came from.
+                assert_eq!(
+                    r.headers()
+                        .get(INSTANCE_HEADER)
+                        .and_then(|v| v.to_str().ok()),
+                    Some("start-7f3a")
+                );
                 ready = Some(r.json::<serde_json::Value>().await.expect("json"));
                 break;
             }

@@ -169,3 +169,160 @@ fn a_data_directory_too_long_for_the_sockets_is_refused_before_anything() {
     );
     assert!(!std::path::Path::new(&d).exists(), "nothing was created");
 }
+
+/// Runs `lc` (no server is contacted when clap refuses the arguments).
+fn lc(args: &[&str]) -> (i32, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_lc"))
+        .args(args)
+        .env_remove("LC_SERVER")
+        .env_remove("LC_TOKEN")
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+#[test]
+fn an_absurd_wait_timeout_is_a_usage_error_not_a_panic() {
+    let huge = "18446744073709551615";
+    for args in [
+        vec!["exec", "output", "1", "--follow", "--wait-timeout-s", huge],
+        vec!["exec", "send", "1", "--data", "x", "--wait-timeout-s", huge],
+        vec![
+            "exec",
+            "create",
+            "--wait",
+            "--wait-timeout-s",
+            huge,
+            "--",
+            "true",
+        ],
+    ] {
+        let mut all = vec!["--server", "http://127.0.0.1:1"];
+        all.extend(args);
+        let (code, out) = lc(&all);
+        assert_eq!(code, 2, "{all:?}: {out}");
+        assert!(
+            out.starts_with(&format!(
+                "error: invalid value '{huge}' for '--wait-timeout-s <WAIT_TIMEOUT_S>': {huge} is not in 0..=31536000\n"
+            )),
+            "{all:?}: {out}"
+        );
+    }
+    // The largest accepted value is taken (and refused only by the
+    // unreachable server).
+    let (code, out) = lc(&[
+        "--server",
+        "http://127.0.0.1:1",
+        "exec",
+        "send",
+        "1",
+        "--data",
+        "x",
+        "--wait-timeout-s",
+        "31536000",
+    ]);
+    assert_eq!(code, 1, "{out}");
+}
+
+#[test]
+fn the_control_plane_s_duration_flags_are_bounded() {
+    for (flag, value, range) in [
+        (
+            "--request-timeout-ms",
+            "18446744073709551615",
+            "1..=3600000",
+        ),
+        (
+            "--shutdown-timeout-ms",
+            "18446744073709551615",
+            "0..=3600000",
+        ),
+        ("--safetime-gap-max-ms", "0", "1..=3600000"),
+    ] {
+        let (code, out) = run(
+            &[
+                "serve",
+                "--database-url",
+                "postgres://x@127.0.0.1:1/x",
+                "--admin-token-file",
+                "/nonexistent",
+                "--secret-file",
+                "/nonexistent",
+                flag,
+                value,
+            ],
+            &[],
+        );
+        assert_eq!(code, 2, "{flag}: {out}");
+        let placeholder = flag
+            .trim_start_matches("--")
+            .replace('-', "_")
+            .to_uppercase();
+        assert!(
+            out.starts_with(&format!(
+                "error: invalid value '{value}' for '{flag} <{placeholder}>': {value} is not in {range}\n"
+            )),
+            "{flag}: {out}"
+        );
+    }
+}
+
+#[test]
+fn an_unsearchable_ancestor_is_refused_before_anything_is_created() {
+    // As root PostgreSQL runs as its own account, which must reach DIR/pg:
+    // a temporary directory is mode 0700.
+    assert!(
+        std::fs::read_to_string("/proc/self/status")
+            .unwrap()
+            .lines()
+            .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0")),
+        "this test runs as root, where PostgreSQL needs its own account"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let parent = dir.path();
+    std::fs::set_permissions(parent, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+    let d = parent.join("lc");
+    let (code, out) = run(&["appliance", "up", "--data-dir", d.to_str().unwrap()], &[]);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains(&format!(
+            "little-compute appliance: {} is not searchable by other users (mode 700), so PostgreSQL's account cannot reach {}/pg; choose a data directory under a searchable path or chmod o+x it\n",
+            parent.display(),
+            d.display()
+        )),
+        "{out}"
+    );
+    assert!(!d.exists(), "nothing was created");
+}
+
+#[test]
+fn a_busy_control_plane_port_is_refused_before_anything_starts() {
+    // Another process (here: this test) holds the port and answers
+    // nothing; an appliance must not take any answer on it for its own.
+    let held = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = held.local_addr().unwrap().port();
+    let d = format!("/tmp/lc-busy-{}", std::process::id());
+    let _ = std::fs::remove_dir_all(&d);
+    let listen = format!("127.0.0.1:{port}");
+    let (code, out) = run(
+        &["appliance", "up", "--data-dir", &d, "--listen", &listen],
+        &[],
+    );
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains(&format!(
+            "little-compute appliance: the control plane's address 127.0.0.1:{port} is in use by another process; stop that process (another appliance: `little-compute appliance down --data-dir ITS_DIR`) or choose another port with --listen 127.0.0.1:PORT (0 picks a free one)\n"
+        )),
+        "{out}"
+    );
+    assert!(!out.contains("control plane is up"), "{out}");
+    assert!(!std::path::Path::new(&d).exists(), "nothing was created");
+    drop(held);
+}

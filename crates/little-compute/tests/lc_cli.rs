@@ -337,7 +337,7 @@ async fn wait_exits_with_the_commands_code_and_refusals_exit_1() {
     assert_eq!(o.status.code(), Some(1));
     assert_eq!(
         String::from_utf8_lossy(&o.stderr),
-        "error: 409 insufficient_capacity: insufficient capacity: 2 units requested, 1 available\n"
+        "error: 409 insufficient_capacity: insufficient capacity: 2 units requested, 1 available; wait for the tenant's running execs to end (their units return) or cancel one, or have the admin deposit more units\n"
     );
     assert_eq!(o.stdout, b"");
     // --wait: the command's exit code.
@@ -981,4 +981,155 @@ impl ConcatBytes for Vec<lc_core::input::InputRecord> {
     fn concat_bytes(&self) -> Vec<u8> {
         self.iter().flat_map(|i| i.bytes.iter().copied()).collect()
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn follow_of_an_exec_that_did_not_finish_exits_1_naming_its_reason() {
+    use lc_core::model::TerminalReason;
+    let s = PgSvc::start().await;
+    let url = serve(&s).await;
+    let admin = ["--server", &url, "--token", ADMIN];
+    let t = json_of(
+        &lc(
+            &cat(
+                &admin,
+                &[
+                    "tenant", "create", "--name", "gray", "--units", "4", "--json",
+                ],
+            ),
+            &[],
+        )
+        .await,
+    );
+    let tenant = t["tenant_id"].as_i64().unwrap().to_string();
+    let acting = cat(&admin, &["--tenant", &tenant]);
+    // Cancelled before it started: no page at all.
+    let cancelled = json_of(
+        &lc(
+            &cat(&acting, &["exec", "create", "--json", "--", "sleep", "100"]),
+            &[],
+        )
+        .await,
+    )["exec_id"]
+        .as_i64()
+        .unwrap();
+    let c = cancelled.to_string();
+    json_of(&lc(&cat(&acting, &["exec", "cancel", &c, "--json"]), &[]).await);
+    s.end_exec_unstarted(cancelled, TerminalReason::Cancelled)
+        .await;
+    // Expired (its 1 ms timeout passed on a certain cut) before it started.
+    let expired = json_of(
+        &lc(
+            &cat(
+                &acting,
+                &[
+                    "exec",
+                    "create",
+                    "--timeout-ms",
+                    "1",
+                    "--json",
+                    "--",
+                    "sleep",
+                    "100",
+                ],
+            ),
+            &[],
+        )
+        .await,
+    )["exec_id"]
+        .as_i64()
+        .unwrap();
+    let x = expired.to_string();
+    s.end_exec_unstarted(expired, TerminalReason::Expired).await;
+    let o = lc(&cat(&acting, &["exec", "output", &c, "--follow"]), &[]).await;
+    assert_eq!(
+        (
+            o.status.code(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+            o.stdout.len()
+        ),
+        (
+            Some(1),
+            format!(
+                "exec {c} ended cancelled: it was cancelled before its command exited; the output it wrote is kept (lc exec output {c})\n"
+            ),
+            0
+        )
+    );
+    let o = lc(&cat(&acting, &["exec", "output", &x, "--follow"]), &[]).await;
+    assert_eq!(
+        (
+            o.status.code(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+            o.stdout.len()
+        ),
+        (
+            Some(1),
+            format!(
+                "exec {x} ended expired: its Lease or its --timeout-ms ran out before its command exited (check that a worker and a gateway run: little-compute appliance status); the output it wrote is kept (lc exec output {x}); run it again with lc exec create\n"
+            ),
+            0
+        )
+    );
+    // Without --follow the bytes are all there is to write: exit 0.
+    let o = lc(&cat(&acting, &["exec", "output", &x]), &[]).await;
+    assert_eq!((o.status.code(), o.stderr.len()), (Some(0), 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_name_the_flag_or_the_check_that_fixes_them() {
+    let s = PgSvc::start().await;
+    let url = serve(&s).await;
+    // The admin token without --tenant on a tenant command: the flag.
+    let o = lc(&["--server", &url, "--token", ADMIN, "exec", "list"], &[]).await;
+    assert_eq!(
+        (o.status.code(), String::from_utf8_lossy(&o.stderr).into_owned()),
+        (
+            Some(1),
+            "error: 400 tenant_required: the admin token acts for one tenant on this command: name it with --tenant N\n".into()
+        )
+    );
+    // A token the server does not know: refused, and what to check.
+    let o = lc(
+        &[
+            "--server",
+            &url,
+            "--token",
+            "lcadm_forged-token-0123456789",
+            "exec",
+            "list",
+        ],
+        &[],
+    )
+    .await;
+    assert_eq!(
+        (o.status.code(), String::from_utf8_lossy(&o.stderr).into_owned()),
+        (
+            Some(1),
+            "error: 401 unauthenticated: the bearer credential was not accepted: it is neither this service's admin token nor a tenant API key it issued; check the token sent (lc takes it from --token, LC_TOKEN or the admin token file of --data-dir) and that it belongs to this control plane\n".into()
+        )
+    );
+    // Nothing listens: the URL, and how to check.
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let gone = format!("http://127.0.0.1:{closed}");
+    let o = lc(
+        &["--server", &gone, "--token", ADMIN, "runtime", "list"],
+        &[],
+    )
+    .await;
+    assert_eq!(
+        (
+            o.status.code(),
+            String::from_utf8_lossy(&o.stderr).into_owned()
+        ),
+        (
+            Some(1),
+            format!(
+                "error: the control plane is not reachable at http://127.0.0.1:{closed}/ (connection refused); check that it runs (little-compute appliance status --data-dir DIR) and that --server, LC_SERVER or --data-dir names it\n"
+            )
+        )
+    );
 }

@@ -266,6 +266,60 @@ impl PgSvc {
         }
     }
 
+    /// Plays the reconciler ending `exec_id` for `reason` before its
+    /// command ever started (no page): begins the release of its Lease
+    /// and commits it with the provider's signed absence, returning the
+    /// Reservation. `expired` needs the cut past the Lease's expiry or
+    /// the exec's timeout; this waits (bounded, 30 s) for that.
+    pub async fn end_exec_unstarted(&self, exec_id: i64, reason: TerminalReason) {
+        let at = self.reading().await;
+        let work = self.store.due_work(at, 100).await.expect("due work");
+        let lease = work
+            .iter()
+            .find(|w| w.exec_id == ExecId(exec_id))
+            .expect("the exec's lease is due")
+            .clone();
+        let mut began = None;
+        for _ in 0..300 {
+            let at = self.reading().await;
+            match self
+                .store
+                .begin_release(lease.lease_id, lease.generation, reason, at)
+                .await
+            {
+                Ok(_) => {
+                    began = Some(());
+                    break;
+                }
+                Err(lc_core::LcError::IllegalTransition { .. })
+                    if reason == TerminalReason::Expired =>
+                {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(e) => panic!("begin release: {e}"),
+            }
+        }
+        began.expect("the release began within 30 s");
+        let envelope = lc_core::evidence::sign(
+            &Statement::Absence {
+                provider_id: "local".into(),
+                lease_id: lease.lease_id.0,
+                generation: lease.generation.0,
+            },
+            &provider_key(),
+        );
+        let at = self.reading().await;
+        self.store
+            .commit_release(
+                lease.lease_id,
+                lease.generation,
+                &serde_json::to_value(&envelope).expect("envelope json"),
+                at,
+            )
+            .await
+            .expect("commit release");
+    }
+
     /// The runtime directory the service was started with.
     ///
     /// # Panics

@@ -129,15 +129,21 @@ impl Layout {
         self.root.join("appliance.conf.json")
     }
 
-    /// Creates `DIR` (0711), `secrets/` (0700), `provider/`, `runtimes/`,
-    /// `blobs/` and `logs/` (0700) when missing, and checks that every ancestor of
-    /// `DIR` is searchable by others (PostgreSQL's account must reach
-    /// `DIR/pg`).
+    /// Checks that every existing ancestor of `DIR` is searchable by
+    /// others (when `pg_needs_access`: PostgreSQL's account must reach
+    /// `DIR/pg`), then creates `DIR` (0711), `secrets/` (0700),
+    /// `provider/`, `runtimes/`, `blobs/` and `logs/` (0700) when missing,
+    /// then checks every ancestor again (one created now under a strict
+    /// umask may not be searchable). A refusal found before creating
+    /// anything leaves the file system as it was.
     ///
     /// # Errors
     /// [`ApplianceError::Io`]; [`ApplianceError::Setup`] naming an ancestor
     /// that others cannot search.
     pub fn prepare(&self, pg_needs_access: bool) -> Result<(), ApplianceError> {
+        if pg_needs_access {
+            self.check_ancestors(true)?;
+        }
         mkdir(&self.root, 0o711)?;
         for d in [
             self.secrets(),
@@ -149,9 +155,25 @@ impl Layout {
             mkdir(&d, 0o700)?;
         }
         if pg_needs_access {
+            self.check_ancestors(false)?;
+        }
+        Ok(())
+    }
+
+    /// Every ancestor of `DIR` is searchable by others; with
+    /// `existing_only`, ancestors that do not exist yet are skipped.
+    fn check_ancestors(&self, existing_only: bool) -> Result<(), ApplianceError> {
+        {
             let mut p = self.root.parent();
             while let Some(dir) = p {
-                let mode = std::fs::metadata(dir)
+                let meta = match std::fs::metadata(dir) {
+                    Err(e) if existing_only && e.kind() == std::io::ErrorKind::NotFound => {
+                        p = dir.parent();
+                        continue;
+                    }
+                    m => m,
+                };
+                let mode = meta
                     .map_err(|e| ApplianceError::io(format!("reading {}", dir.display()), e))?
                     .permissions()
                     .mode();
@@ -234,6 +256,21 @@ impl Layout {
         let json = serde_json::to_vec_pretty(&ports).expect("ports serialize");
         write_replace(&path, &json, 0o644)?;
         Ok(ports)
+    }
+
+    /// The ports recorded by an earlier `up`, if any (nothing is written).
+    ///
+    /// # Errors
+    /// [`ApplianceError::Io`]; a malformed record.
+    pub fn recorded_ports(&self) -> Result<Option<Ports>, ApplianceError> {
+        let path = self.ports_file();
+        match std::fs::read_to_string(&path) {
+            Ok(text) => serde_json::from_str(&text).map(Some).map_err(|e| {
+                ApplianceError::Setup(format!("{} is malformed: {e}", path.display()))
+            }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(ApplianceError::io(format!("reading {}", path.display()), e)),
+        }
     }
 
     /// The provider's port: the recorded one, or (the first time) a free

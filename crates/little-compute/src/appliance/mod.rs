@@ -268,10 +268,6 @@ async fn up_inner(args: UpArgs) -> Result<ExitCode, ApplianceError> {
             layout.root.display()
         )));
     }
-    // Only now, with no appliance up on this directory, are its
-    // directories (re)made and their modes set: a refused second `up`
-    // changes nothing of a running one.
-    layout.prepare(pg_account.is_some())?;
     if let Some(stale) = layout.read_running()? {
         // A previous `up` that died without stopping (SIGKILL): its
         // children got their stop signal when it died; give them the stop
@@ -291,6 +287,14 @@ async fn up_inner(args: UpArgs) -> Result<ExitCode, ApplianceError> {
         }
         let _ = std::fs::remove_file(layout.running_file());
     }
+    // Every port this `up` will listen on must be free before anything
+    // starts: another process answering on one would be taken for ours.
+    check_ports_free(&layout, args.listen.map(|a| a.port()))?;
+    // Only now, with no appliance up on this directory and its ports free,
+    // are its directories (re)made and their modes set (the ancestors are
+    // checked first): a refused `up` creates nothing and changes nothing
+    // of a running one.
+    layout.prepare(pg_account.is_some())?;
     let ports = layout.ports(args.listen.map(|a| a.port()))?;
     let admin_token = layout.secret(&layout.admin_token_file(), ADMIN_TOKEN_PREFIX)?;
     layout.secret(&layout.server_secret_file(), "")?;
@@ -320,6 +324,50 @@ async fn up_inner(args: UpArgs) -> Result<ExitCode, ApplianceError> {
     let _ = std::fs::remove_file(layout.running_file());
     say(format_args!("little-compute appliance: stopped"));
     Ok(code)
+}
+
+/// Refuses when a port this `up` listens on is held by another process:
+/// the control plane's (`--listen`'s, else the recorded one, else
+/// [`layout::DEFAULT_CONTROL_PLANE_PORT`]; `--listen` port 0 picks a free
+/// one later), and the recorded PostgreSQL and provider ports. Binding
+/// each for a moment is the check; nothing is written.
+fn check_ports_free(layout: &Layout, requested: Option<u16>) -> Result<(), ApplianceError> {
+    let recorded = layout.recorded_ports()?;
+    let control_plane = match (requested, recorded) {
+        (Some(p), _) => p,
+        (None, Some(r)) if r.control_plane != 0 => r.control_plane,
+        (None, _) => layout::DEFAULT_CONTROL_PLANE_PORT,
+    };
+    let mut checks = vec![("the control plane's", control_plane)];
+    if let Some(r) = recorded {
+        checks.push(("PostgreSQL's recorded", r.postgres));
+        checks.push(("the provider's recorded", r.provider));
+    }
+    for (what, port) in checks {
+        if port == 0 {
+            continue;
+        }
+        if let Err(e) = std::net::TcpListener::bind(("127.0.0.1", port)) {
+            if e.kind() != std::io::ErrorKind::AddrInUse {
+                return Err(ApplianceError::io(
+                    format!("checking that 127.0.0.1:{port} is free"),
+                    e,
+                ));
+            }
+            let hint = if what == "the control plane's" {
+                "choose another port with --listen 127.0.0.1:PORT (0 picks a free one)".to_string()
+            } else {
+                format!(
+                    "remove {} to choose new ports",
+                    layout.ports_file().display()
+                )
+            };
+            return Err(ApplianceError::Setup(format!(
+                "{what} address 127.0.0.1:{port} is in use by another process; stop that process (another appliance: `little-compute appliance down --data-dir ITS_DIR`) or {hint}"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Every start-up step; each started process is pushed onto `started` at
@@ -396,6 +444,9 @@ async fn start_all(
     layout.write_running(&running(&pids))?;
 
     let db_env = vec![(DATABASE_URL_ENV.to_owned(), OsString::from(&owner_url))];
+    // Only an answer carrying this start's instance id is this control
+    // plane's: another process on the port is never taken for it.
+    let instance = layout::random_b64url()?;
     let serve = Spec {
         name: "serve",
         program: exe.clone(),
@@ -411,6 +462,8 @@ async fn start_all(
             layout.runtimes().into(),
             "--blob-dir".into(),
             layout.blobs().into(),
+            "--instance-id".into(),
+            instance.clone().into(),
         ],
         env: db_env.clone(),
         run_as: None,
@@ -426,6 +479,7 @@ async fn start_all(
         &format!("{url_cp}/healthz"),
         "the control plane",
         &serve.log,
+        Some(&instance),
         started,
     )
     .await?;
@@ -468,6 +522,7 @@ async fn start_all(
         &format!("{provider_url}/v1/identity"),
         "the provider",
         &provider.log,
+        None,
         started,
     )
     .await?;
@@ -888,12 +943,18 @@ fn sampler_spec(layout: &Layout, exe: &Path, sampler_url: &str) -> Result<Spec, 
 
 /// Waits (bounded by [`SERVICE_WAIT`]) until `url` answers 2xx, while every
 /// started child runs.
+/// Waits (within [`SERVICE_WAIT`]) for a success answer at `url`; with
+/// `instance`, only one whose `Lc-Instance` header is that id counts (the
+/// answer of the process this `up` started), and the failure then says
+/// when another process answered instead.
 async fn wait_http(
     url: &str,
     what: &str,
     log: &Path,
+    instance: Option<&str>,
     started: &mut [Managed],
 ) -> Result<(), ApplianceError> {
+    let mut foreign = false;
     let client = reqwest::Client::builder()
         .timeout(Duration::from_secs(2))
         .build()
@@ -904,13 +965,27 @@ async fn wait_http(
         if let Ok(r) = client.get(url).send().await
             && r.status().is_success()
         {
-            return Ok(());
+            let ours = instance.is_none_or(|id| {
+                r.headers()
+                    .get(crate::serve::INSTANCE_HEADER)
+                    .and_then(|v| v.to_str().ok())
+                    == Some(id)
+            });
+            if ours {
+                return Ok(());
+            }
+            foreign = true;
         }
         check_children(started)?;
         let now = tokio::time::Instant::now();
         if now >= deadline {
+            let other = if foreign {
+                " (another process answers there: its port is taken)"
+            } else {
+                ""
+            };
             return Err(ApplianceError::Setup(format!(
-                "{what} did not answer {url} within {} s; its log:\n{}",
+                "{what} did not answer {url} within {} s{other}; its log:\n{}",
                 SERVICE_WAIT.as_secs(),
                 child::log_tail(log, LOG_TAIL_LINES)
             )));

@@ -138,8 +138,9 @@ pub enum ExecCmd {
         /// exit code.
         #[arg(long)]
         wait: bool,
-        /// Give up waiting after this many seconds (exit 124).
-        #[arg(long, default_value_t = WAIT_SECS_DEFAULT)]
+        /// Give up waiting after this many seconds (exit 124; at most
+        /// 31536000, a year).
+        #[arg(long, default_value_t = WAIT_SECS_DEFAULT, value_parser = wait_secs())]
         wait_timeout_s: u64,
         /// The argv, after `--`.
         #[arg(required = true, last = true)]
@@ -172,8 +173,9 @@ pub enum ExecCmd {
         /// Start after this page.
         #[arg(long, default_value_t = 0)]
         after_seq: i64,
-        /// With `--follow`: give up after this many seconds (exit 124).
-        #[arg(long, default_value_t = WAIT_SECS_DEFAULT)]
+        /// With `--follow`: give up after this many seconds (exit 124; at
+        /// most 31536000, a year).
+        #[arg(long, default_value_t = WAIT_SECS_DEFAULT, value_parser = wait_secs())]
         wait_timeout_s: u64,
     },
     /// Send bytes to the stdin of an exec created with `--stdin-open`:
@@ -199,8 +201,8 @@ pub enum ExecCmd {
         #[arg(long)]
         eof: bool,
         /// While the exec's input queue is full, keep retrying for this many
-        /// seconds, then give up (exit 124).
-        #[arg(long, default_value_t = SEND_WAIT_SECS_DEFAULT)]
+        /// seconds, then give up (exit 124; at most 31536000, a year).
+        #[arg(long, default_value_t = SEND_WAIT_SECS_DEFAULT, value_parser = wait_secs())]
         wait_timeout_s: u64,
     },
     /// Cancel an exec.
@@ -228,3 +230,15 @@ pub const SEND_WAIT_SECS_DEFAULT: u64 = 60;
 /// Default bound on `--wait` and `--follow`: one day, the longest an exec
 /// is expected to live in this version.
 pub const WAIT_SECS_DEFAULT: u64 = 86_400;
+
+/// The largest `--wait-timeout-s`: a year, far beyond any exec's life (its
+/// timeout is at most a day, and a Lease lives only while renewed), and
+/// small enough that a deadline that far ahead is representable on the
+/// monotonic clock of every platform; a larger value is a usage error
+/// (exit 2), so no deadline computation can overflow.
+pub const WAIT_SECS_MAX: u64 = 365 * 86_400;
+
+/// The parser of `--wait-timeout-s`: `0..=`[`WAIT_SECS_MAX`].
+fn wait_secs() -> clap::builder::RangedU64ValueParser<u64> {
+    clap::value_parser!(u64).range(0..=WAIT_SECS_MAX)
+}

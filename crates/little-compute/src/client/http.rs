@@ -168,7 +168,10 @@ impl Client {
                 .body(bytes),
         };
         let fail = |m: String| Retry::No(ClientError::Failed(m));
-        let resp = req.send().await.map_err(|e| fail(format!("{url}: {e}")))?;
+        let resp = req
+            .send()
+            .await
+            .map_err(|e| fail(self.unreachable(&url, &e)))?;
         let status = resp.status();
         let retry_after = resp
             .headers()
@@ -194,6 +197,43 @@ impl Client {
             ))),
         }
     }
+}
+
+impl Client {
+    /// What a request that got no answer says: for a connection that
+    /// could not be opened (or timed out), that the control plane is not
+    /// reachable at the base URL and how to check; else the URL and the
+    /// error.
+    fn unreachable(&self, url: &url::Url, e: &reqwest::Error) -> String {
+        if !e.is_connect() && !e.is_timeout() {
+            return format!("{url}: {e}");
+        }
+        let cause = if e.is_timeout() {
+            format!("no answer within {} s", REQUEST_TIMEOUT.as_secs())
+        } else {
+            io_cause(e).unwrap_or_else(|| "the connection failed".into())
+        };
+        format!(
+            "the control plane is not reachable at {} ({cause}); check that it runs (little-compute appliance status --data-dir DIR) and that --server, LC_SERVER or --data-dir names it",
+            self.base
+        )
+    }
+}
+
+/// The I/O error at the root of `e`, in words: `connection refused` for
+/// the common case, else the error's own text.
+fn io_cause(e: &(dyn std::error::Error + 'static)) -> Option<String> {
+    let mut source = e.source();
+    while let Some(s) = source {
+        if let Some(io) = s.downcast_ref::<std::io::Error>() {
+            return Some(match io.kind() {
+                std::io::ErrorKind::ConnectionRefused => "connection refused".into(),
+                _ => io.to_string(),
+            });
+        }
+        source = s.source();
+    }
+    None
 }
 
 /// A fresh idempotency key: 128 random bits in the UUID text layout

@@ -9,9 +9,10 @@
 //!
 //! Exit status: 0 on success; 1 when the server refused (its problem is
 //! printed on stderr as `error: <status> <code>: <detail>`) or the request
-//! failed; `exec create --wait` exits with the command's own exit code
-//! (1 when it ended without one, e.g. cancelled); `exec output --follow`
-//! exits with the command's exit code, or `128 + signal`; 124 when
+//! failed; `exec create --wait` and `exec output --follow` share one rule
+//! ([`terminal_status`]): the command's own exit code, or `128 + signal`,
+//! when it exited; 1 with a line naming the reason (`cancelled`,
+//! `expired`, `start_failed`) and what to do otherwise; 124 when
 //! `--wait` or `--follow` gave up, or `exec send` found the exec's input
 //! queue full for its `--wait-timeout-s`.
 
@@ -110,9 +111,23 @@ pub async fn run(cli: Cli) -> ExitCode {
     match dispatch(cli).await {
         Ok(code) => code,
         Err(e) => {
-            let _ = writeln!(std::io::stderr(), "error: {e}");
+            let _ = writeln!(std::io::stderr(), "error: {}", explain(&e));
             ExitCode::from(1)
         }
+    }
+}
+
+/// The line `lc` prints for a failure: the server's problem as `<status>
+/// <code>: <detail>`, with a detail in `lc`'s terms where the server's
+/// names HTTP (`tenant_required` names the `Lc-Tenant` header, which `lc`
+/// sends for `--tenant`).
+pub fn explain(e: &ClientError) -> String {
+    match e {
+        ClientError::Problem(p) if p.code == "tenant_required" => format!(
+            "{} tenant_required: the admin token acts for one tenant on this command: name it with --tenant N",
+            p.status
+        ),
+        other => other.to_string(),
     }
 }
 
@@ -222,7 +237,12 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, ClientError> {
                 return Ok(ExitCode::from(EXIT_TIMED_OUT));
             };
             output::record(&done, json, output::EXEC_FIELDS)?;
-            return Ok(exit_of(&done));
+            let signal = if done["terminal_reason"] == "exited" && done["exit_code"].is_null() {
+                terminal_signal(&client, id).await?
+            } else {
+                None
+            };
+            return Ok(finish(&done, signal));
         }
         Command::Exec(ExecCmd::Show { id }) => {
             client
@@ -293,16 +313,129 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, ClientError> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// The exit status of a terminal exec: its command's exit code when it
-/// exited with one in 0..=255, else 1.
-fn exit_of(exec: &Value) -> ExitCode {
-    match exec["exit_code"]
-        .as_i64()
-        .and_then(|c| u8::try_from(c).ok())
-    {
-        Some(c) => ExitCode::from(c),
-        None => ExitCode::from(1),
+/// How `lc` ends for a terminal exec, the one rule of `exec create --wait`
+/// and `exec output --follow`: an exec that `exited` gives its command's
+/// exit code (0..=255), or `128 + signal` when a signal ended it; any
+/// other end (`cancelled`, `expired`, `start_failed`), or an exit with
+/// neither, gives 1 and a line for stderr naming the reason and what to
+/// do. `reason` is the exec's `terminal_reason` (`None`: not yet recorded,
+/// when the terminal page alone is known, which only a command that ended
+/// writes); `code` and `signal` are its exit status as far as known.
+pub fn terminal_status(
+    id: i64,
+    reason: Option<&str>,
+    code: Option<i64>,
+    signal: Option<i64>,
+) -> (u8, Option<String>) {
+    match reason {
+        None | Some("exited") => {
+            if let Some(c) = code {
+                return (u8::try_from(c.rem_euclid(256)).unwrap_or(1), None);
+            }
+            if let Some(s) = signal {
+                return (u8::try_from(128 + s.clamp(1, 127)).unwrap_or(1), None);
+            }
+            (
+                1,
+                Some(format!(
+                    "exec {id} ended without an exit status; its output is kept (lc exec output {id})"
+                )),
+            )
+        }
+        Some("cancelled") => (
+            1,
+            Some(format!(
+                "exec {id} ended cancelled: it was cancelled before its command exited; the output it wrote is kept (lc exec output {id})"
+            )),
+        ),
+        Some("expired") => (
+            1,
+            Some(format!(
+                "exec {id} ended expired: its Lease or its --timeout-ms ran out before its command exited (check that a worker and a gateway run: little-compute appliance status); the output it wrote is kept (lc exec output {id}); run it again with lc exec create"
+            )),
+        ),
+        Some("start_failed") => (
+            1,
+            Some(format!(
+                "exec {id} ended start_failed: the provider could not start its sandbox (a runtime must carry the C library; the provider's log says why: DIR/logs/provider.log of the appliance); fix the runtime and run it again with lc exec create"
+            )),
+        ),
+        Some(other) => (
+            1,
+            Some(format!(
+                "exec {id} ended {other} without an exit status; lc exec show {id} tells more"
+            )),
+        ),
     }
+}
+
+/// Applies [`terminal_status`] to a terminal exec (`GET /v1/execs/{id}`)
+/// and the signal of its terminal page when known: prints the line, if
+/// any, on stderr and returns the status.
+fn finish(exec: &Value, signal: Option<i64>) -> ExitCode {
+    let id = exec["exec_id"].as_i64().unwrap_or(0);
+    let (code, note) = terminal_status(
+        id,
+        exec["terminal_reason"].as_str(),
+        exec["exit_code"].as_i64(),
+        signal,
+    );
+    if let Some(note) = note {
+        let _ = writeln!(std::io::stderr(), "{note}");
+    }
+    ExitCode::from(code)
+}
+
+/// The most output requests made to find a terminal page's signal (64
+/// pages each): an exec with more output than that gives no signal, and
+/// `--wait` exits 1 for it.
+pub const SIGNAL_SCAN_REQUESTS_MAX: u32 = 16_384;
+
+/// The signal of the terminal page of exec `id` (already terminal), read
+/// through its output within [`SIGNAL_SCAN_REQUESTS_MAX`] requests; `None`
+/// when it has no terminal page or none with a signal.
+async fn terminal_signal(client: &Client, id: i64) -> Result<Option<i64>, ClientError> {
+    let mut after_seq = 0i64;
+    for _ in 0..SIGNAL_SCAN_REQUESTS_MAX {
+        let v = client
+            .call(
+                Method::GET,
+                &format!(
+                    "v1/execs/{id}/output?after_seq={after_seq}&limit={OUTPUT_PAGES_PER_REQUEST}"
+                ),
+                Body::None,
+                None,
+            )
+            .await?;
+        let pages = v["pages"].as_array().cloned().unwrap_or_default();
+        if let Some(t) = pages.iter().find(|p| p["kind"] == "terminal") {
+            return Ok(t["exit"]["signal"].as_i64());
+        }
+        let Some(next) = v["next_seq"].as_i64() else {
+            return Ok(None);
+        };
+        if pages.is_empty() || v["terminal"] == true {
+            return Ok(None);
+        }
+        after_seq = next - 1;
+    }
+    Ok(None)
+}
+
+/// The instant `wait_s` seconds from now on the monotonic clock.
+///
+/// # Errors
+/// [`ClientError::Failed`] when it is not representable (clap bounds
+/// `--wait-timeout-s` to [`args::WAIT_SECS_MAX`], so only a platform whose
+/// clock cannot hold a year ahead gets it).
+fn deadline_after(wait_s: u64) -> Result<tokio::time::Instant, ClientError> {
+    tokio::time::Instant::now()
+        .checked_add(Duration::from_secs(wait_s))
+        .ok_or_else(|| {
+            ClientError::Failed(format!(
+                "--wait-timeout-s {wait_s} lies beyond this system's clock; give a smaller one"
+            ))
+        })
 }
 
 /// Polls `GET /v1/execs/{id}` until its state is `terminal` (the exec) or
@@ -312,7 +445,7 @@ async fn wait_terminal(
     id: i64,
     wait_s: u64,
 ) -> Result<Option<Value>, ClientError> {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(wait_s);
+    let deadline = deadline_after(wait_s)?;
     loop {
         let v = client
             .call(Method::GET, &format!("v1/execs/{id}"), Body::None, None)
@@ -330,8 +463,9 @@ async fn wait_terminal(
 /// `exec output`: pages after `after_seq` in order, stdout bytes to
 /// stdout exactly and (with `stderr`) stderr bytes to stderr, each seq
 /// written once (a page at or below the last written seq is skipped, a gap
-/// is an error). With `follow`: until the terminal page, then the
-/// command's exit code (`128 + signal` when a signal ended it); a dropped
+/// is an error). With `follow`: until the terminal page (or, for an exec
+/// that ended without one, the answer's `terminal`), then the status of
+/// [`terminal_status`]; a dropped
 /// connection or a server error is retried from the last written seq every
 /// [`POLL_INTERVAL`]; both bounded by `wait_s` (then [`EXIT_TIMED_OUT`]).
 async fn exec_output(
@@ -342,7 +476,7 @@ async fn exec_output(
     mut after_seq: i64,
     wait_s: u64,
 ) -> Result<ExitCode, ClientError> {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(wait_s);
+    let deadline = deadline_after(wait_s)?;
     let b64 = base64::engine::general_purpose::STANDARD;
     let timed_out = || {
         let _ = writeln!(
@@ -401,7 +535,7 @@ async fn exec_output(
                 Some("stdout") => write_all(&mut std::io::stdout().lock(), &bytes),
                 Some("stderr") if stderr => write_all(&mut std::io::stderr().lock(), &bytes),
                 Some("terminal") => {
-                    exit = Some(exit_status_of(&p["exit"]));
+                    exit = Some(p["exit"].clone());
                     Ok(())
                 }
                 _ => Ok(()),
@@ -418,7 +552,27 @@ async fn exec_output(
             .as_i64()
             .ok_or_else(|| ClientError::Failed(format!("no next_seq in {v}")))?;
         let progressed = next_seq - 1 > after_seq || !pages.is_empty();
-        if follow && let Some(code) = exit {
+        if follow && (exit.is_some() || v["terminal"] == true) {
+            // The exec's record says how it ended; the terminal page (when
+            // there is one) adds the signal. A terminal page seen before
+            // the record is terminal is a command that ended on its own.
+            let exec = client
+                .call(Method::GET, &format!("v1/execs/{id}"), Body::None, None)
+                .await?;
+            let page = exit.unwrap_or(Value::Null);
+            let reason = exec["terminal_reason"].as_str();
+            let (code, note) = match reason {
+                Some(_) => terminal_status(
+                    id,
+                    reason,
+                    exec["exit_code"].as_i64().or(page["code"].as_i64()),
+                    page["signal"].as_i64(),
+                ),
+                None => terminal_status(id, None, page["code"].as_i64(), page["signal"].as_i64()),
+            };
+            if let Some(note) = note {
+                let _ = writeln!(std::io::stderr(), "{note}");
+            }
             return Ok(ExitCode::from(code));
         }
         if v["terminal"] == true || (!follow && !progressed) {
@@ -539,7 +693,7 @@ async fn exec_send(
     json: bool,
 ) -> Result<ExitCode, ClientError> {
     let b64 = base64::engine::general_purpose::STANDARD;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(wait_s);
+    let deadline = deadline_after(wait_s)?;
     let chunks: Vec<&[u8]> = if bytes.is_empty() {
         vec![&[]]
     } else {
@@ -609,18 +763,6 @@ fn resumable(e: &ClientError) -> bool {
     }
 }
 
-/// The exit status of a terminal page's `exit`: its code (0..=255), or
-/// `128 + signal`; 1 when it has neither.
-fn exit_status_of(exit: &Value) -> u8 {
-    if let Some(code) = exit["code"].as_i64() {
-        return u8::try_from(code.rem_euclid(256)).unwrap_or(1);
-    }
-    if let Some(signal) = exit["signal"].as_i64() {
-        return u8::try_from(128 + signal.clamp(1, 127)).unwrap_or(1);
-    }
-    1
-}
-
 fn write_all(w: &mut impl std::io::Write, bytes: &[u8]) -> std::io::Result<()> {
     w.write_all(bytes)?;
     w.flush()
@@ -666,13 +808,51 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_terminal_page_gives_the_command_s_exit_status() {
-        assert_eq!(exit_status_of(&json!({"code": 0, "signal": null})), 0);
-        assert_eq!(exit_status_of(&json!({"code": 3, "signal": null})), 3);
-        assert_eq!(exit_status_of(&json!({"code": null, "signal": 9})), 137);
-        assert_eq!(exit_status_of(&json!({"code": null, "signal": 15})), 143);
-        assert_eq!(exit_status_of(&json!({"code": null, "signal": null})), 1);
-        assert_eq!(exit_status_of(&Value::Null), 1);
+    fn one_status_rule_for_wait_and_follow() {
+        assert_eq!(terminal_status(4, Some("exited"), Some(0), None), (0, None));
+        assert_eq!(terminal_status(4, Some("exited"), Some(3), None), (3, None));
+        assert_eq!(
+            terminal_status(4, Some("exited"), Some(-1), None),
+            (255, None)
+        );
+        assert_eq!(
+            terminal_status(4, Some("exited"), None, Some(9)),
+            (137, None)
+        );
+        assert_eq!(terminal_status(4, None, None, Some(15)), (143, None));
+        assert_eq!(terminal_status(4, None, Some(0), None), (0, None));
+        assert_eq!(
+            terminal_status(4, Some("exited"), None, None),
+            (
+                1,
+                Some(
+                    "exec 4 ended without an exit status; its output is kept (lc exec output 4)"
+                        .into()
+                )
+            )
+        );
+        // A cancel or an expiry that killed the command is not its exit.
+        assert_eq!(
+            terminal_status(4, Some("cancelled"), None, Some(9)),
+            (
+                1,
+                Some("exec 4 ended cancelled: it was cancelled before its command exited; the output it wrote is kept (lc exec output 4)".into())
+            )
+        );
+        assert_eq!(
+            terminal_status(4, Some("expired"), None, None),
+            (
+                1,
+                Some("exec 4 ended expired: its Lease or its --timeout-ms ran out before its command exited (check that a worker and a gateway run: little-compute appliance status); the output it wrote is kept (lc exec output 4); run it again with lc exec create".into())
+            )
+        );
+        assert_eq!(
+            terminal_status(4, Some("start_failed"), None, None),
+            (
+                1,
+                Some("exec 4 ended start_failed: the provider could not start its sandbox (a runtime must carry the C library; the provider's log says why: DIR/logs/provider.log of the appliance); fix the runtime and run it again with lc exec create".into())
+            )
+        );
     }
 
     #[test]
