@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
 use std::fs::{self, Permissions};
+use std::io::{Read, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, PermissionsExt, symlink};
 use std::os::unix::net::UnixListener;
@@ -341,6 +342,18 @@ impl BlobStore for LyingStore {
     fn get(&self, _: &Digest) -> Result<Option<Vec<u8>>, BlobError> {
         Ok(Some(self.bytes.clone()))
     }
+    fn put_reader(&self, _: &mut dyn Read, _: u64) -> Result<(Digest, u64, PutOutcome), BlobError> {
+        Ok((
+            Digest::of(&self.bytes),
+            self.bytes.len() as u64,
+            PutOutcome::Existing,
+        ))
+    }
+    fn copy_to(&self, _: &Digest, _: u64, out: &mut dyn Write) -> Result<Option<u64>, BlobError> {
+        out.write_all(&self.bytes)
+            .map_err(|source| BlobError::Output { source })?;
+        Ok(Some(self.bytes.len() as u64))
+    }
 }
 
 #[test]
@@ -599,6 +612,13 @@ impl BlobStore for BrokenStore {
     fn get(&self, _: &Digest) -> Result<Option<Vec<u8>>, BlobError> {
         self.put(&Digest::of(b""), b"").map(|_| None)
     }
+    fn put_reader(&self, _: &mut dyn Read, _: u64) -> Result<(Digest, u64, PutOutcome), BlobError> {
+        self.put(&Digest::of(b""), b"")
+            .map(|o| (Digest::of(b""), 0, o))
+    }
+    fn copy_to(&self, _: &Digest, _: u64, _: &mut dyn Write) -> Result<Option<u64>, BlobError> {
+        self.get(&Digest::of(b"")).map(|_| None)
+    }
 }
 
 #[test]
@@ -611,10 +631,11 @@ fn a_failing_store_fails_with_its_own_code_naming_the_file() {
     assert_eq!(e.code(), "blob_io");
     assert_eq!(
         e.to_string(),
-        format!(
-            "file \"f\": blob store failed for blob {}: blob store I/O on /broken: disk gone",
-            Digest::of(b"abc")
-        )
+        "file \"f\": blob store failed to store its bytes: blob store I/O on /broken: disk gone"
+    );
+    assert!(
+        matches!(&e, TreeError::BlobPut { path, source } if path == "f" && source.code() == "blob_io"),
+        "{e:?}"
     );
     let m = snapshot_tree(&src, WS, None, &s.store).unwrap();
     let dest = s.path("dest");
