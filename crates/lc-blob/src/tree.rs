@@ -759,6 +759,74 @@ mod tests {
         assert_eq!(fs::metadata(&outside).unwrap().mode() & 0o7777, 0o555);
     }
 
+    /// A reader that gives `good` bytes, then fails.
+    struct FailingReader {
+        good: usize,
+    }
+
+    impl Read for FailingReader {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            if self.good == 0 {
+                return Err(io::Error::other("file gone"));
+            }
+            let n = buf.len().min(self.good);
+            buf[..n].fill(b'x');
+            self.good -= n;
+            Ok(n)
+        }
+    }
+
+    #[test]
+    fn a_file_that_grows_past_the_bound_while_read_is_file_too_large() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::LocalBlobStore::open(dir.path()).unwrap();
+        assert_eq!(
+            put_file(&store, &mut &b"0123456789"[..], "f", 10).unwrap(),
+            (Digest::of(b"0123456789"), 10)
+        );
+        let e = put_file(&store, &mut &b"0123456789a"[..], "f", 10).unwrap_err();
+        assert!(
+            matches!(&e, TreeError::Snapshot(SnapshotError::FileTooLarge { path, size: 11, max: 10 })
+                if path == "f"),
+            "{e:?}"
+        );
+        // A read that fails is the tree's own I/O error, naming the path.
+        let e = put_file(&store, &mut FailingReader { good: 3 }, "d/f", 10).unwrap_err();
+        assert_eq!(e.code(), "tree_io");
+        assert_eq!(e.to_string(), "d/f: file gone");
+    }
+
+    #[test]
+    fn file_sizes_are_checked_at_both_bounds() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::LocalBlobStore::open(dir.path()).unwrap();
+        let mut walk = Walk {
+            store: &store,
+            entries: Vec::new(),
+            file_bytes: 0,
+        };
+        let max = SNAPSHOT_FILE_BYTES_MAX;
+        assert_eq!(walk.check_size("f", max), Ok(()));
+        assert_eq!(
+            walk.check_size("f", max + 1),
+            Err(SnapshotError::FileTooLarge {
+                path: "f".into(),
+                size: 8_589_934_593,
+                max: 8_589_934_592,
+            })
+        );
+        walk.file_bytes = SNAPSHOT_BYTES_MAX - max;
+        assert_eq!(walk.check_size("g", max), Ok(()));
+        walk.file_bytes += 1;
+        assert_eq!(
+            walk.check_size("g", max),
+            Err(SnapshotError::TooManyBytes {
+                path: "g".into(),
+                max: 17_179_869_184,
+            })
+        );
+    }
+
     #[test]
     fn join_puts_names_below_the_root_without_a_leading_slash() {
         assert_eq!(join("", "a"), "a");
