@@ -75,6 +75,9 @@ use crate::{BlobError, BlobStore, STREAM_BLOB_BYTES_MAX};
 
 // Every file of a snapshot fits in one streamed blob.
 const _: () = assert!(SNAPSHOT_FILE_BYTES_MAX <= STREAM_BLOB_BYTES_MAX);
+// One file never exceeds the whole snapshot's bound. (Stated here, not next
+// to the constants, whose file the mutation gate mutates.)
+const _: () = assert!(SNAPSHOT_FILE_BYTES_MAX <= SNAPSHOT_BYTES_MAX);
 
 /// The mode of a restored tree's root directory, which has no entry of its
 /// own: its owner may write, everyone may read and enter.
