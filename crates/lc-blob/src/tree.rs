@@ -13,15 +13,20 @@
 //!   another file between the two is refused (`tree_io`), never read. The
 //!   walk expects a quiescent tree (the workspace's processes are gone);
 //!   it detects a swap of a file, not of a directory under it.
-//! * **One read per file.** Each file is read once into memory; the bytes
-//!   hashed are the bytes put and the size recorded is their length.
-//! * **Blobs first.** Every file's blob is durable in the store (`put`
-//!   fsyncs) before the manifest is returned, so a manifest committed after
-//!   this call names only blobs that exist. The store deduplicates by digest.
+//! * **One read per file, streamed.** Each file is read once, through
+//!   [`BlobStore::put_reader`], which hashes the bytes as it stores them:
+//!   the digest and size recorded are those of exactly the bytes stored.
+//!   No `Vec` of a whole file is ever built: memory holds one buffer of at
+//!   most [`crate::STREAM_BUFFER_BYTES`] whatever the file's size.
+//! * **Blobs first.** Every file's blob is durable in the store
+//!   (`put_reader` fsyncs) before the manifest is returned, so a manifest
+//!   committed after this call names only blobs that exist. The store
+//!   deduplicates by digest.
 //! * **Bounded.** Names, entries, file bytes and each file are checked
 //!   against the [`lc_core::snapshot`] bounds as they are met, before more is
 //!   read: a directory of too many names is refused while it is listed, a
-//!   file too large before it is opened.
+//!   file too large before it is opened (and one that grows past the bound
+//!   while it is read, within one buffer of it).
 //! * **Only three kinds.** Hard links become independent files; a device,
 //!   fifo or socket is [`TreeError::SpecialFile`]; a name that is not UTF-8
 //!   is [`TreeError::PathNotUtf8`].
@@ -32,7 +37,9 @@
 //!   a fresh sibling directory `.lc-restore-<16 hex>` of mode `0o700`, so
 //!   nothing else can enter it while it is built: directories (parents
 //!   first), then each file created with `O_CREAT | O_EXCL | O_NOFOLLOW`
-//!   from a blob whose SHA-256 and size are checked against the entry
+//!   and its blob streamed into it ([`BlobStore::copy_to`], one buffer at a
+//!   time), the blob's size and SHA-256 checked against the entry both by
+//!   the store and here, on the bytes written
 //!   ([`TreeError::BlobCorrupt`], [`TreeError::BlobMissing`]), owned
 //!   (`fchown`, before `fchmod`, which a `chown` would otherwise strip of
 //!   setuid and setgid), given its mode and fsynced; then the symlinks
@@ -62,11 +69,15 @@ use lc_core::snapshot::{
     SnapshotError, check_path, check_symlink_target,
 };
 use lc_core::{Digest, WorkspaceId};
+use sha2::Digest as _;
 
-use crate::{BLOB_BYTES_MAX, BlobError, BlobStore};
+use crate::{BlobError, BlobStore, STREAM_BLOB_BYTES_MAX};
 
-// Every file of a snapshot fits in one blob.
-const _: () = assert!(SNAPSHOT_FILE_BYTES_MAX <= BLOB_BYTES_MAX as u64);
+// Every file of a snapshot fits in one streamed blob.
+const _: () = assert!(SNAPSHOT_FILE_BYTES_MAX <= STREAM_BLOB_BYTES_MAX);
+// One file never exceeds the whole snapshot's bound. (Stated here, not next
+// to the constants, whose file the mutation gate mutates.)
+const _: () = assert!(SNAPSHOT_FILE_BYTES_MAX <= SNAPSHOT_BYTES_MAX);
 
 /// The mode of a restored tree's root directory, which has no entry of its
 /// own: its owner may write, everyone may read and enter.
@@ -129,8 +140,18 @@ pub enum TreeError {
     /// [`SnapshotError`]'s own (`path_invalid`, `file_too_large`, ...).
     #[error(transparent)]
     Snapshot(#[from] SnapshotError),
-    /// The blob store failed to put or get a file's blob (other than a
-    /// missing or corrupt blob); the code is the [`BlobError`]'s own
+    /// The blob store failed to store a file's bytes on snapshot; the code
+    /// is the [`BlobError`]'s own (`blob_io`, `blob_too_large`).
+    #[error("file {path:?}: blob store failed to store its bytes: {source}")]
+    BlobPut {
+        /// The file's path.
+        path: String,
+        /// The store's error (boxed: it is the largest variant's part).
+        #[source]
+        source: Box<BlobError>,
+    },
+    /// The blob store failed to give a file's blob on restore (other than
+    /// a missing or corrupt blob); the code is the [`BlobError`]'s own
     /// (`blob_io`, `blob_too_large`).
     #[error("file {path:?}: blob store failed for blob {digest}: {source}")]
     Blob {
@@ -171,7 +192,7 @@ impl TreeError {
             TreeError::SpecialFile { .. } => "special_file",
             TreeError::PathNotUtf8 { .. } => "path_not_utf8",
             TreeError::Snapshot(e) => e.code(),
-            TreeError::Blob { source, .. } => source.code(),
+            TreeError::BlobPut { source, .. } | TreeError::Blob { source, .. } => source.code(),
             TreeError::Io { .. } => "tree_io",
             TreeError::DestExists { .. } => "dest_exists",
         }
@@ -205,7 +226,7 @@ fn join(rel: &str, name: &str) -> String {
 /// # Errors
 /// [`TreeError::Snapshot`] for an invalid `workspace_id` (before anything
 /// is read) or a tree that breaks a rule or bound; [`TreeError::SpecialFile`],
-/// [`TreeError::PathNotUtf8`]; [`TreeError::Blob`] when a put fails;
+/// [`TreeError::PathNotUtf8`]; [`TreeError::BlobPut`] when a put fails;
 /// [`TreeError::Io`] when `root` is not a directory (a symlink to one
 /// included), a read fails, or a file changed under the walk. Blobs put
 /// before an error stay in the store (they are content-addressed and
@@ -312,8 +333,8 @@ impl Walk<'_> {
         Ok(names)
     }
 
-    /// Reads the regular file at `host_path` once, puts its bytes and gives
-    /// its entry.
+    /// Reads the regular file at `host_path` once, streaming its bytes into
+    /// the store, and gives its entry.
     fn file(
         &mut self,
         host_path: &Path,
@@ -335,22 +356,8 @@ impl Walk<'_> {
                     .into(),
             });
         }
-        // Capacity from the checked size, at most the per-file bound.
-        let mut bytes = Vec::with_capacity(meta.len().min(SNAPSHOT_FILE_BYTES_MAX) as usize);
-        (&file)
-            .take(SNAPSHOT_FILE_BYTES_MAX + 1)
-            .read_to_end(&mut bytes)
-            .map_err(io_err(path.as_str()))?;
-        let size = bytes.len() as u64;
+        let (digest, size) = put_file(self.store, &mut &file, &path, SNAPSHOT_FILE_BYTES_MAX)?;
         self.check_size(&path, size)?;
-        let digest = Digest::of(&bytes);
-        self.store
-            .put(&digest, &bytes)
-            .map_err(|source| TreeError::Blob {
-                path: path.clone(),
-                digest,
-                source: Box::new(source),
-            })?;
         self.file_bytes += size;
         Ok(Entry::file(path, meta.mode() & 0o7777, size, digest))
     }
@@ -365,7 +372,7 @@ impl Walk<'_> {
                 max: SNAPSHOT_FILE_BYTES_MAX,
             });
         }
-        // Both terms are bounded (16 GiB and 16 MiB): no overflow.
+        // Both terms are bounded (16 GiB and 8 GiB): no overflow.
         if self.file_bytes + size > SNAPSHOT_BYTES_MAX {
             return Err(SnapshotError::TooManyBytes {
                 path: path.to_owned(),
@@ -373,6 +380,53 @@ impl Walk<'_> {
             });
         }
         Ok(())
+    }
+}
+
+/// Streams `file` into `store` as one blob of at most `bytes_max` bytes;
+/// gives its digest and size. A file longer than `bytes_max` (one that grew
+/// after its size was checked) is [`SnapshotError::FileTooLarge`] with the
+/// bytes read so far as its size.
+fn put_file(
+    store: &dyn BlobStore,
+    file: &mut dyn Read,
+    path: &str,
+    bytes_max: u64,
+) -> Result<(Digest, u64), TreeError> {
+    let mut counted = Counted {
+        inner: file,
+        bytes: 0,
+    };
+    match store.put_reader(&mut counted, bytes_max) {
+        Ok((digest, size, _)) => Ok((digest, size)),
+        Err(BlobError::TooLarge { .. }) if counted.bytes > bytes_max => {
+            Err(SnapshotError::FileTooLarge {
+                path: path.to_owned(),
+                size: counted.bytes,
+                max: bytes_max,
+            }
+            .into())
+        }
+        Err(BlobError::Input { source }) => Err(io_err(path)(source)),
+        Err(source) => Err(TreeError::BlobPut {
+            path: path.to_owned(),
+            source: Box::new(source),
+        }),
+    }
+}
+
+/// A reader that counts the bytes it gives.
+struct Counted<'a> {
+    inner: &'a mut dyn Read,
+    bytes: u64,
+}
+
+impl Read for Counted<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        // `n <= buf.len()`, and a file is far shorter than `u64::MAX`.
+        self.bytes = self.bytes.saturating_add(n as u64);
+        Ok(n)
     }
 }
 
@@ -484,7 +538,6 @@ fn build(
         let EntryKind::File { size, sha256 } = e.kind else {
             continue;
         };
-        let bytes = fetch_blob(store, &e.path, size, sha256)?;
         let io = || io_err(e.path.as_str());
         let mut file = OpenOptions::new()
             .write(true)
@@ -493,7 +546,7 @@ fn build(
             .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
             .open(temp.join(&e.path))
             .map_err(io())?;
-        file.write_all(&bytes).map_err(io())?;
+        restore_blob(store, &e.path, size, sha256, &mut file)?;
         if owner.is_some() {
             fchown(&file, uid, gid).map_err(io())?;
         }
@@ -523,26 +576,43 @@ fn build(
     })
 }
 
-/// The blob of a file entry, checked against its size and SHA-256.
-fn fetch_blob(
+/// Streams the blob of a file entry into `out`, checking it against the
+/// entry's size and SHA-256 on the bytes written, whatever the store says.
+/// What `out` holds after an error is to be discarded.
+fn restore_blob(
     store: &dyn BlobStore,
     path: &str,
     size: u64,
     sha256: Digest,
-) -> Result<Vec<u8>, TreeError> {
+    out: &mut dyn Write,
+) -> Result<(), TreeError> {
     let corrupt = || TreeError::BlobCorrupt {
         path: path.to_owned(),
         digest: sha256,
     };
-    let bytes = match store.get(&sha256) {
-        Ok(Some(bytes)) => bytes,
+    let mut checked = Checked {
+        out,
+        size_max: size,
+        written: 0,
+        hasher: sha2::Sha256::new(),
+        overflowed: false,
+    };
+    let copied = store.copy_to(&sha256, size, &mut checked);
+    // The store verifies, but the trait is not trusted to: any store's
+    // bytes are checked here.
+    if checked.overflowed {
+        return Err(corrupt());
+    }
+    match copied {
+        Ok(Some(_)) => {}
         Ok(None) => {
             return Err(TreeError::BlobMissing {
                 path: path.to_owned(),
                 digest: sha256,
             });
         }
-        Err(BlobError::Corrupt { .. }) => return Err(corrupt()),
+        Err(BlobError::Corrupt { .. } | BlobError::WrongSize { .. }) => return Err(corrupt()),
+        Err(BlobError::Output { source }) => return Err(io_err(path)(source)),
         Err(source) => {
             return Err(TreeError::Blob {
                 path: path.to_owned(),
@@ -550,13 +620,44 @@ fn fetch_blob(
                 source: Box::new(source),
             });
         }
-    };
-    // The store verifies, but the trait is not trusted to: any store's
-    // bytes are checked here.
-    if bytes.len() as u64 != size || Digest::of(&bytes) != sha256 {
+    }
+    let Checked {
+        written, hasher, ..
+    } = checked;
+    if written != size || Digest(hasher.finalize().into()) != sha256 {
         return Err(corrupt());
     }
-    Ok(bytes)
+    Ok(())
+}
+
+/// A writer that hashes and counts what it passes on, and refuses (setting
+/// `overflowed`) any byte past `size_max`.
+struct Checked<'a> {
+    out: &'a mut dyn Write,
+    size_max: u64,
+    written: u64,
+    hasher: sha2::Sha256,
+    overflowed: bool,
+}
+
+impl Write for Checked<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if buf.len() as u64 > self.size_max - self.written {
+            self.overflowed = true;
+            return Err(io::Error::other(
+                "the blob holds more bytes than the entry's size",
+            ));
+        }
+        let n = self.out.write(buf)?;
+        self.hasher.update(&buf[..n]);
+        // `n <= buf.len()`: `written` stays at most `size_max`.
+        self.written += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.out.flush()
+    }
 }
 
 /// Owns, chmods and fsyncs the directory at `path` through one descriptor
@@ -659,6 +760,74 @@ mod tests {
         assert!(fs::symlink_metadata(&top).is_err());
         // The link's target is neither removed nor given new permissions.
         assert_eq!(fs::metadata(&outside).unwrap().mode() & 0o7777, 0o555);
+    }
+
+    /// A reader that gives `good` bytes, then fails.
+    struct FailingReader {
+        good: usize,
+    }
+
+    impl Read for FailingReader {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            if self.good == 0 {
+                return Err(io::Error::other("file gone"));
+            }
+            let n = buf.len().min(self.good);
+            buf[..n].fill(b'x');
+            self.good -= n;
+            Ok(n)
+        }
+    }
+
+    #[test]
+    fn a_file_that_grows_past_the_bound_while_read_is_file_too_large() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::LocalBlobStore::open(dir.path()).unwrap();
+        assert_eq!(
+            put_file(&store, &mut &b"0123456789"[..], "f", 10).unwrap(),
+            (Digest::of(b"0123456789"), 10)
+        );
+        let e = put_file(&store, &mut &b"0123456789a"[..], "f", 10).unwrap_err();
+        assert!(
+            matches!(&e, TreeError::Snapshot(SnapshotError::FileTooLarge { path, size: 11, max: 10 })
+                if path == "f"),
+            "{e:?}"
+        );
+        // A read that fails is the tree's own I/O error, naming the path.
+        let e = put_file(&store, &mut FailingReader { good: 3 }, "d/f", 10).unwrap_err();
+        assert_eq!(e.code(), "tree_io");
+        assert_eq!(e.to_string(), "d/f: file gone");
+    }
+
+    #[test]
+    fn file_sizes_are_checked_at_both_bounds() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::LocalBlobStore::open(dir.path()).unwrap();
+        let mut walk = Walk {
+            store: &store,
+            entries: Vec::new(),
+            file_bytes: 0,
+        };
+        let max = SNAPSHOT_FILE_BYTES_MAX;
+        assert_eq!(walk.check_size("f", max), Ok(()));
+        assert_eq!(
+            walk.check_size("f", max + 1),
+            Err(SnapshotError::FileTooLarge {
+                path: "f".into(),
+                size: 8_589_934_593,
+                max: 8_589_934_592,
+            })
+        );
+        walk.file_bytes = SNAPSHOT_BYTES_MAX - max;
+        assert_eq!(walk.check_size("g", max), Ok(()));
+        walk.file_bytes += 1;
+        assert_eq!(
+            walk.check_size("g", max),
+            Err(SnapshotError::TooManyBytes {
+                path: "g".into(),
+                max: 17_179_869_184,
+            })
+        );
     }
 
     #[test]

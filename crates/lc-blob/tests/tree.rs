@@ -3,13 +3,14 @@
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
 use std::fs::{self, Permissions};
+use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, PermissionsExt, symlink};
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 
 use lc_blob::tree::{RESTORE_ROOT_MODE, RestoreReport, TreeError, restore_tree, snapshot_tree};
-use lc_blob::{BlobError, BlobStore, LocalBlobStore, PutOutcome};
+use lc_blob::{BLOB_BYTES_MAX, BlobError, BlobStore, LocalBlobStore, PutOutcome};
 use lc_core::snapshot::{
     Entry, EntryKind, Manifest, SNAPSHOT_ENTRIES_MAX, SNAPSHOT_FILE_BYTES_MAX, SnapshotError,
 };
@@ -341,6 +342,18 @@ impl BlobStore for LyingStore {
     fn get(&self, _: &Digest) -> Result<Option<Vec<u8>>, BlobError> {
         Ok(Some(self.bytes.clone()))
     }
+    fn put_reader(&self, _: &mut dyn Read, _: u64) -> Result<(Digest, u64, PutOutcome), BlobError> {
+        Ok((
+            Digest::of(&self.bytes),
+            self.bytes.len() as u64,
+            PutOutcome::Existing,
+        ))
+    }
+    fn copy_to(&self, _: &Digest, _: u64, out: &mut dyn Write) -> Result<Option<u64>, BlobError> {
+        out.write_all(&self.bytes)
+            .map_err(|source| BlobError::Output { source })?;
+        Ok(Some(self.bytes.len() as u64))
+    }
 }
 
 #[test]
@@ -513,24 +526,11 @@ fn a_name_that_is_not_utf8_is_refused_shown_lossily() {
 
 #[test]
 fn a_file_over_the_bound_is_refused_before_it_is_read() {
+    assert_eq!(SNAPSHOT_FILE_BYTES_MAX, 8 * 1024 * 1024 * 1024);
     let s = Scratch::new();
     let src = s.path("src");
     fs::create_dir(&src).unwrap();
-    // Sparse files: no bytes on disk.
-    let at_max = fs::File::create(src.join("at-max")).unwrap();
-    at_max.set_len(SNAPSHOT_FILE_BYTES_MAX).unwrap();
-    let m = snapshot_tree(&src, WS, None, &s.store).unwrap();
-    let zeros = vec![0u8; SNAPSHOT_FILE_BYTES_MAX as usize];
-    assert_eq!(
-        m.entries,
-        vec![Entry::file(
-            "at-max",
-            fs::metadata(src.join("at-max")).unwrap().mode() & 0o7777,
-            SNAPSHOT_FILE_BYTES_MAX,
-            Digest::of(&zeros)
-        )]
-    );
-    drop(zeros);
+    // A sparse file: no bytes on disk, and none are read.
     let over = fs::File::create(src.join("over")).unwrap();
     over.set_len(SNAPSHOT_FILE_BYTES_MAX + 1).unwrap();
     let e = snapshot_tree(&src, WS, None, &s.store).unwrap_err();
@@ -540,6 +540,12 @@ fn a_file_over_the_bound_is_refused_before_it_is_read() {
             if path == "over" && *size == SNAPSHOT_FILE_BYTES_MAX + 1 && *max == SNAPSHOT_FILE_BYTES_MAX),
         "{e:?}"
     );
+    assert_eq!(
+        e.to_string(),
+        "file \"over\" has 8589934593 bytes, over the 8589934592-byte bound of one snapshot file; shrink or remove it"
+    );
+    // Nothing was stored, not even a temporary file.
+    assert_eq!(names_in(&s.path("blobs/sha256")), Vec::<String>::new());
 }
 
 #[test]
@@ -599,6 +605,13 @@ impl BlobStore for BrokenStore {
     fn get(&self, _: &Digest) -> Result<Option<Vec<u8>>, BlobError> {
         self.put(&Digest::of(b""), b"").map(|_| None)
     }
+    fn put_reader(&self, _: &mut dyn Read, _: u64) -> Result<(Digest, u64, PutOutcome), BlobError> {
+        self.put(&Digest::of(b""), b"")
+            .map(|o| (Digest::of(b""), 0, o))
+    }
+    fn copy_to(&self, _: &Digest, _: u64, _: &mut dyn Write) -> Result<Option<u64>, BlobError> {
+        self.get(&Digest::of(b"")).map(|_| None)
+    }
 }
 
 #[test]
@@ -611,10 +624,11 @@ fn a_failing_store_fails_with_its_own_code_naming_the_file() {
     assert_eq!(e.code(), "blob_io");
     assert_eq!(
         e.to_string(),
-        format!(
-            "file \"f\": blob store failed for blob {}: blob store I/O on /broken: disk gone",
-            Digest::of(b"abc")
-        )
+        "file \"f\": blob store failed to store its bytes: blob store I/O on /broken: disk gone"
+    );
+    assert!(
+        matches!(&e, TreeError::BlobPut { path, source } if path == "f" && source.code() == "blob_io"),
+        "{e:?}"
     );
     let m = snapshot_tree(&src, WS, None, &s.store).unwrap();
     let dest = s.path("dest");
@@ -625,4 +639,183 @@ fn a_failing_store_fails_with_its_own_code_naming_the_file() {
         "{e:?}"
     );
     assert_nothing_restored(&s, &dest);
+}
+
+/// 40 MiB: forty streaming buffers, and more than a page blob may hold.
+const LARGE_BYTES: usize = 40 * 1024 * 1024;
+
+/// `LARGE_BYTES` of a fixed xorshift sequence of `seed`.
+fn large_content(seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    let mut bytes = Vec::with_capacity(LARGE_BYTES);
+    while bytes.len() < LARGE_BYTES {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        bytes.extend_from_slice(&x.to_le_bytes());
+    }
+    bytes
+}
+
+/// The blob files in the store, sorted, after checking that the store holds
+/// nothing else (no temporary file in its root or in a shard).
+fn blob_names(s: &Scratch) -> Vec<String> {
+    let root = s.path("blobs/sha256");
+    let mut blobs = Vec::new();
+    for shard in names_in(&root) {
+        assert!(
+            shard.len() == 2 && shard.bytes().all(|b| b.is_ascii_hexdigit()),
+            "{shard}"
+        );
+        for name in names_in(&root.join(&shard)) {
+            assert!(name.len() == 64 && name.starts_with(&shard), "{name}");
+            blobs.push(name);
+        }
+    }
+    blobs
+}
+
+#[test]
+fn a_40_mib_file_round_trips_byte_for_byte_through_the_stream() {
+    let s = Scratch::new();
+    let src = s.path("src");
+    fs::create_dir(&src).unwrap();
+    mkdir(&src.join("data"), 0o750);
+    let original = large_content(1);
+    write(&src.join("data/big.bin"), &original, 0o640);
+    let digest = Digest::of(&original);
+    let m = snapshot_tree(&src, WS, None, &s.store).unwrap();
+    assert_eq!(
+        m.entries,
+        vec![
+            Entry::dir("data", 0o750),
+            Entry::file("data/big.bin", 0o640, 41_943_040, digest),
+        ]
+    );
+    assert_eq!(blob_names(&s), vec![digest.to_hex()]);
+    assert_eq!(
+        fs::metadata(s.store.path_of(&digest)).unwrap().len(),
+        41_943_040
+    );
+    // The page bound still holds for whole-slice reads.
+    let e = s.store.get(&digest).unwrap_err();
+    assert!(
+        matches!(e, BlobError::TooLarge { bytes, max }
+            if bytes == BLOB_BYTES_MAX as u64 + 1 && max == 16_777_216),
+        "{e:?}"
+    );
+
+    let dest = s.path("dest");
+    assert_eq!(
+        restore_tree(&m, &s.store, &dest, None).unwrap(),
+        RestoreReport {
+            entries: 2,
+            file_bytes: 41_943_040,
+        }
+    );
+    let restored = fs::read(dest.join("data/big.bin")).unwrap();
+    assert_eq!(restored.len(), LARGE_BYTES);
+    assert_eq!(Digest::of(&restored), Digest::of(&original));
+    assert!(restored == original, "restored bytes differ");
+    let meta = fs::metadata(dest.join("data/big.bin")).unwrap();
+    assert_eq!(meta.mode() & 0o7777, 0o640);
+    assert_eq!(
+        fs::metadata(dest.join("data")).unwrap().mode() & 0o7777,
+        0o750
+    );
+    assert_eq!(s.names(), ["blobs", "dest", "src"]);
+}
+
+/// Replaces the byte at `offset` of `path` by its complement.
+fn flip_byte(path: &Path, offset: u64) {
+    let mut f = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .unwrap();
+    let mut byte = [0u8];
+    f.seek(SeekFrom::Start(offset)).unwrap();
+    f.read_exact(&mut byte).unwrap();
+    f.seek(SeekFrom::Start(offset)).unwrap();
+    f.write_all(&[!byte[0]]).unwrap();
+}
+
+#[test]
+fn a_damaged_large_blob_fails_the_restore_naming_its_path_and_digest() {
+    let s = Scratch::new();
+    let src = s.path("src");
+    fs::create_dir(&src).unwrap();
+    let original = large_content(2);
+    write(&src.join("big.bin"), &original, 0o644);
+    let m = snapshot_tree(&src, WS, None, &s.store).unwrap();
+    let digest = Digest::of(&original);
+    let blob = s.store.path_of(&digest);
+    let dest = s.path("dest");
+    let refused = |what: &str| {
+        let e = restore_tree(&m, &s.store, &dest, None).unwrap_err();
+        assert_eq!(e.code(), "blob_corrupt", "{what}");
+        assert!(
+            matches!(&e, TreeError::BlobCorrupt { path, digest: d } if path == "big.bin" && *d == digest),
+            "{what}: {e:?}"
+        );
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "file \"big.bin\": blob {digest} is corrupt in the blob store; put it again or restore another snapshot"
+            ),
+            "{what}"
+        );
+        assert_nothing_restored(&s, &dest);
+    };
+    // One byte flipped in the middle: same size, wrong SHA-256.
+    flip_byte(&blob, LARGE_BYTES as u64 / 2);
+    refused("flipped");
+    // Truncated to half.
+    fs::write(&blob, &original[..LARGE_BYTES / 2]).unwrap();
+    refused("truncated");
+    // One byte longer.
+    let mut longer = original.clone();
+    longer.push(0);
+    fs::write(&blob, &longer).unwrap();
+    refused("longer");
+    // A snapshot of the same file puts a good copy back, and it restores.
+    assert_eq!(snapshot_tree(&src, WS, None, &s.store).unwrap(), m);
+    restore_tree(&m, &s.store, &dest, None).unwrap();
+    assert!(fs::read(dest.join("big.bin")).unwrap() == original);
+}
+
+#[test]
+fn the_same_large_content_in_two_files_is_one_blob() {
+    let s = Scratch::new();
+    let src = s.path("src");
+    fs::create_dir(&src).unwrap();
+    for dir in ["a", "b", "c"] {
+        mkdir(&src.join(dir), 0o755);
+    }
+    let content = large_content(3);
+    write(&src.join("a/weights"), &content, 0o644);
+    write(&src.join("b/weights"), &content, 0o600);
+    let mut other = content.clone();
+    other[LARGE_BYTES / 2] ^= 0x01;
+    write(&src.join("c/weights"), &other, 0o644);
+    let m = snapshot_tree(&src, WS, None, &s.store).unwrap();
+    let (same, differs) = (Digest::of(&content), Digest::of(&other));
+    assert_eq!(
+        m.entries,
+        vec![
+            Entry::dir("a", 0o755),
+            Entry::file("a/weights", 0o644, 41_943_040, same),
+            Entry::dir("b", 0o755),
+            Entry::file("b/weights", 0o600, 41_943_040, same),
+            Entry::dir("c", 0o755),
+            Entry::file("c/weights", 0o644, 41_943_040, differs),
+        ]
+    );
+    assert_eq!(m.file_bytes(), 125_829_120);
+    let mut expected = vec![same.to_hex(), differs.to_hex()];
+    expected.sort();
+    assert_eq!(blob_names(&s), expected);
+    // A second snapshot of the same tree adds nothing.
+    assert_eq!(snapshot_tree(&src, WS, None, &s.store).unwrap(), m);
+    assert_eq!(blob_names(&s), expected);
 }

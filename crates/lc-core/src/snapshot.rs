@@ -62,12 +62,15 @@ pub const SNAPSHOT_ENTRIES_MAX: usize = 100_000;
 /// The most file bytes of one snapshot, in all: 16 GiB.
 pub const SNAPSHOT_BYTES_MAX: u64 = 16 << 30;
 
-/// The most bytes of one file of a snapshot: 16 MiB. A file's bytes are one
-/// blob, read whole into memory on snapshot and on restore, and the blob
-/// store holds blobs up to this size (its `BLOB_BYTES_MAX`); a workspace
-/// with a larger file is refused (`file_too_large`) rather than read
-/// without bound.
-pub const SNAPSHOT_FILE_BYTES_MAX: u64 = 16 << 20;
+/// The most bytes of one file of a snapshot: 8 GiB. A file's bytes are one
+/// blob, streamed through a buffer of fixed size on snapshot and on restore
+/// (never held whole in memory), so this bound is on one file's disk and
+/// copy time, not on memory: it holds the large single files a workspace
+/// holds (a 5 GB model-weight shard, a dataset part, a git pack) with room,
+/// two such files fit in [`SNAPSHOT_BYTES_MAX`], and the blob store streams
+/// blobs up to this size (its `STREAM_BLOB_BYTES_MAX`). A workspace with a
+/// larger file is refused (`file_too_large`).
+pub const SNAPSHOT_FILE_BYTES_MAX: u64 = 8 << 30;
 
 /// The longest path of an entry, in bytes (Linux's `PATH_MAX`).
 pub const SNAPSHOT_PATH_BYTES_MAX: usize = 4096;
@@ -556,7 +559,7 @@ impl Manifest {
         for e in &entries {
             check_entry(e)?;
             if let EntryKind::File { size, .. } = e.kind {
-                // Each size is at most 16 MiB and there are at most 100,000
+                // Each size is at most 8 GiB and there are at most 100,000
                 // entries, so the sum cannot overflow a u64.
                 file_bytes += size;
                 if file_bytes > SNAPSHOT_BYTES_MAX {
@@ -1076,9 +1079,9 @@ mod tests {
                 max,
             })
         );
-        // 1024 files of 16 MiB are exactly 16 GiB: allowed; one byte more is not.
+        // 2 files of 8 GiB are exactly 16 GiB: allowed; one byte more is not.
         let count = SNAPSHOT_BYTES_MAX / max;
-        assert_eq!(count, 1024);
+        assert_eq!(count, 2);
         let mut entries: Vec<Entry> = (0..count).map(|i| file(format!("f{i:04}"), max)).collect();
         let all = Manifest::new(WS, None, entries.clone()).unwrap();
         assert_eq!(all.file_bytes(), SNAPSHOT_BYTES_MAX);
@@ -1304,7 +1307,7 @@ mod tests {
         );
         assert_eq!(
             parse_code(
-                &with(r#"{"mode":420,"path":"a","sha256":"SHA","size":16777217,"type":"file"}"#)
+                &with(r#"{"mode":420,"path":"a","sha256":"SHA","size":8589934593,"type":"file"}"#)
                     .replace("SHA", &sha)
             ),
             "file_too_large"
