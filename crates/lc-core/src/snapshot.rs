@@ -1124,6 +1124,12 @@ mod tests {
             .unwrap()
             .canonical_bytes()
             .len();
+        // One entry adds at least its target's bytes: checked first, so a
+        // broken encoding fails here instead of sizing millions of entries.
+        assert!(
+            one > empty + target_len,
+            "one entry of {target_len} target bytes encodes {one} bytes, the empty manifest {empty}"
+        );
         // Each further entry adds its own bytes and a comma.
         let per_entry = one - empty + 1;
         let count = (bytes - empty + 1) / per_entry;
