@@ -33,7 +33,8 @@
 //!   resume's generation with the restore, records the attachment, marks
 //!   it active only after the resume is committed; the resumed command
 //!   reads generation 1's files byte for byte and its pages continue after
-//!   the stopped page. A corrupted blob fails the restore once
+//!   the stopped page, and its inputs after the ones generation 1 was
+//!   given. A corrupted blob fails the restore once
 //!   (`restore_failed`, naming the path and digest), the attempt stays
 //!   parked and the unit returns. An idle exec is sealed once, on a
 //!   certain cut, never while the cut is uncertain.
@@ -1341,8 +1342,8 @@ const RESUMABLE: &str = "if [ -e /workspace/gen1 ]; then \
 
 /// An exec of [`RESUMABLE`] run to generation 1's `ready`, sealed
 /// (requested), stopped, quiesced and parked by the reconciler's destroy.
-/// Returns the owner, generation 1's Lease, its stopped seq and the head.
-async fn parked_exec(rig: &Rig, tenant: TenantId) -> (Owner, LeaseWork, i64, Digest) {
+/// Returns the owner, generation 1's stopped seq and the head.
+async fn parked_exec(rig: &Rig, tenant: TenantId) -> (Owner, i64, Digest) {
     let exec = rig.admit(tenant, "e-1", &["sh", "-c", RESUMABLE]).await;
     let r = rig.certain_step().await;
     assert_eq!((r.allocated, r.attached, r.failures), (1, 0, vec![]));
@@ -1414,7 +1415,7 @@ async fn parked_exec(rig: &Rig, tenant: TenantId) -> (Owner, LeaseWork, i64, Dig
     let r = rig.certain_step().await;
     assert_eq!((r.leases_seen, r.parked, r.units_returned), (0, 0, 0));
     assert_eq!(rig.balances(tenant).await, (4, 4, 0, 0));
-    (owner, g1, stopped_seq, head)
+    (owner, stopped_seq, head)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1426,7 +1427,7 @@ async fn a_hibernated_exec_parks_once_and_resumes_on_its_files_with_seqs_continu
     )
     .await;
     let tenant = rig.tenant(4).await;
-    let (owner, g1, stopped_seq, head) = parked_exec(&rig, tenant).await;
+    let (owner, stopped_seq, head) = parked_exec(&rig, tenant).await;
     let exec = owner.exec;
 
     // The owner prepares the resume: Reservation and Lease of generation 2.
@@ -1553,7 +1554,6 @@ async fn a_hibernated_exec_parks_once_and_resumes_on_its_files_with_seqs_continu
     assert_eq!(rig.balances(tenant).await, (4, 4, 0, 0));
     assert_eq!(rig.provider.inventory().await.unwrap(), vec![]);
     rig.assert_audit((4, 0, 0)).await;
-    let _ = g1;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1564,7 +1564,7 @@ async fn a_corrupted_blob_fails_the_restore_once_and_leaves_the_exec_parked() {
     )
     .await;
     let tenant = rig.tenant(4).await;
-    let (owner, _, _, head) = parked_exec(&rig, tenant).await;
+    let (owner, _, head) = parked_exec(&rig, tenant).await;
     let exec = owner.exec;
 
     // b.txt's blob in the provider's blob store no longer has its bytes.
@@ -1729,4 +1729,180 @@ async fn an_idle_exec_is_sealed_once_on_a_certain_cut_and_never_while_uncertain(
         (ExecState::Running, LeaseState::Active)
     );
     assert_eq!(rig.balances(tenant).await, (2, 1, 1, 0));
+}
+
+impl Rig {
+    /// The tenant queues `bytes` (`eof`) under `key`; the owner delivers
+    /// it to generation `(lease, g)`'s supervisor and records it sent.
+    /// Returns its input seq.
+    async fn deliver_input(
+        &self,
+        o: &Owner,
+        tenant: TenantId,
+        (lease, g): (SandboxLeaseId, Generation),
+        key: &str,
+        bytes: &[u8],
+        eof: bool,
+    ) -> i64 {
+        use lc_core::store::GatewayStore as _;
+        let at = self.wait_reading(|r| r.certain).await;
+        let input = self
+            .store
+            .send_input(
+                &OperationKey::new(
+                    key,
+                    lc_core::input::input_request_sha256(Digest::of(bytes), eof),
+                )
+                .unwrap(),
+                at,
+                tenant,
+                o.exec,
+                bytes,
+                eof,
+            )
+            .await
+            .expect("send input");
+        let seq = input.input_seq;
+        let queued = self
+            .store
+            .queued_inputs(&o.cred, o.exec, at, 10)
+            .await
+            .expect("queued inputs");
+        assert_eq!(
+            queued.iter().map(|i| i.input_seq).collect::<Vec<_>>(),
+            vec![seq]
+        );
+        assert_eq!(
+            self.provider
+                .send(lease, g, o.cred.fence, seq, bytes.to_vec(), eof)
+                .await
+                .expect("supervisor send"),
+            seq
+        );
+        self.store
+            .record_send(&o.cred, o.exec, at, &format!("send-{seq}"), seq)
+            .await
+            .expect("record send");
+        seq
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resumed_generation_takes_the_inputs_after_the_ones_delivered_before() {
+    use lc_core::store::GatewayStore as _;
+    let rig = Rig::start(
+        lc_core::rules::LEASE_TTL_DEFAULT,
+        ReconcilerOptions::default(),
+    )
+    .await;
+    let tenant = rig.tenant(4).await;
+    let exec = rig
+        .admit_request(
+            tenant,
+            "e-1",
+            &ExecRequest {
+                runtime: "base".into(),
+                shape: "small".into(),
+                command: vec![
+                    "sh".into(),
+                    "-c".into(),
+                    "if [ -e /workspace/gen1 ]; then cat; exit 0; fi; touch /workspace/gen1; \
+                     read line; echo \"got $line\"; echo ready; exec sleep 1000"
+                        .into(),
+                ],
+                timeout_ms: None,
+                stdin_open: true,
+                idle_ttl_ms: None,
+                on_timeout: lc_core::OnTimeout::Terminate,
+            },
+        )
+        .await;
+    let r = rig.certain_step().await;
+    assert_eq!((r.allocated, r.failures), (1, vec![]));
+    let g1 = rig.lease(exec).await.unwrap();
+    let owner = rig.take_over(tenant, exec, 0x22).await;
+    let one = rig
+        .deliver_input(
+            &owner,
+            tenant,
+            (g1.lease_id, g1.generation),
+            "i-1",
+            b"one\n",
+            false,
+        )
+        .await;
+    assert_eq!(one, 1);
+    let moved = rig
+        .move_pages(&owner, g1.lease_id, g1.generation, 0, |ps| {
+            stdout_of(ps).ends_with("ready\n")
+        })
+        .await;
+    assert_eq!(stdout_of(&moved), "got one\nready\n");
+    let at = rig.wait_reading(|r| r.certain).await;
+    rig.store
+        .request_hibernation(
+            &OperationKey::new("h-1", Digest::of(b"h-1")).unwrap(),
+            at,
+            tenant,
+            exec,
+        )
+        .await
+        .expect("request hibernation");
+    let (stopped_seq, head) = rig
+        .stop_and_quiesce(
+            &owner,
+            g1.lease_id,
+            g1.generation,
+            moved.last().unwrap().seq(),
+        )
+        .await;
+    let r = rig.certain_step().await;
+    assert_eq!((r.parked, r.units_returned, r.failures), (1, 1, vec![]));
+
+    let g2 = rig
+        .request_and_prepare_resume(&owner, tenant, head, "r-1")
+        .await;
+    assert_eq!((g2.first_seq, g2.first_input_seq), (stopped_seq + 1, 2));
+    let r = rig.certain_step().await;
+    assert_eq!((r.attached, r.awaiting_resume, r.failures), (1, 1, vec![]));
+    let at = rig.wait_reading(|r| r.certain).await;
+    rig.store
+        .commit_resume(&owner.cred, exec, at, "r-1")
+        .await
+        .expect("commit resume");
+    let r = rig.certain_step().await;
+    assert_eq!((r.allocated, r.failures), (1, vec![]));
+
+    // Input 2 is generation 2's first: its supervisor takes it as such.
+    let two = rig
+        .deliver_input(
+            &owner,
+            tenant,
+            (g2.lease_id, g2.generation),
+            "i-2",
+            b"two\n",
+            true,
+        )
+        .await;
+    assert_eq!(two, 2);
+    let moved = rig
+        .move_pages(&owner, g2.lease_id, g2.generation, stopped_seq, |ps| {
+            ps.last().is_some_and(|p| p.kind() == PageKind::Terminal)
+        })
+        .await;
+    assert_eq!(stdout_of(&moved), "two\n");
+    let at = rig.wait_reading(|r| r.certain).await;
+    rig.store
+        .release(&owner.cred, exec, at, "release-1")
+        .await
+        .expect("release");
+    let r = rig.certain_step().await;
+    assert_eq!(
+        (r.released, r.parked, r.units_returned, r.failures),
+        (1, 0, 1, vec![])
+    );
+    let rec = rig.exec(tenant, exec).await;
+    assert_eq!((rec.state, rec.exit_code), (ExecState::Terminal, Some(0)));
+    assert_eq!(rig.balances(tenant).await, (4, 4, 0, 0));
+    rig.assert_audit((4, 0, 0)).await;
 }
