@@ -173,10 +173,11 @@ pub struct StepReport {
     /// Leases moved to `release_pending` because their instance could not start.
     pub start_failed: usize,
     /// Of `start_failed`, the resume Leases whose snapshot the provider
-    /// could not restore.
+    /// could not restore (`restore_failed`, `snapshot_refused`).
     pub restore_failed: usize,
-    /// Why each `start_failed` Lease could not start: action `allocate`
-    /// (or `restore` for a resume's Lease) and the refusal's code.
+    /// Why each `start_failed` Lease could not start: action `restore`
+    /// for a snapshot the provider refused, else `allocate`, with the
+    /// refusal's code and message.
     pub start_refusals: Vec<LeaseFailure>,
     /// Leases renewed.
     pub renewed: usize,
@@ -577,8 +578,10 @@ impl Reconciler {
                 self.activate(w, at, report).await
             }
             Err((code, message)) => {
-                let restoring = w.restore_head.is_some();
-                tracing::warn!(lease = w.lease_id.0, generation = w.generation.0, restoring, %code, %message, "instance could not start");
+                // The snapshot, not the instance, is what the provider refused.
+                let restore_refused = w.restore_head.is_some()
+                    && matches!(code.as_str(), "restore_failed" | "snapshot_refused");
+                tracing::warn!(lease = w.lease_id.0, generation = w.generation.0, restore_refused, %code, %message, "instance could not start");
                 // Released only on the provider's proof that the command
                 // never reached a supervisor (which also fences the
                 // generation); `command_sent` leaves the lease to its
@@ -590,12 +593,16 @@ impl Reconciler {
                     .begin_release_not_sent(w.lease_id, w.generation, &evidence, at)
                     .await?;
                 report.start_failed += 1;
-                if restoring {
+                if restore_refused {
                     report.restore_failed += 1;
                 }
                 report.start_refusals.push(LeaseFailure {
                     lease_id: Some(w.lease_id),
-                    action: if restoring { "restore" } else { "allocate" },
+                    action: if restore_refused {
+                        "restore"
+                    } else {
+                        "allocate"
+                    },
                     code,
                     message,
                 });

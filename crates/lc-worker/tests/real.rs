@@ -798,10 +798,28 @@ async fn an_instance_that_cannot_start_releases_with_start_failed() {
 
     let r = rig.step().await;
     assert_eq!(
-        (r.leases_seen, r.allocated, r.start_failed, r.failures),
-        (2, 1, 1, vec![])
+        (
+            r.leases_seen,
+            r.allocated,
+            r.start_failed,
+            r.restore_failed,
+            r.failures
+        ),
+        (2, 1, 1, 0, vec![])
     );
     let w = rig.lease(ghost).await.unwrap();
+    assert_eq!(
+        r.start_refusals,
+        vec![lc_worker::LeaseFailure {
+            lease_id: Some(w.lease_id),
+            action: "allocate",
+            code: "unknown_runtime".into(),
+            message: format!(
+                "runtime {} is not in this provider's store",
+                "ee".repeat(32)
+            ),
+        }]
+    );
     assert_eq!(
         (w.state, w.terminal_reason),
         (
