@@ -620,6 +620,17 @@ pub struct LeaseWork {
     /// Whether the provider's attachment is recorded on this Lease.
     #[serde(default)]
     pub attached: bool,
+    /// The seq of the first input this generation's supervisor takes: the
+    /// exec's highest input seq recorded `sent` + 1 (1 when none was), so
+    /// the queued inputs continue after the ones an earlier generation
+    /// received.
+    #[serde(default = "first_seq_default")]
+    pub first_input_seq: i64,
+    /// Whether the Lease's attempt is `parked`: a resume's Lease whose
+    /// resume is not committed yet, which is allocated and attached but
+    /// not marked active until its attempt is `runnable` again.
+    #[serde(default)]
+    pub attempt_parked: bool,
 }
 
 fn first_seq_default() -> i64 {

@@ -938,6 +938,8 @@ pub(crate) struct DueRow {
     pub terminal_page: bool,
     pub reservation_expiry: Timestamp,
     pub stdin_open: bool,
+    /// The exec's highest input seq recorded `sent`, 0 if none.
+    pub last_sent_input_seq: i64,
 }
 
 const DUE_SELECT: &str = "SELECT l.lease_id, l.exec_id, e.tenant_id, l.attempt, l.generation, \
@@ -951,7 +953,9 @@ const DUE_SELECT: &str = "SELECT l.lease_id, l.exec_id, e.tenant_id, l.attempt, 
                    WHERE o.exec_id = l.exec_id AND o.attempt = l.attempt), 0) AS last_seq, \
         EXISTS (SELECT 1 FROM lc_output_pages o WHERE o.exec_id = l.exec_id \
                    AND o.attempt = l.attempt AND o.kind = 'terminal' \
-                   AND o.state = 'acked') AS terminal_page \
+                   AND o.state = 'acked') AS terminal_page, \
+        coalesce((SELECT max(i.input_seq) FROM lc_exec_inputs i \
+                   WHERE i.exec_id = l.exec_id AND i.state = 'sent'), 0) AS last_sent_input_seq \
    FROM lc_sandbox_leases l \
    JOIN lc_execs e ON e.exec_id = l.exec_id \
    JOIN lc_attempts a ON a.exec_id = l.exec_id AND a.attempt = l.attempt \
@@ -973,6 +977,7 @@ fn due_from(row: &PgRow) -> Result<DueRow, Fail> {
         terminal_page: row.try_get("terminal_page")?,
         reservation_expiry: instant_at(row, "reservation_floor_us", "reservation_submicro_ns")?,
         stdin_open: row.try_get("stdin_open")?,
+        last_sent_input_seq: row.try_get("last_sent_input_seq")?,
     })
 }
 

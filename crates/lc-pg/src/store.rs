@@ -501,6 +501,8 @@ fn to_work(d: db::DueRow, at: CutReading) -> LeaseWork {
         restore_head: d.lease.restore_head,
         first_seq: d.last_seq + 1,
         attached: d.lease.attachment.is_some(),
+        first_input_seq: d.last_sent_input_seq + 1,
+        attempt_parked: d.lease.attempt_state == AttemptState::Parked,
     }
 }
 

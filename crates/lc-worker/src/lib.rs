@@ -1,6 +1,8 @@
-//! Little Compute's workers: the reconciler (allocate, renew, destroy,
-//! prove, release) as a loop around one [`Reconciler::step`]. Output and
-//! the release of an exited exec are the gateway's (`lc-gateway`).
+//! Little Compute's workers: the reconciler (allocate and restore, renew,
+//! destroy, prove, release or park, seal due hibernations) as a loop
+//! around one [`Reconciler::step`]. Output, the release of an exited exec
+//! and a hibernation's stop and quiescence are the gateway's
+//! (`lc-gateway`).
 //!
 //! * [`reconciler`]: one step over a bounded batch of due leases, and the
 //!   loop that repeats it until shutdown. It drives any
@@ -13,5 +15,6 @@
 pub mod reconciler;
 
 pub use reconciler::{
-    BATCH_DEFAULT, LeaseFailure, Reconciler, ReconcilerOptions, StepError, StepReport,
+    BATCH_DEFAULT, HIBERNATIONS_BATCH_DEFAULT, LeaseFailure, Reconciler, ReconcilerOptions,
+    StepError, StepReport,
 };

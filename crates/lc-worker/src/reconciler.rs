@@ -6,12 +6,29 @@
 //! ([`lc_core::rules::plan_lease_action`]). Then, lease by lease:
 //!
 //! * `allocate`: the provider allocates the instance and starts the
-//!   command; then the store marks the lease `active`. A refusal (the
+//!   command, numbering its pages from the Lease's `first_seq` and its
+//!   inputs from `first_input_seq` (both continue an earlier generation of
+//!   the attempt). A Lease with a `restore_head` (a resume's generation)
+//!   passes that snapshot's manifest ([`ReconcileStore::restore_manifest`])
+//!   as the allocation's [`lc_provider::Restore`], and the attachment the
+//!   provider signs for it is recorded
+//!   ([`ReconcileStore::record_attachment`], signature verified by the
+//!   store) before anything else; an allocation without the attachment it
+//!   owes is a failure (`attachment_missing`), retried. Then the store marks
+//!   the lease `active` — except while its attempt is still `parked` (the
+//!   owner has not committed the resume yet): that Lease waits, attached
+//!   and renewed like a maintained one, and the first step after the
+//!   commit marks it active without allocating again. A refusal (the
 //!   instance cannot start: an unknown runtime, a failed start, a fenced
-//!   generation, a shape or command the provider cannot take) moves the
-//!   lease to `release_pending` with `start_failed`. An error retrying can
-//!   cure ([`ProviderError::is_transient`]: the provider unreachable, its
-//!   state or the supervisor failing) and a refused credential (this
+//!   generation, a shape or command the provider cannot take, a snapshot
+//!   the provider cannot restore: `restore_failed`, `snapshot_refused`)
+//!   moves the lease to `release_pending` with `start_failed` on the
+//!   provider's proof that the command was never sent, and its code goes
+//!   into the report ([`StepReport::start_refusals`]); a resume's Lease
+//!   released so leaves its attempt parked on its head, so a bad snapshot
+//!   is tried once per resume, never again by itself. An error retrying
+//!   can cure ([`ProviderError::is_transient`]: the provider unreachable,
+//!   its state or the supervisor failing) and a refused credential (this
 //!   worker's configuration, not the instance's fault) are retried at the
 //!   next step instead ([`retried`]).
 //! * `maintain`: the Lease and its Reservation are renewed when their
@@ -38,10 +55,19 @@
 //!   every step, also while the cut is uncertain. Only on a certain reading does the store commit the
 //!   release with that evidence (verifying its signature), which returns
 //!   the Reservation's units exactly once; while uncertain the step counts
-//!   it as deferred and nothing is released.
+//!   it as deferred and nothing is released. A release of a generation
+//!   whose hibernation is quiesced (or of a resume's Lease whose resume
+//!   never committed) parks the attempt instead of ending the exec: the
+//!   units return all the same, and the step counts it as `parked`, apart
+//!   from the terminal `released`.
 //!
-//! Finally, on a certain reading, a bounded batch of operation keys gets
-//! its terminal receipt and a bounded batch of due keys is deleted.
+//! Finally, on a certain reading only: the store seals the hibernations
+//! due at that cut (an exec idle past its `idle_ttl_ms`, or past its
+//! timeout with `on_timeout = hibernate`), at most `hibernations_batch` per
+//! step ([`ReconcileStore::due_hibernations`]; the owning gateway stops,
+//! quiesces and commits them, and the `destroy` above parks them); a
+//! bounded batch of operation keys gets its terminal receipt and a bounded
+//! batch of due keys is deleted. Nothing is sealed on an uncertain cut.
 //!
 //! Providers are [`lc_provider::Provider`]s, called directly (the
 //! bubblewrap provider in process, `lc_provider::HttpProvider` over
@@ -62,10 +88,10 @@ use jiff::SignedDuration;
 use lc_core::rules::LIST_LIMIT_MAX;
 use lc_core::store::ReconcileStore;
 use lc_core::{
-    Command, CutReading, Generation, LcError, LeaseAction, LeaseState, LeaseWork, ProviderId,
-    SandboxLeaseId, Shape, TerminalReason,
+    Command, CutReading, Generation, HibernationReason, HibernationStep, LcError, LeaseAction,
+    LeaseState, LeaseWork, ProviderId, SandboxLeaseId, Shape, TerminalReason,
 };
-use lc_provider::{AllocateRequest, Provider, ProviderError};
+use lc_provider::{AllocateRequest, Provider, ProviderError, Restore};
 use tokio::sync::watch;
 
 /// The default batch: leases handled per step, the store's listing bound.
@@ -78,6 +104,9 @@ pub const RECEIPTS_BATCH_DEFAULT: usize = 500;
 
 /// Operation keys deleted per step.
 pub const GC_BATCH_DEFAULT: usize = 500;
+
+/// Hibernations sealed (and unfinished ones listed) per step.
+pub const HIBERNATIONS_BATCH_DEFAULT: usize = 100;
 
 /// Renew when the expiry is this close to the cut: half of the default
 /// Lease TTL (60 s), so one missed step still leaves half a TTL.
@@ -94,6 +123,9 @@ pub struct ReconcilerOptions {
     pub receipts_batch: usize,
     /// Operation keys deleted per step, `1..=`[`LIST_LIMIT_MAX`].
     pub gc_batch: usize,
+    /// Hibernations sealed per step (and unfinished ones listed),
+    /// `1..=`[`LIST_LIMIT_MAX`].
+    pub hibernations_batch: usize,
 }
 
 impl Default for ReconcilerOptions {
@@ -103,6 +135,7 @@ impl Default for ReconcilerOptions {
             renew_ahead: RENEW_AHEAD_DEFAULT,
             receipts_batch: RECEIPTS_BATCH_DEFAULT,
             gc_batch: GC_BATCH_DEFAULT,
+            hibernations_batch: HIBERNATIONS_BATCH_DEFAULT,
         }
     }
 }
@@ -113,7 +146,8 @@ pub struct LeaseFailure {
     /// The lease, `None` for receipts and GC.
     pub lease_id: Option<SandboxLeaseId>,
     /// What was being done (`allocate`, `maintain`, `begin_release`,
-    /// `destroy`, `commit_release`, `receipts`, `gc`).
+    /// `destroy`, `receipts`, `gc`, `hibernations`; in
+    /// [`StepReport::start_refusals`]: `allocate` or `restore`).
     pub action: &'static str,
     /// The stable code (the store's or the provider's).
     pub code: String,
@@ -128,10 +162,23 @@ pub struct StepReport {
     pub at: CutReading,
     /// Leases the store returned as due.
     pub leases_seen: usize,
-    /// Instances allocated and marked active.
+    /// Instances allocated and marked active (a resume's Lease counts when
+    /// it is marked active, also when it was allocated at an earlier step).
     pub allocated: usize,
+    /// Provider attachments of restored workspaces recorded on their Lease.
+    pub attached: usize,
+    /// Resume Leases allocated and attached whose attempt is still parked
+    /// (the owner has not committed the resume): not marked active yet.
+    pub awaiting_resume: usize,
     /// Leases moved to `release_pending` because their instance could not start.
     pub start_failed: usize,
+    /// Of `start_failed`, the resume Leases whose snapshot the provider
+    /// could not restore (`restore_failed`, `snapshot_refused`).
+    pub restore_failed: usize,
+    /// Why each `start_failed` Lease could not start: action `restore`
+    /// for a snapshot the provider refused, else `allocate`, with the
+    /// refusal's code and message.
+    pub start_refusals: Vec<LeaseFailure>,
     /// Leases renewed.
     pub renewed: usize,
     /// Leases moved to `release_pending` (cancelled, expired; not start failures).
@@ -144,8 +191,11 @@ pub struct StepReport {
     pub cancels_left_to_gateway: usize,
     /// Destroys the providers confirmed with evidence.
     pub destroyed: usize,
-    /// Releases committed now (capacity returned).
+    /// Releases committed now that ended their exec (capacity returned).
     pub released: usize,
+    /// Releases committed now that parked their attempt (a hibernated
+    /// generation, or a resume that never committed; capacity returned).
+    pub parked: usize,
     /// Releases the store found already committed (replays).
     pub released_replay: usize,
     /// Units returned to tenants by this step's releases.
@@ -156,6 +206,12 @@ pub struct StepReport {
     pub receipts_attached: usize,
     /// Operation keys deleted.
     pub operations_deleted: usize,
+    /// Hibernations (reason `idle` or `deadline`) the store sealed at this
+    /// step's cut. Two steps on the same cut count the same seals.
+    pub hibernations_sealed: usize,
+    /// Hibernations sealed or quiesced and not yet parked, as listed at
+    /// this step (at most `hibernations_batch`): their owners' work.
+    pub hibernations_unfinished: usize,
     /// What failed (at most one per lease, plus receipts and GC).
     pub failures: Vec<LeaseFailure>,
 }
@@ -166,18 +222,25 @@ impl StepReport {
             at,
             leases_seen: 0,
             allocated: 0,
+            attached: 0,
+            awaiting_resume: 0,
             start_failed: 0,
+            restore_failed: 0,
+            start_refusals: Vec::new(),
             renewed: 0,
             releases_begun: 0,
             exited_left_to_gateway: 0,
             cancels_left_to_gateway: 0,
             destroyed: 0,
             released: 0,
+            parked: 0,
             released_replay: 0,
             units_returned: 0,
             release_deferred: 0,
             receipts_attached: 0,
             operations_deleted: 0,
+            hibernations_sealed: 0,
+            hibernations_unfinished: 0,
             failures: Vec::new(),
         }
     }
@@ -211,6 +274,8 @@ enum Fail {
     UnknownProvider(ProviderId),
     /// The provider's evidence envelope did not serialize as JSON.
     Evidence(serde_json::Error),
+    /// A restoring allocation came back without its signed attachment.
+    AttachmentMissing,
 }
 
 impl From<LcError> for Fail {
@@ -233,9 +298,11 @@ pub fn retried(e: &ProviderError) -> bool {
     e.is_transient() || matches!(e, ProviderError::Unauthorized)
 }
 
-/// The provider's request for `w`, or why the store's record of it is not
-/// one a provider can start (a shape or command that no longer parses).
-fn allocate_request(w: &LeaseWork) -> Result<AllocateRequest, LcError> {
+/// The provider's request for `w` (restoring `restore`, the canonical
+/// manifest of `w.restore_head`, when given), or why the store's record of
+/// it is not one a provider can start (a shape or command that no longer
+/// parses).
+fn allocate_request(w: &LeaseWork, restore: Option<Vec<u8>>) -> Result<AllocateRequest, LcError> {
     Ok(AllocateRequest {
         lease_id: w.lease_id,
         generation: w.generation,
@@ -246,9 +313,9 @@ fn allocate_request(w: &LeaseWork) -> Result<AllocateRequest, LcError> {
         command: Command::new(w.command.clone())?,
         workspace_id: w.workspace_id,
         stdin_open: w.stdin_open,
-        first_seq: 1,
-        first_input_seq: 1,
-        restore: None,
+        first_seq: w.first_seq,
+        first_input_seq: w.first_input_seq,
+        restore: restore.map(|manifest| Restore { manifest }),
     })
 }
 
@@ -282,7 +349,12 @@ impl Reconciler {
         clock: Arc<dyn Clock>,
         options: ReconcilerOptions,
     ) -> Result<Reconciler, LcError> {
-        for n in [options.batch, options.receipts_batch, options.gc_batch] {
+        for n in [
+            options.batch,
+            options.receipts_batch,
+            options.gc_batch,
+            options.hibernations_batch,
+        ] {
             if !(1..=LIST_LIMIT_MAX).contains(&n) {
                 return Err(LcError::InvalidLimit {
                     limit: n,
@@ -334,6 +406,10 @@ impl Reconciler {
                     Fail::Store(e) => (e.code().to_owned(), e.to_string()),
                     Fail::Provider(e) => (e.code().to_owned(), e.to_string()),
                     Fail::Evidence(e) => ("invalid_evidence".to_owned(), e.to_string()),
+                    Fail::AttachmentMissing => (
+                        "attachment_missing".to_owned(),
+                        "the provider allocated a restored workspace without signing its attachment; retried at the next step".to_owned(),
+                    ),
                     Fail::UnknownProvider(id) => (
                         "provider_unknown".to_owned(),
                         format!("this worker has no provider {id}"),
@@ -349,6 +425,26 @@ impl Reconciler {
             }
         }
         if at.certain {
+            match self
+                .store
+                .due_hibernations(at, self.options.hibernations_batch)
+                .await
+            {
+                Ok(hs) => {
+                    report.hibernations_unfinished = hs.len();
+                    report.hibernations_sealed = hs
+                        .iter()
+                        .filter(|h| {
+                            h.step == HibernationStep::Sealed
+                                && h.sealed_cut == at.cut
+                                && h.reason != HibernationReason::Requested
+                        })
+                        .count();
+                }
+                Err(e) => report
+                    .failures
+                    .push(housekeeping_failure("hibernations", &e)),
+            }
             match self
                 .store
                 .attach_receipts(at, self.options.receipts_batch)
@@ -379,37 +475,7 @@ impl Reconciler {
         report: &mut StepReport,
     ) -> Result<(), Fail> {
         match w.action {
-            LeaseAction::Allocate => {
-                let provider = self.provider(w)?;
-                // Why the instance cannot start, if it cannot.
-                let refusal = match allocate_request(w) {
-                    Err(e) => Some((e.code().to_owned(), e.to_string())),
-                    Ok(req) => match provider.allocate(req).await {
-                        Ok(_) => None,
-                        Err(e) if retried(&e) => return Err(e.into()),
-                        Err(e) => Some((e.code().to_owned(), e.to_string())),
-                    },
-                };
-                match refusal {
-                    None => {
-                        self.store.mark_active(w.lease_id, w.generation, at).await?;
-                        report.allocated += 1;
-                    }
-                    Some((code, message)) => {
-                        tracing::warn!(lease = w.lease_id.0, %code, %message, "instance could not start");
-                        // Released only on the provider's proof that the
-                        // command never reached a supervisor (which also
-                        // fences the generation); `command_sent` leaves the
-                        // lease to its expiry, destroy and proof.
-                        let proof = provider.prove_not_sent(w.lease_id, w.generation).await?;
-                        let evidence = serde_json::to_value(&proof).map_err(Fail::Evidence)?;
-                        self.store
-                            .begin_release_not_sent(w.lease_id, w.generation, &evidence, at)
-                            .await?;
-                        report.start_failed += 1;
-                    }
-                }
-            }
+            LeaseAction::Allocate => self.allocate(w, at, report).await?,
             LeaseAction::Maintain => self.maintain(w, at, report).await?,
             LeaseAction::BeginRelease(TerminalReason::Exited) => {
                 // The gateway releases it once the terminal page is in the
@@ -454,11 +520,112 @@ impl Reconciler {
                 if outcome.replay {
                     report.released_replay += 1;
                 } else {
-                    report.released += 1;
+                    if outcome.parked {
+                        report.parked += 1;
+                    } else {
+                        report.released += 1;
+                    }
                     report.units_returned += outcome.units_returned;
                 }
             }
         }
+        Ok(())
+    }
+
+    /// The `allocate` action; see the module docs.
+    async fn allocate(
+        &self,
+        w: &LeaseWork,
+        at: CutReading,
+        report: &mut StepReport,
+    ) -> Result<(), Fail> {
+        let provider = self.provider(w)?;
+        if w.attached {
+            // Allocated and attached at an earlier step (the provider
+            // signs an attachment only for a started instance).
+            return self.activate(w, at, report).await;
+        }
+        let restore = match w.restore_head {
+            Some(_) => Some(
+                self.store
+                    .restore_manifest(w.lease_id, w.generation)
+                    .await?,
+            ),
+            None => None,
+        };
+        // Why the instance cannot start, if it cannot.
+        let refusal = match allocate_request(w, restore) {
+            Err(e) => Err((e.code().to_owned(), e.to_string())),
+            Ok(req) => match provider.allocate(req).await {
+                Ok(allocation) => Ok(allocation),
+                Err(e) if retried(&e) => return Err(e.into()),
+                Err(e) => Err((e.code().to_owned(), e.to_string())),
+            },
+        };
+        match refusal {
+            Ok(allocation) => {
+                match allocation.attachment {
+                    Some(envelope) => {
+                        let evidence = serde_json::to_value(&envelope).map_err(Fail::Evidence)?;
+                        self.store
+                            .record_attachment(w.lease_id, w.generation, &evidence, at)
+                            .await?;
+                        report.attached += 1;
+                    }
+                    None if w.restore_head.is_some() => return Err(Fail::AttachmentMissing),
+                    None => {}
+                }
+                self.activate(w, at, report).await
+            }
+            Err((code, message)) => {
+                // The snapshot, not the instance, is what the provider refused.
+                let restore_refused = w.restore_head.is_some()
+                    && matches!(code.as_str(), "restore_failed" | "snapshot_refused");
+                tracing::warn!(lease = w.lease_id.0, generation = w.generation.0, restore_refused, %code, %message, "instance could not start");
+                // Released only on the provider's proof that the command
+                // never reached a supervisor (which also fences the
+                // generation); `command_sent` leaves the lease to its
+                // expiry, destroy and proof. A resume's Lease released so
+                // leaves its attempt parked.
+                let proof = provider.prove_not_sent(w.lease_id, w.generation).await?;
+                let evidence = serde_json::to_value(&proof).map_err(Fail::Evidence)?;
+                self.store
+                    .begin_release_not_sent(w.lease_id, w.generation, &evidence, at)
+                    .await?;
+                report.start_failed += 1;
+                if restore_refused {
+                    report.restore_failed += 1;
+                }
+                report.start_refusals.push(LeaseFailure {
+                    lease_id: Some(w.lease_id),
+                    action: if restore_refused {
+                        "restore"
+                    } else {
+                        "allocate"
+                    },
+                    code,
+                    message,
+                });
+                Ok(())
+            }
+        }
+    }
+
+    /// Marks an allocated Lease `active`, unless its attempt is still
+    /// parked (a resume not committed yet): then it is maintained and
+    /// waits for the next step.
+    async fn activate(
+        &self,
+        w: &LeaseWork,
+        at: CutReading,
+        report: &mut StepReport,
+    ) -> Result<(), Fail> {
+        if w.attempt_parked {
+            report.awaiting_resume += 1;
+            return self.maintain(w, at, report).await;
+        }
+        self.store.mark_active(w.lease_id, w.generation, at).await?;
+        report.allocated += 1;
         Ok(())
     }
 
@@ -529,7 +696,14 @@ fn housekeeping_failure(action: &'static str, e: &LcError) -> LeaseFailure {
 }
 
 fn log_report(r: &StepReport) {
-    let busy = r.allocated + r.start_failed + r.releases_begun + r.destroyed + r.released;
+    let busy = r.allocated
+        + r.attached
+        + r.start_failed
+        + r.releases_begun
+        + r.destroyed
+        + r.released
+        + r.parked
+        + r.hibernations_sealed;
     if busy == 0 {
         tracing::debug!(cut = %r.at.cut, certain = r.at.certain, leases = r.leases_seen, "reconciler step");
     } else {
@@ -538,10 +712,16 @@ fn log_report(r: &StepReport) {
             certain = r.at.certain,
             leases = r.leases_seen,
             allocated = r.allocated,
+            attached = r.attached,
+            awaiting_resume = r.awaiting_resume,
             start_failed = r.start_failed,
+            restore_failed = r.restore_failed,
             releases_begun = r.releases_begun,
             destroyed = r.destroyed,
             released = r.released,
+            parked = r.parked,
+            hibernations_sealed = r.hibernations_sealed,
+            hibernations_unfinished = r.hibernations_unfinished,
             units_returned = r.units_returned,
             deferred = r.release_deferred,
             "reconciler step"

@@ -26,6 +26,18 @@
 //! * A flood of binary output (twice the spool), a command that closes
 //!   stdout early and one that leaves a child behind lose no byte.
 //! * A step handles at most its batch.
+//! * Hibernation and resume, with the test as the exec's owner doing the
+//!   gateway's calls (take over, page moves, stop, quiesce, commit the
+//!   quiescence, prepare and commit the resume, release): the reconciler's
+//!   destroy parks the attempt and returns the unit once; it allocates the
+//!   resume's generation with the restore, records the attachment, marks
+//!   it active only after the resume is committed; the resumed command
+//!   reads generation 1's files byte for byte and its pages continue after
+//!   the stopped page, and its inputs after the ones generation 1 was
+//!   given. A corrupted blob fails the restore once
+//!   (`restore_failed`, naming the path and digest), the attempt stays
+//!   parked and the unit returns. An idle exec is sealed once, on a
+//!   certain cut, never while the cut is uncertain.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -786,10 +798,28 @@ async fn an_instance_that_cannot_start_releases_with_start_failed() {
 
     let r = rig.step().await;
     assert_eq!(
-        (r.leases_seen, r.allocated, r.start_failed, r.failures),
-        (2, 1, 1, vec![])
+        (
+            r.leases_seen,
+            r.allocated,
+            r.start_failed,
+            r.restore_failed,
+            r.failures
+        ),
+        (2, 1, 1, 0, vec![])
     );
     let w = rig.lease(ghost).await.unwrap();
+    assert_eq!(
+        r.start_refusals,
+        vec![lc_worker::LeaseFailure {
+            lease_id: Some(w.lease_id),
+            action: "allocate",
+            code: "unknown_runtime".into(),
+            message: format!(
+                "runtime {} is not in this provider's store",
+                "ee".repeat(32)
+            ),
+        }]
+    );
     assert_eq!(
         (w.state, w.terminal_reason),
         (
@@ -1098,4 +1128,799 @@ async fn a_deferred_destroy_keeps_its_reservation_renewed() {
     rig.step_until(|t| t.released == 1).await;
     assert_eq!(rig.balances(tenant).await, (1, 1, 0, 0));
     rig.assert_audit((1, 0, 0)).await;
+}
+
+// ---------------------------------------------------------------------------
+// Hibernation and resume. The test itself is the exec's owner (it takes
+// the exec over and holds the credential), doing the gateway's part with
+// the provider and store calls the gateway makes; the reconciler's step
+// does the rest.
+
+/// The test as the exec's owner.
+struct Owner {
+    cred: lc_core::owner::OwnerCredential,
+    exec: ExecId,
+    attempt: lc_core::AttemptNo,
+}
+
+/// Heartbeat TTL of the test's ownership: longer than any test.
+const OWNER_TTL: SignedDuration = SignedDuration::from_secs(120);
+
+impl Rig {
+    async fn admit_request(&self, tenant: TenantId, key: &str, req: &ExecRequest) -> ExecId {
+        let at = self.reading().await;
+        self.store
+            .admit_exec(
+                &OperationKey::new(key, Digest::of(key.as_bytes())).unwrap(),
+                at,
+                tenant,
+                req,
+            )
+            .await
+            .expect("admit")
+            .exec_id
+    }
+
+    /// Takes the exec over with a token of `byte`s (its Lease is active).
+    async fn take_over(&self, tenant: TenantId, exec: ExecId, byte: u8) -> Owner {
+        use lc_core::store::GatewayStore as _;
+        let token =
+            lc_core::owner::OwnerToken::from_bytes([byte; lc_core::owner::OWNER_TOKEN_BYTES]);
+        let at = self.wait_reading(|r| r.certain).await;
+        let owned = self
+            .store
+            .take_over(&token, tenant, exec, at, OWNER_TTL)
+            .await
+            .expect("take over");
+        Owner {
+            cred: lc_core::owner::OwnerCredential {
+                token,
+                generation: owned.ownership.generation,
+                fence: owned.ownership.fence,
+            },
+            exec,
+            attempt: owned.attempt,
+        }
+    }
+
+    /// The gateway's page protocol for the instance of `(lease, g)`, by
+    /// hand: fetch the spooled pages after `after_seq`, stage their
+    /// metadata, put their bytes in the sink, commit the ACK result, ack
+    /// the supervisor; until `done` holds for the pages moved (bounded).
+    /// Returns them.
+    async fn move_pages(
+        &self,
+        o: &Owner,
+        lease: SandboxLeaseId,
+        g: Generation,
+        mut after_seq: i64,
+        done: impl Fn(&[lc_core::page::Page]) -> bool,
+    ) -> Vec<lc_core::page::Page> {
+        use lc_core::store::GatewayStore as _;
+        let mut moved = Vec::new();
+        let deadline = Instant::now() + WAIT_MAX;
+        while !done(&moved) {
+            assert!(
+                Instant::now() < deadline,
+                "pages not moved within {WAIT_MAX:?}"
+            );
+            let pages = self
+                .provider
+                .pages(lease, g, o.cred.fence, after_seq, 256)
+                .await
+                .expect("pages");
+            if let Some(last) = pages.last() {
+                let through = last.seq();
+                let metas: Vec<_> = pages
+                    .iter()
+                    .map(|p| lc_core::owner::PageMeta::of_page(o.exec, o.attempt, p))
+                    .collect();
+                let at = self.reading().await;
+                self.store
+                    .stage_pages(&o.cred, o.exec, at, &metas)
+                    .await
+                    .expect("stage");
+                for p in &pages {
+                    self.sink.put(&Digest(p.sha256()), p.bytes()).unwrap();
+                }
+                self.store
+                    .ack_pages(
+                        &o.cred,
+                        o.exec,
+                        at,
+                        &format!("ack-{}-{through}", o.attempt.0),
+                        through,
+                    )
+                    .await
+                    .expect("ack result");
+                self.provider
+                    .ack(lease, g, o.cred.fence, through)
+                    .await
+                    .expect("supervisor ack");
+                after_seq = through;
+                moved.extend(pages);
+            } else {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+        moved
+    }
+
+    /// The gateway's part of a hibernation of the sealed generation
+    /// `(lease, g)` whose pages through `after_seq` are moved: stop, move
+    /// pages through the stopped page, quiesce, commit the quiescence.
+    /// Returns the stopped page's seq and the committed head.
+    async fn stop_and_quiesce(
+        &self,
+        o: &Owner,
+        lease: SandboxLeaseId,
+        g: Generation,
+        after_seq: i64,
+    ) -> (i64, Digest) {
+        use lc_core::store::GatewayStore as _;
+        assert_eq!(
+            self.provider.stop(lease, g, o.cred.fence).await.unwrap(),
+            Some(lc_core::page::StopOutcome::Killed)
+        );
+        let moved = self
+            .move_pages(o, lease, g, after_seq, |ps| {
+                ps.last().is_some_and(|p| p.kind() == PageKind::Stopped)
+            })
+            .await;
+        let stopped_seq = moved.last().unwrap().seq();
+        let quiesced = self
+            .provider
+            .quiesce(lease, g, o.cred.fence)
+            .await
+            .expect("quiesce");
+        let head = Digest::of(&quiesced.manifest);
+        let at = self.wait_reading(|r| r.certain).await;
+        let hib = self
+            .store
+            .commit_quiescence(
+                &o.cred,
+                o.exec,
+                at,
+                g,
+                &quiesced.manifest,
+                head,
+                None,
+                &serde_json::to_value(&quiesced.evidence).unwrap(),
+            )
+            .await
+            .expect("commit quiescence");
+        assert_eq!(
+            (hib.step, hib.head),
+            (lc_core::HibernationStep::Quiesced, Some(head))
+        );
+        (stopped_seq, head)
+    }
+
+    /// The tenant's resume intent and the owner's `prepare_resume`: the
+    /// resume's Lease (generation g+1, allocating, restoring `head`).
+    async fn request_and_prepare_resume(
+        &self,
+        o: &Owner,
+        tenant: TenantId,
+        head: Digest,
+        key: &str,
+    ) -> LeaseWork {
+        use lc_core::store::GatewayStore as _;
+        let at = self.wait_reading(|r| r.certain).await;
+        self.store
+            .request_resume(
+                &OperationKey::new(key, lc_core::hibernate::resume_request_sha256(o.exec, head))
+                    .unwrap(),
+                at,
+                tenant,
+                o.exec,
+                head,
+            )
+            .await
+            .expect("resume intent");
+        let at = self.wait_reading(|r| r.certain).await;
+        self.store
+            .prepare_resume(&o.cred, o.exec, at, key)
+            .await
+            .expect("prepare resume")
+    }
+
+    /// A reconciler step on a certain reading (waits for one, bounded).
+    async fn certain_step(&self) -> StepReport {
+        self.wait_reading(|r| r.certain).await;
+        loop {
+            let r = self.rec.step().await.expect("step");
+            if r.at.certain {
+                return r;
+            }
+            self.wait_reading(|r| r.certain).await;
+        }
+    }
+}
+
+/// The text of the stdout pages among `pages`.
+fn stdout_of(pages: &[lc_core::page::Page]) -> String {
+    let bytes: Vec<u8> = pages
+        .iter()
+        .filter(|p| p.kind() == PageKind::Stdout)
+        .flat_map(|p| p.bytes().to_vec())
+        .collect();
+    String::from_utf8(bytes).unwrap()
+}
+
+/// Generation 1 writes a workspace (a file, a 0640 file, a symlink) and
+/// waits to be stopped; a resumed generation prints what it finds and
+/// exits 3.
+const RESUMABLE: &str = "if [ -e /workspace/gen1 ]; then \
+    cat /workspace/a.txt; sha256sum /workspace/b.txt; stat -c %a /workspace/a.txt; \
+    readlink /workspace/link; exit 3; fi; \
+    printf 'hello\\n' > /workspace/a.txt; chmod 0640 /workspace/a.txt; \
+    seq 1 20000 > /workspace/b.txt; ln -s a.txt /workspace/link; touch /workspace/gen1; \
+    echo ready; exec sleep 1000";
+
+/// An exec of [`RESUMABLE`] run to generation 1's `ready`, sealed
+/// (requested), stopped, quiesced and parked by the reconciler's destroy.
+/// Returns the owner, generation 1's stopped seq and the head.
+async fn parked_exec(rig: &Rig, tenant: TenantId) -> (Owner, i64, Digest) {
+    let exec = rig.admit(tenant, "e-1", &["sh", "-c", RESUMABLE]).await;
+    let r = rig.certain_step().await;
+    assert_eq!((r.allocated, r.attached, r.failures), (1, 0, vec![]));
+    let g1 = rig.lease(exec).await.unwrap();
+    assert_eq!(
+        (g1.generation, g1.first_seq, g1.first_input_seq),
+        (Generation(1), 1, 1)
+    );
+    let owner = rig.take_over(tenant, exec, 0x11).await;
+    let moved = rig
+        .move_pages(&owner, g1.lease_id, g1.generation, 0, |ps| {
+            stdout_of(ps).ends_with("ready\n")
+        })
+        .await;
+    let after = moved.last().unwrap().seq();
+
+    // Seal (requested): the reconciler lists it, never counts it as its seal.
+    let at = rig.wait_reading(|r| r.certain).await;
+    let hib = rig
+        .store
+        .request_hibernation(
+            &OperationKey::new("h-1", Digest::of(b"h-1")).unwrap(),
+            at,
+            tenant,
+            exec,
+        )
+        .await
+        .expect("request hibernation");
+    assert_eq!(
+        (hib.reason, hib.step, hib.sealed_cut, hib.generation),
+        (
+            lc_core::HibernationReason::Requested,
+            lc_core::HibernationStep::Sealed,
+            at.cut,
+            Generation(1)
+        )
+    );
+    let r = rig.certain_step().await;
+    assert_eq!(
+        (r.hibernations_sealed, r.hibernations_unfinished, r.failures),
+        (0, 1, vec![])
+    );
+
+    let (stopped_seq, head) = rig
+        .stop_and_quiesce(&owner, g1.lease_id, g1.generation, after)
+        .await;
+    assert_eq!(rig.balances(tenant).await, (4, 3, 1, 0));
+
+    // The reconciler destroys generation 1 and the store parks it.
+    let r = rig.certain_step().await;
+    assert_eq!(r.failures, vec![]);
+    assert_eq!(
+        (
+            r.destroyed,
+            r.parked,
+            r.released,
+            r.units_returned,
+            r.hibernations_unfinished
+        ),
+        (1, 1, 0, 1, 0)
+    );
+    assert_eq!(rig.balances(tenant).await, (4, 4, 0, 0));
+    let rec = rig.exec(tenant, exec).await;
+    assert_eq!(
+        (rec.state, rec.terminal_reason, rec.lease_state),
+        (ExecState::Hibernated, None, LeaseState::Released)
+    );
+    // Parked once: more steps return nothing again.
+    let r = rig.certain_step().await;
+    assert_eq!((r.leases_seen, r.parked, r.units_returned), (0, 0, 0));
+    assert_eq!(rig.balances(tenant).await, (4, 4, 0, 0));
+    (owner, stopped_seq, head)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hibernated_exec_parks_once_and_resumes_on_its_files_with_seqs_continued() {
+    use lc_core::store::GatewayStore as _;
+    let rig = Rig::start(
+        lc_core::rules::LEASE_TTL_DEFAULT,
+        ReconcilerOptions::default(),
+    )
+    .await;
+    let tenant = rig.tenant(4).await;
+    let (owner, stopped_seq, head) = parked_exec(&rig, tenant).await;
+    let exec = owner.exec;
+
+    // The owner prepares the resume: Reservation and Lease of generation 2.
+    let g2 = rig
+        .request_and_prepare_resume(&owner, tenant, head, "r-1")
+        .await;
+    assert_eq!(
+        (
+            g2.generation,
+            g2.state,
+            g2.restore_head,
+            g2.first_seq,
+            g2.first_input_seq,
+            g2.attached,
+            g2.attempt_parked
+        ),
+        (
+            Generation(2),
+            LeaseState::Allocating,
+            Some(head),
+            stopped_seq + 1,
+            1,
+            false,
+            true
+        )
+    );
+    assert_eq!(rig.balances(tenant).await, (4, 3, 1, 0));
+
+    // The reconciler allocates generation 2 with the restore and records
+    // the attachment; the attempt is still parked, so not active yet.
+    let r = rig.certain_step().await;
+    assert_eq!(r.failures, vec![]);
+    assert_eq!(
+        (
+            r.leases_seen,
+            r.attached,
+            r.awaiting_resume,
+            r.allocated,
+            r.start_failed
+        ),
+        (1, 1, 1, 0, 0)
+    );
+    let w = rig.lease(exec).await.unwrap();
+    assert_eq!(
+        (w.generation, w.state, w.attached, w.attempt_parked),
+        (Generation(2), LeaseState::Allocating, true, true)
+    );
+    // Waiting changes nothing and allocates nothing again.
+    let r = rig.certain_step().await;
+    assert_eq!(
+        (r.attached, r.awaiting_resume, r.allocated, r.failures),
+        (0, 1, 0, vec![])
+    );
+
+    // The owner commits the resume; the next step marks generation 2 active.
+    let at = rig.wait_reading(|r| r.certain).await;
+    let receipt = rig
+        .store
+        .commit_resume(&owner.cred, exec, at, "r-1")
+        .await
+        .expect("commit resume");
+    assert_eq!(
+        (receipt.from_generation, receipt.to_generation),
+        (Generation(1), Generation(2))
+    );
+    let r = rig.certain_step().await;
+    assert_eq!(
+        (r.allocated, r.attached, r.awaiting_resume, r.failures),
+        (1, 0, 0, vec![])
+    );
+    let rec = rig.exec(tenant, exec).await;
+    assert_eq!(
+        (rec.state, rec.lease_state),
+        (ExecState::Running, LeaseState::Active)
+    );
+
+    // Generation 2's command sees generation 1's files, byte for byte,
+    // and its pages continue after the stopped page.
+    let moved = rig
+        .move_pages(&owner, g2.lease_id, g2.generation, stopped_seq, |ps| {
+            ps.last().is_some_and(|p| p.kind() == PageKind::Terminal)
+        })
+        .await;
+    assert_eq!(moved[0].seq(), stopped_seq + 1);
+    let b: String = (1..=20000).map(|i| format!("{i}\n")).collect();
+    assert_eq!(
+        stdout_of(&moved),
+        format!(
+            "hello\n{}  /workspace/b.txt\n640\na.txt\n",
+            Digest::of(b.as_bytes()).to_hex()
+        )
+    );
+    let (seqs, _) = output_of(&rig, tenant, exec, PageKind::Stdout).await;
+    let n = moved.last().unwrap().seq();
+    assert_eq!(
+        seqs,
+        (1..=n).collect::<Vec<_>>(),
+        "one seq line across generations"
+    );
+    let stored = rig
+        .store
+        .output(tenant, exec, stopped_seq - 1, 1)
+        .await
+        .unwrap();
+    assert_eq!(stored[0].meta.kind, PageKind::Stopped);
+
+    // The owner releases the exited exec; the reconciler returns its units.
+    let at = rig.wait_reading(|r| r.certain).await;
+    rig.store
+        .release(&owner.cred, exec, at, "release-1")
+        .await
+        .expect("release");
+    let r = rig.certain_step().await;
+    assert_eq!(r.failures, vec![]);
+    assert_eq!(
+        (r.destroyed, r.released, r.parked, r.units_returned),
+        (1, 1, 0, 1)
+    );
+    let rec = rig.exec(tenant, exec).await;
+    assert_eq!(
+        (rec.state, rec.terminal_reason, rec.exit_code),
+        (ExecState::Terminal, Some(TerminalReason::Exited), Some(3))
+    );
+    assert_eq!(rig.balances(tenant).await, (4, 4, 0, 0));
+    assert_eq!(rig.provider.inventory().await.unwrap(), vec![]);
+    rig.assert_audit((4, 0, 0)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrupted_blob_fails_the_restore_once_and_leaves_the_exec_parked() {
+    let rig = Rig::start(
+        lc_core::rules::LEASE_TTL_DEFAULT,
+        ReconcilerOptions::default(),
+    )
+    .await;
+    let tenant = rig.tenant(4).await;
+    let (owner, _, head) = parked_exec(&rig, tenant).await;
+    let exec = owner.exec;
+
+    // b.txt's blob in the provider's blob store no longer has its bytes.
+    let manifest = lc_core::snapshot::Manifest::from_canonical(
+        &rig.store
+            .snapshot_manifest(tenant, exec, head)
+            .await
+            .unwrap(),
+    )
+    .unwrap();
+    let Some(lc_core::snapshot::Entry {
+        kind: lc_core::snapshot::EntryKind::File { sha256, .. },
+        ..
+    }) = manifest.entry("b.txt")
+    else {
+        panic!("b.txt is a file of the snapshot: {manifest:?}");
+    };
+    let blob = rig.provider.blobs().path_of(sha256);
+    std::fs::remove_file(&blob).unwrap();
+    std::fs::write(&blob, b"not the bytes of b.txt").unwrap();
+
+    let g2 = rig
+        .request_and_prepare_resume(&owner, tenant, head, "r-1")
+        .await;
+    assert_eq!(rig.balances(tenant).await, (4, 3, 1, 0));
+    let r = rig.certain_step().await;
+    assert_eq!(r.failures, vec![]);
+    assert_eq!(
+        (r.start_failed, r.restore_failed, r.allocated, r.attached),
+        (1, 1, 0, 0)
+    );
+    assert_eq!(r.start_refusals.len(), 1);
+    let refusal = &r.start_refusals[0];
+    assert_eq!(
+        (refusal.lease_id, refusal.action, refusal.code.as_str()),
+        (Some(g2.lease_id), "restore", "restore_failed")
+    );
+    let want = format!(
+        "restore failed (blob_corrupt) at \"b.txt\" blob {}: ",
+        sha256.to_hex()
+    );
+    assert!(refusal.message.starts_with(&want), "{}", refusal.message);
+    let w = rig.lease(exec).await.unwrap();
+    assert_eq!(
+        (w.generation, w.state, w.attempt_parked),
+        (Generation(2), LeaseState::ReleasePending, true)
+    );
+
+    // The destroy returns generation 2's unit and the attempt stays parked.
+    let r = rig.certain_step().await;
+    assert_eq!(r.failures, vec![]);
+    assert_eq!(
+        (r.destroyed, r.parked, r.released, r.units_returned),
+        (1, 1, 0, 1)
+    );
+    assert_eq!(rig.balances(tenant).await, (4, 4, 0, 0));
+    let rec = rig.exec(tenant, exec).await;
+    assert_eq!(
+        (rec.state, rec.terminal_reason, rec.lease_state),
+        (ExecState::Hibernated, None, LeaseState::Released)
+    );
+    let ws = rig.store.workspace(tenant, exec).await.unwrap();
+    assert_eq!((ws.head, ws.snapshots), (Some(head), 1));
+    // Not retried: nothing is due any more.
+    for _ in 0..2 {
+        let r = rig.certain_step().await;
+        assert_eq!(
+            (r.leases_seen, r.start_failed, r.units_returned, r.failures),
+            (0, 0, 0, vec![])
+        );
+    }
+    assert_eq!(rig.provider.inventory().await.unwrap(), vec![]);
+    rig.assert_audit((4, 0, 0)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_exec_is_sealed_once_on_a_certain_cut_and_never_while_uncertain() {
+    let mut rig = Rig::start(
+        lc_core::rules::LEASE_TTL_DEFAULT,
+        ReconcilerOptions::default(),
+    )
+    .await;
+    let tenant = rig.tenant(2).await;
+    let idle_ttl = SignedDuration::from_millis(500);
+    let exec = rig
+        .admit_request(
+            tenant,
+            "e-1",
+            &ExecRequest {
+                runtime: "base".into(),
+                shape: "small".into(),
+                command: vec!["sleep".into(), "1000".into()],
+                timeout_ms: None,
+                stdin_open: false,
+                idle_ttl_ms: Some(500),
+                on_timeout: lc_core::OnTimeout::Terminate,
+            },
+        )
+        .await;
+    let admitted = rig.exec(tenant, exec).await.admitted_cut;
+
+    // Uncertain from here (the cut advances, recovering): the allocation
+    // goes on, no seal does.
+    rig.restart_sampler(RECOVERY_GRACE_LONG).await;
+    let due = admitted.checked_add(idle_ttl).unwrap();
+    let uncertain = rig.wait_reading(|r| !r.certain && r.cut >= due).await;
+    let r = rig.rec.step().await.unwrap();
+    assert!(!r.at.certain);
+    assert_eq!(
+        (
+            r.allocated,
+            r.hibernations_sealed,
+            r.hibernations_unfinished,
+            r.failures
+        ),
+        (1, 0, 0, vec![])
+    );
+    let r = rig.rec.step().await.unwrap();
+    assert!(!r.at.certain && r.at.cut >= uncertain.cut);
+    assert_eq!((r.hibernations_sealed, r.hibernations_unfinished), (0, 0));
+    let at = rig.reading().await;
+    assert!(!at.certain);
+    assert_eq!(rig.store.due_hibernations(at, 10).await.unwrap(), vec![]);
+
+    // Certain again: the first step seals it, at its own cut, once.
+    rig.restart_sampler(RECOVERY_GRACE).await;
+    let r = rig.certain_step().await;
+    assert_eq!(r.failures, vec![]);
+    assert_eq!((r.hibernations_sealed, r.hibernations_unfinished), (1, 1));
+    let sealed_at = r.at.cut;
+    let later = rig.wait_reading(|x| x.certain && x.cut > sealed_at).await;
+    let hs = rig.store.due_hibernations(later, 10).await.unwrap();
+    assert_eq!(hs.len(), 1);
+    assert_eq!(
+        (
+            hs[0].exec_id,
+            hs[0].generation,
+            hs[0].reason,
+            hs[0].step,
+            hs[0].sealed_cut
+        ),
+        (
+            exec,
+            Generation(1),
+            lc_core::HibernationReason::Idle,
+            lc_core::HibernationStep::Sealed,
+            sealed_at
+        )
+    );
+    for _ in 0..2 {
+        let r = rig.certain_step().await;
+        assert!(r.at.cut > sealed_at);
+        assert_eq!(
+            (r.hibernations_sealed, r.hibernations_unfinished, r.failures),
+            (0, 1, vec![])
+        );
+    }
+    // The exec still runs: sealing stops nothing (its owner does).
+    let rec = rig.exec(tenant, exec).await;
+    assert_eq!(
+        (rec.state, rec.lease_state),
+        (ExecState::Running, LeaseState::Active)
+    );
+    assert_eq!(rig.balances(tenant).await, (2, 1, 1, 0));
+}
+
+impl Rig {
+    /// The tenant queues `bytes` (`eof`) under `key`; the owner delivers
+    /// it to generation `(lease, g)`'s supervisor and records it sent.
+    /// Returns its input seq.
+    async fn deliver_input(
+        &self,
+        o: &Owner,
+        tenant: TenantId,
+        (lease, g): (SandboxLeaseId, Generation),
+        key: &str,
+        bytes: &[u8],
+        eof: bool,
+    ) -> i64 {
+        use lc_core::store::GatewayStore as _;
+        let at = self.wait_reading(|r| r.certain).await;
+        let input = self
+            .store
+            .send_input(
+                &OperationKey::new(
+                    key,
+                    lc_core::input::input_request_sha256(Digest::of(bytes), eof),
+                )
+                .unwrap(),
+                at,
+                tenant,
+                o.exec,
+                bytes,
+                eof,
+            )
+            .await
+            .expect("send input");
+        let seq = input.input_seq;
+        let queued = self
+            .store
+            .queued_inputs(&o.cred, o.exec, at, 10)
+            .await
+            .expect("queued inputs");
+        assert_eq!(
+            queued.iter().map(|i| i.input_seq).collect::<Vec<_>>(),
+            vec![seq]
+        );
+        assert_eq!(
+            self.provider
+                .send(lease, g, o.cred.fence, seq, bytes.to_vec(), eof)
+                .await
+                .expect("supervisor send"),
+            seq
+        );
+        self.store
+            .record_send(&o.cred, o.exec, at, &format!("send-{seq}"), seq)
+            .await
+            .expect("record send");
+        seq
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resumed_generation_takes_the_inputs_after_the_ones_delivered_before() {
+    use lc_core::store::GatewayStore as _;
+    let rig = Rig::start(
+        lc_core::rules::LEASE_TTL_DEFAULT,
+        ReconcilerOptions::default(),
+    )
+    .await;
+    let tenant = rig.tenant(4).await;
+    let exec = rig
+        .admit_request(
+            tenant,
+            "e-1",
+            &ExecRequest {
+                runtime: "base".into(),
+                shape: "small".into(),
+                command: vec![
+                    "sh".into(),
+                    "-c".into(),
+                    "if [ -e /workspace/gen1 ]; then cat; exit 0; fi; touch /workspace/gen1; \
+                     read line; echo \"got $line\"; echo ready; exec sleep 1000"
+                        .into(),
+                ],
+                timeout_ms: None,
+                stdin_open: true,
+                idle_ttl_ms: None,
+                on_timeout: lc_core::OnTimeout::Terminate,
+            },
+        )
+        .await;
+    let r = rig.certain_step().await;
+    assert_eq!((r.allocated, r.failures), (1, vec![]));
+    let g1 = rig.lease(exec).await.unwrap();
+    let owner = rig.take_over(tenant, exec, 0x22).await;
+    let one = rig
+        .deliver_input(
+            &owner,
+            tenant,
+            (g1.lease_id, g1.generation),
+            "i-1",
+            b"one\n",
+            false,
+        )
+        .await;
+    assert_eq!(one, 1);
+    let moved = rig
+        .move_pages(&owner, g1.lease_id, g1.generation, 0, |ps| {
+            stdout_of(ps).ends_with("ready\n")
+        })
+        .await;
+    assert_eq!(stdout_of(&moved), "got one\nready\n");
+    let at = rig.wait_reading(|r| r.certain).await;
+    rig.store
+        .request_hibernation(
+            &OperationKey::new("h-1", Digest::of(b"h-1")).unwrap(),
+            at,
+            tenant,
+            exec,
+        )
+        .await
+        .expect("request hibernation");
+    let (stopped_seq, head) = rig
+        .stop_and_quiesce(
+            &owner,
+            g1.lease_id,
+            g1.generation,
+            moved.last().unwrap().seq(),
+        )
+        .await;
+    let r = rig.certain_step().await;
+    assert_eq!((r.parked, r.units_returned, r.failures), (1, 1, vec![]));
+
+    let g2 = rig
+        .request_and_prepare_resume(&owner, tenant, head, "r-1")
+        .await;
+    assert_eq!((g2.first_seq, g2.first_input_seq), (stopped_seq + 1, 2));
+    let r = rig.certain_step().await;
+    assert_eq!((r.attached, r.awaiting_resume, r.failures), (1, 1, vec![]));
+    let at = rig.wait_reading(|r| r.certain).await;
+    rig.store
+        .commit_resume(&owner.cred, exec, at, "r-1")
+        .await
+        .expect("commit resume");
+    let r = rig.certain_step().await;
+    assert_eq!((r.allocated, r.failures), (1, vec![]));
+
+    // Input 2 is generation 2's first: its supervisor takes it as such.
+    let two = rig
+        .deliver_input(
+            &owner,
+            tenant,
+            (g2.lease_id, g2.generation),
+            "i-2",
+            b"two\n",
+            true,
+        )
+        .await;
+    assert_eq!(two, 2);
+    let moved = rig
+        .move_pages(&owner, g2.lease_id, g2.generation, stopped_seq, |ps| {
+            ps.last().is_some_and(|p| p.kind() == PageKind::Terminal)
+        })
+        .await;
+    assert_eq!(stdout_of(&moved), "two\n");
+    let at = rig.wait_reading(|r| r.certain).await;
+    rig.store
+        .release(&owner.cred, exec, at, "release-1")
+        .await
+        .expect("release");
+    let r = rig.certain_step().await;
+    assert_eq!(
+        (r.released, r.parked, r.units_returned, r.failures),
+        (1, 0, 1, vec![])
+    );
+    let rec = rig.exec(tenant, exec).await;
+    assert_eq!((rec.state, rec.exit_code), (ExecState::Terminal, Some(0)));
+    assert_eq!(rig.balances(tenant).await, (4, 4, 0, 0));
+    rig.assert_audit((4, 0, 0)).await;
 }

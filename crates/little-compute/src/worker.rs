@@ -69,6 +69,10 @@ pub struct WorkerArgs {
     /// Leases per step (1..=1000).
     #[arg(long, default_value_t = lc_worker::BATCH_DEFAULT)]
     pub batch: usize,
+    /// Hibernations (idle or past a timeout with `on_timeout = hibernate`)
+    /// sealed per step on a certain cut (1..=1000).
+    #[arg(long, default_value_t = lc_worker::HIBERNATIONS_BATCH_DEFAULT)]
+    pub hibernations_batch: usize,
     /// A reading of the cut older than this is stale (uncertain), milliseconds.
     #[arg(long, default_value_t = 5_000)]
     pub safetime_gap_max_ms: u64,
@@ -161,6 +165,17 @@ async fn serve(args: WorkerArgs) -> Result<(), WorkerError> {
             args.interval_ms
         )));
     }
+    for (flag, n) in [
+        ("--batch", args.batch),
+        ("--hibernations-batch", args.hibernations_batch),
+    ] {
+        if !(1..=lc_core::rules::LIST_LIMIT_MAX).contains(&n) {
+            return Err(WorkerError::Usage(format!(
+                "{flag} must be in 1..={}, got {n}",
+                lc_core::rules::LIST_LIMIT_MAX
+            )));
+        }
+    }
     if args.provider_urls.len() > PROVIDERS_MAX {
         return Err(WorkerError::Usage(format!(
             "at most {PROVIDERS_MAX} --provider-url"
@@ -248,6 +263,7 @@ async fn serve(args: WorkerArgs) -> Result<(), WorkerError> {
             batch: args.batch,
             // Half a TTL: one missed step still leaves half of it.
             renew_ahead: jiff::SignedDuration::from_millis(lease_ttl_ms / 2),
+            hibernations_batch: args.hibernations_batch,
             ..ReconcilerOptions::default()
         },
     )
