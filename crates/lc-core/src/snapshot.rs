@@ -600,13 +600,7 @@ impl Manifest {
             parent,
             entries,
         };
-        let bytes = m.canonical_bytes().len();
-        if bytes > SNAPSHOT_MANIFEST_BYTES_MAX {
-            return Err(SnapshotError::ManifestTooLarge {
-                bytes,
-                max: SNAPSHOT_MANIFEST_BYTES_MAX,
-            });
-        }
+        check_manifest_bytes(m.canonical_bytes().len(), SNAPSHOT_MANIFEST_BYTES_MAX)?;
         Ok(m)
     }
 
@@ -642,12 +636,7 @@ impl Manifest {
     /// # Panics
     /// Never, on any bytes.
     pub fn from_canonical(bytes: &[u8]) -> Result<Manifest, SnapshotError> {
-        if bytes.len() > SNAPSHOT_MANIFEST_BYTES_MAX {
-            return Err(SnapshotError::ManifestTooLarge {
-                bytes: bytes.len(),
-                max: SNAPSHOT_MANIFEST_BYTES_MAX,
-            });
-        }
+        check_manifest_bytes(bytes.len(), SNAPSHOT_MANIFEST_BYTES_MAX)?;
         let wire: WireManifest =
             serde_json::from_slice(bytes).map_err(|e| SnapshotError::ManifestMalformed {
                 reason: clip(&e.to_string()),
@@ -690,6 +679,16 @@ impl Manifest {
                 EntryKind::Dir | EntryKind::Symlink { .. } => 0,
             })
             .fold(0u64, u64::saturating_add)
+    }
+}
+
+/// Refuses a manifest of `bytes` canonical bytes over `max`
+/// ([`SnapshotError::ManifestTooLarge`]); exactly `max` is accepted.
+fn check_manifest_bytes(bytes: usize, max: usize) -> Result<(), SnapshotError> {
+    if bytes > max {
+        Err(SnapshotError::ManifestTooLarge { bytes, max })
+    } else {
+        Ok(())
     }
 }
 
@@ -1112,68 +1111,21 @@ mod tests {
         );
     }
 
-    /// Symlinks whose canonical manifest is exactly `bytes` long.
-    fn manifest_of_len(bytes: usize) -> Manifest {
-        let target_len = 4000;
-        let link = |i: usize, len: usize| Entry::symlink(format!("l{i:05}"), "t".repeat(len));
-        let one = Manifest::new(WS, None, vec![link(0, target_len)])
-            .unwrap()
-            .canonical_bytes()
-            .len();
-        let empty = Manifest::new(WS, None, vec![])
-            .unwrap()
-            .canonical_bytes()
-            .len();
-        // One entry adds at least its target's bytes: checked first, so a
-        // broken encoding fails here instead of sizing millions of entries.
-        assert!(
-            one > empty + target_len,
-            "one entry of {target_len} target bytes encodes {one} bytes, the empty manifest {empty}"
-        );
-        // Each further entry adds its own bytes and a comma.
-        let per_entry = one - empty + 1;
-        let count = (bytes - empty + 1) / per_entry;
-        let mut entries: Vec<Entry> = (0..count).map(|i| link(i, target_len)).collect();
-        let mut short = bytes
-            - Manifest::new(WS, None, entries.clone())
-                .unwrap()
-                .canonical_bytes()
-                .len();
-        for e in entries.iter_mut() {
-            let add = short.min(SYMLINK_TARGET_BYTES_MAX - target_len);
-            e.kind = EntryKind::Symlink {
-                target: "t".repeat(target_len + add),
-            };
-            short -= add;
-        }
-        assert_eq!(short, 0);
-        Manifest::new(WS, None, entries).unwrap()
-    }
-
     #[test]
-    fn canonical_bytes_are_bounded() {
-        let max = SNAPSHOT_MANIFEST_BYTES_MAX;
-        let at_max = manifest_of_len(max);
-        let bytes = at_max.canonical_bytes();
-        assert_eq!(bytes.len(), max);
-        assert_eq!(Manifest::from_canonical(&bytes).unwrap(), at_max);
-        let mut entries = at_max.entries;
-        entries.push(Entry::dir("m", 0o755));
+    fn manifest_bytes_are_bounded_exactly() {
+        assert_eq!(check_manifest_bytes(10, 10), Ok(()));
         assert_eq!(
-            Manifest::new(WS, None, entries),
-            Err(SnapshotError::ManifestTooLarge {
-                bytes: max + r#",{"mode":493,"path":"m","type":"dir"}"#.len(),
-                max,
-            })
+            check_manifest_bytes(11, 10),
+            Err(SnapshotError::ManifestTooLarge { bytes: 11, max: 10 })
         );
-        // More bytes than the bound are refused before they are parsed.
-        let mut over = bytes;
-        over.push(b' ');
+        // More bytes than the bound are refused before they are parsed (a
+        // full-size manifest at the bound is in tests/manifest_bounds.rs).
+        let over = vec![b' '; SNAPSHOT_MANIFEST_BYTES_MAX + 1];
         assert_eq!(
             Manifest::from_canonical(&over),
             Err(SnapshotError::ManifestTooLarge {
-                bytes: max + 1,
-                max,
+                bytes: SNAPSHOT_MANIFEST_BYTES_MAX + 1,
+                max: SNAPSHOT_MANIFEST_BYTES_MAX,
             })
         );
     }
