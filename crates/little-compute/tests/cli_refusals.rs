@@ -159,7 +159,18 @@ fn a_data_directory_too_long_for_the_sockets_is_refused_before_anything() {
     // socket path at most 107: DIR/provider at most 37, DIR at most 28.
     let d = format!("/tmp/{}", "x".repeat(24));
     assert_eq!(d.len(), 29);
-    let (code, out) = run(&["appliance", "up", "--data-dir", &d], &[]);
+    // Any free port: the refusal must not depend on 7480 being free.
+    let (code, out) = run(
+        &[
+            "appliance",
+            "up",
+            "--data-dir",
+            &d,
+            "--listen",
+            "127.0.0.1:0",
+        ],
+        &[],
+    );
     assert_eq!(code, 1, "{out}");
     assert!(
         out.contains(&format!(
@@ -289,7 +300,18 @@ fn an_unsearchable_ancestor_is_refused_before_anything_is_created() {
     let parent = dir.path();
     std::fs::set_permissions(parent, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
     let d = parent.join("lc");
-    let (code, out) = run(&["appliance", "up", "--data-dir", d.to_str().unwrap()], &[]);
+    // Any free port: the refusal must not depend on 7480 being free.
+    let (code, out) = run(
+        &[
+            "appliance",
+            "up",
+            "--data-dir",
+            d.to_str().unwrap(),
+            "--listen",
+            "127.0.0.1:0",
+        ],
+        &[],
+    );
     assert_eq!(code, 1, "{out}");
     assert!(
         out.contains(&format!(
