@@ -33,6 +33,13 @@ use tokio::net::TcpListener;
 /// beyond the host is an explicit choice.
 pub const LISTEN_DEFAULT: &str = "127.0.0.1:8090";
 
+/// The `serve` argument that passes instance id `id`: one `--instance-id=ID`
+/// argument, so an id that begins with `-` (a random base64url one may) is
+/// read as the value, never as another flag.
+pub(crate) fn instance_id_arg(id: &str) -> String {
+    format!("--instance-id={id}")
+}
+
 /// The response header carrying `--instance-id`.
 pub const INSTANCE_HEADER: &str = "lc-instance";
 
@@ -445,6 +452,29 @@ mod tests {
         ])
         .expect("arguments")
         .serve
+    }
+
+    #[test]
+    fn an_instance_id_beginning_with_a_dash_is_read_as_the_value() {
+        let base = [
+            "serve",
+            "--database-url",
+            "postgres://u@127.0.0.1:1/db",
+            "--admin-token-file",
+            "/a",
+            "--secret-file",
+            "/s",
+        ];
+        // Two arguments: clap takes "-LdX" for a flag and refuses it.
+        let split = Cli::try_parse_from(base.iter().copied().chain(["--instance-id", "-LdX"]));
+        assert_eq!(
+            split.unwrap_err().kind(),
+            clap::error::ErrorKind::UnknownArgument
+        );
+        let arg = instance_id_arg("-LdX");
+        assert_eq!(arg, "--instance-id=-LdX");
+        let one = Cli::try_parse_from(base.iter().copied().chain([arg.as_str()])).expect("parses");
+        assert_eq!(one.serve.instance_id.as_deref(), Some("-LdX"));
     }
 
     #[test]
