@@ -10,9 +10,12 @@
 //! * `fences/<lease>`: the highest fenced generation ([`crate::fence`]),
 //!   in root's `0700` directory;
 //! * `sent/<lease>-<generation>`: the hand-off marker, in root's `0700`
-//!   directory: created and fsynced (with its directory) before bubblewrap
-//!   is spawned for that generation, so the supervisor is never given a
-//!   command the marker does not record. It outlives the instance (a
+//!   directory: created and fsynced (with its directory) once that
+//!   generation's supervisor has answered the start handshake and before
+//!   the provider releases its command, so the supervisor never starts a
+//!   command the marker does not record, and a start that failed before
+//!   the release (bubblewrap or the supervisor could not run: a runtime
+//!   without the C library the supervisor needs) leaves no marker. It outlives the instance (a
 //!   failed start and a destroy remove only the instance directory): its
 //!   absence is what [`Provider::prove_not_sent`] signs, so it is never
 //!   removed. At open every instance with a record gets its marker if it
@@ -25,7 +28,8 @@
 //!   provider before bubblewrap starts and handed to the supervisor as an
 //!   inherited descriptor (`--listen-fd`), and `done` (root's `0600`,
 //!   inherited as `--done-fd`), which the supervisor writes once its last
-//!   page is acknowledged; `bwrap.log` (root's `0600`: bubblewrap's and the
+//!   page is acknowledged; the read end of the release pipe is inherited
+//!   as `--release-fd` (see *Start order*); `bwrap.log` (root's `0600`: bubblewrap's and the
 //!   supervisor's own stderr), `quiesced.json` (root's `0600`, once
 //!   quiesced: the manifest and the signed quiescence, answered again to
 //!   every repeated quiesce);
@@ -46,6 +50,23 @@
 //! read-only), nor take the supervisor's descriptor of it (the supervisor
 //! is not dumpable and marks it close-on-exec): whoever answers there is
 //! the supervisor.
+//!
+//! # Start order
+//!
+//! allocate writes the record, spawns bubblewrap and waits (at most
+//! `start_wait_max`) for the supervisor to answer a `status` request on
+//! its socket: the start handshake. The supervisor answers before its
+//! command exists, since it starts the command only when the provider
+//! writes one byte to the release pipe (`--release-fd`). After the answer
+//! the provider writes the hand-off marker, then that byte, and allocate
+//! returns. So a command cannot stall or fake the handshake (stopping its
+//! supervisor later only stalls its own instance, whose Lease then
+//! expires), and a start that fails before the release (bubblewrap
+//! refused its arguments, the supervisor could not run in the runtime's
+//! tree) ends without a marker: its `prove_not_sent` is signed. An
+//! allocate abandoned before the marker leaves a record without one: the
+//! next allocate of that generation removes it and starts afresh, so a
+//! generation never has two instances.
 //!
 //! # Host identity
 //!
@@ -88,7 +109,7 @@
 //!
 //! # Instances
 //!
-//! An instance is `bwrap ... -- /.lc/supervisor --listen-fd N --done-fd M ... -- ARGV`:
+//! An instance is `bwrap ... -- /.lc/supervisor --listen-fd N --done-fd M --release-fd R ... -- ARGV`:
 //! every namespace unshared (`--unshare-all`, the network's too: a shape
 //! without the network has only its own loopback, a network shape gets
 //! outbound-only NAT through slirp4netns, [`crate::slirp`]), a user namespace with uid and gid 1000 inside,
@@ -291,7 +312,9 @@ pub struct BwrapConfig {
     pub spool_pages_max: u64,
     /// The rlimits.
     pub rlimits: RlimitPolicy,
-    /// How long allocate waits for the supervisor's socket.
+    /// How long allocate waits for the supervisor's start handshake (its
+    /// answer on the socket, given before the command is released, so the
+    /// command cannot delay it).
     pub start_wait_max: Duration,
     /// The unprivileged host account every instance runs as (see
     /// [`crate::account`]); created at [`BwrapProvider::open`] when missing.
@@ -327,6 +350,17 @@ impl BwrapConfig {
             blob_dir: state_dir.join("blobs"),
         }
     }
+}
+
+/// The descriptors bubblewrap passes on to the supervisor.
+#[derive(Debug, Clone, Copy)]
+struct SupervisorFds {
+    /// The listening socket (`--listen-fd`).
+    listen: i32,
+    /// The done file (`--done-fd`).
+    done: i32,
+    /// The release pipe's read end (`--release-fd`).
+    release: i32,
 }
 
 /// What `instance.json` holds: the request an instance was allocated for.
@@ -792,8 +826,7 @@ impl BwrapProvider {
         req: &AllocateRequest,
         root: &RuntimeRoot,
         workspace: &Path,
-        listen_fd: i32,
-        done_fd: i32,
+        fds: SupervisorFds,
         net: Option<(i32, i32)>,
     ) -> Result<Vec<String>, ProviderError> {
         let p = |p: &Path| p.to_string_lossy().into_owned();
@@ -902,9 +935,11 @@ impl BwrapProvider {
             "--",
             "/.lc/supervisor",
             "--listen-fd",
-            &listen_fd.to_string(),
+            &fds.listen.to_string(),
             "--done-fd",
-            &done_fd.to_string(),
+            &fds.done.to_string(),
+            "--release-fd",
+            &fds.release.to_string(),
             "--spool-bytes",
             &self.cfg.spool_bytes_max.to_string(),
             "--spool-pages",
@@ -953,9 +988,17 @@ impl BwrapProvider {
                 .open(&done_path)
                 .map_err(|e| io(done_path.display(), e))?
         };
-        let (listen_fd, done_fd) = {
+        // The supervisor starts the command once a byte arrives here: after
+        // its handshake answer and the hand-off marker.
+        let (release_r, release_w) = slirp::pipe().map_err(|e| io("a pipe", e))?;
+        let mut release_w = std::fs::File::from(release_w);
+        let fds = {
             use std::os::fd::AsRawFd as _;
-            (listener.as_raw_fd(), done.as_raw_fd())
+            SupervisorFds {
+                listen: listener.as_raw_fd(),
+                done: done.as_raw_fd(),
+                release: release_r.as_raw_fd(),
+            }
         };
         // A network shape's pipes: bubblewrap's info (it writes), its block
         // (it reads); the provider keeps the other ends.
@@ -970,10 +1013,10 @@ impl BwrapProvider {
             use std::os::fd::AsRawFd as _;
             (info_w.as_raw_fd(), block_r.as_raw_fd())
         });
-        let args = self.bwrap_args(req, &root, &workspace, listen_fd, done_fd, net_fds)?;
-        let inherited: [i32; 4] = match net_fds {
-            Some((i, b)) => [listen_fd, done_fd, i, b],
-            None => [listen_fd, done_fd, -1, -1],
+        let args = self.bwrap_args(req, &root, &workspace, fds, net_fds)?;
+        let inherited: [i32; 5] = match net_fds {
+            Some((i, b)) => [fds.listen, fds.done, fds.release, i, b],
+            None => [fds.listen, fds.done, fds.release, -1, -1],
         };
         let cg = self.cgroups.create(
             &instance_name(req.lease_id.0, req.generation.0),
@@ -1027,13 +1070,14 @@ impl BwrapProvider {
                 account::drop_to(uid, gid)
             });
         }
-        // From here the supervisor may be given the command: recorded
-        // first, so a not-sent proof is never signed for it.
-        self.record_sent(req.lease_id.0, req.generation.0)?;
+        // The supervisor holds its command until released below, so the
+        // hand-off marker is not written yet: a start that fails before the
+        // release is provably not sent.
         let spawned = cmd.spawn();
         // Bubblewrap holds them now: once it is gone, nothing listens.
         drop(listener);
         drop(done);
+        drop(release_r);
         let (info_r, block_w) = match net_pipes {
             Some((info_r, info_w, block_r, block_w)) => {
                 drop((info_w, block_r));
@@ -1066,8 +1110,10 @@ impl BwrapProvider {
             }
             _ => None,
         };
-        // Bounded by start_wait_max. Connections queue on the socket from
-        // its bind on; the supervisor answers once it runs the command,
+        // The start handshake, bounded by start_wait_max. Connections queue
+        // on the socket from its bind on; the supervisor answers before its
+        // command exists (nothing of the sandbox but bubblewrap and the
+        // supervisor runs yet, so nothing can stop or delay the answer),
         // and a bubblewrap that exits closes the socket, failing the call.
         loop {
             let left = self.cfg.start_wait_max.saturating_sub(t.elapsed());
@@ -1088,6 +1134,20 @@ impl BwrapProvider {
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
+        // The hand-off: recorded first (a not-sent proof is never signed
+        // for a released command), then released. Both are synchronous, so
+        // an abandoned allocate stops before the marker or after the
+        // release, never between.
+        self.record_sent(req.lease_id.0, req.generation.0)?;
+        {
+            use std::io::Write as _;
+            release_w
+                .write_all(&[1])
+                .map_err(|e| ProviderError::StartFailed {
+                    detail: format!("the supervisor did not take its command: {e}"),
+                })?;
+        }
+        drop(release_w);
         // The outer bwrap process is our child: reap it when it ends, and
         // end its slirp4netns with it.
         tokio::spawn(async move {
@@ -1515,13 +1575,22 @@ impl Provider for BwrapProvider {
         }
         let dir = self.instance_dir(l, g);
         let record = InstanceRecord::of(&req);
-        if let Some(existing) = self.read_record(&dir)? {
-            if existing != record {
+        let existing = self.read_record(&dir)?;
+        if let Some(existing) = existing.as_ref() {
+            if *existing != record {
                 return Err(ProviderError::AllocationConflict {
                     lease_id: l,
                     generation: g,
                 });
             }
+        }
+        // An instance whose command was released is this request's: it is
+        // answered again, never started twice. One recorded without its
+        // hand-off marker never released its command (its allocate was
+        // abandoned before): it is removed below and started afresh.
+        if let Some(existing) = existing
+            && self.was_sent(l, g)?
+        {
             return Ok(Allocation {
                 lease_id: req.lease_id,
                 generation: req.generation,
@@ -1538,7 +1607,8 @@ impl Provider for BwrapProvider {
                 digest: req.runtime.to_hex(),
             });
         }
-        // A directory without a record is a start that never completed.
+        // A directory without a record, or with a record but no marker, is
+        // a start that never completed.
         self.remove_instance(l, g)?;
         // Restored before the record is written: a failed restore leaves
         // no instance, and a crash before the record only a workspace the

@@ -967,8 +967,8 @@ async fn not_sent_is_proven_only_for_a_command_never_handed_to_a_supervisor() {
         "command_sent"
     );
 
-    // A start that fails after bubblewrap was spawned may have run the
-    // command: refused too.
+    // A start that fails after bubblewrap was spawned but before its
+    // supervisor answered never released the command: proven not sent.
     let mut cfg = config(&e.dir);
     let fake = e.dir.join("fake-bwrap");
     std::fs::write(&fake, "#!/bin/sh\nexit 1\n").unwrap();
@@ -981,13 +981,18 @@ async fn not_sent_is_proven_only_for_a_command_never_handed_to_a_supervisor() {
         "start_failed"
     );
     assert!(!e.dir.join("instances/32-1").exists());
+    assert!(!e.dir.join("sent/32-1").exists());
+    let proof = failing
+        .prove_not_sent(SandboxLeaseId(32), Generation(1))
+        .await
+        .unwrap();
     assert_eq!(
-        failing
-            .prove_not_sent(SandboxLeaseId(32), Generation(1))
-            .await
-            .unwrap_err()
-            .code(),
-        "command_sent"
+        verify(&proof, &key, expected(32, 1)).unwrap(),
+        Statement::NotSent {
+            provider_id: "p-test".into(),
+            lease_id: 32,
+            generation: 1,
+        }
     );
     // An instance started before hand-offs were recorded (its marker
     // removed here) gets its marker when the provider opens.
@@ -1228,6 +1233,138 @@ async fn an_imported_tree_is_the_instance_root() {
         .destroy(SandboxLeaseId(13), Generation(1))
         .await
         .unwrap();
+}
+
+/// The supervisor's state letter in `/proc/PID/stat` (`T` when stopped),
+/// `None` once it is gone.
+fn proc_state(pid: i32) -> Option<String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit(')')
+        .next()
+        .and_then(|r| r.split_whitespace().next())
+        .map(str::to_owned)
+}
+
+#[tokio::test]
+async fn a_command_that_stops_its_supervisor_at_once_cannot_stall_its_start() {
+    let e = env();
+    // The supervisor is the command's parent (PID 2 of the instance): the
+    // command stops it the moment it runs. Its start is already complete
+    // then: the handshake was answered before the command was released.
+    let (l, g) = (SandboxLeaseId(41), Generation(1));
+    let mut created = Vec::new();
+    for _ in 0..3 {
+        let a = e
+            .provider
+            .allocate(sh(41, "kill -STOP $PPID; echo never"))
+            .await
+            .unwrap();
+        assert_eq!((a.lease_id, a.generation, a.attachment), (l, g, None));
+        created.push(a.created);
+    }
+    // Repeated allocates answer with the one instance.
+    assert_eq!(created, vec![true, false, false]);
+    assert!(e.dir.join("sent/41-1").is_file());
+    let cg = e.provider.instance_cgroup(l, g);
+    let supervisors = pids_running(&cg, b"/.lc/supervisor\0");
+    assert_eq!(supervisors.len(), 1, "one instance, started once");
+    let t = Instant::now();
+    while proc_state(supervisors[0]).as_deref() != Some("T") {
+        assert!(
+            t.elapsed() < DEADLINE,
+            "the command never stopped its supervisor"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // A stopped instance is still destroyed whole, and stays proven sent.
+    e.provider.destroy(l, g).await.unwrap();
+    assert_eq!(cg.pids(), Vec::<i32>::new());
+    assert!(!e.dir.join("instances/41-1").exists());
+    assert_eq!(
+        e.provider.prove_not_sent(l, g).await.unwrap_err(),
+        ProviderError::CommandSent {
+            lease_id: 41,
+            generation: 1
+        }
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abandoned_allocate_leaves_one_instance_whose_command_runs_once() {
+    let e = env();
+    // Each allocate is given up after a different time (a caller's
+    // timeout), so some stop before the hand-off and some after; the
+    // repeated allocate answers with the instance or starts it afresh.
+    for (lease, after_ms) in [(43, 0), (44, 2), (45, 10), (46, 30), (47, 100)] {
+        let r = sh(lease, "echo x >> /workspace/runs; echo out");
+        let _ = tokio::time::timeout(
+            Duration::from_millis(after_ms),
+            e.provider.allocate(r.clone()),
+        )
+        .await;
+        let a = e.provider.allocate(r).await.unwrap();
+        assert_eq!(
+            (a.lease_id, a.generation),
+            (SandboxLeaseId(lease), Generation(1))
+        );
+        let all = until_terminal(&e.provider, lease, 1).await;
+        assert_eq!(stream(&all, PageKind::Stdout), "out\n", "lease {lease}");
+        assert_eq!(all.last().unwrap().exit(), Some(ExitStatus::exited(0)));
+        assert_eq!(
+            std::fs::read_to_string(e.dir.join(format!("workspaces/{lease}/runs"))).unwrap(),
+            "x\n",
+            "lease {lease}: the command ran once"
+        );
+        let cg = e
+            .provider
+            .instance_cgroup(SandboxLeaseId(lease), Generation(1));
+        assert_eq!(
+            pids_running(&cg, b"/.lc/supervisor\0").len(),
+            1,
+            "lease {lease}"
+        );
+        e.provider
+            .destroy(SandboxLeaseId(lease), Generation(1))
+            .await
+            .unwrap();
+    }
+}
+
+#[tokio::test]
+async fn a_runtime_without_a_c_library_fails_its_start_and_is_proven_not_sent() {
+    let e = env();
+    let key = e.provider.public_key();
+    // dash alone: neither the supervisor nor dash can run without the C
+    // library and its loader, so no command is ever released.
+    let src = e.dir.join("src-no-libc");
+    copy_in(&src, "/bin/dash", "bin/sh");
+    let imported = e
+        .provider
+        .runtimes()
+        .import_dir(&src, lc_provider::runtime::ImportLimits::default())
+        .unwrap();
+    let mut r = sh(42, "echo ran > /workspace/ran");
+    r.runtime = imported.digest;
+    let err = e.provider.allocate(r).await.unwrap_err();
+    assert_eq!(err.code(), "start_failed");
+    assert!(
+        err.to_string()
+            .starts_with("instance start failed: bwrap exited with exit status: 1: bwrap: execvp /.lc/supervisor: No such file or directory"),
+        "{err}"
+    );
+    assert!(!e.dir.join("instances/42-1").exists());
+    assert!(!e.dir.join("sent/42-1").exists());
+    assert!(!e.dir.join("workspaces/42/ran").exists());
+    let (l, g) = (SandboxLeaseId(42), Generation(1));
+    let proof = e.provider.prove_not_sent(l, g).await.unwrap();
+    assert_eq!(
+        verify(&proof, &key, expected(42, 1)).unwrap(),
+        Statement::NotSent {
+            provider_id: "p-test".into(),
+            lease_id: 42,
+            generation: 1,
+        }
+    );
 }
 
 /// What the command of the socket-hijack test tries: to remove, move or

@@ -1,7 +1,7 @@
 //! lc-supervisor: the first process of a Little Compute sandbox instance.
 //!
-//! `lc-supervisor (--socket PATH | --listen-fd FD [--done-fd FD]) [--spool-bytes N] [--spool-pages P]
-//! [--stdin-open] [--first-seq S] [--first-input-seq I] -- ARGV...`
+//! `lc-supervisor (--socket PATH | --listen-fd FD [--done-fd FD] [--release-fd FD]) [--spool-bytes N]
+//! [--spool-pages P] [--stdin-open] [--first-seq S] [--first-input-seq I] -- ARGV...`
 //!
 //! It serves a listening unix socket: the one it inherited as descriptor
 //! `--listen-fd` (the bubblewrap provider binds it on the host, where the
@@ -42,6 +42,16 @@
 //! * **Reaping.** The supervisor marks itself a child subreaper and reaps
 //!   every child, so orphans of the command never linger as zombies, whether
 //!   the supervisor is PID 1 of its PID namespace or runs under an init.
+//! * **Release.** With `--release-fd` (the read end of a pipe the
+//!   provider holds) the command is not started until the provider
+//!   writes one byte there, and the socket is served from the start: the
+//!   provider first sees the supervisor answer (its start handshake),
+//!   records that it hands the command over, and only then releases it,
+//!   so nothing the command does can stall or fake that handshake. A
+//!   pipe closed without that byte (the provider gave the start up) never
+//!   starts the command: the stream ends with a stderr page saying so and
+//!   a terminal page with exit code 127. Without `--release-fd` the
+//!   command starts at once.
 //! * **Socket protocol.** One request frame, one response frame
 //!   ([`lc_core::page::SocketRequest`] / [`SocketResponse`]): `pages after
 //!   seq S (max M)` returns what is spooled now (possibly nothing; the caller
@@ -169,6 +179,10 @@ pub struct Args {
     /// [`DONE_TEXT`] is written once the last page is acknowledged
     /// (`--done-fd`, >= 3).
     pub done_fd: Option<i32>,
+    /// An inherited descriptor of a pipe's read end (`--release-fd`, >= 3):
+    /// the command starts once one byte arrives there, never if the pipe
+    /// closes first. `None`: it starts at once.
+    pub release_fd: Option<i32>,
     /// The spool bound in bytes.
     pub spool_bytes_max: u64,
     /// The spool bound in pages, the terminal page's slot included.
@@ -199,7 +213,7 @@ impl std::fmt::Display for UsageError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "usage_error: {}\nusage: lc-supervisor (--socket PATH | --listen-fd FD [--done-fd FD]) [--spool-bytes N] [--spool-pages N] [--stdin-open] [--any-peer] [--first-seq S] [--first-input-seq I] -- ARGV...",
+            "usage_error: {}\nusage: lc-supervisor (--socket PATH | --listen-fd FD [--done-fd FD] [--release-fd FD]) [--spool-bytes N] [--spool-pages N] [--stdin-open] [--any-peer] [--first-seq S] [--first-input-seq I] -- ARGV...",
             self.0
         )
     }
@@ -217,6 +231,7 @@ impl Args {
         let mut socket = None;
         let mut listen_fd = None;
         let mut done_fd = None;
+        let mut release_fd = None;
         let mut spool_bytes_max = SPOOL_BYTES_DEFAULT;
         let mut spool_pages_max = SPOOL_PAGES_DEFAULT;
         let mut it = args.iter();
@@ -249,7 +264,7 @@ impl Args {
                             .into(),
                     )
                 }
-                flag @ ("--listen-fd" | "--done-fd") => {
+                flag @ ("--listen-fd" | "--done-fd" | "--release-fd") => {
                     let v = it
                         .next()
                         .ok_or_else(|| UsageError(format!("{flag} needs a descriptor")))?;
@@ -257,10 +272,10 @@ impl Args {
                     let fd = v.parse::<i32>().ok().filter(|fd| *fd >= 3).ok_or_else(|| {
                         UsageError(format!("{flag} must be a descriptor >= 3, got {v:?}"))
                     })?;
-                    if flag == "--listen-fd" {
-                        listen_fd = Some(fd);
-                    } else {
-                        done_fd = Some(fd);
+                    match flag {
+                        "--listen-fd" => listen_fd = Some(fd),
+                        "--done-fd" => done_fd = Some(fd),
+                        _ => release_fd = Some(fd),
                     }
                 }
                 "--spool-bytes" => {
@@ -309,6 +324,7 @@ impl Args {
             socket,
             listen_fd,
             done_fd,
+            release_fd,
             spool_bytes_max,
             spool_pages_max,
             argv,
@@ -1018,31 +1034,18 @@ pub fn run(args: Args) -> i32 {
         }),
         changed: Condvar::new(),
     });
-    match start(&args.argv, args.stdin_open) {
-        Ok((mut child, out, err)) => {
-            let pid = child.id() as libc::pid_t;
-            if let Some(stdin) = child.stdin.take() {
-                spool.lock().input_open = true;
-                let s = spool.clone();
-                std::thread::spawn(move || feed(s, stdin));
-            }
-            // The reaper owns the wait; `child` is not waited on through std.
-            std::mem::forget(child);
-            spool.lock().command_pid = Some(pid);
-            let s = spool.clone();
-            std::thread::spawn(move || pump(s, out, err));
-            let s = spool.clone();
-            std::thread::spawn(move || reap(s, pid));
-        }
-        Err(e) => {
-            let msg = format!("lc-supervisor: cannot start {:?}: {e}\n", args.argv[0]);
-            let mut bytes = msg.into_bytes();
-            bytes.truncate((PAGE_BYTES_MAX as u64).min(args.spool_bytes_max) as usize);
-            let mut st = spool.lock();
-            Spool::push(&mut st, PageKind::Stderr, bytes);
-            st.pipes_open = 0;
-            st.exit = Some(ExitStatus::exited(START_FAILED_CODE));
-            Spool::maybe_finish(&mut st);
+    match args.release_fd {
+        None => launch(&spool, &args.argv, args.stdin_open),
+        Some(fd) => {
+            let release = match adopt_release_pipe(fd) {
+                Ok(r) => r,
+                Err(e) => {
+                    eprintln!("lc-supervisor: release_fd_unusable: {e}");
+                    return 1;
+                }
+            };
+            let (s, argv, stdin_open) = (spool.clone(), args.argv.clone(), args.stdin_open);
+            std::thread::spawn(move || await_release(&s, release, &argv, stdin_open));
         }
     }
     // One connection at a time; the instance's lifetime bounds this loop.
@@ -1062,6 +1065,91 @@ pub fn run(args: Args) -> i32 {
         }
     }
     1
+}
+
+/// Starts the command under `spool` (its pipes pumped, its stdin fed, its
+/// status reaped), or, when it cannot be started, spools the reason as a
+/// stderr page and a terminal page with exit code [`START_FAILED_CODE`].
+fn launch(spool: &Arc<Spool>, argv: &[String], stdin_open: bool) {
+    match start(argv, stdin_open) {
+        Ok((mut child, out, err)) => {
+            let pid = child.id() as libc::pid_t;
+            if let Some(stdin) = child.stdin.take() {
+                spool.lock().input_open = true;
+                let s = spool.clone();
+                std::thread::spawn(move || feed(s, stdin));
+            }
+            // The reaper owns the wait; `child` is not waited on through std.
+            std::mem::forget(child);
+            spool.lock().command_pid = Some(pid);
+            let s = spool.clone();
+            std::thread::spawn(move || pump(s, out, err));
+            let s = spool.clone();
+            std::thread::spawn(move || reap(s, pid));
+        }
+        Err(e) => never_started(
+            spool,
+            format!("lc-supervisor: cannot start {:?}: {e}\n", argv[0]),
+        ),
+    }
+}
+
+/// Ends the stream of a command that never started: `msg` as one stderr
+/// page (cut to the page and spool bounds), then the terminal page with
+/// exit code [`START_FAILED_CODE`].
+fn never_started(spool: &Spool, msg: String) {
+    let mut bytes = msg.into_bytes();
+    let mut st = spool.lock();
+    bytes.truncate((PAGE_BYTES_MAX as u64).min(st.bytes_max) as usize);
+    Spool::push(&mut st, PageKind::Stderr, bytes);
+    st.pipes_open = 0;
+    st.exit = Some(ExitStatus::exited(START_FAILED_CODE));
+    Spool::maybe_finish(&mut st);
+    drop(st);
+    spool.changed.notify_all();
+}
+
+/// Waits for the provider's release byte on `release`, then starts the
+/// command; a pipe closed (or failing) before that byte ends the stream
+/// without ever starting it. One read, bounded by the provider's
+/// lifetime: it holds the write end until it releases or gives up.
+fn await_release(
+    spool: &Arc<Spool>,
+    mut release: std::fs::File,
+    argv: &[String],
+    stdin_open: bool,
+) {
+    let mut byte = [0u8; 1];
+    // EINTR retries; every other outcome ends the wait.
+    let outcome = loop {
+        match release.read(&mut byte) {
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            other => break other,
+        }
+    };
+    drop(release);
+    match outcome {
+        Ok(1) => launch(spool, argv, stdin_open),
+        Ok(_) => never_started(
+            spool,
+            "lc-supervisor: the provider gave the start up before releasing the command\n"
+                .to_owned(),
+        ),
+        Err(e) => never_started(
+            spool,
+            format!(
+                "lc-supervisor: the release pipe failed before the command was released: {e}\n"
+            ),
+        ),
+    }
+}
+
+/// Takes the inherited descriptor `fd` as the release pipe's read end.
+fn adopt_release_pipe(fd: i32) -> Result<std::fs::File, String> {
+    use std::os::fd::FromRawFd as _;
+    close_on_exec(fd).map_err(|e| format!("descriptor {fd}: {e}"))?;
+    // SAFETY: `fd` is open (fcntl succeeded) and owned by nothing else here.
+    Ok(unsafe { std::fs::File::from_raw_fd(fd) })
 }
 
 /// Binds a listening socket at `socket`. A socket file exists from bind on

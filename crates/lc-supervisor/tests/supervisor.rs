@@ -1322,3 +1322,83 @@ fn numbering_starts_at_the_first_seqs() {
     );
     assert_eq!(wait_exit(&mut sup), 0);
 }
+
+/// A pipe whose read end a child inherits (the write end stays here,
+/// close-on-exec): `(read_fd, write end)`.
+fn release_pipe() -> (i32, std::fs::File) {
+    use std::os::fd::FromRawFd as _;
+    let mut fds = [0i32; 2];
+    // Both ends close-on-exec from the start (another test's child never
+    // inherits the write end); then the read end is made inheritable.
+    // SAFETY: pipe2 writes two descriptors into `fds`.
+    assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+    // SAFETY: fcntl on an integer descriptor touches no memory.
+    assert_eq!(unsafe { libc::fcntl(fds[0], libc::F_SETFD, 0) }, 0);
+    // SAFETY: the write end was just opened and is owned by nothing else.
+    (fds[0], unsafe { std::fs::File::from_raw_fd(fds[1]) })
+}
+
+/// Closes this process's copy of `fd` (the child has its own).
+fn close_fd(fd: i32) {
+    // SAFETY: close takes an integer descriptor this test owns.
+    assert_eq!(unsafe { libc::close(fd) }, 0);
+}
+
+#[test]
+fn a_held_command_starts_once_released_and_never_when_the_pipe_closes_first() {
+    use std::io::Write as _;
+    let mark = std::env::temp_dir().join(format!("lc-sup-held-mark-{}", std::process::id()));
+    let _ = std::fs::remove_file(&mark);
+    let mark_s = mark.to_str().unwrap();
+    let (r, mut w) = release_pipe();
+    let fd = r.to_string();
+    let mut sup = start_flags(
+        "held",
+        None,
+        None,
+        false,
+        &["--release-fd", &fd],
+        &["sh", "-c", "echo ran > \"$0\"; echo ran", mark_s],
+    );
+    close_fd(r);
+    // The supervisor answers before its command exists: nothing spooled,
+    // nothing exited, nothing written.
+    let s = status(&sup);
+    assert_eq!(
+        (s.pages, s.next_seq, s.terminal_seq, s.command_exited),
+        (0, 1, 0, false)
+    );
+    assert_eq!(pages(&sup, 0, 64), vec![]);
+    assert!(!mark.exists());
+    w.write_all(&[1]).unwrap();
+    drop(w);
+    let all = drain(&sup);
+    assert_eq!(stream(&all, PageKind::Stdout), b"ran\n");
+    assert_eq!(all.last().unwrap().exit(), Some(ExitStatus::exited(0)));
+    assert_eq!(std::fs::read_to_string(&mark).unwrap(), "ran\n");
+    assert_eq!(wait_exit(&mut sup), 0);
+    std::fs::remove_file(&mark).unwrap();
+
+    // The provider gave the start up: the command never runs.
+    let (r, w) = release_pipe();
+    let fd = r.to_string();
+    let mut sup = start_flags(
+        "held-closed",
+        None,
+        None,
+        false,
+        &["--release-fd", &fd],
+        &["sh", "-c", "echo ran > \"$0\"", mark_s],
+    );
+    close_fd(r);
+    drop(w);
+    let all = drain(&sup);
+    assert_eq!(all.len(), 2);
+    assert_eq!(
+        String::from_utf8(stream(&all, PageKind::Stderr)).unwrap(),
+        "lc-supervisor: the provider gave the start up before releasing the command\n"
+    );
+    assert_eq!(all[1].exit(), Some(ExitStatus::exited(127)));
+    assert_eq!(wait_exit(&mut sup), 0);
+    assert!(!mark.exists());
+}
