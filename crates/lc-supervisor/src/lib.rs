@@ -44,10 +44,12 @@
 //!   the supervisor is PID 1 of its PID namespace or runs under an init.
 //! * **Release.** With `--release-fd` (the read end of a pipe the
 //!   provider holds) the command is not started until the provider
-//!   writes one byte there, and the socket is served from the start: the
-//!   provider first sees the supervisor answer (its start handshake),
-//!   records that it hands the command over, and only then releases it,
-//!   so nothing the command does can stall or fake that handshake. A
+//!   writes one byte there: the supervisor serves the first connection
+//!   from outside the sandbox (the provider's start handshake), then waits
+//!   for that byte before it accepts another, so the provider sees the
+//!   supervisor answer, records that it hands the command over, and only
+//!   then releases it. Nothing the command does can stall or fake that
+//!   handshake, and every later request finds the command started. A
 //!   pipe closed without that byte (the provider gave the start up) never
 //!   starts the command: the stream ends with a stderr page saying so and
 //!   a terminal page with exit code 127. Without `--release-fd` the
@@ -1034,20 +1036,23 @@ pub fn run(args: Args) -> i32 {
         }),
         changed: Condvar::new(),
     });
-    match args.release_fd {
-        None => launch(&spool, &args.argv, args.stdin_open),
-        Some(fd) => {
-            let release = match adopt_release_pipe(fd) {
-                Ok(r) => r,
-                Err(e) => {
-                    eprintln!("lc-supervisor: release_fd_unusable: {e}");
-                    return 1;
-                }
-            };
-            let (s, argv, stdin_open) = (spool.clone(), args.argv.clone(), args.stdin_open);
-            std::thread::spawn(move || await_release(&s, release, &argv, stdin_open));
+    // Held: the first connection served is the provider's start
+    // handshake; the release is awaited right after it, before any other
+    // connection is accepted, so every later request finds the command
+    // started (or never to start).
+    let mut release = match args.release_fd {
+        None => {
+            launch(&spool, &args.argv, args.stdin_open);
+            None
         }
-    }
+        Some(fd) => match adopt_release_pipe(fd) {
+            Ok(r) => Some(r),
+            Err(e) => {
+                eprintln!("lc-supervisor: release_fd_unusable: {e}");
+                return 1;
+            }
+        },
+    };
     // One connection at a time; the instance's lifetime bounds this loop.
     for conn in listener.incoming() {
         let Ok(conn) = conn else { continue };
@@ -1057,7 +1062,11 @@ pub fn run(args: Args) -> i32 {
             // pages nor hold the one connection the provider needs.
             continue;
         }
-        if serve_connection(&spool, conn, done.as_ref()) {
+        let finished = serve_connection(&spool, conn, done.as_ref());
+        if let Some(r) = release.take() {
+            await_release(&spool, r, &args.argv, args.stdin_open);
+        }
+        if finished {
             if let Some(socket) = &args.socket {
                 let _ = std::fs::remove_file(socket);
             }
@@ -1111,8 +1120,9 @@ fn never_started(spool: &Spool, msg: String) {
 
 /// Waits for the provider's release byte on `release`, then starts the
 /// command; a pipe closed (or failing) before that byte ends the stream
-/// without ever starting it. One read, bounded by the provider's
-/// lifetime: it holds the write end until it releases or gives up.
+/// without ever starting it. One read, bounded by the provider's start:
+/// it writes the byte once it has the handshake's answer, or closes the
+/// pipe when it gives the start up (or dies).
 fn await_release(
     spool: &Arc<Spool>,
     mut release: std::fs::File,
