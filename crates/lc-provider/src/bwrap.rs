@@ -1576,13 +1576,11 @@ impl Provider for BwrapProvider {
         let dir = self.instance_dir(l, g);
         let record = InstanceRecord::of(&req);
         let existing = self.read_record(&dir)?;
-        if let Some(existing) = existing.as_ref() {
-            if *existing != record {
-                return Err(ProviderError::AllocationConflict {
-                    lease_id: l,
-                    generation: g,
-                });
-            }
+        if existing.as_ref().is_some_and(|e| *e != record) {
+            return Err(ProviderError::AllocationConflict {
+                lease_id: l,
+                generation: g,
+            });
         }
         // An instance whose command was released is this request's: it is
         // answered again, never started twice. One recorded without its

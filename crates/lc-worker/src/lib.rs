@@ -15,6 +15,8 @@
 pub mod reconciler;
 
 pub use reconciler::{
-    BATCH_DEFAULT, HIBERNATIONS_BATCH_DEFAULT, LeaseFailure, Reconciler, ReconcilerOptions,
-    StepError, StepReport,
+    ALLOCATE_CONCURRENCY_DEFAULT, ALLOCATE_CONCURRENCY_MAX, BATCH_DEFAULT,
+    HIBERNATIONS_BATCH_DEFAULT, LeaseFailure, PROVIDER_CALL_TIMEOUT_DEFAULT,
+    PROVIDER_CALL_TIMEOUT_MAX, PROVIDER_CALL_TIMEOUT_MIN, Reconciler, ReconcilerOptions, StepError,
+    StepReport,
 };

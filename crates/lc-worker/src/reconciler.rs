@@ -3,7 +3,16 @@
 //! A step reads the clock once (in production the persisted safe-time cut,
 //! with its certainty) and asks the store for at most `batch` leases that
 //! need action at that reading, each with the action the core planned
-//! ([`lc_core::rules::plan_lease_action`]). Then, lease by lease:
+//! ([`lc_core::rules::plan_lease_action`]). The `allocate` ones run at most
+//! `allocate_concurrency` at a time, beside the others, which run one
+//! after another; every provider call is bounded by
+//! `provider_call_timeout`. So an instance slow to start (or a provider
+//! slow to answer for one lease) holds up neither the other allocations
+//! nor the renewals of the step: a call that did not answer in time is the
+//! lease's failure `provider_timeout`, retried at the next step, where the
+//! provider answers a repeated allocate of the same generation with the
+//! instance it already started (or starts it, when the earlier call never
+//! handed its command over), never a second one. Then, lease by lease:
 //!
 //! * `allocate`: the provider allocates the instance and starts the
 //!   command, numbering its pages from the Lease's `first_seq` and its
@@ -112,6 +121,29 @@ pub const HIBERNATIONS_BATCH_DEFAULT: usize = 100;
 /// Lease TTL (60 s), so one missed step still leaves half a TTL.
 pub const RENEW_AHEAD_DEFAULT: SignedDuration = SignedDuration::from_secs(30);
 
+/// Allocations run at once within a step by default: enough that a few
+/// instances slow to start leave the others' starts unaffected, few enough
+/// that one step does not start a burst of sandboxes on a small host.
+pub const ALLOCATE_CONCURRENCY_DEFAULT: usize = 8;
+
+/// The largest accepted [`ReconcilerOptions::allocate_concurrency`]: each
+/// allocation in flight is a sandbox being built on the provider's host.
+pub const ALLOCATE_CONCURRENCY_MAX: usize = 64;
+
+/// The default bound on each provider call of the reconciler: above the
+/// bubblewrap provider's start wait (10 s) with room for a restore, and
+/// at most the default renew-ahead, so a Lease renewed in a step whose
+/// allocations all time out still has time left.
+pub const PROVIDER_CALL_TIMEOUT_DEFAULT: Duration = Duration::from_secs(30);
+
+/// The smallest accepted [`ReconcilerOptions::provider_call_timeout`]:
+/// below it a healthy provider's answer could not arrive in time.
+pub const PROVIDER_CALL_TIMEOUT_MIN: Duration = Duration::from_millis(10);
+
+/// The largest accepted [`ReconcilerOptions::provider_call_timeout`]: a
+/// step waits that long at most for a provider, ten minutes.
+pub const PROVIDER_CALL_TIMEOUT_MAX: Duration = Duration::from_secs(600);
+
 /// The reconciler's bounds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReconcilerOptions {
@@ -126,6 +158,15 @@ pub struct ReconcilerOptions {
     /// Hibernations sealed per step (and unfinished ones listed),
     /// `1..=`[`LIST_LIMIT_MAX`].
     pub hibernations_batch: usize,
+    /// Allocations in flight at once within a step,
+    /// `1..=`[`ALLOCATE_CONCURRENCY_MAX`] (see [`ALLOCATE_CONCURRENCY_DEFAULT`]).
+    pub allocate_concurrency: usize,
+    /// The bound on each provider call (allocate, prove not sent, spool
+    /// status, destroy), from [`PROVIDER_CALL_TIMEOUT_MIN`] to
+    /// [`PROVIDER_CALL_TIMEOUT_MAX`] (see [`PROVIDER_CALL_TIMEOUT_DEFAULT`]).
+    /// It must exceed the provider's own start wait, or every start times
+    /// out and is retried.
+    pub provider_call_timeout: Duration,
 }
 
 impl Default for ReconcilerOptions {
@@ -136,6 +177,8 @@ impl Default for ReconcilerOptions {
             receipts_batch: RECEIPTS_BATCH_DEFAULT,
             gc_batch: GC_BATCH_DEFAULT,
             hibernations_batch: HIBERNATIONS_BATCH_DEFAULT,
+            allocate_concurrency: ALLOCATE_CONCURRENCY_DEFAULT,
+            provider_call_timeout: PROVIDER_CALL_TIMEOUT_DEFAULT,
         }
     }
 }
@@ -149,7 +192,9 @@ pub struct LeaseFailure {
     /// `destroy`, `receipts`, `gc`, `hibernations`; in
     /// [`StepReport::start_refusals`]: `allocate` or `restore`).
     pub action: &'static str,
-    /// The stable code (the store's or the provider's).
+    /// The stable code (the store's or the provider's, or
+    /// `provider_timeout` for a provider call that did not answer within
+    /// [`ReconcilerOptions::provider_call_timeout`]).
     pub code: String,
     /// A message for the log.
     pub message: String,
@@ -246,6 +291,60 @@ impl StepReport {
     }
 }
 
+impl StepReport {
+    /// Adds the counts and lists of `other` (a report of the same reading)
+    /// to this one.
+    fn absorb(&mut self, other: StepReport) {
+        let StepReport {
+            at: _,
+            leases_seen,
+            allocated,
+            attached,
+            awaiting_resume,
+            start_failed,
+            restore_failed,
+            start_refusals,
+            renewed,
+            releases_begun,
+            exited_left_to_gateway,
+            cancels_left_to_gateway,
+            destroyed,
+            released,
+            parked,
+            released_replay,
+            units_returned,
+            release_deferred,
+            receipts_attached,
+            operations_deleted,
+            hibernations_sealed,
+            hibernations_unfinished,
+            failures,
+        } = other;
+        self.leases_seen += leases_seen;
+        self.allocated += allocated;
+        self.attached += attached;
+        self.awaiting_resume += awaiting_resume;
+        self.start_failed += start_failed;
+        self.restore_failed += restore_failed;
+        self.start_refusals.extend(start_refusals);
+        self.renewed += renewed;
+        self.releases_begun += releases_begun;
+        self.exited_left_to_gateway += exited_left_to_gateway;
+        self.cancels_left_to_gateway += cancels_left_to_gateway;
+        self.destroyed += destroyed;
+        self.released += released;
+        self.parked += parked;
+        self.released_replay += released_replay;
+        self.units_returned += units_returned;
+        self.release_deferred += release_deferred;
+        self.receipts_attached += receipts_attached;
+        self.operations_deleted += operations_deleted;
+        self.hibernations_sealed += hibernations_sealed;
+        self.hibernations_unfinished += hibernations_unfinished;
+        self.failures.extend(failures);
+    }
+}
+
 /// Why a whole step failed (nothing was done).
 #[derive(Debug, thiserror::Error)]
 pub enum StepError {
@@ -276,6 +375,25 @@ enum Fail {
     Evidence(serde_json::Error),
     /// A restoring allocation came back without its signed attachment.
     AttachmentMissing,
+    /// A provider call did not answer within the bound.
+    Timeout {
+        /// The call (`allocate`, `prove_not_sent`, `spool_status`, `destroy`).
+        call: &'static str,
+        /// The bound it did not answer within.
+        after: Duration,
+    },
+}
+
+/// `fut`, a provider call named `call`, bounded by `after`.
+async fn bounded<T>(
+    call: &'static str,
+    after: Duration,
+    fut: impl std::future::Future<Output = Result<T, ProviderError>>,
+) -> Result<T, Fail> {
+    match tokio::time::timeout(after, fut).await {
+        Ok(r) => r.map_err(Fail::Provider),
+        Err(_) => Err(Fail::Timeout { call, after }),
+    }
 }
 
 impl From<LcError> for Fail {
@@ -342,25 +460,36 @@ impl Reconciler {
     /// `clock`.
     ///
     /// # Errors
-    /// [`LcError::InvalidLimit`] when a batch is outside `1..=`[`LIST_LIMIT_MAX`].
+    /// [`LcError::InvalidLimit`] when a batch is outside `1..=`[`LIST_LIMIT_MAX`]
+    /// or the allocate concurrency outside `1..=`[`ALLOCATE_CONCURRENCY_MAX`];
+    /// [`LcError::InvalidTimeout`] when the provider call timeout is outside
+    /// [`PROVIDER_CALL_TIMEOUT_MIN`]`..=`[`PROVIDER_CALL_TIMEOUT_MAX`].
     pub fn new(
         store: Arc<dyn ReconcileStore>,
         providers: Vec<Arc<dyn Provider>>,
         clock: Arc<dyn Clock>,
         options: ReconcilerOptions,
     ) -> Result<Reconciler, LcError> {
-        for n in [
-            options.batch,
-            options.receipts_batch,
-            options.gc_batch,
-            options.hibernations_batch,
+        for (n, max) in [
+            (options.batch, LIST_LIMIT_MAX),
+            (options.receipts_batch, LIST_LIMIT_MAX),
+            (options.gc_batch, LIST_LIMIT_MAX),
+            (options.hibernations_batch, LIST_LIMIT_MAX),
+            (options.allocate_concurrency, ALLOCATE_CONCURRENCY_MAX),
         ] {
-            if !(1..=LIST_LIMIT_MAX).contains(&n) {
-                return Err(LcError::InvalidLimit {
-                    limit: n,
-                    max: LIST_LIMIT_MAX,
-                });
+            if !(1..=max).contains(&n) {
+                return Err(LcError::InvalidLimit { limit: n, max });
             }
+        }
+        if !(PROVIDER_CALL_TIMEOUT_MIN..=PROVIDER_CALL_TIMEOUT_MAX)
+            .contains(&options.provider_call_timeout)
+        {
+            return Err(LcError::InvalidTimeout {
+                reason: format!(
+                    "the provider call timeout {:?} must be in {PROVIDER_CALL_TIMEOUT_MIN:?}..={PROVIDER_CALL_TIMEOUT_MAX:?}; above the provider's start wait",
+                    options.provider_call_timeout
+                ),
+            });
         }
         let providers = providers.into_iter().map(|p| (p.id().clone(), p)).collect();
         Ok(Reconciler {
@@ -399,31 +528,36 @@ impl Reconciler {
         let work = self.store.due_work(at, self.options.batch).await?;
         let mut report = StepReport::new(at);
         report.leases_seen = work.len();
-        for w in &work {
-            let action = action_name(w.action);
-            if let Err(f) = self.handle(w, at, &mut report).await {
-                let (code, message) = match f {
-                    Fail::Store(e) => (e.code().to_owned(), e.to_string()),
-                    Fail::Provider(e) => (e.code().to_owned(), e.to_string()),
-                    Fail::Evidence(e) => ("invalid_evidence".to_owned(), e.to_string()),
-                    Fail::AttachmentMissing => (
-                        "attachment_missing".to_owned(),
-                        "the provider allocated a restored workspace without signing its attachment; retried at the next step".to_owned(),
-                    ),
-                    Fail::UnknownProvider(id) => (
-                        "provider_unknown".to_owned(),
-                        format!("this worker has no provider {id}"),
-                    ),
-                };
-                tracing::warn!(lease = w.lease_id.0, generation = w.generation.0, action, %code, %message, "lease step failed");
-                report.failures.push(LeaseFailure {
-                    lease_id: Some(w.lease_id),
-                    action,
-                    code,
-                    message,
-                });
+        let (allocations, others): (Vec<&LeaseWork>, Vec<&LeaseWork>) = work
+            .iter()
+            .partition(|w| matches!(w.action, LeaseAction::Allocate));
+        // Allocations in flight at once, bounded, in their listed order;
+        // the other actions one after another beside them.
+        let allocating = async {
+            use futures_util::StreamExt as _;
+            // Made first (none runs before it is polled), so the stream
+            // holds futures, not a closure over borrowed work.
+            let calls: Vec<_> = allocations
+                .into_iter()
+                .map(|w| self.handle_one(w, at))
+                .collect();
+            futures_util::stream::iter(calls)
+                .buffered(self.options.allocate_concurrency)
+                .collect::<Vec<StepReport>>()
+                .await
+        };
+        let rest = async {
+            let mut rest = StepReport::new(at);
+            for w in others {
+                rest.absorb(self.handle_one(w, at).await);
             }
+            rest
+        };
+        let (allocated, rest) = tokio::join!(allocating, rest);
+        for r in allocated {
+            report.absorb(r);
         }
+        report.absorb(rest);
         if at.certain {
             match self
                 .store
@@ -460,6 +594,42 @@ impl Reconciler {
         }
         log_report(&report);
         Ok(report)
+    }
+
+    /// Handles one lease; what it did (a failure included) as a report of
+    /// its own, with no lease counted as seen.
+    async fn handle_one(&self, w: &LeaseWork, at: CutReading) -> StepReport {
+        let mut report = StepReport::new(at);
+        let action = action_name(w.action);
+        if let Err(f) = self.handle(w, at, &mut report).await {
+            let (code, message) = match f {
+                Fail::Store(e) => (e.code().to_owned(), e.to_string()),
+                Fail::Provider(e) => (e.code().to_owned(), e.to_string()),
+                Fail::Evidence(e) => ("invalid_evidence".to_owned(), e.to_string()),
+                Fail::AttachmentMissing => (
+                    "attachment_missing".to_owned(),
+                    "the provider allocated a restored workspace without signing its attachment; retried at the next step".to_owned(),
+                ),
+                Fail::UnknownProvider(id) => (
+                    "provider_unknown".to_owned(),
+                    format!("this worker has no provider {id}"),
+                ),
+                Fail::Timeout { call, after } => (
+                    "provider_timeout".to_owned(),
+                    format!(
+                        "the provider's {call} call did not answer within {after:?}; the lease is handled again at the next step"
+                    ),
+                ),
+            };
+            tracing::warn!(lease = w.lease_id.0, generation = w.generation.0, action, %code, %message, "lease step failed");
+            report.failures.push(LeaseFailure {
+                lease_id: Some(w.lease_id),
+                action,
+                code,
+                message,
+            });
+        }
+        report
     }
 
     fn provider(&self, w: &LeaseWork) -> Result<&Arc<dyn Provider>, Fail> {
@@ -506,7 +676,12 @@ impl Reconciler {
                     report.renewed += 1;
                 }
                 let provider = self.provider(w)?;
-                let envelope = provider.destroy(w.lease_id, w.generation).await?;
+                let envelope = bounded(
+                    "destroy",
+                    self.options.provider_call_timeout,
+                    provider.destroy(w.lease_id, w.generation),
+                )
+                .await?;
                 let evidence = serde_json::to_value(&envelope).map_err(Fail::Evidence)?;
                 report.destroyed += 1;
                 if !at.certain {
@@ -556,10 +731,18 @@ impl Reconciler {
         // Why the instance cannot start, if it cannot.
         let refusal = match allocate_request(w, restore) {
             Err(e) => Err((e.code().to_owned(), e.to_string())),
-            Ok(req) => match provider.allocate(req).await {
+            Ok(req) => match bounded(
+                "allocate",
+                self.options.provider_call_timeout,
+                provider.allocate(req),
+            )
+            .await
+            {
                 Ok(allocation) => Ok(allocation),
-                Err(e) if retried(&e) => return Err(e.into()),
-                Err(e) => Err((e.code().to_owned(), e.to_string())),
+                Err(Fail::Provider(e)) if !retried(&e) => Err((e.code().to_owned(), e.to_string())),
+                // Unanswered or curable: retried at the next step, where
+                // the provider answers with what this call started.
+                Err(f) => return Err(f),
             },
         };
         match refusal {
@@ -587,7 +770,12 @@ impl Reconciler {
                 // generation); `command_sent` leaves the lease to its
                 // expiry, destroy and proof. A resume's Lease released so
                 // leaves its attempt parked.
-                let proof = provider.prove_not_sent(w.lease_id, w.generation).await?;
+                let proof = bounded(
+                    "prove_not_sent",
+                    self.options.provider_call_timeout,
+                    provider.prove_not_sent(w.lease_id, w.generation),
+                )
+                .await?;
                 let evidence = serde_json::to_value(&proof).map_err(Fail::Evidence)?;
                 self.store
                     .begin_release_not_sent(w.lease_id, w.generation, &evidence, at)
@@ -641,9 +829,12 @@ impl Reconciler {
         report: &mut StepReport,
     ) -> Result<(), Fail> {
         if w.expiry.duration_since(at.cut) <= self.options.renew_ahead {
-            self.provider(w)?
-                .spool_status(w.lease_id, w.generation)
-                .await?;
+            bounded(
+                "spool_status",
+                self.options.provider_call_timeout,
+                self.provider(w)?.spool_status(w.lease_id, w.generation),
+            )
+            .await?;
             self.store.renew(w.lease_id, w.generation, at).await?;
             report.renewed += 1;
         }
@@ -655,7 +846,13 @@ impl Reconciler {
     /// the due leases include every live one (each needs renewal), so
     /// stepping again at once would only repeat the batch.
     pub async fn run(&self, interval: Duration, mut shutdown: watch::Receiver<bool>) {
-        tracing::info!(batch = self.options.batch, ?interval, "reconciler started");
+        tracing::info!(
+            batch = self.options.batch,
+            allocate_concurrency = self.options.allocate_concurrency,
+            provider_call_timeout = ?self.options.provider_call_timeout,
+            ?interval,
+            "reconciler started"
+        );
         loop {
             if *shutdown.borrow() {
                 break;

@@ -309,12 +309,17 @@ impl Rig {
     }
 
     async fn tenant(&self, units: i64) -> TenantId {
+        self.tenant_named("t-1", "blue", units).await
+    }
+
+    /// A tenant named `name`, created under operation key `key`.
+    async fn tenant_named(&self, key: &str, name: &str, units: i64) -> TenantId {
         let at = self.reading().await;
         self.store
             .create_tenant(
-                &OperationKey::new("t-1", Digest([2; 32])).unwrap(),
+                &OperationKey::new(key, Digest::of(key.as_bytes())).unwrap(),
                 at,
-                "blue",
+                name,
                 Some(units),
                 &|id| Digest::of(format!("key-{}", id.0).as_bytes()),
             )
@@ -1084,6 +1089,52 @@ async fn a_step_handles_at_most_its_batch() {
             matches!(e, LcError::InvalidLimit { limit, max } if limit == batch && max == LIST_LIMIT_MAX),
             "{e:?}"
         );
+    }
+    let with = |options: ReconcilerOptions| {
+        Reconciler::new(rig.store.clone(), vec![], rig.clock.clone(), options)
+    };
+    for (n, ok) in [
+        (0, false),
+        (1, true),
+        (lc_worker::ALLOCATE_CONCURRENCY_MAX, true),
+        (lc_worker::ALLOCATE_CONCURRENCY_MAX + 1, false),
+    ] {
+        let r = with(ReconcilerOptions {
+            allocate_concurrency: n,
+            ..ReconcilerOptions::default()
+        });
+        match r {
+            Ok(rec) => assert!(ok && rec.options().allocate_concurrency == n, "{n}"),
+            Err(e) => assert!(
+                !ok && matches!(e, LcError::InvalidLimit { limit, max } if limit == n && max == lc_worker::ALLOCATE_CONCURRENCY_MAX),
+                "{n}: {e:?}"
+            ),
+        }
+    }
+    let ms = Duration::from_millis(1);
+    for (t, ok) in [
+        (lc_worker::PROVIDER_CALL_TIMEOUT_MIN - ms, false),
+        (lc_worker::PROVIDER_CALL_TIMEOUT_MIN, true),
+        (lc_worker::PROVIDER_CALL_TIMEOUT_MAX, true),
+        (lc_worker::PROVIDER_CALL_TIMEOUT_MAX + ms, false),
+    ] {
+        let r = with(ReconcilerOptions {
+            provider_call_timeout: t,
+            ..ReconcilerOptions::default()
+        });
+        match r {
+            Ok(rec) => assert!(ok && rec.options().provider_call_timeout == t, "{t:?}"),
+            Err(e) => {
+                assert!(!ok, "{t:?}");
+                assert_eq!(e.code(), "invalid_timeout");
+                assert_eq!(
+                    e.to_string(),
+                    format!(
+                        "invalid timeout: the provider call timeout {t:?} must be in 10ms..=600s; above the provider's start wait"
+                    )
+                );
+            }
+        }
     }
 }
 
@@ -1923,4 +1974,286 @@ async fn a_resumed_generation_takes_the_inputs_after_the_ones_delivered_before()
     assert_eq!((rec.state, rec.exit_code), (ExecState::Terminal, Some(0)));
     assert_eq!(rig.balances(tenant).await, (4, 4, 0, 0));
     rig.assert_audit((4, 0, 0)).await;
+}
+
+/// The rig's provider, except that an allocate of a lease in `silent` is
+/// carried out by the provider and then never answered (once): a provider
+/// that took the call and went silent, as one whose start a command could
+/// stall did.
+struct Silent {
+    inner: Arc<BwrapProvider>,
+    silent: std::sync::Mutex<Vec<SandboxLeaseId>>,
+}
+
+#[async_trait::async_trait]
+impl Provider for Silent {
+    fn id(&self) -> &lc_core::ProviderId {
+        self.inner.id()
+    }
+
+    fn public_key(&self) -> ed25519_dalek::VerifyingKey {
+        self.inner.public_key()
+    }
+
+    async fn allocate(
+        &self,
+        req: lc_provider::AllocateRequest,
+    ) -> Result<lc_provider::Allocation, ProviderError> {
+        let lease = req.lease_id;
+        let a = self.inner.allocate(req).await?;
+        let silent = {
+            let mut s = self.silent.lock().unwrap();
+            let found = s.contains(&lease);
+            s.retain(|l| *l != lease);
+            found
+        };
+        if silent {
+            std::future::pending::<()>().await;
+        }
+        Ok(a)
+    }
+
+    async fn destroy(
+        &self,
+        lease_id: SandboxLeaseId,
+        generation: Generation,
+    ) -> Result<lc_core::evidence::Envelope, ProviderError> {
+        self.inner.destroy(lease_id, generation).await
+    }
+
+    async fn prove_not_sent(
+        &self,
+        lease_id: SandboxLeaseId,
+        generation: Generation,
+    ) -> Result<lc_core::evidence::Envelope, ProviderError> {
+        self.inner.prove_not_sent(lease_id, generation).await
+    }
+
+    async fn observe(
+        &self,
+        lease_id: SandboxLeaseId,
+        generation: Generation,
+    ) -> Result<lc_core::evidence::Envelope, ProviderError> {
+        self.inner.observe(lease_id, generation).await
+    }
+
+    async fn pages(
+        &self,
+        lease_id: SandboxLeaseId,
+        generation: Generation,
+        fence: lc_core::owner::OwnerFence,
+        after_seq: i64,
+        max: usize,
+    ) -> Result<Vec<lc_core::page::Page>, ProviderError> {
+        self.inner
+            .pages(lease_id, generation, fence, after_seq, max)
+            .await
+    }
+
+    async fn ack(
+        &self,
+        lease_id: SandboxLeaseId,
+        generation: Generation,
+        fence: lc_core::owner::OwnerFence,
+        through_seq: i64,
+    ) -> Result<(), ProviderError> {
+        self.inner
+            .ack(lease_id, generation, fence, through_seq)
+            .await
+    }
+
+    async fn cancel(
+        &self,
+        lease_id: SandboxLeaseId,
+        generation: Generation,
+        fence: lc_core::owner::OwnerFence,
+    ) -> Result<(), ProviderError> {
+        self.inner.cancel(lease_id, generation, fence).await
+    }
+
+    async fn send(
+        &self,
+        lease_id: SandboxLeaseId,
+        generation: Generation,
+        fence: lc_core::owner::OwnerFence,
+        input_seq: i64,
+        bytes: Vec<u8>,
+        eof: bool,
+    ) -> Result<i64, ProviderError> {
+        self.inner
+            .send(lease_id, generation, fence, input_seq, bytes, eof)
+            .await
+    }
+
+    async fn spool_status(
+        &self,
+        lease_id: SandboxLeaseId,
+        generation: Generation,
+    ) -> Result<Option<lc_core::page::SpoolStatus>, ProviderError> {
+        self.inner.spool_status(lease_id, generation).await
+    }
+}
+
+/// The bound on the reconciler's provider calls in the hostile-tenant
+/// test: well above a healthy answer, well below the Lease TTL.
+const CALL_TIMEOUT_SHORT: Duration = Duration::from_millis(500);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hostile_exec_delays_no_other_tenants_allocation_and_its_own_lease_expires() {
+    let rig = Rig::start(TTL_SHORT, ReconcilerOptions::default()).await;
+    let silent = Arc::new(Silent {
+        inner: rig.provider.clone(),
+        silent: std::sync::Mutex::new(Vec::new()),
+    });
+    let rec = Reconciler::new(
+        rig.store.clone(),
+        vec![silent.clone() as Arc<dyn Provider>],
+        rig.clock.clone(),
+        ReconcilerOptions {
+            provider_call_timeout: CALL_TIMEOUT_SHORT,
+            ..ReconcilerOptions::default()
+        },
+    )
+    .unwrap();
+    let red = rig.tenant_named("t-red", "red", 1).await;
+    let blue = rig.tenant_named("t-blue", "blue", 1).await;
+    // Red's command stops its supervisor (its parent, PID 2 of the
+    // instance) the moment it runs, and its provider call goes unanswered.
+    let hostile = rig
+        .admit(red, "e-red", &["sh", "-c", "kill -STOP $PPID; echo never"])
+        .await;
+    let ordinary = rig.admit(blue, "e-blue", &["sh", "-c", "echo hi"]).await;
+    let h = rig.lease(hostile).await.unwrap();
+    let o = rig.lease(ordinary).await.unwrap();
+    silent.silent.lock().unwrap().push(h.lease_id);
+    assert_eq!(rig.balances(red).await, (1, 0, 1, 0));
+    assert_eq!(rig.balances(blue).await, (1, 0, 1, 0));
+
+    // One step: blue is allocated and active, red's allocation ends with
+    // its code and stays to be retried.
+    let r = tokio::time::timeout(WAIT_MAX, rec.step())
+        .await
+        .expect("a step ends although a provider call never answers")
+        .unwrap();
+    assert_eq!(
+        (r.leases_seen, r.allocated, r.start_failed, r.start_refusals),
+        (2, 1, 0, vec![])
+    );
+    assert_eq!(
+        r.failures,
+        vec![lc_worker::LeaseFailure {
+            lease_id: Some(h.lease_id),
+            action: "allocate",
+            code: "provider_timeout".into(),
+            message: format!(
+                "the provider's allocate call did not answer within {CALL_TIMEOUT_SHORT:?}; the lease is handled again at the next step"
+            ),
+        }]
+    );
+    assert_eq!(rig.lease(ordinary).await.unwrap().state, LeaseState::Active);
+    assert_eq!(
+        rig.lease(hostile).await.unwrap().state,
+        LeaseState::Allocating
+    );
+
+    // The next step's allocate is answered with the instance the silent
+    // call started: one instance, never two.
+    let r = rec.step().await.unwrap();
+    assert_eq!((r.allocated, r.start_failed), (1, 0));
+    assert_eq!(rig.lease(hostile).await.unwrap().state, LeaseState::Active);
+    let supervisors = || -> Vec<(i32, String)> {
+        rig.pids(&h)
+            .into_iter()
+            .filter(|pid| {
+                std::fs::read(format!("/proc/{pid}/cmdline"))
+                    .unwrap_or_default()
+                    .starts_with(b"/.lc/supervisor\0")
+            })
+            .map(|pid| {
+                let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+                let state = stat
+                    .rsplit(')')
+                    .next()
+                    .and_then(|r| r.split_whitespace().next())
+                    .unwrap_or("")
+                    .to_owned();
+                (pid, state)
+            })
+            .collect()
+    };
+    // Once the command has stopped its supervisor it has run (a child
+    // between fork and exec still shows the supervisor's command line).
+    let t = Instant::now();
+    while !supervisors().iter().any(|(_, state)| state == "T") {
+        assert!(
+            t.elapsed() < WAIT_MAX,
+            "the command never stopped its supervisor"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let found = supervisors();
+    assert_eq!(
+        found.len(),
+        1,
+        "one instance of the hostile lease: {found:?}"
+    );
+
+    // Blue runs to its end and is released by its gateway; red's stopped
+    // supervisor answers nothing, so its Lease is not renewed and expires.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut failures: Vec<(Option<SandboxLeaseId>, String)> = Vec::new();
+    let mut released = 0;
+    let mut units_returned = 0;
+    loop {
+        let g = rig.gateway.step().await;
+        for f in &g.failures {
+            assert_eq!(
+                (f.exec_id, f.code.as_str()),
+                (Some(hostile), "provider_timeout"),
+                "{f:?}"
+            );
+        }
+        let r = rec.step().await.unwrap();
+        released += r.released;
+        units_returned += r.units_returned;
+        failures.extend(r.failures.iter().map(|f| (f.lease_id, f.code.clone())));
+        let done = rig.exec(red, hostile).await.state == ExecState::Terminal
+            && rig.exec(blue, ordinary).await.state == ExecState::Terminal;
+        if done {
+            break;
+        }
+        assert!(Instant::now() < deadline, "not done within 60 s");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Only red's calls failed, each for want of an answer.
+    for f in &failures {
+        assert_eq!((f.0, f.1.as_str()), (Some(h.lease_id), "provider_timeout"));
+    }
+    // Both releases are committed by the reconciler, each unit once.
+    assert_eq!((released, units_returned), (2, 2));
+    let rec_o = rig.exec(blue, ordinary).await;
+    assert_eq!(
+        (rec_o.terminal_reason, rec_o.exit_code, rec_o.lease_state),
+        (Some(TerminalReason::Exited), Some(0), LeaseState::Released)
+    );
+    let (_, stdout) = output_of(&rig, blue, ordinary, PageKind::Stdout).await;
+    assert_eq!(stdout, b"hi\n");
+    let rec_h = rig.exec(red, hostile).await;
+    assert_eq!(
+        (rec_h.terminal_reason, rec_h.exit_code, rec_h.lease_state),
+        (Some(TerminalReason::Expired), None, LeaseState::Released)
+    );
+    assert!(
+        !rig.provider
+            .instance_cgroup(h.lease_id, h.generation)
+            .exists()
+    );
+    assert!(
+        !rig.provider
+            .instance_cgroup(o.lease_id, o.generation)
+            .exists()
+    );
+    assert_eq!(rig.balances(red).await, (1, 1, 0, 0));
+    assert_eq!(rig.balances(blue).await, (1, 1, 0, 0));
+    rig.assert_audit((2, 0, 0)).await;
 }

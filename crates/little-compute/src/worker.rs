@@ -73,6 +73,16 @@ pub struct WorkerArgs {
     /// sealed per step on a certain cut (1..=1000).
     #[arg(long, default_value_t = lc_worker::HIBERNATIONS_BATCH_DEFAULT)]
     pub hibernations_batch: usize,
+    /// Allocations (instance starts) in flight at once within a step
+    /// (1..=64): an instance slow to start delays no other.
+    #[arg(long, default_value_t = lc_worker::ALLOCATE_CONCURRENCY_DEFAULT)]
+    pub allocate_concurrency: usize,
+    /// The bound on each provider call of a step, milliseconds
+    /// (10..=600000; above the provider's start wait): a call that does not
+    /// answer in time is that lease's `provider_timeout`, retried at the
+    /// next step.
+    #[arg(long, default_value_t = 30_000)]
+    pub provider_call_timeout_ms: u64,
     /// A reading of the cut older than this is stale (uncertain), milliseconds.
     #[arg(long, default_value_t = 5_000)]
     pub safetime_gap_max_ms: u64,
@@ -176,6 +186,21 @@ async fn serve(args: WorkerArgs) -> Result<(), WorkerError> {
             )));
         }
     }
+    if !(1..=lc_worker::ALLOCATE_CONCURRENCY_MAX).contains(&args.allocate_concurrency) {
+        return Err(WorkerError::Usage(format!(
+            "--allocate-concurrency must be in 1..={}, got {}",
+            lc_worker::ALLOCATE_CONCURRENCY_MAX,
+            args.allocate_concurrency
+        )));
+    }
+    let call_ms = lc_worker::PROVIDER_CALL_TIMEOUT_MIN.as_millis()
+        ..=lc_worker::PROVIDER_CALL_TIMEOUT_MAX.as_millis();
+    if !call_ms.contains(&u128::from(args.provider_call_timeout_ms)) {
+        return Err(WorkerError::Usage(format!(
+            "--provider-call-timeout-ms must be in {call_ms:?}, got {}",
+            args.provider_call_timeout_ms
+        )));
+    }
     if args.provider_urls.len() > PROVIDERS_MAX {
         return Err(WorkerError::Usage(format!(
             "at most {PROVIDERS_MAX} --provider-url"
@@ -264,10 +289,12 @@ async fn serve(args: WorkerArgs) -> Result<(), WorkerError> {
             // Half a TTL: one missed step still leaves half of it.
             renew_ahead: jiff::SignedDuration::from_millis(lease_ttl_ms / 2),
             hibernations_batch: args.hibernations_batch,
+            allocate_concurrency: args.allocate_concurrency,
+            provider_call_timeout: Duration::from_millis(args.provider_call_timeout_ms),
             ..ReconcilerOptions::default()
         },
     )
-    .map_err(|e| WorkerError::Usage(format!("--batch: {e}")))?;
+    .map_err(|e| WorkerError::Usage(format!("the reconciler's options: {e}")))?;
     let (stop, rx) = tokio::sync::watch::channel(false);
     let interval = Duration::from_millis(args.interval_ms);
     let mut task = tokio::spawn(async move { reconciler.run(interval, rx).await });

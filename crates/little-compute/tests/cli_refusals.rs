@@ -58,6 +58,33 @@ fn the_worker_refuses_bad_arguments_with_exit_2() {
     let (code, out) = run(&[&base[..], &["--batch", "0"]].concat(), &db);
     assert_eq!(code, 2, "{out}");
 
+    for (flag, value, message) in [
+        (
+            "--allocate-concurrency",
+            "0",
+            "--allocate-concurrency must be in 1..=64, got 0",
+        ),
+        (
+            "--allocate-concurrency",
+            "65",
+            "--allocate-concurrency must be in 1..=64, got 65",
+        ),
+        (
+            "--provider-call-timeout-ms",
+            "9",
+            "--provider-call-timeout-ms must be in 10..=600000, got 9",
+        ),
+        (
+            "--provider-call-timeout-ms",
+            "600001",
+            "--provider-call-timeout-ms must be in 10..=600000, got 600001",
+        ),
+    ] {
+        let (code, out) = run(&[&base[..], &[flag, value]].concat(), &db);
+        assert_eq!(code, 2, "{out}");
+        assert_eq!(out, format!("little-compute worker: {message}\n"));
+    }
+
     let (code, out) = run(&base, &[]);
     assert_eq!(code, 2, "no database URL: {out}");
 }
