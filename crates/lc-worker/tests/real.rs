@@ -2257,3 +2257,89 @@ async fn a_hostile_exec_delays_no_other_tenants_allocation_and_its_own_lease_exp
     assert_eq!(rig.balances(blue).await, (1, 1, 0, 0));
     rig.assert_audit((2, 0, 0)).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runtime_without_a_c_library_ends_its_exec_start_failed() {
+    let rig = Rig::start(
+        lc_core::rules::LEASE_TTL_DEFAULT,
+        ReconcilerOptions::default(),
+    )
+    .await;
+    // dash alone: neither the supervisor nor dash can run without the C
+    // library and its loader, so the command is never released.
+    let src = rig.dir.join("src-no-libc");
+    std::fs::create_dir_all(src.join("bin")).unwrap();
+    std::fs::copy(
+        std::fs::canonicalize("/bin/dash").unwrap(),
+        src.join("bin/sh"),
+    )
+    .unwrap();
+    let imported = rig
+        .provider
+        .runtimes()
+        .import_dir(&src, lc_provider::runtime::ImportLimits::default())
+        .unwrap();
+    rig.register_runtime(
+        "bare",
+        imported.digest,
+        serde_json::from_slice(&imported.manifest.canonical()).unwrap(),
+    )
+    .await;
+    let tenant = rig.tenant(1).await;
+    let exec = rig
+        .admit_on(tenant, "e-1", "bare", &["sh", "-c", "echo ran"])
+        .await;
+    let w = rig.lease(exec).await.unwrap();
+
+    let r = rig.step().await;
+    assert_eq!(
+        (r.leases_seen, r.allocated, r.start_failed, r.failures),
+        (1, 0, 1, vec![])
+    );
+    assert_eq!(r.start_refusals.len(), 1);
+    let refusal = &r.start_refusals[0];
+    assert_eq!(
+        (refusal.lease_id, refusal.action, refusal.code.as_str()),
+        (Some(w.lease_id), "allocate", "start_failed")
+    );
+    assert!(
+        refusal.message.starts_with(
+            "instance start failed: bwrap exited with exit status: 1: bwrap: execvp /.lc/supervisor: No such file or directory"
+        ),
+        "{}",
+        refusal.message
+    );
+    let pending = rig.lease(exec).await.unwrap();
+    assert_eq!(
+        (pending.state, pending.terminal_reason),
+        (
+            LeaseState::ReleasePending,
+            Some(TerminalReason::StartFailed)
+        )
+    );
+
+    let totals = rig.step_until(|t| t.released == 1).await;
+    assert_eq!(totals.failures, Vec::<String>::new());
+    assert_eq!((totals.units_returned, totals.start_failed), (1, 0));
+    let rec = rig.exec(tenant, exec).await;
+    assert_eq!(
+        (
+            rec.state,
+            rec.terminal_reason,
+            rec.exit_code,
+            rec.lease_state
+        ),
+        (
+            ExecState::Terminal,
+            Some(TerminalReason::StartFailed),
+            None,
+            LeaseState::Released
+        )
+    );
+    assert_eq!(
+        rig.store.output(tenant, exec, 0, 10).await.unwrap(),
+        Vec::<lc_core::owner::StoredPage>::new()
+    );
+    assert_eq!(rig.balances(tenant).await, (1, 1, 0, 0));
+    rig.assert_audit((1, 0, 0)).await;
+}
