@@ -143,8 +143,8 @@
 //!
 //! Prove-not-sent(L, G) persists the fence first, like destroy, so no
 //! later allocate of G can write its hand-off marker; then, under the same
-//! lock allocate holds from its fence check to its spawn, it signs
-//! `not_sent` only when that marker does not exist.
+//! lock allocate holds from its fence check through the release of the
+//! command, it signs `not_sent` only when that marker does not exist.
 //!
 //! Quiesce(L, G) asks the supervisor (with the caller's fence) whether the
 //! command has ended and its last page is acknowledged (a supervisor that
@@ -700,8 +700,9 @@ impl BwrapProvider {
     /// Writes the hand-off marker of every instance with a record that has
     /// none: a state directory from before markers were kept may hold
     /// instances whose command was handed over without one. An instance
-    /// whose start stopped between its record and its spawn is marked too,
-    /// which only refuses a proof (its allocate replays it as existing).
+    /// whose start stopped between its record and its hand-off (its
+    /// command never released) is marked too, which only refuses a proof
+    /// (its allocate replays it as existing and its Lease expires).
     fn mark_recorded_instances_sent(&self) -> Result<(), ProviderError> {
         let dir = self.cfg.state_dir.join("instances");
         let entries = std::fs::read_dir(&dir).map_err(|e| io(dir.display(), e))?;
@@ -1690,8 +1691,9 @@ impl Provider for BwrapProvider {
         generation: Generation,
     ) -> Result<Envelope, ProviderError> {
         check_ids(lease_id, generation)?;
-        // The lock allocate holds from its fence check through its spawn:
-        // once the fence is raised here, no marker of G can appear.
+        // The lock allocate holds from its fence check through the release
+        // of the command: once the fence is raised here, no marker of G can
+        // appear.
         let _guard = self.lock.lock().await;
         let (l, g) = (lease_id.0, generation.0);
         self.fences.raise(l, g)?;

@@ -397,7 +397,11 @@ pub trait Provider: Send + Sync {
     /// the existing one for the same request. Before the command can reach
     /// a supervisor the provider records the hand-off durably; from then on
     /// [`Provider::prove_not_sent`] of that generation is refused, also
-    /// when the start then fails.
+    /// when the start then fails. A call abandoned by its caller (a
+    /// timeout) leaves at most the one instance: a repeated allocate of
+    /// the generation answers with it once its command was handed over,
+    /// and starts it afresh otherwise, so a caller may retry any allocate
+    /// that did not answer.
     ///
     /// With `req.restore` the workspace is first replaced by the
     /// snapshot's tree (every blob verified) and the answer carries the
