@@ -1572,6 +1572,18 @@ async fn a_killed_provider_takes_its_instances_along_and_a_restart_destroys_them
     cfg.cgroup_parent = parent;
     let hosted = BwrapProvider::open(cfg).unwrap();
     let cg = hosted.instance_cgroup(SandboxLeaseId(1), Generation(1));
+    // bubblewrap (outer and init), the supervisor and `sleep`: allocate
+    // answers once the command is released, which the supervisor then
+    // starts.
+    let t = Instant::now();
+    while pids_running(&cg, b"sleep\0").len() != 1 {
+        assert!(
+            t.elapsed() < DEADLINE,
+            "the command never started: {:?}",
+            cg.pids()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let pids = cg.pids();
     assert!(pids.len() >= 4, "{pids:?}");
     // kill -9 of the provider: --die-with-parent kills the whole instance.
