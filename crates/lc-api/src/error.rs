@@ -202,6 +202,7 @@ pub fn store_status(e: &LcError) -> StatusCode {
         | E::WorkspaceHeadMismatch { .. }
         | E::CompetingRight { .. }
         | E::ExecNotParked { .. }
+        | E::ResumeRefused { .. }
         | E::ExecNotHibernatable { .. }
         | E::HibernationInProgress { .. } => StatusCode::CONFLICT,
         E::RateLimited { .. } | E::InputQueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,

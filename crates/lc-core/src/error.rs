@@ -386,6 +386,22 @@ pub enum LcError {
         /// The attempt's state.
         state: &'static str,
     },
+    /// The provider refused to restore this resume's workspace; the exec
+    /// stays parked and this request is never prepared again
+    /// (`resume_refused`).
+    #[error(
+        "the resume {op_key:?} of exec {exec_id} was refused by the provider ({code}: {message}); repair the snapshot's blobs and request the resume again under a new operation key"
+    )]
+    ResumeRefused {
+        /// The exec.
+        exec_id: ExecId,
+        /// The resume's operation key.
+        op_key: String,
+        /// The provider's code.
+        code: String,
+        /// The provider's message.
+        message: String,
+    },
     /// The exec cannot hibernate now: it does not run with an active Lease
     /// (`exec_not_hibernatable`).
     #[error("exec {exec_id} cannot hibernate: {reason}")]
@@ -466,6 +482,7 @@ impl LcError {
             LcError::RequestDigestMismatch { .. } => "request_digest_mismatch",
             LcError::CompetingRight { .. } => "competing_right",
             LcError::ExecNotParked { .. } => "exec_not_parked",
+            LcError::ResumeRefused { .. } => "resume_refused",
             LcError::ExecNotHibernatable { .. } => "exec_not_hibernatable",
             LcError::HibernationInProgress { .. } => "hibernation_in_progress",
             LcError::StorageUnavailable { .. } => "storage_unavailable",

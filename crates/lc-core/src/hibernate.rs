@@ -10,8 +10,10 @@
 //!   exactly; nothing is due on an uncertain cut.
 //! * **Quiescence** ([`check_quiescence`]): the provider's signed
 //!   statement names exactly the Lease, generation and workspace, its head
-//!   is the SHA-256 of the manifest bytes committed, and the snapshot's
-//!   parent is the workspace's current head (a stale chain is refused).
+//!   is the SHA-256 of the manifest bytes committed, those bytes are a
+//!   canonical [`crate::snapshot::Manifest`] of the exec's workspace, and
+//!   the manifest's parent is the workspace's current head (a stale chain
+//!   is refused).
 //! * **Resume request** ([`resume_request_sha256`]): its digest is the
 //!   SHA-256 of the canonical JSON (JCS) of `{"exec_id", "head"}`; the
 //!   operation key must carry exactly it.
@@ -32,10 +34,7 @@ use crate::model::{
     HibernationStep, LeaseState, SandboxLeaseId, WorkspaceId,
 };
 use crate::rules::is_expired;
-
-/// The largest manifest the store keeps, in bytes of its canonical JSON
-/// (64 MiB: a manifest of the most entries with long paths fits).
-pub const MANIFEST_BYTES_MAX: usize = 64 << 20;
+use crate::snapshot::Manifest;
 
 /// The longest idle TTL, in milliseconds (as the exec timeout's bound).
 pub const IDLE_TTL_MS_MAX: u64 = crate::rules::TIMEOUT_MS_MAX;
@@ -78,7 +77,26 @@ pub struct ResumeIntent {
     pub from_generation: Generation,
     /// The cut it was recorded at.
     pub recorded_cut: Timestamp,
+    /// The provider's refusal of this resume's restore (its prepared Lease
+    /// was released without an attachment): the exec stays parked, this
+    /// intent is never prepared again, and a new request (another
+    /// operation key) may retry. `None` while the intent may still be
+    /// prepared or committed.
+    pub refused: Option<ResumeRefusal>,
 }
+
+/// Why a provider refused to restore a resume's workspace.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResumeRefusal {
+    /// The provider's stable code (`restore_failed`, `snapshot_refused`).
+    pub code: String,
+    /// Its message, naming the path and blob digest it refused.
+    pub message: String,
+}
+
+/// The longest refusal message kept on an intent, in bytes (a longer one
+/// is cut at a character boundary).
+pub const REFUSAL_MESSAGE_BYTES_MAX: usize = 2048;
 
 /// The immutable receipt of a committed resume.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -257,21 +275,25 @@ pub struct QuiescenceExpected<'a> {
 }
 
 /// Checks a verified quiescence statement against the Lease, the manifest
-/// bytes and the chain: returns the new head.
+/// bytes and the chain: returns the new head and the parsed manifest (its
+/// parent is the snapshot's parent).
 ///
 /// # Errors
 /// [`LcError::EvidenceRejected`] for another statement kind or subject
 /// (provider, lease, generation, workspace); [`LcError::InvalidInput`] for
-/// a manifest over [`MANIFEST_BYTES_MAX`]; [`LcError::WorkspaceHeadMismatch`]
-/// when `head` is not `sha256(manifest)` or the statement's head, or when
-/// `parent` is not the current head.
+/// bytes that are not a canonical manifest
+/// ([`crate::snapshot::Manifest::from_canonical`]: over
+/// [`crate::snapshot::SNAPSHOT_MANIFEST_BYTES_MAX`], malformed, a broken
+/// rule, not canonical; the reason starts with the snapshot error's code);
+/// [`LcError::WorkspaceHeadMismatch`] when `head` is not `sha256(manifest)`
+/// or the statement's head, when the manifest is of another workspace, or
+/// when its parent is not the current head.
 pub fn check_quiescence(
     statement: &Statement,
     expected: QuiescenceExpected<'_>,
     manifest: &[u8],
     head: Digest,
-    parent: Option<Digest>,
-) -> Result<Digest, LcError> {
+) -> Result<(Digest, Manifest), LcError> {
     let Statement::Quiescence {
         provider_id,
         lease_id,
@@ -296,14 +318,9 @@ pub fn check_quiescence(
             ),
         });
     }
-    if manifest.len() > MANIFEST_BYTES_MAX {
-        return Err(LcError::InvalidInput {
-            reason: format!(
-                "a manifest is at most {MANIFEST_BYTES_MAX} bytes, not {}",
-                manifest.len()
-            ),
-        });
-    }
+    let parsed = Manifest::from_canonical(manifest).map_err(|e| LcError::InvalidInput {
+        reason: format!("{}: the quiescence's manifest is refused: {e}", e.code()),
+    })?;
     let computed = Digest::of(manifest);
     if computed != head || stated.as_str() != head.to_hex() {
         return Err(LcError::WorkspaceHeadMismatch {
@@ -315,15 +332,26 @@ pub fn check_quiescence(
             ),
         });
     }
-    if parent != expected.current_head {
+    if parsed.workspace_id != expected.workspace_id {
         return Err(LcError::WorkspaceHeadMismatch {
             workspace_id: expected.workspace_id,
             expected: expected.current_head,
-            found: parent,
-            reason: "the snapshot's parent is not the workspace's current head: snapshot again from the current head".into(),
+            found: Some(head),
+            reason: format!(
+                "the manifest is of workspace {}, not of the exec's workspace {}",
+                parsed.workspace_id, expected.workspace_id
+            ),
         });
     }
-    Ok(head)
+    if parsed.parent != expected.current_head {
+        return Err(LcError::WorkspaceHeadMismatch {
+            workspace_id: expected.workspace_id,
+            expected: expected.current_head,
+            found: parsed.parent,
+            reason: "the manifest's parent is not the workspace's current head: snapshot again from the current head".into(),
+        });
+    }
+    Ok((head, parsed))
 }
 
 /// What an attachment must name.
@@ -652,26 +680,64 @@ mod tests {
         }
     }
 
+    /// A real manifest of workspace 9 after `parent`: a dir, a file and a
+    /// symlink.
+    fn manifest(parent: Option<Digest>) -> Vec<u8> {
+        use crate::snapshot::{Entry, Manifest};
+        Manifest::new(
+            WorkspaceId(9),
+            parent,
+            vec![
+                Entry::dir("src", 0o755),
+                Entry::file("src/a.txt", 0o640, 6, Digest::of(b"hello\n")),
+                Entry::symlink("link", "src/a.txt"),
+            ],
+        )
+        .unwrap()
+        .canonical_bytes()
+    }
+
     #[test]
     fn quiescence_checks_subject_head_and_parent() {
-        let bytes = b"{\"manifest\":1}";
-        let head = Digest::of(bytes);
         let parent = Some(Digest([1; 32]));
+        let bytes = manifest(parent);
+        let head = Digest::of(&bytes);
         let s = quiescence(&head.to_hex());
+        let (got, parsed) = check_quiescence(&s, q_expected(parent), &bytes, head).unwrap();
         assert_eq!(
-            check_quiescence(&s, q_expected(parent), bytes, head, parent),
-            Ok(head)
+            (
+                got,
+                parsed.parent,
+                parsed.workspace_id,
+                parsed.entries.len()
+            ),
+            (head, parent, WorkspaceId(9), 3)
         );
-        // A stale parent.
+        // A stale parent: the manifest follows another head than the
+        // workspace's.
+        let e = check_quiescence(&s, q_expected(None), &bytes, head).unwrap_err();
+        assert_eq!(e.code(), "workspace_head_mismatch");
+        assert!(
+            e.to_string().contains("the manifest's parent is not"),
+            "{e}"
+        );
+        // The first snapshot has no parent.
+        let first = manifest(None);
+        let first_head = Digest::of(&first);
         assert_eq!(
-            check_quiescence(&s, q_expected(parent), bytes, head, None)
-                .unwrap_err()
-                .code(),
-            "workspace_head_mismatch"
+            check_quiescence(
+                &quiescence(&first_head.to_hex()),
+                q_expected(None),
+                &first,
+                first_head
+            )
+            .map(|(h, m)| (h, m.parent)),
+            Ok((first_head, None))
         );
         // Bytes that are not the head.
+        let other_bytes = manifest(None);
         assert_eq!(
-            check_quiescence(&s, q_expected(parent), b"other", head, parent)
+            check_quiescence(&s, q_expected(parent), &other_bytes, head)
                 .unwrap_err()
                 .code(),
             "workspace_head_mismatch"
@@ -679,48 +745,65 @@ mod tests {
         // A statement naming another head.
         let other = quiescence(&Digest([2; 32]).to_hex());
         assert_eq!(
-            check_quiescence(&other, q_expected(parent), bytes, head, parent)
+            check_quiescence(&other, q_expected(parent), &bytes, head)
                 .unwrap_err()
                 .code(),
             "workspace_head_mismatch"
         );
+        // A manifest of another workspace, though the statement names this one.
+        let foreign = crate::snapshot::Manifest::new(WorkspaceId(10), parent, vec![])
+            .unwrap()
+            .canonical_bytes();
+        let foreign_head = Digest::of(&foreign);
+        let e = check_quiescence(
+            &quiescence(&foreign_head.to_hex()),
+            q_expected(parent),
+            &foreign,
+            foreign_head,
+        )
+        .unwrap_err();
+        assert_eq!(e.code(), "workspace_head_mismatch");
+        assert!(e.to_string().contains("workspace 10, not"), "{e}");
+        // Bytes that are not a canonical manifest.
+        for (junk, code) in [
+            (&b"{\"manifest\":1}"[..], "manifest_malformed"),
+            (&b"not json"[..], "manifest_malformed"),
+        ] {
+            let h = Digest::of(junk);
+            let e = check_quiescence(&quiescence(&h.to_hex()), q_expected(parent), junk, h)
+                .unwrap_err();
+            assert_eq!(e.code(), "invalid_input");
+            assert!(e.to_string().contains(code), "{e}");
+        }
+        let mut spaced = bytes.clone();
+        spaced.push(b' ');
+        let h = Digest::of(&spaced);
+        let e =
+            check_quiescence(&quiescence(&h.to_hex()), q_expected(parent), &spaced, h).unwrap_err();
+        assert_eq!(e.code(), "invalid_input");
+        // The size bound is the snapshot's: one byte over is refused
+        // before it is parsed.
+        let big = vec![b' '; crate::snapshot::SNAPSHOT_MANIFEST_BYTES_MAX + 1];
+        let big_head = Digest::of(&big);
+        let e = check_quiescence(
+            &quiescence(&big_head.to_hex()),
+            q_expected(parent),
+            &big,
+            big_head,
+        )
+        .unwrap_err();
+        assert_eq!(e.code(), "invalid_input");
+        assert!(e.to_string().contains("manifest_too_large"), "{e}");
         // Another workspace, or another kind.
         let mut wrong = quiescence(&head.to_hex());
         if let Statement::Quiescence { workspace_id, .. } = &mut wrong {
             *workspace_id = 10;
         }
         assert_eq!(
-            check_quiescence(&wrong, q_expected(parent), bytes, head, parent)
+            check_quiescence(&wrong, q_expected(parent), &bytes, head)
                 .unwrap_err()
                 .code(),
             "evidence_rejected"
-        );
-        // The size bound: exactly the bound passes the size check.
-        let big = vec![b' '; MANIFEST_BYTES_MAX + 1];
-        let big_head = Digest::of(&big);
-        assert_eq!(
-            check_quiescence(
-                &quiescence(&big_head.to_hex()),
-                q_expected(parent),
-                &big,
-                big_head,
-                parent
-            )
-            .unwrap_err()
-            .code(),
-            "invalid_input"
-        );
-        let max = &big[..MANIFEST_BYTES_MAX];
-        let max_head = Digest::of(max);
-        assert_eq!(
-            check_quiescence(
-                &quiescence(&max_head.to_hex()),
-                q_expected(parent),
-                max,
-                max_head,
-                parent
-            ),
-            Ok(max_head)
         );
         for (lease, generation, provider) in [(5, 2, "p1"), (4, 3, "p1"), (4, 2, "p2")] {
             let s = Statement::Quiescence {
@@ -731,7 +814,7 @@ mod tests {
                 head: head.to_hex(),
             };
             assert_eq!(
-                check_quiescence(&s, q_expected(parent), bytes, head, parent)
+                check_quiescence(&s, q_expected(parent), &bytes, head)
                     .unwrap_err()
                     .code(),
                 "evidence_rejected"
@@ -743,7 +826,7 @@ mod tests {
             generation: 2,
         };
         assert_eq!(
-            check_quiescence(&absence, q_expected(parent), bytes, head, parent)
+            check_quiescence(&absence, q_expected(parent), &bytes, head)
                 .unwrap_err()
                 .code(),
             "evidence_rejected"
@@ -846,6 +929,7 @@ mod tests {
                 attempt: AttemptNo(1),
                 from_generation: Generation(1),
                 recorded_cut: ts(1),
+                refused: None,
             },
             lease_generation: Generation(2),
             lease_state: LeaseState::Allocating,

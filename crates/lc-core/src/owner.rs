@@ -620,6 +620,25 @@ pub struct OwnedExec {
     pub terminal_acked_seq: Option<i64>,
     /// Whether a client asked to cancel the exec.
     pub cancel_requested: bool,
+    /// Where the hibernation of the current generation stands (`None`
+    /// when none is sealed): `sealed` tells the owner to stop the command,
+    /// move its pages through the stopped page, quiesce and commit the
+    /// quiescence.
+    pub hibernation_step: Option<crate::model::HibernationStep>,
+    /// Whether the current attempt is `parked` (hibernated, its resume not
+    /// committed).
+    pub attempt_parked: bool,
+    /// The operation key of the resume request the owner acts on: recorded
+    /// for the current parked generation (or prepared as the current
+    /// Lease), with no receipt and not refused; the oldest first.
+    pub resume_op_key: Option<String>,
+    /// Whether the provider's attachment is recorded on the current Lease
+    /// (a resume's Lease: `record_attachment` done).
+    pub lease_attached: bool,
+    /// The acknowledged stopped page of the current generation, once it
+    /// is acked: like a terminal page it ends the generation's pages, but
+    /// nothing is released as terminal.
+    pub stopped_acked_seq: Option<i64>,
 }
 
 /// What a `stage_pages` did.

@@ -235,10 +235,14 @@ pub trait ControlStore: Send + Sync {
     /// scope: a replay of `op` returns the recorded intent.
     ///
     /// # Errors
-    /// `request_digest_mismatch`, `not_found`, `exec_not_parked`,
+    /// `request_digest_mismatch`, `not_found`, `exec_terminal` (the exec
+    /// ended, e.g. its command exited before a sealed hibernation stopped
+    /// it), `exec_not_parked`,
     /// `workspace_head_mismatch` (`head` is not the workspace's head),
-    /// `idempotency_conflict`, `invalid_cut_reading`, `time_uncertain` (no
-    /// cut yet), storage errors. Nothing is written on any of them.
+    /// `idempotency_conflict` (also an operation key whose record was
+    /// collected but whose intent on this exec is kept: use a new key),
+    /// `invalid_cut_reading`, `time_uncertain` (no cut yet), storage
+    /// errors. Nothing is written on any of them.
     async fn request_resume(
         &self,
         op: &OperationKey,
@@ -395,6 +399,27 @@ pub trait ReconcileStore: Send + Sync {
         generation: Generation,
         evidence: &serde_json::Value,
         at: CutReading,
+    ) -> Result<LeaseWork, LcError>;
+
+    /// [`ReconcileStore::begin_release_not_sent`] for a resume's Lease
+    /// whose restore the provider refused (`code` `restore_failed` or
+    /// `snapshot_refused`, `message` naming the path and blob digest), in
+    /// the same transaction: the refusal is recorded on the resume intent
+    /// that prepared the Lease (message cut to
+    /// [`crate::hibernate::REFUSAL_MESSAGE_BYTES_MAX`] bytes), so the
+    /// attempt stays parked, the intent shows it refused and is never
+    /// prepared again. Idempotent: a refusal already recorded is kept.
+    ///
+    /// # Errors
+    /// Those of [`ReconcileStore::begin_release_not_sent`];
+    /// `illegal_transition` for a Lease without a restore head.
+    async fn refuse_restore(
+        &self,
+        lease: SandboxLeaseId,
+        generation: Generation,
+        evidence: &serde_json::Value,
+        at: CutReading,
+        refusal: &crate::hibernate::ResumeRefusal,
     ) -> Result<LeaseWork, LcError>;
 
     /// Verifies `evidence` (a provider's signed absence or fence envelope,
@@ -681,19 +706,25 @@ pub trait GatewayStore: Send + Sync {
     /// `quiescence` statement) with the registered key of the Lease's
     /// provider, its subject exactly (provider, Lease, `generation`, the
     /// exec's workspace) and its head `== head == sha256(manifest)`, and
-    /// `parent` is the workspace's current head; then inserts the
+    /// `manifest` is a canonical [`crate::snapshot::Manifest`] of the
+    /// exec's workspace whose parent is the workspace's current head
+    /// ([`crate::hibernate::check_quiescence`]); then inserts the
     /// immutable snapshot, moves the workspace head to `head`, moves the
     /// Lease `active -> release_pending` (no terminal reason) renewing its
-    /// Reservation, and the hibernation to `quiesced`. A replay with the
-    /// same head returns the record and changes nothing.
+    /// Reservation, the hibernation to `quiesced`, and releases the
+    /// ownership (the owner has nothing left to do for that generation;
+    /// once the reconciler parks the attempt, a resume request makes the
+    /// exec claimable again). A replay with the same head by the same
+    /// owner (its released ownership still current and unexpired) returns
+    /// the record and changes nothing.
     ///
     /// # Errors
     /// `owner_stale`, `owner_expired`, `not_found` (no hibernation of that
     /// generation), `evidence_rejected`, `workspace_head_mismatch`,
-    /// `invalid_input` (a manifest over
-    /// [`crate::hibernate::MANIFEST_BYTES_MAX`]), `fenced`,
-    /// `illegal_transition`, `invalid_cut_reading`, storage errors.
-    #[allow(clippy::too_many_arguments)]
+    /// `invalid_input` (not a canonical manifest: over
+    /// [`crate::snapshot::SNAPSHOT_MANIFEST_BYTES_MAX`], malformed, a
+    /// broken rule), `fenced`, `illegal_transition`, `invalid_cut_reading`,
+    /// storage errors.
     async fn commit_quiescence(
         &self,
         cred: &OwnerCredential,
@@ -702,7 +733,6 @@ pub trait GatewayStore: Send + Sync {
         generation: Generation,
         manifest: &[u8],
         head: Digest,
-        parent: Option<Digest>,
         evidence: &serde_json::Value,
     ) -> Result<HibernationRecord, LcError>;
 
@@ -710,12 +740,14 @@ pub trait GatewayStore: Send + Sync {
     /// `op_key` on a certain `at`: a new Tollgate grant (Reservation g+1,
     /// the shape's units) and Lease g+1 `allocating` restoring the parked
     /// head, the attempt's generation g+1 (still parked). Refused while any
-    /// Lease of the exec is unreleased (`competing_right`). A replay of the
-    /// same intent returns the prepared Lease.
+    /// Lease of the exec is unreleased (`competing_right`), and for an
+    /// intent whose restore the provider refused (`resume_refused`: a new
+    /// request, another operation key, retries). A replay of the same
+    /// intent returns the prepared Lease.
     ///
     /// # Errors
     /// `owner_stale`, `owner_expired`, `time_uncertain`, `not_found` (no
-    /// such intent), `exec_not_parked`, `request_digest_mismatch`,
+    /// such intent), `resume_refused`, `exec_not_parked`, `request_digest_mismatch`,
     /// `workspace_head_mismatch`, `competing_right`,
     /// `insufficient_capacity`, `deadline_beyond_horizon`,
     /// `invalid_cut_reading`, storage errors. Nothing is written on any of

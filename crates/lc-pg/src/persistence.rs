@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 
 use jiff::Timestamp;
 use lc_core::hibernate::{
-    HibernationRecord, ResumeIntent, ResumeReceipt, SnapshotMeta, WorkspaceRecord,
+    HibernationRecord, ResumeIntent, ResumeReceipt, ResumeRefusal, SnapshotMeta, WorkspaceRecord,
 };
 use lc_core::input::{InputQueue, InputRecord, InputState};
 use lc_core::owner::{
@@ -1505,7 +1505,7 @@ pub(crate) async fn lock_exec_state(
 
 /// Up to `limit` execs a gateway may claim at certain cut `cut`: the
 /// current Lease `active` (or the exec hibernated with a resume request
-/// not yet committed), the exec not terminal, and no owner, a
+/// its owner acts on: see [`ACTIONABLE_INTENT`]), the exec not terminal, and no owner, a
 /// released one, or one whose heartbeat expiry is at or before `cut`;
 /// by exec id, each exec row locked (`SKIP LOCKED`: another claimer's or
 /// a takeover's are skipped). The caller re-reads each ownership locked
@@ -1516,7 +1516,7 @@ pub(crate) async fn claim_candidates(
     limit: usize,
 ) -> Result<Vec<ExecId>, Fail> {
     let (f, s) = pair(cut);
-    let rows = sqlx::query(
+    let rows = sqlx::query(&format!(
         "SELECT e.exec_id FROM lc_execs e \
            JOIN lc_attempts a ON a.exec_id = e.exec_id AND a.attempt = e.current_attempt \
            JOIN lc_sandbox_leases l ON l.exec_id = e.exec_id AND l.attempt = a.attempt \
@@ -1525,13 +1525,11 @@ pub(crate) async fn claim_candidates(
           WHERE e.state <> 'terminal' \
             AND (l.state = 'active' \
                  OR (e.state = 'hibernated' AND EXISTS ( \
-                        SELECT 1 FROM lc_resume_intents i WHERE i.exec_id = e.exec_id \
-                           AND NOT EXISTS (SELECT 1 FROM lc_resume_receipts r \
-                                            WHERE r.exec_id = i.exec_id AND r.op_key = i.op_key)))) \
+                        SELECT 1 FROM lc_resume_intents i WHERE {ACTIONABLE_INTENT}))) \
             AND (o.exec_id IS NULL OR o.released \
                  OR (o.heartbeat_expiry_floor_us, o.heartbeat_expiry_submicro_ns) <= ($1, $2)) \
-          ORDER BY e.exec_id LIMIT $3 FOR UPDATE OF e SKIP LOCKED",
-    )
+          ORDER BY e.exec_id LIMIT $3 FOR UPDATE OF e SKIP LOCKED"
+    ))
     .bind(f)
     .bind(s)
     .bind(limit as i64)
@@ -1620,7 +1618,22 @@ pub(crate) struct OwnedView {
     pub acked_through: i64,
     pub terminal_acked_seq: Option<i64>,
     pub cancel_requested: bool,
+    pub hibernation_step: Option<HibernationStep>,
+    pub attempt_parked: bool,
+    pub resume_op_key: Option<String>,
+    pub lease_attached: bool,
+    pub stopped_acked_seq: Option<i64>,
 }
+
+/// The resume intents an owner acts on, for `e` (exec), `a` (its current
+/// attempt) and `l` (the current Lease): of the attempt, recorded for its
+/// current generation (or prepared as the current Lease), without a
+/// receipt and not refused.
+const ACTIONABLE_INTENT: &str = "i.exec_id = e.exec_id AND i.attempt = a.attempt \
+       AND (i.from_generation = a.generation OR i.prepared_lease_id = l.lease_id) \
+       AND i.refused_code IS NULL \
+       AND NOT EXISTS (SELECT 1 FROM lc_resume_receipts r \
+                        WHERE r.exec_id = i.exec_id AND r.op_key = i.op_key)";
 
 /// Exec `exec` with its current attempt and Lease and where its output
 /// stands.
@@ -1628,10 +1641,15 @@ pub(crate) async fn owned_view(
     conn: &mut PgConnection,
     exec: ExecId,
 ) -> Result<Option<OwnedView>, Fail> {
-    let row = sqlx::query(
+    // The current generation's stopped page: a stopped page ends its
+    // generation, so the attempt holds one per earlier generation that
+    // quiesced; one more is the current generation's.
+    let row = sqlx::query(&format!(
         "SELECT e.exec_id, e.tenant_id, e.lease_id AS canonical_lease_id, e.provider_id, \
                 e.runtime_digest, e.workspace_id, e.state, e.cancel_requested, \
-                a.attempt, l.lease_id, l.generation, l.state AS lease_state, p.url, \
+                a.attempt, a.state = 'parked' AS attempt_parked, \
+                l.lease_id, l.generation, l.state AS lease_state, \
+                l.attachment IS NOT NULL AS lease_attached, p.url, \
                 coalesce((SELECT max(o.seq) FROM lc_output_pages o \
                            WHERE o.exec_id = e.exec_id AND o.attempt = a.attempt), 0) AS staged_through, \
                 coalesce((SELECT min(o.seq) FROM lc_output_pages o \
@@ -1641,14 +1659,32 @@ pub(crate) async fn owned_view(
                            WHERE o.exec_id = e.exec_id AND o.attempt = a.attempt), 0) AS acked_through, \
                 (SELECT o.seq FROM lc_output_pages o \
                   WHERE o.exec_id = e.exec_id AND o.attempt = a.attempt AND o.kind = 'terminal' \
-                    AND o.state = 'acked') AS terminal_acked_seq \
+                    AND o.state = 'acked') AS terminal_acked_seq, \
+                (SELECT h.step FROM lc_hibernations h \
+                  WHERE h.exec_id = e.exec_id AND h.attempt = a.attempt \
+                    AND h.generation = a.generation) AS hibernation_step, \
+                (SELECT i.op_key FROM lc_resume_intents i WHERE {ACTIONABLE_INTENT} \
+                  ORDER BY i.recorded_floor_us, i.recorded_submicro_ns, i.op_key LIMIT 1) AS resume_op_key, \
+                (SELECT o.seq FROM lc_output_pages o \
+                  WHERE o.exec_id = e.exec_id AND o.attempt = a.attempt AND o.kind = 'stopped' \
+                    AND o.state = 'acked' \
+                  ORDER BY o.seq DESC LIMIT 1) AS last_stopped_acked_seq, \
+                (SELECT max(o.seq) FROM lc_output_pages o \
+                  WHERE o.exec_id = e.exec_id AND o.attempt = a.attempt \
+                    AND o.kind = 'stopped') AS last_stopped_seq, \
+                (SELECT count(*) FROM lc_output_pages o \
+                  WHERE o.exec_id = e.exec_id AND o.attempt = a.attempt \
+                    AND o.kind = 'stopped') AS stopped_pages, \
+                (SELECT count(*) FROM lc_hibernations h \
+                  WHERE h.exec_id = e.exec_id AND h.attempt = a.attempt \
+                    AND h.generation < a.generation AND h.step <> 'sealed') AS earlier_quiesced \
            FROM lc_execs e \
            JOIN lc_attempts a ON a.exec_id = e.exec_id AND a.attempt = e.current_attempt \
            JOIN lc_sandbox_leases l ON l.exec_id = e.exec_id AND l.attempt = a.attempt \
                                    AND l.generation = a.generation \
            JOIN lc_providers p ON p.provider_id = l.provider_id \
-          WHERE e.exec_id = $1",
-    )
+          WHERE e.exec_id = $1"
+    ))
     .bind(exec.0)
     .fetch_optional(&mut *conn)
     .await?;
@@ -1673,6 +1709,27 @@ pub(crate) async fn owned_view(
         acked_through: row.try_get("acked_through")?,
         terminal_acked_seq: row.try_get("terminal_acked_seq")?,
         cancel_requested: row.try_get("cancel_requested")?,
+        hibernation_step: row
+            .try_get::<Option<String>, _>("hibernation_step")?
+            .map(|v| {
+                HibernationStep::parse(&v)
+                    .ok_or_else(|| Fail::from(corrupt(format!("hibernation_step {v:?}"))))
+            })
+            .transpose()?,
+        attempt_parked: row.try_get("attempt_parked")?,
+        resume_op_key: row.try_get("resume_op_key")?,
+        lease_attached: row.try_get("lease_attached")?,
+        stopped_acked_seq: {
+            let stopped: i64 = row.try_get("stopped_pages")?;
+            let earlier: i64 = row.try_get("earlier_quiesced")?;
+            let last: Option<i64> = row.try_get("last_stopped_seq")?;
+            let last_acked: Option<i64> = row.try_get("last_stopped_acked_seq")?;
+            if stopped > earlier && last.is_some() && last == last_acked {
+                last_acked
+            } else {
+                None
+            }
+        },
     }))
 }
 
@@ -2205,14 +2262,20 @@ pub(crate) async fn hibernation_candidates(
         .collect()
 }
 
-/// Up to `limit` hibernations not yet parked, by exec id.
+/// Up to `limit` hibernations not yet parked, by exec id. A `sealed` one
+/// whose Lease is no longer `active` (its command ended before the stop,
+/// a cancel ended it, or the Lease expired) is never acted on: it stays
+/// `sealed` as the record of the request and is not listed.
 pub(crate) async fn unfinished_hibernations(
     conn: &mut PgConnection,
     limit: usize,
 ) -> Result<Vec<HibernationRecord>, Fail> {
     let rows = sqlx::query(&format!(
-        "SELECT {HIBERNATION_COLUMNS} FROM lc_hibernations WHERE step <> 'parked' \
-          ORDER BY exec_id, attempt, generation LIMIT $1"
+        "SELECT {HIBERNATION_COLUMNS} FROM lc_hibernations h WHERE h.step <> 'parked' \
+            AND NOT (h.step = 'sealed' AND EXISTS ( \
+                SELECT 1 FROM lc_sandbox_leases l \
+                 WHERE l.lease_id = h.lease_id AND l.state <> 'active')) \
+          ORDER BY h.exec_id, h.attempt, h.generation LIMIT $1"
     ))
     .bind(limit as i64)
     .fetch_all(&mut *conn)
@@ -2230,6 +2293,13 @@ fn intent_from(row: &PgRow) -> Result<(ResumeIntent, Option<SandboxLeaseId>), Fa
             attempt: AttemptNo(row.try_get("attempt")?),
             from_generation: Generation(row.try_get("from_generation")?),
             recorded_cut: instant_at(row, "recorded_floor_us", "recorded_submicro_ns")?,
+            refused: match (
+                row.try_get::<Option<String>, _>("refused_code")?,
+                row.try_get::<Option<String>, _>("refused_message")?,
+            ) {
+                (Some(code), Some(message)) => Some(ResumeRefusal { code, message }),
+                _ => None,
+            },
         },
         row.try_get::<Option<i64>, _>("prepared_lease_id")?
             .map(SandboxLeaseId),
@@ -2246,7 +2316,8 @@ pub(crate) async fn resume_intent(
 ) -> Result<Option<(ResumeIntent, Option<SandboxLeaseId>)>, Fail> {
     let row = sqlx::query(&format!(
         "SELECT exec_id, op_key, request_sha256, head, attempt, from_generation, \
-                recorded_floor_us, recorded_submicro_ns, prepared_lease_id \
+                recorded_floor_us, recorded_submicro_ns, prepared_lease_id, \
+                refused_code, refused_message \
            FROM lc_resume_intents WHERE exec_id = $1 AND op_key = $2{}",
         if lock { " FOR UPDATE" } else { "" }
     ))
@@ -2298,6 +2369,25 @@ pub(crate) async fn set_intent_prepared(
     .execute(&mut *conn)
     .await?;
     one_row(done, "preparing a resume intent")
+}
+
+/// Records the provider's refusal on the intent that prepared `lease`
+/// (unless one is recorded); returns whether an intent was found.
+pub(crate) async fn set_intent_refused(
+    conn: &mut PgConnection,
+    lease: SandboxLeaseId,
+    refusal: &ResumeRefusal,
+) -> Result<bool, Fail> {
+    let done = sqlx::query(
+        "UPDATE lc_resume_intents SET refused_code = $2, refused_message = $3 \
+          WHERE prepared_lease_id = $1 AND refused_code IS NULL",
+    )
+    .bind(lease.0)
+    .bind(&refusal.code)
+    .bind(&refusal.message)
+    .execute(&mut *conn)
+    .await?;
+    Ok(done.rows_affected() > 0)
 }
 
 /// The resume receipt of (exec, op_key).

@@ -51,7 +51,7 @@ use jiff::{SignedDuration, Timestamp};
 use lc_core::evidence::{self, Envelope, Expected};
 use lc_core::hibernate::{
     self, AttachmentExpected, HibernationRecord, HibernationView, QuiescenceExpected, ResumeIntent,
-    ResumeReceipt, ResumeView, SnapshotMeta, WorkspaceRecord,
+    ResumeReceipt, ResumeRefusal, ResumeView, SnapshotMeta, WorkspaceRecord,
 };
 use lc_core::input::{self, InputRecord};
 use lc_core::owner::{
@@ -1009,6 +1009,9 @@ struct BeginReleaseNotSentArgs<'a> {
     evidence: &'a serde_json::Value,
     at: CutReading,
     store: &'a LcStore,
+    /// The provider's refusal of a resume's restore, recorded on the
+    /// intent that prepared the Lease.
+    refusal: Option<&'a ResumeRefusal>,
 }
 
 /// `start_failed` on the provider's proof: the evidence is verified under
@@ -1023,12 +1026,36 @@ async fn begin_release_not_sent_tx(
         .await?
         .ok_or_else(|| crate::error::corrupt(format!("provider {} is gone", row.provider_id)))?;
     verify_not_sent(a.evidence, &provider, &row)?;
+    if a.refusal.is_some() && row.restore_head.is_none() {
+        return Err(LcError::IllegalTransition {
+            what: "lease (only a restoring Lease's restore is refused)",
+            from: row.state.as_str(),
+            to: "restore_refused",
+        }
+        .into());
+    }
     let step = rules::plan_lease_transition(row.state, LeaseState::ReleasePending)?;
     if step == Step::Changed {
         owner::check_release(row.exec_id, None, true)?;
         enter_release_pending(conn, a.store, &row, TerminalReason::StartFailed, a.at).await?;
     }
+    if let Some(r) = a.refusal {
+        let refusal = ResumeRefusal {
+            code: r.code.clone(),
+            message: clip_message(&r.message, hibernate::REFUSAL_MESSAGE_BYTES_MAX),
+        };
+        db::set_intent_refused(conn, row.lease_id, &refusal).await?;
+    }
     work_of(conn, a.lease, a.at).await
+}
+
+/// `message` cut to at most `max` bytes at a character boundary.
+fn clip_message(message: &str, max: usize) -> String {
+    let mut end = message.len().min(max);
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    message[..end].to_owned()
 }
 
 /// Moves the locked Lease `row` to `release_pending` for `reason` unless it
@@ -1310,6 +1337,11 @@ fn owned_exec(ownership: Ownership, basis: TakeoverBasis, v: db::OwnedView) -> O
         acked_through: v.acked_through,
         terminal_acked_seq: v.terminal_acked_seq,
         cancel_requested: v.cancel_requested,
+        hibernation_step: v.hibernation_step,
+        attempt_parked: v.attempt_parked,
+        resume_op_key: v.resume_op_key,
+        lease_attached: v.lease_attached,
+        stopped_acked_seq: v.stopped_acked_seq,
     }
 }
 
@@ -2049,7 +2081,6 @@ struct QuiescenceArgs<'a> {
     generation: Generation,
     manifest: &'a [u8],
     head: Digest,
-    parent: Option<Digest>,
     evidence: &'a serde_json::Value,
 }
 
@@ -2076,10 +2107,21 @@ async fn commit_quiescence_tx(
     db::lock_exec_state(conn, before.tenant_id, a.exec_id)
         .await?
         .ok_or_else(|| LcError::not_found("exec", a.exec_id))?;
-    fence(conn, a.cred, a.exec_id, a.at).await?;
+    let owner_row = lock_owned(conn, a.exec_id).await?;
     let hib = db::hibernation(conn, a.exec_id, lease.attempt, lease.generation, true)
         .await?
         .ok_or_else(|| LcError::not_found("hibernation of generation", lease.generation))?;
+    if hib.step == HibernationStep::Sealed {
+        owner::check_owner(&owner_row.ownership, a.cred, a.at)?;
+    } else {
+        // A replay: the commit released the ownership, which must still
+        // be this owner's and unexpired.
+        let held = Ownership {
+            released: false,
+            ..owner_row.ownership.clone()
+        };
+        owner::check_owner(&held, a.cred, a.at)?;
+    }
     let statement = provider_statement(conn, a.evidence, &lease).await?;
     let ws = db::workspace_of(conn, a.exec_id, true)
         .await?
@@ -2106,7 +2148,7 @@ async fn commit_quiescence_tx(
         }
         .into());
     }
-    let head = hibernate::check_quiescence(
+    let (head, manifest) = hibernate::check_quiescence(
         &statement,
         QuiescenceExpected {
             provider_id: lease.provider_id.as_str(),
@@ -2117,14 +2159,13 @@ async fn commit_quiescence_tx(
         },
         a.manifest,
         a.head,
-        a.parent,
     )?;
     db::insert_snapshot(
         conn,
         &db::NewSnapshot {
             workspace_id: ws.workspace_id,
             digest: head,
-            parent: a.parent,
+            parent: manifest.parent,
             manifest: a.manifest,
             lease_id: lease.lease_id,
             generation: lease.generation,
@@ -2136,6 +2177,8 @@ async fn commit_quiescence_tx(
     // A full Reservation TTL from here for the destroy to be proven.
     renew_reservation(conn, a.store, &lease, a.at).await?;
     db::set_hibernation_quiesced(conn, &hib, head, a.evidence).await?;
+    // The owner has nothing left to do for this generation.
+    db::release_owner(conn, a.exec_id).await?;
     read_hibernation(conn, a.exec_id, lease.attempt, lease.generation).await
 }
 
@@ -2172,10 +2215,25 @@ async fn request_resume_tx(
     let pv = db::parked_view(conn, a.exec_id)
         .await?
         .ok_or_else(|| LcError::not_found("exec", a.exec_id))?;
+    if pv.exec_state == ExecState::Terminal {
+        return Err(LcError::ExecTerminal { exec_id: a.exec_id }.into());
+    }
     if pv.exec_state != ExecState::Hibernated || pv.attempt_state != AttemptState::Parked {
         return Err(LcError::ExecNotParked {
             exec_id: a.exec_id,
             state: pv.attempt_state.as_str(),
+        }
+        .into());
+    }
+    // The key's operation record was collected, but the intent it
+    // recorded on this exec is kept (a receipt refers to it): the key
+    // cannot name a new request here.
+    if db::resume_intent(conn, a.exec_id, a.op.key(), false)
+        .await?
+        .is_some()
+    {
+        return Err(LcError::IdempotencyConflict {
+            key: a.op.key().to_owned(),
         }
         .into());
     }
@@ -2202,6 +2260,7 @@ async fn request_resume_tx(
         attempt: pv.attempt,
         from_generation,
         recorded_cut: a.at.cut,
+        refused: None,
     };
     db::insert_resume_intent(conn, &intent).await?;
     finish_op(conn, scope, a.op, &RecordedResume { exec_id: a.exec_id }).await?;
@@ -2230,6 +2289,15 @@ async fn prepare_resume_tx(conn: &mut PgConnection, a: &ResumeArgs<'_>) -> Resul
     let (intent, prepared) = db::resume_intent(conn, a.exec_id, a.op_key, true)
         .await?
         .ok_or_else(|| LcError::not_found("resume request", a.op_key))?;
+    if let Some(r) = intent.refused {
+        return Err(LcError::ResumeRefused {
+            exec_id: a.exec_id,
+            op_key: a.op_key.to_owned(),
+            code: r.code,
+            message: r.message,
+        }
+        .into());
+    }
     if let Some(lease) = prepared {
         return work_of(conn, lease, a.at).await;
     }
@@ -2963,6 +3031,29 @@ impl ReconcileStore for LcStore {
             evidence,
             at,
             store: self,
+            refusal: None,
+        };
+        self.run(Op::Transition, &args, |c, a| {
+            Box::pin(begin_release_not_sent_tx(c, a))
+        })
+        .await
+    }
+
+    async fn refuse_restore(
+        &self,
+        lease: SandboxLeaseId,
+        generation: Generation,
+        evidence: &serde_json::Value,
+        at: CutReading,
+        refusal: &ResumeRefusal,
+    ) -> Result<LeaseWork, LcError> {
+        let args = BeginReleaseNotSentArgs {
+            lease,
+            generation,
+            evidence,
+            at,
+            store: self,
+            refusal: Some(refusal),
         };
         self.run(Op::Transition, &args, |c, a| {
             Box::pin(begin_release_not_sent_tx(c, a))
@@ -3300,18 +3391,8 @@ impl GatewayStore for LcStore {
         generation: Generation,
         manifest: &[u8],
         head: Digest,
-        parent: Option<Digest>,
         evidence: &serde_json::Value,
     ) -> Result<HibernationRecord, LcError> {
-        if manifest.len() > hibernate::MANIFEST_BYTES_MAX {
-            return Err(LcError::InvalidInput {
-                reason: format!(
-                    "a manifest is at most {} bytes, not {}",
-                    hibernate::MANIFEST_BYTES_MAX,
-                    manifest.len()
-                ),
-            });
-        }
         let args = QuiescenceArgs {
             store: self,
             cred,
@@ -3320,7 +3401,6 @@ impl GatewayStore for LcStore {
             generation,
             manifest,
             head,
-            parent,
             evidence,
         };
         self.run(Op::Hibernation, &args, |c, a| {

@@ -142,6 +142,11 @@ async fn claims_heartbeats_and_takeovers_have_exact_generations_fences_and_expir
             acked_through: 0,
             terminal_acked_seq: None,
             cancel_requested: false,
+            hibernation_step: None,
+            attempt_parked: false,
+            resume_op_key: None,
+            lease_attached: false,
+            stopped_acked_seq: None,
         }
     );
     assert_eq!(

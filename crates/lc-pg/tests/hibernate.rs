@@ -90,6 +90,14 @@ struct Parked {
     at: CutReading,
 }
 
+/// The canonical bytes of a real manifest of workspace `ws` after
+/// `parent` with `entries`.
+fn manifest_of(ws: i64, parent: Option<Digest>, entries: Vec<lc_core::snapshot::Entry>) -> Vec<u8> {
+    lc_core::snapshot::Manifest::new(lc_core::WorkspaceId(ws), parent, entries)
+        .unwrap()
+        .canonical_bytes()
+}
+
 /// Runs an exec to parked (generation 1 hibernated, destroy proven):
 /// the exec, its owner, the manifest and head.
 async fn parked(f: &Fixture, at: CutReading) -> (ExecRecord, OwnerCredential, Vec<u8>, Digest) {
@@ -105,9 +113,9 @@ async fn parked(f: &Fixture, at: CutReading) -> (ExecRecord, OwnerCredential, Ve
         .request_hibernation(&op("ph", "ph"), at, f.tenant, e.exec_id)
         .await
         .unwrap();
-    let manifest = br#"{"entries":[],"parent":null,"version":1,"workspace_id":1}"#.to_vec();
-    let head = Digest::of(&manifest);
     let ws = e.canonical.workspace_id.0;
+    let manifest = manifest_of(ws, None, vec![]);
+    let head = Digest::of(&manifest);
     let lease1 = e.canonical.lease_id;
     f.store
         .commit_quiescence(
@@ -117,7 +125,6 @@ async fn parked(f: &Fixture, at: CutReading) -> (ExecRecord, OwnerCredential, Ve
             Generation(1),
             &manifest,
             head,
-            None,
             &f.provider.quiescence(lease1, 1, ws, head),
         )
         .await
@@ -126,6 +133,15 @@ async fn parked(f: &Fixture, at: CutReading) -> (ExecRecord, OwnerCredential, Ve
         .commit_release(lease1, Generation(1), &f.provider.absence(lease1, 1), at)
         .await
         .unwrap();
+    // The quiescence released the ownership; the owner of the resume takes
+    // the parked exec over.
+    let owned = f
+        .store
+        .take_over(&tok, f.tenant, e.exec_id, at, SignedDuration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(owned.ownership.generation.0, cred.generation.0 + 1);
+    let cred = cred_of(&owned, &tok);
     (e, cred, manifest, head)
 }
 
@@ -293,41 +309,58 @@ async fn full_sequence(f: Fixture) {
     assert_eq!(snapshot(&f.db.url).await, before);
 
     // Quiesce: every refusal first, each changing nothing.
-    let manifest = br#"{"entries":[{"kind":"dir","mode":493,"path":"a"}],"parent":null,"version":1,"workspace_id":1}"#.to_vec();
+    let manifest = manifest_of(ws.0, None, vec![lc_core::snapshot::Entry::dir("a", 0o755)]);
     let head = Digest::of(&manifest);
     let good = f.provider.quiescence(lease1, 1, ws.0, head);
     let forged = TestProvider::new("p1", 99).quiescence(lease1, 1, ws.0, head);
     let other_ws = f.provider.quiescence(lease1, 1, ws.0 + 1, head);
-    let cases: Vec<(
-        &str,
-        OwnerCredential,
-        Digest,
-        Option<Digest>,
-        serde_json::Value,
-    )> = vec![
+    // A manifest whose parent is not the workspace's head (it has none).
+    let stale_chain = manifest_of(ws.0, Some(Digest([8; 32])), vec![]);
+    let stale_head = Digest::of(&stale_chain);
+    // A manifest of another workspace, though the statement names this one.
+    let foreign = manifest_of(ws.0 + 1, None, vec![]);
+    let foreign_head = Digest::of(&foreign);
+    // Bytes that are no manifest at all.
+    let junk = br#"{"manifest":1}"#.to_vec();
+    let junk_head = Digest::of(&junk);
+    let cases: Vec<(&str, OwnerCredential, &[u8], Digest, serde_json::Value)> = vec![
         (
             "workspace_head_mismatch",
             cred.clone(),
+            &manifest,
             Digest([9; 32]),
-            None,
             good.clone(),
         ),
         (
             "workspace_head_mismatch",
             cred.clone(),
-            head,
-            Some(Digest([8; 32])),
-            good.clone(),
+            &stale_chain,
+            stale_head,
+            f.provider.quiescence(lease1, 1, ws.0, stale_head),
         ),
-        ("evidence_rejected", cred.clone(), head, None, forged),
-        ("evidence_rejected", cred.clone(), head, None, other_ws),
-        ("owner_stale", stale.clone(), head, None, good.clone()),
+        (
+            "workspace_head_mismatch",
+            cred.clone(),
+            &foreign,
+            foreign_head,
+            f.provider.quiescence(lease1, 1, ws.0, foreign_head),
+        ),
+        (
+            "invalid_input",
+            cred.clone(),
+            &junk,
+            junk_head,
+            f.provider.quiescence(lease1, 1, ws.0, junk_head),
+        ),
+        ("evidence_rejected", cred.clone(), &manifest, head, forged),
+        ("evidence_rejected", cred.clone(), &manifest, head, other_ws),
+        ("owner_stale", stale.clone(), &manifest, head, good.clone()),
     ];
-    for (code, c, h, parent, ev) in cases {
+    for (code, c, m, h, ev) in cases {
         let before = snapshot(&f.db.url).await;
         let err = f
             .store
-            .commit_quiescence(&c, x, at, Generation(1), &manifest, h, parent, &ev)
+            .commit_quiescence(&c, x, at, Generation(1), m, h, &ev)
             .await
             .unwrap_err();
         assert_eq!(err.code(), code, "{err}");
@@ -335,7 +368,7 @@ async fn full_sequence(f: Fixture) {
     }
     let quiesced = f
         .store
-        .commit_quiescence(&cred, x, at, Generation(1), &manifest, head, None, &good)
+        .commit_quiescence(&cred, x, at, Generation(1), &manifest, head, &good)
         .await
         .unwrap();
     let want_quiesced = HibernationRecord {
@@ -347,12 +380,22 @@ async fn full_sequence(f: Fixture) {
     let before = snapshot(&f.db.url).await;
     assert_eq!(
         f.store
-            .commit_quiescence(&cred, x, at, Generation(1), &manifest, head, None, &good)
+            .commit_quiescence(&cred, x, at, Generation(1), &manifest, head, &good)
             .await
             .unwrap(),
         want_quiesced
     );
     assert_eq!(snapshot(&f.db.url).await, before);
+    // The commit released the ownership: the owner's next write is stale,
+    // while its replay above still returned the record.
+    assert_eq!(
+        f.store
+            .heartbeat(&cred, x, at, TTL)
+            .await
+            .unwrap_err()
+            .code(),
+        "owner_stale"
+    );
     assert_eq!(
         f.store.workspace(f.tenant, x).await.unwrap(),
         WorkspaceRecord {
@@ -495,6 +538,21 @@ async fn full_sequence(f: Fixture) {
         intent
     );
 
+    // The resume's owner takes the parked exec over (its owner released).
+    let owned = f.store.take_over(&tok, f.tenant, x, at, TTL).await.unwrap();
+    assert_eq!(
+        (
+            owned.basis,
+            owned.attempt_parked,
+            owned.resume_op_key.as_deref()
+        ),
+        (lc_core::owner::TakeoverBasis::Released, true, Some("r1"))
+    );
+    let cred = cred_of(&owned, &tok);
+    let stale = OwnerCredential {
+        generation: OwnerGeneration(cred.generation.0 + 1),
+        ..cred.clone()
+    };
     // Prepare: refusals, then Reservation 2 and Lease 2.
     for (code, c, reading) in [
         (
@@ -1228,10 +1286,7 @@ async fn a_pending_resume_is_claimable_and_a_cancel_ends_a_parked_exec() {
             .request_resume(&resume_op("q2", x, head), at, f.tenant, x, head)
             .await
             .unwrap_err(),
-        LcError::ExecNotParked {
-            exec_id: x,
-            state: "terminal"
-        }
+        LcError::ExecTerminal { exec_id: x }
     );
     let cred_b = cred_of(&got[0], &b);
     assert_eq!(

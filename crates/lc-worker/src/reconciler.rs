@@ -777,9 +777,19 @@ impl Reconciler {
                 )
                 .await?;
                 let evidence = serde_json::to_value(&proof).map_err(Fail::Evidence)?;
-                self.store
-                    .begin_release_not_sent(w.lease_id, w.generation, &evidence, at)
-                    .await?;
+                if restore_refused {
+                    let refusal = lc_core::hibernate::ResumeRefusal {
+                        code: code.clone(),
+                        message: message.clone(),
+                    };
+                    self.store
+                        .refuse_restore(w.lease_id, w.generation, &evidence, at, &refusal)
+                        .await?;
+                } else {
+                    self.store
+                        .begin_release_not_sent(w.lease_id, w.generation, &evidence, at)
+                        .await?;
+                }
                 report.start_failed += 1;
                 if restore_refused {
                     report.restore_failed += 1;

@@ -1335,7 +1335,6 @@ impl Rig {
                 g,
                 &quiesced.manifest,
                 head,
-                None,
                 &serde_json::to_value(&quiesced.evidence).unwrap(),
             )
             .await

@@ -232,12 +232,11 @@ impl GatewayStore for Refusals {
         generation: Generation,
         manifest: &[u8],
         head: Digest,
-        parent: Option<Digest>,
         evidence: &serde_json::Value,
     ) -> Result<lc_core::HibernationRecord, LcError> {
-        let r = self.inner.commit_quiescence(
-            cred, exec_id, at, generation, manifest, head, parent, evidence,
-        );
+        let r = self
+            .inner
+            .commit_quiescence(cred, exec_id, at, generation, manifest, head, evidence);
         self.note(r.await)
     }
     async fn prepare_resume(
