@@ -1,5 +1,5 @@
 //! Fault injection: named points between the steps of the page protocol
-//! (and of input delivery) where a gateway can be made to die, so tests on
+//! (and of input delivery, hibernation and resume) where a gateway can be made to die, so tests on
 //! real processes can prove that a successor finishes every page, and
 //! delivers every input, exactly once.
 //!
@@ -34,20 +34,62 @@ pub enum CrashPoint {
     /// successor delivers the same input seq again (the supervisor writes
     /// it to stdin once).
     AfterSend,
+    /// The supervisor was told to stop the command of a sealed hibernation
+    /// (`stop`); its stopped page may not be acked yet. A successor's stop
+    /// answers that it is stopped already.
+    AfterStop,
+    /// The stopped page is acked in the store and at the supervisor; the
+    /// workspace is not quiesced yet.
+    AfterStoppedAck,
+    /// The provider quiesced the workspace (manifest and signed statement
+    /// in hand); the quiescence is not committed. A successor's quiesce
+    /// answers the same head.
+    AfterQuiesce,
+    /// The resume is prepared (Reservation and Lease g+1 allocating); the
+    /// owner has not seen the attachment yet.
+    AfterPrepareResume,
+    /// The attachment of Lease g+1 is recorded; the resume is not
+    /// committed. A successor commits it (a replay returns the one receipt).
+    BeforeCommitResume,
 }
 
 impl CrashPoint {
     /// Every point, in protocol order.
-    pub const ALL: [CrashPoint; 5] = [
+    pub const ALL: [CrashPoint; 10] = [
         CrashPoint::AfterMetadata,
         CrashPoint::AfterSink,
         CrashPoint::AfterAckResult,
         CrashPoint::BeforeSupervisorAck,
         CrashPoint::AfterSend,
+        CrashPoint::AfterStop,
+        CrashPoint::AfterStoppedAck,
+        CrashPoint::AfterQuiesce,
+        CrashPoint::AfterPrepareResume,
+        CrashPoint::BeforeCommitResume,
+    ];
+
+    /// The points of the page protocol, in order (reached by every exec
+    /// with output).
+    pub const PAGE_PROTOCOL: [CrashPoint; 4] = [
+        CrashPoint::AfterMetadata,
+        CrashPoint::AfterSink,
+        CrashPoint::AfterAckResult,
+        CrashPoint::BeforeSupervisorAck,
+    ];
+
+    /// The points of hibernation and resume, in order.
+    pub const HIBERNATION: [CrashPoint; 5] = [
+        CrashPoint::AfterStop,
+        CrashPoint::AfterStoppedAck,
+        CrashPoint::AfterQuiesce,
+        CrashPoint::AfterPrepareResume,
+        CrashPoint::BeforeCommitResume,
     ];
 
     /// The point's name: `after_metadata`, `after_sink`, `after_ack_result`,
-    /// `before_supervisor_ack` or `after_send`.
+    /// `before_supervisor_ack`, `after_send`, `after_stop`,
+    /// `after_stopped_ack`, `after_quiesce`, `after_prepare_resume` or
+    /// `before_commit_resume`.
     pub fn as_str(self) -> &'static str {
         match self {
             CrashPoint::AfterMetadata => "after_metadata",
@@ -55,6 +97,11 @@ impl CrashPoint {
             CrashPoint::AfterAckResult => "after_ack_result",
             CrashPoint::BeforeSupervisorAck => "before_supervisor_ack",
             CrashPoint::AfterSend => "after_send",
+            CrashPoint::AfterStop => "after_stop",
+            CrashPoint::AfterStoppedAck => "after_stopped_ack",
+            CrashPoint::AfterQuiesce => "after_quiesce",
+            CrashPoint::AfterPrepareResume => "after_prepare_resume",
+            CrashPoint::BeforeCommitResume => "before_commit_resume",
         }
     }
 
@@ -96,7 +143,7 @@ impl fmt::Display for CrashPoint {
 /// A [`CRASH_AT_ENV`] value that names no [`CrashPoint`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "{CRASH_AT_ENV}={0:?} names no crash point; use after_metadata, after_sink, after_ack_result, before_supervisor_ack or after_send, or unset it"
+    "{CRASH_AT_ENV}={0:?} names no crash point; use after_metadata, after_sink, after_ack_result, before_supervisor_ack, after_send, after_stop, after_stopped_ack, after_quiesce, after_prepare_resume or before_commit_resume, or unset it"
 )]
 pub struct UnknownCrashPoint(pub String);
 
@@ -129,7 +176,7 @@ mod tests {
         assert_eq!(e.code(), "invalid_crash_point");
         assert_eq!(
             e.to_string(),
-            "LC_GATEWAY_CRASH_AT=\"after_everything\" names no crash point; use after_metadata, after_sink, after_ack_result, before_supervisor_ack or after_send, or unset it"
+            "LC_GATEWAY_CRASH_AT=\"after_everything\" names no crash point; use after_metadata, after_sink, after_ack_result, before_supervisor_ack, after_send, after_stop, after_stopped_ack, after_quiesce, after_prepare_resume or before_commit_resume, or unset it"
         );
         assert!(CrashPoint::parse("AFTER_SINK").is_err());
     }

@@ -87,10 +87,11 @@ use lc_core::owner::{
     OWNER_TOKEN_BYTES, OwnedExec, OwnerCredential, OwnerToken, PageMeta, TakeoverBasis,
     check_heartbeat_ttl,
 };
+use lc_core::page::StopOutcome;
 use lc_core::page::{PAGES_PER_REQUEST_MAX, Page};
 use lc_core::rules::APPEND_PAGES_MAX;
 use lc_core::store::GatewayStore;
-use lc_core::{CutReading, ExecId, LcError, LeaseState, PageKind};
+use lc_core::{CutReading, ExecId, Generation, HibernationStep, LcError, LeaseState, PageKind};
 use lc_provider::{Provider, ProviderError};
 use tokio::sync::{Mutex, watch};
 
@@ -152,6 +153,15 @@ pub const SERVE_CONCURRENCY_DEFAULT: usize = 16;
 /// The largest accepted [`GatewayOptions::serve_concurrency`].
 pub const SERVE_CONCURRENCY_MAX: usize = 256;
 
+/// The default bound on one `quiesce` call: the provider walks and hashes
+/// the whole workspace and stores its blobs (a 100 MB tree of small files
+/// takes far longer than any other provider call), while the heartbeat is
+/// renewed beside it.
+pub const QUIESCE_TIMEOUT_DEFAULT: Duration = Duration::from_secs(600);
+
+/// The longest accepted [`GatewayOptions::quiesce_timeout`] (one hour).
+pub const QUIESCE_TIMEOUT_MAX: Duration = Duration::from_secs(3600);
+
 /// The smallest accepted [`GatewayOptions::provider_call_timeout`]: below
 /// it a healthy provider's answer could not arrive in time.
 pub const PROVIDER_CALL_TIMEOUT_MIN: Duration = Duration::from_millis(10);
@@ -182,6 +192,11 @@ pub struct GatewayOptions {
     /// [`GatewayOptions::heartbeat_ttl`] (see
     /// [`PROVIDER_CALL_TIMEOUT_DEFAULT`]).
     pub provider_call_timeout: Duration,
+    /// The bound on one `quiesce` call of a hibernation, from
+    /// [`GatewayOptions::provider_call_timeout`] to [`QUIESCE_TIMEOUT_MAX`]
+    /// (see [`QUIESCE_TIMEOUT_DEFAULT`]); the heartbeat is renewed while it
+    /// runs.
+    pub quiesce_timeout: Duration,
 }
 
 impl Default for GatewayOptions {
@@ -192,6 +207,7 @@ impl Default for GatewayOptions {
             pages_per_step: PAGES_PER_STEP_DEFAULT,
             provider_call_timeout: PROVIDER_CALL_TIMEOUT_DEFAULT,
             serve_concurrency: SERVE_CONCURRENCY_DEFAULT,
+            quiesce_timeout: QUIESCE_TIMEOUT_DEFAULT,
         }
     }
 }
@@ -254,7 +270,22 @@ pub struct StepReport {
     pub cancels: usize,
     /// Leases released (terminal page acked).
     pub released: usize,
-    /// Execs forgotten because their Lease is no longer active.
+    /// Commands of sealed hibernations told to stop (`stop` answered
+    /// `killed`).
+    pub stops: usize,
+    /// Hibernations whose quiescence was committed (the generation's
+    /// Lease moves to `release_pending`, the ownership ends).
+    pub hibernated: usize,
+    /// Resumes prepared (Reservation and Lease g+1 allocating).
+    pub resumes_prepared: usize,
+    /// Resumes committed (the receipt, the attempt runnable).
+    pub resumes_committed: usize,
+    /// Resumes this gateway prepared whose Lease was released unattached
+    /// (the provider refused the restore; the refusal is on the intent and
+    /// the exec stays parked).
+    pub resumes_refused: usize,
+    /// Execs forgotten because their Lease is no longer active (and no
+    /// resume of theirs is in progress), or parked with nothing to resume.
     pub dropped: usize,
     /// The crash point reached (a test's fault hook returned).
     pub crashed: Option<CrashPoint>,
@@ -281,6 +312,11 @@ impl StepReport {
         self.inputs_sent += part.inputs_sent;
         self.cancels += part.cancels;
         self.released += part.released;
+        self.stops += part.stops;
+        self.hibernated += part.hibernated;
+        self.resumes_prepared += part.resumes_prepared;
+        self.resumes_committed += part.resumes_committed;
+        self.resumes_refused += part.resumes_refused;
         self.dropped += part.dropped;
         self.crashed = self.crashed.or(part.crashed);
         self.failures.extend(part.failures);
@@ -331,6 +367,8 @@ enum Fail {
     },
     Crashed(CrashPoint),
     Join(String),
+    /// A provider's signed statement that does not serialize as JSON.
+    Evidence(String),
 }
 
 impl From<LcError> for Fail {
@@ -391,6 +429,7 @@ impl Fail {
             ),
             Fail::Crashed(p) => ("crashed".into(), format!("fault injection at {p}")),
             Fail::Join(m) => ("sink_task_failed".into(), m.clone()),
+            Fail::Evidence(m) => ("evidence_unserializable".into(), m.clone()),
         }
     }
 }
@@ -403,6 +442,14 @@ struct Held {
     supervisor_acked: i64,
     /// Whether this activation told the supervisor to cancel.
     cancel_sent: bool,
+    /// Whether this activation told the supervisor to stop the command of
+    /// the sealed hibernation.
+    stop_sent: bool,
+    /// The Lease generation the per-generation fields above are of: a
+    /// resumed generation starts them afresh.
+    generation: Generation,
+    /// The resume this activation prepared and has not seen committed.
+    prepared_resume: Option<String>,
     /// Whether this activation recorded the exec's `eof` input sent, or the
     /// supervisor answered `input_closed` (the command ended or closed its
     /// stdin): no input can be written after either, so the queue is not
@@ -513,6 +560,15 @@ impl Gateway {
                 reason: format!(
                     "the provider call timeout {:?} must be in {PROVIDER_CALL_TIMEOUT_MIN:?}..={call_max:?} (a third of the heartbeat TTL); lower it or raise the TTL",
                     options.provider_call_timeout
+                ),
+            }));
+        }
+        if !(options.provider_call_timeout..=QUIESCE_TIMEOUT_MAX).contains(&options.quiesce_timeout)
+        {
+            return Err(GatewayError::Options(LcError::InvalidTimeout {
+                reason: format!(
+                    "the quiesce timeout {:?} must be in {:?}..={QUIESCE_TIMEOUT_MAX:?} (from the provider call timeout); raise or lower it",
+                    options.quiesce_timeout, options.provider_call_timeout
                 ),
             }));
         }
@@ -764,8 +820,8 @@ impl Gateway {
                 report.renewals_kept += 1;
                 h.view = view;
                 h.renewed_at = Instant::now();
-                if h.view.lease_state != LeaseState::Active {
-                    tracing::info!(exec = id.0, lease_state = %h.view.lease_state, "exec's Lease is no longer active; forgotten");
+                if !keeps(&h.view) {
+                    tracing::info!(exec = id.0, lease_state = %h.view.lease_state, "exec's Lease is no longer active and no resume of it is in progress; forgotten");
                     h.ended = true;
                     report.dropped += 1;
                 }
@@ -839,6 +895,7 @@ impl Gateway {
             generation: view.ownership.generation,
             fence: view.ownership.fence,
         };
+        let generation = view.lease_generation;
         held.insert(
             id,
             Held {
@@ -846,6 +903,9 @@ impl Gateway {
                 view,
                 supervisor_acked: 0,
                 cancel_sent: false,
+                stop_sent: false,
+                generation,
+                prepared_resume: None,
                 input_closed: false,
                 renewed_at: Instant::now(),
                 ended: false,
@@ -872,8 +932,8 @@ impl Gateway {
                     report.heartbeats += 1;
                     h.view = view;
                     h.renewed_at = Instant::now();
-                    if h.view.lease_state != LeaseState::Active {
-                        tracing::info!(exec = id.0, lease_state = %h.view.lease_state, "exec's Lease is no longer active; forgotten");
+                    if !keeps(&h.view) {
+                        tracing::info!(exec = id.0, lease_state = %h.view.lease_state, "exec's Lease is no longer active and no resume of it is in progress; forgotten");
                         held.remove(&id);
                         report.dropped += 1;
                     }
@@ -967,24 +1027,74 @@ impl Gateway {
         // An exec that waited for its turn may be due (the keeper renews
         // it up to a quarter of the interval late).
         self.renew_if_due(h, report).await?;
+        if h.generation != h.view.lease_generation {
+            // A resumed generation: a new supervisor, nothing told to it.
+            h.generation = h.view.lease_generation;
+            h.stop_sent = false;
+            h.cancel_sent = false;
+            h.input_closed = false;
+        }
+        if h.view.attempt_parked || h.view.lease_state != LeaseState::Active {
+            return self.resume(h, report).await;
+        }
         let p = self.provider(&h.view).await?;
         let p = p.as_ref();
         let id = h.view.ownership.exec_id;
         let (lease, generation, fence) = (h.view.lease_id, h.view.lease_generation, h.cred.fence);
         let mut budget = self.options.pages_per_step;
         let after = self.options.provider_call_timeout;
+        // A sealed hibernation of this generation is acted on unless a
+        // cancel came first or the command's terminal page is acked (it
+        // ended first: the hibernation stays sealed, never acted on).
+        let sealed = h.view.hibernation_step == Some(HibernationStep::Sealed);
+        let hibernating = sealed
+            && h.view.terminal_acked_seq.is_none()
+            && (h.stop_sent || !h.view.cancel_requested);
 
         // Inputs: a failure here other than a lost ownership, a crash
         // point or a call past its bound is recorded and the pages still
         // move; a call past its bound ends the exec's step, so a
-        // supervisor that does not answer costs the step one bound.
-        if !h.input_closed && h.view.terminal_acked_seq.is_none() {
+        // supervisor that does not answer costs the step one bound. A
+        // hibernating command is told no new input.
+        if !hibernating && !h.input_closed && generation_end(&h.view).is_none() {
             match self.deliver_inputs(h, p, report).await {
                 Ok(()) => {}
                 Err(f @ (Fail::Crashed(_) | Fail::Timeout { .. })) => return Err(f),
                 Err(f) if f.is_stale() => return Err(f),
                 Err(f) => self.fail(report, Some(id), &f),
             }
+        }
+
+        // Stop: the supervisor kills the command and writes the stopped
+        // page, which the pages below move like any other.
+        if hibernating && !h.stop_sent && h.view.stopped_acked_seq.is_none() {
+            let outcome = bounded("stop", after, p.stop(lease, generation, fence)).await?;
+            h.stop_sent = true;
+            match outcome {
+                Some(StopOutcome::Killed) => {
+                    report.stops += 1;
+                    tracing::info!(
+                        exec = id.0,
+                        generation = generation.0,
+                        "command stopped for hibernation"
+                    );
+                }
+                Some(StopOutcome::AlreadyStopped) | None => {
+                    tracing::info!(
+                        exec = id.0,
+                        generation = generation.0,
+                        "command stopped already"
+                    );
+                }
+                Some(StopOutcome::Ended) => {
+                    tracing::info!(
+                        exec = id.0,
+                        generation = generation.0,
+                        "the command ended before the stop: its terminal page follows and the hibernation is not acted on"
+                    );
+                }
+            }
+            self.crash_point(CrashPoint::AfterStop)?;
         }
 
         // Pending pages first, re-read from the spool and checked: at most
@@ -1035,8 +1145,8 @@ impl Gateway {
             return Ok(Served::Keep);
         }
 
-        // New pages.
-        while budget > 0 && h.view.terminal_acked_seq.is_none() {
+        // New pages, until the page that ends the generation.
+        while budget > 0 && generation_end(&h.view).is_none() {
             self.renew_if_due(h, report).await?;
             let max = budget.min(PAGES_PER_ROUND);
             let read = spool::pages(p, lease, generation, fence, h.view.staged_through, max);
@@ -1065,7 +1175,7 @@ impl Gateway {
         }
 
         // Cancel: the receipt first, then the supervisor.
-        if h.view.cancel_requested && !h.cancel_sent && h.view.terminal_acked_seq.is_none() {
+        if h.view.cancel_requested && !h.cancel_sent && generation_end(&h.view).is_none() {
             let tid = format!("cancel-{}-g{}", h.view.attempt.0, h.cred.generation.0);
             self.store
                 .cancel(&h.cred, id, self.reading().await?, &tid)
@@ -1094,6 +1204,146 @@ impl Gateway {
                 "Lease released after its terminal page was acked"
             );
             return Ok(Served::Released);
+        }
+
+        // Quiesce once the stopped page is acked everywhere, then commit.
+        if let Some(seq) = h.view.stopped_acked_seq
+            && sealed
+            && h.view.terminal_acked_seq.is_none()
+            && h.supervisor_acked >= seq
+        {
+            self.crash_point(CrashPoint::AfterStoppedAck)?;
+            return self.quiesce(h, p, seq, report).await;
+        }
+        Ok(Served::Keep)
+    }
+
+    /// Quiesces the stopped generation (bounded by
+    /// [`GatewayOptions::quiesce_timeout`], the heartbeat renewed beside
+    /// it) and commits the quiescence on a certain cut; the commit ends
+    /// the ownership.
+    async fn quiesce(
+        &self,
+        h: &mut Held,
+        p: &dyn Provider,
+        stopped_seq: i64,
+        report: &mut StepReport,
+    ) -> Result<Served, Fail> {
+        let id = h.view.ownership.exec_id;
+        let (lease, generation, fence) = (h.view.lease_id, h.view.lease_generation, h.cred.fence);
+        let bound = self.options.quiesce_timeout;
+        let call = tokio::time::timeout(bound, p.quiesce(lease, generation, fence));
+        tokio::pin!(call);
+        let tick = self.renew_every() / KEEPER_CHECKS_PER_RENEWAL;
+        let quiesced = loop {
+            tokio::select! {
+                r = &mut call => break r,
+                () = tokio::time::sleep(tick) => self.renew_if_due(h, report).await?,
+            }
+        };
+        let quiesced = match quiesced {
+            Ok(r) => r.map_err(Fail::Provider)?,
+            Err(_) => {
+                return Err(Fail::Timeout {
+                    call: "quiesce",
+                    after: bound,
+                });
+            }
+        };
+        self.crash_point(CrashPoint::AfterQuiesce)?;
+        let head = lc_core::Digest::of(&quiesced.manifest);
+        let evidence = serde_json::to_value(&quiesced.evidence).map_err(|e| {
+            Fail::Evidence(format!("the quiescence evidence does not serialize: {e}"))
+        })?;
+        self.renew_if_due(h, report).await?;
+        let at = self.reading().await?;
+        if !at.certain {
+            return Ok(Served::Keep);
+        }
+        self.store
+            .commit_quiescence(
+                &h.cred,
+                id,
+                at,
+                generation,
+                &quiesced.manifest,
+                head,
+                &evidence,
+            )
+            .await?;
+        report.hibernated += 1;
+        self.metrics.hibernated();
+        tracing::info!(
+            exec = id.0,
+            generation = generation.0,
+            stopped_seq,
+            head = %head,
+            "hibernated: quiescence committed; the reconciler destroys the generation and parks it"
+        );
+        Ok(Served::Released)
+    }
+
+    /// The resume of a parked exec (or one whose resume's Lease is not
+    /// active yet): prepare the recorded request on a certain cut, wait for
+    /// the reconciler's allocation and the attachment, commit. Makes no
+    /// provider call.
+    async fn resume(&self, h: &mut Held, report: &mut StepReport) -> Result<Served, Fail> {
+        let id = h.view.ownership.exec_id;
+        if !h.view.attempt_parked {
+            // Committed: the reconciler marks the Lease active next.
+            h.prepared_resume = None;
+            return Ok(if keeps(&h.view) {
+                Served::Keep
+            } else {
+                report.dropped += 1;
+                Served::Released
+            });
+        }
+        let Some(key) = h.view.resume_op_key.clone() else {
+            if let Some(key) = h.prepared_resume.take() {
+                report.resumes_refused += 1;
+                self.metrics.resume_refused();
+                tracing::warn!(exec = id.0, op_key = %key, "the resume's Lease was released unattached (the provider refused the restore); the exec stays parked");
+            }
+            report.dropped += 1;
+            return Ok(Served::Released);
+        };
+        match h.view.lease_state {
+            LeaseState::Released => {
+                let at = self.reading().await?;
+                if !at.certain {
+                    return Ok(Served::Keep);
+                }
+                let w = self.store.prepare_resume(&h.cred, id, at, &key).await?;
+                report.resumes_prepared += 1;
+                self.metrics.resume_prepared();
+                tracing::info!(exec = id.0, op_key = %key, generation = w.generation.0, lease = w.lease_id.0, "resume prepared");
+                h.view.lease_id = w.lease_id;
+                h.view.lease_generation = w.generation;
+                h.view.lease_state = w.state;
+                h.view.lease_attached = w.attached;
+                h.prepared_resume = Some(key);
+                self.crash_point(CrashPoint::AfterPrepareResume)?;
+            }
+            LeaseState::Allocating if h.view.lease_attached => {
+                self.crash_point(CrashPoint::BeforeCommitResume)?;
+                let at = self.reading().await?;
+                if !at.certain {
+                    return Ok(Served::Keep);
+                }
+                let r = self.store.commit_resume(&h.cred, id, at, &key).await?;
+                report.resumes_committed += 1;
+                self.metrics.resume_committed();
+                tracing::info!(exec = id.0, op_key = %key, from = r.from_generation.0, to = r.to_generation.0, "resume committed");
+                h.view.attempt_parked = false;
+                h.prepared_resume = None;
+            }
+            // Allocating without the attachment yet, or being released.
+            _ => {
+                if h.prepared_resume.is_none() {
+                    h.prepared_resume = Some(key);
+                }
+            }
         }
         Ok(Served::Keep)
     }
@@ -1186,6 +1436,10 @@ impl Gateway {
             .iter()
             .find(|pg| pg.kind() == PageKind::Terminal)
             .map(Page::seq);
+        let stopped = pages
+            .iter()
+            .find(|pg| pg.kind() == PageKind::Stopped)
+            .map(Page::seq);
         let n = pages.len();
         let bytes: u64 = pages.iter().map(|pg| pg.bytes().len() as u64).sum();
         let sink = Arc::clone(&self.sink);
@@ -1226,6 +1480,9 @@ impl Gateway {
         h.view.acked_through = h.view.acked_through.max(through);
         if terminal.is_some() {
             h.view.terminal_acked_seq = terminal;
+        }
+        if stopped.is_some() {
+            h.view.stopped_acked_seq = stopped;
         }
         report.pages_acked += n;
         report.bytes_acked += bytes;
@@ -1277,7 +1534,23 @@ impl Gateway {
 
 enum Served {
     Keep,
+    /// Done with the exec: its Lease released, its quiescence committed,
+    /// or parked with nothing to resume.
     Released,
+}
+
+/// Whether an owner keeps serving the exec it sees as `v`: its Lease
+/// `active`, or `allocating` (a resume's Lease, before or after the resume
+/// commits), or the attempt parked with a resume request to act on.
+fn keeps(v: &OwnedExec) -> bool {
+    matches!(v.lease_state, LeaseState::Active | LeaseState::Allocating)
+        || (v.attempt_parked && v.resume_op_key.is_some())
+}
+
+/// The seq of the page that ended the current generation, once acked in
+/// the store: its terminal page, or the stopped page of its hibernation.
+fn generation_end(v: &OwnedExec) -> Option<i64> {
+    v.terminal_acked_seq.or(v.stopped_acked_seq)
 }
 
 fn log_report(r: &StepReport) {

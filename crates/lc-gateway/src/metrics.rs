@@ -46,6 +46,15 @@ pub const INPUT_BYTES_SENT: &str = "lc_gateway_input_bytes_sent_total";
 /// Provider calls that did not answer within the gateway's bound (counter;
 /// each is also a failure).
 pub const PROVIDER_TIMEOUTS: &str = "lc_gateway_provider_timeouts_total";
+/// Hibernations whose quiescence this gateway committed (counter).
+pub const HIBERNATED: &str = "lc_gateway_hibernated_total";
+/// Resumes this gateway prepared (a new Reservation and Lease; counter).
+pub const RESUMES_PREPARED: &str = "lc_gateway_resumes_prepared_total";
+/// Resumes this gateway committed (the receipt; counter).
+pub const RESUMES_COMMITTED: &str = "lc_gateway_resumes_committed_total";
+/// Resumes this gateway prepared whose Lease was released unattached
+/// because the provider refused the restore (counter).
+pub const RESUMES_REFUSED: &str = "lc_gateway_resumes_refused_total";
 /// Per-exec step failures (counter).
 pub const FAILURES: &str = "lc_gateway_failures_total";
 /// Sum of ACK latencies, nanoseconds (with [`ACK_LATENCY_COUNT`]).
@@ -71,6 +80,10 @@ pub struct GatewayMetrics {
     releases: AtomicU64,
     inputs_sent: AtomicU64,
     input_bytes_sent: AtomicU64,
+    hibernated: AtomicU64,
+    resumes_prepared: AtomicU64,
+    resumes_committed: AtomicU64,
+    resumes_refused: AtomicU64,
     failures: AtomicU64,
     provider_timeouts: AtomicU64,
     ack_latency_ns_sum: AtomicU64,
@@ -110,6 +123,14 @@ pub struct MetricsSnapshot {
     pub inputs_sent: u64,
     /// [`INPUT_BYTES_SENT`].
     pub input_bytes_sent: u64,
+    /// [`HIBERNATED`].
+    pub hibernated: u64,
+    /// [`RESUMES_PREPARED`].
+    pub resumes_prepared: u64,
+    /// [`RESUMES_COMMITTED`].
+    pub resumes_committed: u64,
+    /// [`RESUMES_REFUSED`].
+    pub resumes_refused: u64,
     /// [`FAILURES`].
     pub failures: u64,
     /// [`PROVIDER_TIMEOUTS`].
@@ -168,6 +189,18 @@ impl GatewayMetrics {
         add(&self.inputs_sent, 1);
         add(&self.input_bytes_sent, bytes);
     }
+    pub(crate) fn hibernated(&self) {
+        add(&self.hibernated, 1);
+    }
+    pub(crate) fn resume_prepared(&self) {
+        add(&self.resumes_prepared, 1);
+    }
+    pub(crate) fn resume_committed(&self) {
+        add(&self.resumes_committed, 1);
+    }
+    pub(crate) fn resume_refused(&self) {
+        add(&self.resumes_refused, 1);
+    }
     pub(crate) fn failure(&self) {
         add(&self.failures, 1);
     }
@@ -201,6 +234,10 @@ impl GatewayMetrics {
             releases: g(&self.releases),
             inputs_sent: g(&self.inputs_sent),
             input_bytes_sent: g(&self.input_bytes_sent),
+            hibernated: g(&self.hibernated),
+            resumes_prepared: g(&self.resumes_prepared),
+            resumes_committed: g(&self.resumes_committed),
+            resumes_refused: g(&self.resumes_refused),
             failures: g(&self.failures),
             provider_timeouts: g(&self.provider_timeouts),
             ack_latency_ns_sum: g(&self.ack_latency_ns_sum),
@@ -212,7 +249,7 @@ impl GatewayMetrics {
     pub fn render(&self) -> String {
         const W: &str = "writing to a String never fails";
         let s = self.snapshot();
-        let rows: [(&str, &str, &str, u64); 19] = [
+        let rows: [(&str, &str, &str, u64); 23] = [
             (STEPS, "counter", "Steps taken.", s.steps),
             (
                 STEPS_UNCERTAIN,
@@ -298,6 +335,30 @@ impl GatewayMetrics {
                 "Bytes of the inputs this gateway delivered.",
                 s.input_bytes_sent,
             ),
+            (
+                HIBERNATED,
+                "counter",
+                "Hibernations whose quiescence this gateway committed.",
+                s.hibernated,
+            ),
+            (
+                RESUMES_PREPARED,
+                "counter",
+                "Resumes this gateway prepared (a new Reservation and Lease).",
+                s.resumes_prepared,
+            ),
+            (
+                RESUMES_COMMITTED,
+                "counter",
+                "Resumes this gateway committed.",
+                s.resumes_committed,
+            ),
+            (
+                RESUMES_REFUSED,
+                "counter",
+                "Resumes this gateway prepared whose restore the provider refused.",
+                s.resumes_refused,
+            ),
             (FAILURES, "counter", "Per-exec step failures.", s.failures),
             (
                 PROVIDER_TIMEOUTS,
@@ -341,6 +402,11 @@ mod tests {
         m.acked(4, 1000);
         m.input_sent(6);
         m.provider_timeout();
+        m.hibernated();
+        m.resume_prepared();
+        m.resume_prepared();
+        m.resume_committed();
+        m.resume_refused();
         m.ack_latency(std::time::Duration::from_nanos(1500));
         let text = m.render();
         for line in [
@@ -354,6 +420,10 @@ mod tests {
             "lc_gateway_inputs_sent_total 1",
             "lc_gateway_input_bytes_sent_total 6",
             "lc_gateway_provider_timeouts_total 1",
+            "lc_gateway_hibernated_total 1",
+            "lc_gateway_resumes_prepared_total 2",
+            "lc_gateway_resumes_committed_total 1",
+            "lc_gateway_resumes_refused_total 1",
             "# TYPE lc_gateway_owned_execs gauge",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} in\n{text}");

@@ -120,6 +120,7 @@ async fn crash_and_take_over(point: CrashPoint) {
         CrashPoint::AfterMetadata | CrashPoint::AfterSink => 0,
         CrashPoint::AfterAckResult | CrashPoint::BeforeSupervisorAck => 6,
         CrashPoint::AfterSend => unreachable!("this exec has no input"),
+        p => unreachable!("{p} is reached only by a hibernation"),
     };
     assert_eq!(acked, want_acked, "{point}");
     // The spool still holds every page: nothing was acked to the supervisor.

@@ -1626,12 +1626,15 @@ pub(crate) struct OwnedView {
 }
 
 /// The resume intents an owner acts on, for `e` (exec), `a` (its current
-/// attempt) and `l` (the current Lease): of the attempt, recorded for its
-/// current generation (or prepared as the current Lease), without a
-/// receipt and not refused.
+/// attempt) and `l` (the current Lease): of the attempt, without a receipt
+/// and not refused, and either not prepared yet and recorded for the
+/// attempt's current generation, or prepared as the current Lease while
+/// that Lease is not released (one released unattached without a refusal,
+/// e.g. expired before its attachment, needs a new request).
 const ACTIONABLE_INTENT: &str = "i.exec_id = e.exec_id AND i.attempt = a.attempt \
-       AND (i.from_generation = a.generation OR i.prepared_lease_id = l.lease_id) \
        AND i.refused_code IS NULL \
+       AND ((i.prepared_lease_id IS NULL AND i.from_generation = a.generation) \
+            OR (i.prepared_lease_id = l.lease_id AND l.state <> 'released')) \
        AND NOT EXISTS (SELECT 1 FROM lc_resume_receipts r \
                         WHERE r.exec_id = i.exec_id AND r.op_key = i.op_key)";
 

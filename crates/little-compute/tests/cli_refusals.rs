@@ -109,7 +109,7 @@ fn the_gateway_refuses_bad_arguments_with_exit_2() {
     assert_eq!(code, 2, "{out}");
     assert_eq!(
         out,
-        "little-compute gateway: LC_GATEWAY_CRASH_AT=\"after_lunch\" names no crash point; use after_metadata, after_sink, after_ack_result, before_supervisor_ack or after_send, or unset it\n"
+        "little-compute gateway: LC_GATEWAY_CRASH_AT=\"after_lunch\" names no crash point; use after_metadata, after_sink, after_ack_result, before_supervisor_ack, after_send, after_stop, after_stopped_ack, after_quiesce, after_prepare_resume or before_commit_resume, or unset it\n"
     );
 
     let (code, out) = run(&[&base[..], &["--heartbeat-ttl-ms", "999"]].concat(), &db);
