@@ -842,6 +842,110 @@ impl Rig {
         )
     }
 
+    /// A reconciler step on a certain reading (waits for one, bounded).
+    pub async fn rec_step(&self) -> lc_worker::StepReport {
+        loop {
+            self.wait_reading(|r| r.certain).await;
+            let r = self.rec.step().await.expect("reconciler step");
+            if r.at.certain {
+                return r;
+            }
+        }
+    }
+
+    /// `(deposited, available, held, consumed)` of the rig's tenant.
+    pub async fn balances(&self) -> (i64, i64, i64, i64) {
+        let t = self.store.tenant(self.tenant).await.unwrap();
+        (t.deposited, t.available, t.held, t.consumed)
+    }
+
+    /// Seals a hibernation of the exec (reason `requested`) under the
+    /// operation key `key`, as a client does.
+    pub async fn hibernate(&self, e: ExecId, key: &str) -> lc_core::HibernationRecord {
+        let at = self.wait_reading(|r| r.certain).await;
+        self.store
+            .request_hibernation(
+                &OperationKey::new(key, Digest::of(key.as_bytes())).unwrap(),
+                at,
+                self.tenant,
+                e,
+            )
+            .await
+            .expect("request hibernation")
+    }
+
+    /// The workspace's head (it has one once a hibernation committed).
+    pub async fn head(&self, e: ExecId) -> Digest {
+        self.store
+            .workspace(self.tenant, e)
+            .await
+            .unwrap()
+            .head
+            .expect("a workspace head")
+    }
+
+    /// Asks to resume the parked exec from its head under `key`, as a
+    /// client does.
+    pub async fn resume(&self, e: ExecId, key: &str) -> Result<lc_core::ResumeIntent, LcError> {
+        let head = self.head(e).await;
+        let at = self.wait_reading(|r| r.certain).await;
+        self.store
+            .request_resume(
+                &OperationKey::new(key, lc_core::hibernate::resume_request_sha256(e, head))
+                    .unwrap(),
+                at,
+                self.tenant,
+                e,
+                head,
+            )
+            .await
+    }
+
+    /// The exec's pages in the store, by seq: `(seq, kind, bytes)`, the
+    /// bytes read from the sink (verified).
+    pub async fn pages(&self, e: ExecId) -> Vec<(i64, PageKind, Vec<u8>)> {
+        let pages = self
+            .store
+            .output(self.tenant, e, 0, 1000)
+            .await
+            .expect("output");
+        pages
+            .iter()
+            .map(|p| {
+                (
+                    p.meta.seq,
+                    p.meta.kind,
+                    self.sink
+                        .get(&p.meta.sha256)
+                        .unwrap()
+                        .expect("the page's blob"),
+                )
+            })
+            .collect()
+    }
+
+    /// Rows of `sql` (one bigint column, `$1` the exec id) for the exec.
+    pub async fn count(&self, e: ExecId, sql: &str) -> i64 {
+        sqlx::query_scalar(sql)
+            .bind(e.0)
+            .fetch_one(&mut self.sql().await)
+            .await
+            .unwrap()
+    }
+
+    /// `(op_key, refused_code, refused_message)` of the exec's resume
+    /// intents, by op key.
+    pub async fn intents(&self, e: ExecId) -> Vec<(String, Option<String>, Option<String>)> {
+        sqlx::query_as(
+            "SELECT op_key, refused_code, refused_message FROM lc_resume_intents \
+              WHERE exec_id = $1 ORDER BY op_key",
+        )
+        .bind(e.0)
+        .fetch_all(&mut self.sql().await)
+        .await
+        .unwrap()
+    }
+
     /// The acked pages of the exec concatenated from the sink, verified,
     /// with no gap from seq 1, and the terminal page's exit.
     pub async fn output(&self, e: Exec) -> (Vec<u8>, Option<ExitStatus>) {
