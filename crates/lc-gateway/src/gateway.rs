@@ -821,9 +821,8 @@ impl Gateway {
                 h.view = view;
                 h.renewed_at = Instant::now();
                 if !keeps(&h.view) {
-                    tracing::info!(exec = id.0, lease_state = %h.view.lease_state, "exec's Lease is no longer active and no resume of it is in progress; forgotten");
+                    self.forget(id, h, report);
                     h.ended = true;
-                    report.dropped += 1;
                 }
             }
             Err(e) if matches!(e.code(), "owner_stale" | "owner_expired") => {
@@ -933,9 +932,8 @@ impl Gateway {
                     h.view = view;
                     h.renewed_at = Instant::now();
                     if !keeps(&h.view) {
-                        tracing::info!(exec = id.0, lease_state = %h.view.lease_state, "exec's Lease is no longer active and no resume of it is in progress; forgotten");
+                        self.forget(id, h, report);
                         held.remove(&id);
-                        report.dropped += 1;
                     }
                 }
                 Err(e) if matches!(e.code(), "owner_stale" | "owner_expired") => {
@@ -949,6 +947,22 @@ impl Gateway {
                 Err(e) => self.fail(report, Some(id), &Fail::Store(e)),
             }
         }
+    }
+
+    /// Counts and logs an exec this activation stops serving because its
+    /// Lease is no longer active and no resume of it is in progress: a
+    /// resume in progress whose request vanished was refused (the
+    /// provider refused the restore; the refusal is on the intent).
+    fn forget(&self, id: ExecId, h: &mut Held, report: &mut StepReport) {
+        if let Some(key) = h.prepared_resume.take()
+            && h.view.attempt_parked
+        {
+            report.resumes_refused += 1;
+            self.metrics.resume_refused();
+            tracing::warn!(exec = id.0, op_key = %key, "the resume's Lease was released unattached (the provider refused the restore); the exec stays parked");
+        }
+        tracing::info!(exec = id.0, lease_state = %h.view.lease_state, parked = h.view.attempt_parked, "exec's Lease is no longer active and no resume of it is in progress; forgotten");
+        report.dropped += 1;
     }
 
     fn stale(&self, report: &mut StepReport, id: ExecId, f: &Fail) {
@@ -1300,12 +1314,7 @@ impl Gateway {
             });
         }
         let Some(key) = h.view.resume_op_key.clone() else {
-            if let Some(key) = h.prepared_resume.take() {
-                report.resumes_refused += 1;
-                self.metrics.resume_refused();
-                tracing::warn!(exec = id.0, op_key = %key, "the resume's Lease was released unattached (the provider refused the restore); the exec stays parked");
-            }
-            report.dropped += 1;
+            self.forget(id, h, report);
             return Ok(Served::Released);
         };
         match h.view.lease_state {

@@ -884,10 +884,16 @@ impl Rig {
             .expect("a workspace head")
     }
 
-    /// Asks to resume the parked exec from its head under `key`, as a
-    /// client does.
+    /// Asks to resume the parked exec from its head (a digest of zeros
+    /// when it has none) under `key`, as a client does.
     pub async fn resume(&self, e: ExecId, key: &str) -> Result<lc_core::ResumeIntent, LcError> {
-        let head = self.head(e).await;
+        let head = self
+            .store
+            .workspace(self.tenant, e)
+            .await
+            .unwrap()
+            .head
+            .unwrap_or(Digest([0; 32]));
         let at = self.wait_reading(|r| r.certain).await;
         self.store
             .request_resume(
