@@ -725,6 +725,7 @@ pub trait GatewayStore: Send + Sync {
     /// [`crate::snapshot::SNAPSHOT_MANIFEST_BYTES_MAX`], malformed, a
     /// broken rule), `fenced`, `illegal_transition`, `invalid_cut_reading`,
     /// storage errors.
+    #[allow(clippy::too_many_arguments)]
     async fn commit_quiescence(
         &self,
         cred: &OwnerCredential,
