@@ -5,8 +5,11 @@
 //! 1. **Heartbeat** every owned exec (`max(current, cut + ttl)`, on any
 //!    cut). An exec whose heartbeat the store refuses `owner_stale` or
 //!    `owner_expired` is forgotten at once (counted `stale_refused`): this
-//!    activation never touches it again.
-//! 2. **Claim** new execs (active Lease, no live owner) up to
+//!    activation never touches it again; so is one whose Lease is neither
+//!    `active` nor `allocating` (a resume's) and that has no resume to
+//!    act on (counted `dropped`).
+//! 2. **Claim** new execs (active Lease, or parked with a resume request,
+//!    and no live owner) up to
 //!    [`GatewayOptions::owned_max`], only on a certain cut.
 //! 3. For each owned exec, at most [`GatewayOptions::serve_concurrency`]
 //!    at once, started in id order (while the **heartbeat keeper** runs
@@ -49,6 +52,42 @@
 //!      supervisor) and the cut is certain: the Lease moves to
 //!      `release_pending` for the worker to destroy and prove, and the
 //!      ownership ends.
+//!
+//! **Hibernation.** When the store's view shows the current generation's
+//! hibernation `sealed` (its Lease active, no cancel asked before the
+//! stop, no terminal page acked), the exec is told no new input; the
+//! supervisor is told to `stop` (a bounded call) \[`after_stop`\]; the
+//! pages move exactly as above until the **stopped page**, which ends the
+//! generation's pages like a terminal page but releases nothing, is acked
+//! in the store and at the supervisor \[`after_stopped_ack`\]; then the
+//! provider **quiesces** the workspace under its own bound
+//! ([`GatewayOptions::quiesce_timeout`]), the heartbeat renewed beside it
+//! \[`after_quiesce`\]; then, on a certain cut, the quiescence is committed,
+//! which moves the Lease to `release_pending` and ends the ownership in
+//! the same transaction ([`StepReport::hibernated`]); the reconciler
+//! destroys the generation and parks the attempt. A command that ended
+//! before the stop (`ended`) or a cancel asked before it ends the exec as
+//! usual (the terminal page, the release); the hibernation stays `sealed`
+//! and is never acted on. A successor finishes each step: its stop finds
+//! the command stopped, its quiesce answers the same head, the commit
+//! replays.
+//!
+//! **Resume.** A parked exec with a resume request (recorded for its
+//! parked generation, no receipt, not refused) is claimable. Its owner
+//! makes no provider call for it: on a certain cut it **prepares** the
+//! resume (Reservation and Lease g+1 `allocating`, restoring the parked
+//! head; [`StepReport::resumes_prepared`]) \[`after_prepare_resume`\]; it
+//! keeps the ownership, heartbeating, while the reconciler allocates the
+//! Lease with the restore and records the provider's attachment; once the
+//! view shows the Lease attached it **commits** the resume on a certain
+//! cut \[`before_commit_resume`\] (the receipt and `parked -> runnable`;
+//! [`StepReport::resumes_committed`]); the reconciler then marks the
+//! Lease active and the exec is served as any other, its pages continuing
+//! after the stopped page. A resume whose Lease the reconciler released
+//! unattached because the provider refused the restore carries the
+//! refusal on its request, which is never prepared again; the exec stays
+//! parked and is forgotten ([`StepReport::resumes_refused`]) until a new
+//! request (another operation key).
 //!
 //! **Bounded provider calls and the keeper.** Every provider call (connect,
 //! pages, ack, send, cancel, spool status) is bounded by
@@ -280,9 +319,9 @@ pub struct StepReport {
     pub resumes_prepared: usize,
     /// Resumes committed (the receipt, the attempt runnable).
     pub resumes_committed: usize,
-    /// Resumes this gateway prepared whose Lease was released unattached
-    /// (the provider refused the restore; the refusal is on the intent and
-    /// the exec stays parked).
+    /// Resumes in progress on an exec this gateway owned whose Lease was
+    /// released unattached (the provider refused the restore; the refusal
+    /// is on the request and the exec stays parked).
     pub resumes_refused: usize,
     /// Execs forgotten because their Lease is no longer active (and no
     /// resume of theirs is in progress), or parked with nothing to resume.

@@ -721,3 +721,37 @@ async fn a_command_that_ends_before_the_stop_ends_the_exec() {
     );
     assert_eq!(f.balances().await, (4, 4, 0, 0));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_after_the_stop_ends_the_exec_once_it_parks() {
+    let f = Rig::start().await;
+    let e = f.run(&["sh", "-c", RESUMABLE]).await;
+    let hook = Arc::new(Recorder::default());
+    let a = f
+        .default_gateway()
+        .with_crash_point(Some(CrashPoint::AfterStop), hook.clone());
+    drive_until_stdout(&f, &a, e, "ready\n").await;
+    f.hibernate(e.id, "h-1").await;
+    let r = a.step().await;
+    assert_eq!((r.crashed, r.stops), (Some(CrashPoint::AfterStop), 1));
+    // The command is stopped; the cancel comes too late to kill it.
+    f.cancel(e).await;
+    f.certain_at(r.at.unwrap().cut + TTL).await;
+    let b = f.default_gateway();
+    let sum = drive(&b, |s| s.hibernated == 1).await;
+    assert_eq!((sum.taken_over, sum.hibernated, sum.released), (1, 1, 0));
+    let r = f.rec_step().await;
+    assert_eq!(r.failures, vec![]);
+    assert_eq!((r.destroyed, r.units_returned), (1, 1));
+    let rec = f.store.exec(f.tenant, e.id).await.unwrap();
+    assert_eq!(
+        (rec.state, rec.terminal_reason),
+        (ExecState::Terminal, Some(TerminalReason::Cancelled))
+    );
+    assert_eq!(
+        f.resume(e.id, "r-1").await.unwrap_err().code(),
+        "exec_terminal"
+    );
+    assert_eq!(f.balances().await, (4, 4, 0, 0));
+    assert_eq!(f.provider.inventory().await.unwrap(), vec![]);
+}

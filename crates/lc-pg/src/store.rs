@@ -1255,6 +1255,11 @@ async fn commit_release_tx(
         db::set_attempt_state(conn, row.exec_id, row.attempt, AttemptState::Parked).await?;
         db::set_exec_state(conn, row.exec_id, ExecState::Hibernated, None).await?;
         db::set_hibernation_parked(conn, row.exec_id, row.attempt, row.generation).await?;
+        // A cancel requested after the stop (too late to cancel the
+        // command instead): the parked exec ends as cancelled at once.
+        if view_of(conn, row.exec_id).await?.cancel_requested {
+            cancel_parked(conn, row.exec_id).await?;
+        }
         return Ok(ReleaseOutcome {
             lease_id: row.lease_id,
             generation: row.generation,

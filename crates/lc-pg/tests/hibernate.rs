@@ -1368,3 +1368,149 @@ async fn an_input_sent_moves_the_idle_boundary() {
         vec![(x, HibernationReason::Idle, later.cut + ms(5))]
     );
 }
+
+#[tokio::test]
+async fn a_refused_restore_is_recorded_on_its_intent_and_a_new_request_retries() {
+    let f = fixture(3).await;
+    let at = certain(&f.clock).await;
+    let p = prepared(&f, at).await;
+    let x = p.exec.exec_id;
+    let not_sent = f.provider.sign(lc_core::evidence::Statement::NotSent {
+        provider_id: "p1".into(),
+        lease_id: p.lease2.0,
+        generation: 2,
+    });
+    // A message over the bound is cut at a character boundary (113 ASCII
+    // bytes, then two-byte characters: byte 2048 is inside one).
+    let long = format!(
+        "restore failed (blob_corrupt) at \"b.txt\" blob {}: x{}",
+        Digest([7; 32]).to_hex(),
+        "é".repeat(2000)
+    );
+    let refusal = hibernate::ResumeRefusal {
+        code: "restore_failed".into(),
+        message: long.clone(),
+    };
+    let w = f
+        .store
+        .refuse_restore(p.lease2, Generation(2), &not_sent, at, &refusal)
+        .await
+        .unwrap();
+    assert_eq!(w.state, LeaseState::ReleasePending);
+    // Idempotent: the refusal recorded first is kept.
+    let other = hibernate::ResumeRefusal {
+        code: "snapshot_refused".into(),
+        message: "another".into(),
+    };
+    f.store
+        .refuse_restore(p.lease2, Generation(2), &not_sent, at, &other)
+        .await
+        .unwrap();
+    let mut c = PgConnection::connect(&f.db.url).await.unwrap();
+    let (code, message): (String, String) = sqlx::query_as(
+        "SELECT refused_code, refused_message FROM lc_resume_intents WHERE exec_id = $1",
+    )
+    .bind(x.0)
+    .fetch_one(&mut c)
+    .await
+    .unwrap();
+    assert_eq!(code, "restore_failed");
+    assert_eq!(message.len(), 2047, "2048 would split a two-byte character");
+    assert!(long.starts_with(&message));
+    // The refused intent is never prepared again.
+    let before = snapshot(&f.db.url).await;
+    let err = f
+        .store
+        .prepare_resume(&p.cred, x, at, "pr")
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), "resume_refused");
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "the resume \"pr\" of exec {x} was refused by the provider (restore_failed: {message}); repair the snapshot's blobs and request the resume again under a new operation key"
+        )
+    );
+    assert_eq!(snapshot(&f.db.url).await, before);
+    f.store
+        .commit_release(
+            p.lease2,
+            Generation(2),
+            &f.provider.absence(p.lease2, 2),
+            at,
+        )
+        .await
+        .unwrap();
+    assert_eq!(available(&f).await, (3, 0));
+    assert_eq!(attempt_state(&f.db.url, x).await, ("parked".into(), 2));
+    // Released, the parked exec with only a refused request is not
+    // claimable; the owner's view shows nothing to act on.
+    sqlx::query("UPDATE lc_exec_owners SET released = true WHERE exec_id = $1")
+        .bind(x.0)
+        .execute(&mut c)
+        .await
+        .unwrap();
+    let b = token(0xe5);
+    assert_eq!(f.store.claim(&b, at, TTL, 10).await.unwrap(), vec![]);
+    // A new request (another key) retries: claimable, prepared as
+    // generation 3.
+    f.store
+        .request_resume(&resume_op("pr2", x, p.head), at, f.tenant, x, p.head)
+        .await
+        .unwrap();
+    let got = f.store.claim(&b, at, TTL, 10).await.unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!(
+        (
+            got[0].attempt_parked,
+            got[0].resume_op_key.as_deref(),
+            got[0].lease_state,
+            got[0].lease_attached
+        ),
+        // The current Lease is still generation 2's, released (this
+        // fixture recorded its attachment before the refusal).
+        (true, Some("pr2"), LeaseState::Released, true)
+    );
+    let cred_b = cred_of(&got[0], &b);
+    let w3 = f.store.prepare_resume(&cred_b, x, at, "pr2").await.unwrap();
+    assert_eq!(w3.generation, Generation(3));
+    let view = f.store.heartbeat(&cred_b, x, at, TTL).await.unwrap();
+    assert_eq!(
+        (
+            view.resume_op_key.as_deref(),
+            view.lease_state,
+            view.lease_generation
+        ),
+        (Some("pr2"), LeaseState::Allocating, Generation(3))
+    );
+    assert_audit_clean(&f.store).await;
+}
+
+#[tokio::test]
+async fn a_resume_key_reused_after_its_record_was_collected_is_a_typed_refusal() {
+    let f = fixture(3).await;
+    let at = certain(&f.clock).await;
+    let (e, _cred, _manifest, head) = parked(&f, at).await;
+    let x = e.exec_id;
+    f.store
+        .request_resume(&resume_op("k1", x, head), at, f.tenant, x, head)
+        .await
+        .unwrap();
+    // What the operation-key GC does once the key's TTL passed: the
+    // record goes, the intent (a receipt may refer to it) stays.
+    let mut c = PgConnection::connect(&f.db.url).await.unwrap();
+    let gone = sqlx::query("DELETE FROM lc_operations WHERE op_key = 'k1'")
+        .execute(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(gone.rows_affected(), 1);
+    let before = snapshot(&f.db.url).await;
+    assert_eq!(
+        f.store
+            .request_resume(&resume_op("k1", x, head), at, f.tenant, x, head)
+            .await
+            .unwrap_err(),
+        LcError::IdempotencyConflict { key: "k1".into() }
+    );
+    assert_eq!(snapshot(&f.db.url).await, before);
+}

@@ -1483,6 +1483,9 @@ async fn parked_exec(rig: &Rig, tenant: TenantId) -> (Owner, i64, Digest) {
     let r = rig.certain_step().await;
     assert_eq!((r.leases_seen, r.parked, r.units_returned), (0, 0, 0));
     assert_eq!(rig.balances(tenant).await, (4, 4, 0, 0));
+    // The quiescence released the ownership; the resume's owner takes the
+    // parked exec over.
+    let owner = rig.take_over(tenant, exec, 0x11).await;
     (owner, stopped_seq, head)
 }
 
@@ -1926,6 +1929,8 @@ async fn a_resumed_generation_takes_the_inputs_after_the_ones_delivered_before()
         .await;
     let r = rig.certain_step().await;
     assert_eq!((r.parked, r.units_returned, r.failures), (1, 1, vec![]));
+    // The quiescence released the ownership; take the parked exec over.
+    let owner = rig.take_over(tenant, exec, 0x22).await;
 
     let g2 = rig
         .request_and_prepare_resume(&owner, tenant, head, "r-1")

@@ -75,6 +75,12 @@ pub struct GatewayArgs {
     /// third of `--heartbeat-ttl-ms`, whichever is smaller.
     #[arg(long, value_name = "MS")]
     pub provider_call_timeout_ms: Option<u64>,
+    /// The bound on one quiesce of a hibernating exec's workspace,
+    /// milliseconds (from `--provider-call-timeout-ms` to 3600000): the
+    /// provider walks, hashes and stores the whole workspace while the
+    /// heartbeat is renewed beside it.
+    #[arg(long, value_name = "MS", default_value_t = lc_gateway::QUIESCE_TIMEOUT_DEFAULT.as_millis() as u64)]
+    pub quiesce_timeout_ms: u64,
     /// Milliseconds between steps (10..=1000).
     #[arg(long, default_value_t = 200)]
     pub interval_ms: u64,
@@ -206,6 +212,7 @@ async fn serve(args: GatewayArgs) -> Result<(), WorkerError> {
             heartbeat_ttl: ttl,
             owned_max: args.owned_max,
             provider_call_timeout: Duration::from_millis(call_ms),
+            quiesce_timeout: Duration::from_millis(args.quiesce_timeout_ms),
             ..GatewayOptions::default()
         },
     )
