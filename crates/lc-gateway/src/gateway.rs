@@ -1610,7 +1610,12 @@ fn log_report(r: &StepReport) {
         + r.cancels
         + r.released
         + r.dropped
-        + r.provider_timeouts;
+        + r.provider_timeouts
+        + r.stops
+        + r.hibernated
+        + r.resumes_prepared
+        + r.resumes_committed
+        + r.resumes_refused;
     if busy == 0 {
         tracing::debug!(owned = r.owned, heartbeats = r.heartbeats, "gateway step");
     } else {
@@ -1627,6 +1632,11 @@ fn log_report(r: &StepReport) {
             released = r.released,
             provider_timeouts = r.provider_timeouts,
             renewals_kept = r.renewals_kept,
+            stops = r.stops,
+            hibernated = r.hibernated,
+            resumes_prepared = r.resumes_prepared,
+            resumes_committed = r.resumes_committed,
+            resumes_refused = r.resumes_refused,
             "gateway step"
         );
     }

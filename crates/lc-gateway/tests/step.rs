@@ -463,6 +463,28 @@ async fn bad_options_are_refused_with_their_codes() {
             Err("invalid_timeout")
         );
     }
+    // The quiesce bound: from the provider call bound to an hour.
+    for (q, want) in [
+        (d.provider_call_timeout, Ok(())),
+        (lc_gateway::QUIESCE_TIMEOUT_MAX, Ok(())),
+        (
+            d.provider_call_timeout - std::time::Duration::from_nanos(1),
+            Err("invalid_timeout"),
+        ),
+        (
+            lc_gateway::QUIESCE_TIMEOUT_MAX + std::time::Duration::from_nanos(1),
+            Err("invalid_timeout"),
+        ),
+    ] {
+        assert_eq!(
+            build(GatewayOptions {
+                quiesce_timeout: q,
+                ..d
+            }),
+            want,
+            "{q:?}"
+        );
+    }
     let e = Gateway::new(
         f.gateway_store.clone(),
         Arc::new(support::InProcess(f.provider.clone())),
