@@ -520,7 +520,8 @@ pub trait ReconcileStore: Send + Sync {
 #[async_trait]
 pub trait GatewayStore: Send + Sync {
     /// Takes ownership of up to `limit` execs that have an `active` Lease
-    /// (or are hibernated with a resume request not yet committed), are
+    /// (or are hibernated with a resume request its owner acts on: see
+    /// [`crate::owner::OwnedExec::resume_op_key`]), are
     /// not terminal, and have no owner, a released owner, or an owner
     /// whose heartbeat expiry a certain `at` reached; skips rows another
     /// gateway is claiming at the same moment. Each gets generation + 1, a

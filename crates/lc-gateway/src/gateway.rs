@@ -68,7 +68,9 @@
 //! destroys the generation and parks the attempt. A command that ended
 //! before the stop (`ended`) or a cancel asked before it ends the exec as
 //! usual (the terminal page, the release); the hibernation stays `sealed`
-//! and is never acted on. A successor finishes each step: its stop finds
+//! and is never acted on. A cancel asked after the stop is too late to
+//! kill the command: the generation is quiesced and the store ends the
+//! exec `cancelled` as it parks. A successor finishes each step: its stop finds
 //! the command stopped, its quiesce answers the same head, the commit
 //! replays.
 //!

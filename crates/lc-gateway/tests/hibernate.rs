@@ -584,6 +584,15 @@ async fn e2b_884_resume_restores_every_file_or_none() {
     let message = message.as_deref().unwrap();
     assert!(message.starts_with(&want), "{message}");
     assert_eq!(message, r.start_refusals[0].message);
+    // The request, replayed, shows the refusal.
+    let replay = f.resume(e.id, "r-1").await.unwrap();
+    assert_eq!(
+        replay.refused,
+        Some(lc_core::hibernate::ResumeRefusal {
+            code: "restore_failed".into(),
+            message: message.to_owned(),
+        })
+    );
     // The gateway sees the refusal and leaves the exec parked; it never
     // prepares that request again.
     let r = g.step().await;
