@@ -34,12 +34,14 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::{Json, Router};
 use clock::TELEMETRY_READ_MAX;
-use httpkit::{IdPath, JsonBody, Rejection};
+use httpkit::{IdPath, JsonBody, OptionalJsonBody, Rejection};
 use lc_blob::{BlobError, BlobStore};
 use lc_core::LcError;
 use lc_core::OutputPage;
-use lc_core::model::{Digest, ExecId, ExecRequest, ExecState, PageKind, TenantId};
+use lc_core::model::{Digest, ExecId, ExecRequest, ExecState, OnTimeout, PageKind, TenantId};
+use lc_core::opkey::OperationKey;
 use lc_core::owner::StoredPage;
+use lc_core::snapshot::{EntryKind, Manifest};
 use serde::de::DeserializeOwned;
 use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
@@ -237,6 +239,12 @@ async fn create_exec(
     key: RequiredKey,
     JsonBody(req): JsonBody<CreateExecBody>,
 ) -> Result<(StatusCode, Json<ExecView>), ApiError> {
+    let on_timeout = match req.on_timeout.as_deref() {
+        None => OnTimeout::Terminate,
+        Some(t) => OnTimeout::parse(t).ok_or_else(|| LcError::InvalidTimeout {
+            reason: format!("on_timeout is `terminate` or `hibernate`, not {t:?}"),
+        })?,
+    };
     let op = key.operation("admit_exec", Some(tenant), &req)?;
     let reading = s.reading().await?;
     let exec = s
@@ -251,8 +259,8 @@ async fn create_exec(
                 command: req.command,
                 timeout_ms: req.timeout_ms,
                 stdin_open: req.stdin_open,
-                idle_ttl_ms: None,
-                on_timeout: lc_core::OnTimeout::Terminate,
+                idle_ttl_ms: req.idle_ttl_ms,
+                on_timeout,
             },
         )
         .await
@@ -321,7 +329,9 @@ async fn list_execs(
 }
 
 /// Output pages of the exec's current attempt after `after_seq`, readable
-/// while it runs.
+/// while it runs. A stopped page ends one generation (the exec
+/// hibernated), not the exec: `terminal` stays `false`, `stopped` says so,
+/// and the resumed generation's pages follow it in seq order.
 #[utoipa::path(get, path = "/v1/execs/{exec_id}/output", tag = "execs",
     params(
         ("exec_id" = i64, Path, minimum = 1, description = "The exec"),
@@ -354,9 +364,15 @@ async fn exec_output(
         .output(tenant, ExecId(exec_id), after_seq, limit)
         .await?;
     let next_seq = pages.last().map_or(after_seq, |p| p.meta.seq) + 1;
-    let terminal = match pages.last() {
-        Some(p) => p.meta.kind == PageKind::Terminal,
-        None => exec.state == ExecState::Terminal,
+    let (terminal, stopped) = match pages.last() {
+        Some(p) => (
+            p.meta.kind == PageKind::Terminal,
+            p.meta.kind == PageKind::Stopped,
+        ),
+        None => (
+            exec.state == ExecState::Terminal,
+            exec.state == ExecState::Hibernated,
+        ),
     };
     let sink = s.options().sink.clone();
     let pages = tokio::task::spawn_blocking(move || {
@@ -370,6 +386,7 @@ async fn exec_output(
     Ok(Json(OutputView {
         pages,
         terminal,
+        stopped,
         next_seq,
     }))
 }
@@ -463,6 +480,389 @@ async fn cancel_exec(
     let at = s.reading().await?.at;
     let exec = s.store().cancel(&op, at, tenant, ExecId(exec_id)).await?;
     Ok(Json(exec.into()))
+}
+
+/// Asks to hibernate a running exec of the acting tenant: seals a
+/// hibernation of its current generation (reason `requested`) at the
+/// certain cut read now; its gateway then stops the command (a `stopped`
+/// page ends the generation's output), the provider snapshots the
+/// workspace, and the exec becomes `hibernated` with its units returned.
+/// A replay of the key returns the record as it is now. Refusals (nothing
+/// written): `503 time_uncertain`, `409 exec_terminal`, `409
+/// exec_not_hibernatable` (not running with an active Lease), `409
+/// hibernation_in_progress` (another key sealed one of this generation),
+/// `404 not_found`.
+#[utoipa::path(post, path = "/v1/execs/{exec_id}/hibernate", tag = "workspaces",
+    params(
+        ("exec_id" = i64, Path, minimum = 1, description = "The exec"),
+        ("Idempotency-Key" = String, Header, description = "Required: a replay returns the same hibernation, as it is now"),
+        ("Lc-Tenant" = Option<i64>, Header, description = "With the admin token: the tenant to act for"),
+    ),
+    responses((status = 202, description = "The sealed hibernation", body = HibernationView)),
+    security(("bearer" = [])))]
+async fn hibernate_exec(
+    State(s): State<AppState>,
+    IdPath(exec_id): IdPath,
+    Acting(tenant): Acting,
+    key: RequiredKey,
+) -> Result<(StatusCode, Json<HibernationView>), ApiError> {
+    let op = key.operation(
+        "hibernate",
+        Some(tenant),
+        &serde_json::json!({ "exec_id": exec_id }),
+    )?;
+    let at = s.reading().await?.at;
+    let h = s
+        .store()
+        .request_hibernation(&op, at, tenant, ExecId(exec_id))
+        .await?;
+    Ok((StatusCode::ACCEPTED, Json(h.into())))
+}
+
+/// Asks to resume a hibernated exec of the acting tenant from `head`
+/// (absent: the workspace's current head): records the request, which the
+/// exec's gateway carries out (a new generation restores the snapshot and
+/// the exec runs again; its `resume` then shows the receipt). The request
+/// digest is the SHA-256 of the JCS of `{"exec_id", "head"}`; a replay of
+/// the key returns the recorded request. Refusals (nothing written): `409
+/// exec_not_parked` (not hibernated, or its sandbox not yet destroyed),
+/// `409 workspace_head_mismatch` (`head` is not the workspace's head),
+/// `422 invalid_digest`, `404 not_found`.
+#[utoipa::path(post, path = "/v1/execs/{exec_id}/resume", tag = "workspaces",
+    params(
+        ("exec_id" = i64, Path, minimum = 1, description = "The exec"),
+        ("Idempotency-Key" = String, Header, description = "Required: a replay returns the same request"),
+        ("Lc-Tenant" = Option<i64>, Header, description = "With the admin token: the tenant to act for"),
+    ),
+    request_body(content = Option<ResumeBody>, description = "Optional: the head to resume from"),
+    responses((status = 202, description = "The recorded resume request", body = ResumeIntentView)),
+    security(("bearer" = [])))]
+async fn resume_exec(
+    State(s): State<AppState>,
+    IdPath(exec_id): IdPath,
+    Acting(tenant): Acting,
+    key: RequiredKey,
+    OptionalJsonBody(req): OptionalJsonBody<ResumeBody>,
+) -> Result<(StatusCode, Json<ResumeIntentView>), ApiError> {
+    let exec = ExecId(exec_id);
+    let head = match req.and_then(|r| r.head) {
+        Some(h) => Digest::from_hex(&h)?,
+        None => s
+            .store()
+            .workspace(tenant, exec)
+            .await?
+            .head
+            // A parked exec always has a head (its quiescence committed
+            // one), so a workspace without one has nothing to resume.
+            .ok_or(LcError::ExecNotParked {
+                exec_id: exec,
+                state: "never hibernated",
+            })?,
+    };
+    let op = OperationKey::new(
+        key.0.clone(),
+        lc_core::hibernate::resume_request_sha256(exec, head),
+    )?;
+    let at = s.reading().await?.at;
+    let intent = s
+        .store()
+        .request_resume(&op, at, tenant, exec, head)
+        .await?;
+    Ok((StatusCode::ACCEPTED, Json(intent.into())))
+}
+
+/// The workspace of the acting tenant's exec: its head and how many
+/// snapshots its chain holds.
+#[utoipa::path(get, path = "/v1/execs/{exec_id}/workspace", tag = "workspaces",
+    params(
+        ("exec_id" = i64, Path, minimum = 1, description = "The exec"),
+        ("Lc-Tenant" = Option<i64>, Header, description = "With the admin token: the tenant to act for"),
+    ),
+    responses((status = 200, description = "The workspace", body = WorkspaceView)),
+    security(("bearer" = [])))]
+async fn get_workspace(
+    State(s): State<AppState>,
+    IdPath(exec_id): IdPath,
+    Acting(tenant): Acting,
+) -> Result<Json<WorkspaceView>, ApiError> {
+    Ok(Json(
+        s.store().workspace(tenant, ExecId(exec_id)).await?.into(),
+    ))
+}
+
+/// The snapshots of the acting tenant's exec's workspace after
+/// `after_seq`, ascending by chain seq.
+#[utoipa::path(get, path = "/v1/execs/{exec_id}/snapshots", tag = "workspaces",
+    params(
+        ("exec_id" = i64, Path, minimum = 1, description = "The exec"),
+        SnapshotsQuery,
+        ("Lc-Tenant" = Option<i64>, Header, description = "With the admin token: the tenant to act for"),
+    ),
+    responses((status = 200, description = "A page of snapshots", body = SnapshotList)),
+    security(("bearer" = [])))]
+async fn list_snapshots(
+    State(s): State<AppState>,
+    IdPath(exec_id): IdPath,
+    Acting(tenant): Acting,
+    Q(q): Q<SnapshotsQuery>,
+) -> Result<Json<SnapshotList>, ApiError> {
+    let after_seq = q.after_seq.unwrap_or(0);
+    if after_seq < 0 {
+        return Err(ApiError::InvalidQuery(format!(
+            "after_seq must be at least 0, got {after_seq}"
+        )));
+    }
+    let limit = lc_core::rules::check_limit(
+        q.limit.unwrap_or(EXEC_LIST_DEFAULT),
+        lc_core::rules::LIST_LIMIT_MAX,
+    )?;
+    let snaps = s
+        .store()
+        .snapshots(tenant, ExecId(exec_id), after_seq, limit)
+        .await?;
+    let next_after_seq = (snaps.len() == limit)
+        .then(|| snaps.last().map(|m| m.seq))
+        .flatten();
+    Ok(Json(SnapshotList {
+        snapshots: snaps.into_iter().map(Into::into).collect(),
+        next_after_seq,
+    }))
+}
+
+/// The exec and snapshot digest of a snapshot route, and its file path
+/// (the wildcard segment, percent-decoded) on the file route.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct SnapshotPath {
+    exec_id: ExecId,
+    digest: Digest,
+    path: Option<String>,
+}
+
+impl FromRequestParts<AppState> for SnapshotPath {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, s: &AppState) -> Result<SnapshotPath, ApiError> {
+        let axum::extract::Path(params) =
+            axum::extract::Path::<Vec<(String, String)>>::from_request_parts(parts, s)
+                .await
+                .map_err(|e| Rejection::InvalidPath(format!("invalid path parameter: {e}")))?;
+        let get = |name: &str| {
+            params
+                .iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.as_str())
+        };
+        let raw_id = get("exec_id").unwrap_or("");
+        let exec_id = httpkit::extract::parse_id(raw_id).ok_or_else(|| {
+            Rejection::InvalidPath(format!(
+                "path id {raw_id:?} is not a positive integer in canonical decimal \
+                 (1..=9223372036854775807, no sign or leading zero)"
+            ))
+        })?;
+        let digest = Digest::from_hex(get("digest").unwrap_or(""))?;
+        Ok(SnapshotPath {
+            exec_id: ExecId(exec_id),
+            digest,
+            path: get("path").map(str::to_string),
+        })
+    }
+}
+
+/// The manifest of snapshot `digest` of the tenant's exec, parsed and
+/// checked (its stored bytes are canonical and hash to `digest`).
+async fn manifest_of(
+    s: &AppState,
+    tenant: TenantId,
+    exec: ExecId,
+    digest: Digest,
+) -> Result<Manifest, ApiError> {
+    let bytes = s.store().snapshot_manifest(tenant, exec, digest).await?;
+    if Digest::of(&bytes) != digest {
+        return Err(ApiError::Internal(format!(
+            "the stored manifest of snapshot {digest} hashes to {}",
+            Digest::of(&bytes)
+        )));
+    }
+    Manifest::from_canonical(&bytes).map_err(|e| {
+        ApiError::Internal(format!(
+            "the stored manifest of snapshot {digest} is refused: {e}"
+        ))
+    })
+}
+
+/// The tree of one snapshot of the acting tenant's exec: every entry with
+/// its path, kind, mode, and a file's size and SHA-256 or a symlink's
+/// target.
+#[utoipa::path(get, path = "/v1/execs/{exec_id}/snapshots/{digest}/tree", tag = "workspaces",
+    params(
+        ("exec_id" = i64, Path, minimum = 1, description = "The exec"),
+        ("digest" = String, Path, description = "The snapshot's digest, 64 hex digits"),
+        ("Lc-Tenant" = Option<i64>, Header, description = "With the admin token: the tenant to act for"),
+    ),
+    responses((status = 200, description = "The snapshot's entries", body = TreeView)),
+    security(("bearer" = [])))]
+async fn snapshot_tree(
+    State(s): State<AppState>,
+    p: SnapshotPath,
+    Acting(tenant): Acting,
+) -> Result<Json<TreeView>, ApiError> {
+    let m = manifest_of(&s, tenant, p.exec_id, p.digest).await?;
+    Ok(Json(TreeView {
+        digest: p.digest.to_hex(),
+        workspace_id: m.workspace_id.0,
+        parent: m.parent.map(|d| d.to_hex()),
+        entries: m.entries.iter().map(Into::into).collect(),
+    }))
+}
+
+/// Chunks of a snapshot file queued between the blob reader and the
+/// response (each at most [`lc_blob::STREAM_BUFFER_BYTES`]).
+pub const FILE_STREAM_CHUNKS_MAX: usize = 4;
+
+/// The response header carrying a snapshot file's SHA-256 (64 hex
+/// digits), for the client to verify the bytes against.
+pub const SHA256_HEADER: &str = "lc-sha256";
+
+/// The bytes of one file of a snapshot of the acting tenant's exec,
+/// streamed from the blob store as `application/octet-stream` with
+/// `Content-Length` and `Lc-Sha256`. The blob is verified (length and
+/// SHA-256 against the manifest) before the first byte is sent; a blob
+/// that does not verify is refused `500 blob_corrupt` naming the path and
+/// digest, and never served. Refusals: `400 invalid_path` (a path that is
+/// absolute, has `..`, `.` or empty components), `404 not_found` (no such
+/// entry), `409 entry_not_file` (a directory or a symlink: read the tree),
+/// `500 blob_missing`, `503 sink_unavailable`.
+#[utoipa::path(get, path = "/v1/execs/{exec_id}/snapshots/{digest}/files/{*path}", tag = "workspaces",
+    params(
+        ("exec_id" = i64, Path, minimum = 1, description = "The exec"),
+        ("digest" = String, Path, description = "The snapshot's digest, 64 hex digits"),
+        ("path" = String, Path, description = "The file's path in the snapshot, relative, `/`-separated"),
+        ("Lc-Tenant" = Option<i64>, Header, description = "With the admin token: the tenant to act for"),
+    ),
+    responses((status = 200, description = "The file's bytes", body = Vec<u8>, content_type = "application/octet-stream")),
+    security(("bearer" = [])))]
+async fn snapshot_file(
+    State(s): State<AppState>,
+    p: SnapshotPath,
+    Acting(tenant): Acting,
+) -> Result<Response, ApiError> {
+    let path = p.path.clone().unwrap_or_default();
+    lc_core::snapshot::check_path(&path).map_err(|e| Rejection::InvalidPath(e.to_string()))?;
+    let m = manifest_of(&s, tenant, p.exec_id, p.digest).await?;
+    let entry = m
+        .entry(&path)
+        .ok_or_else(|| LcError::not_found("snapshot entry", &path))?;
+    let (size, sha256) = match &entry.kind {
+        EntryKind::File { size, sha256 } => (*size, *sha256),
+        EntryKind::Dir => {
+            return Err(ApiError::EntryNotFile {
+                path,
+                kind: "directory",
+                digest: p.digest,
+            });
+        }
+        EntryKind::Symlink { .. } => {
+            return Err(ApiError::EntryNotFile {
+                path,
+                kind: "symlink",
+                digest: p.digest,
+            });
+        }
+    };
+    let file_err = |code: &'static str| ApiError::SnapshotFile {
+        code,
+        path: path.clone(),
+        digest: sha256,
+    };
+    let sink = s.options().sink.clone().ok_or_else(|| {
+        tracing::warn!("snapshot file {path:?}: this server was started without --blob-dir");
+        file_err("sink_unavailable")
+    })?;
+    // Verify the whole blob before sending any of it.
+    let verify = {
+        let sink = sink.clone();
+        tokio::task::spawn_blocking(move || sink.copy_to(&sha256, size, &mut std::io::sink()))
+            .await
+            .map_err(|e| ApiError::Internal(format!("the blob reader failed: {e}")))?
+    };
+    match verify {
+        Ok(Some(_)) => {}
+        Ok(None) => return Err(file_err("blob_missing")),
+        Err(e @ (BlobError::Corrupt { .. } | BlobError::WrongSize { .. })) => {
+            tracing::error!("snapshot file {path:?}: {e}");
+            return Err(file_err("blob_corrupt"));
+        }
+        Err(e) => {
+            tracing::error!("snapshot file {path:?}: {e}");
+            return Err(file_err("sink_unavailable"));
+        }
+    }
+    let (tx, rx) = tokio::sync::mpsc::channel(FILE_STREAM_CHUNKS_MAX);
+    tokio::task::spawn_blocking(move || {
+        let mut w = ChunkWriter { tx };
+        // A blob that changed since it was verified ends the body short
+        // with an error: the client never receives a whole wrong file.
+        let failure = match sink.copy_to(&sha256, size, &mut w) {
+            Ok(Some(_)) => None,
+            Ok(None) => Some(format!("blob {sha256} vanished while it was sent")),
+            Err(e) => Some(e.to_string()),
+        };
+        if let Some(f) = failure {
+            tracing::error!("snapshot file {path:?}: {f}");
+            let _ = w.tx.blocking_send(Err(std::io::Error::other(f)));
+        }
+    });
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, "application/octet-stream")
+        .header(header::CONTENT_LENGTH, size)
+        .header(SHA256_HEADER, sha256.to_hex())
+        .body(axum::body::Body::new(ChunkBody { rx, size }))
+        .map_err(|e| ApiError::Internal(format!("building the file response: {e}")))
+}
+
+/// The writing end of a snapshot file's body: each write is one chunk,
+/// waiting while [`FILE_STREAM_CHUNKS_MAX`] are queued; a client gone
+/// away is a broken pipe, which ends the copy.
+struct ChunkWriter {
+    tx: tokio::sync::mpsc::Sender<Result<Bytes, std::io::Error>>,
+}
+
+impl std::io::Write for ChunkWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.tx
+            .blocking_send(Ok(Bytes::copy_from_slice(buf)))
+            .map_err(|_| std::io::Error::from(std::io::ErrorKind::BrokenPipe))?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The reading end: the chunks in order, `size` bytes in all.
+struct ChunkBody {
+    rx: tokio::sync::mpsc::Receiver<Result<Bytes, std::io::Error>>,
+    size: u64,
+}
+
+impl axum::body::HttpBody for ChunkBody {
+    type Data = Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, std::io::Error>>> {
+        self.rx
+            .poll_recv(cx)
+            .map(|c| c.map(|r| r.map(http_body::Frame::data)))
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        http_body::SizeHint::with_exact(self.size)
+    }
 }
 
 /// Queues input for the stdin of an exec of the acting tenant admitted with
@@ -635,6 +1035,12 @@ pub fn api_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(get_exec))
         .routes(routes!(exec_output))
         .routes(routes!(cancel_exec))
+        .routes(routes!(hibernate_exec))
+        .routes(routes!(resume_exec))
+        .routes(routes!(get_workspace))
+        .routes(routes!(list_snapshots))
+        .routes(routes!(snapshot_tree))
+        .routes(routes!(snapshot_file))
         .routes(routes!(send_input))
         .routes(routes!(get_operation))
         .routes(routes!(healthz))
@@ -656,6 +1062,20 @@ fn problem_statuses(path: &str) -> &'static [u16] {
 /// the problem responses of each path added to every operation.
 pub fn openapi() -> utoipa::openapi::OpenApi {
     let (_, mut doc) = api_routes().split_for_parts();
+    // The router's wildcard segment is an ordinary path parameter to
+    // OpenAPI.
+    let wildcard: Vec<String> = doc
+        .paths
+        .paths
+        .keys()
+        .filter(|k| k.contains("{*"))
+        .cloned()
+        .collect();
+    for k in wildcard {
+        if let Some(item) = doc.paths.paths.remove(&k) {
+            doc.paths.paths.insert(k.replace("{*", "{"), item);
+        }
+    }
     httpkit::openapi::document_problems::<ApiError>(&mut doc, problem_statuses);
     doc
 }

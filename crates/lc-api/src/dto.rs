@@ -4,10 +4,14 @@
 
 use base64::Engine as _;
 use jiff::Timestamp;
+use lc_core::hibernate::{
+    HibernationRecord, ResumeIntent, ResumeReceipt, SnapshotMeta, WorkspaceRecord,
+};
 use lc_core::input::InputRecord;
 use lc_core::model::{
     CanonicalIdentity, ExecRecord, OpScope, OperationRecord, OutputPage, Runtime, Tenant,
 };
+use lc_core::snapshot::{Entry, EntryKind};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
@@ -132,6 +136,16 @@ pub struct CreateExecBody {
     /// a request without it keeps its idempotency digest.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub stdin_open: bool,
+    /// How long the exec may go without activity (an output page or an
+    /// input) before it hibernates, milliseconds (1 to 86400000); absent:
+    /// never for idleness. Left out of the canonical request when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_ttl_ms: Option<u64>,
+    /// What the timeout does: `terminate` (the default: the exec ends
+    /// `expired`) or `hibernate` (it hibernates and may be resumed). Left
+    /// out of the canonical request when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_timeout: Option<String>,
 }
 
 /// The canonical identity of an exec, fixed at admission.
@@ -192,6 +206,18 @@ pub struct ExecView {
     pub admitted_cut: Timestamp,
     /// Whether a cancel was asked for.
     pub cancel_requested: bool,
+    /// The idle TTL, milliseconds (`null`: never hibernates for
+    /// idleness).
+    pub idle_ttl_ms: Option<u64>,
+    /// What the timeout does: `terminate` or `hibernate`.
+    pub on_timeout: String,
+    /// The workspace's head: the newest snapshot's SHA-256, 64 hex digits
+    /// (`null` before the first hibernation committed one).
+    pub workspace_head: Option<String>,
+    /// The newest hibernation of the current attempt.
+    pub hibernation: Option<HibernationView>,
+    /// The newest committed resume.
+    pub resume: Option<ResumeReceiptView>,
 }
 
 impl From<ExecRecord> for ExecView {
@@ -210,8 +236,263 @@ impl From<ExecRecord> for ExecView {
             timeout_deadline: e.timeout_deadline,
             admitted_cut: e.admitted_cut,
             cancel_requested: e.cancel_requested,
+            idle_ttl_ms: e.idle_ttl_ms,
+            on_timeout: e.on_timeout.as_str().to_string(),
+            workspace_head: e.workspace_head.map(|d| d.to_hex()),
+            hibernation: e.hibernation.map(Into::into),
+            resume: e.resume.map(Into::into),
         }
     }
+}
+
+/// A hibernation of one attempt generation: sealed at a certain cut,
+/// then `quiesced` (its snapshot committed as the workspace head), then
+/// `parked` (its sandbox destroyed, its units returned).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct HibernationView {
+    /// The exec.
+    pub exec_id: i64,
+    /// The attempt.
+    pub attempt: i32,
+    /// The generation that hibernates.
+    pub generation: i64,
+    /// That generation's sandbox Lease.
+    pub lease_id: i64,
+    /// `requested`, `idle` or `deadline`.
+    pub reason: String,
+    /// The certain cut it was sealed at.
+    #[schema(value_type = String)]
+    pub sealed_cut: Timestamp,
+    /// `sealed`, `quiesced` or `parked`.
+    pub step: String,
+    /// The snapshot its quiescence committed, 64 hex digits (once
+    /// `quiesced`).
+    pub head: Option<String>,
+}
+
+impl From<HibernationRecord> for HibernationView {
+    fn from(h: HibernationRecord) -> HibernationView {
+        HibernationView {
+            exec_id: h.exec_id.0,
+            attempt: h.attempt.0,
+            generation: h.generation.0,
+            lease_id: h.lease_id.0,
+            reason: h.reason.as_str().to_string(),
+            sealed_cut: h.sealed_cut,
+            step: h.step.as_str().to_string(),
+            head: h.head.map(|d| d.to_hex()),
+        }
+    }
+}
+
+/// `POST /v1/execs/{id}/resume`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ResumeBody {
+    /// The workspace head to resume from, 64 hex digits; absent: the
+    /// workspace's current head.
+    #[serde(default)]
+    pub head: Option<String>,
+}
+
+/// A recorded resume request: the parked exec resumes once its gateway
+/// commits it (the exec's `resume` then shows the receipt).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ResumeIntentView {
+    /// The exec.
+    pub exec_id: i64,
+    /// The request's idempotency key.
+    pub op_key: String,
+    /// SHA-256 of the canonical request `{"exec_id", "head"}`, 64 hex
+    /// digits.
+    pub request_sha256: String,
+    /// The parked head it resumes, 64 hex digits.
+    pub head: String,
+    /// The parked attempt.
+    pub attempt: i32,
+    /// The parked generation.
+    pub from_generation: i64,
+    /// The cut it was recorded at.
+    #[schema(value_type = String)]
+    pub recorded_cut: Timestamp,
+}
+
+impl From<ResumeIntent> for ResumeIntentView {
+    fn from(i: ResumeIntent) -> ResumeIntentView {
+        ResumeIntentView {
+            exec_id: i.exec_id.0,
+            op_key: i.op_key,
+            request_sha256: i.request_sha256.to_hex(),
+            head: i.head.to_hex(),
+            attempt: i.attempt.0,
+            from_generation: i.from_generation.0,
+            recorded_cut: i.recorded_cut,
+        }
+    }
+}
+
+/// The immutable receipt of a committed resume.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ResumeReceiptView {
+    /// The resume's idempotency key.
+    pub op_key: String,
+    /// The resumed attempt.
+    pub attempt: i32,
+    /// The parked generation.
+    pub from_generation: i64,
+    /// The new generation.
+    pub to_generation: i64,
+    /// Its sandbox Lease.
+    pub lease_id: i64,
+    /// The workspace head it restored, 64 hex digits.
+    pub head: String,
+    /// The certain cut it committed at.
+    #[schema(value_type = String)]
+    pub committed_cut: Timestamp,
+}
+
+impl From<ResumeReceipt> for ResumeReceiptView {
+    fn from(r: ResumeReceipt) -> ResumeReceiptView {
+        ResumeReceiptView {
+            op_key: r.op_key,
+            attempt: r.attempt.0,
+            from_generation: r.from_generation.0,
+            to_generation: r.to_generation.0,
+            lease_id: r.lease_id.0,
+            head: r.head.to_hex(),
+            committed_cut: r.committed_cut,
+        }
+    }
+}
+
+/// An exec's workspace.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct WorkspaceView {
+    /// The workspace.
+    pub workspace_id: i64,
+    /// Its exec.
+    pub exec_id: i64,
+    /// The newest snapshot's digest, 64 hex digits (`null` before the
+    /// first).
+    pub head: Option<String>,
+    /// How many snapshots its chain holds.
+    pub snapshots: i64,
+}
+
+impl From<WorkspaceRecord> for WorkspaceView {
+    fn from(w: WorkspaceRecord) -> WorkspaceView {
+        WorkspaceView {
+            workspace_id: w.workspace_id.0,
+            exec_id: w.exec_id.0,
+            head: w.head.map(|d| d.to_hex()),
+            snapshots: w.snapshots,
+        }
+    }
+}
+
+/// `GET /v1/execs/{id}/snapshots?after_seq=&limit=`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct SnapshotsQuery {
+    /// Only snapshots with a larger chain seq (default 0: from the first).
+    #[serde(default)]
+    pub after_seq: Option<i64>,
+    /// At most this many (default 100, at most 1000).
+    #[serde(default)]
+    pub limit: Option<usize>,
+}
+
+/// One snapshot of a workspace.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct SnapshotView {
+    /// Its place in the chain, from 1.
+    pub seq: i64,
+    /// SHA-256 of its canonical manifest, 64 hex digits.
+    pub digest: String,
+    /// The previous head (`null` for the first).
+    pub parent: Option<String>,
+    /// Bytes of the manifest.
+    pub manifest_bytes: i64,
+    /// The Lease whose quiescence committed it.
+    pub lease_id: i64,
+    /// That Lease's generation.
+    pub generation: i64,
+    /// The certain cut it committed at.
+    #[schema(value_type = String)]
+    pub committed_cut: Timestamp,
+}
+
+impl From<SnapshotMeta> for SnapshotView {
+    fn from(m: SnapshotMeta) -> SnapshotView {
+        SnapshotView {
+            seq: m.seq,
+            digest: m.digest.to_hex(),
+            parent: m.parent.map(|d| d.to_hex()),
+            manifest_bytes: m.manifest_bytes,
+            lease_id: m.lease_id.0,
+            generation: m.generation.0,
+            committed_cut: m.committed_cut,
+        }
+    }
+}
+
+/// A page of an exec's snapshots, ascending by seq.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct SnapshotList {
+    /// The snapshots.
+    pub snapshots: Vec<SnapshotView>,
+    /// The `after_seq` of the next page, when this one was full.
+    pub next_after_seq: Option<i64>,
+}
+
+/// One entry of a snapshot's tree.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct TreeEntryView {
+    /// Relative, `/`-separated path.
+    pub path: String,
+    /// `dir`, `file` or `symlink`.
+    pub kind: String,
+    /// Permission bits (0 to 0o7777; 0o777 for a symlink).
+    pub mode: u32,
+    /// A file's length in bytes.
+    pub size: Option<u64>,
+    /// A file's SHA-256, 64 hex digits.
+    pub sha256: Option<String>,
+    /// A symlink's target, as the link holds it.
+    pub target: Option<String>,
+}
+
+impl From<&Entry> for TreeEntryView {
+    fn from(e: &Entry) -> TreeEntryView {
+        let (kind, size, sha256, target) = match &e.kind {
+            EntryKind::Dir => ("dir", None, None, None),
+            EntryKind::File { size, sha256 } => ("file", Some(*size), Some(sha256.to_hex()), None),
+            EntryKind::Symlink { target } => ("symlink", None, None, Some(target.clone())),
+        };
+        TreeEntryView {
+            path: e.path.clone(),
+            kind: kind.to_string(),
+            mode: e.mode,
+            size,
+            sha256,
+            target,
+        }
+    }
+}
+
+/// A snapshot's tree: every entry, sorted by the bytes of its path (a
+/// directory before what it holds).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct TreeView {
+    /// The snapshot's digest, 64 hex digits.
+    pub digest: String,
+    /// The workspace.
+    pub workspace_id: i64,
+    /// The previous snapshot's digest (`null` for the first).
+    pub parent: Option<String>,
+    /// The entries.
+    pub entries: Vec<TreeEntryView>,
 }
 
 /// `POST /v1/execs/{id}/input`.
@@ -308,13 +589,16 @@ pub struct ExitView {
 pub struct PageView {
     /// From 1, no gaps.
     pub seq: i64,
-    /// `stdout`, `stderr` or `terminal`.
+    /// `stdout`, `stderr`, `terminal` (the exec's last page) or `stopped`
+    /// (the last page of a generation that hibernated: the exec goes on
+    /// when it is resumed, its pages numbered after this one).
     pub kind: String,
     /// The bytes (at most 65536), standard base64.
     pub data_b64: String,
     /// SHA-256 of the bytes, 64 hex digits.
     pub sha256: String,
-    /// The exit status (terminal page only).
+    /// The exit status (terminal and stopped pages only; a stopped page's
+    /// is the signal that stopped the command).
     pub exit: Option<ExitView>,
 }
 
@@ -340,8 +624,12 @@ pub struct OutputView {
     pub pages: Vec<PageView>,
     /// Whether the output is complete up to here: the terminal page is
     /// among `pages`, or none is left after `after_seq` and the exec is
-    /// terminal.
+    /// terminal. A stopped page is not the end: `false` while the exec is
+    /// hibernated.
     pub terminal: bool,
+    /// Whether the last page returned is a stopped page: its generation
+    /// hibernated, and further pages come only after a resume.
+    pub stopped: bool,
     /// The seq of the next page not returned (the last returned plus one,
     /// or `after_seq + 1` when none was): ask `after_seq = next_seq - 1`
     /// next.

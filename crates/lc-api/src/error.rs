@@ -30,6 +30,10 @@
 //! runtime tarball the runtime store refused: absolute paths, `..`,
 //! symlinks out of the tree, device files, too large),
 //! `runtime_import_disabled` 409 (no runtime directory configured),
+//! `entry_not_file` 409 (a snapshot's directory or symlink asked for as a
+//! file), `blob_corrupt` 500 and `blob_missing` 500 (an output page's or
+//! a snapshot file's blob that does not verify or is gone: never served),
+//! `sink_unavailable` 503 (no blob directory, or it failed),
 //! `clock_unavailable` 503, `not_ready` 503 (`/readyz` only), and the
 //! request-level `invalid_json` 400, `invalid_body` 422,
 //! `unsupported_media_type` 415, `payload_too_large` 413, `invalid_path`
@@ -129,6 +133,32 @@ pub enum ApiError {
         /// What failed.
         message: String,
     },
+    /// A snapshot file's bytes could not be served: the blob store is not
+    /// configured or failed (`sink_unavailable`, 503), the blob is missing
+    /// (`blob_missing`, 500) or its bytes do not hash to the manifest's
+    /// digest (`blob_corrupt`, 500). Nothing is served in place of them.
+    #[error("snapshot file {path:?} (blob {digest}) cannot be served ({code})")]
+    SnapshotFile {
+        /// The stable code.
+        code: &'static str,
+        /// The file's path in the snapshot.
+        path: String,
+        /// The file's SHA-256 (its blob's name).
+        digest: lc_core::Digest,
+    },
+    /// A snapshot entry asked for as a file that is a directory or a
+    /// symlink (`entry_not_file`, 409).
+    #[error(
+        "{path:?} is a {kind} in snapshot {digest}, not a file; read the snapshot's tree (GET /v1/execs/{{id}}/snapshots/{digest}/tree) for its entries and a symlink's target"
+    )]
+    EntryNotFile {
+        /// The entry's path.
+        path: String,
+        /// `directory` or `symlink`.
+        kind: &'static str,
+        /// The snapshot.
+        digest: lc_core::Digest,
+    },
 }
 
 /// The service's own codes and their statuses (store codes are mapped by
@@ -148,6 +178,7 @@ pub const SERVICE_CODES: &[(&str, u16)] = &[
     ("sink_unavailable", 503),
     ("blob_missing", 500),
     ("blob_corrupt", 500),
+    ("entry_not_file", 409),
     ("invalid_json", 400),
     ("invalid_body", 422),
     ("unsupported_media_type", 415),
@@ -235,7 +266,8 @@ impl ApiError {
             ApiError::TimeUncertain { .. } => "time_uncertain",
             ApiError::NotReady(_) => "not_ready",
             ApiError::Internal(_) => "internal_failure",
-            ApiError::Sink { code, .. } => code,
+            ApiError::Sink { code, .. } | ApiError::SnapshotFile { code, .. } => code,
+            ApiError::EntryNotFile { .. } => "entry_not_file",
         }
     }
 
@@ -260,6 +292,11 @@ impl ApiError {
                 StatusCode::SERVICE_UNAVAILABLE
             }
             ApiError::Sink { .. } => StatusCode::INTERNAL_SERVER_ERROR,
+            ApiError::SnapshotFile { code, .. } if *code == "sink_unavailable" => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            ApiError::SnapshotFile { .. } => StatusCode::INTERNAL_SERVER_ERROR,
+            ApiError::EntryNotFile { .. } => StatusCode::CONFLICT,
         }
     }
 
@@ -292,6 +329,16 @@ impl ApiError {
             | ApiError::Internal(_) => "the service failed; the operation changed nothing".into(),
             ApiError::Sink { code, seq, .. } => format!(
                 "the bytes of output page {seq} cannot be served ({code}); retry later, or ask the operator to check the blob directory"
+            ),
+            ApiError::SnapshotFile {
+                code: "blob_corrupt",
+                path,
+                digest,
+            } => format!(
+                "snapshot file {path:?} (blob {digest}) is corrupt: its stored bytes do not hash to the manifest's digest, so none are served; ask the operator to restore the blob from its source"
+            ),
+            ApiError::SnapshotFile { code, path, digest } => format!(
+                "snapshot file {path:?} (blob {digest}) cannot be served ({code}); retry later, or ask the operator to check the blob directory"
             ),
             other => other.to_string(),
         }

@@ -265,7 +265,7 @@ async fn exec_admission_reads_replays_and_cancel() {
     .await;
     assert_eq!(
         out.ok(200),
-        &json!({"pages": [], "terminal": false, "next_seq": 1})
+        &json!({"pages": [], "terminal": false, "stopped": false, "next_seq": 1})
     );
     // Bad admissions: typed, nothing written.
     for (key, body, code) in [
@@ -536,6 +536,7 @@ async fn output_pages_in_order_with_exact_bytes() {
                 {"seq": 3, "kind": "stdout", "data_b64": b64(&binary), "sha256": Digest::of(&binary).to_hex(), "exit": null},
             ],
             "terminal": false,
+            "stopped": false,
             "next_seq": 4,
         })
     );
@@ -558,6 +559,7 @@ async fn output_pages_in_order_with_exact_bytes() {
         &json!({
             "pages": [{"seq": 4, "kind": "terminal", "data_b64": "", "sha256": Digest::of(b"").to_hex(), "exit": {"code": 7, "signal": null}}],
             "terminal": true,
+            "stopped": false,
             "next_seq": 5,
         })
     );
@@ -565,7 +567,7 @@ async fn output_pages_in_order_with_exact_bytes() {
     let r = send(&s.router, get("?after_seq=9223372036854775806")).await;
     assert_eq!(
         r.ok(200),
-        &json!({"pages": [], "terminal": false, "next_seq": i64::MAX})
+        &json!({"pages": [], "terminal": false, "stopped": false, "next_seq": i64::MAX})
     );
     send(&s.router, get("?after_seq=9223372036854775807"))
         .await
@@ -615,7 +617,7 @@ async fn a_finished_exec_is_terminal_with_its_units_back() {
     .await;
     assert_eq!(
         out.ok(200),
-        &json!({"pages": [], "terminal": true, "next_seq": 2})
+        &json!({"pages": [], "terminal": true, "stopped": false, "next_seq": 2})
     );
     // Cancel of a terminal exec returns it as it is.
     let c = send(

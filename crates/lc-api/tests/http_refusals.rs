@@ -467,8 +467,14 @@ fn service_routes() {
                 "/v1/execs",
                 "/v1/execs/{exec_id}",
                 "/v1/execs/{exec_id}/cancel",
+                "/v1/execs/{exec_id}/hibernate",
                 "/v1/execs/{exec_id}/input",
                 "/v1/execs/{exec_id}/output",
+                "/v1/execs/{exec_id}/resume",
+                "/v1/execs/{exec_id}/snapshots",
+                "/v1/execs/{exec_id}/snapshots/{digest}/files/{path}",
+                "/v1/execs/{exec_id}/snapshots/{digest}/tree",
+                "/v1/execs/{exec_id}/workspace",
                 "/v1/openapi.json",
                 "/v1/operations/{key}",
                 "/v1/runtimes",
@@ -490,9 +496,24 @@ fn service_routes() {
             "PageView",
             "OperationView",
             "RuntimeList",
+            "HibernationView",
+            "ResumeIntentView",
+            "WorkspaceView",
+            "SnapshotList",
+            "TreeView",
         ] {
             assert!(doc["components"]["schemas"][schema].is_object(), "{schema}");
         }
+        let file = &doc["paths"]["/v1/execs/{exec_id}/snapshots/{digest}/files/{path}"]["get"];
+        assert_eq!(
+            file["parameters"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|p| p["name"].as_str().unwrap())
+                .collect::<Vec<_>>(),
+            ["exec_id", "digest", "path", "Lc-Tenant"]
+        );
         let m = send(r, Req::get("/metrics")).await;
         assert_eq!(m.ok(200), &json!(m.text.clone()));
         assert!(

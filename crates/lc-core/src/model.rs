@@ -431,6 +431,24 @@ pub struct ExecRecord {
     /// ([`ExecRequest::stdin_open`]).
     #[serde(default)]
     pub stdin_open: bool,
+    /// Its idle TTL in milliseconds ([`ExecRequest::idle_ttl_ms`]).
+    #[serde(default)]
+    pub idle_ttl_ms: Option<u64>,
+    /// What its timeout does ([`ExecRequest::on_timeout`]).
+    #[serde(default)]
+    pub on_timeout: OnTimeout,
+    /// Its workspace's head: the newest snapshot's digest; `None` before
+    /// the first hibernation committed one.
+    #[serde(default)]
+    pub workspace_head: Option<Digest>,
+    /// The newest hibernation of its current attempt (the highest
+    /// generation); `None` when none was sealed.
+    #[serde(default)]
+    pub hibernation: Option<crate::hibernate::HibernationRecord>,
+    /// The receipt of its newest committed resume (the highest attempt and
+    /// generation); `None` when it was never resumed.
+    #[serde(default)]
+    pub resume: Option<crate::hibernate::ResumeReceipt>,
 }
 
 /// A tenant with its Tollgate balances (units).

@@ -736,15 +736,74 @@ pub(crate) async fn insert_lease(conn: &mut PgConnection, n: &NewLease<'_>) -> R
     Ok(())
 }
 
+/// An exec's row with its current generation's Lease state, its
+/// workspace head, the newest hibernation of its current attempt (columns
+/// `hib_*`, NULL when none) and its newest resume receipt (columns `rr_*`,
+/// NULL when none).
 const EXEC_SELECT: &str = "SELECT e.exec_id, e.tenant_id, e.lease_id, e.provider_id, \
         e.runtime_digest, e.workspace_id, e.shape, e.units, e.command::text AS command, \
         e.timeout_ms, e.timeout_floor_us, e.timeout_submicro_ns, e.admitted_floor_us, \
         e.admitted_submicro_ns, e.state, e.terminal_reason, e.exit_code, e.cancel_requested, \
-        e.current_attempt, e.stdin_open, l.state AS lease_state \
+        e.current_attempt, e.stdin_open, e.idle_ttl_ms, e.on_timeout, l.state AS lease_state, \
+        w.head AS workspace_head, \
+        h.attempt AS hib_attempt, h.generation AS hib_generation, h.lease_id AS hib_lease_id, \
+        h.reason AS hib_reason, h.sealed_floor_us AS hib_sealed_floor_us, \
+        h.sealed_submicro_ns AS hib_sealed_submicro_ns, h.step AS hib_step, h.head AS hib_head, \
+        r.op_key AS rr_op_key, r.attempt AS rr_attempt, r.from_generation AS rr_from_generation, \
+        r.to_generation AS rr_to_generation, r.lease_id AS rr_lease_id, r.head AS rr_head, \
+        r.request_sha256 AS rr_request_sha256, r.token_sha256 AS rr_token_sha256, \
+        r.owner_generation AS rr_owner_generation, r.owner_fence AS rr_owner_fence, \
+        r.committed_floor_us AS rr_committed_floor_us, \
+        r.committed_submicro_ns AS rr_committed_submicro_ns \
    FROM lc_execs e \
    JOIN lc_attempts a ON a.exec_id = e.exec_id AND a.attempt = e.current_attempt \
    JOIN lc_sandbox_leases l ON l.exec_id = e.exec_id AND l.attempt = a.attempt \
-                           AND l.generation = a.generation";
+                           AND l.generation = a.generation \
+   LEFT JOIN lc_workspaces w ON w.exec_id = e.exec_id \
+   LEFT JOIN LATERAL (SELECT * FROM lc_hibernations hh \
+                       WHERE hh.exec_id = e.exec_id AND hh.attempt = e.current_attempt \
+                       ORDER BY hh.generation DESC LIMIT 1) h ON true \
+   LEFT JOIN LATERAL (SELECT * FROM lc_resume_receipts rr WHERE rr.exec_id = e.exec_id \
+                       ORDER BY rr.attempt DESC, rr.to_generation DESC LIMIT 1) r ON true";
+
+/// The `hib_*` columns of [`EXEC_SELECT`] as the exec's hibernation.
+fn exec_hibernation(row: &PgRow, exec_id: ExecId) -> Result<Option<HibernationRecord>, Fail> {
+    let Some(generation) = row.try_get::<Option<i64>, _>("hib_generation")? else {
+        return Ok(None);
+    };
+    Ok(Some(HibernationRecord {
+        exec_id,
+        attempt: AttemptNo(row.try_get("hib_attempt")?),
+        generation: Generation(generation),
+        lease_id: SandboxLeaseId(row.try_get("hib_lease_id")?),
+        reason: parse_enum(row, "hib_reason", HibernationReason::parse)?,
+        sealed_cut: instant_at(row, "hib_sealed_floor_us", "hib_sealed_submicro_ns")?,
+        step: parse_enum(row, "hib_step", HibernationStep::parse)?,
+        head: opt_digest_at(row, "hib_head")?,
+    }))
+}
+
+/// The `rr_*` columns of [`EXEC_SELECT`] as the exec's newest resume
+/// receipt.
+fn exec_resume(row: &PgRow, exec_id: ExecId) -> Result<Option<ResumeReceipt>, Fail> {
+    let Some(op_key) = row.try_get::<Option<String>, _>("rr_op_key")? else {
+        return Ok(None);
+    };
+    Ok(Some(ResumeReceipt {
+        exec_id,
+        op_key,
+        attempt: AttemptNo(row.try_get("rr_attempt")?),
+        from_generation: Generation(row.try_get("rr_from_generation")?),
+        to_generation: Generation(row.try_get("rr_to_generation")?),
+        lease_id: SandboxLeaseId(row.try_get("rr_lease_id")?),
+        head: digest_at(row, "rr_head")?,
+        request_sha256: digest_at(row, "rr_request_sha256")?,
+        token_sha256: digest_at(row, "rr_token_sha256")?,
+        owner_generation: row.try_get("rr_owner_generation")?,
+        owner_fence: row.try_get("rr_owner_fence")?,
+        committed_cut: instant_at(row, "rr_committed_floor_us", "rr_committed_submicro_ns")?,
+    }))
+}
 
 fn exec_from(row: &PgRow) -> Result<ExecRecord, Fail> {
     let exec_id = ExecId(row.try_get("exec_id")?);
@@ -781,6 +840,14 @@ fn exec_from(row: &PgRow) -> Result<ExecRecord, Fail> {
         admitted_cut: instant_at(row, "admitted_floor_us", "admitted_submicro_ns")?,
         cancel_requested: row.try_get("cancel_requested")?,
         stdin_open: row.try_get("stdin_open")?,
+        idle_ttl_ms: row
+            .try_get::<Option<i64>, _>("idle_ttl_ms")?
+            .map(|t| u64::try_from(t).map_err(|_| corrupt(format!("idle_ttl_ms {t}"))))
+            .transpose()?,
+        on_timeout: parse_enum(row, "on_timeout", OnTimeout::parse)?,
+        workspace_head: opt_digest_at(row, "workspace_head")?,
+        hibernation: exec_hibernation(row, exec_id)?,
+        resume: exec_resume(row, exec_id)?,
     })
 }
 
