@@ -16,6 +16,7 @@
 
 mod appliance;
 mod gateway;
+mod ports;
 mod provider;
 mod retry;
 mod serve;

@@ -30,8 +30,9 @@ use lc_api::{ServiceOptions, build};
 use tokio::net::TcpListener;
 
 /// The default listen address: loopback only; exposing the control plane
-/// beyond the host is an explicit choice.
-pub const LISTEN_DEFAULT: &str = "127.0.0.1:8090";
+/// beyond the host is an explicit choice. Its port is the one `lc` and the
+/// appliance use by default.
+pub const LISTEN_DEFAULT: &str = crate::ports::DEFAULT_CONTROL_PLANE_LISTEN;
 
 /// The `serve` argument that passes instance id `id`: one `--instance-id=ID`
 /// argument, so an id that begins with `-` (a random base64url one may) is

@@ -111,8 +111,9 @@ impl Layout {
     pub fn runtimes(&self) -> PathBuf {
         self.root.join("runtimes")
     }
-    /// `DIR/blobs`: the sink, written by the gateway, read by the control
-    /// plane.
+    /// `DIR/blobs`: the sink of output pages, written by the gateway, and
+    /// the blobs of workspace snapshots, written by the provider's
+    /// quiescence and read by its restores; the control plane reads both.
     pub fn blobs(&self) -> PathBuf {
         self.root.join("blobs")
     }
@@ -316,8 +317,9 @@ impl Layout {
     }
 }
 
-/// The control plane's port when `--listen` is not given at the first `up`.
-pub const DEFAULT_CONTROL_PLANE_PORT: u16 = 7480;
+/// The control plane's port when `--listen` is not given at the first `up`
+/// (the port `lc` looks at by default).
+pub const DEFAULT_CONTROL_PLANE_PORT: u16 = crate::ports::DEFAULT_CONTROL_PLANE_PORT;
 
 fn mkdir(dir: &Path, mode: u32) -> Result<(), ApplianceError> {
     std::fs::create_dir_all(dir)

@@ -506,6 +506,12 @@ async fn start_all(
             cgroup_parent(&layout.root).into(),
             "--supervisor".into(),
             supervisor.into(),
+            // The snapshots quiescence writes are the blobs the control
+            // plane's file routes read: one directory, and the provider
+            // runs as the same user as serve (`run_as: None`), so the
+            // directory's 0700 lets both read and write it.
+            "--blob-dir".into(),
+            layout.blobs().into(),
         ],
         env: Vec::new(),
         run_as: None,

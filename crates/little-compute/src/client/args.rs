@@ -4,9 +4,12 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
+#[path = "../ports.rs"]
+mod ports;
+
 /// Default server when neither `--server`, `LC_SERVER` nor `--data-dir`
-/// names one.
-pub const DEFAULT_SERVER: &str = "http://127.0.0.1:8090";
+/// names one: the appliance's (and `serve`'s) default port on loopback.
+pub const DEFAULT_SERVER: &str = ports::DEFAULT_CONTROL_PLANE_URL;
 
 /// `lc`: the Little Compute client.
 #[derive(Debug, Parser)]
@@ -72,6 +75,46 @@ pub enum Command {
     /// Operation keys and their recorded results.
     #[command(subcommand)]
     Operation(OperationCmd),
+    /// Workspaces: the snapshots hibernation keeps of an exec's files.
+    #[command(subcommand)]
+    Workspace(WorkspaceCmd),
+}
+
+/// `lc workspace`.
+#[derive(Debug, Subcommand)]
+pub enum WorkspaceCmd {
+    /// An exec's workspace: its head (the newest snapshot) and how many
+    /// snapshots it holds.
+    Show {
+        /// The exec.
+        id: i64,
+    },
+    /// An exec's snapshots, oldest first.
+    Snapshots {
+        /// The exec.
+        id: i64,
+        /// Only snapshots after this chain seq.
+        #[arg(long)]
+        after_seq: Option<i64>,
+        /// At most this many.
+        #[arg(long)]
+        limit: Option<u32>,
+    },
+    /// Download a snapshot's files into DIR (which must not exist or be
+    /// empty): every file's SHA-256 is verified, modes and symlinks are
+    /// written as the snapshot holds them, and nothing is left in DIR
+    /// unless every entry was written (they go to a temporary directory
+    /// next to it, renamed into place at the end).
+    Download {
+        /// The exec.
+        id: i64,
+        /// The snapshot (64 hex digits; default: the workspace's head).
+        #[arg(long, value_name = "H")]
+        head: Option<String>,
+        /// Where to put the files.
+        #[arg(long, value_name = "DIR")]
+        to: PathBuf,
+    },
 }
 
 /// `lc tenant`.
@@ -134,6 +177,16 @@ pub enum ExecCmd {
         /// `--eof` input (default: stdin is empty).
         #[arg(long)]
         stdin_open: bool,
+        /// Hibernate the exec after this many milliseconds without
+        /// activity (an output page or an input); default: never for
+        /// idleness.
+        #[arg(long)]
+        idle_ttl_ms: Option<u64>,
+        /// What `--timeout-ms` does when it runs out: `terminate` (the
+        /// exec ends `expired`) or `hibernate` (it hibernates and may be
+        /// resumed); default `terminate`.
+        #[arg(long, value_parser = ["terminate", "hibernate"])]
+        on_timeout: Option<String>,
         /// Wait until the exec is terminal and exit with the command's
         /// exit code.
         #[arg(long)]
@@ -209,6 +262,37 @@ pub enum ExecCmd {
     Cancel {
         /// The exec.
         id: i64,
+    },
+    /// Hibernate a running exec: its command is stopped, its workspace
+    /// snapshotted and its units returned; `lc exec resume` runs it again
+    /// from the snapshot. Prints the hibernation.
+    Hibernate {
+        /// The exec.
+        id: i64,
+        /// Wait until it is hibernated (exit 124 after --wait-timeout-s).
+        #[arg(long)]
+        wait: bool,
+        /// Give up waiting after this many seconds (exit 124; at most
+        /// 31536000, a year).
+        #[arg(long, default_value_t = WAIT_SECS_DEFAULT, value_parser = wait_secs())]
+        wait_timeout_s: u64,
+    },
+    /// Resume a hibernated exec from its workspace's head (or --head H,
+    /// which must be the head). Prints the recorded request.
+    Resume {
+        /// The exec.
+        id: i64,
+        /// The snapshot to resume from, 64 hex digits.
+        #[arg(long, value_name = "H")]
+        head: Option<String>,
+        /// Wait until it runs again under this request (exit 1 if it ends
+        /// instead; 124 after --wait-timeout-s).
+        #[arg(long)]
+        wait: bool,
+        /// Give up waiting after this many seconds (exit 124; at most
+        /// 31536000, a year).
+        #[arg(long, default_value_t = WAIT_SECS_DEFAULT, value_parser = wait_secs())]
+        wait_timeout_s: u64,
     },
 }
 

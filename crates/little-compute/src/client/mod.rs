@@ -19,6 +19,7 @@
 pub mod args;
 pub mod http;
 pub mod output;
+pub mod workspace;
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -29,7 +30,9 @@ use base64::Engine as _;
 use reqwest::Method;
 use serde_json::{Value, json};
 
-use self::args::{Cli, Command, ConnArgs, ExecCmd, OperationCmd, RuntimeCmd, TenantCmd};
+use self::args::{
+    Cli, Command, ConnArgs, ExecCmd, OperationCmd, RuntimeCmd, TenantCmd, WorkspaceCmd,
+};
 use self::http::{Body, Client, ClientError, fresh_idempotency_key};
 
 /// Pause between two polls of `--wait` and `--follow`.
@@ -208,6 +211,8 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, ClientError> {
             shape,
             timeout_ms,
             stdin_open,
+            idle_ttl_ms,
+            on_timeout,
             wait,
             wait_timeout_s,
             command,
@@ -218,6 +223,12 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, ClientError> {
             }
             if stdin_open {
                 body["stdin_open"] = json!(true);
+            }
+            if let Some(t) = idle_ttl_ms {
+                body["idle_ttl_ms"] = json!(t);
+            }
+            if let Some(t) = on_timeout {
+                body["on_timeout"] = json!(t);
             }
             let v = client
                 .call(Method::POST, "v1/execs", Body::Json(body), Some(&op_key()?))
@@ -295,6 +306,117 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, ClientError> {
                     Some(&op_key()?),
                 )
                 .await?
+        }
+        Command::Exec(ExecCmd::Hibernate {
+            id,
+            wait,
+            wait_timeout_s,
+        }) => {
+            let v = client
+                .call(
+                    Method::POST,
+                    &format!("v1/execs/{id}/hibernate"),
+                    Body::None,
+                    Some(&op_key()?),
+                )
+                .await?;
+            output::record(&v, json, output::HIBERNATION_FIELDS)?;
+            if !wait {
+                return Ok(ExitCode::SUCCESS);
+            }
+            return wait_exec(&client, id, wait_timeout_s, json, Until::Hibernated).await;
+        }
+        Command::Exec(ExecCmd::Resume {
+            id,
+            head,
+            wait,
+            wait_timeout_s,
+        }) => {
+            let body = match head {
+                Some(h) => Body::Json(json!({ "head": h })),
+                None => Body::None,
+            };
+            let key = op_key()?;
+            let v = client
+                .call(
+                    Method::POST,
+                    &format!("v1/execs/{id}/resume"),
+                    body,
+                    Some(&key),
+                )
+                .await?;
+            output::record(&v, json, output::RESUME_FIELDS)?;
+            if !wait {
+                return Ok(ExitCode::SUCCESS);
+            }
+            return wait_exec(&client, id, wait_timeout_s, json, Until::Resumed(key)).await;
+        }
+        Command::Workspace(WorkspaceCmd::Show { id }) => {
+            let v = client
+                .call(
+                    Method::GET,
+                    &format!("v1/execs/{id}/workspace"),
+                    Body::None,
+                    None,
+                )
+                .await?;
+            output::record(&v, json, output::WORKSPACE_FIELDS)?;
+            return Ok(ExitCode::SUCCESS);
+        }
+        Command::Workspace(WorkspaceCmd::Snapshots {
+            id,
+            after_seq,
+            limit,
+        }) => {
+            let mut q = Vec::new();
+            if let Some(a) = after_seq {
+                q.push(format!("after_seq={a}"));
+            }
+            if let Some(l) = limit {
+                q.push(format!("limit={l}"));
+            }
+            let mut path = format!("v1/execs/{id}/snapshots");
+            if !q.is_empty() {
+                path = format!("{path}?{}", q.join("&"));
+            }
+            let v = client.call(Method::GET, &path, Body::None, None).await?;
+            output::list(&v, "snapshots", json, output::SNAPSHOT_FIELDS)?;
+            return Ok(ExitCode::SUCCESS);
+        }
+        Command::Workspace(WorkspaceCmd::Download { id, head, to }) => {
+            let head = match head {
+                Some(h) => lc_core::model::Digest::from_hex(&h)
+                    .map_err(|e| ClientError::Failed(format!("--head {h:?}: {e}")))?,
+                None => {
+                    let w = client
+                        .call(
+                            Method::GET,
+                            &format!("v1/execs/{id}/workspace"),
+                            Body::None,
+                            None,
+                        )
+                        .await?;
+                    let h = w["head"].as_str().ok_or_else(|| {
+                        ClientError::Failed(format!(
+                            "exec {id} has no snapshot yet: its workspace is snapshotted when it hibernates (lc exec hibernate {id})"
+                        ))
+                    })?;
+                    lc_core::model::Digest::from_hex(h)
+                        .map_err(|e| ClientError::Failed(format!("the server's head: {e}")))?
+                }
+            };
+            let tree = client
+                .call(
+                    Method::GET,
+                    &format!("v1/execs/{id}/snapshots/{}/tree", head.to_hex()),
+                    Body::None,
+                    None,
+                )
+                .await?;
+            let d = workspace::download(&client, id, head, &tree, &to).await?;
+            let summary = workspace::summary(id, head, &to, &d);
+            output::record(&summary, json, output::DOWNLOAD_FIELDS)?;
+            return Ok(ExitCode::SUCCESS);
         }
         Command::Operation(OperationCmd::Show { key }) => {
             let v = client
@@ -460,11 +582,70 @@ async fn wait_terminal(
     }
 }
 
+/// What [`wait_exec`] waits for.
+enum Until {
+    /// The exec is `hibernated`.
+    Hibernated,
+    /// The exec runs again under the resume of this idempotency key.
+    Resumed(String),
+}
+
+/// Polls `GET /v1/execs/{id}` every [`POLL_INTERVAL`] until `until` holds
+/// (prints the exec, exit 0), the exec is terminal (prints it and a line
+/// saying so, exit 1), or `wait_s` passed (a line, [`EXIT_TIMED_OUT`]).
+async fn wait_exec(
+    client: &Client,
+    id: i64,
+    wait_s: u64,
+    json: bool,
+    until: Until,
+) -> Result<ExitCode, ClientError> {
+    let deadline = deadline_after(wait_s)?;
+    loop {
+        let v = client
+            .call(Method::GET, &format!("v1/execs/{id}"), Body::None, None)
+            .await?;
+        let done = match &until {
+            Until::Hibernated => v["state"] == "hibernated",
+            Until::Resumed(key) => v["state"] == "running" && v["resume"]["op_key"] == **key,
+        };
+        if done {
+            output::record(&v, json, output::EXEC_FIELDS)?;
+            return Ok(ExitCode::SUCCESS);
+        }
+        if v["state"] == "terminal" {
+            output::record(&v, json, output::EXEC_FIELDS)?;
+            let _ = writeln!(
+                std::io::stderr(),
+                "exec {id} ended {} instead; lc exec show {id} tells more",
+                v["terminal_reason"].as_str().unwrap_or("without a reason")
+            );
+            return Ok(ExitCode::from(1));
+        }
+        if tokio::time::Instant::now() >= deadline {
+            let what = match until {
+                Until::Hibernated => "hibernated",
+                Until::Resumed(_) => "running again",
+            };
+            let _ = writeln!(
+                std::io::stderr(),
+                "exec {id}: not {what} after {wait_s} s (state {}); check that a gateway and the provider run (little-compute appliance status)",
+                v["state"].as_str().unwrap_or("unknown")
+            );
+            return Ok(ExitCode::from(EXIT_TIMED_OUT));
+        }
+        tokio::time::sleep(POLL_INTERVAL).await;
+    }
+}
+
 /// `exec output`: pages after `after_seq` in order, stdout bytes to
 /// stdout exactly and (with `stderr`) stderr bytes to stderr, each seq
 /// written once (a page at or below the last written seq is skipped, a gap
-/// is an error). With `follow`: until the terminal page (or, for an exec
-/// that ended without one, the answer's `terminal`), then the status of
+/// is an error; a stopped page, the end of a generation that hibernated,
+/// is named on stderr and passed). With `follow`: until the terminal page
+/// (past any stopped page, into the resumed generation's pages; or, for
+/// an exec that ended without one, the answer's `terminal`), then the
+/// status of
 /// [`terminal_status`]; a dropped
 /// connection or a server error is retried from the last written seq every
 /// [`POLL_INTERVAL`]; both bounded by `wait_s` (then [`EXIT_TIMED_OUT`]).
@@ -536,6 +717,13 @@ async fn exec_output(
                 Some("stderr") if stderr => write_all(&mut std::io::stderr().lock(), &bytes),
                 Some("terminal") => {
                     exit = Some(p["exit"].clone());
+                    Ok(())
+                }
+                Some("stopped") => {
+                    let _ = writeln!(
+                        std::io::stderr(),
+                        "exec {id}: hibernated at page {seq}: its command was stopped and its workspace kept; the output goes on after lc exec resume {id}"
+                    );
                     Ok(())
                 }
                 _ => Ok(()),

@@ -34,6 +34,36 @@ pub const EXEC_FIELDS: &[&str] = &[
     "command",
 ];
 
+/// The fields shown for a hibernation.
+pub const HIBERNATION_FIELDS: &[&str] = &[
+    "exec_id",
+    "generation",
+    "reason",
+    "step",
+    "sealed_cut",
+    "head",
+];
+
+/// The fields shown for a resume request.
+pub const RESUME_FIELDS: &[&str] = &[
+    "exec_id",
+    "op_key",
+    "head",
+    "from_generation",
+    "recorded_cut",
+];
+
+/// The fields shown for a workspace.
+pub const WORKSPACE_FIELDS: &[&str] = &["exec_id", "workspace_id", "head", "snapshots"];
+
+/// The fields shown for a snapshot.
+pub const SNAPSHOT_FIELDS: &[&str] = &["seq", "digest", "generation", "committed_cut"];
+
+/// The fields shown for a workspace download.
+pub const DOWNLOAD_FIELDS: &[&str] = &[
+    "exec_id", "head", "dir", "files", "dirs", "symlinks", "bytes",
+];
+
 /// The fields shown for a stdin input.
 pub const INPUT_FIELDS: &[&str] = &["exec_id", "input_seq", "length", "eof", "state", "sha256"];
 
