@@ -556,7 +556,7 @@ async fn resume_exec(
             // one), so a workspace without one has nothing to resume.
             .ok_or(LcError::ExecNotParked {
                 exec_id: exec,
-                state: "never hibernated",
+                state: "without a snapshot yet",
             })?,
     };
     let op = OperationKey::new(
@@ -805,6 +805,8 @@ async fn snapshot_file(
         let failure = match sink.copy_to(&sha256, size, &mut w) {
             Ok(Some(_)) => None,
             Ok(None) => Some(format!("blob {sha256} vanished while it was sent")),
+            // The client went away: nothing to tell it.
+            Err(BlobError::Output { .. }) => return,
             Err(e) => Some(e.to_string()),
         };
         if let Some(f) = failure {

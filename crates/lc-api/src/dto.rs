@@ -182,7 +182,9 @@ pub struct ExecView {
     pub exec_id: i64,
     /// Its tenant.
     pub tenant_id: i64,
-    /// `admitted`, `running` or `terminal`.
+    /// `admitted`, `running`, `hibernated` (its workspace snapshotted, its
+    /// units returned; `POST /v1/execs/{id}/resume` runs it again) or
+    /// `terminal`.
     pub state: String,
     /// `exited`, `cancelled`, `expired` or `start_failed` once terminal.
     pub terminal_reason: Option<String>,

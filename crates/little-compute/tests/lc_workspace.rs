@@ -447,3 +447,53 @@ async fn follow_goes_on_past_a_stopped_page_into_the_resumed_generation() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn create_passes_the_idle_ttl_and_the_timeout_action() {
+    let dir = ws::temp_dir("cli-create");
+    let (s, _blobs, url) = start(&dir).await;
+    let (_, key) = ws::tenant(&s, "blue", 4).await;
+    let base = ["--server", url.as_str(), "--token", key.as_str()];
+    let o = run(&[
+        &base[..],
+        &[
+            "--json",
+            "exec",
+            "create",
+            "--idle-ttl-ms",
+            "5000",
+            "--on-timeout",
+            "hibernate",
+            "--timeout-ms",
+            "60000",
+            "--",
+            "true",
+        ],
+    ]
+    .concat())
+    .await;
+    let v = json_of(&o);
+    assert_eq!(
+        (&v["idle_ttl_ms"], &v["on_timeout"], &v["timeout_ms"]),
+        (&json!(5000), &json!("hibernate"), &json!(60000))
+    );
+    let o = run(&[
+        &base[..],
+        &["exec", "create", "--idle-ttl-ms", "0", "--", "true"],
+    ]
+    .concat())
+    .await;
+    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(
+        text(&o.stderr),
+        "error: 422 invalid_timeout: invalid timeout: an idle ttl is 1..=86400000 ms, not 0\n"
+    );
+    let o = run(&[
+        &base[..],
+        &["exec", "create", "--on-timeout", "pause", "--", "true"],
+    ]
+    .concat())
+    .await;
+    assert_eq!(o.status.code(), Some(2));
+    std::fs::remove_dir_all(&dir).unwrap();
+}

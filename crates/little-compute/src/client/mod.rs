@@ -14,7 +14,11 @@
 //! when it exited; 1 with a line naming the reason (`cancelled`,
 //! `expired`, `start_failed`) and what to do otherwise; 124 when
 //! `--wait` or `--follow` gave up, or `exec send` found the exec's input
-//! queue full for its `--wait-timeout-s`.
+//! queue full for its `--wait-timeout-s`. `exec hibernate --wait` and
+//! `exec resume --wait` give 0 once the exec is hibernated or runs again
+//! under that request, 1 when it ended instead, 124 when they gave up.
+//! `workspace download` gives 0 once every entry is written, else 1 with
+//! nothing left in the target.
 
 pub mod args;
 pub mod http;
