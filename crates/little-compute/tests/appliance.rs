@@ -287,6 +287,34 @@ async fn appliance_runs_a_real_command_and_keeps_it_across_a_restart() {
         let pid = first_pids[name].as_u64().unwrap();
         assert!(alive(pid), "{name} ({pid}) runs");
     }
+    // serve, the gateway and the provider share one blob directory, so the
+    // snapshot files quiescence writes are the ones the file routes read;
+    // all three run as the same user.
+    let blobs = dir.join("blobs").display().to_string();
+    let mut uids = Vec::new();
+    for name in ["serve", "gateway", "provider"] {
+        let pid = first_pids[name].as_u64().unwrap();
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
+        let args: Vec<String> = cmdline
+            .split(|b| *b == 0)
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        let at = args.iter().position(|a| a == "--blob-dir");
+        assert_eq!(
+            at.and_then(|i| args.get(i + 1)),
+            Some(&blobs),
+            "{name}: {args:?}"
+        );
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        uids.push(
+            status
+                .lines()
+                .find(|l| l.starts_with("Uid:"))
+                .unwrap()
+                .to_string(),
+        );
+    }
+    assert!(uids.iter().all(|u| *u == uids[0]), "{uids:?}");
     // The sampler runs as its own unprivileged account.
     let sampler = first_pids["sampler"].as_u64().unwrap();
     let status = std::fs::read_to_string(format!("/proc/{sampler}/status")).unwrap();
