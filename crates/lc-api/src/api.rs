@@ -6,10 +6,13 @@
 //! lists its checks in order, as typed extractors: the path id
 //! ([`httpkit::IdPath`]), the credential ([`crate::auth`]), the
 //! `Idempotency-Key` ([`RequiredKey`]), the query, then the body
-//! ([`httpkit::JsonBody`]). Its body reads the clock once, calls exactly one
-//! [`ControlStore`](lc_core::store::ControlStore) method and maps the
-//! result to a DTO ([`crate::dto`]) or an [`ApiError`]. No handler decides
-//! a rule; the core and the store do.
+//! ([`httpkit::JsonBody`]). Its body reads the clock once, calls the one
+//! [`ControlStore`](lc_core::store::ControlStore) method of its operation
+//! (after a read where the route needs one: the exec before its output,
+//! the workspace's head before a resume that names none, a snapshot's
+//! manifest before its file) and maps the result to a DTO
+//! ([`crate::dto`]) or an [`ApiError`]. No handler decides a rule; the
+//! core and the store do.
 //!
 //! Time: every mutating call reads the cut once and hands the store that
 //! reading, certain or not. Exec admission needs a *certain* one: the store
