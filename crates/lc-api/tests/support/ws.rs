@@ -171,7 +171,6 @@ pub async fn quiesce(s: &PgSvc, r: &Running, tree: &Path, blobs: &LocalBlobStore
             Generation(1),
             &m.canonical_bytes(),
             head,
-            None,
             &signed(&Statement::Quiescence {
                 provider_id: "local".into(),
                 lease_id: r.lease_id.0,
@@ -199,13 +198,31 @@ pub async fn quiesce(s: &PgSvc, r: &Running, tree: &Path, blobs: &LocalBlobStore
 }
 
 /// Carries out the resume recorded under `op_key` as the gateway and the
-/// provider do: prepare (generation 2), the signed attachment of `head`,
-/// the commit, and generation 2's Lease active. Returns its Lease.
+/// provider do: a new ownership (the quiescence released the old one),
+/// prepare (generation 2), the signed attachment of `head`, the commit,
+/// and generation 2's Lease active. Returns its Lease.
 pub async fn resume(s: &PgSvc, r: &Running, op_key: &str, head: Digest) -> SandboxLeaseId {
     let at = s.reading().await;
+    let token = OwnerToken::from_bytes([0x43; 32]);
+    let owned = s
+        .store
+        .take_over(
+            &token,
+            TenantId(r.tenant_id),
+            ExecId(r.exec_id),
+            at,
+            SignedDuration::from_secs(600),
+        )
+        .await
+        .expect("take over the parked exec");
+    let cred = OwnerCredential {
+        token,
+        generation: owned.ownership.generation,
+        fence: owned.ownership.fence,
+    };
     let w = s
         .store
-        .prepare_resume(&r.cred, ExecId(r.exec_id), at, op_key)
+        .prepare_resume(&cred, ExecId(r.exec_id), at, op_key)
         .await
         .expect("prepare resume");
     s.store
@@ -225,7 +242,7 @@ pub async fn resume(s: &PgSvc, r: &Running, op_key: &str, head: Digest) -> Sandb
         .await
         .expect("attachment");
     s.store
-        .commit_resume(&r.cred, ExecId(r.exec_id), at, op_key)
+        .commit_resume(&cred, ExecId(r.exec_id), at, op_key)
         .await
         .expect("commit resume");
     s.store
