@@ -375,8 +375,9 @@ pub struct ExecRequest {
     /// The argv ([`crate::command::Command::new`] checks it).
     pub command: Vec<String>,
     /// How long the command may run, in milliseconds (`1..=`
-    /// [`crate::rules::TIMEOUT_MS_MAX`]); `None`: until cancelled, while
-    /// the Lease is renewed.
+    /// [`crate::rules::TIMEOUT_MS_MAX`]), counted from admission and again
+    /// from each committed resume (each run of the exec gets the whole
+    /// timeout); `None`: until cancelled, while the Lease is renewed.
     pub timeout_ms: Option<u64>,
     /// Whether the command's stdin stays open for input the tenant sends
     /// ([`crate::ControlStore::send_input`]) until an `eof` input; `false`
@@ -421,7 +422,8 @@ pub struct ExecRecord {
     pub command: Vec<String>,
     /// The timeout the request asked for, in milliseconds.
     pub timeout_ms: Option<u64>,
-    /// `admitted_cut + timeout`, on the cut; `None` without a timeout.
+    /// `admitted_cut + timeout`, or after a resume its receipt's committed
+    /// cut + timeout, on the cut; `None` without a timeout.
     pub timeout_deadline: Option<Timestamp>,
     /// The certain cut the exec was admitted at.
     pub admitted_cut: Timestamp,

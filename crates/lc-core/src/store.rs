@@ -765,14 +765,18 @@ pub trait GatewayStore: Send + Sync {
     /// Commits the resume recorded under `op_key` on a certain `at`, in one
     /// transaction: the checks of [`crate::hibernate::check_resume`], then
     /// the immutable [`ResumeReceipt`] and the attempt `parked ->
-    /// runnable`; the exec's last activity becomes `at.cut`. A replay of
-    /// `op_key` returns the one receipt and changes nothing.
+    /// runnable`; the exec's last activity becomes `at.cut`, and its
+    /// timeout (if it has one) restarts: its deadline becomes `at.cut +
+    /// timeout`, which must fit `cut + horizon`. A replay of `op_key`
+    /// returns the one receipt and changes nothing.
     ///
     /// # Errors
     /// `owner_stale`, `owner_expired`, `time_uncertain`, `not_found`,
     /// `exec_not_parked`, `request_digest_mismatch`,
-    /// `workspace_head_mismatch`, `competing_right`, `invalid_cut_reading`,
-    /// storage errors. Nothing is written on any of them.
+    /// `workspace_head_mismatch`, `competing_right`,
+    /// `deadline_beyond_horizon` (the restarted timeout),
+    /// `invalid_cut_reading`, storage errors. Nothing is written on any of
+    /// them.
     async fn commit_resume(
         &self,
         cred: &OwnerCredential,

@@ -1223,6 +1223,38 @@ pub(crate) async fn set_attempt_state(
     Ok(())
 }
 
+/// An exec's timeout in milliseconds, `None` without one.
+pub(crate) async fn exec_timeout_ms(
+    conn: &mut PgConnection,
+    exec: ExecId,
+) -> Result<Option<i64>, Fail> {
+    Ok(
+        sqlx::query_scalar("SELECT timeout_ms FROM lc_execs WHERE exec_id = $1")
+            .bind(exec.0)
+            .fetch_one(&mut *conn)
+            .await?,
+    )
+}
+
+/// Sets an exec's timeout deadline (the database refuses one beyond the
+/// horizon; the caller checks it first, with its code).
+pub(crate) async fn set_timeout_deadline(
+    conn: &mut PgConnection,
+    exec: ExecId,
+    deadline: Timestamp,
+) -> Result<(), Fail> {
+    let (f, s) = pair(deadline);
+    sqlx::query(
+        "UPDATE lc_execs SET timeout_floor_us = $2, timeout_submicro_ns = $3 WHERE exec_id = $1",
+    )
+    .bind(exec.0)
+    .bind(f)
+    .bind(s)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
 /// Sets an exec's state (and its exit code, when given).
 pub(crate) async fn set_exec_state(
     conn: &mut PgConnection,

@@ -2403,7 +2403,7 @@ async fn commit_resume_tx(
     conn: &mut PgConnection,
     a: &ResumeArgs<'_>,
 ) -> Result<ResumeReceipt, Fail> {
-    check_reading(conn, a.at).await?;
+    let cut = check_reading(conn, a.at).await?;
     let before = view_of(conn, a.exec_id).await?;
     let lease = lock_generation(conn, before.lease_id, before.lease_generation).await?;
     db::lock_exec_state(conn, before.tenant_id, a.exec_id)
@@ -2469,6 +2469,16 @@ async fn commit_resume_tx(
         }
         .into());
     }
+    // The timeout bounds each run of the exec: the resumed run's starts
+    // at this commit, inside the horizon like any new deadline.
+    let timeout_deadline = match db::exec_timeout_ms(conn, a.exec_id).await? {
+        Some(ms) => {
+            let d = rules::deadline_after(a.at, SignedDuration::from_millis(ms))?;
+            rules::check_admission(a.at, horizon(&cut), &[d])?;
+            Some(d)
+        }
+        None => None,
+    };
     let receipt = ResumeReceipt {
         exec_id: a.exec_id,
         op_key: a.op_key.to_owned(),
@@ -2486,6 +2496,9 @@ async fn commit_resume_tx(
     db::insert_resume_receipt(conn, &receipt).await?;
     db::set_attempt_state(conn, a.exec_id, pv.attempt, AttemptState::Runnable).await?;
     db::touch_activity(conn, a.exec_id, a.at.cut).await?;
+    if let Some(d) = timeout_deadline {
+        db::set_timeout_deadline(conn, a.exec_id, d).await?;
+    }
     Ok(receipt)
 }
 

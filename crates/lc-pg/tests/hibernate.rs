@@ -98,10 +98,15 @@ fn manifest_of(ws: i64, parent: Option<Digest>, entries: Vec<lc_core::snapshot::
         .canonical_bytes()
 }
 
-/// Runs an exec to parked (generation 1 hibernated, destroy proven):
-/// the exec, its owner, the manifest and head.
-async fn parked(f: &Fixture, at: CutReading) -> (ExecRecord, OwnerCredential, Vec<u8>, Digest) {
-    let e = running_exec(f, "px", at, None, None, OnTimeout::Terminate).await;
+/// Runs an exec (with `timeout_ms`, terminating on it) to parked
+/// (generation 1 hibernated, destroy proven): the exec, its owner, the
+/// manifest and head.
+async fn parked(
+    f: &Fixture,
+    at: CutReading,
+    timeout_ms: Option<u64>,
+) -> (ExecRecord, OwnerCredential, Vec<u8>, Digest) {
+    let e = running_exec(f, "px", at, None, timeout_ms, OnTimeout::Terminate).await;
     let tok = token(0x77);
     let owned = f
         .store
@@ -147,7 +152,7 @@ async fn parked(f: &Fixture, at: CutReading) -> (ExecRecord, OwnerCredential, Ve
 
 /// Runs an exec to a prepared, attached resume (generation 2).
 async fn prepared(f: &Fixture, at: CutReading) -> Parked {
-    let (e, cred, manifest, head) = parked(f, at).await;
+    let (e, cred, manifest, head) = parked(f, at, None).await;
     let ws = e.canonical.workspace_id.0;
     f.store
         .request_resume(
@@ -1135,6 +1140,80 @@ async fn a_resume_whose_lease_is_released_uncommitted_stays_parked_and_resumes_a
     assert_audit_clean(&f.store).await;
 }
 
+/// The timeout bounds each run of an exec: a committed resume restarts it
+/// from the commit's cut, so a timeout that passed while the exec was
+/// parked does not end the resumed run the moment it is active.
+#[tokio::test]
+async fn a_committed_resume_restarts_the_timeout_from_its_cut() {
+    let f = fixture(3).await;
+    let at = certain(&f.clock).await;
+    let timeout = SignedDuration::from_millis(5);
+    let (e, cred, _, head) = parked(&f, at, Some(5)).await;
+    let x = e.exec_id;
+    assert_eq!(e.timeout_deadline, Some(at.cut + timeout));
+    let later = wait_reading(&f.clock, 20, "a certain cut past the timeout", |r| {
+        r.certain && r.cut > at.cut + timeout
+    })
+    .await;
+    f.store
+        .request_resume(&resume_op("rt", x, head), later, f.tenant, x, head)
+        .await
+        .unwrap();
+    let w = f.store.prepare_resume(&cred, x, later, "rt").await.unwrap();
+    let ws = e.canonical.workspace_id.0;
+    f.store
+        .record_attachment(
+            w.lease_id,
+            Generation(2),
+            &f.provider.attachment(w.lease_id, 2, ws, head),
+            later,
+        )
+        .await
+        .unwrap();
+    let r = f.store.commit_resume(&cred, x, later, "rt").await.unwrap();
+    assert_eq!(r.committed_cut, later.cut);
+    assert_eq!(
+        f.store.exec(f.tenant, x).await.unwrap().timeout_deadline,
+        Some(later.cut + timeout)
+    );
+    f.store
+        .mark_active(w.lease_id, Generation(2), later)
+        .await
+        .unwrap();
+    let action_at = |cut| {
+        let store = &f.store;
+        async move {
+            let w2 = store.due_work(CutReading::certain(cut), 10).await.unwrap();
+            w2.iter().find(|d| d.lease_id == w.lease_id).unwrap().action
+        }
+    };
+    wait_reading(
+        &f.clock,
+        20,
+        "a certain cut past the restarted timeout",
+        |r| r.certain && r.cut >= later.cut + timeout,
+    )
+    .await;
+    let ns = SignedDuration::from_nanos(1);
+    assert_eq!(
+        action_at(later.cut + timeout - ns).await,
+        LeaseAction::Maintain
+    );
+    assert_eq!(
+        action_at(later.cut + timeout).await,
+        LeaseAction::BeginRelease(lc_core::TerminalReason::Expired)
+    );
+    // A replay of the commit returns the one receipt and moves nothing.
+    assert_eq!(
+        f.store.commit_resume(&cred, x, later, "rt").await.unwrap(),
+        r
+    );
+    assert_eq!(
+        f.store.exec(f.tenant, x).await.unwrap().timeout_deadline,
+        Some(later.cut + timeout)
+    );
+}
+
 #[tokio::test]
 async fn migration_0004_backfills_one_workspace_per_exec_and_admits_the_new_states() {
     let db = fresh_db().await;
@@ -1239,7 +1318,7 @@ async fn migration_0004_backfills_one_workspace_per_exec_and_admits_the_new_stat
 async fn a_pending_resume_is_claimable_and_a_cancel_ends_a_parked_exec() {
     let f = fixture(3).await;
     let at = certain(&f.clock).await;
-    let (e, _cred, _manifest, head) = parked(&f, at).await;
+    let (e, _cred, _manifest, head) = parked(&f, at, None).await;
     let x = e.exec_id;
     // Its owner released: a parked exec without a resume request is not
     // claimed; with one it is.
@@ -1490,7 +1569,7 @@ async fn a_refused_restore_is_recorded_on_its_intent_and_a_new_request_retries()
 async fn a_resume_key_reused_after_its_record_was_collected_is_a_typed_refusal() {
     let f = fixture(3).await;
     let at = certain(&f.clock).await;
-    let (e, _cred, _manifest, head) = parked(&f, at).await;
+    let (e, _cred, _manifest, head) = parked(&f, at, None).await;
     let x = e.exec_id;
     f.store
         .request_resume(&resume_op("k1", x, head), at, f.tenant, x, head)
