@@ -317,6 +317,20 @@ pub struct ResumeIntentView {
     /// The cut it was recorded at.
     #[schema(value_type = String)]
     pub recorded_cut: Timestamp,
+    /// Set once the provider refused to restore the head for this request
+    /// (a blob missing or not matching its digest): the request is never
+    /// carried out, the exec stays hibernated, and a request under a new
+    /// key retries. `null` while it may still be carried out.
+    pub refused: Option<ResumeRefusalView>,
+}
+
+/// Why the provider refused to restore a resume's head.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ResumeRefusalView {
+    /// The provider's stable code: `restore_failed` or `snapshot_refused`.
+    pub code: String,
+    /// Its message, naming the path and the blob's digest.
+    pub message: String,
 }
 
 impl From<ResumeIntent> for ResumeIntentView {
@@ -329,6 +343,10 @@ impl From<ResumeIntent> for ResumeIntentView {
             attempt: i.attempt.0,
             from_generation: i.from_generation.0,
             recorded_cut: i.recorded_cut,
+            refused: i.refused.map(|r| ResumeRefusalView {
+                code: r.code,
+                message: r.message,
+            }),
         }
     }
 }

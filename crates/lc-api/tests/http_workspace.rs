@@ -329,7 +329,8 @@ async fn hibernate_resume_and_the_workspace_routes() {
     assert_eq!(
         intent,
         json!({"exec_id": x, "op_key": "r2", "request_sha256": want_sha, "head": head.to_hex(),
-               "attempt": 1, "from_generation": 1, "recorded_cut": intent["recorded_cut"]})
+               "attempt": 1, "from_generation": 1, "recorded_cut": intent["recorded_cut"],
+               "refused": null})
     );
     let again = send(
         &s.router,
@@ -384,6 +385,52 @@ async fn quiesce_sealed(
     blobs: &LocalBlobStore,
 ) -> Manifest {
     ws::quiesce(s, r, tree, blobs).await
+}
+
+/// A restore the provider refused shows on the resume request: its replay
+/// carries the code and the message naming the path and digest, the exec
+/// stays hibernated on its head, and a request under a new key is taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_restore_shows_on_the_resume_request() {
+    let (s, blobs, dir) = start("refused").await;
+    let (t, key) = ws::tenant(&s, "acme", 10).await;
+    let r = ws::running(&s, t, &key, "x1", exec_body()).await;
+    let exec_path = format!("/v1/execs/{}", r.exec_id);
+    let hibernate = Req::post(format!("{exec_path}/hibernate")).token(&key);
+    send(&s.router, hibernate.key("h1")).await.ok(202);
+    let tree = dir.join("tree");
+    std::fs::create_dir(&tree).unwrap();
+    ws::write_tree(&tree);
+    let head = ws::quiesce(&s, &r, &tree, &blobs).await.digest();
+    let resume = |k: &str| Req::post(format!("{exec_path}/resume")).token(&key).key(k);
+    let intent = send(&s.router, resume("r1")).await.ok(202).clone();
+    assert_eq!(intent["refused"], Value::Null);
+
+    let refusal = lc_core::hibernate::ResumeRefusal {
+        code: "restore_failed".into(),
+        message: format!(
+            "restore failed (blob_corrupt) at \"a.txt\" blob {}: its bytes do not hash to it",
+            Digest::of(b"hello\n").to_hex()
+        ),
+    };
+    ws::refuse(&s, &r, "r1", &refusal).await;
+    let replay = send(&s.router, resume("r1")).await.ok(202).clone();
+    let mut want = intent.clone();
+    want["refused"] = json!({"code": refusal.code, "message": refusal.message});
+    assert_eq!(replay, want);
+    let v = send(&s.router, Req::get(&exec_path).token(&key)).await;
+    let v = v.ok(200);
+    assert_eq!(
+        (&v["state"], &v["workspace_head"], &v["resume"]),
+        (&json!("hibernated"), &json!(head.to_hex()), &Value::Null)
+    );
+    // A new request resumes from the refused one's generation.
+    let again = send(&s.router, resume("r2")).await.ok(202).clone();
+    assert_eq!(
+        (&again["from_generation"], &again["refused"]),
+        (&json!(2), &Value::Null)
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -347,6 +347,68 @@ async fn psql_intents(s: &PgSvc, exec: i64) -> i64 {
     .unwrap()
 }
 
+/// `exec resume --wait` ends at a restore the provider refused: exit 1
+/// and a line with the code and the provider's message (path and digest),
+/// not a wait until `--wait-timeout-s` for a resume that cannot happen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resume_wait_reports_a_refused_restore() {
+    let dir = ws::temp_dir("cli-refused");
+    let (s, blobs, url) = start(&dir).await;
+    let (t, key) = ws::tenant(&s, "blue", 4).await;
+    let r = ws::running(&s, t, &key, "x1", exec_body()).await;
+    let id = r.exec_id.to_string();
+    support::send(
+        &s.router,
+        support::Req::post(format!("/v1/execs/{id}/hibernate"))
+            .token(&key)
+            .key("h1"),
+    )
+    .await
+    .ok(202);
+    let tree = dir.join("tree");
+    std::fs::create_dir(&tree).unwrap();
+    ws::write_tree(&tree);
+    ws::quiesce(&s, &r, &tree, &blobs).await;
+    let waiting = lc(&[
+        "--server",
+        &url,
+        "--token",
+        &key,
+        "--idempotency-key",
+        "r1",
+        "exec",
+        "resume",
+        &id,
+        "--wait",
+        "--wait-timeout-s",
+        "60",
+    ]);
+    let mut recorded = false;
+    for _ in 0..PROCESS_POLLS_MAX {
+        if psql_intents(&s, r.exec_id).await == 1 {
+            recorded = true;
+            break;
+        }
+        tokio::time::sleep(PROCESS_POLL).await;
+    }
+    assert!(recorded, "lc's resume request was not recorded within 30 s");
+    let refusal = lc_core::hibernate::ResumeRefusal {
+        code: "restore_failed".into(),
+        message: "restore failed (blob_corrupt) at \"a.txt\"".into(),
+    };
+    ws::refuse(&s, &r, "r1", &refusal).await;
+    let o = waiting.await.unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o.stderr));
+    assert_eq!(
+        text(&o.stderr),
+        format!(
+            "exec {id}: resume refused (restore_failed): restore failed (blob_corrupt) at \"a.txt\"; \
+             the exec stays hibernated on its head; after fixing the cause, lc exec resume {id} again (a new request)\n"
+        )
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn follow_goes_on_past_a_stopped_page_into_the_resumed_generation() {
     let dir = ws::temp_dir("cli-follow");

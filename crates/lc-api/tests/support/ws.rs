@@ -203,23 +203,7 @@ pub async fn quiesce(s: &PgSvc, r: &Running, tree: &Path, blobs: &LocalBlobStore
 /// and generation 2's Lease active. Returns its Lease.
 pub async fn resume(s: &PgSvc, r: &Running, op_key: &str, head: Digest) -> SandboxLeaseId {
     let at = s.reading().await;
-    let token = OwnerToken::from_bytes([0x43; 32]);
-    let owned = s
-        .store
-        .take_over(
-            &token,
-            TenantId(r.tenant_id),
-            ExecId(r.exec_id),
-            at,
-            SignedDuration::from_secs(600),
-        )
-        .await
-        .expect("take over the parked exec");
-    let cred = OwnerCredential {
-        token,
-        generation: owned.ownership.generation,
-        fence: owned.ownership.fence,
-    };
+    let cred = take_parked(s, r, at).await;
     let w = s
         .store
         .prepare_resume(&cred, ExecId(r.exec_id), at, op_key)
@@ -250,6 +234,66 @@ pub async fn resume(s: &PgSvc, r: &Running, op_key: &str, head: Digest) -> Sandb
         .await
         .expect("generation 2 active");
     w.lease_id
+}
+
+/// A new ownership of `r`'s parked exec (the quiescence released the old
+/// one), as a gateway claims it for a resume request.
+async fn take_parked(s: &PgSvc, r: &Running, at: lc_core::CutReading) -> OwnerCredential {
+    let token = OwnerToken::from_bytes([0x43; 32]);
+    let owned = s
+        .store
+        .take_over(
+            &token,
+            TenantId(r.tenant_id),
+            ExecId(r.exec_id),
+            at,
+            SignedDuration::from_secs(600),
+        )
+        .await
+        .expect("take over the parked exec");
+    OwnerCredential {
+        token,
+        generation: owned.ownership.generation,
+        fence: owned.ownership.fence,
+    }
+}
+
+/// The provider's refusal to restore the resume recorded under `op_key`,
+/// as the gateway and the reconciler carry it out: a new ownership, the
+/// prepared Lease (generation 2), its release with the not-sent proof and
+/// `refusal` recorded on the request, then its destroy proven (the exec
+/// stays parked).
+pub async fn refuse(
+    s: &PgSvc,
+    r: &Running,
+    op_key: &str,
+    refusal: &lc_core::hibernate::ResumeRefusal,
+) {
+    let at = s.reading().await;
+    let cred = take_parked(s, r, at).await;
+    let w = s
+        .store
+        .prepare_resume(&cred, ExecId(r.exec_id), at, op_key)
+        .await
+        .expect("prepare resume");
+    let not_sent = signed(&Statement::NotSent {
+        provider_id: "local".into(),
+        lease_id: w.lease_id.0,
+        generation: w.generation.0,
+    });
+    s.store
+        .refuse_restore(w.lease_id, w.generation, &not_sent, at, refusal)
+        .await
+        .expect("refuse restore");
+    let absence = signed(&Statement::Absence {
+        provider_id: "local".into(),
+        lease_id: w.lease_id.0,
+        generation: w.generation.0,
+    });
+    s.store
+        .commit_release(w.lease_id, w.generation, &absence, at)
+        .await
+        .expect("commit release");
 }
 
 /// Ends generation `generation` (Lease `lease`) of a command that exited:

@@ -17,7 +17,7 @@ pub const DEFAULT_SERVER: &str = ports::DEFAULT_CONTROL_PLANE_URL;
     name = "lc",
     version,
     about = "lc: the Little Compute client (tenants, runtimes, execs, workspaces and operation keys over the control plane's HTTP API)",
-    after_help = "Exit status: 0 on success; 1 when the server refused or the request failed; exec create --wait and exec output --follow: the command's exit code (128 + signal), or 1 when the exec ended otherwise; exec hibernate/resume --wait: 0 once hibernated / running again, 1 when the exec ended instead; 124 when a --wait, --follow or exec send gave up after --wait-timeout-s.",
+    after_help = "Exit status: 0 on success; 1 when the server refused or the request failed; exec create --wait and exec output --follow: the command's exit code (128 + signal), or 1 when the exec ended otherwise; exec hibernate/resume --wait: 0 once hibernated / running again, 1 when the exec ended instead or its restore was refused; 124 when a --wait, --follow or exec send gave up after --wait-timeout-s.",
     max_term_width = 100
 )]
 pub struct Cli {

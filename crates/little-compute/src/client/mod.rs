@@ -336,24 +336,14 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, ClientError> {
             wait,
             wait_timeout_s,
         }) => {
-            let body = match head {
-                Some(h) => Body::Json(json!({ "head": h })),
-                None => Body::None,
-            };
             let key = op_key()?;
-            let v = client
-                .call(
-                    Method::POST,
-                    &format!("v1/execs/{id}/resume"),
-                    body,
-                    Some(&key),
-                )
-                .await?;
+            let v = request_resume(&client, id, head.as_deref(), &key).await?;
             output::record(&v, json, output::RESUME_FIELDS)?;
             if !wait {
                 return Ok(ExitCode::SUCCESS);
             }
-            return wait_exec(&client, id, wait_timeout_s, json, Until::Resumed(key)).await;
+            let until = Until::Resumed { key, head };
+            return wait_exec(&client, id, wait_timeout_s, json, until).await;
         }
         Command::Workspace(WorkspaceCmd::Show { id }) => {
             let v = client
@@ -590,8 +580,33 @@ async fn wait_terminal(
 enum Until {
     /// The exec is `hibernated`.
     Hibernated,
-    /// The exec runs again under the resume of this idempotency key.
-    Resumed(String),
+    /// The exec runs again under the resume of this idempotency key (the
+    /// request named `head`, or the workspace's head when `None`).
+    Resumed { key: String, head: Option<String> },
+}
+
+/// `POST /v1/execs/{id}/resume` under the idempotency key `key` (from
+/// `head`, or the workspace's head when `None`): the recorded request, also
+/// on a replay of `key`, whose `refused` says why the provider could not
+/// restore it.
+async fn request_resume(
+    client: &Client,
+    id: i64,
+    head: Option<&str>,
+    key: &str,
+) -> Result<serde_json::Value, ClientError> {
+    let body = match head {
+        Some(h) => Body::Json(json!({ "head": h })),
+        None => Body::None,
+    };
+    client
+        .call(
+            Method::POST,
+            &format!("v1/execs/{id}/resume"),
+            body,
+            Some(key),
+        )
+        .await
 }
 
 /// Polls `GET /v1/execs/{id}` every [`POLL_INTERVAL`] until `until` holds
@@ -611,7 +626,9 @@ async fn wait_exec(
             .await?;
         let done = match &until {
             Until::Hibernated => v["state"] == "hibernated",
-            Until::Resumed(key) => v["state"] == "running" && v["resume"]["op_key"] == **key,
+            Until::Resumed { key, .. } => {
+                v["state"] == "running" && v["resume"]["op_key"] == key.as_str()
+            }
         };
         if done {
             output::record(&v, json, output::EXEC_FIELDS)?;
@@ -626,10 +643,26 @@ async fn wait_exec(
             );
             return Ok(ExitCode::from(1));
         }
+        // A restore the provider refused ends this request for good: its
+        // replay says so (the exec stays hibernated; a new request retries).
+        if let Until::Resumed { key, head } = &until
+            && v["state"] == "hibernated"
+        {
+            let r = request_resume(client, id, head.as_deref(), key).await?;
+            if let Some(refused) = r.get("refused").filter(|x| x.is_object()) {
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "exec {id}: resume refused ({}): {}; the exec stays hibernated on its head; after fixing the cause, lc exec resume {id} again (a new request)",
+                    refused["code"].as_str().unwrap_or("unknown"),
+                    refused["message"].as_str().unwrap_or("")
+                );
+                return Ok(ExitCode::from(1));
+            }
+        }
         if tokio::time::Instant::now() >= deadline {
             let what = match until {
                 Until::Hibernated => "hibernated",
-                Until::Resumed(_) => "running again",
+                Until::Resumed { .. } => "running again",
             };
             let _ = writeln!(
                 std::io::stderr(),
