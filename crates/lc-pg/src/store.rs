@@ -230,6 +230,31 @@ impl std::fmt::Debug for LcStore {
 }
 
 impl LcStore {
+    /// The release of a Lease whose command was never sent, with the
+    /// provider's `refusal` of a resume's restore recorded on its request
+    /// when given (see `begin_release_not_sent` and `refuse_restore`).
+    async fn release_not_sent(
+        &self,
+        lease: SandboxLeaseId,
+        generation: Generation,
+        evidence: &serde_json::Value,
+        at: CutReading,
+        refusal: Option<&ResumeRefusal>,
+    ) -> Result<LeaseWork, LcError> {
+        let args = BeginReleaseNotSentArgs {
+            lease,
+            generation,
+            evidence,
+            at,
+            store: self,
+            refusal,
+        };
+        self.run(Op::Transition, &args, |c, a| {
+            Box::pin(begin_release_not_sent_tx(c, a))
+        })
+        .await
+    }
+
     /// Connects to the migrated database at `url` ([`crate::migrate`]
     /// first): a Tollgate store with grant policy `policy` and capability
     /// key `key` on the safe expiry cut, then Little Compute's checks.
@@ -3043,18 +3068,8 @@ impl ReconcileStore for LcStore {
         evidence: &serde_json::Value,
         at: CutReading,
     ) -> Result<LeaseWork, LcError> {
-        let args = BeginReleaseNotSentArgs {
-            lease,
-            generation,
-            evidence,
-            at,
-            store: self,
-            refusal: None,
-        };
-        self.run(Op::Transition, &args, |c, a| {
-            Box::pin(begin_release_not_sent_tx(c, a))
-        })
-        .await
+        self.release_not_sent(lease, generation, evidence, at, None)
+            .await
     }
 
     async fn refuse_restore(
@@ -3065,18 +3080,8 @@ impl ReconcileStore for LcStore {
         at: CutReading,
         refusal: &ResumeRefusal,
     ) -> Result<LeaseWork, LcError> {
-        let args = BeginReleaseNotSentArgs {
-            lease,
-            generation,
-            evidence,
-            at,
-            store: self,
-            refusal: Some(refusal),
-        };
-        self.run(Op::Transition, &args, |c, a| {
-            Box::pin(begin_release_not_sent_tx(c, a))
-        })
-        .await
+        self.release_not_sent(lease, generation, evidence, at, Some(refusal))
+            .await
     }
 
     async fn commit_release(

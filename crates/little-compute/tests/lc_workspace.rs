@@ -295,15 +295,7 @@ async fn hibernate_resume_and_download_through_the_cli() {
         "--wait-timeout-s",
         "60",
     ]);
-    let mut recorded = false;
-    for _ in 0..PROCESS_POLLS_MAX {
-        if psql_intents(&s, r.exec_id).await == 1 {
-            recorded = true;
-            break;
-        }
-        tokio::time::sleep(PROCESS_POLL).await;
-    }
-    assert!(recorded, "lc's resume request was not recorded within 30 s");
+    wait_one_intent(&s, r.exec_id).await;
     ws::resume(&s, &r, "r1", m.digest()).await;
     let o = waiting.await.unwrap();
     assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
@@ -336,6 +328,18 @@ async fn hibernate_resume_and_download_through_the_cli() {
 }
 
 /// Resume requests recorded for `exec`.
+/// Waits (bounded) until `lc`, a process of its own, recorded its resume
+/// request on `exec`: the first one.
+async fn wait_one_intent(s: &PgSvc, exec: i64) {
+    for _ in 0..PROCESS_POLLS_MAX {
+        if psql_intents(s, exec).await == 1 {
+            return;
+        }
+        tokio::time::sleep(PROCESS_POLL).await;
+    }
+    panic!("lc's resume request was not recorded within 30 s");
+}
+
 async fn psql_intents(s: &PgSvc, exec: i64) -> i64 {
     support::pg::psql(
         &s.url,
@@ -383,15 +387,7 @@ async fn resume_wait_reports_a_refused_restore() {
         "--wait-timeout-s",
         "60",
     ]);
-    let mut recorded = false;
-    for _ in 0..PROCESS_POLLS_MAX {
-        if psql_intents(&s, r.exec_id).await == 1 {
-            recorded = true;
-            break;
-        }
-        tokio::time::sleep(PROCESS_POLL).await;
-    }
-    assert!(recorded, "lc's resume request was not recorded within 30 s");
+    wait_one_intent(&s, r.exec_id).await;
     let refusal = lc_core::hibernate::ResumeRefusal {
         code: "restore_failed".into(),
         message: "restore failed (blob_corrupt) at \"a.txt\"".into(),
