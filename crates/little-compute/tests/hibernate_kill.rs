@@ -11,6 +11,11 @@
 //! * A gateway started with `LC_GATEWAY_CRASH_AT=<point>` kills itself at
 //!   each point of hibernation and resume; a successor takes over once a
 //!   certain cut passes the dead one's heartbeat expiry and finishes.
+//! * `little-compute serve` is killed right after it answered a hibernate
+//!   and then a resume request: each request is durable and completes; a
+//!   replay of its Idempotency-Key on a restarted control plane returns
+//!   the same record (the hibernation as it is now, parked with its head;
+//!   the resume request unchanged).
 //! * The worker is killed after the quiescence commit, before the destroy
 //!   that parks the attempt (the Reservation still held), and after the
 //!   resume's attachment is recorded and the resume committed, before the
@@ -549,7 +554,15 @@ async fn a_gateway_killed_at_each_hibernation_and_resume_point_is_finished_by_a_
                 0,
                 "{point}"
             );
-            assert_eq!(rig.leases(exec).await.len(), 2, "{point}");
+            let leases = rig.leases(exec).await;
+            assert_eq!(
+                (leases.len(), &leases[1].1),
+                (2, &"allocating".to_string()),
+                "{point}"
+            );
+            if point == "before_commit_resume" {
+                assert!(leases[1].2, "{point}: the attachment is recorded");
+            }
             _second = Some(rig.gateway(&format!("second-{point}"), None, HEARTBEAT_TTL_MS));
         }
         rig.wait_running(exec, 2).await;
@@ -791,5 +804,181 @@ async fn a_provider_killed_during_hibernation_and_during_resume() {
     assert_eq!(rig.balance().await, (UNITS, UNITS, 0, 0));
     rig.assert_audit(0, "expired").await;
     drop(second);
+    rig.finish().await;
+}
+
+/// The admin token `little-compute serve` is started with.
+const ADMIN: &str = "lcadm-hibernate-kill-0123456789";
+
+/// A running `little-compute serve`: the process, its base URL, and the
+/// `application_name` its database sessions carry.
+struct Serve {
+    proc: Proc,
+    base: String,
+    app: String,
+}
+
+impl Rig {
+    /// Starts `little-compute serve` (its sessions named
+    /// `lc-hk-serve-<n>`) and waits until `/readyz` answers 200.
+    async fn serve(&self, n: usize) -> Serve {
+        let port = free_port();
+        let app = format!("lc-hk-serve-{n}");
+        let token = self.dir.join("admin.token");
+        std::fs::write(&token, format!("{ADMIN}\n")).unwrap();
+        let proc = Proc(
+            Command::new(exe())
+                .arg("serve")
+                .arg("--listen")
+                .arg(format!("127.0.0.1:{port}"))
+                .arg("--admin-token-file")
+                .arg(&token)
+                .arg("--secret-file")
+                .arg(&self.secret)
+                .args(["--safetime-gap-max-ms", support::GAP_MAX_MS])
+                .args(["--grant-max-ttl-ms", "3600000"])
+                .args(["--reclaim-grace-ms", "5000"])
+                .env(
+                    "LC_DATABASE_URL",
+                    format!("{}?application_name={app}", self.url),
+                )
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(append(&self.log("serve")))
+                .spawn()
+                .unwrap(),
+        );
+        let s = Serve {
+            proc,
+            base: format!("http://127.0.0.1:{port}"),
+            app,
+        };
+        let http = reqwest::Client::new();
+        self.wait_for("serve answers /readyz with 200", async || {
+            http.get(format!("{}/readyz", s.base))
+                .send()
+                .await
+                .is_ok_and(|r| r.status() == 200)
+        })
+        .await;
+        s
+    }
+
+    /// SIGKILLs `s`, then waits until the database holds no session of
+    /// it: after that nothing it sent can still commit.
+    async fn kill_serve(&self, s: Serve) {
+        let Serve { mut proc, app, .. } = s;
+        proc.0.kill().unwrap();
+        assert_eq!(proc.0.wait().unwrap().signal(), Some(libc::SIGKILL));
+        self.wait_for(&format!("no session of {app} remains"), async || {
+            sqlx::query_scalar::<_, i64>(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1",
+            )
+            .bind(&app)
+            .fetch_one(self.store.pool())
+            .await
+            .unwrap()
+                == 0
+        })
+        .await;
+    }
+
+    /// POSTs `/v1/execs/{exec}/{action}` to `s` as the admin acting for the
+    /// tenant, under `key`; returns the status and the JSON body.
+    async fn post(
+        &self,
+        s: &Serve,
+        exec: ExecId,
+        action: &str,
+        key: &str,
+    ) -> (u16, serde_json::Value) {
+        let r = reqwest::Client::new()
+            .post(format!("{}/v1/execs/{}/{action}", s.base, exec.0))
+            .bearer_auth(ADMIN)
+            .header("Lc-Tenant", self.tenant.0.to_string())
+            .header("Idempotency-Key", key)
+            .send()
+            .await
+            .unwrap();
+        (r.status().as_u16(), r.json().await.unwrap())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_control_plane_killed_after_answering_a_hibernate_and_a_resume_completes_both() {
+    let rig = Rig::new("serve").await;
+    let _gateway = rig.gateway("gateway", None, HEARTBEAT_TTL_MS);
+    let exec = rig.admit("e-serve").await;
+    rig.wait_ready(exec).await;
+
+    // Killed right after it answered the hibernate: the sealed
+    // hibernation is durable and the gateway and the worker park it.
+    let serve = rig.serve(1).await;
+    let (status, sealed) = rig.post(&serve, exec, "hibernate", "h-serve").await;
+    rig.kill_serve(serve).await;
+    assert_eq!(status, 202, "{sealed}");
+    assert_eq!(
+        (&sealed["exec_id"], &sealed["generation"], &sealed["reason"]),
+        (
+            &serde_json::json!(exec.0),
+            &serde_json::json!(1),
+            &serde_json::json!("requested")
+        )
+    );
+    assert_eq!(
+        (&sealed["step"], &sealed["head"]),
+        (&serde_json::json!("sealed"), &serde_json::Value::Null)
+    );
+    rig.wait_parked(exec, 1).await;
+    rig.assert_parked(exec, 1, "after the hibernate's answer")
+        .await;
+    // The replay on a restarted control plane returns the same
+    // hibernation, as it is now: parked, with its head.
+    let serve = rig.serve(2).await;
+    let head = rig
+        .store
+        .workspace(rig.tenant, exec)
+        .await
+        .unwrap()
+        .head
+        .unwrap();
+    let mut want = sealed.clone();
+    want["step"] = "parked".into();
+    want["head"] = head.to_hex().into();
+    assert_eq!(
+        rig.post(&serve, exec, "hibernate", "h-serve").await,
+        (202, want)
+    );
+
+    // Killed right after it answered the resume: the recorded request is
+    // durable and the gateway and the worker resume the exec.
+    let (status, intent) = rig.post(&serve, exec, "resume", "r-serve").await;
+    rig.kill_serve(serve).await;
+    assert_eq!(status, 202, "{intent}");
+    assert_eq!(
+        (
+            &intent["exec_id"],
+            &intent["op_key"],
+            &intent["head"],
+            &intent["from_generation"]
+        ),
+        (
+            &serde_json::json!(exec.0),
+            &serde_json::json!("r-serve"),
+            &serde_json::json!(head.to_hex()),
+            &serde_json::json!(1)
+        )
+    );
+    rig.wait_running(exec, 2).await;
+    rig.assert_running(exec, 2, "after the resume's answer")
+        .await;
+    let serve = rig.serve(3).await;
+    assert_eq!(
+        rig.post(&serve, exec, "resume", "r-serve").await,
+        (202, intent),
+        "the replay returns the recorded request"
+    );
+    rig.assert_finished(exec, "serve").await;
+    rig.kill_serve(serve).await;
     rig.finish().await;
 }
