@@ -10,6 +10,8 @@
 // Each test binary uses a part of the rig.
 #![allow(dead_code)]
 
+pub mod fake_clock;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
