@@ -342,7 +342,9 @@ pub enum LcError {
     /// (`workspace_head_mismatch`). Read the workspace's head and start
     /// from it.
     #[error(
-        "workspace {workspace_id}: head mismatch (expected {expected:?}, found {found:?}): {reason}"
+        "workspace {workspace_id}: its head is {}, the request names {}: {reason}",
+        head_text(expected),
+        head_text(found)
     )]
     WorkspaceHeadMismatch {
         /// The workspace.
@@ -510,9 +512,32 @@ impl LcError {
     }
 }
 
+/// A workspace head as an error message shows it: 64 hex digits, or
+/// `none` for a workspace with no snapshot yet.
+fn head_text(head: &Option<Digest>) -> String {
+    head.map_or_else(|| "none".to_owned(), |d| d.to_hex())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_head_mismatch_names_the_workspace_head_then_the_requested_one_in_hex() {
+        let e = LcError::WorkspaceHeadMismatch {
+            workspace_id: WorkspaceId(2),
+            expected: Some(Digest([0xd4; 32])),
+            found: None,
+            reason: "read the head".into(),
+        };
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "workspace 2: its head is {}, the request names none: read the head",
+                "d4".repeat(32)
+            )
+        );
+    }
 
     #[test]
     fn codes_are_stable_snake_case() {
