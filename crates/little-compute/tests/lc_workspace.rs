@@ -503,6 +503,17 @@ async fn follow_goes_on_past_a_stopped_page_into_the_resumed_generation() {
             "exec {id}: hibernated at page 2: its command was stopped and its workspace kept; the output goes on after lc exec resume {id}\n"
         )
     );
+    // Read again after the resume: the stopped page is named as passed,
+    // not as a hibernation still waiting for a resume.
+    let o = run(&["--server", &url, "--token", &key, "exec", "output", &id]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    assert_eq!(text(&o.stdout), "before\nafter\n");
+    assert_eq!(
+        text(&o.stderr),
+        format!(
+            "exec {id}: hibernated at page 2, then resumed: the pages after it are the resumed run's\n"
+        )
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

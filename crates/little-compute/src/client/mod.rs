@@ -756,10 +756,19 @@ async fn exec_output(
                     exit = Some(p["exit"].clone());
                     Ok(())
                 }
-                Some("stopped") => {
+                // Pages after a stopped page are a resumed run's; only
+                // a stopped page with none after it is still waiting.
+                Some("stopped") if std::ptr::eq(p, pages.last().unwrap_or(p)) => {
                     let _ = writeln!(
                         std::io::stderr(),
                         "exec {id}: hibernated at page {seq}: its command was stopped and its workspace kept; the output goes on after lc exec resume {id}"
+                    );
+                    Ok(())
+                }
+                Some("stopped") => {
+                    let _ = writeln!(
+                        std::io::stderr(),
+                        "exec {id}: hibernated at page {seq}, then resumed: the pages after it are the resumed run's"
                     );
                     Ok(())
                 }
