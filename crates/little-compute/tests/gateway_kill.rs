@@ -409,7 +409,15 @@ async fn a_paused_gateway_is_refused_after_a_takeover_and_output_stays_exactly_o
     signal(&first, libc::SIGSTOP);
     let _second = rig.gateway("successor", None, None);
     rig.wait_released(exec).await;
-    assert_eq!(rig.settled(exec).await.3, 2, "the successor took over");
+    // The successor took over (generation 2). On a loaded host its own
+    // heartbeat may lapse once and it is owned again (generation 3): each
+    // is a takeover the paused gateway's fence is behind; only the paused
+    // gateway's generation 1 must be gone.
+    let generation = rig.settled(exec).await.3;
+    assert!(
+        (2..=3).contains(&generation),
+        "the successor took over: owner generation {generation}"
+    );
     signal(&first, libc::SIGCONT);
     rig.wait_for("the resumed gateway is refused", async || {
         stale_refused(port).await == Some(1)
