@@ -12,7 +12,6 @@ mod support;
 use base64::Engine as _;
 use lc_blob::LocalBlobStore;
 use lc_core::model::{Digest, ExecId, Generation, PageExit, PageKind};
-use lc_core::snapshot::Manifest;
 use serde_json::{Value, json};
 use support::pg::{PgSvc, psql};
 use support::ws::{self, Running};
@@ -138,7 +137,7 @@ async fn hibernate_resume_and_the_workspace_routes() {
     let tree = dir.join("tree");
     std::fs::create_dir(&tree).unwrap();
     ws::write_tree(&tree);
-    let m = quiesce_sealed(&s, &r, &tree, &blobs).await;
+    let m = ws::quiesce(&s, &r, &tree, &blobs).await;
     let head = m.digest();
     let view = send(&s.router, Req::get(&exec_path).token(&key)).await;
     let v = view.ok(200);
@@ -376,20 +375,6 @@ async fn hibernate_resume_and_the_workspace_routes() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// Commits the quiescence of `r`'s sealed generation 1 with `tree`
-/// snapshotted into `blobs`, then its destroy.
-async fn quiesce_sealed(
-    s: &PgSvc,
-    r: &Running,
-    tree: &std::path::Path,
-    blobs: &LocalBlobStore,
-) -> Manifest {
-    ws::quiesce(s, r, tree, blobs).await
-}
-
-/// A restore the provider refused shows on the resume request: its replay
-/// carries the code and the message naming the path and digest, the exec
-/// stays hibernated on its head, and a request under a new key is taken.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_restore_shows_on_the_resume_request() {
     let (s, blobs, dir) = start("refused").await;
