@@ -128,8 +128,8 @@ async fn create_tenant(
     security(("bearer" = [])))]
 async fn deposit(
     State(s): State<AppState>,
-    IdPath(tenant_id): IdPath,
     _: Admin,
+    IdPath(tenant_id): IdPath,
     key: RequiredKey,
     JsonBody(req): JsonBody<DepositBody>,
 ) -> Result<Json<TenantView>, ApiError> {
@@ -292,8 +292,8 @@ async fn create_exec(
     security(("bearer" = [])))]
 async fn get_exec(
     State(s): State<AppState>,
-    IdPath(exec_id): IdPath,
     Acting(tenant): Acting,
+    IdPath(exec_id): IdPath,
 ) -> Result<Json<ExecView>, ApiError> {
     Ok(Json(s.store().exec(tenant, ExecId(exec_id)).await?.into()))
 }
@@ -345,8 +345,8 @@ async fn list_execs(
     security(("bearer" = [])))]
 async fn exec_output(
     State(s): State<AppState>,
-    IdPath(exec_id): IdPath,
     Acting(tenant): Acting,
+    IdPath(exec_id): IdPath,
     Q(q): Q<OutputQuery>,
 ) -> Result<Json<OutputView>, ApiError> {
     let after_seq = q.after_seq.unwrap_or(0);
@@ -471,8 +471,8 @@ fn page_bytes(sink: Option<&dyn BlobStore>, p: StoredPage) -> Result<OutputPage,
     security(("bearer" = [])))]
 async fn cancel_exec(
     State(s): State<AppState>,
-    IdPath(exec_id): IdPath,
     Acting(tenant): Acting,
+    IdPath(exec_id): IdPath,
     key: RequiredKey,
 ) -> Result<Json<ExecView>, ApiError> {
     let op = key.operation(
@@ -505,8 +505,8 @@ async fn cancel_exec(
     security(("bearer" = [])))]
 async fn hibernate_exec(
     State(s): State<AppState>,
-    IdPath(exec_id): IdPath,
     Acting(tenant): Acting,
+    IdPath(exec_id): IdPath,
     key: RequiredKey,
 ) -> Result<(StatusCode, Json<HibernationView>), ApiError> {
     let op = key.operation(
@@ -542,8 +542,8 @@ async fn hibernate_exec(
     security(("bearer" = [])))]
 async fn resume_exec(
     State(s): State<AppState>,
-    IdPath(exec_id): IdPath,
     Acting(tenant): Acting,
+    IdPath(exec_id): IdPath,
     key: RequiredKey,
     OptionalJsonBody(req): OptionalJsonBody<ResumeBody>,
 ) -> Result<(StatusCode, Json<ResumeIntentView>), ApiError> {
@@ -585,8 +585,8 @@ async fn resume_exec(
     security(("bearer" = [])))]
 async fn get_workspace(
     State(s): State<AppState>,
-    IdPath(exec_id): IdPath,
     Acting(tenant): Acting,
+    IdPath(exec_id): IdPath,
 ) -> Result<Json<WorkspaceView>, ApiError> {
     Ok(Json(
         s.store().workspace(tenant, ExecId(exec_id)).await?.into(),
@@ -605,8 +605,8 @@ async fn get_workspace(
     security(("bearer" = [])))]
 async fn list_snapshots(
     State(s): State<AppState>,
-    IdPath(exec_id): IdPath,
     Acting(tenant): Acting,
+    IdPath(exec_id): IdPath,
     Q(q): Q<SnapshotsQuery>,
 ) -> Result<Json<SnapshotList>, ApiError> {
     let after_seq = q.after_seq.unwrap_or(0);
@@ -699,15 +699,15 @@ async fn manifest_of(
 #[utoipa::path(get, path = "/v1/execs/{exec_id}/snapshots/{digest}/tree", tag = "workspaces",
     params(
         ("exec_id" = i64, Path, minimum = 1, description = "The exec"),
-        ("digest" = String, Path, description = "The snapshot's digest, 64 hex digits"),
+        ("digest" = String, Path, pattern = "^[0-9a-fA-F]{64}$", description = "The snapshot's digest, 64 hex digits"),
         ("Lc-Tenant" = Option<i64>, Header, description = "With the admin token: the tenant to act for"),
     ),
     responses((status = 200, description = "The snapshot's entries", body = TreeView)),
     security(("bearer" = [])))]
 async fn snapshot_tree(
     State(s): State<AppState>,
-    p: SnapshotPath,
     Acting(tenant): Acting,
+    p: SnapshotPath,
 ) -> Result<Json<TreeView>, ApiError> {
     let m = manifest_of(&s, tenant, p.exec_id, p.digest).await?;
     Ok(Json(TreeView {
@@ -738,7 +738,7 @@ pub const SHA256_HEADER: &str = "lc-sha256";
 #[utoipa::path(get, path = "/v1/execs/{exec_id}/snapshots/{digest}/files/{*path}", tag = "workspaces",
     params(
         ("exec_id" = i64, Path, minimum = 1, description = "The exec"),
-        ("digest" = String, Path, description = "The snapshot's digest, 64 hex digits"),
+        ("digest" = String, Path, pattern = "^[0-9a-fA-F]{64}$", description = "The snapshot's digest, 64 hex digits"),
         ("path" = String, Path, description = "The file's path in the snapshot, relative, `/`-separated"),
         ("Lc-Tenant" = Option<i64>, Header, description = "With the admin token: the tenant to act for"),
     ),
@@ -746,8 +746,8 @@ pub const SHA256_HEADER: &str = "lc-sha256";
     security(("bearer" = [])))]
 async fn snapshot_file(
     State(s): State<AppState>,
-    p: SnapshotPath,
     Acting(tenant): Acting,
+    p: SnapshotPath,
 ) -> Result<Response, ApiError> {
     let path = p.path.clone().unwrap_or_default();
     lc_core::snapshot::check_path(&path).map_err(|e| Rejection::InvalidPath(e.to_string()))?;
@@ -894,8 +894,8 @@ impl axum::body::HttpBody for ChunkBody {
     security(("bearer" = [])))]
 async fn send_input(
     State(s): State<AppState>,
-    IdPath(exec_id): IdPath,
     Acting(tenant): Acting,
+    IdPath(exec_id): IdPath,
     key: RequiredKey,
     JsonBody(req): JsonBody<SendInputBody>,
 ) -> Result<(StatusCode, Json<InputView>), ApiError> {

@@ -114,6 +114,28 @@ fn credentials_are_checked_before_anything_else() {
             Req::post(format!("/v1/execs/{exec}/cancel")).key("k"),
             Req::get("/v1/runtimes"),
             Req::get("/v1/operations/admit-a"),
+            Req::post(format!("/v1/execs/{exec}/hibernate")).key("k"),
+            Req::post(format!("/v1/execs/{exec}/resume")).key("k"),
+            Req::get(format!("/v1/execs/{exec}/workspace")),
+            Req::get(format!("/v1/execs/{exec}/snapshots")),
+            Req::get(format!(
+                "/v1/execs/{exec}/snapshots/{}/tree",
+                "0".repeat(64)
+            )),
+            Req::get(format!(
+                "/v1/execs/{exec}/snapshots/{}/files/a.txt",
+                "0".repeat(64)
+            )),
+            // The credential is judged before any path parameter: a
+            // malformed digest, exec id or tenant id without one is 401.
+            Req::get(format!("/v1/execs/{exec}/snapshots/0/tree")),
+            Req::get(format!("/v1/execs/{exec}/snapshots/0/files/0")),
+            Req::get("/v1/execs/0/snapshots/0/tree"),
+            Req::get("/v1/execs/01"),
+            Req::post("/v1/execs/0/hibernate").key("k"),
+            Req::post("/v1/tenants/0/deposits")
+                .key("k")
+                .json(json!({"units": 1})),
         ] {
             let resp = send(r, req).await;
             resp.problem(401, "unauthenticated");
@@ -136,6 +158,9 @@ fn credentials_are_checked_before_anything_else() {
         for req in [
             Req::post("/v1/tenants").key("k").json(json!({"name": "a"})),
             Req::post(format!("/v1/tenants/{a}/deposits"))
+                .key("k")
+                .json(json!({"units": 1})),
+            Req::post("/v1/tenants/0/deposits")
                 .key("k")
                 .json(json!({"units": 1})),
             Req::post("/v1/runtimes?name=x")
