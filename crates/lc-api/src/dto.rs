@@ -186,7 +186,10 @@ pub struct ExecView {
     /// units returned; `POST /v1/execs/{id}/resume` runs it again) or
     /// `terminal`.
     pub state: String,
-    /// `exited`, `cancelled`, `expired` or `start_failed` once terminal.
+    /// `exited`, `cancelled`, `expired`, `start_failed` or
+    /// `snapshot_refused` (its hibernation stopped the command, then the
+    /// provider refused to snapshot the workspace: see `hibernation`)
+    /// once terminal.
     pub terminal_reason: Option<String>,
     /// The command's exit code, when it exited with one.
     pub exit_code: Option<i32>,
@@ -249,7 +252,10 @@ impl From<ExecRecord> for ExecView {
 
 /// A hibernation of one attempt generation: sealed at a certain cut,
 /// then `quiesced` (its snapshot committed as the workspace head), then
-/// `parked` (its sandbox destroyed, its units returned).
+/// `parked` (its sandbox destroyed, its units returned); or, from
+/// `sealed`, `refused` (the provider could not snapshot the stopped
+/// workspace: the exec ended `snapshot_refused`, its units are returned
+/// once its sandbox is destroyed, the head did not move).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct HibernationView {
     /// The exec.
@@ -265,11 +271,29 @@ pub struct HibernationView {
     /// The certain cut it was sealed at.
     #[schema(value_type = String)]
     pub sealed_cut: Timestamp,
-    /// `sealed`, `quiesced` or `parked`.
+    /// `sealed`, `quiesced`, `parked` or `refused`.
     pub step: String,
     /// The snapshot its quiescence committed, 64 hex digits (once
     /// `quiesced`).
     pub head: Option<String>,
+    /// Why the provider refused to snapshot the workspace (once
+    /// `refused`).
+    pub refusal: Option<SnapshotRefusalView>,
+}
+
+/// The provider's refusal to snapshot a stopped workspace (code
+/// `snapshot_refused`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct SnapshotRefusalView {
+    /// The stable reason: `special_file` (a device, fifo or socket),
+    /// `path_not_utf8`, `too_many_entries`, `too_many_bytes`,
+    /// `manifest_too_large`, ...
+    pub reason: String,
+    /// The workspace entry concerned, relative to its root (empty when
+    /// not about one).
+    pub path: String,
+    /// The provider's message: what is wrong and what to do.
+    pub message: String,
 }
 
 impl From<HibernationRecord> for HibernationView {
@@ -283,6 +307,11 @@ impl From<HibernationRecord> for HibernationView {
             sealed_cut: h.sealed_cut,
             step: h.step.as_str().to_string(),
             head: h.head.map(|d| d.to_hex()),
+            refusal: h.refusal.map(|r| SnapshotRefusalView {
+                reason: r.reason,
+                path: r.path,
+                message: r.message,
+            }),
         }
     }
 }

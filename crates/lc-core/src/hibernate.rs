@@ -58,6 +58,108 @@ pub struct HibernationRecord {
     pub step: HibernationStep,
     /// The snapshot committed by its quiescence (once `quiesced`).
     pub head: Option<Digest>,
+    /// The provider's refusal to snapshot (once `refused`).
+    pub refusal: Option<QuiescenceRefusal>,
+}
+
+/// Why a provider refused to snapshot a stopped generation's workspace
+/// (its `snapshot_refused` answer to `quiesce`), as recorded on the
+/// hibernation. Retrying does not help: the tree itself breaks a snapshot
+/// rule.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QuiescenceRefusal {
+    /// The provider's stable reason code (`special_file`,
+    /// `path_not_utf8`, `too_many_entries`, `manifest_too_large`, ...).
+    pub reason: String,
+    /// The workspace entry concerned, relative to its root (empty when
+    /// not about one); at most [`REFUSAL_PATH_BYTES_MAX`] bytes.
+    pub path: String,
+    /// The provider's message; at most [`REFUSAL_MESSAGE_BYTES_MAX`]
+    /// bytes.
+    pub message: String,
+}
+
+/// The longest refusal path kept on a hibernation, in bytes (a longer one
+/// is cut at a character boundary).
+pub const REFUSAL_PATH_BYTES_MAX: usize = 1024;
+
+/// `text` cut to at most `max` bytes at a character boundary.
+pub fn clip_text(text: &str, max: usize) -> String {
+    let mut end = text.len().min(max);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text[..end].to_owned()
+}
+
+/// Checks a provider's refusal to snapshot and cuts its path and message
+/// to their bounds.
+///
+/// # Errors
+/// [`LcError::InvalidInput`] when `reason` is not a stable code
+/// (`[a-z][a-z0-9_]{0,63}`).
+pub fn check_quiescence_refusal(r: &QuiescenceRefusal) -> Result<QuiescenceRefusal, LcError> {
+    let code_ok = r.reason.len() <= 64
+        && r.reason.bytes().next().is_some_and(|b| b.is_ascii_lowercase())
+        && r
+            .reason
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+    if !code_ok {
+        return Err(LcError::InvalidInput {
+            reason: format!(
+                "a snapshot refusal's reason is a stable code ([a-z][a-z0-9_]{{0,63}}), not {:?}",
+                clip_text(&r.reason, 80)
+            ),
+        });
+    }
+    Ok(QuiescenceRefusal {
+        reason: r.reason.clone(),
+        path: clip_text(&r.path, REFUSAL_PATH_BYTES_MAX),
+        message: clip_text(&r.message, REFUSAL_MESSAGE_BYTES_MAX),
+    })
+}
+
+/// What a refused quiescence of a sealed hibernation does: `None` when it
+/// is recorded already (a replay: nothing changes), else the exec's
+/// terminal reason (`cancelled` after a cancel request, else
+/// `snapshot_refused`).
+///
+/// # Errors
+/// [`LcError::IllegalTransition`] unless the hibernation is `sealed` (or
+/// `refused`, the replay), its Lease `active` and the generation's stopped
+/// page acknowledged (the command is stopped and its pages are all moved).
+pub fn plan_quiescence_refusal(
+    step: HibernationStep,
+    lease_state: LeaseState,
+    stopped_acked: bool,
+    cancel_requested: bool,
+) -> Result<Option<crate::model::TerminalReason>, LcError> {
+    use crate::model::TerminalReason;
+    match step {
+        HibernationStep::Refused => Ok(None),
+        HibernationStep::Sealed if lease_state == LeaseState::Active && stopped_acked => {
+            Ok(Some(if cancel_requested {
+                TerminalReason::Cancelled
+            } else {
+                TerminalReason::SnapshotRefused
+            }))
+        }
+        HibernationStep::Sealed => Err(LcError::IllegalTransition {
+            what: if lease_state == LeaseState::Active {
+                "hibernation (a refused snapshot needs the stopped page acknowledged)"
+            } else {
+                "hibernation (a refused snapshot needs an active Lease)"
+            },
+            from: step.as_str(),
+            to: HibernationStep::Refused.as_str(),
+        }),
+        HibernationStep::Quiesced | HibernationStep::Parked => Err(LcError::IllegalTransition {
+            what: "hibernation (its quiescence is committed)",
+            from: step.as_str(),
+            to: HibernationStep::Refused.as_str(),
+        }),
+    }
 }
 
 /// A tenant's request to resume a parked exec, as recorded.

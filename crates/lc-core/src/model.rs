@@ -292,6 +292,12 @@ text_enum!(
         /// The destroy is proven: the Reservation is returned and the
         /// attempt parked.
         Parked = "parked",
+        /// The provider refused to snapshot the stopped generation's
+        /// workspace (a device, fifo or socket in it, a name that is not
+        /// UTF-8, a tree over the bounds): the refusal is recorded, the
+        /// exec ends `snapshot_refused` (or `cancelled` after a cancel) and
+        /// its Lease is released; the workspace head stays where it was.
+        Refused = "refused",
     }
 );
 
@@ -306,6 +312,10 @@ text_enum!(
         Expired = "expired",
         /// The provider could not start the instance.
         StartFailed = "start_failed",
+        /// Its hibernation stopped the command, then the provider refused
+        /// to snapshot the workspace (see [`HibernationStep::Refused`]):
+        /// what the command wrote after the workspace head is not kept.
+        SnapshotRefused = "snapshot_refused",
     }
 );
 

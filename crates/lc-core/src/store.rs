@@ -738,6 +738,36 @@ pub trait GatewayStore: Send + Sync {
         evidence: &serde_json::Value,
     ) -> Result<HibernationRecord, LcError>;
 
+    /// Records the provider's refusal to snapshot the stopped workspace of
+    /// the sealed hibernation of `generation` (its `snapshot_refused`
+    /// answer to `quiesce`; [`crate::hibernate::check_quiescence_refusal`]
+    /// cuts its path and message), in one transaction: the hibernation
+    /// `refused` with the refusal, the exec's terminal reason
+    /// `snapshot_refused` (`cancelled` after a cancel request), the Lease
+    /// `active -> release_pending` renewing its Reservation for the
+    /// reconciler to destroy and prove (the units return once, with that
+    /// proof, and the exec becomes terminal), and the ownership released.
+    /// The workspace head does not move. Needs the generation's stopped
+    /// page acknowledged ([`crate::hibernate::plan_quiescence_refusal`]). A
+    /// replay by the same owner (its released ownership still current and
+    /// unexpired) returns the record and changes nothing.
+    ///
+    /// # Errors
+    /// `owner_stale`, `owner_expired`, `time_uncertain`, `not_found` (no
+    /// hibernation of that generation), `invalid_input` (a reason that is
+    /// not a stable code), `illegal_transition` (not sealed, its Lease not
+    /// active, its stopped page not acknowledged, or its quiescence
+    /// committed), `invalid_cut_reading`, storage errors. Nothing is
+    /// written on any of them.
+    async fn refuse_quiescence(
+        &self,
+        cred: &OwnerCredential,
+        exec_id: ExecId,
+        at: CutReading,
+        generation: Generation,
+        refusal: &crate::hibernate::QuiescenceRefusal,
+    ) -> Result<HibernationRecord, LcError>;
+
     /// Prepares the resume recorded under the tenant's operation key
     /// `op_key` on a certain `at`: a new Tollgate grant (Reservation g+1,
     /// the shape's units) and Lease g+1 `allocating` restoring the parked

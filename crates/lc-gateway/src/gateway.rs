@@ -128,6 +128,7 @@ use lc_core::owner::{
     OWNER_TOKEN_BYTES, OwnedExec, OwnerCredential, OwnerToken, PageMeta, TakeoverBasis,
     check_heartbeat_ttl,
 };
+use lc_core::hibernate::QuiescenceRefusal;
 use lc_core::page::StopOutcome;
 use lc_core::page::{PAGES_PER_REQUEST_MAX, Page};
 use lc_core::rules::APPEND_PAGES_MAX;
@@ -202,6 +203,27 @@ pub const QUIESCE_TIMEOUT_DEFAULT: Duration = Duration::from_secs(600);
 
 /// The longest accepted [`GatewayOptions::quiesce_timeout`] (one hour).
 pub const QUIESCE_TIMEOUT_MAX: Duration = Duration::from_secs(3600);
+
+/// The wait before the first retry of a `quiesce` that failed in a way a
+/// retry may mend (the provider unreachable or failing, the call past its
+/// bound); each further failure of the same generation doubles it, up to
+/// [`QUIESCE_RETRY_MAX`]. A quiesce walks the whole workspace, so it is
+/// not retried at every step.
+pub const QUIESCE_RETRY_MIN: Duration = Duration::from_secs(1);
+
+/// The longest wait between two `quiesce` attempts of one generation.
+pub const QUIESCE_RETRY_MAX: Duration = Duration::from_secs(60);
+
+/// The wait before the next `quiesce` of a generation whose last
+/// `failures` (at least 1) attempts failed and may be retried:
+/// [`QUIESCE_RETRY_MIN`] doubled per further failure, at most
+/// [`QUIESCE_RETRY_MAX`].
+pub fn quiesce_retry_after(failures: u32) -> Duration {
+    let doublings = failures.saturating_sub(1).min(16);
+    QUIESCE_RETRY_MIN
+        .saturating_mul(1 << doublings)
+        .min(QUIESCE_RETRY_MAX)
+}
 
 /// The smallest accepted [`GatewayOptions::provider_call_timeout`]: below
 /// it a healthy provider's answer could not arrive in time.
@@ -317,6 +339,10 @@ pub struct StepReport {
     /// Hibernations whose quiescence was committed (the generation's
     /// Lease moves to `release_pending`, the ownership ends).
     pub hibernated: usize,
+    /// Hibernations whose snapshot the provider refused (`snapshot_refused`:
+    /// the refusal is recorded, the exec ends and its Lease moves to
+    /// `release_pending`, the ownership ends).
+    pub hibernations_refused: usize,
     /// Resumes prepared (Reservation and Lease g+1 allocating).
     pub resumes_prepared: usize,
     /// Resumes committed (the receipt, the attempt runnable).
@@ -355,6 +381,7 @@ impl StepReport {
         self.released += part.released;
         self.stops += part.stops;
         self.hibernated += part.hibernated;
+        self.hibernations_refused += part.hibernations_refused;
         self.resumes_prepared += part.resumes_prepared;
         self.resumes_committed += part.resumes_committed;
         self.resumes_refused += part.resumes_refused;
@@ -431,6 +458,12 @@ impl From<clock::ClockError> for Fail {
 }
 
 impl Fail {
+    /// Whether a failed quiesce (or its commit) waits before it is tried
+    /// again: every failure but a lost ownership and a test's crash point.
+    fn retries_quiesce(&self) -> bool {
+        !self.is_stale() && !matches!(self, Fail::Crashed(_))
+    }
+
     /// Whether the failure says this gateway no longer owns the exec.
     fn is_stale(&self) -> bool {
         match self {
@@ -508,6 +541,11 @@ struct Held {
     /// Whether the exec's last serve ended at a provider call that hit
     /// its bound: its spool is not sampled until a serve succeeds.
     unresponsive: bool,
+    /// The `quiesce` attempts of this generation that failed in a way a
+    /// retry may mend, and the monotonic instant before which it is not
+    /// tried again ([`quiesce_retry_after`]).
+    quiesce_failures: u32,
+    quiesce_not_before: Option<Instant>,
 }
 
 /// Runs a provider call under the bound `after`, naming it `call` in the
@@ -950,6 +988,8 @@ impl Gateway {
                 renewed_at: Instant::now(),
                 ended: false,
                 unresponsive: false,
+                quiesce_failures: 0,
+                quiesce_not_before: None,
             },
         );
     }
@@ -1088,6 +1128,8 @@ impl Gateway {
             h.stop_sent = false;
             h.cancel_sent = false;
             h.input_closed = false;
+            h.quiesce_failures = 0;
+            h.quiesce_not_before = None;
         }
         if h.view.attempt_parked || h.view.lease_state != LeaseState::Active {
             return self.resume(h, report).await;
@@ -1268,7 +1310,25 @@ impl Gateway {
             && h.supervisor_acked >= seq
         {
             self.crash_point(CrashPoint::AfterStoppedAck)?;
-            return self.quiesce(h, p, seq, report).await;
+            if h.quiesce_not_before.is_some_and(|t| Instant::now() < t) {
+                return Ok(Served::Keep);
+            }
+            let served = self.quiesce(h, p, seq, report).await;
+            if let Err(f) = &served
+                && f.retries_quiesce()
+            {
+                h.quiesce_failures = h.quiesce_failures.saturating_add(1);
+                let wait = quiesce_retry_after(h.quiesce_failures);
+                h.quiesce_not_before = Some(Instant::now() + wait);
+                tracing::warn!(
+                    exec = id.0,
+                    generation = generation.0,
+                    failures = h.quiesce_failures,
+                    retry_after_ms = wait.as_millis() as u64,
+                    "quiesce failed; retried after a wait"
+                );
+            }
+            return served;
         }
         Ok(Served::Keep)
     }
@@ -1297,7 +1357,20 @@ impl Gateway {
             }
         };
         let quiesced = match quiesced {
-            Ok(r) => r.map_err(Fail::Provider)?,
+            Ok(Ok(q)) => q,
+            Ok(Err(ProviderError::SnapshotRefused {
+                path,
+                reason,
+                detail,
+            })) => {
+                let refusal = QuiescenceRefusal {
+                    reason,
+                    path,
+                    message: detail,
+                };
+                return self.refuse(h, generation, refusal, report).await;
+            }
+            Ok(Err(e)) => return Err(Fail::Provider(e)),
             Err(_) => {
                 return Err(Fail::Timeout {
                     call: "quiesce",
@@ -1334,6 +1407,38 @@ impl Gateway {
             stopped_seq,
             head = %head,
             "hibernated: quiescence committed; the reconciler destroys the generation and parks it"
+        );
+        Ok(Served::Released)
+    }
+
+    /// Records the provider's refusal to snapshot the stopped generation
+    /// on a certain cut: the exec ends and its Lease moves to
+    /// `release_pending`; the record ends the ownership.
+    async fn refuse(
+        &self,
+        h: &mut Held,
+        generation: Generation,
+        refusal: QuiescenceRefusal,
+        report: &mut StepReport,
+    ) -> Result<Served, Fail> {
+        let id = h.view.ownership.exec_id;
+        self.renew_if_due(h, report).await?;
+        let at = self.reading().await?;
+        if !at.certain {
+            return Ok(Served::Keep);
+        }
+        self.store
+            .refuse_quiescence(&h.cred, id, at, generation, &refusal)
+            .await?;
+        report.hibernations_refused += 1;
+        self.metrics.hibernation_refused();
+        tracing::warn!(
+            exec = id.0,
+            generation = generation.0,
+            reason = %refusal.reason,
+            path = %refusal.path,
+            message = %refusal.message,
+            "hibernation refused: the provider cannot snapshot the workspace; the exec ends snapshot_refused and its Lease is released"
         );
         Ok(Served::Released)
     }
@@ -1615,6 +1720,7 @@ fn log_report(r: &StepReport) {
         + r.provider_timeouts
         + r.stops
         + r.hibernated
+        + r.hibernations_refused
         + r.resumes_prepared
         + r.resumes_committed
         + r.resumes_refused;
@@ -1636,6 +1742,7 @@ fn log_report(r: &StepReport) {
             renewals_kept = r.renewals_kept,
             stops = r.stops,
             hibernated = r.hibernated,
+            hibernations_refused = r.hibernations_refused,
             resumes_prepared = r.resumes_prepared,
             resumes_committed = r.resumes_committed,
             resumes_refused = r.resumes_refused,

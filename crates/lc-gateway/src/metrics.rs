@@ -48,6 +48,9 @@ pub const INPUT_BYTES_SENT: &str = "lc_gateway_input_bytes_sent_total";
 pub const PROVIDER_TIMEOUTS: &str = "lc_gateway_provider_timeouts_total";
 /// Hibernations whose quiescence this gateway committed (counter).
 pub const HIBERNATED: &str = "lc_gateway_hibernated_total";
+/// Hibernations whose snapshot the provider refused, recorded by this
+/// gateway (the exec ended `snapshot_refused`; counter).
+pub const HIBERNATIONS_REFUSED: &str = "lc_gateway_hibernations_refused_total";
 /// Resumes this gateway prepared (a new Reservation and Lease; counter).
 pub const RESUMES_PREPARED: &str = "lc_gateway_resumes_prepared_total";
 /// Resumes this gateway committed (the receipt; counter).
@@ -81,6 +84,7 @@ pub struct GatewayMetrics {
     inputs_sent: AtomicU64,
     input_bytes_sent: AtomicU64,
     hibernated: AtomicU64,
+    hibernations_refused: AtomicU64,
     resumes_prepared: AtomicU64,
     resumes_committed: AtomicU64,
     resumes_refused: AtomicU64,
@@ -125,6 +129,8 @@ pub struct MetricsSnapshot {
     pub input_bytes_sent: u64,
     /// [`HIBERNATED`].
     pub hibernated: u64,
+    /// [`HIBERNATIONS_REFUSED`].
+    pub hibernations_refused: u64,
     /// [`RESUMES_PREPARED`].
     pub resumes_prepared: u64,
     /// [`RESUMES_COMMITTED`].
@@ -192,6 +198,9 @@ impl GatewayMetrics {
     pub(crate) fn hibernated(&self) {
         add(&self.hibernated, 1);
     }
+    pub(crate) fn hibernation_refused(&self) {
+        add(&self.hibernations_refused, 1);
+    }
     pub(crate) fn resume_prepared(&self) {
         add(&self.resumes_prepared, 1);
     }
@@ -235,6 +244,7 @@ impl GatewayMetrics {
             inputs_sent: g(&self.inputs_sent),
             input_bytes_sent: g(&self.input_bytes_sent),
             hibernated: g(&self.hibernated),
+            hibernations_refused: g(&self.hibernations_refused),
             resumes_prepared: g(&self.resumes_prepared),
             resumes_committed: g(&self.resumes_committed),
             resumes_refused: g(&self.resumes_refused),
@@ -249,7 +259,7 @@ impl GatewayMetrics {
     pub fn render(&self) -> String {
         const W: &str = "writing to a String never fails";
         let s = self.snapshot();
-        let rows: [(&str, &str, &str, u64); 23] = [
+        let rows: [(&str, &str, &str, u64); 24] = [
             (STEPS, "counter", "Steps taken.", s.steps),
             (
                 STEPS_UNCERTAIN,
@@ -342,6 +352,12 @@ impl GatewayMetrics {
                 s.hibernated,
             ),
             (
+                HIBERNATIONS_REFUSED,
+                "counter",
+                "Hibernations whose snapshot the provider refused (the exec ended snapshot_refused).",
+                s.hibernations_refused,
+            ),
+            (
                 RESUMES_PREPARED,
                 "counter",
                 "Resumes this gateway prepared (a new Reservation and Lease).",
@@ -403,6 +419,9 @@ mod tests {
         m.input_sent(6);
         m.provider_timeout();
         m.hibernated();
+        m.hibernation_refused();
+        m.hibernation_refused();
+        m.hibernation_refused();
         m.resume_prepared();
         m.resume_prepared();
         m.resume_committed();
@@ -421,6 +440,7 @@ mod tests {
             "lc_gateway_input_bytes_sent_total 6",
             "lc_gateway_provider_timeouts_total 1",
             "lc_gateway_hibernated_total 1",
+            "lc_gateway_hibernations_refused_total 3",
             "lc_gateway_resumes_prepared_total 2",
             "lc_gateway_resumes_committed_total 1",
             "lc_gateway_resumes_refused_total 1",

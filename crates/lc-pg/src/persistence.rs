@@ -15,7 +15,8 @@ use std::collections::BTreeMap;
 
 use jiff::Timestamp;
 use lc_core::hibernate::{
-    HibernationRecord, ResumeIntent, ResumeReceipt, ResumeRefusal, SnapshotMeta, WorkspaceRecord,
+    HibernationRecord, QuiescenceRefusal, ResumeIntent, ResumeReceipt, ResumeRefusal, SnapshotMeta,
+    WorkspaceRecord,
 };
 use lc_core::input::{InputQueue, InputRecord, InputState};
 use lc_core::owner::{
@@ -749,6 +750,8 @@ const EXEC_SELECT: &str = "SELECT e.exec_id, e.tenant_id, e.lease_id, e.provider
         h.attempt AS hib_attempt, h.generation AS hib_generation, h.lease_id AS hib_lease_id, \
         h.reason AS hib_reason, h.sealed_floor_us AS hib_sealed_floor_us, \
         h.sealed_submicro_ns AS hib_sealed_submicro_ns, h.step AS hib_step, h.head AS hib_head, \
+        h.refused_reason AS hib_refused_reason, h.refused_path AS hib_refused_path, \
+        h.refused_message AS hib_refused_message, \
         r.op_key AS rr_op_key, r.attempt AS rr_attempt, r.from_generation AS rr_from_generation, \
         r.to_generation AS rr_to_generation, r.lease_id AS rr_lease_id, r.head AS rr_head, \
         r.request_sha256 AS rr_request_sha256, r.token_sha256 AS rr_token_sha256, \
@@ -780,6 +783,7 @@ fn exec_hibernation(row: &PgRow, exec_id: ExecId) -> Result<Option<HibernationRe
         sealed_cut: instant_at(row, "hib_sealed_floor_us", "hib_sealed_submicro_ns")?,
         step: parse_enum(row, "hib_step", HibernationStep::parse)?,
         head: opt_digest_at(row, "hib_head")?,
+        refusal: refusal_at(row, "hib_")?,
     }))
 }
 
@@ -1779,7 +1783,7 @@ pub(crate) async fn owned_view(
                     AND o.kind = 'stopped') AS stopped_pages, \
                 (SELECT count(*) FROM lc_hibernations h \
                   WHERE h.exec_id = e.exec_id AND h.attempt = a.attempt \
-                    AND h.generation < a.generation AND h.step <> 'sealed') AS earlier_quiesced \
+                    AND h.generation < a.generation AND h.step IN ('quiesced', 'parked')) AS earlier_quiesced \
            FROM lc_execs e \
            JOIN lc_attempts a ON a.exec_id = e.exec_id AND a.attempt = e.current_attempt \
            JOIN lc_sandbox_leases l ON l.exec_id = e.exec_id AND l.attempt = a.attempt \
@@ -2192,7 +2196,7 @@ pub(crate) async fn snapshot_manifest(
 }
 
 const HIBERNATION_COLUMNS: &str = "exec_id, attempt, generation, lease_id, reason, sealed_floor_us, \
-     sealed_submicro_ns, step, head";
+     sealed_submicro_ns, step, head, refused_reason, refused_path, refused_message";
 
 fn hibernation_from(row: &PgRow) -> Result<HibernationRecord, Fail> {
     Ok(HibernationRecord {
@@ -2204,7 +2208,22 @@ fn hibernation_from(row: &PgRow) -> Result<HibernationRecord, Fail> {
         sealed_cut: instant_at(row, "sealed_floor_us", "sealed_submicro_ns")?,
         step: parse_enum(row, "step", HibernationStep::parse)?,
         head: opt_digest_at(row, "head")?,
+        refusal: refusal_at(row, "")?,
     })
+}
+
+/// The refusal of a hibernation from its `{prefix}refused_*` columns.
+fn refusal_at(row: &PgRow, prefix: &str) -> Result<Option<QuiescenceRefusal>, Fail> {
+    let col = |name: &str| row.try_get::<Option<String>, _>(format!("{prefix}{name}").as_str());
+    match (col("refused_reason")?, col("refused_path")?, col("refused_message")?) {
+        (Some(reason), Some(path), Some(message)) => Ok(Some(QuiescenceRefusal {
+            reason,
+            path,
+            message,
+        })),
+        (None, None, None) => Ok(None),
+        _ => Err(corrupt("a hibernation with part of its refusal").into()),
+    }
 }
 
 /// The hibernation of (exec, attempt, generation), locked when `lock`.
@@ -2270,6 +2289,29 @@ pub(crate) async fn set_hibernation_quiesced(
     .execute(&mut *conn)
     .await?;
     one_row(done, "quiescing a hibernation")
+}
+
+/// Moves a sealed hibernation to `refused` with the provider's refusal
+/// (checked and cut by the caller).
+pub(crate) async fn set_hibernation_refused(
+    conn: &mut PgConnection,
+    h: &HibernationRecord,
+    refusal: &QuiescenceRefusal,
+) -> Result<(), Fail> {
+    let done = sqlx::query(
+        "UPDATE lc_hibernations SET step = 'refused', refused_reason = $4, refused_path = $5, \
+                refused_message = $6 \
+          WHERE exec_id = $1 AND attempt = $2 AND generation = $3 AND step = 'sealed'",
+    )
+    .bind(h.exec_id.0)
+    .bind(h.attempt.0)
+    .bind(h.generation.0)
+    .bind(&refusal.reason)
+    .bind(&refusal.path)
+    .bind(&refusal.message)
+    .execute(&mut *conn)
+    .await?;
+    one_row(done, "refusing a hibernation")
 }
 
 /// Moves a quiesced hibernation to `parked`.
@@ -2373,7 +2415,7 @@ pub(crate) async fn unfinished_hibernations(
     limit: usize,
 ) -> Result<Vec<HibernationRecord>, Fail> {
     let rows = sqlx::query(&format!(
-        "SELECT {HIBERNATION_COLUMNS} FROM lc_hibernations h WHERE h.step <> 'parked' \
+        "SELECT {HIBERNATION_COLUMNS} FROM lc_hibernations h WHERE h.step IN ('sealed', 'quiesced') \
             AND NOT (h.step = 'sealed' AND EXISTS ( \
                 SELECT 1 FROM lc_sandbox_leases l \
                  WHERE l.lease_id = h.lease_id AND l.state <> 'active')) \

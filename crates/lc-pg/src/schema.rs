@@ -23,7 +23,7 @@ pub const LC_LINE: &str = "lc";
 pub const LC_MIGRATIONS_TABLE: &str = "_lc_migrations";
 
 /// The current version of Little Compute's line.
-pub const LC_VERSION: i64 = 5;
+pub const LC_VERSION: i64 = 6;
 
 /// Little Compute's line: its tables, the deadline guard (LCS01), the
 /// canonical-identity guard (LCS02), its part of the initial-cut
@@ -34,7 +34,8 @@ pub const LC_VERSION: i64 = 5;
 /// workspaces with immutable snapshots (LCS07), hibernations, resume
 /// requests and immutable resume receipts (LCS08), the attempt's resume
 /// guard (LCS09), and (0005) the provider's refusal of a resume's restore
-/// recorded on its intent.
+/// recorded on its intent, and (0006) the provider's refusal of a
+/// hibernation's snapshot recorded on the hibernation.
 pub fn lc_line() -> MigrationLine {
     MigrationLine::new(LC_LINE, LC_MIGRATIONS_TABLE, LC_MIGRATOR.migrations.clone())
 }

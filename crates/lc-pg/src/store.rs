@@ -51,7 +51,7 @@ use jiff::{SignedDuration, Timestamp};
 use lc_core::evidence::{self, Envelope, Expected};
 use lc_core::hibernate::{
     self, AttachmentExpected, HibernationRecord, HibernationView, QuiescenceExpected, ResumeIntent,
-    ResumeReceipt, ResumeRefusal, ResumeView, SnapshotMeta, WorkspaceRecord,
+    QuiescenceRefusal, ResumeReceipt, ResumeRefusal, ResumeView, SnapshotMeta, WorkspaceRecord,
 };
 use lc_core::input::{self, InputRecord};
 use lc_core::owner::{
@@ -1067,20 +1067,11 @@ async fn begin_release_not_sent_tx(
     if let Some(r) = a.refusal {
         let refusal = ResumeRefusal {
             code: r.code.clone(),
-            message: clip_message(&r.message, hibernate::REFUSAL_MESSAGE_BYTES_MAX),
+            message: hibernate::clip_text(&r.message, hibernate::REFUSAL_MESSAGE_BYTES_MAX),
         };
         db::set_intent_refused(conn, row.lease_id, &refusal).await?;
     }
     work_of(conn, a.lease, a.at).await
-}
-
-/// `message` cut to at most `max` bytes at a character boundary.
-fn clip_message(message: &str, max: usize) -> String {
-    let mut end = message.len().min(max);
-    while !message.is_char_boundary(end) {
-        end -= 1;
-    }
-    message[..end].to_owned()
 }
 
 /// Moves the locked Lease `row` to `release_pending` for `reason` unless it
@@ -1118,6 +1109,16 @@ async fn begin_release_locked(
                 owner::check_release(row.exec_id, acked, false)?;
             }
             TerminalReason::Cancelled => {}
+            // Only a refused quiescence ends an exec so
+            // (`refuse_quiescence_tx`), never a release request.
+            TerminalReason::SnapshotRefused => {
+                return Err(LcError::IllegalTransition {
+                    what: "lease (a refused snapshot is released by its hibernation)",
+                    from: row.state.as_str(),
+                    to: LeaseState::ReleasePending.as_str(),
+                }
+                .into());
+            }
         }
         enter_release_pending(conn, store, row, reason, at).await?;
     }
@@ -2047,6 +2048,7 @@ async fn request_hibernation_tx(
         sealed_cut: a.at.cut,
         step: HibernationStep::Sealed,
         head: None,
+        refusal: None,
     };
     db::insert_hibernation(conn, &rec).await?;
     finish_op(
@@ -2095,6 +2097,7 @@ async fn due_hibernations_tx(
                     sealed_cut: at.cut,
                     step: HibernationStep::Sealed,
                     head: None,
+                    refusal: None,
                 },
             )
             .await?;
@@ -2207,6 +2210,62 @@ async fn commit_quiescence_tx(
     // A full Reservation TTL from here for the destroy to be proven.
     renew_reservation(conn, a.store, &lease, a.at).await?;
     db::set_hibernation_quiesced(conn, &hib, head, a.evidence).await?;
+    // The owner has nothing left to do for this generation.
+    db::release_owner(conn, a.exec_id).await?;
+    read_hibernation(conn, a.exec_id, lease.attempt, lease.generation).await
+}
+
+struct RefuseQuiescenceArgs<'a> {
+    store: &'a LcStore,
+    cred: &'a OwnerCredential,
+    exec_id: ExecId,
+    at: CutReading,
+    generation: Generation,
+    refusal: &'a QuiescenceRefusal,
+}
+
+async fn refuse_quiescence_tx(
+    conn: &mut PgConnection,
+    a: &RefuseQuiescenceArgs<'_>,
+) -> Result<HibernationRecord, Fail> {
+    rules::require_certain(a.at)?;
+    check_reading(conn, a.at).await?;
+    let refusal = hibernate::check_quiescence_refusal(a.refusal)?;
+    // The store's lock order: the Lease, the exec, then the ownership.
+    let before = view_of(conn, a.exec_id).await?;
+    let lease = lock_generation(conn, before.lease_id, a.generation).await?;
+    db::lock_exec_state(conn, before.tenant_id, a.exec_id)
+        .await?
+        .ok_or_else(|| LcError::not_found("exec", a.exec_id))?;
+    let owner_row = lock_owned(conn, a.exec_id).await?;
+    let hib = db::hibernation(conn, a.exec_id, lease.attempt, lease.generation, true)
+        .await?
+        .ok_or_else(|| LcError::not_found("hibernation of generation", lease.generation))?;
+    if hib.step == HibernationStep::Refused {
+        // A replay: the refusal released the ownership, which must still
+        // be this owner's and unexpired.
+        let held = Ownership {
+            released: false,
+            ..owner_row.ownership.clone()
+        };
+        owner::check_owner(&held, a.cred, a.at)?;
+    } else {
+        owner::check_owner(&owner_row.ownership, a.cred, a.at)?;
+    }
+    // Read under the locks: the stopped page of this generation, acked.
+    let view = view_of(conn, a.exec_id).await?;
+    let stopped_acked = view.lease_generation == lease.generation && view.stopped_acked_seq.is_some();
+    let Some(reason) = hibernate::plan_quiescence_refusal(
+        hib.step,
+        lease.state,
+        stopped_acked,
+        view.cancel_requested,
+    )?
+    else {
+        return Ok(hib);
+    };
+    db::set_hibernation_refused(conn, &hib, &refusal).await?;
+    enter_release_pending(conn, a.store, &lease, reason, a.at).await?;
     // The owner has nothing left to do for this generation.
     db::release_owner(conn, a.exec_id).await?;
     read_hibernation(conn, a.exec_id, lease.attempt, lease.generation).await
@@ -3428,6 +3487,28 @@ impl GatewayStore for LcStore {
         };
         self.run(Op::Hibernation, &args, |c, a| {
             Box::pin(commit_quiescence_tx(c, a))
+        })
+        .await
+    }
+
+    async fn refuse_quiescence(
+        &self,
+        cred: &OwnerCredential,
+        exec_id: ExecId,
+        at: CutReading,
+        generation: Generation,
+        refusal: &QuiescenceRefusal,
+    ) -> Result<HibernationRecord, LcError> {
+        let args = RefuseQuiescenceArgs {
+            store: self,
+            cred,
+            exec_id,
+            at,
+            generation,
+            refusal,
+        };
+        self.run(Op::Hibernation, &args, |c, a| {
+            Box::pin(refuse_quiescence_tx(c, a))
         })
         .await
     }

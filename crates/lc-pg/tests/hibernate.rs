@@ -291,6 +291,7 @@ async fn full_sequence(f: Fixture) {
         sealed_cut: at.cut,
         step: HibernationStep::Sealed,
         head: None,
+        refusal: None,
     };
     assert_eq!(sealed, want_sealed);
     assert_eq!(
@@ -957,6 +958,7 @@ async fn idle_and_deadline_are_due_exactly_and_never_on_an_uncertain_cut() {
         sealed_cut: cut,
         step: HibernationStep::Sealed,
         head: None,
+        refusal: None,
     };
     let at_idle = base + ms(5);
     assert_eq!(

@@ -239,6 +239,19 @@ impl GatewayStore for Refusals {
             .commit_quiescence(cred, exec_id, at, generation, manifest, head, evidence);
         self.note(r.await)
     }
+    async fn refuse_quiescence(
+        &self,
+        cred: &OwnerCredential,
+        exec_id: ExecId,
+        at: CutReading,
+        generation: Generation,
+        refusal: &lc_core::hibernate::QuiescenceRefusal,
+    ) -> Result<lc_core::HibernationRecord, LcError> {
+        let r = self
+            .inner
+            .refuse_quiescence(cred, exec_id, at, generation, refusal);
+        self.note(r.await)
+    }
     async fn prepare_resume(
         &self,
         cred: &OwnerCredential,

@@ -636,11 +636,23 @@ async fn wait_exec(
         }
         if v["state"] == "terminal" {
             output::record(&v, json, output::EXEC_FIELDS)?;
-            let _ = writeln!(
-                std::io::stderr(),
-                "exec {id} ended {} instead; lc exec show {id} tells more",
-                v["terminal_reason"].as_str().unwrap_or("without a reason")
-            );
+            let refusal = &v["hibernation"]["refusal"];
+            let _ = if refusal.is_object() {
+                writeln!(
+                    std::io::stderr(),
+                    "exec {id}: hibernation refused ({}) at {:?}: {}; the command was stopped and the exec ended {}; its workspace head did not move and its units are returned once its sandbox is destroyed",
+                    refusal["reason"].as_str().unwrap_or("unknown"),
+                    refusal["path"].as_str().unwrap_or(""),
+                    refusal["message"].as_str().unwrap_or(""),
+                    v["terminal_reason"].as_str().unwrap_or("without a reason")
+                )
+            } else {
+                writeln!(
+                    std::io::stderr(),
+                    "exec {id} ended {} instead; lc exec show {id} tells more",
+                    v["terminal_reason"].as_str().unwrap_or("without a reason")
+                )
+            };
             return Ok(ExitCode::from(1));
         }
         // A restore the provider refused ends this request for good: its
