@@ -1750,3 +1750,17 @@ fn log_report(r: &StepReport) {
         );
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quiesce_retries_wait_one_second_doubling_to_a_minute() {
+        let waits: Vec<u64> = [0, 1, 2, 3, 4, 5, 6, 7, 8, 17, 18, u32::MAX]
+            .iter()
+            .map(|&n| quiesce_retry_after(n).as_secs())
+            .collect();
+        assert_eq!(waits, vec![1, 1, 2, 4, 8, 16, 32, 60, 60, 60, 60, 60]);
+    }
+}

@@ -17,7 +17,10 @@
 //!   the path and digest, the exec stays parked, a later resume works;
 //! * a cancel while a hibernation is sealed ends the exec; a command that
 //!   ends before the stop ends the exec and the hibernation is never acted
-//!   on.
+//!   on;
+//! * a workspace the provider cannot snapshot (a fifo in it): the refusal
+//!   is recorded once with its reason and path, the exec ends
+//!   `snapshot_refused`, its unit returns once, nothing is retried.
 
 mod support;
 
@@ -72,6 +75,7 @@ struct Sum {
     taken_over: usize,
     stops: usize,
     hibernated: usize,
+    hibernations_refused: usize,
     resumes_prepared: usize,
     resumes_committed: usize,
     resumes_refused: usize,
@@ -86,6 +90,7 @@ impl Sum {
         self.taken_over += r.taken_over;
         self.stops += r.stops;
         self.hibernated += r.hibernated;
+        self.hibernations_refused += r.hibernations_refused;
         self.resumes_prepared += r.resumes_prepared;
         self.resumes_committed += r.resumes_committed;
         self.resumes_refused += r.resumes_refused;
@@ -761,6 +766,86 @@ async fn a_cancel_after_the_stop_ends_the_exec_once_it_parks() {
         f.resume(e.id, "r-1").await.unwrap_err().code(),
         "exec_terminal"
     );
+    assert_eq!(f.balances().await, (4, 4, 0, 0));
+    assert_eq!(f.provider.inventory().await.unwrap(), vec![]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_workspace_with_a_fifo_ends_the_exec_snapshot_refused_and_its_unit_returns_once() {
+    let f = Rig::start().await;
+    let e = f
+        .run(&[
+            "sh",
+            "-c",
+            "printf kept > /workspace/a.txt; mkfifo /workspace/pipe; echo ready; exec sleep 1000",
+        ])
+        .await;
+    let g = f.default_gateway();
+    drive_until_stdout(&f, &g, e, "ready\n").await;
+    assert_eq!(f.balances().await, (4, 3, 1, 0));
+    let hib = f.hibernate(e.id, "h-1").await;
+    assert_eq!(hib.step, HibernationStep::Sealed);
+    let sum = drive(&g, |s| s.hibernations_refused == 1).await;
+    assert_eq!(
+        (sum.stops, sum.hibernated, sum.hibernations_refused, sum.released),
+        (1, 0, 1, 0)
+    );
+    // The refusal released the ownership: the gateway forgot the exec,
+    // and no later step claims it or quiesces again.
+    assert_eq!(g.owned().await, vec![]);
+    for _ in 0..3 {
+        let r = g.step().await;
+        assert_eq!(r.failures, vec![]);
+        assert_eq!(
+            (r.owned, r.claimed, r.taken_over, r.hibernations_refused),
+            (0, 0, 0, 0)
+        );
+    }
+    assert_eq!(
+        f.balances().await,
+        (4, 3, 1, 0),
+        "held until the destroy is proven"
+    );
+    let (_, kind, _) = f.pages(e.id).await.last().cloned().unwrap();
+    assert_eq!(kind, PageKind::Stopped);
+    let r = f.rec_step().await;
+    assert_eq!(r.failures, vec![]);
+    assert_eq!(
+        (r.destroyed, r.released, r.parked, r.units_returned),
+        (1, 1, 0, 1)
+    );
+    let rec = f.store.exec(f.tenant, e.id).await.unwrap();
+    assert_eq!(
+        (rec.state, rec.terminal_reason, rec.exit_code, rec.lease_state),
+        (
+            ExecState::Terminal,
+            Some(TerminalReason::SnapshotRefused),
+            None,
+            LeaseState::Released
+        )
+    );
+    let hib = rec.hibernation.expect("the hibernation");
+    assert_eq!((hib.step, hib.head), (HibernationStep::Refused, None));
+    assert_eq!(
+        hib.refusal,
+        Some(lc_core::hibernate::QuiescenceRefusal {
+            reason: "special_file".into(),
+            path: "pipe".into(),
+            message: "\"pipe\" is a device, fifo or socket; a snapshot holds only directories, \
+                      regular files and symlinks: remove it and snapshot again"
+                .into(),
+        })
+    );
+    assert_eq!(r.hibernations_unfinished, 0);
+    let ws = f.store.workspace(f.tenant, e.id).await.unwrap();
+    assert_eq!((ws.head, ws.snapshots), (None, 0));
+    assert_eq!(
+        f.resume(e.id, "r-1").await.unwrap_err().code(),
+        "exec_terminal"
+    );
+    // Nothing more to return: the reconciler's next step finds nothing.
+    let r = f.rec_step().await;
+    assert_eq!((r.destroyed, r.released, r.units_returned), (0, 0, 0));
     assert_eq!(f.balances().await, (4, 4, 0, 0));
     assert_eq!(f.provider.inventory().await.unwrap(), vec![]);
 }
