@@ -530,7 +530,8 @@ async fn hibernate_exec(
 /// the key returns the recorded request. Refusals (nothing written): `409
 /// exec_not_parked` (not hibernated, or its sandbox not yet destroyed),
 /// `409 workspace_head_mismatch` (`head` is not the workspace's head),
-/// `422 invalid_digest`, `404 not_found`.
+/// `409 resume_in_progress` (another request is pending: one resume at a
+/// time), `422 invalid_digest`, `404 not_found`.
 #[utoipa::path(post, path = "/v1/execs/{exec_id}/resume", tag = "workspaces",
     params(
         ("exec_id" = i64, Path, minimum = 1, description = "The exec"),

@@ -15,7 +15,7 @@
 //! | `invalid_command`, `invalid_shape`, `invalid_runtime`, `invalid_timeout`, `invalid_units`, `invalid_name`, `invalid_limit`, `invalid_digest`, `invalid_provider_id`, `invalid_provider`, `invalid_page`, `invalid_transition_id`, `invalid_input`, `request_digest_mismatch` | 422 |
 //! | `invalid_operation_key` | 400 (it is a header) |
 //! | `not_found` | 404 (also for another tenant's exec: existence never leaks) |
-//! | `insufficient_capacity`, `units_overflow`, `idempotency_conflict`, `already_exists`, `exec_terminal`, `illegal_transition`, `fenced`, `page_conflict`, `owner_live`, `owner_stale`, `owner_expired`, `transition_replay_refused`, `release_not_proven`, `stdin_not_open`, `input_closed`, `workspace_head_mismatch`, `competing_right`, `exec_not_parked`, `resume_refused`, `exec_not_hibernatable`, `hibernation_in_progress` | 409 |
+//! | `insufficient_capacity`, `units_overflow`, `idempotency_conflict`, `already_exists`, `exec_terminal`, `illegal_transition`, `fenced`, `page_conflict`, `owner_live`, `owner_stale`, `owner_expired`, `transition_replay_refused`, `release_not_proven`, `stdin_not_open`, `input_closed`, `workspace_head_mismatch`, `competing_right`, `exec_not_parked`, `resume_refused`, `exec_not_hibernatable`, `hibernation_in_progress`, `resume_in_progress` | 409 |
 //! | `rate_limited` | 429 with `Retry-After` (the tenant's admission rate on the cut) |
 //! | `input_queue_full` | 429 with `Retry-After` [`INPUT_QUEUE_RETRY_AFTER_SECS`] (the exec's owner drains its input queue at its next step) |
 //! | `time_uncertain` | 503 with `Retry-After` (and `reason` when the service read it) |
@@ -235,7 +235,8 @@ pub fn store_status(e: &LcError) -> StatusCode {
         | E::ExecNotParked { .. }
         | E::ResumeRefused { .. }
         | E::ExecNotHibernatable { .. }
-        | E::HibernationInProgress { .. } => StatusCode::CONFLICT,
+        | E::HibernationInProgress { .. }
+        | E::ResumeInProgress { .. } => StatusCode::CONFLICT,
         E::RateLimited { .. } | E::InputQueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,
         E::TimeUncertain { .. }
         | E::StorageUnavailable { .. }

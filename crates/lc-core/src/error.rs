@@ -422,6 +422,19 @@ pub enum LcError {
         /// Its step.
         step: &'static str,
     },
+    /// A resume of the exec is recorded and not yet committed or refused
+    /// (`resume_in_progress`): it proceeds on its own; a replay of its
+    /// key shows where it stands, and a new request is taken once it
+    /// committed (and the exec hibernated again) or was refused.
+    #[error(
+        "exec {exec_id}: a resume is in progress under the operation key {op_key:?}: wait for it (a replay of that key shows where it stands)"
+    )]
+    ResumeInProgress {
+        /// The exec.
+        exec_id: ExecId,
+        /// The pending request's operation key.
+        op_key: String,
+    },
     /// The database could not be reached (`storage_unavailable`, HTTP
     /// 503).
     #[error("storage unavailable: {message}")]
@@ -487,6 +500,7 @@ impl LcError {
             LcError::ResumeRefused { .. } => "resume_refused",
             LcError::ExecNotHibernatable { .. } => "exec_not_hibernatable",
             LcError::HibernationInProgress { .. } => "hibernation_in_progress",
+            LcError::ResumeInProgress { .. } => "resume_in_progress",
             LcError::StorageUnavailable { .. } => "storage_unavailable",
             LcError::StorageFailure { .. } => "storage_failure",
         }

@@ -100,9 +100,11 @@ pub fn clip_text(text: &str, max: usize) -> String {
 /// (`[a-z][a-z0-9_]{0,63}`).
 pub fn check_quiescence_refusal(r: &QuiescenceRefusal) -> Result<QuiescenceRefusal, LcError> {
     let code_ok = r.reason.len() <= 64
-        && r.reason.bytes().next().is_some_and(|b| b.is_ascii_lowercase())
-        && r
-            .reason
+        && r.reason
+            .bytes()
+            .next()
+            .is_some_and(|b| b.is_ascii_lowercase())
+        && r.reason
             .bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
     if !code_ok {

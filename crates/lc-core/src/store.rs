@@ -241,6 +241,8 @@ pub trait ControlStore: Send + Sync {
     /// `workspace_head_mismatch` (`head` is not the workspace's head),
     /// `idempotency_conflict` (also an operation key whose record was
     /// collected but whose intent on this exec is kept: use a new key),
+    /// `resume_in_progress` (another request of the exec is recorded and
+    /// neither committed nor refused: one resume at a time),
     /// `invalid_cut_reading`, `time_uncertain` (no cut yet), storage
     /// errors. Nothing is written on any of them.
     async fn request_resume(

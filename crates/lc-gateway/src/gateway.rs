@@ -124,11 +124,11 @@ use std::time::{Duration, Instant};
 use clock::Clock;
 use jiff::SignedDuration;
 use lc_blob::{BlobError, BlobStore, PutOutcome};
+use lc_core::hibernate::QuiescenceRefusal;
 use lc_core::owner::{
     OWNER_TOKEN_BYTES, OwnedExec, OwnerCredential, OwnerToken, PageMeta, TakeoverBasis,
     check_heartbeat_ttl,
 };
-use lc_core::hibernate::QuiescenceRefusal;
 use lc_core::page::StopOutcome;
 use lc_core::page::{PAGES_PER_REQUEST_MAX, Page};
 use lc_core::rules::APPEND_PAGES_MAX;

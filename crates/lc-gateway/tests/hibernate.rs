@@ -185,9 +185,20 @@ async fn park(f: &Rig, g: &Gateway, e: Exec, key: &str) -> i64 {
 async fn resume(f: &Rig, g: &Gateway, e: Exec, key: &str, from: Generation) -> Exec {
     let intent = f.resume(e.id, key).await.expect("resume request");
     assert_eq!((intent.exec_id, intent.from_generation), (e.id, from));
+    // One resume at a time: a request under another key is refused while
+    // this one is pending, naming it, and records nothing.
+    let other = format!("{key}-other");
+    let in_progress = |r: Result<lc_core::ResumeIntent, lc_core::LcError>| match r {
+        Err(lc_core::LcError::ResumeInProgress { exec_id, op_key }) => {
+            assert_eq!((exec_id, op_key.as_str()), (e.id, key));
+        }
+        other => panic!("{other:?}"),
+    };
+    in_progress(f.resume(e.id, &other).await);
     let r = g.step().await;
     assert_eq!(r.failures, vec![]);
     assert_eq!((r.claimed + r.taken_over, r.resumes_prepared), (1, 1));
+    in_progress(f.resume(e.id, &other).await);
     let w = f.lease(e.id).await.unwrap();
     assert_eq!(
         (w.generation, w.state, w.attached, w.attempt_parked),
@@ -206,6 +217,20 @@ async fn resume(f: &Rig, g: &Gateway, e: Exec, key: &str, from: Generation) -> E
     assert_eq!(
         (rec.state, rec.lease_state),
         (ExecState::Running, LeaseState::Active)
+    );
+    assert_eq!(
+        f.resume(e.id, &other).await.unwrap_err().code(),
+        "exec_not_parked"
+    );
+    assert_eq!(
+        rows(
+            f,
+            e,
+            "lc_resume_intents",
+            &format!("AND op_key = '{other}'")
+        )
+        .await,
+        0
     );
     Exec {
         id: e.id,
@@ -787,7 +812,12 @@ async fn a_workspace_with_a_fifo_ends_the_exec_snapshot_refused_and_its_unit_ret
     assert_eq!(hib.step, HibernationStep::Sealed);
     let sum = drive(&g, |s| s.hibernations_refused == 1).await;
     assert_eq!(
-        (sum.stops, sum.hibernated, sum.hibernations_refused, sum.released),
+        (
+            sum.stops,
+            sum.hibernated,
+            sum.hibernations_refused,
+            sum.released
+        ),
         (1, 0, 1, 0)
     );
     // The refusal released the ownership: the gateway forgot the exec,
@@ -816,7 +846,12 @@ async fn a_workspace_with_a_fifo_ends_the_exec_snapshot_refused_and_its_unit_ret
     );
     let rec = f.store.exec(f.tenant, e.id).await.unwrap();
     assert_eq!(
-        (rec.state, rec.terminal_reason, rec.exit_code, rec.lease_state),
+        (
+            rec.state,
+            rec.terminal_reason,
+            rec.exit_code,
+            rec.lease_state
+        ),
         (
             ExecState::Terminal,
             Some(TerminalReason::SnapshotRefused),

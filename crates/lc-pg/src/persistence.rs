@@ -1741,6 +1741,27 @@ const ACTIONABLE_INTENT: &str = "i.exec_id = e.exec_id AND i.attempt = a.attempt
        AND NOT EXISTS (SELECT 1 FROM lc_resume_receipts r \
                         WHERE r.exec_id = i.exec_id AND r.op_key = i.op_key)";
 
+/// The operation key of the exec's actionable resume request (recorded
+/// for its current generation or carrying its prepared Lease, neither
+/// refused nor receipted), the earliest if several.
+pub(crate) async fn actionable_intent(
+    conn: &mut PgConnection,
+    exec: ExecId,
+) -> Result<Option<String>, Fail> {
+    Ok(sqlx::query_scalar(&format!(
+        "SELECT i.op_key FROM lc_execs e \
+           JOIN lc_attempts a ON a.exec_id = e.exec_id AND a.attempt = e.current_attempt \
+           JOIN lc_sandbox_leases l ON l.exec_id = e.exec_id AND l.attempt = a.attempt \
+                                   AND l.generation = a.generation \
+           JOIN lc_resume_intents i ON {ACTIONABLE_INTENT} \
+          WHERE e.exec_id = $1 \
+          ORDER BY i.recorded_floor_us, i.recorded_submicro_ns, i.op_key LIMIT 1"
+    ))
+    .bind(exec.0)
+    .fetch_optional(&mut *conn)
+    .await?)
+}
+
 /// Exec `exec` with its current attempt and Lease and where its output
 /// stands.
 pub(crate) async fn owned_view(
@@ -2215,7 +2236,11 @@ fn hibernation_from(row: &PgRow) -> Result<HibernationRecord, Fail> {
 /// The refusal of a hibernation from its `{prefix}refused_*` columns.
 fn refusal_at(row: &PgRow, prefix: &str) -> Result<Option<QuiescenceRefusal>, Fail> {
     let col = |name: &str| row.try_get::<Option<String>, _>(format!("{prefix}{name}").as_str());
-    match (col("refused_reason")?, col("refused_path")?, col("refused_message")?) {
+    match (
+        col("refused_reason")?,
+        col("refused_path")?,
+        col("refused_message")?,
+    ) {
         (Some(reason), Some(path), Some(message)) => Ok(Some(QuiescenceRefusal {
             reason,
             path,

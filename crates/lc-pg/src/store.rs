@@ -50,8 +50,9 @@ use ed25519_dalek::VerifyingKey;
 use jiff::{SignedDuration, Timestamp};
 use lc_core::evidence::{self, Envelope, Expected};
 use lc_core::hibernate::{
-    self, AttachmentExpected, HibernationRecord, HibernationView, QuiescenceExpected, ResumeIntent,
-    QuiescenceRefusal, ResumeReceipt, ResumeRefusal, ResumeView, SnapshotMeta, WorkspaceRecord,
+    self, AttachmentExpected, HibernationRecord, HibernationView, QuiescenceExpected,
+    QuiescenceRefusal, ResumeIntent, ResumeReceipt, ResumeRefusal, ResumeView, SnapshotMeta,
+    WorkspaceRecord,
 };
 use lc_core::input::{self, InputRecord};
 use lc_core::owner::{
@@ -2254,7 +2255,8 @@ async fn refuse_quiescence_tx(
     }
     // Read under the locks: the stopped page of this generation, acked.
     let view = view_of(conn, a.exec_id).await?;
-    let stopped_acked = view.lease_generation == lease.generation && view.stopped_acked_seq.is_some();
+    let stopped_acked =
+        view.lease_generation == lease.generation && view.stopped_acked_seq.is_some();
     let Some(reason) = hibernate::plan_quiescence_refusal(
         hib.step,
         lease.state,
@@ -2323,6 +2325,16 @@ async fn request_resume_tx(
     {
         return Err(LcError::IdempotencyConflict {
             key: a.op.key().to_owned(),
+        }
+        .into());
+    }
+    // One resume at a time: a second request while one is pending would
+    // never be carried out (the first resumes the exec, and the second
+    // names a generation that is no longer parked).
+    if let Some(op_key) = db::actionable_intent(conn, a.exec_id).await? {
+        return Err(LcError::ResumeInProgress {
+            exec_id: a.exec_id,
+            op_key,
         }
         .into());
     }
