@@ -268,6 +268,12 @@ async fn appliance_runs_a_real_command_and_keeps_it_across_a_restart() {
     let dir = tmp.path().join("lc");
 
     let mut up = Up::start(&dir);
+    // A first start names the first steps.
+    let first_step = format!(
+        "  lc --data-dir {} tenant create --name blue --units 8",
+        dir.display()
+    );
+    assert!(up.seen.contains(&first_step), "{:?}", up.seen);
     assert!(
         up.seen[0].contains("single-host installation")
             && up.seen[0].contains("separate hardened hosts"),
@@ -548,6 +554,16 @@ async fn appliance_runs_a_real_command_and_keeps_it_across_a_restart() {
         up.seen
             .iter()
             .any(|l| l.contains("reusing the PostgreSQL cluster"))
+    );
+    // A later start names what the directory holds, not the first steps.
+    assert!(!up.seen.contains(&first_step), "{:?}", up.seen);
+    assert!(
+        up.seen.contains(
+            &"this data directory holds 1 tenant(s), their execs and workspaces; for example:"
+                .to_owned()
+        ),
+        "{:?}",
+        up.seen
     );
     let again = lc_json(&dir, &["--tenant", &t, "exec", "show", "1", "--json"]);
     assert_eq!(again, exec);

@@ -41,11 +41,12 @@ pub async fn migrate(owner_url: &str) -> Result<(), ApplianceError> {
 }
 
 /// Registers the built-in `base` runtime (the host's `/usr`, read-only) on
-/// a certain cut; idempotent.
+/// a certain cut; idempotent. Returns how many tenants the database holds
+/// (0 on a first start).
 ///
 /// # Errors
 /// [`ApplianceError::Database`].
-pub async fn register_base(owner_url: &str, secret: &[u8]) -> Result<(), ApplianceError> {
+pub async fn register_base(owner_url: &str, secret: &[u8]) -> Result<i64, ApplianceError> {
     let key = tollgate::CapabilityKey::new(secret)
         .map_err(|e| ApplianceError::Setup(format!("server secret: {e}")))?;
     let config = lc_pg::LcConfig {
@@ -77,11 +78,15 @@ pub async fn register_base(owner_url: &str, secret: &[u8]) -> Result<(), Applian
     let registered = store
         .register_runtime(&op, at, "base", digest, manifest_json)
         .await;
+    let tenants = sqlx::query_scalar::<_, i64>("SELECT count(*) FROM lc_tenants")
+        .fetch_one(store.pool())
+        .await;
     store.pool().close().await;
     let rt = registered.map_err(|e| ApplianceError::db("registering the base runtime", e))?;
+    let tenants = tenants.map_err(|e| ApplianceError::sqlx("counting tenants", &e))?;
     super::say(format_args!(
         "runtime base = {} (the host's /usr, read-only)",
         rt.digest.to_hex()
     ));
-    Ok(())
+    Ok(tenants)
 }

@@ -132,7 +132,7 @@ impl ApplianceError {
             message: e.to_string(),
         }
     }
-    fn sqlx(context: impl Into<String>, e: &sqlx::Error) -> ApplianceError {
+    pub(crate) fn sqlx(context: impl Into<String>, e: &sqlx::Error) -> ApplianceError {
         ApplianceError::db(context, pgkit::classify(e).text())
     }
 }
@@ -583,7 +583,7 @@ async fn start_all(
 
     wait_for_certain_cut(&owner_url, args.sampler, started).await?;
     let secret = layout.secret(&layout.server_secret_file(), "")?;
-    lcdb::register_base(&owner_url, secret.as_bytes()).await?;
+    let tenants = lcdb::register_base(&owner_url, secret.as_bytes()).await?;
     say(format_args!(""));
     say(format_args!("Little Compute is ready at {url_cp}"));
     say(format_args!("admin token: {admin_token}"));
@@ -592,15 +592,23 @@ async fn start_all(
         layout.admin_token_file().display(),
         layout.running_file().display()
     ));
-    say(format_args!("next:"));
     let d = layout.root.display();
-    say(format_args!(
-        "  lc --data-dir {d} tenant create --name blue --units 8"
-    ));
-    say(format_args!(
-        "  lc --data-dir {d} --tenant 1 exec create --runtime base --shape small --wait -- echo hello"
-    ));
-    say(format_args!("  lc --data-dir {d} --tenant 1 exec output 1"));
+    if tenants == 0 {
+        say(format_args!("next:"));
+        say(format_args!(
+            "  lc --data-dir {d} tenant create --name blue --units 8"
+        ));
+        say(format_args!(
+            "  lc --data-dir {d} --tenant 1 exec create --runtime base --shape small --wait -- echo hello"
+        ));
+        say(format_args!("  lc --data-dir {d} --tenant 1 exec output 1"));
+    } else {
+        say(format_args!(
+            "this data directory holds {tenants} tenant(s), their execs and workspaces; for example:"
+        ));
+        say(format_args!("  lc --data-dir {d} tenant show 1"));
+        say(format_args!("  lc --data-dir {d} --tenant 1 exec list"));
+    }
     say(format_args!(
         "stop with Ctrl-C, or `little-compute appliance down --data-dir {d}`"
     ));
