@@ -367,10 +367,13 @@ async fn exec_output(
         .output(tenant, ExecId(exec_id), after_seq, limit)
         .await?;
     let next_seq = pages.last().map_or(after_seq, |p| p.meta.seq) + 1;
+    // A stopped page ends the output of an exec that ended after it (a
+    // cancel while parked, a refused snapshot): no resume follows.
+    let ended = exec.state == ExecState::Terminal;
     let (terminal, stopped) = match pages.last() {
         Some(p) => (
-            p.meta.kind == PageKind::Terminal,
-            p.meta.kind == PageKind::Stopped,
+            p.meta.kind == PageKind::Terminal || (p.meta.kind == PageKind::Stopped && ended),
+            p.meta.kind == PageKind::Stopped && !ended,
         ),
         None => (
             exec.state == ExecState::Terminal,
@@ -551,17 +554,22 @@ async fn resume_exec(
     let exec = ExecId(exec_id);
     let head = match req.and_then(|r| r.head) {
         Some(h) => Digest::from_hex(&h)?,
-        None => s
-            .store()
-            .workspace(tenant, exec)
-            .await?
-            .head
+        None => match s.store().workspace(tenant, exec).await?.head {
+            Some(h) => h,
             // A parked exec always has a head (its quiescence committed
-            // one), so a workspace without one has nothing to resume.
-            .ok_or(LcError::ExecNotParked {
-                exec_id: exec,
-                state: "without a snapshot yet",
-            })?,
+            // one), so a workspace without one has nothing to resume: the
+            // exec ended, or has not hibernated yet.
+            None if s.store().exec(tenant, exec).await?.state == ExecState::Terminal => {
+                return Err(LcError::ExecTerminal { exec_id: exec }.into());
+            }
+            None => {
+                return Err(LcError::ExecNotParked {
+                    exec_id: exec,
+                    state: "without a snapshot yet",
+                }
+                .into());
+            }
+        },
     };
     let op = OperationKey::new(
         key.0.clone(),

@@ -673,11 +673,14 @@ pub struct OutputView {
     pub pages: Vec<PageView>,
     /// Whether the output is complete up to here: the terminal page is
     /// among `pages`, or none is left after `after_seq` and the exec is
-    /// terminal. A stopped page is not the end: `false` while the exec is
-    /// hibernated.
+    /// terminal, or the last page returned is a stopped page and the exec
+    /// ended after it (cancelled while hibernated, or its snapshot
+    /// refused). A stopped page is not the end while the exec is
+    /// hibernated: `false` then.
     pub terminal: bool,
-    /// Whether the last page returned is a stopped page: its generation
-    /// hibernated, and further pages come only after a resume.
+    /// Whether the last page returned is a stopped page of an exec that is
+    /// not terminal: its generation hibernated, and further pages come
+    /// only after a resume.
     pub stopped: bool,
     /// The seq of the next page not returned (the last returned plus one,
     /// or `after_seq + 1` when none was): ask `after_seq = next_seq - 1`

@@ -102,7 +102,7 @@ async fn hibernate_resume_and_the_workspace_routes() {
         json!({
             "exec_id": x, "attempt": 1, "generation": 1, "lease_id": r.lease_id.0,
             "reason": "requested", "sealed_cut": sealed["sealed_cut"], "step": "sealed",
-            "head": null
+            "head": null, "refusal": null
         })
     );
     assert_eq!(ns_of(&sealed["sealed_cut"]), sealed_ns(&s, x).await);
@@ -145,6 +145,7 @@ async fn hibernate_resume_and_the_workspace_routes() {
     assert_eq!(v["workspace_head"], json!(head.to_hex()));
     assert_eq!(v["hibernation"]["step"], json!("parked"));
     assert_eq!(v["hibernation"]["head"], json!(head.to_hex()));
+    assert_eq!(v["hibernation"]["refusal"], json!(null));
     assert_eq!(v["hibernation"]["sealed_cut"], sealed["sealed_cut"]);
 
     // Workspace and snapshots.

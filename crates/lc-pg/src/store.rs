@@ -2131,31 +2131,45 @@ async fn provider_statement(
     Ok(verified_statement(evidence, &provider, lease)?)
 }
 
+/// Locks, in the store's order, the Lease of `generation`, the exec and
+/// its ownership, and the hibernation of that generation; checks that
+/// `cred` owns the exec at `at`: live while the hibernation is `sealed`,
+/// else (a replay of the step that ended it and released the ownership)
+/// still this owner's and unexpired.
+async fn lock_hibernation(
+    conn: &mut PgConnection,
+    cred: &OwnerCredential,
+    exec_id: ExecId,
+    at: CutReading,
+    generation: Generation,
+) -> Result<(LeaseRow, HibernationRecord), Fail> {
+    let before = view_of(conn, exec_id).await?;
+    let lease = lock_generation(conn, before.lease_id, generation).await?;
+    db::lock_exec_state(conn, before.tenant_id, exec_id)
+        .await?
+        .ok_or_else(|| LcError::not_found("exec", exec_id))?;
+    let owner_row = lock_owned(conn, exec_id).await?;
+    let hib = db::hibernation(conn, exec_id, lease.attempt, lease.generation, true)
+        .await?
+        .ok_or_else(|| LcError::not_found("hibernation of generation", lease.generation))?;
+    if hib.step == HibernationStep::Sealed {
+        owner::check_owner(&owner_row.ownership, cred, at)?;
+    } else {
+        let held = Ownership {
+            released: false,
+            ..owner_row.ownership.clone()
+        };
+        owner::check_owner(&held, cred, at)?;
+    }
+    Ok((lease, hib))
+}
+
 async fn commit_quiescence_tx(
     conn: &mut PgConnection,
     a: &QuiescenceArgs<'_>,
 ) -> Result<HibernationRecord, Fail> {
     check_reading(conn, a.at).await?;
-    let before = view_of(conn, a.exec_id).await?;
-    let lease = lock_generation(conn, before.lease_id, a.generation).await?;
-    db::lock_exec_state(conn, before.tenant_id, a.exec_id)
-        .await?
-        .ok_or_else(|| LcError::not_found("exec", a.exec_id))?;
-    let owner_row = lock_owned(conn, a.exec_id).await?;
-    let hib = db::hibernation(conn, a.exec_id, lease.attempt, lease.generation, true)
-        .await?
-        .ok_or_else(|| LcError::not_found("hibernation of generation", lease.generation))?;
-    if hib.step == HibernationStep::Sealed {
-        owner::check_owner(&owner_row.ownership, a.cred, a.at)?;
-    } else {
-        // A replay: the commit released the ownership, which must still
-        // be this owner's and unexpired.
-        let held = Ownership {
-            released: false,
-            ..owner_row.ownership.clone()
-        };
-        owner::check_owner(&held, a.cred, a.at)?;
-    }
+    let (lease, hib) = lock_hibernation(conn, a.cred, a.exec_id, a.at, a.generation).await?;
     let statement = provider_statement(conn, a.evidence, &lease).await?;
     let ws = db::workspace_of(conn, a.exec_id, true)
         .await?
@@ -2232,27 +2246,7 @@ async fn refuse_quiescence_tx(
     rules::require_certain(a.at)?;
     check_reading(conn, a.at).await?;
     let refusal = hibernate::check_quiescence_refusal(a.refusal)?;
-    // The store's lock order: the Lease, the exec, then the ownership.
-    let before = view_of(conn, a.exec_id).await?;
-    let lease = lock_generation(conn, before.lease_id, a.generation).await?;
-    db::lock_exec_state(conn, before.tenant_id, a.exec_id)
-        .await?
-        .ok_or_else(|| LcError::not_found("exec", a.exec_id))?;
-    let owner_row = lock_owned(conn, a.exec_id).await?;
-    let hib = db::hibernation(conn, a.exec_id, lease.attempt, lease.generation, true)
-        .await?
-        .ok_or_else(|| LcError::not_found("hibernation of generation", lease.generation))?;
-    if hib.step == HibernationStep::Refused {
-        // A replay: the refusal released the ownership, which must still
-        // be this owner's and unexpired.
-        let held = Ownership {
-            released: false,
-            ..owner_row.ownership.clone()
-        };
-        owner::check_owner(&held, a.cred, a.at)?;
-    } else {
-        owner::check_owner(&owner_row.ownership, a.cred, a.at)?;
-    }
+    let (lease, hib) = lock_hibernation(conn, a.cred, a.exec_id, a.at, a.generation).await?;
     // Read under the locks: the stopped page of this generation, acked.
     let view = view_of(conn, a.exec_id).await?;
     let stopped_acked =

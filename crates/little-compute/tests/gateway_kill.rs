@@ -74,45 +74,21 @@ impl Deref for Rig {
 
 impl Rig {
     async fn new(name: &str) -> Rig {
-        support::ensure_supervisor();
-        let db = tollgate_pg_harness::shared().await.fresh_database().await;
-        let url = db.url().to_string();
-        lc_pg::migrate(&url).await.unwrap();
-        let (sampler_stop, sampler) = support::start_sampler(&url);
-        let store = support::connect_store(&url, support::store_config()).await;
-        let clock = SafeCutClock::new(store.pool().clone(), support::GAP_MAX);
-        support::wait_certain(&clock, WAIT_MAX, support::POLL).await;
-        let dir = support::fresh_dir(&format!("lc-gw-{name}"));
-        let secret = support::write_secret(&dir);
-        let port = free_port();
-        let provider_url = format!("http://127.0.0.1:{port}");
-        let cgroup_parent = format!("little-compute-gw-{name}-{}", std::process::id());
-        let provider = support::spawn_provider(port, &dir, &cgroup_parent, "provider.log");
-        let http = support::connect_provider(&provider_url, WAIT_MAX).await;
-        let at = reading(&clock).await;
-        let tenant =
-            support::register_base_provider_and_tenant(&store, at, &http, &provider_url, UNITS)
-                .await;
-        let worker = support::spawn_worker(&url, &secret, &provider_url, &dir.join("worker.log"));
-        let blob_dir = dir.join("blobs");
+        let p = support::start_plane(&format!("gw-{name}"), UNITS, WAIT_MAX).await;
+        let worker = support::spawn_worker(
+            &p.plane.url,
+            &p.plane.secret,
+            &p.plane.provider_url,
+            &p.plane.dir.join("worker.log"),
+        );
         Rig {
-            _db: db,
-            plane: Plane {
-                url,
-                store,
-                dir,
-                secret,
-                blob_dir,
-                provider_url,
-                cgroup_parent,
-                tenant,
-                wait_max: WAIT_MAX,
-            },
-            clock,
-            sampler_stop,
-            sampler: Some(sampler),
+            _db: p.db,
+            plane: p.plane,
+            clock: p.clock,
+            sampler_stop: p.sampler_stop,
+            sampler: Some(p.sampler),
             worker: Some(worker),
-            provider: Some(provider),
+            provider: Some(p.provider),
         }
     }
 

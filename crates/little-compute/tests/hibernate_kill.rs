@@ -87,6 +87,7 @@ struct Rig {
     plane: Plane,
     clock: SafeCutClock,
     sampler_stop: watch::Sender<bool>,
+    _sampler: tokio::task::JoinHandle<()>,
     worker: Option<Proc>,
     provider: Option<Proc>,
     provider_port: u16,
@@ -102,44 +103,16 @@ impl Deref for Rig {
 
 impl Rig {
     async fn new(name: &str) -> Rig {
-        support::ensure_supervisor();
-        let db = tollgate_pg_harness::shared().await.fresh_database().await;
-        let url = db.url().to_string();
-        lc_pg::migrate(&url).await.unwrap();
-        let (sampler_stop, _sampler) = support::start_sampler(&url);
-        let store = support::connect_store(&url, support::store_config()).await;
-        let clock = SafeCutClock::new(store.pool().clone(), support::GAP_MAX);
-        support::wait_certain(&clock, WAIT_MAX, support::POLL).await;
-        let dir = support::fresh_dir(&format!("lc-hk-{name}"));
-        let secret = support::write_secret(&dir);
-        let provider_port = free_port();
-        let provider_url = format!("http://127.0.0.1:{provider_port}");
-        let cgroup_parent = format!("little-compute-hk-{name}-{}", std::process::id());
-        let provider = support::spawn_provider(provider_port, &dir, &cgroup_parent, "provider.log");
-        let http = support::connect_provider(&provider_url, WAIT_MAX).await;
-        let at = reading(&clock).await;
-        let tenant =
-            support::register_base_provider_and_tenant(&store, at, &http, &provider_url, UNITS)
-                .await;
-        let blob_dir = dir.join("blobs");
+        let p = support::start_plane(&format!("hk-{name}"), UNITS, WAIT_MAX).await;
         let mut rig = Rig {
-            _db: db,
-            plane: Plane {
-                url,
-                store,
-                dir,
-                secret,
-                blob_dir,
-                provider_url,
-                cgroup_parent,
-                tenant,
-                wait_max: WAIT_MAX,
-            },
-            clock,
-            sampler_stop,
+            _db: p.db,
+            plane: p.plane,
+            clock: p.clock,
+            sampler_stop: p.sampler_stop,
+            _sampler: p.sampler,
             worker: None,
-            provider: Some(provider),
-            provider_port,
+            provider: Some(p.provider),
+            provider_port: p.provider_port,
         };
         rig.start_worker();
         rig

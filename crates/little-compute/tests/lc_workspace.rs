@@ -5,9 +5,18 @@
 //! writing the exact files, modes and symlink (a non-empty directory and
 //! a corrupt blob refused with nothing written), and `exec output
 //! --follow` going on past a stopped page into the resumed generation.
+//!
+//! On real processes (a real PostgreSQL, the in-process sampler, `little-
+//! compute serve`, a bubblewrap provider, the worker and a gateway):
+//! `exec hibernate --wait` of an exec whose workspace holds a fifo ends at
+//! the provider's refusal to snapshot it, once, with the exec terminal
+//! `snapshot_refused` and the tenant's units all back.
 
 #[path = "../../lc-api/tests/support/mod.rs"]
 mod support;
+
+#[path = "support/mod.rs"]
+mod rig;
 
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::Path;
@@ -565,4 +574,343 @@ async fn create_passes_the_idle_ttl_and_the_timeout_action() {
     .await;
     assert_eq!(o.status.code(), Some(2));
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The admin token `little-compute serve` is started with.
+const REFUSED_ADMIN: &str = "lcadm-lc-workspace-refused-0123456789";
+/// Units of the tenant of the refused hibernation (its exec holds one).
+const REFUSED_UNITS: i64 = 2;
+/// The longest any wait of the refused hibernation's test polls for.
+const REFUSED_WAIT_MAX: std::time::Duration = std::time::Duration::from_secs(90);
+/// Makes a fifo in the workspace (the command's working directory), then
+/// prints `ready` and waits to be stopped.
+const FIFO_SCRIPT: &str = "mkfifo pipe && echo ready && exec sleep 600";
+
+/// `exec hibernate --wait` of an exec whose workspace holds a fifo: the
+/// provider refuses the snapshot (`special_file` at `pipe`), the gateway
+/// records the refusal once and does not ask again, the exec ends
+/// `snapshot_refused`, its units come back exactly once its sandbox is
+/// destroyed, its output ends at what it wrote (exit 1, with no word of a
+/// resume that cannot come), and a further hibernate is refused as for any
+/// terminal exec.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hibernate_wait_reports_a_snapshot_the_provider_refused() {
+    use lc_core::store::{ControlStore as _, ReconcileStore as _};
+    use lc_provider::Provider as _;
+
+    rig::ensure_supervisor();
+    let db = tollgate_pg_harness::shared().await.fresh_database().await;
+    let url = db.url().to_string();
+    lc_pg::migrate(&url).await.unwrap();
+    let (sampler_stop, _sampler) = rig::start_sampler(&url);
+    let store = rig::connect_store(&url, rig::store_config()).await;
+    let clock = clock::safe_cut::SafeCutClock::new(store.pool().clone(), rig::GAP_MAX);
+    rig::wait_certain(&clock, REFUSED_WAIT_MAX, rig::POLL).await;
+    let dir = rig::fresh_dir("lc-ws-refused");
+    let secret = rig::write_secret(&dir);
+    let provider_port = rig::free_port();
+    let provider_url = format!("http://127.0.0.1:{provider_port}");
+    let cgroup_parent = format!("little-compute-ws-refused-{}", std::process::id());
+    let _provider = rig::spawn_provider(provider_port, &dir, &cgroup_parent, "provider.log");
+    let http = rig::connect_provider(&provider_url, REFUSED_WAIT_MAX).await;
+    let base = lc_core::manifest::Manifest::base();
+    store
+        .register_runtime(
+            &lc_core::OperationKey::new("base", Digest([1; 32])).unwrap(),
+            rig::reading(&clock).await,
+            "base",
+            Digest(base.digest()),
+            serde_json::from_slice(&base.canonical()).unwrap(),
+        )
+        .await
+        .unwrap();
+    store
+        .register_provider(http.id(), &provider_url, http.public_key().to_bytes())
+        .await
+        .unwrap();
+
+    // The control plane the CLI talks to, with the gateway's sink.
+    let blob_dir = dir.join("blobs");
+    let serve_port = rig::free_port();
+    let server = format!("http://127.0.0.1:{serve_port}");
+    let admin_file = dir.join("admin.token");
+    std::fs::write(&admin_file, format!("{REFUSED_ADMIN}\n")).unwrap();
+    let _serve = rig::Proc(
+        Command::new(rig::exe())
+            .arg("serve")
+            .arg("--listen")
+            .arg(format!("127.0.0.1:{serve_port}"))
+            .arg("--admin-token-file")
+            .arg(&admin_file)
+            .arg("--secret-file")
+            .arg(&secret)
+            .arg("--blob-dir")
+            .arg(&blob_dir)
+            .args(["--safetime-gap-max-ms", rig::GAP_MAX_MS])
+            .args(["--grant-max-ttl-ms", "3600000"])
+            .args(["--reclaim-grace-ms", "5000"])
+            .env("LC_DATABASE_URL", &url)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(rig::append(&dir.join("serve.log")))
+            .spawn()
+            .unwrap(),
+    );
+    let mut plane = rig::Plane {
+        url: url.clone(),
+        store,
+        dir: dir.clone(),
+        secret,
+        blob_dir,
+        provider_url,
+        cgroup_parent,
+        tenant: lc_core::TenantId(0),
+        wait_max: REFUSED_WAIT_MAX,
+    };
+    let readyz = reqwest::Client::new();
+    plane
+        .wait_for("serve answers /readyz with 200", async || {
+            readyz
+                .get(format!("{server}/readyz"))
+                .send()
+                .await
+                .is_ok_and(|r| r.status() == 200)
+        })
+        .await;
+    let _worker = rig::spawn_worker(
+        &plane.url,
+        &plane.secret,
+        &plane.provider_url,
+        &plane.log("worker"),
+    );
+    let metrics_port = rig::free_port();
+    let _gateway = rig::spawn_gateway(&rig::GatewayArgs {
+        metrics_port: Some(metrics_port),
+        ..plane.gateway_args("gateway")
+    });
+
+    // The tenant, through the CLI as the admin.
+    let t = json_of(
+        &run(&[
+            "--server",
+            &server,
+            "--token",
+            REFUSED_ADMIN,
+            "--json",
+            "tenant",
+            "create",
+            "--name",
+            "blue",
+            "--units",
+            &REFUSED_UNITS.to_string(),
+        ])
+        .await,
+    );
+    plane.tenant = lc_core::TenantId(t["tenant_id"].as_i64().unwrap());
+    let key = t["api_key"].as_str().unwrap().to_string();
+    let conn = ["--server", server.as_str(), "--token", key.as_str()];
+    let cli = |more: &[&str]| lc(&[&conn[..], more].concat());
+
+    let v = json_of(
+        &cli(&["--json", "exec", "create", "--", "sh", "-c", FIFO_SCRIPT])
+            .await
+            .unwrap(),
+    );
+    let id = v["exec_id"].as_i64().unwrap().to_string();
+    plane
+        .wait_for("the command prints ready", async || {
+            let o = cli(&["exec", "output", &id]).await.unwrap();
+            o.status.code() == Some(0) && o.stdout == b"ready\n"
+        })
+        .await;
+    assert_eq!(
+        plane.balance().await,
+        (REFUSED_UNITS, REFUSED_UNITS - 1, 1, 0)
+    );
+
+    let o = cli(&[
+        "--idempotency-key",
+        "h1",
+        "exec",
+        "hibernate",
+        &id,
+        "--wait",
+        "--wait-timeout-s",
+        "60",
+    ])
+    .await
+    .unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "{}\n{}",
+        text(&o.stderr),
+        plane.logs()
+    );
+    let stderr = text(&o.stderr);
+
+    // The exec's record: terminal snapshot_refused, the refusal recorded.
+    let e = json_of(&cli(&["--json", "exec", "show", &id]).await.unwrap());
+    assert_eq!(
+        (
+            &e["state"],
+            &e["terminal_reason"],
+            &e["exit_code"],
+            &e["hibernation"]["step"],
+            &e["hibernation"]["refusal"]["reason"],
+            &e["hibernation"]["refusal"]["path"],
+        ),
+        (
+            &json!("terminal"),
+            &json!("snapshot_refused"),
+            &Value::Null,
+            &json!("refused"),
+            &json!("special_file"),
+            &json!("pipe"),
+        ),
+        "{e}"
+    );
+    // The line names the refusal's reason, path and the provider's
+    // message as the record holds them.
+    let message = e["hibernation"]["refusal"]["message"].as_str().unwrap();
+    assert!(message.contains("pipe"), "{message}");
+    assert_eq!(
+        stderr,
+        format!(
+            "exec {id}: hibernation refused (special_file) at \"pipe\": {message}; the command was stopped and the exec ended snapshot_refused; its workspace head did not move and its units are returned once its sandbox is destroyed\n"
+        )
+    );
+
+    // Its units come back exactly, once the reconciler destroyed the
+    // sandbox and released the Lease.
+    plane
+        .wait_for("the tenant holds nothing", async || {
+            plane.balance().await.2 == 0
+        })
+        .await;
+    assert_eq!(plane.balance().await, (REFUSED_UNITS, REFUSED_UNITS, 0, 0));
+    let tenant_id = plane.tenant.0.to_string();
+    let tn = json_of(
+        &cli(&["--json", "tenant", "show", &tenant_id])
+            .await
+            .unwrap(),
+    );
+    assert_eq!(
+        (&tn["available"], &tn["held"], &tn["consumed"]),
+        (&json!(REFUSED_UNITS), &json!(0), &json!(0)),
+        "{tn}"
+    );
+    rig::assert_audit_clean(&plane.store, REFUSED_UNITS).await;
+    // Its one Lease released, its one Reservation returned.
+    let exec_id: i64 = id.parse().unwrap();
+    let leases: Vec<(i64, String)> = sqlx::query_as(
+        "SELECT generation, state FROM lc_sandbox_leases WHERE exec_id = $1 ORDER BY generation",
+    )
+    .bind(exec_id)
+    .fetch_all(plane.store.pool())
+    .await
+    .unwrap();
+    assert_eq!(leases, [(1, "released".to_string())]);
+    let reservations: Vec<(i64, String)> = sqlx::query_as(
+        "SELECT generation, state FROM lc_reservations WHERE exec_id = $1 ORDER BY generation",
+    )
+    .bind(exec_id)
+    .fetch_all(plane.store.pool())
+    .await
+    .unwrap();
+    assert_eq!(reservations, [(1, "returned".to_string())]);
+
+    // The output ends at what the command wrote; an exec that ended
+    // otherwise than exited gives 1.
+    let o = cli(&["exec", "output", &id, "--follow", "--wait-timeout-s", "60"])
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o.stderr));
+    assert_eq!(o.stdout, b"ready\n");
+    let follow_stderr = text(&o.stderr);
+    assert_eq!(
+        follow_stderr,
+        format!(
+            "exec {id}: its command was stopped at page 2 for a hibernation, and the exec ended without resuming; lc exec show {id} tells why\n\
+             exec {id} ended snapshot_refused without an exit status; lc exec show {id} tells more\n"
+        )
+    );
+
+    // Nothing resumes it: it ended.
+    let o = cli(&["exec", "resume", &id]).await.unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(
+        text(&o.stderr),
+        format!("error: 409 exec_terminal: exec {id} is terminal\n")
+    );
+
+    // Hibernating it again: the server's refusal for a terminal exec; the
+    // first request's key replays the refused hibernation.
+    let o = cli(&["exec", "hibernate", &id]).await.unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(
+        text(&o.stderr),
+        format!("error: 409 exec_terminal: exec {id} is terminal\n")
+    );
+    let h = json_of(
+        &cli(&[
+            "--json",
+            "--idempotency-key",
+            "h1",
+            "exec",
+            "hibernate",
+            &id,
+        ])
+        .await
+        .unwrap(),
+    );
+    assert_eq!(
+        (&h["step"], &h["refusal"]["reason"], &h["refusal"]["path"]),
+        (&json!("refused"), &json!("special_file"), &json!("pipe")),
+        "{h}"
+    );
+
+    // The gateway asked the provider to quiesce once (the provider logs
+    // every request it answers), recorded the refusal once and asked no
+    // more: one refusal, no quiescence committed, no failed step.
+    let provider_log = std::fs::read_to_string(plane.dir.join("provider.log")).unwrap();
+    assert_eq!(
+        provider_log
+            .lines()
+            .filter(|l| l.contains("route=/v1/instances/{lease}/{generation}/quiesce"))
+            .map(|l| l.contains(" status=422 "))
+            .collect::<Vec<_>>(),
+        [true],
+        "{provider_log}"
+    );
+    let m = rig::metrics(metrics_port)
+        .await
+        .expect("the gateway's metrics");
+    assert_eq!(
+        (
+            m.get("lc_gateway_hibernations_refused_total"),
+            m.get("lc_gateway_hibernated_total"),
+            m.get("lc_gateway_failures_total"),
+        ),
+        (Some(&1), Some(&0), Some(&0)),
+        "{m:?}"
+    );
+    let log = std::fs::read_to_string(plane.log("gateway")).unwrap();
+    assert_eq!(
+        log.matches("hibernation refused: the provider cannot snapshot")
+            .count(),
+        1,
+        "{log}"
+    );
+
+    // The output of an exec that ended without a snapshot does not say
+    // it goes on after a resume: nothing can resume it (above).
+    assert!(!follow_stderr.contains("lc exec resume"), "{follow_stderr}");
+
+    let _ = sampler_stop.send(true);
+    drop(_gateway);
+    drop(_worker);
+    drop(_provider);
+    let _ = std::fs::remove_dir_all(&dir);
+    rig::remove_cgroup_parent(&plane.cgroup_parent);
 }

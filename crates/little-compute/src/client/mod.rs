@@ -769,7 +769,18 @@ async fn exec_output(
                     Ok(())
                 }
                 // Pages after a stopped page are a resumed run's; only
-                // a stopped page with none after it is still waiting.
+                // a stopped page with none after it is still waiting,
+                // unless the exec ended after it (the answer's
+                // `terminal`): nothing resumes it then.
+                Some("stopped")
+                    if std::ptr::eq(p, pages.last().unwrap_or(p)) && v["terminal"] == true =>
+                {
+                    let _ = writeln!(
+                        std::io::stderr(),
+                        "exec {id}: its command was stopped at page {seq} for a hibernation, and the exec ended without resuming; lc exec show {id} tells why"
+                    );
+                    Ok(())
+                }
                 Some("stopped") if std::ptr::eq(p, pages.last().unwrap_or(p)) => {
                     let _ = writeln!(
                         std::io::stderr(),

@@ -428,6 +428,63 @@ pub async fn metrics(port: u16) -> Option<BTreeMap<String, u64>> {
     )
 }
 
+/// A started control plane without a worker or gateway: a fresh migrated
+/// database, the in-process sampler (its cut certain), the store and its
+/// clock, the provider process, and the base runtime, that provider and a
+/// tenant of `units` registered.
+pub struct Started {
+    pub db: tollgate_pg_harness::TestDb,
+    pub plane: Plane,
+    pub clock: SafeCutClock,
+    pub sampler_stop: watch::Sender<bool>,
+    pub sampler: tokio::task::JoinHandle<()>,
+    pub provider: Proc,
+    pub provider_port: u16,
+}
+
+/// Starts a [`Started`] whose files live in a fresh `/tmp/lc-<stem>-*`
+/// and whose instances go under the cgroup parent
+/// `little-compute-<stem>-<pid>`; every wait is bounded by `wait_max`.
+pub async fn start_plane(stem: &str, units: i64, wait_max: Duration) -> Started {
+    ensure_supervisor();
+    let db = tollgate_pg_harness::shared().await.fresh_database().await;
+    let url = db.url().to_string();
+    lc_pg::migrate(&url).await.unwrap();
+    let (sampler_stop, sampler) = start_sampler(&url);
+    let store = connect_store(&url, store_config()).await;
+    let clock = SafeCutClock::new(store.pool().clone(), GAP_MAX);
+    wait_certain(&clock, wait_max, POLL).await;
+    let dir = fresh_dir(&format!("lc-{stem}"));
+    let secret = write_secret(&dir);
+    let provider_port = free_port();
+    let provider_url = format!("http://127.0.0.1:{provider_port}");
+    let cgroup_parent = format!("little-compute-{stem}-{}", std::process::id());
+    let provider = spawn_provider(provider_port, &dir, &cgroup_parent, "provider.log");
+    let http = connect_provider(&provider_url, wait_max).await;
+    let at = reading(&clock).await;
+    let tenant = register_base_provider_and_tenant(&store, at, &http, &provider_url, units).await;
+    let blob_dir = dir.join("blobs");
+    Started {
+        db,
+        plane: Plane {
+            url,
+            store,
+            dir,
+            secret,
+            blob_dir,
+            provider_url,
+            cgroup_parent,
+            tenant,
+            wait_max,
+        },
+        clock,
+        sampler_stop,
+        sampler,
+        provider,
+        provider_port,
+    }
+}
+
 /// One test's control plane: its migrated database's URL, the store, its
 /// files (`dir`, holding the secret, the sink and the processes' logs),
 /// the provider's URL and cgroup parent, the tenant, and how long its
