@@ -664,6 +664,217 @@ mod tests {
         assert!(!deadline_due(d, d, CutReading::certain(ts(3_000))));
     }
 
+    fn refusal(reason: &str, path: &str, message: &str) -> QuiescenceRefusal {
+        QuiescenceRefusal {
+            reason: reason.into(),
+            path: path.into(),
+            message: message.into(),
+        }
+    }
+
+    #[test]
+    fn a_refusal_plan_needs_a_sealed_hibernation_an_active_lease_and_the_stopped_page() {
+        use crate::model::TerminalReason;
+        use HibernationStep::{Parked, Quiesced, Refused, Sealed};
+        const STATES: [LeaseState; 4] = [
+            LeaseState::Allocating,
+            LeaseState::Active,
+            LeaseState::ReleasePending,
+            LeaseState::Released,
+        ];
+        // A recorded refusal is a replay whatever the rest reads.
+        for lease in STATES {
+            for stopped in [false, true] {
+                for cancel in [false, true] {
+                    assert_eq!(
+                        plan_quiescence_refusal(Refused, lease, stopped, cancel),
+                        Ok(None),
+                        "{lease} {stopped} {cancel}"
+                    );
+                }
+            }
+        }
+        // Sealed, active, stopped page acknowledged: the exec ends, as
+        // cancelled when the tenant asked for it.
+        assert_eq!(
+            plan_quiescence_refusal(Sealed, LeaseState::Active, true, false),
+            Ok(Some(TerminalReason::SnapshotRefused))
+        );
+        assert_eq!(
+            plan_quiescence_refusal(Sealed, LeaseState::Active, true, true),
+            Ok(Some(TerminalReason::Cancelled))
+        );
+        // Sealed and active, the stopped page not acknowledged.
+        for cancel in [false, true] {
+            assert_eq!(
+                plan_quiescence_refusal(Sealed, LeaseState::Active, false, cancel),
+                Err(LcError::IllegalTransition {
+                    what: "hibernation (a refused snapshot needs the stopped page acknowledged)",
+                    from: "sealed",
+                    to: "refused",
+                })
+            );
+        }
+        // Sealed, its Lease not active (stopped page or not).
+        for lease in [
+            LeaseState::Allocating,
+            LeaseState::ReleasePending,
+            LeaseState::Released,
+        ] {
+            for stopped in [false, true] {
+                for cancel in [false, true] {
+                    assert_eq!(
+                        plan_quiescence_refusal(Sealed, lease, stopped, cancel),
+                        Err(LcError::IllegalTransition {
+                            what: "hibernation (a refused snapshot needs an active Lease)",
+                            from: "sealed",
+                            to: "refused",
+                        }),
+                        "{lease} {stopped} {cancel}"
+                    );
+                }
+            }
+        }
+        // A committed quiescence is never refused afterwards.
+        for (step, from) in [(Quiesced, "quiesced"), (Parked, "parked")] {
+            for lease in STATES {
+                for stopped in [false, true] {
+                    for cancel in [false, true] {
+                        let e = plan_quiescence_refusal(step, lease, stopped, cancel).unwrap_err();
+                        assert_eq!(
+                            e,
+                            LcError::IllegalTransition {
+                                what: "hibernation (its quiescence is committed)",
+                                from,
+                                to: "refused",
+                            }
+                        );
+                        assert_eq!(e.code(), "illegal_transition");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_refusal_reason_is_a_stable_code() {
+        let long = "a".repeat(64);
+        for ok in ["a", "special_file", "a1", "a_", "z9_0", long.as_str()] {
+            assert_eq!(
+                check_quiescence_refusal(&refusal(ok, "pipe", "a fifo")),
+                Ok(refusal(ok, "pipe", "a fifo")),
+                "{ok:?}"
+            );
+        }
+        let over = "a".repeat(65);
+        for bad in [
+            "",
+            over.as_str(),
+            "1abc",
+            "_abc",
+            "ab-c",
+            "Abc",
+            "aBc",
+            "ab c",
+            "a\u{e9}",
+        ] {
+            assert_eq!(
+                check_quiescence_refusal(&refusal(bad, "", "")),
+                Err(LcError::InvalidInput {
+                    reason: format!(
+                        "a snapshot refusal's reason is a stable code ([a-z][a-z0-9_]{{0,63}}), not {bad:?}"
+                    ),
+                }),
+                "{bad:?}"
+            );
+        }
+        // The refused code is quoted cut to 80 bytes.
+        let e = check_quiescence_refusal(&refusal(&"X".repeat(200), "", "")).unwrap_err();
+        assert_eq!(e.code(), "invalid_input");
+        assert_eq!(
+            e,
+            LcError::InvalidInput {
+                reason: format!(
+                    "a snapshot refusal's reason is a stable code ([a-z][a-z0-9_]{{0,63}}), not {:?}",
+                    "X".repeat(80)
+                ),
+            }
+        );
+    }
+
+    #[test]
+    fn a_refusal_s_path_and_message_are_cut_to_their_bounds() {
+        assert_eq!(
+            (REFUSAL_PATH_BYTES_MAX, REFUSAL_MESSAGE_BYTES_MAX),
+            (1024, 2048)
+        );
+        // At the bounds: kept whole.
+        let path = "p".repeat(1024);
+        let message = "m".repeat(2048);
+        assert_eq!(
+            check_quiescence_refusal(&refusal("special_file", &path, &message)),
+            Ok(refusal("special_file", &path, &message))
+        );
+        // Over them: cut to exactly the bound.
+        let got = check_quiescence_refusal(&refusal(
+            "special_file",
+            &"a".repeat(2000),
+            &"b".repeat(5000),
+        ))
+        .unwrap();
+        assert_eq!(
+            got,
+            refusal("special_file", &"a".repeat(1024), &"b".repeat(2048))
+        );
+        // A two-byte character across a bound is left out whole: byte 1024
+        // of "x" + "é"... and byte 2048 of "y" + "é"... are inside one.
+        let path = format!("x{}", "\u{e9}".repeat(1000));
+        let message = format!("y{}", "\u{e9}".repeat(2500));
+        let got = check_quiescence_refusal(&refusal("special_file", &path, &message)).unwrap();
+        assert_eq!((got.path.len(), got.message.len()), (1023, 2047));
+        assert_eq!(
+            got,
+            refusal(
+                "special_file",
+                &format!("x{}", "\u{e9}".repeat(511)),
+                &format!("y{}", "\u{e9}".repeat(1023))
+            )
+        );
+        // Where the bound falls on a boundary, nothing more is cut.
+        let path = "\u{e9}".repeat(1000);
+        let got = check_quiescence_refusal(&refusal("r", &path, "")).unwrap();
+        assert_eq!(got.path, "\u{e9}".repeat(512));
+    }
+
+    #[test]
+    fn clip_text_cuts_at_a_character_boundary() {
+        assert_eq!(clip_text("abc", 10), "abc");
+        assert_eq!(clip_text("abc", 3), "abc");
+        assert_eq!(clip_text("abc", 2), "ab");
+        assert_eq!(clip_text("abc", 0), "");
+        assert_eq!(clip_text("", 5), "");
+        // Two, three and four bytes a character.
+        let s = "a\u{e9}\u{20ac}\u{1f600}b"; // 1 + 2 + 3 + 4 + 1 bytes
+        assert_eq!(s.len(), 11);
+        for (max, want) in [
+            (0, ""),
+            (1, "a"),
+            (2, "a"),
+            (3, "a\u{e9}"),
+            (4, "a\u{e9}"),
+            (5, "a\u{e9}"),
+            (6, "a\u{e9}\u{20ac}"),
+            (7, "a\u{e9}\u{20ac}"),
+            (8, "a\u{e9}\u{20ac}"),
+            (9, "a\u{e9}\u{20ac}"),
+            (10, "a\u{e9}\u{20ac}\u{1f600}"),
+            (11, s),
+            (12, s),
+        ] {
+            assert_eq!(clip_text(s, max), want, "{max}");
+        }
+    }
+
     #[test]
     fn the_request_digest_is_of_the_jcs_body() {
         let head = Digest([0xab; 32]);
