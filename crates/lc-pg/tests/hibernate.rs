@@ -5,14 +5,20 @@
 //! changed; a replayed resume returning the identical receipt; 16
 //! concurrent commits giving exactly one receipt; the database's guards
 //! (the resume guard, immutable snapshots and receipts); and idle and
-//! deadline detection exact to the nanosecond, never on an uncertain cut.
+//! deadline detection exact to the nanosecond, never on an uncertain cut;
+//! a provider's refusal to snapshot recorded exactly, ending the exec
+//! `snapshot_refused` (or `cancelled`) with its units returned once and
+//! the workspace head unmoved, every refusal of it changing nothing; and
+//! migration 0006 keeping the hibernations it finds.
 
 mod support;
 
 use jiff::SignedDuration;
-use lc_core::hibernate::{self, HibernationRecord, ResumeReceipt, SnapshotMeta, WorkspaceRecord};
+use lc_core::hibernate::{
+    self, HibernationRecord, QuiescenceRefusal, ResumeReceipt, SnapshotMeta, WorkspaceRecord,
+};
 use lc_core::owner::{OwnedExec, OwnerCredential, OwnerGeneration, OwnerToken, PageMeta};
-use lc_core::page::{Page, PageKind};
+use lc_core::page::{ExitStatus, Page, PageKind};
 use lc_core::{
     AttemptNo, ControlStore, CutReading, Digest, ExecId, ExecRecord, ExecState, GatewayStore,
     Generation, HibernationReason, HibernationStep, LcError, LeaseAction, LeaseState, OnTimeout,
@@ -1594,4 +1600,990 @@ async fn a_resume_key_reused_after_its_record_was_collected_is_a_typed_refusal()
         LcError::IdempotencyConflict { key: "k1".into() }
     );
     assert_eq!(snapshot(&f.db.url).await, before);
+}
+
+fn refusal(reason: &str, path: &str, message: &str) -> QuiescenceRefusal {
+    QuiescenceRefusal {
+        reason: reason.into(),
+        path: path.into(),
+        message: message.into(),
+    }
+}
+
+/// What a provider says of a workspace holding a fifo.
+fn fifo_refusal() -> QuiescenceRefusal {
+    refusal(
+        "special_file",
+        "pipe",
+        "\"pipe\" is a fifo: a snapshot keeps regular files, directories and symlinks",
+    )
+}
+
+/// Admits a running exec (2 units), takes it over with `tok` (60 s) and
+/// seals its hibernation of generation 1 at `at`.
+async fn sealed_exec(
+    f: &Fixture,
+    key: &str,
+    tok: &OwnerToken,
+    at: CutReading,
+) -> (ExecRecord, OwnerCredential, HibernationRecord) {
+    let e = running_exec(f, key, at, None, None, OnTimeout::Terminate).await;
+    let owned = f
+        .store
+        .take_over(tok, f.tenant, e.exec_id, at, SignedDuration::from_secs(60))
+        .await
+        .unwrap();
+    let cred = cred_of(&owned, tok);
+    let h = f
+        .store
+        .request_hibernation(&op(&format!("h-{key}"), key), at, f.tenant, e.exec_id)
+        .await
+        .unwrap();
+    assert_eq!(
+        (h.exec_id, h.generation, h.step, h.head, h.refusal.clone()),
+        (
+            e.exec_id,
+            Generation(1),
+            HibernationStep::Sealed,
+            None,
+            None
+        )
+    );
+    (e, cred, h)
+}
+
+/// The stopped command's pages: one stdout page, then the stopped page
+/// (seq 2).
+fn stop_pages(x: ExecId) -> Vec<PageMeta> {
+    vec![
+        PageMeta::of_page(
+            x,
+            AttemptNo(1),
+            &Page::data(1, PageKind::Stdout, b"out".to_vec()).unwrap(),
+        ),
+        PageMeta::of_page(
+            x,
+            AttemptNo(1),
+            &Page::stopped(2, ExitStatus::signaled(15)).unwrap(),
+        ),
+    ]
+}
+
+/// Stages the stopped command's pages and acknowledges them through the
+/// stopped page.
+async fn stop_and_ack(f: &Fixture, x: ExecId, cred: &OwnerCredential, at: CutReading) {
+    let r = f
+        .store
+        .stage_pages(cred, x, at, &stop_pages(x))
+        .await
+        .unwrap();
+    assert_eq!((r.staged, r.duplicates, r.staged_through), (2, 0, 2));
+    let receipt = f.store.ack_pages(cred, x, at, "ack-1-2", 2).await.unwrap();
+    assert_eq!(receipt.detail["pages_acked"], 2);
+}
+
+/// The exec's Reservation of generation 1: its state and expiry.
+async fn reservation(url: &str, exec: ExecId) -> (String, i64, i32) {
+    let mut c = PgConnection::connect(url).await.unwrap();
+    sqlx::query_as(
+        "SELECT state, expiry_floor_us, expiry_submicro_ns FROM lc_reservations \
+          WHERE exec_id = $1 AND attempt = 1 AND generation = 1",
+    )
+    .bind(exec.0)
+    .fetch_one(&mut c)
+    .await
+    .unwrap()
+}
+
+/// `t` as the (floor microsecond, sub-microsecond nanosecond) pair the
+/// store keeps.
+fn pair_of(t: jiff::Timestamp) -> (i64, i32) {
+    let ns = t.as_nanosecond();
+    (ns.div_euclid(1000) as i64, ns.rem_euclid(1000) as i32)
+}
+
+/// The stored refusal columns of the exec's hibernation of generation 1.
+async fn stored_refusal(
+    url: &str,
+    exec: ExecId,
+) -> (String, bool, Option<String>, Option<String>, Option<String>) {
+    let mut c = PgConnection::connect(url).await.unwrap();
+    sqlx::query_as(
+        "SELECT step, head IS NULL, refused_reason, refused_path, refused_message \
+           FROM lc_hibernations WHERE exec_id = $1 AND attempt = 1 AND generation = 1",
+    )
+    .bind(exec.0)
+    .fetch_one(&mut c)
+    .await
+    .unwrap()
+}
+
+async fn owner_released(url: &str, exec: ExecId) -> bool {
+    let mut c = PgConnection::connect(url).await.unwrap();
+    sqlx::query_scalar("SELECT released FROM lc_exec_owners WHERE exec_id = $1")
+        .bind(exec.0)
+        .fetch_one(&mut c)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_refused_snapshot_on_postgresql_15() {
+    refused_snapshot(fixture(3).await).await;
+}
+
+#[tokio::test]
+async fn a_refused_snapshot_on_postgresql_18() {
+    let (_server, f) = fixture_pg18(3).await;
+    refused_snapshot(f).await;
+}
+
+/// Seal, stop, refuse, prove the destroy: the refusal is recorded exactly,
+/// the exec ends `snapshot_refused`, the units come back exactly once and
+/// the workspace head never moves; every refusal before it and every
+/// replay after it changes nothing.
+async fn refused_snapshot(f: Fixture) {
+    let at = certain(&f.clock).await;
+    let tok = token(0xf1);
+    let (e, cred, sealed) = sealed_exec(&f, "rf", &tok, at).await;
+    let x = e.exec_id;
+    let lease1 = e.canonical.lease_id;
+    let ws = e.canonical.workspace_id;
+    assert_eq!(available(&f).await, (1, 2));
+    let fifo = fifo_refusal();
+    let refuse = |c: &OwnerCredential, reading: CutReading, g: i64, r: &QuiescenceRefusal| {
+        let (store, c, r) = (&f.store, c.clone(), r.clone());
+        async move {
+            store
+                .refuse_quiescence(&c, x, reading, Generation(g), &r)
+                .await
+        }
+    };
+    let not_stopped = LcError::IllegalTransition {
+        what: "hibernation (a refused snapshot needs the stopped page acknowledged)",
+        from: "sealed",
+        to: "refused",
+    };
+
+    // Before the command is stopped: no stopped page at all, then one
+    // staged but not acknowledged, then only the page before it acked.
+    let before = snapshot(&f.db.url).await;
+    assert_eq!(refuse(&cred, at, 1, &fifo).await.unwrap_err(), not_stopped);
+    assert_eq!(snapshot(&f.db.url).await, before);
+    f.store
+        .stage_pages(&cred, x, at, &stop_pages(x))
+        .await
+        .unwrap();
+    let before = snapshot(&f.db.url).await;
+    assert_eq!(refuse(&cred, at, 1, &fifo).await.unwrap_err(), not_stopped);
+    assert_eq!(snapshot(&f.db.url).await, before);
+    f.store.ack_pages(&cred, x, at, "ack-1-1", 1).await.unwrap();
+    let before = snapshot(&f.db.url).await;
+    assert_eq!(refuse(&cred, at, 1, &fifo).await.unwrap_err(), not_stopped);
+    assert_eq!(snapshot(&f.db.url).await, before);
+    f.store.ack_pages(&cred, x, at, "ack-1-2", 2).await.unwrap();
+
+    // Stopped and acknowledged: each other refusal changes nothing.
+    let stale = OwnerCredential {
+        generation: OwnerGeneration(cred.generation.0 + 1),
+        ..cred.clone()
+    };
+    let other = OwnerCredential {
+        token: token(0xee),
+        ..cred.clone()
+    };
+    let cases: Vec<(LcError, OwnerCredential, CutReading, i64, QuiescenceRefusal)> = vec![
+        (
+            LcError::TimeUncertain { retry_after_s: 4 },
+            cred.clone(),
+            CutReading::uncertain(at.cut, 4),
+            1,
+            fifo.clone(),
+        ),
+        (
+            LcError::InvalidInput {
+                reason: "a snapshot refusal's reason is a stable code ([a-z][a-z0-9_]{0,63}), not \"Bad-Code\"".into(),
+            },
+            cred.clone(),
+            at,
+            1,
+            refusal("Bad-Code", "pipe", "m"),
+        ),
+        (
+            LcError::OwnerStale {
+                exec_id: x,
+                presented: stale.generation,
+                current: cred.generation,
+            },
+            stale.clone(),
+            at,
+            1,
+            fifo.clone(),
+        ),
+        (
+            LcError::OwnerStale {
+                exec_id: x,
+                presented: cred.generation,
+                current: cred.generation,
+            },
+            other.clone(),
+            at,
+            1,
+            fifo.clone(),
+        ),
+    ];
+    for (want, c, reading, g, r) in cases {
+        let before = snapshot(&f.db.url).await;
+        assert_eq!(refuse(&c, reading, g, &r).await.unwrap_err(), want);
+        assert_eq!(snapshot(&f.db.url).await, before, "{want}");
+    }
+    // Another generation of the Lease is fenced.
+    let before = snapshot(&f.db.url).await;
+    assert_eq!(
+        refuse(&cred, at, 2, &fifo).await.unwrap_err().code(),
+        "fenced"
+    );
+    assert_eq!(snapshot(&f.db.url).await, before);
+
+    // The refusal, on a later cut: the Reservation is renewed from it.
+    let later = wait_reading(&f.clock, 20, "a certain cut 1 ms later", |r| {
+        r.certain && r.cut >= at.cut + SignedDuration::from_millis(1)
+    })
+    .await;
+    let ttl = f
+        .store
+        .config()
+        .reservation_ttl
+        .min(SignedDuration::from_hours(1));
+    let (state, floor, sub) = reservation(&f.db.url, x).await;
+    assert_eq!(state, "held");
+    assert!((floor, sub) < pair_of(later.cut + ttl), "{floor} {sub}");
+    let rec = refuse(&cred, later, 1, &fifo).await.unwrap();
+    let want = HibernationRecord {
+        step: HibernationStep::Refused,
+        head: None,
+        refusal: Some(fifo.clone()),
+        ..sealed.clone()
+    };
+    assert_eq!(rec, want);
+    assert_eq!(
+        want,
+        HibernationRecord {
+            exec_id: x,
+            attempt: AttemptNo(1),
+            generation: Generation(1),
+            lease_id: lease1,
+            reason: HibernationReason::Requested,
+            sealed_cut: at.cut,
+            step: HibernationStep::Refused,
+            head: None,
+            refusal: Some(QuiescenceRefusal {
+                reason: "special_file".into(),
+                path: "pipe".into(),
+                message: fifo.message.clone(),
+            }),
+        }
+    );
+    assert_eq!(
+        stored_refusal(&f.db.url, x).await,
+        (
+            "refused".into(),
+            true,
+            Some("special_file".into()),
+            Some("pipe".into()),
+            Some(fifo.message.clone())
+        )
+    );
+    let e_now = f.store.exec(f.tenant, x).await.unwrap();
+    assert_eq!(
+        (
+            e_now.state,
+            e_now.lease_state,
+            e_now.terminal_reason,
+            e_now.exit_code
+        ),
+        (
+            ExecState::Running,
+            LeaseState::ReleasePending,
+            Some(lc_core::TerminalReason::SnapshotRefused),
+            None
+        )
+    );
+    assert_eq!(attempt_state(&f.db.url, x).await, ("running".into(), 1));
+    let (fl, sb) = pair_of(later.cut + ttl);
+    assert_eq!(reservation(&f.db.url, x).await, ("held".into(), fl, sb));
+    // The units are held until the destroy is proven.
+    assert_eq!(available(&f).await, (1, 2));
+    // The head stays where it was: no snapshot.
+    assert_eq!(
+        f.store.workspace(f.tenant, x).await.unwrap(),
+        WorkspaceRecord {
+            workspace_id: ws,
+            exec_id: x,
+            head: None,
+            snapshots: 0
+        }
+    );
+    assert_eq!(f.store.snapshots(f.tenant, x, 0, 10).await.unwrap(), vec![]);
+    // The ownership is released: the owner's next write is stale.
+    assert!(owner_released(&f.db.url, x).await);
+    assert_eq!(
+        f.store
+            .heartbeat(&cred, x, later, TTL)
+            .await
+            .unwrap_err()
+            .code(),
+        "owner_stale"
+    );
+    // A refused hibernation is finished; the reconciler destroys the Lease.
+    assert_eq!(f.store.due_hibernations(later, 10).await.unwrap(), vec![]);
+    let w = f.store.due_work(later, 10).await.unwrap();
+    assert_eq!(
+        w.iter().map(|w| (w.lease_id, w.action)).collect::<Vec<_>>(),
+        vec![(lease1, LeaseAction::Destroy)]
+    );
+
+    // Replays by the owner return the recorded refusal (the first one,
+    // even when another is presented) and write nothing; another
+    // credential is still stale.
+    let before = snapshot(&f.db.url).await;
+    assert_eq!(refuse(&cred, later, 1, &fifo).await.unwrap(), want);
+    assert_eq!(
+        refuse(&cred, later, 1, &refusal("path_not_utf8", "x", "y"))
+            .await
+            .unwrap(),
+        want
+    );
+    assert_eq!(
+        refuse(&stale, later, 1, &fifo).await.unwrap_err(),
+        LcError::OwnerStale {
+            exec_id: x,
+            presented: stale.generation,
+            current: cred.generation,
+        }
+    );
+    assert_eq!(snapshot(&f.db.url).await, before);
+
+    // The destroy proof returns the units once and ends the exec.
+    let out = f
+        .store
+        .commit_release(lease1, Generation(1), &f.provider.absence(lease1, 1), later)
+        .await
+        .unwrap();
+    assert_eq!(
+        (
+            out.lease_id,
+            out.generation,
+            out.exec_id,
+            out.units_returned,
+            out.replay,
+            out.parked,
+            out.released_cut
+        ),
+        (lease1, Generation(1), x, 2, false, false, later.cut)
+    );
+    assert_eq!(available(&f).await, (3, 0));
+    let e_now = f.store.exec(f.tenant, x).await.unwrap();
+    assert_eq!(
+        (
+            e_now.state,
+            e_now.lease_state,
+            e_now.terminal_reason,
+            e_now.exit_code
+        ),
+        (
+            ExecState::Terminal,
+            LeaseState::Released,
+            Some(lc_core::TerminalReason::SnapshotRefused),
+            None
+        )
+    );
+    let mut c = PgConnection::connect(&f.db.url).await.unwrap();
+    let (state, reason): (String, Option<String>) =
+        sqlx::query_as("SELECT state, terminal_reason FROM lc_execs WHERE exec_id = $1")
+            .bind(x.0)
+            .fetch_one(&mut c)
+            .await
+            .unwrap();
+    assert_eq!(
+        (state.as_str(), reason.as_deref()),
+        ("terminal", Some("snapshot_refused"))
+    );
+    assert_eq!(attempt_state(&f.db.url, x).await, ("terminal".into(), 1));
+    assert_eq!(reservation(&f.db.url, x).await.0, "returned");
+    // The refusal stays as recorded; the head never moved.
+    assert_eq!(
+        stored_refusal(&f.db.url, x).await,
+        (
+            "refused".into(),
+            true,
+            Some("special_file".into()),
+            Some("pipe".into()),
+            Some(fifo.message.clone())
+        )
+    );
+    assert_eq!(f.store.workspace(f.tenant, x).await.unwrap().head, None);
+    // A second proof is a replay: it names the Reservation's units, returns
+    // none again and writes nothing.
+    let before = snapshot(&f.db.url).await;
+    let again = f
+        .store
+        .commit_release(lease1, Generation(1), &f.provider.absence(lease1, 1), later)
+        .await
+        .unwrap();
+    assert_eq!(
+        (
+            again.units_returned,
+            again.replay,
+            again.parked,
+            again.released_cut
+        ),
+        (2, true, false, later.cut)
+    );
+    assert_eq!(available(&f).await, (3, 0));
+    assert_eq!(snapshot(&f.db.url).await, before);
+    assert_eq!(f.store.due_work(later, 10).await.unwrap(), vec![]);
+    assert_audit_clean(&f.store).await;
+}
+
+/// A refused hibernation takes no quiescence afterwards (the provider's
+/// later snapshot of that generation is refused and writes nothing).
+#[tokio::test]
+async fn a_refused_hibernation_takes_no_quiescence() {
+    let f = fixture(3).await;
+    let at = certain(&f.clock).await;
+    let tok = token(0xf2);
+    let (e, cred, _) = sealed_exec(&f, "rq", &tok, at).await;
+    let x = e.exec_id;
+    let lease1 = e.canonical.lease_id;
+    let ws = e.canonical.workspace_id.0;
+    stop_and_ack(&f, x, &cred, at).await;
+    f.store
+        .refuse_quiescence(&cred, x, at, Generation(1), &fifo_refusal())
+        .await
+        .unwrap();
+    let manifest = manifest_of(ws, None, vec![]);
+    let head = Digest::of(&manifest);
+    let before = snapshot(&f.db.url).await;
+    let err = f
+        .store
+        .commit_quiescence(
+            &cred,
+            x,
+            at,
+            Generation(1),
+            &manifest,
+            head,
+            &f.provider.quiescence(lease1, 1, ws, head),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(snapshot(&f.db.url).await, before);
+    assert_eq!(err.code(), "illegal_transition", "{err}");
+}
+
+/// Every refusal that is not a sealed hibernation of an active Lease, its
+/// command stopped: the exact error, nothing written.
+#[tokio::test]
+async fn a_refusal_needs_a_sealed_hibernation_of_an_active_lease() {
+    let f = fixture(8).await;
+    let at = certain(&f.clock).await;
+    let fifo = fifo_refusal();
+
+    // No hibernation is sealed; no such exec.
+    let e = running_exec(&f, "nh", at, None, None, OnTimeout::Terminate).await;
+    let tok = token(0xf3);
+    let owned = f
+        .store
+        .take_over(&tok, f.tenant, e.exec_id, at, SignedDuration::from_secs(60))
+        .await
+        .unwrap();
+    let cred = cred_of(&owned, &tok);
+    let before = snapshot(&f.db.url).await;
+    assert_eq!(
+        f.store
+            .refuse_quiescence(&cred, e.exec_id, at, Generation(1), &fifo)
+            .await
+            .unwrap_err(),
+        LcError::not_found("hibernation of generation", Generation(1))
+    );
+    let ghost = ExecId(e.exec_id.0 + 1000);
+    assert_eq!(
+        f.store
+            .refuse_quiescence(&cred, ghost, at, Generation(1), &fifo)
+            .await
+            .unwrap_err(),
+        LcError::not_found("exec", ghost)
+    );
+    assert_eq!(snapshot(&f.db.url).await, before);
+
+    // A committed quiescence released its owner's ownership: stale.
+    let tok = token(0xf4);
+    let (e, cred, _) = sealed_exec(&f, "qz", &tok, at).await;
+    let x = e.exec_id;
+    let lease1 = e.canonical.lease_id;
+    let ws = e.canonical.workspace_id.0;
+    stop_and_ack(&f, x, &cred, at).await;
+    let manifest = manifest_of(ws, None, vec![]);
+    let head = Digest::of(&manifest);
+    f.store
+        .commit_quiescence(
+            &cred,
+            x,
+            at,
+            Generation(1),
+            &manifest,
+            head,
+            &f.provider.quiescence(lease1, 1, ws, head),
+        )
+        .await
+        .unwrap();
+    let before = snapshot(&f.db.url).await;
+    assert_eq!(
+        f.store
+            .refuse_quiescence(&cred, x, at, Generation(1), &fifo)
+            .await
+            .unwrap_err(),
+        LcError::OwnerStale {
+            exec_id: x,
+            presented: cred.generation,
+            current: cred.generation,
+        }
+    );
+    assert_eq!(snapshot(&f.db.url).await, before);
+    // Quiesced, no other owner takes the exec over (its Lease is not
+    // active); once parked, a new owner is refused the transition.
+    let tok2 = token(0xf5);
+    assert_eq!(
+        f.store
+            .take_over(&tok2, f.tenant, x, at, SignedDuration::from_secs(60))
+            .await
+            .unwrap_err()
+            .code(),
+        "illegal_transition"
+    );
+    f.store
+        .commit_release(lease1, Generation(1), &f.provider.absence(lease1, 1), at)
+        .await
+        .unwrap();
+    assert_eq!(attempt_state(&f.db.url, x).await, ("parked".into(), 1));
+    let owned2 = f
+        .store
+        .take_over(&tok2, f.tenant, x, at, SignedDuration::from_secs(60))
+        .await
+        .unwrap();
+    let cred2 = cred_of(&owned2, &tok2);
+    let before = snapshot(&f.db.url).await;
+    assert_eq!(
+        f.store
+            .refuse_quiescence(&cred2, x, at, Generation(1), &fifo)
+            .await
+            .unwrap_err(),
+        LcError::IllegalTransition {
+            what: "hibernation (its quiescence is committed)",
+            from: "parked",
+            to: "refused",
+        }
+    );
+    assert_eq!(snapshot(&f.db.url).await, before);
+
+    // A Lease the reconciler already releases (for a cancel). Only a
+    // refused quiescence ends an exec snapshot_refused, never a release.
+    let tok = token(0xf6);
+    let (e, cred, _) = sealed_exec(&f, "rl", &tok, at).await;
+    let x = e.exec_id;
+    let lease = e.canonical.lease_id;
+    stop_and_ack(&f, x, &cred, at).await;
+    let before = snapshot(&f.db.url).await;
+    assert_eq!(
+        f.store
+            .begin_release(
+                lease,
+                Generation(1),
+                lc_core::TerminalReason::SnapshotRefused,
+                at
+            )
+            .await
+            .unwrap_err(),
+        LcError::IllegalTransition {
+            what: "lease (a refused snapshot is released by its hibernation)",
+            from: "active",
+            to: "release_pending",
+        }
+    );
+    assert_eq!(snapshot(&f.db.url).await, before);
+    let w = f
+        .store
+        .begin_release(lease, Generation(1), lc_core::TerminalReason::Cancelled, at)
+        .await
+        .unwrap();
+    assert_eq!(w.state, LeaseState::ReleasePending);
+    let before = snapshot(&f.db.url).await;
+    assert_eq!(
+        f.store
+            .refuse_quiescence(&cred, x, at, Generation(1), &fifo)
+            .await
+            .unwrap_err(),
+        LcError::IllegalTransition {
+            what: "hibernation (a refused snapshot needs an active Lease)",
+            from: "sealed",
+            to: "refused",
+        }
+    );
+    assert_eq!(snapshot(&f.db.url).await, before);
+
+    // An owner whose heartbeat lapsed.
+    let tok = token(0xf7);
+    let e = running_exec(&f, "ox", at, None, None, OnTimeout::Terminate).await;
+    let x = e.exec_id;
+    let owned = f.store.take_over(&tok, f.tenant, x, at, TTL).await.unwrap();
+    let cred = cred_of(&owned, &tok);
+    f.store
+        .request_hibernation(&op("h-ox", "ox"), at, f.tenant, x)
+        .await
+        .unwrap();
+    stop_and_ack(&f, x, &cred, at).await;
+    let expiry = owned.ownership.heartbeat_expiry;
+    let late = wait_reading(&f.clock, 20, "a certain cut past the heartbeat", |r| {
+        r.certain && r.cut >= expiry
+    })
+    .await;
+    let before = snapshot(&f.db.url).await;
+    assert_eq!(
+        f.store
+            .refuse_quiescence(&cred, x, late, Generation(1), &fifo)
+            .await
+            .unwrap_err(),
+        LcError::OwnerExpired {
+            exec_id: x,
+            generation: cred.generation,
+            heartbeat_expiry: expiry,
+        }
+    );
+    assert_eq!(snapshot(&f.db.url).await, before);
+    assert_audit_clean(&f.store).await;
+}
+
+/// A cancel requested after the stop (too late to cancel the command):
+/// the refused exec ends `cancelled`.
+#[tokio::test]
+async fn a_cancel_after_the_stop_ends_a_refused_exec_cancelled() {
+    let f = fixture(3).await;
+    let at = certain(&f.clock).await;
+    let tok = token(0xf8);
+    let (e, cred, sealed) = sealed_exec(&f, "rc", &tok, at).await;
+    let x = e.exec_id;
+    let lease1 = e.canonical.lease_id;
+    stop_and_ack(&f, x, &cred, at).await;
+    let rec = ControlStore::cancel(&f.store, &op("c-rc", "rc"), at, f.tenant, x)
+        .await
+        .unwrap();
+    assert_eq!(
+        (rec.state, rec.terminal_reason, rec.cancel_requested),
+        (ExecState::Running, None, true)
+    );
+    let got = f
+        .store
+        .refuse_quiescence(&cred, x, at, Generation(1), &fifo_refusal())
+        .await
+        .unwrap();
+    assert_eq!(
+        got,
+        HibernationRecord {
+            step: HibernationStep::Refused,
+            refusal: Some(fifo_refusal()),
+            ..sealed
+        }
+    );
+    let e_now = f.store.exec(f.tenant, x).await.unwrap();
+    assert_eq!(
+        (e_now.state, e_now.lease_state, e_now.terminal_reason),
+        (
+            ExecState::Running,
+            LeaseState::ReleasePending,
+            Some(lc_core::TerminalReason::Cancelled)
+        )
+    );
+    assert_eq!(available(&f).await, (1, 2));
+    let out = f
+        .store
+        .commit_release(lease1, Generation(1), &f.provider.absence(lease1, 1), at)
+        .await
+        .unwrap();
+    assert_eq!(
+        (out.units_returned, out.replay, out.parked),
+        (2, false, false)
+    );
+    assert_eq!(available(&f).await, (3, 0));
+    let e_now = f.store.exec(f.tenant, x).await.unwrap();
+    assert_eq!(
+        (
+            e_now.state,
+            e_now.lease_state,
+            e_now.terminal_reason,
+            e_now.exit_code
+        ),
+        (
+            ExecState::Terminal,
+            LeaseState::Released,
+            Some(lc_core::TerminalReason::Cancelled),
+            None
+        )
+    );
+    assert_eq!(attempt_state(&f.db.url, x).await, ("terminal".into(), 1));
+    assert_audit_clean(&f.store).await;
+}
+
+/// The refusal's path and message are stored cut to 1024 and 2048 bytes,
+/// a character across the bound left out whole.
+#[tokio::test]
+async fn a_refusal_s_path_and_message_are_stored_cut_to_their_bounds() {
+    let f = fixture(4).await;
+    let at = certain(&f.clock).await;
+    for (key, tok, path, message, want_path, want_message) in [
+        (
+            "ca",
+            0xf9,
+            "a".repeat(2000),
+            "b".repeat(5000),
+            "a".repeat(1024),
+            "b".repeat(2048),
+        ),
+        // "x" then two-byte characters: bytes 1024 and 2048 are inside one.
+        (
+            "cb",
+            0xfa,
+            format!("x{}", "é".repeat(1000)),
+            format!("m{}m", "é".repeat(2499)),
+            format!("x{}", "é".repeat(511)),
+            format!("m{}", "é".repeat(1023)),
+        ),
+    ] {
+        assert_eq!(message.len(), 5000);
+        let tok = token(tok);
+        let (e, cred, _) = sealed_exec(&f, key, &tok, at).await;
+        let x = e.exec_id;
+        stop_and_ack(&f, x, &cred, at).await;
+        let got = f
+            .store
+            .refuse_quiescence(
+                &cred,
+                x,
+                at,
+                Generation(1),
+                &refusal("special_file", &path, &message),
+            )
+            .await
+            .unwrap();
+        let kept = got.refusal.unwrap();
+        assert_eq!(
+            (kept.path.len(), kept.message.len()),
+            (want_path.len(), want_message.len())
+        );
+        assert_eq!(
+            kept,
+            refusal("special_file", &want_path, &want_message),
+            "{key}"
+        );
+        let mut c = PgConnection::connect(&f.db.url).await.unwrap();
+        let lens: (i32, i32) = sqlx::query_as(
+            "SELECT octet_length(refused_path), octet_length(refused_message) \
+               FROM lc_hibernations WHERE exec_id = $1",
+        )
+        .bind(x.0)
+        .fetch_one(&mut c)
+        .await
+        .unwrap();
+        assert_eq!(
+            lens,
+            (want_path.len() as i32, want_message.len() as i32),
+            "{key}"
+        );
+        assert_eq!(
+            stored_refusal(&f.db.url, x).await,
+            (
+                "refused".into(),
+                true,
+                Some("special_file".into()),
+                Some(want_path.clone()),
+                Some(want_message.clone())
+            )
+        );
+    }
+    assert_eq!(
+        (
+            hibernate::REFUSAL_PATH_BYTES_MAX,
+            hibernate::REFUSAL_MESSAGE_BYTES_MAX
+        ),
+        (1024, 2048)
+    );
+}
+
+/// Version 5 -> 6: a sealed and a quiesced hibernation read back
+/// unchanged with no refusal; the new terminal reason and step are
+/// admitted, and a refusal's columns come together and within bounds.
+#[tokio::test]
+async fn migration_0006_keeps_hibernations_and_admits_a_refused_snapshot() {
+    assert_eq!(lc_pg::LC_VERSION, 6);
+    let db = fresh_db().await;
+    tollgate_pg::Schema::current()
+        .with_line(lc_pg::lc_line().through(5).unwrap())
+        .migrate(&db.url)
+        .await
+        .expect("migrate through 5");
+    // The cut is claimed on the empty database, before the rows below
+    // (an unfinished exec at the first claim would quarantine it).
+    let sampler = start_sampler(&db.url);
+    let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
+    let clock = clock_on(&pool);
+    certain(&clock).await;
+    let mut c = PgConnection::connect(&db.url).await.unwrap();
+    // Two execs as a version-5 store left them: one sealed, one quiesced
+    // (their other rows left out: only the hibernations are under test).
+    sqlx::raw_sql(
+        "BEGIN; SET LOCAL session_replication_role = replica; \
+         INSERT INTO lc_execs (tenant_id, lease_id, provider_id, runtime_digest, workspace_id, shape, \
+             units, command, admitted_floor_us, admitted_submicro_ns, state) \
+         VALUES (1, 11, 'p1', decode(repeat('00', 32), 'hex'), 41, 'medium', 2, '[\"true\"]', 5, 7, 'running'), \
+                (1, 12, 'p1', decode(repeat('00', 32), 'hex'), 42, 'medium', 2, '[\"true\"]', 6, 8, 'running'); \
+         INSERT INTO lc_attempts (exec_id, attempt, state, generation) \
+         VALUES (1, 1, 'running', 1), (2, 1, 'running', 1); \
+         INSERT INTO lc_sandbox_leases (lease_id, exec_id, attempt, generation, provider_id, state, \
+             expiry_floor_us, expiry_submicro_ns) \
+         VALUES (11, 1, 1, 1, 'p1', 'active', 900, 0), (12, 2, 1, 1, 'p1', 'release_pending', 900, 0); \
+         INSERT INTO lc_hibernations (exec_id, attempt, generation, lease_id, reason, sealed_floor_us, \
+             sealed_submicro_ns, step, head, quiescence) \
+         VALUES (1, 1, 1, 11, 'requested', 100, 3, 'sealed', NULL, NULL), \
+                (2, 1, 1, 12, 'idle', 200, 4, 'quiesced', sha256('m'), '{\"payloadType\": \"q\"}'); \
+         COMMIT;",
+    )
+    .execute(&mut c)
+    .await
+    .unwrap();
+    const COLUMNS: &str = "SELECT (exec_id, attempt, generation, lease_id, reason, sealed_floor_us, \
+         sealed_submicro_ns, step, head, quiescence)::text FROM lc_hibernations ORDER BY exec_id";
+    let rows_v5: Vec<String> = sqlx::query_scalar(COLUMNS).fetch_all(&mut c).await.unwrap();
+    assert_eq!(rows_v5.len(), 2);
+    // Version 5 knows neither the reason nor the step.
+    for sql in [
+        "UPDATE lc_execs SET state = 'terminal', terminal_reason = 'snapshot_refused' WHERE exec_id = 1",
+        "UPDATE lc_hibernations SET step = 'refused' WHERE exec_id = 1",
+    ] {
+        let err = sqlx::query(sql).execute(&mut c).await.unwrap_err();
+        assert_eq!(
+            err.as_database_error().and_then(|d| d.code()).as_deref(),
+            Some("23514"),
+            "{sql}"
+        );
+    }
+    lc_pg::migrate(&db.url)
+        .await
+        .expect("migrate to the current version");
+    let versions: Vec<i64> =
+        sqlx::query_scalar("SELECT version FROM _lc_migrations WHERE success ORDER BY version")
+            .fetch_all(&mut c)
+            .await
+            .unwrap();
+    assert_eq!(versions, (1..=6).collect::<Vec<i64>>());
+    let rows_v6: Vec<String> = sqlx::query_scalar(COLUMNS).fetch_all(&mut c).await.unwrap();
+    assert_eq!(rows_v6, rows_v5);
+    let refused: Vec<(Option<String>, Option<String>, Option<String>)> = sqlx::query_as(
+        "SELECT refused_reason, refused_path, refused_message FROM lc_hibernations ORDER BY exec_id",
+    )
+    .fetch_all(&mut c)
+    .await
+    .unwrap();
+    assert_eq!(refused, vec![(None, None, None), (None, None, None)]);
+    let index: String = sqlx::query_scalar(
+        "SELECT indexdef FROM pg_indexes WHERE indexname = 'lc_hibernations_unfinished'",
+    )
+    .fetch_one(&mut c)
+    .await
+    .unwrap();
+    assert!(
+        index.ends_with("WHERE (step = ANY (ARRAY['sealed'::text, 'quiesced'::text]))"),
+        "{index}"
+    );
+
+    // The store reads them back with no refusal.
+    let store = store_on(&db, config()).await;
+    let at = certain(&clock).await;
+    let ts = |ns: i128| jiff::Timestamp::from_nanosecond(ns).unwrap();
+    assert_eq!(
+        store.due_hibernations(at, 10).await.unwrap(),
+        vec![
+            HibernationRecord {
+                exec_id: ExecId(1),
+                attempt: AttemptNo(1),
+                generation: Generation(1),
+                lease_id: SandboxLeaseId(11),
+                reason: HibernationReason::Requested,
+                sealed_cut: ts(100_003),
+                step: HibernationStep::Sealed,
+                head: None,
+                refusal: None,
+            },
+            HibernationRecord {
+                exec_id: ExecId(2),
+                attempt: AttemptNo(1),
+                generation: Generation(1),
+                lease_id: SandboxLeaseId(12),
+                reason: HibernationReason::Idle,
+                sealed_cut: ts(200_004),
+                step: HibernationStep::Quiesced,
+                head: Some(Digest::of(b"m")),
+                refusal: None,
+            },
+        ]
+    );
+
+    // The new reason and step, and only with a whole refusal in bounds.
+    let ok = [
+        "UPDATE lc_execs SET state = 'terminal', terminal_reason = 'snapshot_refused' WHERE exec_id = 1",
+        "UPDATE lc_hibernations SET step = 'refused', refused_reason = 'special_file', \
+             refused_path = repeat('a', 1024), refused_message = repeat('b', 2048) WHERE exec_id = 1",
+        "UPDATE lc_hibernations SET step = 'refused', refused_reason = 'a', refused_path = '', \
+             refused_message = '' WHERE exec_id = 1",
+    ];
+    for sql in ok {
+        let mut tx = c.begin().await.unwrap();
+        sqlx::query("SET LOCAL session_replication_role = replica")
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        let done = sqlx::query(sql).execute(&mut *tx).await.unwrap();
+        assert_eq!(done.rows_affected(), 1, "{sql}");
+        tx.rollback().await.unwrap();
+    }
+    for sql in [
+        "UPDATE lc_execs SET state = 'terminal', terminal_reason = 'snapshot_refusal' WHERE exec_id = 1",
+        "UPDATE lc_hibernations SET step = 'refused' WHERE exec_id = 1",
+        "UPDATE lc_hibernations SET step = 'refused', refused_reason = 'special_file' WHERE exec_id = 1",
+        "UPDATE lc_hibernations SET refused_reason = 'special_file', refused_path = 'p', \
+             refused_message = 'm' WHERE exec_id = 1",
+        "UPDATE lc_hibernations SET step = 'refused', refused_reason = 'Bad-Code', refused_path = 'p', \
+             refused_message = 'm' WHERE exec_id = 1",
+        "UPDATE lc_hibernations SET step = 'refused', refused_reason = 'special_file', \
+             refused_path = repeat('a', 1025), refused_message = 'm' WHERE exec_id = 1",
+        "UPDATE lc_hibernations SET step = 'refused', refused_reason = 'special_file', \
+             refused_path = 'p', refused_message = repeat('b', 2049) WHERE exec_id = 1",
+        // A refused hibernation has no head.
+        "UPDATE lc_hibernations SET step = 'refused', refused_reason = 'special_file', \
+             refused_path = 'p', refused_message = 'm' WHERE exec_id = 2",
+        "UPDATE lc_hibernations SET step = 'resting' WHERE exec_id = 1",
+    ] {
+        let mut tx = c.begin().await.unwrap();
+        sqlx::query("SET LOCAL session_replication_role = replica")
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        let err = sqlx::query(sql).execute(&mut *tx).await.unwrap_err();
+        assert_eq!(
+            err.as_database_error().and_then(|d| d.code()).as_deref(),
+            Some("23514"),
+            "{sql}"
+        );
+        tx.rollback().await.unwrap();
+    }
+    sampler.stop().await;
 }
