@@ -2174,6 +2174,16 @@ async fn commit_quiescence_tx(
     let ws = db::workspace_of(conn, a.exec_id, true)
         .await?
         .ok_or_else(|| crate::error::corrupt(format!("exec {} has no workspace", a.exec_id)))?;
+    if hib.step == HibernationStep::Refused {
+        // The provider refused this generation's snapshot: nothing was
+        // committed and nothing can be.
+        return Err(LcError::IllegalTransition {
+            what: "hibernation (its snapshot was refused)",
+            from: hib.step.as_str(),
+            to: HibernationStep::Quiesced.as_str(),
+        }
+        .into());
+    }
     if hib.step != HibernationStep::Sealed {
         // A replay: the same head is the committed record.
         if hib.head == Some(a.head) && ws.head == Some(a.head) {

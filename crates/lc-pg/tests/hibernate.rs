@@ -623,11 +623,35 @@ async fn full_sequence(f: Fixture) {
             .unwrap(),
         manifest
     );
-    // A second intent competes with the prepared Lease.
-    f.store
-        .request_resume(&resume_op("r2", x, head), at, f.tenant, x, head)
-        .await
-        .unwrap();
+    // One resume at a time: a second request while r1 is pending is
+    // refused, naming r1, and writes nothing.
+    let before = snapshot(&f.db.url).await;
+    assert_eq!(
+        f.store
+            .request_resume(&resume_op("r2", x, head), at, f.tenant, x, head)
+            .await
+            .unwrap_err(),
+        LcError::ResumeInProgress {
+            exec_id: x,
+            op_key: "r1".into()
+        }
+    );
+    assert_eq!(snapshot(&f.db.url).await, before);
+    // An intent the store no longer records beside a pending one,
+    // written directly: its prepare still refuses to compete with the
+    // prepared Lease.
+    let mut c = PgConnection::connect(&f.db.url).await.unwrap();
+    sqlx::query(
+        "INSERT INTO lc_resume_intents (exec_id, op_key, request_sha256, head, attempt, \
+             from_generation, recorded_floor_us, recorded_submicro_ns) \
+         SELECT exec_id, 'r2', request_sha256, head, attempt, from_generation, \
+                recorded_floor_us, recorded_submicro_ns \
+           FROM lc_resume_intents WHERE exec_id = $1 AND op_key = 'r1'",
+    )
+    .bind(x.0)
+    .execute(&mut c)
+    .await
+    .unwrap();
     let before = snapshot(&f.db.url).await;
     assert_eq!(
         f.store
@@ -2144,10 +2168,10 @@ async fn a_refusal_needs_a_sealed_hibernation_of_an_active_lease() {
             .refuse_quiescence(&cred, x, at, Generation(1), &fifo)
             .await
             .unwrap_err(),
-        LcError::OwnerStale {
-            exec_id: x,
-            presented: cred.generation,
-            current: cred.generation,
+        LcError::IllegalTransition {
+            what: "hibernation (its quiescence is committed)",
+            from: "quiesced",
+            to: "refused",
         }
     );
     assert_eq!(snapshot(&f.db.url).await, before);
