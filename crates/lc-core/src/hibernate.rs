@@ -85,11 +85,7 @@ pub const REFUSAL_PATH_BYTES_MAX: usize = 1024;
 
 /// `text` cut to at most `max` bytes at a character boundary.
 pub fn clip_text(text: &str, max: usize) -> String {
-    let mut end = text.len().min(max);
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    text[..end].to_owned()
+    text[..text.floor_char_boundary(max)].to_owned()
 }
 
 /// Checks a provider's refusal to snapshot and cuts its path and message
