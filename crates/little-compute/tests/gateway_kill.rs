@@ -413,7 +413,7 @@ async fn a_paused_gateway_is_refused_after_a_takeover_and_output_stays_exactly_o
             ExecState::Terminal,
             Some(TerminalReason::Exited),
             Some(3),
-            2,
+            generation,
             1
         )
     );
