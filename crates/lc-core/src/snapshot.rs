@@ -100,6 +100,13 @@ pub const SYMLINK_MODE: u32 = 0o777;
 /// and sticky bits.
 pub const MODE_MAX: u32 = 0o7777;
 
+/// The bits of an entry's mode a download writes on the host: the
+/// permission bits only. Setuid, setgid and sticky are never written: a
+/// snapshot's files come from untrusted code, and a setuid or setgid file
+/// written by a download run as root would run with root's rights. The
+/// manifest keeps the mode as snapshotted.
+pub const DOWNLOAD_MODE_BITS: u32 = 0o777;
+
 /// The canonical form's version.
 const MANIFEST_VERSION: u32 = 1;
 

@@ -126,6 +126,14 @@ async fn hibernate_resume_and_download_through_the_cli() {
     let tree = dir.join("tree");
     std::fs::create_dir(&tree).unwrap();
     ws::write_tree(&tree);
+    // Special bits the sandbox set: kept in the snapshot, never written by
+    // a download.
+    std::fs::set_permissions(
+        tree.join("sub/run.sh"),
+        std::fs::Permissions::from_mode(0o6755),
+    )
+    .unwrap();
+    std::fs::set_permissions(tree.join("sub"), std::fs::Permissions::from_mode(0o1750)).unwrap();
     // The seal is lc's request, a process of its own: wait (bounded) for
     // it to be recorded, then play the provider.
     let mut sealed = false;
@@ -189,7 +197,34 @@ async fn hibernate_resume_and_download_through_the_cli() {
     assert_eq!(l["snapshots"][0]["digest"], json!(head));
     assert_eq!(l["snapshots"][0]["seq"], json!(1));
 
-    // workspace download: exact files, modes and symlink.
+    // The snapshot keeps the special bits.
+    let tree_view = support::send(
+        &s.router,
+        support::Req::get(format!("/v1/execs/{id}/snapshots/{head}/tree")).token(&key),
+    )
+    .await;
+    let modes: Vec<(String, u64)> = tree_view.ok(200)["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["path"].as_str().unwrap().to_owned(),
+                e["mode"].as_u64().unwrap(),
+            )
+        })
+        .filter(|(p, _)| p.starts_with("sub"))
+        .collect();
+    assert_eq!(
+        modes,
+        [
+            ("sub".to_owned(), 0o1750),
+            ("sub/empty".to_owned(), 0o600),
+            ("sub/run.sh".to_owned(), 0o6755)
+        ]
+    );
+    // workspace download: exact files, modes (without setuid, setgid and
+    // sticky) and symlink.
     let to = dir.join("out");
     let to_s = to.to_str().unwrap().to_string();
     let d = json_of(

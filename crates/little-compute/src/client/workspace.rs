@@ -12,14 +12,16 @@
 //! the tree's), directory modes last (deepest first, so a read-only
 //! directory is filled before it is closed), then the temporary directory
 //! is renamed to the target. On any failure the temporary directory is
-//! removed and the target is left as it was.
+//! removed and the target is left as it was. Modes are written without
+//! setuid, setgid and sticky ([`DOWNLOAD_MODE_BITS`]): the files come from
+//! untrusted code.
 
 use std::io::Write as _;
 use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
 
 use lc_core::model::{Digest, WorkspaceId};
-use lc_core::snapshot::{Entry, EntryKind, Manifest};
+use lc_core::snapshot::{DOWNLOAD_MODE_BITS, Entry, EntryKind, Manifest};
 use serde_json::{Value, json};
 
 use super::http::{Client, ClientError};
@@ -253,8 +255,11 @@ async fn fill(
                 }
                 f.flush().map_err(|x| io(&path, x))?;
                 f.sync_all().map_err(|x| io(&path, x))?;
-                std::fs::set_permissions(&path, std::fs::Permissions::from_mode(e.mode))
-                    .map_err(|x| io(&path, x))?;
+                std::fs::set_permissions(
+                    &path,
+                    std::fs::Permissions::from_mode(e.mode & DOWNLOAD_MODE_BITS),
+                )
+                .map_err(|x| io(&path, x))?;
                 d.files += 1;
                 d.bytes += n;
             }
@@ -264,8 +269,11 @@ async fn fill(
     for e in m.entries.iter().rev() {
         if e.kind == EntryKind::Dir {
             let path = root.join(&e.path);
-            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(e.mode))
-                .map_err(|x| io(&path, x))?;
+            std::fs::set_permissions(
+                &path,
+                std::fs::Permissions::from_mode(e.mode & DOWNLOAD_MODE_BITS),
+            )
+            .map_err(|x| io(&path, x))?;
         }
     }
     Ok(d)
