@@ -529,12 +529,15 @@ async fn hibernate_exec(
 /// (absent: the workspace's current head): records the request, which the
 /// exec's gateway carries out (a new generation restores the snapshot and
 /// the exec runs again; its `resume` then shows the receipt). The request
-/// digest is the SHA-256 of the JCS of `{"exec_id", "head"}`; a replay of
-/// the key returns the recorded request. Refusals (nothing written): `409
-/// exec_not_parked` (not hibernated, or its sandbox not yet destroyed),
+/// digest is the SHA-256 of the JCS of `{"exec_id", "head"}` (`head` null
+/// when the body names none); a replay of the key with the same body
+/// returns the recorded request, whatever the workspace's head is by
+/// then. Refusals (nothing written): `409 exec_not_parked` (not
+/// hibernated, or its sandbox not yet destroyed), `409 exec_terminal`,
 /// `409 workspace_head_mismatch` (`head` is not the workspace's head),
 /// `409 resume_in_progress` (another request is pending: one resume at a
-/// time), `422 invalid_digest`, `404 not_found`.
+/// time), `409 insufficient_capacity` (the tenant's available units are
+/// fewer than the exec's), `422 invalid_digest`, `404 not_found`.
 #[utoipa::path(post, path = "/v1/execs/{exec_id}/resume", tag = "workspaces",
     params(
         ("exec_id" = i64, Path, minimum = 1, description = "The exec"),
@@ -553,23 +556,8 @@ async fn resume_exec(
 ) -> Result<(StatusCode, Json<ResumeIntentView>), ApiError> {
     let exec = ExecId(exec_id);
     let head = match req.and_then(|r| r.head) {
-        Some(h) => Digest::from_hex(&h)?,
-        None => match s.store().workspace(tenant, exec).await?.head {
-            Some(h) => h,
-            // A parked exec always has a head (its quiescence committed
-            // one), so a workspace without one has nothing to resume: the
-            // exec ended, or has not hibernated yet.
-            None if s.store().exec(tenant, exec).await?.state == ExecState::Terminal => {
-                return Err(LcError::ExecTerminal { exec_id: exec }.into());
-            }
-            None => {
-                return Err(LcError::ExecNotParked {
-                    exec_id: exec,
-                    state: "without a snapshot yet",
-                }
-                .into());
-            }
-        },
+        Some(h) => Some(Digest::from_hex(&h)?),
+        None => None,
     };
     let op = OperationKey::new(
         key.0.clone(),

@@ -317,7 +317,7 @@ async fn hibernate_resume_and_the_workspace_routes() {
     )
     .await
     .problem(422, "invalid_digest");
-    let want_sha = lc_core::hibernate::resume_request_sha256(ExecId(x), head).to_hex();
+    let want_sha = lc_core::hibernate::resume_request_sha256(ExecId(x), None).to_hex();
     let intent = send(
         &s.router,
         Req::post(format!("{exec_path}/resume"))
@@ -336,11 +336,21 @@ async fn hibernate_resume_and_the_workspace_routes() {
         &s.router,
         Req::post(format!("{exec_path}/resume"))
             .token(&key)
-            .key("r2")
-            .json(json!({"head": head.to_hex()})),
+            .key("r2"),
     )
     .await;
     assert_eq!(again.ok(202), &intent);
+    // The same key with another body (naming the head) is another
+    // request.
+    send(
+        &s.router,
+        Req::post(format!("{exec_path}/resume"))
+            .token(&key)
+            .key("r2")
+            .json(json!({"head": head.to_hex()})),
+    )
+    .await
+    .problem(409, "idempotency_conflict");
 
     // The gateway carries it out: the exec shows the receipt.
     let lease2 = ws::resume(&s, &r, "r2", head).await;

@@ -15,8 +15,10 @@
 //!   the manifest's parent is the workspace's current head (a stale chain
 //!   is refused).
 //! * **Resume request** ([`resume_request_sha256`]): its digest is the
-//!   SHA-256 of the canonical JSON (JCS) of `{"exec_id", "head"}`; the
-//!   operation key must carry exactly it.
+//!   SHA-256 of the canonical JSON (JCS) of `{"exec_id", "head"}`, the
+//!   head `null` when the request names none; the operation key must
+//!   carry exactly it ([`check_request_digest`]: a recorded request names
+//!   its head or none).
 //! * **Commit of a resume** ([`check_resume`]): the attempt is parked, the
 //!   intent's digest and head match, the attachment is of exactly the
 //!   prepared generation, live, and names the parked head; no other right
@@ -167,7 +169,8 @@ pub struct ResumeIntent {
     pub exec_id: ExecId,
     /// The request's operation key (tenant scope).
     pub op_key: String,
-    /// [`resume_request_sha256`] of (`exec_id`, `head`).
+    /// [`resume_request_sha256`] of (`exec_id`, `head`), or of (`exec_id`,
+    /// none) for a request that named no head.
     pub request_sha256: Digest,
     /// The parked head it resumes.
     pub head: Digest,
@@ -262,11 +265,33 @@ pub struct SnapshotMeta {
 }
 
 /// The resume request digest: SHA-256 of the JCS of
-/// `{"exec_id": <int>, "head": "<64 hex>"}`.
-pub fn resume_request_sha256(exec_id: ExecId, head: Digest) -> Digest {
-    let body = serde_json::json!({"exec_id": exec_id.0, "head": head.to_hex()});
-    // Integers and a hex string: JCS cannot fail on it.
+/// `{"exec_id": <int>, "head": "<64 hex>"}`, or with `"head": null` for a
+/// request that names no head (it resumes the workspace's head, which the
+/// store resolves once, when it records the request; a replay of the same
+/// request then returns that record whatever the head is by then).
+pub fn resume_request_sha256(exec_id: ExecId, head: Option<Digest>) -> Digest {
+    let body = serde_json::json!({"exec_id": exec_id.0, "head": head.map(|h| h.to_hex())});
+    // Integers, a hex string or null: JCS cannot fail on it.
     Digest::of(&serde_jcs::to_vec(&body).unwrap_or_default())
+}
+
+/// Checks that `found`, a recorded resume request's digest, is one of the
+/// two a request resuming `head` of exec `exec_id` may carry: naming the
+/// head, or naming none (`resume_request_sha256(exec_id, None)`).
+///
+/// # Errors
+/// [`LcError::RequestDigestMismatch`] otherwise, expecting the digest that
+/// names the head.
+pub fn check_request_digest(exec_id: ExecId, head: Digest, found: Digest) -> Result<(), LcError> {
+    let named = resume_request_sha256(exec_id, Some(head));
+    if found == named || found == resume_request_sha256(exec_id, None) {
+        Ok(())
+    } else {
+        Err(LcError::RequestDigestMismatch {
+            expected: named,
+            found,
+        })
+    }
 }
 
 /// Checks an idle TTL in milliseconds.
@@ -552,7 +577,8 @@ pub struct ResumeView {
 /// # Errors
 /// [`LcError::TimeUncertain`]; [`LcError::ExecNotParked`];
 /// [`LcError::RequestDigestMismatch`] when the intent's digest is not
-/// [`resume_request_sha256`] of its exec and head;
+/// [`resume_request_sha256`] of its exec and head, or of its exec and no
+/// head ([`check_request_digest`]);
 /// [`LcError::WorkspaceHeadMismatch`] when the intent, the workspace, the
 /// Lease's restore head and the attachment do not all name one head;
 /// [`LcError::CompetingRight`] when another Lease of the exec is
@@ -566,13 +592,7 @@ pub fn check_resume(v: &ResumeView, at: CutReading) -> Result<(), LcError> {
             state: v.attempt_state.as_str(),
         });
     }
-    let want = resume_request_sha256(v.exec_id, v.intent.head);
-    if v.intent.request_sha256 != want {
-        return Err(LcError::RequestDigestMismatch {
-            expected: want,
-            found: v.intent.request_sha256,
-        });
-    }
+    check_request_digest(v.exec_id, v.intent.head, v.intent.request_sha256)?;
     let head = v.intent.head;
     if v.workspace_head != Some(head) || v.restore_head != Some(head) {
         return Err(LcError::WorkspaceHeadMismatch {
@@ -876,13 +896,42 @@ mod tests {
         let head = Digest([0xab; 32]);
         let body = format!(r#"{{"exec_id":7,"head":"{}"}}"#, "ab".repeat(32));
         assert_eq!(
-            resume_request_sha256(ExecId(7), head),
+            resume_request_sha256(ExecId(7), Some(head)),
             Digest::of(body.as_bytes())
         );
-        assert_ne!(
-            resume_request_sha256(ExecId(8), head),
-            resume_request_sha256(ExecId(7), head)
+        assert_eq!(
+            resume_request_sha256(ExecId(7), None),
+            Digest::of(br#"{"exec_id":7,"head":null}"#)
         );
+        assert_ne!(
+            resume_request_sha256(ExecId(8), Some(head)),
+            resume_request_sha256(ExecId(7), Some(head))
+        );
+    }
+
+    #[test]
+    fn a_recorded_request_names_its_head_or_none() {
+        let head = Digest([0xab; 32]);
+        let named = resume_request_sha256(ExecId(7), Some(head));
+        assert_eq!(check_request_digest(ExecId(7), head, named), Ok(()));
+        assert_eq!(
+            check_request_digest(ExecId(7), head, resume_request_sha256(ExecId(7), None)),
+            Ok(())
+        );
+        for found in [
+            resume_request_sha256(ExecId(7), Some(Digest([1; 32]))),
+            resume_request_sha256(ExecId(8), None),
+            resume_request_sha256(ExecId(8), Some(head)),
+            Digest([0; 32]),
+        ] {
+            assert_eq!(
+                check_request_digest(ExecId(7), head, found),
+                Err(LcError::RequestDigestMismatch {
+                    expected: named,
+                    found
+                })
+            );
+        }
     }
 
     #[test]
@@ -1235,7 +1284,7 @@ mod tests {
             intent: ResumeIntent {
                 exec_id: ExecId(3),
                 op_key: "r1".into(),
-                request_sha256: resume_request_sha256(ExecId(3), head),
+                request_sha256: resume_request_sha256(ExecId(3), Some(head)),
                 head,
                 attempt: AttemptNo(1),
                 from_generation: Generation(1),
@@ -1266,6 +1315,10 @@ mod tests {
         let mut v = resume_view();
         v.intent.request_sha256 = Digest([0; 32]);
         assert_eq!(code(v, at), "request_digest_mismatch");
+        // A request that named no head resumes the one recorded.
+        let mut v = resume_view();
+        v.intent.request_sha256 = resume_request_sha256(v.exec_id, None);
+        assert_eq!(check_resume(&v, CutReading::certain(ts(99))), Ok(()));
         let mut v = resume_view();
         v.workspace_head = Some(Digest([8; 32]));
         assert_eq!(code(v, at), "workspace_head_mismatch");

@@ -227,12 +227,16 @@ pub trait ControlStore: Send + Sync {
         exec_id: ExecId,
     ) -> Result<HibernationRecord, LcError>;
 
-    /// Records a request to resume the parked exec from `head`; the attempt
+    /// Records a request to resume the parked exec from `head` (`None`:
+    /// the workspace's head, resolved when it is recorded); the attempt
     /// stays parked until its owner commits the resume
     /// ([`GatewayStore::prepare_resume`], [`GatewayStore::commit_resume`]).
     /// `op`'s request digest must be
     /// [`crate::hibernate::resume_request_sha256`]`(exec_id, head)`. Tenant
-    /// scope: a replay of `op` returns the recorded intent.
+    /// scope: a replay of `op` returns the recorded intent (for a request
+    /// without a head, whatever the workspace's head is by then). A
+    /// request is refused while the tenant's available units are fewer
+    /// than the exec's: the resume would wait for capacity unseen.
     ///
     /// # Errors
     /// `request_digest_mismatch`, `not_found`, `exec_terminal` (the exec
@@ -243,15 +247,16 @@ pub trait ControlStore: Send + Sync {
     /// collected but whose intent on this exec is kept: use a new key),
     /// `resume_in_progress` (another request of the exec is recorded and
     /// neither committed nor refused: one resume at a time),
-    /// `invalid_cut_reading`, `time_uncertain` (no cut yet), storage
-    /// errors. Nothing is written on any of them.
+    /// `insufficient_capacity` (the tenant's available units are fewer
+    /// than the exec's), `invalid_cut_reading`, `time_uncertain` (no cut
+    /// yet), storage errors. Nothing is written on any of them.
     async fn request_resume(
         &self,
         op: &OperationKey,
         at: CutReading,
         tenant: TenantId,
         exec_id: ExecId,
-        head: Digest,
+        head: Option<Digest>,
     ) -> Result<ResumeIntent, LcError>;
 
     /// The exec's workspace: its head and how many snapshots it holds.

@@ -179,12 +179,16 @@ async fn park(f: &Rig, g: &Gateway, e: Exec, key: &str) -> i64 {
     stopped_seq
 }
 
-/// Records a resume under `key` and drives it: `g` claims the parked exec
+/// Records a resume under `key` (naming no head: the workspace's) and
+/// drives it: `g` claims the parked exec
 /// and prepares it, the reconciler allocates and attaches, `g` commits, the
 /// reconciler marks the Lease active. Returns the new generation's Lease.
 async fn resume(f: &Rig, g: &Gateway, e: Exec, key: &str, from: Generation) -> Exec {
-    let intent = f.resume(e.id, key).await.expect("resume request");
-    assert_eq!((intent.exec_id, intent.from_generation), (e.id, from));
+    let intent = f.resume_headless(e.id, key).await.expect("resume request");
+    assert_eq!(
+        (intent.exec_id, intent.from_generation, intent.head),
+        (e.id, from, f.head(e.id).await)
+    );
     // One resume at a time: a request under another key is refused while
     // this one is pending, naming it, and records nothing.
     let other = format!("{key}-other");
@@ -325,8 +329,26 @@ async fn e2b_736_second_resume_succeeds_like_the_first() {
     for k in 1..=CYCLES {
         drive_until_stdout(&f, &g, e, &format!("gen {k}\n")).await;
         assert_eq!(f.balances().await, (4, 3, 1, 0), "cycle {k} running");
+        let head_before = if k > 1 {
+            Some(f.head(e.id).await)
+        } else {
+            None
+        };
         stopped.push(park(&f, &g, e, &format!("h-{k}")).await);
         assert_eq!(f.balances().await, (4, 4, 0, 0), "cycle {k} parked");
+        // The previous cycle's request, replayed as sent (no head), is the
+        // recorded one, on the head it resumed, though the head moved.
+        if let Some(old_head) = head_before {
+            let replay = f
+                .resume_headless(e.id, &format!("r-{}", k - 1))
+                .await
+                .unwrap();
+            assert_eq!(
+                (replay.op_key, replay.from_generation, replay.head),
+                (format!("r-{}", k - 1), Generation(k - 1), old_head)
+            );
+            assert_ne!(f.head(e.id).await, old_head);
+        }
         if k < CYCLES {
             e = resume(&f, &g, e, &format!("r-{k}"), e.generation).await;
             assert_eq!(e.generation, Generation(k + 1));
@@ -376,7 +398,7 @@ async fn sixteen_concurrent_resume_requests_make_one_receipt_one_lease_one_reser
     let g = f.default_gateway();
     drive_until_stdout(&f, &g, e, "ready\n").await;
     park(&f, &g, e, "h-1").await;
-    let requests = (0..16).map(|_| f.resume(e.id, "r-1"));
+    let requests = (0..16).map(|_| f.resume_headless(e.id, "r-1"));
     let intents = futures_util::future::join_all(requests).await;
     let first = intents[0].clone().expect("resume request");
     for i in &intents {
@@ -883,4 +905,52 @@ async fn a_workspace_with_a_fifo_ends_the_exec_snapshot_refused_and_its_unit_ret
     assert_eq!((r.destroyed, r.released, r.units_returned), (0, 0, 0));
     assert_eq!(f.balances().await, (4, 4, 0, 0));
     assert_eq!(f.provider.inventory().await.unwrap(), vec![]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resume_the_tenant_has_no_units_for_is_refused_until_they_return() {
+    let f = Rig::start_with_units(2).await;
+    let e = f.run(&["sh", "-c", CYCLER]).await;
+    let g = f.default_gateway();
+    drive_until_stdout(&f, &g, e, "gen 1\n").await;
+    park(&f, &g, e, "h-1").await;
+    // Two other execs take both units.
+    let others = [
+        f.run_keyed("e-2", &["sh", "-c", "exec sleep 1000"], false)
+            .await,
+        f.run_keyed("e-3", &["sh", "-c", "exec sleep 1000"], false)
+            .await,
+    ];
+    assert_eq!(f.balances().await, (2, 0, 2, 0));
+    assert_eq!(
+        f.resume_headless(e.id, "r-1").await.unwrap_err(),
+        lc_core::LcError::InsufficientCapacity {
+            requested: 1,
+            available: 0
+        }
+    );
+    assert_eq!(rows(&f, e, "lc_resume_intents", "").await, 0);
+    // Once a unit returns, the same request is taken and carried out.
+    f.cancel(others[0]).await;
+    let sum = drive(&g, |s| s.released == 1).await;
+    assert_eq!(sum.released, 1);
+    let r = f.rec_step().await;
+    assert_eq!((r.destroyed, r.units_returned), (1, 1));
+    assert_eq!(f.balances().await, (2, 1, 1, 0));
+    let intent = f.resume_headless(e.id, "r-1").await.unwrap();
+    assert_eq!(intent.from_generation, Generation(1));
+    let deadline = Instant::now() + DRIVE_MAX;
+    while !stdout_after(&f, e, 0).await.ends_with("gen 2\n") {
+        assert!(
+            Instant::now() < deadline,
+            "not resumed within {DRIVE_MAX:?}"
+        );
+        let r = g.step().await;
+        assert_eq!(r.failures, vec![]);
+        let r = f.rec_step().await;
+        assert_eq!(r.failures, vec![]);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(rows(&f, e, "lc_resume_receipts", "").await, 1);
+    assert_eq!(f.balances().await, (2, 0, 2, 0));
 }

@@ -2283,7 +2283,7 @@ struct RequestResumeArgs<'a> {
     at: CutReading,
     tenant: TenantId,
     exec_id: ExecId,
-    head: Digest,
+    head: Option<Digest>,
 }
 
 async fn request_resume_tx(
@@ -2297,7 +2297,7 @@ async fn request_resume_tx(
     {
         let intent = db::resume_intent(conn, r.exec_id, a.op.key(), false).await?;
         return match intent {
-            Some((i, _)) if i.exec_id == a.exec_id && i.head == a.head => Ok(i),
+            Some((i, _)) if i.exec_id == a.exec_id && a.head.is_none_or(|h| i.head == h) => Ok(i),
             _ => Err(LcError::IdempotencyConflict {
                 key: a.op.key().to_owned(),
             }
@@ -2345,12 +2345,32 @@ async fn request_resume_tx(
     let ws = db::workspace_of(conn, a.exec_id, false)
         .await?
         .ok_or_else(|| crate::error::corrupt(format!("exec {} has no workspace", a.exec_id)))?;
-    if ws.head != Some(a.head) {
-        return Err(LcError::WorkspaceHeadMismatch {
-            workspace_id: ws.workspace_id,
-            expected: ws.head,
-            found: Some(a.head),
-            reason: "a resume names the workspace's head: read it and resume from it".into(),
+    let head = match (a.head, ws.head) {
+        (Some(named), Some(current)) if named == current => current,
+        (None, Some(current)) => current,
+        (named, current) => {
+            return Err(LcError::WorkspaceHeadMismatch {
+                workspace_id: ws.workspace_id,
+                expected: current,
+                found: named,
+                reason: "a resume names the workspace's head: read it and resume from it".into(),
+            }
+            .into());
+        }
+    };
+    // The resume takes the exec's units again: refused now, as an
+    // admission is, rather than recorded to wait for capacity unseen.
+    let units = db::read_exec(conn, a.tenant, a.exec_id)
+        .await?
+        .ok_or_else(|| LcError::not_found("exec", a.exec_id))?
+        .units;
+    let tenant = db::read_tenant(conn, a.tenant)
+        .await?
+        .ok_or_else(|| LcError::not_found("tenant", a.tenant))?;
+    if tenant.available < units {
+        return Err(LcError::InsufficientCapacity {
+            requested: units,
+            available: tenant.available,
         }
         .into());
     }
@@ -2361,7 +2381,7 @@ async fn request_resume_tx(
         exec_id: a.exec_id,
         op_key: a.op.key().to_owned(),
         request_sha256: a.op.request_sha256(),
-        head: a.head,
+        head,
         attempt: pv.attempt,
         from_generation,
         recorded_cut: a.at.cut,
@@ -2416,14 +2436,7 @@ async fn prepare_resume_tx(conn: &mut PgConnection, a: &ResumeArgs<'_>) -> Resul
         }
         .into());
     }
-    let want = hibernate::resume_request_sha256(a.exec_id, intent.head);
-    if intent.request_sha256 != want {
-        return Err(LcError::RequestDigestMismatch {
-            expected: want,
-            found: intent.request_sha256,
-        }
-        .into());
-    }
+    hibernate::check_request_digest(a.exec_id, intent.head, intent.request_sha256)?;
     let ws = db::workspace_of(conn, a.exec_id, true)
         .await?
         .ok_or_else(|| crate::error::corrupt(format!("exec {} has no workspace", a.exec_id)))?;
@@ -2936,7 +2949,7 @@ impl ControlStore for LcStore {
         at: CutReading,
         tenant: TenantId,
         exec_id: ExecId,
-        head: Digest,
+        head: Option<Digest>,
     ) -> Result<ResumeIntent, LcError> {
         let want = hibernate::resume_request_sha256(exec_id, head);
         if op.request_sha256() != want {

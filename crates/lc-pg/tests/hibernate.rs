@@ -43,7 +43,7 @@ fn cred_of(o: &OwnedExec, t: &OwnerToken) -> OwnerCredential {
 }
 
 fn resume_op(key: &str, exec: ExecId, head: Digest) -> OperationKey {
-    OperationKey::new(key, hibernate::resume_request_sha256(exec, head)).unwrap()
+    OperationKey::new(key, hibernate::resume_request_sha256(exec, Some(head))).unwrap()
 }
 
 async fn available(f: &Fixture) -> (i64, i64) {
@@ -166,7 +166,7 @@ async fn prepared(f: &Fixture, at: CutReading) -> Parked {
             at,
             f.tenant,
             e.exec_id,
-            head,
+            Some(head),
         )
         .await
         .unwrap();
@@ -490,18 +490,18 @@ async fn full_sequence(f: Fixture) {
     let forged_digest = OperationKey::new("r1", Digest([3; 32])).unwrap();
     assert_eq!(
         f.store
-            .request_resume(&forged_digest, at, f.tenant, x, head)
+            .request_resume(&forged_digest, at, f.tenant, x, Some(head))
             .await
             .unwrap_err(),
         LcError::RequestDigestMismatch {
-            expected: hibernate::resume_request_sha256(x, head),
+            expected: hibernate::resume_request_sha256(x, Some(head)),
             found: Digest([3; 32]),
         }
     );
     let wrong = Digest([4; 32]);
     assert_eq!(
         f.store
-            .request_resume(&resume_op("r1", x, wrong), at, f.tenant, x, wrong)
+            .request_resume(&resume_op("r1", x, wrong), at, f.tenant, x, Some(wrong))
             .await
             .unwrap_err()
             .code(),
@@ -514,7 +514,7 @@ async fn full_sequence(f: Fixture) {
                 at,
                 lc_core::TenantId(f.tenant.0 + 1),
                 x,
-                head
+                Some(head)
             )
             .await
             .unwrap_err(),
@@ -523,7 +523,7 @@ async fn full_sequence(f: Fixture) {
     assert_eq!(snapshot(&f.db.url).await, before);
     let intent = f
         .store
-        .request_resume(&resume_op("r1", x, head), at, f.tenant, x, head)
+        .request_resume(&resume_op("r1", x, head), at, f.tenant, x, Some(head))
         .await
         .unwrap();
     assert_eq!(
@@ -538,13 +538,13 @@ async fn full_sequence(f: Fixture) {
             head,
             AttemptNo(1),
             Generation(1),
-            hibernate::resume_request_sha256(x, head),
+            hibernate::resume_request_sha256(x, Some(head)),
             at.cut
         )
     );
     assert_eq!(
         f.store
-            .request_resume(&resume_op("r1", x, head), at, f.tenant, x, head)
+            .request_resume(&resume_op("r1", x, head), at, f.tenant, x, Some(head))
             .await
             .unwrap(),
         intent
@@ -628,7 +628,7 @@ async fn full_sequence(f: Fixture) {
     let before = snapshot(&f.db.url).await;
     assert_eq!(
         f.store
-            .request_resume(&resume_op("r2", x, head), at, f.tenant, x, head)
+            .request_resume(&resume_op("r2", x, head), at, f.tenant, x, Some(head))
             .await
             .unwrap_err(),
         LcError::ResumeInProgress {
@@ -758,7 +758,7 @@ async fn full_sequence(f: Fixture) {
         )
         .bind(x.0)
         .bind("r1")
-        .bind(&hibernate::resume_request_sha256(x, head).0[..])
+        .bind(&hibernate::resume_request_sha256(x, Some(head)).0[..])
         .execute(&mut c)
         .await
         .unwrap();
@@ -799,7 +799,7 @@ async fn full_sequence(f: Fixture) {
             to_generation: Generation(2),
             lease_id: lease2,
             head,
-            request_sha256: hibernate::resume_request_sha256(x, head),
+            request_sha256: hibernate::resume_request_sha256(x, Some(head)),
             token_sha256: tok2.sha256(),
             owner_generation: owned2.ownership.generation.0,
             owner_fence: owned2.ownership.fence.0,
@@ -816,7 +816,7 @@ async fn full_sequence(f: Fixture) {
     // Another resume of the runnable exec is refused.
     assert_eq!(
         f.store
-            .request_resume(&resume_op("r3", x, head), late, f.tenant, x, head)
+            .request_resume(&resume_op("r3", x, head), late, f.tenant, x, Some(head))
             .await
             .unwrap_err(),
         LcError::ExecNotParked {
@@ -1144,7 +1144,7 @@ async fn a_resume_whose_lease_is_released_uncommitted_stays_parked_and_resumes_a
     // A new request resumes from generation 2 to 3 on the same head.
     let i = f
         .store
-        .request_resume(&resume_op("pr2", x, p.head), at, f.tenant, x, p.head)
+        .request_resume(&resume_op("pr2", x, p.head), at, f.tenant, x, Some(p.head))
         .await
         .unwrap();
     assert_eq!(i.from_generation, Generation(2));
@@ -1188,7 +1188,7 @@ async fn a_committed_resume_restarts_the_timeout_from_its_cut() {
     })
     .await;
     f.store
-        .request_resume(&resume_op("rt", x, head), later, f.tenant, x, head)
+        .request_resume(&resume_op("rt", x, head), later, f.tenant, x, Some(head))
         .await
         .unwrap();
     let w = f.store.prepare_resume(&cred, x, later, "rt").await.unwrap();
@@ -1363,7 +1363,7 @@ async fn a_pending_resume_is_claimable_and_a_cancel_ends_a_parked_exec() {
     let b = token(0xd4);
     assert_eq!(f.store.claim(&b, at, TTL, 10).await.unwrap(), vec![]);
     f.store
-        .request_resume(&resume_op("q1", x, head), at, f.tenant, x, head)
+        .request_resume(&resume_op("q1", x, head), at, f.tenant, x, Some(head))
         .await
         .unwrap();
     let got = f.store.claim(&b, at, TTL, 10).await.unwrap();
@@ -1394,7 +1394,7 @@ async fn a_pending_resume_is_claimable_and_a_cancel_ends_a_parked_exec() {
     let before = snapshot(&f.db.url).await;
     assert_eq!(
         f.store
-            .request_resume(&resume_op("q2", x, head), at, f.tenant, x, head)
+            .request_resume(&resume_op("q2", x, head), at, f.tenant, x, Some(head))
             .await
             .unwrap_err(),
         LcError::ExecTerminal { exec_id: x }
@@ -1566,7 +1566,7 @@ async fn a_refused_restore_is_recorded_on_its_intent_and_a_new_request_retries()
     // A new request (another key) retries: claimable, prepared as
     // generation 3.
     f.store
-        .request_resume(&resume_op("pr2", x, p.head), at, f.tenant, x, p.head)
+        .request_resume(&resume_op("pr2", x, p.head), at, f.tenant, x, Some(p.head))
         .await
         .unwrap();
     let got = f.store.claim(&b, at, TTL, 10).await.unwrap();
@@ -1604,7 +1604,7 @@ async fn a_resume_key_reused_after_its_record_was_collected_is_a_typed_refusal()
     let (e, _cred, _manifest, head) = parked(&f, at, None).await;
     let x = e.exec_id;
     f.store
-        .request_resume(&resume_op("k1", x, head), at, f.tenant, x, head)
+        .request_resume(&resume_op("k1", x, head), at, f.tenant, x, Some(head))
         .await
         .unwrap();
     // What the operation-key GC does once the key's TTL passed: the
@@ -1618,7 +1618,7 @@ async fn a_resume_key_reused_after_its_record_was_collected_is_a_typed_refusal()
     let before = snapshot(&f.db.url).await;
     assert_eq!(
         f.store
-            .request_resume(&resume_op("k1", x, head), at, f.tenant, x, head)
+            .request_resume(&resume_op("k1", x, head), at, f.tenant, x, Some(head))
             .await
             .unwrap_err(),
         LcError::IdempotencyConflict { key: "k1".into() }

@@ -1359,12 +1359,15 @@ impl Rig {
         let at = self.wait_reading(|r| r.certain).await;
         self.store
             .request_resume(
-                &OperationKey::new(key, lc_core::hibernate::resume_request_sha256(o.exec, head))
-                    .unwrap(),
+                &OperationKey::new(
+                    key,
+                    lc_core::hibernate::resume_request_sha256(o.exec, Some(head)),
+                )
+                .unwrap(),
                 at,
                 tenant,
                 o.exec,
-                head,
+                Some(head),
             )
             .await
             .expect("resume intent");

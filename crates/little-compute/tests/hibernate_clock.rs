@@ -409,7 +409,11 @@ async fn a_resume_during_a_step(name: &str, step_ns: i64, reason: UncertainReaso
     let intent = rig
         .store
         .request_resume(
-            &OperationKey::new(key, lc_core::hibernate::resume_request_sha256(exec, head)).unwrap(),
+            &OperationKey::new(
+                key,
+                lc_core::hibernate::resume_request_sha256(exec, Some(head)),
+            )
+            .unwrap(),
             CutReading {
                 cut: r.now,
                 certain: false,
@@ -417,7 +421,7 @@ async fn a_resume_during_a_step(name: &str, step_ns: i64, reason: UncertainReaso
             },
             rig.tenant,
             exec,
-            head,
+            Some(head),
         )
         .await
         .unwrap();

@@ -189,12 +189,15 @@ impl Rig {
             .expect("a parked exec has a head");
         self.store
             .request_resume(
-                &OperationKey::new(key, lc_core::hibernate::resume_request_sha256(exec, head))
-                    .unwrap(),
+                &OperationKey::new(
+                    key,
+                    lc_core::hibernate::resume_request_sha256(exec, Some(head)),
+                )
+                .unwrap(),
                 self.certain().await,
                 self.tenant,
                 exec,
-                head,
+                Some(head),
             )
             .await
             .unwrap()

@@ -910,13 +910,30 @@ impl Rig {
         let at = self.wait_reading(|r| r.certain).await;
         self.store
             .request_resume(
-                &OperationKey::new(key, lc_core::hibernate::resume_request_sha256(e, head))
-                    .unwrap(),
+                &OperationKey::new(
+                    key,
+                    lc_core::hibernate::resume_request_sha256(e, Some(head)),
+                )
+                .unwrap(),
                 at,
                 self.tenant,
                 e,
-                head,
+                Some(head),
             )
+            .await
+    }
+
+    /// Asks to resume the parked exec from whatever its head is, naming
+    /// none (`{"head": null}`), under `key`, as a client does.
+    pub async fn resume_headless(
+        &self,
+        e: ExecId,
+        key: &str,
+    ) -> Result<lc_core::ResumeIntent, LcError> {
+        let at = self.wait_reading(|r| r.certain).await;
+        let op = OperationKey::new(key, lc_core::hibernate::resume_request_sha256(e, None));
+        self.store
+            .request_resume(&op.unwrap(), at, self.tenant, e, None)
             .await
     }
 
