@@ -355,6 +355,15 @@ pub fn plan_hibernation(v: HibernationView, at: CutReading) -> Result<(), LcErro
     if v.exec_state == ExecState::Terminal {
         return Err(LcError::ExecTerminal { exec_id: v.exec_id });
     }
+    if v.exec_state == ExecState::Hibernated {
+        return Err(LcError::ExecNotHibernatable {
+            exec_id: v.exec_id,
+            reason: format!(
+                "exec {} is hibernated already: resume it (lc exec resume {})",
+                v.exec_id, v.exec_id
+            ),
+        });
+    }
     if let Some(step) = v.existing {
         return Err(LcError::HibernationInProgress {
             exec_id: v.exec_id,
@@ -1012,6 +1021,21 @@ mod tests {
         assert_eq!(
             plan_hibernation(v, at).unwrap_err().code(),
             "exec_not_hibernatable"
+        );
+        // A parked exec names its next step, whatever its record says.
+        let v = HibernationView {
+            exec_state: ExecState::Hibernated,
+            attempt_state: AttemptState::Parked,
+            lease_state: LeaseState::Released,
+            existing: Some(HibernationStep::Parked),
+            ..view()
+        };
+        assert_eq!(
+            plan_hibernation(v, at),
+            Err(LcError::ExecNotHibernatable {
+                exec_id: ExecId(3),
+                reason: "exec 3 is hibernated already: resume it (lc exec resume 3)".into()
+            })
         );
         let v = HibernationView {
             exec_state: ExecState::Terminal,

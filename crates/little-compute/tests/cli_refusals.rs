@@ -178,6 +178,17 @@ fn status_and_down_of_a_directory_without_an_appliance() {
     let (code, out) = run(&["appliance", "down", "--data-dir", d], &[]);
     assert_eq!(code, 0, "{out}");
     assert!(out.contains("no appliance is up"), "{out}");
+    // lc on that directory says the same, and what to do.
+    let (code, out) = lc(&["--data-dir", d, "tenant", "show", "1"]);
+    assert_eq!(
+        (code, out),
+        (
+            1,
+            format!(
+                "error: no appliance is up on {d} (it has no appliance.json): start it with `little-compute appliance up --data-dir {d}`, or name a server with --server and --token\n"
+            )
+        )
+    );
 }
 
 #[test]

@@ -812,7 +812,7 @@ async fn hibernate_wait_reports_a_snapshot_the_provider_refused() {
     assert_eq!(
         stderr,
         format!(
-            "exec {id}: hibernation refused (special_file) at \"pipe\": {message}; the command was stopped and the exec ended snapshot_refused; its workspace head did not move and its units are returned once its sandbox is destroyed\n"
+            "exec {id}: hibernation refused (special_file) at \"pipe\": {message}; the command was stopped and the exec ended snapshot_refused; its workspace head did not move and its units are returned once its sandbox is destroyed; the provider's advice is for a new exec: keep such entries out of a workspace that hibernates\n"
         )
     );
 

@@ -70,7 +70,17 @@ pub struct ApplianceFile {
 pub fn read_appliance(dir: &Path) -> Result<ApplianceFile, ClientError> {
     let path = dir.join("appliance.json");
     let fail = |e: String| ClientError::Failed(format!("{}: {e}", path.display()));
-    let meta = std::fs::metadata(&path).map_err(|e| fail(e.to_string()))?;
+    let meta = std::fs::metadata(&path).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            ClientError::Failed(format!(
+                "no appliance is up on {} (it has no appliance.json): start it with `little-compute appliance up --data-dir {}`, or name a server with --server and --token",
+                dir.display(),
+                dir.display()
+            ))
+        } else {
+            fail(e.to_string())
+        }
+    })?;
     if meta.len() > APPLIANCE_JSON_BYTES_MAX {
         return Err(fail(format!(
             "larger than {APPLIANCE_JSON_BYTES_MAX} bytes"
@@ -640,7 +650,7 @@ async fn wait_exec(
             let _ = if refusal.is_object() {
                 writeln!(
                     std::io::stderr(),
-                    "exec {id}: hibernation refused ({}) at {:?}: {}; the command was stopped and the exec ended {}; its workspace head did not move and its units are returned once its sandbox is destroyed",
+                    "exec {id}: hibernation refused ({}) at {:?}: {}; the command was stopped and the exec ended {}; its workspace head did not move and its units are returned once its sandbox is destroyed; the provider's advice is for a new exec: keep such entries out of a workspace that hibernates",
                     refusal["reason"].as_str().unwrap_or("unknown"),
                     refusal["path"].as_str().unwrap_or(""),
                     refusal["message"].as_str().unwrap_or(""),
