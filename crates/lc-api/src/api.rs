@@ -555,10 +555,10 @@ async fn resume_exec(
     OptionalJsonBody(req): OptionalJsonBody<ResumeBody>,
 ) -> Result<(StatusCode, Json<ResumeIntentView>), ApiError> {
     let exec = ExecId(exec_id);
-    let head = match req.and_then(|r| r.head) {
-        Some(h) => Some(Digest::from_hex(&h)?),
-        None => None,
-    };
+    let head = req
+        .and_then(|r| r.head)
+        .map(|h| Digest::from_hex(&h))
+        .transpose()?;
     let op = OperationKey::new(
         key.0.clone(),
         lc_core::hibernate::resume_request_sha256(exec, head),

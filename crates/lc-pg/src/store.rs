@@ -2170,10 +2170,6 @@ async fn commit_quiescence_tx(
 ) -> Result<HibernationRecord, Fail> {
     check_reading(conn, a.at).await?;
     let (lease, hib) = lock_hibernation(conn, a.cred, a.exec_id, a.at, a.generation).await?;
-    let statement = provider_statement(conn, a.evidence, &lease).await?;
-    let ws = db::workspace_of(conn, a.exec_id, true)
-        .await?
-        .ok_or_else(|| crate::error::corrupt(format!("exec {} has no workspace", a.exec_id)))?;
     if hib.step == HibernationStep::Refused {
         // The provider refused this generation's snapshot: nothing was
         // committed and nothing can be.
@@ -2184,6 +2180,10 @@ async fn commit_quiescence_tx(
         }
         .into());
     }
+    let statement = provider_statement(conn, a.evidence, &lease).await?;
+    let ws = db::workspace_of(conn, a.exec_id, true)
+        .await?
+        .ok_or_else(|| crate::error::corrupt(format!("exec {} has no workspace", a.exec_id)))?;
     if hib.step != HibernationStep::Sealed {
         // A replay: the same head is the committed record.
         if hib.head == Some(a.head) && ws.head == Some(a.head) {
@@ -2360,16 +2360,12 @@ async fn request_resume_tx(
     };
     // The resume takes the exec's units again: refused now, as an
     // admission is, rather than recorded to wait for capacity unseen.
-    let units = db::read_exec(conn, a.tenant, a.exec_id)
-        .await?
-        .ok_or_else(|| LcError::not_found("exec", a.exec_id))?
-        .units;
     let tenant = db::read_tenant(conn, a.tenant)
         .await?
         .ok_or_else(|| LcError::not_found("tenant", a.tenant))?;
-    if tenant.available < units {
+    if tenant.available < pv.units {
         return Err(LcError::InsufficientCapacity {
-            requested: units,
+            requested: pv.units,
             available: tenant.available,
         }
         .into());
