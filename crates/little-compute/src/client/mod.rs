@@ -782,27 +782,21 @@ async fn exec_output(
                 // a stopped page with none after it is still waiting,
                 // unless the exec ended after it (the answer's
                 // `terminal`): nothing resumes it then.
-                Some("stopped")
-                    if std::ptr::eq(p, pages.last().unwrap_or(p)) && v["terminal"] == true =>
-                {
-                    let _ = writeln!(
-                        std::io::stderr(),
-                        "exec {id}: its command was stopped at page {seq} for a hibernation, and the exec ended without resuming; lc exec show {id} tells why"
-                    );
-                    Ok(())
-                }
-                Some("stopped") if std::ptr::eq(p, pages.last().unwrap_or(p)) => {
-                    let _ = writeln!(
-                        std::io::stderr(),
-                        "exec {id}: hibernated at page {seq}: its command was stopped and its workspace kept; the output goes on after lc exec resume {id}"
-                    );
-                    Ok(())
-                }
                 Some("stopped") => {
-                    let _ = writeln!(
-                        std::io::stderr(),
-                        "exec {id}: hibernated at page {seq}, then resumed: the pages after it are the resumed run's"
-                    );
+                    let text = if !std::ptr::eq(p, pages.last().unwrap_or(p)) {
+                        format!(
+                            "exec {id}: hibernated at page {seq}, then resumed: the pages after it are the resumed run's"
+                        )
+                    } else if v["terminal"] == true {
+                        format!(
+                            "exec {id}: its command was stopped at page {seq} for a hibernation, and the exec ended without resuming; lc exec show {id} tells why"
+                        )
+                    } else {
+                        format!(
+                            "exec {id}: hibernated at page {seq}: its command was stopped and its workspace kept; the output goes on after lc exec resume {id}"
+                        )
+                    };
+                    let _ = writeln!(std::io::stderr(), "{text}");
                     Ok(())
                 }
                 _ => Ok(()),
