@@ -22,6 +22,10 @@
 //!   ([`HorizonPolicy`], digest verified) and the check that it covers the
 //!   longest deadline of every kind ([`HorizonPolicy::covers`] over
 //!   [`DeadlineBound`]s).
+//! * [`inventory`]: every kind of deadline the control plane admits
+//!   ([`DeadlineInventory`], a field per deadline-bearing setting) and the
+//!   one check that the sealed horizon covers them all
+//!   ([`DeadlineInventory::check`]).
 //! * [`instant_pair`]: the exact PostgreSQL encoding of an instant;
 //!   [`timestamp`]: the ends of the timestamp domain.
 //!
@@ -40,6 +44,7 @@ pub mod carry;
 pub mod config;
 pub mod horizon;
 pub mod instant_pair;
+pub mod inventory;
 pub mod quarantine;
 pub mod reason;
 pub mod timestamp;
@@ -56,6 +61,7 @@ pub use horizon::{
     HorizonShortfall,
 };
 pub use instant_pair::{InstantPair, PairError};
+pub use inventory::DeadlineInventory;
 pub use quarantine::QuarantineProgress;
 pub use reason::{UncertainReason, judge_reading};
 pub use timestamp::{TIMESTAMP_MAX_NS, TIMESTAMP_MIN_NS};

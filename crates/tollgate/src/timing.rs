@@ -44,7 +44,7 @@ use safetime::{DeadlineBound, DeadlineKind};
 /// The deadline kind of a lease grant: a lease's authority ends at
 /// `expiry + reclaim_grace`, at most `max_ttl + reclaim_grace` after the
 /// grant (a renewal is a new grant from its own instant).
-pub const LEASE_GRANT_DEADLINE: DeadlineKind = DeadlineKind::named("tollgate.lease_grant");
+pub const LEASE_GRANT_DEADLINE: DeadlineKind = safetime::inventory::LEASE_GRANT;
 
 /// Errors of policy construction.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
