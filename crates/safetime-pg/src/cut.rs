@@ -375,6 +375,102 @@ where
     policy_from(&row)
 }
 
+/// A horizon policy a new deadline must fit, and which one it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BindingPolicy {
+    /// The policy, digest verified.
+    pub policy: HorizonPolicy,
+    /// `"in force for the current epoch"` (the cut row's) or `"the newest
+    /// sealed"` (the one the next epoch takes).
+    pub which: &'static str,
+}
+
+/// Why [`check_bounds`] refused.
+#[derive(Debug, thiserror::Error)]
+pub enum HorizonCheckError {
+    /// The cut row or the policy table could not be read or verified.
+    #[error("{context}: {source}")]
+    Read {
+        /// What was being read.
+        context: &'static str,
+        /// The failure.
+        source: SafeTimeError,
+    },
+    /// A bound does not fit a binding policy.
+    #[error(
+        "{shortfall} ({which}); seal a longer horizon (tollgate-safetime policy) or lower the setting"
+    )]
+    TooShort {
+        /// The first bound that does not fit, with the exact values.
+        shortfall: safetime::HorizonShortfall,
+        /// Which policy: see [`BindingPolicy::which`].
+        which: &'static str,
+    },
+}
+
+/// The horizon policies every new deadline must fit: first the one in
+/// force (the cut row's once a sampler has claimed, else the newest
+/// sealed), then the newest sealed one when it is another version (the
+/// next epoch takes it).
+///
+/// # Errors
+/// [`HorizonCheckError::Read`].
+pub async fn binding_policies(
+    pool: &sqlx::PgPool,
+) -> Result<(BindingPolicy, Option<BindingPolicy>), HorizonCheckError> {
+    let read = |context| move |source| HorizonCheckError::Read { context, source };
+    let row = read_cut(pool)
+        .await
+        .map_err(read("reading the safe expiry cut"))?;
+    let newest = load_policy(pool)
+        .await
+        .map_err(read("reading the sealed horizon policy"))?;
+    let newest = BindingPolicy {
+        policy: newest,
+        which: "the newest sealed",
+    };
+    Ok(match row {
+        Some(r) if r.policy.version() != newest.policy.version() => (
+            BindingPolicy {
+                policy: r.policy,
+                which: "in force for the current epoch",
+            },
+            Some(newest),
+        ),
+        Some(r) => (
+            BindingPolicy {
+                policy: r.policy,
+                which: "in force for the current epoch",
+            },
+            None,
+        ),
+        None => (newest, None),
+    })
+}
+
+/// Checks, before a process admits deadlines, that every one of `bounds`
+/// fits every binding policy ([`binding_policies`], the one in force
+/// first). Returns the policy in force.
+///
+/// # Errors
+/// [`HorizonCheckError::TooShort`] naming the first bound and policy that
+/// do not fit; [`HorizonCheckError::Read`].
+pub async fn check_bounds(
+    pool: &sqlx::PgPool,
+    bounds: &[safetime::DeadlineBound],
+) -> Result<HorizonPolicy, HorizonCheckError> {
+    let (in_force, next) = binding_policies(pool).await?;
+    for b in std::iter::once(&in_force).chain(next.as_ref()) {
+        b.policy
+            .covers(bounds)
+            .map_err(|shortfall| HorizonCheckError::TooShort {
+                shortfall,
+                which: b.which,
+            })?;
+    }
+    Ok(in_force.policy)
+}
+
 /// Seals a new horizon policy version (owner only; refused while any
 /// sampler holds the lock). It takes effect at the next claimed epoch.
 ///

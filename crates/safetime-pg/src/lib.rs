@@ -7,7 +7,8 @@
 //! * [`cut`]: reading the cut ([`read_cut`]; as a standby's sighting,
 //!   [`read_sighting`]), the sampler's session-level lock ([`try_lock`]), observations ([`observe`]), epoch claims
 //!   ([`claim`]), publishes ([`publish`]), the sealed horizon policy
-//!   ([`load_policy`], [`seal_policy`]) and its evidence ([`evidence`]);
+//!   ([`load_policy`], [`seal_policy`]), the check that a process's
+//!   deadlines fit every binding policy ([`check_bounds`]) and its evidence ([`evidence`]);
 //!   every failure is a [`SafeTimeError`] with a stable code.
 //! * [`sampler`]: the sampler's leadership loop ([`Sampler`]): one
 //!   epoch-fenced leader per database, any number of standbys, each
@@ -40,8 +41,9 @@ pub mod cut;
 pub mod sampler;
 
 pub use cut::{
-    Claim, CutRow, CutSighting, DbObservation, EVIDENCE_MAX, Evidence, LOCK_KEY_CLASS,
-    LOCK_KEY_OBJ, Published, SafeTimeError, claim, connect_options, evidence, load_policy, observe,
-    publish, read_cut, read_sighting, seal_policy, try_lock,
+    BindingPolicy, Claim, CutRow, CutSighting, DbObservation, EVIDENCE_MAX, Evidence,
+    HorizonCheckError, LOCK_KEY_CLASS, LOCK_KEY_OBJ, Published, SafeTimeError, binding_policies,
+    check_bounds, claim, connect_options, evidence, load_policy, observe, publish, read_cut,
+    read_sighting, seal_policy, try_lock,
 };
 pub use sampler::{Sampler, SamplerOptions, SamplerStatus};

@@ -440,6 +440,39 @@ async fn horizon_changes_need_a_stopped_sampler_evidence_and_a_successor_epoch()
         .unwrap_err();
     assert!(immut.to_string().contains("immutable"), "{immut}");
 
+    // A process's deadlines must fit both binding policies: version 1 in
+    // force for the running epoch, version 2 the next epoch's. 65 s fits
+    // both exactly; one nanosecond more is short of version 2.
+    let kind = safetime::DeadlineKind::named("test.job");
+    let pool = sqlx::PgPool::connect(db.url()).await.unwrap();
+    let at = |d| [safetime::DeadlineBound::new(kind, d)];
+    let (in_force, next) = safetime_pg::binding_policies(&pool).await.unwrap();
+    assert_eq!(
+        (
+            in_force.policy.version(),
+            in_force.which,
+            next.map(|n| (n.policy.version(), n.which))
+        ),
+        (
+            1,
+            "in force for the current epoch",
+            Some((2, "the newest sealed"))
+        )
+    );
+    let fits = safetime_pg::check_bounds(&pool, &at(SignedDuration::from_secs(65)))
+        .await
+        .unwrap();
+    assert_eq!(fits.version(), 1);
+    let over = safetime_pg::check_bounds(&pool, &at(SignedDuration::new(65, 1)))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        over.to_string(),
+        "the longest test.job deadline (PT1M5.000000001S) is beyond the horizon of policy \
+         version 2 (PT1M5S) (the newest sealed); seal a longer horizon (tollgate-safetime policy) or lower \
+         the setting"
+    );
+
     // Still version 1 for the running epoch; a sampler that loaded version 1
     // cannot claim; one that loads version 2 claims epoch 2 under it.
     let row = safetime_pg::read_cut(&mut owner).await.unwrap().unwrap();
@@ -462,11 +495,24 @@ async fn horizon_changes_need_a_stopped_sampler_evidence_and_a_successor_epoch()
         (row.epoch, row.policy.version(), row.policy.horizon_ms()),
         (2, 2, 65_000)
     );
+    // Now version 2 is in force and the only binding policy.
+    let (in_force, next) = safetime_pg::binding_policies(&pool).await.unwrap();
+    assert_eq!((in_force.policy.version(), next), (2, None));
+    match safetime_pg::check_bounds(&pool, &at(SignedDuration::new(65, 1))).await {
+        Err(safetime_pg::HorizonCheckError::TooShort { shortfall, which }) => assert_eq!(
+            (shortfall.version, shortfall.longest, which),
+            (
+                2,
+                Some(SignedDuration::new(65, 1)),
+                "in force for the current epoch"
+            )
+        ),
+        other => panic!("expected too short, got {other:?}"),
+    }
 
     // With safe time in use, no grant policy may outgrow the horizon: one
     // nanosecond more than 65 s of max_ttl + grace is refused by the
     // database, whoever writes it; exactly 65 s is accepted.
-    let pool = sqlx::PgPool::connect(db.url()).await.unwrap();
     let over = GrantPolicy::new(SignedDuration::new(60, 1), SignedDuration::from_secs(5)).unwrap();
     let err = tollgate_pg::set_policy(&pool, over, "ops")
         .await

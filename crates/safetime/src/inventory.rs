@@ -227,12 +227,16 @@ mod tests {
             }),
             ("token_ttl_max", SCOPED_TOKEN, |i, d| i.token_ttl_max = d),
             ("rate_window_max", RATE_WINDOW, |i, d| i.rate_window_max = d),
-            ("deletion_grace", DELETION_GRACE, |i, d| i.deletion_grace = d),
+            ("deletion_grace", DELETION_GRACE, |i, d| {
+                i.deletion_grace = d
+            }),
             ("retention", RETENTION, |i, d| i.retention = d),
             ("operation_key_ttl_max", OPERATION_KEY, |i, d| {
                 i.operation_key_ttl_max = d
             }),
-            ("exec_timeout_max", EXEC_TIMEOUT, |i, d| i.exec_timeout_max = d),
+            ("exec_timeout_max", EXEC_TIMEOUT, |i, d| {
+                i.exec_timeout_max = d
+            }),
             ("idle_ttl_max", IDLE_HIBERNATION, |i, d| i.idle_ttl_max = d),
         ]
     }

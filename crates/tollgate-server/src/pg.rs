@@ -298,35 +298,25 @@ pub async fn check_horizon(
     policy: GrantPolicy,
     gap_max: jiff::SignedDuration,
 ) -> Result<HorizonPolicy, PgError> {
-    let safe = |context| move |source| PgError::SafeTime { context, source };
-    let row = safetime_pg::read_cut(pool)
-        .await
-        .map_err(safe("reading the safe expiry cut"))?;
-    let newest = safetime_pg::load_policy(pool)
-        .await
-        .map_err(safe("reading the sealed horizon policy"))?;
-    let mut checks = Vec::with_capacity(2);
-    if let Some(row) = &row {
-        checks.push((row.policy.clone(), "in force for the current epoch"));
-    }
-    if row.as_ref().map(|r| r.policy.version()) != Some(newest.version()) {
-        checks.push((newest.clone(), "the newest sealed"));
-    }
     let bounds = [policy.deadline_bound_after(gap_max)];
-    for (h, which) in &checks {
-        if h.covers(&bounds).is_err() {
-            return Err(PgError::HorizonTooShort {
-                max_ttl: policy.max_ttl(),
-                reclaim_grace: policy.reclaim_grace(),
-                gap_max,
-                version: h.version(),
-                horizon_ms: h.horizon_ms(),
-                horizon: h.horizon(),
-                which,
-            });
-        }
-    }
-    Ok(row.map_or(newest, |r| r.policy))
+    safetime_pg::check_bounds(pool, &bounds)
+        .await
+        .map_err(|e| match e {
+            safetime_pg::HorizonCheckError::Read { context, source } => {
+                PgError::SafeTime { context, source }
+            }
+            safetime_pg::HorizonCheckError::TooShort { shortfall, which } => {
+                PgError::HorizonTooShort {
+                    max_ttl: policy.max_ttl(),
+                    reclaim_grace: policy.reclaim_grace(),
+                    gap_max,
+                    version: shortfall.version,
+                    horizon_ms: shortfall.horizon.as_millis() as i64,
+                    horizon: shortfall.horizon,
+                    which,
+                }
+            }
+        })
 }
 
 /// The service's store (allocator and operator questions) over an open
