@@ -62,9 +62,6 @@ pub const OWNER_ROLE: &str = "lc_owner";
 pub const SAMPLER_ROLE: &str = "lc_sampler";
 /// The provider's id in a single-host installation.
 pub const PROVIDER_ID: &str = "local";
-/// The horizon sealed on a new installation: seven days, which covers the
-/// Reservation grant policy and the operation-key TTL (24 h).
-pub const HORIZON_MS: i64 = 7 * 24 * 3_600 * 1_000;
 /// The longest wait for a certain cut after start-up: a new epoch needs
 /// three consistent observations and a 5 s grace, so a minute is ample.
 pub const CUT_WAIT: Duration = Duration::from_secs(120);
@@ -413,7 +410,7 @@ async fn start_all(
     let owner_url = url(OWNER_ROLE, &creds.owner, ports.postgres);
     migrate(&owner_url).await?;
     grant_sampler_role(&cluster, creds).await?;
-    record_policies(&owner_url, args.sampler).await?;
+    record_policies(&owner_url).await?;
 
     let exe =
         std::env::current_exe().map_err(|e| ApplianceError::io("locating this executable", e))?;
@@ -812,10 +809,11 @@ async fn grant_sampler_role(cluster: &Cluster, creds: &Credentials) -> Result<()
     Ok(())
 }
 
-/// Records the Reservations' grant policy (first start) and, before any
-/// sampler ever claimed an epoch, seals [`HORIZON_MS`] (sealing needs every
-/// sampler stopped, so it is done only while none has ever run here).
-async fn record_policies(owner_url: &str, mode: SamplerMode) -> Result<(), ApplianceError> {
+/// Records the Reservations' grant policy (first start). The horizon is
+/// the one sealed in the database (3,650 days unless an operator sealed
+/// another), which must cover every deadline the services admit: each
+/// service checks its settings against it at start.
+async fn record_policies(owner_url: &str) -> Result<(), ApplianceError> {
     let options: PgConnectOptions = owner_url
         .parse()
         .map_err(|_| ApplianceError::Setup("invalid owner database url".into()))?;
@@ -849,26 +847,6 @@ async fn record_policies(owner_url: &str, mode: SamplerMode) -> Result<(), Appli
                 policy.reclaim_grace()
             )));
         }
-    }
-    let cut = safetime_pg::read_cut(&pool)
-        .await
-        .map_err(|e| ApplianceError::db("reading the cut", e))?;
-    let sealed = safetime_pg::load_policy(&pool)
-        .await
-        .map_err(|e| ApplianceError::db("reading the horizon policy", e))?;
-    if cut.is_none() && sealed.horizon_ms() != HORIZON_MS && mode == SamplerMode::Local {
-        let mut c = pool
-            .acquire()
-            .await
-            .map_err(|e| ApplianceError::sqlx("connecting as the owner", &e))?;
-        let p = safetime_pg::seal_policy(&mut c, HORIZON_MS, "little-compute appliance")
-            .await
-            .map_err(|e| ApplianceError::db("sealing the horizon", e))?;
-        say(format_args!(
-            "sealed the safe-time horizon: {} ms (version {})",
-            p.horizon_ms(),
-            p.version()
-        ));
     }
     pool.close().await;
     Ok(())
