@@ -17,6 +17,8 @@
 //! exactly once and Tollgate's audit is clean. Every read of the persisted
 //! cut checks that it never went backward.
 
+#[path = "clock_steps/rate.rs"]
+mod rate;
 mod support;
 
 use std::sync::mpsc;
@@ -606,6 +608,7 @@ async fn forward_step(major: u32) {
     let ttl = SignedDuration::from_secs(60);
     let mut f = fixture(major, config()).await;
     let mut x = start_execs(&f, ttl).await;
+    let rate = rate::start(&f, certain(&f.clock).await).await;
     let c0 = f.cuts.read().await;
     assert_eq!(c0.uncertain, None);
     let stepped_at = Instant::now();
@@ -617,6 +620,7 @@ async fn forward_step(major: u32) {
         .await;
     let (u, _) = uncertain(&f.clock, 10).await;
     while_uncertain(&f, &mut x, u, ttl).await;
+    rate.while_uncertain(&f, u).await;
     // Database time has passed the deadline; no certain cut has.
     let row = f.cuts.read().await;
     assert!(row.db_now >= x.expiry, "{} < {}", row.db_now, x.expiry);
@@ -649,6 +653,7 @@ async fn forward_step(major: u32) {
             .code(),
         "illegal_transition"
     );
+    rate.once_certain(&f, c).await;
     once_certain(&f, &x, c).await;
     finish(f).await;
 }
@@ -659,6 +664,7 @@ async fn backward_step(major: u32) {
     let ttl = SignedDuration::from_secs(60);
     let mut f = fixture(major, config()).await;
     let mut x = start_execs(&f, ttl).await;
+    let rate = rate::start(&f, certain(&f.clock).await).await;
     let c0 = f.cuts.read().await;
     assert_eq!(c0.uncertain, None);
     f.server.set_clock_offset_ns(-3 * SECOND_NS).unwrap();
@@ -671,6 +677,7 @@ async fn backward_step(major: u32) {
     assert!(b.cut >= c0.cut);
     let (u, _) = uncertain(&f.clock, 10).await;
     while_uncertain(&f, &mut x, u, ttl).await;
+    rate.while_uncertain(&f, u).await;
     // Database time went behind the cut; the cut did not follow it.
     assert!(
         f.cuts.seen.iter().any(|r| r.db_now < r.cut),
@@ -679,6 +686,7 @@ async fn backward_step(major: u32) {
     let c = wait_reading(&f.clock, 30, "a certain cut after the step", |r| r.certain).await;
     let c1 = f.cuts.read().await;
     assert!(c1.cut >= b.cut && c.cut >= c0.cut);
+    rate.once_certain(&f, c).await;
     once_certain(&f, &x, c).await;
     finish(f).await;
 }
@@ -698,6 +706,7 @@ async fn paused_sampler(major: u32) {
     )
     .await;
     let mut x = start_execs(&f, ttl).await;
+    let rate = rate::start(&f, certain(&f.clock).await).await;
     let pause = f.sampler.pause();
     // A publish already sent when the pause began may still land.
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -706,6 +715,7 @@ async fn paused_sampler(major: u32) {
     assert_eq!(why, UncertainReason::Stale);
     assert_eq!(u.cut, frozen.cut);
     while_uncertain(&f, &mut x, u, ttl).await;
+    rate.while_uncertain(&f, u).await;
     let row = f.cuts.read().await;
     assert_eq!((row.cut, row.publish_seq), (frozen.cut, frozen.publish_seq));
     assert!(row.db_now >= x.expiry, "{} < {}", row.db_now, x.expiry);
@@ -718,6 +728,7 @@ async fn paused_sampler(major: u32) {
     })
     .await;
     assert!(f.cuts.read().await.cut >= frozen.cut);
+    rate.once_certain(&f, c).await;
     once_certain(&f, &x, c).await;
     // The deadline is expired now that a certain cut has passed it.
     assert_eq!(
