@@ -435,6 +435,39 @@ pub enum LcError {
         /// The pending request's operation key.
         op_key: String,
     },
+    /// A scoped token's scope the rules refuse at mint: no operation, an
+    /// unknown or repeated one, or `exec.create` on a token bound to an
+    /// exec (`invalid_token_scope`).
+    #[error("invalid token scope: {reason}")]
+    InvalidTokenScope {
+        /// What is wrong.
+        reason: String,
+    },
+    /// A scoped token asked for an operation outside its scope, or for
+    /// another exec than the one it is bound to (`forbidden`, HTTP 403).
+    #[error("{reason}")]
+    TokenScope {
+        /// Which operation or exec is missing from the scope.
+        reason: String,
+    },
+    /// A certain cut reached the scoped token's deadline (`token_expired`,
+    /// HTTP 401): mint a new one.
+    #[error(
+        "token {token_id} expired at {deadline} on the cut; mint a new one (POST /v1/tokens, lc token mint)"
+    )]
+    TokenExpired {
+        /// The token.
+        token_id: crate::token::TokenId,
+        /// Its deadline.
+        deadline: Timestamp,
+    },
+    /// The scoped token was revoked (`token_revoked`, HTTP 401): mint a
+    /// new one.
+    #[error("token {token_id} was revoked; mint a new one (POST /v1/tokens, lc token mint)")]
+    TokenRevoked {
+        /// The token.
+        token_id: crate::token::TokenId,
+    },
     /// The database could not be reached (`storage_unavailable`, HTTP
     /// 503).
     #[error("storage unavailable: {message}")]
@@ -501,6 +534,10 @@ impl LcError {
             LcError::ExecNotHibernatable { .. } => "exec_not_hibernatable",
             LcError::HibernationInProgress { .. } => "hibernation_in_progress",
             LcError::ResumeInProgress { .. } => "resume_in_progress",
+            LcError::InvalidTokenScope { .. } => "invalid_token_scope",
+            LcError::TokenScope { .. } => "forbidden",
+            LcError::TokenExpired { .. } => "token_expired",
+            LcError::TokenRevoked { .. } => "token_revoked",
             LcError::StorageUnavailable { .. } => "storage_unavailable",
             LcError::StorageFailure { .. } => "storage_failure",
         }

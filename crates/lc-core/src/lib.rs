@@ -14,6 +14,8 @@
 //!   its delivery by the exec's owner.
 //! * [`hibernate`]: hibernation and resume: the records and the checks of
 //!   each step (seal, quiescence, attachment, resume).
+//! * [`token`]: scoped tokens: operations, scopes, their deadline on
+//!   the cut.
 //! * [`error`]: [`LcError`] with stable codes.
 //! * [`store`]: the [`ControlStore`], [`ReconcileStore`] and
 //!   [`GatewayStore`] traits.
@@ -43,6 +45,7 @@ pub mod rules;
 pub mod shape;
 pub mod snapshot;
 pub mod store;
+pub mod token;
 
 pub use command::Command;
 pub use error::LcError;

@@ -294,6 +294,69 @@ pub trait ControlStore: Send + Sync {
         exec_id: ExecId,
         digest: Digest,
     ) -> Result<Vec<u8>, LcError>;
+
+    /// Mints a scoped token of `tenant` with `scope`, whose secret hashes
+    /// to `secret_sha256` (the API draws the secret; only its digest is
+    /// stored): needs a certain `at` (`time_uncertain` otherwise) and
+    /// `ttl_ms` within the store's longest token TTL; its deadline is
+    /// `at.cut + ttl`, which must fit `cut + horizon`. A bound exec must be
+    /// the tenant's (`not_found` otherwise, also for another tenant's).
+    /// Tenant scope: a replay of `op` returns the recorded token with
+    /// `replay: true` and writes nothing.
+    ///
+    /// # Errors
+    /// `invalid_timeout` (ttl), `not_found` (tenant or exec),
+    /// `time_uncertain`, `deadline_beyond_horizon`, `idempotency_conflict`,
+    /// `invalid_cut_reading`, storage errors. Nothing is written on any of
+    /// them.
+    async fn mint_token(
+        &self,
+        op: &OperationKey,
+        at: CutReading,
+        tenant: TenantId,
+        scope: crate::token::TokenScope,
+        ttl_ms: u64,
+        secret_sha256: Digest,
+    ) -> Result<crate::token::MintedToken, LcError>;
+
+    /// The token whose secret hashes to `secret_sha256`, judged at `at`
+    /// ([`crate::token::check_accepted`]); `None` when no token has that
+    /// digest. Writes nothing.
+    ///
+    /// # Errors
+    /// `token_revoked`, `time_uncertain`, `token_expired`,
+    /// `invalid_cut_reading`, storage errors.
+    async fn accept_token(
+        &self,
+        secret_sha256: Digest,
+        at: CutReading,
+    ) -> Result<Option<crate::token::TokenRecord>, LcError>;
+
+    /// `tenant`'s tokens with id `> after` (all when `None`), ascending,
+    /// at most `limit`, revoked and expired ones included.
+    ///
+    /// # Errors
+    /// `invalid_limit`, storage errors.
+    async fn tokens(
+        &self,
+        tenant: TenantId,
+        after: Option<crate::token::TokenId>,
+        limit: usize,
+    ) -> Result<Vec<crate::token::TokenRecord>, LcError>;
+
+    /// Revokes `tenant`'s token `token_id` on any cut (revoking only takes
+    /// authority away), recording the cut read. Idempotent: a revoked
+    /// token is returned as it is, its revocation cut unchanged.
+    ///
+    /// # Errors
+    /// `not_found` (also another tenant's token), `invalid_cut_reading`,
+    /// `time_uncertain` (no cut yet), storage errors.
+    async fn revoke_token(
+        &self,
+        at: CutReading,
+        tenant: TenantId,
+        token_id: crate::token::TokenId,
+    ) -> Result<crate::token::TokenRecord, LcError>;
 }
 
 /// What the reconciler needs.

@@ -24,6 +24,7 @@ use lc_core::owner::{
     TransitionReceipt,
 };
 use lc_core::page::ExitStatus;
+use lc_core::token::{TokenId, TokenRecord};
 use lc_core::{
     AttemptNo, AttemptState, CanonicalIdentity, Digest, ExecId, ExecRecord, ExecState, Generation,
     HibernationReason, HibernationStep, LeaseState, OnTimeout, OpScope, OperationRecord,
@@ -2730,6 +2731,133 @@ pub(crate) async fn next_lease_id(conn: &mut PgConnection) -> Result<SandboxLeas
             .fetch_one(&mut *conn)
             .await?,
     ))
+}
+
+// ---------------------------------------------------------------------------
+// Scoped tokens (0007): the secret's SHA-256 (never the secret), the
+// tenant, the bound exec, the operations' names, the mint cut and the
+// Scope deadline, and the cut of the revocation.
+
+const TOKEN_COLUMNS: &str = "token_id, tenant_id, exec_id, operations, \
+     minted_floor_us, minted_submicro_ns, deadline_floor_us, deadline_submicro_ns, \
+     revoked_floor_us, revoked_submicro_ns";
+
+fn token_from(row: &PgRow) -> Result<TokenRecord, Fail> {
+    let exec: Option<i64> = row.try_get("exec_id")?;
+    Ok(TokenRecord {
+        token_id: TokenId(row.try_get("token_id")?),
+        tenant_id: TenantId(row.try_get("tenant_id")?),
+        exec_id: exec.map(ExecId),
+        operations: row.try_get("operations")?,
+        minted_cut: instant_at(row, "minted_floor_us", "minted_submicro_ns")?,
+        deadline: instant_at(row, "deadline_floor_us", "deadline_submicro_ns")?,
+        revoked_cut: opt_instant_at(row, "revoked_floor_us", "revoked_submicro_ns")?,
+    })
+}
+
+/// A new token's row.
+pub(crate) struct NewToken<'a> {
+    pub tenant: TenantId,
+    pub secret_sha256: Digest,
+    pub exec: Option<ExecId>,
+    pub operations: &'a [&'static str],
+    pub minted: Timestamp,
+    pub deadline: Timestamp,
+}
+
+/// Inserts a token and returns its row.
+pub(crate) async fn insert_token(
+    conn: &mut PgConnection,
+    t: &NewToken<'_>,
+) -> Result<TokenRecord, Fail> {
+    let (mf, ms) = pair(t.minted);
+    let (df, ds) = pair(t.deadline);
+    let ops: Vec<String> = t.operations.iter().map(|o| (*o).to_owned()).collect();
+    let row = sqlx::query(&format!(
+        "INSERT INTO lc_tokens (tenant_id, secret_sha256, exec_id, operations, \
+             minted_floor_us, minted_submicro_ns, deadline_floor_us, deadline_submicro_ns) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING {TOKEN_COLUMNS}"
+    ))
+    .bind(t.tenant.0)
+    .bind(&t.secret_sha256.0[..])
+    .bind(t.exec.map(|e| e.0))
+    .bind(&ops)
+    .bind(mf)
+    .bind(ms)
+    .bind(df)
+    .bind(ds)
+    .fetch_one(&mut *conn)
+    .await?;
+    token_from(&row)
+}
+
+/// The token whose secret has this digest.
+pub(crate) async fn token_by_secret(
+    conn: &mut PgConnection,
+    secret_sha256: Digest,
+) -> Result<Option<TokenRecord>, Fail> {
+    let row = sqlx::query(&format!(
+        "SELECT {TOKEN_COLUMNS} FROM lc_tokens WHERE secret_sha256 = $1"
+    ))
+    .bind(&secret_sha256.0[..])
+    .fetch_optional(&mut *conn)
+    .await?;
+    row.as_ref().map(token_from).transpose()
+}
+
+/// `tenant`'s tokens after `after`, ascending, at most `limit`.
+pub(crate) async fn list_tokens(
+    conn: &mut PgConnection,
+    tenant: TenantId,
+    after: Option<TokenId>,
+    limit: usize,
+) -> Result<Vec<TokenRecord>, Fail> {
+    let rows = sqlx::query(&format!(
+        "SELECT {TOKEN_COLUMNS} FROM lc_tokens WHERE tenant_id = $1 AND token_id > $2 \
+          ORDER BY token_id LIMIT $3"
+    ))
+    .bind(tenant.0)
+    .bind(after.map_or(0, |a| a.0))
+    .bind(limit as i64)
+    .fetch_all(&mut *conn)
+    .await?;
+    rows.iter().map(token_from).collect()
+}
+
+/// Locks `tenant`'s token `token` (`FOR UPDATE`).
+pub(crate) async fn lock_token(
+    conn: &mut PgConnection,
+    tenant: TenantId,
+    token: TokenId,
+) -> Result<Option<TokenRecord>, Fail> {
+    let row = sqlx::query(&format!(
+        "SELECT {TOKEN_COLUMNS} FROM lc_tokens WHERE token_id = $1 AND tenant_id = $2 FOR UPDATE"
+    ))
+    .bind(token.0)
+    .bind(tenant.0)
+    .fetch_optional(&mut *conn)
+    .await?;
+    row.as_ref().map(token_from).transpose()
+}
+
+/// Records the revocation of an unrevoked token at `cut`.
+pub(crate) async fn revoke_token(
+    conn: &mut PgConnection,
+    token: TokenId,
+    cut: Timestamp,
+) -> Result<TokenRecord, Fail> {
+    let (f, s) = pair(cut);
+    let row = sqlx::query(&format!(
+        "UPDATE lc_tokens SET revoked_floor_us = $2, revoked_submicro_ns = $3 \
+          WHERE token_id = $1 AND revoked_floor_us IS NULL RETURNING {TOKEN_COLUMNS}"
+    ))
+    .bind(token.0)
+    .bind(f)
+    .bind(s)
+    .fetch_optional(&mut *conn)
+    .await?;
+    let row = row.ok_or_else(|| corrupt(format!("token {token} was revoked while locked")))?;
+    token_from(&row)
 }
 
 #[cfg(test)]

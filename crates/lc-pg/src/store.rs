@@ -61,6 +61,7 @@ use lc_core::owner::{
 };
 use lc_core::rate::AdmissionRate;
 use lc_core::rules::{self, LeaseView, Step};
+use lc_core::token::{MintedToken, TokenId, TokenRecord, TokenScope};
 use lc_core::{
     AppendReport, AttemptNo, AttemptState, Command, ControlStore, CutReading, Digest, ExecId,
     ExecRecord, ExecRequest, ExecState, GatewayStore, Generation, HibernationReason,
@@ -98,6 +99,11 @@ pub struct LcConfig {
     pub max_connections: u32,
     /// How long to wait for a pooled connection (default 10 s).
     pub acquire_timeout: Duration,
+    /// The longest TTL a scoped token may be minted with (default
+    /// [`lc_core::token::TOKEN_TTL_MAX_DEFAULT`], 30 days; at most
+    /// [`lc_core::token::TOKEN_TTL_MAX_CEILING`]); every mint's deadline
+    /// must also fit `cut + horizon`.
+    pub token_ttl_max: SignedDuration,
 }
 
 impl Default for LcConfig {
@@ -109,6 +115,7 @@ impl Default for LcConfig {
             admission_rate: lc_core::rate::DEFAULT,
             max_connections: 10,
             acquire_timeout: Duration::from_secs(10),
+            token_ttl_max: lc_core::token::TOKEN_TTL_MAX_DEFAULT,
         }
     }
 }
@@ -162,9 +169,12 @@ pub enum Op {
     /// `commit_quiescence`, `request_resume`, `prepare_resume`,
     /// `record_attachment`, `commit_resume`, and the workspace reads.
     Hibernation,
+    /// Scoped tokens: `mint_token`, `revoke_token` (their reads are
+    /// [`Op::Read`]).
+    Token,
 }
 
-const OPS: [Op; 19] = [
+const OPS: [Op; 20] = [
     Op::CreateTenant,
     Op::Deposit,
     Op::Read,
@@ -184,6 +194,7 @@ const OPS: [Op; 19] = [
     Op::OwnerTransition,
     Op::Input,
     Op::Hibernation,
+    Op::Token,
 ];
 
 impl pgkit::OpLabel for Op {
@@ -208,6 +219,7 @@ impl pgkit::OpLabel for Op {
             Op::OwnerTransition => "owner_transition",
             Op::Input => "input",
             Op::Hibernation => "hibernation",
+            Op::Token => "token",
         }
     }
 }
@@ -306,6 +318,11 @@ impl LcStore {
                 message: "the store's TTLs must be positive".into(),
             });
         }
+        lc_core::token::check_ttl_max(config.token_ttl_max).map_err(|e| {
+            LcError::StorageFailure {
+                message: format!("the store's token_ttl_max: {e}"),
+            }
+        })?;
         let store_id = tollgate.store_id();
         let policy = tollgate.policy();
         Ok(LcStore {
@@ -2678,6 +2695,104 @@ async fn tenant_workspace(
 }
 
 // ---------------------------------------------------------------------------
+// Scoped tokens.
+
+/// A mint after the checks that need no database.
+struct MintArgs<'a> {
+    store: &'a LcStore,
+    op: &'a OperationKey,
+    at: CutReading,
+    tenant: TenantId,
+    scope: TokenScope,
+    ttl: SignedDuration,
+    secret_sha256: Digest,
+}
+
+/// Mints a token: the key first (a replay returns the token as it is now,
+/// revoked or not), then a certain cut with the deadline and the key's GC
+/// instant inside `cut + horizon`, the tenant and the bound exec, then the
+/// row.
+async fn mint_token_tx(conn: &mut PgConnection, a: &MintArgs<'_>) -> Result<MintedToken, Fail> {
+    let cut = check_reading(conn, a.at).await?;
+    let scope = OpScope::Tenant(a.tenant);
+    if let Begun::Replay(t) =
+        begin_op::<TokenRecord>(conn, a.store, scope, a.op, "mint_token", a.at, &cut).await?
+    {
+        let now = db::lock_token(conn, a.tenant, t.token_id)
+            .await?
+            .ok_or_else(|| {
+                crate::error::corrupt(format!("minted token {} vanished", t.token_id))
+            })?;
+        return Ok(MintedToken {
+            token: now,
+            replay: true,
+        });
+    }
+    let deadline = rules::deadline_after(a.at, a.ttl)?;
+    let op_gc =
+        opkey::gc_at(a.at.cut, a.at.cut, a.store.config.operation_ttl).unwrap_or(Timestamp::MAX);
+    rules::check_admission(a.at, horizon(&cut), &[deadline, op_gc])?;
+    if db::read_tenant(conn, a.tenant).await?.is_none() {
+        return Err(LcError::not_found("tenant", a.tenant).into());
+    }
+    if let Some(e) = a.scope.exec()
+        && db::exec_tenant(conn, e).await? != Some(a.tenant)
+    {
+        return Err(LcError::not_found("exec", e).into());
+    }
+    let names = a.scope.operations().names();
+    let token = db::insert_token(
+        conn,
+        &db::NewToken {
+            tenant: a.tenant,
+            secret_sha256: a.secret_sha256,
+            exec: a.scope.exec(),
+            operations: &names,
+            minted: a.at.cut,
+            deadline,
+        },
+    )
+    .await?;
+    finish_op(conn, scope, a.op, &token).await?;
+    Ok(MintedToken {
+        token,
+        replay: false,
+    })
+}
+
+/// Reads the token of a presented secret and judges it at `at` (a reading
+/// not ahead of the persisted cut).
+async fn accept_token_tx(
+    conn: &mut PgConnection,
+    a: &(Digest, CutReading),
+) -> Result<Option<TokenRecord>, Fail> {
+    let (digest, at) = *a;
+    check_reading(conn, at).await?;
+    let Some(t) = db::token_by_secret(conn, digest).await? else {
+        return Ok(None);
+    };
+    lc_core::token::check_accepted(&t, at)?;
+    Ok(Some(t))
+}
+
+/// Revokes a token once; a revoked one is returned as it is.
+async fn revoke_token_tx(
+    conn: &mut PgConnection,
+    a: &(CutReading, TenantId, TokenId),
+) -> Result<TokenRecord, Fail> {
+    let (at, tenant, token) = *a;
+    check_reading(conn, at).await?;
+    let t = db::lock_token(conn, tenant, token)
+        .await?
+        .ok_or_else(|| LcError::not_found("token", token))?;
+    if t.revoked_cut.is_some() {
+        return Ok(t);
+    }
+    let revoked = db::revoke_token(conn, token, at.cut).await?;
+    Ok(revoked)
+}
+
+// ---------------------------------------------------------------------------
 // The traits.
 
 fn check_limit(limit: usize) -> Result<usize, LcError> {
@@ -3013,6 +3128,65 @@ impl ControlStore for LcStore {
                     .await?
                     .ok_or_else(|| LcError::not_found("snapshot", *d).into())
             })
+        })
+        .await
+    }
+
+    async fn mint_token(
+        &self,
+        op: &OperationKey,
+        at: CutReading,
+        tenant: TenantId,
+        scope: TokenScope,
+        ttl_ms: u64,
+        secret_sha256: Digest,
+    ) -> Result<MintedToken, LcError> {
+        let ttl = lc_core::token::check_ttl_ms(ttl_ms, self.config.token_ttl_max)?;
+        let args = MintArgs {
+            store: self,
+            op,
+            at,
+            tenant,
+            scope,
+            ttl,
+            secret_sha256,
+        };
+        self.run(Op::Token, &args, |c, a| Box::pin(mint_token_tx(c, a)))
+            .await
+    }
+
+    async fn accept_token(
+        &self,
+        secret_sha256: Digest,
+        at: CutReading,
+    ) -> Result<Option<TokenRecord>, LcError> {
+        self.run(Op::Read, &(secret_sha256, at), |c, a| {
+            Box::pin(accept_token_tx(c, a))
+        })
+        .await
+    }
+
+    async fn tokens(
+        &self,
+        tenant: TenantId,
+        after: Option<TokenId>,
+        limit: usize,
+    ) -> Result<Vec<TokenRecord>, LcError> {
+        let limit = check_limit(limit)?;
+        self.run(Op::Read, &(tenant, after, limit), |c, (t, a, l)| {
+            Box::pin(db::list_tokens(c, *t, *a, *l))
+        })
+        .await
+    }
+
+    async fn revoke_token(
+        &self,
+        at: CutReading,
+        tenant: TenantId,
+        token_id: TokenId,
+    ) -> Result<TokenRecord, LcError> {
+        self.run(Op::Token, &(at, tenant, token_id), |c, a| {
+            Box::pin(revoke_token_tx(c, a))
         })
         .await
     }
