@@ -45,6 +45,7 @@ use lc_core::model::{Digest, ExecId, ExecRequest, ExecState, OnTimeout, PageKind
 use lc_core::opkey::OperationKey;
 use lc_core::owner::StoredPage;
 use lc_core::snapshot::{EntryKind, Manifest};
+use lc_core::token::{TokenId, TokenScope};
 use serde::de::DeserializeOwned;
 use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
@@ -919,6 +920,125 @@ async fn send_input(
     Ok((StatusCode::CREATED, Json(input.into())))
 }
 
+/// Mints a scoped token of the acting tenant (its API key, or the admin
+/// token with `Lc-Tenant`; never a scoped token): limited to
+/// `operations`, bound to `exec_id` when given, accepted while a certain
+/// cut is below its deadline `cut + ttl_ms`. The answer carries the
+/// secret once; only its SHA-256 is stored, so a replay of the key
+/// answers the record without it (`replay: true`). Refusals (nothing
+/// written): `503 time_uncertain` (no token is minted on an uncertain
+/// cut), `422 invalid_token_scope`, `422 invalid_timeout` (`ttl_ms`
+/// outside `1..=` the longest token TTL), `404 not_found` (an exec not the
+/// tenant's), `403 forbidden` (a scoped token), `503
+/// deadline_beyond_horizon`.
+#[utoipa::path(post, path = "/v1/tokens", tag = "tokens",
+    params(
+        ("Idempotency-Key" = String, Header, description = "Required: a replay answers the same token, without its secret"),
+        ("Lc-Tenant" = Option<i64>, Header, description = "With the admin token: the tenant to act for"),
+    ),
+    request_body = MintTokenBody,
+    responses((status = 201, description = "The token, with its secret unless a replay", body = MintedTokenView)),
+    security(("bearer" = [])))]
+async fn mint_token(
+    State(s): State<AppState>,
+    Acting(tenant): Acting,
+    key: RequiredKey,
+    JsonBody(req): JsonBody<MintTokenBody>,
+) -> Result<(StatusCode, Json<MintedTokenView>), ApiError> {
+    let scope = TokenScope::parse(req.exec_id.map(ExecId), &req.operations)?;
+    let op = key.operation(
+        "mint_token",
+        Some(tenant),
+        &serde_json::json!({
+            "exec_id": req.exec_id,
+            "operations": scope.operations().names(),
+            "ttl_ms": req.ttl_ms,
+        }),
+    )?;
+    let secret = crate::auth::new_token_secret()?;
+    let reading = s.reading().await?;
+    let minted = s
+        .store()
+        .mint_token(
+            &op,
+            reading.at,
+            tenant,
+            scope,
+            req.ttl_ms,
+            Digest(crate::auth::sha256(secret.as_bytes())),
+        )
+        .await
+        .map_err(|e| s.refused_admission(e, reading))?;
+    Ok((
+        StatusCode::CREATED,
+        Json(MintedTokenView {
+            record: minted.token.into(),
+            token: (!minted.replay).then_some(secret),
+            replay: minted.replay,
+        }),
+    ))
+}
+
+/// The acting tenant's scoped tokens, ascending by id, without secrets
+/// (revoked and expired ones included; never for a scoped token).
+#[utoipa::path(get, path = "/v1/tokens", tag = "tokens",
+    params(
+        TokenListQuery,
+        ("Lc-Tenant" = Option<i64>, Header, description = "With the admin token: the tenant to act for"),
+    ),
+    responses((status = 200, description = "A page of tokens", body = TokenList)),
+    security(("bearer" = [])))]
+async fn list_tokens(
+    State(s): State<AppState>,
+    Acting(tenant): Acting,
+    Q(q): Q<TokenListQuery>,
+) -> Result<Json<TokenList>, ApiError> {
+    let limit = lc_core::rules::check_limit(
+        q.limit.unwrap_or(EXEC_LIST_DEFAULT),
+        lc_core::rules::LIST_LIMIT_MAX,
+    )?;
+    let after = match q.after {
+        Some(a) if a < 0 => {
+            return Err(ApiError::InvalidQuery(format!(
+                "after must be at least 0, got {a}"
+            )));
+        }
+        a => a.map(TokenId),
+    };
+    let tokens = s.store().tokens(tenant, after, limit).await?;
+    let next_after = (tokens.len() == limit)
+        .then(|| tokens.last().map(|t| t.token_id.0))
+        .flatten();
+    Ok(Json(TokenList {
+        tokens: tokens.into_iter().map(Into::into).collect(),
+        next_after,
+    }))
+}
+
+/// Revokes a scoped token of the acting tenant, on any cut (from then on
+/// it is refused `401 token_revoked`). Idempotent: revoking it again
+/// answers the same record. Another tenant's token is `404 not_found`;
+/// a scoped token may not revoke (`403 forbidden`).
+#[utoipa::path(delete, path = "/v1/tokens/{token_id}", tag = "tokens",
+    params(
+        ("token_id" = i64, Path, minimum = 1, description = "The token"),
+        ("Lc-Tenant" = Option<i64>, Header, description = "With the admin token: the tenant to act for"),
+    ),
+    responses((status = 200, description = "The revoked token", body = TokenView)),
+    security(("bearer" = [])))]
+async fn revoke_token(
+    State(s): State<AppState>,
+    Acting(tenant): Acting,
+    IdPath(token_id): IdPath,
+) -> Result<Json<TokenView>, ApiError> {
+    let at = s.reading().await?.at;
+    let t = s
+        .store()
+        .revoke_token(at, tenant, TokenId(token_id))
+        .await?;
+    Ok(Json(t.into()))
+}
+
 /// An operation key and its recorded result: the admin's own keys without
 /// `Lc-Tenant`, else the acting tenant's.
 #[utoipa::path(get, path = "/v1/operations/{key}", tag = "operations",
@@ -1020,7 +1140,7 @@ impl utoipa::Modify for BearerScheme {
     fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
         httpkit::openapi::add_bearer_scheme(
             openapi,
-            "The admin token, or a tenant API key (`lc_...`), per route.",
+            "The admin token, a tenant API key (`lc_...`), or a scoped token (`lct_...`) on the routes of its operations, per route.",
         );
     }
 }
@@ -1045,6 +1165,8 @@ pub fn api_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(snapshot_file))
         .routes(routes!(send_input))
         .routes(routes!(get_operation))
+        .routes(routes!(mint_token, list_tokens))
+        .routes(routes!(revoke_token))
         .routes(routes!(healthz))
         .routes(routes!(readyz))
         .routes(routes!(metrics_text))

@@ -39,17 +39,36 @@
 //! 4. `GET /v1/tenants/{id}`: the admin token, or the key of that tenant;
 //!    another tenant's key is **403 `forbidden`**, the same for existing
 //!    and missing tenants.
+//! 5. A scoped token is judged on each request, before anything else of
+//!    it, on one reading of the cut ([`lc_core::token::check_accepted`]):
+//!    revoked, **401 `token_revoked`**; the cut uncertain, **503
+//!    `time_uncertain`** with `Retry-After` (it cannot be proven
+//!    unexpired); a certain cut at or past its deadline, **401
+//!    `token_expired`** (its detail says to mint a new one). Accepted, it
+//!    acts for its own tenant only (an `Lc-Tenant` of another is 403, as
+//!    for a tenant key) and only on the routes [`route_operation`] maps to
+//!    an operation it holds: any other route, a missing operation, or a
+//!    token bound to exec A on a route of exec B (existing or not) or on
+//!    a route across execs (create, list, operation keys) is **403
+//!    `forbidden`**, its detail naming the missing operation or the bound
+//!    exec. It never mints, lists or revokes tokens, reads no tenant and
+//!    calls no admin route. The tenant's API key and the admin token hold
+//!    every operation ([`Principal::may`]).
 
 use std::fmt;
 
 use axum::extract::FromRequestParts;
+use axum::extract::MatchedPath;
+use axum::http::Method;
 use axum::http::request::Parts;
 use base64::Engine as _;
 use hmac::{Hmac, KeyInit, Mac};
 use httpkit::extract::parse_id;
 use httpkit::{IdPath, IdempotencyKey, Rejection, bearer};
-use lc_core::model::{Digest, OpScope, TenantId};
+use lc_core::LcError;
+use lc_core::model::{Digest, ExecId, OpScope, TenantId};
 use lc_core::opkey::OperationKey;
+use lc_core::token::{Operation, TokenId, TokenScope};
 use sha2::{Digest as _, Sha256};
 use subtle::ConstantTimeEq;
 
@@ -204,6 +223,32 @@ pub fn trim_credential(bytes: &[u8]) -> &[u8] {
     &bytes[..end]
 }
 
+/// A fresh scoped token secret: `lct_` + 43 base64url characters of 32
+/// bytes from the operating system's random source.
+///
+/// # Errors
+/// [`ApiError::Internal`] when the random source fails.
+pub fn new_token_secret() -> Result<String, ApiError> {
+    let mut b = [0u8; 32];
+    getrandom::fill(&mut b).map_err(|e| ApiError::Internal(format!("random source: {e}")))?;
+    Ok(format!(
+        "{}{}",
+        lc_core::token::TOKEN_PREFIX,
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b)
+    ))
+}
+
+/// An accepted scoped token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ScopedToken {
+    /// The token.
+    pub token_id: TokenId,
+    /// Its tenant.
+    pub tenant: TenantId,
+    /// What it may do.
+    pub scope: TokenScope,
+}
+
 /// Who presented the credential.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Caller {
@@ -211,18 +256,27 @@ pub enum Caller {
     Admin,
     /// A tenant's API key.
     Tenant(TenantId),
+    /// A scoped token, accepted on the cut (rule 5).
+    Token(ScopedToken),
 }
 
 impl FromRequestParts<AppState> for Caller {
     type Rejection = ApiError;
 
+    /// Any accepted credential; a scoped token only on a route of an
+    /// operation it holds.
     async fn from_request_parts(parts: &mut Parts, s: &AppState) -> Result<Caller, ApiError> {
-        caller(parts, s).await
+        let who = caller(parts, s).await?;
+        if let Caller::Token(t) = who {
+            check_route(parts, s, &t).await?;
+        }
+        Ok(who)
     }
 }
 
-/// Rule 1 for routes open to tenants: the admin token, or a tenant key the
-/// store knows; anything else is 401.
+/// Rule 1 for routes open to tenants: the admin token, a tenant key the
+/// store knows, or a scoped token the store knows and accepts at a reading
+/// of the cut (rule 5); anything else is 401.
 async fn caller(parts: &Parts, s: &AppState) -> Result<Caller, ApiError> {
     let token = bearer(&parts.headers)?;
     if s.admin().matches(token) {
@@ -236,7 +290,148 @@ async fn caller(parts: &Parts, s: &AppState) -> Result<Caller, ApiError> {
     {
         return Ok(Caller::Tenant(t));
     }
+    if lc_core::token::looks_like_token(token) {
+        let reading = s.reading().await?;
+        let accepted = s
+            .store()
+            .accept_token(Digest(sha256(token.as_bytes())), reading.at)
+            .await
+            .map_err(|e| match e {
+                LcError::TimeUncertain { retry_after_s } => ApiError::TimeUncertain {
+                    reason: reading.uncertain,
+                    retry_after_secs: retry_after_s.max(reading.at.retry_after_s).max(1),
+                },
+                other => ApiError::Store(other),
+            })?;
+        if let Some(t) = accepted {
+            return Ok(Caller::Token(ScopedToken {
+                token_id: t.token_id,
+                tenant: t.tenant_id,
+                scope: t.scope()?,
+            }));
+        }
+    }
     Err(ApiError::CredentialRefused)
+}
+
+/// The operation a route performs, for scoped tokens: `method` and the
+/// router's path template (`/v1/execs/{exec_id}`). `None`: no scoped
+/// token may call it (tenants, runtimes import, tokens, service routes).
+/// A route added for tenants is closed to tokens until it is listed here.
+pub fn route_operation(method: &Method, path: &str) -> Option<Operation> {
+    use Operation as O;
+    let op = match (method.as_str(), path) {
+        ("POST", "/v1/execs") | ("GET", "/v1/runtimes") => O::ExecCreate,
+        ("GET", "/v1/execs" | "/v1/execs/{exec_id}" | "/v1/execs/{exec_id}/output") => O::ExecRead,
+        ("GET", "/v1/operations/{key}") => O::ExecRead,
+        ("POST", "/v1/execs/{exec_id}/input") => O::ExecInput,
+        ("POST", "/v1/execs/{exec_id}/cancel") => O::ExecCancel,
+        ("POST", "/v1/execs/{exec_id}/hibernate") => O::ExecHibernate,
+        ("POST", "/v1/execs/{exec_id}/resume") => O::ExecResume,
+        ("GET", p)
+            if p == "/v1/execs/{exec_id}/workspace"
+                || p.starts_with("/v1/execs/{exec_id}/snapshots") =>
+        {
+            O::WorkspaceRead
+        }
+        _ => return None,
+    };
+    Some(op)
+}
+
+/// Rule 5's scope check of an accepted token on this request's route: its
+/// operation ([`route_operation`]) and the exec the path names. A path
+/// exec id that does not parse is left to the route's own 400.
+async fn check_route(parts: &mut Parts, s: &AppState, t: &ScopedToken) -> Result<(), ApiError> {
+    let path = parts
+        .extensions
+        .get::<MatchedPath>()
+        .map(|m| m.as_str().to_owned())
+        .unwrap_or_default();
+    let Some(op) = route_operation(&parts.method, &path) else {
+        let why = if path.starts_with("/v1/tokens") {
+            "tokens are minted, listed and revoked only with the tenant's API key"
+        } else {
+            "it calls only the routes of its operations"
+        };
+        return Err(LcError::TokenScope {
+            reason: format!("a scoped token may not call {} {path}: {why}", parts.method),
+        }
+        .into());
+    };
+    let exec = if path.contains("{exec_id}") {
+        let raw = axum::extract::RawPathParams::from_request_parts(parts, s)
+            .await
+            .ok()
+            .and_then(|p| {
+                p.iter()
+                    .find(|(k, _)| *k == "exec_id")
+                    .and_then(|(_, v)| parse_id(v))
+            });
+        match raw {
+            Some(id) => Some(ExecId(id)),
+            // Not an id: the route answers 400 invalid_path; only the
+            // operation is judged here.
+            None => t.scope.exec(),
+        }
+    } else {
+        None
+    };
+    t.scope.permits(op, exec)?;
+    Ok(())
+}
+
+/// Who acts for which tenant, with what credential: the tenant a request
+/// acts for (as [`Acting`]) without any route check, for a handler that
+/// decides the operation itself with [`Principal::may`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Principal {
+    /// The tenant acted for.
+    pub tenant: TenantId,
+    /// The credential presented (`Caller::Admin` acting for `tenant`,
+    /// `Caller::Tenant(tenant)`, or a token of `tenant`).
+    pub caller: Caller,
+}
+
+impl Principal {
+    /// Whether this principal may perform `op` on `exec` (`None` for an
+    /// operation that names no exec): the admin token and the tenant's API
+    /// key always; a scoped token per its scope.
+    ///
+    /// # Errors
+    /// `403 forbidden` naming the missing operation or the bound exec.
+    pub fn may(&self, op: Operation, exec: Option<ExecId>) -> Result<(), ApiError> {
+        match self.caller {
+            Caller::Admin | Caller::Tenant(_) => Ok(()),
+            Caller::Token(t) => Ok(t.scope.permits(op, exec)?),
+        }
+    }
+}
+
+impl FromRequestParts<AppState> for Principal {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, s: &AppState) -> Result<Principal, ApiError> {
+        let who = caller(parts, s).await?;
+        let tenant = acting_tenant(who, tenant_header(parts)?)?;
+        Ok(Principal {
+            tenant,
+            caller: who,
+        })
+    }
+}
+
+/// Rule 3's tenant of `who` given the `Lc-Tenant` header `named`.
+fn acting_tenant(who: Caller, named: Option<TenantId>) -> Result<TenantId, ApiError> {
+    match (who, named) {
+        (Caller::Admin, Some(t)) => Ok(t),
+        (Caller::Admin, None) => Err(ApiError::TenantRequired),
+        (Caller::Tenant(t), None) => Ok(t),
+        (Caller::Tenant(t), Some(n)) if n == t => Ok(t),
+        (Caller::Token(t), None) => Ok(t.tenant),
+        (Caller::Token(t), Some(n)) if n == t.tenant => Ok(t.tenant),
+        (Caller::Tenant(_) | Caller::Token(_), Some(_)) => Err(ApiError::Forbidden),
+    }
 }
 
 /// The `Lc-Tenant` header, if sent: once, a canonical positive decimal id.
@@ -273,8 +468,9 @@ impl FromRequestParts<AppState> for Admin {
     }
 }
 
-/// Rule 3: the tenant a request acts for (a tenant key's own, or the
-/// admin's `Lc-Tenant`).
+/// Rule 3: the tenant a request acts for (a tenant key's own, a scoped
+/// token's own, or the admin's `Lc-Tenant`); a scoped token only on a
+/// route of an operation it holds (rule 5).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Acting(pub TenantId);
 
@@ -283,14 +479,11 @@ impl FromRequestParts<AppState> for Acting {
 
     async fn from_request_parts(parts: &mut Parts, s: &AppState) -> Result<Acting, ApiError> {
         let who = caller(parts, s).await?;
-        let named = tenant_header(parts)?;
-        match (who, named) {
-            (Caller::Admin, Some(t)) => Ok(Acting(t)),
-            (Caller::Admin, None) => Err(ApiError::TenantRequired),
-            (Caller::Tenant(t), None) => Ok(Acting(t)),
-            (Caller::Tenant(t), Some(n)) if n == t => Ok(Acting(t)),
-            (Caller::Tenant(_), Some(_)) => Err(ApiError::Forbidden),
+        let tenant = acting_tenant(who, tenant_header(parts)?)?;
+        if let Caller::Token(t) = who {
+            check_route(parts, s, &t).await?;
         }
+        Ok(Acting(tenant))
     }
 }
 
@@ -305,13 +498,14 @@ impl FromRequestParts<AppState> for Scope {
     async fn from_request_parts(parts: &mut Parts, s: &AppState) -> Result<Scope, ApiError> {
         let who = caller(parts, s).await?;
         let named = tenant_header(parts)?;
-        match (who, named) {
-            (Caller::Admin, Some(t)) => Ok(Scope(OpScope::Tenant(t))),
-            (Caller::Admin, None) => Ok(Scope(OpScope::Admin)),
-            (Caller::Tenant(t), None) => Ok(Scope(OpScope::Tenant(t))),
-            (Caller::Tenant(t), Some(n)) if n == t => Ok(Scope(OpScope::Tenant(t))),
-            (Caller::Tenant(_), Some(_)) => Err(ApiError::Forbidden),
+        if (who, named) == (Caller::Admin, None) {
+            return Ok(Scope(OpScope::Admin));
         }
+        let tenant = acting_tenant(who, named)?;
+        if let Caller::Token(t) = who {
+            check_route(parts, s, &t).await?;
+        }
+        Ok(Scope(OpScope::Tenant(tenant)))
     }
 }
 
@@ -330,6 +524,10 @@ impl FromRequestParts<AppState> for TenantReader {
             Caller::Admin => Ok(TenantReader(TenantId(id))),
             Caller::Tenant(t) if t.0 == id => Ok(TenantReader(t)),
             Caller::Tenant(_) => Err(ApiError::Forbidden),
+            Caller::Token(_) => Err(LcError::TokenScope {
+                reason: "a scoped token reads no tenant: its tenant's API key does".into(),
+            }
+            .into()),
         }
     }
 }

@@ -763,3 +763,100 @@ pub struct ReadyView {
     /// Why it is uncertain, when it is.
     pub uncertain_reason: Option<String>,
 }
+
+/// `POST /v1/tokens`: a scoped token of the acting tenant.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MintTokenBody {
+    /// The exec the token is bound to: it then acts only on that exec's
+    /// routes (never create or list). Absent: any of the tenant's execs.
+    #[serde(default)]
+    pub exec_id: Option<i64>,
+    /// The operations it may perform, each once, of `exec.create`,
+    /// `exec.read` (one exec, the list, output, operation keys),
+    /// `exec.input`, `exec.cancel`, `exec.hibernate`, `exec.resume`,
+    /// `workspace.read`, `approval.decide`.
+    pub operations: Vec<String>,
+    /// How long it is accepted, in milliseconds on the cut from the
+    /// certain cut it is minted at (1 to the service's longest token TTL,
+    /// 30 days by default).
+    pub ttl_ms: u64,
+}
+
+/// A scoped token (never its secret, except once in [`MintedTokenView`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct TokenView {
+    /// The token.
+    pub token_id: i64,
+    /// Its tenant.
+    pub tenant_id: i64,
+    /// The exec it is bound to, if any.
+    pub exec_id: Option<i64>,
+    /// Its operations, in the vocabulary's order.
+    pub operations: Vec<String>,
+    /// The certain cut it was minted at.
+    #[schema(value_type = String)]
+    pub minted_cut: Timestamp,
+    /// Its Scope deadline: accepted while a certain cut is below it.
+    #[schema(value_type = String)]
+    pub deadline: Timestamp,
+    /// Whether it was revoked.
+    pub revoked: bool,
+    /// The cut read when it was revoked.
+    #[schema(value_type = Option<String>)]
+    pub revoked_cut: Option<Timestamp>,
+}
+
+impl From<lc_core::token::TokenRecord> for TokenView {
+    fn from(t: lc_core::token::TokenRecord) -> TokenView {
+        TokenView {
+            token_id: t.token_id.0,
+            tenant_id: t.tenant_id.0,
+            exec_id: t.exec_id.map(|e| e.0),
+            operations: t.operations,
+            minted_cut: t.minted_cut,
+            deadline: t.deadline,
+            revoked: t.revoked_cut.is_some(),
+            revoked_cut: t.revoked_cut,
+        }
+    }
+}
+
+/// A minted token: its record and, in the answer that minted it, its
+/// secret.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct MintedTokenView {
+    /// The token's record.
+    #[serde(flatten)]
+    pub record: TokenView,
+    /// The secret (`lct_` + 43 base64url characters), present only in the
+    /// answer that minted it: only its SHA-256 is stored, so a replay of
+    /// the Idempotency-Key answers the record without it (mint another and
+    /// revoke this one if it was lost).
+    pub token: Option<String>,
+    /// `true` when this answer is a replay of the Idempotency-Key.
+    pub replay: bool,
+}
+
+/// `GET /v1/tokens?after=&limit=`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct TokenListQuery {
+    /// Only tokens with a larger id.
+    #[serde(default)]
+    pub after: Option<i64>,
+    /// At most this many (default 100, at most 1000).
+    #[serde(default)]
+    pub limit: Option<usize>,
+}
+
+/// A page of the acting tenant's tokens, ascending by id (revoked and
+/// expired ones included).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct TokenList {
+    /// The tokens.
+    pub tokens: Vec<TokenView>,
+    /// The `after` of the next page, when this one is full.
+    pub next_after: Option<i64>,
+}

@@ -14,6 +14,8 @@
 //! |---|---|
 //! | `invalid_command`, `invalid_shape`, `invalid_runtime`, `invalid_timeout`, `invalid_units`, `invalid_name`, `invalid_limit`, `invalid_digest`, `invalid_provider_id`, `invalid_provider`, `invalid_page`, `invalid_transition_id`, `invalid_input`, `request_digest_mismatch` | 422 |
 //! | `invalid_operation_key` | 400 (it is a header) |
+//! | `token_expired`, `token_revoked` | 401 (a scoped token a certain cut has passed the deadline of, or a revoked one: mint a new one) |
+//! | `forbidden` (a scoped token's missing operation or bound exec) | 403 |
 //! | `not_found` | 404 (also for another tenant's exec: existence never leaks) |
 //! | `insufficient_capacity`, `units_overflow`, `idempotency_conflict`, `already_exists`, `exec_terminal`, `illegal_transition`, `fenced`, `page_conflict`, `owner_live`, `owner_stale`, `owner_expired`, `transition_replay_refused`, `release_not_proven`, `stdin_not_open`, `input_closed`, `workspace_head_mismatch`, `competing_right`, `exec_not_parked`, `resume_refused`, `exec_not_hibernatable`, `hibernation_in_progress`, `resume_in_progress` | 409 |
 //! | `rate_limited` | 429 with `Retry-After` (the tenant's admission rate on the cut) |
@@ -212,7 +214,10 @@ pub fn store_status(e: &LcError) -> StatusCode {
         | E::InvalidPage { .. }
         | E::InvalidTransitionId { .. }
         | E::InvalidInput { .. }
-        | E::RequestDigestMismatch { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+        | E::RequestDigestMismatch { .. }
+        | E::InvalidTokenScope { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+        E::TokenExpired { .. } | E::TokenRevoked { .. } => StatusCode::UNAUTHORIZED,
+        E::TokenScope { .. } => StatusCode::FORBIDDEN,
         E::InvalidOperationKey { .. } => StatusCode::BAD_REQUEST,
         E::NotFound { .. } => StatusCode::NOT_FOUND,
         E::InsufficientCapacity { .. }

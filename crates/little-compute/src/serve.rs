@@ -122,7 +122,17 @@ pub struct ServeArgs {
     /// day).
     #[arg(long, default_value_t = 60_000)]
     pub admission_rate_window_ms: u64,
+
+    /// The longest TTL a scoped token may be minted with, in milliseconds
+    /// on the cut (default 30 days, at most 365 days; a mint's deadline
+    /// must also fit the sealed horizon).
+    #[arg(long, default_value_t = TOKEN_TTL_MAX_MS_DEFAULT)]
+    pub token_ttl_max_ms: u64,
 }
+
+/// The default `--token-ttl-max-ms`:
+/// [`lc_core::token::TOKEN_TTL_MAX_DEFAULT`] in milliseconds.
+pub const TOKEN_TTL_MAX_MS_DEFAULT: u64 = 30 * 24 * 3_600_000;
 
 /// The largest `--safetime-gap-max-ms`, `--request-timeout-ms` and
 /// `--shutdown-timeout-ms`: an hour (the worker's bound on its gap too). A
@@ -211,9 +221,18 @@ pub async fn connect_store(
             "--admission-rate-max/--admission-rate-window-ms: {e}"
         ))
     })?;
+    let token_ttl_max = i64::try_from(args.token_ttl_max_ms)
+        .ok()
+        .map(jiff::SignedDuration::from_millis)
+        .ok_or_else(|| ServeError::Config("--token-ttl-max-ms is too large".into()))
+        .and_then(|t| {
+            lc_core::token::check_ttl_max(t)
+                .map_err(|e| ServeError::Config(format!("--token-ttl-max-ms: {e}")))
+        })?;
     let config = lc_pg::LcConfig {
         max_connections: POOL_CONNECTIONS_MAX,
         admission_rate,
+        token_ttl_max,
         ..lc_pg::LcConfig::default()
     };
     crate::retry::until(

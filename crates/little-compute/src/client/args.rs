@@ -16,7 +16,7 @@ pub const DEFAULT_SERVER: &str = ports::DEFAULT_CONTROL_PLANE_URL;
 #[command(
     name = "lc",
     version,
-    about = "lc: the Little Compute client (tenants, runtimes, execs, workspaces and operation keys over the control plane's HTTP API)",
+    about = "lc: the Little Compute client (tenants, runtimes, execs, workspaces, scoped tokens and operation keys over the control plane's HTTP API)",
     after_help = "Exit status: 0 on success; 1 when the server refused or the request failed; exec create --wait and exec output --follow: the command's exit code (128 + signal), or 1 when the exec ended otherwise; exec hibernate/resume --wait: 0 once hibernated / running again, 1 when the exec ended instead or its restore was refused; 124 when a --wait, --follow or exec send gave up after --wait-timeout-s.",
     max_term_width = 100
 )]
@@ -38,7 +38,8 @@ pub struct ConnArgs {
     /// The control plane's base URL.
     #[arg(long, env = "LC_SERVER", value_name = "URL", global = true)]
     pub server: Option<String>,
-    /// Bearer credential: the admin token or a tenant API key (`lc_...`).
+    /// Bearer credential: the admin token, a tenant API key (`lc_...`) or
+    /// a scoped token (`lct_...`).
     #[arg(
         long,
         env = "LC_TOKEN",
@@ -79,6 +80,71 @@ pub enum Command {
     /// Workspaces: the snapshots hibernation keeps of an exec's files.
     #[command(subcommand)]
     Workspace(WorkspaceCmd),
+    /// Scoped tokens: credentials limited to some operations (and maybe
+    /// one exec) until a deadline on the cut, to hand to an agent (which
+    /// passes it as `--token` or `LC_TOKEN`).
+    #[command(subcommand)]
+    Token(TokenCmd),
+}
+
+/// `lc token`.
+#[derive(Debug, Subcommand)]
+pub enum TokenCmd {
+    /// Mint a token of the acting tenant (with its API key, or the admin
+    /// token and --tenant); prints its secret once and its deadline.
+    Mint {
+        /// Bind it to this exec: it then acts only on that exec.
+        #[arg(long, value_name = "N")]
+        exec: Option<i64>,
+        /// An operation it may perform (repeat for more): exec.create,
+        /// exec.read, exec.input, exec.cancel, exec.hibernate, exec.resume,
+        /// workspace.read, approval.decide.
+        #[arg(long = "op", value_name = "OP", required = true)]
+        ops: Vec<String>,
+        /// How long it is accepted, on the cut: a number with a unit,
+        /// `ms`, `s`, `m`, `h` or `d` (`90s`, `1h`, `7d`).
+        #[arg(long, value_name = "DURATION", value_parser = parse_ttl_ms)]
+        ttl: u64,
+    },
+    /// The acting tenant's tokens (never their secrets), oldest first.
+    List {
+        /// Only tokens after this id.
+        #[arg(long)]
+        after: Option<i64>,
+        /// At most this many.
+        #[arg(long)]
+        limit: Option<u32>,
+    },
+    /// Revoke a token: it is refused from now on (revoking it again
+    /// answers the same record).
+    Revoke {
+        /// The token.
+        id: i64,
+    },
+}
+
+/// Parses a `--ttl`: digits and one unit of `ms`, `s`, `m`, `h`, `d`,
+/// into milliseconds (at least 1, without overflow).
+///
+/// # Errors
+/// A message naming the accepted form.
+pub fn parse_ttl_ms(s: &str) -> Result<u64, String> {
+    let bad = || format!("{s:?} is not a duration such as 500ms, 90s, 15m, 1h or 7d");
+    let split = s.find(|c: char| !c.is_ascii_digit()).ok_or_else(bad)?;
+    let (n, unit) = s.split_at(split);
+    let n: u64 = n.parse().map_err(|_| bad())?;
+    let per = match unit {
+        "ms" => 1,
+        "s" => 1_000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        _ => return Err(bad()),
+    };
+    match n.checked_mul(per) {
+        Some(ms) if ms >= 1 => Ok(ms),
+        _ => Err(bad()),
+    }
 }
 
 /// `lc workspace`.

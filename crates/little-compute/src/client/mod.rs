@@ -35,7 +35,7 @@ use reqwest::Method;
 use serde_json::{Value, json};
 
 use self::args::{
-    Cli, Command, ConnArgs, ExecCmd, OperationCmd, RuntimeCmd, TenantCmd, WorkspaceCmd,
+    Cli, Command, ConnArgs, ExecCmd, OperationCmd, RuntimeCmd, TenantCmd, TokenCmd, WorkspaceCmd,
 };
 use self::http::{Body, Client, ClientError, fresh_idempotency_key};
 
@@ -420,6 +420,52 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, ClientError> {
             let d = workspace::download(&client, id, head, &tree, &to).await?;
             let summary = workspace::summary(id, head, &to, &d);
             output::record(&summary, json, output::DOWNLOAD_FIELDS)?;
+            return Ok(ExitCode::SUCCESS);
+        }
+        Command::Token(TokenCmd::Mint { exec, ops, ttl }) => {
+            let mut body = json!({ "operations": ops, "ttl_ms": ttl });
+            if let Some(e) = exec {
+                body["exec_id"] = json!(e);
+            }
+            let v = client
+                .call(
+                    Method::POST,
+                    "v1/tokens",
+                    Body::Json(body),
+                    Some(&op_key()?),
+                )
+                .await?;
+            output::token_minted(&v, json)?;
+            if v["token"].is_null() {
+                return Err(ClientError::Failed(format!(
+                    "token {} was minted by an earlier use of this --idempotency-key, and its secret is shown only once: revoke it (lc token revoke {}) and mint another under a new key",
+                    v["token_id"], v["token_id"]
+                )));
+            }
+            return Ok(ExitCode::SUCCESS);
+        }
+        Command::Token(TokenCmd::List { after, limit }) => {
+            let mut q = Vec::new();
+            if let Some(a) = after {
+                q.push(format!("after={a}"));
+            }
+            if let Some(l) = limit {
+                q.push(format!("limit={l}"));
+            }
+            let path = if q.is_empty() {
+                "v1/tokens".to_string()
+            } else {
+                format!("v1/tokens?{}", q.join("&"))
+            };
+            let v = client.call(Method::GET, &path, Body::None, None).await?;
+            output::list(&v, "tokens", json, output::TOKEN_FIELDS)?;
+            return Ok(ExitCode::SUCCESS);
+        }
+        Command::Token(TokenCmd::Revoke { id }) => {
+            let v = client
+                .call(Method::DELETE, &format!("v1/tokens/{id}"), Body::None, None)
+                .await?;
+            output::record(&v, json, output::TOKEN_FIELDS)?;
             return Ok(ExitCode::SUCCESS);
         }
         Command::Operation(OperationCmd::Show { key }) => {

@@ -78,6 +78,9 @@ pub const OPERATION_FIELDS: &[&str] = &[
     "result",
 ];
 
+/// The fields shown for a scoped token (never its secret).
+pub const TOKEN_FIELDS: &[&str] = &["token_id", "exec_id", "operations", "deadline", "revoked"];
+
 /// Writes `text` and a newline to stdout.
 fn out(text: &str) -> Result<(), ClientError> {
     let mut o = std::io::stdout().lock();
@@ -201,6 +204,21 @@ pub fn tenant_created(v: &Value, json: bool) -> Result<(), ClientError> {
         return out(&v.to_string());
     }
     out(&record_text(v, &["tenant_id", "name", "api_key"]))
+}
+
+/// Prints a minted token: its id, its secret (shown only in the answer
+/// that minted it) and its deadline.
+///
+/// # Errors
+/// A failed write to stdout.
+pub fn token_minted(v: &Value, json: bool) -> Result<(), ClientError> {
+    if json {
+        return out(&v.to_string());
+    }
+    out(&record_text(
+        v,
+        &["token_id", "token", "exec_id", "operations", "deadline"],
+    ))
 }
 
 #[cfg(test)]
