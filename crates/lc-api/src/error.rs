@@ -76,7 +76,7 @@ pub enum ApiError {
     /// missing one, with a detail saying it was refused and what to
     /// check).
     #[error(
-        "the bearer credential was not accepted: it is neither this service's admin token nor a tenant API key it issued; check the token sent (lc takes it from --token, LC_TOKEN or the admin token file of --data-dir) and that it belongs to this control plane"
+        "the bearer credential was not accepted: it is neither this service's admin token nor a tenant API key or scoped token it issued; check the token sent (lc takes it from --token, LC_TOKEN or the admin token file of --data-dir) and that it belongs to this control plane"
     )]
     CredentialRefused,
     /// The credential may not perform this operation (or act for this

@@ -5,6 +5,9 @@
 
 mod support;
 
+#[path = "http_pg/tokens.rs"]
+mod tokens;
+
 use lc_core::model::{AttemptNo, Digest, ExecId, OutputPage, PageExit, PageKind, TenantId};
 use lc_core::store::ReconcileStore;
 use serde_json::{Value, json};

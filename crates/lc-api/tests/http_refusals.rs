@@ -557,7 +557,7 @@ fn refusals_say_what_to_check_and_echo_a_bounded_part_of_the_request() {
         let before = f.snapshot().await;
         let r = &f.svc.router;
         // A token was sent but not accepted: said so, with what to check.
-        let refused = "the bearer credential was not accepted: it is neither this service's admin token nor a tenant API key it issued; check the token sent (lc takes it from --token, LC_TOKEN or the admin token file of --data-dir) and that it belongs to this control plane";
+        let refused = "the bearer credential was not accepted: it is neither this service's admin token nor a tenant API key or scoped token it issued; check the token sent (lc takes it from --token, LC_TOKEN or the admin token file of --data-dir) and that it belongs to this control plane";
         for token in [format!("lc_{}", "A".repeat(43)), "not-a-key-at-all".into()] {
             let resp = send(r, Req::get("/v1/execs").token(&token)).await;
             resp.problem(401, "unauthenticated").detail(refused);

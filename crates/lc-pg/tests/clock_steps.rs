@@ -21,6 +21,9 @@
 mod rate;
 mod support;
 
+#[path = "clock_steps/tokens.rs"]
+mod tokens;
+
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -609,6 +612,7 @@ async fn forward_step(major: u32) {
     let mut f = fixture(major, config()).await;
     let mut x = start_execs(&f, ttl).await;
     let rate = rate::start(&f, certain(&f.clock).await).await;
+    let tk = tokens::start(&f.store, f.tenant, certain(&f.clock).await).await;
     let c0 = f.cuts.read().await;
     assert_eq!(c0.uncertain, None);
     let stepped_at = Instant::now();
@@ -621,6 +625,7 @@ async fn forward_step(major: u32) {
     let (u, _) = uncertain(&f.clock, 10).await;
     while_uncertain(&f, &mut x, u, ttl).await;
     rate.while_uncertain(&f, u).await;
+    tokens::while_uncertain(&f.store, &f.db.url, &tk, u, RETRY_AFTER_S).await;
     // Database time has passed the deadline; no certain cut has.
     let row = f.cuts.read().await;
     assert!(row.db_now >= x.expiry, "{} < {}", row.db_now, x.expiry);
@@ -655,6 +660,7 @@ async fn forward_step(major: u32) {
     );
     rate.once_certain(&f, c).await;
     once_certain(&f, &x, c).await;
+    tokens::once_certain(&f.store, &tk, c).await;
     finish(f).await;
 }
 
@@ -665,6 +671,7 @@ async fn backward_step(major: u32) {
     let mut f = fixture(major, config()).await;
     let mut x = start_execs(&f, ttl).await;
     let rate = rate::start(&f, certain(&f.clock).await).await;
+    let tk = tokens::start(&f.store, f.tenant, certain(&f.clock).await).await;
     let c0 = f.cuts.read().await;
     assert_eq!(c0.uncertain, None);
     f.server.set_clock_offset_ns(-3 * SECOND_NS).unwrap();
@@ -678,6 +685,7 @@ async fn backward_step(major: u32) {
     let (u, _) = uncertain(&f.clock, 10).await;
     while_uncertain(&f, &mut x, u, ttl).await;
     rate.while_uncertain(&f, u).await;
+    tokens::while_uncertain(&f.store, &f.db.url, &tk, u, RETRY_AFTER_S).await;
     // Database time went behind the cut; the cut did not follow it.
     assert!(
         f.cuts.seen.iter().any(|r| r.db_now < r.cut),
@@ -688,6 +696,7 @@ async fn backward_step(major: u32) {
     assert!(c1.cut >= b.cut && c.cut >= c0.cut);
     rate.once_certain(&f, c).await;
     once_certain(&f, &x, c).await;
+    tokens::once_certain(&f.store, &tk, c).await;
     finish(f).await;
 }
 
@@ -707,6 +716,7 @@ async fn paused_sampler(major: u32) {
     .await;
     let mut x = start_execs(&f, ttl).await;
     let rate = rate::start(&f, certain(&f.clock).await).await;
+    let tk = tokens::start(&f.store, f.tenant, certain(&f.clock).await).await;
     let pause = f.sampler.pause();
     // A publish already sent when the pause began may still land.
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -716,6 +726,7 @@ async fn paused_sampler(major: u32) {
     assert_eq!(u.cut, frozen.cut);
     while_uncertain(&f, &mut x, u, ttl).await;
     rate.while_uncertain(&f, u).await;
+    tokens::while_uncertain(&f.store, &f.db.url, &tk, u, RETRY_AFTER_S).await;
     let row = f.cuts.read().await;
     assert_eq!((row.cut, row.publish_seq), (frozen.cut, frozen.publish_seq));
     assert!(row.db_now >= x.expiry, "{} < {}", row.db_now, x.expiry);
@@ -730,6 +741,7 @@ async fn paused_sampler(major: u32) {
     assert!(f.cuts.read().await.cut >= frozen.cut);
     rate.once_certain(&f, c).await;
     once_certain(&f, &x, c).await;
+    tokens::once_certain(&f.store, &tk, c).await;
     // The deadline is expired now that a certain cut has passed it.
     assert_eq!(
         action_of(&f, running, c).await,

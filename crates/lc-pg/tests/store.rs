@@ -7,6 +7,9 @@
 
 mod support;
 
+#[path = "store/tokens.rs"]
+mod tokens;
+
 use std::time::Duration;
 
 use jiff::{SignedDuration, Timestamp};

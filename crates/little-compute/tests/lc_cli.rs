@@ -1106,7 +1106,7 @@ async fn refusals_name_the_flag_or_the_check_that_fixes_them() {
         (o.status.code(), String::from_utf8_lossy(&o.stderr).into_owned()),
         (
             Some(1),
-            "error: 401 unauthenticated: the bearer credential was not accepted: it is neither this service's admin token nor a tenant API key it issued; check the token sent (lc takes it from --token, LC_TOKEN or the admin token file of --data-dir) and that it belongs to this control plane\n".into()
+            "error: 401 unauthenticated: the bearer credential was not accepted: it is neither this service's admin token nor a tenant API key or scoped token it issued; check the token sent (lc takes it from --token, LC_TOKEN or the admin token file of --data-dir) and that it belongs to this control plane\n".into()
         )
     );
     // Nothing listens: the URL, and how to check.
@@ -1132,4 +1132,153 @@ async fn refusals_name_the_flag_or_the_check_that_fixes_them() {
             )
         )
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scoped_token_is_minted_used_listed_and_revoked_through_the_cli() {
+    let s = PgSvc::start().await;
+    let url = serve(&s).await;
+    let admin = ["--server", &url, "--token", ADMIN];
+    let t = json_of(
+        &lc(
+            &cat(
+                &admin,
+                &[
+                    "tenant", "create", "--name", "teal", "--units", "2", "--json",
+                ],
+            ),
+            &[],
+        )
+        .await,
+    );
+    let key = t["api_key"].as_str().unwrap().to_string();
+    let tenant_env = [("LC_SERVER", url.as_str()), ("LC_TOKEN", key.as_str())];
+    let e = json_of(&lc(&["exec", "create", "--json", "--", "true"], &tenant_env).await);
+    let exec_s = e["exec_id"].as_i64().unwrap().to_string();
+
+    // Mint: the secret once and the deadline, in the human form.
+    let o = lc(
+        &[
+            "token",
+            "mint",
+            "--exec",
+            &exec_s,
+            "--op",
+            "exec.read",
+            "--op",
+            "workspace.read",
+            "--ttl",
+            "1h",
+        ],
+        &tenant_env,
+    )
+    .await;
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let text = String::from_utf8_lossy(&o.stdout).into_owned();
+    let field = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name).map(|v| v.trim().to_string()))
+            .unwrap_or_else(|| panic!("no {name} in {text}"))
+    };
+    let (id, secret, deadline) = (field("token_id"), field("token"), field("deadline"));
+    assert!(secret.starts_with("lct_") && secret.len() == 47, "{text}");
+    assert_eq!(
+        text,
+        format!(
+            "token_id    {id}\ntoken       {secret}\nexec_id     {exec_s}\noperations  [\"exec.read\",\"workspace.read\"]\ndeadline    {deadline}\n"
+        )
+    );
+
+    // The agent uses it as --token: its exec, and nothing else.
+    let agent = ["--server", url.as_str(), "--token", secret.as_str()];
+    let shown = json_of(&lc(&cat(&agent, &["exec", "show", &exec_s, "--json"]), &[]).await);
+    assert_eq!(shown["exec_id"].to_string(), exec_s);
+    let o = lc(&cat(&agent, &["exec", "list"]), &[]).await;
+    assert_eq!(
+        (
+            o.status.code(),
+            String::from_utf8_lossy(&o.stderr).into_owned()
+        ),
+        (
+            Some(1),
+            format!(
+                "error: 403 forbidden: this token is bound to exec {exec_s}: it acts only on that exec's routes, not on exec.read across execs\n"
+            )
+        )
+    );
+    let o = lc(&cat(&agent, &["token", "list"]), &[]).await;
+    assert_eq!(
+        (o.status.code(), String::from_utf8_lossy(&o.stderr).into_owned()),
+        (
+            Some(1),
+            "error: 403 forbidden: a scoped token may not call GET /v1/tokens: tokens are minted, listed and revoked only with the tenant's API key\n".into()
+        )
+    );
+
+    // Listed by the tenant, without the secret.
+    let list = json_of(&lc(&["token", "list", "--json"], &tenant_env).await);
+    assert_eq!(list["tokens"].as_array().unwrap().len(), 1);
+    assert_eq!(list["tokens"][0]["token_id"].to_string(), id);
+    assert_eq!(list["tokens"][0]["revoked"], json!(false));
+    assert!(!list.to_string().contains(&secret));
+
+    // Revoked (twice: the same record), then refused.
+    let r1 = json_of(&lc(&["token", "revoke", &id, "--json"], &tenant_env).await);
+    assert_eq!(r1["revoked"], json!(true));
+    let r2 = json_of(&lc(&["token", "revoke", &id, "--json"], &tenant_env).await);
+    assert_eq!(r1, r2);
+    let o = lc(&cat(&agent, &["exec", "show", &exec_s]), &[]).await;
+    assert_eq!(
+        (
+            o.status.code(),
+            String::from_utf8_lossy(&o.stderr).into_owned()
+        ),
+        (
+            Some(1),
+            format!(
+                "error: 401 token_revoked: token {id} was revoked; mint a new one (POST /v1/tokens, lc token mint)\n"
+            )
+        )
+    );
+
+    // A replayed mint cannot show the secret again: exit 1 and what to do.
+    let mint = [
+        "token",
+        "mint",
+        "--op",
+        "exec.read",
+        "--ttl",
+        "90s",
+        "--idempotency-key",
+        "m-1",
+    ];
+    assert!(lc(&mint, &tenant_env).await.status.success());
+    let o = lc(&mint, &tenant_env).await;
+    let again = String::from_utf8_lossy(&o.stdout).into_owned();
+    let id2 = again
+        .lines()
+        .next()
+        .unwrap()
+        .trim_start_matches("token_id")
+        .trim()
+        .to_string();
+    assert_eq!(
+        (
+            o.status.code(),
+            String::from_utf8_lossy(&o.stderr).into_owned()
+        ),
+        (
+            Some(1),
+            format!(
+                "error: token {id2} was minted by an earlier use of this --idempotency-key, and its secret is shown only once: revoke it (lc token revoke {id2}) and mint another under a new key\n"
+            )
+        )
+    );
+    // A malformed --ttl is a usage error.
+    let o = lc(
+        &["token", "mint", "--op", "exec.read", "--ttl", "1y"],
+        &tenant_env,
+    )
+    .await;
+    assert_eq!(o.status.code(), Some(2));
 }

@@ -395,6 +395,7 @@ pub async fn snapshot(url: &str) -> Vec<(String, Vec<String>)> {
         "lc_hibernations",
         "lc_resume_intents",
         "lc_resume_receipts",
+        "lc_tokens",
         "tollgate_accounts",
         "tollgate_leases",
         "tollgate_ledger",
