@@ -1177,7 +1177,10 @@ async fn a_scoped_token_is_minted_used_listed_and_revoked_through_the_cli() {
     let text = String::from_utf8_lossy(&o.stdout).into_owned();
     let field = |name: &str| {
         text.lines()
-            .find_map(|l| l.strip_prefix(name).map(|v| v.trim().to_string()))
+            .find_map(|l| {
+                let (k, v) = l.split_once(' ')?;
+                (k == name).then(|| v.trim().to_string())
+            })
             .unwrap_or_else(|| panic!("no {name} in {text}"))
     };
     let (id, secret, deadline) = (field("token_id"), field("token"), field("deadline"));
@@ -1185,7 +1188,7 @@ async fn a_scoped_token_is_minted_used_listed_and_revoked_through_the_cli() {
     assert_eq!(
         text,
         format!(
-            "token_id    {id}\ntoken       {secret}\nexec_id     {exec_s}\noperations  [\"exec.read\",\"workspace.read\"]\ndeadline    {deadline}\n"
+            "token_id    {id}\ntoken       {secret}\nexec_id     {exec_s}\noperations  exec.read workspace.read\ndeadline    {deadline}\n"
         )
     );
 
