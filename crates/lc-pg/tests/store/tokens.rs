@@ -213,7 +213,7 @@ async fn tokens_are_minted_listed_revoked_and_replayed_exactly() {
             .tokens(f.tenant, Some(first.token_id), 1)
             .await
             .unwrap(),
-        [bound.clone()]
+        std::slice::from_ref(&bound)
     );
     assert_eq!(f.store.tokens(green, None, 10).await.unwrap(), []);
     assert_eq!(
