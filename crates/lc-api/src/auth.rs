@@ -602,6 +602,47 @@ mod tests {
     }
 
     #[test]
+    fn scoped_tokens_reach_exactly_the_exec_routes_and_their_runtimes() {
+        let doc = crate::api::openapi();
+        let mut open = 0;
+        for (path, item) in &doc.paths.paths {
+            for (method, op) in [
+                (Method::GET, &item.get),
+                (Method::POST, &item.post),
+                (Method::DELETE, &item.delete),
+            ] {
+                if op.is_none() {
+                    continue;
+                }
+                let want = path.starts_with("/v1/execs")
+                    || path.starts_with("/v1/operations/")
+                    || (path == "/v1/runtimes" && method == Method::GET);
+                let router_path = path.replace("/files/{path}", "/files/{*path}");
+                assert_eq!(
+                    route_operation(&method, &router_path).is_some(),
+                    want,
+                    "{method} {path}"
+                );
+                open += usize::from(want);
+            }
+        }
+        assert_eq!(open, 14);
+        assert_eq!(
+            route_operation(&Method::POST, "/v1/execs/{exec_id}/resume"),
+            Some(Operation::ExecResume)
+        );
+        assert_eq!(route_operation(&Method::POST, "/v1/tokens"), None);
+    }
+
+    #[test]
+    fn token_secrets_are_shaped() {
+        let a = new_token_secret().unwrap();
+        assert!(lc_core::token::looks_like_token(&a), "{a}");
+        assert!(!looks_like_api_key(&a));
+        assert_ne!(a, new_token_secret().unwrap());
+    }
+
+    #[test]
     fn key_shapes() {
         assert!(!looks_like_api_key("lc_"));
         assert!(!looks_like_api_key(&format!("lc_{}", "a".repeat(42))));

@@ -136,6 +136,12 @@ fn credentials_are_checked_before_anything_else() {
             Req::post("/v1/tenants/0/deposits")
                 .key("k")
                 .json(json!({"units": 1})),
+            Req::post("/v1/tokens")
+                .key("k")
+                .json(json!({"operations": ["exec.read"], "ttl_ms": 1})),
+            Req::get("/v1/tokens"),
+            Req::new(axum::http::Method::DELETE, "/v1/tokens/1"),
+            Req::new(axum::http::Method::DELETE, "/v1/tokens/0"),
         ] {
             let resp = send(r, req).await;
             resp.problem(401, "unauthenticated");
@@ -506,6 +512,8 @@ fn service_routes() {
                 "/v1/tenants",
                 "/v1/tenants/{tenant_id}",
                 "/v1/tenants/{tenant_id}/deposits",
+                "/v1/tokens",
+                "/v1/tokens/{token_id}",
             ]
         );
         assert_eq!(
@@ -526,6 +534,9 @@ fn service_routes() {
             "WorkspaceView",
             "SnapshotList",
             "TreeView",
+            "MintedTokenView",
+            "TokenView",
+            "TokenList",
         ] {
             assert!(doc["components"]["schemas"][schema].is_object(), "{schema}");
         }
