@@ -2448,7 +2448,7 @@ async fn a_refusal_s_path_and_message_are_stored_cut_to_their_bounds() {
 /// admitted, and a refusal's columns come together and within bounds.
 #[tokio::test]
 async fn migration_0006_keeps_hibernations_and_admits_a_refused_snapshot() {
-    assert!(lc_pg::LC_VERSION >= 6);
+    const { assert!(lc_pg::LC_VERSION >= 6) };
     let db = fresh_db().await;
     tollgate_pg::Schema::current()
         .with_line(lc_pg::lc_line().through(5).unwrap())

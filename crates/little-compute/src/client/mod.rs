@@ -1177,6 +1177,33 @@ mod tests {
     }
 
     #[test]
+    fn token_ttls_are_a_number_and_one_unit() {
+        for (text, ms) in [
+            ("1ms", 1),
+            ("500ms", 500),
+            ("90s", 90_000),
+            ("15m", 900_000),
+            ("1h", 3_600_000),
+            ("30d", 2_592_000_000),
+        ] {
+            assert_eq!(args::parse_ttl_ms(text), Ok(ms), "{text}");
+        }
+        for bad in [
+            "",
+            "1",
+            "h",
+            "0s",
+            "1.5h",
+            "-1s",
+            "1y",
+            "1 h",
+            "18446744073709551615d",
+        ] {
+            assert!(args::parse_ttl_ms(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
     fn escapes() {
         assert_eq!(query_escape("a b&c"), "a%20b%26c");
         assert_eq!(path_escape("k/1?x"), "k%2F1%3Fx");
