@@ -4,6 +4,7 @@
 
 use jiff::Timestamp;
 
+use crate::claim::ClaimGeneration;
 use crate::model::{Digest, ExecId, Generation, SandboxLeaseId, TenantId, WorkspaceId};
 use crate::owner::OwnerGeneration;
 
@@ -250,6 +251,32 @@ pub enum LcError {
         presented: OwnerGeneration,
         /// The current generation.
         current: OwnerGeneration,
+    },
+    /// Another worker holds a live claim on the item (`claim_live`): its
+    /// expiry plus the grace has not passed on a certain cut.
+    #[error("{item} is claimed (generation {generation}) until {expiry} on the cut")]
+    ClaimLive {
+        /// The item (`lease 7`).
+        item: String,
+        /// The live claim's generation.
+        generation: ClaimGeneration,
+        /// Its expiry on the cut.
+        expiry: Timestamp,
+    },
+    /// The caller's claim on the item is not the current one
+    /// (`claim_stale`): another worker took it (or it was never claimed).
+    /// Nothing was written; stop acting on the item.
+    #[error(
+        "{item}: claim generation {presented} is stale (current generation {}); stop acting on it",
+        current.map_or_else(|| "none".to_owned(), |g| g.to_string())
+    )]
+    ClaimStale {
+        /// The item (`lease 7`).
+        item: String,
+        /// The generation the caller presented.
+        presented: ClaimGeneration,
+        /// The current generation, `None` when the item has no claim.
+        current: Option<ClaimGeneration>,
     },
     /// A certain cut reached the owner's heartbeat expiry (`owner_expired`):
     /// the ownership may be taken over; stop acting for the exec.
@@ -519,6 +546,8 @@ impl LcError {
             LcError::OwnerLive { .. } => "owner_live",
             LcError::OwnerStale { .. } => "owner_stale",
             LcError::OwnerExpired { .. } => "owner_expired",
+            LcError::ClaimLive { .. } => "claim_live",
+            LcError::ClaimStale { .. } => "claim_stale",
             LcError::TransitionReplayRefused { .. } => "transition_replay_refused",
             LcError::InvalidTransitionId { .. } => "invalid_transition_id",
             LcError::ReleaseNotProven { .. } => "release_not_proven",

@@ -10,6 +10,8 @@
 //! * [`opkey`]: operation keys and their floor, receipt and GC rules.
 //! * [`owner`]: exec ownership by gateways, fenced writes, transition
 //!   receipts and their replay, the release rule for terminal execs.
+//! * [`claim`]: workers' claims on work items: takes only on a certain
+//!   cut past expiry + grace, renewals that never shorten, fenced writes.
 //! * [`input`]: input for a command's stdin: its order, its queue bound,
 //!   its delivery by the exec's owner.
 //! * [`hibernate`]: hibernation and resume: the records and the checks of
@@ -30,6 +32,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod claim;
 pub mod command;
 pub mod error;
 pub mod evidence;

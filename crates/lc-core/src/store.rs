@@ -17,6 +17,7 @@
 
 use async_trait::async_trait;
 
+use crate::claim::{ClaimCredential, ClaimHolder, ClaimItem, ClaimRecord, ClaimedWork};
 use crate::error::LcError;
 use crate::hibernate::{
     HibernationRecord, ResumeIntent, ResumeReceipt, SnapshotMeta, WorkspaceRecord,
@@ -202,6 +203,20 @@ pub trait ControlStore: Send + Sync {
         eof: bool,
     ) -> Result<InputRecord, LcError>;
 
+    /// Workers' claims with item `> after` (all when `None`), by item
+    /// (kind, then id), at most `limit`, each judged at `at` with the
+    /// store's claim grace (expired, takeable). Admin scope.
+    ///
+    /// # Errors
+    /// `invalid_limit`, `invalid_cut_reading`, `time_uncertain` (no cut
+    /// yet), storage errors.
+    async fn claims(
+        &self,
+        at: CutReading,
+        after: Option<ClaimItem>,
+        limit: usize,
+    ) -> Result<Vec<ClaimRecord>, LcError>;
+
     /// An operation key and its recorded result.
     ///
     /// # Errors
@@ -383,6 +398,44 @@ pub trait ReconcileStore: Send + Sync {
     /// # Errors
     /// `invalid_limit`, `invalid_cut_reading`, storage errors.
     async fn due_work(&self, at: CutReading, limit: usize) -> Result<Vec<LeaseWork>, LcError>;
+
+    /// Claims up to `limit` due Leases for the worker activation `holder`
+    /// at `at` and returns them as [`ReconcileStore::due_work`] would, in
+    /// its order, each with the claim its writes present: the holder's own
+    /// claims are renewed to `max(current, cut + claim ttl)` (on any cut),
+    /// unclaimed Leases and Leases whose claim a certain cut has passed by
+    /// its expiry + the claim grace are taken (certain cut only: the next
+    /// generation, expiry `cut + claim ttl`). A Lease another worker holds
+    /// is left out, and so is one another worker claims at the same moment
+    /// ([`crate::claim::plan_claim`]; the store re-checks each claim as it
+    /// writes, in one statement for the batch). While `at` is uncertain
+    /// only the holder's own claims are returned.
+    ///
+    /// # Errors
+    /// `invalid_limit`, `invalid_cut_reading`, `time_uncertain` (no cut
+    /// yet), `invalid_timeout` (the store's claim TTL or grace),
+    /// `deadline_beyond_horizon` (`cut + claim ttl` beyond the horizon),
+    /// storage errors. Nothing is written on any of them.
+    async fn claim_due_work(
+        &self,
+        holder: &ClaimHolder,
+        at: CutReading,
+        limit: usize,
+    ) -> Result<Vec<ClaimedWork>, LcError>;
+
+    /// This store as the holder of `claim` sees it: every write on the
+    /// claimed Lease ([`ReconcileStore::mark_active`],
+    /// [`ReconcileStore::renew`], [`ReconcileStore::append_pages`],
+    /// [`ReconcileStore::begin_release`],
+    /// [`ReconcileStore::begin_release_not_sent`],
+    /// [`ReconcileStore::refuse_restore`],
+    /// [`ReconcileStore::commit_release`],
+    /// [`ReconcileStore::record_attachment`]) first locks the Lease's claim
+    /// and checks `claim` against it ([`crate::claim::check_claim`]) in the
+    /// same transaction, and is refused `claim_stale` with nothing changed
+    /// once another worker took the Lease (a write on another Lease is
+    /// refused the same way). Every other method is this store's.
+    fn claimed(&self, claim: ClaimCredential) -> Box<dyn ReconcileStore + '_>;
 
     /// Marks an `allocating` lease `active` (the provider confirmed the
     /// instance), the attempt and the exec `running`. Idempotent.

@@ -14,6 +14,7 @@
 use std::collections::BTreeMap;
 
 use jiff::Timestamp;
+use lc_core::claim::{Claim, ClaimGeneration, ClaimItem, ClaimKind};
 use lc_core::hibernate::{
     HibernationRecord, QuiescenceRefusal, ResumeIntent, ResumeReceipt, ResumeRefusal, SnapshotMeta,
     WorkspaceRecord,
@@ -2858,6 +2859,192 @@ pub(crate) async fn revoke_token(
     .await?;
     let row = row.ok_or_else(|| corrupt(format!("token {token} was revoked while locked")))?;
     token_from(&row)
+}
+
+// Claims (0010): a worker activation's claim on a work item. A claim row is
+// locked before the item it guards (claim, then Lease, exec, owner,
+// Reservation, Tollgate); a take and a fenced write of the same item
+// therefore serialize on the claim row. Rows are never deleted (LCSC1):
+// the generation fences every earlier holder for good.
+
+const CLAIM_COLUMNS: &str = "item_kind, item_id, holder_sha256, generation, expiry_floor_us, \
+        expiry_submicro_ns, basis";
+
+fn claim_from(row: &PgRow) -> Result<Claim, Fail> {
+    Ok(Claim {
+        item: ClaimItem {
+            kind: parse_enum(row, "item_kind", ClaimKind::parse)?,
+            id: row.try_get("item_id")?,
+        },
+        holder_sha256: digest_at(row, "holder_sha256")?,
+        generation: ClaimGeneration(row.try_get("generation")?),
+        expiry: instant_at(row, "expiry_floor_us", "expiry_submicro_ns")?,
+        basis: parse_enum(row, "basis", basis_of)?,
+    })
+}
+
+/// Up to `limit` unreleased Leases the holder with `holder_sha256` may
+/// claim, in [`due_leases`]' order (soonest expiry first, then by id), each
+/// with its current claim: its own claims; unclaimed ones when `certain`;
+/// another holder's whose expiry is at or before `cutoff` (the caller's
+/// `cut - grace` on a certain cut, `None` otherwise). The caller decides
+/// each by the rule and writes with [`write_claims`], which re-checks the
+/// claim it read.
+pub(crate) async fn lease_claim_candidates(
+    conn: &mut PgConnection,
+    holder_sha256: Digest,
+    certain: bool,
+    cutoff: Option<Timestamp>,
+    limit: usize,
+) -> Result<Vec<(SandboxLeaseId, Option<Claim>)>, Fail> {
+    let (f, s) = cutoff.map(pair).unzip();
+    let rows = sqlx::query(
+        "SELECT l.lease_id, c.item_kind, c.item_id, c.holder_sha256, c.generation, \
+                c.expiry_floor_us, c.expiry_submicro_ns, c.basis \
+           FROM lc_sandbox_leases l \
+           LEFT JOIN lc_claims c ON c.item_kind = 'lease' AND c.item_id = l.lease_id \
+          WHERE l.state <> 'released' \
+            AND ((c.item_id IS NULL AND $2) \
+                 OR c.holder_sha256 = $1 \
+                 OR ($3::bigint IS NOT NULL \
+                     AND (c.expiry_floor_us, c.expiry_submicro_ns) <= ($3::bigint, $4::integer))) \
+          ORDER BY l.expiry_floor_us, l.expiry_submicro_ns, l.lease_id LIMIT $5",
+    )
+    .bind(&holder_sha256.0[..])
+    .bind(certain)
+    .bind(f)
+    .bind(s)
+    .bind(limit as i64)
+    .fetch_all(&mut *conn)
+    .await?;
+    rows.iter()
+        .map(|r| {
+            let lease = SandboxLeaseId(r.try_get("lease_id")?);
+            let has: Option<i64> = r.try_get("item_id")?;
+            let claim = match has {
+                Some(_) => Some(claim_from(r)?),
+                None => None,
+            };
+            Ok((lease, claim))
+        })
+        .collect()
+}
+
+/// One planned claim write of [`write_claims`].
+pub(crate) struct ClaimWrite {
+    pub lease: SandboxLeaseId,
+    pub generation: ClaimGeneration,
+    pub expiry: Timestamp,
+    pub basis: TakeoverBasis,
+}
+
+/// Writes `plans` for the holder with `holder_sha256` in one statement, a
+/// compare-and-set on each item's claim as the caller read it: a renewal
+/// only while the claim is still the holder's at the same generation; a
+/// take (the next generation) only while the claim is another holder's
+/// whose expiry is still at or before `cutoff`, and an insert only where
+/// no claim exists. Returns the items written with their generation and
+/// expiry; an item another worker claimed meanwhile is not among them.
+pub(crate) async fn write_claims(
+    conn: &mut PgConnection,
+    holder_sha256: Digest,
+    cutoff: Option<Timestamp>,
+    plans: &[ClaimWrite],
+) -> Result<BTreeMap<SandboxLeaseId, (ClaimGeneration, Timestamp)>, Fail> {
+    if plans.is_empty() {
+        return Ok(BTreeMap::new());
+    }
+    let ids: Vec<i64> = plans.iter().map(|p| p.lease.0).collect();
+    let generations: Vec<i64> = plans.iter().map(|p| p.generation.0).collect();
+    let (floors, subs): (Vec<i64>, Vec<i32>) = plans.iter().map(|p| pair(p.expiry)).unzip();
+    let bases: Vec<&str> = plans.iter().map(|p| p.basis.as_str()).collect();
+    let (cf, cs) = cutoff.map(pair).unzip();
+    let rows = sqlx::query(
+        "INSERT INTO lc_claims AS c (item_kind, item_id, holder_sha256, generation, \
+                expiry_floor_us, expiry_submicro_ns, basis) \
+         SELECT 'lease', t.item_id, $1, t.generation, t.floor_us, t.submicro_ns, t.basis \
+           FROM unnest($2::bigint[], $3::bigint[], $4::bigint[], $5::integer[], $6::text[]) \
+                AS t(item_id, generation, floor_us, submicro_ns, basis) \
+         ON CONFLICT (item_kind, item_id) DO UPDATE SET holder_sha256 = EXCLUDED.holder_sha256, \
+                generation = EXCLUDED.generation, expiry_floor_us = EXCLUDED.expiry_floor_us, \
+                expiry_submicro_ns = EXCLUDED.expiry_submicro_ns, basis = EXCLUDED.basis \
+          WHERE (c.holder_sha256 = EXCLUDED.holder_sha256 AND c.generation = EXCLUDED.generation) \
+             OR (c.holder_sha256 <> EXCLUDED.holder_sha256 \
+                 AND EXCLUDED.generation = c.generation + 1 \
+                 AND $7::bigint IS NOT NULL \
+                 AND (c.expiry_floor_us, c.expiry_submicro_ns) <= ($7::bigint, $8::integer)) \
+         RETURNING item_id, generation, expiry_floor_us, expiry_submicro_ns",
+    )
+    .bind(&holder_sha256.0[..])
+    .bind(&ids)
+    .bind(&generations)
+    .bind(&floors)
+    .bind(&subs)
+    .bind(&bases)
+    .bind(cf)
+    .bind(cs)
+    .fetch_all(&mut *conn)
+    .await?;
+    rows.iter()
+        .map(|r| {
+            Ok((
+                SandboxLeaseId(r.try_get("item_id")?),
+                (
+                    ClaimGeneration(r.try_get("generation")?),
+                    instant_at(r, "expiry_floor_us", "expiry_submicro_ns")?,
+                ),
+            ))
+        })
+        .collect()
+}
+
+/// The Leases `ids` as [`due_leases`] reads them, in its order.
+pub(crate) async fn due_leases_by_id(
+    conn: &mut PgConnection,
+    ids: &[i64],
+) -> Result<Vec<DueRow>, Fail> {
+    let rows = sqlx::query(&format!(
+        "{DUE_SELECT} WHERE l.lease_id = ANY($1) \
+          ORDER BY l.expiry_floor_us, l.expiry_submicro_ns, l.lease_id"
+    ))
+    .bind(ids)
+    .fetch_all(&mut *conn)
+    .await?;
+    rows.iter().map(due_from).collect()
+}
+
+/// Locks and reads the claim on `item` (`FOR UPDATE`), if any.
+pub(crate) async fn lock_claim(
+    conn: &mut PgConnection,
+    item: ClaimItem,
+) -> Result<Option<Claim>, Fail> {
+    let row = sqlx::query(&format!(
+        "SELECT {CLAIM_COLUMNS} FROM lc_claims WHERE item_kind = $1 AND item_id = $2 FOR UPDATE"
+    ))
+    .bind(item.kind.as_str())
+    .bind(item.id)
+    .fetch_optional(&mut *conn)
+    .await?;
+    row.as_ref().map(claim_from).transpose()
+}
+
+/// Up to `limit` claims after `after` (all when `None`), by item.
+pub(crate) async fn claims_page(
+    conn: &mut PgConnection,
+    after: Option<ClaimItem>,
+    limit: usize,
+) -> Result<Vec<Claim>, Fail> {
+    let (kind, id) = after.map_or(("", 0), |a| (a.kind.as_str(), a.id));
+    let rows = sqlx::query(&format!(
+        "SELECT {CLAIM_COLUMNS} FROM lc_claims WHERE (item_kind, item_id) > ($1, $2) \
+          ORDER BY item_kind, item_id LIMIT $3"
+    ))
+    .bind(kind)
+    .bind(id)
+    .bind(limit as i64)
+    .fetch_all(&mut *conn)
+    .await?;
+    rows.iter().map(claim_from).collect()
 }
 
 #[cfg(test)]

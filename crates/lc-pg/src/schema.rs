@@ -23,7 +23,7 @@ pub const LC_LINE: &str = "lc";
 pub const LC_MIGRATIONS_TABLE: &str = "_lc_migrations";
 
 /// The current version of Little Compute's line.
-pub const LC_VERSION: i64 = 7;
+pub const LC_VERSION: i64 = 10;
 
 /// Little Compute's line: its tables, the deadline guard (LCS01), the
 /// canonical-identity guard (LCS02), its part of the initial-cut
@@ -37,7 +37,9 @@ pub const LC_VERSION: i64 = 7;
 /// recorded on its intent, and (0006) the provider's refusal of a
 /// hibernation's snapshot recorded on the hibernation, and (0007) scoped tokens: their
 /// secrets' digests, scopes and Scope deadlines (LCS01), changed only by
-/// their first revocation (LCS70).
+/// their first revocation (LCS70), and (0010) workers'
+/// claims on work items, with an expiry on the cut (LCS01) and a
+/// generation that only moves forward (LCSC1).
 pub fn lc_line() -> MigrationLine {
     MigrationLine::new(LC_LINE, LC_MIGRATIONS_TABLE, LC_MIGRATOR.migrations.clone())
 }

@@ -48,6 +48,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use ed25519_dalek::VerifyingKey;
 use jiff::{SignedDuration, Timestamp};
+use lc_core::claim::{
+    self, ClaimCredential, ClaimHolder, ClaimItem, ClaimKind, ClaimPlan, ClaimRecord, ClaimedWork,
+};
 use lc_core::evidence::{self, Envelope, Expected};
 use lc_core::hibernate::{
     self, AttachmentExpected, HibernationRecord, HibernationView, QuiescenceExpected,
@@ -104,6 +107,15 @@ pub struct LcConfig {
     /// [`lc_core::token::TOKEN_TTL_MAX_CEILING`]); every mint's deadline
     /// must also fit `cut + horizon`.
     pub token_ttl_max: SignedDuration,
+    /// A worker's claim TTL: a take or renewal sets the claim's expiry to
+    /// `cut + claim_ttl` (renewals never shorten it); default
+    /// [`claim::CLAIM_TTL_DEFAULT`], within
+    /// [`claim::CLAIM_TTL_MIN`]`..=`[`claim::CLAIM_TTL_MAX`] and the horizon.
+    pub claim_ttl: SignedDuration,
+    /// How long past its expiry a claim stays its holder's before another
+    /// worker may take it on a certain cut; default
+    /// [`claim::CLAIM_GRACE_DEFAULT`], at most [`claim::CLAIM_GRACE_MAX`].
+    pub claim_grace: SignedDuration,
 }
 
 impl Default for LcConfig {
@@ -116,6 +128,8 @@ impl Default for LcConfig {
             max_connections: 10,
             acquire_timeout: Duration::from_secs(10),
             token_ttl_max: lc_core::token::TOKEN_TTL_MAX_DEFAULT,
+            claim_ttl: claim::CLAIM_TTL_DEFAULT,
+            claim_grace: claim::CLAIM_GRACE_DEFAULT,
         }
     }
 }
@@ -248,6 +262,7 @@ impl LcStore {
     /// when given (see `begin_release_not_sent` and `refuse_restore`).
     async fn release_not_sent(
         &self,
+        claim: Option<&ClaimCredential>,
         lease: SandboxLeaseId,
         generation: Generation,
         evidence: &serde_json::Value,
@@ -255,6 +270,7 @@ impl LcStore {
         refusal: Option<&ResumeRefusal>,
     ) -> Result<LeaseWork, LcError> {
         let args = BeginReleaseNotSentArgs {
+            claim,
             lease,
             generation,
             evidence,
@@ -323,6 +339,8 @@ impl LcStore {
                 message: format!("the store's token_ttl_max: {e}"),
             }
         })?;
+        claim::check_claim_ttl(config.claim_ttl)?;
+        claim::check_claim_grace(config.claim_grace)?;
         let store_id = tollgate.store_id();
         let policy = tollgate.policy();
         Ok(LcStore {
@@ -612,6 +630,102 @@ fn verify_not_sent(
         )));
     }
     Ok(())
+}
+
+/// Locks the claim of `lease` and checks that `claim` (a claimed view's
+/// credential; `None`: the store's own unclaimed call, nothing checked)
+/// is its current one ([`claim::check_claim`]). First in every
+/// transaction that writes a claimed Lease, so a take and the write
+/// serialize on the claim row.
+async fn fence_claim(
+    conn: &mut PgConnection,
+    claim: Option<&ClaimCredential>,
+    lease: SandboxLeaseId,
+) -> Result<(), Fail> {
+    let Some(cred) = claim else { return Ok(()) };
+    let item = ClaimItem {
+        kind: ClaimKind::Lease,
+        id: lease.0,
+    };
+    if cred.item != item {
+        // A credential for another item proves nothing about this one.
+        return Err(LcError::ClaimStale {
+            item: item.to_string(),
+            presented: cred.generation,
+            current: db::lock_claim(conn, item).await?.map(|c| c.generation),
+        }
+        .into());
+    }
+    let current = db::lock_claim(conn, item).await?;
+    claim::check_claim(current.as_ref(), cred)?;
+    Ok(())
+}
+
+struct ClaimDueArgs<'a> {
+    store: &'a LcStore,
+    holder: &'a ClaimHolder,
+    at: CutReading,
+    limit: usize,
+}
+
+/// Claims due Leases for the holder (see
+/// [`ReconcileStore::claim_due_work`]): one read of the candidates, the
+/// rule for each, one compare-and-set write for the batch, one read of the
+/// Leases won.
+async fn claim_due_work_tx(
+    conn: &mut PgConnection,
+    a: &ClaimDueArgs<'_>,
+) -> Result<Vec<ClaimedWork>, Fail> {
+    let cut = check_reading(conn, a.at).await?;
+    let ttl = claim::check_claim_ttl(a.store.config.claim_ttl)?;
+    let grace = claim::check_claim_grace(a.store.config.claim_grace)?;
+    // A claim's expiry is a deadline like every other: `cut + ttl` must
+    // fit the horizon (a renewal's max never exceeds an earlier such one).
+    owner_expiry(a.at, ttl, &cut)?;
+    let me = a.holder.sha256();
+    let cutoff = claim::take_cutoff(grace, a.at);
+    let candidates = db::lease_claim_candidates(conn, me, a.at.certain, cutoff, a.limit).await?;
+    let mut plans = Vec::with_capacity(candidates.len());
+    for (lease, current) in candidates {
+        let plan = match claim::plan_claim(current.as_ref(), me, a.at, ttl, grace) {
+            Ok(p) => p,
+            // Another worker's live claim, or a take while uncertain: not
+            // this worker's this step.
+            Err(LcError::ClaimLive { .. } | LcError::TimeUncertain { .. }) => continue,
+            Err(e) => return Err(e.into()),
+        };
+        plans.push(db::ClaimWrite {
+            lease,
+            generation: plan.generation(),
+            expiry: plan.expiry(),
+            basis: match plan {
+                ClaimPlan::Take { basis, .. } => basis,
+                ClaimPlan::Renew { .. } => current.map_or(TakeoverBasis::Unowned, |c| c.basis),
+            },
+        });
+    }
+    let won = db::write_claims(conn, me, cutoff, &plans).await?;
+    let ids: Vec<i64> = won.keys().map(|l| l.0).collect();
+    let rows = db::due_leases_by_id(conn, &ids).await?;
+    rows.into_iter()
+        .map(|r| {
+            let (generation, expiry) = *won
+                .get(&r.lease.lease_id)
+                .ok_or_else(|| crate::error::corrupt("a claimed lease read back unclaimed"))?;
+            Ok(ClaimedWork {
+                claim: ClaimCredential {
+                    item: ClaimItem {
+                        kind: ClaimKind::Lease,
+                        id: r.lease.lease_id.0,
+                    },
+                    holder: *a.holder,
+                    generation,
+                },
+                expiry,
+                work: to_work(r, a.at),
+            })
+        })
+        .collect()
 }
 
 // ---------------------------------------------------------------------------
@@ -943,6 +1057,8 @@ async fn cancel_parked(conn: &mut PgConnection, exec: ExecId) -> Result<(), Fail
 
 struct LeaseArgs<'a> {
     store: &'a LcStore,
+    /// The claim a claimed view's write presents ([`fence_claim`]).
+    claim: Option<&'a ClaimCredential>,
     lease: SandboxLeaseId,
     generation: Generation,
     at: CutReading,
@@ -950,6 +1066,7 @@ struct LeaseArgs<'a> {
 
 async fn mark_active_tx(conn: &mut PgConnection, a: &LeaseArgs<'_>) -> Result<LeaseWork, Fail> {
     check_reading(conn, a.at).await?;
+    fence_claim(conn, a.claim, a.lease).await?;
     let row = lock_generation(conn, a.lease, a.generation).await?;
     if rules::plan_lease_transition(row.state, LeaseState::Active)? == Step::Changed {
         db::set_lease_state(conn, a.lease, LeaseState::Active).await?;
@@ -968,6 +1085,7 @@ async fn mark_active_tx(conn: &mut PgConnection, a: &LeaseArgs<'_>) -> Result<Le
 async fn renew_tx(conn: &mut PgConnection, a: &LeaseArgs<'_>) -> Result<LeaseWork, Fail> {
     let store = a.store;
     check_reading(conn, a.at).await?;
+    fence_claim(conn, a.claim, a.lease).await?;
     let row = lock_generation(conn, a.lease, a.generation).await?;
     if row.state == LeaseState::Released {
         return Err(LcError::IllegalTransition {
@@ -1029,6 +1147,7 @@ async fn renew_reservation(
 }
 
 struct BeginReleaseArgs<'a> {
+    claim: Option<&'a ClaimCredential>,
     lease: SandboxLeaseId,
     generation: Generation,
     reason: TerminalReason,
@@ -1041,12 +1160,14 @@ async fn begin_release_tx(
     a: &BeginReleaseArgs<'_>,
 ) -> Result<LeaseWork, Fail> {
     check_reading(conn, a.at).await?;
+    fence_claim(conn, a.claim, a.lease).await?;
     let row = lock_generation(conn, a.lease, a.generation).await?;
     begin_release_locked(conn, a.store, &row, a.reason, a.at).await?;
     work_of(conn, a.lease, a.at).await
 }
 
 struct BeginReleaseNotSentArgs<'a> {
+    claim: Option<&'a ClaimCredential>,
     lease: SandboxLeaseId,
     generation: Generation,
     evidence: &'a serde_json::Value,
@@ -1064,6 +1185,7 @@ async fn begin_release_not_sent_tx(
     a: &BeginReleaseNotSentArgs<'_>,
 ) -> Result<LeaseWork, Fail> {
     check_reading(conn, a.at).await?;
+    fence_claim(conn, a.claim, a.lease).await?;
     let row = lock_generation(conn, a.lease, a.generation).await?;
     let provider = db::read_provider(conn, row.provider_id.as_str())
         .await?
@@ -1171,12 +1293,14 @@ async fn enter_release_pending(
 }
 
 struct AppendArgs<'a> {
+    claim: Option<&'a ClaimCredential>,
     lease: SandboxLeaseId,
     generation: Generation,
     pages: &'a [OutputPage],
 }
 
 async fn append_tx(conn: &mut PgConnection, a: &AppendArgs<'_>) -> Result<AppendReport, Fail> {
+    fence_claim(conn, a.claim, a.lease).await?;
     let row = lock_generation(conn, a.lease, a.generation).await?;
     let mut pages: Vec<&OutputPage> = a.pages.iter().collect();
     pages.sort_by_key(|p| p.seq);
@@ -1239,6 +1363,7 @@ async fn append_tx(conn: &mut PgConnection, a: &AppendArgs<'_>) -> Result<Append
 
 struct CommitArgs<'a> {
     store: &'a LcStore,
+    claim: Option<&'a ClaimCredential>,
     lease: SandboxLeaseId,
     generation: Generation,
     evidence: &'a serde_json::Value,
@@ -1252,6 +1377,7 @@ async fn commit_release_tx(
     let store = a.store;
     rules::require_certain(a.at)?;
     check_reading(conn, a.at).await?;
+    fence_claim(conn, a.claim, a.lease).await?;
     let row = lock_generation(conn, a.lease, a.generation).await?;
     let provider = db::read_provider(conn, row.provider_id.as_str())
         .await?
@@ -2629,6 +2755,7 @@ async fn commit_resume_tx(
 }
 
 struct AttachmentArgs<'a> {
+    claim: Option<&'a ClaimCredential>,
     lease: SandboxLeaseId,
     generation: Generation,
     evidence: &'a serde_json::Value,
@@ -2640,6 +2767,7 @@ async fn record_attachment_tx(
     a: &AttachmentArgs<'_>,
 ) -> Result<LeaseWork, Fail> {
     check_reading(conn, a.at).await?;
+    fence_claim(conn, a.claim, a.lease).await?;
     let lease = lock_generation(conn, a.lease, a.generation).await?;
     let Some(restore_head) = lease.restore_head else {
         return Err(LcError::IllegalTransition {
@@ -3023,6 +3151,27 @@ impl ControlStore for LcStore {
             .await
     }
 
+    async fn claims(
+        &self,
+        at: CutReading,
+        after: Option<ClaimItem>,
+        limit: usize,
+    ) -> Result<Vec<ClaimRecord>, LcError> {
+        let limit = check_limit(limit)?;
+        let grace = claim::check_claim_grace(self.config.claim_grace)?;
+        self.run(Op::Read, &(at, after, limit), |c, (at, after, l)| {
+            Box::pin(async move {
+                check_reading(c, *at).await?;
+                let rows = db::claims_page(c, *after, *l).await?;
+                Ok(rows
+                    .into_iter()
+                    .map(|claim| ClaimRecord::judge(claim, grace, *at))
+                    .collect())
+            })
+        })
+        .await
+    }
+
     async fn operation(&self, scope: OpScope, key: &str) -> Result<OperationRecord, LcError> {
         self.run(Op::Read, &(scope, key), |c, (s, k)| {
             Box::pin(async move {
@@ -3209,6 +3358,130 @@ fn check_provider_url(url: &str) -> Result<(), LcError> {
     }
 }
 
+/// The reconciler's writes, each with the claim a claimed view presents
+/// (`None` for the store's own, unclaimed calls).
+impl LcStore {
+    async fn mark_active_as(
+        &self,
+        claim: Option<&ClaimCredential>,
+        lease: SandboxLeaseId,
+        generation: Generation,
+        at: CutReading,
+    ) -> Result<LeaseWork, LcError> {
+        let args = LeaseArgs {
+            store: self,
+            claim,
+            lease,
+            generation,
+            at,
+        };
+        self.run(Op::Transition, &args, |c, a| Box::pin(mark_active_tx(c, a)))
+            .await
+    }
+
+    async fn renew_as(
+        &self,
+        claim: Option<&ClaimCredential>,
+        lease: SandboxLeaseId,
+        generation: Generation,
+        at: CutReading,
+    ) -> Result<LeaseWork, LcError> {
+        let args = LeaseArgs {
+            store: self,
+            claim,
+            lease,
+            generation,
+            at,
+        };
+        self.run(Op::Renew, &args, |c, a| Box::pin(renew_tx(c, a)))
+            .await
+    }
+
+    async fn append_pages_as(
+        &self,
+        claim: Option<&ClaimCredential>,
+        lease: SandboxLeaseId,
+        generation: Generation,
+        pages: &[OutputPage],
+    ) -> Result<AppendReport, LcError> {
+        rules::check_limit(pages.len(), rules::APPEND_PAGES_MAX)?;
+        let args = AppendArgs {
+            claim,
+            lease,
+            generation,
+            pages,
+        };
+        self.run(Op::AppendPages, &args, |c, a| Box::pin(append_tx(c, a)))
+            .await
+    }
+
+    async fn begin_release_as(
+        &self,
+        claim: Option<&ClaimCredential>,
+        lease: SandboxLeaseId,
+        generation: Generation,
+        reason: TerminalReason,
+        at: CutReading,
+    ) -> Result<LeaseWork, LcError> {
+        let args = BeginReleaseArgs {
+            claim,
+            lease,
+            generation,
+            reason,
+            at,
+            store: self,
+        };
+        self.run(Op::Transition, &args, |c, a| {
+            Box::pin(begin_release_tx(c, a))
+        })
+        .await
+    }
+
+    async fn commit_release_as(
+        &self,
+        claim: Option<&ClaimCredential>,
+        lease: SandboxLeaseId,
+        generation: Generation,
+        evidence: &serde_json::Value,
+        at: CutReading,
+    ) -> Result<ReleaseOutcome, LcError> {
+        rules::require_certain(at)?;
+        let args = CommitArgs {
+            store: self,
+            claim,
+            lease,
+            generation,
+            evidence,
+            at,
+        };
+        self.run(Op::CommitRelease, &args, |c, a| {
+            Box::pin(commit_release_tx(c, a))
+        })
+        .await
+    }
+
+    async fn record_attachment_as(
+        &self,
+        claim: Option<&ClaimCredential>,
+        lease: SandboxLeaseId,
+        generation: Generation,
+        evidence: &serde_json::Value,
+        at: CutReading,
+    ) -> Result<LeaseWork, LcError> {
+        let args = AttachmentArgs {
+            claim,
+            lease,
+            generation,
+            evidence,
+            at,
+        };
+        self.run(Op::Hibernation, &args, |c, a| {
+            Box::pin(record_attachment_tx(c, a))
+        })
+        .await
+    }
+}
+
 #[async_trait]
 impl ReconcileStore for LcStore {
     async fn register_provider(
@@ -3251,20 +3524,34 @@ impl ReconcileStore for LcStore {
         .await
     }
 
+    async fn claim_due_work(
+        &self,
+        holder: &ClaimHolder,
+        at: CutReading,
+        limit: usize,
+    ) -> Result<Vec<ClaimedWork>, LcError> {
+        let limit = check_limit(limit)?;
+        let args = ClaimDueArgs {
+            store: self,
+            holder,
+            at,
+            limit,
+        };
+        self.run(Op::DueWork, &args, |c, a| Box::pin(claim_due_work_tx(c, a)))
+            .await
+    }
+
+    fn claimed(&self, claim: ClaimCredential) -> Box<dyn ReconcileStore + '_> {
+        Box::new(ClaimedStore { store: self, claim })
+    }
+
     async fn mark_active(
         &self,
         lease: SandboxLeaseId,
         generation: Generation,
         at: CutReading,
     ) -> Result<LeaseWork, LcError> {
-        let args = LeaseArgs {
-            store: self,
-            lease,
-            generation,
-            at,
-        };
-        self.run(Op::Transition, &args, |c, a| Box::pin(mark_active_tx(c, a)))
-            .await
+        self.mark_active_as(None, lease, generation, at).await
     }
 
     async fn renew(
@@ -3273,14 +3560,7 @@ impl ReconcileStore for LcStore {
         generation: Generation,
         at: CutReading,
     ) -> Result<LeaseWork, LcError> {
-        let args = LeaseArgs {
-            store: self,
-            lease,
-            generation,
-            at,
-        };
-        self.run(Op::Renew, &args, |c, a| Box::pin(renew_tx(c, a)))
-            .await
+        self.renew_as(None, lease, generation, at).await
     }
 
     async fn append_pages(
@@ -3289,14 +3569,7 @@ impl ReconcileStore for LcStore {
         generation: Generation,
         pages: &[OutputPage],
     ) -> Result<AppendReport, LcError> {
-        rules::check_limit(pages.len(), rules::APPEND_PAGES_MAX)?;
-        let args = AppendArgs {
-            lease,
-            generation,
-            pages,
-        };
-        self.run(Op::AppendPages, &args, |c, a| Box::pin(append_tx(c, a)))
-            .await
+        self.append_pages_as(None, lease, generation, pages).await
     }
 
     async fn begin_release(
@@ -3306,17 +3579,8 @@ impl ReconcileStore for LcStore {
         reason: TerminalReason,
         at: CutReading,
     ) -> Result<LeaseWork, LcError> {
-        let args = BeginReleaseArgs {
-            lease,
-            generation,
-            reason,
-            at,
-            store: self,
-        };
-        self.run(Op::Transition, &args, |c, a| {
-            Box::pin(begin_release_tx(c, a))
-        })
-        .await
+        self.begin_release_as(None, lease, generation, reason, at)
+            .await
     }
 
     async fn begin_release_not_sent(
@@ -3326,7 +3590,7 @@ impl ReconcileStore for LcStore {
         evidence: &serde_json::Value,
         at: CutReading,
     ) -> Result<LeaseWork, LcError> {
-        self.release_not_sent(lease, generation, evidence, at, None)
+        self.release_not_sent(None, lease, generation, evidence, at, None)
             .await
     }
 
@@ -3338,7 +3602,7 @@ impl ReconcileStore for LcStore {
         at: CutReading,
         refusal: &ResumeRefusal,
     ) -> Result<LeaseWork, LcError> {
-        self.release_not_sent(lease, generation, evidence, at, Some(refusal))
+        self.release_not_sent(None, lease, generation, evidence, at, Some(refusal))
             .await
     }
 
@@ -3349,18 +3613,8 @@ impl ReconcileStore for LcStore {
         evidence: &serde_json::Value,
         at: CutReading,
     ) -> Result<ReleaseOutcome, LcError> {
-        rules::require_certain(at)?;
-        let args = CommitArgs {
-            store: self,
-            lease,
-            generation,
-            evidence,
-            at,
-        };
-        self.run(Op::CommitRelease, &args, |c, a| {
-            Box::pin(commit_release_tx(c, a))
-        })
-        .await
+        self.commit_release_as(None, lease, generation, evidence, at)
+            .await
     }
 
     async fn attach_receipts(&self, at: CutReading, limit: usize) -> Result<usize, LcError> {
@@ -3425,16 +3679,8 @@ impl ReconcileStore for LcStore {
         evidence: &serde_json::Value,
         at: CutReading,
     ) -> Result<LeaseWork, LcError> {
-        let args = AttachmentArgs {
-            lease,
-            generation,
-            evidence,
-            at,
-        };
-        self.run(Op::Hibernation, &args, |c, a| {
-            Box::pin(record_attachment_tx(c, a))
-        })
-        .await
+        self.record_attachment_as(None, lease, generation, evidence, at)
+            .await
     }
 
     async fn restore_manifest(
@@ -3460,6 +3706,169 @@ impl ReconcileStore for LcStore {
             })
         })
         .await
+    }
+}
+
+/// [`LcStore`] as the holder of one claim sees it
+/// ([`ReconcileStore::claimed`]): its writes on the claimed Lease are
+/// fenced by the claim in their own transaction; everything else is the
+/// store's.
+struct ClaimedStore<'a> {
+    store: &'a LcStore,
+    claim: ClaimCredential,
+}
+
+#[async_trait]
+impl ReconcileStore for ClaimedStore<'_> {
+    async fn register_provider(
+        &self,
+        id: &ProviderId,
+        url: &str,
+        public_key: [u8; 32],
+    ) -> Result<Provider, LcError> {
+        self.store.register_provider(id, url, public_key).await
+    }
+
+    async fn due_work(&self, at: CutReading, limit: usize) -> Result<Vec<LeaseWork>, LcError> {
+        self.store.due_work(at, limit).await
+    }
+
+    async fn claim_due_work(
+        &self,
+        holder: &ClaimHolder,
+        at: CutReading,
+        limit: usize,
+    ) -> Result<Vec<ClaimedWork>, LcError> {
+        self.store.claim_due_work(holder, at, limit).await
+    }
+
+    fn claimed(&self, claim: ClaimCredential) -> Box<dyn ReconcileStore + '_> {
+        self.store.claimed(claim)
+    }
+
+    async fn mark_active(
+        &self,
+        lease: SandboxLeaseId,
+        generation: Generation,
+        at: CutReading,
+    ) -> Result<LeaseWork, LcError> {
+        self.store
+            .mark_active_as(Some(&self.claim), lease, generation, at)
+            .await
+    }
+
+    async fn renew(
+        &self,
+        lease: SandboxLeaseId,
+        generation: Generation,
+        at: CutReading,
+    ) -> Result<LeaseWork, LcError> {
+        self.store
+            .renew_as(Some(&self.claim), lease, generation, at)
+            .await
+    }
+
+    async fn append_pages(
+        &self,
+        lease: SandboxLeaseId,
+        generation: Generation,
+        pages: &[OutputPage],
+    ) -> Result<AppendReport, LcError> {
+        self.store
+            .append_pages_as(Some(&self.claim), lease, generation, pages)
+            .await
+    }
+
+    async fn begin_release(
+        &self,
+        lease: SandboxLeaseId,
+        generation: Generation,
+        reason: TerminalReason,
+        at: CutReading,
+    ) -> Result<LeaseWork, LcError> {
+        self.store
+            .begin_release_as(Some(&self.claim), lease, generation, reason, at)
+            .await
+    }
+
+    async fn begin_release_not_sent(
+        &self,
+        lease: SandboxLeaseId,
+        generation: Generation,
+        evidence: &serde_json::Value,
+        at: CutReading,
+    ) -> Result<LeaseWork, LcError> {
+        self.store
+            .release_not_sent(Some(&self.claim), lease, generation, evidence, at, None)
+            .await
+    }
+
+    async fn refuse_restore(
+        &self,
+        lease: SandboxLeaseId,
+        generation: Generation,
+        evidence: &serde_json::Value,
+        at: CutReading,
+        refusal: &ResumeRefusal,
+    ) -> Result<LeaseWork, LcError> {
+        self.store
+            .release_not_sent(
+                Some(&self.claim),
+                lease,
+                generation,
+                evidence,
+                at,
+                Some(refusal),
+            )
+            .await
+    }
+
+    async fn commit_release(
+        &self,
+        lease: SandboxLeaseId,
+        generation: Generation,
+        evidence: &serde_json::Value,
+        at: CutReading,
+    ) -> Result<ReleaseOutcome, LcError> {
+        self.store
+            .commit_release_as(Some(&self.claim), lease, generation, evidence, at)
+            .await
+    }
+
+    async fn attach_receipts(&self, at: CutReading, limit: usize) -> Result<usize, LcError> {
+        self.store.attach_receipts(at, limit).await
+    }
+
+    async fn gc_operations(&self, at: CutReading, limit: usize) -> Result<usize, LcError> {
+        self.store.gc_operations(at, limit).await
+    }
+
+    async fn due_hibernations(
+        &self,
+        at: CutReading,
+        limit: usize,
+    ) -> Result<Vec<HibernationRecord>, LcError> {
+        self.store.due_hibernations(at, limit).await
+    }
+
+    async fn record_attachment(
+        &self,
+        lease: SandboxLeaseId,
+        generation: Generation,
+        evidence: &serde_json::Value,
+        at: CutReading,
+    ) -> Result<LeaseWork, LcError> {
+        self.store
+            .record_attachment_as(Some(&self.claim), lease, generation, evidence, at)
+            .await
+    }
+
+    async fn restore_manifest(
+        &self,
+        lease: SandboxLeaseId,
+        generation: Generation,
+    ) -> Result<Vec<u8>, LcError> {
+        self.store.restore_manifest(lease, generation).await
     }
 }
 

@@ -1353,3 +1353,306 @@ async fn a_deposit_past_i64_max_is_units_overflow_and_writes_nothing() {
     assert_audit_clean(&f.store).await;
     f.sampler.stop().await;
 }
+
+/// Claims with the shortest TTL and a one-second grace, so a certain cut
+/// passes expiry + grace within seconds.
+fn claims_config() -> lc_pg::LcConfig {
+    lc_pg::LcConfig {
+        claim_ttl: SignedDuration::from_secs(1),
+        claim_grace: SignedDuration::from_secs(1),
+        ..config()
+    }
+}
+
+#[tokio::test]
+async fn claims_take_free_leases_keep_live_ones_and_fence_the_old_holder() {
+    use lc_core::claim::{ClaimGeneration, ClaimHolder, ClaimItem, ClaimKind};
+    use lc_core::owner::TakeoverBasis;
+    let ns = SignedDuration::from_nanos(1);
+    let sec = SignedDuration::from_secs(1);
+    let f = fixture_with(3, claims_config()).await;
+    let at = certain(&f.clock).await;
+    let mut leases = Vec::new();
+    for i in 0..3 {
+        let e = f
+            .store
+            .admit_exec(
+                &op(&format!("c{i}"), "c"),
+                at,
+                f.tenant,
+                &req("small", &["sleep", "60"]),
+            )
+            .await
+            .unwrap();
+        leases.push(e.canonical.lease_id);
+    }
+    let a = ClaimHolder::from_bytes([0xa1; 16]);
+    let b = ClaimHolder::from_bytes([0xb2; 16]);
+    let c0 = certain(&f.clock).await;
+
+    // A takes free Leases, at most its limit, in due order: generation 1,
+    // expiry cut + ttl.
+    let won = f.store.claim_due_work(&a, c0, 2).await.unwrap();
+    let got: Vec<_> = won
+        .iter()
+        .map(|c| (c.work.lease_id, c.claim.generation, c.expiry, c.work.action))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (
+                leases[0],
+                ClaimGeneration(1),
+                c0.cut + sec,
+                LeaseAction::Allocate
+            ),
+            (
+                leases[1],
+                ClaimGeneration(1),
+                c0.cut + sec,
+                LeaseAction::Allocate
+            ),
+        ]
+    );
+    let a0 = won[0].claim;
+    assert_eq!(
+        a0.item,
+        ClaimItem {
+            kind: ClaimKind::Lease,
+            id: leases[0].0
+        }
+    );
+    // B: A's live claims are not taken; the free third Lease is.
+    let b_won = f.store.claim_due_work(&b, c0, 10).await.unwrap();
+    assert_eq!(
+        b_won
+            .iter()
+            .map(|c| (c.work.lease_id, c.claim.generation))
+            .collect::<Vec<_>>(),
+        [(leases[2], ClaimGeneration(1))]
+    );
+
+    // The boundary: expiry + grace - 1 ns is still A's, on a certain cut.
+    let boundary = c0.cut + sec + sec;
+    wait_reading(&f.clock, 10, "a certain cut past expiry + grace", |r| {
+        r.certain && r.cut >= boundary + SignedDuration::from_millis(1)
+    })
+    .await;
+    let before = snapshot(&f.db.url).await;
+    let just_before = CutReading::certain(boundary - ns);
+    let b_again = f.store.claim_due_work(&b, just_before, 10).await.unwrap();
+    assert_eq!(
+        b_again.iter().map(|c| c.work.lease_id).collect::<Vec<_>>(),
+        [leases[2]]
+    );
+    // Uncertain at (and far past) expiry + grace: nothing is taken.
+    let uncertain = CutReading {
+        cut: boundary,
+        certain: false,
+        retry_after_s: 1,
+    };
+    let b_uncertain = f.store.claim_due_work(&b, uncertain, 10).await.unwrap();
+    assert_eq!(
+        b_uncertain
+            .iter()
+            .map(|c| c.work.lease_id)
+            .collect::<Vec<_>>(),
+        [leases[2]]
+    );
+    // Only B's own claim was renewed (max(current, cut + ttl)).
+    let listed = f.store.claims(uncertain, None, 10).await.unwrap();
+    let rows: Vec<_> = listed
+        .iter()
+        .map(|r| {
+            (
+                r.claim.item.id,
+                r.claim.generation,
+                r.claim.expiry,
+                r.expired,
+                r.takeable,
+            )
+        })
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            (leases[0].0, ClaimGeneration(1), c0.cut + sec, false, false),
+            (leases[1].0, ClaimGeneration(1), c0.cut + sec, false, false),
+            (
+                leases[2].0,
+                ClaimGeneration(1),
+                boundary + sec,
+                false,
+                false
+            ),
+        ]
+    );
+    assert_ne!(snapshot(&f.db.url).await, before);
+
+    // At expiry + grace on a certain cut: B takes A's Leases, generation 2.
+    let at_boundary = CutReading::certain(boundary);
+    let listed = f.store.claims(at_boundary, None, 1).await.unwrap();
+    assert_eq!(
+        (listed.len(), listed[0].expired, listed[0].takeable),
+        (1, true, true)
+    );
+    let taken = f.store.claim_due_work(&b, at_boundary, 10).await.unwrap();
+    assert_eq!(
+        taken
+            .iter()
+            .map(|c| (c.work.lease_id, c.claim.generation, c.expiry))
+            .collect::<Vec<_>>(),
+        [
+            (leases[0], ClaimGeneration(2), boundary + sec),
+            (leases[1], ClaimGeneration(2), boundary + sec),
+            (leases[2], ClaimGeneration(1), boundary + sec),
+        ]
+    );
+    let listed = f.store.claims(at_boundary, None, 10).await.unwrap();
+    assert_eq!(
+        listed
+            .iter()
+            .map(|r| (r.claim.holder_sha256, r.claim.basis))
+            .collect::<Vec<_>>(),
+        [
+            (b.sha256(), TakeoverBasis::Expired),
+            (b.sha256(), TakeoverBasis::Expired),
+            (b.sha256(), TakeoverBasis::Unowned),
+        ]
+    );
+    // A finds nothing: B's claims are live.
+    assert_eq!(
+        f.store.claim_due_work(&a, at_boundary, 10).await.unwrap(),
+        vec![]
+    );
+
+    // The old holder's writes are refused claim_stale and change nothing.
+    let before = snapshot(&f.db.url).await;
+    let stale = f.store.claimed(a0);
+    let g = Generation(1);
+    let e = stale
+        .mark_active(leases[0], g, at_boundary)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        e,
+        LcError::ClaimStale {
+            item: format!("lease {}", leases[0].0),
+            presented: ClaimGeneration(1),
+            current: Some(ClaimGeneration(2)),
+        }
+    );
+    assert_eq!(
+        stale
+            .renew(leases[0], g, at_boundary)
+            .await
+            .unwrap_err()
+            .code(),
+        "claim_stale"
+    );
+    assert_eq!(
+        stale
+            .begin_release(leases[0], g, TerminalReason::Cancelled, at_boundary)
+            .await
+            .unwrap_err()
+            .code(),
+        "claim_stale"
+    );
+    assert_eq!(
+        stale
+            .commit_release(leases[0], g, &f.provider.absence(leases[0], 1), at_boundary)
+            .await
+            .unwrap_err()
+            .code(),
+        "claim_stale"
+    );
+    // A claim presented for another Lease proves nothing about it.
+    let new0 = taken[0].claim;
+    assert_eq!(
+        f.store
+            .claimed(new0)
+            .mark_active(leases[1], g, at_boundary)
+            .await
+            .unwrap_err(),
+        LcError::ClaimStale {
+            item: format!("lease {}", leases[1].0),
+            presented: ClaimGeneration(2),
+            current: Some(ClaimGeneration(2)),
+        }
+    );
+    assert_eq!(snapshot(&f.db.url).await, before);
+    // The current holder's write goes through.
+    let w = f
+        .store
+        .claimed(new0)
+        .mark_active(leases[0], g, at_boundary)
+        .await
+        .unwrap();
+    assert_eq!(w.state, LeaseState::Active);
+
+    // Renewal while uncertain keeps the max: an earlier cut changes
+    // nothing, a cut 1 ns later extends by 1 ns.
+    let frozen = CutReading {
+        cut: boundary - sec,
+        certain: false,
+        retry_after_s: 1,
+    };
+    let r = f.store.claim_due_work(&b, frozen, 1).await.unwrap();
+    assert_eq!(
+        (r[0].work.lease_id, r[0].expiry),
+        (leases[0], boundary + sec)
+    );
+    let later = CutReading {
+        cut: boundary + ns,
+        certain: false,
+        retry_after_s: 1,
+    };
+    let r = f.store.claim_due_work(&b, later, 1).await.unwrap();
+    assert_eq!(
+        (r[0].work.lease_id, r[0].claim.generation, r[0].expiry),
+        (leases[0], ClaimGeneration(2), boundary + sec + ns)
+    );
+
+    // The database guard: a claim only moves forward, and is never deleted.
+    let mut c = PgConnection::connect(&f.db.url).await.unwrap();
+    for (sql, what) in [
+        (
+            "UPDATE lc_claims SET generation = 1 WHERE item_id = $1",
+            "a generation moved back",
+        ),
+        (
+            "UPDATE lc_claims SET generation = 4, holder_sha256 = sha256('x'::bytea) WHERE item_id = $1",
+            "a generation skipped",
+        ),
+        (
+            "UPDATE lc_claims SET expiry_floor_us = expiry_floor_us - 1 WHERE item_id = $1",
+            "an expiry shortened",
+        ),
+        (
+            "UPDATE lc_claims SET generation = 3 WHERE item_id = $1",
+            "a take by the same holder",
+        ),
+        ("DELETE FROM lc_claims WHERE item_id = $1", "a deletion"),
+    ] {
+        let e = sqlx::query(sql)
+            .bind(leases[0].0)
+            .execute(&mut c)
+            .await
+            .expect_err(what);
+        let db = e.as_database_error().expect(what);
+        assert_eq!(db.code().as_deref(), Some("LCSC1"), "{what}: {db}");
+        assert!(db.message().starts_with("claim_regression: "), "{what}");
+    }
+    // LCS01: a claim's expiry beyond cut + horizon.
+    let e =
+        sqlx::query("UPDATE lc_claims SET expiry_floor_us = 9000000000000000 WHERE item_id = $1")
+            .bind(leases[0].0)
+            .execute(&mut c)
+            .await
+            .unwrap_err();
+    assert_eq!(
+        e.as_database_error().unwrap().code().as_deref(),
+        Some("LCS01")
+    );
+    f.sampler.stop().await;
+}

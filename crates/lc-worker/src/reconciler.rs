@@ -3,7 +3,19 @@
 //! A step reads the clock once (in production the persisted safe-time cut,
 //! with its certainty) and asks the store for at most `batch` leases that
 //! need action at that reading, each with the action the core planned
-//! ([`lc_core::rules::plan_lease_action`]). The `allocate` ones run at most
+//! ([`lc_core::rules::plan_lease_action`]), and claims them for this
+//! activation in the same call ([`ReconcileStore::claim_due_work`], one
+//! compare-and-set statement for the batch; [`lc_core::claim`]): its own
+//! claims are renewed (on any cut, never shortening), free Leases and
+//! Leases whose claim a certain cut passed by expiry + grace are taken,
+//! and a Lease another worker holds is not returned. So several workers on
+//! one database never act on the same Lease at once, and a killed
+//! worker's Leases are taken only after expiry + grace on a certain cut;
+//! while the cut is uncertain a worker acts only on the Leases it already
+//! holds. Every store write on a Lease goes through its claim's view
+//! ([`ReconcileStore::claimed`]) and is refused `claim_stale`, changing
+//! nothing, once another worker took the Lease (the failure is that
+//! lease's, in the report). The `allocate` ones run at most
 //! `allocate_concurrency` at a time, beside the others, which run one
 //! after another; every provider call is bounded by
 //! `provider_call_timeout`. So an instance slow to start (or a provider
@@ -94,6 +106,7 @@ use std::time::Duration;
 
 use clock::Clock;
 use jiff::SignedDuration;
+use lc_core::claim::{CLAIM_HOLDER_BYTES, ClaimHolder, ClaimedWork};
 use lc_core::rules::LIST_LIMIT_MAX;
 use lc_core::store::ReconcileStore;
 use lc_core::{
@@ -441,6 +454,8 @@ fn allocate_request(w: &LeaseWork, restore: Option<Vec<u8>>) -> Result<AllocateR
 #[derive(Clone)]
 pub struct Reconciler {
     store: Arc<dyn ReconcileStore>,
+    /// This activation's claim holder id, drawn at [`Reconciler::new`].
+    holder: ClaimHolder,
     providers: BTreeMap<ProviderId, Arc<dyn Provider>>,
     clock: Arc<dyn Clock>,
     options: ReconcilerOptions,
@@ -492,8 +507,15 @@ impl Reconciler {
             });
         }
         let providers = providers.into_iter().map(|p| (p.id().clone(), p)).collect();
+        let mut bytes = [0u8; CLAIM_HOLDER_BYTES];
+        getrandom::fill(&mut bytes).map_err(|e| LcError::StorageFailure {
+            message: format!("the operating system's random source failed: {e}"),
+        })?;
+        let holder = ClaimHolder::from_bytes(bytes);
+        tracing::info!(holder_sha256 = %holder.sha256().to_hex(), "reconciler activation");
         Ok(Reconciler {
             store,
+            holder,
             providers,
             clock,
             options,
@@ -503,6 +525,19 @@ impl Reconciler {
     /// The bounds.
     pub fn options(&self) -> ReconcilerOptions {
         self.options
+    }
+
+    /// This activation's claim holder id: every Lease a step acts on is
+    /// claimed under it, and every store write on that Lease presents it.
+    pub fn holder(&self) -> ClaimHolder {
+        self.holder
+    }
+
+    /// The same reconciler acting as the activation `holder` (one worker
+    /// process's reconcilers that share its claims, e.g. over stores with
+    /// other settings).
+    pub fn with_holder(self, holder: ClaimHolder) -> Reconciler {
+        Reconciler { holder, ..self }
     }
 
     /// Reads the clock once as a [`CutReading`].
@@ -525,12 +560,15 @@ impl Reconciler {
     /// was done); failures of single leases are in the report.
     pub async fn step(&self) -> Result<StepReport, StepError> {
         let at = self.reading().await?;
-        let work = self.store.due_work(at, self.options.batch).await?;
+        let work = self
+            .store
+            .claim_due_work(&self.holder, at, self.options.batch)
+            .await?;
         let mut report = StepReport::new(at);
         report.leases_seen = work.len();
-        let (allocations, others): (Vec<&LeaseWork>, Vec<&LeaseWork>) = work
+        let (allocations, others): (Vec<&ClaimedWork>, Vec<&ClaimedWork>) = work
             .iter()
-            .partition(|w| matches!(w.action, LeaseAction::Allocate));
+            .partition(|c| matches!(c.work.action, LeaseAction::Allocate));
         // Allocations in flight at once, bounded, in their listed order;
         // the other actions one after another beside them.
         let allocating = async {
@@ -598,10 +636,14 @@ impl Reconciler {
 
     /// Handles one lease; what it did (a failure included) as a report of
     /// its own, with no lease counted as seen.
-    async fn handle_one(&self, w: &LeaseWork, at: CutReading) -> StepReport {
+    /// Every store write goes through the claim's view, so it is refused
+    /// (`claim_stale`, nothing changed) once another worker took the Lease.
+    async fn handle_one(&self, claimed: &ClaimedWork, at: CutReading) -> StepReport {
         let mut report = StepReport::new(at);
+        let w = &claimed.work;
+        let store = self.store.claimed(claimed.claim);
         let action = action_name(w.action);
-        if let Err(f) = self.handle(w, at, &mut report).await {
+        if let Err(f) = self.handle(&*store, w, at, &mut report).await {
             let (code, message) = match f {
                 Fail::Store(e) => (e.code().to_owned(), e.to_string()),
                 Fail::Provider(e) => (e.code().to_owned(), e.to_string()),
@@ -640,18 +682,19 @@ impl Reconciler {
 
     async fn handle(
         &self,
+        store: &dyn ReconcileStore,
         w: &LeaseWork,
         at: CutReading,
         report: &mut StepReport,
     ) -> Result<(), Fail> {
         match w.action {
-            LeaseAction::Allocate => self.allocate(w, at, report).await?,
-            LeaseAction::Maintain => self.maintain(w, at, report).await?,
+            LeaseAction::Allocate => self.allocate(store, w, at, report).await?,
+            LeaseAction::Maintain => self.maintain(store, w, at, report).await?,
             LeaseAction::BeginRelease(TerminalReason::Exited) => {
                 // The gateway releases it once the terminal page is in the
                 // sink; until then the Lease must not run out.
                 report.exited_left_to_gateway += 1;
-                self.maintain(w, at, report).await?;
+                self.maintain(store, w, at, report).await?;
             }
             LeaseAction::BeginRelease(TerminalReason::Cancelled)
                 if w.state == LeaseState::Active =>
@@ -659,10 +702,10 @@ impl Reconciler {
                 // The owning gateway commits the cancel receipt, stops the
                 // command and releases once its terminal page is acked.
                 report.cancels_left_to_gateway += 1;
-                self.maintain(w, at, report).await?;
+                self.maintain(store, w, at, report).await?;
             }
             LeaseAction::BeginRelease(reason) => {
-                self.store
+                store
                     .begin_release(w.lease_id, w.generation, reason, at)
                     .await?;
                 report.releases_begun += 1;
@@ -672,7 +715,7 @@ impl Reconciler {
                 // proven (on any cut, never shortening), so its grant cannot
                 // reach its reclaim boundary before the units return.
                 if w.reservation_expiry.duration_since(at.cut) <= self.options.renew_ahead {
-                    self.store.renew(w.lease_id, w.generation, at).await?;
+                    store.renew(w.lease_id, w.generation, at).await?;
                     report.renewed += 1;
                 }
                 let provider = self.provider(w)?;
@@ -688,8 +731,7 @@ impl Reconciler {
                     report.release_deferred += 1;
                     return Ok(());
                 }
-                let outcome = self
-                    .store
+                let outcome = store
                     .commit_release(w.lease_id, w.generation, &evidence, at)
                     .await?;
                 if outcome.replay {
@@ -710,6 +752,7 @@ impl Reconciler {
     /// The `allocate` action; see the module docs.
     async fn allocate(
         &self,
+        store: &dyn ReconcileStore,
         w: &LeaseWork,
         at: CutReading,
         report: &mut StepReport,
@@ -718,14 +761,10 @@ impl Reconciler {
         if w.attached {
             // Allocated and attached at an earlier step (the provider
             // signs an attachment only for a started instance).
-            return self.activate(w, at, report).await;
+            return self.activate(store, w, at, report).await;
         }
         let restore = match w.restore_head {
-            Some(_) => Some(
-                self.store
-                    .restore_manifest(w.lease_id, w.generation)
-                    .await?,
-            ),
+            Some(_) => Some(store.restore_manifest(w.lease_id, w.generation).await?),
             None => None,
         };
         // Why the instance cannot start, if it cannot.
@@ -750,7 +789,7 @@ impl Reconciler {
                 match allocation.attachment {
                     Some(envelope) => {
                         let evidence = serde_json::to_value(&envelope).map_err(Fail::Evidence)?;
-                        self.store
+                        store
                             .record_attachment(w.lease_id, w.generation, &evidence, at)
                             .await?;
                         report.attached += 1;
@@ -758,7 +797,7 @@ impl Reconciler {
                     None if w.restore_head.is_some() => return Err(Fail::AttachmentMissing),
                     None => {}
                 }
-                self.activate(w, at, report).await
+                self.activate(store, w, at, report).await
             }
             Err((code, message)) => {
                 // The snapshot, not the instance, is what the provider refused.
@@ -782,11 +821,11 @@ impl Reconciler {
                         code: code.clone(),
                         message: message.clone(),
                     };
-                    self.store
+                    store
                         .refuse_restore(w.lease_id, w.generation, &evidence, at, &refusal)
                         .await?;
                 } else {
-                    self.store
+                    store
                         .begin_release_not_sent(w.lease_id, w.generation, &evidence, at)
                         .await?;
                 }
@@ -814,15 +853,16 @@ impl Reconciler {
     /// waits for the next step.
     async fn activate(
         &self,
+        store: &dyn ReconcileStore,
         w: &LeaseWork,
         at: CutReading,
         report: &mut StepReport,
     ) -> Result<(), Fail> {
         if w.attempt_parked {
             report.awaiting_resume += 1;
-            return self.maintain(w, at, report).await;
+            return self.maintain(store, w, at, report).await;
         }
-        self.store.mark_active(w.lease_id, w.generation, at).await?;
+        store.mark_active(w.lease_id, w.generation, at).await?;
         report.allocated += 1;
         Ok(())
     }
@@ -834,6 +874,7 @@ impl Reconciler {
     /// renewed, so its Lease expires on a certain cut and is released.
     async fn maintain(
         &self,
+        store: &dyn ReconcileStore,
         w: &LeaseWork,
         at: CutReading,
         report: &mut StepReport,
@@ -845,7 +886,7 @@ impl Reconciler {
                 self.provider(w)?.spool_status(w.lease_id, w.generation),
             )
             .await?;
-            self.store.renew(w.lease_id, w.generation, at).await?;
+            store.renew(w.lease_id, w.generation, at).await?;
             report.renewed += 1;
         }
         Ok(())

@@ -396,6 +396,7 @@ pub async fn snapshot(url: &str) -> Vec<(String, Vec<String>)> {
         "lc_resume_intents",
         "lc_resume_receipts",
         "lc_tokens",
+        "lc_claims",
         "tollgate_accounts",
         "tollgate_leases",
         "tollgate_ledger",
