@@ -1039,6 +1039,47 @@ async fn revoke_token(
     Ok(Json(t.into()))
 }
 
+/// Default `limit` of `GET /v1/claims`.
+pub const CLAIM_LIST_DEFAULT: usize = 100;
+
+/// Workers' claims on work items (admin only), by item, each judged at one
+/// reading of the cut: expired (a certain cut at or past its expiry) and
+/// takeable by another worker (a certain cut at or past expiry + grace).
+#[utoipa::path(get, path = "/v1/claims", tag = "claims",
+    params(ClaimListQuery),
+    responses((status = 200, description = "A page of claims", body = ClaimList)),
+    security(("bearer" = [])))]
+async fn list_claims(
+    State(s): State<AppState>,
+    _: Admin,
+    Q(q): Q<ClaimListQuery>,
+) -> Result<Json<ClaimList>, ApiError> {
+    let limit = q.limit.unwrap_or(CLAIM_LIST_DEFAULT);
+    let limit = lc_core::rules::check_limit(limit, lc_core::rules::LIST_LIMIT_MAX)?;
+    let after = match q.after_lease {
+        Some(a) if a < 0 => {
+            return Err(ApiError::InvalidQuery(format!(
+                "after_lease must be at least 0, got {a}"
+            )));
+        }
+        a => a.map(|id| lc_core::claim::ClaimItem {
+            kind: lc_core::claim::ClaimKind::Lease,
+            id,
+        }),
+    };
+    let reading = s.reading().await?;
+    let claims = s.store().claims(reading.at, after, limit).await?;
+    let next_after_lease = (claims.len() == limit)
+        .then(|| claims.last().map(|c| c.claim.item.id))
+        .flatten();
+    Ok(Json(ClaimList {
+        cut: reading.at.cut,
+        certain: reading.at.certain,
+        claims: claims.into_iter().map(Into::into).collect(),
+        next_after_lease,
+    }))
+}
+
 /// An operation key and its recorded result: the admin's own keys without
 /// `Lc-Tenant`, else the acting tenant's.
 #[utoipa::path(get, path = "/v1/operations/{key}", tag = "operations",
@@ -1167,6 +1208,7 @@ pub fn api_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(get_operation))
         .routes(routes!(mint_token, list_tokens))
         .routes(routes!(revoke_token))
+        .routes(routes!(list_claims))
         .routes(routes!(healthz))
         .routes(routes!(readyz))
         .routes(routes!(metrics_text))

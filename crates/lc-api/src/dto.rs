@@ -851,6 +851,19 @@ pub struct TokenListQuery {
     pub limit: Option<usize>,
 }
 
+/// `GET /v1/claims?after_lease=&limit=`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ClaimListQuery {
+    /// Only claims on Leases with a larger id.
+    #[serde(default)]
+    pub after_lease: Option<i64>,
+    /// At most this many (default 100, at most 1000).
+    #[serde(default)]
+    pub limit: Option<usize>,
+}
+
 /// A page of the acting tenant's tokens, ascending by id (revoked and
 /// expired ones included).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -859,4 +872,60 @@ pub struct TokenList {
     pub tokens: Vec<TokenView>,
     /// The `after` of the next page, when this one is full.
     pub next_after: Option<i64>,
+}
+
+/// A worker's claim on a work item, judged at the answer's cut.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ClaimView {
+    /// The item's kind: `lease` (a sandbox Lease).
+    pub item_kind: String,
+    /// The item's id (the Lease id).
+    pub item_id: i64,
+    /// SHA-256 of the holding worker activation's id, 64 hex digits (the
+    /// worker logs it at start as `holder_sha256`).
+    pub holder_sha256: String,
+    /// The claim's generation: 1 for the item's first holder, one more
+    /// for every take by another worker.
+    pub generation: i64,
+    /// The claim's expiry on the cut.
+    #[schema(value_type = String)]
+    pub expiry: Timestamp,
+    /// Why the holder could take it: `unowned` (never claimed before) or
+    /// `expired` (the previous holder's claim was past expiry + grace).
+    pub basis: String,
+    /// Whether the answer's cut is certain and at or past the expiry.
+    pub expired: bool,
+    /// Whether another worker may take it now: a certain cut at or past
+    /// expiry + the claim grace.
+    pub takeable: bool,
+}
+
+impl From<lc_core::claim::ClaimRecord> for ClaimView {
+    fn from(r: lc_core::claim::ClaimRecord) -> ClaimView {
+        ClaimView {
+            item_kind: r.claim.item.kind.as_str().to_owned(),
+            item_id: r.claim.item.id,
+            holder_sha256: r.claim.holder_sha256.to_hex(),
+            generation: r.claim.generation.0,
+            expiry: r.claim.expiry,
+            basis: r.claim.basis.as_str().to_owned(),
+            expired: r.expired,
+            takeable: r.takeable,
+        }
+    }
+}
+
+/// A page of claims, by item, judged at one reading of the cut.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ClaimList {
+    /// The cut the answer was judged at.
+    #[schema(value_type = String)]
+    pub cut: Timestamp,
+    /// Whether that cut was certain (nothing is expired or takeable on an
+    /// uncertain one).
+    pub certain: bool,
+    /// The claims.
+    pub claims: Vec<ClaimView>,
+    /// The `after_lease` of the next page, when this one was full.
+    pub next_after_lease: Option<i64>,
 }

@@ -1090,3 +1090,86 @@ async fn a_deposit_past_the_balance_limit_says_so_and_changes_nothing() {
     ));
     assert_eq!(balances(&s, id).await["deposited"], json!(i64::MAX));
 }
+
+#[tokio::test]
+async fn the_claims_list_is_admin_only_and_judges_each_claim_at_the_cut() {
+    use lc_core::claim::ClaimHolder;
+    let s = PgSvc::start().await;
+    let (_, key) = tenant(&s, "blue", 2).await;
+    for i in 0..2 {
+        send(
+            &s.router,
+            Req::post("/v1/execs")
+                .token(&key)
+                .key(&format!("e-{i}"))
+                .json(small(&["sleep", "60"])),
+        )
+        .await
+        .ok(201);
+    }
+    let list = |q: &str| Req::get(format!("/v1/claims{q}"));
+    // Nothing claimed yet.
+    let b = send(&s.router, list("").token(ADMIN)).await;
+    assert_eq!(
+        (&b.ok(200)["claims"], &b.body["next_after_lease"]),
+        (&json!([]), &Value::Null)
+    );
+    // A worker activation claims both Leases (the store's defaults: a 10 s
+    // TTL, a 2 s grace).
+    let holder = ClaimHolder::from_bytes([0x42; 16]);
+    let at = s.reading().await;
+    let won = s.store.claim_due_work(&holder, at, 10).await.unwrap();
+    assert_eq!(won.len(), 2);
+    let expiry = won[0].expiry;
+    assert_eq!(expiry, at.cut + jiff::SignedDuration::from_secs(10));
+    let view = |lease: i64| {
+        json!({
+            "item_kind": "lease",
+            "item_id": lease,
+            "holder_sha256": holder.sha256().to_hex(),
+            "generation": 1,
+            "expiry": expiry,
+            "basis": "unowned",
+            "expired": false,
+            "takeable": false,
+        })
+    };
+    let (l0, l1) = (won[0].work.lease_id.0, won[1].work.lease_id.0);
+    let b = send(&s.router, list("").token(ADMIN)).await;
+    let body = b.ok(200);
+    assert_eq!(body["certain"], json!(true));
+    assert_eq!(body["claims"], json!([view(l0), view(l1)]));
+    assert_eq!(body["next_after_lease"], Value::Null);
+    // Paged by Lease id.
+    let b = send(&s.router, list("?limit=1").token(ADMIN)).await;
+    assert_eq!(
+        (&b.ok(200)["claims"], &b.body["next_after_lease"]),
+        (&json!([view(l0)]), &json!(l0))
+    );
+    let b = send(&s.router, list(&format!("?after_lease={l0}")).token(ADMIN)).await;
+    assert_eq!(b.ok(200)["claims"], json!([view(l1)]));
+    // Uncertain: the same claims, neither expired nor takeable.
+    s.clock.force_uncertain(true);
+    let b = send(&s.router, list("").token(ADMIN)).await;
+    assert_eq!(
+        (&b.ok(200)["certain"], &b.body["claims"]),
+        (&json!(false), &json!([view(l0), view(l1)]))
+    );
+    s.clock.force_uncertain(false);
+    // Refusals: no credential, a tenant's key, a bad query.
+    send(&s.router, list(""))
+        .await
+        .problem(401, "unauthenticated");
+    send(&s.router, list("").token(&key))
+        .await
+        .problem(403, "forbidden");
+    send(&s.router, list("?limit=0").token(ADMIN))
+        .await
+        .problem(422, "invalid_limit");
+    send(&s.router, list("?after_lease=-1").token(ADMIN))
+        .await
+        .problem(400, "invalid_query");
+    send(&s.router, list("?lease=1").token(ADMIN))
+        .await
+        .problem(400, "invalid_query");
+}

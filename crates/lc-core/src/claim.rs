@@ -9,12 +9,17 @@
 //!   keeps only its SHA-256), and the store gives each take a
 //!   [`ClaimGeneration`]: 1 for the first holder of the item, one more for
 //!   every take by another holder. The claim's expiry is on the cut.
-//! * **Take** ([`plan_claim`]): an item may be taken when it was never
-//!   claimed (on a certain cut: a take admits a new deadline), or when a
-//!   certain cut has passed its holder's expiry plus [`CLAIM_GRACE_DEFAULT`]
-//!   (the store's configured grace): `cut >= expiry + grace`, so at
-//!   `expiry + grace - 1 ns` it is still the holder's. While the cut is
-//!   uncertain nothing is taken, whatever the claim's age.
+//! * **Take** ([`plan_claim`]): an item another holder claimed may be
+//!   taken only when a certain cut has passed that holder's expiry plus
+//!   [`CLAIM_GRACE_DEFAULT`] (the store's configured grace):
+//!   `cut >= expiry + grace`, so at `expiry + grace - 1 ns` it is still the
+//!   holder's.
+//!   While the cut is uncertain nothing is taken from a holder, whatever
+//!   the claim's age. An item never claimed is claimed at generation 1 on
+//!   any cut: it ends nobody's authority, and its expiry `cut + ttl` is
+//!   never later than a certain cut's would be (the cut is a lower bound
+//!   on true time), so a worker keeps allocating and renewing while the
+//!   cut is uncertain, as it did before claims.
 //! * **Renewal** ([`renewed_claim_expiry`]): the holder renews to
 //!   `max(current, cut + ttl)` on any cut, certain or not: a renewal never
 //!   shortens, and an uncertain cut still keeps the holder serving.
@@ -77,7 +82,7 @@ pub struct ClaimHolder([u8; CLAIM_HOLDER_BYTES]);
 impl ClaimHolder {
     /// Wraps `bytes`, which the caller drew from a cryptographic random
     /// source once per worker activation.
-    pub fn from_bytes(bytes: [u8; CLAIM_HOLDER_BYTES]) -> ClaimHolder {
+    pub const fn from_bytes(bytes: [u8; CLAIM_HOLDER_BYTES]) -> ClaimHolder {
         ClaimHolder(bytes)
     }
 
@@ -319,12 +324,13 @@ pub fn renewed_claim_expiry(
 /// `at`, with `ttl` and `grace`.
 ///
 /// * Held by the caller: a renewal (on any cut, never shortening).
-/// * Unclaimed: a take of generation 1, on a certain cut only.
+/// * Unclaimed: a take of generation 1, on any cut (see the module docs).
 /// * Held by another, and a certain cut has reached its expiry + grace: a
 ///   take of the next generation.
 ///
 /// # Errors
-/// [`LcError::TimeUncertain`] for a take on an uncertain cut;
+/// [`LcError::TimeUncertain`] for a take from another holder on an
+/// uncertain cut;
 /// [`LcError::ClaimLive`] when another holder's claim is not takeable at
 /// `at`; [`LcError::InvalidTimeout`] for a TTL or grace outside its bounds.
 pub fn plan_claim(
@@ -344,12 +350,12 @@ pub fn plan_claim(
             expiry: renewed_expiry(c.expiry, at, ttl)?,
         });
     }
-    if !at.certain {
+    let expiry = crate::rules::deadline_after(at, ttl)?;
+    if current.is_some() && !at.certain {
         return Err(LcError::TimeUncertain {
             retry_after_s: at.retry_after_s.max(1),
         });
     }
-    let expiry = crate::rules::deadline_after(at, ttl)?;
     match current {
         None => Ok(ClaimPlan::Take {
             basis: TakeoverBasis::Unowned,
@@ -437,19 +443,17 @@ mod tests {
     const S: i64 = 1_000_000_000;
 
     #[test]
-    fn a_free_item_is_taken_at_generation_one_on_a_certain_cut_only() {
-        assert_eq!(
-            plan_claim(None, holder(1).sha256(), at(100 * S, true), TTL, GRACE),
-            Ok(ClaimPlan::Take {
-                basis: TakeoverBasis::Unowned,
-                generation: ClaimGeneration(1),
-                expiry: t(110 * S),
-            })
-        );
-        assert_eq!(
-            plan_claim(None, holder(1).sha256(), at(100 * S, false), TTL, GRACE),
-            Err(LcError::TimeUncertain { retry_after_s: 3 })
-        );
+    fn a_free_item_is_claimed_at_generation_one_on_any_cut() {
+        for certain in [true, false] {
+            assert_eq!(
+                plan_claim(None, holder(1).sha256(), at(100 * S, certain), TTL, GRACE),
+                Ok(ClaimPlan::Take {
+                    basis: TakeoverBasis::Unowned,
+                    generation: ClaimGeneration(1),
+                    expiry: t(110 * S),
+                })
+            );
+        }
     }
 
     #[test]

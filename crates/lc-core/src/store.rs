@@ -403,13 +403,14 @@ pub trait ReconcileStore: Send + Sync {
     /// at `at` and returns them as [`ReconcileStore::due_work`] would, in
     /// its order, each with the claim its writes present: the holder's own
     /// claims are renewed to `max(current, cut + claim ttl)` (on any cut),
-    /// unclaimed Leases and Leases whose claim a certain cut has passed by
-    /// its expiry + the claim grace are taken (certain cut only: the next
-    /// generation, expiry `cut + claim ttl`). A Lease another worker holds
-    /// is left out, and so is one another worker claims at the same moment
+    /// unclaimed Leases are claimed (generation 1, expiry `cut + claim
+    /// ttl`, on any cut), and Leases whose claim a certain cut has passed
+    /// by its expiry + the claim grace are taken (certain cut only: the
+    /// next generation). A Lease another worker holds is left out, and so
+    /// is one another worker claims at the same moment
     /// ([`crate::claim::plan_claim`]; the store re-checks each claim as it
     /// writes, in one statement for the batch). While `at` is uncertain
-    /// only the holder's own claims are returned.
+    /// nothing is taken from another worker.
     ///
     /// # Errors
     /// `invalid_limit`, `invalid_cut_reading`, `time_uncertain` (no cut

@@ -2885,15 +2885,14 @@ fn claim_from(row: &PgRow) -> Result<Claim, Fail> {
 
 /// Up to `limit` unreleased Leases the holder with `holder_sha256` may
 /// claim, in [`due_leases`]' order (soonest expiry first, then by id), each
-/// with its current claim: its own claims; unclaimed ones when `certain`;
-/// another holder's whose expiry is at or before `cutoff` (the caller's
+/// with its current claim: its own claims; unclaimed ones; another
+/// holder's whose expiry is at or before `cutoff` (the caller's
 /// `cut - grace` on a certain cut, `None` otherwise). The caller decides
 /// each by the rule and writes with [`write_claims`], which re-checks the
 /// claim it read.
 pub(crate) async fn lease_claim_candidates(
     conn: &mut PgConnection,
     holder_sha256: Digest,
-    certain: bool,
     cutoff: Option<Timestamp>,
     limit: usize,
 ) -> Result<Vec<(SandboxLeaseId, Option<Claim>)>, Fail> {
@@ -2904,14 +2903,13 @@ pub(crate) async fn lease_claim_candidates(
            FROM lc_sandbox_leases l \
            LEFT JOIN lc_claims c ON c.item_kind = 'lease' AND c.item_id = l.lease_id \
           WHERE l.state <> 'released' \
-            AND ((c.item_id IS NULL AND $2) \
+            AND (c.item_id IS NULL \
                  OR c.holder_sha256 = $1 \
-                 OR ($3::bigint IS NOT NULL \
-                     AND (c.expiry_floor_us, c.expiry_submicro_ns) <= ($3::bigint, $4::integer))) \
-          ORDER BY l.expiry_floor_us, l.expiry_submicro_ns, l.lease_id LIMIT $5",
+                 OR ($2::bigint IS NOT NULL \
+                     AND (c.expiry_floor_us, c.expiry_submicro_ns) <= ($2::bigint, $3::integer))) \
+          ORDER BY l.expiry_floor_us, l.expiry_submicro_ns, l.lease_id LIMIT $4",
     )
     .bind(&holder_sha256.0[..])
-    .bind(certain)
     .bind(f)
     .bind(s)
     .bind(limit as i64)

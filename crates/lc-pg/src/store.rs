@@ -684,13 +684,13 @@ async fn claim_due_work_tx(
     owner_expiry(a.at, ttl, &cut)?;
     let me = a.holder.sha256();
     let cutoff = claim::take_cutoff(grace, a.at);
-    let candidates = db::lease_claim_candidates(conn, me, a.at.certain, cutoff, a.limit).await?;
+    let candidates = db::lease_claim_candidates(conn, me, cutoff, a.limit).await?;
     let mut plans = Vec::with_capacity(candidates.len());
     for (lease, current) in candidates {
         let plan = match claim::plan_claim(current.as_ref(), me, a.at, ttl, grace) {
             Ok(p) => p,
-            // Another worker's live claim, or a take while uncertain: not
-            // this worker's this step.
+            // Another worker's live claim, or a take from another holder
+            // while uncertain: not this worker's this step.
             Err(LcError::ClaimLive { .. } | LcError::TimeUncertain { .. }) => continue,
             Err(e) => return Err(e.into()),
         };

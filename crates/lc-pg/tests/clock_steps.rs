@@ -17,6 +17,8 @@
 //! exactly once and Tollgate's audit is clean. Every read of the persisted
 //! cut checks that it never went backward.
 
+#[path = "clock_steps/claims.rs"]
+mod claims;
 #[path = "clock_steps/rate.rs"]
 mod rate;
 mod support;
@@ -626,6 +628,7 @@ async fn forward_step(major: u32) {
     while_uncertain(&f, &mut x, u, ttl).await;
     rate.while_uncertain(&f, u).await;
     tokens::while_uncertain(&f.store, &f.db.url, &tk, u, RETRY_AFTER_S).await;
+    claims::while_uncertain(&f, &x, u).await;
     // Database time has passed the deadline; no certain cut has.
     let row = f.cuts.read().await;
     assert!(row.db_now >= x.expiry, "{} < {}", row.db_now, x.expiry);
@@ -659,6 +662,7 @@ async fn forward_step(major: u32) {
         "illegal_transition"
     );
     rate.once_certain(&f, c).await;
+    claims::once_certain(&f, &x, c).await;
     once_certain(&f, &x, c).await;
     tokens::once_certain(&f.store, &tk, c).await;
     finish(f).await;
@@ -686,6 +690,7 @@ async fn backward_step(major: u32) {
     while_uncertain(&f, &mut x, u, ttl).await;
     rate.while_uncertain(&f, u).await;
     tokens::while_uncertain(&f.store, &f.db.url, &tk, u, RETRY_AFTER_S).await;
+    claims::while_uncertain(&f, &x, u).await;
     // Database time went behind the cut; the cut did not follow it.
     assert!(
         f.cuts.seen.iter().any(|r| r.db_now < r.cut),
@@ -695,6 +700,7 @@ async fn backward_step(major: u32) {
     let c1 = f.cuts.read().await;
     assert!(c1.cut >= b.cut && c.cut >= c0.cut);
     rate.once_certain(&f, c).await;
+    claims::once_certain(&f, &x, c).await;
     once_certain(&f, &x, c).await;
     tokens::once_certain(&f.store, &tk, c).await;
     finish(f).await;
@@ -727,6 +733,7 @@ async fn paused_sampler(major: u32) {
     while_uncertain(&f, &mut x, u, ttl).await;
     rate.while_uncertain(&f, u).await;
     tokens::while_uncertain(&f.store, &f.db.url, &tk, u, RETRY_AFTER_S).await;
+    claims::while_uncertain(&f, &x, u).await;
     let row = f.cuts.read().await;
     assert_eq!((row.cut, row.publish_seq), (frozen.cut, frozen.publish_seq));
     assert!(row.db_now >= x.expiry, "{} < {}", row.db_now, x.expiry);
@@ -740,6 +747,7 @@ async fn paused_sampler(major: u32) {
     .await;
     assert!(f.cuts.read().await.cut >= frozen.cut);
     rate.once_certain(&f, c).await;
+    claims::once_certain(&f, &x, c).await;
     once_certain(&f, &x, c).await;
     tokens::once_certain(&f.store, &tk, c).await;
     // The deadline is expired now that a certain cut has passed it.

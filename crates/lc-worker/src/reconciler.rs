@@ -11,8 +11,8 @@
 //! and a Lease another worker holds is not returned. So several workers on
 //! one database never act on the same Lease at once, and a killed
 //! worker's Leases are taken only after expiry + grace on a certain cut;
-//! while the cut is uncertain a worker acts only on the Leases it already
-//! holds. Every store write on a Lease goes through its claim's view
+//! while the cut is uncertain a worker keeps its own Leases and claims
+//! unclaimed ones, but takes none from another worker. Every store write on a Lease goes through its claim's view
 //! ([`ReconcileStore::claimed`]) and is refused `claim_stale`, changing
 //! nothing, once another worker took the Lease (the failure is that
 //! lease's, in the report). The `allocate` ones run at most
@@ -472,9 +472,12 @@ impl std::fmt::Debug for Reconciler {
 
 impl Reconciler {
     /// A reconciler over `store`, driving `providers` (by their ids), on
-    /// `clock`.
+    /// `clock`, as a new worker activation: its claim holder id is 16
+    /// bytes from the operating system's random source (logged as
+    /// `holder_sha256`, the digest `GET /v1/claims` shows).
     ///
     /// # Errors
+    /// [`LcError::StorageFailure`] when the random source fails;
     /// [`LcError::InvalidLimit`] when a batch is outside `1..=`[`LIST_LIMIT_MAX`]
     /// or the allocate concurrency outside `1..=`[`ALLOCATE_CONCURRENCY_MAX`];
     /// [`LcError::InvalidTimeout`] when the provider call timeout is outside

@@ -96,6 +96,18 @@ fn supervisor_bin() -> PathBuf {
 }
 
 async fn connect_store(url: &str, lease_ttl: SignedDuration) -> Arc<lc_pg::LcStore> {
+    connect_store_with(
+        url,
+        lc_pg::LcConfig {
+            lease_ttl,
+            ..lc_pg::LcConfig::default()
+        },
+    )
+    .await
+}
+
+/// A store on `url` with `config` (few connections, a long acquire wait).
+async fn connect_store_with(url: &str, config: lc_pg::LcConfig) -> Arc<lc_pg::LcStore> {
     Arc::new(
         lc_pg::LcStore::connect(
             url,
@@ -103,10 +115,9 @@ async fn connect_store(url: &str, lease_ttl: SignedDuration) -> Arc<lc_pg::LcSto
                 .unwrap(),
             tollgate::CapabilityKey::new(&SECRET).unwrap(),
             lc_pg::LcConfig {
-                lease_ttl,
                 max_connections: 4,
                 acquire_timeout: Duration::from_secs(30),
-                ..lc_pg::LcConfig::default()
+                ..config
             },
         )
         .await
@@ -240,8 +251,16 @@ impl Rig {
         rig
     }
 
-    /// Another reconciler on this rig's clock and provider, over `store`.
+    /// Another reconciler of this rig's worker activation (its claims are
+    /// the rig's reconciler's) on this rig's clock and provider, over
+    /// `store`.
     fn reconciler(&self, store: Arc<lc_pg::LcStore>, options: ReconcilerOptions) -> Reconciler {
+        self.worker(store, options).with_holder(self.rec.holder())
+    }
+
+    /// A reconciler of a worker activation of its own (a second worker
+    /// process) on this rig's clock and provider, over `store`.
+    fn worker(&self, store: Arc<lc_pg::LcStore>, options: ReconcilerOptions) -> Reconciler {
         Reconciler::new(
             store,
             vec![self.provider.clone() as Arc<dyn Provider>],
@@ -2349,4 +2368,131 @@ async fn a_runtime_without_a_c_library_ends_its_exec_start_failed() {
     );
     assert_eq!(rig.balances(tenant).await, (1, 1, 0, 0));
     rig.assert_audit((1, 0, 0)).await;
+}
+
+/// Two workers (two activations, each over its own store on one database)
+/// with short claims: each Lease is allocated by exactly one of them, and
+/// each step of each sees only the Leases it claimed; once one stops, the
+/// other takes its Leases only when a certain cut has reached their claims'
+/// expiry + grace, and the stopped one's writes are refused `claim_stale`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_workers_allocate_each_lease_once_and_take_a_stopped_one_s_only_after_expiry_plus_grace()
+ {
+    use lc_core::claim::{ClaimCredential, ClaimGeneration, ClaimItem, ClaimKind};
+    use lc_core::owner::TakeoverBasis;
+    let rig = Rig::start(
+        lc_core::rules::LEASE_TTL_DEFAULT,
+        ReconcilerOptions::default(),
+    )
+    .await;
+    let claims = lc_pg::LcConfig {
+        claim_ttl: SignedDuration::from_secs(1),
+        claim_grace: SignedDuration::from_secs(1),
+        ..lc_pg::LcConfig::default()
+    };
+    let w1 = rig.worker(
+        connect_store_with(&rig.url, claims).await,
+        ReconcilerOptions::default(),
+    );
+    let w2 = rig.worker(
+        connect_store_with(&rig.url, claims).await,
+        ReconcilerOptions::default(),
+    );
+    assert_ne!(w1.holder(), w2.holder());
+    let tenant = rig.tenant(4).await;
+    let first = [
+        rig.admit(tenant, "e-1", &["sleep", "600"]).await,
+        rig.admit(tenant, "e-2", &["sleep", "600"]).await,
+    ];
+    let r = w1.step().await.unwrap();
+    assert_eq!((r.leases_seen, r.allocated, r.failures), (2, 2, vec![]));
+    let second = [
+        rig.admit(tenant, "e-3", &["sleep", "600"]).await,
+        rig.admit(tenant, "e-4", &["sleep", "600"]).await,
+    ];
+    // w1's claims are live: w2 takes only the two new Leases.
+    let r = w2.step().await.unwrap();
+    assert_eq!((r.leases_seen, r.allocated, r.failures), (2, 2, vec![]));
+    // Both at once, a few times: each sees its own two, none allocates again.
+    for _ in 0..3 {
+        let (r1, r2) = tokio::join!(w1.step(), w2.step());
+        let (r1, r2) = (r1.unwrap(), r2.unwrap());
+        assert_eq!((r1.leases_seen, r1.allocated, r1.failures), (2, 0, vec![]));
+        assert_eq!((r2.leases_seen, r2.allocated, r2.failures), (2, 0, vec![]));
+    }
+    assert_eq!(rig.provider.inventory().await.unwrap().len(), 4);
+    for e in first.iter().chain(&second) {
+        assert_eq!(rig.lease(*e).await.unwrap().state, LeaseState::Active);
+    }
+    let at = rig.reading().await;
+    let listed = rig.store.claims(at, None, 10).await.unwrap();
+    let holders: Vec<_> = listed
+        .iter()
+        .map(|c| (c.claim.holder_sha256, c.claim.generation))
+        .collect();
+    let (h1, h2) = (w1.holder().sha256(), w2.holder().sha256());
+    assert_eq!(
+        holders,
+        [
+            (h1, ClaimGeneration(1)),
+            (h1, ClaimGeneration(1)),
+            (h2, ClaimGeneration(1)),
+            (h2, ClaimGeneration(1)),
+        ]
+    );
+    // w1 stops. Its claims' latest expiry + grace is when w2 may take them.
+    let takeable_at =
+        listed[..2].iter().map(|c| c.claim.expiry).max().unwrap() + SignedDuration::from_secs(1);
+    let deadline = Instant::now() + WAIT_MAX;
+    let taken = loop {
+        let r = w2.step().await.unwrap();
+        assert_eq!(r.failures, vec![]);
+        if r.at.certain && r.at.cut >= takeable_at {
+            break r;
+        }
+        assert_eq!(r.leases_seen, 2, "taken before expiry + grace: {:?}", r.at);
+        assert!(
+            Instant::now() < deadline,
+            "no certain cut past {takeable_at}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!((taken.leases_seen, taken.allocated), (4, 0));
+    let listed = rig.store.claims(taken.at, None, 10).await.unwrap();
+    assert_eq!(
+        listed
+            .iter()
+            .map(|c| (c.claim.holder_sha256, c.claim.generation, c.claim.basis))
+            .collect::<Vec<_>>(),
+        [
+            (h2, ClaimGeneration(2), TakeoverBasis::Expired),
+            (h2, ClaimGeneration(2), TakeoverBasis::Expired),
+            (h2, ClaimGeneration(1), TakeoverBasis::Unowned),
+            (h2, ClaimGeneration(1), TakeoverBasis::Unowned),
+        ]
+    );
+    // w1 comes back: w2's claims are live, so it sees nothing, and a write
+    // under its old claim is refused and changes nothing.
+    let r = w1.step().await.unwrap();
+    assert_eq!((r.leases_seen, r.failures), (0, vec![]));
+    let lease = rig.lease(first[0]).await.unwrap();
+    let old = ClaimCredential {
+        item: ClaimItem {
+            kind: ClaimKind::Lease,
+            id: lease.lease_id.0,
+        },
+        holder: w1.holder(),
+        generation: ClaimGeneration(1),
+    };
+    let at = rig.reading().await;
+    let e = rig
+        .store
+        .claimed(old)
+        .renew(lease.lease_id, lease.generation, at)
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), "claim_stale");
+    assert_eq!(rig.lease(first[0]).await.unwrap().expiry, lease.expiry);
+    assert_eq!(rig.provider.inventory().await.unwrap().len(), 4);
+    assert_eq!(rig.balances(tenant).await, (4, 0, 4, 0));
 }

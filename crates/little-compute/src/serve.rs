@@ -128,6 +128,51 @@ pub struct ServeArgs {
     /// must also fit the sealed horizon).
     #[arg(long, default_value_t = TOKEN_TTL_MAX_MS_DEFAULT)]
     pub token_ttl_max_ms: u64,
+    /// Workers' claim TTL, milliseconds (1000..=600000): the store's
+    /// setting, the same on every process of one database; `GET
+    /// /v1/claims` judges claims with it and the grace.
+    #[arg(long, default_value_t = claim_ms(lc_core::claim::CLAIM_TTL_DEFAULT))]
+    pub claim_ttl_ms: u64,
+    /// How long past its expiry a worker's claim stays its holder's before
+    /// another worker may take it on a certain cut, milliseconds
+    /// (0..=600000).
+    #[arg(long, default_value_t = claim_ms(lc_core::claim::CLAIM_GRACE_DEFAULT))]
+    pub claim_grace_ms: u64,
+}
+
+/// `d` in whole milliseconds, for a flag's default (the claim consts are
+/// whole seconds, at most ten minutes).
+pub(crate) const fn claim_ms(d: jiff::SignedDuration) -> u64 {
+    d.as_millis() as u64
+}
+
+/// The claim TTL and grace of `--claim-ttl-ms` and `--claim-grace-ms`.
+///
+/// # Errors
+/// A message naming the flag and its bounds.
+pub(crate) fn claim_settings(
+    ttl_ms: u64,
+    grace_ms: u64,
+) -> Result<(jiff::SignedDuration, jiff::SignedDuration), String> {
+    let ms = |v: u64| i64::try_from(v).ok().map(jiff::SignedDuration::from_millis);
+    let ttl = ms(ttl_ms)
+        .and_then(|d| lc_core::claim::check_claim_ttl(d).ok())
+        .ok_or_else(|| {
+            format!(
+                "--claim-ttl-ms must be in {}..={}, got {ttl_ms}",
+                claim_ms(lc_core::claim::CLAIM_TTL_MIN),
+                claim_ms(lc_core::claim::CLAIM_TTL_MAX)
+            )
+        })?;
+    let grace = ms(grace_ms)
+        .and_then(|d| lc_core::claim::check_claim_grace(d).ok())
+        .ok_or_else(|| {
+            format!(
+                "--claim-grace-ms must be in 0..={}, got {grace_ms}",
+                claim_ms(lc_core::claim::CLAIM_GRACE_MAX)
+            )
+        })?;
+    Ok((ttl, grace))
 }
 
 /// The default `--token-ttl-max-ms`:
@@ -229,9 +274,13 @@ pub async fn connect_store(
             lc_core::token::check_ttl_max(t)
                 .map_err(|e| ServeError::Config(format!("--token-ttl-max-ms: {e}")))
         })?;
+    let (claim_ttl, claim_grace) =
+        claim_settings(args.claim_ttl_ms, args.claim_grace_ms).map_err(ServeError::Config)?;
     let config = lc_pg::LcConfig {
         max_connections: POOL_CONNECTIONS_MAX,
         admission_rate,
+        claim_ttl,
+        claim_grace,
         token_ttl_max,
         ..lc_pg::LcConfig::default()
     };
@@ -472,6 +521,37 @@ mod tests {
         ])
         .expect("arguments")
         .serve
+    }
+
+    #[test]
+    fn claim_flags_default_to_the_core_s_consts_and_are_bounded() {
+        let dir = std::env::temp_dir().join(format!("lc-serve-claims-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let a = args_with(&dir, b"t", &[7; 32]);
+        assert_eq!((a.claim_ttl_ms, a.claim_grace_ms), (10_000, 2_000));
+        assert_eq!(
+            claim_settings(1_000, 0),
+            Ok((
+                jiff::SignedDuration::from_secs(1),
+                jiff::SignedDuration::ZERO
+            ))
+        );
+        assert_eq!(
+            claim_settings(600_000, 600_000),
+            Ok((
+                jiff::SignedDuration::from_mins(10),
+                jiff::SignedDuration::from_mins(10)
+            ))
+        );
+        assert_eq!(
+            claim_settings(999, 0),
+            Err("--claim-ttl-ms must be in 1000..=600000, got 999".to_owned())
+        );
+        assert_eq!(
+            claim_settings(1_000, 600_001),
+            Err("--claim-grace-ms must be in 0..=600000, got 600001".to_owned())
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

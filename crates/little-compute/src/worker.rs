@@ -91,6 +91,16 @@ pub struct WorkerArgs {
     /// the store's default, 60 s.
     #[arg(long, default_value_t = 60_000)]
     pub lease_ttl_ms: u64,
+    /// This worker's claim TTL, milliseconds (1000..=600000): each step
+    /// claims the Leases it acts on and renews its claims to `max(current,
+    /// cut + ttl)`; a killed worker's Leases are taken by another once a
+    /// certain cut passes expiry + grace.
+    #[arg(long, default_value_t = crate::serve::claim_ms(lc_core::claim::CLAIM_TTL_DEFAULT))]
+    pub claim_ttl_ms: u64,
+    /// How long past its expiry a claim stays its holder's before another
+    /// worker may take it, milliseconds (0..=600000).
+    #[arg(long, default_value_t = crate::serve::claim_ms(lc_core::claim::CLAIM_GRACE_DEFAULT))]
+    pub claim_grace_ms: u64,
 }
 
 /// Why a worker or gateway start-up failed: bad arguments (exit 2) or
@@ -238,9 +248,14 @@ async fn serve(args: WorkerArgs) -> Result<(), WorkerError> {
     let shutdown = shutdown_signal()?;
     let policy = recorded_policy(&args.database_url).await?;
     let deadline = tokio::time::Instant::now() + DATABASE_WAIT_MAX;
+    let (claim_ttl, claim_grace) =
+        crate::serve::claim_settings(args.claim_ttl_ms, args.claim_grace_ms)
+            .map_err(WorkerError::Usage)?;
     let config = lc_pg::LcConfig {
         max_connections: 4,
         lease_ttl: jiff::SignedDuration::from_millis(lease_ttl_ms),
+        claim_ttl,
+        claim_grace,
         ..lc_pg::LcConfig::default()
     };
     let store = crate::retry::until(

@@ -1285,3 +1285,119 @@ async fn a_scoped_token_is_minted_used_listed_and_revoked_through_the_cli() {
     .await;
     assert_eq!(o.status.code(), Some(2));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claim_list_shows_workers_claims_to_the_admin_only() {
+    use lc_core::claim::ClaimHolder;
+    use lc_core::store::ReconcileStore as _;
+    let s = PgSvc::start().await;
+    let url = serve(&s).await;
+    let admin = ["--server", &url, "--token", ADMIN];
+    let t = json_of(
+        &lc(
+            &cat(
+                &admin,
+                &[
+                    "tenant", "create", "--name", "blue", "--units", "1", "--json",
+                ],
+            ),
+            &[],
+        )
+        .await,
+    );
+    let key = t["api_key"].as_str().unwrap().to_string();
+    let tenant = ["--server", url.as_str(), "--token", key.as_str()];
+    json_of(
+        &lc(
+            &cat(&tenant, &["exec", "create", "--json", "--", "sleep", "60"]),
+            &[],
+        )
+        .await,
+    );
+    // Nothing claimed yet: an empty list.
+    let o = lc(&cat(&admin, &["claim", "list", "--json"]), &[]).await;
+    assert_eq!(json_of(&o)["claims"], json!([]));
+    let holder = ClaimHolder::from_bytes([0x42; 16]);
+    let at = s.reading().await;
+    let won = s.store.claim_due_work(&holder, at, 10).await.unwrap();
+    assert_eq!(won.len(), 1);
+    let (lease, expiry) = (won[0].work.lease_id.0, won[0].expiry);
+    let o = lc(&cat(&admin, &["claim", "list", "--json"]), &[]).await;
+    let v = json_of(&o);
+    assert_eq!(
+        (&v["certain"], &v["claims"], &v["next_after_lease"]),
+        (
+            &json!(true),
+            &json!([{
+                "item_kind": "lease",
+                "item_id": lease,
+                "holder_sha256": holder.sha256().to_hex(),
+                "generation": 1,
+                "expiry": expiry,
+                "basis": "unowned",
+                "expired": false,
+                "takeable": false,
+            }]),
+            &Value::Null
+        )
+    );
+    // The human table: a header and one row.
+    let o = lc(&cat(&admin, &["claim", "list"]), &[]).await;
+    assert!(o.status.success());
+    let text = String::from_utf8_lossy(&o.stdout).into_owned();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    assert_eq!(
+        lines[0].split_whitespace().collect::<Vec<_>>(),
+        [
+            "item_kind",
+            "item_id",
+            "holder_sha256",
+            "generation",
+            "expiry",
+            "basis",
+            "expired",
+            "takeable"
+        ]
+    );
+    assert_eq!(
+        lines[1].split_whitespace().collect::<Vec<_>>(),
+        [
+            "lease".to_string(),
+            lease.to_string(),
+            holder.sha256().to_hex(),
+            "1".to_string(),
+            expiry.to_string(),
+            "unowned".to_string(),
+            "false".to_string(),
+            "false".to_string()
+        ]
+    );
+    // Past the last claim: empty.
+    let after = lease.to_string();
+    let o = lc(
+        &cat(
+            &admin,
+            &["claim", "list", "--after-lease", &after, "--json"],
+        ),
+        &[],
+    )
+    .await;
+    assert_eq!(json_of(&o)["claims"], json!([]));
+    // A tenant's key is refused, exit 1, the code on stderr.
+    let o = lc(&cat(&tenant, &["claim", "list"]), &[]).await;
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).starts_with("error: 403 forbidden: "),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    // A limit outside 1..=1000: the server's refusal names it.
+    let o = lc(&cat(&admin, &["claim", "list", "--limit", "0"]), &[]).await;
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).starts_with("error: 422 invalid_limit: "),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}

@@ -80,6 +80,9 @@ pub enum Command {
     /// Workspaces: the snapshots hibernation keeps of an exec's files.
     #[command(subcommand)]
     Workspace(WorkspaceCmd),
+    /// Workers' claims on work items (admin token).
+    #[command(subcommand)]
+    Claim(ClaimCmd),
     /// Scoped tokens: credentials limited to some operations (and maybe
     /// one exec) until a deadline on the cut, to hand to an agent (which
     /// passes it as `--token` or `LC_TOKEN`).
@@ -145,6 +148,22 @@ pub fn parse_ttl_ms(s: &str) -> Result<u64, String> {
         Some(ms) if ms >= 1 => Ok(ms),
         _ => Err(bad()),
     }
+}
+
+/// `lc claim`.
+#[derive(Debug, Subcommand)]
+pub enum ClaimCmd {
+    /// Workers' claims on Leases, by Lease id: holder, generation, expiry
+    /// on the cut, and whether the current cut has expired it or lets
+    /// another worker take it (admin token).
+    List {
+        /// Only claims on Leases with a larger id.
+        #[arg(long)]
+        after_lease: Option<i64>,
+        /// At most this many (1..=1000; default 100).
+        #[arg(long)]
+        limit: Option<usize>,
+    },
 }
 
 /// `lc workspace`.

@@ -35,7 +35,8 @@ use reqwest::Method;
 use serde_json::{Value, json};
 
 use self::args::{
-    Cli, Command, ConnArgs, ExecCmd, OperationCmd, RuntimeCmd, TenantCmd, TokenCmd, WorkspaceCmd,
+    ClaimCmd, Cli, Command, ConnArgs, ExecCmd, OperationCmd, RuntimeCmd, TenantCmd, TokenCmd,
+    WorkspaceCmd,
 };
 use self::http::{Body, Client, ClientError, fresh_idempotency_key};
 
@@ -420,6 +421,23 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, ClientError> {
             let d = workspace::download(&client, id, head, &tree, &to).await?;
             let summary = workspace::summary(id, head, &to, &d);
             output::record(&summary, json, output::DOWNLOAD_FIELDS)?;
+            return Ok(ExitCode::SUCCESS);
+        }
+        Command::Claim(ClaimCmd::List { after_lease, limit }) => {
+            let mut q = Vec::new();
+            if let Some(a) = after_lease {
+                q.push(format!("after_lease={a}"));
+            }
+            if let Some(l) = limit {
+                q.push(format!("limit={l}"));
+            }
+            let path = if q.is_empty() {
+                "v1/claims".to_string()
+            } else {
+                format!("v1/claims?{}", q.join("&"))
+            };
+            let v = client.call(Method::GET, &path, Body::None, None).await?;
+            output::list(&v, "claims", json, output::CLAIM_FIELDS)?;
             return Ok(ExitCode::SUCCESS);
         }
         Command::Token(TokenCmd::Mint { exec, ops, ttl }) => {

@@ -34,6 +34,18 @@ pub const EXEC_FIELDS: &[&str] = &[
     "command",
 ];
 
+/// The fields shown for a worker's claim.
+pub const CLAIM_FIELDS: &[&str] = &[
+    "item_kind",
+    "item_id",
+    "holder_sha256",
+    "generation",
+    "expiry",
+    "basis",
+    "expired",
+    "takeable",
+];
+
 /// The fields shown for a hibernation.
 pub const HIBERNATION_FIELDS: &[&str] = &[
     "exec_id",
