@@ -1350,14 +1350,14 @@ async fn claim_list_shows_workers_claims_to_the_admin_only() {
     assert_eq!(
         lines[0].split_whitespace().collect::<Vec<_>>(),
         [
-            "item_kind",
-            "item_id",
-            "holder_sha256",
-            "generation",
-            "expiry",
-            "basis",
-            "expired",
-            "takeable"
+            "ITEM_KIND",
+            "ITEM_ID",
+            "HOLDER_SHA256",
+            "GENERATION",
+            "EXPIRY",
+            "BASIS",
+            "EXPIRED",
+            "TAKEABLE"
         ]
     );
     assert_eq!(
