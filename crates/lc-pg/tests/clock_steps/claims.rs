@@ -40,11 +40,20 @@ async fn claims_store(f: &Fixture) -> LcStore {
     .await
 }
 
-/// `(lease id, generation, expiry)` of what a claim call returned.
-fn won(w: &[lc_core::claim::ClaimedWork]) -> Vec<(i64, ClaimGeneration, jiff::Timestamp)> {
-    w.iter()
+/// `(lease id, generation, expiry)` of what a claim call returned for
+/// the leases `only` (the scenario's two: other probes of the scenario
+/// hold Leases of their own), sorted by lease id.
+fn won(
+    w: &[lc_core::claim::ClaimedWork],
+    only: &[i64],
+) -> Vec<(i64, ClaimGeneration, jiff::Timestamp)> {
+    let mut got: Vec<_> = w
+        .iter()
+        .filter(|c| only.contains(&c.work.lease_id.0))
         .map(|c| (c.work.lease_id.0, c.claim.generation, c.expiry))
-        .collect()
+        .collect();
+    got.sort();
+    got
 }
 
 /// See the module docs.
@@ -59,8 +68,7 @@ pub(super) async fn while_uncertain(f: &Fixture, x: &Execs, u: CutReading) {
     let mut leases = [running, releasing];
     leases.sort();
     let taken = s.claim_due_work(&A, base, 10).await.unwrap();
-    let mut got = won(&taken);
-    got.sort();
+    let got = won(&taken, &leases);
     assert_eq!(got, leases.map(|l| (l, ClaimGeneration(1), base.cut + TTL)));
     // Uncertain: B takes nothing.
     let before = snapshot(&f.db.url).await;
@@ -68,13 +76,11 @@ pub(super) async fn while_uncertain(f: &Fixture, x: &Execs, u: CutReading) {
     assert_eq!(snapshot(&f.db.url).await, before);
     // A's renewal on u: max(current, cut + ttl), exactly.
     assert!(u.cut >= base.cut);
-    let mut got = won(&s.claim_due_work(&A, u, 10).await.unwrap());
-    got.sort();
+    let got = won(&s.claim_due_work(&A, u, 10).await.unwrap(), &leases);
     assert_eq!(got, leases.map(|l| (l, ClaimGeneration(1), u.cut + TTL)));
     // An earlier uncertain cut keeps it.
     let earlier = CutReading { cut: base.cut, ..u };
-    let mut got = won(&s.claim_due_work(&A, earlier, 10).await.unwrap());
-    got.sort();
+    let got = won(&s.claim_due_work(&A, earlier, 10).await.unwrap(), &leases);
     assert_eq!(got, leases.map(|l| (l, ClaimGeneration(1), u.cut + TTL)));
     s.pool().close().await;
 }
@@ -83,7 +89,19 @@ pub(super) async fn while_uncertain(f: &Fixture, x: &Execs, u: CutReading) {
 pub(super) async fn once_certain(f: &Fixture, x: &Execs, c: CutReading) {
     assert!(c.certain);
     let s = claims_store(f).await;
-    let listed = s.claims(c, None, 10).await.unwrap();
+    let mut leases = [
+        x.running.canonical.lease_id.0,
+        x.releasing.canonical.lease_id.0,
+    ];
+    leases.sort();
+    let mine = |l: &lc_core::claim::ClaimRecord| leases.contains(&l.claim.item.id);
+    let listed: Vec<_> = s
+        .claims(c, None, 10)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(mine)
+        .collect();
     assert_eq!(listed.len(), 2);
     assert!(listed.iter().all(|r| r.claim.holder_sha256 == A.sha256()));
     let expiry = listed[0].claim.expiry;
@@ -97,15 +115,15 @@ pub(super) async fn once_certain(f: &Fixture, x: &Execs, c: CutReading) {
     assert_eq!(s.claim_due_work(&B, just_before, 10).await.unwrap(), vec![]);
     // At the expiry on a certain cut: B's, generation 2.
     let at = CutReading::certain(expiry);
-    let mut got = won(&s.claim_due_work(&B, at, 10).await.unwrap());
-    got.sort();
-    let mut leases = [
-        x.running.canonical.lease_id.0,
-        x.releasing.canonical.lease_id.0,
-    ];
-    leases.sort();
+    let got = won(&s.claim_due_work(&B, at, 10).await.unwrap(), &leases);
     assert_eq!(got, leases.map(|l| (l, ClaimGeneration(2), expiry + TTL)));
-    let listed = s.claims(reached, None, 10).await.unwrap();
+    let listed: Vec<_> = s
+        .claims(reached, None, 10)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(mine)
+        .collect();
     assert!(
         listed
             .iter()
