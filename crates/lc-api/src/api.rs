@@ -41,6 +41,7 @@ use httpkit::{IdPath, JsonBody, OptionalJsonBody, Rejection};
 use lc_blob::{BlobError, BlobStore};
 use lc_core::LcError;
 use lc_core::OutputPage;
+use lc_core::deletion::DeletedItem;
 use lc_core::model::{Digest, ExecId, ExecRequest, ExecState, OnTimeout, PageKind, TenantId};
 use lc_core::opkey::OperationKey;
 use lc_core::owner::StoredPage;
@@ -589,6 +590,130 @@ async fn get_workspace(
     Ok(Json(
         s.store().workspace(tenant, ExecId(exec_id)).await?.into(),
     ))
+}
+
+/// Deletes or undeletes `item` of the acting tenant's exec: one store call
+/// on one reading of the cut, under the request's key.
+async fn deletion_call(
+    s: &AppState,
+    tenant: TenantId,
+    exec_id: i64,
+    key: RequiredKey,
+    item: DeletedItem,
+    undo: bool,
+) -> Result<Json<DeletionView>, ApiError> {
+    let kind = match (item, undo) {
+        (DeletedItem::Workspace, false) => "delete_workspace",
+        (DeletedItem::Workspace, true) => "undelete_workspace",
+        (DeletedItem::Output, false) => "delete_output",
+        (DeletedItem::Output, true) => "undelete_output",
+    };
+    let op = key.operation(
+        kind,
+        Some(tenant),
+        &serde_json::json!({ "exec_id": exec_id }),
+    )?;
+    let at = s.reading().await?.at;
+    let d = if undo {
+        s.store()
+            .undelete_item(&op, at, tenant, ExecId(exec_id), item)
+            .await?
+    } else {
+        s.store()
+            .delete_item(&op, at, tenant, ExecId(exec_id), item)
+            .await?
+    };
+    Ok(Json(d.into()))
+}
+
+/// Deletes the workspace of the acting tenant's terminal exec: its
+/// snapshots are kept for the deletion grace (`purge_after` = the certain
+/// cut read now + the grace) and restorable with `POST
+/// .../workspace/undelete` until a worker purges them once a certain cut
+/// reaches `purge_after`. Meanwhile its reads answer `410
+/// workspace_deleted`. A workspace already deleted answers its deletion
+/// unchanged. Refusals (nothing written): `409 exec_not_terminal` (cancel
+/// the exec and wait for it to end), `503 time_uncertain`, `410
+/// workspace_purged`, `404 not_found`.
+#[utoipa::path(delete, path = "/v1/execs/{exec_id}/workspace", tag = "workspaces",
+    params(
+        ("exec_id" = i64, Path, minimum = 1, description = "The exec"),
+        ("Idempotency-Key" = String, Header, description = "Required: a replay returns the same deletion"),
+        ("Lc-Tenant" = Option<i64>, Header, description = "With the admin token: the tenant to act for"),
+    ),
+    responses((status = 200, description = "The deletion", body = DeletionView)),
+    security(("bearer" = [])))]
+async fn delete_workspace(
+    State(s): State<AppState>,
+    Acting(tenant): Acting,
+    IdPath(exec_id): IdPath,
+    key: RequiredKey,
+) -> Result<Json<DeletionView>, ApiError> {
+    deletion_call(&s, tenant, exec_id, key, DeletedItem::Workspace, false).await
+}
+
+/// Restores the deleted workspace of the acting tenant's exec before its
+/// purge, exactly as it was (any reading of the cut: it admits no
+/// deadline). Refusals (nothing written): `409 not_deleted`, `410
+/// workspace_purged`, `404 not_found`.
+#[utoipa::path(post, path = "/v1/execs/{exec_id}/workspace/undelete", tag = "workspaces",
+    params(
+        ("exec_id" = i64, Path, minimum = 1, description = "The exec"),
+        ("Idempotency-Key" = String, Header, description = "Required: a replay returns the same answer"),
+        ("Lc-Tenant" = Option<i64>, Header, description = "With the admin token: the tenant to act for"),
+    ),
+    responses((status = 200, description = "The undone deletion (state restored)", body = DeletionView)),
+    security(("bearer" = [])))]
+async fn undelete_workspace(
+    State(s): State<AppState>,
+    Acting(tenant): Acting,
+    IdPath(exec_id): IdPath,
+    key: RequiredKey,
+) -> Result<Json<DeletionView>, ApiError> {
+    deletion_call(&s, tenant, exec_id, key, DeletedItem::Workspace, true).await
+}
+
+/// Deletes the output (every page) of the acting tenant's terminal exec,
+/// as `DELETE .../workspace` does its workspace: restorable with `POST
+/// .../output/undelete` until purged; meanwhile `GET .../output` answers
+/// `410 output_deleted`. Refusals (nothing written): `409
+/// exec_not_terminal`, `503 time_uncertain`, `410 output_purged`, `404
+/// not_found`.
+#[utoipa::path(delete, path = "/v1/execs/{exec_id}/output", tag = "execs",
+    params(
+        ("exec_id" = i64, Path, minimum = 1, description = "The exec"),
+        ("Idempotency-Key" = String, Header, description = "Required: a replay returns the same deletion"),
+        ("Lc-Tenant" = Option<i64>, Header, description = "With the admin token: the tenant to act for"),
+    ),
+    responses((status = 200, description = "The deletion", body = DeletionView)),
+    security(("bearer" = [])))]
+async fn delete_output(
+    State(s): State<AppState>,
+    Acting(tenant): Acting,
+    IdPath(exec_id): IdPath,
+    key: RequiredKey,
+) -> Result<Json<DeletionView>, ApiError> {
+    deletion_call(&s, tenant, exec_id, key, DeletedItem::Output, false).await
+}
+
+/// Restores the deleted output of the acting tenant's exec before its
+/// purge, bytes unchanged. Refusals (nothing written): `409 not_deleted`,
+/// `410 output_purged`, `404 not_found`.
+#[utoipa::path(post, path = "/v1/execs/{exec_id}/output/undelete", tag = "execs",
+    params(
+        ("exec_id" = i64, Path, minimum = 1, description = "The exec"),
+        ("Idempotency-Key" = String, Header, description = "Required: a replay returns the same answer"),
+        ("Lc-Tenant" = Option<i64>, Header, description = "With the admin token: the tenant to act for"),
+    ),
+    responses((status = 200, description = "The undone deletion (state restored)", body = DeletionView)),
+    security(("bearer" = [])))]
+async fn undelete_output(
+    State(s): State<AppState>,
+    Acting(tenant): Acting,
+    IdPath(exec_id): IdPath,
+    key: RequiredKey,
+) -> Result<Json<DeletionView>, ApiError> {
+    deletion_call(&s, tenant, exec_id, key, DeletedItem::Output, true).await
 }
 
 /// The snapshots of the acting tenant's exec's workspace after
@@ -1196,11 +1321,13 @@ pub fn api_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(import_runtime, list_runtimes))
         .routes(routes!(create_exec, list_execs))
         .routes(routes!(get_exec))
-        .routes(routes!(exec_output))
+        .routes(routes!(exec_output, delete_output))
+        .routes(routes!(undelete_output))
         .routes(routes!(cancel_exec))
         .routes(routes!(hibernate_exec))
         .routes(routes!(resume_exec))
-        .routes(routes!(get_workspace))
+        .routes(routes!(get_workspace, delete_workspace))
+        .routes(routes!(undelete_workspace))
         .routes(routes!(list_snapshots))
         .routes(routes!(snapshot_tree))
         .routes(routes!(snapshot_file))
@@ -1218,7 +1345,9 @@ pub fn api_routes() -> OpenApiRouter<AppState> {
 /// Statuses every operation of a route may answer with a problem document.
 fn problem_statuses(path: &str) -> &'static [u16] {
     if path.starts_with("/v1/") {
-        &[400, 401, 403, 404, 409, 413, 414, 415, 422, 431, 500, 503]
+        &[
+            400, 401, 403, 404, 409, 410, 413, 414, 415, 422, 431, 500, 503,
+        ]
     } else {
         &[414, 431, 503]
     }

@@ -929,3 +929,42 @@ pub struct ClaimList {
     /// The `after_lease` of the next page, when this one was full.
     pub next_after_lease: Option<i64>,
 }
+
+/// A deletion of an exec's workspace or output (`DELETE
+/// /v1/execs/{id}/workspace`, `DELETE /v1/execs/{id}/output`, and their
+/// `undelete`). Instants are cuts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct DeletionView {
+    /// The exec.
+    pub exec_id: i64,
+    /// `workspace` or `output`.
+    pub item: String,
+    /// `deleted` (restorable until the purge), `restored` (an undelete's
+    /// answer) or `purged`.
+    pub state: String,
+    /// The certain cut of the deletion.
+    #[schema(value_type = String)]
+    pub deleted_at: Timestamp,
+    /// The earliest cut of the purge: `deleted_at` + the grace.
+    #[schema(value_type = String)]
+    pub purge_after: Timestamp,
+    /// The cut of the purge, once purged.
+    #[schema(value_type = Option<String>)]
+    pub purged_at: Option<Timestamp>,
+    /// The `lc` command that restores it before the purge.
+    pub undelete: String,
+}
+
+impl From<lc_core::deletion::DeletionRecord> for DeletionView {
+    fn from(d: lc_core::deletion::DeletionRecord) -> DeletionView {
+        DeletionView {
+            exec_id: d.exec_id.0,
+            item: d.item.as_str().to_owned(),
+            state: d.state.as_str().to_owned(),
+            deleted_at: d.deleted_at,
+            purge_after: d.purge_after,
+            purged_at: d.purged_at,
+            undelete: d.item.undelete_command(d.exec_id),
+        }
+    }
+}

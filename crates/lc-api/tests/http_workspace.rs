@@ -572,3 +572,192 @@ async fn output_goes_on_past_a_stopped_page() {
     assert_eq!(o["pages"][0]["data_b64"], json!(b64.encode(b"after\n")));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_workspace_and_output_keeps_them_restorable_for_the_grace() {
+    use axum::http::Method;
+    use support::pg::{SAMPLER_WRITES, snapshot};
+    let (s, blobs, dir) = start("deletion").await;
+    let (t, key) = ws::tenant(&s, "acme", 10).await;
+    let (_, other_key) = ws::tenant(&s, "other", 10).await;
+    let r: Running = ws::running(&s, t, &key, "x1", exec_body()).await;
+    let x = r.exec_id;
+    let exec_path = format!("/v1/execs/{x}");
+    let del = |path: String| Req::new(Method::DELETE, path);
+
+    // A running exec's workspace and output are not deleted.
+    for item in ["workspace", "output"] {
+        send(
+            &s.router,
+            del(format!("{exec_path}/{item}")).token(&key).key("d0"),
+        )
+        .await
+        .problem(409, "exec_not_terminal")
+        .detail(&format!(
+            "exec {x} is running: only a terminal exec's {item} can be deleted; cancel it (lc exec cancel {x}) and delete its {item} once it has ended"
+        ));
+    }
+    // Park it on a real snapshot, then cancel: terminal with a workspace.
+    send(
+        &s.router,
+        Req::post(format!("{exec_path}/hibernate"))
+            .token(&key)
+            .key("h1"),
+    )
+    .await
+    .ok(202);
+    let tree = dir.join("tree");
+    std::fs::create_dir(&tree).unwrap();
+    ws::write_tree(&tree);
+    let head = ws::quiesce(&s, &r, &tree, &blobs).await.digest();
+    let c = send(
+        &s.router,
+        Req::post(format!("{exec_path}/cancel"))
+            .token(&key)
+            .key("c1"),
+    )
+    .await;
+    assert_eq!(c.ok(200)["state"], json!("terminal"));
+    let snap = format!("{exec_path}/snapshots/{}", head.to_hex());
+    let file = format!("{snap}/files/a.txt");
+    let reads = [
+        format!("{exec_path}/workspace"),
+        format!("{exec_path}/snapshots"),
+        format!("{snap}/tree"),
+        file.clone(),
+    ];
+    let mut before = Vec::new();
+    for path in &reads {
+        let got = send(&s.router, Req::get(path).token(&key)).await;
+        assert_eq!(got.status.as_u16(), 200, "{path}: {}", got.text);
+        before.push(got.text.clone());
+    }
+    let out_before = send(
+        &s.router,
+        Req::get(format!("{exec_path}/output")).token(&key),
+    )
+    .await;
+    assert_eq!(out_before.status.as_u16(), 200);
+
+    // Without a credential 401, without a key 400; uncertain 503; another
+    // tenant 404: nothing written.
+    let held = snapshot(&s.url, &SAMPLER_WRITES).await;
+    send(&s.router, del(format!("{exec_path}/workspace")).key("d1"))
+        .await
+        .problem(401, "unauthenticated");
+    send(&s.router, del(format!("{exec_path}/workspace")).token(&key))
+        .await
+        .problem(400, "idempotency_key_required");
+    send(
+        &s.router,
+        del(format!("{exec_path}/workspace"))
+            .token(&other_key)
+            .key("d1"),
+    )
+    .await
+    .problem(404, "not_found");
+    s.clock.force_uncertain(true);
+    let u = send(
+        &s.router,
+        del(format!("{exec_path}/workspace")).token(&key).key("d1"),
+    )
+    .await;
+    u.problem(503, "time_uncertain");
+    assert!(u.headers.get("retry-after").is_some());
+    s.clock.force_uncertain(false);
+    send(
+        &s.router,
+        Req::post(format!("{exec_path}/workspace/undelete"))
+            .token(&key)
+            .key("u0"),
+    )
+    .await
+    .problem(409, "not_deleted")
+    .detail(&format!(
+        "the workspace of exec {x} is not deleted: there is nothing to undelete"
+    ));
+    assert_eq!(snapshot(&s.url, &SAMPLER_WRITES).await, held);
+
+    // The delete: 7 days of grace to the nanosecond; a replay the same.
+    let d = send(
+        &s.router,
+        del(format!("{exec_path}/workspace")).token(&key).key("d1"),
+    )
+    .await;
+    let d = d.ok(200).clone();
+    assert_eq!(
+        d,
+        json!({"exec_id": x, "item": "workspace", "state": "deleted",
+               "deleted_at": d["deleted_at"], "purge_after": d["purge_after"],
+               "purged_at": null, "undelete": format!("lc workspace undelete {x}")})
+    );
+    assert_eq!(
+        ns_of(&d["purge_after"]) - ns_of(&d["deleted_at"]),
+        7 * 86_400_000_000_000
+    );
+    let replay = send(
+        &s.router,
+        del(format!("{exec_path}/workspace")).token(&key).key("d1"),
+    )
+    .await;
+    assert_eq!(replay.ok(200), &d);
+    for path in &reads {
+        send(&s.router, Req::get(path).token(&key))
+            .await
+            .problem(410, "workspace_deleted")
+            .detail(&format!(
+                "the workspace of exec {x} is deleted and is purged once a certain cut reaches {}; until then `lc workspace undelete {x}` restores it",
+                d["purge_after"].as_str().unwrap()
+            ));
+    }
+    // The undelete restores every read byte for byte.
+    let u = send(
+        &s.router,
+        Req::post(format!("{exec_path}/workspace/undelete"))
+            .token(&key)
+            .key("u1"),
+    )
+    .await;
+    assert_eq!(u.ok(200)["state"], json!("restored"));
+    assert_eq!(u.ok(200)["purge_after"], d["purge_after"]);
+    for (path, want) in reads.iter().zip(&before) {
+        let got = send(&s.router, Req::get(path).token(&key)).await;
+        assert_eq!((got.status.as_u16(), &got.text), (200, want), "{path}");
+    }
+
+    // The output, the same way.
+    let o = send(
+        &s.router,
+        del(format!("{exec_path}/output")).token(&key).key("o1"),
+    )
+    .await;
+    assert_eq!(o.ok(200)["item"], json!("output"));
+    assert_eq!(
+        o.ok(200)["undelete"],
+        json!(format!("lc exec output {x} --undelete"))
+    );
+    send(
+        &s.router,
+        Req::get(format!("{exec_path}/output")).token(&key),
+    )
+    .await
+    .problem(410, "output_deleted");
+    // The workspace is not deleted with it.
+    let w = send(&s.router, Req::get(&reads[0]).token(&key)).await;
+    assert_eq!(w.status.as_u16(), 200);
+    send(
+        &s.router,
+        Req::post(format!("{exec_path}/output/undelete"))
+            .token(&key)
+            .key("o2"),
+    )
+    .await
+    .ok(200);
+    let out = send(
+        &s.router,
+        Req::get(format!("{exec_path}/output")).token(&key),
+    )
+    .await;
+    assert_eq!((out.status.as_u16(), &out.text), (200, &out_before.text));
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -5,6 +5,7 @@
 use jiff::Timestamp;
 
 use crate::claim::ClaimGeneration;
+use crate::deletion::DeletedItem;
 use crate::model::{Digest, ExecId, Generation, SandboxLeaseId, TenantId, WorkspaceId};
 use crate::owner::OwnerGeneration;
 
@@ -495,6 +496,58 @@ pub enum LcError {
         /// The token.
         token_id: crate::token::TokenId,
     },
+    /// A deletion of a workspace or output of an exec that is not terminal
+    /// (`exec_not_terminal`): nothing is written.
+    #[error(
+        "exec {exec_id} is {state}: only a terminal exec's {item} can be deleted; cancel it (lc exec cancel {exec_id}) and delete its {item} once it has ended"
+    )]
+    ExecNotTerminal {
+        /// The exec.
+        exec_id: ExecId,
+        /// Its state.
+        state: &'static str,
+        /// What was deleted.
+        item: DeletedItem,
+    },
+    /// The exec's workspace or output is deleted and not yet purged
+    /// (`workspace_deleted`, `output_deleted`): it is restorable until a
+    /// certain cut reaches `purge_after`.
+    #[error(
+        "the {item} of exec {exec_id} is deleted and is purged once a certain cut reaches {purge_after}; until then `{undelete}` restores it"
+    )]
+    ItemDeleted {
+        /// The exec.
+        exec_id: ExecId,
+        /// What was deleted.
+        item: DeletedItem,
+        /// The earliest cut of its purge.
+        purge_after: Timestamp,
+        /// The `lc` command that restores it.
+        undelete: String,
+    },
+    /// The exec's workspace or output was purged after its deletion grace
+    /// (`workspace_purged`, `output_purged`): it is gone for good.
+    #[error(
+        "the {item} of exec {exec_id} was deleted and purged{}: nothing restores it",
+        .purged_at.map(|t| format!(" at cut {t}")).unwrap_or_default()
+    )]
+    ItemPurged {
+        /// The exec.
+        exec_id: ExecId,
+        /// What was deleted.
+        item: DeletedItem,
+        /// The cut of the purge.
+        purged_at: Option<Timestamp>,
+    },
+    /// An undelete of a workspace or output that is not deleted
+    /// (`not_deleted`): nothing to restore.
+    #[error("the {item} of exec {exec_id} is not deleted: there is nothing to undelete")]
+    NotDeleted {
+        /// The exec.
+        exec_id: ExecId,
+        /// What was deleted.
+        item: DeletedItem,
+    },
     /// The database could not be reached (`storage_unavailable`, HTTP
     /// 503).
     #[error("storage unavailable: {message}")]
@@ -567,6 +620,16 @@ impl LcError {
             LcError::TokenScope { .. } => "forbidden",
             LcError::TokenExpired { .. } => "token_expired",
             LcError::TokenRevoked { .. } => "token_revoked",
+            LcError::ExecNotTerminal { .. } => "exec_not_terminal",
+            LcError::ItemDeleted { item, .. } => match item {
+                DeletedItem::Workspace => "workspace_deleted",
+                DeletedItem::Output => "output_deleted",
+            },
+            LcError::ItemPurged { item, .. } => match item {
+                DeletedItem::Workspace => "workspace_purged",
+                DeletedItem::Output => "output_purged",
+            },
+            LcError::NotDeleted { .. } => "not_deleted",
             LcError::StorageUnavailable { .. } => "storage_unavailable",
             LcError::StorageFailure { .. } => "storage_failure",
         }

@@ -18,6 +18,8 @@
 //!   each step (seal, quiescence, attachment, resume).
 //! * [`token`]: scoped tokens: operations, scopes, their deadline on
 //!   the cut.
+//! * [`deletion`]: deletion grace (delete, undelete, purge) and the
+//!   retention of terminal execs' records, on the cut.
 //! * [`error`]: [`LcError`] with stable codes.
 //! * [`store`]: the [`ControlStore`], [`ReconcileStore`] and
 //!   [`GatewayStore`] traits.
@@ -34,6 +36,7 @@
 
 pub mod claim;
 pub mod command;
+pub mod deletion;
 pub mod error;
 pub mod evidence;
 pub mod hibernate;

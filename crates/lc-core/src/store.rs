@@ -18,6 +18,7 @@
 use async_trait::async_trait;
 
 use crate::claim::{ClaimCredential, ClaimHolder, ClaimItem, ClaimRecord, ClaimedWork};
+use crate::deletion::{DeletedItem, DeletionRecord};
 use crate::error::LcError;
 use crate::hibernate::{
     HibernationRecord, ResumeIntent, ResumeReceipt, SnapshotMeta, WorkspaceRecord,
@@ -372,6 +373,41 @@ pub trait ControlStore: Send + Sync {
         tenant: TenantId,
         token_id: crate::token::TokenId,
     ) -> Result<crate::token::TokenRecord, LcError>;
+
+    /// Deletes `item` (workspace or output) of the tenant's terminal exec
+    /// at a certain `at`: records the deletion with `purge_after = at.cut +
+    /// grace` ([`crate::deletion::plan_delete`]); the rows stay until the
+    /// purge. A deletion already recorded is returned unchanged. A replay
+    /// of `op` returns the recorded deletion.
+    ///
+    /// # Errors
+    /// `exec_not_terminal`, `time_uncertain`, `deadline_beyond_horizon`,
+    /// `workspace_purged` / `output_purged`, `not_found`,
+    /// `idempotency_conflict`, storage errors; nothing is written.
+    async fn delete_item(
+        &self,
+        op: &OperationKey,
+        at: CutReading,
+        tenant: TenantId,
+        exec_id: ExecId,
+        item: DeletedItem,
+    ) -> Result<DeletionRecord, LcError>;
+
+    /// Undoes the deletion of `item` of the tenant's exec before its purge
+    /// (any reading: it admits no deadline): the item reads as before,
+    /// bytes unchanged. Returns the undone deletion (state `restored`).
+    ///
+    /// # Errors
+    /// `not_deleted`, `workspace_purged` / `output_purged`, `not_found`,
+    /// `idempotency_conflict`, storage errors; nothing is written.
+    async fn undelete_item(
+        &self,
+        op: &OperationKey,
+        at: CutReading,
+        tenant: TenantId,
+        exec_id: ExecId,
+        item: DeletedItem,
+    ) -> Result<DeletionRecord, LcError>;
 }
 
 /// What the reconciler needs.
@@ -580,6 +616,23 @@ pub trait ReconcileStore: Send + Sync {
     /// # Errors
     /// `invalid_limit`, `invalid_cut_reading`, storage errors.
     async fn gc_operations(&self, at: CutReading, limit: usize) -> Result<usize, LcError>;
+
+    /// Purges up to `limit` items due at a certain `at`, soonest first,
+    /// each in its own transaction: deleted workspaces and outputs whose
+    /// `purge_after` the cut reached ([`crate::deletion::plan_purge`]),
+    /// and terminal execs whose retention passed with no deletion waiting
+    /// ([`crate::deletion::plan_exec_purge`]). Nothing while uncertain.
+    /// The blobs the purged rows named stay in the sink (content-addressed
+    /// and shared; the sink's own sweep reclaims them).
+    ///
+    /// # Errors
+    /// `invalid_limit`, `invalid_cut_reading`, storage errors (the items
+    /// purged before it stay purged).
+    async fn purge_due(
+        &self,
+        at: CutReading,
+        limit: usize,
+    ) -> Result<crate::deletion::PurgeReport, LcError>;
 
     /// Seals the hibernations due at a certain `at` and returns up to
     /// `limit` unfinished ones (`sealed` or `quiesced`), by exec id: an

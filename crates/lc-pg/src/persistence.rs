@@ -15,6 +15,7 @@ use std::collections::BTreeMap;
 
 use jiff::Timestamp;
 use lc_core::claim::{Claim, ClaimGeneration, ClaimItem, ClaimKind};
+use lc_core::deletion::{DeletedItem, DeletionRecord, DeletionState};
 use lc_core::hibernate::{
     HibernationRecord, QuiescenceRefusal, ResumeIntent, ResumeReceipt, ResumeRefusal, SnapshotMeta,
     WorkspaceRecord,
@@ -3043,6 +3044,159 @@ pub(crate) async fn claims_page(
     .fetch_all(&mut *conn)
     .await?;
     rows.iter().map(claim_from).collect()
+}
+
+// ---------------------------------------------------------------------------
+// Deletion grace (migration 0009): a deletion row per (exec, item), the
+// deleted rows untouched until the purge; the database checks every purge
+// against the persisted cut (LCS90).
+
+const DELETION_COLUMNS: &str = "exec_id, item, state, deleted_floor_us, deleted_submicro_ns, \
+     purge_after_floor_us, purge_after_submicro_ns, purged_floor_us, purged_submicro_ns";
+
+fn deletion_from(row: &PgRow) -> Result<DeletionRecord, Fail> {
+    Ok(DeletionRecord {
+        exec_id: ExecId(row.try_get("exec_id")?),
+        item: parse_enum(row, "item", DeletedItem::parse)?,
+        state: parse_enum(row, "state", DeletionState::parse)?,
+        deleted_at: instant_at(row, "deleted_floor_us", "deleted_submicro_ns")?,
+        purge_after: instant_at(row, "purge_after_floor_us", "purge_after_submicro_ns")?,
+        purged_at: opt_instant_at(row, "purged_floor_us", "purged_submicro_ns")?,
+    })
+}
+
+/// The deletion of `item` of `exec`, locked (`FOR UPDATE`) when `lock`.
+pub(crate) async fn deletion(
+    conn: &mut PgConnection,
+    exec: ExecId,
+    item: DeletedItem,
+    lock: bool,
+) -> Result<Option<DeletionRecord>, Fail> {
+    let row = sqlx::query(&format!(
+        "SELECT {DELETION_COLUMNS} FROM lc_deletions WHERE exec_id = $1 AND item = $2{}",
+        if lock { " FOR UPDATE" } else { "" }
+    ))
+    .bind(exec.0)
+    .bind(item.as_str())
+    .fetch_optional(&mut *conn)
+    .await?;
+    row.as_ref().map(deletion_from).transpose()
+}
+
+/// Records a deletion (state `deleted`).
+pub(crate) async fn insert_deletion(
+    conn: &mut PgConnection,
+    d: &DeletionRecord,
+) -> Result<(), Fail> {
+    let (df, ds) = pair(d.deleted_at);
+    let (pf, ps) = pair(d.purge_after);
+    let done = sqlx::query(
+        "INSERT INTO lc_deletions (exec_id, item, state, deleted_floor_us, deleted_submicro_ns, \
+             purge_after_floor_us, purge_after_submicro_ns) VALUES ($1, $2, 'deleted', $3, $4, $5, $6)",
+    )
+    .bind(d.exec_id.0)
+    .bind(d.item.as_str())
+    .bind(df)
+    .bind(ds)
+    .bind(pf)
+    .bind(ps)
+    .execute(&mut *conn)
+    .await?;
+    one_row(done, "a deletion")
+}
+
+/// Removes a `deleted` deletion: the undelete.
+pub(crate) async fn remove_deletion(
+    conn: &mut PgConnection,
+    exec: ExecId,
+    item: DeletedItem,
+) -> Result<(), Fail> {
+    let done = sqlx::query(
+        "DELETE FROM lc_deletions WHERE exec_id = $1 AND item = $2 AND state = 'deleted'",
+    )
+    .bind(exec.0)
+    .bind(item.as_str())
+    .execute(&mut *conn)
+    .await?;
+    one_row(done, "an undelete")
+}
+
+/// Up to `limit` deletions not yet purged whose purge_after is at most
+/// `cut`, soonest first, locked; rows another purger holds are skipped.
+pub(crate) async fn purge_candidates(
+    conn: &mut PgConnection,
+    cut: Timestamp,
+    limit: usize,
+) -> Result<Vec<DeletionRecord>, Fail> {
+    let (f, s) = pair(cut);
+    let rows = sqlx::query(&format!(
+        "SELECT {DELETION_COLUMNS} FROM lc_deletions \
+          WHERE state = 'deleted' AND (purge_after_floor_us, purge_after_submicro_ns) <= ($1, $2) \
+          ORDER BY purge_after_floor_us, purge_after_submicro_ns, exec_id, item \
+          LIMIT $3 FOR UPDATE SKIP LOCKED"
+    ))
+    .bind(f)
+    .bind(s)
+    .bind(limit as i64)
+    .fetch_all(&mut *conn)
+    .await?;
+    rows.iter().map(deletion_from).collect()
+}
+
+/// Deletes the rows of a deleted item (a workspace's snapshots, its head
+/// cleared; an output's pages of every attempt); returns how many rows of
+/// snapshots or pages went.
+pub(crate) async fn purge_item_rows(
+    conn: &mut PgConnection,
+    exec: ExecId,
+    item: DeletedItem,
+) -> Result<u64, Fail> {
+    match item {
+        DeletedItem::Workspace => {
+            let done = sqlx::query(
+                "UPDATE lc_workspaces SET head = NULL, snapshots = 0 WHERE exec_id = $1",
+            )
+            .bind(exec.0)
+            .execute(&mut *conn)
+            .await?;
+            one_row(done, "a purged workspace")?;
+            Ok(sqlx::query(
+                "DELETE FROM lc_snapshots WHERE workspace_id = \
+                     (SELECT workspace_id FROM lc_workspaces WHERE exec_id = $1)",
+            )
+            .bind(exec.0)
+            .execute(&mut *conn)
+            .await?
+            .rows_affected())
+        }
+        DeletedItem::Output => Ok(
+            sqlx::query("DELETE FROM lc_output_pages WHERE exec_id = $1")
+                .bind(exec.0)
+                .execute(&mut *conn)
+                .await?
+                .rows_affected(),
+        ),
+    }
+}
+
+/// Marks a deletion purged at `at`.
+pub(crate) async fn set_deletion_purged(
+    conn: &mut PgConnection,
+    d: &DeletionRecord,
+    at: Timestamp,
+) -> Result<(), Fail> {
+    let (f, s) = pair(at);
+    let done = sqlx::query(
+        "UPDATE lc_deletions SET state = 'purged', purged_floor_us = $3, purged_submicro_ns = $4 \
+          WHERE exec_id = $1 AND item = $2 AND state = 'deleted'",
+    )
+    .bind(d.exec_id.0)
+    .bind(d.item.as_str())
+    .bind(f)
+    .bind(s)
+    .execute(&mut *conn)
+    .await?;
+    one_row(done, "a purge")
 }
 
 #[cfg(test)]

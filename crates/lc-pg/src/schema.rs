@@ -39,7 +39,11 @@ pub const LC_VERSION: i64 = 10;
 /// secrets' digests, scopes and Scope deadlines (LCS01), changed only by
 /// their first revocation (LCS70), and (0010) workers'
 /// claims on work items, with an expiry on the cut (LCS01) and a
-/// generation that only moves forward (LCSC1).
+/// generation that only moves forward (LCSC1), and (0009) deletion
+/// grace (deletions of a terminal exec's workspace or output with their
+/// `purge_after` on the cut, under LCS01; a purge only once a certain
+/// persisted cut passed it, LCS90) and the retention of terminal execs'
+/// records (`retain_until` on the cut, under LCS01).
 pub fn lc_line() -> MigrationLine {
     MigrationLine::new(LC_LINE, LC_MIGRATIONS_TABLE, LC_MIGRATOR.migrations.clone())
 }

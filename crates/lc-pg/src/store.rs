@@ -51,6 +51,7 @@ use jiff::{SignedDuration, Timestamp};
 use lc_core::claim::{
     self, ClaimCredential, ClaimHolder, ClaimItem, ClaimKind, ClaimPlan, ClaimRecord, ClaimedWork,
 };
+use lc_core::deletion::{self, DeletePlan, DeletedItem, DeletionRecord, PurgeReport};
 use lc_core::evidence::{self, Envelope, Expected};
 use lc_core::hibernate::{
     self, AttachmentExpected, HibernationRecord, HibernationView, QuiescenceExpected,
@@ -95,6 +96,14 @@ pub struct LcConfig {
     /// The declared TTL of operation keys (default 24 h; at most the
     /// horizon).
     pub operation_ttl: SignedDuration,
+    /// The grace between a deletion of a workspace or output and its
+    /// purge (default [`deletion::DELETION_GRACE_DEFAULT`], 7 days; at
+    /// most [`deletion::DELETION_GRACE_MAX`] and the horizon).
+    pub deletion_grace: SignedDuration,
+    /// How long a terminal exec's records are retained after its terminal
+    /// cut (default [`deletion::RETENTION_DEFAULT`], 30 days; at most
+    /// [`deletion::RETENTION_MAX`] and the horizon).
+    pub retention: SignedDuration,
     /// Each tenant's admission rate (default
     /// [`lc_core::rate::DEFAULT`]: 600 per minute).
     pub admission_rate: AdmissionRate,
@@ -124,6 +133,8 @@ impl Default for LcConfig {
             lease_ttl: rules::LEASE_TTL_DEFAULT,
             reservation_ttl: SignedDuration::from_mins(10),
             operation_ttl: opkey::OPERATION_TTL_DEFAULT,
+            deletion_grace: deletion::DELETION_GRACE_DEFAULT,
+            retention: deletion::RETENTION_DEFAULT,
             admission_rate: lc_core::rate::DEFAULT,
             max_connections: 10,
             acquire_timeout: Duration::from_secs(10),
@@ -186,9 +197,12 @@ pub enum Op {
     /// Scoped tokens: `mint_token`, `revoke_token` (their reads are
     /// [`Op::Read`]).
     Token,
+    /// Deletion grace and retention: `delete_item`, `undelete_item`,
+    /// `purge_due`.
+    Deletion,
 }
 
-const OPS: [Op; 20] = [
+const OPS: [Op; 21] = [
     Op::CreateTenant,
     Op::Deposit,
     Op::Read,
@@ -209,6 +223,7 @@ const OPS: [Op; 20] = [
     Op::Input,
     Op::Hibernation,
     Op::Token,
+    Op::Deletion,
 ];
 
 impl pgkit::OpLabel for Op {
@@ -234,6 +249,7 @@ impl pgkit::OpLabel for Op {
             Op::Input => "input",
             Op::Hibernation => "hibernation",
             Op::Token => "token",
+            Op::Deletion => "deletion",
         }
     }
 }
@@ -292,7 +308,8 @@ impl LcStore {
     /// `storage_unavailable` when the database cannot be reached;
     /// `storage_failure` for an unparsable URL, pending or unknown
     /// migrations in any line, a recorded grant policy other than
-    /// `policy`, or a configuration whose operation TTL is not positive.
+    /// `policy`, or a configuration whose operation TTL is not positive or
+    /// whose deletion grace or retention is outside its bounds.
     pub async fn connect(
         url: &str,
         policy: GrantPolicy,
@@ -341,6 +358,14 @@ impl LcStore {
         })?;
         claim::check_claim_ttl(config.claim_ttl)?;
         claim::check_claim_grace(config.claim_grace)?;
+        for checked in [
+            deletion::check_grace(config.deletion_grace),
+            deletion::check_retention(config.retention),
+        ] {
+            checked.map_err(|e| LcError::StorageFailure {
+                message: e.to_string(),
+            })?;
+        }
         let store_id = tollgate.store_id();
         let policy = tollgate.policy();
         Ok(LcStore {
@@ -2817,6 +2842,11 @@ async fn tenant_workspace(
     if db::exec_tenant(conn, exec).await? != Some(tenant) {
         return Err(LcError::not_found("exec", exec).into());
     }
+    deletion::check_readable(
+        db::deletion(conn, exec, DeletedItem::Workspace, false)
+            .await?
+            .as_ref(),
+    )?;
     Ok(db::workspace_of(conn, exec, false)
         .await?
         .ok_or_else(|| crate::error::corrupt(format!("exec {exec} has no workspace")))?)
@@ -2918,6 +2948,102 @@ async fn revoke_token_tx(
     }
     let revoked = db::revoke_token(conn, token, at.cut).await?;
     Ok(revoked)
+}
+
+// ---------------------------------------------------------------------------
+// Deletion grace (lc_core::deletion): a delete records the deletion on a
+// certain cut, an undelete removes it, the purge deletes the item's rows
+// once a certain cut passed purge_after; the database re-checks the purge
+// against the persisted cut (LCS90).
+
+struct DeletionArgs<'a> {
+    store: &'a LcStore,
+    op: &'a OperationKey,
+    at: CutReading,
+    tenant: TenantId,
+    exec_id: ExecId,
+    item: DeletedItem,
+}
+
+fn deletion_kind(item: DeletedItem, undo: bool) -> &'static str {
+    match (item, undo) {
+        (DeletedItem::Workspace, false) => "delete_workspace",
+        (DeletedItem::Workspace, true) => "undelete_workspace",
+        (DeletedItem::Output, false) => "delete_output",
+        (DeletedItem::Output, true) => "undelete_output",
+    }
+}
+
+async fn delete_item_tx(
+    conn: &mut PgConnection,
+    a: &DeletionArgs<'_>,
+) -> Result<DeletionRecord, Fail> {
+    let cut = check_reading(conn, a.at).await?;
+    let scope = OpScope::Tenant(a.tenant);
+    let kind = deletion_kind(a.item, false);
+    if let Begun::Replay(r) = begin_op(conn, a.store, scope, a.op, kind, a.at, &cut).await? {
+        return Ok(r);
+    }
+    if !db::lock_exec(conn, a.tenant, a.exec_id).await? {
+        return Err(LcError::not_found("exec", a.exec_id).into());
+    }
+    let exec = db::read_exec(conn, a.tenant, a.exec_id)
+        .await?
+        .ok_or_else(|| LcError::not_found("exec", a.exec_id))?;
+    let current = db::deletion(conn, a.exec_id, a.item, true).await?;
+    let rec = match deletion::plan_delete(
+        a.exec_id,
+        exec.state,
+        a.item,
+        current.as_ref(),
+        a.at,
+        a.store.config.deletion_grace,
+        horizon(&cut),
+    )? {
+        DeletePlan::Record(d) => {
+            db::insert_deletion(conn, &d).await?;
+            d
+        }
+        DeletePlan::Already(d) => d,
+    };
+    finish_op(conn, scope, a.op, &rec).await?;
+    Ok(rec)
+}
+
+async fn undelete_item_tx(
+    conn: &mut PgConnection,
+    a: &DeletionArgs<'_>,
+) -> Result<DeletionRecord, Fail> {
+    let cut = check_reading(conn, a.at).await?;
+    let scope = OpScope::Tenant(a.tenant);
+    let kind = deletion_kind(a.item, true);
+    if let Begun::Replay(r) = begin_op(conn, a.store, scope, a.op, kind, a.at, &cut).await? {
+        return Ok(r);
+    }
+    if !db::lock_exec(conn, a.tenant, a.exec_id).await? {
+        return Err(LcError::not_found("exec", a.exec_id).into());
+    }
+    let current = db::deletion(conn, a.exec_id, a.item, true).await?;
+    let rec = deletion::plan_undelete(a.exec_id, a.item, current.as_ref())?;
+    db::remove_deletion(conn, a.exec_id, a.item).await?;
+    finish_op(conn, scope, a.op, &rec).await?;
+    Ok(rec)
+}
+
+/// Purges the soonest due deletion, if any: its rows and its state, in
+/// one transaction. `None` when nothing is due at `at`.
+async fn purge_one_tx(
+    conn: &mut PgConnection,
+    at: &CutReading,
+) -> Result<Option<(DeletionRecord, u64)>, Fail> {
+    check_reading(conn, *at).await?;
+    let candidates = db::purge_candidates(conn, at.cut, 1).await?;
+    let Some(d) = deletion::plan_purge(&candidates, *at).into_iter().next() else {
+        return Ok(None);
+    };
+    let rows = db::purge_item_rows(conn, d.exec_id, d.item).await?;
+    db::set_deletion_purged(conn, &d, at.cut).await?;
+    Ok(Some((d, rows)))
 }
 
 // ---------------------------------------------------------------------------
@@ -3104,6 +3230,11 @@ impl ControlStore for LcStore {
                     let rec = db::read_exec(c, *t, *e)
                         .await?
                         .ok_or_else(|| LcError::not_found("exec", *e))?;
+                    deletion::check_readable(
+                        db::deletion(c, *e, DeletedItem::Output, false)
+                            .await?
+                            .as_ref(),
+                    )?;
                     db::read_pages(c, *e, rec.attempt, (*s).max(0), *l).await
                 })
             },
@@ -3338,6 +3469,46 @@ impl ControlStore for LcStore {
             Box::pin(revoke_token_tx(c, a))
         })
         .await
+    }
+
+    async fn delete_item(
+        &self,
+        op: &OperationKey,
+        at: CutReading,
+        tenant: TenantId,
+        exec_id: ExecId,
+        item: DeletedItem,
+    ) -> Result<DeletionRecord, LcError> {
+        let args = DeletionArgs {
+            store: self,
+            op,
+            at,
+            tenant,
+            exec_id,
+            item,
+        };
+        self.run(Op::Deletion, &args, |c, a| Box::pin(delete_item_tx(c, a)))
+            .await
+    }
+
+    async fn undelete_item(
+        &self,
+        op: &OperationKey,
+        at: CutReading,
+        tenant: TenantId,
+        exec_id: ExecId,
+        item: DeletedItem,
+    ) -> Result<DeletionRecord, LcError> {
+        let args = DeletionArgs {
+            store: self,
+            op,
+            at,
+            tenant,
+            exec_id,
+            item,
+        };
+        self.run(Op::Deletion, &args, |c, a| Box::pin(undelete_item_tx(c, a)))
+            .await
     }
 }
 
@@ -3660,6 +3831,30 @@ impl ReconcileStore for LcStore {
         .await
     }
 
+    async fn purge_due(&self, at: CutReading, limit: usize) -> Result<PurgeReport, LcError> {
+        let limit = check_limit(limit)?;
+        let mut report = PurgeReport::default();
+        if !at.certain {
+            return Ok(report);
+        }
+        // One transaction per purged item, so a step's transactions stay
+        // small whatever an item holds; at most `limit` of them.
+        for _ in 0..limit {
+            let Some((d, rows)) = self
+                .run(Op::Deletion, &at, |c, at| Box::pin(purge_one_tx(c, at)))
+                .await?
+            else {
+                break;
+            };
+            match d.item {
+                DeletedItem::Workspace => report.workspaces_purged += 1,
+                DeletedItem::Output => report.outputs_purged += 1,
+            }
+            report.rows_purged += rows;
+        }
+        Ok(report)
+    }
+
     async fn due_hibernations(
         &self,
         at: CutReading,
@@ -3744,6 +3939,10 @@ impl ReconcileStore for ClaimedStore<'_> {
 
     fn claimed(&self, claim: ClaimCredential) -> Box<dyn ReconcileStore + '_> {
         self.store.claimed(claim)
+    }
+
+    async fn purge_due(&self, at: CutReading, limit: usize) -> Result<PurgeReport, LcError> {
+        self.store.purge_due(at, limit).await
     }
 
     async fn mark_active(

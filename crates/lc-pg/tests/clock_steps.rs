@@ -26,6 +26,9 @@ mod support;
 #[path = "clock_steps/tokens.rs"]
 mod tokens;
 
+#[path = "clock_steps/deletion.rs"]
+mod deletion;
+
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -615,6 +618,7 @@ async fn forward_step(major: u32) {
     let mut x = start_execs(&f, ttl).await;
     let rate = rate::start(&f, certain(&f.clock).await).await;
     let tk = tokens::start(&f.store, f.tenant, certain(&f.clock).await).await;
+    let del = deletion::before_fault(&f).await;
     let c0 = f.cuts.read().await;
     assert_eq!(c0.uncertain, None);
     let stepped_at = Instant::now();
@@ -629,6 +633,7 @@ async fn forward_step(major: u32) {
     rate.while_uncertain(&f, u).await;
     tokens::while_uncertain(&f.store, &f.db.url, &tk, u, RETRY_AFTER_S).await;
     claims::while_uncertain(&f, &x, u).await;
+    deletion::while_uncertain(&mut f, &del, u, true).await;
     // Database time has passed the deadline; no certain cut has.
     let row = f.cuts.read().await;
     assert!(row.db_now >= x.expiry, "{} < {}", row.db_now, x.expiry);
@@ -665,6 +670,7 @@ async fn forward_step(major: u32) {
     claims::once_certain(&f, &x, c).await;
     once_certain(&f, &x, c).await;
     tokens::once_certain(&f.store, &tk, c).await;
+    deletion::once_certain(&f, del).await;
     finish(f).await;
 }
 
@@ -676,6 +682,7 @@ async fn backward_step(major: u32) {
     let mut x = start_execs(&f, ttl).await;
     let rate = rate::start(&f, certain(&f.clock).await).await;
     let tk = tokens::start(&f.store, f.tenant, certain(&f.clock).await).await;
+    let del = deletion::before_fault(&f).await;
     let c0 = f.cuts.read().await;
     assert_eq!(c0.uncertain, None);
     f.server.set_clock_offset_ns(-3 * SECOND_NS).unwrap();
@@ -691,6 +698,7 @@ async fn backward_step(major: u32) {
     rate.while_uncertain(&f, u).await;
     tokens::while_uncertain(&f.store, &f.db.url, &tk, u, RETRY_AFTER_S).await;
     claims::while_uncertain(&f, &x, u).await;
+    deletion::while_uncertain(&mut f, &del, u, false).await;
     // Database time went behind the cut; the cut did not follow it.
     assert!(
         f.cuts.seen.iter().any(|r| r.db_now < r.cut),
@@ -703,6 +711,7 @@ async fn backward_step(major: u32) {
     claims::once_certain(&f, &x, c).await;
     once_certain(&f, &x, c).await;
     tokens::once_certain(&f.store, &tk, c).await;
+    deletion::once_certain(&f, del).await;
     finish(f).await;
 }
 
@@ -723,6 +732,7 @@ async fn paused_sampler(major: u32) {
     let mut x = start_execs(&f, ttl).await;
     let rate = rate::start(&f, certain(&f.clock).await).await;
     let tk = tokens::start(&f.store, f.tenant, certain(&f.clock).await).await;
+    let del = deletion::before_fault(&f).await;
     let pause = f.sampler.pause();
     // A publish already sent when the pause began may still land.
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -734,6 +744,7 @@ async fn paused_sampler(major: u32) {
     rate.while_uncertain(&f, u).await;
     tokens::while_uncertain(&f.store, &f.db.url, &tk, u, RETRY_AFTER_S).await;
     claims::while_uncertain(&f, &x, u).await;
+    deletion::while_uncertain(&mut f, &del, u, true).await;
     let row = f.cuts.read().await;
     assert_eq!((row.cut, row.publish_seq), (frozen.cut, frozen.publish_seq));
     assert!(row.db_now >= x.expiry, "{} < {}", row.db_now, x.expiry);
@@ -750,6 +761,7 @@ async fn paused_sampler(major: u32) {
     claims::once_certain(&f, &x, c).await;
     once_certain(&f, &x, c).await;
     tokens::once_certain(&f.store, &tk, c).await;
+    deletion::once_certain(&f, del).await;
     // The deadline is expired now that a certain cut has passed it.
     assert_eq!(
         action_of(&f, running, c).await,

@@ -2611,3 +2611,423 @@ async fn migration_0006_keeps_hibernations_and_admits_a_refused_snapshot() {
     }
     sampler.stop().await;
 }
+
+// ---------------------------------------------------------------------------
+// Deletion grace: a terminal exec's workspace and output deleted on a
+// certain cut, restorable until a certain cut reaches purge_after, purged
+// exactly once after it; the database refuses an early purge (LCS90).
+
+/// The SQLSTATE of a raw statement's refusal.
+async fn sqlstate_of(url: &str, sql: &str, exec: ExecId) -> String {
+    let mut c = PgConnection::connect(url).await.unwrap();
+    let e = sqlx::query(sql)
+        .bind(exec.0)
+        .execute(&mut c)
+        .await
+        .unwrap_err();
+    e.as_database_error()
+        .and_then(|d| d.code())
+        .map(|c| c.into_owned())
+        .unwrap_or_default()
+}
+
+/// A terminal exec (parked, then cancelled) with one snapshot (head) and
+/// one stdout page `hello` whose bytes the store holds.
+async fn terminal_exec_with_data(f: &Fixture, at: CutReading) -> (ExecRecord, Digest) {
+    let (e, _cred, _manifest, head) = parked(f, at, None).await;
+    let mut c = PgConnection::connect(&f.db.url).await.unwrap();
+    sqlx::query(
+        "INSERT INTO lc_output_pages (exec_id, attempt, seq, kind, bytes, sha256, length, state) \
+         VALUES ($1, 1, 1, 'stdout', 'hello'::bytea, sha256('hello'::bytea), 5, 'acked')",
+    )
+    .bind(e.exec_id.0)
+    .execute(&mut c)
+    .await
+    .unwrap();
+    let rec = ControlStore::cancel(&f.store, &op("dc", "dc"), at, f.tenant, e.exec_id)
+        .await
+        .unwrap();
+    assert_eq!(rec.state, ExecState::Terminal);
+    (rec, head)
+}
+
+#[tokio::test]
+async fn a_deleted_workspace_and_output_are_restorable_until_purged_exactly_once() {
+    use lc_core::deletion::{
+        DELETION_GRACE_DEFAULT, DeletedItem, DeletionRecord, DeletionState, PurgeReport,
+    };
+    let grace = SignedDuration::from_millis(300);
+    let f = fixture_with(
+        6,
+        lc_pg::LcConfig {
+            deletion_grace: grace,
+            ..config()
+        },
+    )
+    .await;
+    // A second store on the same database with the default grace (7 days):
+    // its deletions stay ahead of the persisted cut for the whole test.
+    let long = store_on(&f.db, config()).await;
+    let ns = SignedDuration::from_nanos(1);
+    let at = certain(&f.clock).await;
+    let (e, head) = terminal_exec_with_data(&f, at).await;
+    let x = e.exec_id;
+    let ws = e.canonical.workspace_id;
+    let (ws_sql, pages_sql, purge_sql) = (
+        "DELETE FROM lc_snapshots WHERE workspace_id = $1",
+        "DELETE FROM lc_output_pages WHERE exec_id = $1",
+        "UPDATE lc_deletions SET state = 'purged', purged_floor_us = 0, purged_submicro_ns = 0 \
+          WHERE exec_id = $1",
+    );
+
+    // A running exec's workspace and output are not deleted; an uncertain
+    // reading deletes nothing; another tenant's exec is not found; an
+    // undelete of what is not deleted is refused. Nothing is written.
+    let run = running_exec(&f, "run", at, None, None, OnTimeout::Terminate).await;
+    let before = snapshot(&f.db.url).await;
+    for item in [DeletedItem::Workspace, DeletedItem::Output] {
+        assert_eq!(
+            f.store
+                .delete_item(&op("d-run", "d-run"), at, f.tenant, run.exec_id, item)
+                .await
+                .unwrap_err(),
+            LcError::ExecNotTerminal {
+                exec_id: run.exec_id,
+                state: "running",
+                item,
+            }
+        );
+    }
+    assert_eq!(
+        f.store
+            .delete_item(
+                &op("d-unc", "d-unc"),
+                CutReading::uncertain(at.cut, 4),
+                f.tenant,
+                x,
+                DeletedItem::Workspace
+            )
+            .await
+            .unwrap_err(),
+        LcError::TimeUncertain { retry_after_s: 4 }
+    );
+    assert_eq!(
+        f.store
+            .delete_item(
+                &op("d-404", "d-404"),
+                at,
+                lc_core::TenantId(f.tenant.0 + 1000),
+                x,
+                DeletedItem::Workspace
+            )
+            .await
+            .unwrap_err()
+            .code(),
+        "not_found"
+    );
+    assert_eq!(
+        f.store
+            .undelete_item(
+                &op("u-none", "u-none"),
+                at,
+                f.tenant,
+                x,
+                DeletedItem::Output
+            )
+            .await
+            .unwrap_err(),
+        LcError::NotDeleted {
+            exec_id: x,
+            item: DeletedItem::Output
+        }
+    );
+    // Without a deletion, snapshots stay immutable and pages undeletable.
+    assert_eq!(sqlstate_of(&f.db.url, ws_sql, ExecId(ws.0)).await, "LCS07");
+    assert_eq!(sqlstate_of(&f.db.url, pages_sql, x).await, "LCS05");
+    assert_eq!(snapshot(&f.db.url).await, before);
+
+    let ws_before = f.store.workspace(f.tenant, x).await.unwrap();
+    let snaps_before = f.store.snapshots(f.tenant, x, 0, 10).await.unwrap();
+    let manifest_before = f.store.snapshot_manifest(f.tenant, x, head).await.unwrap();
+    let pages_before = ControlStore::output(&f.store, f.tenant, x, 0, 10)
+        .await
+        .unwrap();
+    assert_eq!((ws_before.head, ws_before.snapshots), (Some(head), 1));
+    assert_eq!(pages_before.len(), 1);
+    assert_eq!(pages_before[0].bytes.as_deref(), Some(&b"hello"[..]));
+    let restored_exactly = || async {
+        assert_eq!(f.store.workspace(f.tenant, x).await.unwrap(), ws_before);
+        assert_eq!(
+            f.store.snapshots(f.tenant, x, 0, 10).await.unwrap(),
+            snaps_before
+        );
+        assert_eq!(
+            f.store.snapshot_manifest(f.tenant, x, head).await.unwrap(),
+            manifest_before
+        );
+        assert_eq!(
+            ControlStore::output(&f.store, f.tenant, x, 0, 10)
+                .await
+                .unwrap(),
+            pages_before
+        );
+    };
+
+    // Deleted through the 7-day store: reads refused naming the undelete
+    // and the purge instant; the database refuses every purge from raw SQL
+    // while the persisted cut has not reached purge_after; an undelete
+    // restores the bytes exactly.
+    let la = certain(&f.clock).await;
+    let lw = long
+        .delete_item(&op("lw", "lw"), la, f.tenant, x, DeletedItem::Workspace)
+        .await
+        .unwrap();
+    let lo = long
+        .delete_item(&op("lo", "lo"), la, f.tenant, x, DeletedItem::Output)
+        .await
+        .unwrap();
+    assert_eq!(
+        (lw.deleted_at, lw.purge_after, lo.purge_after),
+        (
+            la.cut,
+            la.cut + DELETION_GRACE_DEFAULT,
+            la.cut + DELETION_GRACE_DEFAULT
+        )
+    );
+    let deleted = |d: &DeletionRecord, undelete: String| LcError::ItemDeleted {
+        exec_id: x,
+        item: d.item,
+        purge_after: d.purge_after,
+        undelete,
+    };
+    let ws_deleted = deleted(&lw, format!("lc workspace undelete {x}"));
+    assert_eq!(
+        f.store.workspace(f.tenant, x).await.unwrap_err(),
+        ws_deleted
+    );
+    assert_eq!(
+        f.store.snapshots(f.tenant, x, 0, 10).await.unwrap_err(),
+        ws_deleted
+    );
+    assert_eq!(
+        f.store
+            .snapshot_manifest(f.tenant, x, head)
+            .await
+            .unwrap_err(),
+        ws_deleted
+    );
+    assert_eq!(ws_deleted.code(), "workspace_deleted");
+    let out_deleted = ControlStore::output(&f.store, f.tenant, x, 0, 10)
+        .await
+        .unwrap_err();
+    assert_eq!(out_deleted.code(), "output_deleted");
+    assert_eq!(
+        out_deleted.to_string(),
+        format!(
+            "the output of exec {x} is deleted and is purged once a certain cut reaches {}; until then `lc exec output {x} --undelete` restores it",
+            lo.purge_after
+        )
+    );
+    let held = snapshot(&f.db.url).await;
+    assert_eq!(sqlstate_of(&f.db.url, ws_sql, ExecId(ws.0)).await, "LCS90");
+    assert_eq!(sqlstate_of(&f.db.url, pages_sql, x).await, "LCS90");
+    assert_eq!(sqlstate_of(&f.db.url, purge_sql, x).await, "LCS90");
+    assert_eq!(
+        f.store
+            .purge_due(certain(&f.clock).await, 10)
+            .await
+            .unwrap(),
+        PurgeReport::default()
+    );
+    assert_eq!(snapshot(&f.db.url).await, held);
+    for item in [DeletedItem::Workspace, DeletedItem::Output] {
+        // Undone on an uncertain reading too: it admits no deadline.
+        let u = long
+            .undelete_item(
+                &op(&format!("lu-{item}"), "lu"),
+                CutReading::uncertain(la.cut, 1),
+                f.tenant,
+                x,
+                item,
+            )
+            .await
+            .unwrap();
+        assert_eq!(u.state, DeletionState::Restored);
+    }
+    restored_exactly().await;
+
+    // Deleted through the 300 ms store: purge_after = cut + 300 ms to the
+    // nanosecond; a replay answers the record, another key the same
+    // deletion (its grace not extended).
+    let d1_at = certain(&f.clock).await;
+    let d1 = f
+        .store
+        .delete_item(&op("d1", "d1"), d1_at, f.tenant, x, DeletedItem::Workspace)
+        .await
+        .unwrap();
+    let want = DeletionRecord {
+        exec_id: x,
+        item: DeletedItem::Workspace,
+        state: DeletionState::Deleted,
+        deleted_at: d1_at.cut,
+        purge_after: d1_at.cut + grace,
+        purged_at: None,
+    };
+    assert_eq!(d1, want);
+    assert_eq!(
+        f.store
+            .delete_item(&op("d1", "d1"), d1_at, f.tenant, x, DeletedItem::Workspace)
+            .await
+            .unwrap(),
+        want
+    );
+    let later = certain(&f.clock).await;
+    assert_eq!(
+        f.store
+            .delete_item(
+                &op("d1b", "d1b"),
+                later,
+                f.tenant,
+                x,
+                DeletedItem::Workspace
+            )
+            .await
+            .unwrap(),
+        want
+    );
+    // Once a certain cut reached purge_after: purge_after - 1 ns purges
+    // nothing, nor does an uncertain reading at it.
+    wait_reading(&f.clock, 20, "a certain cut past purge_after", |r| {
+        r.certain && r.cut >= want.purge_after
+    })
+    .await;
+    let held = snapshot(&f.db.url).await;
+    for reading in [
+        CutReading::certain(want.purge_after - ns),
+        CutReading::uncertain(want.purge_after, 1),
+    ] {
+        assert_eq!(
+            f.store.purge_due(reading, 10).await.unwrap(),
+            PurgeReport::default(),
+            "{reading:?}"
+        );
+        assert_eq!(snapshot(&f.db.url).await, held, "{reading:?}");
+    }
+    // An undelete past purge_after but before the purge restores it.
+    let u1 = f
+        .store
+        .undelete_item(&op("u1", "u1"), later, f.tenant, x, DeletedItem::Workspace)
+        .await
+        .unwrap();
+    assert_eq!(
+        u1,
+        DeletionRecord {
+            state: DeletionState::Restored,
+            ..want
+        }
+    );
+    restored_exactly().await;
+
+    // Deleted again: a new grace from the new cut; purged at exactly
+    // purge_after, one item per transaction, exactly once.
+    let d2_at = certain(&f.clock).await;
+    let d2 = f
+        .store
+        .delete_item(&op("d2", "d2"), d2_at, f.tenant, x, DeletedItem::Workspace)
+        .await
+        .unwrap();
+    let o2 = f
+        .store
+        .delete_item(&op("do2", "do2"), d2_at, f.tenant, x, DeletedItem::Output)
+        .await
+        .unwrap();
+    assert_eq!(
+        (d2.deleted_at, d2.purge_after, o2.purge_after),
+        (d2_at.cut, d2_at.cut + grace, d2_at.cut + grace)
+    );
+    wait_reading(
+        &f.clock,
+        20,
+        "a certain cut past the second purge_after",
+        |r| r.certain && r.cut >= d2.purge_after,
+    )
+    .await;
+    let purge_at = CutReading::certain(d2.purge_after);
+    let one = |w: usize, o: usize| PurgeReport {
+        workspaces_purged: w,
+        outputs_purged: o,
+        rows_purged: 1,
+        execs_purged: 0,
+    };
+    let first = f.store.purge_due(purge_at, 1).await.unwrap();
+    let second = f.store.purge_due(purge_at, 10).await.unwrap();
+    assert!(
+        (first, second) == (one(1, 0), one(0, 1)) || (first, second) == (one(0, 1), one(1, 0)),
+        "{first:?} {second:?}"
+    );
+    assert_eq!(
+        f.store.purge_due(purge_at, 10).await.unwrap(),
+        PurgeReport::default()
+    );
+    let mut c = PgConnection::connect(&f.db.url).await.unwrap();
+    let counts: (i64, i64, i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM lc_snapshots WHERE workspace_id = $2), \
+                (SELECT count(*) FROM lc_output_pages WHERE exec_id = $1), \
+                (SELECT snapshots FROM lc_workspaces WHERE exec_id = $1), \
+                (SELECT count(*) FROM lc_deletions WHERE exec_id = $1 AND state = 'purged')",
+    )
+    .bind(x.0)
+    .bind(ws.0)
+    .fetch_one(&mut c)
+    .await
+    .unwrap();
+    assert_eq!(counts, (0, 0, 0, 2));
+    let purged = LcError::ItemPurged {
+        exec_id: x,
+        item: DeletedItem::Workspace,
+        purged_at: Some(d2.purge_after),
+    };
+    assert_eq!(f.store.workspace(f.tenant, x).await.unwrap_err(), purged);
+    assert_eq!(purged.code(), "workspace_purged");
+    assert_eq!(
+        ControlStore::output(&f.store, f.tenant, x, 0, 10)
+            .await
+            .unwrap_err(),
+        LcError::ItemPurged {
+            exec_id: x,
+            item: DeletedItem::Output,
+            purged_at: Some(o2.purge_after),
+        }
+    );
+    let after = snapshot(&f.db.url).await;
+    assert_eq!(
+        f.store
+            .undelete_item(&op("u3", "u3"), later, f.tenant, x, DeletedItem::Workspace)
+            .await
+            .unwrap_err(),
+        purged
+    );
+    assert_eq!(
+        f.store
+            .delete_item(
+                &op("d3", "d3"),
+                certain(&f.clock).await,
+                f.tenant,
+                x,
+                DeletedItem::Workspace
+            )
+            .await
+            .unwrap_err(),
+        purged
+    );
+    // A purged deletion never moves back or goes on its own.
+    for sql in [
+        "UPDATE lc_deletions SET state = 'deleted', purged_floor_us = NULL, purged_submicro_ns = NULL \
+          WHERE exec_id = $1",
+        "DELETE FROM lc_deletions WHERE exec_id = $1",
+    ] {
+        assert_eq!(sqlstate_of(&f.db.url, sql, x).await, "LCS90", "{sql}");
+    }
+    assert_eq!(snapshot(&f.db.url).await, after);
+    assert_audit_clean(&f.store).await;
+}

@@ -88,7 +88,10 @@
 //! step ([`ReconcileStore::due_hibernations`]; the owning gateway stops,
 //! quiesces and commits them, and the `destroy` above parks them); a
 //! bounded batch of operation keys gets its terminal receipt and a bounded
-//! batch of due keys is deleted. Nothing is sealed on an uncertain cut.
+//! batch of due keys is deleted, and at most `purge_batch` items are
+//! purged ([`ReconcileStore::purge_due`]: deleted workspaces and outputs
+//! whose grace a certain cut passed, terminal execs whose retention it
+//! passed). Nothing is sealed or purged on an uncertain cut.
 //!
 //! Providers are [`lc_provider::Provider`]s, called directly (the
 //! bubblewrap provider in process, `lc_provider::HttpProvider` over
@@ -162,6 +165,10 @@ pub const PROVIDER_CALL_TIMEOUT_MAX: Duration = Duration::from_secs(600);
 pub struct ReconcilerOptions {
     /// Leases per step, `1..=`[`LIST_LIMIT_MAX`].
     pub batch: usize,
+    /// Items purged per step (deletions past their grace, execs past
+    /// their retention), `1..=`[`LIST_LIMIT_MAX`]; default
+    /// [`lc_core::deletion::PURGE_BATCH_DEFAULT`].
+    pub purge_batch: usize,
     /// Renew when `expiry - cut <= renew_ahead`.
     pub renew_ahead: SignedDuration,
     /// Receipts per step, `1..=`[`LIST_LIMIT_MAX`].
@@ -186,6 +193,7 @@ impl Default for ReconcilerOptions {
     fn default() -> Self {
         ReconcilerOptions {
             batch: BATCH_DEFAULT,
+            purge_batch: lc_core::deletion::PURGE_BATCH_DEFAULT,
             renew_ahead: RENEW_AHEAD_DEFAULT,
             receipts_batch: RECEIPTS_BATCH_DEFAULT,
             gc_batch: GC_BATCH_DEFAULT,
@@ -264,6 +272,8 @@ pub struct StepReport {
     pub receipts_attached: usize,
     /// Operation keys deleted.
     pub operations_deleted: usize,
+    /// What the purge did.
+    pub purged: lc_core::deletion::PurgeReport,
     /// Hibernations (reason `idle` or `deadline`) the store sealed at this
     /// step's cut. Two steps on the same cut count the same seals.
     pub hibernations_sealed: usize,
@@ -297,6 +307,7 @@ impl StepReport {
             release_deferred: 0,
             receipts_attached: 0,
             operations_deleted: 0,
+            purged: lc_core::deletion::PurgeReport::default(),
             hibernations_sealed: 0,
             hibernations_unfinished: 0,
             failures: Vec::new(),
@@ -329,6 +340,7 @@ impl StepReport {
             release_deferred,
             receipts_attached,
             operations_deleted,
+            purged,
             hibernations_sealed,
             hibernations_unfinished,
             failures,
@@ -352,6 +364,10 @@ impl StepReport {
         self.release_deferred += release_deferred;
         self.receipts_attached += receipts_attached;
         self.operations_deleted += operations_deleted;
+        self.purged.workspaces_purged += purged.workspaces_purged;
+        self.purged.outputs_purged += purged.outputs_purged;
+        self.purged.rows_purged += purged.rows_purged;
+        self.purged.execs_purged += purged.execs_purged;
         self.hibernations_sealed += hibernations_sealed;
         self.hibernations_unfinished += hibernations_unfinished;
         self.failures.extend(failures);
@@ -490,6 +506,7 @@ impl Reconciler {
     ) -> Result<Reconciler, LcError> {
         for (n, max) in [
             (options.batch, LIST_LIMIT_MAX),
+            (options.purge_batch, LIST_LIMIT_MAX),
             (options.receipts_batch, LIST_LIMIT_MAX),
             (options.gc_batch, LIST_LIMIT_MAX),
             (options.hibernations_batch, LIST_LIMIT_MAX),
@@ -631,6 +648,10 @@ impl Reconciler {
             match self.store.gc_operations(at, self.options.gc_batch).await {
                 Ok(n) => report.operations_deleted = n,
                 Err(e) => report.failures.push(housekeeping_failure("gc", &e)),
+            }
+            match self.store.purge_due(at, self.options.purge_batch).await {
+                Ok(p) => report.purged = p,
+                Err(e) => report.failures.push(housekeeping_failure("purge", &e)),
             }
         }
         log_report(&report);
@@ -954,7 +975,10 @@ fn log_report(r: &StepReport) {
         + r.destroyed
         + r.released
         + r.parked
-        + r.hibernations_sealed;
+        + r.hibernations_sealed
+        + r.purged.workspaces_purged
+        + r.purged.outputs_purged
+        + r.purged.execs_purged;
     if busy == 0 {
         tracing::debug!(cut = %r.at.cut, certain = r.at.certain, leases = r.leases_seen, "reconciler step");
     } else {
@@ -973,6 +997,9 @@ fn log_report(r: &StepReport) {
             parked = r.parked,
             hibernations_sealed = r.hibernations_sealed,
             hibernations_unfinished = r.hibernations_unfinished,
+            workspaces_purged = r.purged.workspaces_purged,
+            outputs_purged = r.purged.outputs_purged,
+            execs_purged = r.purged.execs_purged,
             units_returned = r.units_returned,
             deferred = r.release_deferred,
             "reconciler step"

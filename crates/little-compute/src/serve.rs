@@ -138,6 +138,19 @@ pub struct ServeArgs {
     /// (0..=600000).
     #[arg(long, default_value_t = claim_ms(lc_core::claim::CLAIM_GRACE_DEFAULT))]
     pub claim_grace_ms: u64,
+
+    /// The grace between deleting an exec's workspace or output and its
+    /// purge, seconds on the cut (1..=31536000, 365 days; default 7 days):
+    /// until then `lc workspace undelete` / `lc exec output --undelete`
+    /// restores it.
+    #[arg(long, default_value_t = lc_core::deletion::DELETION_GRACE_DEFAULT.as_secs())]
+    pub deletion_grace_s: i64,
+
+    /// How long a terminal exec's records are retained after its terminal
+    /// cut, seconds (1..=315360000, 3,650 days; default 30 days); give the
+    /// workers the same value.
+    #[arg(long, default_value_t = lc_core::deletion::RETENTION_DEFAULT.as_secs())]
+    pub retention_s: i64,
 }
 
 /// `d` in whole milliseconds, for a flag's default (the claim consts are
@@ -276,12 +289,20 @@ pub async fn connect_store(
         })?;
     let (claim_ttl, claim_grace) =
         claim_settings(args.claim_ttl_ms, args.claim_grace_ms).map_err(ServeError::Config)?;
+    let deletion_grace =
+        lc_core::deletion::check_grace(jiff::SignedDuration::from_secs(args.deletion_grace_s))
+            .map_err(|e| ServeError::Config(format!("--deletion-grace-s: {e}")))?;
+    let retention =
+        lc_core::deletion::check_retention(jiff::SignedDuration::from_secs(args.retention_s))
+            .map_err(|e| ServeError::Config(format!("--retention-s: {e}")))?;
     let config = lc_pg::LcConfig {
         max_connections: POOL_CONNECTIONS_MAX,
         admission_rate,
         claim_ttl,
         claim_grace,
         token_ttl_max,
+        deletion_grace,
+        retention,
         ..lc_pg::LcConfig::default()
     };
     crate::retry::until(

@@ -73,6 +73,17 @@ pub struct WorkerArgs {
     /// sealed per step on a certain cut (1..=1000).
     #[arg(long, default_value_t = lc_worker::HIBERNATIONS_BATCH_DEFAULT)]
     pub hibernations_batch: usize,
+    /// Items purged per step on a certain cut (1..=1000): deleted
+    /// workspaces and outputs past their grace, terminal execs past their
+    /// retention, each in its own transaction.
+    #[arg(long, default_value_t = lc_core::deletion::PURGE_BATCH_DEFAULT)]
+    pub purge_batch: usize,
+    /// How long a terminal exec's records are retained after its terminal
+    /// cut, seconds (1..=315360000, 3,650 days; default 30 days). The
+    /// exec's end is committed by a worker (a release) or the control
+    /// plane (a cancel while parked): give both the same value.
+    #[arg(long, default_value_t = lc_core::deletion::RETENTION_DEFAULT.as_secs())]
+    pub retention_s: i64,
     /// Allocations (instance starts) in flight at once within a step
     /// (1..=64): an instance slow to start delays no other.
     #[arg(long, default_value_t = lc_worker::ALLOCATE_CONCURRENCY_DEFAULT)]
@@ -188,6 +199,7 @@ async fn serve(args: WorkerArgs) -> Result<(), WorkerError> {
     for (flag, n) in [
         ("--batch", args.batch),
         ("--hibernations-batch", args.hibernations_batch),
+        ("--purge-batch", args.purge_batch),
     ] {
         if !(1..=lc_core::rules::LIST_LIMIT_MAX).contains(&n) {
             return Err(WorkerError::Usage(format!(
@@ -256,6 +268,10 @@ async fn serve(args: WorkerArgs) -> Result<(), WorkerError> {
         lease_ttl: jiff::SignedDuration::from_millis(lease_ttl_ms),
         claim_ttl,
         claim_grace,
+        retention: lc_core::deletion::check_retention(jiff::SignedDuration::from_secs(
+            args.retention_s,
+        ))
+        .map_err(|e| WorkerError::Usage(format!("--retention-s: {e}")))?,
         ..lc_pg::LcConfig::default()
     };
     let store = crate::retry::until(
@@ -304,6 +320,7 @@ async fn serve(args: WorkerArgs) -> Result<(), WorkerError> {
             // Half a TTL: one missed step still leaves half of it.
             renew_ahead: jiff::SignedDuration::from_millis(lease_ttl_ms / 2),
             hibernations_batch: args.hibernations_batch,
+            purge_batch: args.purge_batch,
             allocate_concurrency: args.allocate_concurrency,
             provider_call_timeout: Duration::from_millis(args.provider_call_timeout_ms),
             ..ReconcilerOptions::default()

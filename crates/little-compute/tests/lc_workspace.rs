@@ -949,3 +949,138 @@ async fn hibernate_wait_reports_a_snapshot_the_provider_refused() {
     let _ = std::fs::remove_dir_all(&dir);
     rig::remove_cgroup_parent(&plane.cgroup_parent);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workspace_delete_and_undelete_and_output_delete_through_the_cli() {
+    let dir = ws::temp_dir("cli-deletion");
+    let (s, _blobs, url) = start(&dir).await;
+    let (t, key) = ws::tenant(&s, "blue", 4).await;
+    let r = ws::running(&s, t, &key, "x1", exec_body()).await;
+    let id = r.exec_id.to_string();
+    let base = ["--server", url.as_str(), "--token", key.as_str()];
+    let cli = |more: &[&str]| lc(&[&base[..], more].concat());
+
+    // A running exec: refused with what to do, nothing deleted.
+    let o = cli(&["workspace", "delete", &id]).await.unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(
+        text(&o.stderr),
+        format!(
+            "error: 409 exec_not_terminal: exec {id} is running: only a terminal exec's workspace can be deleted; cancel it (lc exec cancel {id}) and delete its workspace once it has ended\n"
+        )
+    );
+    // Its command ends with one stdout page: terminal, with output.
+    s.run_exec(
+        r.exec_id,
+        &[
+            (PageKind::Stdout, b"kept\n", None),
+            (PageKind::Terminal, b"", Some(PageExit::exited(0))),
+        ],
+    )
+    .await;
+    let o = cli(&["exec", "output", &id]).await.unwrap();
+    assert_eq!(
+        (o.status.code(), text(&o.stdout)),
+        (Some(0), "kept\n".into())
+    );
+
+    // workspace delete: the deletion, 7 days of grace; show refused
+    // naming the undelete; undelete restores it.
+    let d = json_of(&cli(&["--json", "workspace", "delete", &id]).await.unwrap());
+    assert_eq!(
+        (
+            &d["exec_id"],
+            &d["item"],
+            &d["state"],
+            &d["purged_at"],
+            &d["undelete"]
+        ),
+        (
+            &json!(r.exec_id),
+            &json!("workspace"),
+            &json!("deleted"),
+            &Value::Null,
+            &json!(format!("lc workspace undelete {id}"))
+        )
+    );
+    let ns = |v: &Value| support::ts(v.as_str().unwrap()).as_nanosecond();
+    assert_eq!(
+        ns(&d["purge_after"]) - ns(&d["deleted_at"]),
+        604_800_000_000_000
+    );
+    let o = cli(&["workspace", "show", &id]).await.unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(
+        text(&o.stderr),
+        format!(
+            "error: 410 workspace_deleted: the workspace of exec {id} is deleted and is purged once a certain cut reaches {}; until then `lc workspace undelete {id}` restores it\n",
+            d["purge_after"].as_str().unwrap()
+        )
+    );
+    let u = json_of(
+        &cli(&["--json", "workspace", "undelete", &id])
+            .await
+            .unwrap(),
+    );
+    assert_eq!(
+        (&u["state"], &u["purge_after"]),
+        (&json!("restored"), &d["purge_after"])
+    );
+    let w = json_of(&cli(&["--json", "workspace", "show", &id]).await.unwrap());
+    assert_eq!(
+        w,
+        json!({"workspace_id": r.workspace_id, "exec_id": r.exec_id, "head": null, "snapshots": 0})
+    );
+    let o = cli(&["workspace", "undelete", &id]).await.unwrap();
+    assert_eq!(
+        (o.status.code(), text(&o.stderr)),
+        (
+            Some(1),
+            format!(
+                "error: 409 not_deleted: the workspace of exec {id} is not deleted: there is nothing to undelete\n"
+            )
+        )
+    );
+
+    // exec output --delete / --undelete.
+    let d = json_of(
+        &cli(&["--json", "exec", "output", &id, "--delete"])
+            .await
+            .unwrap(),
+    );
+    assert_eq!(
+        (&d["item"], &d["state"], &d["undelete"]),
+        (
+            &json!("output"),
+            &json!("deleted"),
+            &json!(format!("lc exec output {id} --undelete"))
+        )
+    );
+    let o = cli(&["exec", "output", &id]).await.unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(
+        text(&o.stderr),
+        format!(
+            "error: 410 output_deleted: the output of exec {id} is deleted and is purged once a certain cut reaches {}; until then `lc exec output {id} --undelete` restores it\n",
+            d["purge_after"].as_str().unwrap()
+        )
+    );
+    let o = cli(&["exec", "output", &id, "--undelete"]).await.unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stdout).starts_with(&format!("exec_id      {id}\n")),
+        "{}",
+        text(&o.stdout)
+    );
+    let o = cli(&["exec", "output", &id]).await.unwrap();
+    assert_eq!(
+        (o.status.code(), text(&o.stdout)),
+        (Some(0), "kept\n".into())
+    );
+    // --delete does not go with reading flags.
+    let o = cli(&["exec", "output", &id, "--delete", "--follow"])
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -397,6 +397,7 @@ pub async fn snapshot(url: &str) -> Vec<(String, Vec<String>)> {
         "lc_resume_receipts",
         "lc_tokens",
         "lc_claims",
+        "lc_deletions",
         "tollgate_accounts",
         "tollgate_leases",
         "tollgate_ledger",

@@ -201,6 +201,19 @@ pub enum WorkspaceCmd {
         #[arg(long, value_name = "DIR")]
         to: PathBuf,
     },
+    /// Delete a terminal exec's workspace: its snapshots are kept for the
+    /// deletion grace (7 days by default) and restorable with `lc
+    /// workspace undelete` until the purge; prints the deletion with its
+    /// `purge_after` cut.
+    Delete {
+        /// The exec.
+        id: i64,
+    },
+    /// Restore a deleted workspace before its purge, exactly as it was.
+    Undelete {
+        /// The exec.
+        id: i64,
+    },
 }
 
 /// `lc tenant`.
@@ -316,6 +329,15 @@ pub enum ExecCmd {
         /// most 31536000, a year).
         #[arg(long, default_value_t = WAIT_SECS_DEFAULT, value_parser = wait_secs())]
         wait_timeout_s: u64,
+        /// Instead of reading: delete the terminal exec's output (kept for
+        /// the deletion grace, restorable with `--undelete` until the
+        /// purge); prints the deletion.
+        #[arg(long, conflicts_with_all = ["undelete", "follow", "stderr"])]
+        delete: bool,
+        /// Instead of reading: restore the deleted output before its
+        /// purge, bytes unchanged.
+        #[arg(long, conflicts_with_all = ["follow", "stderr"])]
+        undelete: bool,
     },
     /// Send bytes to the stdin of an exec created with `--stdin-open`:
     /// `--data TEXT`, `--file PATH`, or `-` to read them from stdin. More

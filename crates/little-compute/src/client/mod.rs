@@ -298,7 +298,24 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, ClientError> {
             follow,
             after_seq,
             wait_timeout_s,
-        }) => return exec_output(&client, id, stderr, follow, after_seq, wait_timeout_s).await,
+            delete,
+            undelete,
+        }) => {
+            if delete || undelete {
+                let path = if delete {
+                    format!("v1/execs/{id}/output")
+                } else {
+                    format!("v1/execs/{id}/output/undelete")
+                };
+                let method = if delete { Method::DELETE } else { Method::POST };
+                let v = client
+                    .call(method, &path, Body::None, Some(&op_key()?))
+                    .await?;
+                output::record(&v, json, output::DELETION_FIELDS)?;
+                return Ok(ExitCode::SUCCESS);
+            }
+            return exec_output(&client, id, stderr, follow, after_seq, wait_timeout_s).await;
+        }
         Command::Exec(ExecCmd::Send {
             id,
             stdin,
@@ -484,6 +501,30 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, ClientError> {
                 .call(Method::DELETE, &format!("v1/tokens/{id}"), Body::None, None)
                 .await?;
             output::record(&v, json, output::TOKEN_FIELDS)?;
+            return Ok(ExitCode::SUCCESS);
+        }
+        Command::Workspace(WorkspaceCmd::Delete { id }) => {
+            let v = client
+                .call(
+                    Method::DELETE,
+                    &format!("v1/execs/{id}/workspace"),
+                    Body::None,
+                    Some(&op_key()?),
+                )
+                .await?;
+            output::record(&v, json, output::DELETION_FIELDS)?;
+            return Ok(ExitCode::SUCCESS);
+        }
+        Command::Workspace(WorkspaceCmd::Undelete { id }) => {
+            let v = client
+                .call(
+                    Method::POST,
+                    &format!("v1/execs/{id}/workspace/undelete"),
+                    Body::None,
+                    Some(&op_key()?),
+                )
+                .await?;
+            output::record(&v, json, output::DELETION_FIELDS)?;
             return Ok(ExitCode::SUCCESS);
         }
         Command::Operation(OperationCmd::Show { key }) => {

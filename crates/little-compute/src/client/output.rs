@@ -68,6 +68,18 @@ pub const RESUME_FIELDS: &[&str] = &[
 /// The fields shown for a workspace.
 pub const WORKSPACE_FIELDS: &[&str] = &["exec_id", "workspace_id", "head", "snapshots"];
 
+/// The fields of a deletion of a workspace or output (`lc workspace
+/// delete|undelete`, `lc exec output --delete|--undelete`).
+pub const DELETION_FIELDS: &[&str] = &[
+    "exec_id",
+    "item",
+    "state",
+    "deleted_at",
+    "purge_after",
+    "purged_at",
+    "undelete",
+];
+
 /// The fields shown for a snapshot.
 pub const SNAPSHOT_FIELDS: &[&str] = &["seq", "digest", "generation", "committed_cut"];
 
