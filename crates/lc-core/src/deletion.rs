@@ -340,6 +340,28 @@ pub fn retain_until(terminal: Timestamp, retention: SignedDuration) -> Result<Ti
         })
 }
 
+/// The retain-until of an exec that ends at cut `terminal` with
+/// `retention`, inside `horizon`: `terminal + retention`, or `None` when
+/// that lies beyond `terminal + horizon` (a horizon sealed shorter than
+/// the retention): the exec is then kept until an operator sets one,
+/// because its end (a release returning units) must never fail on its
+/// retention and nothing may be purged before the retention it was
+/// promised.
+///
+/// # Errors
+/// As [`retain_until`].
+pub fn plan_retain_until(
+    terminal: Timestamp,
+    retention: SignedDuration,
+    horizon: SignedDuration,
+) -> Result<Option<Timestamp>, LcError> {
+    let until = retain_until(terminal, retention)?;
+    Ok(match terminal.checked_add(horizon) {
+        Ok(bound) if until > bound => None,
+        _ => Some(until),
+    })
+}
+
 /// Whether a terminal exec retained until `retain_until` may have its
 /// records purged at `at`: only on a certain cut that has reached it.
 pub fn is_retention_passed(retain_until: Timestamp, at: CutReading) -> bool {
@@ -536,5 +558,15 @@ mod tests {
             Err("invalid_timeout")
         );
         assert!(retain_until(BASE, RETENTION_MAX).is_ok());
+        let day = SignedDuration::from_hours(24);
+        assert_eq!(
+            plan_retain_until(BASE, RETENTION_DEFAULT, RETENTION_DEFAULT),
+            Ok(Some(BASE + RETENTION_DEFAULT))
+        );
+        assert_eq!(
+            plan_retain_until(BASE, RETENTION_DEFAULT, RETENTION_DEFAULT - NS),
+            Ok(None)
+        );
+        assert_eq!(plan_retain_until(BASE, day, HORIZON), Ok(Some(BASE + day)));
     }
 }

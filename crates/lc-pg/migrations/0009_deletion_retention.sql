@@ -18,6 +18,14 @@
 --                                  a certain persisted cut passed the
 --                                  deletion's purge_after, or a purged
 --                                  deletion moved back
+--   LCS91 retention_not_passed     a deletion of a terminal exec's records
+--                                  (exec, attempts, Reservations, Leases
+--                                  with their evidence, ownership,
+--                                  workspace, hibernations, resume
+--                                  requests) before a certain persisted
+--                                  cut passed its retain_until, or while a
+--                                  deletion of it waits for its purge
+--   LCS01 deadline_beyond_horizon  now also an exec's retain_until
 
 CREATE TABLE lc_deletions (
     exec_id                 BIGINT  NOT NULL REFERENCES lc_execs (exec_id),
@@ -178,6 +186,121 @@ BEGIN
        OR (OLD.state = 'acked' AND NEW.state <> 'acked') THEN
         RAISE EXCEPTION 'page_regression: page % of exec % attempt % only moves from pending to acked', OLD.seq, OLD.exec_id, OLD.attempt
             USING ERRCODE = 'LCS05';
+    END IF;
+    RETURN NEW;
+END $$;
+
+-- Retention's purge (0009): a terminal exec's records go, in one
+-- transaction, only once lc_exec_purge_due holds for it (its retain_until
+-- passed by a certain persisted cut, no deletion of it waiting). Every
+-- table holding them refuses any other deletion: LCS91
+-- retention_not_passed, or its own immutability code (LCS03 transition
+-- receipts, LCS05 pages, LCS06 inputs, LCS07 snapshots, LCS08 resume
+-- receipts) as before. Tollgate's own rows (accounts, leases, ledger)
+-- are never touched.
+CREATE FUNCTION lc_retained_until_purge() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    exec bigint := (to_jsonb(OLD) ->> 'exec_id')::bigint;
+BEGIN
+    IF lc_exec_purge_due(exec) THEN
+        RETURN OLD;
+    END IF;
+    RAISE EXCEPTION 'retention_not_passed: % of exec % is kept until a certain cut passes the exec''s retain_until (and its deletions are purged)',
+        TG_TABLE_NAME, exec
+        USING ERRCODE = 'LCS91';
+END $$;
+
+CREATE TRIGGER lc_execs_retained BEFORE DELETE ON lc_execs
+    FOR EACH ROW EXECUTE FUNCTION lc_retained_until_purge();
+CREATE TRIGGER lc_attempts_retained BEFORE DELETE ON lc_attempts
+    FOR EACH ROW EXECUTE FUNCTION lc_retained_until_purge();
+CREATE TRIGGER lc_reservations_retained BEFORE DELETE ON lc_reservations
+    FOR EACH ROW EXECUTE FUNCTION lc_retained_until_purge();
+CREATE TRIGGER lc_sandbox_leases_retained BEFORE DELETE ON lc_sandbox_leases
+    FOR EACH ROW EXECUTE FUNCTION lc_retained_until_purge();
+CREATE TRIGGER lc_exec_owners_retained BEFORE DELETE ON lc_exec_owners
+    FOR EACH ROW EXECUTE FUNCTION lc_retained_until_purge();
+CREATE TRIGGER lc_workspaces_retained BEFORE DELETE ON lc_workspaces
+    FOR EACH ROW EXECUTE FUNCTION lc_retained_until_purge();
+CREATE TRIGGER lc_hibernations_retained BEFORE DELETE ON lc_hibernations
+    FOR EACH ROW EXECUTE FUNCTION lc_retained_until_purge();
+CREATE TRIGGER lc_resume_intents_retained BEFORE DELETE ON lc_resume_intents
+    FOR EACH ROW EXECUTE FUNCTION lc_retained_until_purge();
+
+CREATE OR REPLACE FUNCTION lc_transitions_immutable() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'DELETE' AND lc_exec_purge_due(OLD.exec_id) THEN
+        RETURN OLD;
+    END IF;
+    RAISE EXCEPTION 'transition_immutable: a transition receipt is never updated or deleted (%)', TG_OP
+        USING ERRCODE = 'LCS03';
+END $$;
+
+CREATE OR REPLACE FUNCTION lc_resume_receipts_immutable() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'DELETE' AND lc_exec_purge_due(OLD.exec_id) THEN
+        RETURN OLD;
+    END IF;
+    RAISE EXCEPTION 'resume_receipt_immutable: a resume receipt is never updated or deleted (%)', TG_OP
+        USING ERRCODE = 'LCS08';
+END $$;
+
+CREATE OR REPLACE FUNCTION lc_exec_inputs_order() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        IF lc_exec_purge_due(OLD.exec_id) THEN
+            RETURN OLD;
+        END IF;
+        RAISE EXCEPTION 'input_regression: input % of exec % is never deleted', OLD.input_seq, OLD.exec_id
+            USING ERRCODE = 'LCS06';
+    END IF;
+    IF TG_OP = 'INSERT' THEN
+        IF NEW.state <> 'queued' THEN
+            RAISE EXCEPTION 'input_regression: input % of exec % starts queued', NEW.input_seq, NEW.exec_id
+                USING ERRCODE = 'LCS06';
+        END IF;
+        IF NOT (SELECT e.stdin_open FROM lc_execs e WHERE e.exec_id = NEW.exec_id) THEN
+            RAISE EXCEPTION 'input_regression: exec % was admitted without stdin open', NEW.exec_id
+                USING ERRCODE = 'LCS06';
+        END IF;
+        IF NEW.input_seq > 1 AND NOT EXISTS (
+               SELECT 1 FROM lc_exec_inputs i
+                WHERE i.exec_id = NEW.exec_id AND i.input_seq = NEW.input_seq - 1 AND NOT i.eof) THEN
+            RAISE EXCEPTION 'input_regression: input % of exec % follows no input or the eof input',
+                NEW.input_seq, NEW.exec_id
+                USING ERRCODE = 'LCS06';
+        END IF;
+        RETURN NEW;
+    END IF;
+    IF (NEW.exec_id, NEW.input_seq, NEW.bytes, NEW.sha256, NEW.eof, NEW.op_key, NEW.request_sha256,
+        NEW.queued_floor_us, NEW.queued_submicro_ns)
+       IS DISTINCT FROM
+       (OLD.exec_id, OLD.input_seq, OLD.bytes, OLD.sha256, OLD.eof, OLD.op_key, OLD.request_sha256,
+        OLD.queued_floor_us, OLD.queued_submicro_ns)
+       OR OLD.state <> 'queued' OR NEW.state <> 'sent' THEN
+        RAISE EXCEPTION 'input_regression: input % of exec % only moves from queued to sent', OLD.input_seq, OLD.exec_id
+            USING ERRCODE = 'LCS06';
+    END IF;
+    -- Checked here rather than by a foreign key, which would keep the
+    -- receipts' own guard from answering a TRUNCATE of lc_transitions.
+    IF NOT EXISTS (
+           SELECT 1 FROM lc_transitions t
+            WHERE t.exec_id = NEW.exec_id AND t.transition_id = NEW.send_transition_id
+              AND t.kind = 'send') THEN
+        RAISE EXCEPTION 'input_regression: input % of exec % is sent only by a committed send receipt, not %',
+            OLD.input_seq, OLD.exec_id, NEW.send_transition_id
+            USING ERRCODE = 'LCS06';
+    END IF;
+    IF OLD.input_seq > 1 AND NOT EXISTS (
+           SELECT 1 FROM lc_exec_inputs i
+            WHERE i.exec_id = OLD.exec_id AND i.input_seq = OLD.input_seq - 1 AND i.state = 'sent') THEN
+        RAISE EXCEPTION 'input_regression: input % of exec % is sent only after input %',
+            OLD.input_seq, OLD.exec_id, OLD.input_seq - 1
+            USING ERRCODE = 'LCS06';
     END IF;
     RETURN NEW;
 END $$;

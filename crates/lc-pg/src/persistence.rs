@@ -3083,6 +3083,20 @@ pub(crate) async fn deletion(
     row.as_ref().map(deletion_from).transpose()
 }
 
+/// Every deletion of `exec` (at most one per item).
+pub(crate) async fn deletions_of(
+    conn: &mut PgConnection,
+    exec: ExecId,
+) -> Result<Vec<DeletionRecord>, Fail> {
+    let rows = sqlx::query(&format!(
+        "SELECT {DELETION_COLUMNS} FROM lc_deletions WHERE exec_id = $1 ORDER BY item FOR UPDATE"
+    ))
+    .bind(exec.0)
+    .fetch_all(&mut *conn)
+    .await?;
+    rows.iter().map(deletion_from).collect()
+}
+
 /// Records a deletion (state `deleted`).
 pub(crate) async fn insert_deletion(
     conn: &mut PgConnection,
@@ -3197,6 +3211,98 @@ pub(crate) async fn set_deletion_purged(
     .execute(&mut *conn)
     .await?;
     one_row(done, "a purge")
+}
+
+// ---------------------------------------------------------------------------
+// Retention (migration 0009): a terminal exec's retain_until, and the
+// purge of its records once a certain cut passed it (the database checks
+// it again, LCS91).
+
+/// Records the retain-until of exec `exec` as it ends (`None`: kept until
+/// an operator sets one).
+pub(crate) async fn set_retain_until(
+    conn: &mut PgConnection,
+    exec: ExecId,
+    until: Option<Timestamp>,
+) -> Result<(), Fail> {
+    let (f, s) = match until.map(pair) {
+        Some((f, s)) => (Some(f), Some(s)),
+        None => (None, None),
+    };
+    let done = sqlx::query(
+        "UPDATE lc_execs SET retain_until_floor_us = $2, retain_until_submicro_ns = $3 \
+          WHERE exec_id = $1",
+    )
+    .bind(exec.0)
+    .bind(f)
+    .bind(s)
+    .execute(&mut *conn)
+    .await?;
+    one_row(done, "an exec's retention")
+}
+
+/// The terminal exec whose retain_until is soonest and at most `cut`,
+/// with no deletion waiting for its purge, locked (rows another purger
+/// holds skipped): its id and retain_until.
+pub(crate) async fn retention_candidate(
+    conn: &mut PgConnection,
+    cut: Timestamp,
+) -> Result<Option<(ExecId, Timestamp)>, Fail> {
+    let (f, s) = pair(cut);
+    let row = sqlx::query(
+        "SELECT e.exec_id, e.retain_until_floor_us, e.retain_until_submicro_ns FROM lc_execs e \
+          WHERE e.retain_until_floor_us IS NOT NULL AND e.state = 'terminal' \
+            AND (e.retain_until_floor_us, e.retain_until_submicro_ns) <= ($1, $2) \
+            AND NOT EXISTS (SELECT 1 FROM lc_deletions d \
+                             WHERE d.exec_id = e.exec_id AND d.state = 'deleted') \
+          ORDER BY e.retain_until_floor_us, e.retain_until_submicro_ns, e.exec_id \
+          LIMIT 1 FOR UPDATE SKIP LOCKED",
+    )
+    .bind(f)
+    .bind(s)
+    .fetch_optional(&mut *conn)
+    .await?;
+    row.map(|r| {
+        Ok((
+            ExecId(r.try_get("exec_id")?),
+            instant_at(&r, "retain_until_floor_us", "retain_until_submicro_ns")?,
+        ))
+    })
+    .transpose()
+}
+
+/// Every statement of an exec's records purge, children first (a Lease
+/// after the snapshots, hibernations and resume rows naming it; the exec
+/// last). Tollgate's rows stay.
+const EXEC_PURGE: [&str; 14] = [
+    "DELETE FROM lc_resume_receipts WHERE exec_id = $1",
+    "DELETE FROM lc_resume_intents WHERE exec_id = $1",
+    "DELETE FROM lc_hibernations WHERE exec_id = $1",
+    "DELETE FROM lc_snapshots WHERE workspace_id IN \
+         (SELECT workspace_id FROM lc_workspaces WHERE exec_id = $1)",
+    "DELETE FROM lc_workspaces WHERE exec_id = $1",
+    "DELETE FROM lc_output_pages WHERE exec_id = $1",
+    "DELETE FROM lc_exec_inputs WHERE exec_id = $1",
+    "DELETE FROM lc_transitions WHERE exec_id = $1",
+    "DELETE FROM lc_exec_owners WHERE exec_id = $1",
+    "DELETE FROM lc_deletions WHERE exec_id = $1",
+    "DELETE FROM lc_sandbox_leases WHERE exec_id = $1",
+    "DELETE FROM lc_reservations WHERE exec_id = $1",
+    "DELETE FROM lc_attempts WHERE exec_id = $1",
+    "DELETE FROM lc_execs WHERE exec_id = $1",
+];
+
+/// Deletes every record of exec `exec`; returns how many rows went.
+pub(crate) async fn purge_exec_records(conn: &mut PgConnection, exec: ExecId) -> Result<u64, Fail> {
+    let mut rows = 0;
+    for sql in EXEC_PURGE {
+        rows += sqlx::query(sql)
+            .bind(exec.0)
+            .execute(&mut *conn)
+            .await?
+            .rows_affected();
+    }
+    Ok(rows)
 }
 
 #[cfg(test)]

@@ -1050,7 +1050,7 @@ async fn cancel_tx(conn: &mut PgConnection, a: &CancelArgs<'_>) -> Result<ExecRe
         db::set_cancel_requested(conn, a.exec_id).await?;
     }
     if before.state == ExecState::Hibernated {
-        cancel_parked(conn, a.exec_id).await?;
+        cancel_parked(conn, a.exec_id, a.at, a.store).await?;
     }
     let rec = db::read_exec(conn, a.tenant, a.exec_id)
         .await?
@@ -1064,7 +1064,12 @@ async fn cancel_tx(conn: &mut PgConnection, a: &CancelArgs<'_>) -> Result<ExecRe
 /// are held, so no destroy is left to prove. With a prepared resume's Lease
 /// still unreleased, the reconciler releases it for the cancel and its
 /// release ends the exec.
-async fn cancel_parked(conn: &mut PgConnection, exec: ExecId) -> Result<(), Fail> {
+async fn cancel_parked(
+    conn: &mut PgConnection,
+    exec: ExecId,
+    at: CutReading,
+    store: &LcStore,
+) -> Result<(), Fail> {
     let pv = db::parked_view(conn, exec)
         .await?
         .ok_or_else(|| LcError::not_found("exec", exec))?;
@@ -1077,7 +1082,24 @@ async fn cancel_parked(conn: &mut PgConnection, exec: ExecId) -> Result<(), Fail
     rules::plan_exec_transition(pv.exec_state, ExecState::Terminal)?;
     db::set_attempt_state(conn, exec, pv.attempt, AttemptState::Terminal).await?;
     db::set_terminal_reason(conn, exec, TerminalReason::Cancelled).await?;
-    db::set_exec_state(conn, exec, ExecState::Terminal, None).await
+    db::set_exec_state(conn, exec, ExecState::Terminal, None).await?;
+    retain(conn, exec, at, store).await
+}
+
+/// Records the retain-until of `exec`, ending at `at`: its cut plus the
+/// store's retention ([`deletion::plan_retain_until`], inside the
+/// horizon in force).
+async fn retain(
+    conn: &mut PgConnection,
+    exec: ExecId,
+    at: CutReading,
+    store: &LcStore,
+) -> Result<(), Fail> {
+    let cut = db::read_cut_state(conn)
+        .await?
+        .ok_or_else(|| crate::error::corrupt("the cut vanished in a transaction"))?;
+    let until = deletion::plan_retain_until(at.cut, store.config.retention, horizon(&cut))?;
+    db::set_retain_until(conn, exec, until).await
 }
 
 struct LeaseArgs<'a> {
@@ -1453,7 +1475,7 @@ async fn commit_release_tx(
         // A cancel requested after the stop (too late to cancel the
         // command instead): the parked exec ends as cancelled at once.
         if view_of(conn, row.exec_id).await?.cancel_requested {
-            cancel_parked(conn, row.exec_id).await?;
+            cancel_parked(conn, row.exec_id, a.at, store).await?;
         }
         return Ok(ReleaseOutcome {
             lease_id: row.lease_id,
@@ -1493,6 +1515,7 @@ async fn commit_release_tx(
             None
         };
         db::set_exec_state(conn, row.exec_id, ExecState::Terminal, code).await?;
+        retain(conn, row.exec_id, a.at, store).await?;
     }
     Ok(ReleaseOutcome {
         lease_id: row.lease_id,
@@ -3030,6 +3053,21 @@ async fn undelete_item_tx(
     Ok(rec)
 }
 
+/// Purges the records of the terminal exec whose retention passed
+/// soonest at `at`, if any ([`deletion::plan_exec_purge`]), in one
+/// transaction: how many rows went. `None` when none is due.
+async fn purge_exec_tx(conn: &mut PgConnection, at: &CutReading) -> Result<Option<u64>, Fail> {
+    check_reading(conn, *at).await?;
+    let Some((exec, until)) = db::retention_candidate(conn, at.cut).await? else {
+        return Ok(None);
+    };
+    let deletions = db::deletions_of(conn, exec).await?;
+    if !deletion::plan_exec_purge(until, &deletions, *at) {
+        return Ok(None);
+    }
+    Ok(Some(db::purge_exec_records(conn, exec).await?))
+}
+
 /// Purges the soonest due deletion, if any: its rows and its state, in
 /// one transaction. `None` when nothing is due at `at`.
 async fn purge_one_tx(
@@ -3850,6 +3888,19 @@ impl ReconcileStore for LcStore {
                 DeletedItem::Workspace => report.workspaces_purged += 1,
                 DeletedItem::Output => report.outputs_purged += 1,
             }
+            report.rows_purged += rows;
+        }
+        // Then the execs past their retention, in what is left of the
+        // batch (a deletion purged above may have made its exec due).
+        let left = limit - (report.workspaces_purged + report.outputs_purged);
+        for _ in 0..left {
+            let Some(rows) = self
+                .run(Op::Deletion, &at, |c, at| Box::pin(purge_exec_tx(c, at)))
+                .await?
+            else {
+                break;
+            };
+            report.execs_purged += 1;
             report.rows_purged += rows;
         }
         Ok(report)

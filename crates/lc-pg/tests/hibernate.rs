@@ -2508,7 +2508,13 @@ async fn migration_0006_keeps_hibernations_and_admits_a_refused_snapshot() {
             .fetch_all(&mut c)
             .await
             .unwrap();
-    assert_eq!(versions, (1..=lc_pg::LC_VERSION).collect::<Vec<i64>>());
+    let known: Vec<i64> = lc_pg::lc_line()
+        .migrations()
+        .iter()
+        .map(|m| m.version)
+        .collect();
+    assert_eq!(&versions[..6], &[1, 2, 3, 4, 5, 6]);
+    assert_eq!(versions, known);
     let rows_v6: Vec<String> = sqlx::query_scalar(COLUMNS).fetch_all(&mut c).await.unwrap();
     assert_eq!(rows_v6, rows_v5);
     let refused: Vec<(Option<String>, Option<String>, Option<String>)> = sqlx::query_as(
@@ -3029,5 +3035,251 @@ async fn a_deleted_workspace_and_output_are_restorable_until_purged_exactly_once
         assert_eq!(sqlstate_of(&f.db.url, sql, x).await, "LCS90", "{sql}");
     }
     assert_eq!(snapshot(&f.db.url).await, after);
+    assert_audit_clean(&f.store).await;
+}
+
+// ---------------------------------------------------------------------------
+// Retention: a terminal exec's records are kept until a certain cut passes
+// retain_until = terminal cut + retention, and while a deletion of it
+// waits for its purge; the database refuses any earlier purge (LCS91).
+
+/// How many rows every table holding exec `x`'s records has of it.
+async fn exec_rows(url: &str, x: ExecId) -> i64 {
+    let mut c = PgConnection::connect(url).await.unwrap();
+    sqlx::query_scalar(
+        "SELECT (SELECT count(*) FROM lc_execs WHERE exec_id = $1) \
+              + (SELECT count(*) FROM lc_attempts WHERE exec_id = $1) \
+              + (SELECT count(*) FROM lc_reservations WHERE exec_id = $1) \
+              + (SELECT count(*) FROM lc_sandbox_leases WHERE exec_id = $1) \
+              + (SELECT count(*) FROM lc_output_pages WHERE exec_id = $1) \
+              + (SELECT count(*) FROM lc_exec_owners WHERE exec_id = $1) \
+              + (SELECT count(*) FROM lc_transitions WHERE exec_id = $1) \
+              + (SELECT count(*) FROM lc_exec_inputs WHERE exec_id = $1) \
+              + (SELECT count(*) FROM lc_workspaces WHERE exec_id = $1) \
+              + (SELECT count(*) FROM lc_snapshots s JOIN lc_workspaces w USING (workspace_id) \
+                  WHERE w.exec_id = $1) \
+              + (SELECT count(*) FROM lc_hibernations WHERE exec_id = $1) \
+              + (SELECT count(*) FROM lc_resume_intents WHERE exec_id = $1) \
+              + (SELECT count(*) FROM lc_resume_receipts WHERE exec_id = $1) \
+              + (SELECT count(*) FROM lc_deletions WHERE exec_id = $1)",
+    )
+    .bind(x.0)
+    .fetch_one(&mut c)
+    .await
+    .unwrap()
+}
+
+/// Exec `x`'s retain_until as stored.
+async fn retain_until_of(url: &str, x: ExecId) -> Option<(i64, i32)> {
+    let mut c = PgConnection::connect(url).await.unwrap();
+    let (f, s): (Option<i64>, Option<i32>) = sqlx::query_as(
+        "SELECT retain_until_floor_us, retain_until_submicro_ns FROM lc_execs WHERE exec_id = $1",
+    )
+    .bind(x.0)
+    .fetch_one(&mut c)
+    .await
+    .unwrap();
+    f.zip(s)
+}
+
+/// Ends `e` (running with an active Lease) through `store`: cancel,
+/// release pending, signed absence committed at `at`.
+async fn end_released(
+    f: &Fixture,
+    store: &lc_pg::LcStore,
+    e: &ExecRecord,
+    key: &str,
+    at: CutReading,
+) {
+    ControlStore::cancel(store, &op(key, key), at, f.tenant, e.exec_id)
+        .await
+        .unwrap();
+    let lease = e.canonical.lease_id;
+    store
+        .begin_release(lease, Generation(1), lc_core::TerminalReason::Cancelled, at)
+        .await
+        .unwrap();
+    let out = store
+        .commit_release(lease, Generation(1), &f.provider.absence(lease, 1), at)
+        .await
+        .unwrap();
+    assert_eq!(out.units_returned, 2);
+}
+
+#[tokio::test]
+async fn a_terminal_exec_s_records_are_kept_until_a_certain_cut_passes_its_retention() {
+    use lc_core::deletion::{DeletedItem, PurgeReport, RETENTION_DEFAULT};
+    let retention = SignedDuration::from_millis(400);
+    let f = fixture_with(
+        6,
+        lc_pg::LcConfig {
+            retention,
+            deletion_grace: SignedDuration::from_millis(300),
+            ..config()
+        },
+    )
+    .await;
+    let long = store_on(&f.db, config()).await;
+    let ns = SignedDuration::from_nanos(1);
+    let at = certain(&f.clock).await;
+    // x ends by a cancel while parked (at `at`), its workspace deleted at
+    // once (300 ms grace, before its 400 ms retention).
+    let (xe, _head) = terminal_exec_with_data(&f, at).await;
+    let x = xe.exec_id;
+    let retain_x = at.cut + retention;
+    assert_eq!(retain_until_of(&f.db.url, x).await, Some(pair_of(retain_x)));
+    f.store
+        .delete_item(&op("rx-d", "rx-d"), at, f.tenant, x, DeletedItem::Workspace)
+        .await
+        .unwrap();
+    // y ends by a release committed at a later cut; its output is deleted
+    // through the 7-day store.
+    let at2 = wait_reading(&f.clock, 10, "a later certain cut", |r| {
+        r.certain && r.cut > at.cut
+    })
+    .await;
+    let ye = running_exec(&f, "ry", at2, None, None, OnTimeout::Terminate).await;
+    let y = ye.exec_id;
+    end_released(&f, &f.store, &ye, "ry-c", at2).await;
+    let retain_y = at2.cut + retention;
+    assert_eq!(retain_until_of(&f.db.url, y).await, Some(pair_of(retain_y)));
+    long.delete_item(&op("ry-d", "ry-d"), at2, f.tenant, y, DeletedItem::Output)
+        .await
+        .unwrap();
+    // z ends through the store with the default retention (30 days): the
+    // database refuses every purge of its records from raw SQL.
+    let ze = running_exec(&f, "rz", at2, None, None, OnTimeout::Terminate).await;
+    let z = ze.exec_id;
+    end_released(&f, &long, &ze, "rz-c", at2).await;
+    assert_eq!(
+        retain_until_of(&f.db.url, z).await,
+        Some(pair_of(at2.cut + RETENTION_DEFAULT))
+    );
+    let held = snapshot(&f.db.url).await;
+    for table in [
+        "lc_execs",
+        "lc_attempts",
+        "lc_reservations",
+        "lc_sandbox_leases",
+        "lc_workspaces",
+    ] {
+        assert_eq!(
+            sqlstate_of(
+                &f.db.url,
+                &format!("DELETE FROM {table} WHERE exec_id = $1"),
+                z
+            )
+            .await,
+            "LCS91",
+            "{table}"
+        );
+    }
+    assert_eq!(snapshot(&f.db.url).await, held);
+
+    wait_reading(&f.clock, 20, "a certain cut past y's retention", |r| {
+        r.certain && r.cut >= retain_y
+    })
+    .await;
+    // Just before x's retain_until: only x's workspace deletion is due.
+    assert_eq!(
+        f.store
+            .purge_due(CutReading::certain(retain_x - ns), 10)
+            .await
+            .unwrap(),
+        PurgeReport {
+            workspaces_purged: 1,
+            outputs_purged: 0,
+            rows_purged: 1,
+            execs_purged: 0,
+        }
+    );
+    // Uncertain past both: nothing.
+    let held = snapshot(&f.db.url).await;
+    assert_eq!(
+        f.store
+            .purge_due(CutReading::uncertain(retain_y, 1), 10)
+            .await
+            .unwrap(),
+        PurgeReport::default()
+    );
+    assert_eq!(snapshot(&f.db.url).await, held);
+    // At x's retain_until exactly: x's records go, every row of them.
+    let x_rows = exec_rows(&f.db.url, x).await;
+    assert!(x_rows >= 8, "{x_rows}");
+    let leases_before: i64 = {
+        let mut c = PgConnection::connect(&f.db.url).await.unwrap();
+        sqlx::query_scalar("SELECT count(*) FROM tollgate_leases")
+            .fetch_one(&mut c)
+            .await
+            .unwrap()
+    };
+    assert_eq!(
+        f.store
+            .purge_due(CutReading::certain(retain_x), 10)
+            .await
+            .unwrap(),
+        PurgeReport {
+            workspaces_purged: 0,
+            outputs_purged: 0,
+            rows_purged: u64::try_from(x_rows).unwrap(),
+            execs_purged: 1,
+        }
+    );
+    assert_eq!(exec_rows(&f.db.url, x).await, 0);
+    assert_eq!(
+        f.store.exec(f.tenant, x).await.unwrap_err(),
+        LcError::not_found("exec", x)
+    );
+    // y's retention has passed but its output deletion waits: kept.
+    let y_rows = exec_rows(&f.db.url, y).await;
+    assert_eq!(
+        f.store
+            .purge_due(CutReading::certain(retain_y), 10)
+            .await
+            .unwrap(),
+        PurgeReport::default()
+    );
+    assert_eq!(
+        sqlstate_of(&f.db.url, "DELETE FROM lc_execs WHERE exec_id = $1", y).await,
+        "LCS91"
+    );
+    // Undeleted, y goes at retain_y (its deletion with it: one row less).
+    long.undelete_item(&op("ry-u", "ry-u"), at2, f.tenant, y, DeletedItem::Output)
+        .await
+        .unwrap();
+    assert_eq!(
+        f.store
+            .purge_due(CutReading::certain(retain_y - ns), 10)
+            .await
+            .unwrap(),
+        PurgeReport::default()
+    );
+    assert_eq!(
+        f.store
+            .purge_due(CutReading::certain(retain_y), 10)
+            .await
+            .unwrap(),
+        PurgeReport {
+            workspaces_purged: 0,
+            outputs_purged: 0,
+            rows_purged: u64::try_from(y_rows - 1).unwrap(),
+            execs_purged: 1,
+        }
+    );
+    assert_eq!(
+        f.store
+            .purge_due(CutReading::certain(retain_y), 10)
+            .await
+            .unwrap(),
+        PurgeReport::default()
+    );
+    // z stays; Tollgate's ledger is Tollgate's and stays whole.
+    assert_eq!(f.store.exec(f.tenant, z).await.unwrap().exec_id, z);
+    let mut c = PgConnection::connect(&f.db.url).await.unwrap();
+    let leases_after: i64 = sqlx::query_scalar("SELECT count(*) FROM tollgate_leases")
+        .fetch_one(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(leases_after, leases_before);
     assert_audit_clean(&f.store).await;
 }
