@@ -503,11 +503,13 @@ fn service_routes() {
                 "/v1/execs/{exec_id}/hibernate",
                 "/v1/execs/{exec_id}/input",
                 "/v1/execs/{exec_id}/output",
+                "/v1/execs/{exec_id}/output/undelete",
                 "/v1/execs/{exec_id}/resume",
                 "/v1/execs/{exec_id}/snapshots",
                 "/v1/execs/{exec_id}/snapshots/{digest}/files/{path}",
                 "/v1/execs/{exec_id}/snapshots/{digest}/tree",
                 "/v1/execs/{exec_id}/workspace",
+                "/v1/execs/{exec_id}/workspace/undelete",
                 "/v1/openapi.json",
                 "/v1/operations/{key}",
                 "/v1/runtimes",
@@ -539,8 +541,21 @@ fn service_routes() {
             "MintedTokenView",
             "TokenView",
             "TokenList",
+            "DeletionView",
         ] {
             assert!(doc["components"]["schemas"][schema].is_object(), "{schema}");
+        }
+        // The deletions: DELETE beside the reads, undelete a POST; each
+        // may answer 410.
+        for (path, method) in [
+            ("/v1/execs/{exec_id}/workspace", "delete"),
+            ("/v1/execs/{exec_id}/output", "delete"),
+            ("/v1/execs/{exec_id}/workspace/undelete", "post"),
+            ("/v1/execs/{exec_id}/output/undelete", "post"),
+        ] {
+            let op = &doc["paths"][path][method];
+            assert!(op["responses"]["200"].is_object(), "{path} {method}");
+            assert!(op["responses"]["410"].is_object(), "{path} {method}");
         }
         let file = &doc["paths"]["/v1/execs/{exec_id}/snapshots/{digest}/files/{path}"]["get"];
         assert_eq!(

@@ -622,8 +622,11 @@ pub trait ReconcileStore: Send + Sync {
     /// `purge_after` the cut reached ([`crate::deletion::plan_purge`]),
     /// and terminal execs whose retention passed with no deletion waiting
     /// ([`crate::deletion::plan_exec_purge`]). Nothing while uncertain.
-    /// The blobs the purged rows named stay in the sink (content-addressed
-    /// and shared; the sink's own sweep reclaims them).
+    /// The blobs the purged rows named stay in the sink: they are
+    /// content-addressed and may be shared with other snapshots and
+    /// pages, and the worker does not reach the sink; reclaiming them
+    /// needs a sweep of the sink against every remaining manifest and
+    /// page, which this step does not do.
     ///
     /// # Errors
     /// `invalid_limit`, `invalid_cut_reading`, storage errors (the items

@@ -2496,3 +2496,88 @@ async fn two_workers_allocate_each_lease_once_and_take_a_stopped_one_s_only_afte
     assert_eq!(rig.provider.inventory().await.unwrap().len(), 4);
     assert_eq!(rig.balances(tenant).await, (4, 0, 4, 0));
 }
+
+/// A real command's output deleted (2 s of grace) is purged by the
+/// reconciler's step, once, only on a certain cut past its purge_after;
+/// the exec itself stays for its retention, Tollgate's ledger untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_step_purges_a_deleted_output_and_then_the_retained_exec() {
+    use lc_core::deletion::{DeletedItem, PurgeReport};
+    let rig = Rig::start(
+        lc_core::rules::LEASE_TTL_DEFAULT,
+        ReconcilerOptions {
+            purge_batch: 1,
+            ..ReconcilerOptions::default()
+        },
+    )
+    .await;
+    // The control plane's store: the deletion's grace and the exec's
+    // retention are taken where they are recorded.
+    let control = lc_pg::LcStore::connect(
+        &rig.url,
+        tollgate::GrantPolicy::new(SignedDuration::from_hours(1), SignedDuration::from_secs(5))
+            .unwrap(),
+        tollgate::CapabilityKey::new(&SECRET).unwrap(),
+        lc_pg::LcConfig {
+            deletion_grace: SignedDuration::from_secs(2),
+            max_connections: 2,
+            ..lc_pg::LcConfig::default()
+        },
+    )
+    .await
+    .expect("control store");
+    let tenant = rig.tenant(4).await;
+    let exec = rig.admit(tenant, "p-1", &["sh", "-c", "echo purged"]).await;
+    let totals = rig.step_until(|t| t.released == 1).await;
+    assert_eq!(totals.failures, Vec::<String>::new());
+    let (_, stdout) = output_of(&rig, tenant, exec, PageKind::Stdout).await;
+    assert_eq!(stdout, b"purged\n");
+    // Every page of its one attempt (a stdout page and the terminal page).
+    let pages = rig.store.output(tenant, exec, 0, 64).await.unwrap().len();
+    let at = rig.wait_reading(|r| r.certain).await;
+    let d = control
+        .delete_item(
+            &OperationKey::new("p-del", Digest::of(b"p-del")).unwrap(),
+            at,
+            tenant,
+            exec,
+            DeletedItem::Output,
+        )
+        .await
+        .unwrap();
+    assert!(pages >= 2, "{pages}");
+    // Steps before the cut passed purge_after purge nothing.
+    let r = rig.step().await;
+    assert!(
+        r.at.cut < d.purge_after,
+        "{} >= {}",
+        r.at.cut,
+        d.purge_after
+    );
+    assert_eq!(r.purged, PurgeReport::default());
+    rig.wait_reading(|r| r.certain && r.cut >= d.purge_after)
+        .await;
+    let r = rig.step().await;
+    assert_eq!(
+        r.purged,
+        PurgeReport {
+            workspaces_purged: 0,
+            outputs_purged: 1,
+            rows_purged: u64::try_from(pages).unwrap(),
+            execs_purged: 0,
+        }
+    );
+    assert_eq!(
+        rig.store
+            .output(tenant, exec, 0, 10)
+            .await
+            .unwrap_err()
+            .code(),
+        "output_purged"
+    );
+    let r = rig.step().await;
+    assert_eq!(r.purged, PurgeReport::default());
+    // The exec itself is retained 30 days (the default): it stays.
+    assert_eq!(rig.exec(tenant, exec).await.state, ExecState::Terminal);
+    rig.assert_audit((4, 0, 0)).await;
+}
