@@ -241,6 +241,9 @@ async fn serve(args: WorkerArgs) -> Result<(), WorkerError> {
                 args.lease_ttl_ms
             ))
         })?;
+    let retention =
+        lc_core::deletion::check_retention(jiff::SignedDuration::from_secs(args.retention_s))
+            .map_err(|e| WorkerError::Usage(format!("--retention-s: {e}")))?;
     let secret = read_credential(&args.secret_file, "--secret-file")?;
     if secret.len() < SECRET_BYTES_MIN {
         return Err(WorkerError::Usage(format!(
@@ -268,10 +271,7 @@ async fn serve(args: WorkerArgs) -> Result<(), WorkerError> {
         lease_ttl: jiff::SignedDuration::from_millis(lease_ttl_ms),
         claim_ttl,
         claim_grace,
-        retention: lc_core::deletion::check_retention(jiff::SignedDuration::from_secs(
-            args.retention_s,
-        ))
-        .map_err(|e| WorkerError::Usage(format!("--retention-s: {e}")))?,
+        retention,
         ..lc_pg::LcConfig::default()
     };
     let store = crate::retry::until(

@@ -85,6 +85,23 @@ fn the_worker_refuses_bad_arguments_with_exit_2() {
         assert_eq!(out, format!("little-compute worker: {message}\n"));
     }
 
+    let (code, out) = run(&[&base[..], &["--purge-batch", "0"]].concat(), &db);
+    assert_eq!(code, 2, "{out}");
+    assert_eq!(
+        out,
+        "little-compute worker: --purge-batch must be in 1..=1000, got 0\n"
+    );
+    for retention in ["0", "315360001"] {
+        let (code, out) = run(&[&base[..], &["--retention-s", retention]].concat(), &db);
+        assert_eq!(code, 2, "{out}");
+        assert!(
+            out.starts_with(
+                "little-compute worker: --retention-s: invalid timeout: the retention "
+            ) && out.contains(" must be positive and at most "),
+            "{out}"
+        );
+    }
+
     let (code, out) = run(&base, &[]);
     assert_eq!(code, 2, "no database URL: {out}");
 }
