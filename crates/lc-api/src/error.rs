@@ -28,7 +28,7 @@
 //! The service's own codes ([`SERVICE_CODES`], the request-level ones from
 //! [`httpkit::Rejection`] among them): `unauthenticated` 401, `forbidden`
 //! 403, `tenant_required` 400 (the admin token on a tenant route without
-//! `Lc-Tenant`), `idempotency_key_required` 400 (a POST without
+//! `Lc-Tenant`), `idempotency_key_required` 400 (a POST or DELETE without
 //! `Idempotency-Key`), `invalid_query` 400, `invalid_tarball` 422 (a
 //! runtime tarball the runtime store refused: absolute paths, `..`,
 //! symlinks out of the tree, device files, too large),
@@ -87,8 +87,10 @@ pub enum ApiError {
     /// The admin token on a tenant route without `Lc-Tenant: N`.
     #[error("the admin token acts for a tenant named by the header Lc-Tenant: N")]
     TenantRequired,
-    /// A POST without `Idempotency-Key`.
-    #[error("every POST needs an Idempotency-Key header (1 to 255 printable ASCII characters)")]
+    /// A POST or DELETE without `Idempotency-Key`.
+    #[error(
+        "every POST and DELETE needs an Idempotency-Key header (1 to 255 printable ASCII characters)"
+    )]
     IdempotencyKeyRequired,
     /// A query string of the wrong shape.
     #[error("invalid query: {0}")]

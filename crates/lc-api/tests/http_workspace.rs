@@ -647,7 +647,8 @@ async fn deleting_a_workspace_and_output_keeps_them_restorable_for_the_grace() {
         .problem(401, "unauthenticated");
     send(&s.router, del(format!("{exec_path}/workspace")).token(&key))
         .await
-        .problem(400, "idempotency_key_required");
+        .problem(400, "idempotency_key_required")
+        .detail("every POST and DELETE needs an Idempotency-Key header (1 to 255 printable ASCII characters)");
     send(
         &s.router,
         del(format!("{exec_path}/workspace"))
