@@ -2501,7 +2501,7 @@ async fn two_workers_allocate_each_lease_once_and_take_a_stopped_one_s_only_afte
 /// reconciler's step, once, only on a certain cut past its purge_after;
 /// the exec itself stays for its retention, Tollgate's ledger untouched.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_step_purges_a_deleted_output_and_then_the_retained_exec() {
+async fn the_step_purges_a_deleted_output_once_past_its_grace_and_keeps_the_exec() {
     use lc_core::deletion::{DeletedItem, PurgeReport};
     let rig = Rig::start(
         lc_core::rules::LEASE_TTL_DEFAULT,
