@@ -3274,7 +3274,7 @@ pub(crate) async fn retention_candidate(
 /// Every statement of an exec's records purge, children first (a Lease
 /// after the snapshots, hibernations and resume rows naming it; the exec
 /// last). Tollgate's rows stay.
-const EXEC_PURGE: [&str; 14] = [
+const EXEC_PURGE: [&str; 16] = [
     "DELETE FROM lc_resume_receipts WHERE exec_id = $1",
     "DELETE FROM lc_resume_intents WHERE exec_id = $1",
     "DELETE FROM lc_hibernations WHERE exec_id = $1",
@@ -3286,6 +3286,11 @@ const EXEC_PURGE: [&str; 14] = [
     "DELETE FROM lc_transitions WHERE exec_id = $1",
     "DELETE FROM lc_exec_owners WHERE exec_id = $1",
     "DELETE FROM lc_deletions WHERE exec_id = $1",
+    // Tokens bound to the exec can reach nothing once it is gone.
+    "DELETE FROM lc_tokens WHERE exec_id = $1",
+    // Claims on its (released) Leases, before the Leases.
+    "DELETE FROM lc_claims WHERE item_kind = 'lease' AND item_id IN \
+         (SELECT lease_id FROM lc_sandbox_leases WHERE exec_id = $1)",
     "DELETE FROM lc_sandbox_leases WHERE exec_id = $1",
     "DELETE FROM lc_reservations WHERE exec_id = $1",
     "DELETE FROM lc_attempts WHERE exec_id = $1",

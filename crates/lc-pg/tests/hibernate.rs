@@ -3061,7 +3061,10 @@ async fn exec_rows(url: &str, x: ExecId) -> i64 {
               + (SELECT count(*) FROM lc_hibernations WHERE exec_id = $1) \
               + (SELECT count(*) FROM lc_resume_intents WHERE exec_id = $1) \
               + (SELECT count(*) FROM lc_resume_receipts WHERE exec_id = $1) \
-              + (SELECT count(*) FROM lc_deletions WHERE exec_id = $1)",
+              + (SELECT count(*) FROM lc_deletions WHERE exec_id = $1) \
+              + (SELECT count(*) FROM lc_tokens WHERE exec_id = $1) \
+              + (SELECT count(*) FROM lc_claims c JOIN lc_sandbox_leases l \
+                    ON c.item_kind = 'lease' AND c.item_id = l.lease_id WHERE l.exec_id = $1)",
     )
     .bind(x.0)
     .fetch_one(&mut c)
@@ -3140,6 +3143,31 @@ async fn a_terminal_exec_s_records_are_kept_until_a_certain_cut_passes_its_reten
     .await;
     let ye = running_exec(&f, "ry", at2, None, None, OnTimeout::Terminate).await;
     let y = ye.exec_id;
+    // While y runs, a worker claims its Lease and the tenant mints a token
+    // bound to it: its purge removes both (nothing is left for either).
+    let holder = lc_core::claim::ClaimHolder::from_bytes([0x7e; 16]);
+    let claimed = lc_core::ReconcileStore::claim_due_work(&f.store, &holder, at2, 10)
+        .await
+        .unwrap();
+    assert!(
+        claimed
+            .iter()
+            .any(|c| c.work.lease_id == ye.canonical.lease_id),
+        "{claimed:?}"
+    );
+    let scope =
+        lc_core::token::TokenScope::new(Some(y), &[lc_core::token::Operation::ExecRead]).unwrap();
+    f.store
+        .mint_token(
+            &op("ry-t", "ry-t"),
+            at2,
+            f.tenant,
+            scope,
+            60_000,
+            Digest([0x7f; 32]),
+        )
+        .await
+        .unwrap();
     end_released(&f, &f.store, &ye, "ry-c", at2).await;
     let retain_y = at2.cut + retention;
     assert_eq!(retain_until_of(&f.db.url, y).await, Some(pair_of(retain_y)));
@@ -3266,6 +3294,17 @@ async fn a_terminal_exec_s_records_are_kept_until_a_certain_cut_passes_its_reten
             execs_purged: 1,
         }
     );
+    let mut c = PgConnection::connect(&f.db.url).await.unwrap();
+    let (tokens, claims): (i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM lc_tokens WHERE exec_id = $1), \
+                (SELECT count(*) FROM lc_claims WHERE item_kind = 'lease' AND item_id = $2)",
+    )
+    .bind(y.0)
+    .bind(ye.canonical.lease_id.0)
+    .fetch_one(&mut c)
+    .await
+    .unwrap();
+    assert_eq!((tokens, claims), (0, 0));
     assert_eq!(
         f.store
             .purge_due(CutReading::certain(retain_y), 10)
