@@ -51,8 +51,9 @@
 //!    token bound to exec A on a route of exec B (existing or not) or on
 //!    a route across execs (create, list, operation keys) is **403
 //!    `forbidden`**, its detail naming the missing operation or the bound
-//!    exec. It never mints, lists or revokes tokens, reads no tenant and
-//!    calls no admin route. The tenant's API key and the admin token hold
+//!    exec. It never mints, lists or revokes tokens, deletes or restores
+//!    an exec's workspace or output, reads no tenant and calls no admin
+//!    route. The tenant's API key and the admin token hold
 //!    every operation ([`Principal::may`]).
 
 use std::fmt;
@@ -614,7 +615,10 @@ mod tests {
                 if op.is_none() {
                     continue;
                 }
-                let want = path.starts_with("/v1/execs")
+                // Deleting and restoring an exec's data is no operation
+                // of the vocabulary: only the tenant's own key does it.
+                let deletion = method == Method::DELETE || path.ends_with("/undelete");
+                let want = (path.starts_with("/v1/execs") && !deletion)
                     || path.starts_with("/v1/operations/")
                     || (path == "/v1/runtimes" && method == Method::GET);
                 let router_path = path.replace("/files/{path}", "/files/{*path}");
