@@ -416,6 +416,31 @@ pub enum LcError {
         /// The attempt's state.
         state: &'static str,
     },
+    /// An approval decision (approve or deny) on an exec that is not
+    /// awaiting approval (`exec_not_awaiting_approval`): it needed none, or
+    /// was decided, cancelled or ended already. Nothing is written.
+    #[error(
+        "exec {exec_id} is {state}, not awaiting_approval; only an exec awaiting approval is approved or denied"
+    )]
+    ExecNotAwaitingApproval {
+        /// The exec.
+        exec_id: ExecId,
+        /// Its state.
+        state: &'static str,
+    },
+    /// An approval validity outside `1..=`
+    /// [`crate::approval::APPROVAL_VALIDITY_MAX`] (`invalid_validity`).
+    #[error("invalid approval validity: {reason}")]
+    InvalidValidity {
+        /// What is wrong.
+        reason: String,
+    },
+    /// An approval policy the rules refuse (`invalid_approval_policy`).
+    #[error("invalid approval policy: {reason}")]
+    InvalidApprovalPolicy {
+        /// What is wrong.
+        reason: String,
+    },
     /// The provider refused to restore this resume's workspace; the exec
     /// stays parked and this request is never prepared again
     /// (`resume_refused`).
@@ -612,6 +637,9 @@ impl LcError {
             LcError::RequestDigestMismatch { .. } => "request_digest_mismatch",
             LcError::CompetingRight { .. } => "competing_right",
             LcError::ExecNotParked { .. } => "exec_not_parked",
+            LcError::ExecNotAwaitingApproval { .. } => "exec_not_awaiting_approval",
+            LcError::InvalidValidity { .. } => "invalid_validity",
+            LcError::InvalidApprovalPolicy { .. } => "invalid_approval_policy",
             LcError::ResumeRefused { .. } => "resume_refused",
             LcError::ExecNotHibernatable { .. } => "exec_not_hibernatable",
             LcError::HibernationInProgress { .. } => "hibernation_in_progress",

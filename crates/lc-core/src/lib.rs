@@ -20,6 +20,8 @@
 //!   the cut.
 //! * [`deletion`]: deletion grace (delete, undelete, purge) and the
 //!   retention of terminal execs' records, on the cut.
+//! * [`approval`]: tenants' approval policies, approvals on the cut and
+//!   the start gate of an approved exec.
 //! * [`error`]: [`LcError`] with stable codes.
 //! * [`store`]: the [`ControlStore`], [`ReconcileStore`] and
 //!   [`GatewayStore`] traits.
@@ -34,6 +36,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod approval;
 pub mod claim;
 pub mod command;
 pub mod deletion;

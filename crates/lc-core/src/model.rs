@@ -240,6 +240,10 @@ macro_rules! text_enum {
 text_enum!(
     /// The life of an exec.
     ExecState {
+        /// Waiting for an approver under its tenant's approval policy
+        /// ([`crate::approval::ApprovalPolicy`]): attempt 1 exists, but no
+        /// Reservation and no Lease, so it holds no capacity.
+        AwaitingApproval = "awaiting_approval",
         /// Admitted: attempt 1 and its Lease exist, no instance runs yet.
         Admitted = "admitted",
         /// An instance of the current attempt is running.
@@ -316,6 +320,13 @@ text_enum!(
         /// to snapshot the workspace (see [`HibernationStep::Refused`]):
         /// what the command wrote after the workspace head is not kept.
         SnapshotRefused = "snapshot_refused",
+        /// An approver denied it while it awaited approval: it never held
+        /// capacity.
+        Denied = "denied",
+        /// Its approval's `valid_until` passed on a certain cut before its
+        /// first Lease was allocated: it never started, and its Reservation
+        /// is returned through the release path.
+        ApprovalExpired = "approval_expired",
     }
 );
 
@@ -426,8 +437,11 @@ pub struct ExecRecord {
     pub shape: String,
     /// Units the Reservation holds (the shape's).
     pub units: i64,
-    /// The current generation's sandbox Lease state.
-    pub lease_state: LeaseState,
+    /// The current generation's sandbox Lease state; `None` while the
+    /// exec awaits approval (and after a denial or a cancel there), when
+    /// no Lease exists.
+    #[serde(default)]
+    pub lease_state: Option<LeaseState>,
     /// The argv.
     pub command: Vec<String>,
     /// The timeout the request asked for, in milliseconds.
@@ -461,6 +475,10 @@ pub struct ExecRecord {
     /// generation); `None` when it was never resumed.
     #[serde(default)]
     pub resume: Option<crate::hibernate::ResumeReceipt>,
+    /// The decision on its approval (approved or denied); `None` for an
+    /// exec that needed none or still awaits one.
+    #[serde(default)]
+    pub approval: Option<crate::approval::ApprovalRecord>,
 }
 
 /// A tenant with its Tollgate balances (units).
@@ -479,6 +497,10 @@ pub struct Tenant {
     /// Units charged (Little Compute returns Reservations with consumed
     /// 0, so this stays 0 unless Tollgate reclaimed a lapsed grant).
     pub consumed: i64,
+    /// Which of its execs need an approval before they hold capacity
+    /// (`off` by default).
+    #[serde(default)]
+    pub approval_policy: crate::approval::ApprovalPolicy,
 }
 
 /// A registered runtime.

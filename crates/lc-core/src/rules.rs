@@ -272,8 +272,9 @@ pub fn plan_attempt_transition(from: AttemptState, to: AttemptState) -> Result<S
     step("attempt", from, to, AttemptState::as_str, legal)
 }
 
-/// An exec step: `admitted -> running | terminal`, `running -> hibernated
-/// | terminal`, `hibernated -> running | terminal`.
+/// An exec step: `awaiting_approval -> admitted | terminal`, `admitted ->
+/// running | terminal`, `running -> hibernated | terminal`, `hibernated ->
+/// running | terminal`.
 ///
 /// # Errors
 /// [`LcError::IllegalTransition`] for any other change.
@@ -281,7 +282,9 @@ pub fn plan_exec_transition(from: ExecState, to: ExecState) -> Result<Step, LcEr
     use ExecState::*;
     let legal = matches!(
         (from, to),
-        (Admitted, Running)
+        (AwaitingApproval, Admitted)
+            | (AwaitingApproval, Terminal)
+            | (Admitted, Running)
             | (Admitted, Terminal)
             | (Running, Hibernated)
             | (Running, Terminal)

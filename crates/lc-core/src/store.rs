@@ -17,6 +17,7 @@
 
 use async_trait::async_trait;
 
+use crate::approval::{ApprovalPolicy, ApprovalsPage, ApproverKind};
 use crate::claim::{ClaimCredential, ClaimHolder, ClaimItem, ClaimRecord, ClaimedWork};
 use crate::deletion::{DeletedItem, DeletionRecord};
 use crate::error::LcError;
@@ -116,6 +117,11 @@ pub trait ControlStore: Send + Sync {
     /// `time_uncertain`, `invalid_cut_reading`, `deadline_beyond_horizon`,
     /// `insufficient_capacity`, `no_provider`, `idempotency_conflict`,
     /// storage errors. Nothing is written on any of them.
+    ///
+    /// An exec whose shape the tenant's approval policy gates is admitted
+    /// `awaiting_approval` instead (the same checks, the rate and the
+    /// horizon included, but no capacity): exec and attempt 1 only, no
+    /// Reservation and no Lease, until [`ControlStore::approve`].
     async fn admit_exec(
         &self,
         op: &OperationKey,
@@ -123,6 +129,73 @@ pub trait ControlStore: Send + Sync {
         tenant: TenantId,
         req: &ExecRequest,
     ) -> Result<ExecRecord, LcError>;
+
+    /// Sets `tenant`'s approval policy (checked by
+    /// [`crate::approval::ApprovalPolicy::new`]). Admin scope. It decides
+    /// later admissions; an exec already awaiting approval keeps waiting.
+    ///
+    /// # Errors
+    /// `not_found`, `idempotency_conflict`, `invalid_cut_reading`,
+    /// `time_uncertain` (no cut yet), storage errors.
+    async fn set_approval_policy(
+        &self,
+        op: &OperationKey,
+        at: CutReading,
+        tenant: TenantId,
+        policy: &ApprovalPolicy,
+    ) -> Result<Tenant, LcError>;
+
+    /// Approves `tenant`'s exec awaiting approval at a certain `at`, doing
+    /// the rest of its admission in one transaction: records the approval
+    /// (`approver`, decided cut `at.cut`, `valid_until = at.cut +
+    /// validity`, validity `validity_ms` or the store's default, at most
+    /// [`crate::approval::APPROVAL_VALIDITY_MAX`]), grants the Reservation
+    /// and inserts Lease generation 1 `allocating` (its canonical lease
+    /// id), its timeout counted from here, and moves the exec to
+    /// `admitted`. Tenant scope: a replay of `op` returns the recorded
+    /// exec.
+    ///
+    /// # Errors
+    /// `time_uncertain`, `invalid_validity`, `not_found` (also another
+    /// tenant's exec), `exec_not_awaiting_approval`,
+    /// `deadline_beyond_horizon`, `insufficient_capacity` (the exec keeps
+    /// awaiting), `idempotency_conflict`, `invalid_cut_reading`, storage
+    /// errors. Nothing is written on any of them.
+    async fn approve(
+        &self,
+        op: &OperationKey,
+        at: CutReading,
+        tenant: TenantId,
+        exec_id: ExecId,
+        approver: ApproverKind,
+        validity_ms: Option<u64>,
+    ) -> Result<ExecRecord, LcError>;
+
+    /// Denies `tenant`'s exec awaiting approval: records the denial and
+    /// ends the exec `denied` (it never held capacity). Tenant scope: a
+    /// replay of `op` returns the recorded exec.
+    ///
+    /// # Errors
+    /// `invalid_name` (a reason over its bound), `not_found`,
+    /// `exec_not_awaiting_approval`, `idempotency_conflict`,
+    /// `invalid_cut_reading`, `time_uncertain` (no cut yet), storage
+    /// errors. Nothing is written on any of them.
+    async fn deny(
+        &self,
+        op: &OperationKey,
+        at: CutReading,
+        tenant: TenantId,
+        exec_id: ExecId,
+        approver: ApproverKind,
+        reason: Option<&str>,
+    ) -> Result<ExecRecord, LcError>;
+
+    /// `tenant`'s execs awaiting approval (oldest first) and its newest
+    /// decisions, at most `limit` of each.
+    ///
+    /// # Errors
+    /// `invalid_limit`, storage errors.
+    async fn approvals(&self, tenant: TenantId, limit: usize) -> Result<ApprovalsPage, LcError>;
 
     /// One exec of `tenant`.
     ///
@@ -163,7 +236,8 @@ pub trait ControlStore: Send + Sync {
     /// gateway then commits the cancel, stops the command and releases the
     /// Lease once the terminal page is acked; a Lease that is not active yet
     /// is released by the reconciler. A hibernated exec with no unreleased
-    /// Lease becomes terminal (`cancelled`) at once. A terminal exec is
+    /// Lease becomes terminal (`cancelled`) at once, and so does an exec
+    /// awaiting approval (it holds nothing to return). A terminal exec is
     /// returned as it is.
     /// Tenant scope.
     ///

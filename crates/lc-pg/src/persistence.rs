@@ -14,6 +14,9 @@
 use std::collections::BTreeMap;
 
 use jiff::Timestamp;
+use lc_core::approval::{
+    ApprovalDecision, ApprovalPolicy, ApprovalRecord, ApprovalRequire, ApproverKind,
+};
 use lc_core::claim::{Claim, ClaimGeneration, ClaimItem, ClaimKind};
 use lc_core::deletion::{DeletedItem, DeletionRecord, DeletionState};
 use lc_core::hibernate::{
@@ -372,7 +375,8 @@ pub(crate) async fn read_tenant(
     tenant: TenantId,
 ) -> Result<Option<Tenant>, Fail> {
     let row = sqlx::query(
-        "SELECT t.tenant_id, t.name, a.deposited, a.available, a.held, a.consumed \
+        "SELECT t.tenant_id, t.name, a.deposited, a.available, a.held, a.consumed, \
+                t.approval_require, t.approval_shapes \
            FROM lc_tenants t JOIN tollgate_accounts a ON a.account_id = t.tenant_id \
           WHERE t.tenant_id = $1",
     )
@@ -387,7 +391,46 @@ pub(crate) async fn read_tenant(
         available: row.try_get("available")?,
         held: row.try_get("held")?,
         consumed: row.try_get("consumed")?,
+        approval_policy: policy_from(&row)?,
     }))
+}
+
+fn policy_from(row: &PgRow) -> Result<ApprovalPolicy, Fail> {
+    let require = parse_enum(row, "approval_require", ApprovalRequire::parse)?;
+    let shapes: Vec<String> = row.try_get("approval_shapes")?;
+    ApprovalPolicy::new(require, &shapes)
+        .map_err(|e| corrupt(format!("approval policy: {e}")).into())
+}
+
+/// The approval policy of the locked tenant `tenant`.
+pub(crate) async fn approval_policy(
+    conn: &mut PgConnection,
+    tenant: TenantId,
+) -> Result<ApprovalPolicy, Fail> {
+    let row = sqlx::query(
+        "SELECT approval_require, approval_shapes FROM lc_tenants WHERE tenant_id = $1",
+    )
+    .bind(tenant.0)
+    .fetch_one(&mut *conn)
+    .await?;
+    policy_from(&row)
+}
+
+/// Sets the approval policy of `tenant`; whether the tenant exists.
+pub(crate) async fn set_approval_policy(
+    conn: &mut PgConnection,
+    tenant: TenantId,
+    policy: &ApprovalPolicy,
+) -> Result<bool, Fail> {
+    let done = sqlx::query(
+        "UPDATE lc_tenants SET approval_require = $2, approval_shapes = $3 WHERE tenant_id = $1",
+    )
+    .bind(tenant.0)
+    .bind(policy.require.as_str())
+    .bind(&policy.shapes)
+    .execute(&mut *conn)
+    .await?;
+    Ok(done.rows_affected() == 1)
 }
 
 /// Locks the tenant row of `tenant` for the rest of the transaction, so
@@ -607,9 +650,12 @@ pub(crate) struct NewExec<'a> {
     pub stdin_open: bool,
     pub idle_ttl_ms: Option<i64>,
     pub on_timeout: OnTimeout,
+    /// `admitted`, or `awaiting_approval` (then without a timeout
+    /// deadline).
+    pub state: ExecState,
 }
 
-/// Inserts the exec (`admitted`, attempt 1) and returns its id.
+/// Inserts the exec (in `e.state`) and returns its id.
 pub(crate) async fn insert_exec(conn: &mut PgConnection, e: &NewExec<'_>) -> Result<ExecId, Fail> {
     let (tf, ts) = match e.timeout_deadline.map(pair) {
         Some((f, s)) => (Some(f), Some(s)),
@@ -622,7 +668,7 @@ pub(crate) async fn insert_exec(conn: &mut PgConnection, e: &NewExec<'_>) -> Res
              shape, units, command, timeout_ms, timeout_floor_us, timeout_submicro_ns, \
              admitted_floor_us, admitted_submicro_ns, state, stdin_open, idle_ttl_ms, on_timeout, \
              last_activity_floor_us, last_activity_submicro_ns) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8::jsonb, $9, $10, $11, $12, $13, 'admitted', $14, \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8::jsonb, $9, $10, $11, $12, $13, $17, $14, \
                  $15, $16, $12, $13) \
          RETURNING exec_id",
     )
@@ -642,6 +688,7 @@ pub(crate) async fn insert_exec(conn: &mut PgConnection, e: &NewExec<'_>) -> Res
     .bind(e.stdin_open)
     .bind(e.idle_ttl_ms)
     .bind(e.on_timeout.as_str())
+    .bind(e.state.as_str())
     .fetch_one(&mut *conn)
     .await?;
     sqlx::query("INSERT INTO lc_workspaces (workspace_id, exec_id) VALUES ($1, $2)")
@@ -750,6 +797,10 @@ const EXEC_SELECT: &str = "SELECT e.exec_id, e.tenant_id, e.lease_id, e.provider
         e.admitted_submicro_ns, e.state, e.terminal_reason, e.exit_code, e.cancel_requested, \
         e.current_attempt, e.stdin_open, e.idle_ttl_ms, e.on_timeout, l.state AS lease_state, \
         w.head AS workspace_head, \
+        ap.decision AS ap_decision, ap.approver AS ap_approver, \
+        ap.decided_floor_us AS ap_decided_floor_us, ap.decided_submicro_ns AS ap_decided_submicro_ns, \
+        ap.validity_ms AS ap_validity_ms, ap.valid_until_floor_us AS ap_valid_until_floor_us, \
+        ap.valid_until_submicro_ns AS ap_valid_until_submicro_ns, ap.reason AS ap_reason, \
         h.attempt AS hib_attempt, h.generation AS hib_generation, h.lease_id AS hib_lease_id, \
         h.reason AS hib_reason, h.sealed_floor_us AS hib_sealed_floor_us, \
         h.sealed_submicro_ns AS hib_sealed_submicro_ns, h.step AS hib_step, h.head AS hib_head, \
@@ -763,9 +814,10 @@ const EXEC_SELECT: &str = "SELECT e.exec_id, e.tenant_id, e.lease_id, e.provider
         r.committed_submicro_ns AS rr_committed_submicro_ns \
    FROM lc_execs e \
    JOIN lc_attempts a ON a.exec_id = e.exec_id AND a.attempt = e.current_attempt \
-   JOIN lc_sandbox_leases l ON l.exec_id = e.exec_id AND l.attempt = a.attempt \
-                           AND l.generation = a.generation \
+   LEFT JOIN lc_sandbox_leases l ON l.exec_id = e.exec_id AND l.attempt = a.attempt \
+                                AND l.generation = a.generation \
    LEFT JOIN lc_workspaces w ON w.exec_id = e.exec_id \
+   LEFT JOIN lc_approvals ap ON ap.exec_id = e.exec_id \
    LEFT JOIN LATERAL (SELECT * FROM lc_hibernations hh \
                        WHERE hh.exec_id = e.exec_id AND hh.attempt = e.current_attempt \
                        ORDER BY hh.generation DESC LIMIT 1) h ON true \
@@ -838,7 +890,10 @@ fn exec_from(row: &PgRow) -> Result<ExecRecord, Fail> {
         attempt: AttemptNo(row.try_get("current_attempt")?),
         shape: row.try_get("shape")?,
         units: row.try_get("units")?,
-        lease_state: parse_enum(row, "lease_state", LeaseState::parse)?,
+        lease_state: row
+            .try_get::<Option<String>, _>("lease_state")?
+            .map(|s| LeaseState::parse(&s).ok_or_else(|| corrupt(format!("lease_state {s:?}"))))
+            .transpose()?,
         command,
         timeout_ms: timeout_ms
             .map(|t| u64::try_from(t).map_err(|_| corrupt(format!("timeout_ms {t}"))))
@@ -855,7 +910,148 @@ fn exec_from(row: &PgRow) -> Result<ExecRecord, Fail> {
         workspace_head: opt_digest_at(row, "workspace_head")?,
         hibernation: exec_hibernation(row, exec_id)?,
         resume: exec_resume(row, exec_id)?,
+        approval: exec_approval(row, exec_id, TenantId(row.try_get("tenant_id")?))?,
     })
+}
+
+/// The `ap_*` columns of [`EXEC_SELECT`] as the exec's approval decision.
+fn exec_approval(
+    row: &PgRow,
+    exec_id: ExecId,
+    tenant_id: TenantId,
+) -> Result<Option<ApprovalRecord>, Fail> {
+    if row.try_get::<Option<String>, _>("ap_decision")?.is_none() {
+        return Ok(None);
+    }
+    approval_from(row, "ap_", exec_id, tenant_id).map(Some)
+}
+
+/// An approval's columns, each named `prefix` + its column name.
+fn approval_from(
+    row: &PgRow,
+    prefix: &str,
+    exec_id: ExecId,
+    tenant_id: TenantId,
+) -> Result<ApprovalRecord, Fail> {
+    let col = |c: &str| format!("{prefix}{c}");
+    let validity_ms: Option<i64> = row.try_get(col("validity_ms").as_str())?;
+    Ok(ApprovalRecord {
+        exec_id,
+        tenant_id,
+        decision: parse_enum(row, &col("decision"), ApprovalDecision::parse)?,
+        approver: parse_enum(row, &col("approver"), ApproverKind::parse)?,
+        decided_cut: instant_at(row, &col("decided_floor_us"), &col("decided_submicro_ns"))?,
+        validity_ms: validity_ms
+            .map(|v| u64::try_from(v).map_err(|_| corrupt(format!("validity_ms {v}"))))
+            .transpose()?,
+        valid_until: opt_instant_at(
+            row,
+            &col("valid_until_floor_us"),
+            &col("valid_until_submicro_ns"),
+        )?,
+        reason: row.try_get(col("reason").as_str())?,
+    })
+}
+
+/// A new approval decision's row.
+pub(crate) struct NewApproval<'a> {
+    pub exec: ExecId,
+    pub tenant: TenantId,
+    pub decision: ApprovalDecision,
+    pub approver: ApproverKind,
+    pub decided: Timestamp,
+    /// With `valid_until` (approved only).
+    pub validity_ms: Option<i64>,
+    pub valid_until: Option<Timestamp>,
+    pub reason: Option<&'a str>,
+}
+
+/// Inserts an approval decision (the database refuses a `valid_until`
+/// beyond the horizon, LCS01; the caller checks it first).
+pub(crate) async fn insert_approval(
+    conn: &mut PgConnection,
+    a: &NewApproval<'_>,
+) -> Result<(), Fail> {
+    let (df, ds) = pair(a.decided);
+    let (vf, vs) = match a.valid_until.map(pair) {
+        Some((f, s)) => (Some(f), Some(s)),
+        None => (None, None),
+    };
+    sqlx::query(
+        "INSERT INTO lc_approvals (exec_id, tenant_id, decision, approver, decided_floor_us, \
+             decided_submicro_ns, validity_ms, valid_until_floor_us, valid_until_submicro_ns, reason) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+    )
+    .bind(a.exec.0)
+    .bind(a.tenant.0)
+    .bind(a.decision.as_str())
+    .bind(a.approver.as_str())
+    .bind(df)
+    .bind(ds)
+    .bind(a.validity_ms)
+    .bind(vf)
+    .bind(vs)
+    .bind(a.reason)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
+/// `tenant`'s execs awaiting approval, oldest first, at most `limit`.
+pub(crate) async fn awaiting_execs(
+    conn: &mut PgConnection,
+    tenant: TenantId,
+    limit: usize,
+) -> Result<Vec<ExecRecord>, Fail> {
+    let rows = sqlx::query(&format!(
+        "{EXEC_SELECT} WHERE e.tenant_id = $1 AND e.state = 'awaiting_approval' \
+          ORDER BY e.exec_id LIMIT $2"
+    ))
+    .bind(tenant.0)
+    .bind(limit as i64)
+    .fetch_all(&mut *conn)
+    .await?;
+    rows.iter().map(exec_from).collect()
+}
+
+/// `tenant`'s newest approval decisions (by decided cut, then exec),
+/// at most `limit`.
+pub(crate) async fn recent_approvals(
+    conn: &mut PgConnection,
+    tenant: TenantId,
+    limit: usize,
+) -> Result<Vec<ApprovalRecord>, Fail> {
+    let rows = sqlx::query(
+        "SELECT exec_id, decision, approver, decided_floor_us, decided_submicro_ns, validity_ms, \
+                valid_until_floor_us, valid_until_submicro_ns, reason \
+           FROM lc_approvals WHERE tenant_id = $1 \
+          ORDER BY decided_floor_us DESC, decided_submicro_ns DESC, exec_id DESC LIMIT $2",
+    )
+    .bind(tenant.0)
+    .bind(limit as i64)
+    .fetch_all(&mut *conn)
+    .await?;
+    rows.iter()
+        .map(|r| approval_from(r, "", ExecId(r.try_get("exec_id")?), tenant))
+        .collect()
+}
+
+/// The `valid_until` of exec `exec`'s approval, `None` when it has none
+/// (it needed none, or was denied).
+pub(crate) async fn approval_valid_until(
+    conn: &mut PgConnection,
+    exec: ExecId,
+) -> Result<Option<Timestamp>, Fail> {
+    let row = sqlx::query(
+        "SELECT valid_until_floor_us, valid_until_submicro_ns FROM lc_approvals \
+          WHERE exec_id = $1 AND decision = 'approved'",
+    )
+    .bind(exec.0)
+    .fetch_optional(&mut *conn)
+    .await?;
+    row.as_ref()
+        .map(|r| instant_at(r, "valid_until_floor_us", "valid_until_submicro_ns"))
+        .transpose()
 }
 
 /// Exec `exec` of `tenant`.
@@ -1014,6 +1210,8 @@ pub(crate) struct DueRow {
     pub stdin_open: bool,
     /// The exec's highest input seq recorded `sent`, 0 if none.
     pub last_sent_input_seq: i64,
+    /// The `valid_until` of the exec's approval, when it was approved.
+    pub approval_valid_until: Option<Timestamp>,
 }
 
 const DUE_SELECT: &str = "SELECT l.lease_id, l.exec_id, e.tenant_id, l.attempt, l.generation, \
@@ -1029,13 +1227,16 @@ const DUE_SELECT: &str = "SELECT l.lease_id, l.exec_id, e.tenant_id, l.attempt, 
                    AND o.attempt = l.attempt AND o.kind = 'terminal' \
                    AND o.state = 'acked') AS terminal_page, \
         coalesce((SELECT max(i.input_seq) FROM lc_exec_inputs i \
-                   WHERE i.exec_id = l.exec_id AND i.state = 'sent'), 0) AS last_sent_input_seq \
+                   WHERE i.exec_id = l.exec_id AND i.state = 'sent'), 0) AS last_sent_input_seq, \
+        ap.valid_until_floor_us AS approval_floor_us, \
+        ap.valid_until_submicro_ns AS approval_submicro_ns \
    FROM lc_sandbox_leases l \
    JOIN lc_execs e ON e.exec_id = l.exec_id \
    JOIN lc_attempts a ON a.exec_id = l.exec_id AND a.attempt = l.attempt \
    JOIN lc_providers p ON p.provider_id = l.provider_id \
    JOIN lc_reservations r ON r.exec_id = l.exec_id AND r.attempt = l.attempt \
-                         AND r.generation = l.generation";
+                         AND r.generation = l.generation \
+   LEFT JOIN lc_approvals ap ON ap.exec_id = l.exec_id AND ap.decision = 'approved'";
 
 fn due_from(row: &PgRow) -> Result<DueRow, Fail> {
     let lease = lease_from(row)?;
@@ -1052,6 +1253,7 @@ fn due_from(row: &PgRow) -> Result<DueRow, Fail> {
         reservation_expiry: instant_at(row, "reservation_floor_us", "reservation_submicro_ns")?,
         stdin_open: row.try_get("stdin_open")?,
         last_sent_input_seq: row.try_get("last_sent_input_seq")?,
+        approval_valid_until: opt_instant_at(row, "approval_floor_us", "approval_submicro_ns")?,
     })
 }
 

@@ -43,7 +43,10 @@ pub const LC_VERSION: i64 = 10;
 /// grace (deletions of a terminal exec's workspace or output with their
 /// `purge_after` on the cut, under LCS01; a purge only once a certain
 /// persisted cut passed it, LCS90) and the retention of terminal execs'
-/// records (`retain_until` on the cut, under LCS01).
+/// records (`retain_until` on the cut, under LCS01), and (0008)
+/// tenants' approval policies, execs awaiting approval and immutable
+/// approval decisions whose `valid_until` is a deadline on the cut
+/// (LCS01).
 pub fn lc_line() -> MigrationLine {
     MigrationLine::new(LC_LINE, LC_MIGRATIONS_TABLE, LC_MIGRATOR.migrations.clone())
 }

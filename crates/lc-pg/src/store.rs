@@ -48,6 +48,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use ed25519_dalek::VerifyingKey;
 use jiff::{SignedDuration, Timestamp};
+use lc_core::approval::{
+    self, ApprovalDecision, ApprovalPolicy, ApprovalStart, ApprovalsPage, ApproverKind,
+};
 use lc_core::claim::{
     self, ClaimCredential, ClaimHolder, ClaimItem, ClaimKind, ClaimPlan, ClaimRecord, ClaimedWork,
 };
@@ -125,6 +128,10 @@ pub struct LcConfig {
     /// worker may take it on a certain cut; default
     /// [`claim::CLAIM_GRACE_DEFAULT`], at most [`claim::CLAIM_GRACE_MAX`].
     pub claim_grace: SignedDuration,
+    /// The validity of an approval whose approver names none (default
+    /// [`lc_core::approval::APPROVAL_VALIDITY_DEFAULT`]: 15 min; at most
+    /// [`lc_core::approval::APPROVAL_VALIDITY_MAX`]).
+    pub approval_validity: SignedDuration,
 }
 
 impl Default for LcConfig {
@@ -141,6 +148,7 @@ impl Default for LcConfig {
             token_ttl_max: lc_core::token::TOKEN_TTL_MAX_DEFAULT,
             claim_ttl: claim::CLAIM_TTL_DEFAULT,
             claim_grace: claim::CLAIM_GRACE_DEFAULT,
+            approval_validity: approval::APPROVAL_VALIDITY_DEFAULT,
         }
     }
 }
@@ -200,9 +208,11 @@ pub enum Op {
     /// Deletion grace and retention: `delete_item`, `undelete_item`,
     /// `purge_due`.
     Deletion,
+    /// Approvals: `set_approval_policy`, `approve`, `deny`, `approvals`.
+    Approval,
 }
 
-const OPS: [Op; 21] = [
+const OPS: [Op; 22] = [
     Op::CreateTenant,
     Op::Deposit,
     Op::Read,
@@ -224,6 +234,7 @@ const OPS: [Op; 21] = [
     Op::Hibernation,
     Op::Token,
     Op::Deletion,
+    Op::Approval,
 ];
 
 impl pgkit::OpLabel for Op {
@@ -250,6 +261,7 @@ impl pgkit::OpLabel for Op {
             Op::Hibernation => "hibernation",
             Op::Token => "token",
             Op::Deletion => "deletion",
+            Op::Approval => "approval",
         }
     }
 }
@@ -365,6 +377,11 @@ impl LcStore {
             checked.map_err(|e| LcError::StorageFailure {
                 message: e.to_string(),
             })?;
+        }
+        if let Err(e) = approval::check_default_validity(config.approval_validity) {
+            return Err(LcError::StorageFailure {
+                message: e.to_string(),
+            });
         }
         let store_id = tollgate.store_id();
         let policy = tollgate.policy();
@@ -548,7 +565,22 @@ async fn work_of(
     Ok(to_work(row, at))
 }
 
-fn to_work(d: db::DueRow, at: CutReading) -> LeaseWork {
+/// Whether the due Lease `d` is an approved exec's unstarted first Lease
+/// (attempt 1, generation 1, `allocating`, nothing attached): the one the
+/// start gate decides. Its approval's `valid_until` then.
+fn gated_start(d: &db::DueRow) -> Option<Timestamp> {
+    let unstarted = d.lease.state == LeaseState::Allocating
+        && d.lease.attachment.is_none()
+        && d.lease.attempt == AttemptNo(1)
+        && d.lease.generation == Generation(1);
+    d.approval_valid_until.filter(|_| unstarted)
+}
+
+/// The reconciler's action for the due Lease `d` at `at`: the plan of
+/// [`rules::plan_lease_action`], then the start gate of an approved exec
+/// ([`approval::plan_gated_start`]). `None`: nothing to do now (a released
+/// Lease, or an unstarted gated one while the cut is uncertain).
+fn plan_due(d: &db::DueRow, at: CutReading) -> Option<LeaseAction> {
     // An exec whose timeout hibernates it is not released for its
     // timeout: `due_hibernations` seals its hibernation instead.
     let timeout_deadline = match d.lease.on_timeout {
@@ -562,9 +594,17 @@ fn to_work(d: db::DueRow, at: CutReading) -> LeaseWork {
         timeout_deadline,
         terminal_page: d.terminal_page,
     };
+    let planned = rules::plan_lease_action(view, at)?;
+    match gated_start(d) {
+        Some(valid_until) => approval::plan_gated_start(planned, valid_until, at),
+        None => Some(planned),
+    }
+}
+
+fn to_work(d: db::DueRow, at: CutReading) -> LeaseWork {
     // A released lease is never due; its work record says so by Destroy's
     // absence: Maintain is what a caller may still do (nothing).
-    let action = rules::plan_lease_action(view, at).unwrap_or(LeaseAction::Maintain);
+    let action = plan_due(&d, at).unwrap_or(LeaseAction::Maintain);
     LeaseWork {
         lease_id: d.lease.lease_id,
         generation: d.lease.generation,
@@ -732,7 +772,10 @@ async fn claim_due_work_tx(
     let won = db::write_claims(conn, me, cutoff, &plans).await?;
     let ids: Vec<i64> = won.keys().map(|l| l.0).collect();
     let rows = db::due_leases_by_id(conn, &ids).await?;
+    // As in `due_work`: an unstarted gated Lease waits out an uncertain
+    // cut (claimed, but nothing to do yet).
     rows.into_iter()
+        .filter(|r| plan_due(r, a.at).is_some())
         .map(|r| {
             let (generation, expiry) = *won
                 .get(&r.lease.lease_id)
@@ -918,15 +961,11 @@ async fn admit_tx(conn: &mut PgConnection, a: &AdmitArgs<'_>) -> Result<ExecReco
         return Ok(r);
     }
     // Every deadline this admission makes, all on the cut.
-    let lease_expiry = rules::deadline_after(a.at, store.config.lease_ttl)?;
+    let (lease_expiry, reservation_deadline, reservation_ttl) = capacity_deadlines(store, a.at)?;
     let timeout_deadline = a
         .timeout
         .map(|(_, d)| rules::deadline_after(a.at, d))
         .transpose()?;
-    let reservation_ttl = store.config.reservation_ttl.min(store.policy.max_ttl());
-    let reservation_deadline = rules::deadline_after(a.at, reservation_ttl)?
-        .checked_add(store.policy.reclaim_grace())
-        .unwrap_or(Timestamp::MAX);
     let op_gc =
         opkey::gc_at(a.at.cut, a.at.cut, store.config.operation_ttl).unwrap_or(Timestamp::MAX);
     let rate = store.config.admission_rate;
@@ -950,6 +989,9 @@ async fn admit_tx(conn: &mut PgConnection, a: &AdmitArgs<'_>) -> Result<ExecReco
     )
     .await?;
     rate.check(a.at, &recent)?;
+    let gated = db::approval_policy(conn, a.tenant)
+        .await?
+        .requires(&a.shape);
     let runtime = match Digest::from_hex(a.runtime) {
         Ok(d) => db::runtime_by_digest(conn, d).await?,
         Err(_) => db::runtime_by_name(conn, a.runtime).await?,
@@ -969,28 +1011,83 @@ async fn admit_tx(conn: &mut PgConnection, a: &AdmitArgs<'_>) -> Result<ExecReco
             units: a.shape.units,
             command: a.command.argv(),
             timeout_ms: a.timeout.map(|(ms, _)| ms as i64),
-            timeout_deadline,
+            timeout_deadline: timeout_deadline.filter(|_| !gated),
             admitted: a.at.cut,
             stdin_open: a.stdin_open,
             idle_ttl_ms: a.idle_ttl_ms.map(|ms| ms as i64),
             on_timeout: a.on_timeout,
+            state: if gated {
+                ExecState::AwaitingApproval
+            } else {
+                ExecState::Admitted
+            },
         },
     )
     .await?;
     let attempt = AttemptNo(1);
     let generation = Generation(1);
     db::insert_attempt(conn, exec_id, attempt, generation).await?;
-    let mut supplied = SuppliedTime::exact(a.at.cut);
-    if let Some(bound) = rules::deadline_bound(a.at, horizon(&cut)) {
+    if !gated {
+        grant_first_lease(
+            conn,
+            &FirstLease {
+                store,
+                at: a.at,
+                cut: &cut,
+                tenant: a.tenant,
+                exec_id,
+                lease_id,
+                provider: &provider,
+                units: a.shape.units,
+                lease_expiry,
+                reservation_ttl,
+            },
+        )
+        .await?;
+    }
+    let rec = db::read_exec(conn, a.tenant, exec_id)
+        .await?
+        .ok_or_else(|| crate::error::corrupt("an exec vanished while admitted"))?;
+    finish_op(conn, scope, a.op, &rec).await?;
+    Ok(rec)
+}
+
+/// What [`grant_first_lease`] writes for an exec.
+struct FirstLease<'a> {
+    store: &'a LcStore,
+    at: CutReading,
+    cut: &'a CutState,
+    tenant: TenantId,
+    exec_id: ExecId,
+    /// Its canonical lease id.
+    lease_id: SandboxLeaseId,
+    /// Its canonical provider.
+    provider: &'a ProviderId,
+    units: i64,
+    lease_expiry: Timestamp,
+    reservation_ttl: SignedDuration,
+}
+
+/// Grants the exec's Reservation generation 1 (a Tollgate grant of its
+/// units: `insufficient_capacity` when the tenant's available units are
+/// fewer) and inserts its Lease generation 1 `allocating`; the caller
+/// checked every deadline against the horizon.
+async fn grant_first_lease(conn: &mut PgConnection, f: &FirstLease<'_>) -> Result<(), Fail> {
+    let store = f.store;
+    let attempt = AttemptNo(1);
+    let generation = Generation(1);
+    let exec_id = f.exec_id;
+    let mut supplied = SuppliedTime::exact(f.at.cut);
+    if let Some(bound) = rules::deadline_bound(f.at, horizon(f.cut)) {
         supplied = supplied.with_deadline_limit(bound);
     }
     let grant = tollgate_pg::ops::acquire(
         conn,
         &store.tollgate,
         &AcquireRequest {
-            account_id: AccountId(a.tenant.0),
-            units: a.shape.units,
-            ttl: reservation_ttl,
+            account_id: AccountId(f.tenant.0),
+            units: f.units,
+            ttl: f.reservation_ttl,
             idempotency_key: None,
         },
         supplied,
@@ -1009,21 +1106,213 @@ async fn admit_tx(conn: &mut PgConnection, a: &AdmitArgs<'_>) -> Result<ExecReco
     db::insert_lease(
         conn,
         &db::NewLease {
-            lease: lease_id,
+            lease: f.lease_id,
             exec: exec_id,
             attempt,
             generation,
-            provider: &provider,
-            expiry: lease_expiry,
+            provider: f.provider,
+            expiry: f.lease_expiry,
             restore_head: None,
         },
     )
-    .await?;
-    let rec = db::read_exec(conn, a.tenant, exec_id)
+    .await
+}
+
+/// The deadlines of the capacity an admission or an approval at `at`
+/// grants: the Lease's expiry, the Reservation's reclaim boundary and its
+/// TTL, all on the cut.
+fn capacity_deadlines(
+    store: &LcStore,
+    at: CutReading,
+) -> Result<(Timestamp, Timestamp, SignedDuration), LcError> {
+    let lease_expiry = rules::deadline_after(at, store.config.lease_ttl)?;
+    let reservation_ttl = store.config.reservation_ttl.min(store.policy.max_ttl());
+    let reservation_deadline = rules::deadline_after(at, reservation_ttl)?
+        .checked_add(store.policy.reclaim_grace())
+        .unwrap_or(Timestamp::MAX);
+    Ok((lease_expiry, reservation_deadline, reservation_ttl))
+}
+
+struct PolicyArgs<'a> {
+    store: &'a LcStore,
+    op: &'a OperationKey,
+    at: CutReading,
+    tenant: TenantId,
+    policy: &'a ApprovalPolicy,
+}
+
+async fn set_approval_policy_tx(
+    conn: &mut PgConnection,
+    a: &PolicyArgs<'_>,
+) -> Result<Tenant, Fail> {
+    let cut = check_reading(conn, a.at).await?;
+    let scope = OpScope::Admin;
+    let kind = "set_approval_policy";
+    if let Begun::Replay(r) = begin_op(conn, a.store, scope, a.op, kind, a.at, &cut).await? {
+        return Ok(r);
+    }
+    if !db::lock_tenant(conn, a.tenant).await? {
+        return Err(LcError::not_found("tenant", a.tenant).into());
+    }
+    db::set_approval_policy(conn, a.tenant, a.policy).await?;
+    let t = db::read_tenant(conn, a.tenant)
         .await?
-        .ok_or_else(|| crate::error::corrupt("an exec vanished while admitted"))?;
+        .ok_or_else(|| LcError::not_found("tenant", a.tenant))?;
+    finish_op(conn, scope, a.op, &t).await?;
+    Ok(t)
+}
+
+/// An approval's or a denial's request.
+struct DecideArgs<'a> {
+    store: &'a LcStore,
+    op: &'a OperationKey,
+    at: CutReading,
+    tenant: TenantId,
+    exec_id: ExecId,
+    approver: ApproverKind,
+    /// `Some` (the validity asked for, `None` inside for the default) to
+    /// approve; `None` to deny.
+    approve: Option<Option<u64>>,
+    reason: Option<&'a str>,
+}
+
+/// Locks `tenant`'s exec `exec_id` and reads it: it must await approval.
+async fn lock_awaiting(
+    conn: &mut PgConnection,
+    tenant: TenantId,
+    exec_id: ExecId,
+) -> Result<ExecRecord, Fail> {
+    if !db::lock_exec(conn, tenant, exec_id).await? {
+        return Err(LcError::not_found("exec", exec_id).into());
+    }
+    let rec = db::read_exec(conn, tenant, exec_id)
+        .await?
+        .ok_or_else(|| LcError::not_found("exec", exec_id))?;
+    if rec.state != ExecState::AwaitingApproval {
+        return Err(LcError::ExecNotAwaitingApproval {
+            exec_id,
+            state: rec.state.as_str(),
+        }
+        .into());
+    }
+    Ok(rec)
+}
+
+/// Approves (the rest of the admission, on a certain cut) or denies an
+/// exec awaiting approval.
+async fn decide_tx(conn: &mut PgConnection, a: &DecideArgs<'_>) -> Result<ExecRecord, Fail> {
+    let store = a.store;
+    let cut = check_reading(conn, a.at).await?;
+    let validity = a
+        .approve
+        .map(|ms| approval::check_validity(ms, store.config.approval_validity))
+        .transpose()?;
+    let reason = approval::check_deny_reason(a.reason)?;
+    let scope = OpScope::Tenant(a.tenant);
+    let kind = if a.approve.is_some() {
+        "approve_exec"
+    } else {
+        "deny_exec"
+    };
+    if let Begun::Replay(r) = begin_op(conn, store, scope, a.op, kind, a.at, &cut).await? {
+        return Ok(r);
+    }
+    // A decision is made on a certain cut: what an approval allows is
+    // measured from it.
+    rules::require_certain(a.at)?;
+    let rec = lock_awaiting(conn, a.tenant, a.exec_id).await?;
+    let exec = a.exec_id;
+    match validity {
+        Some(validity) => {
+            let (lease_expiry, reservation_deadline, reservation_ttl) =
+                capacity_deadlines(store, a.at)?;
+            let valid_until = rules::deadline_after(a.at, validity)?;
+            let timeout = rec
+                .timeout_ms
+                .map(|ms| rules::check_timeout_ms(ms).and_then(|d| rules::deadline_after(a.at, d)))
+                .transpose()?;
+            let op_gc = opkey::gc_at(a.at.cut, a.at.cut, store.config.operation_ttl)
+                .unwrap_or(Timestamp::MAX);
+            let mut deadlines = vec![lease_expiry, reservation_deadline, valid_until, op_gc];
+            deadlines.extend(timeout);
+            rules::check_admission(a.at, horizon(&cut), &deadlines)?;
+            db::insert_approval(
+                conn,
+                &db::NewApproval {
+                    exec,
+                    tenant: a.tenant,
+                    decision: ApprovalDecision::Approved,
+                    approver: a.approver,
+                    decided: a.at.cut,
+                    validity_ms: Some(validity.as_millis() as i64),
+                    valid_until: Some(valid_until),
+                    reason: None,
+                },
+            )
+            .await?;
+            grant_first_lease(
+                conn,
+                &FirstLease {
+                    store,
+                    at: a.at,
+                    cut: &cut,
+                    tenant: a.tenant,
+                    exec_id: exec,
+                    lease_id: rec.canonical.lease_id,
+                    provider: &rec.canonical.provider_id,
+                    units: rec.units,
+                    lease_expiry,
+                    reservation_ttl,
+                },
+            )
+            .await?;
+            // Its timeout and idleness count from here, where it holds
+            // capacity.
+            if let Some(deadline) = timeout {
+                db::set_timeout_deadline(conn, exec, deadline).await?;
+            }
+            db::touch_activity(conn, exec, a.at.cut).await?;
+            rules::plan_exec_transition(rec.state, ExecState::Admitted)?;
+            db::set_exec_state(conn, exec, ExecState::Admitted, None).await?;
+        }
+        None => {
+            db::insert_approval(
+                conn,
+                &db::NewApproval {
+                    exec,
+                    tenant: a.tenant,
+                    decision: ApprovalDecision::Denied,
+                    approver: a.approver,
+                    decided: a.at.cut,
+                    validity_ms: None,
+                    valid_until: None,
+                    reason,
+                },
+            )
+            .await?;
+            end_awaiting(conn, exec, rec.attempt, TerminalReason::Denied).await?;
+        }
+    }
+    let rec = db::read_exec(conn, a.tenant, exec)
+        .await?
+        .ok_or_else(|| crate::error::corrupt("an exec vanished while decided"))?;
     finish_op(conn, scope, a.op, &rec).await?;
     Ok(rec)
+}
+
+/// Ends the locked exec `exec` awaiting approval (attempt `attempt`) for
+/// `reason`: it holds no Reservation and no Lease, so nothing returns.
+async fn end_awaiting(
+    conn: &mut PgConnection,
+    exec: ExecId,
+    attempt: AttemptNo,
+    reason: TerminalReason,
+) -> Result<(), Fail> {
+    rules::plan_attempt_transition(AttemptState::Runnable, AttemptState::Terminal)?;
+    rules::plan_exec_transition(ExecState::AwaitingApproval, ExecState::Terminal)?;
+    db::set_attempt_state(conn, exec, attempt, AttemptState::Terminal).await?;
+    db::set_terminal_reason(conn, exec, reason).await?;
+    db::set_exec_state(conn, exec, ExecState::Terminal, None).await
 }
 
 struct CancelArgs<'a> {
@@ -1051,6 +1340,9 @@ async fn cancel_tx(conn: &mut PgConnection, a: &CancelArgs<'_>) -> Result<ExecRe
     }
     if before.state == ExecState::Hibernated {
         cancel_parked(conn, a.exec_id, a.at, a.store).await?;
+    }
+    if before.state == ExecState::AwaitingApproval {
+        end_awaiting(conn, a.exec_id, before.attempt, TerminalReason::Cancelled).await?;
     }
     let rec = db::read_exec(conn, a.tenant, a.exec_id)
         .await?
@@ -1296,6 +1588,34 @@ async fn begin_release_locked(
                 owner::check_release(row.exec_id, acked, false)?;
             }
             TerminalReason::Cancelled => {}
+            TerminalReason::ApprovalExpired => {
+                rules::require_certain(at)?;
+                let unstarted = row.state == LeaseState::Allocating
+                    && row.attachment.is_none()
+                    && row.attempt == AttemptNo(1)
+                    && row.generation == Generation(1);
+                let expired = match db::approval_valid_until(conn, row.exec_id).await? {
+                    Some(vu) => approval::check_approval_start(vu, at) == ApprovalStart::Expired,
+                    None => false,
+                };
+                if !unstarted || !expired {
+                    return Err(LcError::IllegalTransition {
+                        what: "lease (only an unstarted Lease of an approval expired on the cut)",
+                        from: row.state.as_str(),
+                        to: LeaseState::ReleasePending.as_str(),
+                    }
+                    .into());
+                }
+            }
+            // A denial ends an exec that never had a Lease.
+            TerminalReason::Denied => {
+                return Err(LcError::IllegalTransition {
+                    what: "lease (a denied exec has none)",
+                    from: row.state.as_str(),
+                    to: LeaseState::ReleasePending.as_str(),
+                }
+                .into());
+            }
             // Only a refused quiescence ends an exec so
             // (`refuse_quiescence_tx`), never a release request.
             TerminalReason::SnapshotRefused => {
@@ -3228,6 +3548,85 @@ impl ControlStore for LcStore {
             .await
     }
 
+    async fn set_approval_policy(
+        &self,
+        op: &OperationKey,
+        at: CutReading,
+        tenant: TenantId,
+        policy: &ApprovalPolicy,
+    ) -> Result<Tenant, LcError> {
+        let args = PolicyArgs {
+            store: self,
+            op,
+            at,
+            tenant,
+            policy,
+        };
+        self.run(Op::Approval, &args, |c, a| {
+            Box::pin(set_approval_policy_tx(c, a))
+        })
+        .await
+    }
+
+    async fn approve(
+        &self,
+        op: &OperationKey,
+        at: CutReading,
+        tenant: TenantId,
+        exec_id: ExecId,
+        approver: ApproverKind,
+        validity_ms: Option<u64>,
+    ) -> Result<ExecRecord, LcError> {
+        let args = DecideArgs {
+            store: self,
+            op,
+            at,
+            tenant,
+            exec_id,
+            approver,
+            approve: Some(validity_ms),
+            reason: None,
+        };
+        self.run(Op::Approval, &args, |c, a| Box::pin(decide_tx(c, a)))
+            .await
+    }
+
+    async fn deny(
+        &self,
+        op: &OperationKey,
+        at: CutReading,
+        tenant: TenantId,
+        exec_id: ExecId,
+        approver: ApproverKind,
+        reason: Option<&str>,
+    ) -> Result<ExecRecord, LcError> {
+        let args = DecideArgs {
+            store: self,
+            op,
+            at,
+            tenant,
+            exec_id,
+            approver,
+            approve: None,
+            reason,
+        };
+        self.run(Op::Approval, &args, |c, a| Box::pin(decide_tx(c, a)))
+            .await
+    }
+
+    async fn approvals(&self, tenant: TenantId, limit: usize) -> Result<ApprovalsPage, LcError> {
+        let limit = check_limit(limit)?;
+        self.run(Op::Read, &(tenant, limit), |c, (t, l)| {
+            Box::pin(async move {
+                Ok(ApprovalsPage {
+                    awaiting: db::awaiting_execs(c, *t, *l).await?,
+                    decisions: db::recent_approvals(c, *t, *l).await?,
+                })
+            })
+        })
+        .await
+    }
+
     async fn exec(&self, tenant: TenantId, exec_id: ExecId) -> Result<ExecRecord, LcError> {
         self.run(Op::Read, &(tenant, exec_id), |c, (t, e)| {
             Box::pin(async move {
@@ -3727,7 +4126,12 @@ impl ReconcileStore for LcStore {
             Box::pin(async move {
                 check_reading(c, *at).await?;
                 let rows = db::due_leases(c, *l).await?;
-                Ok(rows.into_iter().map(|r| to_work(r, *at)).collect())
+                // An unstarted gated Lease waits out an uncertain cut here.
+                Ok(rows
+                    .into_iter()
+                    .filter(|r| plan_due(r, *at).is_some())
+                    .map(|r| to_work(r, *at))
+                    .collect())
             })
         })
         .await

@@ -516,7 +516,7 @@ async fn while_uncertain(f: &Fixture, x: &mut Execs, u: CutReading, lease_ttl: S
             .await
             .unwrap()
             .lease_state,
-        LeaseState::ReleasePending
+        Some(LeaseState::ReleasePending)
     );
 
     // Renewal on the uncertain cut: never shorter, to the nanosecond.
@@ -586,7 +586,7 @@ async fn once_certain(f: &Fixture, x: &Execs, c: CutReading) {
         (
             ExecState::Terminal,
             Some(TerminalReason::Cancelled),
-            LeaseState::Released
+            Some(LeaseState::Released)
         )
     );
     let late = f

@@ -781,7 +781,10 @@ async fn pages_stage_idempotently_ack_in_order_and_release_needs_the_acked_termi
     let rec = f.store.exec(f.tenant, x).await.unwrap();
     assert_eq!(
         (rec.lease_state, rec.terminal_reason),
-        (LeaseState::ReleasePending, Some(TerminalReason::Exited))
+        (
+            Some(LeaseState::ReleasePending),
+            Some(TerminalReason::Exited)
+        )
     );
     assert_eq!(
         balances(&f.store.tenant(f.tenant).await.unwrap()),
@@ -1161,7 +1164,10 @@ async fn a_cancel_receipt_makes_the_release_cancelled_and_begin_release_exited_n
     let rec = f.store.exec(f.tenant, x).await.unwrap();
     assert_eq!(
         (rec.lease_state, rec.terminal_reason),
-        (LeaseState::ReleasePending, Some(TerminalReason::Cancelled))
+        (
+            Some(LeaseState::ReleasePending),
+            Some(TerminalReason::Cancelled)
+        )
     );
 
     // Without any page, the reconciler cannot release as exited; it still

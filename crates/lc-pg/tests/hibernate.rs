@@ -446,7 +446,7 @@ async fn full_sequence(f: Fixture) {
     let e_now = f.store.exec(f.tenant, x).await.unwrap();
     assert_eq!(
         (e_now.state, e_now.lease_state, e_now.terminal_reason),
-        (ExecState::Running, LeaseState::ReleasePending, None)
+        (ExecState::Running, Some(LeaseState::ReleasePending), None)
     );
     // Units are still held until the destroy is proven.
     assert_eq!(available(&f).await, (1, 2));
@@ -480,7 +480,7 @@ async fn full_sequence(f: Fixture) {
     let e_now = f.store.exec(f.tenant, x).await.unwrap();
     assert_eq!(
         (e_now.state, e_now.lease_state, e_now.terminal_reason),
-        (ExecState::Hibernated, LeaseState::Released, None)
+        (ExecState::Hibernated, Some(LeaseState::Released), None)
     );
     assert_eq!(attempt_state(&f.db.url, x).await, ("parked".into(), 1));
     assert_eq!(f.store.due_hibernations(at, 10).await.unwrap(), vec![]);
@@ -842,7 +842,7 @@ async fn full_sequence(f: Fixture) {
     let e_now = f.store.exec(f.tenant, x).await.unwrap();
     assert_eq!(
         (e_now.state, e_now.lease_state, e_now.attempt),
-        (ExecState::Running, LeaseState::Active, AttemptNo(1))
+        (ExecState::Running, Some(LeaseState::Active), AttemptNo(1))
     );
     assert_eq!(attempt_state(&f.db.url, x).await, ("running".into(), 2));
     assert_eq!(available(&f).await, (1, 2));
@@ -1129,7 +1129,7 @@ async fn a_resume_whose_lease_is_released_uncommitted_stays_parked_and_resumes_a
     let e = f.store.exec(f.tenant, x).await.unwrap();
     assert_eq!(
         (e.state, e.lease_state, e.terminal_reason),
-        (ExecState::Hibernated, LeaseState::Released, None)
+        (ExecState::Hibernated, Some(LeaseState::Released), None)
     );
     assert_eq!(attempt_state(&f.db.url, x).await, ("parked".into(), 2));
     // The old request's Lease is gone: it cannot commit.
@@ -1928,7 +1928,7 @@ async fn refused_snapshot(f: Fixture) {
         ),
         (
             ExecState::Running,
-            LeaseState::ReleasePending,
+            Some(LeaseState::ReleasePending),
             Some(lc_core::TerminalReason::SnapshotRefused),
             None
         )
@@ -2017,7 +2017,7 @@ async fn refused_snapshot(f: Fixture) {
         ),
         (
             ExecState::Terminal,
-            LeaseState::Released,
+            Some(LeaseState::Released),
             Some(lc_core::TerminalReason::SnapshotRefused),
             None
         )
@@ -2324,7 +2324,7 @@ async fn a_cancel_after_the_stop_ends_a_refused_exec_cancelled() {
         (e_now.state, e_now.lease_state, e_now.terminal_reason),
         (
             ExecState::Running,
-            LeaseState::ReleasePending,
+            Some(LeaseState::ReleasePending),
             Some(lc_core::TerminalReason::Cancelled)
         )
     );
@@ -2349,7 +2349,7 @@ async fn a_cancel_after_the_stop_ends_a_refused_exec_cancelled() {
         ),
         (
             ExecState::Terminal,
-            LeaseState::Released,
+            Some(LeaseState::Released),
             Some(lc_core::TerminalReason::Cancelled),
             None
         )

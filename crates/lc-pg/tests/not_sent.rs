@@ -150,7 +150,7 @@ async fn a_start_failure_is_released_only_on_a_verified_not_sent_proof_of_its_ow
     let rec = f.store.exec(f.tenant, e.exec_id).await.unwrap();
     assert_eq!(
         (rec.state, rec.lease_state, rec.terminal_reason),
-        (ExecState::Admitted, LeaseState::Allocating, None)
+        (ExecState::Admitted, Some(LeaseState::Allocating), None)
     );
     assert_eq!(
         balances(&f.store.tenant(f.tenant).await.unwrap()),

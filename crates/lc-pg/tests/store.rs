@@ -13,6 +13,7 @@ mod tokens;
 use std::time::Duration;
 
 use jiff::{SignedDuration, Timestamp};
+use lc_core::approval::{ApprovalDecision, ApprovalPolicy, ApprovalRequire, ApproverKind};
 use lc_core::evidence::{InstanceState, Statement};
 use lc_core::owner::{PageMeta, StoredPage};
 use lc_core::page::{ExitStatus, Page, PageKind};
@@ -39,7 +40,7 @@ async fn admission_holds_the_shapes_units_and_replays_by_key() {
         .unwrap();
     assert_eq!(small.state, ExecState::Admitted);
     assert_eq!(small.units, 1);
-    assert_eq!(small.lease_state, LeaseState::Allocating);
+    assert_eq!(small.lease_state, Some(LeaseState::Allocating));
     assert_eq!(small.admitted_cut, at.cut);
     assert_eq!(small.canonical.exec_id, small.exec_id);
     assert_eq!(small.canonical.provider_id, f.provider.id);
@@ -423,7 +424,7 @@ async fn release_needs_valid_evidence_on_a_certain_cut_and_returns_units_once() 
     let done = f.store.exec(f.tenant, e.exec_id).await.unwrap();
     assert_eq!(done.state, ExecState::Terminal);
     assert_eq!(done.terminal_reason, Some(TerminalReason::Cancelled));
-    assert_eq!(done.lease_state, LeaseState::Released);
+    assert_eq!(done.lease_state, Some(LeaseState::Released));
     assert!(f.store.due_work(now, 10).await.unwrap().is_empty());
 
     // A second commit is a replay: the same outcome, nothing changes.
@@ -1654,5 +1655,562 @@ async fn claims_take_free_leases_keep_live_ones_and_fence_the_old_holder() {
         e.as_database_error().unwrap().code().as_deref(),
         Some("LCS01")
     );
+    f.sampler.stop().await;
+}
+
+// ---------------------------------------------------------------------------
+// Approvals.
+
+fn policy_of(require: ApprovalRequire, shapes: &[&str]) -> ApprovalPolicy {
+    let shapes: Vec<String> = shapes.iter().map(|s| s.to_string()).collect();
+    ApprovalPolicy::new(require, &shapes).unwrap()
+}
+
+async fn set_policy(f: &Fixture, key: &str, p: &ApprovalPolicy) {
+    let at = certain(&f.clock).await;
+    let t = f
+        .store
+        .set_approval_policy(&op(key, &format!("{p:?}")), at, f.tenant, p)
+        .await
+        .unwrap();
+    assert_eq!(&t.approval_policy, p);
+}
+
+async fn count(url: &str, sql: &str) -> i64 {
+    let mut c = PgConnection::connect(url).await.unwrap();
+    sqlx::query_scalar(sql).fetch_one(&mut c).await.unwrap()
+}
+
+#[tokio::test]
+async fn a_gated_admission_holds_nothing_until_an_approval_moves_its_units_exactly() {
+    let f = fixture(3).await;
+    assert_eq!(
+        f.store.tenant(f.tenant).await.unwrap().approval_policy,
+        ApprovalPolicy::default()
+    );
+    set_policy(&f, "pol", &policy_of(ApprovalRequire::Network, &[])).await;
+    let at = certain(&f.clock).await;
+    let plain = f
+        .store
+        .admit_exec(&op("a1", "small"), at, f.tenant, &req("small", &["true"]))
+        .await
+        .unwrap();
+    assert_eq!(plain.state, ExecState::Admitted);
+    assert_eq!(
+        balances(&f.store.tenant(f.tenant).await.unwrap()),
+        (3, 2, 1, 0)
+    );
+    let gated_req = ExecRequest {
+        timeout_ms: Some(90_000),
+        ..req("small-net", &["curl", "x"])
+    };
+    let gated = f
+        .store
+        .admit_exec(&op("a2", "net"), at, f.tenant, &gated_req)
+        .await
+        .unwrap();
+    assert_eq!(gated.state, ExecState::AwaitingApproval);
+    assert_eq!(gated.lease_state, None);
+    assert_eq!(gated.approval, None);
+    assert_eq!(gated.timeout_ms, Some(90_000));
+    assert_eq!(gated.timeout_deadline, None);
+    assert_eq!(gated.admitted_cut, at.cut);
+    // No capacity held: balances, Reservations and Leases as before.
+    assert_eq!(
+        balances(&f.store.tenant(f.tenant).await.unwrap()),
+        (3, 2, 1, 0)
+    );
+    let mine = format!(
+        "SELECT count(*) FROM lc_sandbox_leases WHERE exec_id = {}",
+        gated.exec_id
+    );
+    assert_eq!(count(&f.db.url, &mine).await, 0);
+    let res = format!(
+        "SELECT count(*) FROM lc_reservations WHERE exec_id = {}",
+        gated.exec_id
+    );
+    assert_eq!(count(&f.db.url, &res).await, 0);
+    assert_eq!(f.store.due_work(at, 10).await.unwrap().len(), 1);
+    let page = f.store.approvals(f.tenant, 10).await.unwrap();
+    assert_eq!(page.awaiting, std::slice::from_ref(&gated));
+    assert!(page.decisions.is_empty());
+
+    // Refusals: uncertain, a validity out of bounds, an exec not awaiting,
+    // another tenant's or a missing exec: each with its code, nothing
+    // written.
+    let before = snapshot(&f.db.url).await;
+    let unsure = CutReading::uncertain(at.cut, 3);
+    let err = f
+        .store
+        .approve(
+            &op("ap0", "x"),
+            unsure,
+            f.tenant,
+            gated.exec_id,
+            ApproverKind::Tenant,
+            None,
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err, LcError::TimeUncertain { retry_after_s: 3 });
+    for (i, (exec, validity, code)) in [
+        (gated.exec_id, Some(0), "invalid_validity"),
+        (gated.exec_id, Some(3_600_001), "invalid_validity"),
+        (plain.exec_id, None, "exec_not_awaiting_approval"),
+        (ExecId(gated.exec_id.0 + 50), None, "not_found"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let err = f
+            .store
+            .approve(
+                &op(&format!("bad{i}"), "x"),
+                at,
+                f.tenant,
+                exec,
+                ApproverKind::Tenant,
+                validity,
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), code, "case {i}: {err}");
+    }
+    assert_eq!(
+        f.store
+            .approve(
+                &op("bad9", "x"),
+                at,
+                f.tenant,
+                plain.exec_id,
+                ApproverKind::Admin,
+                None
+            )
+            .await
+            .unwrap_err(),
+        LcError::ExecNotAwaitingApproval {
+            exec_id: plain.exec_id,
+            state: "admitted"
+        }
+    );
+    assert_eq!(snapshot(&f.db.url).await, before);
+
+    // The approval: the Reservation and the Lease, exactly the shape's
+    // unit, valid until the decided cut + 60 s, the timeout from here.
+    let now = wait_reading(&f.clock, 10, "a later certain cut", |r| {
+        r.certain && r.cut > at.cut
+    })
+    .await;
+    let approved = f
+        .store
+        .approve(
+            &op("ap", "ok"),
+            now,
+            f.tenant,
+            gated.exec_id,
+            ApproverKind::Tenant,
+            Some(60_000),
+        )
+        .await
+        .unwrap();
+    assert_eq!(approved.state, ExecState::Admitted);
+    assert_eq!(approved.lease_state, Some(LeaseState::Allocating));
+    assert_eq!(approved.canonical, gated.canonical);
+    assert_eq!(
+        approved.timeout_deadline,
+        Some(now.cut + SignedDuration::from_secs(90))
+    );
+    let ap = approved.approval.clone().unwrap();
+    assert_eq!(
+        (
+            ap.decision,
+            ap.approver,
+            ap.decided_cut,
+            ap.validity_ms,
+            ap.valid_until,
+            ap.reason.clone()
+        ),
+        (
+            ApprovalDecision::Approved,
+            ApproverKind::Tenant,
+            now.cut,
+            Some(60_000),
+            Some(now.cut + SignedDuration::from_secs(60)),
+            None
+        )
+    );
+    assert_eq!(
+        balances(&f.store.tenant(f.tenant).await.unwrap()),
+        (3, 1, 2, 0)
+    );
+    let work = f.store.due_work(now, 10).await.unwrap();
+    assert_eq!(work.len(), 2);
+    let w = work.iter().find(|w| w.exec_id == gated.exec_id).unwrap();
+    assert_eq!(
+        (w.lease_id, w.generation, w.action, w.expiry),
+        (
+            gated.canonical.lease_id,
+            Generation(1),
+            LeaseAction::Allocate,
+            now.cut + SignedDuration::from_secs(60)
+        )
+    );
+    // A replay returns the same record and moves nothing; another key is
+    // refused with the stable code.
+    let later = certain(&f.clock).await;
+    let again = f
+        .store
+        .approve(
+            &op("ap", "ok"),
+            later,
+            f.tenant,
+            gated.exec_id,
+            ApproverKind::Tenant,
+            Some(60_000),
+        )
+        .await
+        .unwrap();
+    assert_eq!(again, approved);
+    let before = snapshot(&f.db.url).await;
+    assert_eq!(
+        f.store
+            .approve(
+                &op("ap2", "ok"),
+                later,
+                f.tenant,
+                gated.exec_id,
+                ApproverKind::Tenant,
+                None
+            )
+            .await
+            .unwrap_err(),
+        LcError::ExecNotAwaitingApproval {
+            exec_id: gated.exec_id,
+            state: "admitted"
+        }
+    );
+    assert_eq!(snapshot(&f.db.url).await, before);
+    let page = f.store.approvals(f.tenant, 10).await.unwrap();
+    assert!(page.awaiting.is_empty());
+    assert_eq!(page.decisions, [ap]);
+    assert_audit_clean(&f.store).await;
+    f.sampler.stop().await;
+}
+
+#[tokio::test]
+async fn deny_and_cancel_end_an_awaiting_exec_and_a_short_tenant_keeps_awaiting() {
+    let f = fixture(1).await;
+    set_policy(&f, "pol", &policy_of(ApprovalRequire::All, &[])).await;
+    let at = certain(&f.clock).await;
+    let admit = |key: &'static str, shape: &'static str| {
+        let store = &f.store;
+        let tenant = f.tenant;
+        async move {
+            store
+                .admit_exec(&op(key, key), at, tenant, &req(shape, &["true"]))
+                .await
+                .unwrap()
+        }
+    };
+    let a = admit("a", "small").await;
+    let b = admit("b", "small").await;
+    let m = admit("m", "medium").await;
+    for e in [&a, &b, &m] {
+        assert_eq!(e.state, ExecState::AwaitingApproval);
+    }
+    assert_eq!(
+        balances(&f.store.tenant(f.tenant).await.unwrap()),
+        (1, 1, 0, 0)
+    );
+    // Two units asked of one available: refused, nothing written, still
+    // awaiting.
+    let before = snapshot(&f.db.url).await;
+    assert_eq!(
+        f.store
+            .approve(
+                &op("am", "m"),
+                at,
+                f.tenant,
+                m.exec_id,
+                ApproverKind::Admin,
+                None
+            )
+            .await
+            .unwrap_err(),
+        LcError::InsufficientCapacity {
+            requested: 2,
+            available: 1
+        }
+    );
+    assert_eq!(snapshot(&f.db.url).await, before);
+
+    let denied = f
+        .store
+        .deny(
+            &op("da", "a"),
+            at,
+            f.tenant,
+            a.exec_id,
+            ApproverKind::Admin,
+            Some("not now"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (denied.state, denied.terminal_reason, denied.lease_state),
+        (ExecState::Terminal, Some(TerminalReason::Denied), None)
+    );
+    let d = denied.approval.clone().unwrap();
+    assert_eq!(
+        (
+            d.decision,
+            d.approver,
+            d.decided_cut,
+            d.validity_ms,
+            d.valid_until,
+            d.reason.as_deref()
+        ),
+        (
+            ApprovalDecision::Denied,
+            ApproverKind::Admin,
+            at.cut,
+            None,
+            None,
+            Some("not now")
+        )
+    );
+    // A replay: the same record; a second decision: refused.
+    assert_eq!(
+        f.store
+            .deny(
+                &op("da", "a"),
+                at,
+                f.tenant,
+                a.exec_id,
+                ApproverKind::Admin,
+                Some("not now")
+            )
+            .await
+            .unwrap(),
+        denied
+    );
+    let before = snapshot(&f.db.url).await;
+    assert_eq!(
+        f.store
+            .approve(
+                &op("aa", "a"),
+                at,
+                f.tenant,
+                a.exec_id,
+                ApproverKind::Admin,
+                None
+            )
+            .await
+            .unwrap_err(),
+        LcError::ExecNotAwaitingApproval {
+            exec_id: a.exec_id,
+            state: "terminal"
+        }
+    );
+    assert_eq!(
+        f.store
+            .deny(
+                &op("dz", "z"),
+                CutReading::uncertain(at.cut, 2),
+                f.tenant,
+                b.exec_id,
+                ApproverKind::Tenant,
+                None
+            )
+            .await
+            .unwrap_err(),
+        LcError::TimeUncertain { retry_after_s: 2 }
+    );
+    assert_eq!(
+        f.store
+            .deny(
+                &op("dl", "l"),
+                at,
+                f.tenant,
+                b.exec_id,
+                ApproverKind::Tenant,
+                Some(&"x".repeat(513))
+            )
+            .await
+            .unwrap_err()
+            .code(),
+        "invalid_name"
+    );
+    assert_eq!(snapshot(&f.db.url).await, before);
+
+    // The tenant cancels an awaiting exec: terminal at once, nothing to
+    // return, no decision recorded.
+    let c = f
+        .store
+        .cancel(&op("cb", "b"), at, f.tenant, b.exec_id)
+        .await
+        .unwrap();
+    assert_eq!(
+        (c.state, c.terminal_reason, c.cancel_requested, c.approval),
+        (
+            ExecState::Terminal,
+            Some(TerminalReason::Cancelled),
+            true,
+            None
+        )
+    );
+    assert_eq!(
+        balances(&f.store.tenant(f.tenant).await.unwrap()),
+        (1, 1, 0, 0)
+    );
+    let page = f.store.approvals(f.tenant, 10).await.unwrap();
+    assert_eq!(
+        page.awaiting,
+        [f.store.exec(f.tenant, m.exec_id).await.unwrap()]
+    );
+    assert_eq!(page.decisions, [d]);
+    assert!(f.store.due_work(at, 10).await.unwrap().is_empty());
+    // The policy of a missing tenant: not found.
+    assert_eq!(
+        f.store
+            .set_approval_policy(
+                &op("p9", "p9"),
+                at,
+                TenantId(999),
+                &ApprovalPolicy::default()
+            )
+            .await
+            .unwrap_err()
+            .code(),
+        "not_found"
+    );
+    assert_audit_clean(&f.store).await;
+    f.sampler.stop().await;
+}
+
+#[tokio::test]
+async fn the_start_gate_is_exact_on_the_cut_and_an_expired_approval_returns_its_unit_once() {
+    let f = fixture(1).await;
+    set_policy(&f, "pol", &policy_of(ApprovalRequire::Shapes, &["small"])).await;
+    let at = certain(&f.clock).await;
+    let e = f
+        .store
+        .admit_exec(&op("a", "a"), at, f.tenant, &req("small", &["true"]))
+        .await
+        .unwrap();
+    assert_eq!(e.state, ExecState::AwaitingApproval);
+    let approved = f
+        .store
+        .approve(
+            &op("ap", "ap"),
+            at,
+            f.tenant,
+            e.exec_id,
+            ApproverKind::Tenant,
+            Some(1),
+        )
+        .await
+        .unwrap();
+    let vu = approved.approval.unwrap().valid_until.unwrap();
+    assert_eq!(vu, at.cut + SignedDuration::from_millis(1));
+    assert_eq!(
+        balances(&f.store.tenant(f.tenant).await.unwrap()),
+        (1, 0, 1, 0)
+    );
+    // Wait until the persisted cut passed valid_until, then read it at
+    // exactly the boundary.
+    wait_reading(&f.clock, 10, "a certain cut past valid_until", |r| {
+        r.certain && r.cut > vu
+    })
+    .await;
+    let one_ns = SignedDuration::from_nanos(1);
+    let below = f
+        .store
+        .due_work(CutReading::certain(vu - one_ns), 10)
+        .await
+        .unwrap();
+    assert_eq!(below.len(), 1);
+    assert_eq!(below[0].action, LeaseAction::Allocate);
+    let at_vu = f.store.due_work(CutReading::certain(vu), 10).await.unwrap();
+    assert_eq!(
+        at_vu[0].action,
+        LeaseAction::BeginRelease(TerminalReason::ApprovalExpired)
+    );
+    // Uncertain: nothing starts and nothing expires.
+    assert!(
+        f.store
+            .due_work(CutReading::uncertain(vu, 1), 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let (lease, g) = (e.canonical.lease_id, Generation(1));
+    let before = snapshot(&f.db.url).await;
+    for early in [
+        CutReading::certain(vu - one_ns),
+        CutReading::uncertain(vu, 1),
+    ] {
+        assert!(
+            f.store
+                .begin_release(lease, g, TerminalReason::ApprovalExpired, early)
+                .await
+                .is_err()
+        );
+    }
+    assert_eq!(
+        f.store
+            .begin_release(lease, g, TerminalReason::Denied, CutReading::certain(vu))
+            .await
+            .unwrap_err()
+            .code(),
+        "illegal_transition"
+    );
+    assert_eq!(snapshot(&f.db.url).await, before);
+    let w = f
+        .store
+        .begin_release(
+            lease,
+            g,
+            TerminalReason::ApprovalExpired,
+            CutReading::certain(vu),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (w.state, w.action, w.terminal_reason),
+        (
+            LeaseState::ReleasePending,
+            LeaseAction::Destroy,
+            Some(TerminalReason::ApprovalExpired)
+        )
+    );
+    let now = certain(&f.clock).await;
+    let evidence = f.provider.absence(lease, 1);
+    let out = f
+        .store
+        .commit_release(lease, g, &evidence, now)
+        .await
+        .unwrap();
+    assert_eq!((out.units_returned, out.replay), (1, false));
+    let again = f
+        .store
+        .commit_release(lease, g, &evidence, now)
+        .await
+        .unwrap();
+    assert_eq!((again.units_returned, again.replay), (1, true));
+    let done = f.store.exec(f.tenant, e.exec_id).await.unwrap();
+    assert_eq!(
+        (done.state, done.terminal_reason, done.lease_state),
+        (
+            ExecState::Terminal,
+            Some(TerminalReason::ApprovalExpired),
+            Some(LeaseState::Released)
+        )
+    );
+    assert_eq!(
+        balances(&f.store.tenant(f.tenant).await.unwrap()),
+        (1, 1, 0, 0)
+    );
+    assert_audit_clean(&f.store).await;
     f.sampler.stop().await;
 }

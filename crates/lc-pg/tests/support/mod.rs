@@ -398,6 +398,7 @@ pub async fn snapshot(url: &str) -> Vec<(String, Vec<String>)> {
         "lc_tokens",
         "lc_claims",
         "lc_deletions",
+        "lc_approvals",
         "tollgate_accounts",
         "tollgate_leases",
         "tollgate_ledger",
