@@ -41,6 +41,7 @@ use httpkit::{IdPath, JsonBody, OptionalJsonBody, Rejection};
 use lc_blob::{BlobError, BlobStore};
 use lc_core::LcError;
 use lc_core::OutputPage;
+use lc_core::approval::{ApprovalPolicy, ApprovalRequire};
 use lc_core::deletion::DeletedItem;
 use lc_core::model::{Digest, ExecId, ExecRequest, ExecState, OnTimeout, PageKind, TenantId};
 use lc_core::opkey::OperationKey;
@@ -52,7 +53,7 @@ use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::auth::{Acting, Admin, RequiredKey, Scope, TenantReader};
+use crate::auth::{Acting, Admin, Approver, RequiredKey, Scope, TenantReader};
 use crate::dto::*;
 use crate::error::ApiError;
 use crate::runtime;
@@ -152,6 +153,151 @@ async fn get_tenant(
     TenantReader(tenant): TenantReader,
 ) -> Result<Json<TenantView>, ApiError> {
     Ok(Json(s.store().tenant(tenant).await?.into()))
+}
+
+/// Sets a tenant's approval policy (admin): which of its later execs wait
+/// in `awaiting_approval`, holding no units, until an approver approves
+/// them. `require` is `off`, `network`, `all` or `shapes` (with the shape
+/// names). Execs already awaiting keep waiting.
+#[utoipa::path(put, path = "/v1/tenants/{tenant_id}/approval-policy", tag = "approvals",
+    params(
+        ("tenant_id" = i64, Path, minimum = 1, description = "The tenant"),
+        ("Idempotency-Key" = String, Header, description = "Required"),
+    ),
+    request_body = ApprovalPolicyView,
+    responses((status = 200, description = "The tenant with its policy", body = TenantView)),
+    security(("bearer" = [])))]
+async fn set_approval_policy(
+    State(s): State<AppState>,
+    _: Admin,
+    IdPath(tenant_id): IdPath,
+    key: RequiredKey,
+    JsonBody(req): JsonBody<ApprovalPolicyView>,
+) -> Result<Json<TenantView>, ApiError> {
+    let tenant = TenantId(tenant_id);
+    let require =
+        ApprovalRequire::parse(&req.require).ok_or_else(|| LcError::InvalidApprovalPolicy {
+            reason: format!(
+                "require is `off`, `network`, `all` or `shapes`, not {:?}",
+                req.require.chars().take(64).collect::<String>()
+            ),
+        })?;
+    let policy = ApprovalPolicy::new(require, &req.shapes)?;
+    let op = key.operation("set_approval_policy", Some(tenant), &req)?;
+    let at = s.reading().await?.at;
+    let t = s
+        .store()
+        .set_approval_policy(&op, at, tenant, &policy)
+        .await?;
+    Ok(Json(t.into()))
+}
+
+/// The acting tenant's execs awaiting approval (oldest first) and its
+/// newest approval decisions.
+#[utoipa::path(get, path = "/v1/approvals", tag = "approvals",
+    params(
+        ApprovalListQuery,
+        ("Lc-Tenant" = Option<i64>, Header, description = "With the admin token: the tenant to act for"),
+    ),
+    responses((status = 200, description = "Awaiting execs and decisions", body = ApprovalList)),
+    security(("bearer" = [])))]
+async fn list_approvals(
+    State(s): State<AppState>,
+    Acting(tenant): Acting,
+    Q(q): Q<ApprovalListQuery>,
+) -> Result<Json<ApprovalList>, ApiError> {
+    let limit = q.limit.unwrap_or(EXEC_LIST_DEFAULT);
+    let limit = lc_core::rules::check_limit(limit, lc_core::rules::LIST_LIMIT_MAX)?;
+    Ok(Json(s.store().approvals(tenant, limit).await?.into()))
+}
+
+/// Approves an exec of the acting tenant awaiting approval (the admin
+/// token with `Lc-Tenant`, or the tenant's own key), on the certain cut
+/// read now: the rest of its admission (its Reservation and its Lease)
+/// happens at once, and it may start only while a certain cut is below
+/// `valid_until` (decided cut + `validity_ms`), else it ends
+/// `approval_expired`. A replay of the key returns the same exec.
+/// Refusals (nothing written): `503 time_uncertain`, `409
+/// exec_not_awaiting_approval`, `409 insufficient_capacity` (it keeps
+/// awaiting), `422 invalid_validity`, `404 not_found`.
+#[utoipa::path(post, path = "/v1/execs/{exec_id}/approve", tag = "approvals",
+    params(
+        ("exec_id" = i64, Path, minimum = 1, description = "The exec"),
+        ("Idempotency-Key" = String, Header, description = "Required: a replay returns the same exec"),
+        ("Lc-Tenant" = Option<i64>, Header, description = "With the admin token: the tenant to act for"),
+    ),
+    request_body(content = Option<ApproveBody>, description = "Optional: the approval's validity"),
+    responses((status = 200, description = "The admitted exec with its approval", body = ExecView)),
+    security(("bearer" = [])))]
+async fn approve_exec(
+    State(s): State<AppState>,
+    approver: Approver,
+    IdPath(exec_id): IdPath,
+    key: RequiredKey,
+    OptionalJsonBody(req): OptionalJsonBody<ApproveBody>,
+) -> Result<Json<ExecView>, ApiError> {
+    let validity_ms = req.and_then(|r| r.validity_ms);
+    let op = key.operation(
+        "approve_exec",
+        Some(approver.tenant),
+        &serde_json::json!({ "exec_id": exec_id, "validity_ms": validity_ms }),
+    )?;
+    let reading = s.reading().await?;
+    let exec = s
+        .store()
+        .approve(
+            &op,
+            reading.at,
+            approver.tenant,
+            ExecId(exec_id),
+            approver.kind,
+            validity_ms,
+        )
+        .await
+        .map_err(|e| s.refused_admission(e, reading))?;
+    Ok(Json(exec.into()))
+}
+
+/// Denies an exec of the acting tenant awaiting approval: it ends
+/// `denied`, having held no units. A replay of the key returns the same
+/// exec. Refusals (nothing written): `503 time_uncertain`, `409
+/// exec_not_awaiting_approval`, `422 invalid_name` (a reason over 512
+/// bytes), `404 not_found`.
+#[utoipa::path(post, path = "/v1/execs/{exec_id}/deny", tag = "approvals",
+    params(
+        ("exec_id" = i64, Path, minimum = 1, description = "The exec"),
+        ("Idempotency-Key" = String, Header, description = "Required: a replay returns the same exec"),
+        ("Lc-Tenant" = Option<i64>, Header, description = "With the admin token: the tenant to act for"),
+    ),
+    request_body(content = Option<DenyBody>, description = "Optional: why"),
+    responses((status = 200, description = "The denied exec", body = ExecView)),
+    security(("bearer" = [])))]
+async fn deny_exec(
+    State(s): State<AppState>,
+    approver: Approver,
+    IdPath(exec_id): IdPath,
+    key: RequiredKey,
+    OptionalJsonBody(req): OptionalJsonBody<DenyBody>,
+) -> Result<Json<ExecView>, ApiError> {
+    let reason = req.and_then(|r| r.reason);
+    let op = key.operation(
+        "deny_exec",
+        Some(approver.tenant),
+        &serde_json::json!({ "exec_id": exec_id, "reason": reason }),
+    )?;
+    let at = s.reading().await?.at;
+    let exec = s
+        .store()
+        .deny(
+            &op,
+            at,
+            approver.tenant,
+            ExecId(exec_id),
+            approver.kind,
+            reason.as_deref(),
+        )
+        .await?;
+    Ok(Json(exec.into()))
 }
 
 /// Imports a runtime from a tarball (admin): validated, unpacked into the
@@ -1318,6 +1464,10 @@ pub fn api_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(create_tenant))
         .routes(routes!(deposit))
         .routes(routes!(get_tenant))
+        .routes(routes!(set_approval_policy))
+        .routes(routes!(list_approvals))
+        .routes(routes!(approve_exec))
+        .routes(routes!(deny_exec))
         .routes(routes!(import_runtime, list_runtimes))
         .routes(routes!(create_exec, list_execs))
         .routes(routes!(get_exec))

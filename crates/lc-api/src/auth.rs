@@ -55,6 +55,11 @@
 //!    an exec's workspace or output, reads no tenant and calls no admin
 //!    route. The tenant's API key and the admin token hold
 //!    every operation ([`Principal::may`]).
+//! 6. Approval decisions (`POST /v1/execs/{id}/approve|deny`) act for one
+//!    tenant as rule 3, and the credential must be allowed to decide
+//!    approvals ([`approval_decider`]): the admin token, the tenant's
+//!    own API key, or a scoped token holding `approval.decide` (checked
+//!    by rule 5 on these routes; it decides as its tenant).
 
 use std::fmt;
 
@@ -67,6 +72,7 @@ use hmac::{Hmac, KeyInit, Mac};
 use httpkit::extract::parse_id;
 use httpkit::{IdPath, IdempotencyKey, Rejection, bearer};
 use lc_core::LcError;
+use lc_core::approval::ApproverKind;
 use lc_core::model::{Digest, ExecId, OpScope, TenantId};
 use lc_core::opkey::OperationKey;
 use lc_core::token::{Operation, TokenId, TokenScope};
@@ -329,6 +335,8 @@ pub fn route_operation(method: &Method, path: &str) -> Option<Operation> {
         ("POST", "/v1/execs/{exec_id}/cancel") => O::ExecCancel,
         ("POST", "/v1/execs/{exec_id}/hibernate") => O::ExecHibernate,
         ("POST", "/v1/execs/{exec_id}/resume") => O::ExecResume,
+        ("POST", "/v1/execs/{exec_id}/approve" | "/v1/execs/{exec_id}/deny")
+        | ("GET", "/v1/approvals") => O::ApprovalDecide,
         ("GET", p)
             if p == "/v1/execs/{exec_id}/workspace"
                 || p.starts_with("/v1/execs/{exec_id}/snapshots") =>
@@ -485,6 +493,46 @@ impl FromRequestParts<AppState> for Acting {
             check_route(parts, s, &t).await?;
         }
         Ok(Acting(tenant))
+    }
+}
+
+/// Rule 6: whether `who`, acting for `tenant`, may decide approvals, and
+/// as which kind of approver. The admin token, a tenant's own API key and
+/// a scoped token of the tenant (whose `approval.decide` rule 5 already
+/// checked on the route) may; [`acting_tenant`] already refused another
+/// tenant's credential.
+///
+/// # Errors
+/// [`ApiError::Forbidden`] for a credential of another tenant.
+pub fn approval_decider(who: Caller, tenant: TenantId) -> Result<ApproverKind, ApiError> {
+    match who {
+        Caller::Admin => Ok(ApproverKind::Admin),
+        Caller::Tenant(t) if t == tenant => Ok(ApproverKind::Tenant),
+        Caller::Token(t) if t.tenant == tenant => Ok(ApproverKind::Tenant),
+        Caller::Tenant(_) | Caller::Token(_) => Err(ApiError::Forbidden),
+    }
+}
+
+/// Rule 6: the tenant an approval decision acts for and who decides it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Approver {
+    /// The tenant acted for.
+    pub tenant: TenantId,
+    /// Which credential decides.
+    pub kind: ApproverKind,
+}
+
+impl FromRequestParts<AppState> for Approver {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, s: &AppState) -> Result<Approver, ApiError> {
+        let who = caller(parts, s).await?;
+        let tenant = acting_tenant(who, tenant_header(parts)?)?;
+        if let Caller::Token(t) = who {
+            check_route(parts, s, &t).await?;
+        }
+        let kind = approval_decider(who, tenant)?;
+        Ok(Approver { tenant, kind })
     }
 }
 

@@ -4,6 +4,7 @@
 
 use base64::Engine as _;
 use jiff::Timestamp;
+use lc_core::approval::{ApprovalPolicy, ApprovalRecord, ApprovalsPage};
 use lc_core::hibernate::{
     HibernationRecord, ResumeIntent, ResumeReceipt, SnapshotMeta, WorkspaceRecord,
 };
@@ -62,6 +63,115 @@ pub struct TenantView {
     pub held: i64,
     /// Units charged.
     pub consumed: i64,
+    /// Which of its execs need an approval.
+    pub approval_policy: ApprovalPolicyView,
+}
+
+/// A tenant's approval policy: `require` is `off` (no exec needs an
+/// approval), `network` (shapes whose network is on), `all`, or `shapes`
+/// (the shapes named in `shapes`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ApprovalPolicyView {
+    /// `off`, `network`, `all` or `shapes`.
+    pub require: String,
+    /// The shape names, with `require = shapes` (else empty).
+    #[serde(default)]
+    pub shapes: Vec<String>,
+}
+
+impl From<ApprovalPolicy> for ApprovalPolicyView {
+    fn from(p: ApprovalPolicy) -> ApprovalPolicyView {
+        ApprovalPolicyView {
+            require: p.require.as_str().to_string(),
+            shapes: p.shapes,
+        }
+    }
+}
+
+/// `POST /v1/execs/{id}/approve` (optional).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ApproveBody {
+    /// How long the approval is valid, in milliseconds on the cut
+    /// (`1..=3600000`; the service's default, 15 min unless configured,
+    /// when absent).
+    #[serde(default)]
+    pub validity_ms: Option<u64>,
+}
+
+/// `POST /v1/execs/{id}/deny` (optional).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DenyBody {
+    /// Why (at most 512 bytes, no control characters).
+    #[serde(default)]
+    pub reason: Option<String>,
+}
+
+/// A decision on an exec that awaited approval.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ApprovalView {
+    /// The exec.
+    pub exec_id: i64,
+    /// `approved` or `denied`.
+    pub decision: String,
+    /// Who decided: `admin` or `tenant`.
+    pub approver: String,
+    /// The certain cut of the decision.
+    #[schema(value_type = String)]
+    pub decided_cut: Timestamp,
+    /// The validity, milliseconds (approved only).
+    pub validity_ms: Option<u64>,
+    /// `decided_cut + validity` on the cut (approved only): the exec starts
+    /// only while a certain cut is below it, else it ends
+    /// `approval_expired`.
+    #[schema(value_type = Option<String>)]
+    pub valid_until: Option<Timestamp>,
+    /// The denial's reason (denied only).
+    pub reason: Option<String>,
+}
+
+impl From<ApprovalRecord> for ApprovalView {
+    fn from(a: ApprovalRecord) -> ApprovalView {
+        ApprovalView {
+            exec_id: a.exec_id.0,
+            decision: a.decision.as_str().to_string(),
+            approver: a.approver.as_str().to_string(),
+            decided_cut: a.decided_cut,
+            validity_ms: a.validity_ms,
+            valid_until: a.valid_until,
+            reason: a.reason,
+        }
+    }
+}
+
+/// `GET /v1/approvals`: the acting tenant's execs awaiting approval
+/// (oldest first) and its newest decisions.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ApprovalList {
+    /// Execs awaiting approval.
+    pub awaiting: Vec<ExecView>,
+    /// Decisions, newest first.
+    pub decisions: Vec<ApprovalView>,
+}
+
+impl From<ApprovalsPage> for ApprovalList {
+    fn from(p: ApprovalsPage) -> ApprovalList {
+        ApprovalList {
+            awaiting: p.awaiting.into_iter().map(Into::into).collect(),
+            decisions: p.decisions.into_iter().map(Into::into).collect(),
+        }
+    }
+}
+
+/// `GET /v1/approvals?limit=`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ApprovalListQuery {
+    /// The most of each list (`1..=1000`, default 100).
+    pub limit: Option<usize>,
 }
 
 impl From<Tenant> for TenantView {
@@ -73,6 +183,7 @@ impl From<Tenant> for TenantView {
             available: t.available,
             held: t.held,
             consumed: t.consumed,
+            approval_policy: t.approval_policy.into(),
         }
     }
 }
@@ -182,14 +293,17 @@ pub struct ExecView {
     pub exec_id: i64,
     /// Its tenant.
     pub tenant_id: i64,
-    /// `admitted`, `running`, `hibernated` (its workspace snapshotted, its
-    /// units returned; `POST /v1/execs/{id}/resume` runs it again) or
-    /// `terminal`.
+    /// `awaiting_approval` (its tenant's approval policy gates its shape:
+    /// it holds no units until approved), `admitted`, `running`,
+    /// `hibernated` (its workspace snapshotted, its units returned; `POST
+    /// /v1/execs/{id}/resume` runs it again) or `terminal`.
     pub state: String,
-    /// `exited`, `cancelled`, `expired`, `start_failed` or
+    /// `exited`, `cancelled`, `expired`, `start_failed`,
     /// `snapshot_refused` (its hibernation stopped the command, then the
-    /// provider refused to snapshot the workspace: see `hibernation`)
-    /// once terminal.
+    /// provider refused to snapshot the workspace: see `hibernation`),
+    /// `denied` (an approver denied it) or `approval_expired` (its
+    /// approval's `valid_until` passed on the cut before it started) once
+    /// terminal.
     pub terminal_reason: Option<String>,
     /// The command's exit code, when it exited with one.
     pub exit_code: Option<i32>,
@@ -223,6 +337,8 @@ pub struct ExecView {
     pub hibernation: Option<HibernationView>,
     /// The newest committed resume.
     pub resume: Option<ResumeReceiptView>,
+    /// The decision on its approval, when it awaited one.
+    pub approval: Option<ApprovalView>,
 }
 
 impl From<ExecRecord> for ExecView {
@@ -246,6 +362,7 @@ impl From<ExecRecord> for ExecView {
             workspace_head: e.workspace_head.map(|d| d.to_hex()),
             hibernation: e.hibernation.map(Into::into),
             resume: e.resume.map(Into::into),
+            approval: e.approval.map(Into::into),
         }
     }
 }

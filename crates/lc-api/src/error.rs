@@ -12,12 +12,12 @@
 //!
 //! | code | status |
 //! |---|---|
-//! | `invalid_command`, `invalid_shape`, `invalid_runtime`, `invalid_timeout`, `invalid_units`, `invalid_name`, `invalid_limit`, `invalid_digest`, `invalid_provider_id`, `invalid_provider`, `invalid_page`, `invalid_transition_id`, `invalid_input`, `request_digest_mismatch` | 422 |
+//! | `invalid_command`, `invalid_shape`, `invalid_runtime`, `invalid_timeout`, `invalid_units`, `invalid_name`, `invalid_limit`, `invalid_digest`, `invalid_provider_id`, `invalid_provider`, `invalid_page`, `invalid_transition_id`, `invalid_input`, `request_digest_mismatch`, `invalid_validity`, `invalid_approval_policy` | 422 |
 //! | `invalid_operation_key` | 400 (it is a header) |
 //! | `token_expired`, `token_revoked` | 401 (a scoped token a certain cut has passed the deadline of, or a revoked one: mint a new one) |
 //! | `forbidden` (a scoped token's missing operation or bound exec) | 403 |
 //! | `not_found` | 404 (also for another tenant's exec: existence never leaks) |
-//! | `insufficient_capacity`, `units_overflow`, `idempotency_conflict`, `already_exists`, `exec_terminal`, `illegal_transition`, `fenced`, `page_conflict`, `owner_live`, `owner_stale`, `owner_expired`, `claim_live`, `claim_stale`, `transition_replay_refused`, `release_not_proven`, `stdin_not_open`, `input_closed`, `workspace_head_mismatch`, `competing_right`, `exec_not_parked`, `resume_refused`, `exec_not_hibernatable`, `hibernation_in_progress`, `resume_in_progress`, `exec_not_terminal`, `not_deleted` | 409 |
+//! | `insufficient_capacity`, `units_overflow`, `idempotency_conflict`, `already_exists`, `exec_terminal`, `illegal_transition`, `fenced`, `page_conflict`, `owner_live`, `owner_stale`, `owner_expired`, `claim_live`, `claim_stale`, `transition_replay_refused`, `release_not_proven`, `stdin_not_open`, `input_closed`, `workspace_head_mismatch`, `competing_right`, `exec_not_parked`, `resume_refused`, `exec_not_hibernatable`, `hibernation_in_progress`, `resume_in_progress`, `exec_not_terminal`, `not_deleted`, `exec_not_awaiting_approval` | 409 |
 //! | `workspace_deleted`, `output_deleted` (restorable: the detail names the undelete command and the purge instant), `workspace_purged`, `output_purged` | 410 |
 //! | `rate_limited` | 429 with `Retry-After` (the tenant's admission rate on the cut) |
 //! | `input_queue_full` | 429 with `Retry-After` [`INPUT_QUEUE_RETRY_AFTER_SECS`] (the exec's owner drains its input queue at its next step) |
@@ -218,7 +218,9 @@ pub fn store_status(e: &LcError) -> StatusCode {
         | E::InvalidTransitionId { .. }
         | E::InvalidInput { .. }
         | E::RequestDigestMismatch { .. }
-        | E::InvalidTokenScope { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+        | E::InvalidTokenScope { .. }
+        | E::InvalidValidity { .. }
+        | E::InvalidApprovalPolicy { .. } => StatusCode::UNPROCESSABLE_ENTITY,
         E::TokenExpired { .. } | E::TokenRevoked { .. } => StatusCode::UNAUTHORIZED,
         E::TokenScope { .. } => StatusCode::FORBIDDEN,
         E::InvalidOperationKey { .. } => StatusCode::BAD_REQUEST,
@@ -248,7 +250,8 @@ pub fn store_status(e: &LcError) -> StatusCode {
         | E::HibernationInProgress { .. }
         | E::ResumeInProgress { .. }
         | E::ExecNotTerminal { .. }
-        | E::NotDeleted { .. } => StatusCode::CONFLICT,
+        | E::NotDeleted { .. }
+        | E::ExecNotAwaitingApproval { .. } => StatusCode::CONFLICT,
         E::ItemDeleted { .. } | E::ItemPurged { .. } => StatusCode::GONE,
         E::RateLimited { .. } | E::InputQueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,
         E::TimeUncertain { .. }

@@ -87,7 +87,7 @@ async fn tenants_deposits_and_balances() {
     send(&s.router, create("t-empty", json!({"name": ""})))
         .await
         .problem(422, "invalid_name");
-    let want = json!({"tenant_id": id, "name": "blue", "deposited": 8, "available": 8, "held": 0, "consumed": 0});
+    let want = json!({"tenant_id": id, "name": "blue", "deposited": 8, "available": 8, "held": 0, "consumed": 0, "approval_policy": {"require": "off", "shapes": []}});
     assert_eq!(balances(&s, id).await, want);
     // The tenant's own key reads it too.
     let own = send(
@@ -104,7 +104,7 @@ async fn tenants_deposits_and_balances() {
             .json(json!({"units": units}))
     };
     let d = send(&s.router, dep("d-1", 2)).await;
-    let after = json!({"tenant_id": id, "name": "blue", "deposited": 10, "available": 10, "held": 0, "consumed": 0});
+    let after = json!({"tenant_id": id, "name": "blue", "deposited": 10, "available": 10, "held": 0, "consumed": 0, "approval_policy": {"require": "off", "shapes": []}});
     assert_eq!(d.ok(200), &after);
     assert_eq!(send(&s.router, dep("d-1", 2)).await.ok(200), &after);
     send(&s.router, dep("d-1", 3))
@@ -171,7 +171,7 @@ async fn exec_admission_reads_replays_and_cancel() {
     // small reserves one unit, exactly.
     assert_eq!(
         balances(&s, blue).await,
-        json!({"tenant_id": blue, "name": "blue", "deposited": 3, "available": 2, "held": 1, "consumed": 0})
+        json!({"tenant_id": blue, "name": "blue", "deposited": 3, "available": 2, "held": 1, "consumed": 0, "approval_policy": {"require": "off", "shapes": []}})
     );
     // A replay returns the same exec and reserves nothing more.
     assert_eq!(
@@ -336,7 +336,7 @@ async fn exec_admission_reads_replays_and_cancel() {
 async fn insufficient_capacity_changes_nothing() {
     let s = PgSvc::start().await;
     let (id, key) = tenant(&s, "tiny", 1).await;
-    let before = json!({"tenant_id": id, "name": "tiny", "deposited": 1, "available": 1, "held": 0, "consumed": 0});
+    let before = json!({"tenant_id": id, "name": "tiny", "deposited": 1, "available": 1, "held": 0, "consumed": 0, "approval_policy": {"require": "off", "shapes": []}});
     assert_eq!(balances(&s, id).await, before);
     // medium reserves 2 units; 1 is available.
     let r = send(
@@ -364,7 +364,7 @@ async fn insufficient_capacity_changes_nothing() {
     ok.ok(201);
     assert_eq!(
         balances(&s, id).await,
-        json!({"tenant_id": id, "name": "tiny", "deposited": 1, "available": 0, "held": 1, "consumed": 0})
+        json!({"tenant_id": id, "name": "tiny", "deposited": 1, "available": 0, "held": 1, "consumed": 0, "approval_policy": {"require": "off", "shapes": []}})
     );
     // Now nothing is left for another small one.
     send(
@@ -446,7 +446,7 @@ async fn an_uncertain_cut_refuses_admission_and_writes_nothing() {
     .await;
     assert_eq!(
         d.ok(200),
-        &json!({"tenant_id": id, "name": "blue", "deposited": 5, "available": 4, "held": 1, "consumed": 0})
+        &json!({"tenant_id": id, "name": "blue", "deposited": 5, "available": 4, "held": 1, "consumed": 0, "approval_policy": {"require": "off", "shapes": []}})
     );
     let c = send(
         &s.router,
@@ -611,7 +611,7 @@ async fn a_finished_exec_is_terminal_with_its_units_back() {
     assert_eq!(done["exit_code"], 1);
     assert_eq!(
         balances(&s, id).await,
-        json!({"tenant_id": id, "name": "blue", "deposited": 2, "available": 2, "held": 0, "consumed": 0})
+        json!({"tenant_id": id, "name": "blue", "deposited": 2, "available": 2, "held": 0, "consumed": 0, "approval_policy": {"require": "off", "shapes": []}})
     );
     let out = send(
         &s.router,
@@ -1073,7 +1073,7 @@ async fn a_deposit_past_the_balance_limit_says_so_and_changes_nothing() {
         i64::MAX,
         largest - 4_611_686_018_427_387_904
     ));
-    let want = json!({"tenant_id": id, "name": "full", "deposited": 4_611_686_018_427_387_912_i64, "available": 4_611_686_018_427_387_912_i64, "held": 0, "consumed": 0});
+    let want = json!({"tenant_id": id, "name": "full", "deposited": 4_611_686_018_427_387_912_i64, "available": 4_611_686_018_427_387_912_i64, "held": 0, "consumed": 0, "approval_policy": {"require": "off", "shapes": []}});
     assert_eq!(balances(&s, id).await, want);
     // The largest deposit it accepts is accepted.
     let d = send(
@@ -1172,4 +1172,344 @@ async fn the_claims_list_is_admin_only_and_judges_each_claim_at_the_cut() {
     send(&s.router, list("?lease=1").token(ADMIN))
         .await
         .problem(400, "invalid_query");
+}
+
+#[tokio::test]
+async fn approvals_gate_admission_and_are_decided_through_the_router() {
+    let s = PgSvc::start().await;
+    let (blue, blue_key) = tenant(&s, "blue", 2).await;
+    let (_green, green_key) = tenant(&s, "green", 2).await;
+    let policy = |id: i64| format!("/v1/tenants/{id}/approval-policy");
+    let put = |path: String| Req::new(axum::http::Method::PUT, path);
+    // Admin only, the credential before the path; the body checked.
+    send(
+        &s.router,
+        put("/v1/tenants/abc/approval-policy".into()).json(json!({"require": "all"})),
+    )
+    .await
+    .problem(401, "unauthenticated");
+    send(
+        &s.router,
+        put(policy(blue))
+            .token(&blue_key)
+            .key("p")
+            .json(json!({"require": "all"})),
+    )
+    .await
+    .problem(403, "forbidden");
+    send(
+        &s.router,
+        put(policy(blue))
+            .token(ADMIN)
+            .json(json!({"require": "all"})),
+    )
+    .await
+    .problem(400, "idempotency_key_required");
+    send(
+        &s.router,
+        put(policy(blue))
+            .token(ADMIN)
+            .key("p")
+            .json(json!({"require": "maybe"})),
+    )
+    .await
+    .problem(422, "invalid_approval_policy");
+    send(
+        &s.router,
+        put(policy(blue))
+            .token(ADMIN)
+            .key("p")
+            .json(json!({"require": "shapes", "shapes": ["huge"]})),
+    )
+    .await
+    .problem(422, "invalid_shape");
+    send(
+        &s.router,
+        put(policy(999))
+            .token(ADMIN)
+            .key("p9")
+            .json(json!({"require": "all"})),
+    )
+    .await
+    .problem(404, "not_found");
+    let set = send(
+        &s.router,
+        put(policy(blue))
+            .token(ADMIN)
+            .key("p")
+            .json(json!({"require": "network"})),
+    )
+    .await;
+    let want = json!({"tenant_id": blue, "name": "blue", "deposited": 2, "available": 2, "held": 0, "consumed": 0,
+                      "approval_policy": {"require": "network", "shapes": []}});
+    assert_eq!(set.ok(200), &want);
+    assert_eq!(balances(&s, blue).await, want);
+
+    // A gated admission: awaiting_approval, no units held.
+    let net = |cmd: &[&str]| json!({"runtime": "base", "shape": "small-net", "command": cmd});
+    let admit =
+        |key: &str, body: Value| Req::post("/v1/execs").token(&blue_key).key(key).json(body);
+    let a = send(&s.router, admit("n-1", net(&["curl", "a"])))
+        .await
+        .ok(201)
+        .clone();
+    assert_eq!(
+        (a["state"].clone(), a["approval"].clone()),
+        (json!("awaiting_approval"), Value::Null)
+    );
+    let b = send(&s.router, admit("n-2", net(&["curl", "b"])))
+        .await
+        .ok(201)
+        .clone();
+    let c = send(&s.router, admit("n-3", net(&["curl", "c"])))
+        .await
+        .ok(201)
+        .clone();
+    let plain = send(&s.router, admit("s-1", small(&["true"])))
+        .await
+        .ok(201)
+        .clone();
+    assert_eq!(plain["state"], "admitted");
+    assert_eq!(balances(&s, blue).await["held"], 1);
+    let (a_id, b_id, c_id) = (
+        a["exec_id"].as_i64().unwrap(),
+        b["exec_id"].as_i64().unwrap(),
+        c["exec_id"].as_i64().unwrap(),
+    );
+
+    send(&s.router, Req::get("/v1/approvals"))
+        .await
+        .problem(401, "unauthenticated");
+    let list = send(&s.router, Req::get("/v1/approvals").token(&blue_key)).await;
+    assert_eq!(
+        list.ok(200),
+        &json!({"awaiting": [a.clone(), b.clone(), c.clone()], "decisions": []})
+    );
+    assert_eq!(
+        send(
+            &s.router,
+            Req::get("/v1/approvals?limit=1").token(ADMIN).tenant(blue)
+        )
+        .await
+        .ok(200)["awaiting"],
+        json!([a.clone()])
+    );
+    send(
+        &s.router,
+        Req::get("/v1/approvals?limit=0").token(&blue_key),
+    )
+    .await
+    .problem(422, "invalid_limit");
+
+    // Who may decide: a credential first (even before a bad path), then
+    // the acting tenant's own key or the admin with Lc-Tenant.
+    let approve = |id: i64| Req::post(format!("/v1/execs/{id}/approve"));
+    send(&s.router, Req::post("/v1/execs/abc/approve"))
+        .await
+        .problem(401, "unauthenticated");
+    send(
+        &s.router,
+        Req::post("/v1/execs/abc/deny").token("nope-not-a-key"),
+    )
+    .await
+    .problem(401, "unauthenticated");
+    send(&s.router, approve(a_id).token(&green_key).key("g"))
+        .await
+        .problem(404, "not_found");
+    send(
+        &s.router,
+        approve(a_id).token(&green_key).tenant(blue).key("g"),
+    )
+    .await
+    .problem(403, "forbidden");
+    send(&s.router, approve(a_id).token(ADMIN).key("g"))
+        .await
+        .problem(400, "tenant_required");
+    send(&s.router, approve(a_id).token(&blue_key))
+        .await
+        .problem(400, "idempotency_key_required");
+    let before = support::pg::snapshot(&s.url, &["tollgate_safetime"]).await;
+    send(
+        &s.router,
+        approve(a_id)
+            .token(&blue_key)
+            .key("v0")
+            .json(json!({"validity_ms": 0})),
+    )
+    .await
+    .problem(422, "invalid_validity");
+    send(
+        &s.router,
+        approve(plain["exec_id"].as_i64().unwrap())
+            .token(&blue_key)
+            .key("v1"),
+    )
+    .await
+    .problem(409, "exec_not_awaiting_approval");
+    s.clock.force_uncertain(true);
+    send(&s.router, approve(a_id).token(&blue_key).key("ap-a"))
+        .await
+        .uncertain("stale", "2");
+    send(
+        &s.router,
+        Req::post(format!("/v1/execs/{b_id}/deny"))
+            .token(&blue_key)
+            .key("dn-b"),
+    )
+    .await
+    .problem(503, "time_uncertain");
+    s.clock.force_uncertain(false);
+    assert_eq!(
+        support::pg::snapshot(&s.url, &["tollgate_safetime"]).await,
+        before
+    );
+
+    // The tenant approves: admitted, one unit held, valid for 60 s on the
+    // cut; a replay is the same record; a second decision is refused.
+    let ok = send(
+        &s.router,
+        approve(a_id)
+            .token(&blue_key)
+            .key("ap-a")
+            .json(json!({"validity_ms": 60_000})),
+    )
+    .await
+    .ok(200)
+    .clone();
+    assert_eq!(ok["state"], "admitted");
+    let ap = &ok["approval"];
+    assert_eq!(
+        (
+            ap["decision"].clone(),
+            ap["approver"].clone(),
+            ap["validity_ms"].clone()
+        ),
+        (json!("approved"), json!("tenant"), json!(60_000))
+    );
+    assert_eq!(
+        ts(ap["valid_until"].as_str().unwrap()),
+        ts(ap["decided_cut"].as_str().unwrap()) + jiff::SignedDuration::from_secs(60)
+    );
+    assert_eq!(balances(&s, blue).await["held"], 2);
+    assert_eq!(
+        send(
+            &s.router,
+            approve(a_id)
+                .token(&blue_key)
+                .key("ap-a")
+                .json(json!({"validity_ms": 60_000}))
+        )
+        .await
+        .ok(200),
+        &ok
+    );
+    send(
+        &s.router,
+        approve(a_id)
+            .token(&blue_key)
+            .key("ap-a")
+            .json(json!({"validity_ms": 1})),
+    )
+    .await
+    .problem(409, "idempotency_conflict");
+    send(
+        &s.router,
+        approve(a_id).token(ADMIN).tenant(blue).key("ap-a2"),
+    )
+    .await
+    .problem(409, "exec_not_awaiting_approval");
+    assert_eq!(
+        send(
+            &s.router,
+            Req::get(format!("/v1/execs/{a_id}")).token(&blue_key)
+        )
+        .await
+        .ok(200),
+        &ok
+    );
+
+    // The admin denies b with a reason; the tenant cancels c.
+    let denied = send(
+        &s.router,
+        Req::post(format!("/v1/execs/{b_id}/deny"))
+            .token(ADMIN)
+            .tenant(blue)
+            .key("dn-b")
+            .json(json!({"reason": "no network today"})),
+    )
+    .await
+    .ok(200)
+    .clone();
+    assert_eq!(
+        (denied["state"].clone(), denied["terminal_reason"].clone()),
+        (json!("terminal"), json!("denied"))
+    );
+    assert_eq!(
+        (
+            denied["approval"]["decision"].clone(),
+            denied["approval"]["approver"].clone(),
+            denied["approval"]["reason"].clone(),
+            denied["approval"]["valid_until"].clone()
+        ),
+        (
+            json!("denied"),
+            json!("admin"),
+            json!("no network today"),
+            Value::Null
+        )
+    );
+    send(
+        &s.router,
+        Req::post(format!("/v1/execs/{b_id}/deny"))
+            .token(&blue_key)
+            .key("dn-b2"),
+    )
+    .await
+    .problem(409, "exec_not_awaiting_approval");
+    send(
+        &s.router,
+        Req::post(format!("/v1/execs/{c_id}/deny"))
+            .token(&blue_key)
+            .key("dn-c")
+            .json(json!({"reason": "x".repeat(513)})),
+    )
+    .await
+    .problem(422, "invalid_name");
+    let cancelled = send(
+        &s.router,
+        Req::post(format!("/v1/execs/{c_id}/cancel"))
+            .token(&blue_key)
+            .key("c-c"),
+    )
+    .await
+    .ok(200)
+    .clone();
+    assert_eq!(
+        (
+            cancelled["state"].clone(),
+            cancelled["terminal_reason"].clone()
+        ),
+        (json!("terminal"), json!("cancelled"))
+    );
+    assert_eq!(balances(&s, blue).await["held"], 2);
+    let list = send(&s.router, Req::get("/v1/approvals").token(&blue_key)).await;
+    assert_eq!(
+        list.ok(200),
+        &json!({"awaiting": [], "decisions": [denied["approval"].clone(), ok["approval"].clone()]})
+    );
+
+    // The routes are in the OpenAPI document.
+    let doc = send(&s.router, Req::get("/v1/openapi.json")).await;
+    let doc = doc.ok(200);
+    assert!(doc["paths"]["/v1/tenants/{tenant_id}/approval-policy"]["put"].is_object());
+    assert!(doc["paths"]["/v1/approvals"]["get"].is_object());
+    for schema in [
+        "ApprovalPolicyView",
+        "ApproveBody",
+        "DenyBody",
+        "ApprovalView",
+        "ApprovalList",
+    ] {
+        assert!(doc["components"]["schemas"][schema].is_object(), "{schema}");
+    }
 }

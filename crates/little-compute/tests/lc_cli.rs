@@ -102,7 +102,7 @@ async fn tenants_execs_and_output_through_the_cli() {
     let o = lc(&cat(&admin, &["tenant", "show", &id_s, "--json"]), &[]).await;
     assert_eq!(
         json_of(&o),
-        json!({"tenant_id": id, "name": "blue", "deposited": 4, "available": 4, "held": 0, "consumed": 0})
+        json!({"tenant_id": id, "name": "blue", "deposited": 4, "available": 4, "held": 0, "consumed": 0, "approval_policy": {"require": "off", "shapes": []}})
     );
     // The human form.
     let o = lc(&cat(&admin, &["tenant", "show", &id_s]), &[]).await;
@@ -211,7 +211,7 @@ async fn tenants_execs_and_output_through_the_cli() {
     let o = lc(&["tenant", "show", &id_s, "--json"], &env).await;
     assert_eq!(
         json_of(&o),
-        json!({"tenant_id": id, "name": "blue", "deposited": 4, "available": 4, "held": 0, "consumed": 0})
+        json!({"tenant_id": id, "name": "blue", "deposited": 4, "available": 4, "held": 0, "consumed": 0, "approval_policy": {"require": "off", "shapes": []}})
     );
     // operation show.
     let o = lc(
@@ -420,7 +420,7 @@ async fn wait_exits_with_the_commands_code_and_refusals_exit_1() {
     .await;
     assert_eq!(
         json_of(&o),
-        json!({"tenant_id": id, "name": "green", "deposited": 3, "available": 3, "held": 0, "consumed": 0})
+        json!({"tenant_id": id, "name": "green", "deposited": 3, "available": 3, "held": 0, "consumed": 0, "approval_policy": {"require": "off", "shapes": []}})
     );
     // exec cancel with a chosen key, then operation show of that key.
     let o = lc(

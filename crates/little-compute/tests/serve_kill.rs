@@ -825,6 +825,7 @@ async fn a_killed_control_plane_admits_each_key_once_and_holds_exact_balances() 
                 "available": deposited - held,
                 "held": held,
                 "consumed": 0,
+                "approval_policy": {"require": "off", "shapes": []},
             })
         );
     }
