@@ -151,6 +151,11 @@ pub struct ServeArgs {
     /// workers the same value.
     #[arg(long, default_value_t = lc_core::deletion::RETENTION_DEFAULT.as_secs())]
     pub retention_s: i64,
+
+    /// The validity of an approval whose approver names none, in
+    /// milliseconds on the cut (1 to 3600000; default 15 min).
+    #[arg(long, default_value_t = 900_000)]
+    pub approval_validity_ms: u64,
 }
 
 /// `d` in whole milliseconds, for a flag's default (the claim consts are
@@ -295,6 +300,11 @@ pub async fn connect_store(
     let retention =
         lc_core::deletion::check_retention(jiff::SignedDuration::from_secs(args.retention_s))
             .map_err(|e| ServeError::Config(format!("--retention-s: {e}")))?;
+    let approval_validity = lc_core::approval::check_validity(
+        Some(args.approval_validity_ms),
+        lc_core::approval::APPROVAL_VALIDITY_DEFAULT,
+    )
+    .map_err(|e| ServeError::Config(format!("--approval-validity-ms: {e}")))?;
     let config = lc_pg::LcConfig {
         max_connections: POOL_CONNECTIONS_MAX,
         admission_rate,
@@ -303,6 +313,7 @@ pub async fn connect_store(
         token_ttl_max,
         deletion_grace,
         retention,
+        approval_validity,
         ..lc_pg::LcConfig::default()
     };
     crate::retry::until(

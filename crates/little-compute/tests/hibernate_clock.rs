@@ -151,7 +151,10 @@ async fn db_now(rig: &Rig) -> Timestamp {
 /// The exec's state and its current Lease's state.
 async fn states(rig: &Rig, exec: ExecId) -> (ExecState, LeaseState) {
     let e = rig.store.exec(rig.tenant, exec).await.unwrap();
-    (e.state, e.lease_state)
+    (
+        e.state,
+        e.lease_state.expect("an admitted exec has a Lease"),
+    )
 }
 
 /// `SELECT count(*)` of the exec's rows of `table`, `where_` added.

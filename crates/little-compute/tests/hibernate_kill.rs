@@ -319,7 +319,7 @@ impl Rig {
         let rec = self.store.exec(self.tenant, exec).await.unwrap();
         assert_eq!(
             (rec.state, rec.terminal_reason, rec.lease_state),
-            (ExecState::Hibernated, None, LeaseState::Released),
+            (ExecState::Hibernated, None, Some(LeaseState::Released)),
             "{what}"
         );
         assert_eq!(self.attempt_state(exec).await, "parked", "{what}");
@@ -347,7 +347,7 @@ impl Rig {
     async fn wait_running(&self, exec: ExecId, generation: i64) {
         self.wait_for(&format!("generation {generation} runs"), async || {
             let rec = self.store.exec(self.tenant, exec).await.unwrap();
-            (rec.state, rec.lease_state) == (ExecState::Running, LeaseState::Active)
+            (rec.state, rec.lease_state) == (ExecState::Running, Some(LeaseState::Active))
                 && self
                     .leases(exec)
                     .await
@@ -739,7 +739,7 @@ async fn a_provider_killed_during_hibernation_and_during_resume() {
             ExecState::Terminal,
             Some(TerminalReason::Expired),
             None,
-            LeaseState::Released
+            Some(LeaseState::Released)
         )
     );
     assert_eq!(rig.attempt_state(exec).await, "terminal");

@@ -1401,3 +1401,170 @@ async fn claim_list_shows_workers_claims_to_the_admin_only() {
         String::from_utf8_lossy(&o.stderr)
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn approvals_through_the_cli() {
+    let s = PgSvc::start().await;
+    let url = serve(&s).await;
+    let admin = ["--server", &url, "--token", ADMIN];
+    let t = json_of(
+        &lc(
+            &cat(
+                &admin,
+                &[
+                    "tenant", "create", "--name", "blue", "--units", "2", "--json",
+                ],
+            ),
+            &[],
+        )
+        .await,
+    );
+    let id = t["tenant_id"].as_i64().unwrap();
+    let id_s = id.to_string();
+    let key = t["api_key"].as_str().unwrap().to_string();
+    // The policy (admin): the named shapes need an approval.
+    let o = lc(
+        &cat(
+            &admin,
+            &[
+                "tenant",
+                "approval-policy",
+                &id_s,
+                "--shape",
+                "small",
+                "--shape",
+                "medium",
+            ],
+        ),
+        &[],
+    )
+    .await;
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout),
+        format!(
+            "tenant_id        {id}\nname             blue\ndeposited        2\navailable        2\nheld             0\nconsumed         0\napproval_policy  small medium\n"
+        )
+    );
+    // Neither --require nor --shape: refused by lc, nothing sent.
+    let o = lc(&cat(&admin, &["tenant", "approval-policy", &id_s]), &[]).await;
+    assert_eq!(o.status.code(), Some(2));
+    let env = [("LC_SERVER", url.as_str()), ("LC_TOKEN", key.as_str())];
+    let e = json_of(&lc(&["exec", "create", "--json", "--", "true"], &env).await);
+    assert_eq!(e["state"], "awaiting_approval");
+    let exec = e["exec_id"].as_i64().unwrap().to_string();
+    let o = lc(&["exec", "show", &exec], &env).await;
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("state            awaiting_approval\n")
+            || String::from_utf8_lossy(&o.stdout).contains("state  awaiting_approval\n"),
+        "{}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+    let list = json_of(&lc(&["approval", "list", "--json"], &env).await);
+    assert_eq!(list, json!({"awaiting": [e.clone()], "decisions": []}));
+    // A bad --valid-for is refused by lc; 2h by the server's bound.
+    let o = lc(&["approval", "approve", &exec, "--valid-for", "15x"], &env).await;
+    assert_eq!(o.status.code(), Some(2));
+    let o = lc(&["approval", "approve", &exec, "--valid-for", "2h"], &env).await;
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("422 invalid_validity"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let ok = json_of(
+        &lc(
+            &[
+                "approval",
+                "approve",
+                &exec,
+                "--valid-for",
+                "15m",
+                "--json",
+                "--idempotency-key",
+                "ap-1",
+            ],
+            &env,
+        )
+        .await,
+    );
+    assert_eq!(ok["state"], "admitted");
+    assert_eq!(ok["approval"]["validity_ms"], 900_000);
+    assert_eq!(ok["approval"]["approver"], "tenant");
+    // The same key again: the same record.
+    let again = json_of(
+        &lc(
+            &[
+                "approval",
+                "approve",
+                &exec,
+                "--valid-for",
+                "15m",
+                "--json",
+                "--idempotency-key",
+                "ap-1",
+            ],
+            &env,
+        )
+        .await,
+    );
+    assert_eq!(again, ok);
+    let o = lc(&["exec", "show", &exec], &env).await;
+    let text = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(text.contains("approval.decision     approved\n"), "{text}");
+    assert!(text.contains("approval.approver     tenant\n"), "{text}");
+    // A second decision: 409 on stderr, exit 1.
+    let o = lc(&["approval", "deny", &exec, "--reason", "late"], &env).await;
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("409 exec_not_awaiting_approval"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    // The admin denies another with --tenant.
+    let e2 = json_of(
+        &lc(
+            &[
+                "exec", "create", "--shape", "medium", "--json", "--", "true",
+            ],
+            &env,
+        )
+        .await,
+    );
+    let exec2 = e2["exec_id"].as_i64().unwrap().to_string();
+    let d = json_of(
+        &lc(
+            &cat(
+                &admin,
+                &[
+                    "--tenant", &id_s, "approval", "deny", &exec2, "--reason", "no", "--json",
+                ],
+            ),
+            &[],
+        )
+        .await,
+    );
+    assert_eq!(
+        (d["state"].clone(), d["terminal_reason"].clone()),
+        (json!("terminal"), json!("denied"))
+    );
+    assert_eq!(d["approval"]["approver"], "admin");
+    let list = json_of(&lc(&["approval", "list", "--json"], &env).await);
+    assert_eq!(list["awaiting"], json!([]));
+    assert_eq!(
+        list["decisions"],
+        json!([d["approval"].clone(), ok["approval"].clone()])
+    );
+    let o = lc(&["approval", "list"], &env).await;
+    let text = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(
+        text.starts_with(
+            "awaiting approval: none\ndecisions:\nEXEC_ID  DECISION  APPROVER  DECIDED_CUT"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("\n{exec2}        denied    admin     ")),
+        "{text}"
+    );
+}

@@ -88,6 +88,10 @@ pub enum Command {
     /// passes it as `--token` or `LC_TOKEN`).
     #[command(subcommand)]
     Token(TokenCmd),
+    /// Approvals: execs that wait in `awaiting_approval`, holding no
+    /// units, until approved (see `lc tenant approval-policy`).
+    #[command(subcommand)]
+    Approval(ApprovalCmd),
 }
 
 /// `lc token`.
@@ -166,6 +170,61 @@ pub enum ClaimCmd {
     },
 }
 
+/// `lc approval`.
+#[derive(Debug, Subcommand)]
+pub enum ApprovalCmd {
+    /// The acting tenant's execs awaiting approval and its newest
+    /// decisions.
+    List {
+        /// At most this many of each.
+        #[arg(long)]
+        limit: Option<u32>,
+    },
+    /// Approve an exec awaiting approval: it is admitted at once (its
+    /// units held) and may start only while the cut is before the
+    /// approval's `valid_until`; after that it ends `approval_expired`.
+    Approve {
+        /// The exec.
+        exec: i64,
+        /// How long the approval is valid on the cut: a number with `ms`,
+        /// `s`, `m` or `h` (at most 1h; default: the server's, 15m unless
+        /// configured).
+        #[arg(long, value_name = "DURATION", value_parser = validity_ms)]
+        valid_for: Option<u64>,
+    },
+    /// Deny an exec awaiting approval: it ends `denied`.
+    Deny {
+        /// The exec.
+        exec: i64,
+        /// Why (at most 512 bytes).
+        #[arg(long)]
+        reason: Option<String>,
+    },
+}
+
+/// Parses `--valid-for`: a positive whole number followed by `ms`, `s`,
+/// `m` or `h`, as milliseconds.
+///
+/// # Errors
+/// A message naming the accepted form.
+pub fn validity_ms(s: &str) -> Result<u64, String> {
+    let bad = || format!("{s:?} is not a duration such as 500ms, 90s, 15m or 1h");
+    let split = s.find(|c: char| !c.is_ascii_digit()).ok_or_else(bad)?;
+    let (n, unit) = s.split_at(split);
+    let n: u64 = n.parse().map_err(|_| bad())?;
+    let per = match unit {
+        "ms" => 1,
+        "s" => 1_000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        _ => return Err(bad()),
+    };
+    match n.checked_mul(per) {
+        Some(ms) if ms > 0 => Ok(ms),
+        _ => Err(bad()),
+    }
+}
+
 /// `lc workspace`.
 #[derive(Debug, Subcommand)]
 pub enum WorkspaceCmd {
@@ -240,6 +299,19 @@ pub enum TenantCmd {
     Show {
         /// The tenant (default: `--tenant`).
         id: Option<i64>,
+    },
+    /// Set which of a tenant's execs need an approval (admin): `--require
+    /// off|network|all`, or `--shape NAME` (repeatable) for those shapes.
+    ApprovalPolicy {
+        /// The tenant (default: `--tenant`).
+        id: Option<i64>,
+        /// `off` (none), `network` (shapes whose network is on) or `all`.
+        #[arg(long, value_parser = ["off", "network", "all"], conflicts_with = "shape",
+              required_unless_present = "shape")]
+        require: Option<String>,
+        /// A shape that needs an approval (repeatable).
+        #[arg(long, value_name = "NAME")]
+        shape: Vec<String>,
     },
 }
 

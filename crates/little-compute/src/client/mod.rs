@@ -35,8 +35,8 @@ use reqwest::Method;
 use serde_json::{Value, json};
 
 use self::args::{
-    ClaimCmd, Cli, Command, ConnArgs, ExecCmd, OperationCmd, RuntimeCmd, TenantCmd, TokenCmd,
-    WorkspaceCmd,
+    ApprovalCmd, ClaimCmd, Cli, Command, ConnArgs, ExecCmd, OperationCmd, RuntimeCmd, TenantCmd,
+    TokenCmd, WorkspaceCmd,
 };
 use self::http::{Body, Client, ClientError, fresh_idempotency_key};
 
@@ -192,6 +192,71 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, ClientError> {
                 .await?;
             output::record(&v, json, output::TENANT_FIELDS)?;
             return Ok(ExitCode::SUCCESS);
+        }
+        Command::Tenant(TenantCmd::ApprovalPolicy { id, require, shape }) => {
+            let id = tenant_of(id)?;
+            let body = match require {
+                Some(r) => json!({ "require": r }),
+                None => json!({ "require": "shapes", "shapes": shape }),
+            };
+            let v = client
+                .call(
+                    Method::PUT,
+                    &format!("v1/tenants/{id}/approval-policy"),
+                    Body::Json(body),
+                    Some(&op_key()?),
+                )
+                .await?;
+            if json {
+                output::record(&v, json, output::TENANT_FIELDS)?;
+            } else {
+                let mut flat = v.clone();
+                flat["approval_policy"] = match v["approval_policy"]["require"].as_str() {
+                    Some("shapes") => v["approval_policy"]["shapes"].clone(),
+                    _ => v["approval_policy"]["require"].clone(),
+                };
+                let mut fields = output::TENANT_FIELDS.to_vec();
+                fields.push("approval_policy");
+                output::record(&flat, false, &fields)?;
+            }
+            return Ok(ExitCode::SUCCESS);
+        }
+        Command::Approval(ApprovalCmd::List { limit }) => {
+            let path = match limit {
+                Some(l) => format!("v1/approvals?limit={l}"),
+                None => "v1/approvals".to_string(),
+            };
+            let v = client.call(Method::GET, &path, Body::None, None).await?;
+            output::approvals(&v, json)?;
+            return Ok(ExitCode::SUCCESS);
+        }
+        Command::Approval(ApprovalCmd::Approve { exec, valid_for }) => {
+            let body = match valid_for {
+                Some(ms) => Body::Json(json!({ "validity_ms": ms })),
+                None => Body::None,
+            };
+            client
+                .call(
+                    Method::POST,
+                    &format!("v1/execs/{exec}/approve"),
+                    body,
+                    Some(&op_key()?),
+                )
+                .await?
+        }
+        Command::Approval(ApprovalCmd::Deny { exec, reason }) => {
+            let body = match reason {
+                Some(r) => Body::Json(json!({ "reason": r })),
+                None => Body::None,
+            };
+            client
+                .call(
+                    Method::POST,
+                    &format!("v1/execs/{exec}/deny"),
+                    body,
+                    Some(&op_key()?),
+                )
+                .await?
         }
         Command::Tenant(TenantCmd::Show { id }) => {
             let id = tenant_of(id)?;
@@ -540,7 +605,7 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, ClientError> {
             return Ok(ExitCode::SUCCESS);
         }
     };
-    output::record(&v, json, output::EXEC_FIELDS)?;
+    output::exec(&v, json)?;
     Ok(ExitCode::SUCCESS)
 }
 

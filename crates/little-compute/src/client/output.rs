@@ -46,6 +46,58 @@ pub const CLAIM_FIELDS: &[&str] = &[
     "takeable",
 ];
 
+/// The fields shown for an approval decision.
+pub const APPROVAL_FIELDS: &[&str] = &[
+    "exec_id",
+    "decision",
+    "approver",
+    "decided_cut",
+    "valid_until",
+    "reason",
+];
+
+/// An exec: its [`EXEC_FIELDS`], then, when it awaited approval and was
+/// decided, its decision's fields prefixed `approval.`.
+pub fn exec(v: &Value, json: bool) -> Result<(), ClientError> {
+    if json || v["approval"].is_null() {
+        return record(v, json, EXEC_FIELDS);
+    }
+    let mut flat = v.clone();
+    let names: Vec<String> = APPROVAL_FIELDS[1..]
+        .iter()
+        .map(|f| format!("approval.{f}"))
+        .collect();
+    for (f, name) in APPROVAL_FIELDS[1..].iter().zip(&names) {
+        flat[name.as_str()] = v["approval"][*f].clone();
+    }
+    let mut fields: Vec<&str> = EXEC_FIELDS.to_vec();
+    fields.extend(names.iter().map(String::as_str));
+    record(&flat, false, &fields)
+}
+
+/// `GET /v1/approvals`: a table of the execs awaiting approval, then one
+/// of the decisions (with `--json`, the server's answer).
+pub fn approvals(v: &Value, json: bool) -> Result<(), ClientError> {
+    if json {
+        return record(v, true, &[]);
+    }
+    let awaiting = v["awaiting"].as_array().cloned().unwrap_or_default();
+    let decisions = v["decisions"].as_array().cloned().unwrap_or_default();
+    let section = |title: &str, rows: &[Value], fields: &[&str]| {
+        if rows.is_empty() {
+            format!("{title}: none")
+        } else {
+            format!("{title}:\n{}", table_text(rows, fields))
+        }
+    };
+    let text = format!(
+        "{}\n{}",
+        section("awaiting approval", &awaiting, EXEC_FIELDS),
+        section("decisions", &decisions, APPROVAL_FIELDS)
+    );
+    out(&text)
+}
+
 /// The fields shown for a hibernation.
 pub const HIBERNATION_FIELDS: &[&str] = &[
     "exec_id",

@@ -321,6 +321,7 @@ impl Rig {
             .await
             .unwrap()
             .lease_state
+            .expect("an admitted exec has a Lease")
     }
 
     /// Asserts that Tollgate's audit is clean with every unit back, then
