@@ -29,6 +29,9 @@ mod tokens;
 #[path = "clock_steps/deletion.rs"]
 mod deletion;
 
+#[path = "clock_steps/approvals.rs"]
+mod approvals;
+
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -362,6 +365,7 @@ struct Execs {
     owner: OwnerCredential,
     /// Its heartbeat expiry after its last renewal.
     heartbeat: Timestamp,
+    approvals: approvals::Steps,
 }
 
 /// The shortest heartbeat TTL: the owner's expiry passes in database time
@@ -447,6 +451,7 @@ async fn start_execs(f: &Fixture, lease_ttl: SignedDuration) -> Execs {
             fence: o.ownership.fence,
         },
         heartbeat: o.ownership.heartbeat_expiry,
+        approvals: approvals::before_fault(f, pre).await,
     }
 }
 
@@ -457,6 +462,7 @@ async fn start_execs(f: &Fixture, lease_ttl: SignedDuration) -> Execs {
 async fn while_uncertain(f: &Fixture, x: &mut Execs, u: CutReading, lease_ttl: SignedDuration) {
     assert!(!u.certain);
     assert_eq!(u.retry_after_s, RETRY_AFTER_S);
+    approvals::while_uncertain(f, &x.approvals, u).await;
     let refused = LcError::TimeUncertain {
         retry_after_s: RETRY_AFTER_S,
     };
@@ -596,6 +602,7 @@ async fn once_certain(f: &Fixture, x: &Execs, c: CutReading) {
         .unwrap();
     assert_eq!((late.units, late.admitted_cut), (1, c.cut));
     assert_eq!(balances(f).await, (4, 2, 2, 0));
+    approvals::once_certain(f, &x.approvals, c).await;
 }
 
 async fn assert_audit_clean(store: &LcStore) {
@@ -642,6 +649,7 @@ async fn forward_step(major: u32) {
         LeaseAction::Maintain
     );
 
+    assert!(x.approvals.db_passed());
     let c = wait_reading(&f.clock, 30, "a certain cut after the step", |r| r.certain).await;
     let c1 = f.cuts.read().await;
     assert!(c1.cut >= c0.cut && c.cut >= c0.cut);
