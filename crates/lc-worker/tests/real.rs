@@ -647,7 +647,7 @@ async fn a_stopped_sampler_retries_the_destroy_but_returns_nothing_until_certain
         let rec = rig.exec(tenant, exec).await;
         assert_eq!(
             (rec.state, rec.lease_state),
-            (ExecState::Running, LeaseState::ReleasePending)
+            (ExecState::Running, Some(LeaseState::ReleasePending))
         );
     }
     // The destroy was done: the instance is gone, only the commit waits.
@@ -793,7 +793,7 @@ async fn a_certain_cut_past_the_expiry_releases_it_as_expired() {
             ExecState::Terminal,
             Some(TerminalReason::Expired),
             None,
-            LeaseState::Released
+            Some(LeaseState::Released)
         )
     );
     assert_eq!(rig.balances(tenant).await, (1, 1, 0, 0));
@@ -1499,7 +1499,7 @@ async fn parked_exec(rig: &Rig, tenant: TenantId) -> (Owner, i64, Digest) {
     let rec = rig.exec(tenant, exec).await;
     assert_eq!(
         (rec.state, rec.terminal_reason, rec.lease_state),
-        (ExecState::Hibernated, None, LeaseState::Released)
+        (ExecState::Hibernated, None, Some(LeaseState::Released))
     );
     // Parked once: more steps return nothing again.
     let r = rig.certain_step().await;
@@ -1594,7 +1594,7 @@ async fn a_hibernated_exec_parks_once_and_resumes_on_its_files_with_seqs_continu
     let rec = rig.exec(tenant, exec).await;
     assert_eq!(
         (rec.state, rec.lease_state),
-        (ExecState::Running, LeaseState::Active)
+        (ExecState::Running, Some(LeaseState::Active))
     );
 
     // Generation 2's command sees generation 1's files, byte for byte,
@@ -1717,7 +1717,7 @@ async fn a_corrupted_blob_fails_the_restore_once_and_leaves_the_exec_parked() {
     let rec = rig.exec(tenant, exec).await;
     assert_eq!(
         (rec.state, rec.terminal_reason, rec.lease_state),
-        (ExecState::Hibernated, None, LeaseState::Released)
+        (ExecState::Hibernated, None, Some(LeaseState::Released))
     );
     let ws = rig.store.workspace(tenant, exec).await.unwrap();
     assert_eq!((ws.head, ws.snapshots), (Some(head), 1));
@@ -1819,7 +1819,7 @@ async fn an_idle_exec_is_sealed_once_on_a_certain_cut_and_never_while_uncertain(
     let rec = rig.exec(tenant, exec).await;
     assert_eq!(
         (rec.state, rec.lease_state),
-        (ExecState::Running, LeaseState::Active)
+        (ExecState::Running, Some(LeaseState::Active))
     );
     assert_eq!(rig.balances(tenant).await, (2, 1, 1, 0));
 }
@@ -2260,14 +2260,22 @@ async fn a_hostile_exec_delays_no_other_tenants_allocation_and_its_own_lease_exp
     let rec_o = rig.exec(blue, ordinary).await;
     assert_eq!(
         (rec_o.terminal_reason, rec_o.exit_code, rec_o.lease_state),
-        (Some(TerminalReason::Exited), Some(0), LeaseState::Released)
+        (
+            Some(TerminalReason::Exited),
+            Some(0),
+            Some(LeaseState::Released)
+        )
     );
     let (_, stdout) = output_of(&rig, blue, ordinary, PageKind::Stdout).await;
     assert_eq!(stdout, b"hi\n");
     let rec_h = rig.exec(red, hostile).await;
     assert_eq!(
         (rec_h.terminal_reason, rec_h.exit_code, rec_h.lease_state),
-        (Some(TerminalReason::Expired), None, LeaseState::Released)
+        (
+            Some(TerminalReason::Expired),
+            None,
+            Some(LeaseState::Released)
+        )
     );
     assert!(
         !rig.provider
@@ -2359,7 +2367,7 @@ async fn a_runtime_without_a_c_library_ends_its_exec_start_failed() {
             ExecState::Terminal,
             Some(TerminalReason::StartFailed),
             None,
-            LeaseState::Released
+            Some(LeaseState::Released)
         )
     );
     assert_eq!(
@@ -2580,4 +2588,75 @@ async fn the_step_purges_a_deleted_output_once_past_its_grace_and_keeps_the_exec
     // The exec itself is retained 30 days (the default): it stays.
     assert_eq!(rig.exec(tenant, exec).await.state, ExecState::Terminal);
     rig.assert_audit((4, 0, 0)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_approval_starts_nothing_and_returns_its_unit_once() {
+    use lc_core::approval::{ApprovalPolicy, ApprovalRequire, ApproverKind};
+    let rig = Rig::start(
+        lc_core::rules::LEASE_TTL_DEFAULT,
+        ReconcilerOptions::default(),
+    )
+    .await;
+    let tenant = rig.tenant(1).await;
+    let key = |k: &str| OperationKey::new(k, Digest::of(k.as_bytes())).unwrap();
+    let at = rig.reading().await;
+    let all = ApprovalPolicy::new(ApprovalRequire::All, &[]).unwrap();
+    rig.store
+        .set_approval_policy(&key("pol"), at, tenant, &all)
+        .await
+        .unwrap();
+    let exec = rig.admit(tenant, "e-1", &["sleep", "600"]).await;
+    assert_eq!(
+        rig.exec(tenant, exec).await.state,
+        ExecState::AwaitingApproval
+    );
+    // Awaiting: nothing for the reconciler, nothing held.
+    let r = rig.step().await;
+    assert_eq!((r.leases_seen, r.allocated, r.failures), (0, 0, vec![]));
+    assert_eq!(rig.balances(tenant).await, (1, 1, 0, 0));
+    // Approved for 1 ms: the unit is held, but the reconciler steps only
+    // once a certain cut has reached valid_until.
+    let at = rig.reading().await;
+    let rec = rig
+        .store
+        .approve(&key("ap"), at, tenant, exec, ApproverKind::Tenant, Some(1))
+        .await
+        .unwrap();
+    let vu = rec.approval.unwrap().valid_until.unwrap();
+    assert_eq!(vu, at.cut + SignedDuration::from_millis(1));
+    assert_eq!(rig.balances(tenant).await, (1, 0, 1, 0));
+    rig.wait_reading(|r| r.certain && r.cut >= vu).await;
+    let r = rig.step().await;
+    assert!(r.at.certain && r.at.cut >= vu);
+    assert_eq!((r.allocated, r.releases_begun, r.failures), (0, 1, vec![]));
+    let w = rig.lease(exec).await.unwrap();
+    assert_eq!(
+        (w.state, w.terminal_reason),
+        (
+            LeaseState::ReleasePending,
+            Some(TerminalReason::ApprovalExpired)
+        )
+    );
+    // Never started on the provider.
+    assert!(rig.pids(&w).is_empty());
+    let r = rig.step().await;
+    assert_eq!(
+        (r.destroyed, r.released, r.units_returned, r.failures),
+        (1, 1, 1, vec![])
+    );
+    let done = rig.exec(tenant, exec).await;
+    assert_eq!(
+        (done.state, done.terminal_reason, done.lease_state),
+        (
+            ExecState::Terminal,
+            Some(TerminalReason::ApprovalExpired),
+            Some(LeaseState::Released)
+        )
+    );
+    // Once: a further step returns nothing.
+    let r = rig.step().await;
+    assert_eq!((r.leases_seen, r.units_returned), (0, 0));
+    assert_eq!(rig.balances(tenant).await, (1, 1, 0, 0));
+    rig.assert_audit((1, 0, 0)).await;
 }
