@@ -2214,3 +2214,91 @@ async fn the_start_gate_is_exact_on_the_cut_and_an_expired_approval_returns_its_
     assert_audit_clean(&f.store).await;
     f.sampler.stop().await;
 }
+
+#[tokio::test]
+async fn the_database_guards_approvals_valid_until_decisions_and_the_first_lease() {
+    let f = fixture(2).await;
+    set_policy(&f, "pol", &policy_of(ApprovalRequire::All, &[])).await;
+    let at = certain(&f.clock).await;
+    let admit = |key: &'static str| {
+        let store = &f.store;
+        let tenant = f.tenant;
+        async move {
+            store
+                .admit_exec(&op(key, key), at, tenant, &req("small", &["true"]))
+                .await
+                .unwrap()
+        }
+    };
+    let waiting = admit("w").await;
+    let decided = admit("d").await;
+    f.store
+        .deny(
+            &op("dn", "dn"),
+            at,
+            f.tenant,
+            decided.exec_id,
+            ApproverKind::Admin,
+            None,
+        )
+        .await
+        .unwrap();
+    let mut c = PgConnection::connect(&f.db.url).await.unwrap();
+    let insert = |days: i64| {
+        format!(
+            "INSERT INTO lc_approvals (exec_id, tenant_id, decision, approver, decided_floor_us, \
+                 decided_submicro_ns, validity_ms, valid_until_floor_us, valid_until_submicro_ns) \
+             SELECT {}, {}, 'approved', 'admin', s.cut_floor_us, s.cut_submicro_ns, 1, \
+                    s.cut_floor_us + {days}::bigint * 86400 * 1000000, s.cut_submicro_ns \
+               FROM tollgate_safetime s",
+            waiting.exec_id, f.tenant
+        )
+    };
+    // valid_until beyond cut + horizon (3650 days): LCS01.
+    let err = sqlx::query(&insert(3651))
+        .execute(&mut c)
+        .await
+        .unwrap_err();
+    let db_err = err.as_database_error().unwrap();
+    assert_eq!(db_err.code().as_deref(), Some("LCS01"));
+    assert!(
+        db_err.message().starts_with("deadline_beyond_horizon:"),
+        "{}",
+        db_err.message()
+    );
+    // Exactly cut + horizon is accepted (rolled back).
+    let mut tx = c.begin().await.unwrap();
+    sqlx::query(&insert(3650)).execute(&mut *tx).await.unwrap();
+    tx.rollback().await.unwrap();
+    // A decision is never rewritten nor removed.
+    for sql in [
+        "UPDATE lc_approvals SET reason = 'x' WHERE exec_id = $1",
+        "DELETE FROM lc_approvals WHERE exec_id = $1",
+    ] {
+        let err = sqlx::query(sql)
+            .bind(decided.exec_id.0)
+            .execute(&mut c)
+            .await
+            .unwrap_err();
+        assert_eq!(
+            err.as_database_error().unwrap().code().as_deref(),
+            Some("LCS02"),
+            "{sql}"
+        );
+    }
+    // An exec admitted without its first Lease is refused at commit.
+    let err = sqlx::query("UPDATE lc_execs SET state = 'admitted' WHERE exec_id = $1")
+        .bind(waiting.exec_id.0)
+        .execute(&mut c)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.as_database_error().unwrap().code().as_deref(),
+        Some("23503")
+    );
+    assert_eq!(
+        f.store.exec(f.tenant, waiting.exec_id).await.unwrap().state,
+        ExecState::AwaitingApproval
+    );
+    f.sampler.stop().await;
+}
