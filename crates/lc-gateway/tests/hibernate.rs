@@ -174,7 +174,7 @@ async fn park(f: &Rig, g: &Gateway, e: Exec, key: &str) -> i64 {
     let rec = f.store.exec(f.tenant, e.id).await.unwrap();
     assert_eq!(
         (rec.state, rec.terminal_reason, rec.lease_state),
-        (ExecState::Hibernated, None, LeaseState::Released)
+        (ExecState::Hibernated, None, Some(LeaseState::Released))
     );
     stopped_seq
 }
@@ -220,7 +220,7 @@ async fn resume(f: &Rig, g: &Gateway, e: Exec, key: &str, from: Generation) -> E
     let rec = f.store.exec(f.tenant, e.id).await.unwrap();
     assert_eq!(
         (rec.state, rec.lease_state),
-        (ExecState::Running, LeaseState::Active)
+        (ExecState::Running, Some(LeaseState::Active))
     );
     assert_eq!(
         f.resume(e.id, &other).await.unwrap_err().code(),
@@ -878,7 +878,7 @@ async fn a_workspace_with_a_fifo_ends_the_exec_snapshot_refused_and_its_unit_ret
             ExecState::Terminal,
             Some(TerminalReason::SnapshotRefused),
             None,
-            LeaseState::Released
+            Some(LeaseState::Released)
         )
     );
     let hib = rec.hibernation.expect("the hibernation");
