@@ -3476,7 +3476,7 @@ pub(crate) async fn retention_candidate(
 /// Every statement of an exec's records purge, children first (a Lease
 /// after the snapshots, hibernations and resume rows naming it; the exec
 /// last). Tollgate's rows stay.
-const EXEC_PURGE: [&str; 16] = [
+const EXEC_PURGE: [&str; 17] = [
     "DELETE FROM lc_resume_receipts WHERE exec_id = $1",
     "DELETE FROM lc_resume_intents WHERE exec_id = $1",
     "DELETE FROM lc_hibernations WHERE exec_id = $1",
@@ -3488,6 +3488,7 @@ const EXEC_PURGE: [&str; 16] = [
     "DELETE FROM lc_transitions WHERE exec_id = $1",
     "DELETE FROM lc_exec_owners WHERE exec_id = $1",
     "DELETE FROM lc_deletions WHERE exec_id = $1",
+    "DELETE FROM lc_approvals WHERE exec_id = $1",
     // Tokens bound to the exec can reach nothing once it is gone.
     "DELETE FROM lc_tokens WHERE exec_id = $1",
     // Claims on its (released) Leases, before the Leases.

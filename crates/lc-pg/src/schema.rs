@@ -23,7 +23,7 @@ pub const LC_LINE: &str = "lc";
 pub const LC_MIGRATIONS_TABLE: &str = "_lc_migrations";
 
 /// The current version of Little Compute's line.
-pub const LC_VERSION: i64 = 10;
+pub const LC_VERSION: i64 = 11;
 
 /// Little Compute's line: its tables, the deadline guard (LCS01), the
 /// canonical-identity guard (LCS02), its part of the initial-cut
@@ -46,7 +46,8 @@ pub const LC_VERSION: i64 = 10;
 /// records (`retain_until` on the cut, under LCS01), and (0008)
 /// tenants' approval policies, execs awaiting approval and immutable
 /// approval decisions whose `valid_until` is a deadline on the cut
-/// (LCS01).
+/// (LCS01), and (0011) every one of these authorities in the initial-cut
+/// inventory (any of them quarantines a first claim).
 pub fn lc_line() -> MigrationLine {
     MigrationLine::new(LC_LINE, LC_MIGRATIONS_TABLE, LC_MIGRATOR.migrations.clone())
 }

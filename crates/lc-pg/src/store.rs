@@ -77,6 +77,7 @@ use lc_core::{
     ReservationState, Runtime, SandboxLeaseId, Shape, Tenant, TenantId, TerminalReason, opkey,
 };
 use pgkit::{OpCounters, TxFuture};
+use safetime::DeadlineInventory;
 use sqlx::{PgConnection, PgPool};
 use tollgate::{
     AccountId, AcquireRequest, Allocator, CapabilityKey, GrantPolicy, LeaseId, SuppliedTime,
@@ -149,6 +150,37 @@ impl Default for LcConfig {
             claim_ttl: claim::CLAIM_TTL_DEFAULT,
             claim_grace: claim::CLAIM_GRACE_DEFAULT,
             approval_validity: approval::APPROVAL_VALIDITY_DEFAULT,
+        }
+    }
+}
+
+impl LcConfig {
+    /// The longest deadline of every kind this configuration lets the
+    /// control plane admit, with Tollgate's grant `policy` (the
+    /// Reservations' grants): the settings this store is configured with
+    /// (Lease, Reservation, claim and operation-key TTLs, the claim and
+    /// deletion graces, the retention, the rate window, the token TTL's
+    /// maximum), and for what a request or another process chooses up to
+    /// a fixed maximum (an owner's heartbeat TTL, an approval's validity,
+    /// an exec's timeout and idle TTL) that maximum.
+    pub fn deadline_inventory(&self, policy: &GrantPolicy) -> DeadlineInventory {
+        let ms = |v: u64| SignedDuration::from_millis(i64::try_from(v).unwrap_or(i64::MAX));
+        DeadlineInventory {
+            grant_ttl_max: policy.max_ttl(),
+            reclaim_grace: policy.reclaim_grace(),
+            reservation_ttl: self.reservation_ttl.min(policy.max_ttl()),
+            sandbox_lease_ttl: self.lease_ttl,
+            owner_heartbeat_ttl_max: lc_core::owner::HEARTBEAT_TTL_MAX,
+            claim_ttl_max: self.claim_ttl,
+            claim_grace: self.claim_grace,
+            approval_validity_max: lc_core::approval::APPROVAL_VALIDITY_MAX,
+            token_ttl_max: self.token_ttl_max,
+            rate_window_max: self.admission_rate.window(),
+            deletion_grace: self.deletion_grace,
+            retention: self.retention,
+            operation_key_ttl_max: self.operation_ttl,
+            exec_timeout_max: ms(rules::TIMEOUT_MS_MAX),
+            idle_ttl_max: ms(lc_core::hibernate::IDLE_TTL_MS_MAX),
         }
     }
 }
@@ -393,6 +425,31 @@ impl LcStore {
             config,
             counters: OPS.iter().map(|op| OpCounters::of(*op)).collect(),
         })
+    }
+
+    /// Checks, before a process admits deadlines, that the longest
+    /// deadline of each of `kinds` this store's settings allow
+    /// ([`LcConfig::deadline_inventory`]) fits the horizon in force and the
+    /// newest sealed one ([`safetime_pg::check_bounds`]). The control plane
+    /// passes every kind ([`DeadlineInventory::KINDS`]); a gateway or a
+    /// worker the kinds it issues itself. Returns the policy in force.
+    ///
+    /// # Errors
+    /// [`safetime_pg::HorizonCheckError::TooShort`] naming the first kind
+    /// that does not fit and the policy; `Read` when the safe-time tables
+    /// cannot be read.
+    pub async fn check_horizon(
+        &self,
+        kinds: &[safetime::DeadlineKind],
+    ) -> Result<safetime::HorizonPolicy, safetime_pg::HorizonCheckError> {
+        let bounds: Vec<safetime::DeadlineBound> = self
+            .config
+            .deadline_inventory(&self.policy)
+            .bounds()
+            .into_iter()
+            .filter(|b| kinds.contains(&b.kind()))
+            .collect();
+        safetime_pg::check_bounds(self.pool(), &bounds).await
     }
 
     /// The Tollgate store underneath (for audits and operator queries).

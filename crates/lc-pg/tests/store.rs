@@ -7,6 +7,8 @@
 
 mod support;
 
+#[path = "store/authorities.rs"]
+mod authorities;
 #[path = "store/tokens.rs"]
 mod tokens;
 

@@ -199,6 +199,14 @@ async fn serve(args: GatewayArgs) -> Result<(), WorkerError> {
     )
     .await
     .map_err(|e| WorkerError::Failed(format!("opening the store: {e}")))?;
+    // The one deadline a gateway issues: its owners' heartbeat expiry.
+    let heartbeat = [safetime::DeadlineBound::new(
+        safetime::inventory::OWNER_HEARTBEAT,
+        ttl,
+    )];
+    safetime_pg::check_bounds(store.pool(), &heartbeat)
+        .await
+        .map_err(|e| WorkerError::Usage(format!("the sealed safe-time horizon: {e}")))?;
     let clock: Arc<dyn Clock> = Arc::new(SafeCutClock::new(
         store.pool().clone(),
         jiff::SignedDuration::from_millis(gap_ms),

@@ -406,6 +406,12 @@ pub async fn run(args: ServeArgs) -> Result<(), ServeError> {
         ));
     }
     let store = Arc::new(connect_store(&args, &secret_bytes, DATABASE_WAIT_MAX).await?);
+    // Every deadline this control plane can admit must fit the sealed
+    // horizon; refuse to serve rather than admit one that cannot.
+    store
+        .check_horizon(&safetime::DeadlineInventory::KINDS)
+        .await
+        .map_err(|e| ServeError::Config(format!("the sealed safe-time horizon: {e}")))?;
     let clock: Arc<dyn Clock> = Arc::new(SafeCutClock::new(store.pool().clone(), gap_max));
     match clock.read().await {
         Ok(r) => tracing::info!(cut = %r.now, certain = r.is_certain(), "safe time: first reading"),

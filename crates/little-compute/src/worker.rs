@@ -283,6 +283,21 @@ async fn serve(args: WorkerArgs) -> Result<(), WorkerError> {
     )
     .await
     .map_err(|e| WorkerError::Failed(format!("opening the store: {e}")))?;
+    // The deadlines this worker issues: Lease and Reservation renewals, its
+    // claims, and the retention it sets when it ends an exec.
+    {
+        use safetime::inventory as k;
+        store
+            .check_horizon(&[
+                k::LEASE_GRANT,
+                k::RESERVATION,
+                k::SANDBOX_LEASE,
+                k::CLAIM,
+                k::RETENTION,
+            ])
+            .await
+            .map_err(|e| WorkerError::Usage(format!("the sealed safe-time horizon: {e}")))?;
+    }
     let clock: Arc<dyn Clock> = Arc::new(SafeCutClock::new(
         store.pool().clone(),
         jiff::SignedDuration::from_millis(gap_ms),
