@@ -341,18 +341,7 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, ClientError> {
                 .await?
         }
         Command::Exec(ExecCmd::List { after, limit }) => {
-            let mut q = Vec::new();
-            if let Some(a) = after {
-                q.push(format!("after={a}"));
-            }
-            if let Some(l) = limit {
-                q.push(format!("limit={l}"));
-            }
-            let path = if q.is_empty() {
-                "v1/execs".to_string()
-            } else {
-                format!("v1/execs?{}", q.join("&"))
-            };
+            let path = page_path("v1/execs", ("after", after), limit);
             let v = client.call(Method::GET, &path, Body::None, None).await?;
             output::list(&v, "execs", json, output::EXEC_FIELDS)?;
             return Ok(ExitCode::SUCCESS);
@@ -455,17 +444,11 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, ClientError> {
             after_seq,
             limit,
         }) => {
-            let mut q = Vec::new();
-            if let Some(a) = after_seq {
-                q.push(format!("after_seq={a}"));
-            }
-            if let Some(l) = limit {
-                q.push(format!("limit={l}"));
-            }
-            let mut path = format!("v1/execs/{id}/snapshots");
-            if !q.is_empty() {
-                path = format!("{path}?{}", q.join("&"));
-            }
+            let path = page_path(
+                &format!("v1/execs/{id}/snapshots"),
+                ("after_seq", after_seq),
+                limit,
+            );
             let v = client.call(Method::GET, &path, Body::None, None).await?;
             output::list(&v, "snapshots", json, output::SNAPSHOT_FIELDS)?;
             return Ok(ExitCode::SUCCESS);
@@ -506,18 +489,7 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, ClientError> {
             return Ok(ExitCode::SUCCESS);
         }
         Command::Claim(ClaimCmd::List { after_lease, limit }) => {
-            let mut q = Vec::new();
-            if let Some(a) = after_lease {
-                q.push(format!("after_lease={a}"));
-            }
-            if let Some(l) = limit {
-                q.push(format!("limit={l}"));
-            }
-            let path = if q.is_empty() {
-                "v1/claims".to_string()
-            } else {
-                format!("v1/claims?{}", q.join("&"))
-            };
+            let path = page_path("v1/claims", ("after_lease", after_lease), limit);
             let v = client.call(Method::GET, &path, Body::None, None).await?;
             output::list(&v, "claims", json, output::CLAIM_FIELDS)?;
             return Ok(ExitCode::SUCCESS);
@@ -545,18 +517,7 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, ClientError> {
             return Ok(ExitCode::SUCCESS);
         }
         Command::Token(TokenCmd::List { after, limit }) => {
-            let mut q = Vec::new();
-            if let Some(a) = after {
-                q.push(format!("after={a}"));
-            }
-            if let Some(l) = limit {
-                q.push(format!("limit={l}"));
-            }
-            let path = if q.is_empty() {
-                "v1/tokens".to_string()
-            } else {
-                format!("v1/tokens?{}", q.join("&"))
-            };
+            let path = page_path("v1/tokens", ("after", after), limit);
             let v = client.call(Method::GET, &path, Body::None, None).await?;
             output::list(&v, "tokens", json, output::TOKEN_FIELDS)?;
             return Ok(ExitCode::SUCCESS);
@@ -1234,8 +1195,48 @@ fn path_escape(s: &str) -> String {
     percent_encode(s, b"-._~")
 }
 
+/// `base`, with the page's query: `after_name=after` and `limit=limit`,
+/// each only when given, in that order.
+fn page_path(
+    base: &str,
+    (after_name, after): (&str, Option<i64>),
+    limit: Option<impl std::fmt::Display>,
+) -> String {
+    let q: Vec<String> = after
+        .map(|a| format!("{after_name}={a}"))
+        .into_iter()
+        .chain(limit.map(|l| format!("limit={l}")))
+        .collect();
+    if q.is_empty() {
+        base.to_owned()
+    } else {
+        format!("{base}?{}", q.join("&"))
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_page_path_carries_only_the_given_bounds() {
+        use super::page_path;
+        assert_eq!(
+            page_path("v1/execs", ("after", None), None::<u32>),
+            "v1/execs"
+        );
+        assert_eq!(
+            page_path("v1/claims", ("after_lease", Some(7)), None::<u32>),
+            "v1/claims?after_lease=7"
+        );
+        assert_eq!(
+            page_path("v1/tokens", ("after", None), Some(3)),
+            "v1/tokens?limit=3"
+        );
+        assert_eq!(
+            page_path("v1/execs/2/snapshots", ("after_seq", Some(-1)), Some(1000)),
+            "v1/execs/2/snapshots?after_seq=-1&limit=1000"
+        );
+    }
+
     use super::*;
 
     #[test]
