@@ -668,6 +668,7 @@ mod tests {
                 let deletion = method == Method::DELETE || path.ends_with("/undelete");
                 let want = (path.starts_with("/v1/execs") && !deletion)
                     || path.starts_with("/v1/operations/")
+                    || (path == "/v1/approvals" && method == Method::GET)
                     || (path == "/v1/runtimes" && method == Method::GET);
                 let router_path = path.replace("/files/{path}", "/files/{*path}");
                 assert_eq!(
@@ -678,10 +679,18 @@ mod tests {
                 open += usize::from(want);
             }
         }
-        assert_eq!(open, 14);
+        assert_eq!(open, 17);
         assert_eq!(
             route_operation(&Method::POST, "/v1/execs/{exec_id}/resume"),
             Some(Operation::ExecResume)
+        );
+        assert_eq!(
+            route_operation(&Method::GET, "/v1/approvals"),
+            Some(Operation::ApprovalDecide)
+        );
+        assert_eq!(
+            route_operation(&Method::POST, "/v1/execs/{exec_id}/approve"),
+            Some(Operation::ApprovalDecide)
         );
         assert_eq!(route_operation(&Method::POST, "/v1/tokens"), None);
     }

@@ -11,7 +11,7 @@ use super::support::{config, first_claim, migrated_db, store_on};
 
 /// Every trigger of the deadline guard (LCS01), as `(table, floor column)`:
 /// a new deadline column without its guard fails here.
-const GUARDED: [(&str, &str); 11] = [
+const GUARDED: [(&str, &str); 10] = [
     ("lc_approvals", "valid_until_floor_us"),
     ("lc_claims", "expiry_floor_us"),
     ("lc_deletions", "purge_after_floor_us"),
@@ -22,7 +22,6 @@ const GUARDED: [(&str, &str); 11] = [
     ("lc_reservations", "expiry_floor_us"),
     ("lc_sandbox_leases", "expiry_floor_us"),
     ("lc_tokens", "deadline_floor_us"),
-    ("lc_hibernations", "__none__"),
 ];
 
 /// The control plane's whole inventory fits the default horizon; sealed
@@ -149,7 +148,6 @@ async fn every_deadline_column_is_guarded_and_every_authority_quarantines_the_in
     guarded.sort();
     let want: Vec<(String, String)> = GUARDED
         .iter()
-        .filter(|(_, col)| *col != "__none__")
         .map(|(t, col)| (t.to_string(), col.to_string()))
         .collect();
     assert_eq!(guarded, want);
