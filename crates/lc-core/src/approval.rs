@@ -487,4 +487,52 @@ mod tests {
         assert!(check_deny_reason(Some(&"x".repeat(513))).is_err());
         assert!(check_deny_reason(Some("a\nb")).is_err());
     }
+
+    #[test]
+    fn names_round_trip_exactly_and_unknown_names_are_none() {
+        let requires = [
+            (ApprovalRequire::Off, "off"),
+            (ApprovalRequire::Network, "network"),
+            (ApprovalRequire::All, "all"),
+            (ApprovalRequire::Shapes, "shapes"),
+        ];
+        for (r, name) in requires {
+            assert_eq!(r.as_str(), name);
+            assert_eq!(r.to_string(), name);
+            assert_eq!(ApprovalRequire::parse(name), Some(r));
+        }
+        let decisions = [
+            (ApprovalDecision::Approved, "approved"),
+            (ApprovalDecision::Denied, "denied"),
+        ];
+        for (d, name) in decisions {
+            assert_eq!(d.as_str(), name);
+            assert_eq!(ApprovalDecision::parse(name), Some(d));
+        }
+        let approvers = [(ApproverKind::Admin, "admin"), (ApproverKind::Tenant, "tenant")];
+        for (k, name) in approvers {
+            assert_eq!(k.as_str(), name);
+            assert_eq!(ApproverKind::parse(name), Some(k));
+        }
+        for unknown in ["", "Off", "approve", "xyzzy"] {
+            assert_eq!(ApprovalRequire::parse(unknown), None);
+            assert_eq!(ApprovalDecision::parse(unknown), None);
+            assert_eq!(ApproverKind::parse(unknown), None);
+        }
+    }
+
+    #[test]
+    fn a_deny_reason_is_bounded_to_the_byte() {
+        let at_max = "r".repeat(DENY_REASON_BYTES_MAX);
+        assert_eq!(check_deny_reason(Some(&at_max)), Ok(Some(at_max.as_str())));
+        assert_eq!(check_deny_reason(None), Ok(None));
+        let over = "r".repeat(DENY_REASON_BYTES_MAX + 1);
+        for bad in [over.as_str(), "tab\there"] {
+            assert_eq!(
+                check_deny_reason(Some(bad)).map_err(|e| e.code()),
+                Err("invalid_name"),
+                "{bad}"
+            );
+        }
+    }
 }

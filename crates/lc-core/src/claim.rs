@@ -609,4 +609,44 @@ mod tests {
             )
         );
     }
+
+    #[test]
+    fn names_bytes_and_plan_accessors_are_exact() {
+        assert_eq!(holder(3).as_bytes(), &[3u8; CLAIM_HOLDER_BYTES]);
+        assert_eq!(ClaimKind::Lease.as_str(), "lease");
+        assert_eq!(ClaimKind::parse("lease"), Some(ClaimKind::Lease));
+        assert_eq!(ClaimKind::parse("Lease"), None);
+        let take = plan_claim(None, holder(1).sha256(), at(100 * S, true), TTL, GRACE).unwrap();
+        assert_eq!((take.generation(), take.expiry()), (ClaimGeneration(1), t(110 * S)));
+        let c = claim(1, 3, 50 * S);
+        let renew = plan_claim(Some(&c), holder(1).sha256(), at(45 * S, true), TTL, GRACE).unwrap();
+        assert_eq!((renew.generation(), renew.expiry()), (ClaimGeneration(3), t(55 * S)));
+    }
+
+    #[test]
+    fn a_holder_s_digest_and_a_judged_record_are_exact() {
+        // SHA-256 of sixteen 0x01 bytes.
+        assert_eq!(
+            holder(1).sha256().to_hex(),
+            "cc8cd41cef907c4d216069122c4b89936211361f9050a717a1e37ad1862e952f"
+        );
+        let c = claim(1, 4, 50 * S);
+        // (cut, certain, expired, takeable)
+        for (cut, certain, expired, takeable) in [
+            (50 * S - 1, true, false, false),
+            (50 * S, true, true, false),
+            (52 * S, true, true, true),
+            (52 * S, false, false, false),
+        ] {
+            assert_eq!(
+                ClaimRecord::judge(c, GRACE, at(cut, certain)),
+                ClaimRecord {
+                    claim: c,
+                    expired,
+                    takeable
+                },
+                "{cut} {certain}"
+            );
+        }
+    }
 }

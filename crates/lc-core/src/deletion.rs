@@ -569,4 +569,65 @@ mod tests {
         );
         assert_eq!(plan_retain_until(BASE, day, HORIZON), Ok(Some(BASE + day)));
     }
+
+    #[test]
+    fn names_and_bounds_are_exact() {
+        assert_eq!(DELETION_GRACE_MAX.as_secs(), 365 * 86_400);
+        assert_eq!(RETENTION_MAX.as_secs(), 3_650 * 86_400);
+        for (item, name) in [
+            (DeletedItem::Workspace, "workspace"),
+            (DeletedItem::Output, "output"),
+        ] {
+            assert_eq!(item.as_str(), name);
+            assert_eq!(DeletedItem::parse(name), Some(item));
+        }
+        for (state, name) in [
+            (DeletionState::Deleted, "deleted"),
+            (DeletionState::Restored, "restored"),
+            (DeletionState::Purged, "purged"),
+        ] {
+            assert_eq!(state.as_str(), name);
+            assert_eq!(DeletionState::parse(name), Some(state));
+        }
+        for unknown in ["", "Deleted", "xyzzy"] {
+            assert_eq!(DeletedItem::parse(unknown), None);
+            assert_eq!(DeletionState::parse(unknown), None);
+        }
+        assert_eq!(check_grace(DELETION_GRACE_MAX), Ok(DELETION_GRACE_MAX));
+        assert_eq!(check_grace(NS), Ok(NS));
+        for bad in [DELETION_GRACE_MAX + NS, SignedDuration::ZERO] {
+            assert_eq!(
+                check_grace(bad).map_err(|e| e.code()),
+                Err("invalid_timeout"),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_purged_item_cannot_be_deleted_again() {
+        let p = BASE + DELETION_GRACE_DEFAULT;
+        let gone = DeletionRecord {
+            state: DeletionState::Purged,
+            purged_at: Some(p),
+            ..deleted(p)
+        };
+        let plan = plan_delete(
+            ExecId(7),
+            ExecState::Terminal,
+            DeletedItem::Workspace,
+            Some(&gone),
+            CutReading::certain(p + NS),
+            DELETION_GRACE_DEFAULT,
+            HORIZON,
+        );
+        assert_eq!(
+            plan,
+            Err(LcError::ItemPurged {
+                exec_id: ExecId(7),
+                item: DeletedItem::Workspace,
+                purged_at: Some(p),
+            })
+        );
+    }
 }
