@@ -509,7 +509,10 @@ mod tests {
             assert_eq!(d.as_str(), name);
             assert_eq!(ApprovalDecision::parse(name), Some(d));
         }
-        let approvers = [(ApproverKind::Admin, "admin"), (ApproverKind::Tenant, "tenant")];
+        let approvers = [
+            (ApproverKind::Admin, "admin"),
+            (ApproverKind::Tenant, "tenant"),
+        ];
         for (k, name) in approvers {
             assert_eq!(k.as_str(), name);
             assert_eq!(ApproverKind::parse(name), Some(k));

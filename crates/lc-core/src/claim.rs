@@ -617,10 +617,16 @@ mod tests {
         assert_eq!(ClaimKind::parse("lease"), Some(ClaimKind::Lease));
         assert_eq!(ClaimKind::parse("Lease"), None);
         let take = plan_claim(None, holder(1).sha256(), at(100 * S, true), TTL, GRACE).unwrap();
-        assert_eq!((take.generation(), take.expiry()), (ClaimGeneration(1), t(110 * S)));
+        assert_eq!(
+            (take.generation(), take.expiry()),
+            (ClaimGeneration(1), t(110 * S))
+        );
         let c = claim(1, 3, 50 * S);
         let renew = plan_claim(Some(&c), holder(1).sha256(), at(45 * S, true), TTL, GRACE).unwrap();
-        assert_eq!((renew.generation(), renew.expiry()), (ClaimGeneration(3), t(55 * S)));
+        assert_eq!(
+            (renew.generation(), renew.expiry()),
+            (ClaimGeneration(3), t(55 * S))
+        );
     }
 
     #[test]
