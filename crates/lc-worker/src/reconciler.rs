@@ -73,8 +73,9 @@
 //!   within `renew_ahead` of the cut (so the grant never reaches its
 //!   reclaim boundary while the proof waits); the provider destroys the
 //!   generation's instance and returns signed evidence; it is retried
-//!   every step, also while the cut is uncertain. Only on a certain reading does the store commit the
-//!   release with that evidence (verifying its signature), which returns
+//!   every step, also while the cut is uncertain. Only on a certain reading,
+//!   taken after the destroy returned (not the step's own), does the store
+//!   commit the release with that evidence (verifying its signature), which returns
 //!   the Reservation's units exactly once; while uncertain the step counts
 //!   it as deferred and nothing is released. A release of a generation
 //!   whose hibernation is quiesced (or of a resume's Lease whose resume
@@ -751,12 +752,26 @@ impl Reconciler {
                 .await?;
                 let evidence = serde_json::to_value(&envelope).map_err(Fail::Evidence)?;
                 report.destroyed += 1;
-                if !at.certain {
+                // The release is judged on a reading taken after the
+                // instance is gone, never on the step's: a step paused
+                // between its reading and this point (a stopped worker)
+                // would otherwise commit on a cut that was certain long
+                // before the destroy. A clock that cannot be read defers
+                // like an uncertain one.
+                let proven = match self.reading().await {
+                    Ok(r) => r,
+                    Err(e) => {
+                        tracing::warn!(lease = w.lease_id.0, error = %e, "no reading after the destroy; the release waits for the next step");
+                        report.release_deferred += 1;
+                        return Ok(());
+                    }
+                };
+                if !proven.certain {
                     report.release_deferred += 1;
                     return Ok(());
                 }
                 let outcome = store
-                    .commit_release(w.lease_id, w.generation, &evidence, at)
+                    .commit_release(w.lease_id, w.generation, &evidence, proven)
                     .await?;
                 if outcome.replay {
                     report.released_replay += 1;
