@@ -971,9 +971,7 @@ async fn not_sent_is_proven_only_for_a_command_never_handed_to_a_supervisor() {
     // supervisor answered never released the command: proven not sent.
     let mut cfg = config(&e.dir);
     let fake = e.dir.join("fake-bwrap");
-    std::fs::write(&fake, "#!/bin/sh\nexit 1\n").unwrap();
-    use std::os::unix::fs::PermissionsExt as _;
-    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+    write_script(&fake, "#!/bin/sh\nexit 1\n");
     cfg.bwrap_bin = fake;
     let failing = BwrapProvider::open(cfg).unwrap();
     assert_eq!(
@@ -1235,6 +1233,17 @@ async fn an_imported_tree_is_the_instance_root() {
         .unwrap();
 }
 
+/// The parent's pid in `/proc/PID/stat`, `None` once `pid` is gone.
+fn proc_parent(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit(')')
+        .next()?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
 /// The supervisor's state letter in `/proc/PID/stat` (`T` when stopped),
 /// `None` once it is gone.
 fn proc_state(pid: i32) -> Option<String> {
@@ -1266,8 +1275,19 @@ async fn a_command_that_stops_its_supervisor_at_once_cannot_stall_its_start() {
     assert_eq!(created, vec![true, false, false]);
     assert!(e.dir.join("sent/41-1").is_file());
     let cg = e.provider.instance_cgroup(l, g);
-    let supervisors = pids_running(&cg, b"/.lc/supervisor\0");
-    assert_eq!(supervisors.len(), 1, "one instance, started once");
+    // The supervisor's child is named like it until it executes the
+    // command: only a supervisor whose parent is none is an instance's.
+    let named = pids_running(&cg, b"/.lc/supervisor\0");
+    let supervisors: Vec<i32> = named
+        .iter()
+        .copied()
+        .filter(|&pid| proc_parent(pid).is_some_and(|parent| !named.contains(&parent)))
+        .collect();
+    assert_eq!(
+        supervisors.len(),
+        1,
+        "one instance, started once: {named:?}"
+    );
     let t = Instant::now();
     while proc_state(supervisors[0]).as_deref() != Some("T") {
         assert!(
@@ -1668,15 +1688,35 @@ async fn rlimits_and_cpu_shares_are_set() {
         .unwrap();
 }
 
+/// Writes the executable script `text` at `path` from a child process, so
+/// this process never holds a descriptor open for writing on it: a command
+/// forked meanwhile by another test's thread would inherit such a
+/// descriptor, and executing the script would then fail with `ETXTBSY`.
+fn write_script(path: &std::path::Path, text: &str) {
+    use std::io::Write as _;
+    let mut child = std::process::Command::new("sh")
+        .args(["-c", "cat > \"$1\" && chmod 755 \"$1\"", "sh"])
+        .arg(path)
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    assert!(child.wait().unwrap().success());
+    assert_eq!(std::fs::read_to_string(path).unwrap(), text);
+}
+
 #[tokio::test]
 async fn a_bubblewrap_that_fails_leaves_no_instance_group_or_directory() {
     let e = env();
     let mut cfg = config(&e.dir);
     // A "bubblewrap" that says why and fails at once.
     let fake = e.dir.join("fake-bwrap");
-    std::fs::write(&fake, "#!/bin/sh\necho 'bwrap: no thanks' >&2\nexit 1\n").unwrap();
-    use std::os::unix::fs::PermissionsExt as _;
-    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+    write_script(&fake, "#!/bin/sh\necho 'bwrap: no thanks' >&2\nexit 1\n");
     cfg.bwrap_bin = fake;
     let failing = BwrapProvider::open(cfg).unwrap();
     let err = failing.allocate(sh(17, "true")).await.unwrap_err();
