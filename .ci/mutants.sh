@@ -14,8 +14,11 @@
 # release rule; input.rs: stdin input's bounds and order; hibernate.rs:
 # sealing only on a certain cut, the exact idle boundary, the quiescence,
 # attachment and resume checks; snapshot.rs: the snapshot manifest's path,
-# parent, mode and size rules and its canonical form) must be caught by the
-# unit tests of the crate it is in. Scope, exclusions and reasons:
+# parent, mode and size rules and its canonical form; approval.rs, claim.rs,
+# deletion.rs and token.rs: the other authorities on the cut, an approval's
+# start gate, a claim's takeover and fence, deletion grace and purge, a
+# scoped token's acceptance and scope) must be caught by the unit tests of
+# the crate it is in. Scope, exclusions and reasons:
 # docs/testing.md and .cargo/mutants.toml.
 #
 # Fails when any mutant is missed, times out, or is unviable (a mutant that

@@ -127,6 +127,9 @@ impl fmt::Display for Operation {
     }
 }
 
+// Every operation has its bit in an `OperationSet`'s `u16`.
+const _: () = assert!(OPERATIONS.len() < 16);
+
 /// A set of operations (a bit per [`OPERATIONS`] entry).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct OperationSet(u16);
@@ -134,7 +137,7 @@ pub struct OperationSet(u16);
 impl OperationSet {
     /// Every operation: what a tenant's own API key may do.
     pub fn all() -> OperationSet {
-        OperationSet(OPERATIONS.iter().fold(0, |b, o| b | o.bit()))
+        OperationSet((1 << OPERATIONS.len()) - 1)
     }
 
     /// Whether `op` is in the set.
@@ -151,11 +154,6 @@ impl OperationSet {
     /// request digest and the store use).
     pub fn names(&self) -> Vec<&'static str> {
         self.iter().map(|o| o.as_str()).collect()
-    }
-
-    /// Whether the set is empty.
-    pub fn is_empty(&self) -> bool {
-        self.0 == 0
     }
 }
 
@@ -510,6 +508,61 @@ mod tests {
         assert!(check_ttl_max(SignedDuration::ZERO).is_err());
         assert!(looks_like_token(&format!("lct_{}", "a".repeat(43))));
         assert!(!looks_like_token(&format!("lct_{}", "a".repeat(42))));
+        assert!(!looks_like_token(&format!("lct_{}", "a".repeat(44))));
         assert!(!looks_like_token(&format!("lc_{}", "a".repeat(43))));
+        // The body is base64url: letters, digits, `-` and `_`, nothing else.
+        let body = format!("Az09-_{}", "x".repeat(37));
+        assert!(looks_like_token(&format!("lct_{body}")));
+        for c in ['+', '/', '=', '.', ' ', 'é'] {
+            let bad = format!("lct_{c}{}", "x".repeat(43 - c.len_utf8()));
+            assert_eq!(bad.len(), 4 + 43, "{bad}");
+            assert!(!looks_like_token(&bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_ttl_bounds_are_thirty_and_three_hundred_sixty_five_days() {
+        assert_eq!(
+            TOKEN_TTL_MAX_DEFAULT,
+            SignedDuration::from_secs(30 * 86_400)
+        );
+        assert_eq!(
+            TOKEN_TTL_MAX_CEILING,
+            SignedDuration::from_secs(365 * 86_400)
+        );
+        assert_eq!(TokenId(42).to_string(), "42");
+    }
+
+    #[test]
+    fn the_full_set_holds_every_operation_once_and_a_bound_scope_its_exec() {
+        let all = OperationSet::all();
+        assert_eq!(
+            all.names(),
+            [
+                "exec.create",
+                "exec.read",
+                "exec.input",
+                "exec.cancel",
+                "exec.hibernate",
+                "exec.resume",
+                "workspace.read",
+                "approval.decide"
+            ]
+        );
+        for o in OPERATIONS {
+            assert!(all.contains(*o), "{o}");
+        }
+        assert_eq!(OperationSet::default().names(), Vec::<&str>::new());
+        let b = TokenScope::new(Some(ExecId(4)), &[Operation::ExecRead]).unwrap();
+        assert_eq!(b.exec(), Some(ExecId(4)));
+        let u = TokenScope::new(None, &[Operation::ExecRead]).unwrap();
+        assert_eq!(u.exec(), None);
+        assert!(!Operation::ExecCreate.on_one_exec());
+        assert!(
+            OPERATIONS
+                .iter()
+                .filter(|o| **o != Operation::ExecCreate)
+                .all(Operation::on_one_exec)
+        );
     }
 }
