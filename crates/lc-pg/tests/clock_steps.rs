@@ -625,7 +625,7 @@ async fn forward_step(major: u32) {
     let mut x = start_execs(&f, ttl).await;
     let rate = rate::start(&f, certain(&f.clock).await).await;
     let tk = tokens::start(&f.store, f.tenant, certain(&f.clock).await).await;
-    let del = deletion::before_fault(&f).await;
+    let del = deletion::before_fault(&f, deletion::GRACE_FORWARD_STEP).await;
     let c0 = f.cuts.read().await;
     assert_eq!(c0.uncertain, None);
     let stepped_at = Instant::now();
@@ -690,7 +690,7 @@ async fn backward_step(major: u32) {
     let mut x = start_execs(&f, ttl).await;
     let rate = rate::start(&f, certain(&f.clock).await).await;
     let tk = tokens::start(&f.store, f.tenant, certain(&f.clock).await).await;
-    let del = deletion::before_fault(&f).await;
+    let del = deletion::before_fault(&f, deletion::GRACE_REAL_TIME).await;
     let c0 = f.cuts.read().await;
     assert_eq!(c0.uncertain, None);
     f.server.set_clock_offset_ns(-3 * SECOND_NS).unwrap();
@@ -740,7 +740,7 @@ async fn paused_sampler(major: u32) {
     let mut x = start_execs(&f, ttl).await;
     let rate = rate::start(&f, certain(&f.clock).await).await;
     let tk = tokens::start(&f.store, f.tenant, certain(&f.clock).await).await;
-    let del = deletion::before_fault(&f).await;
+    let del = deletion::before_fault(&f, deletion::GRACE_REAL_TIME).await;
     let pause = f.sampler.pause();
     // A publish already sent when the pause began may still land.
     tokio::time::sleep(Duration::from_millis(300)).await;

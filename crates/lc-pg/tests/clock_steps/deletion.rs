@@ -1,5 +1,5 @@
 //! Deletion grace across clock steps and a paused sampler: a terminal
-//! exec's workspace is deleted on the last certain cut with a 2 s grace;
+//! exec's workspace is deleted on the last certain cut with a short grace;
 //! while the cut is uncertain nothing purges it (the purge step and a raw
 //! SQL purge are both refused, the latter LCS90), even once database time
 //! has passed its purge_after; once a certain cut passes purge_after it is
@@ -9,9 +9,16 @@ use lc_core::deletion::{DeletedItem, DeletionRecord, PurgeReport};
 
 use super::*;
 
-/// The grace of the deletion: short enough that database time passes it
-/// during a fault, long enough that no certain cut before the fault does.
-const GRACE: SignedDuration = SignedDuration::from_secs(2);
+/// The grace of a deletion in a scenario whose fault lets database time
+/// run on in real time (a paused sampler, a backward step): short enough
+/// that database time passes it within the 10 s wait while uncertain.
+pub(super) const GRACE_REAL_TIME: SignedDuration = SignedDuration::from_secs(2);
+
+/// The grace of a deletion before a 120 s forward step: database time
+/// passes it at the step, and no cut does before the checks while
+/// uncertain, however slowly a loaded machine runs the scenario's phases
+/// (the cut advances no faster than monotonic time).
+pub(super) const GRACE_FORWARD_STEP: SignedDuration = SignedDuration::from_secs(20);
 
 /// What the checks carry between the scenario's phases.
 pub(super) struct Held {
@@ -21,12 +28,13 @@ pub(super) struct Held {
 }
 
 /// On a certain cut, before the fault: ends a small exec (cancel, release
-/// with signed absence, its unit returned) and deletes its workspace.
-pub(super) async fn before_fault(f: &Fixture) -> Held {
+/// with signed absence, its unit returned) and deletes its workspace with
+/// `grace`.
+pub(super) async fn before_fault(f: &Fixture, grace: SignedDuration) -> Held {
     let store = store_on(
         &f.db,
         LcConfig {
-            deletion_grace: GRACE,
+            deletion_grace: grace,
             ..config()
         },
     )
@@ -69,7 +77,7 @@ pub(super) async fn before_fault(f: &Fixture) -> Held {
         .unwrap();
     assert_eq!(
         (deletion.deleted_at, deletion.purge_after),
-        (at.cut, at.cut + GRACE)
+        (at.cut, at.cut + grace)
     );
     Held {
         store,
