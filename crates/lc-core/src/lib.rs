@@ -29,6 +29,9 @@
 //!   evidence, runtime manifests.
 //! * [`snapshot`]: file snapshots of a workspace, their canonical manifest
 //!   and digest.
+//! * [`observation`]: optional cost and externality observations, trusted
+//!   captures, the re-execution rule on a milestone, retry receipts (v2,
+//!   and v1 parse-only).
 //!
 //! Invariants, stated as absences: nothing here reads a clock (every rule
 //! takes a [`CutReading`]); nothing panics on input; no instant is rounded.
@@ -46,6 +49,7 @@ pub mod hibernate;
 pub mod input;
 pub mod manifest;
 pub mod model;
+pub mod observation;
 pub mod opkey;
 pub mod owner;
 pub mod page;
