@@ -184,9 +184,7 @@ impl TrustedCaptures {
     /// trusted key; `None` otherwise. An untrusted capture is the same as
     /// an absent one.
     pub fn admit<'a, T>(&self, capture: Option<&'a Captured<T>>) -> Option<&'a T> {
-        capture
-            .filter(|c| self.trusts(&c.key_id))
-            .map(|c| &c.value)
+        capture.filter(|c| self.trusts(&c.key_id)).map(|c| &c.value)
     }
 }
 
@@ -303,6 +301,12 @@ pub struct AncestorRef {
 /// The version [`RetryReceipt`] serializes.
 pub const RETRY_RECEIPT_VERSION: u32 = 2;
 
+/// The largest magnitude of an integer in a [`RetryReceipt`]: `2^53 - 1`.
+/// Canonical JSON (JCS) writes numbers as IEEE 754 doubles, which hold
+/// every integer up to this exactly and round those above it, so a larger
+/// one would be stored as a different number.
+pub const JSON_SAFE_INTEGER_MAX: u64 = (1 << 53) - 1;
+
 /// What a retry records (version 2): the exec, the new attempt, the
 /// generation it retries from, the ancestor milestone selected (`None`:
 /// base-generation fallback, no milestone) and `reusedPrefixCost`.
@@ -340,6 +344,11 @@ impl RetryReceipt {
     /// (`None`). The ancestor's head and measured cost are copied from the
     /// milestone; its cost is omitted when the milestone has none.
     ///
+    /// # Errors
+    /// [`ReceiptError::NumberOutOfRange`] for an exec id, generation or
+    /// prefix cost whose magnitude is over [`JSON_SAFE_INTEGER_MAX`] (its
+    /// canonical bytes could not hold it exactly).
+    ///
     /// # Panics
     /// Never.
     pub fn new(
@@ -347,8 +356,8 @@ impl RetryReceipt {
         attempt: u32,
         from_generation: u64,
         ancestor: Option<(u32, &Milestone)>,
-    ) -> RetryReceipt {
-        RetryReceipt {
+    ) -> Result<RetryReceipt, ReceiptError> {
+        let r = RetryReceipt {
             version: RETRY_RECEIPT_VERSION,
             exec_id,
             attempt,
@@ -358,7 +367,32 @@ impl RetryReceipt {
                 head: m.head.clone(),
             }),
             reused_prefix_cost: ancestor.and_then(|(_, m)| m.cost),
+        };
+        r.check_numbers()?;
+        Ok(r)
+    }
+
+    /// Every integer field's magnitude is at most [`JSON_SAFE_INTEGER_MAX`]
+    /// (`attempt` and `milestoneSeq`, `u32`s, always are).
+    fn check_numbers(&self) -> Result<(), ReceiptError> {
+        let cost = self.reused_prefix_cost;
+        for (field, value) in [
+            ("execId", i128::from(self.exec_id.0)),
+            ("fromGeneration", i128::from(self.from_generation)),
+            (
+                "reusedPrefixCost.cpuTimeMs",
+                cost.map_or(0, |c| i128::from(c.cpu_time_ms)),
+            ),
+            (
+                "reusedPrefixCost.peakMemoryBytes",
+                cost.map_or(0, |c| i128::from(c.peak_memory_bytes)),
+            ),
+        ] {
+            if value.unsigned_abs() > u128::from(JSON_SAFE_INTEGER_MAX) {
+                return Err(ReceiptError::NumberOutOfRange { field, value });
+            }
         }
+        Ok(())
     }
 
     /// The exec retried.
@@ -410,6 +444,7 @@ impl RetryReceipt {
             ancestor: w.ancestor,
             reused_prefix_cost: w.reused_prefix_cost,
         };
+        r.check_numbers()?;
         if r.canonical_bytes() != bytes {
             return Err(ReceiptError::NotCanonical);
         }
@@ -549,7 +584,8 @@ impl StoredRetryReceipt {
     /// # Errors
     /// As [`LegacyRetryReceiptV1::parse`] for version 1; for version 2,
     /// [`ReceiptError::Malformed`] for a departure from the shape (a
-    /// `null` among them), [`ReceiptError::PrefixCostWithoutAncestor`] and
+    /// `null` among them), [`ReceiptError::PrefixCostWithoutAncestor`],
+    /// [`ReceiptError::NumberOutOfRange`] and
     /// [`ReceiptError::NotCanonical`]; [`ReceiptError::VersionUnknown`]
     /// for any other version or none.
     pub fn parse(bytes: &[u8]) -> Result<StoredRetryReceipt, ReceiptError> {
@@ -609,6 +645,17 @@ pub enum ReceiptError {
     /// `receipt_prefix_cost_without_ancestor`.
     #[error("a retry receipt without an ancestor has no reusedPrefixCost")]
     PrefixCostWithoutAncestor,
+    /// A version 2 receipt's integer over [`JSON_SAFE_INTEGER_MAX`] in
+    /// magnitude. Code `receipt_number_out_of_range`.
+    #[error(
+        "retry receipt field {field} is {value}; canonical JSON holds integers exactly only up to {JSON_SAFE_INTEGER_MAX} in magnitude"
+    )]
+    NumberOutOfRange {
+        /// The field's JSON path.
+        field: &'static str,
+        /// Its value.
+        value: i128,
+    },
 }
 
 impl ReceiptError {
@@ -621,6 +668,7 @@ impl ReceiptError {
             ReceiptError::Malformed { .. } => "receipt_malformed",
             ReceiptError::NotCanonical => "receipt_not_canonical",
             ReceiptError::PrefixCostWithoutAncestor => "receipt_prefix_cost_without_ancestor",
+            ReceiptError::NumberOutOfRange { .. } => "receipt_number_out_of_range",
         }
     }
 }
@@ -647,4 +695,679 @@ fn version_of(bytes: &[u8]) -> Result<u32, ReceiptError> {
 /// when present, holds a value: an explicit `null` is refused.
 fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Option<T>, D::Error> {
     T::deserialize(d).map(Some)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// SHA-256 of `test`: a head digest's shape.
+    const HEAD: &str = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
+
+    const V1_COMPACT: &[u8] = include_bytes!("../tests/fixtures/retry_receipts/v1_compact.json");
+    const V1_ODD: &[u8] = include_bytes!("../tests/fixtures/retry_receipts/v1_odd_whitespace.json");
+    const V1_PRETTY: &[u8] = include_bytes!("../tests/fixtures/retry_receipts/v1_pretty_max.json");
+
+    const FLAG: [Option<bool>; 3] = [None, Some(false), Some(true)];
+
+    fn x(n: Option<bool>, d: Option<bool>, a: Option<bool>) -> ExternalityObservation {
+        ExternalityObservation {
+            network_writes: n,
+            database_commits: d,
+            external_api_calls: a,
+        }
+    }
+
+    fn milestone(
+        cost: Option<CostObservation>,
+        externality: Option<ExternalityObservation>,
+    ) -> Milestone {
+        Milestone {
+            head: HEAD.to_owned(),
+            cost,
+            externality,
+        }
+    }
+
+    fn json<T: Serialize>(v: &T) -> String {
+        serde_json::to_string(v).unwrap()
+    }
+
+    /// Deserializes `s` and gives the error's text (or `ok` and the value
+    /// serialized back).
+    fn check<T: Serialize + for<'de> Deserialize<'de>>(s: &str) -> String {
+        match serde_json::from_str::<T>(s) {
+            Ok(v) => format!("ok {}", json(&v)),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn a_cost_is_both_numbers_and_a_measured_zero_is_kept() {
+        let zero = CostObservation {
+            cpu_time_ms: 0,
+            peak_memory_bytes: 0,
+        };
+        assert_eq!(json(&zero), r#"{"cpuTimeMs":0,"peakMemoryBytes":0}"#);
+        let max = CostObservation {
+            cpu_time_ms: u64::MAX,
+            peak_memory_bytes: 1,
+        };
+        assert_eq!(
+            json(&max),
+            r#"{"cpuTimeMs":18446744073709551615,"peakMemoryBytes":1}"#
+        );
+        for (input, out) in [
+            (
+                r#"{"peakMemoryBytes":0,"cpuTimeMs":0}"#,
+                r#"ok {"cpuTimeMs":0,"peakMemoryBytes":0}"#,
+            ),
+            (
+                r#"{"cpuTimeMs":0}"#,
+                "missing field `peakMemoryBytes` at line 1 column 15",
+            ),
+            (
+                r#"{"cpuTimeMs":null,"peakMemoryBytes":0}"#,
+                "invalid type: null, expected u64 at line 1 column 17",
+            ),
+            (
+                r#"{"cpuTimeMs":1,"peakMemoryBytes":2,"wallMs":3}"#,
+                "unknown field `wallMs`, expected `cpuTimeMs` or `peakMemoryBytes` at line 1 column 43",
+            ),
+        ] {
+            assert_eq!(check::<CostObservation>(input), out, "{input}");
+        }
+    }
+
+    #[test]
+    fn an_absent_flag_is_omitted_and_a_null_is_refused() {
+        assert_eq!(json(&ExternalityObservation::absent()), "{}");
+        assert_eq!(
+            json(&ExternalityObservation::no_network_path()),
+            r#"{"networkWrites":false,"databaseCommits":false,"externalApiCalls":false}"#
+        );
+        assert_eq!(
+            json(&x(Some(true), None, Some(false))),
+            r#"{"networkWrites":true,"externalApiCalls":false}"#
+        );
+        assert_eq!(
+            json(&x(None, Some(true), None)),
+            r#"{"databaseCommits":true}"#
+        );
+        for (input, out) in [
+            ("{}", "ok {}"),
+            (
+                r#"{"externalApiCalls":true,"networkWrites":false}"#,
+                r#"ok {"networkWrites":false,"externalApiCalls":true}"#,
+            ),
+            (
+                r#"{"databaseCommits":false}"#,
+                r#"ok {"databaseCommits":false}"#,
+            ),
+            (
+                r#"{"networkWrites":null}"#,
+                "invalid type: null, expected a boolean at line 1 column 21",
+            ),
+            (
+                r#"{"databaseCommits":null}"#,
+                "invalid type: null, expected a boolean at line 1 column 23",
+            ),
+            (
+                r#"{"externalApiCalls":null}"#,
+                "invalid type: null, expected a boolean at line 1 column 24",
+            ),
+            (
+                r#"{"networkWrites":0}"#,
+                "invalid type: integer `0`, expected a boolean at line 1 column 18",
+            ),
+            (
+                r#"{"diskWrites":false}"#,
+                "unknown field `diskWrites`, expected one of `networkWrites`, `databaseCommits`, `externalApiCalls` at line 1 column 13",
+            ),
+        ] {
+            assert_eq!(check::<ExternalityObservation>(input), out, "{input}");
+        }
+    }
+
+    #[test]
+    fn completeness_and_cleanliness_over_every_combination() {
+        assert_eq!(
+            ExternalityObservation::absent(),
+            ExternalityObservation::default()
+        );
+        assert_eq!(
+            ExternalityObservation::no_network_path(),
+            x(Some(false), Some(false), Some(false))
+        );
+        assert_eq!(ExternalityObservation::absent(), x(None, None, None));
+        let mut complete = 0;
+        let mut clean = 0;
+        for n in FLAG {
+            for d in FLAG {
+                for a in FLAG {
+                    let o = x(n, d, a);
+                    let nones = [n, d, a].iter().filter(|f| f.is_none()).count();
+                    let trues = [n, d, a].iter().filter(|f| **f == Some(true)).count();
+                    assert_eq!(o.is_complete(), nones == 0, "{o:?}");
+                    assert_eq!(o.is_clean(), nones == 0 && trues == 0, "{o:?}");
+                    assert_eq!(o.any_observed(), trues > 0, "{o:?}");
+                    complete += usize::from(o.is_complete());
+                    clean += usize::from(o.is_clean());
+                }
+            }
+        }
+        assert_eq!((complete, clean), (8, 1));
+    }
+
+    #[test]
+    fn a_milestone_omits_what_was_not_observed() {
+        let zero = CostObservation {
+            cpu_time_ms: 0,
+            peak_memory_bytes: 0,
+        };
+        assert_eq!(
+            json(&milestone(None, None)),
+            format!(r#"{{"head":"{HEAD}"}}"#)
+        );
+        assert_eq!(
+            json(&milestone(
+                Some(zero),
+                Some(ExternalityObservation::absent())
+            )),
+            format!(
+                r#"{{"head":"{HEAD}","cost":{{"cpuTimeMs":0,"peakMemoryBytes":0}},"externality":{{}}}}"#
+            )
+        );
+        for (input, out) in [
+            (r#"{"head":"h"}"#, r#"ok {"head":"h"}"#),
+            (
+                r#"{"head":"h","externality":{"networkWrites":false},"cost":{"cpuTimeMs":5,"peakMemoryBytes":6}}"#,
+                r#"ok {"head":"h","cost":{"cpuTimeMs":5,"peakMemoryBytes":6},"externality":{"networkWrites":false}}"#,
+            ),
+            (
+                r#"{"head":"h","cost":null}"#,
+                "invalid type: null, expected struct CostObservation at line 1 column 23",
+            ),
+            (
+                r#"{"head":"h","externality":null}"#,
+                "invalid type: null, expected struct ExternalityObservation at line 1 column 30",
+            ),
+            (r#"{}"#, "missing field `head` at line 1 column 2"),
+            (
+                r#"{"head":"h","seq":1}"#,
+                "unknown field `seq`, expected one of `head`, `cost`, `externality` at line 1 column 17",
+            ),
+        ] {
+            assert_eq!(check::<Milestone>(input), out, "{input}");
+        }
+    }
+
+    #[test]
+    fn only_a_trusted_key_s_capture_is_an_observation() {
+        let trusted = TrustedCaptures::new(["provider-a", "", "provider-b", "provider-a"]);
+        assert!(trusted.trusts("provider-a"));
+        assert!(trusted.trusts("provider-b"));
+        assert!(!trusted.trusts(""));
+        assert!(!trusted.trusts("tenant"));
+        let by = |key: &str| Captured {
+            key_id: key.to_owned(),
+            value: ExternalityObservation::no_network_path(),
+        };
+        let clean = ExternalityObservation::no_network_path();
+        assert_eq!(trusted.admit(Some(&by("provider-b"))), Some(&clean));
+        assert_eq!(trusted.admit(Some(&by("tenant"))), None);
+        // An empty id on a capture is never trusted, even from a list that
+        // named it.
+        assert_eq!(trusted.admit(Some(&by(""))), None);
+        assert_eq!(trusted.admit::<ExternalityObservation>(None), None);
+        // Nothing is trusted by an empty list.
+        let none = TrustedCaptures::default();
+        assert_eq!(none.admit(Some(&by("provider-a"))), None);
+        let collected: TrustedCaptures = vec![String::from("k")].into_iter().collect();
+        assert_eq!(collected, TrustedCaptures::new(["k"]));
+        assert!(collected.trusts("k"));
+        assert_eq!(
+            json(&by("k")),
+            r#"{"keyId":"k","value":{"networkWrites":false,"databaseCommits":false,"externalApiCalls":false}}"#
+        );
+        assert_eq!(
+            check::<Captured<CostObservation>>(
+                r#"{"keyId":"k","value":{"cpuTimeMs":1,"peakMemoryBytes":2},"sig":"x"}"#
+            ),
+            "unknown field `sig`, expected `keyId` or `value` at line 1 column 62"
+        );
+    }
+
+    /// The rule as a table: how many flags are missing and how many are
+    /// `true` decide it, for a milestone that has an observation.
+    fn expected(m: bool, o: Option<ExternalityObservation>) -> Result<(), &'static str> {
+        let Some(o) = o.filter(|_| m) else {
+            return Err(if m {
+                "externality_unobserved"
+            } else {
+                "no_milestone"
+            });
+        };
+        let f = [o.network_writes, o.database_commits, o.external_api_calls];
+        let trues = f.iter().filter(|v| **v == Some(true)).count();
+        let nones = f.iter().filter(|v| v.is_none()).count();
+        match (trues, nones) {
+            (0, 0) => Ok(()),
+            (0, _) => Err("externality_incomplete"),
+            _ => Err("externality_observed"),
+        }
+    }
+
+    #[test]
+    fn reexecution_needs_a_complete_all_false_observation() {
+        let mut eligible = 0;
+        for m in [false, true] {
+            for o in std::iter::once(None).chain(FLAG.iter().flat_map(|n| {
+                FLAG.iter()
+                    .flat_map(move |d| FLAG.iter().map(move |a| Some(x(*n, *d, *a))))
+            })) {
+                let ms = milestone(None, o);
+                let got = reexecution_eligibility(m.then_some(&ms));
+                let got = match got {
+                    Eligibility::Eligible => Ok(()),
+                    Eligibility::Ineligible(r) => Err(r.code()),
+                };
+                assert_eq!(got, expected(m, o), "{m} {o:?}");
+                eligible += usize::from(got.is_ok());
+            }
+        }
+        assert_eq!(eligible, 1);
+        // A measured cost does not make a milestone eligible.
+        let cost = CostObservation {
+            cpu_time_ms: 0,
+            peak_memory_bytes: 0,
+        };
+        let m = milestone(Some(cost), None);
+        assert_eq!(
+            reexecution_eligibility(Some(&m)),
+            Eligibility::Ineligible(IneligibleReason::ExternalityUnobserved)
+        );
+        let m = milestone(None, Some(ExternalityObservation::no_network_path()));
+        assert!(reexecution_eligibility(Some(&m)).is_eligible());
+        assert!(!reexecution_eligibility(None).is_eligible());
+        for (r, code) in [
+            (IneligibleReason::NoMilestone, "no_milestone"),
+            (
+                IneligibleReason::ExternalityUnobserved,
+                "externality_unobserved",
+            ),
+            (
+                IneligibleReason::ExternalityIncomplete,
+                "externality_incomplete",
+            ),
+            (
+                IneligibleReason::ExternalityObserved,
+                "externality_observed",
+            ),
+        ] {
+            assert_eq!(r.code(), code);
+            assert!(!Eligibility::Ineligible(r).is_eligible());
+        }
+    }
+
+    #[test]
+    fn a_retry_from_a_measured_ancestor_reports_its_prefix_cost() {
+        let cost = CostObservation {
+            cpu_time_ms: 1500,
+            peak_memory_bytes: 0,
+        };
+        let m = milestone(Some(cost), None);
+        let r = RetryReceipt::new(ExecId(7), 3, 2, Some((4, &m))).unwrap();
+        let bytes = format!(
+            r#"{{"ancestor":{{"head":"{HEAD}","milestoneSeq":4}},"attempt":3,"execId":7,"fromGeneration":2,"reusedPrefixCost":{{"cpuTimeMs":1500,"peakMemoryBytes":0}},"version":2}}"#
+        );
+        assert_eq!(String::from_utf8(r.canonical_bytes()).unwrap(), bytes);
+        assert_eq!(r.exec_id(), ExecId(7));
+        assert_eq!(r.attempt(), 3);
+        assert_eq!(r.from_generation(), 2);
+        assert_eq!(
+            r.ancestor(),
+            Some(&AncestorRef {
+                milestone_seq: 4,
+                head: HEAD.to_owned()
+            })
+        );
+        assert_eq!(r.reused_prefix_cost(), Some(cost));
+        let stored = StoredRetryReceipt::parse(bytes.as_bytes()).unwrap();
+        assert_eq!(stored, StoredRetryReceipt::V2(r));
+        assert_eq!(stored.bytes(), bytes.as_bytes());
+    }
+
+    #[test]
+    fn unknown_cost_and_base_fallback_omit_the_prefix_cost() {
+        // The ancestor's cost was not observed: the field is omitted.
+        let m = milestone(None, Some(ExternalityObservation::no_network_path()));
+        let r = RetryReceipt::new(ExecId(1), 2, 1, Some((0, &m))).unwrap();
+        let bytes = format!(
+            r#"{{"ancestor":{{"head":"{HEAD}","milestoneSeq":0}},"attempt":2,"execId":1,"fromGeneration":1,"version":2}}"#
+        );
+        assert_eq!(r.canonical_bytes(), bytes.as_bytes());
+        assert_eq!(r.reused_prefix_cost(), None);
+        assert_eq!(
+            StoredRetryReceipt::parse(bytes.as_bytes()),
+            Ok(StoredRetryReceipt::V2(r))
+        );
+        // Base-generation fallback: no ancestor, no prefix cost.
+        let r = RetryReceipt::new(ExecId(-5), u32::MAX, JSON_SAFE_INTEGER_MAX, None).unwrap();
+        let bytes =
+            r#"{"attempt":4294967295,"execId":-5,"fromGeneration":9007199254740991,"version":2}"#;
+        assert_eq!(r.canonical_bytes(), bytes.as_bytes());
+        assert_eq!((r.ancestor(), r.reused_prefix_cost()), (None, None));
+        let stored = StoredRetryReceipt::parse(bytes.as_bytes()).unwrap();
+        assert_eq!(stored.bytes(), bytes.as_bytes());
+        assert_eq!(stored, StoredRetryReceipt::V2(r));
+    }
+
+    fn refusal(bytes: &[u8]) -> (&'static str, String) {
+        let e = StoredRetryReceipt::parse(bytes).unwrap_err();
+        (e.code(), e.to_string())
+    }
+
+    #[test]
+    fn a_v2_receipt_is_read_only_in_its_canonical_bytes() {
+        let base = r#"{"attempt":2,"execId":1,"fromGeneration":1,"version":2}"#;
+        assert!(StoredRetryReceipt::parse(base.as_bytes()).is_ok());
+        let not_canonical = (
+            "receipt_not_canonical",
+            "a version 2 retry receipt is stored in its canonical (JCS) bytes".to_owned(),
+        );
+        for b in [
+            format!("{base}\n"),
+            format!(" {base}"),
+            r#"{"execId":1,"attempt":2,"fromGeneration":1,"version":2}"#.to_owned(),
+        ] {
+            assert_eq!(refusal(b.as_bytes()), not_canonical, "{b}");
+        }
+        for (b, code, text) in [
+            (
+                r#"{"ancestor":null,"attempt":2,"execId":1,"fromGeneration":1,"version":2}"#,
+                "receipt_malformed",
+                "retry receipt version 2 is malformed: invalid type: null, expected struct AncestorRef at line 1 column 16",
+            ),
+            (
+                r#"{"attempt":2,"execId":1,"fromGeneration":1,"reusedPrefixCost":null,"version":2}"#,
+                "receipt_malformed",
+                "retry receipt version 2 is malformed: invalid type: null, expected struct CostObservation at line 1 column 66",
+            ),
+            (
+                r#"{"attempt":2,"execId":1,"fromGeneration":1,"reusedPrefixCost":{"cpuTimeMs":1,"peakMemoryBytes":2},"version":2}"#,
+                "receipt_prefix_cost_without_ancestor",
+                "a retry receipt without an ancestor has no reusedPrefixCost",
+            ),
+            (
+                r#"{"attempt":2,"execId":1,"version":2}"#,
+                "receipt_malformed",
+                "retry receipt version 2 is malformed: missing field `fromGeneration` at line 1 column 36",
+            ),
+            (
+                r#"{"attempt":2,"execId":1,"fromGeneration":1,"note":"x","version":2}"#,
+                "receipt_malformed",
+                "retry receipt version 2 is malformed: unknown field `note`, expected one of `version`, `execId`, `attempt`, `fromGeneration`, `ancestor`, `reusedPrefixCost` at line 1 column 49",
+            ),
+        ] {
+            assert_eq!(refusal(b.as_bytes()), (code, text.to_owned()), "{b}");
+        }
+        // With an ancestor, a prefix cost is read back as written.
+        let m = milestone(
+            Some(CostObservation {
+                cpu_time_ms: 9,
+                peak_memory_bytes: 8,
+            }),
+            None,
+        );
+        let r = RetryReceipt::new(ExecId(2), 5, 4, Some((1, &m))).unwrap();
+        let back = StoredRetryReceipt::parse(&r.canonical_bytes()).unwrap();
+        assert_eq!(back, StoredRetryReceipt::V2(r));
+    }
+
+    #[test]
+    fn v1_receipts_replay_their_exact_bytes() {
+        for (bytes, exec, attempt, generation, cpu, mem) in [
+            (V1_COMPACT, 7, 2, 1, 1500, 268_435_456),
+            (V1_ODD, 9, 3, 2, 0, 0),
+            (V1_PRETTY, 12, 4, 3, u64::MAX, 1),
+        ] {
+            let v1 = LegacyRetryReceiptV1::parse(bytes).unwrap();
+            assert_eq!(v1.bytes(), bytes);
+            assert_eq!(
+                (v1.exec_id(), v1.attempt(), v1.from_generation()),
+                (ExecId(exec), attempt, generation)
+            );
+            assert_eq!(
+                v1.legacy_cost(),
+                CostObservation {
+                    cpu_time_ms: cpu,
+                    peak_memory_bytes: mem
+                }
+            );
+            let stored = StoredRetryReceipt::parse(bytes).unwrap();
+            assert_eq!(stored.bytes(), bytes);
+            assert_eq!(stored, StoredRetryReceipt::V1(v1));
+        }
+        // The odd fixture really is odd: its bytes are not a re-serialization.
+        assert!(V1_ODD.starts_with(b"\r\n  {\t"));
+        assert!(V1_ODD.ends_with(b"}  \n\n"));
+    }
+
+    #[test]
+    fn a_v1_receipt_needs_its_version_and_cost_field() {
+        let f = LEGACY_COST_FIELD;
+        let cost = r#"{"cpuTimeMs":1,"peakMemoryBytes":2}"#;
+        let ok =
+            format!(r#"{{"version":1,"execId":1,"attempt":2,"fromGeneration":1,"{f}":{cost}}}"#);
+        assert!(LegacyRetryReceiptV1::parse(ok.as_bytes()).is_ok());
+        let v1 = |e: ReceiptError| (e.code(), e.to_string());
+        for (b, code, text) in [
+            (
+                r#"{"version":1,"execId":1,"attempt":2,"fromGeneration":1}"#.to_owned(),
+                "receipt_malformed",
+                format!("retry receipt version 1 is malformed: missing field `{f}` at line 1 column 55"),
+            ),
+            (
+                format!(r#"{{"version":1,"execId":1,"attempt":2,"fromGeneration":1,"{f}":null}}"#),
+                "receipt_malformed",
+                "retry receipt version 1 is malformed: invalid type: null, expected struct CostObservation at line 1 column 71".to_owned(),
+            ),
+            (
+                format!(r#"{{"version":1,"execId":1,"attempt":2,"fromGeneration":1,"{f}":{cost},"ancestor":{{}}}}"#),
+                "receipt_malformed",
+                format!("retry receipt version 1 is malformed: unknown field `ancestor`, expected one of `version`, `execId`, `attempt`, `fromGeneration`, `{f}` at line 1 column 113"),
+            ),
+            (
+                format!(r#"{{"execId":1,"attempt":2,"fromGeneration":1,"{f}":{cost}}}"#),
+                "receipt_version_unknown",
+                "retry receipt version missing is not a known version (1 or 2)".to_owned(),
+            ),
+            (
+                format!(r#"{{"version":"1","execId":1,"attempt":2,"fromGeneration":1,"{f}":{cost}}}"#),
+                "receipt_version_unknown",
+                "retry receipt version \"1\" is not a known version (1 or 2)".to_owned(),
+            ),
+            (
+                r#"{"attempt":2,"execId":1,"fromGeneration":1,"version":2}"#.to_owned(),
+                "receipt_version_unknown",
+                "retry receipt version 2 is not a known version (1 or 2)".to_owned(),
+            ),
+            (
+                "[1]".to_owned(),
+                "receipt_not_object",
+                "a retry receipt is a JSON object".to_owned(),
+            ),
+            (
+                "{".to_owned(),
+                "receipt_not_json",
+                "a retry receipt is JSON: EOF while parsing an object at line 1 column 1".to_owned(),
+            ),
+        ] {
+            assert_eq!(
+                v1(LegacyRetryReceiptV1::parse(b.as_bytes()).unwrap_err()),
+                (code, text),
+                "{b}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_stored_receipt_of_another_version_is_refused() {
+        for (b, code, text) in [
+            (
+                r#"{"version":3}"#,
+                "receipt_version_unknown",
+                "retry receipt version 3 is not a known version (1 or 2)",
+            ),
+            (
+                r#"{"version":0}"#,
+                "receipt_version_unknown",
+                "retry receipt version 0 is not a known version (1 or 2)",
+            ),
+            (
+                r#"{"version":4294967297}"#,
+                "receipt_version_unknown",
+                "retry receipt version 4294967297 is not a known version (1 or 2)",
+            ),
+            (
+                r#"{"version":-1}"#,
+                "receipt_version_unknown",
+                "retry receipt version -1 is not a known version (1 or 2)",
+            ),
+            (
+                r#"{"version":2.0}"#,
+                "receipt_version_unknown",
+                "retry receipt version 2.0 is not a known version (1 or 2)",
+            ),
+            (
+                "null",
+                "receipt_not_object",
+                "a retry receipt is a JSON object",
+            ),
+            (
+                "",
+                "receipt_not_json",
+                "a retry receipt is JSON: EOF while parsing a value at line 1 column 0",
+            ),
+            (
+                r#"{"version":1} x"#,
+                "receipt_not_json",
+                "a retry receipt is JSON: trailing characters at line 1 column 15",
+            ),
+        ] {
+            assert_eq!(refusal(b.as_bytes()), (code, text.to_owned()), "{b}");
+        }
+        // Every code is distinct and snake_case.
+        let codes = [
+            ReceiptError::NotJson {
+                reason: String::new(),
+            }
+            .code(),
+            ReceiptError::NotObject.code(),
+            ReceiptError::VersionUnknown {
+                version: String::new(),
+            }
+            .code(),
+            ReceiptError::Malformed {
+                version: 1,
+                reason: String::new(),
+            }
+            .code(),
+            ReceiptError::NotCanonical.code(),
+            ReceiptError::PrefixCostWithoutAncestor.code(),
+            ReceiptError::NumberOutOfRange {
+                field: "",
+                value: 0,
+            }
+            .code(),
+        ];
+        assert_eq!(
+            codes,
+            [
+                "receipt_not_json",
+                "receipt_not_object",
+                "receipt_version_unknown",
+                "receipt_malformed",
+                "receipt_not_canonical",
+                "receipt_prefix_cost_without_ancestor",
+                "receipt_number_out_of_range"
+            ]
+        );
+        assert_eq!(RETRY_RECEIPT_VERSION, 2);
+        assert_eq!(JSON_SAFE_INTEGER_MAX, 9_007_199_254_740_991);
+        assert_eq!(LEGACY_RETRY_RECEIPT_VERSION, 1);
+    }
+
+    #[test]
+    fn every_integer_fits_canonical_json_exactly() {
+        const MAX: u64 = JSON_SAFE_INTEGER_MAX;
+        let max = i64::try_from(MAX).unwrap();
+        let cost = |cpu_time_ms, peak_memory_bytes| {
+            milestone(
+                Some(CostObservation {
+                    cpu_time_ms,
+                    peak_memory_bytes,
+                }),
+                None,
+            )
+        };
+        let ok = cost(MAX, MAX);
+        let r = RetryReceipt::new(ExecId(max), 1, MAX, Some((u32::MAX, &ok))).unwrap();
+        assert_eq!(
+            StoredRetryReceipt::parse(&r.canonical_bytes()),
+            Ok(StoredRetryReceipt::V2(r))
+        );
+        assert!(RetryReceipt::new(ExecId(-max), 1, 0, None).is_ok());
+        let over = |e: Result<RetryReceipt, ReceiptError>| e.unwrap_err().to_string();
+        let text = |f: &str, v: &str| {
+            format!(
+                "retry receipt field {f} is {v}; canonical JSON holds integers exactly only up to 9007199254740991 in magnitude"
+            )
+        };
+        let two53 = "9007199254740992";
+        assert_eq!(
+            over(RetryReceipt::new(ExecId(max + 1), 1, 0, None)),
+            text("execId", two53)
+        );
+        assert_eq!(
+            over(RetryReceipt::new(ExecId(-max - 1), 1, 0, None)),
+            text("execId", "-9007199254740992")
+        );
+        assert_eq!(
+            over(RetryReceipt::new(ExecId(1), 1, MAX + 1, None)),
+            text("fromGeneration", two53)
+        );
+        assert_eq!(
+            over(RetryReceipt::new(
+                ExecId(1),
+                1,
+                0,
+                Some((0, &cost(MAX + 1, 0)))
+            )),
+            text("reusedPrefixCost.cpuTimeMs", two53)
+        );
+        assert_eq!(
+            over(RetryReceipt::new(
+                ExecId(1),
+                1,
+                0,
+                Some((0, &cost(0, u64::MAX)))
+            )),
+            text("reusedPrefixCost.peakMemoryBytes", "18446744073709551615")
+        );
+        // Read back, a number JCS would round is refused by name, not as
+        // merely non-canonical.
+        let e = StoredRetryReceipt::parse(
+            br#"{"attempt":1,"execId":1,"fromGeneration":9007199254740993,"version":2}"#,
+        )
+        .unwrap_err();
+        assert_eq!(
+            (e.code(), e.to_string()),
+            (
+                "receipt_number_out_of_range",
+                text("fromGeneration", "9007199254740993")
+            )
+        );
+    }
 }
