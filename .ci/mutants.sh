@@ -17,8 +17,9 @@
 # parent, mode and size rules and its canonical form; approval.rs, claim.rs,
 # deletion.rs and token.rs: the other authorities on the cut, an approval's
 # start gate, a claim's takeover and fence, deletion grace and purge, a
-# scoped token's acceptance and scope) must be caught by the unit tests of
-# the crate it is in. Scope, exclusions and reasons:
+# scoped token's acceptance and scope; observation.rs: the re-execution rule
+# on a milestone, trusted captures, retry receipts v2 and v1) must be caught
+# by the unit tests of the crate it is in. Scope, exclusions and reasons:
 # docs/testing.md and .cargo/mutants.toml.
 #
 # Fails when any mutant is missed, times out, or is unviable (a mutant that
