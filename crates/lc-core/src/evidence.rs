@@ -126,11 +126,31 @@ pub enum Statement {
         /// Whether the workspace is writable.
         writable: bool,
     },
+    /// What provider `provider_id` measured of lease `lease_id` generation
+    /// `generation` from the instance's own accounting, when it signed:
+    /// `cost` from its cgroup (omitted when that accounting was not
+    /// readable: the instance is destroyed, or was started without it),
+    /// `externality` from its sandbox (all `false` for a shape without
+    /// network, every flag omitted otherwise). An omitted value is
+    /// unknown, never zero or `false`.
+    Measurement {
+        /// The provider that signed.
+        provider_id: String,
+        /// The sandbox lease.
+        lease_id: i64,
+        /// The lease generation.
+        generation: i64,
+        /// The cost so far, when measured.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cost: Option<crate::observation::CostObservation>,
+        /// The side effects observed so far.
+        externality: crate::observation::ExternalityObservation,
+    },
 }
 
 impl Statement {
     /// The statement's kind: `absence`, `fence`, `observation`,
-    /// `not_sent`, `quiescence` or `attachment`.
+    /// `not_sent`, `quiescence`, `attachment` or `measurement`.
     pub fn kind(&self) -> &'static str {
         match self {
             Statement::Absence { .. } => "absence",
@@ -139,6 +159,7 @@ impl Statement {
             Statement::NotSent { .. } => "not_sent",
             Statement::Quiescence { .. } => "quiescence",
             Statement::Attachment { .. } => "attachment",
+            Statement::Measurement { .. } => "measurement",
         }
     }
 
@@ -177,6 +198,12 @@ impl Statement {
                 lease_id,
                 generation,
                 ..
+            }
+            | Statement::Measurement {
+                provider_id,
+                lease_id,
+                generation,
+                ..
             } => (provider_id, *lease_id, *generation),
         }
     }
@@ -193,7 +220,8 @@ impl Statement {
             Statement::Observation { .. }
             | Statement::NotSent { .. }
             | Statement::Quiescence { .. }
-            | Statement::Attachment { .. } => false,
+            | Statement::Attachment { .. }
+            | Statement::Measurement { .. } => false,
         }
     }
 
@@ -296,7 +324,8 @@ pub fn key_id(key: &VerifyingKey) -> String {
 
 /// The canonical (JCS) JSON bytes of `statement`.
 pub fn canonical(statement: &Statement) -> Vec<u8> {
-    // A statement holds only strings, integers and enum tags: JCS cannot fail on it.
+    // A statement holds only strings, integers, booleans and enum tags: JCS
+    // cannot fail on it.
     serde_jcs::to_vec(statement).unwrap_or_default()
 }
 
@@ -427,6 +456,62 @@ mod tests {
                 sig: BASE64.encode(sig.to_bytes()),
             }],
         }
+    }
+
+    fn measurement(cost: Option<crate::observation::CostObservation>, network: bool) -> Statement {
+        Statement::Measurement {
+            provider_id: "p1".into(),
+            lease_id: 7,
+            generation: 2,
+            cost,
+            externality: crate::observation::ExternalityObservation::of_sandbox(network),
+        }
+    }
+
+    #[test]
+    fn a_measurement_omits_what_was_not_measured() {
+        let cost = crate::observation::CostObservation {
+            cpu_time_ms: 0,
+            peak_memory_bytes: 1_048_576,
+        };
+        let measured = measurement(Some(cost), false);
+        assert_eq!(
+            String::from_utf8(canonical(&measured)).unwrap(),
+            r#"{"cost":{"cpuTimeMs":0,"peakMemoryBytes":1048576},"externality":{"databaseCommits":false,"externalApiCalls":false,"networkWrites":false},"generation":2,"lease_id":7,"provider_id":"p1","statement":"measurement"}"#
+        );
+        let unknown = measurement(None, true);
+        assert_eq!(
+            String::from_utf8(canonical(&unknown)).unwrap(),
+            r#"{"externality":{},"generation":2,"lease_id":7,"provider_id":"p1","statement":"measurement"}"#
+        );
+        assert_eq!(unknown.kind(), "measurement");
+        assert_eq!(unknown.subject(), ("p1", 7, 2));
+        assert!(!measured.proves_gone(2));
+        assert!(!measured.proves_not_sent(2));
+        let k = key(3);
+        for st in [&measured, &unknown] {
+            assert_eq!(
+                verify(&sign(st, &k), &k.verifying_key(), expected(2)).as_ref(),
+                Ok(st)
+            );
+            assert_eq!(
+                verify(&sign(st, &k), &k.verifying_key(), expected(3))
+                    .unwrap_err()
+                    .code(),
+                "evidence_mismatch"
+            );
+        }
+        // An explicit null is a second encoding of "not measured": refused.
+        let null_cost = br#"{"cost":null,"externality":{},"generation":2,"lease_id":7,"provider_id":"p1","statement":"measurement"}"#;
+        assert_eq!(
+            verify(&sign_raw(null_cost, &k), &k.verifying_key(), expected(2)),
+            Err(EvidenceError::Malformed("payload is not canonical JSON"))
+        );
+        let null_flag = br#"{"externality":{"networkWrites":null},"generation":2,"lease_id":7,"provider_id":"p1","statement":"measurement"}"#;
+        assert_eq!(
+            verify(&sign_raw(null_flag, &k), &k.verifying_key(), expected(2)),
+            Err(EvidenceError::Malformed("payload is not a statement"))
+        );
     }
 
     #[test]

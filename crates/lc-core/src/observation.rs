@@ -55,8 +55,31 @@ use crate::model::ExecId;
 pub struct CostObservation {
     /// CPU time consumed, in milliseconds (user + system).
     pub cpu_time_ms: u64,
-    /// The peak resident memory, in bytes.
+    /// The peak memory charged to the instance, in bytes (what its memory
+    /// cgroup counts: resident pages, page cache and tmpfs files).
     pub peak_memory_bytes: u64,
+}
+
+/// Nanoseconds per millisecond, the unit [`CostObservation::cpu_time_ms`]
+/// is counted in.
+pub const NANOS_PER_MILLI: u64 = 1_000_000;
+
+impl CostObservation {
+    /// The cost of an instance from its own accounting: `cpu_time_ns` of
+    /// CPU time (user + system, as the kernel counts it for the instance's
+    /// cgroup) and a peak of `peak_memory_bytes`. The CPU time is counted
+    /// in whole milliseconds, rounded down (999_999 ns is 0 ms).
+    ///
+    /// `None` when `peak_memory_bytes` is above [`JSON_SAFE_INTEGER_MAX`]:
+    /// an observation that canonical JSON cannot hold exactly is not made.
+    /// (Every `u64` of nanoseconds is at most 18_446_744_073_709 ms, far
+    /// below that bound.)
+    pub fn from_accounting(cpu_time_ns: u64, peak_memory_bytes: u64) -> Option<CostObservation> {
+        (peak_memory_bytes <= JSON_SAFE_INTEGER_MAX).then_some(CostObservation {
+            cpu_time_ms: cpu_time_ns / NANOS_PER_MILLI,
+            peak_memory_bytes,
+        })
+    }
 }
 
 /// What the trusted provider observed of an instance's side effects
@@ -102,6 +125,19 @@ impl ExternalityObservation {
             network_writes: Some(false),
             database_commits: Some(false),
             external_api_calls: Some(false),
+        }
+    }
+
+    /// What the sandbox itself proves of an instance: for a shape without
+    /// network (`network == false`) there is no path out, so all three
+    /// flags are observed `false` ([`ExternalityObservation::no_network_path`]);
+    /// with network, nothing in the sandbox sees the egress, so nothing is
+    /// observed ([`ExternalityObservation::absent`]).
+    pub const fn of_sandbox(network: bool) -> ExternalityObservation {
+        if network {
+            ExternalityObservation::absent()
+        } else {
+            ExternalityObservation::no_network_path()
         }
     }
 
@@ -712,6 +748,50 @@ mod tests {
     const V1_PRETTY: &[u8] = include_bytes!("../tests/fixtures/retry_receipts/v1_pretty_max.json");
 
     const FLAG: [Option<bool>; 3] = [None, Some(false), Some(true)];
+
+    #[test]
+    fn accounting_counts_whole_milliseconds_and_refuses_unsafe_integers() {
+        let c = |cpu_time_ms, peak_memory_bytes| {
+            Some(CostObservation {
+                cpu_time_ms,
+                peak_memory_bytes,
+            })
+        };
+        assert_eq!(CostObservation::from_accounting(0, 0), c(0, 0));
+        assert_eq!(CostObservation::from_accounting(999_999, 4096), c(0, 4096));
+        assert_eq!(CostObservation::from_accounting(1_000_000, 1), c(1, 1));
+        assert_eq!(
+            CostObservation::from_accounting(2_999_999_999, 268_435_456),
+            c(2_999, 268_435_456)
+        );
+        assert_eq!(
+            CostObservation::from_accounting(u64::MAX, 7),
+            c(18_446_744_073_709, 7)
+        );
+        assert_eq!(
+            CostObservation::from_accounting(0, JSON_SAFE_INTEGER_MAX),
+            c(0, JSON_SAFE_INTEGER_MAX)
+        );
+        assert_eq!(
+            CostObservation::from_accounting(0, JSON_SAFE_INTEGER_MAX + 1),
+            None
+        );
+        assert_eq!(CostObservation::from_accounting(0, u64::MAX), None);
+    }
+
+    #[test]
+    fn the_sandbox_proves_no_side_effects_only_without_network() {
+        assert_eq!(
+            ExternalityObservation::of_sandbox(false),
+            x(Some(false), Some(false), Some(false))
+        );
+        assert!(ExternalityObservation::of_sandbox(false).is_clean());
+        assert_eq!(
+            ExternalityObservation::of_sandbox(true),
+            x(None, None, None)
+        );
+        assert!(!ExternalityObservation::of_sandbox(true).is_complete());
+    }
 
     fn x(n: Option<bool>, d: Option<bool>, a: Option<bool>) -> ExternalityObservation {
         ExternalityObservation {
