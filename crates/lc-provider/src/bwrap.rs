@@ -185,6 +185,7 @@ use serde::{Deserialize, Serialize};
 
 use lc_core::evidence::{Envelope, InstanceState, Statement, sign};
 use lc_core::manifest::{EntryType, Manifest};
+use lc_core::observation::{CostObservation, ExternalityObservation};
 use lc_core::owner::OwnerFence;
 use lc_core::page::{
     FIRST_SEQ_MAX, INPUT_BYTES_MAX, PAGES_PER_REQUEST_MAX, Page, SPOOL_BYTES_DEFAULT,
@@ -1721,6 +1722,35 @@ impl Provider for BwrapProvider {
             lease_id: lease_id.0,
             generation: generation.0,
             state: self.state_of(lease_id.0, generation.0),
+        }))
+    }
+
+    async fn measure(
+        &self,
+        lease_id: SandboxLeaseId,
+        generation: Generation,
+    ) -> Result<Envelope, ProviderError> {
+        check_ids(lease_id, generation)?;
+        let (l, g) = (lease_id.0, generation.0);
+        let Some(record) = self.read_record(&self.instance_dir(l, g))? else {
+            return Err(ProviderError::NoInstance {
+                lease_id: l,
+                generation: g,
+            });
+        };
+        let shape = lc_core::shape::Shape::by_name(&record.shape)
+            .map_err(|e| io(format_args!("instance {l}-{g} shape"), e))?;
+        let cost = self
+            .cgroups
+            .instance(&instance_name(l, g))
+            .accounting()
+            .and_then(|a| CostObservation::from_accounting(a.cpu_time_ns, a.peak_memory_bytes));
+        Ok(self.signed(Statement::Measurement {
+            provider_id: self.cfg.provider_id.as_str().to_owned(),
+            lease_id: l,
+            generation: g,
+            cost,
+            externality: ExternalityObservation::of_sandbox(shape.network),
         }))
     }
 

@@ -7,8 +7,10 @@
 //!   `memory/<parent>/<name>` with `memory.limit_in_bytes` (and
 //!   `memory.memsw.limit_in_bytes` at the same value when swap accounting is
 //!   on, so swap is no way around the limit), `pids/<parent>/<name>` with
-//!   `pids.max`, and `cpu/<parent>/<name>` with `cpu.shares` when the cpu
-//!   controller is mounted.
+//!   `pids.max`, `cpu/<parent>/<name>` with `cpu.shares` when the cpu
+//!   controller is mounted, and `cpuacct/<parent>/<name>` when the cpuacct
+//!   controller is mounted on a hierarchy of its own (co-mounted with cpu,
+//!   the cpu group counts too).
 //! * **v2** (`/sys/fs/cgroup` is a cgroup2 file system): one group
 //!   `<parent>/<name>` with `memory.max`, `memory.swap.max = 0`, `pids.max`
 //!   and `cpu.weight` (the shares mapped onto 1..=10000), the controllers
@@ -20,6 +22,10 @@
 //! every process listed in the groups with `SIGKILL` (or writes `cgroup.kill`
 //! on v2) until they are empty, within [`KILL_ROUNDS_MAX`] rounds, then
 //! removes the groups.
+//!
+//! [`InstanceCgroup::accounting`] reads what the kernel counted for the
+//! instance: CPU time (v1 `cpuacct.usage`, v2 `usage_usec` of `cpu.stat`)
+//! and peak memory (v1 `memory.max_usage_in_bytes`, v2 `memory.peak`).
 
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt as _;
@@ -77,9 +83,22 @@ pub struct CgroupRoot {
 #[derive(Debug, Clone)]
 pub struct InstanceCgroup {
     version: CgroupVersion,
-    /// One directory per hierarchy (v1: memory, pids, and cpu when mounted;
-    /// v2: one).
+    /// One directory per hierarchy (v1: memory, pids, then cpu and cpuacct
+    /// when mounted; v2: one).
     dirs: Vec<PathBuf>,
+    /// The directory holding the CPU accounting (v1 `cpuacct.usage`, v2
+    /// `cpu.stat`); `None` on a v1 host without the cpuacct controller.
+    cpu_accounting: Option<PathBuf>,
+}
+
+/// What the kernel counted for an instance's groups since they were made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Accounting {
+    /// CPU time of every process that ran in the groups, user + system, in
+    /// nanoseconds (v2 counts microseconds: a multiple of 1000).
+    pub cpu_time_ns: u64,
+    /// The most memory charged to the memory group at once, in bytes.
+    pub peak_memory_bytes: u64,
 }
 
 fn io(path: &Path, e: impl std::fmt::Display) -> ProviderError {
@@ -154,27 +173,52 @@ impl CgroupRoot {
         self.version
     }
 
-    fn dirs(&self, name: &str) -> Vec<PathBuf> {
+    /// The group directories of instance `name` and the one holding its
+    /// CPU accounting.
+    fn dirs(&self, name: &str) -> (Vec<PathBuf>, Option<PathBuf>) {
         match self.version {
-            CgroupVersion::V2 => vec![self.mount.join(&self.parent).join(name)],
+            CgroupVersion::V2 => {
+                let d = self.mount.join(&self.parent).join(name);
+                (vec![d.clone()], Some(d))
+            }
             CgroupVersion::V1 => {
                 let mut v = vec![
                     self.mount.join("memory").join(&self.parent).join(name),
                     self.mount.join("pids").join(&self.parent).join(name),
                 ];
-                if self.mount.join("cpu/cgroup.procs").exists() {
-                    v.push(self.mount.join("cpu").join(&self.parent).join(name));
+                let cpu = self.mount.join("cpu");
+                let cpuacct = self.mount.join("cpuacct");
+                if cpu.join("cgroup.procs").exists() {
+                    v.push(cpu.join(&self.parent).join(name));
                 }
-                v
+                let mut accounting = None;
+                if cpuacct.join("cgroup.procs").exists() {
+                    let group = cpuacct.join(&self.parent).join(name);
+                    // `cpu` and `cpuacct` are often links to one `cpu,cpuacct`
+                    // hierarchy: then the cpu group is the accounting group.
+                    let same = matches!(
+                        (std::fs::canonicalize(&cpu), std::fs::canonicalize(&cpuacct)),
+                        (Ok(a), Ok(b)) if a == b
+                    );
+                    if same {
+                        accounting = Some(cpu.join(&self.parent).join(name));
+                    } else {
+                        v.push(group.clone());
+                        accounting = Some(group);
+                    }
+                }
+                (v, accounting)
             }
         }
     }
 
     /// The groups of instance `name`, whether or not they exist.
     pub fn instance(&self, name: &str) -> InstanceCgroup {
+        let (dirs, cpu_accounting) = self.dirs(name);
         InstanceCgroup {
             version: self.version,
-            dirs: self.dirs(name),
+            dirs,
+            cpu_accounting,
         }
     }
 
@@ -249,9 +293,41 @@ impl InstanceCgroup {
         self.version
     }
 
-    /// The group directories (v1: memory, pids[, cpu]; v2: one).
+    /// The group directories (v1: memory, pids[, cpu][, cpuacct]; v2: one).
     pub fn dirs(&self) -> &[PathBuf] {
         &self.dirs
+    }
+
+    /// What the kernel counted for the groups so far: CPU time and peak
+    /// memory. `None` when either cannot be read (the groups are gone, the
+    /// host has no CPU accounting, a v2 kernel without `memory.peak`):
+    /// unknown, never zero.
+    pub fn accounting(&self) -> Option<Accounting> {
+        let read = |p: PathBuf| std::fs::read_to_string(p).ok();
+        let acct = self.cpu_accounting.as_ref()?;
+        let (cpu_time_ns, peak) = match self.version {
+            CgroupVersion::V1 => (
+                read(acct.join("cpuacct.usage"))?
+                    .trim()
+                    .parse::<u64>()
+                    .ok()?,
+                read(self.dirs[0].join("memory.max_usage_in_bytes"))?,
+            ),
+            CgroupVersion::V2 => (
+                read(acct.join("cpu.stat"))?
+                    .lines()
+                    .find_map(|l| l.strip_prefix("usage_usec "))?
+                    .trim()
+                    .parse::<u64>()
+                    .ok()?
+                    .checked_mul(1000)?,
+                read(self.dirs[0].join("memory.peak"))?,
+            ),
+        };
+        Some(Accounting {
+            cpu_time_ns,
+            peak_memory_bytes: peak.trim().parse().ok()?,
+        })
     }
 
     /// The file holding the memory limit (`memory.limit_in_bytes` or `memory.max`).
@@ -419,6 +495,11 @@ mod tests {
         for f in ["memory.swap.max", "cpu.weight"] {
             std::fs::write(mount.join("lc/7-2").join(f), "max\n").unwrap();
         }
+        std::fs::write(
+            mount.join("lc/7-2/cpu.stat"),
+            "usage_usec 123456\nuser_usec 100000\nsystem_usec 23456\n",
+        )
+        .unwrap();
         let root = CgroupRoot::with_version(CgroupVersion::V2, &mount, "lc");
         let cg = root
             .create(
@@ -437,12 +518,95 @@ mod tests {
         assert_eq!(read("memory.swap.max"), "0");
         assert_eq!(read("pids.max"), "64");
         assert_eq!(read("cpu.weight"), "39");
+        // Without memory.peak (a kernel before 5.19) the cost is unknown.
+        assert_eq!(cg.accounting(), None);
+        std::fs::write(mount.join("lc/7-2/memory.peak"), "8388608\n").unwrap();
+        assert_eq!(
+            cg.accounting(),
+            Some(Accounting {
+                cpu_time_ns: 123_456_000,
+                peak_memory_bytes: 8_388_608,
+            })
+        );
+        std::fs::write(mount.join("lc/7-2/cpu.stat"), "user_usec 1\n").unwrap();
+        assert_eq!(cg.accounting(), None);
         // The last controller written to each parent's subtree_control.
         assert_eq!(
             std::fs::read_to_string(mount.join("cgroup.subtree_control")).unwrap(),
             "+cpu"
         );
         std::fs::remove_dir_all(&mount).unwrap();
+    }
+
+    #[test]
+    fn v1_accounting_counts_what_the_instance_ran_and_is_unknown_once_removed() {
+        let root = CgroupRoot::detect(Path::new("/sys/fs/cgroup"), "little-compute-acct").unwrap();
+        let name = format!("a-{}", std::process::id());
+        let cg = root
+            .create(
+                &name,
+                Limits {
+                    memory_bytes: 64 * 1024 * 1024,
+                    pids_max: 8,
+                    cpu_shares: 1024,
+                },
+            )
+            .unwrap();
+        // This host mounts cpuacct on its own hierarchy: a fourth group.
+        assert_eq!(
+            cg.dirs().last().unwrap(),
+            &Path::new("/sys/fs/cgroup/cpuacct/little-compute-acct").join(&name)
+        );
+        // Nothing ran yet: a measured zero, not an unknown.
+        assert_eq!(
+            cg.accounting(),
+            Some(Accounting {
+                cpu_time_ns: 0,
+                peak_memory_bytes: 0,
+            })
+        );
+        let procs = cg.procs_paths().unwrap();
+        let mut cmd = std::process::Command::new("sh");
+        cmd.args(["-c", "i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done"]);
+        use std::os::unix::process::CommandExt as _;
+        // SAFETY: join_self only calls open, write and close.
+        unsafe { cmd.pre_exec(move || InstanceCgroup::join_self(&procs)) };
+        // Reaped below with wait4, which also gives its rusage.
+        let child_pid = cmd.spawn().unwrap().id() as i32;
+        // The child's own CPU time, from the kernel's rusage of it: an
+        // independent count of the same work.
+        let mut status = 0;
+        // SAFETY: wait4 writes only into `status` and `usage`.
+        let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+        let pid = unsafe { libc::wait4(child_pid, &mut status, 0, &mut usage) };
+        assert_eq!(pid, child_pid);
+        assert_eq!(status, 0);
+        let tv_ns = |t: libc::timeval| t.tv_sec as u64 * 1_000_000_000 + t.tv_usec as u64 * 1000;
+        let rusage_ns = tv_ns(usage.ru_utime) + tv_ns(usage.ru_stime);
+        let a = cg.accounting().unwrap();
+        // Both count the same process, the group from the moment it joined
+        // (before its exec), rusage in whole microseconds: they agree within
+        // 20 ms of the at least 100 ms the loop takes.
+        assert!(rusage_ns >= 100_000_000, "the loop ran {rusage_ns} ns");
+        assert!(
+            a.cpu_time_ns + 20_000_000 >= rusage_ns && a.cpu_time_ns <= rusage_ns + 20_000_000,
+            "group {} ns, rusage {rusage_ns} ns",
+            a.cpu_time_ns
+        );
+        assert!(
+            a.peak_memory_bytes >= 4096 && a.peak_memory_bytes <= 64 * 1024 * 1024,
+            "{}",
+            a.peak_memory_bytes
+        );
+        cg.kill_and_remove().unwrap();
+        assert_eq!(cg.accounting(), None);
+        for c in ["memory", "pids", "cpu", "cpuacct"] {
+            let _ = std::fs::remove_dir(
+                Path::new("/sys/fs/cgroup")
+                    .join(c)
+                    .join("little-compute-acct"),
+            );
+        }
     }
 
     #[test]
@@ -488,5 +652,6 @@ mod tests {
         let _ = std::fs::remove_dir(Path::new("/sys/fs/cgroup/memory/little-compute-unit"));
         let _ = std::fs::remove_dir(Path::new("/sys/fs/cgroup/pids/little-compute-unit"));
         let _ = std::fs::remove_dir(Path::new("/sys/fs/cgroup/cpu/little-compute-unit"));
+        let _ = std::fs::remove_dir(Path::new("/sys/fs/cgroup/cpuacct/little-compute-unit"));
     }
 }

@@ -11,6 +11,7 @@
 //! | `POST /v1/instances/{lease}/{generation}/destroy` | | evidence [`Envelope`] |
 //! | `POST /v1/instances/{lease}/{generation}/not_sent` | | evidence [`Envelope`] (`not_sent`), or 409 `command_sent` |
 //! | `GET /v1/instances/{lease}/{generation}/observation` | | evidence [`Envelope`] |
+//! | `GET /v1/instances/{lease}/{generation}/measurement` | | evidence [`Envelope`] (a measurement) |
 //! | `GET /v1/instances/{lease}/{generation}/pages?fence=F&after_seq=N&max=M` | | `{ "pages": [JsonPage] }` |
 //! | `POST /v1/instances/{lease}/{generation}/ack` | `{ "fence": F, "through_seq": N }` | `{}` |
 //! | `POST /v1/instances/{lease}/{generation}/cancel` | `{ "fence": F }` | `{}` |
@@ -494,6 +495,14 @@ async fn observe(
     Ok(Json(p.observe(l, g).await?))
 }
 
+async fn measure(
+    State(Shared { provider: p }): State<Shared>,
+    Path(raw): Path<(String, String)>,
+) -> Result<Json<Envelope>, ApiError> {
+    let (l, g) = ids(raw)?;
+    Ok(Json(p.measure(l, g).await?))
+}
+
 async fn pages(
     State(Shared { provider: p }): State<Shared>,
     Path(raw): Path<(String, String)>,
@@ -611,6 +620,10 @@ fn instance_routes() -> axum::Router<Shared> {
         .route(
             "/v1/instances/{lease}/{generation}/observation",
             get(observe),
+        )
+        .route(
+            "/v1/instances/{lease}/{generation}/measurement",
+            get(measure),
         )
         .route("/v1/instances/{lease}/{generation}/pages", get(pages))
         .route("/v1/instances/{lease}/{generation}/ack", post(ack))
@@ -861,6 +874,19 @@ impl Provider for HttpProvider {
         self.call(
             reqwest::Method::GET,
             &Self::instance_path(lease_id, generation, "observation"),
+            None::<&()>,
+        )
+        .await
+    }
+
+    async fn measure(
+        &self,
+        lease_id: SandboxLeaseId,
+        generation: Generation,
+    ) -> Result<Envelope, ProviderError> {
+        self.call(
+            reqwest::Method::GET,
+            &Self::instance_path(lease_id, generation, "measurement"),
             None::<&()>,
         )
         .await

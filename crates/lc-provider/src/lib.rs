@@ -469,6 +469,32 @@ pub trait Provider: Send + Sync {
         generation: Generation,
     ) -> Result<Envelope, ProviderError>;
 
+    /// A signed measurement of the instance so far
+    /// ([`lc_core::evidence::Statement::Measurement`]): its cost from the
+    /// kernel's accounting of everything that ran in its cgroups (the
+    /// sandbox, its supervisor and the command; CPU time in whole
+    /// milliseconds and peak charged memory), omitted when that accounting
+    /// cannot be read; its externality as the sandbox proves it (all
+    /// `false` for a shape without network, nothing observed with it).
+    /// Read-only and unfenced. Measure before destroy: destroy removes the
+    /// accounting with the cgroups. The default refuses: a provider that
+    /// measures nothing can sign nothing.
+    ///
+    /// # Errors
+    /// [`ProviderError::NoInstance`] (never allocated, or destroyed),
+    /// [`ProviderError::InvalidRequest`] for ids below 1 or a provider
+    /// without measurements, [`ProviderError::Io`].
+    async fn measure(
+        &self,
+        lease_id: SandboxLeaseId,
+        generation: Generation,
+    ) -> Result<Envelope, ProviderError> {
+        let _ = (lease_id, generation);
+        Err(ProviderError::InvalidRequest {
+            detail: "this provider measures nothing".into(),
+        })
+    }
+
     /// The instance's spooled pages with `seq > after_seq`, in order, at most
     /// `max` (capped at [`lc_core::page::PAGES_PER_REQUEST_MAX`]); empty when
     /// none is spooled yet or the supervisor has finished. Read-only, but

@@ -84,7 +84,7 @@ impl Drop for Env {
         let _ = std::fs::remove_dir_all(&self.dir);
         // The test's parent groups; empty once every instance was destroyed.
         let parent = &self.provider.config().cgroup_parent;
-        for c in ["memory", "pids", "cpu"] {
+        for c in ["memory", "pids", "cpu", "cpuacct"] {
             let _ = std::fs::remove_dir(Path::new("/sys/fs/cgroup").join(c).join(parent));
         }
     }
@@ -3305,4 +3305,142 @@ async fn a_corrupt_or_missing_blob_fails_the_restore_and_leaves_nothing() {
     assert!(!err.is_transient());
     e.provider.destroy(l3, g3).await.unwrap();
     server.abort();
+}
+
+/// The measurement in `envelope`, verified against the provider's key.
+fn measurement(
+    envelope: &lc_core::evidence::Envelope,
+    key: &ed25519_dalek::VerifyingKey,
+    lease: i64,
+) -> (
+    Option<lc_core::observation::CostObservation>,
+    lc_core::observation::ExternalityObservation,
+) {
+    match verify(envelope, key, expected(lease, 1)).unwrap() {
+        Statement::Measurement {
+            cost, externality, ..
+        } => (cost, externality),
+        other => panic!("not a measurement: {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_is_measured_from_its_own_accounting_and_unknown_without_it() {
+    use lc_core::observation::ExternalityObservation;
+    let e = env();
+    let key = e.provider.public_key();
+    let (l, g) = (SandboxLeaseId(61), Generation(1));
+    // Never allocated: nothing to measure, a typed refusal.
+    assert_eq!(
+        e.provider.measure(l, g).await.unwrap_err(),
+        ProviderError::NoInstance {
+            lease_id: 61,
+            generation: 1
+        }
+    );
+    // A CPU-bound command in a shape without network.
+    let a = e
+        .provider
+        .allocate(sh(
+            61,
+            "i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done; printf done",
+        ))
+        .await
+        .unwrap();
+    assert!(a.created);
+    let all = until_terminal(&e.provider, 61, 1).await;
+    assert_eq!(stream(&all, PageKind::Stdout), "done");
+    // Acknowledging the terminal page ends the supervisor: nothing of the
+    // instance runs any more, so its accounting stays where it is.
+    let last = all.last().unwrap().seq();
+    e.provider.ack(l, g, F, last).await.unwrap();
+    let cg = e.provider.instance_cgroup(l, g);
+    let t = Instant::now();
+    while !cg.pids().is_empty() {
+        assert!(t.elapsed() < DEADLINE, "instance processes {:?}", cg.pids());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let first = e.provider.measure(l, g).await.unwrap();
+    let (cost, externality) = measurement(&first, &key, 61);
+    let cost = cost.expect("a live cgroup is measured");
+    let kernel = cg.accounting().unwrap();
+    assert_eq!(cost.cpu_time_ms, kernel.cpu_time_ns / 1_000_000);
+    assert_eq!(cost.peak_memory_bytes, kernel.peak_memory_bytes);
+    // 300 000 shell iterations take far more than 50 ms of CPU on any
+    // machine, and the group's memory never passed the shape's limit.
+    assert!(cost.cpu_time_ms >= 50, "{cost:?}");
+    assert!(
+        cost.peak_memory_bytes > 0 && cost.peak_memory_bytes <= SMALL.memory_bytes,
+        "{cost:?}"
+    );
+    // No network path: every side effect observed as not happened.
+    assert_eq!(externality, ExternalityObservation::no_network_path());
+    // Measured again (and over HTTP): the same signed bytes.
+    assert_eq!(e.provider.measure(l, g).await.unwrap(), first);
+    let provider: Arc<dyn Provider> = Arc::new(BwrapProvider::open(config(&e.dir)).unwrap());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let server = tokio::spawn(async move {
+        axum::serve(listener, provider_router(provider))
+            .await
+            .unwrap();
+    });
+    let client = HttpProvider::connect(&url).await.unwrap();
+    assert_eq!(client.measure(l, g).await.unwrap(), first);
+    assert_eq!(
+        client
+            .measure(SandboxLeaseId(62), g)
+            .await
+            .unwrap_err()
+            .code(),
+        "no_instance"
+    );
+    assert_eq!(
+        client
+            .measure(SandboxLeaseId(0), g)
+            .await
+            .unwrap_err()
+            .code(),
+        "invalid_request"
+    );
+    // The accounting gone (the groups removed under the record, as after a
+    // host restart): the cost is unknown, omitted, never zero; what the
+    // sandbox proves still holds.
+    cg.kill_and_remove().unwrap();
+    let (cost, externality) = measurement(&e.provider.measure(l, g).await.unwrap(), &key, 61);
+    assert_eq!(cost, None);
+    assert_eq!(externality, ExternalityObservation::no_network_path());
+    // Destroyed: nothing left to measure.
+    e.provider.destroy(l, g).await.unwrap();
+    assert_eq!(
+        client.measure(l, g).await.unwrap_err(),
+        ProviderError::NoInstance {
+            lease_id: 61,
+            generation: 1
+        }
+    );
+    server.abort();
+}
+
+#[tokio::test]
+async fn a_network_shape_s_side_effects_are_not_observed() {
+    use lc_core::observation::ExternalityObservation;
+    let e = env();
+    let key = e.provider.public_key();
+    let (l, g) = (SandboxLeaseId(63), Generation(1));
+    e.provider
+        .allocate(req(63, 1, SMALL_NET, &["sleep", "300"]))
+        .await
+        .unwrap();
+    let (cost, externality) = measurement(&e.provider.measure(l, g).await.unwrap(), &key, 63);
+    // The sandbox cannot see what went out: every flag unknown.
+    assert_eq!(externality, ExternalityObservation::absent());
+    assert_eq!(
+        serde_json::to_string(&externality).unwrap(),
+        "{}".to_owned()
+    );
+    // The instance runs in its groups: its cost so far is measured (the
+    // sandbox and the running command hold memory).
+    assert!(cost.is_some_and(|c| c.peak_memory_bytes > 0), "{cost:?}");
+    e.provider.destroy(l, g).await.unwrap();
 }

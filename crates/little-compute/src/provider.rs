@@ -318,7 +318,7 @@ mod tests {
             connections_max: 4,
         };
         let err = serve(args).await.unwrap_err();
-        for c in ["memory", "pids", "cpu", ""] {
+        for c in ["memory", "pids", "cpu", "cpuacct", ""] {
             let _ =
                 std::fs::remove_dir(std::path::Path::new("/sys/fs/cgroup").join(c).join(&parent));
         }

@@ -175,7 +175,7 @@ impl Drop for Up {
 fn remove_cgroups(dir: &Path) {
     use std::os::unix::ffi::OsStrExt as _;
     let hex = lc_core::Digest::of(dir.as_os_str().as_bytes()).to_hex();
-    for c in ["memory", "pids", "cpu"] {
+    for c in ["memory", "pids", "cpu", "cpuacct"] {
         let _ = std::fs::remove_dir(
             Path::new("/sys/fs/cgroup")
                 .join(c)

@@ -308,7 +308,7 @@ impl Drop for Rig {
         }
         let parent = self.provider.config().cgroup_parent.clone();
         let _ = std::fs::remove_dir_all(&self.dir);
-        for c in ["", "memory", "pids", "cpu"] {
+        for c in ["", "memory", "pids", "cpu", "cpuacct"] {
             let _ = std::fs::remove_dir(Path::new("/sys/fs/cgroup").join(c).join(&parent));
         }
     }

@@ -340,7 +340,7 @@ impl Drop for Rig {
         drop(self.worker.take());
         drop(self.provider.take());
         drop(self.sampler.take());
-        for c in ["memory", "pids", "cpu"] {
+        for c in ["memory", "pids", "cpu", "cpuacct"] {
             let parent = Path::new("/sys/fs/cgroup")
                 .join(c)
                 .join(&self.cgroup_parent);

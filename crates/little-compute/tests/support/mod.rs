@@ -111,7 +111,7 @@ pub fn write_secret(dir: &Path) -> PathBuf {
 /// Removes the provider's cgroup `parent` under each controller (an error,
 /// such as a parent still holding children, is ignored).
 pub fn remove_cgroup_parent(parent: &str) {
-    for c in ["memory", "pids", "cpu"] {
+    for c in ["memory", "pids", "cpu", "cpuacct"] {
         let _ = std::fs::remove_dir(Path::new("/sys/fs/cgroup").join(c).join(parent));
     }
 }
