@@ -2293,15 +2293,7 @@ fn bytes_of(pages: &[Page], kind: PageKind) -> Vec<u8> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stale_fences_are_refused_and_cancel_kills_through_http() {
     let e = env();
-    let provider: Arc<dyn Provider> = Arc::new(BwrapProvider::open(config(&e.dir)).unwrap());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let server = tokio::spawn(async move {
-        axum::serve(listener, provider_router(provider))
-            .await
-            .unwrap();
-    });
-    let client = HttpProvider::connect(&url).await.unwrap();
+    let (client, url, server) = served(&e).await;
     let (l, g) = (SandboxLeaseId(21), Generation(1));
     client
         .allocate(sh(
@@ -2473,15 +2465,7 @@ async fn orphans_die_with_the_command_and_a_small_spool_loses_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn input_reaches_the_command_once_per_seq_through_http() {
     let e = env();
-    let provider: Arc<dyn Provider> = Arc::new(BwrapProvider::open(config(&e.dir)).unwrap());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let server = tokio::spawn(async move {
-        axum::serve(listener, provider_router(provider))
-            .await
-            .unwrap();
-    });
-    let client = HttpProvider::connect(&url).await.unwrap();
+    let (client, _url, server) = served(&e).await;
     let (l, g) = (SandboxLeaseId(23), Generation(1));
     let mut r = req(23, 1, SMALL, &["cat"]);
     r.stdin_open = true;
@@ -2635,15 +2619,7 @@ async fn spool_when(
 async fn stop_ends_the_generation_with_the_stopped_page_and_numbering_starts_at_first_seq() {
     use lc_core::page::StopOutcome;
     let e = env();
-    let provider: Arc<dyn Provider> = Arc::new(BwrapProvider::open(config(&e.dir)).unwrap());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let server = tokio::spawn(async move {
-        axum::serve(listener, provider_router(provider))
-            .await
-            .unwrap();
-    });
-    let client = HttpProvider::connect(&url).await.unwrap();
+    let (client, url, server) = served(&e).await;
     for (first_seq, first_input_seq) in [(0, 1), (1, 0), (lc_core::page::FIRST_SEQ_MAX + 1, 1)] {
         let mut r = sh(31, "true");
         r.first_seq = first_seq;
@@ -3377,15 +3353,7 @@ async fn an_instance_is_measured_from_its_own_accounting_and_unknown_without_it(
     assert_eq!(externality, ExternalityObservation::no_network_path());
     // Measured again (and over HTTP): the same signed bytes.
     assert_eq!(e.provider.measure(l, g).await.unwrap(), first);
-    let provider: Arc<dyn Provider> = Arc::new(BwrapProvider::open(config(&e.dir)).unwrap());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let server = tokio::spawn(async move {
-        axum::serve(listener, provider_router(provider))
-            .await
-            .unwrap();
-    });
-    let client = HttpProvider::connect(&url).await.unwrap();
+    let (client, _url, server) = served(&e).await;
     assert_eq!(client.measure(l, g).await.unwrap(), first);
     assert_eq!(
         client
