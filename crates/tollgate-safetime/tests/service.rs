@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode, header};
+use clock::Clock;
 use clock::safe_cut::SafeCutClock;
 use http_body_util::BodyExt;
 use jiff::{SignedDuration, Timestamp};
@@ -299,7 +300,25 @@ async fn qualify(major: u32) {
         .await;
     let l2 = r.body.clone();
     let l2_expiry: Timestamp = l2["expiry"].as_str().unwrap().parse().unwrap();
+    // The service's reader sees the sampler's latest row before the step.
+    // A row first seen after a forward step counts the step into its age,
+    // so its staleness bound, and a renewal's expiry counted from it, errs
+    // an hour long (never short); the renewal below is the other case.
+    sampler.signal("STOP");
+    // A publish already sent when the signal landed commits within this.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let before_step = s.state.clock().read().await.unwrap();
+    assert!(before_step.staleness < SignedDuration::from_secs(2));
     server.set_clock_offset_ns(3_600 * SECOND_NS).unwrap();
+    // A reader that first sees that same row now counts the whole step.
+    let pool = s.state.store().ops.pg_pool().unwrap().clone();
+    let first_sight_after_step = SafeCutClock::new(pool, SignedDuration::from_secs(2))
+        .read()
+        .await
+        .unwrap();
+    assert_eq!(first_sight_after_step.now, before_step.now);
+    assert!(first_sight_after_step.staleness >= SignedDuration::from_secs(3_600));
+    sampler.signal("CONT");
     // Within a few samples the service refuses new work.
     let deadline = Instant::now() + Duration::from_secs(5);
     let refused = loop {
