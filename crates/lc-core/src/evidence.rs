@@ -208,6 +208,25 @@ impl Statement {
         }
     }
 
+    /// What a measurement statement observed (`None` for every other
+    /// kind).
+    pub fn measured(&self) -> Option<crate::observation::AttemptObservation> {
+        match self {
+            Statement::Measurement {
+                cost, externality, ..
+            } => Some(crate::observation::AttemptObservation {
+                cost: *cost,
+                externality: *externality,
+            }),
+            Statement::Absence { .. }
+            | Statement::Fence { .. }
+            | Statement::Observation { .. }
+            | Statement::NotSent { .. }
+            | Statement::Quiescence { .. }
+            | Statement::Attachment { .. } => None,
+        }
+    }
+
     /// Whether the statement proves that no instance of `generation` runs
     /// and none will: an absence of exactly that generation, or a fence of
     /// that generation or a later one. A not-sent statement proves the
@@ -488,6 +507,21 @@ mod tests {
         assert_eq!(unknown.subject(), ("p1", 7, 2));
         assert!(!measured.proves_gone(2));
         assert!(!measured.proves_not_sent(2));
+        assert_eq!(
+            measured.measured(),
+            Some(crate::observation::AttemptObservation {
+                cost: Some(cost),
+                externality: crate::observation::ExternalityObservation::no_network_path(),
+            })
+        );
+        assert_eq!(absence(2).measured(), None);
+        assert_eq!(
+            unknown.measured(),
+            Some(crate::observation::AttemptObservation {
+                cost: None,
+                externality: crate::observation::ExternalityObservation::absent(),
+            })
+        );
         let k = key(3);
         for st in [&measured, &unknown] {
             assert_eq!(

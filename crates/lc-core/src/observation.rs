@@ -314,14 +314,79 @@ impl IneligibleReason {
 /// # Panics
 /// Never.
 pub fn reexecution_eligibility(milestone: Option<&Milestone>) -> Eligibility {
-    let reason = match milestone.map(|m| m.externality) {
-        None => IneligibleReason::NoMilestone,
-        Some(None) => IneligibleReason::ExternalityUnobserved,
-        Some(Some(x)) if x.any_observed() => IneligibleReason::ExternalityObserved,
-        Some(Some(x)) if !x.is_complete() => IneligibleReason::ExternalityIncomplete,
-        Some(Some(_)) => return Eligibility::Eligible,
+    match milestone {
+        None => Eligibility::Ineligible(IneligibleReason::NoMilestone),
+        Some(m) => judge_externality(m.externality.as_ref()),
+    }
+}
+
+/// Eligible only for a complete observation with all three flags `false`;
+/// otherwise unobserved, a flag observed `true`, or a flag missing, in
+/// that order.
+fn judge_externality(externality: Option<&ExternalityObservation>) -> Eligibility {
+    let reason = match externality {
+        None => IneligibleReason::ExternalityUnobserved,
+        Some(x) if x.any_observed() => IneligibleReason::ExternalityObserved,
+        Some(x) if !x.is_complete() => IneligibleReason::ExternalityIncomplete,
+        Some(_) => return Eligibility::Eligible,
     };
     Eligibility::Ineligible(reason)
+}
+
+/// What the trusted provider measured of one Lease generation as a whole,
+/// from the instance's start to the moment it signed: the terminal
+/// observation when it is taken just before the destroy.
+///
+/// JSON: `{"cost":{...},"externality":{...}}`, `cost` omitted when the
+/// accounting was not readable; `null` and unknown fields refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AttemptObservation {
+    /// The measured cost, if the instance's accounting was readable.
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub cost: Option<CostObservation>,
+    /// The side effects observed (each flag omitted when not observed).
+    pub externality: ExternalityObservation,
+}
+
+impl AttemptObservation {
+    /// Whether `self`, a later measurement of the same generation, may
+    /// replace the `stored` one without losing anything measured: a cost
+    /// is never replaced by an unknown one (the accounting only grows, and
+    /// is gone once the instance is destroyed) and a flag once observed is
+    /// never replaced by an unobserved one.
+    pub fn supersedes(&self, stored: &AttemptObservation) -> bool {
+        let kept = |new: Option<bool>, old: Option<bool>| new.is_some() || old.is_none();
+        (self.cost.is_some() || stored.cost.is_none())
+            && kept(
+                self.externality.network_writes,
+                stored.externality.network_writes,
+            )
+            && kept(
+                self.externality.database_commits,
+                stored.externality.database_commits,
+            )
+            && kept(
+                self.externality.external_api_calls,
+                stored.externality.external_api_calls,
+            )
+    }
+}
+
+/// Whether re-executing a whole attempt from its start is safe, judged on
+/// the trusted observation of its Lease generation (`None`: nothing was
+/// measured, e.g. the provider died first): the rule of
+/// [`reexecution_eligibility`] applied to an observation covering the
+/// attempt from start to end. Never eligible without one.
+///
+/// # Panics
+/// Never.
+pub fn attempt_reexecution_eligibility(observation: Option<&AttemptObservation>) -> Eligibility {
+    judge_externality(observation.map(|o| &o.externality))
 }
 
 /// The milestone a retry restarts from: its sequence number within the
@@ -1086,6 +1151,98 @@ mod tests {
         ] {
             assert_eq!(r.code(), code);
             assert!(!Eligibility::Ineligible(r).is_eligible());
+        }
+    }
+
+    #[test]
+    fn a_whole_attempt_is_judged_on_its_own_observation() {
+        let cost = CostObservation {
+            cpu_time_ms: 0,
+            peak_memory_bytes: 0,
+        };
+        let mut eligible = 0;
+        for o in std::iter::once(None).chain(FLAG.iter().flat_map(|n| {
+            FLAG.iter()
+                .flat_map(move |d| FLAG.iter().map(move |a| Some(x(*n, *d, *a))))
+        })) {
+            for c in [None, Some(cost)] {
+                let obs = o.map(|externality| AttemptObservation {
+                    cost: c,
+                    externality,
+                });
+                let got = match attempt_reexecution_eligibility(obs.as_ref()) {
+                    Eligibility::Eligible => Ok(()),
+                    Eligibility::Ineligible(r) => Err(r.code()),
+                };
+                assert_eq!(got, expected(true, o), "{o:?} {c:?}");
+                eligible += usize::from(got.is_ok());
+            }
+        }
+        // All false, with or without a cost; nothing else.
+        assert_eq!(eligible, 2);
+        assert_eq!(
+            attempt_reexecution_eligibility(None),
+            Eligibility::Ineligible(IneligibleReason::ExternalityUnobserved)
+        );
+    }
+
+    #[test]
+    fn an_attempt_observation_omits_what_was_not_measured() {
+        let cost = CostObservation {
+            cpu_time_ms: 0,
+            peak_memory_bytes: 4096,
+        };
+        let o = AttemptObservation {
+            cost: Some(cost),
+            externality: ExternalityObservation::no_network_path(),
+        };
+        assert_eq!(
+            check::<AttemptObservation>(&json(&o)),
+            r#"ok {"cost":{"cpuTimeMs":0,"peakMemoryBytes":4096},"externality":{"networkWrites":false,"databaseCommits":false,"externalApiCalls":false}}"#
+        );
+        let o = AttemptObservation {
+            cost: None,
+            externality: ExternalityObservation::absent(),
+        };
+        assert_eq!(json(&o), r#"{"externality":{}}"#);
+        for bad in [
+            r#"{"cost":null,"externality":{}}"#,
+            r#"{"cost":{"cpuTimeMs":1,"peakMemoryBytes":1}}"#,
+            r#"{"externality":{},"savedCost":1}"#,
+        ] {
+            assert!(serde_json::from_str::<AttemptObservation>(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_later_measurement_never_drops_what_was_measured() {
+        let cost = |cpu_time_ms| {
+            Some(CostObservation {
+                cpu_time_ms,
+                peak_memory_bytes: 1,
+            })
+        };
+        let o = |cost, externality| AttemptObservation { cost, externality };
+        let clean = ExternalityObservation::no_network_path();
+        let none = ExternalityObservation::absent();
+        // A cost replaces a cost or an unknown one; an unknown one replaces
+        // only an unknown one.
+        assert!(o(cost(9), clean).supersedes(&o(cost(5), clean)));
+        assert!(o(cost(5), clean).supersedes(&o(None, clean)));
+        assert!(o(None, clean).supersedes(&o(None, clean)));
+        assert!(!o(None, clean).supersedes(&o(cost(5), clean)));
+        // Each flag: observed replaces anything, unobserved only unobserved.
+        for (i, stored) in [
+            x(Some(false), None, None),
+            x(None, Some(true), None),
+            x(None, None, Some(false)),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            assert!(!o(cost(5), none).supersedes(&o(cost(5), stored)), "{i}");
+            assert!(o(cost(5), clean).supersedes(&o(cost(5), stored)), "{i}");
+            assert!(o(cost(5), stored).supersedes(&o(cost(5), none)), "{i}");
         }
     }
 
