@@ -12,6 +12,7 @@ use lc_core::input::InputRecord;
 use lc_core::model::{
     CanonicalIdentity, ExecRecord, OpScope, OperationRecord, OutputPage, Runtime, Tenant,
 };
+use lc_core::observation::{AttemptObservation, Eligibility, attempt_reexecution_eligibility};
 use lc_core::snapshot::{Entry, EntryKind};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
@@ -339,6 +340,101 @@ pub struct ExecView {
     pub resume: Option<ResumeReceiptView>,
     /// The decision on its approval, when it awaited one.
     pub approval: Option<ApprovalView>,
+    /// What the provider measured of the current generation's instance
+    /// (verified against its registered key), taken just before the
+    /// instance is destroyed; absent when nothing was measured (the
+    /// provider died or never answered), which means unknown, never zero
+    /// cost or no side effects.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observation: Option<ObservationView>,
+    /// Whether re-executing the current attempt from its start would be
+    /// safe, judged only on `observation`.
+    pub reexecution: ReexecutionView,
+}
+
+/// A trusted measurement of one Lease generation. Every value the
+/// provider could not measure is absent, never `0` or `false`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ObservationView {
+    /// The cost from the instance's own accounting; absent when it was
+    /// not readable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost: Option<CostView>,
+    /// The side effects observed.
+    pub externality: ExternalityView,
+}
+
+/// A measured cost: whole milliseconds of CPU time and the peak memory in
+/// bytes. A measured `0` is a real value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CostView {
+    /// CPU time, milliseconds.
+    pub cpu_time_ms: u64,
+    /// Peak memory, bytes.
+    pub peak_memory_bytes: u64,
+}
+
+/// Side effects: each flag present only when observed (`false`: observed
+/// not to happen); absent: unknown.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ExternalityView {
+    /// Writes to the network.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network_writes: Option<bool>,
+    /// Commits to a database outside the sandbox.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub database_commits: Option<bool>,
+    /// Calls to external APIs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub external_api_calls: Option<bool>,
+}
+
+/// The re-execution verdict: `eligible` only when the observation is
+/// complete and every flag is `false`; otherwise `reason` says why not:
+/// `externality_unobserved` (nothing measured), `externality_incomplete`
+/// (a flag unknown, none observed true) or `externality_observed` (a side
+/// effect happened).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ReexecutionView {
+    /// Whether re-execution would be safe.
+    pub eligible: bool,
+    /// Why not (absent when eligible).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+impl From<AttemptObservation> for ObservationView {
+    fn from(o: AttemptObservation) -> ObservationView {
+        ObservationView {
+            cost: o.cost.map(|c| CostView {
+                cpu_time_ms: c.cpu_time_ms,
+                peak_memory_bytes: c.peak_memory_bytes,
+            }),
+            externality: ExternalityView {
+                network_writes: o.externality.network_writes,
+                database_commits: o.externality.database_commits,
+                external_api_calls: o.externality.external_api_calls,
+            },
+        }
+    }
+}
+
+impl From<Eligibility> for ReexecutionView {
+    fn from(e: Eligibility) -> ReexecutionView {
+        match e {
+            Eligibility::Eligible => ReexecutionView {
+                eligible: true,
+                reason: None,
+            },
+            Eligibility::Ineligible(r) => ReexecutionView {
+                eligible: false,
+                reason: Some(r.code().to_string()),
+            },
+        }
+    }
 }
 
 impl From<ExecRecord> for ExecView {
@@ -363,6 +459,8 @@ impl From<ExecRecord> for ExecView {
             hibernation: e.hibernation.map(Into::into),
             resume: e.resume.map(Into::into),
             approval: e.approval.map(Into::into),
+            reexecution: attempt_reexecution_eligibility(e.observation.as_ref()).into(),
+            observation: e.observation.map(Into::into),
         }
     }
 }

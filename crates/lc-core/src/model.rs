@@ -479,6 +479,12 @@ pub struct ExecRecord {
     /// exec that needed none or still awaits one.
     #[serde(default)]
     pub approval: Option<crate::approval::ApprovalRecord>,
+    /// What the provider measured of its current generation's instance,
+    /// verified against the provider's registered key; `None` when nothing
+    /// was measured (the provider died or never answered before the
+    /// destroy), which is never read as zero cost or no side effects.
+    #[serde(default)]
+    pub observation: Option<crate::observation::AttemptObservation>,
 }
 
 /// A tenant with its Tollgate balances (units).

@@ -1210,7 +1210,10 @@ mod tests {
             r#"{"cost":{"cpuTimeMs":1,"peakMemoryBytes":1}}"#,
             r#"{"externality":{},"savedCost":1}"#,
         ] {
-            assert!(serde_json::from_str::<AttemptObservation>(bad).is_err(), "{bad}");
+            assert!(
+                serde_json::from_str::<AttemptObservation>(bad).is_err(),
+                "{bad}"
+            );
         }
     }
 

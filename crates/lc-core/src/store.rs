@@ -749,6 +749,28 @@ pub trait ReconcileStore: Send + Sync {
         at: CutReading,
     ) -> Result<LeaseWork, LcError>;
 
+    /// Records what the Lease's provider measured of this generation's
+    /// instance: `evidence` is a DSSE envelope (JSON) of a `measurement`
+    /// statement signed by the registered key of the Lease's provider
+    /// naming exactly this Lease and generation. A later measurement
+    /// replaces the stored one only when it loses nothing measured
+    /// ([`crate::observation::AttemptObservation::supersedes`]); otherwise
+    /// the stored one stays. Returns the measurement now stored. Taken on
+    /// any reading (a measurement decides no expiry); its cut is recorded.
+    ///
+    /// # Errors
+    /// `evidence_rejected` (signature, key, subject, or not a
+    /// measurement), `not_found`, `fenced`, `illegal_transition` (a
+    /// released Lease: its instance is gone), `invalid_cut_reading`,
+    /// storage errors.
+    async fn record_measurement(
+        &self,
+        lease: SandboxLeaseId,
+        generation: Generation,
+        evidence: &serde_json::Value,
+        at: CutReading,
+    ) -> Result<crate::observation::AttemptObservation, LcError>;
+
     /// The canonical manifest bytes a restoring Lease restores (its
     /// restore head's snapshot).
     ///

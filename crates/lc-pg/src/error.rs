@@ -89,8 +89,8 @@ pub(crate) fn map_db(e: &sqlx::Error) -> LcError {
     // LCS05 (a page changed or un-acknowledged), LCS06 (an input out of
     // order or changed), LCS07 (a snapshot rewritten), LCS08 (a resume
     // receipt rewritten), LCS09 (an attempt made runnable without its
-    // resume receipt) and LCS70 (a token changed other than by its first
-    // revocation): the store's rules refuse
+    // resume receipt), LCS70 (a token changed other than by its first
+    // revocation) and LCSM1 (a measured value dropped): the store's rules refuse
     // all of these before writing, so the guard firing is a store fault,
     // and it stays `storage_failure` with the guard's message.
     LcError::StorageFailure { message }

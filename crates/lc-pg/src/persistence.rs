@@ -24,6 +24,7 @@ use lc_core::hibernate::{
     WorkspaceRecord,
 };
 use lc_core::input::{InputQueue, InputRecord, InputState};
+use lc_core::observation::{AttemptObservation, CostObservation, ExternalityObservation};
 use lc_core::owner::{
     OwnerFence, OwnerGeneration, Ownership, PageMeta, StoredPage, TakeoverBasis, TransitionKind,
     TransitionReceipt,
@@ -787,11 +788,23 @@ pub(crate) async fn insert_lease(conn: &mut PgConnection, n: &NewLease<'_>) -> R
     Ok(())
 }
 
+/// The columns [`observation_at`] reads with prefix `m_`, from
+/// `lc_measurements` as `m`.
+macro_rules! measurement_columns {
+    () => {
+        "m.lease_id AS m_lease_id, m.cpu_time_ms AS m_cpu_time_ms, \
+         m.peak_memory_bytes AS m_peak_memory_bytes, m.network_writes AS m_network_writes, \
+         m.database_commits AS m_database_commits, m.external_api_calls AS m_external_api_calls"
+    };
+}
+
 /// An exec's row with its current generation's Lease state, its
+/// trusted measurement (columns `m_*`, NULL when none), its
 /// workspace head, the newest hibernation of its current attempt (columns
 /// `hib_*`, NULL when none) and its newest resume receipt (columns `rr_*`,
 /// NULL when none).
-const EXEC_SELECT: &str = "SELECT e.exec_id, e.tenant_id, e.lease_id, e.provider_id, \
+const EXEC_SELECT: &str = concat!(
+    "SELECT e.exec_id, e.tenant_id, e.lease_id, e.provider_id, \
         e.runtime_digest, e.workspace_id, e.shape, e.units, e.command::text AS command, \
         e.timeout_ms, e.timeout_floor_us, e.timeout_submicro_ns, e.admitted_floor_us, \
         e.admitted_submicro_ns, e.state, e.terminal_reason, e.exit_code, e.cancel_requested, \
@@ -811,18 +824,21 @@ const EXEC_SELECT: &str = "SELECT e.exec_id, e.tenant_id, e.lease_id, e.provider
         r.request_sha256 AS rr_request_sha256, r.token_sha256 AS rr_token_sha256, \
         r.owner_generation AS rr_owner_generation, r.owner_fence AS rr_owner_fence, \
         r.committed_floor_us AS rr_committed_floor_us, \
-        r.committed_submicro_ns AS rr_committed_submicro_ns \
-   FROM lc_execs e \
+        r.committed_submicro_ns AS rr_committed_submicro_ns, ",
+    measurement_columns!(),
+    " FROM lc_execs e \
    JOIN lc_attempts a ON a.exec_id = e.exec_id AND a.attempt = e.current_attempt \
    LEFT JOIN lc_sandbox_leases l ON l.exec_id = e.exec_id AND l.attempt = a.attempt \
                                 AND l.generation = a.generation \
+   LEFT JOIN lc_measurements m ON m.lease_id = l.lease_id \
    LEFT JOIN lc_workspaces w ON w.exec_id = e.exec_id \
    LEFT JOIN lc_approvals ap ON ap.exec_id = e.exec_id \
    LEFT JOIN LATERAL (SELECT * FROM lc_hibernations hh \
                        WHERE hh.exec_id = e.exec_id AND hh.attempt = e.current_attempt \
                        ORDER BY hh.generation DESC LIMIT 1) h ON true \
    LEFT JOIN LATERAL (SELECT * FROM lc_resume_receipts rr WHERE rr.exec_id = e.exec_id \
-                       ORDER BY rr.attempt DESC, rr.to_generation DESC LIMIT 1) r ON true";
+                       ORDER BY rr.attempt DESC, rr.to_generation DESC LIMIT 1) r ON true"
+);
 
 /// The `hib_*` columns of [`EXEC_SELECT`] as the exec's hibernation.
 fn exec_hibernation(row: &PgRow, exec_id: ExecId) -> Result<Option<HibernationRecord>, Fail> {
@@ -911,6 +927,7 @@ fn exec_from(row: &PgRow) -> Result<ExecRecord, Fail> {
         hibernation: exec_hibernation(row, exec_id)?,
         resume: exec_resume(row, exec_id)?,
         approval: exec_approval(row, exec_id, TenantId(row.try_get("tenant_id")?))?,
+        observation: observation_at(row, "m_")?,
     })
 }
 
@@ -2859,6 +2876,107 @@ pub(crate) async fn set_lease_attachment(
     one_row(done, "recording an attachment")
 }
 
+/// The measurement columns (`{prefix}cpu_time_ms`, ...) of `row` as an
+/// observation; `None` when `{prefix}lease_id` is NULL (no row).
+fn observation_at(row: &PgRow, prefix: &str) -> Result<Option<AttemptObservation>, Fail> {
+    let col = |c: &str| format!("{prefix}{c}");
+    if row
+        .try_get::<Option<i64>, _>(col("lease_id").as_str())?
+        .is_none()
+    {
+        return Ok(None);
+    }
+    let count = |c: &str| -> Result<Option<u64>, Fail> {
+        row.try_get::<Option<i64>, _>(col(c).as_str())?
+            .map(|v| u64::try_from(v).map_err(|_| Fail::from(corrupt(format!("{c} {v}")))))
+            .transpose()
+    };
+    let cost = match (count("cpu_time_ms")?, count("peak_memory_bytes")?) {
+        (Some(cpu_time_ms), Some(peak_memory_bytes)) => Some(CostObservation {
+            cpu_time_ms,
+            peak_memory_bytes,
+        }),
+        (None, None) => None,
+        _ => return Err(corrupt("a measurement with half a cost").into()),
+    };
+    Ok(Some(AttemptObservation {
+        cost,
+        externality: ExternalityObservation {
+            network_writes: row.try_get(col("network_writes").as_str())?,
+            database_commits: row.try_get(col("database_commits").as_str())?,
+            external_api_calls: row.try_get(col("external_api_calls").as_str())?,
+        },
+    }))
+}
+
+/// The stored measurement of `lease`, locked (`None`: nothing measured).
+pub(crate) async fn lock_measurement(
+    conn: &mut PgConnection,
+    lease: SandboxLeaseId,
+) -> Result<Option<AttemptObservation>, Fail> {
+    let row = sqlx::query(concat!(
+        "SELECT ",
+        measurement_columns!(),
+        " FROM lc_measurements m WHERE m.lease_id = $1 FOR UPDATE"
+    ))
+    .bind(lease.0)
+    .fetch_optional(&mut *conn)
+    .await?;
+    match row {
+        Some(r) => observation_at(&r, "m_"),
+        None => Ok(None),
+    }
+}
+
+/// Writes `observation` as the measurement of `lease` (of `exec`), signed
+/// in `evidence`, recorded at `cut`: inserted, or replacing the stored
+/// one (which the caller checked it supersedes).
+pub(crate) async fn write_measurement(
+    conn: &mut PgConnection,
+    lease: SandboxLeaseId,
+    exec: ExecId,
+    observation: &AttemptObservation,
+    evidence: &serde_json::Value,
+    cut: Timestamp,
+) -> Result<(), Fail> {
+    let signed = |v: u64| i64::try_from(v).map_err(|_| corrupt(format!("a measured {v}")));
+    let (cpu, peak) = match observation.cost {
+        Some(c) => (
+            Some(signed(c.cpu_time_ms)?),
+            Some(signed(c.peak_memory_bytes)?),
+        ),
+        None => (None, None),
+    };
+    let x = observation.externality;
+    let (f, s) = pair(cut);
+    sqlx::query(
+        "INSERT INTO lc_measurements (lease_id, exec_id, cpu_time_ms, peak_memory_bytes, \
+             network_writes, database_commits, external_api_calls, evidence, \
+             recorded_floor_us, recorded_submicro_ns) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8::jsonb, $9, $10) \
+         ON CONFLICT (lease_id) DO UPDATE SET cpu_time_ms = EXCLUDED.cpu_time_ms, \
+             peak_memory_bytes = EXCLUDED.peak_memory_bytes, \
+             network_writes = EXCLUDED.network_writes, \
+             database_commits = EXCLUDED.database_commits, \
+             external_api_calls = EXCLUDED.external_api_calls, evidence = EXCLUDED.evidence, \
+             recorded_floor_us = EXCLUDED.recorded_floor_us, \
+             recorded_submicro_ns = EXCLUDED.recorded_submicro_ns",
+    )
+    .bind(lease.0)
+    .bind(exec.0)
+    .bind(cpu)
+    .bind(peak)
+    .bind(x.network_writes)
+    .bind(x.database_commits)
+    .bind(x.external_api_calls)
+    .bind(evidence.to_string())
+    .bind(f)
+    .bind(s)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
 /// Sets an attempt's current generation.
 pub(crate) async fn set_attempt_generation(
     conn: &mut PgConnection,
@@ -3476,7 +3594,7 @@ pub(crate) async fn retention_candidate(
 /// Every statement of an exec's records purge, children first (a Lease
 /// after the snapshots, hibernations and resume rows naming it; the exec
 /// last). Tollgate's rows stay.
-const EXEC_PURGE: [&str; 17] = [
+const EXEC_PURGE: [&str; 18] = [
     "DELETE FROM lc_resume_receipts WHERE exec_id = $1",
     "DELETE FROM lc_resume_intents WHERE exec_id = $1",
     "DELETE FROM lc_hibernations WHERE exec_id = $1",
@@ -3494,6 +3612,7 @@ const EXEC_PURGE: [&str; 17] = [
     // Claims on its (released) Leases, before the Leases.
     "DELETE FROM lc_claims WHERE item_kind = 'lease' AND item_id IN \
          (SELECT lease_id FROM lc_sandbox_leases WHERE exec_id = $1)",
+    "DELETE FROM lc_measurements WHERE exec_id = $1",
     "DELETE FROM lc_sandbox_leases WHERE exec_id = $1",
     "DELETE FROM lc_reservations WHERE exec_id = $1",
     "DELETE FROM lc_attempts WHERE exec_id = $1",

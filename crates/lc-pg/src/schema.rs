@@ -23,7 +23,7 @@ pub const LC_LINE: &str = "lc";
 pub const LC_MIGRATIONS_TABLE: &str = "_lc_migrations";
 
 /// The current version of Little Compute's line.
-pub const LC_VERSION: i64 = 11;
+pub const LC_VERSION: i64 = 12;
 
 /// Little Compute's line: its tables, the deadline guard (LCS01), the
 /// canonical-identity guard (LCS02), its part of the initial-cut
@@ -47,7 +47,9 @@ pub const LC_VERSION: i64 = 11;
 /// tenants' approval policies, execs awaiting approval and immutable
 /// approval decisions whose `valid_until` is a deadline on the cut
 /// (LCS01), and (0011) every one of these authorities in the initial-cut
-/// inventory (any of them quarantines a first claim).
+/// inventory (any of them quarantines a first claim), and (0012) the
+/// provider's verified measurement of each Lease generation, whose
+/// measured values are never dropped (LCSM1).
 pub fn lc_line() -> MigrationLine {
     MigrationLine::new(LC_LINE, LC_MIGRATIONS_TABLE, LC_MIGRATOR.migrations.clone())
 }

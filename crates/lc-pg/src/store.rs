@@ -62,6 +62,7 @@ use lc_core::hibernate::{
     WorkspaceRecord,
 };
 use lc_core::input::{self, InputRecord};
+use lc_core::observation::AttemptObservation;
 use lc_core::owner::{
     self, OwnedExec, OwnerCredential, OwnerGeneration, OwnerToken, Ownership, PageMeta,
     StageReport, StoredPage, TakeoverBasis, TransitionKind, TransitionPlan, TransitionReceipt,
@@ -242,9 +243,11 @@ pub enum Op {
     Deletion,
     /// Approvals: `set_approval_policy`, `approve`, `deny`, `approvals`.
     Approval,
+    /// `record_measurement`.
+    Measurement,
 }
 
-const OPS: [Op; 22] = [
+const OPS: [Op; 23] = [
     Op::CreateTenant,
     Op::Deposit,
     Op::Read,
@@ -267,6 +270,7 @@ const OPS: [Op; 22] = [
     Op::Token,
     Op::Deletion,
     Op::Approval,
+    Op::Measurement,
 ];
 
 impl pgkit::OpLabel for Op {
@@ -294,6 +298,7 @@ impl pgkit::OpLabel for Op {
             Op::Token => "token",
             Op::Deletion => "deletion",
             Op::Approval => "approval",
+            Op::Measurement => "measurement",
         }
     }
 }
@@ -3234,6 +3239,46 @@ async fn record_attachment_tx(
     work_of(conn, a.lease, a.at).await
 }
 
+async fn record_measurement_tx(
+    conn: &mut PgConnection,
+    a: &AttachmentArgs<'_>,
+) -> Result<AttemptObservation, Fail> {
+    check_reading(conn, a.at).await?;
+    fence_claim(conn, a.claim, a.lease).await?;
+    let lease = lock_generation(conn, a.lease, a.generation).await?;
+    if lease.state == LeaseState::Released {
+        return Err(LcError::IllegalTransition {
+            what: "lease (a released Lease's instance is gone: nothing is left to measure)",
+            from: lease.state.as_str(),
+            to: "measured",
+        }
+        .into());
+    }
+    let statement = provider_statement(conn, a.evidence, &lease).await?;
+    let Some(measured) = statement.measured() else {
+        return Err(evidence_rejected(format!(
+            "not_a_measurement: the statement is {}, not measurement",
+            statement.kind()
+        ))
+        .into());
+    };
+    match db::lock_measurement(conn, lease.lease_id).await? {
+        Some(stored) if !measured.supersedes(&stored) => Ok(stored),
+        _ => {
+            db::write_measurement(
+                conn,
+                lease.lease_id,
+                lease.exec_id,
+                &measured,
+                a.evidence,
+                a.at.cut,
+            )
+            .await?;
+            Ok(measured)
+        }
+    }
+}
+
 async fn tenant_workspace(
     conn: &mut PgConnection,
     tenant: TenantId,
@@ -4125,6 +4170,27 @@ impl LcStore {
         .await
     }
 
+    async fn record_measurement_as(
+        &self,
+        claim: Option<&ClaimCredential>,
+        lease: SandboxLeaseId,
+        generation: Generation,
+        evidence: &serde_json::Value,
+        at: CutReading,
+    ) -> Result<AttemptObservation, LcError> {
+        let args = AttachmentArgs {
+            claim,
+            lease,
+            generation,
+            evidence,
+            at,
+        };
+        self.run(Op::Measurement, &args, |c, a| {
+            Box::pin(record_measurement_tx(c, a))
+        })
+        .await
+    }
+
     async fn record_attachment_as(
         &self,
         claim: Option<&ClaimCredential>,
@@ -4390,6 +4456,17 @@ impl ReconcileStore for LcStore {
             .await
     }
 
+    async fn record_measurement(
+        &self,
+        lease: SandboxLeaseId,
+        generation: Generation,
+        evidence: &serde_json::Value,
+        at: CutReading,
+    ) -> Result<AttemptObservation, LcError> {
+        self.record_measurement_as(None, lease, generation, evidence, at)
+            .await
+    }
+
     async fn restore_manifest(
         &self,
         lease: SandboxLeaseId,
@@ -4571,6 +4648,18 @@ impl ReconcileStore for ClaimedStore<'_> {
     ) -> Result<LeaseWork, LcError> {
         self.store
             .record_attachment_as(Some(&self.claim), lease, generation, evidence, at)
+            .await
+    }
+
+    async fn record_measurement(
+        &self,
+        lease: SandboxLeaseId,
+        generation: Generation,
+        evidence: &serde_json::Value,
+        at: CutReading,
+    ) -> Result<AttemptObservation, LcError> {
+        self.store
+            .record_measurement_as(Some(&self.claim), lease, generation, evidence, at)
             .await
     }
 

@@ -71,7 +71,11 @@
 //!   active is released here.
 //! * `destroy`: the Reservation is renewed first when its expiry is
 //!   within `renew_ahead` of the cut (so the grant never reaches its
-//!   reclaim boundary while the proof waits); the provider destroys the
+//!   reclaim boundary while the proof waits); the provider first measures
+//!   the instance from its own accounting (cost and side effects, signed)
+//!   and the store records the measurement, which never stops the destroy:
+//!   a provider that cannot measure leaves the observation absent, never
+//!   zero (`unmeasured`); then the provider destroys the
 //!   generation's instance and returns signed evidence; it is retried
 //!   every step, also while the cut is uncertain. Only on a certain reading,
 //!   taken after the destroy returned (not the step's own), does the store
@@ -256,6 +260,13 @@ pub struct StepReport {
     /// Active Leases whose exec a client cancelled, left to its gateway's
     /// cancel and release (renewed meanwhile).
     pub cancels_left_to_gateway: usize,
+    /// Terminal measurements taken before a destroy and recorded (the
+    /// store keeps an earlier one that this one would lose values of).
+    pub measured: usize,
+    /// Destroys that went ahead without a recorded measurement: the
+    /// provider could not measure (it died, or the instance is gone), or
+    /// the store refused the measurement. The observation stays absent.
+    pub unmeasured: usize,
     /// Destroys the providers confirmed with evidence.
     pub destroyed: usize,
     /// Releases committed now that ended their exec (capacity returned).
@@ -300,6 +311,8 @@ impl StepReport {
             releases_begun: 0,
             exited_left_to_gateway: 0,
             cancels_left_to_gateway: 0,
+            measured: 0,
+            unmeasured: 0,
             destroyed: 0,
             released: 0,
             parked: 0,
@@ -333,6 +346,8 @@ impl StepReport {
             releases_begun,
             exited_left_to_gateway,
             cancels_left_to_gateway,
+            measured,
+            unmeasured,
             destroyed,
             released,
             parked,
@@ -357,6 +372,8 @@ impl StepReport {
         self.releases_begun += releases_begun;
         self.exited_left_to_gateway += exited_left_to_gateway;
         self.cancels_left_to_gateway += cancels_left_to_gateway;
+        self.measured += measured;
+        self.unmeasured += unmeasured;
         self.destroyed += destroyed;
         self.released += released;
         self.parked += parked;
@@ -407,11 +424,37 @@ enum Fail {
     AttachmentMissing,
     /// A provider call did not answer within the bound.
     Timeout {
-        /// The call (`allocate`, `prove_not_sent`, `spool_status`, `destroy`).
+        /// The call (`allocate`, `prove_not_sent`, `spool_status`, `measure`,
+        /// `destroy`).
         call: &'static str,
         /// The bound it did not answer within.
         after: Duration,
     },
+}
+
+impl Fail {
+    /// The stable code and the message of a failure.
+    fn code_and_message(self) -> (String, String) {
+        match self {
+            Fail::Store(e) => (e.code().to_owned(), e.to_string()),
+            Fail::Provider(e) => (e.code().to_owned(), e.to_string()),
+            Fail::Evidence(e) => ("invalid_evidence".to_owned(), e.to_string()),
+            Fail::AttachmentMissing => (
+                "attachment_missing".to_owned(),
+                "the provider allocated a restored workspace without signing its attachment; retried at the next step".to_owned(),
+            ),
+            Fail::UnknownProvider(id) => (
+                "provider_unknown".to_owned(),
+                format!("this worker has no provider {id}"),
+            ),
+            Fail::Timeout { call, after } => (
+                "provider_timeout".to_owned(),
+                format!(
+                    "the provider's {call} call did not answer within {after:?}; the lease is handled again at the next step"
+                ),
+            ),
+    }
+    }
 }
 
 /// `fut`, a provider call named `call`, bounded by `after`.
@@ -669,25 +712,7 @@ impl Reconciler {
         let store = self.store.claimed(claimed.claim);
         let action = action_name(w.action);
         if let Err(f) = self.handle(&*store, w, at, &mut report).await {
-            let (code, message) = match f {
-                Fail::Store(e) => (e.code().to_owned(), e.to_string()),
-                Fail::Provider(e) => (e.code().to_owned(), e.to_string()),
-                Fail::Evidence(e) => ("invalid_evidence".to_owned(), e.to_string()),
-                Fail::AttachmentMissing => (
-                    "attachment_missing".to_owned(),
-                    "the provider allocated a restored workspace without signing its attachment; retried at the next step".to_owned(),
-                ),
-                Fail::UnknownProvider(id) => (
-                    "provider_unknown".to_owned(),
-                    format!("this worker has no provider {id}"),
-                ),
-                Fail::Timeout { call, after } => (
-                    "provider_timeout".to_owned(),
-                    format!(
-                        "the provider's {call} call did not answer within {after:?}; the lease is handled again at the next step"
-                    ),
-                ),
-            };
+            let (code, message) = f.code_and_message();
             tracing::warn!(lease = w.lease_id.0, generation = w.generation.0, action, %code, %message, "lease step failed");
             report.failures.push(LeaseFailure {
                 lease_id: Some(w.lease_id),
@@ -744,6 +769,7 @@ impl Reconciler {
                     report.renewed += 1;
                 }
                 let provider = self.provider(w)?;
+                self.measure(store, w, at, provider, report).await;
                 let envelope = bounded(
                     "destroy",
                     self.options.provider_call_timeout,
@@ -786,6 +812,43 @@ impl Reconciler {
             }
         }
         Ok(())
+    }
+
+    /// The terminal measurement of `w`'s instance, taken before its
+    /// destroy while its accounting still exists, and recorded. Nothing
+    /// here stops the destroy: a provider that cannot measure (dead, or
+    /// the instance already gone) or a refused measurement leaves the
+    /// observation absent, never zero, and is counted as `unmeasured`.
+    async fn measure(
+        &self,
+        store: &dyn ReconcileStore,
+        w: &LeaseWork,
+        at: CutReading,
+        provider: &Arc<dyn Provider>,
+        report: &mut StepReport,
+    ) {
+        let measured = async {
+            let envelope = bounded(
+                "measure",
+                self.options.provider_call_timeout,
+                provider.measure(w.lease_id, w.generation),
+            )
+            .await?;
+            let evidence = serde_json::to_value(&envelope).map_err(Fail::Evidence)?;
+            store
+                .record_measurement(w.lease_id, w.generation, &evidence, at)
+                .await?;
+            Ok::<(), Fail>(())
+        }
+        .await;
+        match measured {
+            Ok(()) => report.measured += 1,
+            Err(f) => {
+                let (code, message) = f.code_and_message();
+                tracing::warn!(lease = w.lease_id.0, generation = w.generation.0, %code, %message, "no terminal measurement; the observation stays absent");
+                report.unmeasured += 1;
+            }
+        }
     }
 
     /// The `allocate` action; see the module docs.
@@ -1007,6 +1070,8 @@ fn log_report(r: &StepReport) {
             start_failed = r.start_failed,
             restore_failed = r.restore_failed,
             releases_begun = r.releases_begun,
+            measured = r.measured,
+            unmeasured = r.unmeasured,
             destroyed = r.destroyed,
             released = r.released,
             parked = r.parked,

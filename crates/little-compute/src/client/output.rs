@@ -56,23 +56,68 @@ pub const APPROVAL_FIELDS: &[&str] = &[
     "reason",
 ];
 
-/// An exec: its [`EXEC_FIELDS`], then, when it awaited approval and was
-/// decided, its decision's fields prefixed `approval.`.
+/// An exec's observation as `lc exec show` prints it: the name, then
+/// where it is in the exec's `observation`. A value the provider did not
+/// measure prints as `unknown`, never `0` or `false`.
+pub const OBSERVATION_FIELDS: &[(&str, &str, &str)] = &[
+    ("cost.cpu_time_ms", "cost", "cpuTimeMs"),
+    ("cost.peak_memory_bytes", "cost", "peakMemoryBytes"),
+    ("externality.network_writes", "externality", "networkWrites"),
+    (
+        "externality.database_commits",
+        "externality",
+        "databaseCommits",
+    ),
+    (
+        "externality.external_api_calls",
+        "externality",
+        "externalApiCalls",
+    ),
+];
+
+/// An exec: its [`EXEC_FIELDS`], its [`OBSERVATION_FIELDS`] and its
+/// re-execution verdict (`eligible`, or `ineligible: REASON`), then, when
+/// it awaited approval and was decided, its decision's fields prefixed
+/// `approval.`.
+///
+/// # Errors
+/// A failed write to stdout.
 pub fn exec(v: &Value, json: bool) -> Result<(), ClientError> {
-    if json || v["approval"].is_null() {
+    if json {
         return record(v, json, EXEC_FIELDS);
     }
+    out(&exec_text(v))
+}
+
+/// The `field: value` lines [`exec`] prints for the exec `v`.
+pub fn exec_text(v: &Value) -> String {
     let mut flat = v.clone();
+    let mut fields: Vec<&str> = EXEC_FIELDS.to_vec();
+    for (name, group, key) in OBSERVATION_FIELDS {
+        flat[*name] = v["observation"][*group]
+            .get(*key)
+            .cloned()
+            .unwrap_or_else(|| Value::from("unknown"));
+        fields.push(name);
+    }
+    let verdict = &v["reexecution"];
+    flat["reexecution"] = match (verdict["eligible"].as_bool(), verdict["reason"].as_str()) {
+        (Some(true), _) => Value::from("eligible"),
+        (_, Some(reason)) => Value::from(format!("ineligible: {reason}")),
+        _ => Value::from("unknown"),
+    };
+    fields.push("reexecution");
     let names: Vec<String> = APPROVAL_FIELDS[1..]
         .iter()
         .map(|f| format!("approval.{f}"))
         .collect();
-    for (f, name) in APPROVAL_FIELDS[1..].iter().zip(&names) {
-        flat[name.as_str()] = v["approval"][*f].clone();
+    if !v["approval"].is_null() {
+        for (f, name) in APPROVAL_FIELDS[1..].iter().zip(&names) {
+            flat[name.as_str()] = v["approval"][*f].clone();
+        }
+        fields.extend(names.iter().map(String::as_str));
     }
-    let mut fields: Vec<&str> = EXEC_FIELDS.to_vec();
-    fields.extend(names.iter().map(String::as_str));
-    record(&flat, false, &fields)
+    record_text(&flat, &fields)
 }
 
 /// `GET /v1/approvals`: a table of the execs awaiting approval, then one
@@ -321,6 +366,56 @@ mod tests {
                 TENANT_FIELDS
             ),
             "tenant_id  3\nname       blue\nheld       0"
+        );
+    }
+
+    #[test]
+    fn an_exec_says_unknown_for_what_was_not_measured() {
+        let measured = json!({
+            "exec_id": 4, "state": "terminal", "terminal_reason": "exited", "exit_code": 0,
+            "observation": {
+                "cost": {"cpuTimeMs": 0, "peakMemoryBytes": 1048576},
+                "externality": {"networkWrites": false, "databaseCommits": false, "externalApiCalls": false}
+            },
+            "reexecution": {"eligible": true}
+        });
+        assert_eq!(
+            exec_text(&measured),
+            "exec_id                         4\n\
+             state                           terminal\n\
+             terminal_reason                 exited\n\
+             exit_code                       0\n\
+             cost.cpu_time_ms                0\n\
+             cost.peak_memory_bytes          1048576\n\
+             externality.network_writes      false\n\
+             externality.database_commits    false\n\
+             externality.external_api_calls  false\n\
+             reexecution                     eligible"
+        );
+        let unmeasured = json!({
+            "exec_id": 5, "state": "running",
+            "reexecution": {"eligible": false, "reason": "externality_unobserved"}
+        });
+        assert_eq!(
+            exec_text(&unmeasured),
+            "exec_id                         5\n\
+             state                           running\n\
+             cost.cpu_time_ms                unknown\n\
+             cost.peak_memory_bytes          unknown\n\
+             externality.network_writes      unknown\n\
+             externality.database_commits    unknown\n\
+             externality.external_api_calls  unknown\n\
+             reexecution                     ineligible: externality_unobserved"
+        );
+        let network = json!({
+            "exec_id": 6,
+            "observation": {"externality": {}},
+            "reexecution": {"eligible": false, "reason": "externality_unobserved"}
+        });
+        assert!(
+            exec_text(&network).contains("externality.network_writes      unknown\n"),
+            "{}",
+            exec_text(&network)
         );
     }
 
