@@ -3,12 +3,15 @@
 //! operation-key replays and conflicts, the uncertain cut, renewal,
 //! release only with valid evidence on a certain cut and exactly once,
 //! output pages, operation-key receipts and GC to the nanosecond, the
-//! database guards and the initial-cut inventory.
+//! database guards and the initial-cut inventory, and the providers'
+//! measurements.
 
 mod support;
 
 #[path = "store/authorities.rs"]
 mod authorities;
+#[path = "store/measurements.rs"]
+mod measurements;
 #[path = "store/tokens.rs"]
 mod tokens;
 
