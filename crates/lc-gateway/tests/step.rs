@@ -295,6 +295,9 @@ impl Provider for Forging {
     async fn observe(&self, l: SandboxLeaseId, g: Generation) -> Result<Envelope, ProviderError> {
         self.real.observe(l, g).await
     }
+    async fn measure(&self, l: SandboxLeaseId, g: Generation) -> Result<Envelope, ProviderError> {
+        self.real.measure(l, g).await
+    }
     async fn pages(
         &self,
         l: SandboxLeaseId,

@@ -481,6 +481,8 @@ struct Totals {
     releases_begun: usize,
     exited_left_to_gateway: usize,
     cancels_left_to_gateway: usize,
+    measured: usize,
+    unmeasured: usize,
     destroyed: usize,
     released: usize,
     released_replay: usize,
@@ -496,6 +498,8 @@ impl Totals {
         self.releases_begun += r.releases_begun;
         self.exited_left_to_gateway += r.exited_left_to_gateway;
         self.cancels_left_to_gateway += r.cancels_left_to_gateway;
+        self.measured += r.measured;
+        self.unmeasured += r.unmeasured;
         self.destroyed += r.destroyed;
         self.released += r.released;
         self.released_replay += r.released_replay;
@@ -574,16 +578,31 @@ async fn a_real_command_runs_to_terminal_and_its_units_return_once() {
             totals.allocated,
             totals.gateway_released,
             totals.releases_begun,
+            totals.measured,
+            totals.unmeasured,
             totals.destroyed,
             totals.released,
             totals.units_returned,
         ),
-        (1, 1, 0, 1, 1, 1)
+        (1, 1, 0, 1, 0, 1, 1, 1)
     );
     let rec = rig.exec(tenant, exec).await;
     assert_eq!(rec.state, ExecState::Terminal);
     assert_eq!(rec.terminal_reason, Some(TerminalReason::Exited));
     assert_eq!(rec.exit_code, Some(7));
+    // Measured before the destroy from the instance's own groups: some
+    // memory within the shape's 256 MiB, and no side effects (no network
+    // path).
+    let measured = rec.observation.expect("measured before the destroy");
+    let cost = measured.cost.expect("the instance's accounting");
+    assert!(
+        cost.peak_memory_bytes > 0 && cost.peak_memory_bytes <= 268_435_456,
+        "{cost:?}"
+    );
+    assert_eq!(
+        measured.externality,
+        lc_core::observation::ExternalityObservation::no_network_path()
+    );
     let (seqs, stdout) = output_of(&rig, tenant, exec, PageKind::Stdout).await;
     let n = i64::try_from(seqs.len()).unwrap();
     assert_eq!(
@@ -2053,6 +2072,14 @@ impl Provider for Silent {
         generation: Generation,
     ) -> Result<lc_core::evidence::Envelope, ProviderError> {
         self.inner.prove_not_sent(lease_id, generation).await
+    }
+
+    async fn measure(
+        &self,
+        lease_id: SandboxLeaseId,
+        generation: Generation,
+    ) -> Result<lc_core::evidence::Envelope, ProviderError> {
+        self.inner.measure(lease_id, generation).await
     }
 
     async fn observe(

@@ -11,6 +11,10 @@
 //! stops renewing the lost instance's Lease, which expires on a certain cut
 //! and is released with the restarted provider's fence, returning its
 //! Reservation once; the pages stored before the crash stay, in order.
+//! While no provider answers, nothing about the instance is observed and
+//! the exec's view says so (no observation, re-execution ineligible); the
+//! restarted provider then measures it from the accounting its groups
+//! kept.
 
 mod support;
 
@@ -22,6 +26,7 @@ use clock::safe_cut::SafeCutClock;
 use jiff::SignedDuration;
 use lc_blob::LocalBlobStore;
 use lc_core::evidence::{InstanceState, Statement};
+use lc_core::observation::ExternalityObservation;
 use lc_core::store::ControlStore;
 use lc_core::{Digest, ExecId, ExecState, OperationKey, PageKind};
 use lc_provider::Provider as _;
@@ -283,6 +288,32 @@ async fn a_killed_provider_s_lease_expires_and_its_reservation_returns_once() {
     first.0.kill().unwrap(); // SIGKILL: the instance dies with it
     first.0.wait().unwrap();
     drop(first);
+    // While no provider answers, the expired Lease's destroy can neither
+    // measure nor destroy: nothing is observed, and the exec's view says
+    // so (no observation, re-execution ineligible), never zero or clean.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .contains("no terminal measurement; the observation stays absent")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "no measurement attempted:\n{}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let unmeasured = store.exec(tenant, exec).await.unwrap();
+    assert_eq!(
+        (unmeasured.observation, unmeasured.state),
+        (None, ExecState::Running)
+    );
+    let view = serde_json::to_value(lc_api::dto::ExecView::from(unmeasured)).unwrap();
+    assert_eq!(view.get("observation"), None);
+    assert_eq!(
+        view["reexecution"],
+        serde_json::json!({"eligible": false, "reason": "externality_unobserved"})
+    );
     let _second = support::spawn_provider(port, &dir, &cgroup_parent, "provider.log");
     let http = support::connect_provider(&provider_url, SETUP_WAIT_MAX).await;
 
@@ -303,6 +334,23 @@ async fn a_killed_provider_s_lease_expires_and_its_reservation_returns_once() {
     assert_eq!(rec.state, ExecState::Terminal);
     assert_eq!(rec.terminal_reason, Some(lc_core::TerminalReason::Expired));
     assert_eq!(rec.exit_code, None);
+    // The restarted provider measured the instance from the accounting
+    // its groups kept: the cost the command used until the kill, and no
+    // side effects (its shape has no network path).
+    let measured = rec.observation.expect("measured by the restarted provider");
+    let cost = measured
+        .cost
+        .expect("the instance's groups kept its accounting");
+    assert!(
+        cost.peak_memory_bytes > 0 && cost.peak_memory_bytes <= 268_435_456,
+        "{cost:?}"
+    );
+    assert_eq!(
+        measured.externality,
+        ExternalityObservation::no_network_path()
+    );
+    let view = serde_json::to_value(lc_api::dto::ExecView::from(rec.clone())).unwrap();
+    assert_eq!(view["reexecution"], serde_json::json!({"eligible": true}));
     let pages = store.output(tenant, exec, 0, 1000).await.unwrap();
     let sink = LocalBlobStore::open(dir.join("blobs")).unwrap();
     let seqs: Vec<i64> = pages.iter().map(|p| p.meta.seq).collect();
