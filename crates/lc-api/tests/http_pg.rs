@@ -162,6 +162,13 @@ async fn exec_admission_reads_replays_and_cancel() {
     assert_eq!(exec["shape"], "small");
     assert_eq!(exec["command"], json!(["echo", "hi"]));
     assert_eq!(exec["cancel_requested"], false);
+    // Nothing measured yet: no observation (not zero, not clean), and
+    // re-execution is ineligible for that reason.
+    assert_eq!(exec.get("observation"), None);
+    assert_eq!(
+        exec["reexecution"],
+        json!({"eligible": false, "reason": "externality_unobserved"})
+    );
     assert_eq!(exec["canonical"]["exec_id"], json!(exec_id));
     assert_eq!(exec["canonical"]["provider_id"], "local");
     assert_eq!(
@@ -210,6 +217,45 @@ async fn exec_admission_reads_replays_and_cancel() {
     )
     .await;
     assert_eq!(got.ok(200), &exec);
+    // The provider's signed measurement, once recorded, is what the exec
+    // shows: a measured 0 as 0, each flag as observed.
+    let lease = lc_core::SandboxLeaseId(exec["canonical"]["lease_id"].as_i64().unwrap());
+    let measurement = lc_core::evidence::sign(
+        &lc_core::evidence::Statement::Measurement {
+            provider_id: "local".into(),
+            lease_id: lease.0,
+            generation: 1,
+            cost: Some(lc_core::observation::CostObservation {
+                cpu_time_ms: 0,
+                peak_memory_bytes: 4096,
+            }),
+            externality: lc_core::observation::ExternalityObservation::of_sandbox(false),
+        },
+        &support::pg::provider_key(),
+    );
+    s.store
+        .record_measurement(
+            lease,
+            lc_core::Generation(1),
+            &serde_json::to_value(&measurement).unwrap(),
+            s.reading().await,
+        )
+        .await
+        .unwrap();
+    let got = send(
+        &s.router,
+        Req::get(format!("/v1/execs/{exec_id}")).token(&blue_key),
+    )
+    .await;
+    let measured = got.ok(200);
+    assert_eq!(
+        (&measured["observation"], &measured["reexecution"]),
+        (
+            &json!({"cost": {"cpuTimeMs": 0, "peakMemoryBytes": 4096}, "externality": {"networkWrites": false, "databaseCommits": false, "externalApiCalls": false}}),
+            &json!({"eligible": true})
+        )
+    );
+    let exec = measured.clone();
     // Another tenant's exec: 404, the same as an exec that does not exist.
     let other = send(
         &s.router,
