@@ -388,6 +388,34 @@ async fn appliance_runs_a_real_command_and_keeps_it_across_a_restart() {
     assert_eq!(exec["state"], "terminal");
     assert_eq!(exec["exit_code"], 3);
     assert_eq!(exec["terminal_reason"], "exited");
+    // The provider measured the instance before destroying it: a cost, and
+    // no side effects (the default shape has no network), so re-executing
+    // it would be safe; `lc exec show` says so.
+    assert_eq!(
+        (
+            &exec["observation"]["externality"],
+            &exec["reexecution"],
+            exec["observation"]["cost"]["cpuTimeMs"].is_u64(),
+            exec["observation"]["cost"]["peakMemoryBytes"].is_u64(),
+        ),
+        (
+            &serde_json::json!({"networkWrites": false, "databaseCommits": false, "externalApiCalls": false}),
+            &serde_json::json!({"eligible": true}),
+            true,
+            true
+        ),
+        "{exec}"
+    );
+    let (code, shown, err) = lc(&dir, &["--tenant", &t, "exec", "show", "1"]);
+    assert_eq!(code, 0, "{err}");
+    let shown = String::from_utf8(shown).unwrap();
+    for line in [
+        "externality.network_writes      false",
+        "externality.external_api_calls  false",
+        "reexecution                     eligible",
+    ] {
+        assert!(shown.lines().any(|l| l == line), "{line:?} in:\n{shown}");
+    }
     let (code, out, err) = lc(&dir, &["--tenant", &t, "exec", "output", "1"]);
     assert_eq!(code, 0, "{err}");
     assert_eq!(out, b"hello\nworld\n");
