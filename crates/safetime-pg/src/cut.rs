@@ -697,7 +697,9 @@ pub struct Published {
     pub publish_seq: i64,
 }
 
-/// Publishes `verdict` for `epoch`.
+/// Publishes `verdict` for `epoch`, dated by its observation
+/// (`verdict.observed_at`, never later than the publish's own database
+/// time), which also caps the cut.
 ///
 /// # Errors
 /// [`SafeTimeError::NotLeader`], [`SafeTimeError::StaleEpoch`],
@@ -708,9 +710,12 @@ pub async fn publish(
     verdict: &Verdict,
 ) -> Result<Published, SafeTimeError> {
     let pair = InstantPair::encode(verdict.proposal);
+    // Whole microseconds toward the past (the database's resolution): the
+    // row is dated no later than the observation.
+    let observed_us = verdict.observed_at.as_microsecond();
     let row = sqlx::query(
         "SELECT cut_floor_us, cut_submicro_ns, uncertain_reason, quarantined, publish_seq \
-           FROM tollgate_safetime_publish($1, $2, $3, $4, $5, $6)",
+           FROM tollgate_safetime_publish($1, $2, $3, $4, $5, $6, $7)",
     )
     .bind(epoch)
     .bind(pair.floor_us)
@@ -718,6 +723,7 @@ pub async fn publish(
     .bind(verdict.uncertain.map(|r| r.code()))
     .bind(verdict.anomaly)
     .bind(verdict.clears_quarantine)
+    .bind(observed_us)
     .fetch_one(conn)
     .await?;
     Ok(Published {

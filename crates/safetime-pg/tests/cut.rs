@@ -53,6 +53,7 @@ fn verdict(proposal: Timestamp, uncertain: Option<UncertainReason>) -> Verdict {
         anomaly: false,
         clears_quarantine: false,
         publishable: true,
+        observed_at: proposal,
     }
 }
 
@@ -181,9 +182,9 @@ async fn publish_is_capped_by_database_time_never_backward_and_epoch_fenced() {
     );
     // Sub-microsecond precision survives.
     let exact = capped + SignedDuration::from_nanos(7);
-    let p = safetime_pg::publish(&mut l, 1, &verdict(exact, None))
-        .await
-        .unwrap();
+    let mut v = verdict(exact, None);
+    v.observed_at = db_now(&mut l).await;
+    let p = safetime_pg::publish(&mut l, 1, &v).await.unwrap();
     assert_eq!(p.cut, exact);
 
     // The leader's session ends; a successor claims epoch 2; the stale
@@ -203,11 +204,77 @@ async fn publish_is_capped_by_database_time_never_backward_and_epoch_fenced() {
     );
     // A malformed pair straight at the function.
     let err =
-        sqlx::query("SELECT * FROM tollgate_safetime_publish(2, 0, 1000, NULL, false, false)")
+        sqlx::query("SELECT * FROM tollgate_safetime_publish(2, 0, 1000, NULL, false, false, 0)")
             .fetch_one(&mut l2)
             .await
             .unwrap_err();
     assert_eq!(SafeTimeError::from(err).code(), "invalid_proposal");
+}
+
+/// `published_at` of the cut row, in microseconds since the Unix epoch.
+async fn published_us(c: &mut PgConnection) -> i64 {
+    sqlx::query_scalar("SELECT tollgate_safetime_pair_us(published_at) FROM tollgate_safetime")
+        .fetch_one(c)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_publish_is_dated_by_the_observation_its_cut_came_from() {
+    let db = support::migrated_db().await;
+    let (mut l, _claim) = leader(db.url()).await;
+    let obs = safetime_pg::observe(&mut l).await.unwrap();
+    // The sampler pauses between its observation and its publish: the row
+    // is dated by the observation, so readers count the pause as staleness.
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let p = safetime_pg::publish(&mut l, 1, &verdict(obs.db_now, None))
+        .await
+        .unwrap();
+    assert_eq!(p.cut, obs.db_now);
+    assert_eq!(published_us(&mut l).await, obs.db_now.as_microsecond());
+    let age_us: i64 = sqlx::query_scalar(
+        "SELECT tollgate_safetime_pair_us(clock_timestamp()) - tollgate_safetime_pair_us(published_at) \
+           FROM tollgate_safetime",
+    )
+    .fetch_one(&mut l)
+    .await
+    .unwrap();
+    assert!(
+        age_us >= 300_000,
+        "the pause is in the row's age: {age_us} us"
+    );
+
+    // An observation dated in the future dates the row, and caps the cut,
+    // at the publish's own database time.
+    let mut ahead = verdict(obs.db_now + SignedDuration::from_hours(1), None);
+    ahead.observed_at = ahead.proposal;
+    let before = db_now(&mut l).await;
+    let p = safetime_pg::publish(&mut l, 1, &ahead).await.unwrap();
+    let after = db_now(&mut l).await;
+    let dated = Timestamp::from_microsecond(published_us(&mut l).await).unwrap();
+    assert!(
+        before <= dated && dated <= after,
+        "{before} <= {dated} <= {after}"
+    );
+    assert_eq!(p.cut, dated);
+
+    // A proposal without its observation is refused; the undated publish
+    // of migration 0018 is gone.
+    let err =
+        sqlx::query("SELECT * FROM tollgate_safetime_publish(1, 0, 0, NULL, false, false, NULL)")
+            .fetch_one(&mut l)
+            .await
+            .unwrap_err();
+    assert_eq!(SafeTimeError::from(err).code(), "invalid_proposal");
+    let err = sqlx::query("SELECT * FROM tollgate_safetime_publish(1, 0, 0, NULL, false, false)")
+        .fetch_one(&mut l)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.as_database_error().and_then(|d| d.code()).as_deref(),
+        Some("42883"),
+        "{err}"
+    );
 }
 
 #[tokio::test]

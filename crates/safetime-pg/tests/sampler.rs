@@ -187,6 +187,7 @@ async fn terminating_the_leaders_backend_hands_over_to_the_standby() {
         anomaly: false,
         clears_quarantine: false,
         publishable: true,
+        observed_at: row.cut,
     };
     let err = safetime_pg::publish(&mut c, 1, &v).await.unwrap_err();
     assert_eq!(err.code(), "stale_epoch");

@@ -128,6 +128,11 @@ pub struct Verdict {
     /// Whether the observation may be published at all (`false` while
     /// connected to a server in recovery, which cannot accept writes).
     pub publishable: bool,
+    /// The database time of the observation the proposal came from: the
+    /// publish is dated by it, so the time between this observation and
+    /// the publish (a paused sampler included) counts in every reader's
+    /// staleness bound.
+    pub observed_at: Timestamp,
 }
 
 /// The sampler's in-memory state for one epoch; see the module docs. It
@@ -403,6 +408,7 @@ impl CutTracker {
             anomaly: step.anomaly.is_some(),
             clears_quarantine,
             publishable: !obs.topology.in_recovery,
+            observed_at: obs.db_now,
         }
     }
 

@@ -92,6 +92,7 @@ async fn publish_certain(l: &mut PgConnection, epoch: i64, proposal: Timestamp) 
         anomaly: false,
         clears_quarantine: false,
         publishable: true,
+        observed_at: proposal,
     };
     let p = safetime_pg::publish(l, epoch, &verdict).await.unwrap();
     assert_eq!(p.uncertain, None);

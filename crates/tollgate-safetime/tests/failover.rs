@@ -75,6 +75,7 @@ async fn failover(major: u32) {
         anomaly: false,
         clears_quarantine: false,
         publishable: true,
+        observed_at: certain.cut,
     };
     let mut c = PgConnection::connect(&standby_url).await.unwrap();
     assert_eq!(

@@ -69,6 +69,7 @@ async fn leader_loss(major: u32) {
         anomaly: false,
         clears_quarantine: false,
         publishable: true,
+        observed_at: r2.cut,
     };
     let err = safetime_pg::publish(&mut c, 1, &v).await.unwrap_err();
     assert_eq!(err.code(), "stale_epoch");

@@ -312,6 +312,7 @@ async fn prepare_the_sampler_statements(x: &mut PgConnection) -> i32 {
         anomaly: false,
         clears_quarantine: false,
         publishable: true,
+        observed_at: obs.db_now,
     };
     let err = safetime_pg::publish(x, 1, &v).await.unwrap_err();
     assert_eq!(err.code(), "not_leader", "{err}");
