@@ -34,8 +34,10 @@
 //! steps forward after first sight neither shrinks nor inflates it. The
 //! request arrived before `at_j`, and `db_now` was read after `at`, so
 //! neither the read's own duration nor the wait for a pooled connection
-//! needs adding. The time between the sampler's observation and its publish
-//! (one round trip of the sampler) is not in the row and not counted.
+//! needs adding. The row is dated (`published_at`) by the database time
+//! of the sampler's observation the cut came from, not by its publish, so
+//! the time between the two (a round trip, or a sampler paused between
+//! them) is in `row_age` too.
 //!
 //! The same bound decides staleness: rule 2 below calls a reading stale
 //! when `S`, or the row's age now, exceeds `gap_max`, so a certain reading

@@ -60,9 +60,9 @@ pub use persistence::{
 pub use pgkit::OpMetrics;
 pub use schema::{
     EXACT_INSTANTS_VERSION, LEASE_WRITE_GUARD_VERSION, MIGRATE_APPLICATION_NAME, MigrationReport,
-    PendingMigration, SAFE_TIME_LINE, SAFE_TIME_MIGRATIONS_TABLE, SAFE_TIME_VERSION,
-    SEAL_GUARD_VERSION, Schema, TOLLGATE_LINE, TOLLGATE_MIGRATIONS_TABLE, migrate,
-    pending_migrations, safe_time_line, schema_version, tollgate_line,
+    PUBLISH_AT_OBSERVATION_VERSION, PendingMigration, SAFE_TIME_LINE, SAFE_TIME_MIGRATIONS_TABLE,
+    SAFE_TIME_VERSION, SEAL_GUARD_VERSION, Schema, TOLLGATE_LINE, TOLLGATE_MIGRATIONS_TABLE,
+    migrate, pending_migrations, safe_time_line, schema_version, tollgate_line,
 };
 pub use store::{
     CHANGED_BY_MAX_CHARS, FIRST_START, GRANT_POLICY_SETTING, IDLE_IN_TRANSACTION_TIMEOUT,

@@ -9,7 +9,7 @@
 //! [`pgkit::migrate`]). This binary's lines, in order:
 //!
 //! 1. **Tollgate's** ([`tollgate_line`]): `migrations/0001_*.sql` ..
-//!    `0020_*.sql`, bookkeeping in `_sqlx_migrations`, where sqlx's own
+//!    `0021_*.sql`, bookkeeping in `_sqlx_migrations`, where sqlx's own
 //!    migrator recorded them before the lines existed; its rows and
 //!    checksums are sqlx's, so databases migrated by older binaries carry
 //!    on unchanged. Versions 1 to 16 are the schema as it stood before exact
@@ -20,7 +20,9 @@
 //!    recorded grant policy and the sealed horizon, see
 //!    `migrations/0019_lease_write_guard.sql`); version 20 refuses a seal
 //!    whose horizon does not cover every active lease
-//!    (`migrations/0020_seal_covers_active_leases.sql`).
+//!    (`migrations/0020_seal_covers_active_leases.sql`); version 21 dates
+//!    each publish of the cut by the observation the cut came from
+//!    (`migrations/0021_publish_at_observation.sql`).
 //! 2. **Safe time's** ([`safe_time_line`]): `migrations-safetime/`,
 //!    bookkeeping in `_safetime_migrations`. See [`safe_time_line`].
 //!
@@ -88,14 +90,20 @@ pub const LEASE_WRITE_GUARD_VERSION: i64 = 19;
 /// The version of migration 0020, the seal guard: the database refuses to
 /// seal a horizon shorter than an active lease still needs (its expiry
 /// plus grace beyond the cut, or the database time before the first
-/// claim, plus the new horizon). The current version of Tollgate's line.
+/// claim, plus the new horizon).
 pub const SEAL_GUARD_VERSION: i64 = 20;
+
+/// The version of migration 0021: a publish of the cut is dated by the
+/// database time of the observation the cut came from, and the cut is
+/// capped at it, so a sampler paused between the two counts the pause in
+/// every reader's staleness bound. The current version of Tollgate's line.
+pub const PUBLISH_AT_OBSERVATION_VERSION: i64 = 21;
 
 /// The `application_name` of the migration connection, so operators can see
 /// it in `pg_stat_activity` (for example while it waits for table locks).
 pub const MIGRATE_APPLICATION_NAME: &str = "tollgate-migrate";
 
-/// Tollgate's line: the allocator's tables, migrations 1 through 20 in
+/// Tollgate's line: the allocator's tables, migrations 1 through 21 in
 /// `_sqlx_migrations` (see the module docs).
 ///
 /// Migration 0018's opening comment was reworded after databases had
@@ -121,7 +129,9 @@ pub const SAFE_TIME_PREVIOUS_CHECKSUM: &str = "4ce3fa67a5e1aba4c35fefbdca5936774
 /// 0018 of *Tollgate's* line, before the lines existed, and stays there
 /// (applied migrations are never moved or rewritten). This line holds the
 /// safe-time migrations after it: they may rely on everything Tollgate's
-/// line created, and their versions start again at 1. It has none yet;
+/// line created, and their versions start again at 1. It has none yet
+/// (a change to one of 0018's functions, such as 0021's dated publish,
+/// replaces it in Tollgate's line beside the migration that created it);
 /// its bookkeeping table is created empty by the first [`migrate`].
 pub fn safe_time_line() -> MigrationLine {
     MigrationLine::new(
@@ -156,7 +166,7 @@ pub struct Schema {
 }
 
 impl Schema {
-    /// Every line of this binary: Tollgate's (1 through 20), then safe
+    /// Every line of this binary: Tollgate's (1 through 21), then safe
     /// time's.
     pub fn current() -> Schema {
         Schema {
@@ -469,7 +479,7 @@ mod tests {
         );
     }
 
-    const EXPECTED_CHECKSUMS: [(i64, &str, &str); 20] = [
+    const EXPECTED_CHECKSUMS: [(i64, &str, &str); 21] = [
         (
             1,
             "accounts",
@@ -570,6 +580,11 @@ mod tests {
             "seal covers active leases",
             "6a1509f38696b53adaeec6f16e6248ed04d851ee55033dc10d75d8cae084887c544e0b9d1629c736e4eb63d65a5352cb",
         ),
+        (
+            21,
+            "publish at observation",
+            "a1cff224754bd78e8175f30e0770a8896da99c0c24ac15ab081460dab1142932323edf7504821f4b1b46702a524ab8ee",
+        ),
     ];
 
     #[test]
@@ -588,8 +603,8 @@ mod tests {
                 ("safetime", "_safetime_migrations")
             ]
         );
-        assert_eq!(schema.latest_version(), SEAL_GUARD_VERSION);
-        assert_eq!(tollgate_line().versions(), Some((1, 20)));
+        assert_eq!(schema.latest_version(), PUBLISH_AT_OBSERVATION_VERSION);
+        assert_eq!(tollgate_line().versions(), Some((1, 21)));
         let old = Schema::through(EXACT_INSTANTS_VERSION).unwrap();
         assert_eq!(
             old.lines().iter().map(|l| l.name()).collect::<Vec<_>>(),

@@ -404,9 +404,9 @@ async fn an_unmigrated_database_is_refused() {
     assert_eq!(
         err,
         StorageError::Failure {
-            message: "database schema is at version 0 but this binary requires version 20; \
+            message: "database schema is at version 0 but this binary requires version 21; \
                       pending migrations: 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, \
-                      16, 17, 18, 19, 20; run the migrations first"
+                      16, 17, 18, 19, 20, 21; run the migrations first"
                 .into()
         }
     );

@@ -92,7 +92,8 @@ async fn publish_certain(l: &mut PgConnection, epoch: i64, proposal: Timestamp) 
         anomaly: false,
         clears_quarantine: false,
         publishable: true,
-        observed_at: proposal,
+        // Observed at the publish: dated, and capped, at its database time.
+        observed_at: Timestamp::MAX,
     };
     let p = safetime_pg::publish(l, epoch, &verdict).await.unwrap();
     assert_eq!(p.uncertain, None);

@@ -49,7 +49,7 @@ async fn migrate_17(db: &Db) {
     let report = tollgate_pg::migrate(db.url()).await.unwrap();
     assert_eq!(
         (report.from_version, report.to_version, report.applied),
-        (Some(16), Some(20), vec![17, 18, 19, 20])
+        (Some(16), Some(21), vec![17, 18, 19, 20, 21])
     );
 }
 
@@ -716,8 +716,8 @@ async fn binary_knowing_only_1_to_16_refuses_the_migrated_database() {
     assert_eq!(
         err,
         StorageError::Failure {
-            message: "database schema is at version 16 but this binary requires version 20; \
-                      pending migrations: 17, 18, 19, 20; run the migrations first"
+            message: "database schema is at version 16 but this binary requires version 21; \
+                      pending migrations: 17, 18, 19, 20, 21; run the migrations first"
                 .into()
         }
     );
@@ -737,7 +737,7 @@ async fn binary_knowing_only_1_to_16_refuses_the_migrated_database() {
     assert_eq!(old.pending(db.url()).await.unwrap_err(), refusal);
     // The current binary accepts it.
     Schema::current().check(&pool).await.unwrap();
-    assert_eq!(schema_version(&pool).await.unwrap(), Some(20));
+    assert_eq!(schema_version(&pool).await.unwrap(), Some(21));
     pool.close().await;
 }
 
@@ -1171,7 +1171,7 @@ async fn pending_migrations_and_versions() {
     let all = tollgate_pg::pending_migrations(db.url()).await.unwrap();
     assert_eq!(
         all.iter().map(|m| m.version).collect::<Vec<_>>(),
-        (1..=20).collect::<Vec<i64>>()
+        (1..=21).collect::<Vec<i64>>()
     );
     assert_eq!(all[16].description, "exact instants");
     assert_eq!(all[17].description, "safe time");
@@ -1214,17 +1214,17 @@ async fn pending_migrations_and_versions() {
     let again = tollgate_pg::migrate(db.url()).await.unwrap();
     assert_eq!(
         (again.from_version, again.to_version, again.applied),
-        (Some(20), Some(20), vec![])
+        (Some(21), Some(21), vec![])
     );
     assert_eq!(
-        Schema::through(21).unwrap_err(),
+        Schema::through(22).unwrap_err(),
         StorageError::Failure {
-            message: "this binary has no migration version 21".into()
+            message: "this binary has no migration version 22".into()
         }
     );
     assert_eq!(
         Schema::current().latest_version(),
-        tollgate_pg::SEAL_GUARD_VERSION
+        tollgate_pg::PUBLISH_AT_OBSERVATION_VERSION
     );
 }
 

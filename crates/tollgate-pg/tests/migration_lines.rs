@@ -53,11 +53,11 @@ fn backend(message: &str) -> StorageError {
     }
 }
 
-/// The refusal of a Tollgate line at version 21 (the message of the
+/// The refusal of a Tollgate line at version 22 (the message of the
 /// binaries before the lines).
-const UNKNOWN_21: &str = "database has applied migration version 21 (future), which this \
-     binary does not know (it knows versions 1 through 20); refusing to start against a newer \
-     schema: run a binary that carries version 21";
+const UNKNOWN_22: &str = "database has applied migration version 22 (future), which this \
+     binary does not know (it knows versions 1 through 21); refusing to start against a newer \
+     schema: run a binary that carries version 22";
 
 /// The refusal of a safe-time line at version 1.
 const UNKNOWN_SAFE_TIME_1: &str = "safetime migrations (table _safetime_migrations): database \
@@ -164,12 +164,12 @@ async fn a_fresh_database_gets_every_line_in_order() {
             report.to_version,
             report.applied.clone()
         ),
-        (None, Some(20), (1..=20).collect::<Vec<i64>>())
+        (None, Some(21), (1..=21).collect::<Vec<i64>>())
     );
     assert_eq!(
         versions(&report.lines),
         [
-            ("tollgate", None, Some(20), (1..=20).collect()),
+            ("tollgate", None, Some(21), (1..=21).collect()),
             ("safetime", None, None, vec![]),
         ]
     );
@@ -214,7 +214,7 @@ async fn a_fresh_database_gets_every_line_in_order() {
     assert_eq!(
         versions(&report.lines),
         [
-            ("tollgate", None, Some(20), (1..=20).collect()),
+            ("tollgate", None, Some(21), (1..=21).collect()),
             ("safetime", None, None, vec![]),
             ("tgtest", None, Some(2), vec![1, 2]),
         ]
@@ -322,7 +322,7 @@ async fn a_database_migrated_by_the_binary_before_the_lines_upgrades_unchanged()
     let data_before = data(&mut c, &[]).await;
     let catalog_before = catalog(&mut c).await;
     let bookkeeping_before = bookkeeping(&mut c, "_sqlx_migrations").await;
-    assert_eq!(bookkeeping_before.len(), 20);
+    assert_eq!(bookkeeping_before.len(), 21);
     assert!(!table_exists(&mut c, "_safetime_migrations").await);
     // Every Tollgate table has rows to compare.
     for table in [
@@ -350,12 +350,12 @@ async fn a_database_migrated_by_the_binary_before_the_lines_upgrades_unchanged()
             report.to_version,
             report.applied.clone()
         ),
-        (Some(20), Some(20), vec![])
+        (Some(21), Some(21), vec![])
     );
     assert_eq!(
         versions(&report.lines),
         [
-            ("tollgate", Some(20), Some(20), vec![]),
+            ("tollgate", Some(21), Some(21), vec![]),
             ("safetime", None, None, vec![]),
         ]
     );
@@ -394,7 +394,7 @@ async fn a_database_migrated_by_the_binary_before_the_lines_upgrades_unchanged()
     // Both binaries accept the result: this one's fence, the old one's
     // fence and its migrator (nothing to do).
     Schema::current().check(&pool).await.unwrap();
-    Schema::through(tollgate_pg::SEAL_GUARD_VERSION)
+    Schema::through(tollgate_pg::PUBLISH_AT_OBSERVATION_VERSION)
         .unwrap()
         .check(&pool)
         .await
@@ -423,17 +423,17 @@ fn policy_after() -> GrantPolicy {
 
 #[tokio::test]
 async fn a_line_at_an_unknown_version_is_refused_everywhere() {
-    // Tollgate's line at 20: the message of the binaries before the lines.
+    // Tollgate's line at 22: the message of the binaries before the lines.
     let db = support::migrated_db().await;
     let mut c = support::connect(&db).await;
     sqlx::query(
         "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) \
-         VALUES (21, 'future', true, '\\x00', 0)",
+         VALUES (22, 'future', true, '\\x00', 0)",
     )
     .execute(&mut c)
     .await
     .unwrap();
-    check_refused_everywhere(&db, UNKNOWN_21).await;
+    check_refused_everywhere(&db, UNKNOWN_22).await;
 
     // Safe time's line at 1, on a database whose Tollgate line is at 16:
     // refused before anything is applied.
@@ -522,14 +522,14 @@ async fn a_second_line_has_its_own_bookkeeping_and_fence() {
     assert_eq!(
         versions(&report.lines),
         [
-            ("tollgate", Some(20), Some(20), vec![]),
+            ("tollgate", Some(21), Some(21), vec![]),
             ("safetime", None, None, vec![]),
             ("tgtest", None, Some(1), vec![1]),
         ]
     );
     assert_eq!(
         (report.from_version, report.to_version, report.applied),
-        (Some(20), Some(20), vec![])
+        (Some(21), Some(21), vec![])
     );
     assert_eq!(
         rows(&mut c, "_tgtest_migrations").await,
@@ -545,7 +545,7 @@ async fn a_second_line_has_its_own_bookkeeping_and_fence() {
             .map(|s| (s.line, s.applied_max, s.pending.clone()))
             .collect::<Vec<_>>(),
         [
-            ("tollgate", Some(20), vec![]),
+            ("tollgate", Some(21), vec![]),
             ("safetime", None, vec![]),
             (
                 "tgtest",
