@@ -21,14 +21,15 @@ type Columns = (
 
 async fn columns(url: &str, lease: SandboxLeaseId) -> Option<(Columns, serde_json::Value)> {
     let mut c = PgConnection::connect(url).await.unwrap();
-    let row: Option<(
+    type Row = (
         Option<i64>,
         Option<i64>,
         Option<bool>,
         Option<bool>,
         Option<bool>,
         serde_json::Value,
-    )> = sqlx::query_as(
+    );
+    let row: Option<Row> = sqlx::query_as(
         "SELECT cpu_time_ms, peak_memory_bytes, network_writes, database_commits, \
                 external_api_calls, evidence FROM lc_measurements WHERE lease_id = $1",
     )
