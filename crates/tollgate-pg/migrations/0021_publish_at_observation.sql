@@ -14,7 +14,10 @@
 -- came from (p_observed_us, microseconds since the Unix epoch, as
 -- tollgate_safetime_pair_us gives it). The row is dated by it (never later
 -- than the publish's own time), the cut is capped by it, and the
--- quarantine's horizon of database time is measured to it; so the pause
+-- quarantine's horizon of database time is measured to it, and from it
+-- when the caller reports the observation an anomaly (a topology change
+-- this function sees itself starts the proof at its own time), so the
+-- database's proof spans at least the sampler's own; so the pause
 -- counts in every reader's staleness bound, and a pause longer than the
 -- gap bound makes the cut stale at once. A proposal without it is refused
 -- (TGS05 invalid_proposal). The six-argument publish is dropped: a
@@ -35,6 +38,7 @@ DECLARE
     pol  tollgate_safetime_policy%ROWTYPE;
     obs  record;
     observed timestamptz;
+    topology_changed boolean := false;
     db_us bigint;
     new_floor bigint;
     new_sub integer;
@@ -72,6 +76,7 @@ BEGIN
        OR cur.postmaster_start <> obs.postmaster_start THEN
         reason := 'primary_change';
         anomaly := true;
+        topology_changed := true;
     END IF;
     db_us := tollgate_safetime_pair_us(observed);
     still_quarantined := cur.quarantined;
@@ -103,7 +108,9 @@ BEGIN
        SET cut_floor_us = new_floor, cut_submicro_ns = new_sub,
            certain = (reason IS NULL), uncertain_reason = reason,
            quarantined = still_quarantined,
-           proof_started_at = CASE WHEN anomaly THEN obs.db_now ELSE s.proof_started_at END,
+           proof_started_at = CASE WHEN topology_changed THEN obs.db_now
+                                   WHEN anomaly THEN observed
+                                   ELSE s.proof_started_at END,
            system_identifier = obs.system_identifier, timeline_id = obs.timeline_id,
            postmaster_start = obs.postmaster_start,
            published_at = observed, publish_seq = s.publish_seq + 1;

@@ -583,7 +583,7 @@ mod tests {
         (
             21,
             "publish at observation",
-            "a1cff224754bd78e8175f30e0770a8896da99c0c24ac15ab081460dab1142932323edf7504821f4b1b46702a524ab8ee",
+            "2f9329a8d73b42aa0b23eb6874b92f444edf2e669a78028b280cf7fc9bf85f2b5efc82ece6bca0aeae5c727fd01b84fc",
         ),
     ];
 

@@ -223,7 +223,7 @@ async fn a_fresh_database_gets_every_line_in_order() {
     let first_test: String = sqlx::query_scalar(
         "SELECT (SELECT max(installed_on) FROM _sqlx_migrations) \
                 <= (SELECT min(installed_on) FROM _tgtest_migrations) \
-                AND (SELECT count(*) FROM _sqlx_migrations WHERE version > 20) = 0 \
+                AND (SELECT count(*) FROM _sqlx_migrations WHERE version > 21) = 0 \
                 AND to_regclass('tgtest_notes') IS NOT NULL AS ok",
     )
     .fetch_one(&mut c2)
