@@ -356,12 +356,25 @@ pub struct AttemptObservation {
 impl AttemptObservation {
     /// Whether `self`, a later measurement of the same generation, may
     /// replace the `stored` one without losing anything measured: a cost
-    /// is never replaced by an unknown one (the accounting only grows, and
-    /// is gone once the instance is destroyed) and a flag once observed is
-    /// never replaced by an unobserved one.
+    /// is never replaced by an unknown one nor by a smaller one (the
+    /// accounting only grows, and is gone once the instance is destroyed:
+    /// a smaller cost is an older measurement replayed), a flag once
+    /// observed is never replaced by an unobserved one, and a side effect
+    /// once observed (`true`) never becomes `false`.
     pub fn supersedes(&self, stored: &AttemptObservation) -> bool {
-        let kept = |new: Option<bool>, old: Option<bool>| new.is_some() || old.is_none();
-        (self.cost.is_some() || stored.cost.is_none())
+        let kept = |new: Option<bool>, old: Option<bool>| match old {
+            None => true,
+            Some(false) => new.is_some(),
+            Some(true) => new == Some(true),
+        };
+        let grown = match (self.cost, stored.cost) {
+            (_, None) => true,
+            (None, Some(_)) => false,
+            (Some(new), Some(old)) => {
+                new.cpu_time_ms >= old.cpu_time_ms && new.peak_memory_bytes >= old.peak_memory_bytes
+            }
+        };
+        grown
             && kept(
                 self.externality.network_writes,
                 stored.externality.network_writes,
@@ -1234,10 +1247,38 @@ mod tests {
         assert!(o(cost(5), clean).supersedes(&o(None, clean)));
         assert!(o(None, clean).supersedes(&o(None, clean)));
         assert!(!o(None, clean).supersedes(&o(cost(5), clean)));
-        // Each flag: observed replaces anything, unobserved only unobserved.
+        // A smaller cost is an older measurement: it never replaces a
+        // larger one, in either number.
+        let c = |cpu_time_ms, peak_memory_bytes| {
+            Some(CostObservation {
+                cpu_time_ms,
+                peak_memory_bytes,
+            })
+        };
+        assert!(o(c(9, 5), clean).supersedes(&o(c(9, 5), clean)));
+        assert!(o(c(10, 6), clean).supersedes(&o(c(9, 5), clean)));
+        assert!(!o(c(8, 6), clean).supersedes(&o(c(9, 5), clean)));
+        assert!(!o(c(10, 4), clean).supersedes(&o(c(9, 5), clean)));
+        // A side effect once observed stays observed.
+        let wrote = x(Some(true), Some(false), Some(false));
+        assert!(!o(cost(5), clean).supersedes(&o(cost(5), wrote)));
+        assert!(o(cost(5), wrote).supersedes(&o(cost(5), wrote)));
+        assert!(o(cost(5), wrote).supersedes(&o(cost(5), clean)));
+        for i in 0..3 {
+            let mut flags = [None; 3];
+            flags[i] = Some(true);
+            let stored = x(flags[0], flags[1], flags[2]);
+            assert!(!o(cost(5), clean).supersedes(&o(cost(5), stored)), "{i}");
+            assert!(!o(cost(5), none).supersedes(&o(cost(5), stored)), "{i}");
+            assert!(
+                o(cost(5), x(Some(true), Some(true), Some(true))).supersedes(&o(cost(5), stored)),
+                "{i}"
+            );
+        }
+        // Each flag observed false: observed replaces it, unobserved does not.
         for (i, stored) in [
             x(Some(false), None, None),
-            x(None, Some(true), None),
+            x(None, Some(false), None),
             x(None, None, Some(false)),
         ]
         .into_iter()

@@ -10,9 +10,11 @@
 -- and a measured 0 or false is stored as such.
 --
 -- Error codes (SQLSTATE, stable), besides 0001's:
---   LCSM1 measurement_regression  an update that drops a measured value
---                                 (a cost, or a flag, replaced by NULL)
---                                 or moves the row to another Lease;
+--   LCSM1 measurement_regression  an update that loses a measured value
+--                                 (a cost or a flag replaced by NULL, a
+--                                 cost made smaller, a side effect
+--                                 observed true made false) or moves the
+--                                 row to another Lease;
 --                                 the store keeps the stored row instead
 --                                 (lc_core::observation::AttemptObservation::supersedes)
 CREATE TABLE lc_measurements (
@@ -33,7 +35,7 @@ CREATE TABLE lc_measurements (
     CONSTRAINT lc_measurements_cost CHECK ((cpu_time_ms IS NULL) = (peak_memory_bytes IS NULL))
 );
 
--- LCSM1: a measured value is never dropped (see the header).
+-- LCSM1: a measured value is never lost (see the header).
 CREATE FUNCTION lc_measurements_keep() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
@@ -41,7 +43,11 @@ BEGIN
        OR (OLD.cpu_time_ms IS NOT NULL AND NEW.cpu_time_ms IS NULL)
        OR (OLD.network_writes IS NOT NULL AND NEW.network_writes IS NULL)
        OR (OLD.database_commits IS NOT NULL AND NEW.database_commits IS NULL)
-       OR (OLD.external_api_calls IS NOT NULL AND NEW.external_api_calls IS NULL) THEN
+       OR (OLD.external_api_calls IS NOT NULL AND NEW.external_api_calls IS NULL)
+       OR NEW.cpu_time_ms < OLD.cpu_time_ms OR NEW.peak_memory_bytes < OLD.peak_memory_bytes
+       OR (OLD.network_writes AND NEW.network_writes IS NOT TRUE)
+       OR (OLD.database_commits AND NEW.database_commits IS NOT TRUE)
+       OR (OLD.external_api_calls AND NEW.external_api_calls IS NOT TRUE) THEN
         RAISE EXCEPTION 'measurement_regression: the measurement of lease % would lose a measured value', OLD.lease_id
             USING ERRCODE = 'LCSM1';
     END IF;

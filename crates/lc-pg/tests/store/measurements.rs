@@ -192,7 +192,7 @@ async fn a_measurement_is_stored_value_by_value_and_never_loses_what_was_measure
                 Some(false),
                 Some(false)
             ),
-            second
+            second.clone()
         ))
     );
 
@@ -205,6 +205,14 @@ async fn a_measurement_is_stored_value_by_value_and_never_loses_what_was_measure
             "LCSM1",
         ),
         ("UPDATE lc_measurements SET network_writes = NULL", "LCSM1"),
+        (
+            "UPDATE lc_measurements SET cpu_time_ms = cpu_time_ms - 1",
+            "LCSM1",
+        ),
+        (
+            "UPDATE lc_measurements SET peak_memory_bytes = peak_memory_bytes - 1",
+            "LCSM1",
+        ),
         (
             "UPDATE lc_measurements SET external_api_calls = NULL",
             "LCSM1",
@@ -222,6 +230,31 @@ async fn a_measurement_is_stored_value_by_value_and_never_loses_what_was_measure
             "{sql}: {err}"
         );
     }
+
+    // A side effect once recorded stays: true never becomes false.
+    sqlx::query("UPDATE lc_measurements SET database_commits = true")
+        .execute(&mut c)
+        .await
+        .unwrap();
+    let err = sqlx::query("UPDATE lc_measurements SET database_commits = false")
+        .execute(&mut c)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.as_database_error().and_then(|d| d.code()).as_deref(),
+        Some("LCSM1"),
+        "{err}"
+    );
+    // Nor does a clean measurement replace it through the store.
+    assert_eq!(
+        f.store
+            .record_measurement(lease, g, &second, later)
+            .await
+            .unwrap()
+            .externality
+            .database_commits,
+        Some(true)
+    );
 
     // Released: its instance is gone, nothing more to measure.
     f.store
