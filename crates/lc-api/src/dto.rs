@@ -340,11 +340,14 @@ pub struct ExecView {
     pub resume: Option<ResumeReceiptView>,
     /// The decision on its approval, when it awaited one.
     pub approval: Option<ApprovalView>,
-    /// What the provider measured of the current generation's instance
-    /// (verified against its registered key), taken just before the
-    /// instance is destroyed; absent when nothing was measured (the
-    /// provider died or never answered), which means unknown, never zero
-    /// cost or no side effects.
+    /// What the provider measured of the current attempt's instances
+    /// (verified against its registered key), each taken just before that
+    /// generation's instance is destroyed, combined over every generation
+    /// of the attempt (CPU time summed, the largest peak, a side effect
+    /// seen in any generation); absent unless every generation was
+    /// measured (the provider died or never answered, a generation is
+    /// still running), which means unknown, never zero cost or no side
+    /// effects.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observation: Option<ObservationView>,
     /// Whether re-executing the current attempt from its start would be

@@ -479,10 +479,13 @@ pub struct ExecRecord {
     /// exec that needed none or still awaits one.
     #[serde(default)]
     pub approval: Option<crate::approval::ApprovalRecord>,
-    /// What the provider measured of its current generation's instance,
-    /// verified against the provider's registered key; `None` when nothing
-    /// was measured (the provider died or never answered before the
-    /// destroy), which is never read as zero cost or no side effects.
+    /// What the provider measured of the instances of its current
+    /// attempt, every generation of it, verified against the provider's
+    /// registered key and combined
+    /// ([`crate::observation::AttemptObservation::of_generations`]);
+    /// `None` unless every generation was measured (a provider that died
+    /// or never answered before a destroy, a generation still running),
+    /// which is never read as zero cost or no side effects.
     #[serde(default)]
     pub observation: Option<crate::observation::AttemptObservation>,
 }

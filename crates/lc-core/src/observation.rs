@@ -390,6 +390,48 @@ impl AttemptObservation {
     }
 }
 
+impl AttemptObservation {
+    /// The observation of a whole attempt from those of its generations
+    /// (`None`: that generation was not measured), in any order: `None`
+    /// when there are none or any generation is unmeasured; otherwise the
+    /// CPU time summed and the peak memory the largest (the cost unknown
+    /// when any generation's is, or when the sum passes
+    /// [`JSON_SAFE_INTEGER_MAX`]), and each flag `true` when any
+    /// generation observed it, else unknown when any did not observe it,
+    /// else `false`.
+    pub fn of_generations<I>(generations: I) -> Option<AttemptObservation>
+    where
+        I: IntoIterator<Item = Option<AttemptObservation>>,
+    {
+        let mut parts = generations.into_iter();
+        let mut whole = parts.next()??;
+        for part in parts {
+            let part = part?;
+            whole.cost = match (whole.cost, part.cost) {
+                (Some(a), Some(b)) => a
+                    .cpu_time_ms
+                    .checked_add(b.cpu_time_ms)
+                    .filter(|cpu| *cpu <= JSON_SAFE_INTEGER_MAX)
+                    .map(|cpu_time_ms| CostObservation {
+                        cpu_time_ms,
+                        peak_memory_bytes: a.peak_memory_bytes.max(b.peak_memory_bytes),
+                    }),
+                _ => None,
+            };
+            let flag = |a: Option<bool>, b: Option<bool>| match (a, b) {
+                (Some(true), _) | (_, Some(true)) => Some(true),
+                (Some(false), Some(false)) => Some(false),
+                _ => None,
+            };
+            let (w, p) = (&mut whole.externality, part.externality);
+            w.network_writes = flag(w.network_writes, p.network_writes);
+            w.database_commits = flag(w.database_commits, p.database_commits);
+            w.external_api_calls = flag(w.external_api_calls, p.external_api_calls);
+        }
+        Some(whole)
+    }
+}
+
 /// Whether re-executing a whole attempt from its start is safe, judged on
 /// the trusted observation of its Lease generation (`None`: nothing was
 /// measured, e.g. the provider died first): the rule of
@@ -1227,6 +1269,108 @@ mod tests {
                 serde_json::from_str::<AttemptObservation>(bad).is_err(),
                 "{bad}"
             );
+        }
+    }
+
+    #[test]
+    fn an_attempt_is_measured_only_when_every_generation_is() {
+        let o = |cpu_time_ms, peak_memory_bytes, externality| {
+            Some(AttemptObservation {
+                cost: Some(CostObservation {
+                    cpu_time_ms,
+                    peak_memory_bytes,
+                }),
+                externality,
+            })
+        };
+        let clean = ExternalityObservation::no_network_path();
+        assert_eq!(AttemptObservation::of_generations([]), None);
+        assert_eq!(
+            AttemptObservation::of_generations([o(3, 7, clean)]),
+            o(3, 7, clean)
+        );
+        // CPU time adds up, the peak is the largest.
+        assert_eq!(
+            AttemptObservation::of_generations([o(3, 7, clean), o(5, 4, clean), o(1, 9, clean)]),
+            o(9, 9, clean)
+        );
+        // One unmeasured generation leaves the whole attempt unmeasured,
+        // wherever it is.
+        for i in 0..3 {
+            let mut g = [o(1, 1, clean), o(1, 1, clean), o(1, 1, clean)];
+            g[i] = None;
+            assert_eq!(AttemptObservation::of_generations(g), None, "{i}");
+        }
+        // An unknown cost, or a sum past 2^53 - 1, is an unknown cost.
+        let no_cost = Some(AttemptObservation {
+            cost: None,
+            externality: clean,
+        });
+        assert_eq!(
+            AttemptObservation::of_generations([o(3, 7, clean), no_cost]),
+            no_cost
+        );
+        assert_eq!(
+            AttemptObservation::of_generations([no_cost, o(3, 7, clean)]),
+            no_cost
+        );
+        assert_eq!(
+            AttemptObservation::of_generations([
+                o(JSON_SAFE_INTEGER_MAX, 1, clean),
+                o(1, 1, clean)
+            ]),
+            no_cost
+        );
+        assert_eq!(
+            AttemptObservation::of_generations([
+                o(JSON_SAFE_INTEGER_MAX - 1, 1, clean),
+                o(1, 1, clean)
+            ]),
+            o(JSON_SAFE_INTEGER_MAX, 1, clean)
+        );
+        assert_eq!(
+            AttemptObservation::of_generations([o(u64::MAX, 1, clean), o(1, 1, clean)]),
+            no_cost
+        );
+        // Flags: true wins, then unknown, then false; against a table of
+        // every pair.
+        for a in FLAG {
+            for b in FLAG {
+                let want = if a == Some(true) || b == Some(true) {
+                    Some(true)
+                } else if a.is_none() || b.is_none() {
+                    None
+                } else {
+                    Some(false)
+                };
+                for (first, second) in [(a, b), (b, a)] {
+                    let got = AttemptObservation::of_generations([
+                        o(1, 1, x(first, Some(false), None)),
+                        o(1, 1, x(second, Some(false), None)),
+                    ])
+                    .unwrap()
+                    .externality;
+                    assert_eq!(got, x(want, Some(false), None), "{first:?} {second:?}");
+                    let got = AttemptObservation::of_generations([
+                        o(1, 1, x(None, first, Some(true))),
+                        o(1, 1, x(None, second, Some(false))),
+                    ])
+                    .unwrap()
+                    .externality;
+                    assert_eq!(got, x(None, want, Some(true)), "{first:?} {second:?}");
+                    let got = AttemptObservation::of_generations([
+                        o(1, 1, x(Some(false), Some(false), first)),
+                        o(1, 1, x(Some(false), Some(false), second)),
+                    ])
+                    .unwrap()
+                    .externality;
+                    assert_eq!(
+                        got,
+                        x(Some(false), Some(false), want),
+                        "{first:?} {second:?}"
+                    );
+                }
+            }
         }
     }
 

@@ -788,23 +788,13 @@ pub(crate) async fn insert_lease(conn: &mut PgConnection, n: &NewLease<'_>) -> R
     Ok(())
 }
 
-/// The columns [`observation_at`] reads with prefix `m_`, from
-/// `lc_measurements` as `m`.
-macro_rules! measurement_columns {
-    () => {
-        "m.lease_id AS m_lease_id, m.cpu_time_ms AS m_cpu_time_ms, \
-         m.peak_memory_bytes AS m_peak_memory_bytes, m.network_writes AS m_network_writes, \
-         m.database_commits AS m_database_commits, m.external_api_calls AS m_external_api_calls"
-    };
-}
-
-/// An exec's row with its current generation's Lease state, its
-/// trusted measurement (columns `m_*`, NULL when none), its
+/// An exec's row with its current generation's Lease state, the trusted
+/// measurement of each generation of its current attempt (`m_generations`,
+/// a JSON array in generation order, NULL without any Lease), its
 /// workspace head, the newest hibernation of its current attempt (columns
 /// `hib_*`, NULL when none) and its newest resume receipt (columns `rr_*`,
 /// NULL when none).
-const EXEC_SELECT: &str = concat!(
-    "SELECT e.exec_id, e.tenant_id, e.lease_id, e.provider_id, \
+const EXEC_SELECT: &str = "SELECT e.exec_id, e.tenant_id, e.lease_id, e.provider_id, \
         e.runtime_digest, e.workspace_id, e.shape, e.units, e.command::text AS command, \
         e.timeout_ms, e.timeout_floor_us, e.timeout_submicro_ns, e.admitted_floor_us, \
         e.admitted_submicro_ns, e.state, e.terminal_reason, e.exit_code, e.cancel_requested, \
@@ -824,21 +814,30 @@ const EXEC_SELECT: &str = concat!(
         r.request_sha256 AS rr_request_sha256, r.token_sha256 AS rr_token_sha256, \
         r.owner_generation AS rr_owner_generation, r.owner_fence AS rr_owner_fence, \
         r.committed_floor_us AS rr_committed_floor_us, \
-        r.committed_submicro_ns AS rr_committed_submicro_ns, ",
-    measurement_columns!(),
-    " FROM lc_execs e \
+        r.committed_submicro_ns AS rr_committed_submicro_ns, \
+        ms.generations AS m_generations \
+   FROM lc_execs e \
    JOIN lc_attempts a ON a.exec_id = e.exec_id AND a.attempt = e.current_attempt \
    LEFT JOIN lc_sandbox_leases l ON l.exec_id = e.exec_id AND l.attempt = a.attempt \
                                 AND l.generation = a.generation \
-   LEFT JOIN lc_measurements m ON m.lease_id = l.lease_id \
    LEFT JOIN lc_workspaces w ON w.exec_id = e.exec_id \
    LEFT JOIN lc_approvals ap ON ap.exec_id = e.exec_id \
    LEFT JOIN LATERAL (SELECT * FROM lc_hibernations hh \
                        WHERE hh.exec_id = e.exec_id AND hh.attempt = e.current_attempt \
                        ORDER BY hh.generation DESC LIMIT 1) h ON true \
    LEFT JOIN LATERAL (SELECT * FROM lc_resume_receipts rr WHERE rr.exec_id = e.exec_id \
-                       ORDER BY rr.attempt DESC, rr.to_generation DESC LIMIT 1) r ON true"
-);
+                       ORDER BY rr.attempt DESC, rr.to_generation DESC LIMIT 1) r ON true \
+   LEFT JOIN LATERAL (SELECT jsonb_agg(jsonb_build_object( \
+                          'measured', mm.lease_id IS NOT NULL, \
+                          'cpu_time_ms', mm.cpu_time_ms, \
+                          'peak_memory_bytes', mm.peak_memory_bytes, \
+                          'network_writes', mm.network_writes, \
+                          'database_commits', mm.database_commits, \
+                          'external_api_calls', mm.external_api_calls) \
+                        ORDER BY ll.generation)::text AS generations \
+                        FROM lc_sandbox_leases ll \
+                        LEFT JOIN lc_measurements mm ON mm.lease_id = ll.lease_id \
+                       WHERE ll.exec_id = e.exec_id AND ll.attempt = a.attempt) ms ON true";
 
 /// The `hib_*` columns of [`EXEC_SELECT`] as the exec's hibernation.
 fn exec_hibernation(row: &PgRow, exec_id: ExecId) -> Result<Option<HibernationRecord>, Fail> {
@@ -927,7 +926,7 @@ fn exec_from(row: &PgRow) -> Result<ExecRecord, Fail> {
         hibernation: exec_hibernation(row, exec_id)?,
         resume: exec_resume(row, exec_id)?,
         approval: exec_approval(row, exec_id, TenantId(row.try_get("tenant_id")?))?,
-        observation: observation_at(row, "m_")?,
+        observation: attempt_observation(row)?,
     })
 }
 
@@ -2891,16 +2890,8 @@ fn observation_at(row: &PgRow, prefix: &str) -> Result<Option<AttemptObservation
             .map(|v| u64::try_from(v).map_err(|_| Fail::from(corrupt(format!("{c} {v}")))))
             .transpose()
     };
-    let cost = match (count("cpu_time_ms")?, count("peak_memory_bytes")?) {
-        (Some(cpu_time_ms), Some(peak_memory_bytes)) => Some(CostObservation {
-            cpu_time_ms,
-            peak_memory_bytes,
-        }),
-        (None, None) => None,
-        _ => return Err(corrupt("a measurement with half a cost").into()),
-    };
     Ok(Some(AttemptObservation {
-        cost,
+        cost: cost_of(count("cpu_time_ms")?, count("peak_memory_bytes")?)?,
         externality: ExternalityObservation {
             network_writes: row.try_get(col("network_writes").as_str())?,
             database_commits: row.try_get(col("database_commits").as_str())?,
@@ -2909,16 +2900,68 @@ fn observation_at(row: &PgRow, prefix: &str) -> Result<Option<AttemptObservation
     }))
 }
 
+/// A stored cost: both numbers, or neither (unknown).
+fn cost_of(
+    cpu_time_ms: Option<u64>,
+    peak_memory_bytes: Option<u64>,
+) -> Result<Option<CostObservation>, Fail> {
+    match (cpu_time_ms, peak_memory_bytes) {
+        (Some(cpu_time_ms), Some(peak_memory_bytes)) => Ok(Some(CostObservation {
+            cpu_time_ms,
+            peak_memory_bytes,
+        })),
+        (None, None) => Ok(None),
+        _ => Err(corrupt("a measurement with half a cost").into()),
+    }
+}
+
+/// One generation's entry of [`EXEC_SELECT`]'s `m_generations`.
+#[derive(serde::Deserialize)]
+struct GenerationMeasurement {
+    measured: bool,
+    cpu_time_ms: Option<u64>,
+    peak_memory_bytes: Option<u64>,
+    network_writes: Option<bool>,
+    database_commits: Option<bool>,
+    external_api_calls: Option<bool>,
+}
+
+/// The `m_generations` column of [`EXEC_SELECT`] as the observation of
+/// the whole attempt ([`AttemptObservation::of_generations`]): `None`
+/// unless every generation was measured.
+fn attempt_observation(row: &PgRow) -> Result<Option<AttemptObservation>, Fail> {
+    let Some(text) = row.try_get::<Option<String>, _>("m_generations")? else {
+        return Ok(None);
+    };
+    let generations: Vec<GenerationMeasurement> = serde_json::from_str(&text)
+        .map_err(|e| corrupt(format!("an attempt's measurements: {e}")))?;
+    let mut parts = Vec::with_capacity(generations.len());
+    for g in generations {
+        let cost = cost_of(g.cpu_time_ms, g.peak_memory_bytes)?;
+        parts.push(g.measured.then_some(AttemptObservation {
+            cost,
+            externality: ExternalityObservation {
+                network_writes: g.network_writes,
+                database_commits: g.database_commits,
+                external_api_calls: g.external_api_calls,
+            },
+        }));
+    }
+    Ok(AttemptObservation::of_generations(parts))
+}
+
 /// The stored measurement of `lease`, locked (`None`: nothing measured).
 pub(crate) async fn lock_measurement(
     conn: &mut PgConnection,
     lease: SandboxLeaseId,
 ) -> Result<Option<AttemptObservation>, Fail> {
-    let row = sqlx::query(concat!(
-        "SELECT ",
-        measurement_columns!(),
-        " FROM lc_measurements m WHERE m.lease_id = $1 FOR UPDATE"
-    ))
+    let row = sqlx::query(
+        "SELECT m.lease_id AS m_lease_id, m.cpu_time_ms AS m_cpu_time_ms, \
+                m.peak_memory_bytes AS m_peak_memory_bytes, m.network_writes AS m_network_writes, \
+                m.database_commits AS m_database_commits, \
+                m.external_api_calls AS m_external_api_calls \
+           FROM lc_measurements m WHERE m.lease_id = $1 FOR UPDATE",
+    )
     .bind(lease.0)
     .fetch_optional(&mut *conn)
     .await?;

@@ -1615,6 +1615,9 @@ async fn a_hibernated_exec_parks_once_and_resumes_on_its_files_with_seqs_continu
         (rec.state, rec.lease_state),
         (ExecState::Running, Some(LeaseState::Active))
     );
+    // Generation 1 was measured before its destroy, generation 2 not yet:
+    // the attempt as a whole is not measured.
+    assert_eq!(rec.observation, None);
 
     // Generation 2's command sees generation 1's files, byte for byte,
     // and its pages continue after the stopped page.
@@ -1662,6 +1665,17 @@ async fn a_hibernated_exec_parks_once_and_resumes_on_its_files_with_seqs_continu
     assert_eq!(
         (rec.state, rec.terminal_reason, rec.exit_code),
         (ExecState::Terminal, Some(TerminalReason::Exited), Some(3))
+    );
+    // Both generations measured, with no side effects; the attempt's cost
+    // is unknown, since quiescing generation 1 removed its groups (their
+    // accounting with them) before its destroy measured it: unknown, never
+    // zero.
+    assert_eq!(
+        rec.observation,
+        Some(lc_core::observation::AttemptObservation {
+            cost: None,
+            externality: lc_core::observation::ExternalityObservation::no_network_path(),
+        })
     );
     assert_eq!(rig.balances(tenant).await, (4, 4, 0, 0));
     assert_eq!(rig.provider.inventory().await.unwrap(), vec![]);

@@ -410,7 +410,7 @@ mod tests {
         let network = json!({
             "exec_id": 6,
             "observation": {"externality": {}},
-            "reexecution": {"eligible": false, "reason": "externality_unobserved"}
+            "reexecution": {"eligible": false, "reason": "externality_incomplete"}
         });
         assert!(
             exec_text(&network).contains("externality.network_writes      unknown\n"),
