@@ -448,6 +448,18 @@ const RESTORE_TEMP_PREFIX: &[u8] = b".lc-restore-";
 /// The file of a quiesce's answer in the instance directory.
 const QUIESCED_FILE: &str = "quiesced.json";
 
+/// The instance's accounting as it was when quiescing removed its groups
+/// (`{"cpu_time_ns":N,"peak_memory_bytes":N}`), so the destroy's
+/// measurement still has the generation's cost.
+const ACCOUNTING_FILE: &str = "accounting.json";
+
+/// What `accounting.json` holds.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+struct AccountingRecord {
+    cpu_time_ns: u64,
+    peak_memory_bytes: u64,
+}
+
 fn instance_name(lease_id: i64, generation: i64) -> String {
     format!("{lease_id}-{generation}")
 }
@@ -1446,24 +1458,30 @@ impl BwrapProvider {
 /// same answer.
 fn write_quiesced(dir: &Path, q: &Quiesced) -> Result<(), ProviderError> {
     use base64::Engine as _;
-    use std::io::Write as _;
-    use std::os::unix::fs::OpenOptionsExt as _;
-    let p = dir.join(QUIESCED_FILE);
-    let mut random = [0u8; 8];
-    getrandom::fill(&mut random).map_err(|e| io(p.display(), e))?;
-    let tmp = dir.join(format!(".{QUIESCED_FILE}.{}", hex::encode(random)));
     let rec = QuiescedRecord {
         manifest_b64: base64::engine::general_purpose::STANDARD.encode(&q.manifest),
         evidence: q.evidence.clone(),
     };
-    let bytes = serde_json::to_vec(&rec).map_err(|e| io(p.display(), e))?;
+    let bytes = serde_json::to_vec(&rec).map_err(|e| io(dir.join(QUIESCED_FILE).display(), e))?;
+    write_file_atomic(dir, QUIESCED_FILE, &bytes)
+}
+
+/// Writes `bytes` as `dir/name` (mode 0600) atomically and durably: a
+/// fresh temporary file, fsynced, renamed over it, then `dir` fsynced.
+fn write_file_atomic(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), ProviderError> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let p = dir.join(name);
+    let mut random = [0u8; 8];
+    getrandom::fill(&mut random).map_err(|e| io(p.display(), e))?;
+    let tmp = dir.join(format!(".{name}.{}", hex::encode(random)));
     let written = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(0o600)
         .open(&tmp)
         .and_then(|mut f| {
-            f.write_all(&bytes)?;
+            f.write_all(bytes)?;
             f.sync_all()
         })
         .and_then(|()| std::fs::rename(&tmp, &p));
@@ -1473,6 +1491,19 @@ fn write_quiesced(dir: &Path, q: &Quiesced) -> Result<(), ProviderError> {
     written
         .and_then(|()| std::fs::File::open(dir)?.sync_all())
         .map_err(|e| io(p.display(), e))
+}
+
+/// The accounting a quiesce kept in `dir` (`(cpu_time_ns,
+/// peak_memory_bytes)`), `None` when none was kept.
+fn read_accounting(dir: &Path) -> Result<Option<(u64, u64)>, ProviderError> {
+    let p = dir.join(ACCOUNTING_FILE);
+    let bytes = match std::fs::read(&p) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(io(p.display(), e)),
+    };
+    let rec: AccountingRecord = serde_json::from_slice(&bytes).map_err(|e| io(p.display(), e))?;
+    Ok(Some((rec.cpu_time_ns, rec.peak_memory_bytes)))
 }
 
 /// A restore's failure as the provider answers it: a missing or corrupt
@@ -1740,11 +1771,14 @@ impl Provider for BwrapProvider {
         };
         let shape = lc_core::shape::Shape::by_name(&record.shape)
             .map_err(|e| io(format_args!("instance {l}-{g} shape"), e))?;
-        let cost = self
-            .cgroups
-            .instance(&instance_name(l, g))
-            .accounting()
-            .and_then(|a| CostObservation::from_accounting(a.cpu_time_ns, a.peak_memory_bytes));
+        let live = self.cgroups.instance(&instance_name(l, g)).accounting();
+        let accounting = match live {
+            Some(a) => Some((a.cpu_time_ns, a.peak_memory_bytes)),
+            None => read_accounting(&self.instance_dir(l, g))?,
+        };
+        let cost = accounting.and_then(|(cpu_time_ns, peak_memory_bytes)| {
+            CostObservation::from_accounting(cpu_time_ns, peak_memory_bytes)
+        });
         Ok(self.signed(Statement::Measurement {
             provider_id: self.cfg.provider_id.as_str().to_owned(),
             lease_id: l,
@@ -1892,10 +1926,20 @@ impl Provider for BwrapProvider {
         self.check_ended(lease_id, generation, fence).await?;
         // Nothing of the instance may still write its workspace: what is
         // left (bubblewrap, an idle supervisor) is killed, the instance
-        // directory and the workspace stay.
-        self.cgroups
-            .instance(&instance_name(l, g))
-            .kill_and_remove()?;
+        // directory and the workspace stay. Its accounting goes with its
+        // groups, so it is kept in the instance directory first (a repeated
+        // quiesce, the groups already gone, keeps the first).
+        let groups = self.cgroups.instance(&instance_name(l, g));
+        if let Some(a) = groups.accounting() {
+            let rec = AccountingRecord {
+                cpu_time_ns: a.cpu_time_ns,
+                peak_memory_bytes: a.peak_memory_bytes,
+            };
+            let bytes =
+                serde_json::to_vec(&rec).map_err(|e| io(dir.join(ACCOUNTING_FILE).display(), e))?;
+            write_file_atomic(&dir, ACCOUNTING_FILE, &bytes)?;
+        }
+        groups.kill_and_remove()?;
         // Every page was acknowledged: a supervisor killed before it wrote
         // its done file has finished all the same.
         mark_finished(&dir.join("run").join(SOCKET_FILE))?;

@@ -2988,6 +2988,21 @@ async fn quiesce_snapshots_the_workspace_and_a_restore_resumes_it_exactly() {
     assert_eq!(client.quiesce(l, g1, f).await.unwrap(), q);
     // Nothing of the instance runs; its workspace stays.
     assert!(e.provider.instance_cgroup(l, g1).pids().is_empty());
+    // Its groups are gone, their accounting kept first: the measurement
+    // still has the generation's cost, the same from a restarted provider.
+    assert!(!e.provider.instance_cgroup(l, g1).exists());
+    let key = e.provider.public_key();
+    let (cost, externality) = measurement(&e.provider.measure(l, g1).await.unwrap(), &key, 41);
+    let cost = cost.expect("the accounting the quiesce kept");
+    assert!(cost.peak_memory_bytes > 0, "{cost:?}");
+    assert_eq!(
+        externality,
+        lc_core::observation::ExternalityObservation::no_network_path()
+    );
+    assert_eq!(
+        measurement(&restarted.measure(l, g1).await.unwrap(), &key, 41).0,
+        Some(cost)
+    );
     assert_eq!(
         verify_signature(
             &e.provider.observe(l, g1).await.unwrap(),

@@ -1666,16 +1666,18 @@ async fn a_hibernated_exec_parks_once_and_resumes_on_its_files_with_seqs_continu
         (rec.state, rec.terminal_reason, rec.exit_code),
         (ExecState::Terminal, Some(TerminalReason::Exited), Some(3))
     );
-    // Both generations measured, with no side effects; the attempt's cost
-    // is unknown, since quiescing generation 1 removed its groups (their
-    // accounting with them) before its destroy measured it: unknown, never
-    // zero.
+    // Both generations measured, with no side effects; generation 1's
+    // cost is the accounting its quiesce kept before removing its groups,
+    // so the attempt's cost is known: some memory within the shape.
+    let measured = rec.observation.expect("every generation measured");
+    let cost = measured.cost.expect("both generations' accounting");
+    assert!(
+        cost.peak_memory_bytes > 0 && cost.peak_memory_bytes <= 268_435_456,
+        "{cost:?}"
+    );
     assert_eq!(
-        rec.observation,
-        Some(lc_core::observation::AttemptObservation {
-            cost: None,
-            externality: lc_core::observation::ExternalityObservation::no_network_path(),
-        })
+        measured.externality,
+        lc_core::observation::ExternalityObservation::no_network_path()
     );
     assert_eq!(rig.balances(tenant).await, (4, 4, 0, 0));
     assert_eq!(rig.provider.inventory().await.unwrap(), vec![]);
