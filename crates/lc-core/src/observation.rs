@@ -1263,7 +1263,7 @@ mod tests {
         for bad in [
             r#"{"cost":null,"externality":{}}"#,
             r#"{"cost":{"cpuTimeMs":1,"peakMemoryBytes":1}}"#,
-            r#"{"externality":{},"savedCost":1}"#,
+            r#"{"externality":{},"unknownField":1}"#,
         ] {
             assert!(
                 serde_json::from_str::<AttemptObservation>(bad).is_err(),
