@@ -1455,8 +1455,11 @@ async fn approvals_through_the_cli() {
     let exec = e["exec_id"].as_i64().unwrap().to_string();
     let o = lc(&["exec", "show", &exec], &env).await;
     assert!(
-        String::from_utf8_lossy(&o.stdout).contains("state            awaiting_approval\n")
-            || String::from_utf8_lossy(&o.stdout).contains("state  awaiting_approval\n"),
+        has_field(
+            &String::from_utf8_lossy(&o.stdout),
+            "state",
+            "awaiting_approval"
+        ),
         "{}",
         String::from_utf8_lossy(&o.stdout)
     );
@@ -1511,8 +1514,8 @@ async fn approvals_through_the_cli() {
     assert_eq!(again, ok);
     let o = lc(&["exec", "show", &exec], &env).await;
     let text = String::from_utf8_lossy(&o.stdout).to_string();
-    assert!(text.contains("approval.decision     approved\n"), "{text}");
-    assert!(text.contains("approval.approver     tenant\n"), "{text}");
+    assert!(has_field(&text, "approval.decision", "approved"), "{text}");
+    assert!(has_field(&text, "approval.approver", "tenant"), "{text}");
     // A second decision: 409 on stderr, exit 1.
     let o = lc(&["approval", "deny", &exec, "--reason", "late"], &env).await;
     assert_eq!(o.status.code(), Some(1));
@@ -1567,4 +1570,11 @@ async fn approvals_through_the_cli() {
         text.contains(&format!("\n{exec2}        denied    admin     ")),
         "{text}"
     );
+}
+
+/// Whether the `field  value` lines of `text` hold `name` with exactly
+/// `value` (however wide the name column is).
+fn has_field(text: &str, name: &str, value: &str) -> bool {
+    text.lines()
+        .any(|l| l.split_whitespace().collect::<Vec<_>>() == [name, value])
 }
