@@ -776,7 +776,7 @@ async fn old_transaction_makes_the_migration_wait_for_its_lock() {
         .expect("migration did not finish after the old transaction committed")
         .unwrap()
         .unwrap();
-    assert_eq!(report.applied, vec![17, 18, 19, 20]);
+    assert_eq!(report.applied, vec![17, 18, 19, 20, 21]);
     // The old transaction's lease committed first and was backfilled.
     let row: (i64, i16, bool, i64) = sqlx::query_as(
         "SELECT expiry_floor_us, expiry_submicro_ns, expiry_is_upper_bound, units \
@@ -882,7 +882,7 @@ async fn new_format_is_invisible_to_other_sessions_until_the_migration_commits()
         .expect("migration did not finish")
         .unwrap()
         .unwrap();
-    assert_eq!(report.applied, vec![17, 18, 19, 20]);
+    assert_eq!(report.applied, vec![17, 18, 19, 20, 21]);
     assert_eq!(
         columns(&mut observer, "tollgate_leases").await,
         [
@@ -1177,6 +1177,7 @@ async fn pending_migrations_and_versions() {
     assert_eq!(all[17].description, "safe time");
     assert_eq!(all[18].description, "lease write guard");
     assert_eq!(all[19].description, "seal covers active leases");
+    assert_eq!(all[20].description, "publish at observation");
     assert_eq!(all[0].description, "accounts");
     Schema::through(16)
         .unwrap()
@@ -1202,6 +1203,10 @@ async fn pending_migrations_and_versions() {
             tollgate_pg::PendingMigration {
                 version: 20,
                 description: "seal covers active leases".into()
+            },
+            tollgate_pg::PendingMigration {
+                version: 21,
+                description: "publish at observation".into()
             }
         ]
     );
