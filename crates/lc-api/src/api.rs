@@ -901,6 +901,41 @@ async fn list_snapshots(
     }))
 }
 
+/// The milestones of the acting tenant's exec after `after_seq`,
+/// ascending by seq: each saved point's snapshot head, the attempt's
+/// observation up to it (every value not observed absent) and whether
+/// re-executing from it would be safe.
+#[utoipa::path(get, path = "/v1/execs/{exec_id}/milestones", tag = "execs",
+    params(
+        ("exec_id" = i64, Path, minimum = 1, description = "The exec"),
+        MilestonesQuery,
+        ("Lc-Tenant" = Option<i64>, Header, description = "With the admin token: the tenant to act for"),
+    ),
+    responses((status = 200, description = "A page of milestones", body = MilestoneList)),
+    security(("bearer" = [])))]
+async fn list_milestones(
+    State(s): State<AppState>,
+    Acting(tenant): Acting,
+    IdPath(exec_id): IdPath,
+    Q(q): Q<MilestonesQuery>,
+) -> Result<Json<MilestoneList>, ApiError> {
+    let limit = lc_core::rules::check_limit(
+        q.limit.unwrap_or(EXEC_LIST_DEFAULT),
+        lc_core::rules::LIST_LIMIT_MAX,
+    )?;
+    let milestones = s
+        .store()
+        .milestones(tenant, ExecId(exec_id), q.after_seq.unwrap_or(0), limit)
+        .await?;
+    let next_after_seq = (milestones.len() == limit)
+        .then(|| milestones.last().map(|m| m.seq))
+        .flatten();
+    Ok(Json(MilestoneList {
+        milestones: milestones.into_iter().map(Into::into).collect(),
+        next_after_seq,
+    }))
+}
+
 /// The exec and snapshot digest of a snapshot route, and its file path
 /// (the wildcard segment, percent-decoded) on the file route.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -1479,6 +1514,7 @@ pub fn api_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(get_workspace, delete_workspace))
         .routes(routes!(undelete_workspace))
         .routes(routes!(list_snapshots))
+        .routes(routes!(list_milestones))
         .routes(routes!(snapshot_tree))
         .routes(routes!(snapshot_file))
         .routes(routes!(send_input))

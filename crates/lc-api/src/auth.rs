@@ -329,7 +329,13 @@ pub fn route_operation(method: &Method, path: &str) -> Option<Operation> {
     use Operation as O;
     let op = match (method.as_str(), path) {
         ("POST", "/v1/execs") | ("GET", "/v1/runtimes") => O::ExecCreate,
-        ("GET", "/v1/execs" | "/v1/execs/{exec_id}" | "/v1/execs/{exec_id}/output") => O::ExecRead,
+        (
+            "GET",
+            "/v1/execs"
+            | "/v1/execs/{exec_id}"
+            | "/v1/execs/{exec_id}/output"
+            | "/v1/execs/{exec_id}/milestones",
+        ) => O::ExecRead,
         ("GET", "/v1/operations/{key}") => O::ExecRead,
         ("POST", "/v1/execs/{exec_id}/input") => O::ExecInput,
         ("POST", "/v1/execs/{exec_id}/cancel") => O::ExecCancel,

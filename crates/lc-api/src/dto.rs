@@ -12,7 +12,10 @@ use lc_core::input::InputRecord;
 use lc_core::model::{
     CanonicalIdentity, ExecRecord, OpScope, OperationRecord, OutputPage, Runtime, Tenant,
 };
-use lc_core::observation::{AttemptObservation, Eligibility, attempt_reexecution_eligibility};
+use lc_core::observation::{
+    AttemptObservation, Eligibility, MilestoneRecord, attempt_reexecution_eligibility,
+    reexecution_eligibility,
+};
 use lc_core::snapshot::{Entry, EntryKind};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
@@ -711,6 +714,84 @@ pub struct SnapshotList {
     pub snapshots: Vec<SnapshotView>,
     /// The `after_seq` of the next page, when this one was full.
     pub next_after_seq: Option<i64>,
+}
+
+/// `GET /v1/execs/{id}/milestones?after_seq=&limit=`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct MilestonesQuery {
+    /// Only milestones with a larger seq (default 0: from the first).
+    #[serde(default)]
+    pub after_seq: Option<u32>,
+    /// At most this many (default 100, at most 1000).
+    #[serde(default)]
+    pub limit: Option<usize>,
+}
+
+/// One milestone of an exec: a saved point of an attempt that recovery
+/// can restart from, with what the trusted provider had observed of the
+/// attempt up to it. Every value not observed is absent, never `0` or
+/// `false`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct MilestoneView {
+    /// Its number among the exec's milestones, from 1 in recording order.
+    pub seq: u32,
+    /// The attempt it belongs to.
+    pub attempt: i32,
+    /// The Lease generation whose workspace it saved.
+    pub generation: i64,
+    /// What recorded it: `hibernation`.
+    pub source: String,
+    /// The file snapshot head it saved: SHA-256 of its manifest, 64 hex
+    /// digits.
+    pub head: String,
+    /// The attempt's measured cost up to the milestone (CPU time summed
+    /// over its generations, the largest peak); absent when unknown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost: Option<CostView>,
+    /// The side effects observed up to the milestone; absent when none
+    /// was observed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub externality: Option<ExternalityView>,
+    /// Whether re-executing from this milestone would be safe: only with
+    /// a complete externality observation whose three flags are `false`.
+    pub reexecution: ReexecutionView,
+    /// The certain cut it was recorded at (RFC 3339, nanoseconds).
+    #[schema(value_type = String)]
+    pub recorded_cut: Timestamp,
+}
+
+/// A page of an exec's milestones, ascending by seq.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct MilestoneList {
+    /// The milestones.
+    pub milestones: Vec<MilestoneView>,
+    /// The `after_seq` of the next page, when this one was full.
+    pub next_after_seq: Option<u32>,
+}
+
+impl From<MilestoneRecord> for MilestoneView {
+    fn from(m: MilestoneRecord) -> MilestoneView {
+        MilestoneView {
+            seq: m.seq,
+            attempt: m.attempt.0,
+            generation: m.generation.0,
+            source: m.source.as_str().to_string(),
+            reexecution: reexecution_eligibility(Some(&m.milestone)).into(),
+            head: m.milestone.head,
+            cost: m.milestone.cost.map(|c| CostView {
+                cpu_time_ms: c.cpu_time_ms,
+                peak_memory_bytes: c.peak_memory_bytes,
+            }),
+            externality: m.milestone.externality.map(|x| ExternalityView {
+                network_writes: x.network_writes,
+                database_commits: x.database_commits,
+                external_api_calls: x.external_api_calls,
+            }),
+            recorded_cut: m.recorded_cut,
+        }
+    }
 }
 
 /// One entry of a snapshot's tree.

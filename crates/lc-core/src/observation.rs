@@ -259,6 +259,70 @@ pub struct Milestone {
     pub externality: Option<ExternalityObservation>,
 }
 
+impl Milestone {
+    /// The milestone at snapshot `head` of an attempt observed so far as
+    /// `observation` (`None`: some generation of it was not measured):
+    /// its cost copied when measured, its externality when any flag was
+    /// observed (an observation of no flag at all is no externality
+    /// observation). Nothing unmeasured becomes a zero or a `false`.
+    pub fn at(head: crate::model::Digest, observation: Option<AttemptObservation>) -> Milestone {
+        Milestone {
+            head: head.to_hex(),
+            cost: observation.and_then(|o| o.cost),
+            externality: observation
+                .map(|o| o.externality)
+                .filter(|x| *x != ExternalityObservation::absent()),
+        }
+    }
+}
+
+/// What recorded a milestone. Codes are stable: [`MilestoneSource::as_str`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MilestoneSource {
+    /// A hibernation's committed quiescence. Code `hibernation`.
+    Hibernation,
+}
+
+impl MilestoneSource {
+    /// The stable snake_case code.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            MilestoneSource::Hibernation => "hibernation",
+        }
+    }
+
+    /// The source of code `s`; `None` for an unknown code.
+    pub fn parse(s: &str) -> Option<MilestoneSource> {
+        match s {
+            "hibernation" => Some(MilestoneSource::Hibernation),
+            _ => None,
+        }
+    }
+}
+
+/// One recorded milestone of an exec: which attempt generation it saved,
+/// what recorded it, and the [`Milestone`] itself (head and what was
+/// observed up to it). Immutable once recorded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MilestoneRecord {
+    /// The exec.
+    pub exec_id: ExecId,
+    /// Its number among the exec's milestones, from 1 in recording order
+    /// (unique within the exec, across attempts).
+    pub seq: u32,
+    /// The attempt it belongs to.
+    pub attempt: crate::model::AttemptNo,
+    /// The Lease generation whose workspace it saved.
+    pub generation: crate::model::Generation,
+    /// What recorded it.
+    pub source: MilestoneSource,
+    /// The head and the observations up to it.
+    pub milestone: Milestone,
+    /// The certain cut it was recorded at.
+    pub recorded_cut: jiff::Timestamp,
+}
+
 /// Whether re-execution from a milestone is safe.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Eligibility {
@@ -451,7 +515,8 @@ pub fn attempt_reexecution_eligibility(observation: Option<&AttemptObservation>)
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct AncestorRef {
-    /// The milestone's sequence number within its attempt.
+    /// The milestone's sequence number within its exec
+    /// ([`MilestoneRecord::seq`]).
     pub milestone_seq: u32,
     /// Its file snapshot head digest.
     pub head: String,

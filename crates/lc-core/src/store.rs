@@ -373,6 +373,20 @@ pub trait ControlStore: Send + Sync {
         limit: usize,
     ) -> Result<Vec<SnapshotMeta>, LcError>;
 
+    /// The exec's milestones with seq `> after_seq`, ascending, at most
+    /// `limit` (`1..=`[`crate::rules::LIST_LIMIT_MAX`]), of every attempt.
+    ///
+    /// # Errors
+    /// `not_found` (also for another tenant's exec), `invalid_limit`,
+    /// storage errors.
+    async fn milestones(
+        &self,
+        tenant: TenantId,
+        exec_id: ExecId,
+        after_seq: u32,
+        limit: usize,
+    ) -> Result<Vec<crate::observation::MilestoneRecord>, LcError>;
+
     /// The canonical manifest bytes of the exec's snapshot `digest`
     /// (`sha256(bytes) == digest`).
     ///
@@ -991,9 +1005,17 @@ pub trait GatewayStore: Send + Sync {
     /// Reservation, the hibernation to `quiesced`, and releases the
     /// ownership (the owner has nothing left to do for that generation;
     /// once the reconciler parks the attempt, a resume request makes the
-    /// exec claimable again). A replay with the same head by the same
-    /// owner (its released ownership still current and unexpired) returns
-    /// the record and changes nothing.
+    /// exec claimable again). It also records the attempt's milestone at
+    /// that head (source `hibernation`): `measurement`, when given, is
+    /// the provider's signed measurement of the generation taken after
+    /// the quiescence, verified and recorded as
+    /// [`ReconcileStore::record_measurement`] does, and the milestone
+    /// carries the attempt's observation up to this generation
+    /// ([`crate::observation::AttemptObservation::of_generations`]), or
+    /// none when any generation of it is unmeasured (`measurement`
+    /// `None`: the provider could not measure). A replay with the same
+    /// head by the same owner (its released ownership still current and
+    /// unexpired) returns the record and changes nothing.
     ///
     /// # Errors
     /// `owner_stale`, `owner_expired`, `not_found` (no hibernation of that
@@ -1012,6 +1034,7 @@ pub trait GatewayStore: Send + Sync {
         manifest: &[u8],
         head: Digest,
         evidence: &serde_json::Value,
+        measurement: Option<&serde_json::Value>,
     ) -> Result<HibernationRecord, LcError>;
 
     /// Records the provider's refusal to snapshot the stopped workspace of

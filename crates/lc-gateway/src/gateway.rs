@@ -1383,12 +1383,14 @@ impl Gateway {
         let evidence = serde_json::to_value(&quiesced.evidence).map_err(|e| {
             Fail::Evidence(format!("the quiescence evidence does not serialize: {e}"))
         })?;
+        let measurement = self.measure(p, lease, generation).await;
         self.renew_if_due(h, report).await?;
         let at = self.reading().await?;
         if !at.certain {
             return Ok(Served::Keep);
         }
-        self.store
+        let committed = self
+            .store
             .commit_quiescence(
                 &h.cred,
                 id,
@@ -1397,8 +1399,31 @@ impl Gateway {
                 &quiesced.manifest,
                 head,
                 &evidence,
+                measurement.as_ref(),
             )
-            .await?;
+            .await;
+        match committed {
+            Err(e) if measurement.is_some() && e.code() == "evidence_rejected" => {
+                // The quiescence may be sound while the measurement is not:
+                // the milestone is recorded without it (unknown, never zero).
+                tracing::warn!(exec = id.0, generation = generation.0, error = %e, "the measurement was refused; the milestone records no observation");
+                self.store
+                    .commit_quiescence(
+                        &h.cred,
+                        id,
+                        at,
+                        generation,
+                        &quiesced.manifest,
+                        head,
+                        &evidence,
+                        None,
+                    )
+                    .await?;
+            }
+            other => {
+                other?;
+            }
+        }
         report.hibernated += 1;
         self.metrics.hibernated();
         tracing::info!(
@@ -1409,6 +1434,32 @@ impl Gateway {
             "hibernated: quiescence committed; the reconciler destroys the generation and parks it"
         );
         Ok(Served::Released)
+    }
+
+    /// The provider's signed measurement of the quiesced generation (its
+    /// accounting kept by the quiescence) for the hibernation's
+    /// milestone, bounded by [`GatewayOptions::provider_call_timeout`];
+    /// `None` (the milestone's observation stays unknown) when the
+    /// provider cannot measure.
+    async fn measure(
+        &self,
+        p: &dyn Provider,
+        lease: lc_core::SandboxLeaseId,
+        generation: Generation,
+    ) -> Option<serde_json::Value> {
+        let bound = self.options.provider_call_timeout;
+        let measured = match tokio::time::timeout(bound, p.measure(lease, generation)).await {
+            Ok(Ok(envelope)) => serde_json::to_value(&envelope).map_err(|e| e.to_string()),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err(format!("no answer within {bound:?}")),
+        };
+        match measured {
+            Ok(v) => Some(v),
+            Err(e) => {
+                tracing::warn!(lease = lease.0, generation = generation.0, error = %e, "no measurement of the quiesced generation; its milestone's observation stays unknown");
+                None
+            }
+        }
     }
 
     /// Records the provider's refusal to snapshot the stopped generation

@@ -24,7 +24,10 @@ use lc_core::hibernate::{
     WorkspaceRecord,
 };
 use lc_core::input::{InputQueue, InputRecord, InputState};
-use lc_core::observation::{AttemptObservation, CostObservation, ExternalityObservation};
+use lc_core::observation::{
+    AttemptObservation, CostObservation, ExternalityObservation, Milestone, MilestoneRecord,
+    MilestoneSource,
+};
 use lc_core::owner::{
     OwnerFence, OwnerGeneration, Ownership, PageMeta, StoredPage, TakeoverBasis, TransitionKind,
     TransitionReceipt,
@@ -788,13 +791,30 @@ pub(crate) async fn insert_lease(conn: &mut PgConnection, n: &NewLease<'_>) -> R
     Ok(())
 }
 
+/// The measurement of each Lease `ll` (joined with its measurement `mm`,
+/// if any) as a JSON array in generation order: the shape
+/// [`attempt_observation`] reads.
+macro_rules! generation_measurements {
+    () => {
+        "jsonb_agg(jsonb_build_object( \
+             'measured', mm.lease_id IS NOT NULL, \
+             'cpu_time_ms', mm.cpu_time_ms, \
+             'peak_memory_bytes', mm.peak_memory_bytes, \
+             'network_writes', mm.network_writes, \
+             'database_commits', mm.database_commits, \
+             'external_api_calls', mm.external_api_calls) \
+         ORDER BY ll.generation)::text"
+    };
+}
+
 /// An exec's row with its current generation's Lease state, the trusted
 /// measurement of each generation of its current attempt (`m_generations`,
 /// a JSON array in generation order, NULL without any Lease), its
 /// workspace head, the newest hibernation of its current attempt (columns
 /// `hib_*`, NULL when none) and its newest resume receipt (columns `rr_*`,
 /// NULL when none).
-const EXEC_SELECT: &str = "SELECT e.exec_id, e.tenant_id, e.lease_id, e.provider_id, \
+const EXEC_SELECT: &str = concat!(
+    "SELECT e.exec_id, e.tenant_id, e.lease_id, e.provider_id, \
         e.runtime_digest, e.workspace_id, e.shape, e.units, e.command::text AS command, \
         e.timeout_ms, e.timeout_floor_us, e.timeout_submicro_ns, e.admitted_floor_us, \
         e.admitted_submicro_ns, e.state, e.terminal_reason, e.exit_code, e.cancel_requested, \
@@ -827,17 +847,13 @@ const EXEC_SELECT: &str = "SELECT e.exec_id, e.tenant_id, e.lease_id, e.provider
                        ORDER BY hh.generation DESC LIMIT 1) h ON true \
    LEFT JOIN LATERAL (SELECT * FROM lc_resume_receipts rr WHERE rr.exec_id = e.exec_id \
                        ORDER BY rr.attempt DESC, rr.to_generation DESC LIMIT 1) r ON true \
-   LEFT JOIN LATERAL (SELECT jsonb_agg(jsonb_build_object( \
-                          'measured', mm.lease_id IS NOT NULL, \
-                          'cpu_time_ms', mm.cpu_time_ms, \
-                          'peak_memory_bytes', mm.peak_memory_bytes, \
-                          'network_writes', mm.network_writes, \
-                          'database_commits', mm.database_commits, \
-                          'external_api_calls', mm.external_api_calls) \
-                        ORDER BY ll.generation)::text AS generations \
+   LEFT JOIN LATERAL (SELECT ",
+    generation_measurements!(),
+    " AS generations \
                         FROM lc_sandbox_leases ll \
                         LEFT JOIN lc_measurements mm ON mm.lease_id = ll.lease_id \
-                       WHERE ll.exec_id = e.exec_id AND ll.attempt = a.attempt) ms ON true";
+                       WHERE ll.exec_id = e.exec_id AND ll.attempt = a.attempt) ms ON true"
+);
 
 /// The `hib_*` columns of [`EXEC_SELECT`] as the exec's hibernation.
 fn exec_hibernation(row: &PgRow, exec_id: ExecId) -> Result<Option<HibernationRecord>, Fail> {
@@ -2930,7 +2946,13 @@ struct GenerationMeasurement {
 /// the whole attempt ([`AttemptObservation::of_generations`]): `None`
 /// unless every generation was measured.
 fn attempt_observation(row: &PgRow) -> Result<Option<AttemptObservation>, Fail> {
-    let Some(text) = row.try_get::<Option<String>, _>("m_generations")? else {
+    observation_of_generations(row.try_get::<Option<String>, _>("m_generations")?)
+}
+
+/// A [`generation_measurements`] array (`None`: no Lease) as the
+/// observation of the generations it lists.
+fn observation_of_generations(text: Option<String>) -> Result<Option<AttemptObservation>, Fail> {
+    let Some(text) = text else {
         return Ok(None);
     };
     let generations: Vec<GenerationMeasurement> = serde_json::from_str(&text)
@@ -2948,6 +2970,132 @@ fn attempt_observation(row: &PgRow) -> Result<Option<AttemptObservation>, Fail> 
         }));
     }
     Ok(AttemptObservation::of_generations(parts))
+}
+
+/// The observation of `attempt` of `exec` through `generation`: of its
+/// generations `1..=generation` combined
+/// ([`AttemptObservation::of_generations`]); `None` when any is
+/// unmeasured.
+pub(crate) async fn observation_through(
+    conn: &mut PgConnection,
+    exec: ExecId,
+    attempt: AttemptNo,
+    generation: Generation,
+) -> Result<Option<AttemptObservation>, Fail> {
+    let text: Option<String> = sqlx::query_scalar(concat!(
+        "SELECT ",
+        generation_measurements!(),
+        " FROM lc_sandbox_leases ll \
+           LEFT JOIN lc_measurements mm ON mm.lease_id = ll.lease_id \
+          WHERE ll.exec_id = $1 AND ll.attempt = $2 AND ll.generation <= $3"
+    ))
+    .bind(exec.0)
+    .bind(attempt.0)
+    .bind(generation.0)
+    .fetch_one(&mut *conn)
+    .await?;
+    observation_of_generations(text)
+}
+
+/// A milestone to record ([`insert_milestone`]).
+pub(crate) struct NewMilestone<'a> {
+    pub exec_id: ExecId,
+    pub attempt: AttemptNo,
+    pub generation: Generation,
+    pub lease_id: SandboxLeaseId,
+    pub source: MilestoneSource,
+    pub milestone: &'a Milestone,
+    pub recorded: Timestamp,
+}
+
+/// Records `m` as the exec's next milestone (seq one past its newest;
+/// the caller holds the exec's lock) and returns it.
+pub(crate) async fn insert_milestone(
+    conn: &mut PgConnection,
+    m: &NewMilestone<'_>,
+) -> Result<MilestoneRecord, Fail> {
+    let head = Digest::from_hex(&m.milestone.head)
+        .map_err(|e| corrupt(format!("a milestone head: {e}")))?;
+    let signed = |v: u64| i64::try_from(v).map_err(|_| corrupt(format!("a measured {v}")));
+    let (cpu, peak) = match m.milestone.cost {
+        Some(c) => (
+            Some(signed(c.cpu_time_ms)?),
+            Some(signed(c.peak_memory_bytes)?),
+        ),
+        None => (None, None),
+    };
+    let x = m
+        .milestone
+        .externality
+        .unwrap_or(ExternalityObservation::absent());
+    let (f, sub) = pair(m.recorded);
+    let row = sqlx::query(&format!(
+        "INSERT INTO lc_milestones (exec_id, seq, attempt, generation, lease_id, source, head, \
+             cpu_time_ms, peak_memory_bytes, network_writes, database_commits, \
+             external_api_calls, recorded_floor_us, recorded_submicro_ns) \
+         SELECT $1, COALESCE(MAX(seq), 0) + 1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13 \
+           FROM lc_milestones WHERE exec_id = $1 \
+         RETURNING {MILESTONE_COLUMNS}"
+    ))
+    .bind(m.exec_id.0)
+    .bind(m.attempt.0)
+    .bind(m.generation.0)
+    .bind(m.lease_id.0)
+    .bind(m.source.as_str())
+    .bind(&head.0[..])
+    .bind(cpu)
+    .bind(peak)
+    .bind(x.network_writes)
+    .bind(x.database_commits)
+    .bind(x.external_api_calls)
+    .bind(f)
+    .bind(sub)
+    .fetch_one(&mut *conn)
+    .await?;
+    milestone_from(&row)
+}
+
+/// The exec's milestones with seq `> after_seq`, ascending, at most `limit`.
+pub(crate) async fn list_milestones(
+    conn: &mut PgConnection,
+    exec: ExecId,
+    after_seq: u32,
+    limit: usize,
+) -> Result<Vec<MilestoneRecord>, Fail> {
+    let rows = sqlx::query(&format!(
+        "SELECT {MILESTONE_COLUMNS} FROM lc_milestones \
+          WHERE exec_id = $1 AND seq > $2 ORDER BY seq LIMIT $3"
+    ))
+    .bind(exec.0)
+    .bind(i64::from(after_seq))
+    .bind(limit as i64)
+    .fetch_all(&mut *conn)
+    .await?;
+    rows.iter().map(milestone_from).collect()
+}
+
+const MILESTONE_COLUMNS: &str = "exec_id, seq, attempt, generation, source, head, \
+     lease_id AS ms_lease_id, cpu_time_ms AS ms_cpu_time_ms, \
+     peak_memory_bytes AS ms_peak_memory_bytes, network_writes AS ms_network_writes, \
+     database_commits AS ms_database_commits, external_api_calls AS ms_external_api_calls, \
+     recorded_floor_us, recorded_submicro_ns";
+
+fn milestone_from(row: &PgRow) -> Result<MilestoneRecord, Fail> {
+    let seq: i32 = row.try_get("seq")?;
+    let head: Vec<u8> = row.try_get("head")?;
+    let head = <[u8; 32]>::try_from(head.as_slice())
+        .map_err(|_| corrupt(format!("a milestone head of {} bytes", head.len())))?;
+    let observation =
+        observation_at(row, "ms_")?.ok_or_else(|| corrupt("a milestone without its Lease"))?;
+    Ok(MilestoneRecord {
+        exec_id: ExecId(row.try_get("exec_id")?),
+        seq: u32::try_from(seq).map_err(|_| corrupt(format!("milestone seq {seq}")))?,
+        attempt: AttemptNo(row.try_get("attempt")?),
+        generation: Generation(row.try_get("generation")?),
+        source: parse_enum(row, "source", MilestoneSource::parse)?,
+        milestone: Milestone::at(Digest(head), Some(observation)),
+        recorded_cut: instant_at(row, "recorded_floor_us", "recorded_submicro_ns")?,
+    })
 }
 
 /// The stored measurement of `lease`, locked (`None`: nothing measured).
@@ -3637,7 +3785,7 @@ pub(crate) async fn retention_candidate(
 /// Every statement of an exec's records purge, children first (a Lease
 /// after the snapshots, hibernations and resume rows naming it; the exec
 /// last). Tollgate's rows stay.
-const EXEC_PURGE: [&str; 18] = [
+const EXEC_PURGE: [&str; 19] = [
     "DELETE FROM lc_resume_receipts WHERE exec_id = $1",
     "DELETE FROM lc_resume_intents WHERE exec_id = $1",
     "DELETE FROM lc_hibernations WHERE exec_id = $1",
@@ -3656,6 +3804,7 @@ const EXEC_PURGE: [&str; 18] = [
     "DELETE FROM lc_claims WHERE item_kind = 'lease' AND item_id IN \
          (SELECT lease_id FROM lc_sandbox_leases WHERE exec_id = $1)",
     "DELETE FROM lc_measurements WHERE exec_id = $1",
+    "DELETE FROM lc_milestones WHERE exec_id = $1",
     "DELETE FROM lc_sandbox_leases WHERE exec_id = $1",
     "DELETE FROM lc_reservations WHERE exec_id = $1",
     "DELETE FROM lc_attempts WHERE exec_id = $1",

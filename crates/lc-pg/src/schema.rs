@@ -23,7 +23,7 @@ pub const LC_LINE: &str = "lc";
 pub const LC_MIGRATIONS_TABLE: &str = "_lc_migrations";
 
 /// The current version of Little Compute's line.
-pub const LC_VERSION: i64 = 12;
+pub const LC_VERSION: i64 = 13;
 
 /// Little Compute's line: its tables, the deadline guard (LCS01), the
 /// canonical-identity guard (LCS02), its part of the initial-cut
@@ -49,7 +49,9 @@ pub const LC_VERSION: i64 = 12;
 /// (LCS01), and (0011) every one of these authorities in the initial-cut
 /// inventory (any of them quarantines a first claim), and (0012) the
 /// provider's verified measurement of each Lease generation, whose
-/// measured values are never dropped (LCSM1).
+/// measured values are never dropped (LCSM1), and (0013) the milestones
+/// of execs' attempts, each with its snapshot head and the observation up
+/// to it, never changed (LCSM2).
 pub fn lc_line() -> MigrationLine {
     MigrationLine::new(LC_LINE, LC_MIGRATIONS_TABLE, LC_MIGRATOR.migrations.clone())
 }

@@ -62,7 +62,7 @@ use lc_core::hibernate::{
     WorkspaceRecord,
 };
 use lc_core::input::{self, InputRecord};
-use lc_core::observation::AttemptObservation;
+use lc_core::observation::{AttemptObservation, Milestone, MilestoneRecord, MilestoneSource};
 use lc_core::owner::{
     self, OwnedExec, OwnerCredential, OwnerGeneration, OwnerToken, Ownership, PageMeta,
     StageReport, StoredPage, TakeoverBasis, TransitionKind, TransitionPlan, TransitionReceipt,
@@ -2689,6 +2689,7 @@ struct QuiescenceArgs<'a> {
     manifest: &'a [u8],
     head: Digest,
     evidence: &'a serde_json::Value,
+    measurement: Option<&'a serde_json::Value>,
 }
 
 /// The verified statement of `evidence` (a DSSE envelope as JSON) signed
@@ -2808,6 +2809,24 @@ async fn commit_quiescence_tx(
     // A full Reservation TTL from here for the destroy to be proven.
     renew_reservation(conn, a.store, &lease, a.at).await?;
     db::set_hibernation_quiesced(conn, &hib, head, a.evidence).await?;
+    if let Some(measurement) = a.measurement {
+        keep_measurement(conn, &lease, measurement, a.at.cut).await?;
+    }
+    let observed =
+        db::observation_through(conn, a.exec_id, lease.attempt, lease.generation).await?;
+    db::insert_milestone(
+        conn,
+        &db::NewMilestone {
+            exec_id: a.exec_id,
+            attempt: lease.attempt,
+            generation: lease.generation,
+            lease_id: lease.lease_id,
+            source: MilestoneSource::Hibernation,
+            milestone: &Milestone::at(head, observed),
+            recorded: a.at.cut,
+        },
+    )
+    .await?;
     // The owner has nothing left to do for this generation.
     db::release_owner(conn, a.exec_id).await?;
     read_hibernation(conn, a.exec_id, lease.attempt, lease.generation).await
@@ -3254,7 +3273,19 @@ async fn record_measurement_tx(
         }
         .into());
     }
-    let statement = provider_statement(conn, a.evidence, &lease).await?;
+    keep_measurement(conn, &lease, a.evidence, a.at.cut).await
+}
+
+/// Verifies `evidence` as the provider's signed measurement of `lease`
+/// and records it at `cut` unless the stored one is not superseded by it
+/// ([`AttemptObservation::supersedes`]); returns the measurement kept.
+async fn keep_measurement(
+    conn: &mut PgConnection,
+    lease: &LeaseRow,
+    evidence: &serde_json::Value,
+    cut: Timestamp,
+) -> Result<AttemptObservation, Fail> {
+    let statement = provider_statement(conn, evidence, lease).await?;
     let Some(measured) = statement.measured() else {
         return Err(evidence_rejected(format!(
             "not_a_measurement: the statement is {}, not measurement",
@@ -3270,8 +3301,8 @@ async fn record_measurement_tx(
                 lease.lease_id,
                 lease.exec_id,
                 &measured,
-                a.evidence,
-                a.at.cut,
+                evidence,
+                cut,
             )
             .await?;
             Ok(measured)
@@ -3928,6 +3959,29 @@ impl ControlStore for LcStore {
                 Box::pin(async move {
                     let ws = tenant_workspace(c, *t, *e).await?;
                     db::list_snapshots(c, ws.workspace_id, (*s).max(0), *l).await
+                })
+            },
+        )
+        .await
+    }
+
+    async fn milestones(
+        &self,
+        tenant: TenantId,
+        exec_id: ExecId,
+        after_seq: u32,
+        limit: usize,
+    ) -> Result<Vec<MilestoneRecord>, LcError> {
+        let limit = check_limit(limit)?;
+        self.run(
+            Op::Read,
+            &(tenant, exec_id, after_seq, limit),
+            |c, (t, e, s, l)| {
+                Box::pin(async move {
+                    if db::exec_tenant(c, *e).await? != Some(*t) {
+                        return Err(LcError::not_found("exec", *e).into());
+                    }
+                    db::list_milestones(c, *e, *s, *l).await
                 })
             },
         )
@@ -4882,6 +4936,7 @@ impl GatewayStore for LcStore {
         manifest: &[u8],
         head: Digest,
         evidence: &serde_json::Value,
+        measurement: Option<&serde_json::Value>,
     ) -> Result<HibernationRecord, LcError> {
         let args = QuiescenceArgs {
             store: self,
@@ -4892,6 +4947,7 @@ impl GatewayStore for LcStore {
             manifest,
             head,
             evidence,
+            measurement,
         };
         self.run(Op::Hibernation, &args, |c, a| {
             Box::pin(commit_quiescence_tx(c, a))

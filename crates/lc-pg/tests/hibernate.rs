@@ -137,6 +137,7 @@ async fn parked(
             &manifest,
             head,
             &f.provider.quiescence(lease1, 1, ws, head),
+            None,
         )
         .await
         .unwrap();
@@ -372,7 +373,7 @@ async fn full_sequence(f: Fixture) {
         let before = snapshot(&f.db.url).await;
         let err = f
             .store
-            .commit_quiescence(&c, x, at, Generation(1), m, h, &ev)
+            .commit_quiescence(&c, x, at, Generation(1), m, h, &ev, None)
             .await
             .unwrap_err();
         assert_eq!(err.code(), code, "{err}");
@@ -380,7 +381,7 @@ async fn full_sequence(f: Fixture) {
     }
     let quiesced = f
         .store
-        .commit_quiescence(&cred, x, at, Generation(1), &manifest, head, &good)
+        .commit_quiescence(&cred, x, at, Generation(1), &manifest, head, &good, None)
         .await
         .unwrap();
     let want_quiesced = HibernationRecord {
@@ -392,7 +393,7 @@ async fn full_sequence(f: Fixture) {
     let before = snapshot(&f.db.url).await;
     assert_eq!(
         f.store
-            .commit_quiescence(&cred, x, at, Generation(1), &manifest, head, &good)
+            .commit_quiescence(&cred, x, at, Generation(1), &manifest, head, &good, None)
             .await
             .unwrap(),
         want_quiesced
@@ -2099,6 +2100,7 @@ async fn a_refused_hibernation_takes_no_quiescence() {
             &manifest,
             head,
             &f.provider.quiescence(lease1, 1, ws, head),
+            None,
         )
         .await
         .unwrap_err();
@@ -2159,6 +2161,7 @@ async fn a_refusal_needs_a_sealed_hibernation_of_an_active_lease() {
             &manifest,
             head,
             &f.provider.quiescence(lease1, 1, ws, head),
+            None,
         )
         .await
         .unwrap();
@@ -3321,4 +3324,312 @@ async fn a_terminal_exec_s_records_are_kept_until_a_certain_cut_passes_its_reten
         .unwrap();
     assert_eq!(leases_after, leases_before);
     assert_audit_clean(&f.store).await;
+}
+
+// Milestones: each committed quiescence records one, carrying the
+// attempt's observation up to it (the provider's signed measurement of
+// the quiesced generation, verified), or none when the provider could
+// not measure; a replay records nothing more; a milestone never changes.
+
+/// The provider's signed measurement of `lease`'s generation 1.
+fn measured(
+    f: &Fixture,
+    lease: SandboxLeaseId,
+    cpu_time_ms: u64,
+    network: bool,
+) -> serde_json::Value {
+    use lc_core::evidence::Statement;
+    f.provider.sign(Statement::Measurement {
+        provider_id: f.provider.id.to_string(),
+        lease_id: lease.0,
+        generation: 1,
+        cost: Some(lc_core::observation::CostObservation {
+            cpu_time_ms,
+            peak_memory_bytes: 8_388_608,
+        }),
+        externality: lc_core::observation::ExternalityObservation::of_sandbox(network),
+    })
+}
+
+/// Runs an exec to a sealed hibernation and commits its quiescence with
+/// `measurement` (made for its Lease): the exec, its owner, head and the
+/// quiescence evidence.
+async fn quiesced_with(
+    f: &Fixture,
+    key: &str,
+    at: CutReading,
+    measurement: impl Fn(SandboxLeaseId) -> Option<serde_json::Value>,
+) -> (ExecRecord, OwnerCredential, Digest, serde_json::Value) {
+    let e = running_exec(f, key, at, None, None, OnTimeout::Terminate).await;
+    let tok = token(0x5a);
+    let owned = f
+        .store
+        .take_over(&tok, f.tenant, e.exec_id, at, SignedDuration::from_secs(60))
+        .await
+        .unwrap();
+    let cred = cred_of(&owned, &tok);
+    let hk = format!("{key}-h");
+    f.store
+        .request_hibernation(&op(&hk, &hk), at, f.tenant, e.exec_id)
+        .await
+        .unwrap();
+    let ws = e.canonical.workspace_id.0;
+    let manifest = manifest_of(ws, None, vec![]);
+    let head = Digest::of(&manifest);
+    let lease = e.canonical.lease_id;
+    let evidence = f.provider.quiescence(lease, 1, ws, head);
+    let m = measurement(lease);
+    f.store
+        .commit_quiescence(
+            &cred,
+            e.exec_id,
+            at,
+            Generation(1),
+            &manifest,
+            head,
+            &evidence,
+            m.as_ref(),
+        )
+        .await
+        .unwrap();
+    (e, cred, head, evidence)
+}
+
+#[tokio::test]
+async fn a_committed_quiescence_records_a_milestone_with_the_observation_up_to_it() {
+    use lc_core::observation::{
+        CostObservation, Eligibility, ExternalityObservation, IneligibleReason, Milestone,
+        MilestoneRecord, MilestoneSource, reexecution_eligibility,
+    };
+    let f = fixture(8).await;
+    let at = certain(&f.clock).await;
+
+    // Measured, no network: cost and three flags false; eligible.
+    let (e, cred, head, evidence) =
+        quiesced_with(&f, "ma", at, |l| Some(measured(&f, l, 250, false))).await;
+    let want = MilestoneRecord {
+        exec_id: e.exec_id,
+        seq: 1,
+        attempt: AttemptNo(1),
+        generation: Generation(1),
+        source: MilestoneSource::Hibernation,
+        milestone: Milestone {
+            head: head.to_hex(),
+            cost: Some(CostObservation {
+                cpu_time_ms: 250,
+                peak_memory_bytes: 8_388_608,
+            }),
+            externality: Some(ExternalityObservation::no_network_path()),
+        },
+        recorded_cut: at.cut,
+    };
+    let listed = f
+        .store
+        .milestones(f.tenant, e.exec_id, 0, 100)
+        .await
+        .unwrap();
+    assert_eq!(listed, vec![want.clone()]);
+    assert_eq!(
+        reexecution_eligibility(Some(&listed[0].milestone)),
+        Eligibility::Eligible
+    );
+    // The measurement is the generation's, also on the exec.
+    assert_eq!(
+        f.store
+            .exec(f.tenant, e.exec_id)
+            .await
+            .unwrap()
+            .observation
+            .map(|o| o.cost),
+        Some(want.milestone.cost)
+    );
+
+    // A replay records no second milestone and changes nothing.
+    let manifest = manifest_of(e.canonical.workspace_id.0, None, vec![]);
+    let before = snapshot(&f.db.url).await;
+    let again = measured(&f, e.canonical.lease_id, 250, false);
+    f.store
+        .commit_quiescence(
+            &cred,
+            e.exec_id,
+            at,
+            Generation(1),
+            &manifest,
+            head,
+            &evidence,
+            Some(&again),
+        )
+        .await
+        .unwrap();
+    assert_eq!(snapshot(&f.db.url).await, before);
+    assert_eq!(
+        f.store
+            .milestones(f.tenant, e.exec_id, 0, 100)
+            .await
+            .unwrap(),
+        vec![want.clone()]
+    );
+
+    // Not measured (the provider could not): the milestone has neither
+    // cost nor externality, never 0 or false; ineligible.
+    let (u, _, uhead, _) = quiesced_with(&f, "mu", at, |_| None).await;
+    let unmeasured = f
+        .store
+        .milestones(f.tenant, u.exec_id, 0, 100)
+        .await
+        .unwrap();
+    assert_eq!(
+        unmeasured,
+        vec![MilestoneRecord {
+            exec_id: u.exec_id,
+            milestone: Milestone {
+                head: uhead.to_hex(),
+                cost: None,
+                externality: None,
+            },
+            ..want.clone()
+        }]
+    );
+    assert_eq!(
+        reexecution_eligibility(Some(&unmeasured[0].milestone)),
+        Eligibility::Ineligible(IneligibleReason::ExternalityUnobserved)
+    );
+    assert_eq!(
+        f.store.exec(f.tenant, u.exec_id).await.unwrap().observation,
+        None
+    );
+
+    // With network: the sandbox sees no egress, so no flag is observed;
+    // the cost is measured all the same.
+    let (n, _, nhead, _) = quiesced_with(&f, "mn", at, |l| Some(measured(&f, l, 0, true))).await;
+    assert_eq!(
+        f.store
+            .milestones(f.tenant, n.exec_id, 0, 100)
+            .await
+            .unwrap()[0]
+            .milestone,
+        Milestone {
+            head: nhead.to_hex(),
+            cost: Some(CostObservation {
+                cpu_time_ms: 0,
+                peak_memory_bytes: 8_388_608,
+            }),
+            externality: None,
+        }
+    );
+
+    // A measurement signed by another key is refused with the quiescence,
+    // nothing written.
+    let forger = TestProvider::new("p1", 9);
+    let e4 = running_exec(&f, "mf", at, None, None, OnTimeout::Terminate).await;
+    let tok = token(0x5b);
+    let owned = f
+        .store
+        .take_over(
+            &tok,
+            f.tenant,
+            e4.exec_id,
+            at,
+            SignedDuration::from_secs(60),
+        )
+        .await
+        .unwrap();
+    let c4 = cred_of(&owned, &tok);
+    f.store
+        .request_hibernation(&op("mf-h", "mf-h"), at, f.tenant, e4.exec_id)
+        .await
+        .unwrap();
+    let ws4 = e4.canonical.workspace_id.0;
+    let m4 = manifest_of(ws4, None, vec![]);
+    let h4 = Digest::of(&m4);
+    let l4 = e4.canonical.lease_id;
+    let forged = forger.sign(lc_core::evidence::Statement::Measurement {
+        provider_id: f.provider.id.to_string(),
+        lease_id: l4.0,
+        generation: 1,
+        cost: None,
+        externality: ExternalityObservation::no_network_path(),
+    });
+    let before = snapshot(&f.db.url).await;
+    let err = f
+        .store
+        .commit_quiescence(
+            &c4,
+            e4.exec_id,
+            at,
+            Generation(1),
+            &m4,
+            h4,
+            &f.provider.quiescence(l4, 1, ws4, h4),
+            Some(&forged),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), "evidence_rejected", "{err}");
+    assert_eq!(snapshot(&f.db.url).await, before);
+    assert_eq!(
+        f.store
+            .milestones(f.tenant, e4.exec_id, 0, 100)
+            .await
+            .unwrap(),
+        vec![]
+    );
+
+    // Paging, another tenant's exec, a bad limit.
+    assert_eq!(
+        f.store
+            .milestones(f.tenant, e.exec_id, 1, 100)
+            .await
+            .unwrap(),
+        vec![]
+    );
+    let other = lc_core::TenantId(f.tenant.0 + 1000);
+    assert_eq!(
+        f.store
+            .milestones(other, e.exec_id, 0, 100)
+            .await
+            .unwrap_err()
+            .code(),
+        "not_found"
+    );
+    assert_eq!(
+        f.store
+            .milestones(f.tenant, e.exec_id, 0, 0)
+            .await
+            .unwrap_err()
+            .code(),
+        "invalid_limit"
+    );
+
+    // The database keeps milestones as they are.
+    let x = e.exec_id;
+    for (sql, code) in [
+        (
+            "UPDATE lc_milestones SET cpu_time_ms = 0 WHERE exec_id = $1",
+            "LCSM2",
+        ),
+        (
+            "UPDATE lc_milestones SET network_writes = NULL WHERE exec_id = $1",
+            "LCSM2",
+        ),
+        ("DELETE FROM lc_milestones WHERE exec_id = $1", "LCS91"),
+    ] {
+        assert_eq!(sqlstate_of(&f.db.url, sql, x).await, code, "{sql}");
+    }
+    let mut c = PgConnection::connect(&f.db.url).await.unwrap();
+    let truncate = sqlx::query("TRUNCATE lc_milestones")
+        .execute(&mut c)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        truncate
+            .as_database_error()
+            .and_then(|d| d.code())
+            .as_deref(),
+        Some("LCSM2")
+    );
+    assert_eq!(
+        f.store.milestones(f.tenant, x, 0, 100).await.unwrap(),
+        vec![want]
+    );
 }

@@ -1374,6 +1374,7 @@ impl Rig {
                 &quiesced.manifest,
                 head,
                 &serde_json::to_value(&quiesced.evidence).unwrap(),
+                None,
             )
             .await
             .expect("commit quiescence");

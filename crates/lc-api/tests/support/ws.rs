@@ -178,6 +178,7 @@ pub async fn quiesce(s: &PgSvc, r: &Running, tree: &Path, blobs: &LocalBlobStore
                 workspace_id: r.workspace_id,
                 head: head.to_hex(),
             }),
+            None,
         )
         .await
         .expect("commit quiescence");

@@ -233,10 +233,18 @@ impl GatewayStore for Refusals {
         manifest: &[u8],
         head: Digest,
         evidence: &serde_json::Value,
+        measurement: Option<&serde_json::Value>,
     ) -> Result<lc_core::HibernationRecord, LcError> {
-        let r = self
-            .inner
-            .commit_quiescence(cred, exec_id, at, generation, manifest, head, evidence);
+        let r = self.inner.commit_quiescence(
+            cred,
+            exec_id,
+            at,
+            generation,
+            manifest,
+            head,
+            evidence,
+            measurement,
+        );
         self.note(r.await)
     }
     async fn refuse_quiescence(

@@ -375,6 +375,21 @@ pub enum ExecCmd {
         /// The exec.
         id: i64,
     },
+    /// An exec's milestones, oldest first: the points of its attempts a
+    /// recovery can restart from (each hibernation records one), with the
+    /// cost and side effects observed up to each (`unknown` where the
+    /// provider did not measure) and whether re-executing from it would be
+    /// safe.
+    Milestones {
+        /// The exec.
+        id: i64,
+        /// Only milestones after this seq.
+        #[arg(long)]
+        after_seq: Option<u32>,
+        /// At most this many.
+        #[arg(long)]
+        limit: Option<u32>,
+    },
     /// The acting tenant's execs, oldest first.
     List {
         /// Only execs after this id.

@@ -340,6 +340,20 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, ClientError> {
                 .call(Method::GET, &format!("v1/execs/{id}"), Body::None, None)
                 .await?
         }
+        Command::Exec(ExecCmd::Milestones {
+            id,
+            after_seq,
+            limit,
+        }) => {
+            let path = page_path(
+                &format!("v1/execs/{id}/milestones"),
+                ("after_seq", after_seq.map(i64::from)),
+                limit,
+            );
+            let v = client.call(Method::GET, &path, Body::None, None).await?;
+            output::milestones(&v, json)?;
+            return Ok(ExitCode::SUCCESS);
+        }
         Command::Exec(ExecCmd::List { after, limit }) => {
             let path = page_path("v1/execs", ("after", after), limit);
             let v = client.call(Method::GET, &path, Body::None, None).await?;

@@ -93,19 +93,8 @@ pub fn exec(v: &Value, json: bool) -> Result<(), ClientError> {
 pub fn exec_text(v: &Value) -> String {
     let mut flat = v.clone();
     let mut fields: Vec<&str> = EXEC_FIELDS.to_vec();
-    for (name, group, key) in OBSERVATION_FIELDS {
-        flat[*name] = v["observation"][*group]
-            .get(*key)
-            .cloned()
-            .unwrap_or_else(|| Value::from("unknown"));
-        fields.push(name);
-    }
-    let verdict = &v["reexecution"];
-    flat["reexecution"] = match (verdict["eligible"].as_bool(), verdict["reason"].as_str()) {
-        (Some(true), _) => Value::from("eligible"),
-        (_, Some(reason)) => Value::from(format!("ineligible: {reason}")),
-        _ => Value::from("unknown"),
-    };
+    flatten_observation(&mut flat, &v["observation"], &v["reexecution"]);
+    fields.extend(OBSERVATION_FIELDS.iter().map(|(name, _, _)| *name));
     fields.push("reexecution");
     let names: Vec<String> = APPROVAL_FIELDS[1..]
         .iter()
@@ -118,6 +107,59 @@ pub fn exec_text(v: &Value) -> String {
         fields.extend(names.iter().map(String::as_str));
     }
     record_text(&flat, &fields)
+}
+
+/// Sets `flat`'s [`OBSERVATION_FIELDS`] from `observation` (each value
+/// not measured `unknown`) and its `reexecution` from `verdict`
+/// (`eligible`, or `ineligible: REASON`).
+fn flatten_observation(flat: &mut Value, observation: &Value, verdict: &Value) {
+    for (name, group, key) in OBSERVATION_FIELDS {
+        flat[*name] = observation[*group]
+            .get(*key)
+            .cloned()
+            .unwrap_or_else(|| Value::from("unknown"));
+    }
+    flat["reexecution"] = match (verdict["eligible"].as_bool(), verdict["reason"].as_str()) {
+        (Some(true), _) => Value::from("eligible"),
+        (_, Some(reason)) => Value::from(format!("ineligible: {reason}")),
+        _ => Value::from("unknown"),
+    };
+}
+
+/// The columns `lc exec milestones` shows, besides the
+/// [`OBSERVATION_FIELDS`] and `reexecution`, which follow them.
+pub const MILESTONE_FIELDS: &[&str] = &["seq", "attempt", "generation", "source", "recorded_cut"];
+
+/// `GET /v1/execs/{id}/milestones`: a table of the milestones, each with
+/// its [`OBSERVATION_FIELDS`] (`unknown` where not measured), its
+/// re-execution verdict and its head (with `--json`, the server's answer).
+///
+/// # Errors
+/// A failed write to stdout.
+pub fn milestones(v: &Value, json: bool) -> Result<(), ClientError> {
+    if json {
+        return record(v, true, &[]);
+    }
+    out(&milestones_text(v))
+}
+
+/// The table [`milestones`] prints for the page `v`.
+pub fn milestones_text(v: &Value) -> String {
+    let rows: Vec<Value> = v["milestones"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|m| {
+            let mut flat = m.clone();
+            flatten_observation(&mut flat, &m, &m["reexecution"]);
+            flat
+        })
+        .collect();
+    let mut fields = MILESTONE_FIELDS.to_vec();
+    fields.extend(OBSERVATION_FIELDS.iter().map(|(name, _, _)| *name));
+    fields.extend(["reexecution", "head"]);
+    table_text(&rows, &fields)
 }
 
 /// `GET /v1/approvals`: a table of the execs awaiting approval, then one
