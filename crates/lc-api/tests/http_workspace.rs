@@ -137,8 +137,43 @@ async fn hibernate_resume_and_the_workspace_routes() {
     let tree = dir.join("tree");
     std::fs::create_dir(&tree).unwrap();
     ws::write_tree(&tree);
-    let m = ws::quiesce(&s, &r, &tree, &blobs).await;
+    let cost = lc_core::observation::CostObservation {
+        cpu_time_ms: 0,
+        peak_memory_bytes: 4096,
+    };
+    let m = ws::quiesce_measured(&s, &r, &tree, &blobs, Some(cost)).await;
     let head = m.digest();
+    // Its milestone: the head, the measured cost (a measured 0 is 0) and
+    // no side effect (no network path): re-execution from it is eligible.
+    let ms = send(
+        &s.router,
+        Req::get(format!("{exec_path}/milestones")).token(&key),
+    )
+    .await;
+    let ms = ms.ok(200);
+    assert_eq!(
+        ms,
+        &json!({"milestones": [{
+            "seq": 1, "attempt": 1, "generation": 1, "source": "hibernation",
+            "head": head.to_hex(),
+            "cost": {"cpuTimeMs": 0, "peakMemoryBytes": 4096},
+            "externality": {"networkWrites": false, "databaseCommits": false, "externalApiCalls": false},
+            "reexecution": {"eligible": true},
+            "recorded_cut": ms["milestones"][0]["recorded_cut"]
+        }], "next_after_seq": null})
+    );
+    for (query, status, code) in [
+        ("?limit=0", 422, "invalid_limit"),
+        ("?after_seq=-1", 400, "invalid_query"),
+        ("?color=red", 400, "invalid_query"),
+    ] {
+        send(
+            &s.router,
+            Req::get(format!("{exec_path}/milestones{query}")).token(&key),
+        )
+        .await
+        .problem(status, code);
+    }
     let view = send(&s.router, Req::get(&exec_path).token(&key)).await;
     let v = view.ok(200);
     assert_eq!(v["state"], json!("hibernated"));
@@ -509,6 +544,23 @@ async fn output_goes_on_past_a_stopped_page() {
     std::fs::create_dir(&tree).unwrap();
     ws::write_tree(&tree);
     let m = ws::quiesce(&s, &r, &tree, &blobs).await;
+    // Not measured (the provider did not answer): the milestone has no
+    // cost and no externality, never 0 or false, and is ineligible.
+    let ms = send(
+        &s.router,
+        Req::get(format!("/v1/execs/{}/milestones", r.exec_id)).token(&key),
+    )
+    .await;
+    let ms = ms.ok(200);
+    assert_eq!(
+        ms["milestones"],
+        json!([{
+            "seq": 1, "attempt": 1, "generation": 1, "source": "hibernation",
+            "head": m.digest().to_hex(),
+            "reexecution": {"eligible": false, "reason": "externality_unobserved"},
+            "recorded_cut": ms["milestones"][0]["recorded_cut"]
+        }])
+    );
     let out = send(
         &s.router,
         Req::get(format!("/v1/execs/{x}/output")).token(&key),

@@ -338,8 +338,58 @@ impl Rig {
             "{what}: every Reservation returned once"
         );
         assert_eq!(self.hibernation_step(exec).await.as_deref(), Some("parked"));
+        let milestones = self
+            .store
+            .milestones(self.tenant, exec, 0, 100)
+            .await
+            .unwrap();
+        assert_eq!(
+            milestones
+                .iter()
+                .map(|m| (m.seq, m.generation.0, m.source.as_str()))
+                .collect::<Vec<_>>(),
+            (1..=generation)
+                .map(|g| (u32::try_from(g).unwrap(), g, "hibernation"))
+                .collect::<Vec<_>>(),
+            "{what}: one milestone per hibernated generation"
+        );
+        assert_eq!(
+            milestones.last().map(|m| m.milestone.head.clone()),
+            rec.workspace_head.map(|h| h.to_hex()),
+            "{what}: the newest milestone saved the workspace's head"
+        );
         assert_eq!(self.balance().await, (UNITS, UNITS, 0, 0), "{what}");
         self.assert_audit(0, what).await;
+    }
+
+    /// The milestone of generation 1's hibernation was measured by the
+    /// live provider: a cost within the `small` shape's 256 MiB and, with
+    /// no network path, all three side effects observed false (eligible).
+    async fn assert_measured_milestone(&self, exec: ExecId, what: &str) {
+        use lc_core::observation::{Eligibility, ExternalityObservation, reexecution_eligibility};
+        let m = &self
+            .store
+            .milestones(self.tenant, exec, 0, 1)
+            .await
+            .unwrap()[0]
+            .milestone;
+        let cost = m
+            .cost
+            .unwrap_or_else(|| panic!("{what}: the milestone's cost is measured: {m:?}"));
+        assert!(
+            cost.peak_memory_bytes > 0 && cost.peak_memory_bytes <= 268_435_456,
+            "{what}: {cost:?}"
+        );
+        assert_eq!(
+            m.externality,
+            Some(ExternalityObservation::no_network_path()),
+            "{what}"
+        );
+        assert_eq!(
+            reexecution_eligibility(Some(m)),
+            Eligibility::Eligible,
+            "{what}"
+        );
     }
 
     /// Waits until generation `generation` of `exec` runs: the exec
@@ -517,6 +567,7 @@ async fn a_gateway_killed_at_each_hibernation_and_resume_point_is_finished_by_a_
         }
         rig.wait_parked(exec, 1).await;
         rig.assert_parked(exec, 1, point).await;
+        rig.assert_measured_milestone(exec, point).await;
         rig.resume(exec, &format!("r-{round}")).await;
         if resuming {
             wait_crashed(&rig, &mut first, &first_name, point).await;

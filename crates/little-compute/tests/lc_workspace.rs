@@ -153,7 +153,11 @@ async fn hibernate_resume_and_download_through_the_cli() {
         sealed,
         "lc's hibernate request was not recorded within 30 s"
     );
-    let m = ws::quiesce(&s, &r, &tree, &blobs).await;
+    let cost = lc_core::observation::CostObservation {
+        cpu_time_ms: 0,
+        peak_memory_bytes: 4096,
+    };
+    let m = ws::quiesce_measured(&s, &r, &tree, &blobs, Some(cost)).await;
     let head = m.digest().to_hex();
     let o = waiting.await.unwrap();
     assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
@@ -173,6 +177,40 @@ async fn hibernate_resume_and_download_through_the_cli() {
     assert_eq!(
         (&lines[1]["state"], &lines[1]["workspace_head"]),
         (&json!("hibernated"), &json!(head))
+    );
+
+    // exec milestones: the hibernation's, measured (a measured 0 is 0).
+    let o = cli(&["exec", "milestones", &id]).await.unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    let rows: Vec<Vec<String>> = text(&o.stdout)
+        .lines()
+        .map(|l| l.split_whitespace().map(str::to_owned).collect())
+        .collect();
+    assert_eq!(rows.len(), 2, "{}", text(&o.stdout));
+    assert_eq!(
+        (&rows[1][..4], &rows[1][5..]),
+        (
+            &["1", "1", "1", "hibernation"].map(String::from)[..],
+            &[
+                "0",
+                "4096",
+                "false",
+                "false",
+                "false",
+                "eligible",
+                head.as_str()
+            ]
+            .map(String::from)[..]
+        ),
+        "{}",
+        text(&o.stdout)
+    );
+    let o = cli(&["exec", "milestones", &id, "--after-seq", "1"])
+        .await
+        .unwrap();
+    assert_eq!(
+        text(&o.stdout),
+        "no milestones (each committed hibernation records one)\n"
     );
 
     // workspace show / snapshots.

@@ -159,6 +159,28 @@ pub fn signed(st: &Statement) -> Value {
 /// then the destroy with its absence (the exec is parked). Returns the
 /// manifest.
 pub async fn quiesce(s: &PgSvc, r: &Running, tree: &Path, blobs: &LocalBlobStore) -> Manifest {
+    quiesce_measured(s, r, tree, blobs, None).await
+}
+
+/// [`quiesce`] with the provider's signed measurement of generation 1
+/// (`cost`, no network path) when `cost` is given: the milestone then
+/// carries it.
+pub async fn quiesce_measured(
+    s: &PgSvc,
+    r: &Running,
+    tree: &Path,
+    blobs: &LocalBlobStore,
+    cost: Option<lc_core::observation::CostObservation>,
+) -> Manifest {
+    let measurement = cost.map(|c| {
+        signed(&Statement::Measurement {
+            provider_id: "local".into(),
+            lease_id: r.lease_id.0,
+            generation: 1,
+            cost: Some(c),
+            externality: lc_core::observation::ExternalityObservation::of_sandbox(false),
+        })
+    });
     let m = lc_blob::tree::snapshot_tree(tree, WorkspaceId(r.workspace_id), None, blobs)
         .expect("snapshot tree");
     let at = s.reading().await;
@@ -178,7 +200,7 @@ pub async fn quiesce(s: &PgSvc, r: &Running, tree: &Path, blobs: &LocalBlobStore
                 workspace_id: r.workspace_id,
                 head: head.to_hex(),
             }),
-            None,
+            measurement.as_ref(),
         )
         .await
         .expect("commit quiescence");

@@ -132,7 +132,8 @@ pub const MILESTONE_FIELDS: &[&str] = &["seq", "attempt", "generation", "source"
 
 /// `GET /v1/execs/{id}/milestones`: a table of the milestones, each with
 /// its [`OBSERVATION_FIELDS`] (`unknown` where not measured), its
-/// re-execution verdict and its head (with `--json`, the server's answer).
+/// re-execution verdict and its head, or a line saying there is none
+/// (with `--json`, the server's answer).
 ///
 /// # Errors
 /// A failed write to stdout.
@@ -156,6 +157,9 @@ pub fn milestones_text(v: &Value) -> String {
             flat
         })
         .collect();
+    if rows.is_empty() {
+        return "no milestones (each committed hibernation records one)".into();
+    }
     let mut fields = MILESTONE_FIELDS.to_vec();
     fields.extend(OBSERVATION_FIELDS.iter().map(|(name, _, _)| *name));
     fields.extend(["reexecution", "head"]);
@@ -408,6 +412,76 @@ mod tests {
                 TENANT_FIELDS
             ),
             "tenant_id  3\nname       blue\nheld       0"
+        );
+    }
+
+    #[test]
+    fn milestones_say_unknown_for_what_was_not_measured() {
+        let page = json!({"milestones": [
+            {"seq": 1, "attempt": 1, "generation": 1, "source": "hibernation", "head": "ab",
+             "cost": {"cpuTimeMs": 0, "peakMemoryBytes": 4096},
+             "externality": {"networkWrites": false, "databaseCommits": false, "externalApiCalls": false},
+             "reexecution": {"eligible": true}, "recorded_cut": "2026-12-03T17:00:00Z"},
+            {"seq": 2, "attempt": 1, "generation": 2, "source": "hibernation", "head": "cd",
+             "reexecution": {"eligible": false, "reason": "externality_unobserved"},
+             "recorded_cut": "2026-12-03T17:00:01Z"}
+        ], "next_after_seq": null});
+        let text = milestones_text(&page);
+        let lines: Vec<Vec<&str>> = text
+            .lines()
+            .map(|l| {
+                l.split("  ")
+                    .map(str::trim)
+                    .filter(|c| !c.is_empty())
+                    .collect()
+            })
+            .collect();
+        assert_eq!(
+            lines,
+            vec![
+                vec![
+                    "SEQ",
+                    "ATTEMPT",
+                    "GENERATION",
+                    "SOURCE",
+                    "RECORDED_CUT",
+                    "COST.CPU_TIME_MS",
+                    "COST.PEAK_MEMORY_BYTES",
+                    "EXTERNALITY.NETWORK_WRITES",
+                    "EXTERNALITY.DATABASE_COMMITS",
+                    "EXTERNALITY.EXTERNAL_API_CALLS",
+                    "REEXECUTION",
+                    "HEAD"
+                ],
+                vec![
+                    "1",
+                    "1",
+                    "1",
+                    "hibernation",
+                    "2026-12-03T17:00:00Z",
+                    "0",
+                    "4096",
+                    "false",
+                    "false",
+                    "false",
+                    "eligible",
+                    "ab"
+                ],
+                vec![
+                    "2",
+                    "1",
+                    "2",
+                    "hibernation",
+                    "2026-12-03T17:00:01Z",
+                    "unknown",
+                    "unknown",
+                    "unknown",
+                    "unknown",
+                    "unknown",
+                    "ineligible: externality_unobserved",
+                    "cd"
+                ],
+            ]
         );
     }
 
