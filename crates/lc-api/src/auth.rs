@@ -685,7 +685,11 @@ mod tests {
                 open += usize::from(want);
             }
         }
-        assert_eq!(open, 17);
+        assert_eq!(open, 18);
+        assert_eq!(
+            route_operation(&Method::GET, "/v1/execs/{exec_id}/milestones"),
+            Some(Operation::ExecRead)
+        );
         assert_eq!(
             route_operation(&Method::POST, "/v1/execs/{exec_id}/resume"),
             Some(Operation::ExecResume)

@@ -505,6 +505,7 @@ fn service_routes() {
                 "/v1/execs/{exec_id}/deny",
                 "/v1/execs/{exec_id}/hibernate",
                 "/v1/execs/{exec_id}/input",
+                "/v1/execs/{exec_id}/milestones",
                 "/v1/execs/{exec_id}/output",
                 "/v1/execs/{exec_id}/output/undelete",
                 "/v1/execs/{exec_id}/resume",

@@ -3066,6 +3066,8 @@ async fn exec_rows(url: &str, x: ExecId) -> i64 {
               + (SELECT count(*) FROM lc_resume_receipts WHERE exec_id = $1) \
               + (SELECT count(*) FROM lc_deletions WHERE exec_id = $1) \
               + (SELECT count(*) FROM lc_tokens WHERE exec_id = $1) \
+              + (SELECT count(*) FROM lc_measurements WHERE exec_id = $1) \
+              + (SELECT count(*) FROM lc_milestones WHERE exec_id = $1) \
               + (SELECT count(*) FROM lc_claims c JOIN lc_sandbox_leases l \
                     ON c.item_kind = 'lease' AND c.item_id = l.lease_id WHERE l.exec_id = $1)",
     )
@@ -3131,6 +3133,21 @@ async fn a_terminal_exec_s_records_are_kept_until_a_certain_cut_passes_its_reten
     // x ends by a cancel while parked (at `at`), its workspace deleted at
     // once (300 ms grace, before its 400 ms retention).
     let (xe, _head) = terminal_exec_with_data(&f, at).await;
+    // Its generation's measurement (its milestone came with the park):
+    // records the purge takes with the rest.
+    {
+        let mut c = PgConnection::connect(&f.db.url).await.unwrap();
+        sqlx::query(
+            "INSERT INTO lc_measurements (lease_id, exec_id, cpu_time_ms, peak_memory_bytes, \
+                 evidence, recorded_floor_us, recorded_submicro_ns) \
+             VALUES ($1, $2, 7, 4096, '{}'::jsonb, 0, 0)",
+        )
+        .bind(xe.canonical.lease_id.0)
+        .bind(xe.exec_id.0)
+        .execute(&mut c)
+        .await
+        .unwrap();
+    }
     let x = xe.exec_id;
     let retain_x = at.cut + retention;
     assert_eq!(retain_until_of(&f.db.url, x).await, Some(pair_of(retain_x)));
