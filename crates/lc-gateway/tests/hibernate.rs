@@ -380,6 +380,56 @@ async fn e2b_736_second_resume_succeeds_like_the_first() {
         rows(&f, e, "lc_sandbox_leases", "AND state <> 'released'").await,
         0
     );
+    // One milestone per cycle, at that cycle's snapshot, measured by the
+    // gateway through the real provider: the cost so far is each
+    // generation's measured CPU time summed and the largest peak, and with
+    // no network path no side effect (eligible).
+    let measured: Vec<(i64, i64, i64)> = sqlx::query_as(
+        "SELECT l.generation, m.cpu_time_ms, m.peak_memory_bytes \
+           FROM lc_sandbox_leases l JOIN lc_measurements m USING (lease_id) \
+          WHERE l.exec_id = $1 ORDER BY l.generation",
+    )
+    .bind(e.id.0)
+    .fetch_all(f.store.pool())
+    .await
+    .unwrap();
+    assert_eq!(
+        measured.iter().map(|m| m.0).collect::<Vec<_>>(),
+        (1..=CYCLES).collect::<Vec<_>>(),
+        "every generation measured"
+    );
+    let snapshots = f.store.snapshots(f.tenant, e.id, 0, 100).await.unwrap();
+    let milestones = f.store.milestones(f.tenant, e.id, 0, 100).await.unwrap();
+    let mut want = Vec::new();
+    let (mut cpu, mut peak) = (0u64, 0u64);
+    for (k, (g, c, p)) in measured.iter().enumerate() {
+        cpu += u64::try_from(*c).unwrap();
+        peak = peak.max(u64::try_from(*p).unwrap());
+        want.push((
+            u32::try_from(k + 1).unwrap(),
+            *g,
+            snapshots[k].digest.to_hex(),
+            Some(lc_core::observation::CostObservation {
+                cpu_time_ms: cpu,
+                peak_memory_bytes: peak,
+            }),
+            Some(lc_core::observation::ExternalityObservation::no_network_path()),
+        ));
+    }
+    assert_eq!(
+        milestones
+            .iter()
+            .map(|m| (
+                m.seq,
+                m.generation.0,
+                m.milestone.head.clone(),
+                m.milestone.cost,
+                m.milestone.externality
+            ))
+            .collect::<Vec<_>>(),
+        want
+    );
+    assert!(peak > 0, "a running shell has a peak: {peak}");
     // A cancel ends the parked exec at once.
     f.cancel(e).await;
     let rec = f.store.exec(f.tenant, e.id).await.unwrap();
