@@ -317,6 +317,59 @@ async fn e2b_582_first_resume_after_pause_finds_the_exec() {
     assert_eq!(f.provider.inventory().await.unwrap(), vec![]);
 }
 
+/// A measurement the store refuses does not stop the hibernation: the
+/// gateway commits the quiescence without it, and the milestone records
+/// no observation (unknown, never zero or clean), so re-execution from it
+/// is ineligible.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_measurement_leaves_the_milestone_unobserved() {
+    use lc_core::observation::{Eligibility, IneligibleReason, reexecution_eligibility};
+    let f = Rig::start().await;
+    let e = f.run(&["sh", "-c", RESUMABLE]).await;
+    let g = f.gateway_on(
+        Arc::new(support::Forging {
+            real: f.provider.clone(),
+            page: false,
+            measurement: true,
+        }),
+        lc_gateway::GatewayOptions {
+            heartbeat_ttl: TTL,
+            ..lc_gateway::GatewayOptions::default()
+        },
+    );
+    drive_until_stdout(&f, &g, e, "ready\n").await;
+    park(&f, &g, e, "h-1").await;
+    assert_eq!(f.balances().await, (4, 4, 0, 0));
+    let milestones = f.store.milestones(f.tenant, e.id, 0, 100).await.unwrap();
+    assert_eq!(
+        milestones
+            .iter()
+            .map(|m| (m.seq, m.generation, m.milestone.clone()))
+            .collect::<Vec<_>>(),
+        vec![(
+            1,
+            Generation(1),
+            lc_core::observation::Milestone {
+                head: f.head(e.id).await.to_hex(),
+                cost: None,
+                externality: None,
+            }
+        )]
+    );
+    assert_eq!(
+        reexecution_eligibility(Some(&milestones[0].milestone)),
+        Eligibility::Ineligible(IneligibleReason::ExternalityUnobserved)
+    );
+    // The instance itself was measurable: the reconciler measured it
+    // before the destroy, and the exec shows that; the milestone keeps
+    // what the gateway could record at the quiescence, which was nothing.
+    let rec = f.store.exec(f.tenant, e.id).await.unwrap();
+    assert_eq!(
+        rec.observation.map(|o| o.externality),
+        Some(lc_core::observation::ExternalityObservation::no_network_path())
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn e2b_736_second_resume_succeeds_like_the_first() {
     // Twenty hibernate/resume cycles on one exec: each resume like the

@@ -12,19 +12,14 @@ mod support;
 
 use std::sync::{Arc, Mutex};
 
-use async_trait::async_trait;
-use ed25519_dalek::VerifyingKey;
 use lc_blob::BlobStore as _;
-use lc_core::evidence::Envelope;
 use lc_core::owner::{OwnerCredential, OwnerFence, OwnerToken, PageMeta};
-use lc_core::page::{ExitStatus, Page, SpoolStatus};
+use lc_core::page::{ExitStatus, Page};
 use lc_core::store::GatewayStore;
-use lc_core::{
-    AttemptNo, Digest, Generation, LeaseState, PageKind, ProviderId, SandboxLeaseId, TerminalReason,
-};
+use lc_core::{AttemptNo, Digest, LeaseState, PageKind, TerminalReason};
 use lc_gateway::{CrashPoint, FaultHook, Gateway, GatewayOptions};
-use lc_provider::{AllocateRequest, Allocation, Provider, ProviderError};
-use support::{Rig, TTL};
+use lc_provider::Provider;
+use support::{Forging, Rig, TTL};
 
 #[derive(Default)]
 struct Recorder(Mutex<Vec<CrashPoint>>);
@@ -270,87 +265,6 @@ async fn while_uncertain_the_owner_keeps_serving_but_nothing_is_claimed_or_relea
     assert_eq!((m.steps, m.steps_uncertain), (4, 2));
 }
 
-/// The real provider, except that once `forge` is set the spool answers
-/// other bytes under seq 2: a supervisor never does that, so this is the
-/// only way to show that a pending page whose spooled bytes differ from
-/// its committed metadata is never acked.
-struct Forging {
-    real: Arc<dyn Provider>,
-}
-
-#[async_trait]
-impl Provider for Forging {
-    fn id(&self) -> &ProviderId {
-        self.real.id()
-    }
-    fn public_key(&self) -> VerifyingKey {
-        self.real.public_key()
-    }
-    async fn allocate(&self, req: AllocateRequest) -> Result<Allocation, ProviderError> {
-        self.real.allocate(req).await
-    }
-    async fn destroy(&self, l: SandboxLeaseId, g: Generation) -> Result<Envelope, ProviderError> {
-        self.real.destroy(l, g).await
-    }
-    async fn observe(&self, l: SandboxLeaseId, g: Generation) -> Result<Envelope, ProviderError> {
-        self.real.observe(l, g).await
-    }
-    async fn measure(&self, l: SandboxLeaseId, g: Generation) -> Result<Envelope, ProviderError> {
-        self.real.measure(l, g).await
-    }
-    async fn pages(
-        &self,
-        l: SandboxLeaseId,
-        g: Generation,
-        fence: OwnerFence,
-        after_seq: i64,
-        max: usize,
-    ) -> Result<Vec<Page>, ProviderError> {
-        let mut pages = self.real.pages(l, g, fence, after_seq, max).await?;
-        for p in &mut pages {
-            if p.seq() == 2 {
-                *p = Page::data(2, PageKind::Stdout, b"forged".to_vec()).unwrap();
-            }
-        }
-        Ok(pages)
-    }
-    async fn ack(
-        &self,
-        l: SandboxLeaseId,
-        g: Generation,
-        fence: OwnerFence,
-        through_seq: i64,
-    ) -> Result<(), ProviderError> {
-        self.real.ack(l, g, fence, through_seq).await
-    }
-    async fn cancel(
-        &self,
-        l: SandboxLeaseId,
-        g: Generation,
-        fence: OwnerFence,
-    ) -> Result<(), ProviderError> {
-        self.real.cancel(l, g, fence).await
-    }
-    async fn send(
-        &self,
-        l: SandboxLeaseId,
-        g: Generation,
-        fence: OwnerFence,
-        input_seq: i64,
-        bytes: Vec<u8>,
-        eof: bool,
-    ) -> Result<i64, ProviderError> {
-        self.real.send(l, g, fence, input_seq, bytes, eof).await
-    }
-    async fn spool_status(
-        &self,
-        l: SandboxLeaseId,
-        g: Generation,
-    ) -> Result<Option<SpoolStatus>, ProviderError> {
-        self.real.spool_status(l, g).await
-    }
-}
-
 /// The successor reads the spool through [`Forging`].
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pending_page_that_differs_in_the_spool_is_never_acked() {
@@ -366,6 +280,8 @@ async fn a_pending_page_that_differs_in_the_spool_is_never_acked() {
     let b = f.gateway_on(
         Arc::new(Forging {
             real: f.provider.clone(),
+            page: true,
+            measurement: false,
         }),
         GatewayOptions {
             heartbeat_ttl: TTL,

@@ -1016,3 +1016,135 @@ impl Rig {
         (out, exit)
     }
 }
+
+/// The real provider, except for what a real one never does, to show
+/// that the gateway refuses it: with `page`, the spool answers other
+/// bytes under seq 2 (a pending page whose spooled bytes differ from its
+/// committed metadata is never acked); with `measurement`, `measure`
+/// answers a signed observation, not a measurement (the store refuses it
+/// and the milestone records no observation).
+pub struct Forging {
+    pub real: Arc<dyn Provider>,
+    pub page: bool,
+    pub measurement: bool,
+}
+
+#[async_trait]
+impl Provider for Forging {
+    fn id(&self) -> &lc_core::ProviderId {
+        self.real.id()
+    }
+    fn public_key(&self) -> ed25519_dalek::VerifyingKey {
+        self.real.public_key()
+    }
+    async fn allocate(
+        &self,
+        req: lc_provider::AllocateRequest,
+    ) -> Result<lc_provider::Allocation, ProviderError> {
+        self.real.allocate(req).await
+    }
+    async fn destroy(
+        &self,
+        l: SandboxLeaseId,
+        g: Generation,
+    ) -> Result<lc_core::evidence::Envelope, ProviderError> {
+        self.real.destroy(l, g).await
+    }
+    async fn prove_not_sent(
+        &self,
+        l: SandboxLeaseId,
+        g: Generation,
+    ) -> Result<lc_core::evidence::Envelope, ProviderError> {
+        self.real.prove_not_sent(l, g).await
+    }
+    async fn observe(
+        &self,
+        l: SandboxLeaseId,
+        g: Generation,
+    ) -> Result<lc_core::evidence::Envelope, ProviderError> {
+        self.real.observe(l, g).await
+    }
+    async fn measure(
+        &self,
+        l: SandboxLeaseId,
+        g: Generation,
+    ) -> Result<lc_core::evidence::Envelope, ProviderError> {
+        if self.measurement {
+            return self.real.observe(l, g).await;
+        }
+        self.real.measure(l, g).await
+    }
+    async fn pages(
+        &self,
+        l: SandboxLeaseId,
+        g: Generation,
+        fence: lc_core::owner::OwnerFence,
+        after_seq: i64,
+        max: usize,
+    ) -> Result<Vec<lc_core::page::Page>, ProviderError> {
+        let mut pages = self.real.pages(l, g, fence, after_seq, max).await?;
+        if self.page {
+            for p in &mut pages {
+                if p.seq() == 2 {
+                    *p =
+                        lc_core::page::Page::data(2, PageKind::Stdout, b"forged".to_vec()).unwrap();
+                }
+            }
+        }
+        Ok(pages)
+    }
+    async fn inventory(&self) -> Result<Vec<lc_provider::InstanceSummary>, ProviderError> {
+        self.real.inventory().await
+    }
+    async fn ack(
+        &self,
+        l: SandboxLeaseId,
+        g: Generation,
+        fence: lc_core::owner::OwnerFence,
+        through_seq: i64,
+    ) -> Result<(), ProviderError> {
+        self.real.ack(l, g, fence, through_seq).await
+    }
+    async fn cancel(
+        &self,
+        l: SandboxLeaseId,
+        g: Generation,
+        fence: lc_core::owner::OwnerFence,
+    ) -> Result<(), ProviderError> {
+        self.real.cancel(l, g, fence).await
+    }
+    async fn send(
+        &self,
+        l: SandboxLeaseId,
+        g: Generation,
+        fence: lc_core::owner::OwnerFence,
+        input_seq: i64,
+        bytes: Vec<u8>,
+        eof: bool,
+    ) -> Result<i64, ProviderError> {
+        self.real.send(l, g, fence, input_seq, bytes, eof).await
+    }
+    async fn stop(
+        &self,
+        l: SandboxLeaseId,
+        g: Generation,
+        fence: lc_core::owner::OwnerFence,
+    ) -> Result<Option<lc_core::page::StopOutcome>, ProviderError> {
+        self.real.stop(l, g, fence).await
+    }
+    async fn quiesce(
+        &self,
+        l: SandboxLeaseId,
+        g: Generation,
+        fence: lc_core::owner::OwnerFence,
+    ) -> Result<lc_provider::Quiesced, ProviderError> {
+        self.real.quiesce(l, g, fence).await
+    }
+    async fn spool_status(
+        &self,
+        l: SandboxLeaseId,
+        g: Generation,
+    ) -> Result<Option<SpoolStatus>, ProviderError> {
+        self.real.spool_status(l, g).await
+    }
+}
