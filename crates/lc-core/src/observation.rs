@@ -935,6 +935,50 @@ mod tests {
     const FLAG: [Option<bool>; 3] = [None, Some(false), Some(true)];
 
     #[test]
+    fn a_milestone_keeps_what_was_observed_and_nothing_else() {
+        let head = crate::model::Digest::from_hex(HEAD).unwrap();
+        let cost = CostObservation {
+            cpu_time_ms: 0,
+            peak_memory_bytes: 4096,
+        };
+        let partial = ExternalityObservation {
+            network_writes: None,
+            database_commits: Some(false),
+            external_api_calls: None,
+        };
+        let at =
+            |cost, externality| Milestone::at(head, Some(AttemptObservation { cost, externality }));
+        let m = |cost, externality| Milestone {
+            head: HEAD.to_string(),
+            cost,
+            externality,
+        };
+        assert_eq!(Milestone::at(head, None), m(None, None));
+        assert_eq!(
+            at(Some(cost), ExternalityObservation::no_network_path()),
+            m(Some(cost), Some(ExternalityObservation::no_network_path()))
+        );
+        assert_eq!(at(Some(cost), partial), m(Some(cost), Some(partial)));
+        // No flag observed is no externality observation, whatever the cost.
+        assert_eq!(
+            at(Some(cost), ExternalityObservation::absent()),
+            m(Some(cost), None)
+        );
+        assert_eq!(at(None, ExternalityObservation::absent()), m(None, None));
+    }
+
+    #[test]
+    fn milestone_sources_have_stable_codes() {
+        assert_eq!(MilestoneSource::Hibernation.as_str(), "hibernation");
+        assert_eq!(
+            MilestoneSource::parse("hibernation"),
+            Some(MilestoneSource::Hibernation)
+        );
+        assert_eq!(MilestoneSource::parse("Hibernation"), None);
+        assert_eq!(MilestoneSource::parse(""), None);
+    }
+
+    #[test]
     fn accounting_counts_whole_milliseconds_and_refuses_unsafe_integers() {
         let c = |cpu_time_ms, peak_memory_bytes| {
             Some(CostObservation {
