@@ -43,7 +43,7 @@ use lc_core::LcError;
 use lc_core::OutputPage;
 use lc_core::approval::{ApprovalPolicy, ApprovalRequire};
 use lc_core::deletion::DeletedItem;
-use lc_core::model::{Digest, ExecId, ExecRequest, ExecState, OnTimeout, PageKind, TenantId};
+use lc_core::model::{Digest, ExecId, ExecRequest, OnTimeout, TenantId};
 use lc_core::opkey::OperationKey;
 use lc_core::owner::StoredPage;
 use lc_core::snapshot::{EntryKind, Manifest};
@@ -481,8 +481,9 @@ async fn list_execs(
 
 /// Output pages of the exec's current attempt after `after_seq`, readable
 /// while it runs. A stopped page ends one generation (the exec
-/// hibernated), not the exec: `terminal` stays `false`, `stopped` says so,
-/// and the resumed generation's pages follow it in seq order.
+/// hibernated), not the exec: `terminal` stays `false`, `stopped` says so
+/// while it is parked, and the resumed generation's pages follow it in
+/// seq order. `terminal` is exact: [`lc_core::rules::output_end`].
 #[utoipa::path(get, path = "/v1/execs/{exec_id}/output", tag = "execs",
     params(
         ("exec_id" = i64, Path, minimum = 1, description = "The exec"),
@@ -510,24 +511,18 @@ async fn exec_output(
     // The exec first: 404 for another tenant's, and its state says whether
     // an empty answer is the end.
     let exec = s.store().exec(tenant, ExecId(exec_id)).await?;
-    let pages = s
+    // One page past the limit says whether pages follow the answer.
+    let mut pages = s
         .store()
-        .output(tenant, ExecId(exec_id), after_seq, limit)
+        .output(tenant, ExecId(exec_id), after_seq, limit + 1)
         .await?;
+    let more = pages.len() > limit;
+    pages.truncate(limit);
     let next_seq = pages.last().map_or(after_seq, |p| p.meta.seq) + 1;
-    // A stopped page ends the output of an exec that ended after it (a
-    // cancel while parked, a refused snapshot): no resume follows.
-    let ended = exec.state == ExecState::Terminal;
-    let (terminal, stopped) = match pages.last() {
-        Some(p) => (
-            p.meta.kind == PageKind::Terminal || (p.meta.kind == PageKind::Stopped && ended),
-            p.meta.kind == PageKind::Stopped && !ended,
-        ),
-        None => (
-            exec.state == ExecState::Terminal,
-            exec.state == ExecState::Hibernated,
-        ),
-    };
+    // The exec was read first: once it is terminal no page is added, so a
+    // page set read after it is final.
+    let end = lc_core::rules::output_end(exec.state, pages.last().map(|p| p.meta.kind), more);
+    let (terminal, stopped) = (end.terminal, end.stopped);
     let sink = s.options().sink.clone();
     let pages = tokio::task::spawn_blocking(move || {
         pages

@@ -970,16 +970,15 @@ impl From<OutputPage> for PageView {
 pub struct OutputView {
     /// The pages, ascending by seq.
     pub pages: Vec<PageView>,
-    /// Whether the output is complete up to here: the terminal page is
-    /// among `pages`, or none is left after `after_seq` and the exec is
-    /// terminal, or the last page returned is a stopped page and the exec
-    /// ended after it (cancelled while hibernated, or its snapshot
-    /// refused). A stopped page is not the end while the exec is
-    /// hibernated: `false` then.
+    /// Whether no page follows `pages`, ever: the terminal page is among
+    /// them, or the exec is terminal and no stored page is left after the
+    /// last one returned (an exec whose instance was lost before its
+    /// terminal page, or that ended while hibernated, ends this way). An
+    /// answer cut short by `limit` is the end only at the terminal page.
     pub terminal: bool,
-    /// Whether the last page returned is a stopped page of an exec that is
-    /// not terminal: its generation hibernated, and further pages come
-    /// only after a resume.
+    /// Whether the exec is hibernated and `pages` end at its stopped page
+    /// (or none is left after it): its generation ended, and further pages
+    /// come only after a resume.
     pub stopped: bool,
     /// The seq of the next page not returned (the last returned plus one,
     /// or `after_seq + 1` when none was): ask `after_seq = next_seq - 1`

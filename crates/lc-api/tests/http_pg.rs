@@ -679,6 +679,80 @@ async fn a_finished_exec_is_terminal_with_its_units_back() {
     assert_eq!(c.ok(200)["state"], "terminal");
 }
 
+/// An exec that expired with output but no terminal page (its instance
+/// was lost): its page set is final once the exec is terminal, so the
+/// answer that reaches the end says `terminal`, and one cut short by
+/// `limit` does not.
+#[tokio::test]
+async fn an_expired_exec_s_last_pages_are_terminal() {
+    use lc_core::model::TerminalReason;
+    let s = PgSvc::start().await;
+    let (id, key) = tenant(&s, "blue", 2).await;
+    let exec = send(
+        &s.router,
+        Req::post("/v1/execs").token(&key).key("x-1").json(
+            json!({"runtime": "base", "shape": "small", "command": ["sh", "-c", "x"], "timeout_ms": 200}),
+        ),
+    )
+    .await;
+    let exec_id = exec.ok(201)["exec_id"].as_i64().unwrap();
+    let at = s.reading().await;
+    let lease = s
+        .store
+        .due_work(at, 10)
+        .await
+        .expect("due work")
+        .into_iter()
+        .find(|w| w.exec_id == ExecId(exec_id))
+        .expect("lease");
+    s.store
+        .mark_active(lease.lease_id, lease.generation, at)
+        .await
+        .expect("active");
+    let page = |seq: i64, bytes: &[u8]| OutputPage {
+        exec_id: ExecId(exec_id),
+        attempt: AttemptNo(1),
+        seq,
+        kind: PageKind::Stdout,
+        bytes: bytes.to_vec(),
+        sha256: Digest::of(bytes),
+        exit: None,
+    };
+    s.store
+        .append_pages(
+            lease.lease_id,
+            lease.generation,
+            &[page(1, b"one\n"), page(2, b"two\n")],
+        )
+        .await
+        .expect("append");
+    s.end_exec_unstarted(exec_id, TerminalReason::Expired).await;
+    let done = send(
+        &s.router,
+        Req::get(format!("/v1/execs/{exec_id}")).token(&key),
+    )
+    .await;
+    assert_eq!(done.ok(200)["terminal_reason"], "expired");
+    assert_eq!(balances(&s, id).await["available"], 2);
+    let get = |q: &str| Req::get(format!("/v1/execs/{exec_id}/output{q}")).token(&key);
+    let r = send(&s.router, get("")).await;
+    let v = r.ok(200);
+    assert_eq!(v["pages"].as_array().unwrap().len(), 2);
+    assert_eq!(
+        (&v["terminal"], &v["stopped"], &v["next_seq"]),
+        (&json!(true), &json!(false), &json!(3))
+    );
+    // Cut short by the limit: page 2 is still to come.
+    let r = send(&s.router, get("?limit=1")).await;
+    let v = r.ok(200);
+    assert_eq!(v["pages"][0]["seq"], 1);
+    assert_eq!((&v["terminal"], &v["next_seq"]), (&json!(false), &json!(2)));
+    let r = send(&s.router, get("?after_seq=1&limit=1")).await;
+    let v = r.ok(200);
+    assert_eq!(v["pages"][0]["seq"], 2);
+    assert_eq!((&v["terminal"], &v["next_seq"]), (&json!(true), &json!(3)));
+}
+
 /// Output staged and acked by a gateway: the bytes live in the sink, and
 /// the API serves them verified, never a corrupt or missing blob.
 #[tokio::test]

@@ -29,7 +29,9 @@
 use jiff::{SignedDuration, Timestamp};
 
 use crate::error::LcError;
-use crate::model::{AttemptState, CutReading, ExecState, LeaseAction, LeaseState, TerminalReason};
+use crate::model::{
+    AttemptState, CutReading, ExecState, LeaseAction, LeaseState, PageKind, TerminalReason,
+};
 
 /// The longest timeout an exec may ask for, in milliseconds: 24 hours.
 /// It must fit the sealed horizon too ([`check_admission`]).
@@ -347,6 +349,41 @@ pub fn require_certain(at: CutReading) -> Result<(), LcError> {
         Err(LcError::TimeUncertain {
             retry_after_s: at.retry_after_s.max(1),
         })
+    }
+}
+
+/// How an answer of output pages ends: `terminal` when no page of the exec
+/// follows it, `stopped` when it ends at a generation's stopped page of a
+/// hibernated exec (a resume's pages follow later).
+///
+/// Its `Default` is an answer that ends nothing.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OutputEnd {
+    /// No page follows this answer, ever.
+    pub terminal: bool,
+    /// The exec is parked and the answer ends at its stopped page (or,
+    /// empty, after it): pages follow only after a resume.
+    pub stopped: bool,
+}
+
+/// The end of an answer whose last page is of kind `last` (`None`: no
+/// page), read after the exec was seen in state `exec`; `more` says
+/// whether stored pages follow the answer (it was cut short by its limit).
+///
+/// A terminal page ends the output. So does every answer of a terminal
+/// exec with no page after it: once the exec is terminal no page is
+/// added, whether or not its last page is a terminal one (an instance lost
+/// before its terminal page, a parked exec cancelled after its stopped
+/// page). An answer with pages after it is never the end unless its last
+/// page is the terminal page, and never `stopped`: a stopped page followed
+/// by pages is a generation that was resumed.
+pub fn output_end(exec: ExecState, last: Option<PageKind>, more: bool) -> OutputEnd {
+    let ended = exec == ExecState::Terminal;
+    OutputEnd {
+        terminal: last == Some(PageKind::Terminal) || (ended && !more),
+        stopped: exec == ExecState::Hibernated
+            && !more
+            && matches!(last, None | Some(PageKind::Stopped)),
     }
 }
 
@@ -1211,5 +1248,47 @@ mod tests {
                 None
             );
         }
+    }
+
+    #[test]
+    fn output_ends_at_a_terminal_page_or_a_terminal_exec_s_last_answer() {
+        use ExecState::{Admitted, Hibernated, Running, Terminal as Ended};
+        use PageKind::{Stdout, Stopped, Terminal};
+        let end = |terminal, stopped| OutputEnd { terminal, stopped };
+        // A terminal page ends the output, pages after it or not.
+        assert_eq!(output_end(Running, Some(Terminal), false), end(true, false));
+        assert_eq!(output_end(Ended, Some(Terminal), false), end(true, false));
+        assert_eq!(output_end(Ended, Some(Terminal), true), end(true, false));
+        // A running exec's answer never ends it.
+        assert_eq!(output_end(Running, Some(Stdout), false), end(false, false));
+        assert_eq!(output_end(Running, None, false), end(false, false));
+        assert_eq!(output_end(Admitted, None, false), end(false, false));
+        // A terminal exec without a terminal page (its instance was lost):
+        // the last answer ends it, one with pages after it does not.
+        assert_eq!(output_end(Ended, Some(Stdout), false), end(true, false));
+        assert_eq!(output_end(Ended, Some(Stdout), true), end(false, false));
+        assert_eq!(output_end(Ended, None, false), end(true, false));
+        // A parked exec's answer ends at its stopped page, or after it.
+        assert_eq!(
+            output_end(Hibernated, Some(Stopped), false),
+            end(false, true)
+        );
+        assert_eq!(output_end(Hibernated, None, false), end(false, true));
+        // Still reading up to it: not stopped yet.
+        assert_eq!(
+            output_end(Hibernated, Some(Stdout), true),
+            end(false, false)
+        );
+        assert_eq!(
+            output_end(Hibernated, Some(Stdout), false),
+            end(false, false)
+        );
+        // An ended exec's stopped page is its last page when nothing
+        // follows it; with pages after it, a resumed generation's follow.
+        assert_eq!(output_end(Ended, Some(Stopped), false), end(true, false));
+        assert_eq!(output_end(Ended, Some(Stopped), true), end(false, false));
+        // A resumed exec running again reads its earlier stopped page.
+        assert_eq!(output_end(Running, Some(Stopped), true), end(false, false));
+        assert_eq!(output_end(Running, Some(Stopped), false), end(false, false));
     }
 }
