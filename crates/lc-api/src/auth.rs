@@ -32,7 +32,9 @@
 //! 3. Tenant routes (`/v1/execs...`, `/v1/operations/...`) act for one
 //!    tenant: a tenant key for its own tenant; the admin token for the
 //!    tenant named by the `Lc-Tenant: N` header (400 `tenant_required`
-//!    without it). A tenant key with an `Lc-Tenant` of another tenant is
+//!    without it; **404 `not_found`**, `tenant N not found`, for a tenant
+//!    that does not exist, so a mistyped id never reads as an empty
+//!    tenant). A tenant key with an `Lc-Tenant` of another tenant is
 //!    **403 `forbidden`**. Another tenant's exec is **404 `not_found`**
 //!    (`exec N not found`), byte for byte as for an exec that does not
 //!    exist.
@@ -428,12 +430,31 @@ impl FromRequestParts<AppState> for Principal {
 
     async fn from_request_parts(parts: &mut Parts, s: &AppState) -> Result<Principal, ApiError> {
         let who = caller(parts, s).await?;
-        let tenant = acting_tenant(who, tenant_header(parts)?)?;
+        let tenant = acting_existing(s, who, tenant_header(parts)?).await?;
         Ok(Principal {
             tenant,
             caller: who,
         })
     }
+}
+
+/// Rule 3's tenant of `who` given the `Lc-Tenant` header `named`, which
+/// must exist when the admin names it (a tenant key or a token names its
+/// own, which exists).
+///
+/// # Errors
+/// As [`acting_tenant`]; `not_found` (`tenant N not found`) for an admin's
+/// `Lc-Tenant` of no tenant; storage errors.
+async fn acting_existing(
+    s: &AppState,
+    who: Caller,
+    named: Option<TenantId>,
+) -> Result<TenantId, ApiError> {
+    let tenant = acting_tenant(who, named)?;
+    if who == Caller::Admin {
+        s.store().tenant(tenant).await?;
+    }
+    Ok(tenant)
 }
 
 /// Rule 3's tenant of `who` given the `Lc-Tenant` header `named`.
@@ -494,7 +515,7 @@ impl FromRequestParts<AppState> for Acting {
 
     async fn from_request_parts(parts: &mut Parts, s: &AppState) -> Result<Acting, ApiError> {
         let who = caller(parts, s).await?;
-        let tenant = acting_tenant(who, tenant_header(parts)?)?;
+        let tenant = acting_existing(s, who, tenant_header(parts)?).await?;
         if let Caller::Token(t) = who {
             check_route(parts, s, &t).await?;
         }
@@ -533,7 +554,7 @@ impl FromRequestParts<AppState> for Approver {
 
     async fn from_request_parts(parts: &mut Parts, s: &AppState) -> Result<Approver, ApiError> {
         let who = caller(parts, s).await?;
-        let tenant = acting_tenant(who, tenant_header(parts)?)?;
+        let tenant = acting_existing(s, who, tenant_header(parts)?).await?;
         if let Caller::Token(t) = who {
             check_route(parts, s, &t).await?;
         }
@@ -556,7 +577,7 @@ impl FromRequestParts<AppState> for Scope {
         if (who, named) == (Caller::Admin, None) {
             return Ok(Scope(OpScope::Admin));
         }
-        let tenant = acting_tenant(who, named)?;
+        let tenant = acting_existing(s, who, named).await?;
         if let Caller::Token(t) = who {
             check_route(parts, s, &t).await?;
         }

@@ -202,6 +202,22 @@ async fn exec_admission_reads_replays_and_cancel() {
     )
     .await;
     assert_eq!(as_admin.ok(201), &exec);
+    // An Lc-Tenant of no tenant is 404, never an empty tenant, and admits
+    // nothing: a list, an operation key, an admission, an approval list.
+    let missing = blue + 1000;
+    let gone = format!("tenant {missing} not found");
+    for req in [
+        Req::get("/v1/execs"),
+        Req::get("/v1/operations/e-1"),
+        Req::get("/v1/approvals"),
+        Req::post("/v1/execs").key("e-9").json(small(&["true"])),
+    ] {
+        send(&s.router, req.token(ADMIN).tenant(missing))
+            .await
+            .problem(404, "not_found")
+            .detail(&gone);
+    }
+    assert_eq!(balances(&s, blue).await["held"], 1);
     // Reads.
     let got = send(
         &s.router,

@@ -18,7 +18,7 @@ use std::future::Future;
 use std::sync::OnceLock;
 
 use serde_json::json;
-use support::pg::{PgSvc, SAMPLER_WRITES, snapshot};
+use support::pg::{PgSvc, SAMPLER_WRITES, psql, snapshot};
 use support::*;
 use tokio::sync::OnceCell;
 
@@ -393,10 +393,30 @@ fn bad_bodies_paths_and_queries_are_typed_refusals() {
 #[tokio::test]
 async fn admission_on_an_uncertain_cut_is_503_with_the_reason_and_retry_after() {
     // No sampler has ever run on this database: the cut reads no_cut and
-    // the store refuses the admission. No tenant can exist yet (creating
-    // one is a mutation, refused too), so the admin acts for tenant 1.
+    // the store refuses the admission. Creating a tenant is a mutation,
+    // refused too, so tenant 1 is written by hand (an account without
+    // units: the cut is checked before capacity); the admin acts for it.
     let mut s = PgSvc::start_without_cut().await;
+    psql(
+        &s.url,
+        "INSERT INTO tollgate_accounts (name) VALUES ('by-hand'); \
+         INSERT INTO lc_tenants VALUES (1, 'by-hand', sha256('by-hand'::bytea));"
+            .into(),
+    )
+    .await;
     let before = snapshot(&s.url, &[]).await;
+    // Tenant 2 does not exist: 404 before anything else.
+    send(
+        &s.router,
+        Req::post("/v1/execs")
+            .token(ADMIN)
+            .tenant(2)
+            .key("k")
+            .json(exec_body()),
+    )
+    .await
+    .problem(404, "not_found")
+    .detail("tenant 2 not found");
     send(
         &s.router,
         Req::post("/v1/execs")
