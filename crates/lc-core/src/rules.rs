@@ -352,6 +352,27 @@ pub fn require_certain(at: CutReading) -> Result<(), LcError> {
     }
 }
 
+/// The wait before the next try of something whose last `failures` (at
+/// least 1; 0 counts as 1) tries failed: `min`, doubled per further
+/// failure, at most `max`. Saturating: never overflows, whatever
+/// `failures`.
+pub fn doubling_backoff(
+    failures: u32,
+    min: std::time::Duration,
+    max: std::time::Duration,
+) -> std::time::Duration {
+    let doublings = failures.saturating_sub(1).min(31);
+    min.saturating_mul(1u32 << doublings).min(max)
+}
+
+/// Whether the `consecutive`th failure in a row of one thing is logged at
+/// warning level: the 1st, 2nd, 4th, 8th, ... (a power of two), so a
+/// failure that repeats at every step logs a line count logarithmic in
+/// its duration, and its first occurrence always.
+pub fn logs_failure(consecutive: u32) -> bool {
+    consecutive.is_power_of_two()
+}
+
 /// How an answer of output pages ends: `terminal` when no page of the exec
 /// follows it, `stopped` when it ends at a generation's stopped page of a
 /// hibernated exec (a resume's pages follow later).
@@ -1290,5 +1311,39 @@ mod tests {
         // A resumed exec running again reads its earlier stopped page.
         assert_eq!(output_end(Running, Some(Stopped), true), end(false, false));
         assert_eq!(output_end(Running, Some(Stopped), false), end(false, false));
+    }
+
+    #[test]
+    fn backoff_doubles_from_min_to_max_and_never_overflows() {
+        use std::time::Duration;
+        let ms = |n: u32| {
+            doubling_backoff(n, Duration::from_millis(200), Duration::from_secs(5)).as_millis()
+        };
+        let waits: Vec<u128> = [0, 1, 2, 3, 4, 5, 6, 31, 32, u32::MAX]
+            .into_iter()
+            .map(ms)
+            .collect();
+        assert_eq!(
+            waits,
+            vec![200, 200, 400, 800, 1600, 3200, 5000, 5000, 5000, 5000]
+        );
+        // A max below min is the max.
+        assert_eq!(
+            doubling_backoff(3, Duration::from_secs(2), Duration::from_secs(1)),
+            Duration::from_secs(1)
+        );
+        // A min so large that doubling saturates.
+        assert_eq!(
+            doubling_backoff(40, Duration::MAX / 2, Duration::MAX),
+            Duration::MAX
+        );
+    }
+
+    #[test]
+    fn failures_are_logged_at_powers_of_two() {
+        let logged: Vec<u32> = (0..=70).filter(|&n| logs_failure(n)).collect();
+        assert_eq!(logged, vec![1, 2, 4, 8, 16, 32, 64]);
+        assert!(logs_failure(1 << 31));
+        assert!(!logs_failure(u32::MAX));
     }
 }

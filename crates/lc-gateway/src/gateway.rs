@@ -219,10 +219,7 @@ pub const QUIESCE_RETRY_MAX: Duration = Duration::from_secs(60);
 /// [`QUIESCE_RETRY_MIN`] doubled per further failure, at most
 /// [`QUIESCE_RETRY_MAX`].
 pub fn quiesce_retry_after(failures: u32) -> Duration {
-    let doublings = failures.saturating_sub(1).min(16);
-    QUIESCE_RETRY_MIN
-        .saturating_mul(1 << doublings)
-        .min(QUIESCE_RETRY_MAX)
+    lc_core::rules::doubling_backoff(failures, QUIESCE_RETRY_MIN, QUIESCE_RETRY_MAX)
 }
 
 /// The smallest accepted [`GatewayOptions::provider_call_timeout`]: below
@@ -546,6 +543,10 @@ struct Held {
     /// tried again ([`quiesce_retry_after`]).
     quiesce_failures: u32,
     quiesce_not_before: Option<Instant>,
+    /// The serves of this exec that failed in a row (a success resets it):
+    /// each failure is counted and reported, but logged at warning level
+    /// only at [`lc_core::rules::logs_failure`]'s counts.
+    serve_failures: u32,
 }
 
 /// Runs a provider call under the bound `after`, naming it `call` in the
@@ -825,7 +826,10 @@ impl Gateway {
             return;
         }
         match self.serve(&mut h, report).await {
-            Ok(Served::Keep) => h.unresponsive = false,
+            Ok(Served::Keep) => {
+                h.unresponsive = false;
+                h.serve_failures = 0;
+            }
             Ok(Served::Released) => h.ended = true,
             Err(Fail::Crashed(p)) => report.crashed = Some(p),
             Err(f) if f.is_stale() => {
@@ -838,7 +842,8 @@ impl Gateway {
                     report.provider_timeouts += 1;
                     self.metrics.provider_timeout();
                 }
-                self.fail(report, Some(id), &f);
+                h.serve_failures = h.serve_failures.saturating_add(1);
+                self.fail_in_a_row(report, id, &f, h.serve_failures);
             }
         }
     }
@@ -989,6 +994,7 @@ impl Gateway {
                 ended: false,
                 unresponsive: false,
                 quiesce_failures: 0,
+                serve_failures: 0,
                 quiesce_not_before: None,
             },
         );
@@ -1056,6 +1062,38 @@ impl Gateway {
     fn fail(&self, report: &mut StepReport, id: Option<ExecId>, f: &Fail) {
         let (code, message) = f.code_message();
         tracing::warn!(exec = id.map(|i| i.0), %code, %message, "gateway step failed");
+        self.record_failure(report, id, code, message);
+    }
+
+    /// [`Gateway::fail`] for the `consecutive`th failed serve of exec `id`
+    /// in a row: counted and reported as every failure is, logged at
+    /// warning level only when [`lc_core::rules::logs_failure`] says so
+    /// (else at debug level), so an exec failing at every step (its
+    /// instance lost, until its Lease expires) cannot flood the log.
+    fn fail_in_a_row(&self, report: &mut StepReport, id: ExecId, f: &Fail, consecutive: u32) {
+        let (code, message) = f.code_message();
+        if lc_core::rules::logs_failure(consecutive) {
+            tracing::warn!(
+                exec = id.0,
+                %code,
+                %message,
+                consecutive,
+                "gateway step failed (logged again at twice as many failures in a row)"
+            );
+        } else {
+            tracing::debug!(exec = id.0, %code, %message, consecutive, "gateway step failed");
+        }
+        self.record_failure(report, Some(id), code, message);
+    }
+
+    /// Counts a failure and reports it in the step's report.
+    fn record_failure(
+        &self,
+        report: &mut StepReport,
+        id: Option<ExecId>,
+        code: String,
+        message: String,
+    ) {
         self.metrics.failure();
         report.failures.push(ExecFailure {
             exec_id: id,

@@ -724,6 +724,22 @@ async fn follow_resumes_after_a_dropped_connection_and_writes_each_seq_once() {
         errs.lines().all(|l| l.contains("resuming after seq 2")),
         "{errs}"
     );
+    // While the server was down the waits doubled from 200 ms (at most
+    // 5 s), one line per try.
+    let waits: Vec<u64> = errs
+        .lines()
+        .map(|l| {
+            l.rsplit_once(" in ")
+                .and_then(|(_, w)| w.strip_suffix(" ms"))
+                .and_then(|w| w.parse().ok())
+                .unwrap_or_else(|| panic!("no wait in {l:?}"))
+        })
+        .collect();
+    let doubling = [200, 400, 800, 1600, 3200, 5000, 5000, 5000];
+    assert!(
+        !waits.is_empty() && waits.len() <= doubling.len() && waits[..] == doubling[..waits.len()],
+        "{waits:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

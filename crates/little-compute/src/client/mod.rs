@@ -43,6 +43,11 @@ use self::http::{Body, Client, ClientError, fresh_idempotency_key};
 /// Pause between two polls of `--wait` and `--follow`.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(200);
 
+/// The longest wait between two tries of `exec output --follow` while the
+/// control plane does not answer: from [`POLL_INTERVAL`], doubled per
+/// failure in a row ([`lc_core::rules::doubling_backoff`]), up to this.
+pub const UNREACHABLE_RETRY_MAX: Duration = Duration::from_secs(5);
+
 /// Pages asked for per output request (the server's own bound may be
 /// lower).
 pub const OUTPUT_PAGES_PER_REQUEST: u32 = 64;
@@ -851,8 +856,9 @@ async fn wait_exec(
 /// an exec that ended without one, the answer's `terminal`), then the
 /// status of
 /// [`terminal_status`]; a dropped
-/// connection or a server error is retried from the last written seq every
-/// [`POLL_INTERVAL`]; both bounded by `wait_s` (then [`EXIT_TIMED_OUT`]).
+/// connection or a server error is retried from the last written seq, from
+/// [`POLL_INTERVAL`] doubling to [`UNREACHABLE_RETRY_MAX`] while it fails
+/// in a row; both bounded by `wait_s` (then [`EXIT_TIMED_OUT`]).
 async fn exec_output(
     client: &Client,
     id: i64,
@@ -870,6 +876,7 @@ async fn exec_output(
         );
         Ok(ExitCode::from(EXIT_TIMED_OUT))
     };
+    let mut failures: u32 = 0;
     loop {
         let answer = client
             .call(
@@ -882,16 +889,28 @@ async fn exec_output(
             )
             .await;
         let v = match answer {
-            Ok(v) => v,
+            Ok(v) => {
+                failures = 0;
+                v
+            }
             Err(e) if follow && resumable(&e) => {
-                if tokio::time::Instant::now() >= deadline {
+                let now = tokio::time::Instant::now();
+                if now >= deadline {
                     return timed_out();
                 }
+                failures = failures.saturating_add(1);
+                let wait = lc_core::rules::doubling_backoff(
+                    failures,
+                    POLL_INTERVAL,
+                    UNREACHABLE_RETRY_MAX,
+                )
+                .min(deadline - now);
                 let _ = writeln!(
                     std::io::stderr(),
-                    "exec {id}: {e}; resuming after seq {after_seq}"
+                    "exec {id}: {e}; resuming after seq {after_seq} in {} ms",
+                    wait.as_millis()
                 );
-                tokio::time::sleep(POLL_INTERVAL).await;
+                tokio::time::sleep(wait).await;
                 continue;
             }
             Err(e) => return Err(e),
