@@ -309,6 +309,13 @@ pub struct ExecView {
     /// approval's `valid_until` passed on the cut before it started) once
     /// terminal.
     pub terminal_reason: Option<String>,
+    /// Why it ended `expired`: `timeout` (its `timeout_ms` passed on a
+    /// certain cut; named when its Lease's expiry passed too) or `lease`
+    /// (its sandbox Lease's expiry passed unrenewed: the instance was
+    /// lost or stopped answering, or no worker renewed it). Absent for
+    /// every other reason.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expired_by: Option<String>,
     /// The command's exit code, when it exited with one.
     pub exit_code: Option<i32>,
     /// The canonical identity.
@@ -450,6 +457,7 @@ impl From<ExecRecord> for ExecView {
             tenant_id: e.tenant_id.0,
             state: e.state.as_str().to_string(),
             terminal_reason: e.terminal_reason.map(|r| r.as_str().to_string()),
+            expired_by: e.expired_by.map(|c| c.as_str().to_string()),
             exit_code: e.exit_code,
             canonical: e.canonical.into(),
             attempt: e.attempt.0,

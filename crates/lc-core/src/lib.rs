@@ -67,10 +67,10 @@ pub use hibernate::{
 };
 pub use model::{
     AppendReport, AttemptNo, AttemptState, CanonicalIdentity, CutReading, Digest, ExecId,
-    ExecRecord, ExecRequest, ExecState, Generation, HibernationReason, HibernationStep,
-    LeaseAction, LeaseState, LeaseWork, OnTimeout, OpScope, OperationRecord, OutputPage, PageExit,
-    PageKind, Provider, ProviderId, ReleaseOutcome, ReservationState, Runtime, SandboxLeaseId,
-    Tenant, TenantId, TerminalReason, WorkspaceId,
+    ExecRecord, ExecRequest, ExecState, ExpiryCause, Generation, HibernationReason,
+    HibernationStep, LeaseAction, LeaseState, LeaseWork, OnTimeout, OpScope, OperationRecord,
+    OutputPage, PageExit, PageKind, Provider, ProviderId, ReleaseOutcome, ReservationState,
+    Runtime, SandboxLeaseId, Tenant, TenantId, TerminalReason, WorkspaceId,
 };
 pub use opkey::OperationKey;
 pub use shape::Shape;

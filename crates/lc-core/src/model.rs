@@ -257,6 +257,18 @@ text_enum!(
 );
 
 text_enum!(
+    /// Why an exec ended [`TerminalReason::Expired`]
+    /// ([`crate::rules::expiry_cause`]).
+    ExpiryCause {
+        /// Its timeout passed on a certain cut (named when both passed).
+        Timeout = "timeout",
+        /// Its sandbox Lease's expiry passed unrenewed: the instance was
+        /// lost or stopped answering, or no worker renewed it.
+        Lease = "lease",
+    }
+);
+
+text_enum!(
     /// What happens when an exec's timeout passes on a certain cut.
     OnTimeout {
         /// The exec is released and becomes terminal (`expired`).
@@ -427,6 +439,11 @@ pub struct ExecRecord {
     pub state: ExecState,
     /// Why it is terminal (`None` before).
     pub terminal_reason: Option<TerminalReason>,
+    /// Why it expired, when its reason is [`TerminalReason::Expired`]
+    /// (`None` otherwise, and for execs that expired before the cause was
+    /// recorded).
+    #[serde(default)]
+    pub expired_by: Option<ExpiryCause>,
     /// The command's exit code, when it exited with one.
     pub exit_code: Option<i32>,
     /// Fixed at admission.

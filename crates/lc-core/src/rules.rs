@@ -30,7 +30,8 @@ use jiff::{SignedDuration, Timestamp};
 
 use crate::error::LcError;
 use crate::model::{
-    AttemptState, CutReading, ExecState, LeaseAction, LeaseState, PageKind, TerminalReason,
+    AttemptState, CutReading, ExecState, ExpiryCause, LeaseAction, LeaseState, PageKind,
+    TerminalReason,
 };
 
 /// The longest timeout an exec may ask for, in milliseconds: 24 hours.
@@ -328,14 +329,32 @@ pub fn plan_lease_action(view: LeaseView, at: CutReading) -> Option<LeaseAction>
     if view.cancel_requested {
         return Some(LeaseAction::BeginRelease(TerminalReason::Cancelled));
     }
-    let timed_out = view.timeout_deadline.is_some_and(|d| is_expired(d, at));
-    if timed_out || is_expired(view.expiry, at) {
+    if expiry_cause(view.timeout_deadline, view.expiry, at).is_some() {
         return Some(LeaseAction::BeginRelease(TerminalReason::Expired));
     }
     Some(match view.state {
         LeaseState::Allocating => LeaseAction::Allocate,
         _ => LeaseAction::Maintain,
     })
+}
+
+/// Why a Lease of expiry `expiry`, of an exec whose timeout deadline is
+/// `timeout_deadline`, has expired at `at`: [`ExpiryCause::Timeout`] when
+/// the timeout passed, else [`ExpiryCause::Lease`] when the Lease's
+/// expiry did, both only on a certain cut ([`is_expired`]); `None` when
+/// nothing expired.
+pub fn expiry_cause(
+    timeout_deadline: Option<Timestamp>,
+    expiry: Timestamp,
+    at: CutReading,
+) -> Option<ExpiryCause> {
+    if timeout_deadline.is_some_and(|d| is_expired(d, at)) {
+        Some(ExpiryCause::Timeout)
+    } else if is_expired(expiry, at) {
+        Some(ExpiryCause::Lease)
+    } else {
+        None
+    }
 }
 
 /// Checks that `at` may expire or release anything: certain.
@@ -1337,6 +1356,40 @@ mod tests {
             doubling_backoff(40, Duration::MAX / 2, Duration::MAX),
             Duration::MAX
         );
+    }
+
+    #[test]
+    fn an_expiry_is_the_timeout_s_when_both_passed_and_only_on_a_certain_cut() {
+        let deadline = t(BASE);
+        let expiry = t(BASE + 1_000);
+        let at = |ns: i128| CutReading::certain(t(ns));
+        let before = |ns: i128| CutReading::certain(t(ns - 1));
+        // Nothing passed.
+        assert_eq!(expiry_cause(Some(deadline), expiry, before(BASE)), None);
+        assert_eq!(expiry_cause(None, expiry, before(BASE + 1_000)), None);
+        // The timeout at its deadline exactly; the Lease at its expiry.
+        assert_eq!(
+            expiry_cause(Some(deadline), expiry, at(BASE)),
+            Some(ExpiryCause::Timeout)
+        );
+        assert_eq!(
+            expiry_cause(None, expiry, at(BASE + 1_000)),
+            Some(ExpiryCause::Lease)
+        );
+        // Both passed: the timeout is named.
+        assert_eq!(
+            expiry_cause(Some(deadline), expiry, at(BASE + 1_000)),
+            Some(ExpiryCause::Timeout)
+        );
+        // A timeout after the Lease's expiry: the Lease ran out first.
+        assert_eq!(
+            expiry_cause(Some(t(BASE + 5_000)), expiry, at(BASE + 1_000)),
+            Some(ExpiryCause::Lease)
+        );
+        // Uncertain: nothing expires.
+        let mut uncertain = at(BASE + 10_000);
+        uncertain.certain = false;
+        assert_eq!(expiry_cause(Some(deadline), expiry, uncertain), None);
     }
 
     #[test]

@@ -35,10 +35,10 @@ use lc_core::owner::{
 use lc_core::page::ExitStatus;
 use lc_core::token::{TokenId, TokenRecord};
 use lc_core::{
-    AttemptNo, AttemptState, CanonicalIdentity, Digest, ExecId, ExecRecord, ExecState, Generation,
-    HibernationReason, HibernationStep, LeaseState, OnTimeout, OpScope, OperationRecord,
-    OutputPage, PageKind, Provider, ProviderId, ReservationState, Runtime, SandboxLeaseId, Tenant,
-    TenantId, TerminalReason, WorkspaceId,
+    AttemptNo, AttemptState, CanonicalIdentity, Digest, ExecId, ExecRecord, ExecState, ExpiryCause,
+    Generation, HibernationReason, HibernationStep, LeaseState, OnTimeout, OpScope,
+    OperationRecord, OutputPage, PageKind, Provider, ProviderId, ReservationState, Runtime,
+    SandboxLeaseId, Tenant, TenantId, TerminalReason, WorkspaceId,
 };
 use safetime::InstantPair;
 use sqlx::postgres::PgRow;
@@ -817,8 +817,8 @@ const EXEC_SELECT: &str = concat!(
     "SELECT e.exec_id, e.tenant_id, e.lease_id, e.provider_id, \
         e.runtime_digest, e.workspace_id, e.shape, e.units, e.command::text AS command, \
         e.timeout_ms, e.timeout_floor_us, e.timeout_submicro_ns, e.admitted_floor_us, \
-        e.admitted_submicro_ns, e.state, e.terminal_reason, e.exit_code, e.cancel_requested, \
-        e.current_attempt, e.stdin_open, e.idle_ttl_ms, e.on_timeout, l.state AS lease_state, \
+        e.admitted_submicro_ns, e.state, e.terminal_reason, e.expired_by, e.exit_code, \
+        e.cancel_requested, e.current_attempt, e.stdin_open, e.idle_ttl_ms, e.on_timeout, l.state AS lease_state, \
         w.head AS workspace_head, \
         ap.decision AS ap_decision, ap.approver AS ap_approver, \
         ap.decided_floor_us AS ap_decided_floor_us, ap.decided_submicro_ns AS ap_decided_submicro_ns, \
@@ -909,6 +909,10 @@ fn exec_from(row: &PgRow) -> Result<ExecRecord, Fail> {
             .map(|r| {
                 TerminalReason::parse(&r).ok_or_else(|| corrupt(format!("terminal_reason {r:?}")))
             })
+            .transpose()?,
+        expired_by: row
+            .try_get::<Option<String>, _>("expired_by")?
+            .map(|r| ExpiryCause::parse(&r).ok_or_else(|| corrupt(format!("expired_by {r:?}"))))
             .transpose()?,
         exit_code: row.try_get("exit_code")?,
         canonical: CanonicalIdentity {
@@ -1519,12 +1523,15 @@ pub(crate) async fn set_terminal_reason(
     conn: &mut PgConnection,
     exec: ExecId,
     reason: TerminalReason,
+    expired_by: Option<ExpiryCause>,
 ) -> Result<(), Fail> {
     sqlx::query(
-        "UPDATE lc_execs SET terminal_reason = $2 WHERE exec_id = $1 AND terminal_reason IS NULL",
+        "UPDATE lc_execs SET terminal_reason = $2, expired_by = $3 \
+         WHERE exec_id = $1 AND terminal_reason IS NULL",
     )
     .bind(exec.0)
     .bind(reason.as_str())
+    .bind(expired_by.map(|c| c.as_str()))
     .execute(&mut *conn)
     .await?;
     Ok(())

@@ -23,7 +23,7 @@ pub const LC_LINE: &str = "lc";
 pub const LC_MIGRATIONS_TABLE: &str = "_lc_migrations";
 
 /// The current version of Little Compute's line.
-pub const LC_VERSION: i64 = 13;
+pub const LC_VERSION: i64 = 14;
 
 /// Little Compute's line: its tables, the deadline guard (LCS01), the
 /// canonical-identity guard (LCS02), its part of the initial-cut
@@ -51,7 +51,8 @@ pub const LC_VERSION: i64 = 13;
 /// provider's verified measurement of each Lease generation, whose
 /// measured values are never dropped (LCSM1), and (0013) the milestones
 /// of execs' attempts, each with its snapshot head and the observation up
-/// to it, never changed (LCSM2).
+/// to it, never changed (LCSM2), and (0014) why an exec expired (its
+/// timeout or its Lease).
 pub fn lc_line() -> MigrationLine {
     MigrationLine::new(LC_LINE, LC_MIGRATIONS_TABLE, LC_MIGRATOR.migrations.clone())
 }

@@ -72,7 +72,7 @@ use lc_core::rules::{self, LeaseView, Step};
 use lc_core::token::{MintedToken, TokenId, TokenRecord, TokenScope};
 use lc_core::{
     AppendReport, AttemptNo, AttemptState, Command, ControlStore, CutReading, Digest, ExecId,
-    ExecRecord, ExecRequest, ExecState, GatewayStore, Generation, HibernationReason,
+    ExecRecord, ExecRequest, ExecState, ExpiryCause, GatewayStore, Generation, HibernationReason,
     HibernationStep, LcError, LeaseAction, LeaseState, LeaseWork, OnTimeout, OpScope, OperationKey,
     OperationRecord, OutputPage, PageKind, Provider, ProviderId, ReconcileStore, ReleaseOutcome,
     ReservationState, Runtime, SandboxLeaseId, Shape, Tenant, TenantId, TerminalReason, opkey,
@@ -1373,7 +1373,7 @@ async fn end_awaiting(
     rules::plan_attempt_transition(AttemptState::Runnable, AttemptState::Terminal)?;
     rules::plan_exec_transition(ExecState::AwaitingApproval, ExecState::Terminal)?;
     db::set_attempt_state(conn, exec, attempt, AttemptState::Terminal).await?;
-    db::set_terminal_reason(conn, exec, reason).await?;
+    db::set_terminal_reason(conn, exec, reason, None).await?;
     db::set_exec_state(conn, exec, ExecState::Terminal, None).await
 }
 
@@ -1435,7 +1435,7 @@ async fn cancel_parked(
     rules::plan_attempt_transition(pv.attempt_state, AttemptState::Terminal)?;
     rules::plan_exec_transition(pv.exec_state, ExecState::Terminal)?;
     db::set_attempt_state(conn, exec, pv.attempt, AttemptState::Terminal).await?;
-    db::set_terminal_reason(conn, exec, TerminalReason::Cancelled).await?;
+    db::set_terminal_reason(conn, exec, TerminalReason::Cancelled, None).await?;
     db::set_exec_state(conn, exec, ExecState::Terminal, None).await?;
     retain(conn, exec, at, store).await
 }
@@ -1603,7 +1603,7 @@ async fn begin_release_not_sent_tx(
     let step = rules::plan_lease_transition(row.state, LeaseState::ReleasePending)?;
     if step == Step::Changed {
         owner::check_release(row.exec_id, None, true)?;
-        enter_release_pending(conn, a.store, &row, TerminalReason::StartFailed, a.at).await?;
+        enter_release_pending(conn, a.store, &row, TerminalReason::StartFailed, None, a.at).await?;
     }
     if let Some(r) = a.refusal {
         let refusal = ResumeRefusal {
@@ -1630,13 +1630,12 @@ async fn begin_release_locked(
 ) -> Result<Step, Fail> {
     let step = rules::plan_lease_transition(row.state, LeaseState::ReleasePending)?;
     if step == Step::Changed {
+        let mut cause = None;
         match reason {
             TerminalReason::Expired => {
                 rules::require_certain(at)?;
-                let timed_out = row
-                    .timeout_deadline
-                    .is_some_and(|d| rules::is_expired(d, at));
-                if !timed_out && !rules::is_expired(row.expiry, at) {
+                cause = rules::expiry_cause(row.timeout_deadline, row.expiry, at);
+                if cause.is_none() {
                     return Err(LcError::IllegalTransition {
                         what: "lease (not expired on the cut)",
                         from: row.state.as_str(),
@@ -1689,7 +1688,7 @@ async fn begin_release_locked(
                 .into());
             }
         }
-        enter_release_pending(conn, store, row, reason, at).await?;
+        enter_release_pending(conn, store, row, reason, cause, at).await?;
     }
     Ok(step)
 }
@@ -1708,6 +1707,7 @@ async fn enter_release_pending(
     store: &LcStore,
     row: &LeaseRow,
     reason: TerminalReason,
+    expired_by: Option<ExpiryCause>,
     at: CutReading,
 ) -> Result<(), Fail> {
     db::set_lease_state(conn, row.lease_id, LeaseState::ReleasePending).await?;
@@ -1715,7 +1715,7 @@ async fn enter_release_pending(
     // generation, not the exec (unless the tenant cancelled): the attempt
     // stays parked on its head.
     if !keeps_parked(row) {
-        db::set_terminal_reason(conn, row.exec_id, reason).await?;
+        db::set_terminal_reason(conn, row.exec_id, reason, expired_by).await?;
     }
     // A full Reservation TTL from here for the destroy to be proven.
     renew_reservation(conn, store, row, at).await
@@ -1889,7 +1889,7 @@ async fn commit_release_tx(
     } else {
         TerminalReason::Cancelled
     });
-    db::set_terminal_reason(conn, row.exec_id, reason).await?;
+    db::set_terminal_reason(conn, row.exec_id, reason, None).await?;
     if rules::plan_exec_transition(row.exec_state, ExecState::Terminal)? == Step::Changed {
         let code = if reason == TerminalReason::Exited {
             exit.and_then(|e| e.code)
@@ -2863,7 +2863,7 @@ async fn refuse_quiescence_tx(
         return Ok(hib);
     };
     db::set_hibernation_refused(conn, &hib, &refusal).await?;
-    enter_release_pending(conn, a.store, &lease, reason, a.at).await?;
+    enter_release_pending(conn, a.store, &lease, reason, None, a.at).await?;
     // The owner has nothing left to do for this generation.
     db::release_owner(conn, a.exec_id).await?;
     read_hibernation(conn, a.exec_id, lease.attempt, lease.generation).await

@@ -727,6 +727,8 @@ async fn expiry_needs_a_certain_cut_past_the_deadline() {
         .unwrap();
     let done = f.store.exec(f.tenant, e.exec_id).await.unwrap();
     assert_eq!(done.terminal_reason, Some(TerminalReason::Expired));
+    // No timeout: the Lease's own expiry passed unrenewed.
+    assert_eq!(done.expired_by, Some(lc_core::ExpiryCause::Lease));
     assert_eq!(
         balances(&f.store.tenant(f.tenant).await.unwrap()),
         (1, 1, 0, 0)

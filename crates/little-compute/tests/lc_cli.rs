@@ -1082,7 +1082,7 @@ async fn follow_of_an_exec_that_did_not_finish_exits_1_naming_its_reason() {
         (
             Some(1),
             format!(
-                "exec {x} ended expired: its Lease or its --timeout-ms ran out before its command exited (check that a worker and a gateway run: little-compute appliance status); the output it wrote is kept (lc exec output {x}); run it again with lc exec create\n"
+                "exec {x} ended expired: its --timeout-ms passed before its command exited; the output it wrote is kept (lc exec output {x}); run it again with a larger --timeout-ms (or none) with lc exec create\n"
             ),
             0
         )

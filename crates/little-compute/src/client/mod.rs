@@ -596,10 +596,13 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, ClientError> {
 /// neither, gives 1 and a line for stderr naming the reason and what to
 /// do. `reason` is the exec's `terminal_reason` (`None`: not yet recorded,
 /// when the terminal page alone is known, which only a command that ended
-/// writes); `code` and `signal` are its exit status as far as known.
+/// writes); `expired_by` its `expired_by` (`timeout` or `lease`, which
+/// the line for `expired` names); `code` and `signal` are its exit status
+/// as far as known.
 pub fn terminal_status(
     id: i64,
     reason: Option<&str>,
+    expired_by: Option<&str>,
     code: Option<i64>,
     signal: Option<i64>,
 ) -> (u8, Option<String>) {
@@ -626,9 +629,17 @@ pub fn terminal_status(
         ),
         Some("expired") => (
             1,
-            Some(format!(
-                "exec {id} ended expired: its Lease or its --timeout-ms ran out before its command exited (check that a worker and a gateway run: little-compute appliance status); the output it wrote is kept (lc exec output {id}); run it again with lc exec create"
-            )),
+            Some(match expired_by {
+                Some("timeout") => format!(
+                    "exec {id} ended expired: its --timeout-ms passed before its command exited; the output it wrote is kept (lc exec output {id}); run it again with a larger --timeout-ms (or none) with lc exec create"
+                ),
+                Some("lease") => format!(
+                    "exec {id} ended expired: its sandbox's Lease ran out unrenewed before its command exited: the sandbox was lost or stopped answering, or no worker renewed it (little-compute appliance status; the provider's log says whether the sandbox died: DIR/logs/provider.log of the appliance); the output it wrote is kept (lc exec output {id}); run it again with lc exec create"
+                ),
+                _ => format!(
+                    "exec {id} ended expired: its Lease or its --timeout-ms ran out before its command exited (check that a worker and a gateway run: little-compute appliance status); the output it wrote is kept (lc exec output {id}); run it again with lc exec create"
+                ),
+            }),
         ),
         Some("start_failed") => (
             1,
@@ -653,6 +664,7 @@ fn finish(exec: &Value, signal: Option<i64>) -> ExitCode {
     let (code, note) = terminal_status(
         id,
         exec["terminal_reason"].as_str(),
+        exec["expired_by"].as_str(),
         exec["exit_code"].as_i64(),
         signal,
     );
@@ -990,10 +1002,17 @@ async fn exec_output(
                 Some(_) => terminal_status(
                     id,
                     reason,
+                    exec["expired_by"].as_str(),
                     exec["exit_code"].as_i64().or(page["code"].as_i64()),
                     page["signal"].as_i64(),
                 ),
-                None => terminal_status(id, None, page["code"].as_i64(), page["signal"].as_i64()),
+                None => terminal_status(
+                    id,
+                    None,
+                    None,
+                    page["code"].as_i64(),
+                    page["signal"].as_i64(),
+                ),
             };
             if let Some(note) = note {
                 let _ = writeln!(std::io::stderr(), "{note}");
@@ -1274,20 +1293,26 @@ mod tests {
 
     #[test]
     fn one_status_rule_for_wait_and_follow() {
-        assert_eq!(terminal_status(4, Some("exited"), Some(0), None), (0, None));
-        assert_eq!(terminal_status(4, Some("exited"), Some(3), None), (3, None));
         assert_eq!(
-            terminal_status(4, Some("exited"), Some(-1), None),
+            terminal_status(4, Some("exited"), None, Some(0), None),
+            (0, None)
+        );
+        assert_eq!(
+            terminal_status(4, Some("exited"), None, Some(3), None),
+            (3, None)
+        );
+        assert_eq!(
+            terminal_status(4, Some("exited"), None, Some(-1), None),
             (255, None)
         );
         assert_eq!(
-            terminal_status(4, Some("exited"), None, Some(9)),
+            terminal_status(4, Some("exited"), None, None, Some(9)),
             (137, None)
         );
-        assert_eq!(terminal_status(4, None, None, Some(15)), (143, None));
-        assert_eq!(terminal_status(4, None, Some(0), None), (0, None));
+        assert_eq!(terminal_status(4, None, None, None, Some(15)), (143, None));
+        assert_eq!(terminal_status(4, None, None, Some(0), None), (0, None));
         assert_eq!(
-            terminal_status(4, Some("exited"), None, None),
+            terminal_status(4, Some("exited"), None, None, None),
             (
                 1,
                 Some(
@@ -1298,21 +1323,36 @@ mod tests {
         );
         // A cancel or an expiry that killed the command is not its exit.
         assert_eq!(
-            terminal_status(4, Some("cancelled"), None, Some(9)),
+            terminal_status(4, Some("cancelled"), None, None, Some(9)),
             (
                 1,
                 Some("exec 4 ended cancelled: it was cancelled before its command exited; the output it wrote is kept (lc exec output 4)".into())
             )
         );
         assert_eq!(
-            terminal_status(4, Some("expired"), None, None),
+            terminal_status(4, Some("expired"), None, None, None),
             (
                 1,
                 Some("exec 4 ended expired: its Lease or its --timeout-ms ran out before its command exited (check that a worker and a gateway run: little-compute appliance status); the output it wrote is kept (lc exec output 4); run it again with lc exec create".into())
             )
         );
+        // Why it expired, when the exec says.
         assert_eq!(
-            terminal_status(4, Some("start_failed"), None, None),
+            terminal_status(4, Some("expired"), Some("timeout"), None, Some(9)),
+            (
+                1,
+                Some("exec 4 ended expired: its --timeout-ms passed before its command exited; the output it wrote is kept (lc exec output 4); run it again with a larger --timeout-ms (or none) with lc exec create".into())
+            )
+        );
+        assert_eq!(
+            terminal_status(4, Some("expired"), Some("lease"), None, None),
+            (
+                1,
+                Some("exec 4 ended expired: its sandbox's Lease ran out unrenewed before its command exited: the sandbox was lost or stopped answering, or no worker renewed it (little-compute appliance status; the provider's log says whether the sandbox died: DIR/logs/provider.log of the appliance); the output it wrote is kept (lc exec output 4); run it again with lc exec create".into())
+            )
+        );
+        assert_eq!(
+            terminal_status(4, Some("start_failed"), None, None, None),
             (
                 1,
                 Some("exec 4 ended start_failed: the provider could not start its sandbox (a runtime must carry the C library; the provider's log says why: DIR/logs/provider.log of the appliance); fix the runtime and run it again with lc exec create".into())
