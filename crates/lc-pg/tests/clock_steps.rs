@@ -224,6 +224,12 @@ async fn reading(clock: &SafeCutClock) -> (CutReading, Option<UncertainReason>) 
     (at, r.uncertain)
 }
 
+/// How long a test waits for the store's clock to read a fault the
+/// sampler already detected as uncertain: the sampler publishes it at its
+/// next write, which a loaded machine (a CI run beside the test) can delay
+/// by seconds; the bound only ends a wait that would otherwise never end.
+const UNCERTAIN_WAIT_S: u64 = 30;
+
 /// Polls the clock every 20 ms until a reading is uncertain (at most
 /// `secs` s); returns it with its reason.
 async fn uncertain(clock: &SafeCutClock, secs: u64) -> (CutReading, UncertainReason) {
@@ -635,7 +641,7 @@ async fn forward_step(major: u32) {
             r.uncertain == Some(UncertainReason::ClockStepForward)
         })
         .await;
-    let (u, _) = uncertain(&f.clock, 10).await;
+    let (u, _) = uncertain(&f.clock, UNCERTAIN_WAIT_S).await;
     while_uncertain(&f, &mut x, u, ttl).await;
     rate.while_uncertain(&f, u).await;
     tokens::while_uncertain(&f.store, &f.db.url, &tk, u, RETRY_AFTER_S).await;
@@ -701,7 +707,7 @@ async fn backward_step(major: u32) {
         })
         .await;
     assert!(b.cut >= c0.cut);
-    let (u, _) = uncertain(&f.clock, 10).await;
+    let (u, _) = uncertain(&f.clock, UNCERTAIN_WAIT_S).await;
     while_uncertain(&f, &mut x, u, ttl).await;
     rate.while_uncertain(&f, u).await;
     tokens::while_uncertain(&f.store, &f.db.url, &tk, u, RETRY_AFTER_S).await;

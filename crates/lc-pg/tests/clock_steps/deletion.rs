@@ -102,7 +102,7 @@ pub(super) async fn while_uncertain(f: &mut Fixture, h: &Held, u: CutReading, db
             .await;
         assert!(row.cut < purge_after, "{} >= {purge_after}", row.cut);
     }
-    let (u, _) = uncertain(&f.clock, 10).await;
+    let (u, _) = uncertain(&f.clock, UNCERTAIN_WAIT_S).await;
     let before = snapshot(&f.db.url).await;
     assert_eq!(
         h.store.purge_due(u, 10).await.unwrap(),
