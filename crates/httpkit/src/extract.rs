@@ -242,10 +242,11 @@ fn parse_json<T: DeserializeOwned>(is_json: bool, body: &[u8]) -> Result<Option<
         let inner = e.into_inner();
         match inner.classify() {
             serde_json::error::Category::Data => {
+                let message = with_integer_hint(inner.to_string());
                 if path == "." {
-                    Rejection::InvalidBody(inner.to_string())
+                    Rejection::InvalidBody(message)
                 } else {
-                    Rejection::InvalidBody(format!("{path}: {inner}"))
+                    Rejection::InvalidBody(format!("{path}: {message}"))
                 }
             }
             _ => Rejection::InvalidJson(format!("request body is not valid JSON: {inner}")),
@@ -254,6 +255,28 @@ fn parse_json<T: DeserializeOwned>(is_json: bool, body: &[u8]) -> Result<Option<
     de.end()
         .map_err(|e| Rejection::InvalidJson(format!("request body is not valid JSON: {e}")))?;
     Ok(Some(value))
+}
+
+/// serde's `message` for a number that an integer field cannot take, with
+/// what to write instead: a floating-point number (`1.5`, `1e20`: JSON
+/// numbers with a fraction or an exponent) or an integer outside the
+/// field's type. Every other message is returned as it is.
+/// The hint goes before serde_json's position (` at line L column C`).
+fn with_integer_hint(message: String) -> String {
+    let integer_field = [", expected i", ", expected u"]
+        .iter()
+        .any(|p| message.contains(p));
+    let hint = if !integer_field {
+        return message;
+    } else if message.starts_with("invalid type: floating point") {
+        "write a whole number, without a fraction or an exponent"
+    } else if message.starts_with("invalid value: integer") {
+        "the number is outside the range of this field"
+    } else {
+        return message;
+    };
+    let (what, position) = message.split_at(message.rfind(" at line ").unwrap_or(message.len()));
+    format!("{what}: {hint}{position}")
 }
 
 #[cfg(test)]
@@ -386,6 +409,28 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+        // A number an integer field cannot take says what to write.
+        let detail = |body: &str| match parse(true, body) {
+            Err(Rejection::InvalidBody(m)) => m,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            detail(r#"{"units":1e20}"#),
+            "units: invalid type: floating point `1e+20`, expected i64: write a whole number, without a fraction or an exponent at line 1 column 13"
+        );
+        assert_eq!(
+            detail(r#"{"units":2.5}"#),
+            "units: invalid type: floating point `2.5`, expected i64: write a whole number, without a fraction or an exponent at line 1 column 12"
+        );
+        assert_eq!(
+            detail(r#"{"units":9223372036854775808}"#),
+            "units: invalid value: integer `9223372036854775808`, expected i64: the number is outside the range of this field at line 1 column 28"
+        );
+        // Other shapes keep serde's message.
+        assert_eq!(
+            detail(r#"{"units":true}"#),
+            "units: invalid type: boolean `true`, expected i64 at line 1 column 13"
+        );
         assert_eq!(
             parse_json::<Option<Units>>(true, b"null"),
             Ok(Some(None)),
