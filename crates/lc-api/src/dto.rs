@@ -1257,8 +1257,9 @@ pub struct DeletionView {
     /// The cut of the purge, once purged.
     #[schema(value_type = Option<String>)]
     pub purged_at: Option<Timestamp>,
-    /// The `lc` command that restores it before the purge.
-    pub undelete: String,
+    /// The `lc` command that restores it before the purge; `null` once it
+    /// is restored or purged (nothing is left to undelete).
+    pub undelete: Option<String>,
 }
 
 impl From<lc_core::deletion::DeletionRecord> for DeletionView {
@@ -1270,7 +1271,8 @@ impl From<lc_core::deletion::DeletionRecord> for DeletionView {
             deleted_at: d.deleted_at,
             purge_after: d.purge_after,
             purged_at: d.purged_at,
-            undelete: d.item.undelete_command(d.exec_id),
+            undelete: (d.state == lc_core::deletion::DeletionState::Deleted)
+                .then(|| d.item.undelete_command(d.exec_id)),
         }
     }
 }

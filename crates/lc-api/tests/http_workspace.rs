@@ -773,6 +773,8 @@ async fn deleting_a_workspace_and_output_keeps_them_restorable_for_the_grace() {
     .await;
     assert_eq!(u.ok(200)["state"], json!("restored"));
     assert_eq!(u.ok(200)["purge_after"], d["purge_after"]);
+    // Nothing is left to undelete: no command to do it.
+    assert_eq!(u.ok(200)["undelete"], Value::Null);
     for (path, want) in reads.iter().zip(&before) {
         let got = send(&s.router, Req::get(path).token(&key)).await;
         assert_eq!((got.status.as_u16(), &got.text), (200, want), "{path}");

@@ -546,7 +546,9 @@ async fn appliance_runs_a_real_command_and_keeps_it_across_a_restart() {
     assert!(killed.success());
     let ended = up.wait_exit();
     assert!(ended.success(), "{ended}: {}", up.seen.join("\n"));
-    let restarted = format!("gateway (pid {dead}) exited on its own");
+    let restarted = format!(
+        "gateway (pid {dead}) ended (signal: 9 (SIGKILL)) without the appliance stopping it"
+    );
     let started_next = format!("started gateway pid {next} (1 of at most 100 restarts)");
     assert!(
         up.seen

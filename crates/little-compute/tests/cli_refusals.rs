@@ -355,7 +355,10 @@ fn an_unsearchable_ancestor_is_refused_before_anything_is_created() {
     let parent = dir.path();
     std::fs::set_permissions(parent, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
     let d = parent.join("lc");
-    // Any free port: the refusal must not depend on 7480 being free.
+    // A port another process holds: the directory, which no retry mends,
+    // is refused first, before the port conflict (which may pass).
+    let held = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let listen = format!("127.0.0.1:{}", held.local_addr().unwrap().port());
     let (code, out) = run(
         &[
             "appliance",
@@ -363,10 +366,11 @@ fn an_unsearchable_ancestor_is_refused_before_anything_is_created() {
             "--data-dir",
             d.to_str().unwrap(),
             "--listen",
-            "127.0.0.1:0",
+            &listen,
         ],
         &[],
     );
+    drop(held);
     assert_eq!(code, 1, "{out}");
     assert!(
         out.contains(&format!(

@@ -224,6 +224,21 @@ async fn tenants_execs_and_output_through_the_cli() {
         String::from_utf8_lossy(&o.stderr).starts_with("error: 404 not_found: "),
         "{o:?}"
     );
+    // A negative deposit is a value, not a flag: the server refuses it and
+    // the balances stay as they were.
+    let o = lc(
+        &cat(&admin, &["tenant", "deposit", &id_s, "--units", "-4"]),
+        &[],
+    )
+    .await;
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&o.stderr)
+            .starts_with("error: 422 invalid_units: invalid units -4: must be at least 1"),
+        "{o:?}"
+    );
+    let o = lc(&cat(&admin, &["tenant", "show", &id_s, "--json"]), &[]).await;
+    assert_eq!(json_of(&o)["deposited"], 4);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1061,8 +1061,8 @@ async fn workspace_delete_and_undelete_and_output_delete_through_the_cli() {
             .unwrap(),
     );
     assert_eq!(
-        (&u["state"], &u["purge_after"]),
-        (&json!("restored"), &d["purge_after"])
+        (&u["state"], &u["purge_after"], &u["undelete"]),
+        (&json!("restored"), &d["purge_after"], &Value::Null)
     );
     let w = json_of(&cli(&["--json", "workspace", "show", &id]).await.unwrap());
     assert_eq!(

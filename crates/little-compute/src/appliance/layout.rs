@@ -161,6 +161,19 @@ impl Layout {
         Ok(())
     }
 
+    /// Checks, before anything else of an `up` (a busy port may pass, an
+    /// unreachable directory does not), that every existing ancestor of
+    /// `DIR` is searchable by others when `pg_needs_access`.
+    ///
+    /// # Errors
+    /// As [`Layout::prepare`]'s first check.
+    pub fn check_reachable(&self, pg_needs_access: bool) -> Result<(), ApplianceError> {
+        if pg_needs_access {
+            self.check_ancestors(true)?;
+        }
+        Ok(())
+    }
+
     /// Every ancestor of `DIR` is searchable by others; with
     /// `existing_only`, ancestors that do not exist yet are skipped.
     fn check_ancestors(&self, existing_only: bool) -> Result<(), ApplianceError> {

@@ -284,6 +284,9 @@ async fn up_inner(args: UpArgs) -> Result<ExitCode, ApplianceError> {
         }
         let _ = std::fs::remove_file(layout.running_file());
     }
+    // A data directory PostgreSQL's account cannot reach is refused first:
+    // no retry mends it, while a busy port may come free.
+    layout.check_reachable(pg_account.is_some())?;
     // Every port this `up` will listen on must be free before anything
     // starts: another process answering on one would be taken for ours.
     check_ports_free(&layout, args.listen.map(|a| a.port()))?;
@@ -638,7 +641,7 @@ async fn supervise(
                         match child::spawn(gateway) {
                             Ok(next) => {
                                 say(format_args!(
-                                    "gateway (pid {}) exited on its own ({status}); started gateway pid {} ({restarts} of at most {GATEWAY_RESTARTS_MAX} restarts): it takes the execs over once their heartbeat expires",
+                                    "gateway (pid {}) ended ({status}) without the appliance stopping it; started gateway pid {} ({restarts} of at most {GATEWAY_RESTARTS_MAX} restarts): it takes the execs over once their heartbeat expires",
                                     c.pid, next.pid
                                 ));
                                 *c = next;
@@ -656,7 +659,7 @@ async fn supervise(
                             }
                         }
                     }
-                    say(format_args!("{} (pid {}) exited on its own ({status}); stopping the appliance", c.name, c.pid));
+                    say(format_args!("{} (pid {}) ended ({status}) without the appliance stopping it; stopping the appliance", c.name, c.pid));
                     return ExitCode::FAILURE;
                 }
             }

@@ -283,16 +283,18 @@ pub enum TenantCmd {
         /// Its name.
         #[arg(long)]
         name: String,
-        /// Units to deposit at once.
-        #[arg(long)]
+        /// Units to deposit at once (a negative value reaches the server,
+        /// which refuses it as `invalid_units`).
+        #[arg(long, allow_negative_numbers = true)]
         units: Option<i64>,
     },
     /// Deposit units (admin).
     Deposit {
         /// The tenant (default: `--tenant`).
         id: Option<i64>,
-        /// Units to deposit.
-        #[arg(long)]
+        /// Units to deposit (a negative value reaches the server, which
+        /// refuses it as `invalid_units`).
+        #[arg(long, allow_negative_numbers = true)]
         units: i64,
     },
     /// A tenant's balances.

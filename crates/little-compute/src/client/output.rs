@@ -357,8 +357,18 @@ pub fn list(v: &Value, member: &str, json: bool, fields: &[&str]) -> Result<(), 
     if json {
         return out(&v.to_string());
     }
+    out(&list_text(v, member, fields))
+}
+
+/// [`list`]'s text: a table of the rows under `member`, or `no MEMBER`
+/// when there are none (never an empty line).
+pub fn list_text(v: &Value, member: &str, fields: &[&str]) -> String {
     let rows = v[member].as_array().cloned().unwrap_or_default();
-    out(&table_text(&rows, fields))
+    if rows.is_empty() {
+        format!("no {member}")
+    } else {
+        table_text(&rows, fields)
+    }
 }
 
 /// Prints a created tenant: its id and its API key, which is shown only
@@ -393,6 +403,19 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    #[test]
+    fn an_empty_list_says_so() {
+        assert_eq!(
+            list_text(&json!({"execs": []}), "execs", EXEC_FIELDS),
+            "no execs"
+        );
+        assert_eq!(list_text(&json!({}), "tokens", TOKEN_FIELDS), "no tokens");
+        assert_eq!(
+            list_text(&json!({"execs": [{"exec_id": 3}]}), "execs", &["exec_id"]),
+            "EXEC_ID\n3"
+        );
+    }
 
     #[test]
     fn tables_and_records() {
