@@ -26,6 +26,14 @@
 //! trip per transaction), and the store computes balances, capabilities
 //! and instants in Rust.
 //!
+//! A third side is PostgreSQL's practical per-request limit for the same
+//! work: pgbench running one statement per operation
+//! ([`one_statement_script`]): a data-modifying CTE per acquire and one
+//! per release, writing exactly the rows the store writes (the account's
+//! balances, the lease, one ledger entry each), in autocommit, so each
+//! operation is one round trip and one commit. Tollgate's audit checks the
+//! database after all three sides: every side kept the ledger exact.
+//!
 //! ```sh
 //! cargo run --release -p tollgate-bench --bin pg_store_vs_pgbench -- --duration-secs 10
 //! ```
@@ -164,6 +172,8 @@ async fn run(args: &Args) -> Result<(), String> {
     std::fs::create_dir_all(&workdir).map_err(|e| e.to_string())?;
     let script = workdir.join("pair.sql");
     std::fs::write(&script, pgbench_script()).map_err(|e| e.to_string())?;
+    let one_script = workdir.join("pair-one-statement.sql");
+    std::fs::write(&one_script, one_statement_script()).map_err(|e| e.to_string())?;
 
     if server.is_harness() {
         profile_one_pair(&url, &mut conn, policy, key.clone(), amin).await?;
@@ -214,7 +224,30 @@ async fn run(args: &Args) -> Result<(), String> {
             args.duration_secs,
             true,
         )?;
-        rows.push((clients, store, pgb));
+        eprintln!("clients {clients}: pgbench, one statement per operation ...");
+        let _ = run_pgbench(
+            args,
+            &url,
+            policy,
+            &one_script,
+            &workdir,
+            clients,
+            (amin, amax),
+            args.warmup_secs,
+            false,
+        )?;
+        let one = run_pgbench(
+            args,
+            &url,
+            policy,
+            &one_script,
+            &workdir,
+            clients,
+            (amin, amax),
+            args.duration_secs,
+            true,
+        )?;
+        rows.push((clients, store, pgb, one));
     }
     let _ = std::fs::remove_dir_all(&workdir);
 
@@ -224,23 +257,42 @@ async fn run(args: &Args) -> Result<(), String> {
     .fetch_one(&mut conn)
     .await
     .map_err(|e| e.to_string())?;
+    // Every side wrote through the same tables: the audit must be clean.
+    let audit = connect_store(&url, policy, key.clone(), 1).await?;
+    let report = audit.audit().await.map_err(|e| e.to_string())?;
+    audit.close().await;
+    if !report.is_clean() {
+        return Err(format!(
+            "the audit after the run is not clean: {:?}",
+            report.violations
+        ));
+    }
     println!();
     println!(
-        "| clients | store pairs/s | pgbench pairs/s | ratio store/pgbench | store p50 / p99 (ms) | pgbench p50 / p99 (ms) |"
+        "| clients | store pairs/s | pgbench (store's SQL) pairs/s | one statement per op pairs/s | ratio store/pgbench | **ratio store/one statement** | store p50 / p99 (ms) | pgbench p50 / p99 (ms) | one statement p50 / p99 (ms) |"
     );
-    println!("|---:|---:|---:|---:|---:|---:|");
-    for (clients, s, p) in &rows {
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for (clients, s, p, o) in &rows {
         println!(
-            "| {clients} | {:.0} | {:.0} | {:.2} | {:.2} / {:.2} | {:.2} / {:.2} |",
+            "| {clients} | {:.0} | {:.0} | {:.0} | {:.2} | **{:.2}** | {:.2} / {:.2} | {:.2} / {:.2} | {:.2} / {:.2} |",
             s.pairs_per_s,
             p.pairs_per_s,
+            o.pairs_per_s,
             s.pairs_per_s / p.pairs_per_s,
+            s.pairs_per_s / o.pairs_per_s,
             ms(s.latency.p50_us),
             ms(s.latency.p99_us),
             ms(p.latency.p50_us),
             ms(p.latency.p99_us),
+            ms(o.latency.p50_us),
+            ms(o.latency.p99_us),
         );
     }
+    println!();
+    println!(
+        "audit after all sides: clean ({} deposited, {} held, {} consumed)",
+        report.total_deposited, report.total_held, report.total_consumed
+    );
     println!();
     println!(
         "{} accounts; {}s measured per side (after {}s warm-up); rows at the end: {leases} leases, {ledger} ledger entries",
@@ -390,7 +442,13 @@ fn run_pgbench(
         .arg("-D")
         .arg(format!("at_floor={now_us}"))
         .arg("-D")
-        .arg("at_sub=456");
+        .arg("at_sub=456")
+        // The release's cut: 30 s ago, so no lease of the run has expired
+        // on it (the one-statement release checks expiry > cut).
+        .arg("-D")
+        .arg(format!("cut_floor={}", now_us - 30_000_000))
+        .arg("-D")
+        .arg("cut_sub=789");
     if log {
         cmd.arg("-l")
             .arg(format!("--log-prefix={}", prefix.display()));
@@ -653,9 +711,103 @@ fn pgbench_script() -> String {
     s
 }
 
+/// The same pair as [`pgbench_script`], written as PostgreSQL's practical
+/// limit for it: one statement per operation, in autocommit (one round
+/// trip and one commit each), writing exactly the rows the store writes.
+///
+/// * acquire: one CTE takes a unit from the account (`available >= 1`),
+///   inserts the lease (fence from `nextval`) and appends the `acquire`
+///   ledger entry with the balances before and after; `\gset` keeps the
+///   lease id.
+/// * release: one CTE locks the lease's account, settles the lease
+///   (`active`, unexpired on the cut `cut_floor`/`cut_sub`, consumed 1),
+///   writes the balances and appends the `release` ledger entry.
+///
+/// Variables as [`pgbench_script`]'s, plus `cut_floor`, `cut_sub` (the
+/// release's cut).
+fn one_statement_script() -> String {
+    const LEDGER_COLUMNS: &str = "account_id, lease_id, kind, actor, units, consumed, \
+         before_deposited, before_available, before_held, before_consumed, \
+         after_deposited, after_available, after_held, after_consumed, fence, \
+         expiry_floor_us, expiry_submicro_ns, expiry_is_upper_bound, \
+         at_floor_us, at_submicro_ns, at_is_upper_bound";
+    let lines = [
+        "\\set aid random(:amin, :amax)".to_owned(),
+        format!(
+            "WITH a AS (UPDATE tollgate_accounts SET available = available - 1, held = held + 1 \
+             WHERE account_id = :aid::bigint AND available >= 1 \
+             RETURNING account_id, deposited, available, held, consumed), \
+             l AS (INSERT INTO tollgate_leases (account_id, units, fence, expiry_floor_us, \
+             expiry_submicro_ns, expiry_is_upper_bound, state, consumed) \
+             SELECT a.account_id, 1, nextval('tollgate_fence_seq'), :exp_floor::bigint, \
+             :exp_sub::smallint, false, 'active', NULL::bigint FROM a \
+             RETURNING lease_id, account_id, fence) \
+             INSERT INTO tollgate_ledger ({LEDGER_COLUMNS}) \
+             SELECT a.account_id, l.lease_id, 'acquire', 'holder', 1, 0, \
+             a.deposited, a.available + 1, a.held - 1, a.consumed, \
+             a.deposited, a.available, a.held, a.consumed, l.fence, \
+             :exp_floor::bigint, :exp_sub::smallint, false, \
+             :at_floor::bigint, :at_sub::smallint, false \
+             FROM a JOIN l ON l.account_id = a.account_id RETURNING lease_id \\gset"
+        ),
+        format!(
+            "WITH acct AS (SELECT account_id FROM tollgate_accounts WHERE account_id = \
+             (SELECT account_id FROM tollgate_leases WHERE lease_id = :lease_id::bigint) \
+             FOR UPDATE), \
+             s AS (UPDATE tollgate_leases l SET state = 'released', consumed = 1 FROM acct \
+             WHERE l.lease_id = :lease_id::bigint AND l.account_id = acct.account_id \
+             AND l.state = 'active' AND l.units >= 1 \
+             AND (l.expiry_floor_us, l.expiry_submicro_ns) > (:cut_floor::bigint, :cut_sub::smallint) \
+             RETURNING l.lease_id, l.account_id, l.units, l.fence, l.expiry_floor_us, \
+             l.expiry_submicro_ns, l.expiry_is_upper_bound), \
+             b AS (UPDATE tollgate_accounts t SET available = t.available + (s.units - 1), \
+             held = t.held - s.units, consumed = t.consumed + 1 FROM s \
+             WHERE t.account_id = s.account_id \
+             RETURNING t.account_id, t.deposited, t.available, t.held, t.consumed) \
+             INSERT INTO tollgate_ledger ({LEDGER_COLUMNS}) \
+             SELECT s.account_id, s.lease_id, 'release', 'holder', s.units, 1, \
+             b.deposited, b.available - (s.units - 1), b.held + s.units, b.consumed - 1, \
+             b.deposited, b.available, b.held, b.consumed, s.fence, s.expiry_floor_us, \
+             s.expiry_submicro_ns, s.expiry_is_upper_bound, \
+             :at_floor::bigint, :at_sub::smallint, false \
+             FROM s JOIN b ON b.account_id = s.account_id RETURNING seq \\gset r_"
+        ),
+    ];
+    let mut s = lines.join("\n");
+    s.push('\n');
+    s
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_one_statement_script_is_one_statement_per_operation() {
+        let s = one_statement_script();
+        let sql: Vec<&str> = s.lines().filter(|l| !l.starts_with('\\')).collect();
+        // Two statements, one line each (pgbench's \gset needs it), no
+        // transaction block: autocommit, one commit per operation.
+        assert_eq!(sql.len(), 2, "{s}");
+        assert!(!s.contains("BEGIN") && !s.contains("COMMIT"), "{s}");
+        // Each writes the account, the lease and one ledger entry.
+        for (stmt, kind) in sql.iter().zip(["'acquire'", "'release'"]) {
+            assert!(stmt.starts_with("WITH "), "{stmt}");
+            assert_eq!(
+                stmt.matches("INSERT INTO tollgate_ledger").count(),
+                1,
+                "{stmt}"
+            );
+            assert_eq!(
+                stmt.matches("UPDATE tollgate_accounts").count(),
+                1,
+                "{stmt}"
+            );
+            assert!(stmt.contains(kind), "{stmt}");
+        }
+        assert!(sql[0].contains("INSERT INTO tollgate_leases") && sql[0].ends_with("\\gset"));
+        assert!(sql[1].contains("UPDATE tollgate_leases") && sql[1].ends_with("\\gset r_"));
+    }
 
     #[test]
     fn script_has_two_transactions_and_store_statements() {
