@@ -392,6 +392,50 @@ pub fn logs_failure(consecutive: u32) -> bool {
     consecutive.is_power_of_two()
 }
 
+/// Failures in a row of many things at once (keys `K`), for
+/// [`logs_failure`]: at most `max` keys are counted (past that the counts
+/// start afresh, which only logs a warning again).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FailureCounts<K: Ord> {
+    counts: std::collections::BTreeMap<K, u32>,
+    max: usize,
+}
+
+impl<K: Ord> FailureCounts<K> {
+    /// No failures, counting at most `max` keys (at least 1).
+    pub fn new(max: usize) -> FailureCounts<K> {
+        FailureCounts {
+            counts: std::collections::BTreeMap::new(),
+            max: max.max(1),
+        }
+    }
+
+    /// Records whether the latest try of `key` `failed`; returns its
+    /// failures in a row (0 after a success, which forgets the key).
+    pub fn record(&mut self, key: K, failed: bool) -> u32 {
+        if !failed {
+            self.counts.remove(&key);
+            return 0;
+        }
+        if self.counts.len() >= self.max && !self.counts.contains_key(&key) {
+            self.counts.clear();
+        }
+        let n = self.counts.entry(key).or_insert(0);
+        *n = n.saturating_add(1);
+        *n
+    }
+
+    /// How many keys are counted now.
+    pub fn len(&self) -> usize {
+        self.counts.len()
+    }
+
+    /// Whether no key is counted.
+    pub fn is_empty(&self) -> bool {
+        self.counts.is_empty()
+    }
+}
+
 /// How an answer of output pages ends: `terminal` when no page of the exec
 /// follows it, `stopped` when it ends at a generation's stopped page of a
 /// hibernated exec (a resume's pages follow later).
@@ -1390,6 +1434,38 @@ mod tests {
         let mut uncertain = at(BASE + 10_000);
         uncertain.certain = false;
         assert_eq!(expiry_cause(Some(deadline), expiry, uncertain), None);
+    }
+
+    #[test]
+    fn failure_counts_run_per_key_reset_on_success_and_stay_bounded() {
+        let mut c = FailureCounts::new(2);
+        assert_eq!(
+            (
+                c.record("a", true),
+                c.record("a", true),
+                c.record("b", true)
+            ),
+            (1, 2, 1)
+        );
+        assert_eq!(c.record("a", true), 3);
+        // A success forgets the key; the next failure is the first again.
+        assert_eq!(c.record("a", false), 0);
+        assert_eq!((c.len(), c.record("a", true)), (1, 1));
+        // A third key past the bound starts afresh: only it is counted.
+        assert_eq!(c.record("c", true), 1);
+        assert_eq!((c.len(), c.record("a", true), c.len()), (1, 1, 2));
+        assert!(!c.is_empty());
+        let mut one: FailureCounts<u8> = FailureCounts::new(0);
+        assert_eq!(
+            (
+                one.record(1, true),
+                one.record(1, true),
+                one.record(2, true)
+            ),
+            (1, 2, 1)
+        );
+        assert_eq!(one.record(2, false), 0);
+        assert!(one.is_empty());
     }
 
     #[test]

@@ -115,7 +115,7 @@ use std::time::Duration;
 use clock::Clock;
 use jiff::SignedDuration;
 use lc_core::claim::{CLAIM_HOLDER_BYTES, ClaimHolder, ClaimedWork};
-use lc_core::rules::LIST_LIMIT_MAX;
+use lc_core::rules::{FailureCounts, LIST_LIMIT_MAX};
 use lc_core::store::ReconcileStore;
 use lc_core::{
     Command, CutReading, Generation, HibernationReason, HibernationStep, LcError, LeaseAction,
@@ -164,6 +164,10 @@ pub const PROVIDER_CALL_TIMEOUT_MIN: Duration = Duration::from_millis(10);
 /// The largest accepted [`ReconcilerOptions::provider_call_timeout`]: a
 /// step waits that long at most for a provider, ten minutes.
 pub const PROVIDER_CALL_TIMEOUT_MAX: Duration = Duration::from_secs(600);
+
+/// The most Lease generations whose failures in a row a reconciler
+/// counts at once: four steps' worth of the largest batch.
+pub const FAILURE_COUNTS_MAX: usize = 4 * LIST_LIMIT_MAX;
 
 /// The reconciler's bounds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -514,6 +518,12 @@ fn allocate_request(w: &LeaseWork, restore: Option<Vec<u8>>) -> Result<AllocateR
 #[derive(Clone)]
 pub struct Reconciler {
     store: Arc<dyn ReconcileStore>,
+    /// The steps of each Lease generation that failed in a row (a success
+    /// removes it): every failure is reported, but logged at warning level
+    /// only at [`lc_core::rules::logs_failure`]'s counts. At most
+    /// [`FAILURE_COUNTS_MAX`] entries (then it starts afresh: a count
+    /// lost only logs a warning again).
+    failures_in_a_row: Arc<std::sync::Mutex<FailureCounts<(SandboxLeaseId, Generation)>>>,
     /// This activation's claim holder id, drawn at [`Reconciler::new`].
     holder: ClaimHolder,
     providers: BTreeMap<ProviderId, Arc<dyn Provider>>,
@@ -579,6 +589,9 @@ impl Reconciler {
         tracing::info!(holder_sha256 = %holder.sha256().to_hex(), "reconciler activation");
         Ok(Reconciler {
             store,
+            failures_in_a_row: Arc::new(std::sync::Mutex::new(FailureCounts::new(
+                FAILURE_COUNTS_MAX,
+            ))),
             holder,
             providers,
             clock,
@@ -711,9 +724,23 @@ impl Reconciler {
         let w = &claimed.work;
         let store = self.store.claimed(claimed.claim);
         let action = action_name(w.action);
-        if let Err(f) = self.handle(&*store, w, at, &mut report).await {
+        let outcome = self.handle(&*store, w, at, &mut report).await;
+        let consecutive = self.count_failure(w, outcome.is_err());
+        if let Err(f) = outcome {
             let (code, message) = f.code_and_message();
-            tracing::warn!(lease = w.lease_id.0, generation = w.generation.0, action, %code, %message, "lease step failed");
+            if lc_core::rules::logs_failure(consecutive) {
+                tracing::warn!(
+                    lease = w.lease_id.0,
+                    generation = w.generation.0,
+                    action,
+                    %code,
+                    %message,
+                    consecutive,
+                    "lease step failed (logged again at twice as many failures in a row)"
+                );
+            } else {
+                tracing::debug!(lease = w.lease_id.0, generation = w.generation.0, action, %code, %message, consecutive, "lease step failed");
+            }
             report.failures.push(LeaseFailure {
                 lease_id: Some(w.lease_id),
                 action,
@@ -722,6 +749,15 @@ impl Reconciler {
             });
         }
         report
+    }
+
+    /// Records whether the step of `w`'s generation `failed`; returns its
+    /// failures in a row (0 after a success).
+    fn count_failure(&self, w: &LeaseWork, failed: bool) -> u32 {
+        self.failures_in_a_row
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .record((w.lease_id, w.generation), failed)
     }
 
     fn provider(&self, w: &LeaseWork) -> Result<&Arc<dyn Provider>, Fail> {
