@@ -766,10 +766,21 @@ pub async fn migrate_url(
     validate_lines(lines)?;
     let mut conn = connect_dedicated(url, application_name).await?;
     let result = migrate(&mut conn, lines).await;
-    // If closing fails the socket is dropped, with the same effect on the
-    // server.
-    let _ = conn.close().await;
+    close_dedicated(conn).await;
     result
+}
+
+/// Closes a dedicated connection so that its `application_name` is gone
+/// from `pg_stat_activity` when this returns: the name is cleared first
+/// (a backend exits asynchronously after the client closes, and readers
+/// of the name, such as a readiness probe looking for a running
+/// migration, would see it for a while). If either step fails the socket
+/// is dropped, with the same effect on the server.
+async fn close_dedicated(mut conn: PgConnection) {
+    let _ = sqlx::query("SET application_name = ''")
+        .execute(&mut conn)
+        .await;
+    let _ = conn.close().await;
 }
 
 /// [`status`] on a connection of its own, closed afterwards.
@@ -785,7 +796,7 @@ pub async fn status_url(
     validate_lines(lines)?;
     let mut conn = connect_dedicated(url, application_name).await?;
     let result = status(&mut conn, lines).await;
-    let _ = conn.close().await;
+    close_dedicated(conn).await;
     result
 }
 

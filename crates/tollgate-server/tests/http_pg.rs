@@ -83,6 +83,19 @@ async fn status_counts_and_maintenance_from_the_store() {
 
     let url = fresh_pg_url().await;
     tollgate_pg::migrate(&url).await.expect("migrate");
+    // Once migrate has returned, its session no longer shows as a running
+    // migration, though its backend may still be exiting.
+    let mut probe = sqlx::PgConnection::connect(&url).await.expect("connect");
+    let named: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+         AND application_name = $1",
+    )
+    .bind(tollgate_pg::MIGRATE_APPLICATION_NAME)
+    .fetch_one(&mut probe)
+    .await
+    .expect("pg_stat_activity");
+    assert_eq!(named, 0);
+    probe.close().await.expect("close");
     let store = tollgate_pg::PostgresStore::connect_with(
         &url,
         default_policy(),
