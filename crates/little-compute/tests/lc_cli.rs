@@ -1163,6 +1163,28 @@ async fn refusals_name_the_flag_or_the_check_that_fixes_them() {
             )
         )
     );
+    // Named through --data-dir, the hint names that directory.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("admin.token"), ADMIN).unwrap();
+    std::fs::write(
+        dir.path().join("appliance.json"),
+        serde_json::to_vec(&json!({"url": gone, "admin_token_file": "admin.token"})).unwrap(),
+    )
+    .unwrap();
+    let d = dir.path().to_str().unwrap();
+    let o = lc(&["--data-dir", d, "runtime", "list"], &[]).await;
+    assert_eq!(
+        (
+            o.status.code(),
+            String::from_utf8_lossy(&o.stderr).into_owned()
+        ),
+        (
+            Some(1),
+            format!(
+                "error: the control plane is not reachable at http://127.0.0.1:{closed}/ (connection refused); check that it runs (little-compute appliance status --data-dir {d}) and that --server, LC_SERVER or --data-dir names it\n"
+            )
+        )
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -65,6 +65,9 @@ pub struct Client {
     base: url::Url,
     token: Option<String>,
     tenant: Option<i64>,
+    /// The appliance data directory `--data-dir` named, for the hints
+    /// that point into it (`DIR` when none was named).
+    data_dir: Option<std::path::PathBuf>,
 }
 
 impl Client {
@@ -99,7 +102,23 @@ impl Client {
             base,
             token,
             tenant,
+            data_dir: None,
         })
+    }
+
+    /// The same client, naming `dir` as the appliance data directory in
+    /// its hints.
+    pub fn with_data_dir(self, dir: Option<std::path::PathBuf>) -> Client {
+        Client {
+            data_dir: dir,
+            ..self
+        }
+    }
+
+    /// The appliance data directory as the hints write it: the one
+    /// `--data-dir` named, else `DIR`.
+    pub fn data_dir_text(&self) -> String {
+        appliance_dir_text(self.data_dir.as_deref())
     }
 
     /// Sends `method path` (relative, `v1/...`, query included) with
@@ -281,10 +300,16 @@ impl Client {
             io_cause(e).unwrap_or_else(|| "the connection failed".into())
         };
         format!(
-            "the control plane is not reachable at {} ({cause}); check that it runs (little-compute appliance status --data-dir DIR) and that --server, LC_SERVER or --data-dir names it",
-            self.base
+            "the control plane is not reachable at {} ({cause}); check that it runs (little-compute appliance status --data-dir {}) and that --server, LC_SERVER or --data-dir names it",
+            self.base,
+            self.data_dir_text()
         )
     }
+}
+
+/// `dir` as hints write an appliance data directory; `DIR` for none.
+pub fn appliance_dir_text(dir: Option<&std::path::Path>) -> String {
+    dir.map_or_else(|| "DIR".to_string(), |d| d.display().to_string())
 }
 
 /// The I/O error at the root of `e`, in words: `connection refused` for

@@ -126,7 +126,7 @@ pub fn connect(conn: &ConnArgs) -> Result<Client, ClientError> {
         (None, Some(a)) => Some(read_token_file(&a.admin_token_file)?),
         (None, None) => None,
     };
-    Client::new(&server, token, conn.tenant)
+    Ok(Client::new(&server, token, conn.tenant)?.with_data_dir(conn.data_dir.clone()))
 }
 
 /// Runs the command line `cli`.
@@ -338,7 +338,7 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, ClientError> {
             } else {
                 None
             };
-            return Ok(finish(&done, signal));
+            return Ok(finish(&done, signal, &client.data_dir_text()));
         }
         Command::Exec(ExecCmd::Show { id }) => {
             client
@@ -598,13 +598,15 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, ClientError> {
 /// when the terminal page alone is known, which only a command that ended
 /// writes); `expired_by` its `expired_by` (`timeout` or `lease`, which
 /// the line for `expired` names); `code` and `signal` are its exit status
-/// as far as known.
+/// as far as known; `data_dir` the appliance data directory the hints
+/// name (`DIR` when unknown).
 pub fn terminal_status(
     id: i64,
     reason: Option<&str>,
     expired_by: Option<&str>,
     code: Option<i64>,
     signal: Option<i64>,
+    data_dir: &str,
 ) -> (u8, Option<String>) {
     match reason {
         None | Some("exited") => {
@@ -634,7 +636,7 @@ pub fn terminal_status(
                     "exec {id} ended expired: its --timeout-ms passed before its command exited; the output it wrote is kept (lc exec output {id}); run it again with a larger --timeout-ms (or none) with lc exec create"
                 ),
                 Some("lease") => format!(
-                    "exec {id} ended expired: its sandbox's Lease ran out unrenewed before its command exited: the sandbox was lost or stopped answering, or no worker renewed it (little-compute appliance status; the provider's log says whether the sandbox died: DIR/logs/provider.log of the appliance); the output it wrote is kept (lc exec output {id}); run it again with lc exec create"
+                    "exec {id} ended expired: its sandbox's Lease ran out unrenewed before its command exited: the sandbox was lost or stopped answering, or no worker renewed it (little-compute appliance status; the provider's log says whether the sandbox died: {data_dir}/logs/provider.log of the appliance); the output it wrote is kept (lc exec output {id}); run it again with lc exec create"
                 ),
                 _ => format!(
                     "exec {id} ended expired: its Lease or its --timeout-ms ran out before its command exited (check that a worker and a gateway run: little-compute appliance status); the output it wrote is kept (lc exec output {id}); run it again with lc exec create"
@@ -644,7 +646,7 @@ pub fn terminal_status(
         Some("start_failed") => (
             1,
             Some(format!(
-                "exec {id} ended start_failed: the provider could not start its sandbox (a runtime must carry the C library; the provider's log says why: DIR/logs/provider.log of the appliance); fix the runtime and run it again with lc exec create"
+                "exec {id} ended start_failed: the provider could not start its sandbox (a runtime must carry the C library; the provider's log says why: {data_dir}/logs/provider.log of the appliance); fix the runtime and run it again with lc exec create"
             )),
         ),
         Some(other) => (
@@ -658,8 +660,9 @@ pub fn terminal_status(
 
 /// Applies [`terminal_status`] to a terminal exec (`GET /v1/execs/{id}`)
 /// and the signal of its terminal page when known: prints the line, if
-/// any, on stderr and returns the status.
-fn finish(exec: &Value, signal: Option<i64>) -> ExitCode {
+/// any, on stderr and returns the status; its hints name `data_dir`
+/// ([`Client::data_dir_text`]).
+fn finish(exec: &Value, signal: Option<i64>, data_dir: &str) -> ExitCode {
     let id = exec["exec_id"].as_i64().unwrap_or(0);
     let (code, note) = terminal_status(
         id,
@@ -667,6 +670,7 @@ fn finish(exec: &Value, signal: Option<i64>) -> ExitCode {
         exec["expired_by"].as_str(),
         exec["exit_code"].as_i64(),
         signal,
+        data_dir,
     );
     if let Some(note) = note {
         let _ = writeln!(std::io::stderr(), "{note}");
@@ -1005,6 +1009,7 @@ async fn exec_output(
                     exec["expired_by"].as_str(),
                     exec["exit_code"].as_i64().or(page["code"].as_i64()),
                     page["signal"].as_i64(),
+                    &client.data_dir_text(),
                 ),
                 None => terminal_status(
                     id,
@@ -1012,6 +1017,7 @@ async fn exec_output(
                     None,
                     page["code"].as_i64(),
                     page["signal"].as_i64(),
+                    &client.data_dir_text(),
                 ),
             };
             if let Some(note) = note {
@@ -1294,25 +1300,31 @@ mod tests {
     #[test]
     fn one_status_rule_for_wait_and_follow() {
         assert_eq!(
-            terminal_status(4, Some("exited"), None, Some(0), None),
+            terminal_status(4, Some("exited"), None, Some(0), None, "DIR"),
             (0, None)
         );
         assert_eq!(
-            terminal_status(4, Some("exited"), None, Some(3), None),
+            terminal_status(4, Some("exited"), None, Some(3), None, "DIR"),
             (3, None)
         );
         assert_eq!(
-            terminal_status(4, Some("exited"), None, Some(-1), None),
+            terminal_status(4, Some("exited"), None, Some(-1), None, "DIR"),
             (255, None)
         );
         assert_eq!(
-            terminal_status(4, Some("exited"), None, None, Some(9)),
+            terminal_status(4, Some("exited"), None, None, Some(9), "DIR"),
             (137, None)
         );
-        assert_eq!(terminal_status(4, None, None, None, Some(15)), (143, None));
-        assert_eq!(terminal_status(4, None, None, Some(0), None), (0, None));
         assert_eq!(
-            terminal_status(4, Some("exited"), None, None, None),
+            terminal_status(4, None, None, None, Some(15), "DIR"),
+            (143, None)
+        );
+        assert_eq!(
+            terminal_status(4, None, None, Some(0), None, "DIR"),
+            (0, None)
+        );
+        assert_eq!(
+            terminal_status(4, Some("exited"), None, None, None, "DIR"),
             (
                 1,
                 Some(
@@ -1323,14 +1335,14 @@ mod tests {
         );
         // A cancel or an expiry that killed the command is not its exit.
         assert_eq!(
-            terminal_status(4, Some("cancelled"), None, None, Some(9)),
+            terminal_status(4, Some("cancelled"), None, None, Some(9), "DIR"),
             (
                 1,
                 Some("exec 4 ended cancelled: it was cancelled before its command exited; the output it wrote is kept (lc exec output 4)".into())
             )
         );
         assert_eq!(
-            terminal_status(4, Some("expired"), None, None, None),
+            terminal_status(4, Some("expired"), None, None, None, "DIR"),
             (
                 1,
                 Some("exec 4 ended expired: its Lease or its --timeout-ms ran out before its command exited (check that a worker and a gateway run: little-compute appliance status); the output it wrote is kept (lc exec output 4); run it again with lc exec create".into())
@@ -1338,21 +1350,29 @@ mod tests {
         );
         // Why it expired, when the exec says.
         assert_eq!(
-            terminal_status(4, Some("expired"), Some("timeout"), None, Some(9)),
+            terminal_status(4, Some("expired"), Some("timeout"), None, Some(9), "DIR"),
             (
                 1,
                 Some("exec 4 ended expired: its --timeout-ms passed before its command exited; the output it wrote is kept (lc exec output 4); run it again with a larger --timeout-ms (or none) with lc exec create".into())
             )
         );
         assert_eq!(
-            terminal_status(4, Some("expired"), Some("lease"), None, None),
+            terminal_status(4, Some("expired"), Some("lease"), None, None, "DIR"),
             (
                 1,
                 Some("exec 4 ended expired: its sandbox's Lease ran out unrenewed before its command exited: the sandbox was lost or stopped answering, or no worker renewed it (little-compute appliance status; the provider's log says whether the sandbox died: DIR/logs/provider.log of the appliance); the output it wrote is kept (lc exec output 4); run it again with lc exec create".into())
             )
         );
+        // With the data directory known, the hint names it.
         assert_eq!(
-            terminal_status(4, Some("start_failed"), None, None, None),
+            terminal_status(4, Some("start_failed"), None, None, None, "/var/lib/lc"),
+            (
+                1,
+                Some("exec 4 ended start_failed: the provider could not start its sandbox (a runtime must carry the C library; the provider's log says why: /var/lib/lc/logs/provider.log of the appliance); fix the runtime and run it again with lc exec create".into())
+            )
+        );
+        assert_eq!(
+            terminal_status(4, Some("start_failed"), None, None, None, "DIR"),
             (
                 1,
                 Some("exec 4 ended start_failed: the provider could not start its sandbox (a runtime must carry the C library; the provider's log says why: DIR/logs/provider.log of the appliance); fix the runtime and run it again with lc exec create".into())
