@@ -201,52 +201,36 @@ async fn run(args: &Args) -> Result<(), String> {
             args.duration_secs,
         )
         .await?;
+        // A pgbench side: its unmeasured warm-up, then the measured run
+        // (with the per-transaction log its latency comes from).
+        let pgbench_side = |script: &Path| -> Result<Side, String> {
+            run_pgbench(
+                args,
+                &url,
+                policy,
+                script,
+                &workdir,
+                clients,
+                (amin, amax),
+                args.warmup_secs,
+                false,
+            )?;
+            run_pgbench(
+                args,
+                &url,
+                policy,
+                script,
+                &workdir,
+                clients,
+                (amin, amax),
+                args.duration_secs,
+                true,
+            )
+        };
         eprintln!("clients {clients}: pgbench ...");
-        let _ = run_pgbench(
-            args,
-            &url,
-            policy,
-            &script,
-            &workdir,
-            clients,
-            (amin, amax),
-            args.warmup_secs,
-            false,
-        )?;
-        let pgb = run_pgbench(
-            args,
-            &url,
-            policy,
-            &script,
-            &workdir,
-            clients,
-            (amin, amax),
-            args.duration_secs,
-            true,
-        )?;
+        let pgb = pgbench_side(&script)?;
         eprintln!("clients {clients}: pgbench, one statement per operation ...");
-        let _ = run_pgbench(
-            args,
-            &url,
-            policy,
-            &one_script,
-            &workdir,
-            clients,
-            (amin, amax),
-            args.warmup_secs,
-            false,
-        )?;
-        let one = run_pgbench(
-            args,
-            &url,
-            policy,
-            &one_script,
-            &workdir,
-            clients,
-            (amin, amax),
-            args.duration_secs,
-            true,
-        )?;
+        let one = pgbench_side(&one_script)?;
         rows.push((clients, store, pgb, one));
     }
     let _ = std::fs::remove_dir_all(&workdir);

@@ -712,36 +712,15 @@ async fn an_expired_exec_s_last_pages_are_terminal() {
     )
     .await;
     let exec_id = exec.ok(201)["exec_id"].as_i64().unwrap();
-    let at = s.reading().await;
-    let lease = s
-        .store
-        .due_work(at, 10)
-        .await
-        .expect("due work")
-        .into_iter()
-        .find(|w| w.exec_id == ExecId(exec_id))
-        .expect("lease");
-    s.store
-        .mark_active(lease.lease_id, lease.generation, at)
-        .await
-        .expect("active");
-    let page = |seq: i64, bytes: &[u8]| OutputPage {
-        exec_id: ExecId(exec_id),
-        attempt: AttemptNo(1),
-        seq,
-        kind: PageKind::Stdout,
-        bytes: bytes.to_vec(),
-        sha256: Digest::of(bytes),
-        exit: None,
-    };
-    s.store
-        .append_pages(
-            lease.lease_id,
-            lease.generation,
-            &[page(1, b"one\n"), page(2, b"two\n")],
-        )
-        .await
-        .expect("append");
+    // Two pages and no terminal page, then the expiry.
+    s.run_exec(
+        exec_id,
+        &[
+            (PageKind::Stdout, b"one\n", None),
+            (PageKind::Stdout, b"two\n", None),
+        ],
+    )
+    .await;
     s.end_exec_unstarted(exec_id, TerminalReason::Expired).await;
     let done = send(
         &s.router,

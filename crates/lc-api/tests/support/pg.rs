@@ -266,8 +266,9 @@ impl PgSvc {
         }
     }
 
-    /// Plays the reconciler ending `exec_id` for `reason` before its
-    /// command ever started (no page): begins the release of its Lease
+    /// Plays the reconciler ending `exec_id` for `reason` without a
+    /// terminal page (before its command started, or after `run_exec`
+    /// stored pages without one): begins the release of its Lease
     /// and commits it with the provider's signed absence, returning the
     /// Reservation. `expired` needs the cut past the Lease's expiry or
     /// the exec's timeout; this waits (bounded, 30 s) for that.
