@@ -142,9 +142,7 @@ impl Layout {
     /// [`ApplianceError::Io`]; [`ApplianceError::Setup`] naming an ancestor
     /// that others cannot search.
     pub fn prepare(&self, pg_needs_access: bool) -> Result<(), ApplianceError> {
-        if pg_needs_access {
-            self.check_ancestors(true)?;
-        }
+        self.check_reachable(pg_needs_access)?;
         mkdir(&self.root, 0o711)?;
         for d in [
             self.secrets(),

@@ -118,7 +118,9 @@ impl Client {
     /// The appliance data directory as the hints write it: the one
     /// `--data-dir` named, else `DIR`.
     pub fn data_dir_text(&self) -> String {
-        appliance_dir_text(self.data_dir.as_deref())
+        self.data_dir
+            .as_deref()
+            .map_or_else(|| "DIR".to_string(), |d| d.display().to_string())
     }
 
     /// Sends `method path` (relative, `v1/...`, query included) with
@@ -305,11 +307,6 @@ impl Client {
             self.data_dir_text()
         )
     }
-}
-
-/// `dir` as hints write an appliance data directory; `DIR` for none.
-pub fn appliance_dir_text(dir: Option<&std::path::Path>) -> String {
-    dir.map_or_else(|| "DIR".to_string(), |d| d.display().to_string())
 }
 
 /// The I/O error at the root of `e`, in words: `connection refused` for

@@ -1002,6 +1002,7 @@ async fn exec_output(
                 .await?;
             let page = exit.unwrap_or(Value::Null);
             let reason = exec["terminal_reason"].as_str();
+            let data_dir = client.data_dir_text();
             let (code, note) = match reason {
                 Some(_) => terminal_status(
                     id,
@@ -1009,7 +1010,7 @@ async fn exec_output(
                     exec["expired_by"].as_str(),
                     exec["exit_code"].as_i64().or(page["code"].as_i64()),
                     page["signal"].as_i64(),
-                    &client.data_dir_text(),
+                    &data_dir,
                 ),
                 None => terminal_status(
                     id,
@@ -1017,7 +1018,7 @@ async fn exec_output(
                     None,
                     page["code"].as_i64(),
                     page["signal"].as_i64(),
-                    &client.data_dir_text(),
+                    &data_dir,
                 ),
             };
             if let Some(note) = note {
